@@ -1,0 +1,3 @@
+from netsim.cli import main
+
+main()

@@ -1,0 +1,39 @@
+"""D-PSGD in synchronous rounds.
+
+Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?" (NeurIPS 2017),
+Algorithm 1: x_i^{k+1} = sum_j W_ij x_j^k - gamma * grad F_i(x_i^k; xi_i^k).
+
+netsim runs it over a real network: the round's exchange is a neighbour barrier with a timeout, so a
+dropped or late message costs the timeout and its weight stays on the agent's own model
+(``Agent.mix``); a late message of a past round is discarded as stale.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from netsim.algorithms.registry import register
+from netsim.scenario.structure import at_least, field, positive
+
+
+@attrs.frozen
+class DPSGDParams:
+    lr: float = field(0.1, check=positive, doc="step size gamma")
+    batch: int = field(32, check=at_least(0), doc="mini-batch size per agent (0 = full local batch)")
+    round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
+    lr_decay: float = field(0.0, check=lambda v: None if v >= 0 else "must be >= 0",
+                            doc="gamma_k = lr / (1 + lr_decay * k)")
+
+
+@register("dpsgd", DPSGDParams)
+def dpsgd(agent, p: DPSGDParams):
+    k = 0
+    while True:
+        yield agent.wake()
+        x = agent.params
+        g = yield agent.gradient(batch=p.batch, params=x)            # grad F_i(x_i^k), batched
+        yield agent.broadcast(x, tag="model", round=k)               # send x_i^k to out-neighbours
+        got = yield agent.gather(tag="model", round=k, timeout=p.round_timeout)
+        lr = p.lr / (1.0 + p.lr_decay * k)
+        agent.params = agent.mix(x, got) - lr * g                   # Algorithm 1, line 6
+        k += 1

@@ -1,0 +1,48 @@
+"""Asynchronous randomized pairwise gossip averaging with local SGD.
+
+Boyd et al., "Randomized Gossip Algorithms" (IEEE Trans. Inf. Theory 2006), eq. (5): when i wakes
+it picks a neighbour j and both set x_i = x_j = (x_i + x_j)/2; here each activation first takes a
+local SGD step (as in AD-PSGD, Lian et al. 2018, Algorithm 1). The exchange crosses the network:
+i sends x_i ("pull"); j replies with the x_j it had and averages; i averages on the reply. A lost
+request or reply leaves i unchanged after ``reply_timeout`` (j may already have averaged: that is
+what a lossy network does to pairwise gossip).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from netsim.algorithms.registry import register
+from netsim.scenario.structure import at_least, field, nonneg, positive
+
+
+@attrs.frozen
+class GossipParams:
+    lr: float = field(0.1, check=nonneg, doc="local SGD step size (0 = pure gossip averaging)")
+    batch: int = field(32, check=at_least(0), doc="mini-batch size (0 = full local batch)")
+    reply_timeout: float = field(1.0, check=positive, doc="seconds to wait for the neighbour's reply")
+
+
+def _serve(agent):
+    """Answer pull requests: reply with the current model, then average with the requester's."""
+    while True:
+        msg = yield agent.recv(tag="pull")
+        mine = agent.params
+        agent.send(msg.src, mine, tag="push", round=msg.round)
+        agent.params = (mine + msg.payload) / 2
+
+
+@register("gossip", GossipParams)
+def gossip(agent, p: GossipParams):
+    agent.spawn(_serve(agent))
+    rng = agent.rng()
+    while True:
+        yield agent.wake()
+        if p.lr > 0:
+            g = yield agent.gradient(batch=p.batch)
+            agent.params = agent.params - p.lr * g
+        j = agent.neighbors[int(rng.integers(len(agent.neighbors)))]
+        yield agent.send(j, agent.params, tag="pull")
+        reply = yield agent.recv(tag="push", round=agent.round, timeout=p.reply_timeout)
+        if reply is not None:
+            agent.params = (agent.params + reply.payload) / 2

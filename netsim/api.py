@@ -1,0 +1,97 @@
+"""The Python API; the CLI is a thin layer over it.
+
+    >>> import netsim
+    >>> result = netsim.run("scenarios/quickstart.toml", overrides={"run.seed": 1}, out="runs/q1")
+    >>> result.summary["accuracy"]
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from netsim.errors import InputError
+from netsim.scenario import Scenario, load_scenario, scenario_hash, to_toml
+from netsim.scenario.load import apply_overrides, scenario_from_dict, to_dict
+from netsim.trace.io import TRACE_FILE
+
+__version__ = "0.1.0"
+
+
+@attrs.frozen
+class RunResult:
+    out: Path
+    scenario: Scenario
+    summary: dict[str, Any]
+    metrics: list[dict[str, float]]
+
+    @property
+    def trace_path(self) -> Path:
+        return self.out / TRACE_FILE
+
+
+def resolve_scenario(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+    if isinstance(scenario, Scenario):
+        if overrides:
+            return scenario_from_dict(apply_overrides(to_dict(scenario), overrides))
+        return scenario
+    return load_scenario(scenario, overrides)
+
+
+def output_dir(scenario: Scenario, out: str | Path | None) -> Path:
+    return Path(out) if out is not None else Path(scenario.run.out.replace("{name}", scenario.name))
+
+
+def prepare(scenario: Scenario, writer=None):
+    """Build (but do not run) the simulation: every check that needs more than the file happens here."""
+    from netsim.algorithms import resolve
+    from netsim.sim.kernel import Simulation
+
+    program, params = resolve(scenario.algorithm)
+    return Simulation(scenario, program, params, writer=writer)
+
+
+def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
+        progress: Callable[[float], None] | None = None) -> RunResult:
+    """Validate, build, run and write one run folder (principle 10)."""
+    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
+    from netsim.metrics.summary import EventCounts
+    from netsim.trace.io import TraceWriter
+
+    sc = resolve_scenario(scenario, overrides)
+    text = to_toml(sc)
+    folder = output_dir(sc, out)
+    counts = EventCounts()
+    meta = {"netsim.scenario": text, "netsim.scenario_sha256": scenario_hash(text), "netsim.version": __version__}
+    writer = TraceWriter(folder / TRACE_FILE if sc.run.trace else None, meta, sc.run.trace_flush_every,
+                         on_batch=counts, lazy=True)
+    sim = prepare(sc, writer)  # raises InputError before anything is written
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError("run.out", f"cannot create output folder {str(folder)!r}: {e.strerror or e}") from None
+    (folder / "scenario.toml").write_text(text)
+    sim.run(progress)
+    final = sim.metrics[-1]
+    k = counts.kinds
+    summary = {
+        "scenario": sc.name, "algorithm": sc.algorithm.name, "seed": sc.run.seed, "agents": sc.agents.count,
+        **{k_: v for k_, v in final.items() if k_ != "time"},
+        "simulated_time": float(sim.env.now), "stop_reason": sim.stop_reason,
+        "messages_sent": k["send"], "messages_delivered": k["deliver"], "messages_dropped": k["drop"],
+        "messages_stale": k["stale"], "round_timeouts": k["timeout"], "bytes_sent": counts.bytes_sent,
+        "activations": k["activate"], "gradients": k["compute_start"],
+        "gradient_batches": sim.gradients.calls,
+        "mean_gradient_batch": sim.gradients.evaluated / max(1, sim.gradients.calls),
+        "events": counts.total, "wall_time": sim.wall, "events_per_s": counts.total / max(sim.wall, 1e-9),
+        "spectral_gap": sim.gap, "device": str(sim.device), "scenario_sha256": meta["netsim.scenario_sha256"],
+        "python": platform.python_version(),
+    }
+    write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
+    write_summary(summary, folder / "summary.json")
+    plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
+    return RunResult(folder, sc, summary, sim.metrics)

@@ -1,0 +1,136 @@
+"""Command line: a thin layer over netsim.api. Heavy modules are imported inside the commands,
+so ``netsim --help`` answers at once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="netsim: asynchronous discrete-event simulator for decentralized and private learning.")
+
+SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
+PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms (repeatable)")
+
+
+def _fail(err) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(2)
+
+
+def _overrides(items: list[str] | None) -> dict:
+    from netsim.scenario import parse_override
+
+    return dict(parse_override(i) for i in items or [])
+
+
+def _plugins(paths: list[str] | None) -> None:
+    from netsim.algorithms import load_plugin
+
+    for p in paths or []:
+        load_plugin(p)
+
+
+def _summary_table(summary: dict):
+    from rich.table import Table
+
+    t = Table(title=f"{summary['scenario']} · {summary['algorithm']} · {summary['agents']} agents · "
+                    f"seed {summary['seed']}", show_header=False)
+    t.add_column("metric", style="bold")
+    t.add_column("value", justify="right")
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    rows = [("test accuracy (average model)", "accuracy"), ("test loss (average model)", "loss"),
+            ("consensus distance", "consensus"), ("mean agent accuracy", "agent_accuracy_mean"),
+            ("messages sent", "messages_sent"), ("messages dropped", "messages_dropped"),
+            ("stale messages", "messages_stale"), ("round timeouts", "round_timeouts"),
+            ("bytes sent", "bytes_sent"), ("gradients (batched calls)", "gradients"),
+            ("simulated time (s)", "simulated_time"), ("stopped by", "stop_reason"),
+            ("wall time (s)", "wall_time"), ("events", "events"), ("events/s", "events_per_s"),
+            ("spectral gap", "spectral_gap")]
+    for label, key in rows:
+        if key in summary and summary[key] is not None:
+            v = fmt(summary[key])
+            if key == "gradients":
+                v += f" ({fmt(summary['gradient_batches'])})"
+            t.add_row(label, v)
+    return t
+
+
+@app.command()
+def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
+        set_: Optional[list[str]] = SetOpt,
+        out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: run.out)"),
+        plugin: Optional[list[str]] = PluginOpt,
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
+    """Run a scenario; write trace, metrics, summary and plot to its output folder."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from netsim import api
+    from netsim.errors import InputError
+
+    console = Console(stderr=True)
+    try:
+        _plugins(plugin)
+        sc = api.resolve_scenario(scenario, _overrides(set_))
+        horizon = sc.run.until
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
+                      console=console, disable=quiet, transient=False) as bar:
+            task = bar.add_task(f"{sc.name}", total=horizon)
+            result = api.run(sc, out=out, progress=lambda t: bar.update(task, completed=t))
+            bar.update(task, completed=result.summary["simulated_time"])
+    except InputError as e:
+        _fail(e)
+    if not quiet:
+        Console().print(_summary_table(result.summary))
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+
+
+@app.command()
+def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
+             set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt) -> None:
+    """Check a scenario (keys, types, ranges, files, algorithm, topology) without running it."""
+    from netsim import api
+    from netsim.errors import InputError
+
+    try:
+        _plugins(plugin)
+        sc = api.resolve_scenario(scenario, _overrides(set_))
+        sim = api.prepare(sc)
+    except InputError as e:
+        _fail(e)
+    gap = "n/a" if sim.gap is None else f"{sim.gap:.4f}"
+    typer.echo(f"ok: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
+               f"spectral gap {gap}), algorithm {sc.algorithm.name}")
+
+
+@app.command()
+def algorithms() -> None:
+    """List registered algorithms and their parameters."""
+    import attrs
+
+    from netsim.algorithms import REGISTRY, names
+
+    for name in names():
+        params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[name][1]))
+        typer.echo(f"{name}: {params}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Interpreters of a run's events and metrics: counts, tables, plots."""

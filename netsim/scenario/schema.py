@@ -1,0 +1,195 @@
+"""The scenario file's schema: frozen attrs records, pure data (imports nothing of netsim's core).
+
+Units: simulated time in seconds, sizes in bytes, bandwidth in bytes per second.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from netsim.scenario.structure import at_least, field, nonneg, positive, probability
+
+DistKind = Literal["constant", "uniform", "exponential", "lognormal", "normal"]
+
+
+@attrs.frozen
+class Dist:
+    """A scalar distribution. ``constant``: value; ``uniform``: low, high; ``exponential``: mean;
+    ``lognormal``: mean (of the variable itself) and sigma (of its log); ``normal``: mean, sigma."""
+
+    kind: DistKind = "constant"
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    mean: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+    sigma: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+
+    def __check__(self) -> tuple[str, str] | None:
+        need = {
+            "constant": ("value",),
+            "uniform": ("low", "high"),
+            "exponential": ("mean",),
+            "lognormal": ("mean", "sigma"),
+            "normal": ("mean", "sigma"),
+        }[self.kind]
+        for key in need:
+            if getattr(self, key) is None:
+                return key, f"required for kind = {self.kind!r} (needs {', '.join(need)})"
+        for key in ("value", "low", "high", "mean", "sigma"):
+            if key not in need and getattr(self, key) is not None:
+                return key, f"not used by kind = {self.kind!r} (it takes {', '.join(need)})"
+        if self.kind == "uniform" and not self.low <= self.high:  # type: ignore[operator]
+            return "high", f"must be >= low ({self.low}), got {self.high}"
+        return None
+
+    def bounds_nonneg(self) -> bool:
+        if self.kind == "constant":
+            return self.value >= 0  # type: ignore[operator]
+        if self.kind == "uniform":
+            return self.low >= 0  # type: ignore[operator]
+        return self.kind != "normal"
+
+
+def nonneg_dist(d: Dist) -> str | None:
+    return None if d.bounds_nonneg() else "must not produce negative values (use constant/uniform >= 0, exponential or lognormal)"
+
+
+@attrs.frozen
+class RunSpec:
+    seed: int = field(0, check=nonneg, doc="root of every random stream")
+    until: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
+                                doc="stop at this simulated time (s)")
+    rounds: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+                               doc="stop when every agent has been activated this many times")
+    out: str = field("runs/{name}", doc="output folder; {name} is the scenario file's stem")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    trace: bool = True
+    trace_flush_every: int = field(8192, check=at_least(1), doc="events per trace batch flushed to disk")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.until is None and self.rounds is None:
+            return "until", "give run.until (simulated seconds) and/or run.rounds"
+        return None
+
+
+@attrs.frozen
+class ActivationSpec:
+    """When an agent wakes, on its own clock: every ``period``; at ``rate`` per second (Poisson);
+    or each ``period`` with probability ``p`` (Bernoulli per round)."""
+
+    kind: Literal["periodic", "poisson", "bernoulli"] = "periodic"
+    period: float = field(1.0, check=positive)
+    rate: float = field(1.0, check=positive)
+    p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}")
+
+
+@attrs.frozen
+class AgentsSpec:
+    count: int = field(check=at_least(2), doc="number of agents")
+    clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
+    clock_drift: Dist = field(Dist("constant", value=0.0), doc="relative rate error: local = offset + (1+drift) t")
+    compute_time: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="seconds per gradient")
+    activation: ActivationSpec = ActivationSpec()
+    stragglers: tuple[int, ...] = field((), doc="agents whose compute time is multiplied by straggler_factor")
+    straggler_factor: float = field(5.0, check=positive)
+
+    def __check__(self) -> tuple[str, str] | None:
+        bad = [a for a in self.stragglers if not 0 <= a < self.count]
+        if bad:
+            return "stragglers", f"agent ids must be in [0, {self.count - 1}], got {bad}"
+        if self.clock_drift.kind == "constant" and self.clock_drift.value <= -1:  # type: ignore[operator]
+            return "clock_drift.value", "must be > -1 (a clock cannot stop or run backwards)"
+        return None
+
+
+TopologyKind = Literal[
+    "ring", "torus", "grid", "complete", "star", "erdos_renyi", "random_regular", "exponential", "edges_file"
+]
+MixingKind = Literal["metropolis_hastings", "uniform", "max_degree", "column_stochastic"]
+
+
+@attrs.frozen
+class TopologySpec:
+    kind: TopologyKind = "ring"
+    directed: bool = False
+    p: float = field(0.3, check=probability, doc="edge probability (erdos_renyi)")
+    degree: int = field(4, check=at_least(1), doc="degree (random_regular)")
+    rows: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+                             doc="rows of a torus/grid (default: as square as possible)")
+    path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
+    mixing: MixingKind | None = field(None, doc="default: metropolis_hastings, column_stochastic if directed")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.kind == "edges_file" and not self.path:
+            return "path", "required for kind = 'edges_file'"
+        if self.directed and self.mixing in ("metropolis_hastings", "max_degree"):
+            return "mixing", f"{self.mixing!r} needs an undirected graph; use 'column_stochastic' or 'uniform'"
+        return None
+
+    @property
+    def mixing_kind(self) -> str:
+        return self.mixing or ("column_stochastic" if self.directed else "metropolis_hastings")
+
+
+@attrs.frozen
+class NetworkSpec:
+    latency: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="one-way propagation delay (s)")
+    bandwidth: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
+                                    doc="bytes/s per link; transfer time = size / bandwidth; omit for infinite")
+    loss: float = field(0.0, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}")
+
+
+@attrs.frozen
+class DataSpec:
+    kind: Literal["synthetic", "libsvm"] = "synthetic"
+    samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples")
+    features: int = field(20, check=at_least(1), doc="synthetic: dimension")
+    noise: float = field(0.1, check=nonneg, doc="synthetic: label-flip probability scale")
+    path: str | None = field(None, doc="libsvm: training file ($NETSIM_DATA is searched for relative paths)")
+    test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
+    test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
+    partition: Literal["iid", "dirichlet"] = "iid"
+    alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID)")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.kind == "libsvm" and not self.path:
+            return "path", "required for kind = 'libsvm'"
+        return None
+
+
+@attrs.frozen
+class ModelSpec:
+    kind: Literal["logistic"] = "logistic"
+    l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight")
+    dtype: Literal["float32", "float64"] = "float32"
+
+
+@attrs.frozen
+class AlgorithmSpec:
+    """``name`` of a registered algorithm; every other key is that algorithm's parameter."""
+
+    name: str = field(doc="registered algorithm, e.g. 'dpsgd' or 'gossip'")
+    params: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class EvaluationSpec:
+    every: float = field(1.0, check=positive, doc="simulated seconds between evaluations")
+    metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy"], ...] = (
+        "loss", "accuracy", "consensus")
+    format: Literal["csv", "parquet"] = "csv"
+
+
+@attrs.frozen
+class Scenario:
+    run: RunSpec
+    agents: AgentsSpec
+    algorithm: AlgorithmSpec
+    topology: TopologySpec = TopologySpec()
+    network: NetworkSpec = NetworkSpec()
+    data: DataSpec = DataSpec()
+    model: ModelSpec = ModelSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
+    name: str = "scenario"

@@ -1,0 +1,148 @@
+"""Strict TOML-dict -> frozen attrs structuring.
+
+Why not cattrs: it silently coerces (``1.5 -> 1``, ``true -> 1``) and loses the key path of a
+validator's error, and principle 8 (fail loudly, name the key) needs both. This walker knows the
+handful of types a scenario uses and names the key path and what is allowed in every error.
+Range checks live in field metadata (``check``) and cross-field checks in ``__check__``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, Union
+
+import attrs
+
+from netsim.errors import InputError
+
+Check = Callable[[Any], "str | None"]
+
+
+def field(default: Any = attrs.NOTHING, check: Check | None = None, doc: str = "", **kw: Any) -> Any:
+    """An attrs field with a range check and a one-line doc (shown in errors and docs)."""
+    return attrs.field(default=default, metadata={"check": check, "doc": doc}, **kw)
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else f"must be > 0, got {v}"
+
+
+def nonneg(v: float) -> str | None:
+    return None if v >= 0 else f"must be >= 0, got {v}"
+
+
+def probability(v: float) -> str | None:
+    return None if 0 <= v <= 1 else f"must be in [0, 1], got {v}"
+
+
+def at_least(lo: float) -> Check:
+    return lambda v: None if v >= lo else f"must be >= {lo}, got {v}"
+
+
+def _tname(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+
+
+def convert(value: Any, tp: Any, path: str) -> Any:
+    """Convert one TOML value to ``tp`` or raise InputError naming ``path``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if attrs.has(tp):
+        return structure(value, tp, path)
+    if origin is Literal:
+        if value in args and type(value) is type(args[0]):
+            return value
+        allowed = ", ".join(repr(a) for a in args)
+        raise InputError(path, f"got {value!r}; allowed: {allowed}")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return convert(value, a, path)
+            except InputError as e:
+                errors.append(e.message)
+        raise InputError(path, " or ".join(dict.fromkeys(errors)))
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise InputError(path, f"expected a list, got {value!r}")
+        item = args[0] if args else Any
+        return tuple(convert(v, item, _join(path, i)) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise InputError(path, f"expected a table, got {value!r}")
+        return {k: convert(v, args[1], _join(path, k)) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - schema bug, not user input
+        raise TypeError(f"unsupported schema type {tp!r} at {path}")
+    raise InputError(path, f"expected {_tname(tp)}, got {value!r}")
+
+
+def structure(data: Any, cls: type, path: str = "") -> Any:
+    """Build the frozen attrs ``cls`` from a TOML table, checking keys, types and ranges."""
+    if not isinstance(data, dict):
+        raise InputError(path or "<root>", f"expected a table, got {data!r}")
+    fields = attrs.fields_dict(cls)
+    for key in data:
+        if key not in fields:
+            allowed = ", ".join(n for n in fields if not n.startswith("_"))
+            raise InputError(_join(path, key), f"unknown key; allowed keys here: {allowed}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, f in fields.items():
+        p = _join(path, name)
+        if name not in data:
+            if f.default is attrs.NOTHING:
+                doc = f.metadata.get("doc", "")
+                raise InputError(p, "required key is missing" + (f" ({doc})" if doc else ""))
+            continue
+        value = convert(data[name], hints[name], p)
+        check = f.metadata.get("check")
+        if check is not None and (msg := check(value)):
+            raise InputError(p, msg)
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    cross = getattr(obj, "__check__", None)
+    if cross is not None and (problem := cross()):
+        key, msg = problem
+        raise InputError(_join(path, key), msg)
+    return obj
+
+
+def unstructure(obj: Any) -> Any:
+    """attrs tree -> plain dict with ``None`` values dropped (TOML has no null)."""
+    if attrs.has(type(obj)):
+        out = {}
+        for f in attrs.fields(type(obj)):
+            v = unstructure(getattr(obj, f.name))
+            if v is not None:
+                out[f.name] = v
+        return out
+    if isinstance(obj, tuple | list):
+        return [unstructure(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: unstructure(v) for k, v in obj.items() if v is not None}
+    return obj

@@ -1,0 +1,253 @@
+"""The agent API an algorithm is written against (see docs/architecture.md).
+
+An algorithm is a generator ``fn(agent, params)`` that yields simpy events it gets from the agent:
+``wake()``, ``gradient()``, ``send()``/``broadcast()``, ``recv()``/``gather()``. Everything that
+must survive a checkpoint lives outside the generator: parameters in the bank, randomness in the
+stream tree, messages in the network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Generator, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+import torch
+
+from netsim.sim.network import Message
+from netsim.trace.events import Activate, ComputeStart, Finish, Stale, Timeout
+
+if TYPE_CHECKING:
+    from netsim.sim.kernel import Simulation
+
+
+def processed_event(env: simpy.Environment) -> simpy.Event:
+    """An event that is already over: yielding it resumes the process at once, at no cost."""
+    ev = simpy.Event(env)
+    ev._ok, ev._value, ev.callbacks = True, None, None
+    return ev
+
+
+class _Recv:
+    __slots__ = ("event", "tag", "inbox", "round")
+
+    def __init__(self, event, tag, inbox, rnd):
+        self.event, self.tag, self.inbox, self.round = event, tag, inbox, rnd
+
+    def offer(self, msg: Message) -> bool:
+        if self.round is not None and msg.round != self.round:
+            if msg.round > self.round:
+                return False
+            a = self.inbox.agent
+            a.emit(Stale(a.env.now, msg.dst, msg.src, msg.id, msg.round))
+            return True
+        del self.inbox.waiters[self.tag]
+        self.event.succeed(msg)
+        return True
+
+    def expire(self) -> None:
+        self.event.succeed(None)
+
+
+class _Gather:
+    """Collects one message per expected sender for one round; older rounds are stale."""
+
+    __slots__ = ("event", "tag", "inbox", "round", "expect", "got")
+
+    def __init__(self, event, tag, inbox, rnd, expect):
+        self.event, self.tag, self.inbox, self.round = event, tag, inbox, rnd
+        self.expect = expect
+        self.got: dict[int, Any] = {}
+
+    def offer(self, msg: Message) -> bool:
+        if msg.round == self.round and msg.src in self.expect:
+            self.got[msg.src] = msg.payload
+            if len(self.got) == len(self.expect):
+                del self.inbox.waiters[self.tag]
+                self.event.succeed(self.got)
+            return True
+        if msg.round < self.round:
+            self.inbox.agent.emit(Stale(self.inbox.agent.env.now, msg.dst, msg.src, msg.id, msg.round))
+            return True
+        return False
+
+    def expire(self) -> None:
+        a = self.inbox.agent
+        a.emit(Timeout(a.env.now, a.id, self.round, float(len(self.expect) - len(self.got))))
+        self.event.succeed(self.got)
+
+
+class Inbox:
+    __slots__ = ("agent", "queues", "waiters")
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+        self.queues: dict[str, deque] = {}
+        self.waiters: dict[str, _Recv | _Gather] = {}
+
+    def put(self, msg: Message) -> None:
+        w = self.waiters.get(msg.tag)
+        if w is None or not w.offer(msg):
+            q = self.queues.get(msg.tag)
+            if q is None:
+                q = self.queues[msg.tag] = deque()
+            q.append(msg)
+
+    def wait(self, w: _Recv | _Gather, timeout: float | None) -> simpy.Event:
+        if w.tag in self.waiters:
+            raise RuntimeError(f"agent {self.agent.id} already waits on tag {w.tag!r}")
+        q = self.queues.get(w.tag)
+        self.waiters[w.tag] = w
+        if q:
+            keep = deque()
+            while q and not w.event.triggered:
+                m = q.popleft()
+                if not w.offer(m):
+                    keep.append(m)
+            keep.extend(q)
+            self.queues[w.tag] = keep
+        if not w.event.triggered and timeout is not None:
+            timer = simpy.events.Timeout(self.agent.env, timeout)
+            timer.callbacks.append(lambda _ev: self._expire(w))
+        return w.event
+
+    def _expire(self, w: _Recv | _Gather) -> None:
+        if not w.event.triggered:
+            del self.waiters[w.tag]
+            w.expire()
+
+
+class Agent:
+    def __init__(self, sim: Simulation, i: int, offset: float, drift: float, compute_scale: float):
+        self.sim = sim
+        self.env = sim.env
+        self.id = i
+        self.emit = sim.emit
+        self.offset = offset
+        self.rate = 1.0 + drift  # local clock seconds per global second
+        self.compute_scale = compute_scale
+        self.round = 0  # activations so far
+        self.finished = False
+        self.inbox = Inbox(self)
+        g = sim.graph
+        self.neighbors: list[int] = sorted(g.successors(i))
+        self.in_neighbors: list[int] = sorted(g.predecessors(i))
+        row = sim.W.getrow(i)
+        self.weights: dict[int, float] = {int(j): float(w) for j, w in zip(row.indices, row.data) if j != i}
+        self.self_weight = float(sim.W[i, i])
+        act = sim.scenario.agents.activation
+        self._act = act
+        self._act_rng = sim.streams.rng("activation", i)
+        self._batch_rng = sim.streams.rng("batch", i)
+        self._compute = sim.compute_draws(i)
+        self.rows = sim.data.parts[i]
+        self._tick = math.floor(self.local_time(0.0) / act.period) if act.kind != "poisson" else 0
+        self._done = processed_event(self.env)
+
+    # clocks -------------------------------------------------------------------------------------
+    def local_time(self, t: float | None = None) -> float:
+        """This agent's clock reading at global time t (default: now): offset + (1 + drift) t."""
+        return self.offset + self.rate * (self.env.now if t is None else t)
+
+    def global_time(self, local: float) -> float:
+        return (local - self.offset) / self.rate
+
+    # activation ---------------------------------------------------------------------------------
+    def wake(self) -> simpy.Event:
+        """The next activation on this agent's own clock (never after the run's round limit)."""
+        limit = self.sim.scenario.run.rounds
+        if limit is not None and self.round >= limit:
+            if not self.finished:
+                self.finished = True
+                self.emit(Finish(self.env.now, self.id, self.round))
+                self.sim.agent_finished()
+            return self.env.event()  # never fires
+        act = self._act
+        now_local = self.local_time()
+        if act.kind == "poisson":
+            at = now_local + self._act_rng.exponential(1.0 / act.rate)
+        else:
+            self._tick = max(self._tick, math.floor(now_local / act.period)) + 1
+            if act.kind == "bernoulli" and act.p < 1.0:
+                self._tick += int(self._act_rng.geometric(act.p)) - 1
+            at = self._tick * act.period
+        delay = max(0.0, self.global_time(at) - self.env.now)
+        self.round += 1
+        ev = simpy.events.Timeout(self.env, delay, at)
+        ev.callbacks.append(self._activated)
+        return ev
+
+    def _activated(self, ev) -> None:
+        self.emit(Activate(self.env.now, self.id, self.round, ev._value))
+
+    # compute ------------------------------------------------------------------------------------
+    @property
+    def params(self) -> torch.Tensor:
+        """A copy of this agent's row of the parameter bank."""
+        return self.sim.bank.get(self.id)
+
+    @params.setter
+    def params(self, value: torch.Tensor) -> None:
+        self.sim.bank.set(self.id, value)
+
+    def sample_rows(self, batch: int | None) -> np.ndarray:
+        if not batch:
+            return self.rows
+        return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
+
+    def gradient(self, batch: int | None = None, params: torch.Tensor | None = None) -> simpy.Event:
+        """Mini-batch gradient at ``params`` (default: current params); completes after compute time."""
+        ct = self._compute() * self.compute_scale
+        self.emit(ComputeStart(self.env.now, self.id, ct))
+        p = self.sim.bank.get(self.id) if params is None else params
+        return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct)
+
+    # communication ------------------------------------------------------------------------------
+    def send(self, dst: int, payload: Any, tag: str = "model", round: int | None = None,
+             size: int | None = None) -> simpy.Event:
+        """Send through the link; the event completes when the transmission ends."""
+        tx = self.sim.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
+        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+
+    def broadcast(self, payload: Any, tag: str = "model", round: int | None = None,
+                  to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
+        """Send to every out-neighbour (links transmit in parallel)."""
+        send = self.sim.network.send
+        rnd = self.round if round is None else round
+        tx = max((send(self.id, j, payload, tag, rnd, size) for j in (self.neighbors if to is None else to)),
+                 default=0.0)
+        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+
+    def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:
+        """The next message with ``tag`` (a ``Message``), or None after ``timeout``. With ``round``,
+        only that round's message is taken; earlier rounds' are discarded as stale."""
+        return self.inbox.wait(_Recv(simpy.Event(self.env), tag, self.inbox, round), timeout)
+
+    def gather(self, tag: str = "model", round: int | None = None, senders: Iterable[int] | None = None,
+               timeout: float | None = None) -> simpy.Event:
+        """Barrier: payloads {src: payload} of ``round`` from all ``senders`` (default in-neighbours),
+        or whatever arrived by ``timeout``. Messages of earlier rounds are discarded as stale."""
+        expect = frozenset(self.in_neighbors if senders is None else senders)
+        w = _Gather(simpy.Event(self.env), tag, self.inbox, self.round if round is None else round, expect)
+        if not expect:
+            w.event.succeed({})
+            return w.event
+        return self.inbox.wait(w, timeout)
+
+    def mix(self, own: torch.Tensor, received: dict[int, torch.Tensor]) -> torch.Tensor:
+        """sum_j W_ij x_j over what arrived; a missing neighbour's weight stays on ``own``."""
+        out = own * (1.0 - sum(self.weights[j] for j in received))
+        for j, x in received.items():
+            out.add_(x, alpha=self.weights[j])
+        return out
+
+    # misc ---------------------------------------------------------------------------------------
+    def rng(self, purpose: str = "algorithm") -> np.random.Generator:
+        """This agent's own stream for the algorithm's choices (never the network's)."""
+        return self.sim.streams.rng(purpose, self.id)
+
+    def spawn(self, program: Generator) -> simpy.Process:
+        return self.env.process(program)

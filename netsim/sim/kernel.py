@@ -1,0 +1,150 @@
+"""The simulation: one simpy environment, the agents' programs, the network, the compute service.
+
+Time only moves by events. Gradient requests are gathered and evaluated in one batched call when
+simulated time reaches the earliest completion among them (every request was made at or before that
+time, with its parameters snapshotted, so evaluating them early changes nothing: exact lookahead).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import simpy
+import torch
+
+from netsim.compute import resolve_device
+from netsim.compute.bank import ParameterBank
+from netsim.compute.data import load_dataset
+from netsim.compute.evaluate import evaluate_bank
+from netsim.compute.gradients import GradientService, Ticket
+from netsim.compute.models import build_model
+from netsim.scenario.schema import Scenario
+from netsim.sim.agent import Agent
+from netsim.sim.dists import draws, sampler
+from netsim.sim.network import Network
+from netsim.sim.streams import Streams
+from netsim.sim.topology import spectral_gap, weighted_graph
+from netsim.trace.events import ComputeEnd, Evaluation
+from netsim.trace.io import TraceWriter
+
+Program = Callable[[Agent, Any], Any]
+
+
+class Simulation:
+    """Everything one run needs, built from a validated scenario."""
+
+    def __init__(self, scenario: Scenario, program: Program, params: Any, *,
+                 writer: TraceWriter | None = None, device: str | None = None):
+        self.scenario = sc = scenario
+        self.program, self.params = program, params
+        self.env = simpy.Environment()
+        self.streams = Streams(sc.run.seed)
+        n = sc.agents.count
+        self.graph, self.W = weighted_graph(sc.topology, n, self.streams.seed_for("topology"))
+        self.gap = spectral_gap(self.W)
+        self.writer = writer or TraceWriter(None, {})
+        self.emit = self.writer.emit
+        self.device = resolve_device(device or sc.run.device)
+        self.dtype = torch.float64 if sc.model.dtype == "float64" else torch.float32
+        self.data = load_dataset(sc.data, n, self.streams.rng("data"), self.streams.rng("partition"))
+        self.model = build_model(sc.model.kind, self.data.features, self.data.classes, sc.model.l2)
+        self.bank = ParameterBank(self.model.init(n, self.dtype, self.device))
+        t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
+        self.X, self.y = t(self.data.X).to(self.dtype), t(self.data.y)
+        self.X_test, self.y_test = t(self.data.X_test).to(self.dtype), t(self.data.y_test)
+        self.gradients = GradientService(self.model, self.X, self.y)
+        self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
+        crng = self.streams.rng("clock")
+        offsets = sampler(sc.agents.clock_offset, crng)(n)
+        drifts = sampler(sc.agents.clock_drift, crng)(n)
+        if (drifts <= -1).any():
+            raise ValueError("agents.clock_drift produced a drift <= -1 (a clock that stops)")
+        slow = set(sc.agents.stragglers)
+        self.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
+                             sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
+        self.metrics: list[dict[str, float]] = []
+        self._finished = 0
+        self._stop = self.env.event()
+        self.stop_reason = ""
+        self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until)
+        self.wall = 0.0
+
+    # services the agents call -----------------------------------------------------------------
+    def compute_draws(self, i: int):
+        return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i))
+
+    def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float) -> simpy.Event:
+        ev = simpy.events.Timeout(self.env, ct, self.gradients.submit(i, params, rows))
+        ev.callbacks.append(self._gradient_ready)
+        return ev
+
+    def _gradient_ready(self, ev) -> None:
+        ticket: Ticket = ev._value
+        if ticket.result is None:
+            self.gradients.flush()
+        ev._value = ticket.result
+        self.emit(ComputeEnd(self.env.now, ticket.agent))
+
+    def _deliver(self, msg) -> None:
+        self.agents[msg.dst].inbox.put(msg)
+
+    def agent_finished(self) -> None:
+        self._finished += 1
+        if self._finished == len(self.agents) and not self._stop.triggered:
+            self.stop_reason = "rounds"
+            self._stop.succeed()
+
+    # evaluation ------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        row = {"time": float(self.env.now),
+               "round_mean": float(np.mean([a.round for a in self.agents]))}
+        row.update(evaluate_bank(self.model, self.bank.W, self.X_test, self.y_test,
+                                 self.scenario.evaluation.metrics))
+        self.metrics.append(row)
+        self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
+        return row
+
+    def _evaluator(self):
+        every = self.scenario.evaluation.every
+        while True:
+            yield self.env.timeout(every)
+            self.evaluate()
+            # Only our own timers left in the queue: nothing can ever happen again.
+            if len(self.env._queue) <= self._housekeeping and not self._stop.triggered:
+                self.stop_reason = "stalled (every agent waits for something that cannot come)"
+                self._stop.succeed()
+
+    @property
+    def events_emitted(self) -> int:
+        return self.writer.count + len(self.writer.buffer)
+
+    def _ticker(self, horizon: float, progress: Callable[[float], None]):
+        step = horizon / 200
+        while True:
+            yield self.env.timeout(step)
+            progress(self.env.now)
+
+    # running -----------------------------------------------------------------------------------------
+    def run(self, progress: Callable[[float], None] | None = None) -> None:
+        sc = self.scenario
+        start = time.perf_counter()
+        self.evaluate()
+        for a in self.agents:
+            self.env.process(self.program(a, self.params))
+        self.env.process(self._evaluator())
+        if progress is not None and sc.run.until is not None:
+            self.env.process(self._ticker(sc.run.until, progress))
+            self._housekeeping += 1
+        stop = self._stop
+        if sc.run.until is not None:
+            self._housekeeping += 1
+            stop = self.env.any_of([self._stop, self.env.timeout(sc.run.until)])
+        self.env.run(until=stop)
+        if not self.stop_reason:
+            self.stop_reason = "until"
+        self.evaluate()
+        self.writer.close()
+        self.wall = time.perf_counter() - start

@@ -1,0 +1,149 @@
+"""Topologies as weighted networkx DiGraphs (BlueFog style) and their mixing matrices.
+
+``W[i, j]`` is the weight agent i gives to the value it holds of agent j (j = i: its own), so a
+gossip step is ``x_i <- sum_j W[i, j] x_j``. Row-stochastic matrices average; column-stochastic ones
+(push-sum) conserve mass: agent j splits its value over its out-neighbours and itself.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+from scipy import sparse
+
+from netsim.errors import InputError
+from netsim.scenario.schema import TopologySpec
+
+
+def _grid_shape(n: int, rows: int | None) -> tuple[int, int]:
+    if rows is None:
+        rows = max(r for r in range(1, int(math.isqrt(n)) + 1) if n % r == 0)
+    if n % rows:
+        raise InputError("topology.rows", f"{rows} rows do not divide {n} agents")
+    return rows, n // rows
+
+
+def _read_edges(path: str, n: int) -> nx.DiGraph:
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise InputError("topology.path", f"cannot read edges file {path!r}: {e.strerror or e}") from None
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    for lineno, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].replace(",", " ").strip()
+        if not line:
+            continue
+        parts = line.split()
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            u, v = int(parts[0]), int(parts[1])
+            w = float(parts[2]) if len(parts) == 3 else 1.0
+        except ValueError:
+            raise InputError("topology.path", f"{path}:{lineno}: expected 'src dst [weight]', got {line!r}") from None
+        if not (0 <= u < n and 0 <= v < n) or u == v:
+            raise InputError("topology.path", f"{path}:{lineno}: agent ids must be distinct and in [0, {n - 1}]")
+        g.add_edge(u, v, weight=w)
+    return g
+
+
+def build_graph(spec: TopologySpec, n: int, seed: int) -> nx.DiGraph:
+    """The communication graph: edge u -> v means u can send to v. Undirected kinds get both ways."""
+    k = spec.kind
+    if k == "ring":
+        g = nx.cycle_graph(n, create_using=nx.DiGraph if spec.directed else nx.Graph)
+    elif k in ("torus", "grid"):
+        rows, cols = _grid_shape(n, spec.rows)
+        g = nx.grid_2d_graph(rows, cols, periodic=(k == "torus"))
+        g = nx.relabel_nodes(g, {(r, c): r * cols + c for r, c in g.nodes})
+    elif k == "complete":
+        g = nx.complete_graph(n)
+    elif k == "star":
+        g = nx.star_graph(n - 1)
+    elif k == "erdos_renyi":
+        rng = np.random.default_rng(seed)
+        for _ in range(100):
+            g = nx.gnp_random_graph(n, spec.p, seed=int(rng.integers(2**31)), directed=spec.directed)
+            if (nx.is_strongly_connected(g) if spec.directed else nx.is_connected(g)):
+                break
+        else:
+            raise InputError("topology.p", f"{spec.p} gives no connected graph on {n} agents in 100 draws; raise p")
+    elif k == "random_regular":
+        if spec.degree >= n or (n * spec.degree) % 2:
+            raise InputError("topology.degree", f"need degree < count and degree*count even; got {spec.degree}, {n}")
+        g = nx.random_regular_graph(spec.degree, n, seed=seed % 2**31)
+    elif k == "exponential":
+        g = nx.DiGraph() if spec.directed else nx.Graph()
+        g.add_nodes_from(range(n))
+        hops = [2**i for i in range(int(math.log2(n - 1)) + 1)] if n > 1 else []
+        g.add_edges_from((i, (i + h) % n) for i in range(n) for h in hops if (i + h) % n != i)
+    elif k == "edges_file":
+        g = _read_edges(spec.path, n)  # type: ignore[arg-type]
+        if not spec.directed:
+            g = nx.DiGraph(g.to_undirected())
+    else:  # pragma: no cover - schema forbids it
+        raise InputError("topology.kind", f"unknown topology {k!r}")
+    g = nx.DiGraph(g)
+    connected = nx.is_strongly_connected(g) if n > 1 else True
+    if not connected:
+        raise InputError("topology", f"{k} graph on {n} agents is not (strongly) connected")
+    return g
+
+
+def mixing_matrix(g: nx.DiGraph, kind: str) -> sparse.csr_matrix:
+    """Sparse mixing matrix for ``g`` (edge u -> v: v receives from u, so W[v, u] may be > 0)."""
+    n = g.number_of_nodes()
+    indeg = np.array([g.in_degree(i) for i in range(n)], dtype=float)
+    outdeg = np.array([g.out_degree(i) for i in range(n)], dtype=float)
+    edges = np.array(list(g.edges), dtype=np.int64).reshape(-1, 2)
+    u, v = edges[:, 0], edges[:, 1]
+    if kind == "metropolis_hastings":
+        w = 1.0 / (1 + np.maximum(indeg[u], indeg[v]))
+    elif kind == "uniform":
+        w = 1.0 / (indeg[v] + 1)
+    elif kind == "max_degree":
+        w = np.full(len(u), 1.0 / (indeg.max() + 1))
+    elif kind == "column_stochastic":
+        w = 1.0 / (outdeg[u] + 1)
+    else:
+        raise InputError("topology.mixing", f"unknown mixing {kind!r}")
+    off = sparse.csr_matrix((w, (v, u)), shape=(n, n))
+    if kind == "column_stochastic":
+        diag = 1.0 / (outdeg + 1)
+    else:
+        diag = 1.0 - np.asarray(off.sum(axis=1)).ravel()
+    return (off + sparse.diags(diag)).tocsr()
+
+
+def spectral_gap(W: sparse.spmatrix | np.ndarray) -> float | None:
+    """1 - |lambda_2(W)| (second-largest eigenvalue modulus); None when too large to compute."""
+    n = W.shape[0]
+    if n == 1:
+        return 1.0
+    if n <= 2000:
+        dense = W.toarray() if sparse.issparse(W) else np.asarray(W)
+        lam = np.sort(np.abs(np.linalg.eigvals(dense)))[::-1]
+    else:
+        from scipy.sparse.linalg import ArpackNoConvergence, eigs
+
+        try:
+            lam = np.sort(np.abs(eigs(sparse.csr_matrix(W), k=2, which="LM", return_eigenvectors=False,
+                                      maxiter=2000)))[::-1]
+        except ArpackNoConvergence:
+            return None
+    return float(1.0 - lam[1])
+
+
+def weighted_graph(spec: TopologySpec, n: int, seed: int) -> tuple[nx.DiGraph, sparse.csr_matrix]:
+    """Graph with the mixing weights as edge attribute ``weight`` (w on u -> v is W[v, u])."""
+    g = build_graph(spec, n, seed)
+    W = mixing_matrix(g, spec.mixing_kind)
+    coo = W.tocoo()
+    nx.set_edge_attributes(g, {(int(c), int(r)): float(x) for r, c, x in zip(coo.row, coo.col, coo.data)
+                               if r != c}, "weight")
+    return g, W

@@ -1,0 +1,1 @@
+"""Events as data: the record types, the streaming trace writer and reader."""
