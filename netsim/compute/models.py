@@ -1,12 +1,57 @@
-"""Models with batched (agents x ...) forward, loss and gradient.
+"""Models with batched (agents x ...) forward, loss and gradient: the model zoo.
 
-A model sees parameters as a flat row per agent, ``W: (agents, P)``; it never knows about agents,
-time or events (compute is a service).
+A model sees parameters as a flat row per agent, ``W: (R, P)``; it never knows about agents, time or
+events (compute is a service). Every model has the same interface:
+
+- ``size``: P; ``init(n, dtype, device, seed)``: (n, P) rows (all agents start from one draw);
+- ``grad(W, X, y, clip=None, clip_kind="l2")``: the mean gradient over each row's batch,
+  ``X (R, B, d)``, ``y (R, B)`` integer labels -> ``(R, P)``. With ``clip`` it is the mean of the
+  per-sample gradients clipped to L2 norm ``clip`` (``"l2"``, as in DP-SGD, Abadi et al. 2016 Alg. 1)
+  or to ``[-clip, clip]`` coordinate-wise (``"coordinate"``). The L2 penalty is data-independent and
+  is added after clipping (it costs no privacy);
+- ``evaluate(W, X, y)``: loss and accuracy of every row on one shared set ``X (n, d)``.
+
+Fast paths: binary/multinomial logistic regression and the MLP have closed-form batched gradients
+(``bmm``) and get per-sample L2 norms without materialising per-sample gradients: for a linear layer
+``z = a W^T + b`` the sample-b gradient is ``delta_b a_b^T`` (and ``delta_b``), so its squared norm is
+``(||a_b||^2 + 1) ||delta_b||^2`` ("ghost norms", Goodfellow 2015). ``TorchModel`` is the generic path
+for any ``nn.Module`` through ``torch.func.functional_call`` + ``vmap(grad)``, with nested vmap for
+per-sample gradients.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+CLIP_KINDS = ("l2", "coordinate")
+
+
+def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """min(1, C / ||g_b||): the per-sample scale of L2 clipping (a zero gradient keeps factor 1)."""
+    return (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
+
+
+def clip_per_sample(G: torch.Tensor, clip: float, kind: str) -> torch.Tensor:
+    """Mean over dim 1 of clipped per-sample gradients ``G (R, B, P)`` -> (R, P) (the reference)."""
+    if kind == "coordinate":
+        return G.clamp(-clip, clip).mean(1)
+    s = clip_factors(torch.linalg.vector_norm(G, dim=2), clip)
+    return (G * s.unsqueeze(-1)).mean(1)
+
+
+def _init_rows(n: int, row: torch.Tensor) -> torch.Tensor:
+    return row.unsqueeze(0).repeat(n, 1)
+
+
+def _uniform(shape, fan_in: int, g: torch.Generator, dtype) -> torch.Tensor:
+    """PyTorch's default Linear/Conv weight law, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from our generator."""
+    b = 1.0 / math.sqrt(fan_in)
+    return (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1).mul_(b).to(dtype)
 
 
 class LogisticRegression:
@@ -20,22 +65,31 @@ class LogisticRegression:
         self.l2 = l2
         self.size = features + 1
 
-    def init(self, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         return torch.zeros(n, self.size, dtype=dtype, device=device)
 
     def logits(self, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """W: (R, P); X: (R, B, d) -> (R, B)."""
         return torch.baddbmm(W[:, -1:].unsqueeze(-1), X, W[:, :-1].unsqueeze(-1)).squeeze(-1)
 
-    def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
+             clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
-        r = torch.sigmoid(self.logits(W, X)) - y  # dloss/dz
+        r = torch.sigmoid(self.logits(W, X)) - y  # dloss_b/dz_b; the sample-b gradient is r_b [x_b, 1]
         g = torch.empty_like(W)
-        g[:, :-1] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / X.shape[1] + self.l2 * W[:, :-1]
+        B = X.shape[1]
+        if clip is not None and clip_kind == "coordinate":
+            G = torch.cat([r.unsqueeze(-1) * X, r.unsqueeze(-1)], dim=2)
+            g.copy_(G.clamp(-clip, clip).mean(1))
+            g[:, :-1] += self.l2 * W[:, :-1]
+            return g
+        if clip is not None:
+            r = r * clip_factors(r.abs() * torch.sqrt((X * X).sum(2) + 1.0), clip)
+        g[:, :-1] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / B + self.l2 * W[:, :-1]
         g[:, -1] = r.mean(dim=1)
         return g
 
-    def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Loss and accuracy of every row of W on one shared set X (n, d): -> (R,), (R,)."""
         z = X @ W[:, :-1].T + W[:, -1]  # (n, R)
         s = (2 * y - 1).unsqueeze(1).to(z.dtype)
@@ -44,11 +98,288 @@ class LogisticRegression:
         return loss, acc
 
 
-def build_model(kind: str, features: int, classes: int, l2: float):
+class MLP:
+    """Fully connected ReLU network with softmax cross-entropy; ``hidden=()`` is multinomial logistic
+    regression. Flat layout per layer: weight (out, in) row-major, then bias (out) -- the order of
+    ``nn.Sequential(nn.Linear, nn.ReLU, ...).parameters()``, so rows are interchangeable with the
+    generic path. Loss: mean_b CE(z_b, y_b) + l2/2 sum ||weights||^2 (biases are not penalised).
+
+    Gradient by hand-written batched backprop: delta_L = (softmax(z_L) - onehot(y)) / B,
+    dW_l = delta_l^T a_{l-1}, db_l = sum_b delta_l, delta_{l-1} = (delta_l W_l) * 1[z_{l-1} > 0].
+    """
+
+    def __init__(self, features: int, classes: int, hidden: Sequence[int] = (), l2: float = 0.0):
+        self.dims = [features, *hidden, classes]
+        self.l2 = l2
+        self.slices: list[tuple[int, int, int, int]] = []  # (weight start, bias start, out, in)
+        off = 0
+        for i, o in zip(self.dims[:-1], self.dims[1:], strict=False):
+            self.slices.append((off, off + o * i, o, i))
+            off += o * i + o
+        self.size = off
+
+    def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        row = torch.zeros(self.size, dtype=dtype)
+        if len(self.dims) > 2:  # multinomial logistic regression starts at 0 (a convex problem)
+            for w0, b0, o, i in self.slices:
+                row[w0:b0] = _uniform((o * i,), i, g, dtype)
+        return _init_rows(n, row).to(device)
+
+    def layers(self, W: torch.Tensor):
+        """Views (R, out, in) and (R, out) of every layer's weight and bias."""
+        return [(W[:, w0:b0].unflatten(1, (o, i)), W[:, b0:b0 + o]) for w0, b0, o, i in self.slices]
+
+    def _forward(self, layers, X: torch.Tensor) -> list[torch.Tensor]:
+        """Inputs of every layer then the logits: [a_0 = X, a_1, ..., z_L]; X (R, B, d)."""
+        acts = [X]
+        for k, (w, b) in enumerate(layers):
+            z = torch.baddbmm(b.unsqueeze(1), acts[-1], w.transpose(1, 2))
+            acts.append(z if k == len(layers) - 1 else torch.relu(z))
+        return acts
+
+    def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
+             clip_kind: str = "l2") -> torch.Tensor:
+        layers = self.layers(W)
+        acts = self._forward(layers, X)
+        B = X.shape[1]
+        e = torch.softmax(acts[-1], dim=2)  # per-sample dloss_b/dz_L (not yet divided by B)
+        e.scatter_add_(2, y.unsqueeze(-1), torch.full_like(e[..., :1], -1.0))
+        deltas = [e]
+        for k in range(len(layers) - 1, 0, -1):
+            deltas.append(torch.bmm(deltas[-1], layers[k][0]) * (acts[k] > 0))
+        deltas.reverse()  # deltas[k]: per-sample dloss/dz of layer k
+        G = torch.empty_like(W)
+        if clip is not None and clip_kind == "coordinate":
+            self._coordinate(G, acts, deltas, clip)
+        else:
+            if clip is not None:
+                sq = sum(((a * a).sum(2) + 1.0) * (d * d).sum(2) for a, d in zip(acts, deltas, strict=False))
+                s = clip_factors(torch.sqrt(sq), clip).unsqueeze(-1) / B
+            else:
+                s = 1.0 / B
+            for (w0, b0, o, _i), a, d in zip(self.slices, acts, deltas, strict=False):
+                d = d * s
+                G[:, w0:b0] = torch.bmm(d.transpose(1, 2), a).flatten(1)
+                G[:, b0:b0 + o] = d.sum(1)
+        if self.l2:
+            for w0, b0, _, _ in self.slices:
+                G[:, w0:b0] += self.l2 * W[:, w0:b0]
+        return G
+
+    def _coordinate(self, G: torch.Tensor, acts, deltas, clip: float) -> None:
+        """Coordinate-wise clipping needs every per-sample gradient: built layer by layer, in agent
+        chunks of at most ~16M entries."""
+        R, B = acts[0].shape[:2]
+        for (w0, b0, o, i), a, d in zip(self.slices, acts, deltas, strict=False):
+            step = max(1, (1 << 24) // (B * o * i))
+            for r in range(0, R, step):
+                per = d[r:r + step].unsqueeze(-1) * a[r:r + step].unsqueeze(2)  # (r, B, out, in)
+                G[r:r + step, w0:b0] = per.clamp_(-clip, clip).mean(1).flatten(1)
+            G[:, b0:b0 + o] = d.clamp(-clip, clip).mean(1)
+
+    def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        layers = self.layers(W)
+        a = X.unsqueeze(0).expand(W.shape[0], *X.shape)
+        z = self._forward(layers, a)[-1]  # (R, n, C)
+        loss = F.cross_entropy(z.transpose(1, 2), y.unsqueeze(0).expand(W.shape[0], -1),
+                               reduction="none").mean(1)
+        if self.l2:
+            loss = loss + self.l2 / 2 * sum((w ** 2).sum((1, 2)) for w, _ in layers)
+        acc = (z.argmax(2) == y).to(W.dtype).mean(1)
+        return loss, acc
+
+
+class TorchModel:
+    """Any ``nn.Module`` (no buffers that change: use GroupNorm, not BatchNorm) through
+    ``torch.func.functional_call``; gradients by ``vmap(grad)`` over agents, per-sample gradients by
+    nested vmap. Inputs arrive flat (B, d) and are reshaped to ``shape`` (e.g. (1, 28, 28))."""
+
+    def __init__(self, module: nn.Module, shape: Sequence[int] | None = None, l2: float = 0.0,
+                 eval_chunk: int = 1024):
+        from torch.func import functional_call
+
+        if any(True for _ in module.buffers()):
+            raise ValueError("TorchModel needs a module without buffers (use GroupNorm, not BatchNorm)")
+        self.module = module
+        self.shape = tuple(shape) if shape else None
+        self.l2 = l2
+        self.eval_chunk = eval_chunk
+        params = dict(module.named_parameters())
+        self.names = list(params)
+        self.shapes = [p.shape for p in params.values()]
+        self.numels = [p.numel() for p in params.values()]
+        self.size = sum(self.numels)
+        mods = dict(module.named_modules())
+        self.penalised = [p.dim() > 1 for p in params.values()]
+        self._norm = [isinstance(mods[n.rsplit(".", 1)[0] if "." in n else ""], (nn.GroupNorm, nn.LayerNorm))
+                      for n in self.names]
+        self._call = functional_call
+
+    def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+        """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run; biases 0; norm scales 1."""
+        g = torch.Generator().manual_seed(seed)
+        parts = []
+        for name, shape, numel, norm in zip(self.names, self.shapes, self.numels, self._norm, strict=False):
+            if norm:
+                parts.append(torch.full((numel,), 1.0 if name.endswith("weight") else 0.0, dtype=dtype))
+            elif len(shape) > 1:
+                parts.append(_uniform((numel,), math.prod(shape[1:]), g, dtype))
+            else:
+                parts.append(torch.zeros(numel, dtype=dtype))
+        return _init_rows(n, torch.cat(parts)).to(device)
+
+    def unflatten(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        parts = torch.split(w, self.numels)
+        return {n: t.view(s) for n, t, s in zip(self.names, parts, self.shapes, strict=True)}
+
+    def logits(self, w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """One agent: w (P,), X (B, d) -> (B, C)."""
+        if self.shape:
+            X = X.reshape(X.shape[0], *self.shape)
+        return self._call(self.module, self.unflatten(w), (X,))
+
+    def loss(self, w: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(w, X), y)
+
+    def _sample_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss(w, x.unsqueeze(0), y.unsqueeze(0))
+
+    def penalty_grad(self, W: torch.Tensor) -> torch.Tensor:
+        mask = torch.cat([torch.full((k,), float(p), dtype=W.dtype, device=W.device)
+                          for k, p in zip(self.numels, self.penalised, strict=False)])
+        return self.l2 * W * mask
+
+    def per_sample_grads(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(R, B, P) by nested vmap: over agents, then over each agent's samples."""
+        from torch.func import grad, vmap
+
+        return vmap(vmap(grad(self._sample_loss), in_dims=(None, 0, 0)))(W, X, y)
+
+    def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
+             clip_kind: str = "l2") -> torch.Tensor:
+        from torch.func import grad, vmap
+
+        if clip is None:
+            G = vmap(grad(self.loss))(W, X, y)
+        else:
+            G = clip_per_sample(self.per_sample_grads(W, X, y), clip, clip_kind)
+        return G + self.penalty_grad(W) if self.l2 else G
+
+    def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from torch.func import vmap
+
+        loss = torch.zeros(W.shape[0], dtype=W.dtype, device=W.device)
+        hits = torch.zeros_like(loss)
+        f = vmap(self.logits, in_dims=(0, None))
+        with torch.no_grad():
+            for s in range(0, X.shape[0], self.eval_chunk):
+                z = f(W, X[s:s + self.eval_chunk])  # (R, b, C)
+                yy = y[s:s + self.eval_chunk]
+                loss += F.cross_entropy(z.transpose(1, 2), yy.unsqueeze(0).expand(W.shape[0], -1),
+                                        reduction="none").sum(1)
+                hits += (z.argmax(2) == yy).to(W.dtype).sum(1)
+        n = X.shape[0]
+        loss = loss / n
+        if self.l2:
+            loss = loss + 0.5 * (self.penalty_grad(W) * W).sum(1)  # l2/2 ||weights||^2
+        return loss, hits / n
+
+
+# architectures ------------------------------------------------------------------------------------
+
+def mlp_module(dims: Sequence[int]) -> nn.Sequential:
+    """The nn.Module twin of ``MLP`` (same flat layout), for the generic path and tests."""
+    layers: list[nn.Module] = []
+    for k, (i, o) in enumerate(zip(dims[:-1], dims[1:], strict=False)):
+        layers.append(nn.Linear(i, o))
+        if k < len(dims) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def small_cnn(channels: int = 1, classes: int = 10, side: int = 28) -> nn.Sequential:
+    """MNIST CNN: conv5(16)-relu-pool2-conv5(32)-relu-pool2-linear (~21k parameters at 28x28)."""
+    s = ((side - 4) // 2 - 4) // 2
+    return nn.Sequential(nn.Conv2d(channels, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * s * s, classes))
+
+
+def _gn(c: int) -> nn.GroupNorm:
+    return nn.GroupNorm(min(32, c), c)
+
+
+def vgg11(channels: int = 3, classes: int = 10) -> nn.Sequential:
+    """VGG-11 (Simonyan & Zisserman 2015, config A) for 32x32 inputs, GroupNorm after every conv."""
+    cfg = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+    layers: list[nn.Module] = []
+    c = channels
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(c, int(v), 3, padding=1), _gn(int(v)), nn.ReLU()]
+            c = int(v)
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512, classes))
+
+
+class _Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.n1 = _gn(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.n2 = _gn(cout)
+        self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), _gn(cout))
+                      if stride != 1 or cin != cout else nn.Sequential())
+
+    def forward(self, x):
+        out = torch.relu(self.n1(self.c1(x)))
+        return torch.relu(self.n2(self.c2(out)) + self.short(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 (He et al. 2016) in its CIFAR form (3x3 stem, no max-pool), GroupNorm for BatchNorm."""
+
+    def __init__(self, channels: int = 3, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1, bias=False), _gn(64), nn.ReLU())
+        blocks, c = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [_Block(c, cout, stride), _Block(cout, cout, 1)]
+            c = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+MODEL_KINDS = ("logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18")
+
+
+def build_model(kind: str, features: int, classes: int, l2: float, hidden: Sequence[int] = (64,),
+                shape: Sequence[int] | None = None):
+    from netsim.errors import InputError
+
     if kind == "logistic":
         if classes > 2:
-            from netsim.errors import InputError
-
-            raise InputError("model.kind", f"'logistic' is binary; the data has {classes} classes")
+            raise InputError("model.kind", f"'logistic' is binary; the data has {classes} classes "
+                                           "(use 'multinomial' or 'mlp')")
         return LogisticRegression(features, l2)
-    raise ValueError(f"unknown model {kind!r}")
+    if kind == "multinomial":
+        return MLP(features, classes, (), l2)
+    if kind == "mlp":
+        return MLP(features, classes, tuple(hidden), l2)
+    if kind in ("cnn", "vgg11", "resnet18"):
+        if not shape or len(shape) != 3:
+            raise InputError("model.kind", f"{kind!r} needs image data (data.kind = 'mnist' or 'cifar10')")
+        c, h, _ = shape
+        if kind == "cnn":
+            return TorchModel(small_cnn(c, classes, h), shape, l2)
+        if h != 32:
+            raise InputError("model.kind", f"{kind!r} is built for 32x32 images (CIFAR-10), not {h}x{h}")
+        return TorchModel(vgg11(c, classes) if kind == "vgg11" else ResNet18(c, classes), shape, l2)
+    raise InputError("model.kind", f"unknown model {kind!r}; allowed: {', '.join(MODEL_KINDS)}")
