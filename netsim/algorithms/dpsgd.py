@@ -13,12 +13,12 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.scenario.structure import at_least, field, positive
+from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
 @attrs.frozen
 class DPSGDParams:
-    lr: float = field(0.1, check=positive, doc="step size gamma")
+    lr: float = field(0.1, check=nonneg, doc="step size gamma (0 = pure gossip averaging)")
     batch: int = field(32, check=at_least(0), doc="mini-batch size per agent (0 = full local batch)")
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
     lr_decay: float = field(0.0, check=lambda v: None if v >= 0 else "must be >= 0",

@@ -5,7 +5,8 @@ it picks a neighbour j and both set x_i = x_j = (x_i + x_j)/2; here each activat
 local SGD step (as in AD-PSGD, Lian et al. 2018, Algorithm 1). The exchange crosses the network:
 i sends x_i ("pull"); j replies with the x_j it had and averages; i averages on the reply. A lost
 request or reply leaves i unchanged after ``reply_timeout`` (j may already have averaged: that is
-what a lossy network does to pairwise gossip).
+what a lossy network does to pairwise gossip). i applies the *change* j made, (x_j - x_i_sent)/2,
+so the sum of models is conserved even when i served other requests while waiting.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def gossip(agent, p: GossipParams):
             g = yield agent.gradient(batch=p.batch)
             agent.params = agent.params - p.lr * g
         j = agent.neighbors[int(rng.integers(len(agent.neighbors)))]
-        yield agent.send(j, agent.params, tag="pull")
+        sent = agent.params
+        yield agent.send(j, sent, tag="pull")
         reply = yield agent.recv(tag="push", round=agent.round, timeout=p.reply_timeout)
-        if reply is not None:
-            agent.params = (agent.params + reply.payload) / 2
+        if reply is not None:  # delta form: exact even if i served others meanwhile
+            agent.params = agent.params + (reply.payload - sent) / 2

@@ -1,0 +1,42 @@
+"""Shared helpers: small scenarios built in code, runs into tmp folders."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "run": {"seed": 3, "until": 20.0},
+    "agents": {"count": 8, "compute_time": {"kind": "constant", "value": 0.01},
+               "activation": {"kind": "periodic", "period": 0.5}},
+    "topology": {"kind": "ring"},
+    "network": {"latency": {"kind": "constant", "value": 0.01}},
+    "data": {"kind": "synthetic", "samples": 800, "features": 5},
+    "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2},
+    "evaluation": {"every": 5.0},
+}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """Deep merge; a table with a ``kind`` or ``name`` (a distribution, an algorithm) replaces the old one whole."""
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and not {"kind", "name"} & set(v):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+@pytest.fixture
+def scenario():
+    """scenario(**sections) -> Scenario built from BASE with the given sections merged in."""
+    from netsim.scenario import scenario_from_dict
+
+    def make(**extra):
+        return scenario_from_dict(merge(BASE, extra))
+
+    return make
