@@ -46,13 +46,21 @@ def output_dir(scenario: Scenario, out: str | Path | None) -> Path:
     return Path(out) if out is not None else Path(scenario.run.out.replace("{name}", scenario.name))
 
 
-def prepare(scenario: Scenario, writer=None):
-    """Build (but do not run) the simulation: every check that needs more than the file happens here."""
+def source_of(scenario: Scenario | str | Path) -> str | None:
+    return None if isinstance(scenario, Scenario) else str(scenario)
+
+
+def prepare(scenario: Scenario, writer=None, source: str | None = None):
+    """Build (but do not run) the simulation: every check that needs more than the file happens here
+    (algorithm and its parameters, topology, data files). Errors name ``source``, the scenario file."""
     from netsim.algorithms import resolve
     from netsim.sim.kernel import Simulation
 
-    program, params = resolve(scenario.algorithm)
-    return Simulation(scenario, program, params, writer=writer)
+    try:
+        program, params = resolve(scenario.algorithm)
+        return Simulation(scenario, program, params, writer=writer)
+    except InputError as e:
+        raise e.at(source) if source else e from None
 
 
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
@@ -69,7 +77,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     meta = {"netsim.scenario": text, "netsim.scenario_sha256": scenario_hash(text), "netsim.version": __version__}
     writer = TraceWriter(folder / TRACE_FILE if sc.run.trace else None, meta, sc.run.trace_flush_every,
                          on_batch=counts, lazy=True)
-    sim = prepare(sc, writer)  # raises InputError before anything is written
+    sim = prepare(sc, writer, source_of(scenario))  # raises InputError before anything is written
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -86,7 +86,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
                       TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
                       console=console, disable=quiet, transient=False) as bar:
             task = bar.add_task(f"{sc.name}", total=horizon)
-            result = api.run(sc, out=out, progress=lambda t: bar.update(task, completed=t))
+            result = api.run(scenario, _overrides(set_), out=out, progress=lambda t: bar.update(task, completed=t))
             bar.update(task, completed=result.summary["simulated_time"])
     except InputError as e:
         _fail(e)
@@ -105,7 +105,7 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     try:
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
-        sim = api.prepare(sc)
+        sim = api.prepare(sc, source=str(scenario))
     except InputError as e:
         _fail(e)
     gap = "n/a" if sim.gap is None else f"{sim.gap:.4f}"
