@@ -143,15 +143,17 @@ class NetworkSpec:
 
 @attrs.frozen
 class DataSpec:
-    kind: Literal["synthetic", "libsvm"] = "synthetic"
+    kind: Literal["synthetic", "libsvm", "mnist", "cifar10"] = "synthetic"
     samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples")
     features: int = field(20, check=at_least(1), doc="synthetic: dimension")
     noise: float = field(0.1, check=nonneg, doc="synthetic: label-flip probability scale")
-    path: str | None = field(None, doc="libsvm: training file ($NETSIM_DATA is searched for relative paths)")
+    path: str | None = field(None, doc="libsvm: training file; mnist/cifar10: folder (default 'mnist' / "
+                                       "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
     test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
-    partition: Literal["iid", "dirichlet"] = "iid"
-    alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID)")
+    partition: Literal["iid", "dirichlet", "shards", "quantity"] = "iid"
+    alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
+    shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "libsvm" and not self.path:
@@ -161,7 +163,9 @@ class DataSpec:
 
 @attrs.frozen
 class ModelSpec:
-    kind: Literal["logistic"] = "logistic"
+    kind: Literal["logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18"] = "logistic"
+    hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(h >= 1 for h in v) else "must be >= 1",
+                                    doc="mlp: hidden layer widths")
     l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight")
     dtype: Literal["float32", "float64"] = "float32"
 

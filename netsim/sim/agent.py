@@ -198,12 +198,17 @@ class Agent:
             return self.rows
         return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
 
-    def gradient(self, batch: int | None = None, params: torch.Tensor | None = None) -> simpy.Event:
-        """Mini-batch gradient at ``params`` (default: current params); completes after compute time."""
+    def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
+                 clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
+        """Mini-batch gradient at ``params`` (default: current params); completes after compute time.
+        With ``clip``: the mean of per-sample gradients clipped to L2 norm ``clip`` (``clip_kind="l2"``)
+        or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here)."""
         ct = self._compute() * self.compute_scale
         self.emit(ComputeStart(self.env.now, self.id, ct))
         p = self.sim.bank.get(self.id) if params is None else params
-        return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct)
+        if clip is None:
+            return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct)
+        return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct, clip, clip_kind)
 
     # communication ------------------------------------------------------------------------------
     def send(self, dst: int, payload: Any, tag: str = "model", round: int | None = None,

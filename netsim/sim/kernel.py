@@ -50,8 +50,9 @@ class Simulation:
         self.device = resolve_device(device or sc.run.device)
         self.dtype = torch.float64 if sc.model.dtype == "float64" else torch.float32
         self.data = load_dataset(sc.data, n, self.streams.rng("data"), self.streams.rng("partition"))
-        self.model = build_model(sc.model.kind, self.data.features, self.data.classes, sc.model.l2)
-        self.bank = ParameterBank(self.model.init(n, self.dtype, self.device))
+        self.model = build_model(sc.model.kind, self.data.features, self.data.classes, sc.model.l2,
+                                 sc.model.hidden, self.data.shape)
+        self.bank = ParameterBank(self.model.init(n, self.dtype, self.device, self.streams.seed_for("init")))
         t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         self.X, self.y = t(self.data.X).to(self.dtype), t(self.data.y)
         self.X_test, self.y_test = t(self.data.X_test).to(self.dtype), t(self.data.y_test)
@@ -76,8 +77,9 @@ class Simulation:
     def compute_draws(self, i: int):
         return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i))
 
-    def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float) -> simpy.Event:
-        ev = simpy.events.Timeout(self.env, ct, self.gradients.submit(i, params, rows))
+    def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
+                         clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
+        ev = simpy.events.Timeout(self.env, ct, self.gradients.submit(i, params, rows, clip, clip_kind))
         ev.callbacks.append(self._gradient_ready)
         return ev
 

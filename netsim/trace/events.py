@@ -13,9 +13,10 @@ Bump ``SCHEMA_VERSION`` when a column or a kind's meaning changes.
     size    payload bytes (messages), 0 otherwise
     value   kind-specific number: send/deliver/drop = total delay (s); compute_start = compute time;
             activate = local clock time; timeout = messages missing; eval = test accuracy of the
-            average model
+            average model; release = noise scale added; budget_exhausted = epsilon spent
     round   the agent's activation count (activate) or the algorithm's round tag (messages)
-    tag     message tag (e.g. "model"), or a short note
+    tag     message tag (e.g. "model"), drop reason ("loss", "outage", "offline"), or a short note
+    (offline: value = duration of the agent's offline interval starting at t)
 """
 
 from __future__ import annotations
@@ -27,8 +28,16 @@ COLUMNS = ("t", "kind", "agent", "peer", "msg", "size", "value", "round", "tag")
 DEFAULTS = {"agent": -1, "peer": -1, "msg": -1, "size": 0, "value": 0.0, "round": -1, "tag": ""}
 
 
+class EventRow:
+    """Base of every event record: the columns a kind does not use read as their defaults, so one
+    ``operator.attrgetter(*COLUMNS)`` turns any event into its row (fast, in C)."""
+
+    __slots__ = ()
+    agent, peer, msg, size, value, round, tag = (DEFAULTS[c] for c in COLUMNS[2:])
+
+
 @attrs.frozen(slots=True)
-class Activate:
+class Activate(EventRow):
     kind = "activate"
     t: float
     agent: int
@@ -37,7 +46,7 @@ class Activate:
 
 
 @attrs.frozen(slots=True)
-class ComputeStart:
+class ComputeStart(EventRow):
     kind = "compute_start"
     t: float
     agent: int
@@ -45,14 +54,14 @@ class ComputeStart:
 
 
 @attrs.frozen(slots=True)
-class ComputeEnd:
+class ComputeEnd(EventRow):
     kind = "compute_end"
     t: float
     agent: int
 
 
 @attrs.frozen(slots=True)
-class Send:
+class Send(EventRow):
     kind = "send"
     t: float
     agent: int
@@ -65,7 +74,7 @@ class Send:
 
 
 @attrs.frozen(slots=True)
-class Deliver:
+class Deliver(EventRow):
     kind = "deliver"
     t: float
     agent: int
@@ -78,7 +87,7 @@ class Deliver:
 
 
 @attrs.frozen(slots=True)
-class Drop:
+class Drop(EventRow):
     kind = "drop"
     t: float
     agent: int
@@ -87,11 +96,11 @@ class Drop:
     size: int
     value: float
     round: int
-    tag: str  # reason: "loss"
+    tag: str  # reason: "loss", "outage" or "offline"
 
 
 @attrs.frozen(slots=True)
-class Timeout:
+class Timeout(EventRow):
     kind = "timeout"
     t: float
     agent: int
@@ -100,7 +109,7 @@ class Timeout:
 
 
 @attrs.frozen(slots=True)
-class Stale:
+class Stale(EventRow):
     """A message that arrived after its round was over (discarded by a barrier)."""
 
     kind = "stale"
@@ -112,22 +121,82 @@ class Stale:
 
 
 @attrs.frozen(slots=True)
-class Evaluation:
+class Evaluation(EventRow):
     kind = "eval"
     t: float
     value: float  # test accuracy of the average model
 
 
 @attrs.frozen(slots=True)
-class Finish:
+class Finish(EventRow):
     kind = "finish"
     t: float
     agent: int
     round: int
 
 
+def _release_tag(e) -> str:
+    return (f"{e.mechanism} {e.what} s={e.sensitivity!r} q={e.q!r} p={e.p!r} k={e.skipped}")
+
+
+@attrs.frozen(slots=True)
+class Release(EventRow):
+    """One privatized release by one agent: the ledger entry the privacy accountants compose.
+
+    ``value`` is the noise scale actually added (Gaussian std, or Laplace b); ``tag`` packs the rest
+    as ``"<mechanism> <what> s=<sensitivity> q=<sampling prob> p=<activation prob> k=<skipped ticks>"``
+    (floats as repr, so a trace row gives back the exact numbers; see ``Release.from_row``). ``peer``
+    is the recipient (-1: every out-neighbour / public), ``size`` the number of released coordinates.
+    """
+
+    kind = "release"
+    t: float
+    agent: int
+    peer: int
+    round: int
+    size: int
+    mechanism: str  # "gaussian" | "laplace"
+    what: str  # "gradient" | "message" | "model" | ...
+    scale: float
+    sensitivity: float
+    q: float = 1.0  # probability that a given record enters this release (data sampling)
+    p: float = 1.0  # activation probability of the agent (Bernoulli activation), 1 otherwise
+    skipped: int = 0  # activation ticks the agent skipped (inactive) since its previous release
+    value: float = attrs.field(default=attrs.Factory(lambda e: e.scale, takes_self=True))
+    tag: str = attrs.field(default=attrs.Factory(_release_tag, takes_self=True))
+
+    @classmethod
+    def from_row(cls, t: float, agent: int, peer: int, round: int, size: int, value: float, tag: str) -> Release:
+        mech, what, *kv = tag.split(" ")
+        f = dict(x.split("=", 1) for x in kv)
+        return cls(float(t), int(agent), int(peer), int(round), int(size), mech, what, float(value),
+                   float(f["s"]), float(f["q"]), float(f["p"]), int(f["k"]))
+
+
+@attrs.frozen(slots=True)
+class BudgetExhausted(EventRow):
+    """An agent's next release would have exceeded its privacy budget cap: it releases no more."""
+
+    kind = "budget_exhausted"
+    t: float
+    agent: int
+    round: int
+    value: float  # epsilon spent so far (at the run's delta)
+    tag: str  # "cap=<epsilon cap> <accountant>"
+
+
+@attrs.frozen(slots=True)
+class Offline(EventRow):
+    """An agent's offline (churn) interval begins: it neither computes, sends nor receives."""
+
+    kind = "offline"
+    t: float
+    agent: int
+    value: float  # duration of the interval (s)
+
+
 KINDS = tuple(c.kind for c in (Activate, ComputeStart, ComputeEnd, Send, Deliver, Drop, Timeout, Stale,
-                               Evaluation, Finish))
+                               Evaluation, Finish, Release, BudgetExhausted, Offline))
 
 
 def row(event) -> tuple:
