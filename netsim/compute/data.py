@@ -22,6 +22,7 @@ class Dataset:
     y_test: np.ndarray
     parts: tuple[np.ndarray, ...]
     classes: int
+    shape: tuple[int, ...] | None = None  # (channels, height, width) of image data; X holds it flat
 
     @property
     def features(self) -> int:
@@ -38,6 +39,96 @@ def find_data_file(path: str, key: str) -> Path:
         return Path(root) / p
     where = f" or under NETSIM_DATA={root}" if root else " (set NETSIM_DATA to search a data folder)"
     raise InputError(key, f"data file {path!r} not found{where}")
+
+
+def find_data_dir(path: str, key: str) -> Path:
+    """A folder ``path`` as given, else under $NETSIM_DATA; InputError naming both places when missing."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    root = os.environ.get("NETSIM_DATA")
+    if root and not p.is_absolute() and (Path(root) / p).is_dir():
+        return Path(root) / p
+    where = f" or under NETSIM_DATA={root}" if root else " (set NETSIM_DATA to search a data folder)"
+    raise InputError(key, f"data folder {path!r} not found{where}")
+
+
+def read_idx(path: Path, key: str) -> np.ndarray:
+    """An IDX file (LeCun's MNIST format, gzipped or not): magic 0x0000 type ndim, big-endian dims."""
+    import gzip
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError) as e:
+        raise InputError(key, f"{path}: cannot read IDX file: {e}") from None
+    types = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] not in types or raw[3] == 0:
+        raise InputError(key, f"{path}: not an IDX file (bad magic number)")
+    ndim, dt = raw[3], np.dtype(types[raw[2]])
+    head = 4 + 4 * ndim
+    if len(raw) < head:
+        raise InputError(key, f"{path}: truncated IDX header")
+    dims = tuple(int(v) for v in np.frombuffer(raw, ">u4", ndim, 4))
+    if len(raw) != head + int(np.prod(dims)) * dt.itemsize:
+        raise InputError(key, f"{path}: IDX size does not match its dimensions {dims}")
+    return np.frombuffer(raw, dt, offset=head).reshape(dims)
+
+
+def _idx_file(folder: Path, name: str, key: str) -> Path:
+    for cand in (folder / name, folder / (name + ".gz")):
+        if cand.is_file():
+            return cand
+    raise InputError(key, f"{folder}: no {name} or {name}.gz (expected the MNIST IDX files)")
+
+
+def load_mnist(folder: Path, key: str) -> tuple[np.ndarray, ...]:
+    """MNIST from its four IDX files; pixels scaled to [0, 1], flat (n, 784)."""
+    out = []
+    for split in ("train", "t10k"):
+        X = read_idx(_idx_file(folder, f"{split}-images-idx3-ubyte", key), key)
+        y = read_idx(_idx_file(folder, f"{split}-labels-idx1-ubyte", key), key)
+        if X.ndim != 3 or y.ndim != 1 or len(X) != len(y):
+            raise InputError(key, f"{folder}: {split} images {X.shape} and labels {y.shape} do not match")
+        out += [X.reshape(len(X), -1).astype(np.float32) / 255.0, y.astype(np.int64)]
+    return tuple(out)
+
+
+CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
+CIFAR_STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+
+
+def read_cifar_bin(path: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 *binary* batch: records of 1 label byte + 3072 pixel bytes (R, G, B planes of 32x32).
+    The python (pickle) version is never read."""
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise InputError(key, f"{path}: cannot read: {e}") from None
+    if raw.size == 0 or raw.size % 3073:
+        raise InputError(key, f"{path}: not a CIFAR-10 binary batch ({raw.size} bytes, not records of 3073)")
+    rec = raw.reshape(-1, 3073)
+    if rec[:, 0].max() > 9:
+        raise InputError(key, f"{path}: label byte > 9: not a CIFAR-10 binary batch")
+    return rec[:, 1:], rec[:, 0].astype(np.int64)
+
+
+def load_cifar10(folder: Path, key: str) -> tuple[np.ndarray, ...]:
+    """CIFAR-10 binary version: data_batch_1..5.bin and test_batch.bin; per-channel standardised, flat."""
+    def norm(X):
+        X = X.reshape(-1, 3, 1024).astype(np.float32) / 255.0
+        return ((X - CIFAR_MEAN[:, None]) / CIFAR_STD[:, None]).reshape(len(X), -1)
+
+    train = [f for f in (folder / f"data_batch_{k}.bin" for k in range(1, 6)) if f.is_file()]
+    test = folder / "test_batch.bin"
+    if not train or not test.is_file():
+        raise InputError(key, f"{folder}: needs data_batch_*.bin and test_batch.bin (CIFAR-10 binary)")
+    parts = [read_cifar_bin(f, key) for f in train]
+    X_test, y_test = read_cifar_bin(test, key)
+    return (norm(np.concatenate([p[0] for p in parts])), np.concatenate([p[1] for p in parts]),
+            norm(X_test), y_test)
 
 
 def synthetic_logistic(spec: DataSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -64,8 +155,11 @@ def _labels(y: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.searchsorted(values, y).astype(np.int64)
 
 
-def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.random.Generator) -> tuple:
-    """IID: a random equal split. Dirichlet(alpha): each class's rows split by Dir(alpha) proportions.
+def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.random.Generator,
+              shards: int = 2) -> tuple:
+    """IID: a random equal split. Dirichlet(alpha) label skew (Hsu et al. 2019): each class's rows
+    split by Dir(alpha) proportions. ``shards``: k label-sorted shards per agent. ``quantity``: IID
+    rows, sizes in Dir(alpha) proportions.
 
     Every agent gets at least one row: an empty agent takes one from the largest part.
     """
@@ -73,6 +167,18 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
         raise InputError("data.samples", f"{len(y)} training rows cannot be split over {n_agents} agents")
     if kind == "iid":
         return tuple(np.sort(p) for p in np.array_split(rng.permutation(len(y)), n_agents))
+    if kind == "quantity":  # IID labels, agent sizes in Dir(alpha) proportions (at least one row each)
+        sizes = 1 + np.floor(rng.dirichlet(np.full(n_agents, alpha)) * (len(y) - n_agents)).astype(int)
+        cuts = np.cumsum(sizes)[:-1]
+        return tuple(np.sort(p) for p in np.split(rng.permutation(len(y))[:sizes.sum()], cuts))
+    if kind == "shards":  # McMahan et al. 2017: sort by label, cut into n*k shards, k random shards each
+        k = shards
+        if len(y) < n_agents * k:
+            raise InputError("data.shards", f"{len(y)} rows cannot make {n_agents} x {k} shards")
+        order = np.argsort(y, kind="stable")
+        pieces = np.array_split(order, n_agents * k)
+        deal = rng.permutation(n_agents * k).reshape(n_agents, k)
+        return tuple(np.sort(np.concatenate([pieces[s] for s in row])) for row in deal)
     parts: list[list[int]] = [[] for _ in range(n_agents)]
     for c in np.unique(y):
         rows = rng.permutation(np.flatnonzero(y == c))
@@ -88,9 +194,18 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
 
 def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
                  part_rng: np.random.Generator) -> Dataset:
+    shape = None
     if spec.kind == "synthetic":
         X, y_raw = synthetic_logistic(spec, rng)
         X_test = y_test_raw = None
+    elif spec.kind in ("mnist", "cifar10"):
+        default = "mnist" if spec.kind == "mnist" else "cifar-10-batches-bin"
+        folder = find_data_dir(spec.path or default, "data.path")
+        load = load_mnist if spec.kind == "mnist" else load_cifar10
+        X, y_raw, X_test, y_test_raw = load(folder, "data.path")
+        shape = (1, 28, 28) if spec.kind == "mnist" else (3, 32, 32)
+        if X.shape[1] != int(np.prod(shape)):
+            raise InputError("data.path", f"{folder}: images of {X.shape[1]} pixels, expected shape {shape}")
     else:
         X, y_raw = load_libsvm(find_data_file(spec.path, "data.path"), "data.path")  # type: ignore[arg-type]
         X_test = y_test_raw = None
@@ -104,5 +219,5 @@ def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
         X, X_test, y_raw, y_test_raw = X[train], X[test], y_raw[train], y_raw[test]
     values = np.unique(np.concatenate([y_raw, y_test_raw]))
     y, y_test = _labels(y_raw, values), _labels(y_test_raw, values)
-    parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng)
-    return Dataset(X, y, X_test, y_test, parts, len(values))
+    parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng, spec.shards)
+    return Dataset(X, y, X_test, y_test, parts, len(values), shape)

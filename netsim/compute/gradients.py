@@ -1,9 +1,11 @@
 """The batched gradient service: the seam between agents' requests and one batched evaluation.
 
-``submit`` records a request (a snapshot of the agent's parameters and its batch rows) and returns a
-``Ticket``; ``flush`` evaluates every pending request in one batched call per batch size and fills
-the tickets. The kernel decides *when* to flush (when simulated time reaches the earliest pending
-completion); this module knows nothing of time, agents or events.
+``submit`` records a request (a snapshot of the agent's parameters, its batch rows and, for DP, a
+per-sample clipping norm) and returns a ``Ticket``; ``flush`` evaluates every pending request in one
+batched call per (batch size, clipping) group and fills the tickets. The kernel decides *when* to
+flush (when simulated time reaches the earliest pending completion); this module knows nothing of
+time, agents or events. Asynchronous runs often flush a single request, so that path skips the
+grouping and stacking.
 """
 
 from __future__ import annotations
@@ -11,41 +13,70 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from netsim.compute.models import CLIP_KINDS
+
 
 class Ticket:
-    __slots__ = ("agent", "params", "rows", "result")
+    __slots__ = ("agent", "params", "rows", "clip", "clip_kind", "result")
 
-    def __init__(self, agent: int, params: torch.Tensor, rows: np.ndarray):
+    def __init__(self, agent: int, params: torch.Tensor, rows: np.ndarray, clip: float | None = None,
+                 clip_kind: str = "l2"):
         self.agent = agent
         self.params = params
         self.rows = rows
+        self.clip = clip
+        self.clip_kind = clip_kind
         self.result: torch.Tensor | None = None
 
 
 class GradientService:
+    """Gradients of ``model`` on the training set ``X (n, d)``, ``y (n,)`` (integer labels), on X's device."""
+
     def __init__(self, model, X: torch.Tensor, y: torch.Tensor):
         self.model = model
         self.X = X
-        self.y = y.to(X.dtype)
+        self.y = y.long()
+        self.device = X.device
+        self._cpu = X.device.type == "cpu"
         self.pending: list[Ticket] = []
         self.calls = 0
         self.evaluated = 0
 
-    def submit(self, agent: int, params: torch.Tensor, rows: np.ndarray) -> Ticket:
-        t = Ticket(agent, params, rows)
+    def submit(self, agent: int, params: torch.Tensor, rows: np.ndarray, clip: float | None = None,
+               clip_kind: str = "l2") -> Ticket:
+        """Queue one request; with ``clip`` the result is the mean of per-sample gradients clipped to
+        L2 norm ``clip`` (``clip_kind="l2"``) or to [-clip, clip] per coordinate (``"coordinate"``)."""
+        if clip is not None:
+            if not clip > 0:
+                raise ValueError(f"clip must be > 0, got {clip}")
+            if clip_kind not in CLIP_KINDS:
+                raise ValueError(f"clip_kind must be one of {CLIP_KINDS}, got {clip_kind!r}")
+        t = Ticket(agent, params, rows, clip, clip_kind)
         self.pending.append(t)
         return t
 
+    def _index(self, rows: np.ndarray) -> torch.Tensor:
+        idx = torch.from_numpy(rows)
+        return idx if self._cpu else idx.to(self.device, non_blocking=True)
+
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        by_size: dict[int, list[Ticket]] = {}
+        if len(pending) == 1:  # the lean path
+            t = pending[0]
+            idx = self._index(t.rows).unsqueeze(0)
+            W = t.params.unsqueeze(0)
+            t.result = self.model.grad(W, self.X[idx], self.y[idx], t.clip, t.clip_kind)[0]
+            self.calls += 1
+            self.evaluated += 1
+            return
+        groups: dict[tuple, list[Ticket]] = {}
         for t in pending:
-            by_size.setdefault(len(t.rows), []).append(t)
-        for group in by_size.values():
+            groups.setdefault((len(t.rows), t.clip, t.clip_kind), []).append(t)
+        for (_, clip, kind), group in groups.items():
             W = torch.stack([t.params for t in group])
-            idx = torch.from_numpy(np.stack([t.rows for t in group])).to(self.X.device)
-            G = self.model.grad(W, self.X[idx], self.y[idx])
-            for t, g in zip(group, G):
+            idx = self._index(np.stack([t.rows for t in group]))
+            G = self.model.grad(W, self.X[idx], self.y[idx], clip, kind)
+            for t, g in zip(group, G, strict=True):
                 t.result = g
             self.calls += 1
             self.evaluated += len(group)

@@ -1,0 +1,27 @@
+"""Device-side noise for DP mechanisms, drawn from ``torch.Generator``s seeded from the run's stream
+tree (``Streams.seed_for("noise", agent)``), never from torch's global state. Draws happen in the
+deterministic event order, so the same scenario and seed give the same noise."""
+
+from __future__ import annotations
+
+import torch
+
+
+def noise_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` seeded with ``seed`` (e.g. ``streams.seed_for("noise", i)``)."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def gaussian_noise(shape, sigma: float, generator: torch.Generator,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """N(0, sigma^2) i.i.d., on the generator's device."""
+    return torch.randn(shape, generator=generator, dtype=dtype, device=generator.device).mul_(sigma)
+
+
+def laplace_noise(shape, scale: float, generator: torch.Generator,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Laplace(0, scale) i.i.d. (density exp(-|x|/scale) / (2 scale)): the difference of two
+    independent Exp(1) draws, times ``scale``."""
+    e = torch.empty((2, *torch.Size(shape)), dtype=dtype, device=generator.device)
+    e.exponential_(generator=generator)
+    return (e[0] - e[1]).mul_(scale)

@@ -1,0 +1,103 @@
+"""The batched gradient service, the clipping seam through Agent.gradient, device noise, --device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from netsim.compute import resolve_device
+from netsim.compute.gradients import GradientService
+from netsim.compute.models import MLP, LogisticRegression
+from netsim.compute.noise import gaussian_noise, laplace_noise, noise_generator
+from netsim.errors import InputError
+
+D = torch.float64
+
+
+def service(model, n=200, d=6, C=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=D)
+    y = torch.randint(0, C, (n,), generator=g)
+    return GradientService(model, X, y), X, y
+
+
+def test_flush_groups_match_one_by_one():
+    m = MLP(6, 3, (4,))
+    svc, X, y = service(m)
+    rng = np.random.default_rng(0)
+    noise = torch.randn(6, m.size, dtype=D, generator=torch.Generator().manual_seed(2))
+    W = m.init(6, D, torch.device("cpu"), seed=1) + 0.1 * noise
+    spec = [(8, None, "l2"), (8, None, "l2"), (5, None, "l2"), (8, 0.1, "l2"), (8, 0.1, "l2"),
+            (8, 0.01, "coordinate")]
+    reqs = [(i, rng.integers(0, 200, b), clip, kind) for i, (b, clip, kind) in enumerate(spec)]
+    tickets = [svc.submit(i, W[i], rows, clip, kind) for i, rows, clip, kind in reqs]
+    svc.flush()
+    assert svc.calls == 4 and svc.evaluated == 6 and not svc.pending
+    for t, (i, rows, clip, kind) in zip(tickets, reqs, strict=True):
+        ref = m.grad(W[i:i + 1], X[rows][None], y[rows][None], clip, kind)[0]
+        torch.testing.assert_close(t.result, ref, rtol=1e-12, atol=1e-14)
+        # and the single-request (lean) path gives the same
+        one = svc.submit(i, W[i], rows, clip, kind)
+        svc.flush()
+        torch.testing.assert_close(one.result, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_submit_rejects_bad_clip():
+    svc, _, _ = service(LogisticRegression(6))
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        svc.submit(0, torch.zeros(7), np.arange(3), clip=0.0)
+    with pytest.raises(ValueError, match="clip_kind"):
+        svc.submit(0, torch.zeros(7), np.arange(3), clip=1.0, clip_kind="l1")
+
+
+def test_agent_gradient_clip_through_the_kernel(scenario):
+    """Agent.gradient(clip=...) reaches the model's clipped path with the agent's own rows."""
+    from netsim.sim.kernel import Simulation
+
+    sc = scenario(model={"kind": "logistic", "dtype": "float64"}, run={"rounds": 2, "until": None})
+    seen = []
+
+    def program(agent, _params):
+        while True:
+            yield agent.wake()
+            x = agent.params
+            ev = agent.gradient(batch=8, clip=0.05, clip_kind="l2")
+            rows = ev._value.rows
+            g = yield ev
+            plain = yield agent.gradient(batch=8)
+            seen.append((x, rows, g, plain))
+
+    sim = Simulation(sc, program, None, device="cpu")
+    sim.run()
+    assert len(seen) == 2 * sc.agents.count
+    for x, rows, g, plain in seen:
+        ref = sim.model.grad(x[None], sim.X[rows][None], sim.y[rows][None], 0.05, "l2")[0]
+        torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-14)
+        assert g.norm() <= 0.05 + 1e-12 and plain.norm() > 0.05  # the clipped mean has norm <= C
+
+
+def test_noise_is_seeded_and_distributed():
+    g1, g2 = noise_generator(7), noise_generator(7)
+    a = gaussian_noise((20000,), 2.0, g1, D)
+    assert torch.equal(a, gaussian_noise((20000,), 2.0, g2, D))
+    assert not torch.equal(a, gaussian_noise((20000,), 2.0, g2, D))  # the stream moves on
+    assert stats.kstest(a.numpy(), stats.norm(scale=2.0).cdf).pvalue > 1e-3
+    b = laplace_noise((20000,), 0.5, noise_generator(8), D)
+    assert b.shape == (20000,) and b.dtype == D
+    assert stats.kstest(b.numpy(), stats.laplace(scale=0.5).cdf).pvalue > 1e-3
+    assert stats.kstest(b.numpy(), stats.norm(scale=0.5 * 2 ** 0.5).cdf).pvalue < 1e-6  # not Gaussian
+    assert laplace_noise((3, 4), 1.0, noise_generator(1)).device == torch.device("cpu")
+
+
+def test_device_resolution_and_placement(scenario):
+    from netsim.sim.kernel import Simulation
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    sim = Simulation(scenario(run={"device": "cpu"}), lambda a, p: iter(()), None)
+    assert sim.bank.W.device.type == sim.X.device.type == sim.gradients.device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="run.device.*no CUDA"):
+            Simulation(scenario(run={"device": "cuda"}), lambda a, p: iter(()), None)
