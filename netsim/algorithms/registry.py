@@ -34,7 +34,15 @@ def register(name: str, params: type) -> Callable[[Callable], Callable]:
 
 
 def _load_builtin() -> None:
-    from netsim.algorithms import dpsgd, gossip  # noqa: F401 - registers on import
+    from netsim.algorithms import (  # noqa: F401 - registers on import
+        adpsgd,
+        async_push,
+        choco,
+        dpsgd,
+        event_triggered,
+        gossip,
+        pushsum,
+    )
 
 
 def _load_entry_points() -> None:

@@ -15,6 +15,8 @@ PURPOSES = {
     "topology": 1, "clock": 2, "activation": 3, "compute": 4, "latency": 5, "loss": 6,
     "data": 7, "partition": 8, "batch": 9, "init": 10, "noise": 11, "algorithm": 12,
 }
+# communication parts (issue 6): rand-k seeds and QSGD rounding
+PURPOSES.update({"compress": 60})
 BLOCK = 256
 
 

@@ -1,0 +1,56 @@
+"""CHOCO-SGD: decentralized SGD with compressed communication and public-copy memories.
+
+Koloskova, Stich, Jaggi, "Decentralized Stochastic Optimization and Gossip Algorithms with
+Compressed Communication" (ICML 2019), Algorithm 2 (CHOCO-SGD), built on CHOCO-GOSSIP (Algorithm 1):
+    x_i^{t+1/2} = x_i^t - eta grad F_i(x_i^t)                         (line 3)
+    q_i = Q(x_i^{t+1/2} - xhat_i)                                      (line 4)
+    send q_i, receive q_j (synchronous round, ``comm.sync_round``)     (line 5)
+    xhat_j += q_j for j in N_i and i                                   (line 6)
+    x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (xhat_j - xhat_i)       (line 7)
+Messages are ``comm.Encoded`` payloads, so bandwidth and traces see the compressed size. A q_j lost
+or late past ``round_timeout`` is never applied, so i's copy of xhat_j drifts from j's own: CHOCO
+assumes reliable links (the summary's drop count tells how far from that a run was).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from netsim.algorithms.registry import register
+from netsim.comm.compression import Compressor, CompressorKind, PublicCopies
+from netsim.comm.patterns import sync_round
+from netsim.scenario.structure import at_least, field, nonneg, positive
+
+
+@attrs.frozen
+class ChocoParams:
+    lr: float = field(0.1, check=nonneg, doc="step size eta")
+    batch: int = field(32, check=at_least(0), doc="mini-batch size (0 = full local batch)")
+    gamma: float = field(0.5, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+                         doc="consensus step size gamma")
+    compressor: CompressorKind = field("topk", doc="none | topk | randk | qsgd")
+    ratio: float = field(0.1, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+                         doc="fraction of coordinates kept (topk, randk)")
+    unbiased: bool = field(False, doc="randk: scale by d/k")
+    bits: int = field(4, check=lambda v: None if 1 <= v <= 16 else f"must be in [1, 16], got {v}",
+                      doc="qsgd: level bits b (s = 2^b - 1 levels, plus a sign bit)")
+    round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
+
+
+@register("choco", ChocoParams)
+def choco(agent, p: ChocoParams):
+    comp = Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=agent.rng("compress"))
+    pc = PublicCopies(comp, agent.params, agent.weights)
+    k = 0
+    while True:
+        yield agent.wake()
+        x = agent.params
+        if p.lr > 0:
+            g = yield agent.gradient(batch=p.batch, params=x)
+            x = x - p.lr * g                                       # line 3
+        q = pc.delta(x)                                            # lines 4, 6 (own copy)
+        got = yield from sync_round(agent, q, k, timeout=p.round_timeout)  # line 5
+        for j in sorted(got):
+            pc.receive(j, got[j])                                  # line 6
+        agent.params = pc.consensus(x, agent.weights, p.gamma)     # line 7
+        k += 1

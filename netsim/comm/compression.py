@@ -1,0 +1,174 @@
+"""Compressed payloads whose size on the wire follows their encoding, and the memories that make
+biased compression converge (error feedback, CHOCO public copies).
+
+A compressor maps a dense vector to an ``Encoded`` payload; ``Encoded.size_bytes`` is the length of
+``Encoded.to_bytes()`` (the wire format below), computed without encoding, and the network charges
+bandwidth and traces by it (``sim.network.payload_size``). ``decode()`` gives the dense vector back.
+
+Wire formats (v = bytes per value: 4 for float32, 8 for float64):
+    topk   k values (v bytes each) + k int32 indices                         -> k (v + 4)
+    randk  int64 seed + k values; the receiver redraws the k indices from it  -> 8 + k v
+    qsgd   float32 norm + per coordinate 1 sign bit and b level bits, packed  -> 4 + ceil(d (b+1) / 8)
+    none   the d values                                                       -> d v
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+import numpy as np
+import torch
+
+CompressorKind = Literal["none", "topk", "randk", "qsgd"]
+
+
+@attrs.frozen(slots=True, eq=False)
+class Encoded:
+    """A compressed vector of dimension ``dim``."""
+
+    kind: str
+    dim: int
+    values: torch.Tensor                    # topk/randk: the k kept values; none: all; qsgd: unused
+    indices: torch.Tensor | None = None     # topk: int64 positions
+    seed: int = 0                           # randk: index seed
+    scale: float = 1.0                      # randk: d/k when unbiased
+    norm: float = 0.0                       # qsgd: ||v||_2 (as float32)
+    levels: np.ndarray | None = None        # qsgd: uint level per coordinate in [0, s]
+    signs: np.ndarray | None = None         # qsgd: bool, True = negative
+    bits: int = 0                           # qsgd: level bits b
+
+    @property
+    def size_bytes(self) -> int:
+        v = self.values.element_size()
+        if self.kind == "topk":
+            return self.values.numel() * (v + 4)
+        if self.kind == "randk":
+            return 8 + self.values.numel() * v
+        if self.kind == "qsgd":
+            return 4 + math.ceil(self.dim * (self.bits + 1) / 8)
+        return self.values.numel() * v
+
+    def to_bytes(self) -> bytes:
+        """The wire encoding (what ``size_bytes`` measures)."""
+        vals = self.values.detach().cpu().numpy()
+        if self.kind == "topk":
+            return vals.tobytes() + self.indices.cpu().numpy().astype(np.int32).tobytes()
+        if self.kind == "randk":
+            return np.int64(self.seed).tobytes() + vals.tobytes()
+        if self.kind == "qsgd":
+            b = self.bits
+            bitmat = np.empty((self.dim, b + 1), dtype=np.uint8)
+            bitmat[:, 0] = self.signs
+            bitmat[:, 1:] = (self.levels[:, None] >> np.arange(b - 1, -1, -1)) & 1
+            return np.float32(self.norm).tobytes() + np.packbits(bitmat.ravel()).tobytes()
+        return vals.tobytes()
+
+    def decode(self) -> torch.Tensor:
+        v = self.values
+        if self.kind == "none":
+            return v.clone()
+        if self.kind == "qsgd":
+            s = (1 << self.bits) - 1
+            mag = torch.as_tensor(self.levels, dtype=v.dtype, device=v.device) * (self.norm / s)
+            return torch.where(torch.as_tensor(self.signs, device=v.device), -mag, mag)
+        out = torch.zeros(self.dim, dtype=v.dtype, device=v.device)
+        idx = self.indices if self.kind == "topk" else randk_indices(self.seed, self.dim, v.numel(), v.device)
+        out[idx] = v * self.scale
+        return out
+
+
+def randk_indices(seed: int, d: int, k: int, device) -> torch.Tensor:
+    return torch.as_tensor(np.random.default_rng(seed).choice(d, size=k, replace=False), device=device)
+
+
+def _k(d: int, ratio: float) -> int:
+    return max(1, min(d, math.ceil(ratio * d)))
+
+
+@attrs.frozen
+class Compressor:
+    """``kind``: none | topk | randk | qsgd; ``ratio``: fraction of coordinates kept (topk, randk);
+    ``unbiased``: rand-k scaled by d/k so E[C(v)] = v (Stich et al. 2018, Definition 2.1: the unscaled
+    rand-k is a k/d-contraction); ``bits``: QSGD level bits b, s = 2^b - 1 levels (Alistarh et al.,
+    NeurIPS 2017, Section 3.1: Q_s(v_i) = ||v|| sgn(v_i) xi_i(v, s), stochastic rounding, unbiased).
+    ``rng`` (a numpy Generator) drives rand-k seeds and QSGD rounding; top-k needs none."""
+
+    kind: CompressorKind = "topk"
+    ratio: float = 0.1
+    unbiased: bool = False
+    bits: int = 4
+    rng: np.random.Generator | None = attrs.field(default=None, eq=False, repr=False)
+
+    def __call__(self, v: torch.Tensor) -> Encoded:
+        d = v.numel()
+        if self.kind == "none":
+            return Encoded("none", d, v.clone())
+        if self.kind == "topk":
+            k = _k(d, self.ratio)
+            idx = torch.topk(v.abs(), k, sorted=False).indices.sort().values
+            return Encoded("topk", d, v[idx].clone(), indices=idx)
+        if self.kind == "randk":
+            k = _k(d, self.ratio)
+            seed = int(self.rng.integers(2**63 - 1))
+            idx = randk_indices(seed, d, k, v.device)
+            return Encoded("randk", d, v[idx].clone(), seed=seed, scale=d / k if self.unbiased else 1.0)
+        if self.kind == "qsgd":
+            s = (1 << self.bits) - 1
+            a = v.detach().cpu().double().numpy()
+            norm = float(np.float32(np.linalg.norm(a)))
+            if norm == 0.0:
+                levels = np.zeros(d, dtype=np.int64)
+            else:
+                r = np.abs(a) / norm * s
+                low = np.floor(r)
+                levels = (low + (self.rng.random(d) < (r - low))).astype(np.int64).clip(0, s)
+            return Encoded("qsgd", d, v[:0].clone(), norm=norm, levels=levels, signs=a < 0, bits=self.bits)
+        raise ValueError(f"unknown compressor {self.kind!r}")
+
+
+class ErrorFeedback:
+    """Compression with memory: send C(e + v) and keep what was not sent, e <- e + v - C(e + v).
+
+    Stich, Cordonnier, Jaggi, "Sparsified SGD with memory" (NeurIPS 2018), Algorithm 1 (mem-SGD);
+    Karimireddy et al., "Error feedback fixes SignSGD" (ICML 2019), Algorithm 2 (EF-SGD), lines 4-6.
+    With it a biased compressor (top-k) converges at the uncompressed rate up to a delay term."""
+
+    def __init__(self, compressor: Compressor, like: torch.Tensor):
+        self.compress = compressor
+        self.e = torch.zeros_like(like)
+
+    def __call__(self, v: torch.Tensor) -> Encoded:
+        p = self.e + v
+        c = self.compress(p)
+        self.e = p - c.decode()
+        return c
+
+
+class PublicCopies:
+    """CHOCO public copies (Koloskova, Stich, Jaggi, ICML 2019, CHOCO-GOSSIP Algorithm 1 and CHOCO-SGD
+    Algorithm 2): every agent keeps xhat_j for itself and each neighbour, all starting at 0. It sends
+    q_i = C(x_i - xhat_i) (line 4), every holder adds the q it receives, xhat_j += q_j (line 6), and the
+    consensus step is x_i += gamma sum_j W_ij (xhat_j - xhat_i) (line 7). Only compressed differences
+    cross the network; the copies of xhat_i held by i and its neighbours stay equal while no q is lost."""
+
+    def __init__(self, compressor: Compressor, own: torch.Tensor, neighbors):
+        self.compress = compressor
+        self.own = torch.zeros_like(own)
+        self.copies = {j: torch.zeros_like(own) for j in neighbors}
+
+    def delta(self, x: torch.Tensor) -> Encoded:
+        """q_i = C(x_i - xhat_i), already applied to this agent's own copy."""
+        q = self.compress(x - self.own)
+        self.own = self.own + q.decode()
+        return q
+
+    def receive(self, j: int, q: Encoded) -> None:
+        self.copies[j] = self.copies[j] + q.decode()
+
+    def consensus(self, x: torch.Tensor, weights: dict[int, float], gamma: float) -> torch.Tensor:
+        out = x.clone()
+        for j in sorted(self.copies):
+            out.add_(self.copies[j] - self.own, alpha=gamma * weights[j])
+        return out

@@ -1,0 +1,258 @@
+"""Communication patterns any algorithm can use: the exchange, not the optimiser.
+
+Each pattern is a small object (or generator) bound to one agent; an algorithm yields from it inside
+its own program. State that must outlive one activation (locks, copies, running sums) lives in the
+pattern object, randomness comes from the agent's streams, messages go through the network.
+
+- ``sync_round``: synchronous round, neighbour barrier with timeout (``Agent.gather``).
+- ``PairwiseGossip``: AD-PSGD's atomic pairwise averaging with one random neighbour.
+- ``AsyncPush``: send and go on; merge whatever arrived, optionally down-weighting stale values.
+- ``PushSum``: push-sum on directed graphs with running sums (robust to message loss).
+- ``NeighborCopies``: the last value received from each in-neighbour (event-triggered, CHOCO).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import attrs
+import torch
+
+from netsim.comm.stats import stats_of
+from netsim.sim.network import Message, payload_size
+
+
+def sync_round(agent, payload: Any, k: int, *, timeout: float | None, tag: str = "model") -> Generator:
+    """One synchronous round: send ``payload`` to every out-neighbour, then wait (barrier) for round
+    ``k`` from every in-neighbour or until ``timeout``. Returns {src: payload} of what arrived; late
+    messages of earlier rounds are discarded as stale. Lian et al. 2017 (D-PSGD), Algorithm 1 line 4."""
+    yield agent.broadcast(payload, tag=tag, round=k)
+    got = yield agent.gather(tag=tag, round=k, timeout=timeout)
+    return got
+
+
+def drain(agent, tag: str) -> list[Message]:
+    """Every message with ``tag`` that arrived and nobody took yet, in arrival order (never blocks)."""
+    q = agent.inbox.queues.get(tag)
+    if not q:
+        return []
+    msgs = list(q)
+    q.clear()
+    return msgs
+
+
+# --------------------------------------------------------------------------------------------------
+class PairwiseGossip:
+    """Asynchronous pairwise averaging, AD-PSGD style (Lian et al., ICML 2018, Algorithm 1 line 4:
+    ``x_i, x_j <- (x_i + x_j)/2`` atomically, with j a random neighbour).
+
+    Over the network: i sends x_i (request); j replies with its x_j and sets x_j = (x_i + x_j)/2; i sets
+    x_i = (x_i + x_j)/2 on the reply. Atomicity (``atomic=True``): each agent holds a lock from its
+    request until the reply (or ``timeout``); a request reaching a locked agent is answered with a
+    refusal (a 1-byte NACK) instead of being served, so no agent is in two averagings at once and,
+    without loss, the sum of models is conserved exactly. Refusing rather than queueing cannot deadlock
+    (the paper avoids deadlock with a bipartite active/passive split, Section 4; we keep any graph).
+    A lost reply leaves j averaged and i not: that is what loss does to pairwise gossip.
+
+    ``version`` counts writes to this agent's model by exchanges; ``served`` those started by others.
+    An algorithm measures gradient staleness as writes between reading x and applying its gradient.
+    """
+
+    def __init__(self, agent, *, timeout: float, tag: str = "gossip", atomic: bool = True):
+        self.agent = agent
+        self.timeout = timeout
+        self.req, self.rep = tag + ".req", tag + ".rep"
+        self.atomic = atomic
+        self.busy = False
+        self.version = 0
+        self.served = 0
+        self._seq = 0
+        self.stats = stats_of(agent.sim)
+        agent.spawn(self._serve())
+
+    def _serve(self) -> Generator:
+        a = self.agent
+        while True:
+            msg = yield a.recv(tag=self.req)
+            if self.atomic and self.busy:
+                self.stats.add("gossip_refused")
+                a.send(msg.src, None, tag=self.rep, round=msg.round, size=1)
+                continue
+            mine = a.params
+            a.send(msg.src, mine, tag=self.rep, round=msg.round)
+            a.params = (mine + msg.payload) / 2
+            self.version += 1
+            self.served += 1
+
+    def exchange(self, j: int) -> Generator:
+        """Average with neighbour ``j``; returns True if this agent averaged."""
+        a = self.agent
+        self.busy = True
+        try:
+            self._seq += 1
+            mine = a.params
+            yield a.send(j, mine, tag=self.req, round=self._seq)
+            reply = yield a.recv(tag=self.rep, round=self._seq, timeout=self.timeout)
+            if reply is None:
+                self.stats.add("gossip_timeouts")
+                return False
+            if reply.payload is None:
+                return False
+            # delta form: equals (x_i + x_j)/2 under the lock, and still conserves the sum without it
+            a.params = a.params + (reply.payload - mine) / 2
+            self.version += 1
+            self.stats.add("gossip_exchanges")
+            return True
+        finally:
+            self.busy = False
+
+    def random_neighbor(self, rng) -> int:
+        nb = self.agent.neighbors
+        return nb[int(rng.integers(len(nb)))]
+
+
+# --------------------------------------------------------------------------------------------------
+class AsyncPush:
+    """Send and go on; merge whatever has arrived (asynchronous gossip without barriers).
+
+    ``merge(x)`` = (1 - sum_j w'_ij) x + sum_j w'_ij x_j over the latest value that arrived from each
+    in-neighbour j since the last merge, with W the scenario's mixing matrix (a neighbour that sent
+    nothing leaves its weight on x, as ``Agent.mix``). Staleness s = my round - 1 - the sender's round
+    when it sent, clipped at 0 (a value pushed at the end of the sender's last round is fresh); with ``staleness_power`` a > 0 the weights are w'_ij = W_ij (1 + s)^-a, the
+    polynomial staleness function of FedAsync (Xie, Koyejo, Gupta 2019, Section 5.2, s(t - tau)).
+    """
+
+    def __init__(self, agent, *, tag: str = "push", staleness_power: float = 0.0):
+        self.agent = agent
+        self.tag = tag
+        self.power = staleness_power
+        self.stats = stats_of(agent.sim)
+
+    def push(self, payload: Any, to=None):
+        """Broadcast (non-blocking for the protocol; the event ends when transmission does)."""
+        return self.agent.broadcast(payload, tag=self.tag, round=self.agent.round, to=to)
+
+    def merge(self, own: torch.Tensor) -> torch.Tensor:
+        a = self.agent
+        latest: dict[int, Message] = {}
+        for m in drain(a, self.tag):
+            if m.src not in latest or m.round >= latest[m.src].round:
+                latest[m.src] = m
+        out = own.clone()
+        for j in sorted(latest):
+            m = latest[j]
+            s = max(0, a.round - m.round - 1)  # pushed at the end of its last round: fresh
+            self.stats.observe("push_staleness", float(s))
+            w = a.weights.get(j, 0.0) * (1.0 + s) ** (-self.power)
+            out.add_(m.payload - own, alpha=w)
+        return out
+
+
+# --------------------------------------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class RunningSumPayload:
+    """Push-sum message: the sender's running sums of value and weight (sent together)."""
+
+    x: torch.Tensor
+    y: float
+
+    @property
+    def size_bytes(self) -> int:
+        return payload_size(self.x) + 8
+
+
+class PushSum:
+    """Push-sum ratio consensus on a directed graph with running sums.
+
+    Kempe, Dobra, Gehrke (FOCS 2003), Algorithm 1 (Push-Sum): each agent keeps a value x_i and a weight
+    y_i (y_i^0 = 1), keeps the share 1/(d_i + 1) and sends one share of (x_i, y_i) to each of its d_i
+    out-neighbours; x_i / y_i converges to the average of the x_i^0 (column-stochastic mixing, the
+    scenario's ``column_stochastic`` W). With gradient steps this is subgradient-push (Nedic &
+    Olshevsky, IEEE TAC 2015, eqs. (2a)-(2d)).
+
+    Loss: instead of the share, an agent sends the running sum sigma_i of every share it ever sent
+    (value and weight); the receiver keeps rho_ij, the last running sum it got from j, and adds
+    sigma_j - rho_ij (Hadjicostis, Vaidya, Dominguez-Garcia, IEEE TAC 2016, "Robust distributed average
+    consensus via exchange of running sums", eqs. (6)-(8)). A dropped message's mass arrives with the
+    next one that gets through, so sum_i x_i plus the mass in flight is conserved exactly. Messages
+    overtaken by a later one from the same sender are ignored. ``running_sums=False`` sends the plain
+    share instead (Kempe et al.'s original), whose lost mass is gone for good (biased under loss).
+    """
+
+    def __init__(self, agent, x0: torch.Tensor, *, tag: str = "pushsum", running_sums: bool = True):
+        self.agent = agent
+        self.tag = tag
+        self.running = running_sums
+        self.x = x0.clone()
+        self.y = 1.0
+        self.share = 1.0 / (len(agent.neighbors) + 1)
+        self.sigma_x = torch.zeros_like(x0)
+        self.sigma_y = 0.0
+        self.rho: dict[int, tuple[int, torch.Tensor, float]] = {}
+        self._seq = 0
+
+    def absorb(self) -> None:
+        """Add everything that arrived (sigma_j - rho_ij per in-neighbour j)."""
+        for m in drain(self.agent, self.tag):
+            if not self.running:
+                self.x.add_(m.payload.x)
+                self.y += m.payload.y
+                continue
+            last = self.rho.get(m.src)
+            if last is not None and m.round <= last[0]:
+                continue  # overtaken: a later running sum already counted this mass
+            px, py = (last[1], last[2]) if last is not None else (0.0, 0.0)
+            self.x.add_(m.payload.x - px)
+            self.y += m.payload.y - py
+            self.rho[m.src] = (m.round, m.payload.x, m.payload.y)
+
+    @property
+    def estimate(self) -> torch.Tensor:
+        return self.x / self.y
+
+    def push(self):
+        """Keep one share, add one share per out-neighbour to the running sums and send them."""
+        s = self.share
+        self.sigma_x.add_(self.x, alpha=s)
+        self.sigma_y += self.y * s
+        self.x.mul_(s)
+        self.y *= s
+        self._seq += 1
+        if self.running:
+            payload = RunningSumPayload(self.sigma_x.clone(), self.sigma_y)
+        else:
+            payload = RunningSumPayload(self.x.clone(), self.y)
+        return self.agent.broadcast(payload, tag=self.tag, round=self._seq)
+
+
+# --------------------------------------------------------------------------------------------------
+class NeighborCopies:
+    """The last value received from each in-neighbour, and gossip mixing with those copies:
+    x_i <- W_ii x_i + sum_j W_ij xhat_j (the receiver side of event-triggered communication).
+
+    Copies start at the neighbours' initial models (read from the bank at construction, i.e. a
+    common, known initialisation), so a neighbour that never sends is mixed at its initial value."""
+
+    def __init__(self, agent, *, tag: str = "model"):
+        self.agent = agent
+        self.tag = tag
+        bank = agent.sim.bank
+        self.copies: dict[int, torch.Tensor] = {j: bank.get(j) for j in agent.weights}
+        self._round: dict[int, int] = {}
+
+    def absorb(self) -> int:
+        """Take every arrived message (latest per sender wins); returns how many arrived."""
+        msgs = drain(self.agent, self.tag)
+        for m in msgs:
+            if m.round >= self._round.get(m.src, -1):
+                self._round[m.src] = m.round
+                self.copies[m.src] = m.payload
+        return len(msgs)
+
+    def mix(self, own: torch.Tensor) -> torch.Tensor:
+        a = self.agent
+        out = own * a.self_weight
+        for j in sorted(self.copies):
+            out.add_(self.copies[j], alpha=a.weights[j])
+        return out
