@@ -86,6 +86,27 @@ class ActivationSpec:
 
 
 @attrs.frozen
+class OfflineSpec:
+    """Agent ``agent`` is offline during [start, end) (global time, s)."""
+
+    agent: int = field(check=nonneg)
+    start: float = field(check=nonneg)
+    end: float = field(check=nonneg)
+
+    def __check__(self) -> tuple[str, str] | None:
+        return None if self.end > self.start else ("end", f"must be > start ({self.start}), got {self.end}")
+
+
+@attrs.frozen
+class ChurnSpec:
+    """Random churn: each agent alternates online/offline periods with exponential durations
+    (means in s), starting online; drawn from the agent's own ``churn`` stream."""
+
+    mean_online: float = field(check=positive, doc="mean online period (s)")
+    mean_offline: float = field(check=positive, doc="mean offline period (s)")
+
+
+@attrs.frozen
 class AgentsSpec:
     count: int = field(check=at_least(2), doc="number of agents")
     clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
@@ -94,6 +115,9 @@ class AgentsSpec:
     activation: ActivationSpec = ActivationSpec()
     stragglers: tuple[int, ...] = field((), doc="agents whose compute time is multiplied by straggler_factor")
     straggler_factor: float = field(5.0, check=positive)
+    offline: tuple[OfflineSpec, ...] | None = field(None, doc="scheduled offline intervals [[agents.offline]]")
+    churn: ChurnSpec | None = field(None, doc="random on/off churn (exponential periods)")
+    availability: str | None = field(None, doc="availability trace (FedScale-style JSON, see docs/traces.md)")
 
     def __check__(self) -> tuple[str, str] | None:
         bad = [a for a in self.stragglers if not 0 <= a < self.count]
@@ -133,12 +157,63 @@ class TopologySpec:
         return self.mixing or ("column_stochastic" if self.directed else "metropolis_hastings")
 
 
+def _opt_positive(v: float | None) -> str | None:
+    return None if v is None or v > 0 else f"must be > 0, got {v}"
+
+
+def _opt_loss(v: float | None) -> str | None:
+    return None if v is None or 0 <= v <= 1 else f"must be in [0, 1], got {v}"
+
+
+@attrs.frozen
+class BurstSpec:
+    """Gilbert-Elliott loss: a two-state Markov chain per directed link, stepped once per message.
+    Stationary P(bad) = p_enter / (p_enter + p_exit); mean bad run = 1 / p_exit messages."""
+
+    p_enter: float = field(check=probability, doc="P(good -> bad) per message")
+    p_exit: float = field(check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+                          doc="P(bad -> good) per message")
+    loss_good: float = field(0.0, check=probability, doc="loss probability in the good state")
+    loss_bad: float = field(1.0, check=probability, doc="loss probability in the bad state")
+
+
+@attrs.frozen
+class OutageSpec:
+    """Messages sent during [start, end) are dropped ('outage'); src/dst omitted = any agent."""
+
+    start: float = field(check=nonneg)
+    end: float = field(check=nonneg)
+    src: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+    dst: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+
+    def __check__(self) -> tuple[str, str] | None:
+        return None if self.end > self.start else ("end", f"must be > start ({self.start}), got {self.end}")
+
+
+@attrs.frozen
+class LinkOverride:
+    """Per-link model for src -> dst (directed, so links can be asymmetric); ``both`` = also dst -> src."""
+
+    src: int = field(check=nonneg)
+    dst: int = field(check=nonneg)
+    latency: Dist | None = field(None, check=lambda d: None if d is None else nonneg_dist(d))
+    loss: float | None = field(None, check=_opt_loss)
+    bandwidth: float | None = field(None, check=_opt_positive, doc="bytes/s on this link")
+    both: bool = False
+
+
 @attrs.frozen
 class NetworkSpec:
     latency: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="one-way propagation delay (s)")
     bandwidth: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
                                     doc="bytes/s per link; transfer time = size / bandwidth; omit for infinite")
     loss: float = field(0.0, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}")
+    uplink: float | None = field(None, check=_opt_positive,
+                                 doc="bytes/s of each node's uplink, shared FIFO by all its sends")
+    burst: BurstSpec | None = field(None, doc="Gilbert-Elliott bursty loss (replaces Bernoulli loss)")
+    outages: tuple[OutageSpec, ...] | None = field(None, doc="scheduled link outages [[network.outages]]")
+    links: tuple[LinkOverride, ...] | None = field(None, doc="per-link overrides [[network.links]]")
+    trace: str | None = field(None, doc="per-link measurement CSV: time,src,dst,latency,bandwidth,loss")
 
 
 @attrs.frozen

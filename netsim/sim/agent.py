@@ -174,6 +174,9 @@ class Agent:
             if act.kind == "bernoulli" and act.p < 1.0:
                 self._tick += int(self._act_rng.geometric(act.p)) - 1
             at = self._tick * act.period
+        churn = self.sim.network.churn
+        if churn is not None:  # offline: the activation moves past the interval (sim/churn.py)
+            at = churn.defer(self, at)
         delay = max(0.0, self.global_time(at) - self.env.now)
         self.round += 1
         ev = simpy.events.Timeout(self.env, delay, at)
@@ -204,6 +207,9 @@ class Agent:
         With ``clip``: the mean of per-sample gradients clipped to L2 norm ``clip`` (``clip_kind="l2"``)
         or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here)."""
         ct = self._compute() * self.compute_scale
+        churn = self.sim.network.churn
+        if churn is not None:  # requested while offline: starts when the agent is back
+            ct += churn.wait(self.id, self.env.now)
         self.emit(ComputeStart(self.env.now, self.id, ct))
         p = self.sim.bank.get(self.id) if params is None else params
         if clip is None:

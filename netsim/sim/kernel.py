@@ -70,8 +70,9 @@ class Simulation:
         self._finished = 0
         self._stop = self.env.event()
         self.stop_reason = ""
-        self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until)
+        self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
         self.wall = 0.0
+        self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):

@@ -3,6 +3,11 @@
 Each link draws its latency and loss from its own named streams ("latency", src, dst) and
 ("loss", src, dst), one draw of each per message, so the k-th message on a link sees the same
 network whatever algorithm sent it. A link transmits one message at a time (FIFO uplink per link).
+
+Two paths: ``send`` is the lean default (latency distribution, per-link bandwidth, Bernoulli loss);
+when the scenario configures any other model (node uplinks, Gilbert-Elliott bursts, outages, per-link
+overrides, a measured link trace, churn) ``attach`` swaps in ``_send_full``, which composes the models
+of sim/links.py and sim/churn.py. Unconfigured models therefore cost nothing per message.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 import attrs
 import simpy
 
+from netsim.errors import InputError
 from netsim.scenario.schema import NetworkSpec
 from netsim.sim.dists import draws
 from netsim.sim.streams import Draws, Streams
@@ -62,6 +68,9 @@ class Network:
         self.next_id = 0
         self.bandwidth = spec.bandwidth
         self.p_loss = spec.loss
+        self.churn = None  # sim.churn.Churn once attached, when any agent can go offline
+        self.full_links: dict = {}
+        self.uplink_busy: dict[int, float] = {}
 
     def link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
@@ -104,3 +113,85 @@ class Network:
         self.emit(Deliver(self.env.now, msg.dst, msg.src, msg.id, msg.size, self.env.now - msg.sent,
                           msg.round, msg.tag))
         self.deliver_to(msg)
+
+    # the full path ----------------------------------------------------------------------------------
+    def attach(self, sim) -> None:
+        """Build the configured link and churn models (needs the agents: count, clocks, scenario)."""
+        from netsim.compute.data import find_data_file
+        from netsim.sim.churn import build_churn
+        from netsim.sim.links import needs_full_path, outages_by_link, read_link_trace
+
+        sc = sim.scenario
+        n = sc.agents.count
+        self.churn = build_churn(sc.agents, self.streams, find_data_file)
+        if not (self.churn is not None or needs_full_path(self.spec)):
+            return
+        self.n_agents = n
+        self.outages, self.all_outages = outages_by_link(self.spec, n)
+        self.series = {}
+        if self.spec.trace:
+            path = find_data_file(self.spec.trace, "network.trace")
+            try:
+                self.series = read_link_trace(path, n)
+            except InputError as e:
+                raise InputError("network.trace", e.message, e.source) from None
+        self.send = self._send_full
+        if self.churn is not None:
+            for i in self.churn.sources:
+                sim._housekeeping += 1
+                self.env.process(self.churn.recorder(sim, i))
+
+    def full_link(self, src: int, dst: int):
+        from netsim.sim.links import FullLink
+
+        link = self.full_links.get((src, dst))
+        if link is None:
+            outs = self.outages.get((src, dst), []) + self.all_outages
+            link = self.full_links[(src, dst)] = FullLink(self.spec, self.streams, src, dst,
+                                                          self.series.get((src, dst)), outs)
+        return link
+
+    def transfer(self, link, src: int, now: float, size: int) -> float:
+        """End of this message's transmission: FIFO on its link and (if set) on the node's uplink."""
+        bw = link.bandwidth_at(now)
+        up = self.spec.uplink
+        if bw is None and up is None:
+            return now
+        start = max(now, link.busy_until) if bw is not None else now
+        rate = bw if bw is not None else up
+        if up is not None:
+            start = max(start, self.uplink_busy.get(src, 0.0))
+            rate = min(rate, up)
+        end = start + size / rate
+        link.busy_until = end
+        if up is not None:
+            self.uplink_busy[src] = end
+        return end
+
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
+        """(transmission end, total delay, drop reason or '') of the next message on src -> dst."""
+        link = self.full_link(src, dst)
+        churn = self.churn
+        lat, reason = link.draw(now)
+        if churn is not None and churn.offline(src, now):
+            return now, lat, "offline"
+        tx_end = self.transfer(link, src, now, size)
+        delay = tx_end - now + lat
+        if not reason and churn is not None and churn.offline(dst, now + delay):
+            reason = "offline"
+        return tx_end, delay, reason
+
+    def _send_full(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
+        now = self.env.now
+        if size is None:
+            size = payload_size(payload)
+        mid = self.next_id
+        self.next_id = mid + 1
+        tx_end, delay, reason = self.outcome(src, dst, now, size)
+        self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
+        if reason:
+            self.emit(Drop(now, src, dst, mid, size, delay, rnd, reason))
+        else:
+            ev = simpy.events.Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
+            ev.callbacks.append(self._arrive)
+        return tx_end - now

@@ -15,6 +15,8 @@ PURPOSES = {
     "topology": 1, "clock": 2, "activation": 3, "compute": 4, "latency": 5, "loss": 6,
     "data": 7, "partition": 8, "batch": 9, "init": 10, "noise": 11, "algorithm": 12,
 }
+# link and agent models (issue 4): numbered apart so concurrent additions cannot collide
+PURPOSES.update({"burst": 40, "churn": 41, "jitter": 42, "topology_schedule": 43})
 # communication parts (issue 6): rand-k seeds and QSGD rounding
 PURPOSES.update({"compress": 60})
 BLOCK = 256
