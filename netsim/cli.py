@@ -125,6 +125,75 @@ def algorithms() -> None:
         typer.echo(f"{name}: {params}")
 
 
+@app.command()
+def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
+            out: Path = typer.Option(Path("compare.png"), "--out", help="PNG to write"),
+            metric: str = typer.Option("accuracy", "--metric", help="metrics column to overlay")) -> None:
+    """Overlay accuracy (or --metric) vs simulated time of several runs; print time to target."""
+    from netsim.errors import InputError
+    from netsim.metrics.compare import compare_plot
+
+    try:
+        table = compare_plot(runs, out, metric)
+    except InputError as e:
+        _fail(e)
+    for r in table:
+        ttt = "never" if r["time_to_target"] is None else f"{r['time_to_target']:.4g} s"
+        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target {ttt}, "
+                   f"{r['messages_sent']} messages, {r['bytes_sent']} bytes")
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
+def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trace.arrows)"),
+            delta: Optional[float] = typer.Option(  # noqa: UP045 - typer needs Optional on 3.10
+                None, "--delta", help="report epsilon(delta) (default: privacy.delta)"),
+            accounting: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--accounting", help="observed | amplified (default: privacy.accounting)"),
+            pld: bool = typer.Option(True, "--pld/--no-pld", help="also run the PLD accountant (slower)"),
+            strict: bool = typer.Option(False, "--strict",
+                                        help="exit 2 if a closed form's condition fails")) -> None:
+    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the seed paper's closed form."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from netsim.errors import InputError
+    from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
+
+    try:
+        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
+    except InputError as e:
+        _fail(e)
+    mode = rep["accounting"]
+    t = Table(title=f"privacy · delta = {rep['delta']:g} · accounting: {mode} · "
+                    f"closed form: {rep['closed_form']}")
+    fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+    cols = ["agent", "releases", "ticks", "rdp_observed", "rdp_amplified"] + (
+        [f"pld_{mode}"] if pld else [])
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="right")
+    if rep["closed_form"] != "none":
+        t.add_column("paper", justify="right")
+        t.add_column("conservative", justify="right")
+    if any(r["exhausted_at"] is not None for r in rep["agents"]):
+        t.add_column("budget out at (s)", justify="right")
+    for r in rep["agents"]:
+        cells = [str(r["agent"]), str(r["releases"]), str(r["ticks"])] + [fmt(r[c]) for c in cols[3:]]
+        if rep["closed_form"] != "none":
+            f = r["closed_form"]
+            cells += [fmt(f["paper"]) + (" !" if f["violations"] else ""), fmt(f["conservative"])]
+        if any(x["exhausted_at"] is not None for x in rep["agents"]):
+            cells.append(fmt(r["exhausted_at"]))
+        t.add_row(*cells)
+    Console().print(t)
+    notes = sorted({v for r in rep["agents"] for v in r.get("closed_form", {}).get("violations", [])})
+    for v in notes:
+        typer.echo(f"! condition of {rep['closed_form']} violated: {v}")
+    typer.echo(f"worst agent: {rep['worst_agent']} (epsilon {fmt(rep['worst_epsilon'])}, RDP, {mode})")
+    typer.echo(rep["explain"])
+    typer.echo(f"wrote {run_folder}/{REPORT_FILE} and {PLOT_FILE}")
+
+
 def main() -> None:
     try:
         app()

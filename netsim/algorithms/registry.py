@@ -38,6 +38,7 @@ def _load_builtin() -> None:
         adpsgd,
         async_push,
         choco,
+        dp_dpsgd,
         dpsgd,
         event_triggered,
         gossip,

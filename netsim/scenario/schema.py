@@ -259,6 +259,31 @@ class EvaluationSpec:
     metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy"], ...] = (
         "loss", "accuracy", "consensus")
     format: Literal["csv", "parquet"] = "csv"
+    target_accuracy: float | None = field(
+        None, check=lambda v: None if v is None or 0 < v <= 1 else f"must be in (0, 1], got {v}",
+        doc="summary.time_to_target = first evaluation time whose accuracy >= this")
+
+
+def _open_unit(v: float) -> str | None:
+    return None if 0 < v < 1 else f"must be in (0, 1), got {v}"
+
+
+@attrs.frozen
+class PrivacySpec:
+    """How releases are accounted (netsim.privacy, docs/privacy.md). Noise itself is the algorithm's
+    parameter; this section says at which delta epsilon is reported, whether random activation is
+    credited as amplification, the per-agent budget cap, and which seed paper's closed form to show."""
+
+    delta: float = field(1e-5, check=_open_unit, doc="report epsilon(delta) at this delta")
+    accounting: Literal["observed", "amplified"] = field(
+        "observed", doc="'amplified' credits hidden Bernoulli activation as subsampling (seed 003)")
+    epsilon_cap: float | None = field(
+        None, check=lambda v: None if v is None or v > 0 else f"must be > 0, got {v}",
+        doc="per-agent budget: an agent stops releasing before exceeding it")
+    closed_form: Literal["none", "seed000", "seed001", "seed003", "seed004"] = field(
+        "none", doc="seed paper whose own privacy formula is reported beside the accountants")
+    delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
+    c2: float = field(0.3724, check=positive, doc="seed 004's unspecified constant c_2 (Theorem 2)")
 
 
 @attrs.frozen
@@ -271,4 +296,5 @@ class Scenario:
     data: DataSpec = DataSpec()
     model: ModelSpec = ModelSpec()
     evaluation: EvaluationSpec = EvaluationSpec()
+    privacy: PrivacySpec | None = None
     name: str = "scenario"

@@ -66,6 +66,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:  # ``X | None``: X's own error, with its inner key path
+            return convert(value, inner[0], path)
         errors = []
         for a in inner:
             try:

@@ -255,6 +255,18 @@ class Agent:
             out.add_(x, alpha=self.weights[j])
         return out
 
+    # privacy ------------------------------------------------------------------------------------
+    def privatize(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",
+                  q: float = 1.0, what: str = "gradient", to: int = -1) -> torch.Tensor | None:
+        """x + noise (Gaussian std ``sigma`` or Laplace scale ``sigma``) from this agent's own noise
+        generator, recorded as a ``Release`` in the trace and the agent's ledger (netsim.privacy).
+        ``sensitivity``: the L2 (Gaussian) or L1 (Laplace) sensitivity of x; ``q``: probability that a
+        record enters x; ``to``: recipient (-1 = public). Returns None once the scenario's
+        privacy.epsilon_cap would be exceeded (a ``budget_exhausted`` event is traced): stop releasing."""
+        from netsim.privacy.ledger import ledger_of
+
+        return ledger_of(self).release(x, sigma, sensitivity, mechanism, q, what, to)
+
     # misc ---------------------------------------------------------------------------------------
     def rng(self, purpose: str = "algorithm") -> np.random.Generator:
         """This agent's own stream for the algorithm's choices (never the network's)."""

@@ -1,0 +1,180 @@
+"""epsilon(delta) of an agent's releases, through dp-accounting's RDP and PLD accountants.
+
+A ledger (a list of ``Release`` events of one agent) maps to a composition of dp-accounting events:
+a Gaussian release with noise std ``scale`` and L2 sensitivity ``s`` is ``GaussianDpEvent(scale/s)``
+(noise multiplier), a Laplace release ``LaplaceDpEvent(scale/s)``; a release whose record enters with
+probability ``r < 1`` is wrapped in ``PoissonSampledDpEvent(r, .)`` (amplification by subsampling).
+Runs of identical events are composed with a count (``SelfComposedDpEvent`` semantics), so the
+accountant does exactly what calling dp-accounting on the equivalent composed event does.
+
+Two accounting modes for agents with random (Bernoulli) activation:
+
+- ``observed`` (conservative, default): each actual release at its data-sampling rate q. Activation
+  is visible to the adversary (an inactive agent sends nothing), so it buys no amplification
+  (seed 003 spec, section 3.7 caveat 1).
+- ``amplified`` (seed 003, Lemma 4, the paper's assumption that activation is hidden): every
+  activation tick is a run of the mechanism, and a record enters with probability p*q; the ticks
+  an agent skipped since its previous release count as releases of the same mechanism.
+
+Neighbouring relation: dp-accounting's add-or-remove-one; the recorded sensitivity must be the one of
+that relation (per-example clipping to C: sensitivity C of the sum).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Iterable, Sequence
+
+import dp_accounting
+import numpy as np
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+from netsim.privacy.mechanisms import PrivacyError
+from netsim.trace.events import Release
+
+
+class _QuietConvergence(logging.Filter):
+    """dp-accounting logs (through absl) each fractional RDP order it drops for not converging; the
+    epsilon it returns is still a valid bound over the remaining orders, so these lines are noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_QuietConvergence())
+
+MODES = ("observed", "amplified")
+ACCOUNTANTS = ("rdp", "pld")
+PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
+
+
+def check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def base_event(mechanism: str, multiplier: float, rate: float) -> dp_accounting.DpEvent:
+    """The dp-accounting event of one release: noise multiplier = scale / sensitivity."""
+    if multiplier <= 0:
+        return dp_accounting.NonPrivateDpEvent()
+    ev = (dp_accounting.GaussianDpEvent(multiplier) if mechanism == "gaussian"
+          else dp_accounting.LaplaceDpEvent(multiplier))
+    return ev if rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(rate, ev)
+
+
+def release_events(r: Release, mode: str = "observed") -> tuple[dp_accounting.DpEvent, int]:
+    """(event, count) of one release: count > 1 when, amplified, it stands for skipped ticks too."""
+    if mode not in MODES:
+        raise PrivacyError(f"accounting mode must be one of {', '.join(MODES)}, got {mode!r}")
+    z = r.scale / r.sensitivity
+    if mode == "observed":
+        return base_event(r.mechanism, z, r.q), 1
+    return base_event(r.mechanism, z, r.p * r.q), 1 + r.skipped
+
+
+def grouped_events(releases: Iterable[Release],
+                   mode: str = "observed") -> list[tuple[dp_accounting.DpEvent, int]]:
+    """Consecutive identical events merged into (event, count)."""
+    out: list[tuple[dp_accounting.DpEvent, int]] = []
+    for r in releases:
+        ev, n = release_events(r, mode)
+        if out and out[-1][0] == ev:
+            out[-1] = (ev, out[-1][1] + n)
+        else:
+            out.append((ev, n))
+    return out
+
+
+def composed_event(releases: Iterable[Release], mode: str = "observed") -> dp_accounting.DpEvent:
+    """The whole ledger as one dp-accounting event (what a reader can hand to any accountant)."""
+    return dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(ev, n) for ev, n in grouped_events(releases, mode)])
+
+
+def make_accountant(kind: str = "rdp") -> dp_accounting.PrivacyAccountant:
+    if kind == "rdp":
+        return RdpAccountant()
+    if kind == "pld":
+        return PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    raise PrivacyError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {kind!r}")
+
+
+def epsilon(releases: Sequence[Release], delta: float, accountant: str = "rdp",
+            mode: str = "observed") -> float | None:
+    """epsilon(delta) of the composition of ``releases``; 0 when there are none; None when the
+    accountant cannot handle an event (e.g. RDP of a subsampled Laplace)."""
+    check_delta(delta)
+    if not releases:
+        return 0.0
+    try:
+        groups = grouped_events(releases, mode)
+        if accountant == "rdp":  # RdpAccountant's own sum (rdp += count * rdp(event)), per-event cached
+            run = RunningRdp()
+            for ev, n in groups:
+                run.add(ev, n)
+            return run.epsilon(delta)
+        acc = make_accountant(accountant)
+        for ev, n in groups:
+            acc.compose(ev, n)
+        return float(acc.get_epsilon(delta))
+    except dp_accounting.UnsupportedEventError:
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_of(event: dp_accounting.DpEvent) -> np.ndarray:
+    acc = RdpAccountant()
+    acc.compose(event)
+    return acc.rdp
+
+
+ORDERS = np.asarray(RdpAccountant().orders)
+
+
+class RunningRdp:
+    """An agent's RDP curve, updated release by release (the same vectors RdpAccountant sums)."""
+
+    def __init__(self) -> None:
+        self.rdp = np.zeros_like(ORDERS)
+
+    @staticmethod
+    def vector(ev: dp_accounting.DpEvent, n: int) -> np.ndarray:
+        return n * _rdp_of(ev)
+
+    def add(self, ev: dp_accounting.DpEvent, n: int = 1) -> None:
+        self.rdp = self.rdp + self.vector(ev, n)
+
+    def epsilon(self, delta: float, extra: np.ndarray | None = None) -> float:
+        rdp = self.rdp if extra is None else self.rdp + extra
+        if not rdp.any():
+            return 0.0
+        return float(compute_epsilon(ORDERS, rdp, delta)[0])
+
+
+def epsilon_curve(releases: Sequence[Release], delta: float, mode: str = "observed",
+                  points: int = 200) -> tuple[list[float], list[float]]:
+    """RDP epsilon(delta) after each release (at most ``points`` of them, evenly spaced, last included)."""
+    check_delta(delta)
+    run = RunningRdp()
+    n = len(releases)
+    keep = set(np.unique(np.linspace(0, n - 1, min(points, n)).round().astype(int)).tolist()) if n else set()
+    ts: list[float] = []
+    eps: list[float] = []
+    for i, r in enumerate(releases):
+        ev, k = release_events(r, mode)
+        try:
+            run.add(ev, k)
+        except dp_accounting.UnsupportedEventError:
+            return ts, eps
+        if i in keep:
+            ts.append(r.t)
+            eps.append(run.epsilon(delta))
+    return ts, eps
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x

@@ -1,0 +1,131 @@
+"""The per-agent privacy ledger: every release an agent makes, its noise, and its budget cap.
+
+``Agent.privatize`` calls ``ledger_of(agent).release(...)``. A release is (1) checked against the
+agent's cap (the RDP accountant's epsilon at the run's delta, after this release, must stay <= cap),
+(2) recorded as a ``Release`` event in the trace and in memory, (3) noised from the agent's own
+generator. Once a release would exceed the cap, the agent is exhausted: ``release`` returns None
+now and forever, and one ``BudgetExhausted`` event is traced (the algorithm sees the None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from netsim.privacy.accountants import RunningRdp, check_delta, release_events
+from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
+from netsim.trace.events import BudgetExhausted, Release
+
+if TYPE_CHECKING:
+    from netsim.sim.agent import Agent
+
+
+class AgentLedger:
+    """One agent's releases, RDP curve and noise generator."""
+
+    def __init__(self, agent: Agent, delta: float = 1e-5, cap: float | None = None, mode: str = "observed"):
+        check_delta(delta)
+        if cap is not None and not cap > 0:
+            raise PrivacyError(f"epsilon cap must be > 0, got {cap!r}")
+        self.agent = agent
+        self.delta, self.cap, self.mode = delta, cap, mode
+        self.releases: list[Release] = []
+        self.rdp = RunningRdp()
+        self.exhausted = False
+        self.spent = 0.0  # RDP epsilon(delta) after the last release
+        self._noise: NoiseSource | None = None
+        act = agent._act
+        self.p = float(act.p) if act.kind == "bernoulli" else 1.0
+        self._last_tick = math.floor(agent.local_time(0.0) / act.period) if act.kind != "poisson" else 0
+
+    @property
+    def noise(self) -> NoiseSource:
+        if self._noise is None:
+            a = self.agent
+            self._noise = NoiseSource(a.sim.streams.seed_for("noise", a.id), a.sim.device)
+        return self._noise
+
+    def _skipped(self) -> int:
+        """Activation ticks since the previous release that saw no release (Bernoulli activation)."""
+        if self.p >= 1.0:
+            return 0
+        tick = self.agent._tick
+        skipped = max(0, tick - self._last_tick - 1)
+        self._last_tick = max(self._last_tick, tick)
+        return skipped
+
+    def release(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",
+                q: float = 1.0, what: str = "gradient", to: int = -1) -> torch.Tensor | None:
+        check_release_args(mechanism, sigma, sensitivity, q, self.p)
+        if self.exhausted:
+            return None
+        a = self.agent
+        r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
+                    float(sensitivity), float(q), self.p, self._skipped())
+        ev, n = release_events(r, self.mode)
+        extra = RunningRdp.vector(ev, n)
+        if self.cap is not None:
+            after = self.rdp.epsilon(self.delta, extra)
+            if not after <= self.cap:
+                self.exhausted = True
+                a.emit(BudgetExhausted(r.t, a.id, a.round, self.spent, f"cap={self.cap!r} rdp"))
+                return None
+        self.rdp.rdp = self.rdp.rdp + extra
+        if self.cap is not None:
+            self.spent = after
+        self.releases.append(r)
+        a.emit(r)
+        if sigma == 0:
+            return x.clone()
+        return self.noise.add(mechanism, x, sigma)
+
+    def epsilon(self) -> float:
+        """RDP epsilon(delta) spent so far."""
+        return self.rdp.epsilon(self.delta)
+
+
+def ledger_of(agent: Agent) -> AgentLedger:
+    """The agent's ledger, created on its first release with the scenario's [privacy] settings."""
+    led = getattr(agent, "_privacy", None)
+    if led is None:
+        spec = getattr(agent.sim.scenario, "privacy", None)
+        if spec is None:
+            led = AgentLedger(agent)
+        else:
+            led = AgentLedger(agent, spec.delta, spec.epsilon_cap, spec.accounting)
+        agent._privacy = led
+    return led
+
+
+def ledgers(sim) -> dict[int, list[Release]]:
+    """Releases of every agent of a finished simulation (agents that never released: empty)."""
+    out: dict[int, list[Release]] = {}
+    for a in sim.agents:
+        led = getattr(a, "_privacy", None)
+        out[a.id] = list(led.releases) if led is not None else []
+    return out
+
+
+def releases_from_table(table) -> dict[int, list[Release]]:
+    """Per-agent releases read back from a trace table (``Trace.table``), in trace order."""
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["kind"], "release"))
+    out: dict[int, list[Release]] = defaultdict(list)
+    cols = [rows[c].to_pylist() for c in ("t", "agent", "peer", "round", "size", "value", "tag")]
+    for t, agent, peer, rnd, size, value, tag in zip(*cols, strict=True):
+        out[agent].append(Release.from_row(t, agent, peer, rnd, size, value, tag))
+    return dict(out)
+
+
+def exhausted_from_table(table) -> dict[int, float]:
+    """{agent: time its budget ran out} from a trace table."""
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["kind"], "budget_exhausted"))
+    return {int(a): float(t) for a, t in zip(rows["agent"].to_pylist(), rows["t"].to_pylist(), strict=True)}
+
+
