@@ -99,7 +99,21 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         "spectral_gap": sim.gap, "device": str(sim.device), "scenario_sha256": meta["netsim.scenario_sha256"],
         "python": platform.python_version(),
     }
+    summary.update(_comm_fields(sim))
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
     write_summary(summary, folder / "summary.json")
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
     return RunResult(folder, sc, summary, sim.metrics)
+
+def _comm_fields(sim) -> dict[str, Any]:
+    """Time to the target accuracy and the communication parts' counters (issue 6)."""
+    from netsim.comm.stats import comm_summary
+    from netsim.metrics.compare import time_to_target
+
+    out: dict[str, Any] = {}
+    target = sim.scenario.evaluation.target_accuracy
+    if target is not None:
+        out["target_accuracy"] = target
+        out["time_to_target"] = time_to_target(sim.metrics, target)
+    out.update(comm_summary(sim))
+    return out
