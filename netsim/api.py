@@ -64,8 +64,10 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
 
 
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
-        progress: Callable[[float], None] | None = None) -> RunResult:
-    """Validate, build, run and write one run folder (principle 10)."""
+        progress: Callable[[float], None] | None = None,
+        setup: Callable[[Any], None] | None = None) -> RunResult:
+    """Validate, build, run and write one run folder (principle 10). ``setup(sim)`` may adjust the
+    built simulation before it runs (``netsim replay`` installs the recorded network this way)."""
     from netsim.metrics.report import plot_metrics, write_metrics, write_summary
     from netsim.metrics.summary import EventCounts
     from netsim.trace.io import TraceWriter
@@ -78,6 +80,8 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     writer = TraceWriter(folder / TRACE_FILE if sc.run.trace else None, meta, sc.run.trace_flush_every,
                          on_batch=counts, lazy=True)
     sim = prepare(sc, writer, source_of(scenario))  # raises InputError before anything is written
+    if setup is not None:
+        setup(sim)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:

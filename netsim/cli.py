@@ -194,6 +194,75 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
     typer.echo(f"wrote {run_folder}/{REPORT_FILE} and {PLOT_FILE}")
 
 
+@app.command()
+def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to replay"),
+           scenario: Path | None = typer.Option(None, "--scenario",
+                                                help="run this scenario under the recorded network instead"),
+           window: float = typer.Option(1.0, "--window",
+                                        help="--scenario: a message takes the outcome of the recorded one on "
+                                             "its link sent nearest in time, within this many seconds"),
+           set_: list[str] | None = SetOpt,
+           out: Path | None = typer.Option(None, "--out", help="output folder (default: <run.out>-replay)"),
+           plugin: list[str] | None = PluginOpt,
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="no table")) -> None:
+    """Re-run a recorded trace bit-for-bit, or another scenario under its network (docs/traces.md)."""
+    from rich.console import Console
+
+    from netsim.errors import InputError
+    from netsim.trace.replay import replay as do_replay
+
+    try:
+        _plugins(plugin)
+        if window <= 0:
+            raise InputError("--window", f"must be > 0, got {window}")
+        result = do_replay(trace, scenario, out, window, _overrides(set_))
+    except InputError as e:
+        _fail(e)
+    s = result.summary
+    if not quiet:
+        Console().print(_summary_table(s))
+    typer.echo(f"replay ({s['replay_mode']}): {s['replay_messages_matched']} messages and "
+               f"{s['replay_activations']} activations from the recording; {s['replay_messages_fallback']} "
+               f"messages and {s['replay_activations_fallback']} activations from the scenario's own models; "
+               f"{s['replay_activations_skipped']} recorded activations skipped")
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+
+
+@app.command()
+def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"),
+             agents: str | None = typer.Option(None, "--agents", help="agents to show, e.g. '0-3,7'"),
+             links: str | None = typer.Option(None, "--links",
+                                              help="message links, e.g. '0>1,2-3' ('-' = both ways)"),
+             kinds: str | None = typer.Option(None, "--kinds", help="event kinds, e.g. 'send,drop,activate'"),
+             t_from: float | None = typer.Option(None, "--from", help="window start (simulated s)"),
+             t_to: float | None = typer.Option(None, "--to", help="window end (simulated s)"),
+             max_lanes: int = typer.Option(40, "--max-lanes",
+                                           help="aggregate agents into at most this many lanes"),
+             group: int | None = typer.Option(None, "--group",
+                                              help="agents per lane (overrides --max-lanes)"),
+             width: int | None = typer.Option(None, "--width", help="columns (default: the terminal's)"),
+             no_summary: bool = typer.Option(False, "--no-summary", help="lanes and legend only"),
+             chrome: Path | None = typer.Option(None, "--chrome",
+                                                help="also write Chrome/Perfetto JSON here"),
+             ) -> None:
+    """Show a trace as one lane per agent: activations, compute, sends, deliveries, drops, releases."""
+    from rich.console import Console
+
+    from netsim.errors import InputError
+    from netsim.trace.timeline import Timeline, render, write_chrome
+
+    try:
+        if max_lanes < 1 or (group is not None and group < 1):
+            raise InputError("--max-lanes" if max_lanes < 1 else "--group", "must be >= 1")
+        tl = Timeline(trace, agents, links, kinds, t_from, t_to)
+        render(tl, Console(width=width) if width else Console(), max_lanes, group, not no_summary)
+        if chrome is not None:
+            n = write_chrome(tl, chrome)
+            typer.echo(f"wrote {chrome} ({n} trace events; open in ui.perfetto.dev or chrome://tracing)")
+    except InputError as e:
+        _fail(e)
+
+
 def main() -> None:
     try:
         app()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
+from netsim.comm.patterns import sync_round
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -32,8 +33,7 @@ def dpsgd(agent, p: DPSGDParams):
         yield agent.wake()
         x = agent.params
         g = yield agent.gradient(batch=p.batch, params=x)            # grad F_i(x_i^k), batched
-        yield agent.broadcast(x, tag="model", round=k)               # send x_i^k to out-neighbours
-        got = yield agent.gather(tag="model", round=k, timeout=p.round_timeout)
+        got = yield from sync_round(agent, x, k, timeout=p.round_timeout)  # send x_i^k, barrier
         lr = p.lr / (1.0 + p.lr_decay * k)
         agent.params = agent.mix(x, got) - lr * g                   # Algorithm 1, line 6
         k += 1

@@ -1,0 +1,228 @@
+"""``netsim replay``: re-run under a recorded network (docs/traces.md, "Replay").
+
+A trace holds the realized network: every message's send time, link, size and delay (``send``),
+its drop and reason (``drop``), every activation (``activate``: global time, local clock time) and
+every churn interval (``offline``). Replay builds a run whose network *is* that recording:
+
+- **exact** (the recorded scenario): the k-th message on link (i, j) gets the k-th recorded delay or
+  drop, the k-th activation of agent i happens at its k-th recorded time. Everything else (compute,
+  data, the algorithm) is the scenario's own and deterministic, so the trace comes out byte-identical.
+- **conditions** (``--scenario OTHER.toml``): a message sent on (i, j) at time t takes the outcome of
+  the recorded message on (i, j) sent nearest to t, if within ``window`` seconds (recorded outcomes may
+  be reused); activations happen at the recorded times (a recorded time already past when the agent
+  asks is skipped, like a missed tick); the recorded offline intervals replace OTHER's churn.
+  Messages with no recorded neighbour in time on their link, and activations beyond the recording,
+  fall back to OTHER's own link / activation models (its own streams); both are counted and reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from netsim.errors import InputError
+from netsim.sim.network import Message, payload_size
+from netsim.trace.events import Drop, Send
+from netsim.trace.io import Trace, read_trace
+
+
+class Recording:
+    """The network part of a trace, indexed per link and per agent."""
+
+    def __init__(self, trace: Trace, source: str = "trace"):
+        cols = trace.table.select(["t", "kind", "agent", "peer", "msg", "value", "tag"]).to_pydict()
+        kind, t, agent, peer = cols["kind"], cols["t"], cols["agent"], cols["peer"]
+        msg, value, tag = cols["msg"], cols["value"], cols["tag"]
+        reasons = {msg[r]: tag[r] for r in range(len(kind)) if kind[r] == "drop"}
+        self.links: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+        self.activations: dict[int, list[tuple[float, float]]] = {}
+        self.offline: dict[int, list[tuple[float, float]]] = {}
+        for r, k in enumerate(kind):
+            if k == "send":
+                reason = reasons.get(msg[r], "")
+                self.links.setdefault((agent[r], peer[r]), []).append((t[r], value[r], reason))
+            elif k == "activate":
+                self.activations.setdefault(agent[r], []).append((t[r], value[r]))
+            elif k == "offline":
+                self.offline.setdefault(agent[r], []).append((t[r], t[r] + value[r]))
+        if not trace.complete:
+            raise InputError("", "trace is truncated (the run was killed mid-batch); replay needs a "
+                                 "complete recording", source)
+        self.times = {k: np.array([x[0] for x in v]) for k, v in self.links.items()}
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.matched = 0
+        self.fallback_messages = 0
+        self.activations_replayed = 0
+        self.activations_skipped = 0
+        self.fallback_activations = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"replay_messages_matched": self.matched, "replay_messages_fallback": self.fallback_messages,
+                "replay_activations": self.activations_replayed,
+                "replay_activations_skipped": self.activations_skipped,
+                "replay_activations_fallback": self.fallback_activations}
+
+
+class ReplayNetwork:
+    """Replaces ``Network.send``: outcomes from the recording, transfer from the scenario's bandwidth."""
+
+    def __init__(self, sim, rec: Recording, exact: bool, window: float, stats: Stats):
+        self.net, self.rec, self.exact, self.window, self.stats = sim.network, rec, exact, window, stats
+        self.own_send = sim.network.send  # the scenario's own model, for messages never recorded
+        self.full = self.own_send.__func__ is not type(self.net).send
+        self.used: dict[tuple[int, int], int] = {}
+
+    def lookup(self, src: int, dst: int, now: float) -> tuple[float, str] | None:
+        recs = self.rec.links.get((src, dst))
+        if not recs:
+            return None
+        if self.exact:
+            k = self.used.get((src, dst), 0)
+            self.used[(src, dst)] = k + 1
+            return recs[k][1:] if k < len(recs) else None
+        times = self.rec.times[(src, dst)]
+        k = bisect.bisect_left(times, now)
+        best = min((c for c in (k - 1, k) if 0 <= c < len(recs)), key=lambda c: abs(times[c] - now))
+        if abs(times[best] - now) > self.window:
+            return None
+        return recs[best][1:]
+
+    def transfer_end(self, src: int, dst: int, now: float, size: int) -> float:
+        net = self.net
+        if self.full:
+            return net.transfer(net.full_link(src, dst), src, now, size)
+        if net.bandwidth is None:
+            return now
+        link = net.link(src, dst)
+        end = max(now, link.busy_until) + size / net.bandwidth
+        link.busy_until = end
+        return end
+
+    def send(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
+        net = self.net
+        now = net.env.now
+        got = self.lookup(src, dst, now)
+        if got is None:
+            self.stats.fallback_messages += 1
+            return self.own_send(src, dst, payload, tag, rnd, size)
+        self.stats.matched += 1
+        delay, reason = got
+        if size is None:
+            size = payload_size(payload)
+        mid = net.next_id
+        net.next_id = mid + 1
+        churn = net.churn
+        if churn is not None and churn.offline(src, now):
+            tx_end = now  # an offline sender transmits nothing (as in Network.outcome)
+        else:
+            tx_end = self.transfer_end(src, dst, now, size)
+        if not self.exact:
+            delay = max(delay, tx_end - now)  # cannot arrive before its own transmission ends
+            if reason == "offline":  # churn is replayed as a schedule: it decides offline drops
+                reason = ""
+            if churn is not None:  # the same precedence as the full path: sender, outage/loss, receiver
+                if churn.offline(src, now) or (not reason and churn.offline(dst, now + delay)):
+                    reason = "offline"
+        net.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
+        if reason:
+            net.emit(Drop(now, src, dst, mid, size, delay, rnd, reason))
+        else:
+            ev = simpy.events.Timeout(net.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
+            ev.callbacks.append(net._arrive)
+        return tx_end - now
+
+
+def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
+    """Agent.wake at the recorded activation times (then the agent's own model)."""
+    from netsim.sim.agent import Agent
+
+    state = {"k": 0}
+    env = agent.env
+
+    def wake() -> simpy.Event:
+        limit = agent.sim.scenario.run.rounds
+        if limit is not None and agent.round >= limit:
+            return Agent.wake(agent)  # finishing: the agent's own bookkeeping
+        now = env.now
+        k = state["k"]
+        while k < len(times) and times[k][0] < now and not exact:
+            k += 1
+            stats.activations_skipped += 1
+        if k >= len(times):
+            state["k"] = k
+            stats.fallback_activations += 1
+            return Agent.wake(agent)
+        t, local = times[k]
+        state["k"] = k + 1
+        stats.activations_replayed += 1
+        # exact: the same float computation as Agent.wake, so the event lands on the recorded time
+        delay = max(0.0, agent.global_time(local) - now) if exact else max(0.0, t - now)
+        agent.round += 1
+        ev = simpy.events.Timeout(env, delay, local)
+        ev.callbacks.append(agent._activated)
+        return ev
+
+    return wake
+
+
+def installer(rec: Recording, exact: bool, window: float, stats: Stats):
+    def setup(sim) -> None:
+        sim.network.send = ReplayNetwork(sim, rec, exact, window, stats).send
+        for a in sim.agents:
+            times = rec.activations.get(a.id)
+            if times:
+                a.wake = replay_wake(a, times, exact, stats)
+    return setup
+
+
+def _with_recorded_churn(data: dict, rec: Recording, n: int) -> dict:
+    """OTHER's scenario dict with its churn replaced by the recorded offline intervals."""
+    agents = {k: v for k, v in data["agents"].items() if k not in ("offline", "churn", "availability")}
+    offline = [{"agent": i, "start": a, "end": b}
+               for i, iv in sorted(rec.offline.items()) if i < n for a, b in iv]
+    if offline:
+        agents["offline"] = offline
+    return {**data, "agents": agents}
+
+
+def replay(trace_path: str | Path, scenario: str | Path | None = None, out: str | Path | None = None,
+           window: float = 1.0, overrides: dict | None = None, progress=None):
+    """Re-run a recorded trace; returns the RunResult (summary carries the replay counters)."""
+    import tomllib
+
+    from netsim import api
+    from netsim.metrics.report import write_summary
+    from netsim.scenario.load import load_scenario, scenario_from_dict, to_dict
+
+    trace = read_trace(trace_path)
+    text = trace.scenario_text
+    if not text:
+        raise InputError("", "trace has no recorded scenario (netsim.scenario metadata)", str(trace_path))
+    rec = Recording(trace, str(trace_path))
+    stats = Stats()
+    if scenario is None:
+        exact = True
+        try:
+            sc = scenario_from_dict(tomllib.loads(text), f"{trace_path} (recorded scenario)")
+        except tomllib.TOMLDecodeError as e:
+            raise InputError("", f"recorded scenario is not valid TOML: {e}", str(trace_path)) from None
+        if overrides:
+            raise InputError("--set", "an exact replay re-runs the recorded scenario as is; use --scenario")
+    else:
+        exact = False
+        other = load_scenario(scenario, overrides)
+        sc = scenario_from_dict(_with_recorded_churn(to_dict(other), rec, other.agents.count), str(scenario))
+    if out is None:
+        out = Path(str(api.output_dir(sc, None)) + "-replay")
+    res = api.run(sc, out=out, progress=progress, setup=installer(rec, exact, window, stats))
+    res.summary.update({"replay_of": str(trace_path), "replay_mode": "exact" if exact else "conditions",
+                        "replay_window": None if exact else window, **stats.as_dict()})
+    write_summary(res.summary, res.out / "summary.json")
+    return res

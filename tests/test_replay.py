@@ -1,0 +1,146 @@
+"""Replay of recorded network traces (issue 4): byte-identical re-runs, recorded conditions for
+another algorithm, and clean errors for bad traces."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import netsim
+from netsim.errors import InputError
+from netsim.scenario.load import scenario_from_dict, to_toml
+from netsim.trace.io import TRACE_FILE, read_trace
+from netsim.trace.replay import replay
+
+NET = {"latency": {"kind": "lognormal", "mean": 0.03, "sigma": 0.6}, "uplink": 2e5, "loss": 0.05,
+       "burst": {"p_enter": 0.05, "p_exit": 0.3}, "outages": [{"start": 2.0, "end": 2.5, "src": 1}]}
+BASE = {
+    "run": {"seed": 11, "until": 8.0, "trace_flush_every": 64},
+    "agents": {"count": 5, "compute_time": {"kind": "exponential", "mean": 0.02},
+               "clock_drift": {"kind": "normal", "mean": 0.0, "sigma": 0.01},
+               "activation": {"kind": "periodic", "period": 0.3},
+               "churn": {"mean_online": 3.0, "mean_offline": 0.7}},
+    "topology": {"kind": "ring"},
+    "network": NET,
+    "data": {"samples": 300, "features": 4},
+    "algorithm": {"name": "dpsgd", "lr": 0.2, "batch": 8, "round_timeout": 0.25},
+    "evaluation": {"every": 4.0, "metrics": ["accuracy"]},
+}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rec")
+    return netsim.run(scenario_from_dict(BASE), out=d / "run")
+
+
+def test_exact_replay_is_byte_identical(recorded, tmp_path):
+    res = replay(recorded.out, out=tmp_path / "rep")
+    assert (tmp_path / "rep" / TRACE_FILE).read_bytes() == recorded.trace_path.read_bytes()
+    s = res.summary
+    assert s["replay_mode"] == "exact" and s["replay_messages_fallback"] == 0
+    assert s["replay_messages_matched"] == recorded.summary["messages_sent"]
+    kinds = set(read_trace(recorded.out).to_pandas().kind)
+    assert {"drop", "offline", "activate"} <= kinds  # the recording exercised churn and loss
+
+
+def _rewrite(src, dst, edit):
+    """Copy a trace, changing its table with ``edit(dict of columns)``; metadata kept."""
+    tr = read_trace(src)
+    cols = tr.table.to_pydict()
+    edit(cols)
+    table = pa.table(cols, schema=tr.table.schema)
+    with pa.OSFile(str(dst), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+
+
+def test_exact_replay_takes_delays_and_drops_from_the_trace_not_the_seed(recorded, tmp_path):
+    t = read_trace(recorded.out).to_pandas()
+    sends = t[t.kind == "send"]
+    dropped = set(t[t.kind == "drop"].msg)
+    kept = sends[~sends.msg.isin(dropped)]
+    victim = int(kept.msg.iloc[3])  # a delivered message: make it a 'loss' in the recording
+    slow = int(kept.msg.iloc[5])  # and another one 0.07 s slower
+
+    def edit(c):
+        rows = [i for i, (k, m) in enumerate(zip(c["kind"], c["msg"], strict=True)) if m == victim and k == "send"]
+        i = rows[0]
+        for name in c:
+            c[name].insert(i + 1, c[name][i])
+        c["kind"][i + 1], c["tag"][i + 1] = "drop", "loss"
+        j = [i for i, (k, m) in enumerate(zip(c["kind"], c["msg"], strict=True)) if m == slow and k == "send"][0]
+        c["value"][j] += 0.07
+    _rewrite(recorded.trace_path, tmp_path / "edited.arrows", edit)
+    replay(tmp_path / "edited.arrows", out=tmp_path / "rep")
+    r = read_trace(tmp_path / "rep").to_pandas()
+    assert ((r.kind == "drop") & (r.msg == victim) & (r.tag == "loss")).sum() == 1
+    assert not ((r.kind == "deliver") & (r.msg == victim)).any()
+    orig = t[(t.kind == "send") & (t.msg == slow)].iloc[0]
+    new = r[(r.kind == "send") & (r.msg == slow)].iloc[0]
+    assert new.value == pytest.approx(orig.value + 0.07)
+    deliver = r[(r.kind == "deliver") & (r.msg == slow)]
+    assert deliver.t.iloc[0] == pytest.approx(orig.t + orig.value + 0.07)
+
+
+def test_replay_under_another_scenario_uses_recorded_delays_and_drops(recorded, tmp_path):
+    other = {**BASE, "algorithm": {"name": "gossip", "lr": 0.1, "batch": 8, "reply_timeout": 0.3},
+             "network": {"latency": {"kind": "constant", "value": 5.0}},  # would be 5 s without the trace
+             "agents": {k: v for k, v in BASE["agents"].items() if k != "churn"}}
+    path = tmp_path / "other.toml"
+    path.write_text(to_toml(scenario_from_dict(other)))
+    window = 0.5
+    res = replay(recorded.out, scenario=path, out=tmp_path / "rep", window=window)
+    s = res.summary
+    assert s["replay_mode"] == "conditions" and s["algorithm"] == "gossip"
+    assert s["replay_messages_matched"] > 0
+    assert s["replay_messages_matched"] + s["replay_messages_fallback"] == s["messages_sent"]
+    rec = read_trace(recorded.out).to_pandas()
+    new = read_trace(res.trace_path).to_pandas()
+    rdrops = rec[rec.kind == "drop"].set_index("msg").tag
+    ndrops = new[new.kind == "drop"].set_index("msg").tag
+    matched = fallback = 0
+    for (i, j), grp in new[new.kind == "send"].groupby(["agent", "peer"]):
+        r = rec[(rec.kind == "send") & (rec.agent == i) & (rec.peer == j)].sort_values("t")
+        times = r.t.to_numpy()
+        for m in grp.itertuples():
+            k = bisect.bisect_left(times, m.t)
+            cands = [c for c in (k - 1, k) if 0 <= c < len(times)]
+            best = min(cands, key=lambda c: abs(times[c] - m.t)) if cands else None
+            if best is None or abs(times[best] - m.t) > window:
+                fallback += 1
+                assert m.value == 5.0  # OTHER's own link model
+                continue
+            matched += 1
+            src = r.iloc[best]
+            assert m.value == pytest.approx(src.value)  # recorded delay (uplink transfer is shorter)
+            want = rdrops.get(src.msg, "")
+            got = ndrops.get(m.msg, "")
+            if want in ("loss", "outage"):
+                assert got == want
+            elif got != "offline":
+                assert got == ""
+    assert (matched, fallback) == (s["replay_messages_matched"], s["replay_messages_fallback"])
+    # activations at the recorded times (recorded churn replaces OTHER's: it has none of its own)
+    ra = rec[rec.kind == "activate"]
+    na = new[new.kind == "activate"]
+    for i in range(5):
+        rt = ra[ra.agent == i].t.to_numpy()
+        nt = na[na.agent == i].t.to_numpy()
+        within = nt[nt <= rt.max()]  # before the recording runs out, only recorded times occur
+        assert len(within) > 0 and np.isin(within, rt).all()
+    assert sorted(new[new.kind == "offline"].t.round(9)) == sorted(rec[rec.kind == "offline"].t.round(9))
+
+
+def test_truncated_or_foreign_traces_are_clean_errors(recorded, tmp_path):
+    data = recorded.trace_path.read_bytes()
+    cut = tmp_path / "cut.arrows"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="truncated"):
+        replay(cut, out=tmp_path / "x")
+    junk = tmp_path / "junk.arrows"
+    junk.write_text("time,src\n1,2\n")
+    with pytest.raises(InputError, match="not a netsim trace"):
+        replay(junk, out=tmp_path / "y")
