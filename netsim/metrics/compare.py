@@ -28,7 +28,8 @@ def read_run(folder: Path) -> tuple[dict, list[dict]]:
     csv_path, pq_path = folder / "metrics.csv", folder / "metrics.parquet"
     if csv_path.is_file():
         with open(csv_path, newline="") as f:
-            rows = [{k: float(v) if v not in ("", None) else None for k, v in r.items()} for r in csv.DictReader(f)]
+            rows = [{k: float(v) if v not in ("", None) else None for k, v in r.items()}
+                    for r in csv.DictReader(f)]
     elif pq_path.is_file():
         import pyarrow.parquet as pq
 
@@ -56,7 +57,7 @@ def compare_plot(folders: list[Path], out: Path, key: str = "accuracy") -> list[
         pts = [(r["time"], r[key]) for r in rows if r.get(key) is not None]
         if not pts:
             raise InputError("--metric", f"run {str(folder)!r} has no {key!r} column")
-        ax.plot(*zip(*pts), marker=".", lw=1.4, label=label(summary))
+        ax.plot(*zip(*pts, strict=True), marker=".", lw=1.4, label=label(summary))
         if summary.get("target_accuracy") is not None and key == "accuracy":
             targets.add(summary["target_accuracy"])
         table.append({"run": str(folder), "label": label(summary), key: pts[-1][1],
