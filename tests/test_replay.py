@@ -66,13 +66,14 @@ def test_exact_replay_takes_delays_and_drops_from_the_trace_not_the_seed(recorde
     slow = int(kept.msg.iloc[5])  # and another one 0.07 s slower
 
     def edit(c):
-        rows = [i for i, (k, m) in enumerate(zip(c["kind"], c["msg"], strict=True)) if m == victim and k == "send"]
-        i = rows[0]
+        def send_row(msg):
+            pairs = enumerate(zip(c["kind"], c["msg"], strict=True))
+            return next(i for i, (k, m) in pairs if m == msg and k == "send")
+        i = send_row(victim)
         for name in c:
             c[name].insert(i + 1, c[name][i])
         c["kind"][i + 1], c["tag"][i + 1] = "drop", "loss"
-        j = [i for i, (k, m) in enumerate(zip(c["kind"], c["msg"], strict=True)) if m == slow and k == "send"][0]
-        c["value"][j] += 0.07
+        c["value"][send_row(slow)] += 0.07
     _rewrite(recorded.trace_path, tmp_path / "edited.arrows", edit)
     replay(tmp_path / "edited.arrows", out=tmp_path / "rep")
     r = read_trace(tmp_path / "rep").to_pandas()
