@@ -1,12 +1,12 @@
 """AD-PSGD: asynchronous decentralized parallel SGD.
 
 Lian, Zhang, Zhang, Liu, "Asynchronous Decentralized Parallel Stochastic Gradient Descent" (ICML 2018),
-Algorithm 1. On each activation agent i
-    line 2: reads x_i (its gradient will be taken there),
-    line 3: computes g = grad F_i(x_i; xi) (takes compute time; meanwhile others may average with i),
-    line 4: averages with one uniformly random neighbour j, atomically: x_i, x_j <- (x_i + x_j)/2,
-    line 5: applies x_i <- x_i - gamma g.
-The gradient is stale by the averagings other agents made with i during line 3: that count is
+Algorithm 1. On each activation agent i (steps (a)-(d) below, in the paper's order)
+    (a) reads x_i (its gradient will be taken there),
+    (b) computes g = grad F_i(x_i; xi) (takes compute time; meanwhile others may average with i),
+    (c) averages with one uniformly random neighbour j, atomically: x_i, x_j <- (x_i + x_j)/2,
+    (d) applies x_i <- x_i - gamma g.
+The gradient is stale by the averagings other agents made with i during (b): that count is
 recorded per step (summary ``adpsgd_staleness_mean/max``). The exchange is ``comm.PairwiseGossip``.
 
 ``roles = "bipartite"`` is the paper's deadlock-free split (Section 4, "Implementation"): on a
@@ -55,11 +55,11 @@ def adpsgd(agent, p: ADPSGDParams):
         yield agent.wake()
         g = None
         if p.lr > 0:
-            x = agent.params                                  # line 2
+            x = agent.params                                  # (a)
             seen = pg.served
-            g = yield agent.gradient(batch=p.batch, params=x)  # line 3
+            g = yield agent.gradient(batch=p.batch, params=x)  # (b)
             stats.observe("adpsgd_staleness", float(pg.served - seen))
         if active:
-            yield from pg.exchange(pg.random_neighbor(rng))   # line 4
+            yield from pg.exchange(pg.random_neighbor(rng))   # (c)
         if g is not None:
-            agent.params = agent.params - p.lr * g            # line 5
+            agent.params = agent.params - p.lr * g            # (d)

@@ -2,11 +2,11 @@
 
 Koloskova, Stich, Jaggi, "Decentralized Stochastic Optimization and Gossip Algorithms with
 Compressed Communication" (ICML 2019), Algorithm 2 (CHOCO-SGD), built on CHOCO-GOSSIP (Algorithm 1):
-    x_i^{t+1/2} = x_i^t - eta grad F_i(x_i^t)                         (line 3)
-    q_i = Q(x_i^{t+1/2} - xhat_i)                                      (line 4)
-    send q_i, receive q_j (synchronous round, ``comm.sync_round``)     (line 5)
-    xhat_j += q_j for j in N_i and i                                   (line 6)
-    x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (xhat_j - xhat_i)       (line 7)
+    x_i^{t+1/2} = x_i^t - eta grad F_i(x_i^t)                         (a)
+    q_i = Q(x_i^{t+1/2} - xhat_i)                                      (b)
+    send q_i, receive q_j (synchronous round, ``comm.sync_round``)     (c)
+    xhat_j += q_j for j in N_i and i                                   (d)
+    x_i^{t+1} = x_i^{t+1/2} + gamma sum_j W_ij (xhat_j - xhat_i)       (e)
 Messages are ``comm.Encoded`` payloads, so bandwidth and traces see the compressed size. A q_j lost
 or late past ``round_timeout`` is never applied, so i's copy of xhat_j drifts from j's own: CHOCO
 assumes reliable links (the summary's drop count tells how far from that a run was).
@@ -47,10 +47,10 @@ def choco(agent, p: ChocoParams):
         x = agent.params
         if p.lr > 0:
             g = yield agent.gradient(batch=p.batch, params=x)
-            x = x - p.lr * g                                       # line 3
-        q = pc.delta(x)                                            # lines 4, 6 (own copy)
-        got = yield from sync_round(agent, q, k, timeout=p.round_timeout)  # line 5
+            x = x - p.lr * g                                       # (a)
+        q = pc.delta(x)                                            # (b), (d) for the own copy
+        got = yield from sync_round(agent, q, k, timeout=p.round_timeout)  # (c)
         for j in sorted(got):
-            pc.receive(j, got[j])                                  # line 6
-        agent.params = pc.consensus(x, agent.weights, p.gamma)     # line 7
+            pc.receive(j, got[j])                                  # (d)
+        agent.params = pc.consensus(x, agent.weights, p.gamma)     # (e)
         k += 1

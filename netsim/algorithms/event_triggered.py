@@ -1,7 +1,7 @@
 """Event-triggered decentralized SGD: D-PSGD that sends to a neighbour only when its trigger fires.
 
 George & Gurram, "Distributed stochastic gradient descent with event-triggered communication"
-(AAAI 2020), eq. (4) (trigger) and the consensus update with the last received copies; SPARQ-SGD
+(AAAI 2020): the triggering condition and the consensus update with the last received copies; SPARQ-SGD
 (Singh et al., IEEE JSAIT 2021), Algorithm 1, uses the decaying threshold. Each activation:
     x_i <- W_ii x_i + sum_j W_ij xhat_j - gamma grad F_i(x_i)
 with xhat_j the last value received from j (``comm.NeighborCopies``), then x_i goes to each

@@ -1,7 +1,8 @@
 """Subgradient-push: push-sum consensus with local gradient steps, for directed graphs.
 
 Nedic & Olshevsky, "Distributed optimization over time-varying directed graphs" (IEEE TAC 2015),
-eqs. (2a)-(2d): w_i = sum_j x_j / d_j, y_i = sum_j y_j / d_j, z_i = w_i / y_i, x_i = w_i - alpha g_i(z_i).
+Section II, subgradient-push: w_i = sum_j x_j / d_j, y_i = sum_j y_j / d_j, z_i = w_i / y_i,
+x_i = w_i - alpha g_i(z_i).
 Push-sum itself is Kempe et al. (FOCS 2003), Algorithm 1; messages carry running sums so a dropped
 message is recovered by the next one (Hadjicostis et al., IEEE TAC 2016), see ``comm.PushSum``.
 Activations are asynchronous (each agent on its own clock): it absorbs what arrived, steps, pushes.
@@ -29,9 +30,9 @@ def pushsum(agent, p: PushSumParams):
     ps = PushSum(agent, agent.params)
     while True:
         yield agent.wake()
-        ps.absorb()                                               # (2a), (2b)
+        ps.absorb()                                               # w_i, y_i
         if p.lr > 0:
-            g = yield agent.gradient(batch=p.batch, params=ps.estimate)  # g_i(z_i), (2c)
-            ps.x.sub_(g, alpha=p.lr)                              # (2d)
+            g = yield agent.gradient(batch=p.batch, params=ps.estimate)  # g_i(z_i), z_i = w_i / y_i
+            ps.x.sub_(g, alpha=p.lr)                              # x_i = w_i - alpha g_i
         agent.params = ps.estimate
         yield ps.push()

@@ -132,7 +132,8 @@ class ErrorFeedback:
     """Compression with memory: send C(e + v) and keep what was not sent, e <- e + v - C(e + v).
 
     Stich, Cordonnier, Jaggi, "Sparsified SGD with memory" (NeurIPS 2018), Algorithm 1 (mem-SGD);
-    Karimireddy et al., "Error feedback fixes SignSGD" (ICML 2019), Algorithm 2 (EF-SGD), lines 4-6.
+    Karimireddy et al., "Error feedback fixes SignSGD" (ICML 2019), Algorithm 2
+    (EF-SGD), its compress-and-remember steps.
     With it a biased compressor (top-k) converges at the uncompressed rate up to a delay term."""
 
     def __init__(self, compressor: Compressor, like: torch.Tensor):
@@ -149,8 +150,8 @@ class ErrorFeedback:
 class PublicCopies:
     """CHOCO public copies (Koloskova, Stich, Jaggi, ICML 2019, CHOCO-GOSSIP Algorithm 1 and CHOCO-SGD
     Algorithm 2): every agent keeps xhat_j for itself and each neighbour, all starting at 0. It sends
-    q_i = C(x_i - xhat_i) (line 4), every holder adds the q it receives, xhat_j += q_j (line 6), and the
-    consensus step is x_i += gamma sum_j W_ij (xhat_j - xhat_i) (line 7). Only compressed differences
+    q_i = C(x_i - xhat_i), every holder adds the q it receives, xhat_j += q_j, and the consensus
+    step is x_i += gamma sum_j W_ij (xhat_j - xhat_i). Only compressed differences
     cross the network; the copies of xhat_i held by i and its neighbours stay equal while no q is lost."""
 
     def __init__(self, compressor: Compressor, own: torch.Tensor, neighbors):

@@ -26,7 +26,8 @@ from netsim.sim.network import Message, payload_size
 def sync_round(agent, payload: Any, k: int, *, timeout: float | None, tag: str = "model") -> Generator:
     """One synchronous round: send ``payload`` to every out-neighbour, then wait (barrier) for round
     ``k`` from every in-neighbour or until ``timeout``. Returns {src: payload} of what arrived; late
-    messages of earlier rounds are discarded as stale. Lian et al. 2017 (D-PSGD), Algorithm 1 line 4."""
+    messages of earlier rounds are discarded as stale.
+    Lian et al. 2017 (D-PSGD), Algorithm 1, the exchange step."""
     yield agent.broadcast(payload, tag=tag, round=k)
     got = yield agent.gather(tag=tag, round=k, timeout=timeout)
     return got
@@ -44,8 +45,8 @@ def drain(agent, tag: str) -> list[Message]:
 
 # --------------------------------------------------------------------------------------------------
 class PairwiseGossip:
-    """Asynchronous pairwise averaging, AD-PSGD style (Lian et al., ICML 2018, Algorithm 1 line 4:
-    ``x_i, x_j <- (x_i + x_j)/2`` atomically, with j a random neighbour).
+    """Asynchronous pairwise averaging, AD-PSGD style (Lian et al., ICML 2018, Algorithm 1, the
+    averaging step: ``x_i, x_j <- (x_i + x_j)/2`` atomically, with j a random neighbour).
 
     Over the network: i sends x_i (request); j replies with its x_j and sets x_j = (x_i + x_j)/2; i sets
     x_i = (x_i + x_j)/2 on the reply. Atomicity (``atomic=True``): each agent holds a lock from its
@@ -170,15 +171,16 @@ class PushSum:
     y_i (y_i^0 = 1), keeps the share 1/(d_i + 1) and sends one share of (x_i, y_i) to each of its d_i
     out-neighbours; x_i / y_i converges to the average of the x_i^0 (column-stochastic mixing, the
     scenario's ``column_stochastic`` W). With gradient steps this is subgradient-push (Nedic &
-    Olshevsky, IEEE TAC 2015, eqs. (2a)-(2d)).
+    Olshevsky, IEEE TAC 2015, Section II, the subgradient-push updates of w, y, z, x).
 
     Loss: instead of the share, an agent sends the running sum sigma_i of every share it ever sent
     (value and weight); the receiver keeps rho_ij, the last running sum it got from j, and adds
     sigma_j - rho_ij (Hadjicostis, Vaidya, Dominguez-Garcia, IEEE TAC 2016, "Robust distributed average
-    consensus via exchange of running sums", eqs. (6)-(8)). A dropped message's mass arrives with the
-    next one that gets through, so sum_i x_i plus the mass in flight is conserved exactly. Messages
-    overtaken by a later one from the same sender are ignored. ``running_sums=False`` sends the plain
-    share instead (Kempe et al.'s original), whose lost mass is gone for good (biased under loss).
+    consensus via exchange of running sums", the running-sum push-sum iteration). A dropped
+    message's mass arrives with the next one that gets through, so sum_i x_i plus the mass in flight
+    is conserved exactly. Messages overtaken by a later one from the same sender are ignored.
+    ``running_sums=False`` sends the plain share instead (Kempe et al.'s original), whose lost mass is
+    gone for good (biased under loss).
     """
 
     def __init__(self, agent, x0: torch.Tensor, *, tag: str = "pushsum", running_sums: bool = True):

@@ -2,8 +2,8 @@
 value that neighbour got.
 
 The rule of event-triggered decentralized SGD (George & Gurram, "Distributed stochastic gradient
-descent with event-triggered communication", AAAI 2020, eq. (4); SPARQ-SGD, Singh et al., IEEE JSAIT
-2021, Algorithm 1 line 6, which uses a decaying threshold): agent i sends x_i to neighbour j at round
+descent with event-triggered communication", AAAI 2020, the triggering condition; SPARQ-SGD, Singh et al.,
+IEEE JSAIT 2021, Algorithm 1, whose threshold decays): agent i sends x_i to neighbour j at round
 k iff ``||x_i - xhat_ij|| > tau_k``, where xhat_ij is the copy j last received from i (kept per
 neighbour, since loss or other triggers make the copies differ) and
 
