@@ -121,8 +121,8 @@ class AsyncPush:
     in-neighbour j since the last merge, with W the scenario's mixing matrix (a neighbour that sent
     nothing leaves its weight on x, as ``Agent.mix``). Staleness s = my round - 1 - the sender's round
     when it sent, clipped at 0 (a value pushed at the end of the sender's last round is fresh). With
-    ``staleness_power`` a > 0 the weights are w'_ij = W_ij (1 + s)^-a, the
-    polynomial staleness function of FedAsync (Xie, Koyejo, Gupta 2019, Section 5.2, s(t - tau)).
+    ``staleness_power`` a > 0 the weights are w'_ij = W_ij (1 + s)^-a, the polynomial staleness
+    function s(t - tau) of FedAsync (Xie, Koyejo, Gupta 2019, "Asynchronous Federated Optimization").
     """
 
     def __init__(self, agent, *, tag: str = "push", staleness_power: float = 0.0):
