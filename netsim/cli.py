@@ -57,7 +57,8 @@ def _summary_table(summary: dict):
             ("spectral gap", "spectral_gap")]
     rows += [("time to target accuracy (s)", "time_to_target"), ("trigger sends skipped", "trigger_skipped"),
              ("fraction saved by triggers", "trigger_saved_fraction"),
-             ("gradient staleness (mean)", "adpsgd_staleness_mean"), ("gossip refused (busy)", "gossip_refused")]
+             ("gradient staleness (mean)", "adpsgd_staleness_mean"),
+             ("gossip refused (busy)", "gossip_refused")]
     for label, key in rows:
         if key in summary and summary[key] is not None:
             v = fmt(summary[key])
