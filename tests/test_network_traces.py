@@ -99,3 +99,40 @@ trace = "{bad}"
     missing = write(tmp_path, "m.toml", sc.read_text().replace(str(bad), "nope.csv"))
     p = subprocess.run([NETSIM, "validate", str(missing)], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 2 and "network.trace" in p.stderr and "nope.csv" in p.stderr
+
+
+def test_stunner_converter_keeps_online_intervals_and_period(tmp_path):
+    import gzip
+
+    from netsim.trace.importers import main
+
+    src = tmp_path / "s.csv.gz"
+    with gzip.open(src, "wt") as f:
+        f.write("segment,user,segment_start_epoch_ms,tz_offset_h,online,start_offset_ms,end_offset_ms\n"
+                "0,u1,0,2,1,0,4000\n0,u1,0,2,0,4000,6000\n0,u1,0,2,1,6000,10000\n"
+                "1,u2,0,2,0,0,1000\n1,u2,0,2,1,1000,8000\n"
+                "2,u3,0,2,1,0,5000\n")
+    out = tmp_path / "a.json"
+    assert main(["stunner", str(src), str(out), "--agents", "2", "--scale", "0.5"]) == 0
+    iv = read_availability(out, 2)
+    assert iv[0].period == 5.0 and iv[0].end_of(2.5) == 3.0 and iv[0].end_of(1.0) is None
+    assert iv[1].period == 4.0 and iv[1].end_of(0.2) == 0.5 and iv[1].end_of(4.2) == 4.5  # repeats
+    assert main(["stunner", str(src), str(out), "--agents", "4"]) == 2  # only 3 segments
+
+
+def test_aws_ping_converter_halves_rtt_and_writes_edges(tmp_path, capsys):
+    from netsim.trace.importers import main
+
+    src = tmp_path / "p.csv"
+    src.write_text("source,dest,size,time,source_region,dest_region\n"
+                   "node-0,node-1,64,90.0,EU,US\nnode-0,node-1,24,1.0,EU,US\nnode-0,node-1,64,92.0,EU,US\n"
+                   "node-1,node-0,64,80.0,US,EU\nnode-0,node-9,64,5.0,EU,EU\n")
+    out, edges = tmp_path / "l.csv", tmp_path / "e.txt"
+    args = ["aws-ping", str(src), str(out), "--agents", "2", "--interval", "2", "--edges", str(edges)]
+    assert main(args) == 0
+    series = read_link_trace(out, 2)
+    assert series[(0, 1)].times == [0.0, 2.0] and series[(0, 1)].latency == [0.045, 0.046]
+    assert series[(1, 0)].latency == [0.04] and edges.read_text() == "0 1\n"
+    src.write_text("source,dest,size,time,source_region,dest_region\nnode-0,node-1,64,abc,EU,US\n")
+    assert main(["aws-ping", str(src), str(out), "--agents", "2"]) == 2
+    assert "line 2" in capsys.readouterr().err
