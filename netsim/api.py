@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -22,16 +24,83 @@ from netsim.trace.io import TRACE_FILE
 __version__ = "0.1.0"
 
 
-@attrs.frozen
+SUMMARY_FILE = "summary.json"  # written last, atomically: its presence marks a complete run folder
+
+
+class Summary(dict):
+    """The run's summary: a dict (``summary["accuracy"]``) that is also a one-row table."""
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        return pa.Table.from_pylist([dict(self)])
+
+    def to_pandas(self):
+        return self.to_arrow().to_pandas()
+
+
+class Metrics(list):
+    """The evaluation rows (one dict per evaluation time) that are also a table."""
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        return pa.Table.from_pylist(list(self))
+
+    def to_pandas(self):
+        return self.to_arrow().to_pandas()
+
+
+@attrs.frozen(slots=False)
 class RunResult:
+    """One run folder, for notebooks: ``summary`` and ``metrics`` work as dict/list and as tables
+    (``.to_arrow()``, ``.to_pandas()``); ``events`` is the trace as an Arrow table, read on first use."""
+
     out: Path
     scenario: Scenario
-    summary: dict[str, Any]
-    metrics: list[dict[str, float]]
+    summary: Summary = attrs.field(converter=Summary)
+    metrics: Metrics = attrs.field(converter=Metrics)
 
     @property
     def trace_path(self) -> Path:
         return self.out / TRACE_FILE
+
+    @functools.cached_property
+    def trace(self):
+        from netsim.trace.io import read_trace
+
+        return read_trace(self.trace_path)
+
+    @property
+    def events(self):
+        """Every trace event as a ``pyarrow.Table`` (columns of netsim.trace.io.SCHEMA)."""
+        return self.trace.table
+
+    @classmethod
+    def load(cls, folder: str | Path) -> RunResult:
+        """Reopen a complete run folder (its summary.json, scenario.toml and metrics table)."""
+        import json
+
+        folder = Path(folder)
+        if not is_complete(folder):
+            raise InputError("", f"not a complete run folder (no {SUMMARY_FILE})", str(folder))
+        sc = load_scenario(folder / "scenario.toml")
+        return cls(folder, sc, json.loads((folder / SUMMARY_FILE).read_text()), read_metrics(folder))
+
+
+def is_complete(folder: str | Path) -> bool:
+    return (Path(folder) / SUMMARY_FILE).is_file()
+
+
+def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
+    """A run folder's metrics table (CSV or Parquet) as rows; blanks (CSV of None) become None."""
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    pq_path = folder / "metrics.parquet"
+    table = pq.read_table(pq_path) if pq_path.exists() else pcsv.read_csv(folder / "metrics.csv")
+    return table.to_pylist()
 
 
 def resolve_scenario(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
@@ -86,6 +155,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError("run.out", f"cannot create output folder {str(folder)!r}: {e.strerror or e}") from None
+    (folder / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until this run finishes
     (folder / "scenario.toml").write_text(text)
     sim.run(progress)
     final = sim.metrics[-1]
@@ -105,9 +175,12 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     }
     summary.update(_comm_fields(sim))
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
-    write_summary(summary, folder / "summary.json")
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
+    tmp = folder / (SUMMARY_FILE + ".tmp")
+    write_summary(summary, tmp)
+    os.replace(tmp, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
     return RunResult(folder, sc, summary, sim.metrics)
+
 
 def _comm_fields(sim) -> dict[str, Any]:
     """Time to the target accuracy and the communication parts' counters (issue 6)."""

@@ -4,6 +4,7 @@ so ``netsim --help`` answers at once."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -265,6 +266,67 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
             typer.echo(f"wrote {chrome} ({n} trace events; open in ui.perfetto.dev or chrome://tracing)")
     except InputError as e:
         _fail(e)
+
+
+with warnings.catch_warnings():  # typer warns that it may drop click's optional-value options one day
+    warnings.simplefilter("ignore", DeprecationWarning)
+    RayOpt = typer.Option(None, "--ray", is_flag=False, flag_value="local", metavar="[ADDRESS]",
+                          help="run on Ray: --ray (private local instance), --ray auto (this machine's "
+                               "cluster) or --ray ray://HEAD:10001")
+
+
+@app.command()
+def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/sweeps.md)"),
+          jobs: int = typer.Option(1, "--jobs", "-j", help="runs in parallel on a local process pool"),
+          out: Optional[Path] = typer.Option(None, "--out", help="sweep folder (default: the file's out)"),
+          ray: Optional[str] = RayOpt,
+          gpus_per_run: float = typer.Option(0.0, "--gpus-per-run", help="GPUs requested by each Ray task"),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
+    """Run a sweep (base scenario x grid/list of overrides x seeds); resume by skipping complete runs;
+    write runs.csv, sweep.csv (mean and std over seeds) and plots."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from netsim.errors import InputError
+    from netsim.sweep import load_sweep, run_sweep
+
+    console = Console(stderr=True)
+    try:
+        sw = load_sweep(sweep_file, out)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, disable=quiet) as bar:
+            task = bar.add_task(f"{sweep_file.stem}", total=len(sw.tasks))
+
+            def start(total: int, todo: int) -> None:
+                bar.update(task, completed=total - todo)
+                if todo < total:
+                    console.print(f"skipping {total - todo} complete run(s) of {total}")
+
+            result = run_sweep(sw, jobs, ray=ray, gpus_per_run=gpus_per_run, on_start=start,
+                               on_done=lambda t: bar.advance(task))
+    except InputError as e:
+        _fail(e)
+    if not quiet:
+        from rich.table import Table
+
+        t = Table(title=f"{sweep_file.stem}: mean ± std over seeds")
+        rows = result.table.to_pylist()
+        shown = dict.fromkeys([sw.spec.metric, "loss", "messages_dropped"])
+        cols = sw.swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in result.table.column_names]
+        for c in cols:
+            t.add_column(c.removesuffix("_mean"), justify="right")
+        for r in rows:
+            cells = []
+            for c in cols:
+                v = r[c]
+                if c.endswith("_mean"):
+                    s = r[c.removesuffix("_mean") + "_std"]
+                    v = "-" if v is None else f"{v:.4g}" + ("" if s is None else f" ± {s:.2g}")
+                cells.append(str(v))
+            t.add_row(*cells)
+        Console().print(t)
+    typer.echo(f"ran {result.ran} of {len(sw.tasks)} runs; wrote {result.out}/ (sweep.csv, runs.csv, "
+               f"{', '.join(p.name for p in result.plots)})")
 
 
 def main() -> None:

@@ -1,0 +1,434 @@
+"""Parameter sweeps: one base scenario x configurations (a grid and/or a list of overrides) x seeds.
+
+A sweep file (TOML)::
+
+    scenario = "../scenarios/quickstart.toml"   # relative to the sweep file
+    seeds = [1, 2, 3]                           # or a count: seeds = 3 -> 0, 1, 2
+    out = "runs/sweeps/{name}"                  # {name}: the sweep file's stem
+    metric = "accuracy"                         # metrics column plotted
+    [set]                                       # overrides applied to every run
+    "run.until" = 20.0
+    [grid]                                      # cartesian product of these values
+    "algorithm.lr" = [0.1, 0.5]
+    "network.loss" = [0.0, 0.2]
+    # [[configs]]                               # and/or an explicit list of override tables
+    # "algorithm.lr" = 0.3
+
+Every run is a normal run folder ``OUT/<config label>/seed=<seed>``. A run folder is complete when
+its ``summary.json`` exists (netsim.api writes it last, atomically) and records the sha256 of the
+same resolved scenario; complete runs are skipped, so an interrupted sweep resumes where it stopped.
+The sweep writes ``runs.csv`` (one row per run), ``sweep.csv`` (mean and std over seeds per
+configuration), ``sweep.json`` (the runs and their overrides) and plots. Every run evaluates its
+gradients with ``threads`` torch threads (default 1: parallelism is across runs), so the same seeds
+give byte-identical traces whether the runs go through the process pool, in-process or Ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import tomllib
+
+from netsim.errors import InputError
+from netsim.scenario.structure import at_least, field, structure
+
+RUNS_FILE, TABLE_FILE, MANIFEST_FILE = "runs.csv", "sweep.csv", "sweep.json"
+# Deterministic summary fields aggregated besides the final metrics columns (wall time is not).
+COUNTERS = ("simulated_time", "messages_sent", "messages_dropped", "bytes_sent")
+
+
+def _seeds_ok(v: Any) -> str | None:
+    if isinstance(v, int):
+        return None if v >= 1 else f"a count must be >= 1, got {v}"
+    if not v:
+        return "must list at least one seed"
+    if any(s < 0 for s in v):
+        return f"seeds must be >= 0, got {list(v)}"
+    return None if len(set(v)) == len(v) else f"seeds must be distinct, got {list(v)}"
+
+
+@attrs.frozen
+class SweepSpec:
+    """The sweep file's schema (strictly structured like a scenario: unknown keys are errors)."""
+
+    scenario: str = field(doc="base scenario file, relative to the sweep file")
+    seeds: tuple[int, ...] | int = field((0,), check=_seeds_ok, doc="run.seed values, or a count (0..n-1)")
+    out: str = field("runs/sweeps/{name}", doc="sweep folder; {name} is the sweep file's stem")
+    set: dict[str, Any] = attrs.field(factory=dict, metadata={"doc": "overrides applied to every run"})
+    grid: dict[str, Any] = attrs.field(factory=dict, metadata={"doc": "key path -> list of values"})
+    configs: tuple[dict[str, Any], ...] = field((), doc="explicit override tables, one per configuration")
+    metric: str = field("accuracy", doc="metrics column plotted against time and the swept parameters")
+    report: tuple[str, ...] | None = field(None, doc="summary fields aggregated (default: final metrics "
+                                                     "and message counters)")
+    threads: int = field(1, check=at_least(1), doc="torch threads per run")
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        return tuple(range(self.seeds)) if isinstance(self.seeds, int) else self.seeds
+
+
+@attrs.frozen
+class RunTask:
+    """One run of a sweep, self-contained (the resolved scenario travels as text, so a Ray worker on
+    another machine needs neither the scenario file nor the sweep file)."""
+
+    config: int
+    label: str
+    seed: int
+    overrides: dict[str, Any]
+    folder: str
+    scenario_text: str
+    sha256: str
+    threads: int = 1
+
+
+@attrs.frozen
+class Sweep:
+    source: Path
+    spec: SweepSpec
+    out: Path
+    configs: tuple[dict[str, Any], ...]  # the swept overrides of each configuration (without [set])
+    tasks: tuple[RunTask, ...]
+
+    @property
+    def swept(self) -> list[str]:
+        """Key paths whose value differs between configurations, in order of first appearance."""
+        keys = list(dict.fromkeys(k for c in self.configs for k in c))
+        return [k for k in keys if len({_hashable(c.get(k)) for c in self.configs}) > 1] or keys
+
+
+def _hashable(v: Any) -> str:
+    return json.dumps(v, sort_keys=True)
+
+
+def _flatten(table: dict[str, Any], path: str, prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables -> dotted key paths (``[grid.algorithm] lr = [...]`` == ``"algorithm.lr"``)."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, path, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _configs(spec: SweepSpec) -> list[dict[str, Any]]:
+    grid = _flatten(spec.grid, "grid")
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise InputError(f"grid.{k}", f"expected a non-empty list of values, got {v!r}")
+    listed = [_flatten(c, f"configs[{i}]") for i, c in enumerate(spec.configs)] or [{}]
+    cells = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
+    return [{**c, **g} for c in listed for g in cells]
+
+
+def _label(i: int, overrides: dict[str, Any]) -> str:
+    """``c000_lr=0.1_loss=0.05``: index first (unique), then a readable, path-safe slug."""
+    parts = []
+    for k, v in overrides.items():
+        text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        parts.append(f"{k.rsplit('.', 1)[-1]}={text}")
+    slug = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", "_".join(parts))[:80]
+    return f"c{i:03d}" + (f"_{slug}" if slug else "")
+
+
+def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
+    """Read and validate a sweep file and every run's scenario (before anything runs)."""
+    from netsim.algorithms import resolve
+    from netsim.scenario import load_scenario, scenario_hash, to_toml
+
+    path = Path(path)
+    src = str(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("", "file not found", src) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError("", f"cannot read: {e}", src) from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError("", f"not valid TOML: {e}", src) from None
+    try:
+        spec = structure(data, SweepSpec)
+        configs = _configs(spec)
+    except InputError as e:
+        raise e.at(src) from None
+    base = path.parent / spec.scenario
+    if not base.is_file():
+        raise InputError("scenario", f"scenario file not found: {str(base)!r}", src)
+    folder = Path(out) if out is not None else Path(spec.out.replace("{name}", path.stem))
+    fixed = _flatten(spec.set, "set")
+    tasks = []
+    for i, cfg in enumerate(configs):
+        label = _label(i, cfg)
+        where = "configs" if spec.configs else "grid"
+        for seed in spec.seed_list:
+            overrides = {**fixed, **cfg, "run.seed": seed}
+            try:
+                sc = load_scenario(base, overrides)
+                resolve(sc.algorithm)
+            except InputError as e:
+                shown = ", ".join(f"{k}={v!r}" for k, v in cfg.items()) or "[set]"
+                raise InputError(where, f"configuration {label} ({shown}): {e.at(str(base))}", src) from None
+            text = to_toml(sc)
+            tasks.append(RunTask(i, label, seed, overrides, str(folder / label / f"seed={seed}"), text,
+                                 scenario_hash(text), spec.threads))
+    return Sweep(path, spec, folder, tuple(configs), tuple(tasks))
+
+
+def is_done(task: RunTask) -> bool:
+    """Complete (summary.json written last) and made from this very scenario."""
+    p = Path(task.folder) / "summary.json"
+    try:
+        return json.loads(p.read_text()).get("scenario_sha256") == task.sha256
+    except (OSError, ValueError):
+        return False
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def execute(task: RunTask, folder: str | None = None) -> dict[str, Any]:
+    """Run one task into ``folder`` (default: its own); returns the summary. Top-level, so that a
+    spawned pool worker or a Ray worker can import it."""
+    from netsim import api
+    from netsim.scenario.load import scenario_from_dict
+
+    sc = scenario_from_dict(tomllib.loads(task.scenario_text), task.folder)
+    with _threads(task.threads):
+        result = api.run(sc, out=folder or task.folder)
+    if result.summary["scenario_sha256"] != task.sha256:  # pragma: no cover - canonical text is a fixpoint
+        raise RuntimeError(f"{task.folder}: resolved scenario changed on the worker")
+    return dict(result.summary)
+
+
+def run_sweep(sweep: Sweep | str | Path, jobs: int = 1, out: str | Path | None = None,
+              ray: str | None = None, gpus_per_run: float = 0.0,
+              on_start: Callable[[int, int], None] | None = None,
+              on_done: Callable[[RunTask], None] | None = None) -> SweepResult:
+    """Run the sweep's missing runs (local process pool, in-process for ``jobs=1``, or Ray with
+    ``ray`` = 'local', 'auto' or a cluster address), then aggregate every run folder.
+    ``on_start(total, todo)`` and ``on_done(task)`` drive a progress bar."""
+    sw = sweep if isinstance(sweep, Sweep) else load_sweep(sweep, out)
+    if jobs < 1:
+        raise InputError("--jobs", f"must be >= 1, got {jobs}")
+    todo = [t for t in sw.tasks if not is_done(t)]
+    if on_start is not None:
+        on_start(len(sw.tasks), len(todo))
+    sw.out.mkdir(parents=True, exist_ok=True)
+    _write_manifest(sw)
+    if ray is not None:
+        from netsim.sweep_ray import run_ray
+
+        run_ray(todo, ray, gpus_per_run, on_done)
+    elif jobs == 1 or len(todo) <= 1:
+        for t in todo:
+            execute(t)
+            if on_done is not None:
+                on_done(t)
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as ex:
+            futures = {ex.submit(execute, t): t for t in todo}
+            for f in as_completed(futures):
+                f.result()  # re-raise a worker's error here
+                if on_done is not None:
+                    on_done(futures[f])
+    return aggregate(sw, ran=len(todo))
+
+
+def _write_manifest(sw: Sweep) -> None:
+    runs = [{"config": t.config, "label": t.label, "seed": t.seed, "overrides": t.overrides,
+             "folder": t.folder, "scenario_sha256": t.sha256} for t in sw.tasks]
+    doc = {"sweep": str(sw.source), "scenario": sw.spec.scenario, "swept": sw.swept, "runs": runs}
+    (sw.out / MANIFEST_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+# aggregation ------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SweepResult:
+    """Aggregated outputs: ``runs`` (one row per run) and ``table`` (mean/std over seeds per
+    configuration) as ``pyarrow.Table`` (``.to_pandas()``); ``ran`` = runs executed this time."""
+
+    out: Path
+    runs: Any
+    table: Any
+    ran: int
+    plots: tuple[Path, ...]
+
+    def to_pandas(self):
+        return self.table.to_pandas()
+
+
+def _column(values: list[Any]) -> list[Any]:
+    """A parameter column Arrow can type: scalars of one kind stay; anything else becomes JSON text."""
+    kinds = {type(v) for v in values}
+    if kinds <= {int, float} or len(kinds) == 1 and kinds <= {str, bool}:
+        return values
+    return [v if isinstance(v, str) else _hashable(v) for v in values]
+
+
+def _report_keys(spec: SweepSpec, summary: dict[str, Any], metric_cols: list[str]) -> list[str]:
+    if spec.report is not None:
+        return list(spec.report)
+    keys = [c for c in metric_cols if c not in ("time", "round_mean")] + list(COUNTERS)
+    return [k for k in keys if isinstance(summary.get(k), int | float) or summary.get(k) is None]
+
+
+def _mean_std(xs: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and sample std (ddof = 1; None for one seed) over the finite values."""
+    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    if not v:
+        return None, None
+    m = math.fsum(v) / len(v)
+    s = math.sqrt(math.fsum((x - m) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else None
+    return m, s
+
+
+def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
+    """Read every run folder of the sweep and write runs.csv, sweep.csv and the plots."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    from netsim.api import read_metrics
+
+    summaries, curves = [], []
+    for t in sw.tasks:
+        if not is_done(t):
+            raise InputError("", "run folder is missing or incomplete; re-run the sweep", t.folder)
+        summaries.append(json.loads((Path(t.folder) / "summary.json").read_text()))
+        curves.append(read_metrics(t.folder))
+    cols = list(curves[0][0]) if curves and curves[0] else []
+    keys = _report_keys(sw.spec, summaries[0], cols)
+    missing = [k for k in keys if k not in summaries[0]]
+    if missing:
+        raise InputError("report", f"unknown summary field(s) {missing}; "
+                                   f"available: {', '.join(summaries[0])}", str(sw.source))
+    swept = sw.swept
+    runs_cols: dict[str, list[Any]] = {"config": [t.config for t in sw.tasks],
+                                       "label": [t.label for t in sw.tasks],
+                                       "seed": [t.seed for t in sw.tasks]}
+    for k in swept:
+        runs_cols[k] = _column([sw.configs[t.config].get(k) for t in sw.tasks])
+    for k in keys:
+        runs_cols[k] = [s.get(k) for s in summaries]
+    runs = pa.table(runs_cols)
+    agg: dict[str, list[Any]] = {"config": [], "label": [], **{k: [] for k in swept}, "seeds": []}
+    for k in keys:
+        agg[f"{k}_mean"], agg[f"{k}_std"] = [], []
+    for i, cfg in enumerate(sw.configs):
+        idx = [j for j, t in enumerate(sw.tasks) if t.config == i]
+        agg["config"].append(i)
+        agg["label"].append(sw.tasks[idx[0]].label)
+        for k in swept:
+            agg[k].append(cfg.get(k))
+        agg["seeds"].append(len(idx))
+        for k in keys:
+            m, s = _mean_std([summaries[j].get(k) for j in idx])
+            agg[f"{k}_mean"].append(m)
+            agg[f"{k}_std"].append(s)
+    for k in swept:
+        agg[k] = _column(agg[k])
+    table = pa.table({k: pa.array(v, pa.float64()) if k.endswith(("_mean", "_std")) else v
+                      for k, v in agg.items()})
+    pcsv.write_csv(runs, sw.out / RUNS_FILE)
+    pcsv.write_csv(table, sw.out / TABLE_FILE)
+    plots = plot_sweep(sw, table, curves)
+    return SweepResult(sw.out, runs, table, ran, plots)
+
+
+def read_table(path: str | Path):
+    """A sweep's aggregated table (sweep.csv of a sweep folder) as a ``pyarrow.Table``."""
+    import pyarrow.csv as pcsv
+
+    p = Path(path)
+    return pcsv.read_csv(p / TABLE_FILE if p.is_dir() else p)
+
+
+def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Path, ...]:
+    """``final_<metric>.png``: final metric (mean +- std over seeds) vs each swept parameter, one line
+    per combination of the others; ``curves_<metric>.png``: metric vs simulated time per configuration,
+    mean over seeds with a +- std band (seeds' evaluations aligned by index)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metric = sw.spec.metric
+    if not curves or not curves[0] or metric not in curves[0][0]:
+        return ()
+    out: list[Path] = []
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, label in enumerate(table.column("label").to_pylist()):
+        runs = [curves[j] for j, t in enumerate(sw.tasks) if t.config == i]
+        n = min(len(r) for r in runs)
+        t = np.mean([[row["time"] for row in r[:n]] for r in runs], axis=0)
+        y = np.array([[np.nan if row[metric] is None else row[metric] for row in r[:n]] for r in runs], float)
+        m, s = np.nanmean(y, axis=0), (np.nanstd(y, axis=0, ddof=1) if len(runs) > 1 else np.zeros(n))
+        ax.plot(t, m, lw=1.4, label=label)
+        ax.fill_between(t, m - s, m + s, alpha=0.2)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{sw.source.stem}: {metric} (mean +- std over seeds)")
+    fig.tight_layout()
+    out.append(sw.out / f"curves_{metric}.png")
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    mean_key = f"{metric}_mean"
+    if mean_key not in table.column_names or len(sw.configs) < 2:
+        return tuple(out)
+    rows = table.to_pylist()
+    swept = sw.swept
+    fig, axes = plt.subplots(1, len(swept), figsize=(4.6 * len(swept), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], swept, strict=True):
+        others = [k for k in swept if k != key]
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault(", ".join(f"{k.rsplit('.', 1)[-1]}={r[k]}" for k in others), []).append(r)
+        for name, rs in groups.items():
+            xs = [r[key] for r in rs]
+            numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+            pos = xs if numeric else list(range(len(xs)))
+            ax.errorbar(pos, [r[mean_key] for r in rs], yerr=[r[f"{metric}_std"] or 0.0 for r in rs],
+                        marker="o", capsize=3, label=name or None)
+            if not numeric:
+                ax.set_xticks(pos, [str(x) for x in xs])
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"final {metric}")
+        ax.grid(alpha=0.3)
+        if others:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.append(sw.out / f"final_{metric}.png")
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    return tuple(out)
+
+
+def default_jobs() -> int:
+    return max(1, os.cpu_count() or 1)

@@ -1,0 +1,46 @@
+"""The same sweep on a local Ray instance (2 CPUs) gives the process pool's results, byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from netsim.sweep import load_sweep, run_sweep
+
+from .test_sweep import GRID, write_sweep
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_sweep_equals_the_process_pool(tmp_path, local_ray):
+    p = write_sweep(tmp_path, GRID)
+    pool = run_sweep(p, jobs=2, out=tmp_path / "pool")
+    on_ray = run_sweep(p, ray="local", out=tmp_path / "ray")
+    assert pool.ran == on_ray.ran == 4
+    assert pool.table.equals(on_ray.table)
+    for t in load_sweep(p, tmp_path / "pool").tasks:
+        rel = Path(t.folder).relative_to(tmp_path / "pool")
+        a, b = tmp_path / "pool" / rel, tmp_path / "ray" / rel
+        assert sorted(x.name for x in a.iterdir()) == sorted(x.name for x in b.iterdir())
+        for name in ("trace.arrows", "metrics.csv", "scenario.toml"):
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert run_sweep(p, ray="local", out=tmp_path / "ray").ran == 0  # resumes like the pool
+
+
+def test_missing_ray_is_a_clear_error(monkeypatch):
+    import sys
+
+    from netsim.errors import InputError
+    from netsim.sweep_ray import _import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(InputError, match=r"install netsim\[ray\]"):
+        _import_ray()
