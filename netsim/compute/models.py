@@ -69,8 +69,9 @@ class LogisticRegression:
         return torch.zeros(n, self.size, dtype=dtype, device=device)
 
     def logits(self, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """W: (R, P); X: (R, B, d) -> (R, B)."""
-        return torch.baddbmm(W[:, -1:].unsqueeze(-1), X, W[:, :-1].unsqueeze(-1)).squeeze(-1)
+        """W: (R, P); X: (R, B, d) -> (R, B). (A broadcast product and sum: CPU bmm of matrix-vector
+        products is 3x slower.)"""
+        return (X * W[:, :-1].unsqueeze(1)).sum(2) + W[:, -1:]
 
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
              clip_kind: str = "l2") -> torch.Tensor:
@@ -85,7 +86,9 @@ class LogisticRegression:
             return g
         if clip is not None:
             r = r * clip_factors(r.abs() * torch.sqrt((X * X).sum(2) + 1.0), clip)
-        g[:, :-1] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / B + self.l2 * W[:, :-1]
+        g[:, :-1] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / B
+        if self.l2:
+            g[:, :-1] += self.l2 * W[:, :-1]
         g[:, -1] = r.mean(dim=1)
         return g
 
@@ -134,8 +137,9 @@ class MLP:
         """Inputs of every layer then the logits: [a_0 = X, a_1, ..., z_L]; X (R, B, d)."""
         acts = [X]
         for k, (w, b) in enumerate(layers):
-            z = torch.baddbmm(b.unsqueeze(1), acts[-1], w.transpose(1, 2))
-            acts.append(z if k == len(layers) - 1 else torch.relu(z))
+            z = torch.matmul(acts[-1], w.mT)  # bmm + in-place bias: no (R, B, out) bias copy
+            z += b.unsqueeze(-2)
+            acts.append(z if k == len(layers) - 1 else torch.relu_(z))
         return acts
 
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
@@ -158,10 +162,10 @@ class MLP:
                 s = clip_factors(torch.sqrt(sq), clip).unsqueeze(-1) / B
             else:
                 s = 1.0 / B
-            for (w0, b0, o, _i), a, d in zip(self.slices, acts, deltas, strict=False):
+            for (w0, b0, o, i), a, d in zip(self.slices, acts, deltas, strict=False):
                 d = d * s
-                G[:, w0:b0] = torch.bmm(d.transpose(1, 2), a).flatten(1)
-                G[:, b0:b0 + o] = d.sum(1)
+                torch.bmm(d.mT, a, out=G[:, w0:b0].unflatten(1, (o, i)))  # straight into the row
+                torch.sum(d, 1, out=G[:, b0:b0 + o])
         if self.l2:
             for w0, b0, _, _ in self.slices:
                 G[:, w0:b0] += self.l2 * W[:, w0:b0]
