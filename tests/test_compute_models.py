@@ -105,7 +105,12 @@ def test_cnn_generic_path_matches_module_backward():
         loss = loss + 0.01 / 2 * sum((p ** 2).sum() for p in params.values() if p.dim() > 1)
         grads = torch.autograd.grad(loss, list(params.values()))
         ref.append(torch.cat([t.flatten() for t in grads]))
+    assert m.loop_on_cpu
     torch.testing.assert_close(m.grad(W, X, y), torch.stack(ref), **TOL)
+    m.loop_on_cpu = False  # the vmap path (CUDA's) gives the same
+    torch.testing.assert_close(m.grad(W, X, y), torch.stack(ref), **TOL)
+    per = m.per_sample_grads(W, X, y)  # and the nested-vmap per-sample gradients average to it
+    torch.testing.assert_close(per.mean(1) + m.penalty_grad(W), torch.stack(ref), **TOL)
 
 
 def test_logistic_clipping_matches_per_sample_loop():
@@ -150,13 +155,19 @@ def test_clipped_per_sample_norms_are_bounded():
     assert ((per * s.unsqueeze(-1)).norm(dim=2) <= 0.2 + 1e-12).all()
 
 
-def test_evaluate_matches_grad_path_loss():
+@pytest.mark.parametrize("hidden", [(), (5,), (6, 5)])
+def test_evaluate_matches_per_agent_loss(hidden):
     X, y = data(R=1, B=50)
-    m = MLP(7, 4, (5,), l2=0.05)
-    W = rand_rows(m, 2)
+    m = MLP(7, 4, hidden, l2=0.05)
+    W = rand_rows(m, 3)
     loss, acc = m.evaluate(W, X[0], y[0])
-    ref = torch.stack([mlp_loss(m.dims, 0.05)(W[r], X[0], y[0]) for r in range(2)])
+    ref = torch.stack([mlp_loss(m.dims, 0.05)(W[r], X[0], y[0]) for r in range(3)])
     torch.testing.assert_close(loss, ref, **TOL)
+    logits = [mlp_module(m.dims).to(D) for _ in range(3)]
+    for r, net in enumerate(logits):
+        torch.nn.utils.vector_to_parameters(W[r], net.parameters())
+    ref_acc = torch.stack([(net(X[0]).argmax(1) == y[0]).to(D).mean() for net in logits])
+    torch.testing.assert_close(acc, ref_acc, **TOL)
     generic = TorchModel(mlp_module(m.dims).to(D), l2=0.05, eval_chunk=7)
     l2_, a2 = generic.evaluate(W, X[0], y[0])
     torch.testing.assert_close(l2_, ref, **TOL)

@@ -184,8 +184,11 @@ class MLP:
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         layers = self.layers(W)
-        a = X.unsqueeze(0).expand(W.shape[0], *X.shape)
-        z = self._forward(layers, a)[-1]  # (R, n, C)
+        R, (o, i) = W.shape[0], self.slices[0][2:]
+        # first layer for all agents as one (n, d) x (d, R*o) product: the shared X is never copied R times
+        z = (X @ layers[0][0].reshape(R * o, i).T).view(-1, R, o).transpose(0, 1) + layers[0][1].unsqueeze(1)
+        if len(layers) > 1:
+            z = self._forward(layers[1:], torch.relu(z))[-1]  # (R, n, C)
         loss = F.cross_entropy(z.transpose(1, 2), y.unsqueeze(0).expand(W.shape[0], -1),
                                reduction="none").mean(1)
         if self.l2:
@@ -219,6 +222,9 @@ class TorchModel:
         self._norm = [isinstance(mods[n.rsplit(".", 1)[0] if "." in n else ""], (nn.GroupNorm, nn.LayerNorm))
                       for n in self.names]
         self._call = functional_call
+        # On CPU a loop over agents is as fast as vmap for convolutions (measured: small CNN, 16 agents,
+        # batch 32: loop 293 ms, vmap 332 ms) and keeps memory per agent; on CUDA they are batched.
+        self.loop_on_cpu = any(isinstance(m, nn.Conv2d) for m in module.modules())
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run; biases 0; norm scales 1."""
@@ -264,7 +270,10 @@ class TorchModel:
              clip_kind: str = "l2") -> torch.Tensor:
         from torch.func import grad, vmap
 
-        if clip is None:
+        if clip is None and self.loop_on_cpu and W.device.type == "cpu":
+            g = grad(self.loss)
+            G = torch.stack([g(W[r], X[r], y[r]) for r in range(W.shape[0])])
+        elif clip is None:
             G = vmap(grad(self.loss))(W, X, y)
         else:
             G = clip_per_sample(self.per_sample_grads(W, X, y), clip, clip_kind)
