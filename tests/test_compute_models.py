@@ -142,6 +142,9 @@ def test_mlp_clipping_matches_nested_vmap(hidden, kind, c):
     got = m.grad(W, X, y, clip=c, clip_kind=kind)
     torch.testing.assert_close(got, ref, **TOL)
     torch.testing.assert_close(generic.grad(W, X, y, clip=c, clip_kind=kind), ref, **TOL)
+    for cap in (2 * m.size * 8, 3 * m.size):  # memory-capped chunking: by agents, then by samples
+        got_chunked = generic.clipped_mean(W, X, y, c, kind, max_entries=cap) + generic.penalty_grad(W)
+        torch.testing.assert_close(got_chunked, ref, **TOL)
     # clipping really bites at this C: the result differs from the unclipped gradient
     assert not torch.allclose(got, m.grad(W, X, y))
 

@@ -276,8 +276,30 @@ class TorchModel:
         elif clip is None:
             G = vmap(grad(self.loss))(W, X, y)
         else:
-            G = clip_per_sample(self.per_sample_grads(W, X, y), clip, clip_kind)
+            G = self.clipped_mean(W, X, y, clip, clip_kind)
         return G + self.penalty_grad(W) if self.l2 else G
+
+    def clipped_mean(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float, kind: str,
+                     max_entries: int = 1 << 26) -> torch.Tensor:
+        """Mean of clipped per-sample gradients, in (agents x samples) chunks of at most ``max_entries``
+        per-sample gradient entries, so large models (VGG, ResNet) fit in memory."""
+        R, B = X.shape[:2]
+        per_agent = max(1, max_entries // (B * self.size))
+        if per_agent >= R:
+            return clip_per_sample(self.per_sample_grads(W, X, y), clip, kind)
+        out = torch.zeros_like(W)
+        if per_agent > 1:
+            for r in range(0, R, per_agent):
+                s = slice(r, r + per_agent)
+                out[s] = clip_per_sample(self.per_sample_grads(W[s], X[s], y[s]), clip, kind)
+            return out
+        step = max(1, max_entries // self.size)
+        for r in range(R):
+            for b in range(0, B, step):
+                s = slice(b, b + step)
+                part = self.per_sample_grads(W[r:r + 1], X[r:r + 1, s], y[r:r + 1, s])
+                out[r] += clip_per_sample(part, clip, kind)[0] * part.shape[1]
+        return out / B
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torch.func import vmap
