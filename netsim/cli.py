@@ -175,13 +175,15 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
     fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
     cols = ["agent", "releases", "ticks", "rdp_observed", "rdp_amplified"] + (
         [f"pld_{mode}"] if pld else [])
+    short = {"releases": "rel.", "rdp_observed": "RDP obs.", "rdp_amplified": "RDP ampl.",
+             "pld_observed": "PLD obs.", "pld_amplified": "PLD ampl."}
     for c in cols:
-        t.add_column(c.replace("_", " "), justify="right")
+        t.add_column(short.get(c, c), justify="right")
     if rep["closed_form"] != "none":
         t.add_column("paper", justify="right")
-        t.add_column("conservative", justify="right")
+        t.add_column("conserv.", justify="right")
     if any(r["exhausted_at"] is not None for r in rep["agents"]):
-        t.add_column("budget out at (s)", justify="right")
+        t.add_column("cap hit (s)", justify="right")
     for r in rep["agents"]:
         cells = [str(r["agent"]), str(r["releases"]), str(r["ticks"])] + [fmt(r[c]) for c in cols[3:]]
         if rep["closed_form"] != "none":

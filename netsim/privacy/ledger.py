@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from netsim.privacy.accountants import RunningRdp, check_delta, release_events
+from netsim.privacy.accountants import RunningRdp, check_delta, epsilon, release_events
 from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
 from netsim.trace.events import BudgetExhausted, Release
 
@@ -35,7 +35,7 @@ class AgentLedger:
         self.releases: list[Release] = []
         self.rdp = RunningRdp()
         self.exhausted = False
-        self.spent = 0.0  # RDP epsilon(delta) after the last release
+        self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
         act = agent._act
         self.p = float(act.p) if act.kind == "bernoulli" else 1.0
@@ -65,16 +65,15 @@ class AgentLedger:
         a = self.agent
         r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
                     float(sensitivity), float(q), self.p, self._skipped())
-        ev, n = release_events(r, self.mode)
-        extra = RunningRdp.vector(ev, n)
-        if self.cap is not None:
+        if self.cap is not None:  # the running RDP curve is only needed to enforce a cap
+            ev, n = release_events(r, self.mode)
+            extra = RunningRdp.vector(ev, n)
             after = self.rdp.epsilon(self.delta, extra)
             if not after <= self.cap:
                 self.exhausted = True
                 a.emit(BudgetExhausted(r.t, a.id, a.round, self.spent, f"cap={self.cap!r} rdp"))
                 return None
-        self.rdp.rdp = self.rdp.rdp + extra
-        if self.cap is not None:
+            self.rdp.rdp = self.rdp.rdp + extra
             self.spent = after
         self.releases.append(r)
         a.emit(r)
@@ -84,7 +83,7 @@ class AgentLedger:
 
     def epsilon(self) -> float:
         """RDP epsilon(delta) spent so far."""
-        return self.rdp.epsilon(self.delta)
+        return epsilon(self.releases, self.delta, "rdp", self.mode) or 0.0
 
 
 def ledger_of(agent: Agent) -> AgentLedger:

@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from netsim.compute.noise import gaussian_noise, laplace_noise, noise_generator
+
 MECHANISMS = ("gaussian", "laplace")
 
 
@@ -60,22 +62,20 @@ def clip(x: torch.Tensor, bound: float, kind: str = "l2") -> torch.Tensor:
 
 
 class NoiseSource:
-    """One agent's noise generator on ``device`` (created once, consumed in event order)."""
+    """One agent's noise generator on ``device`` (created once, consumed in event order); the draws
+    are netsim.compute.noise's device-side helpers."""
 
     def __init__(self, seed: int, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(int(seed))
+        self.generator = noise_generator(seed, self.device)
 
     def gaussian(self, shape: torch.Size | tuple[int, ...], sigma: float,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        z = torch.randn(shape, generator=self.generator, device=self.device, dtype=dtype)
-        return z.mul_(sigma)
+        return gaussian_noise(shape, sigma, self.generator, dtype)
 
     def laplace(self, shape: torch.Size | tuple[int, ...], b: float,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        e = torch.empty((2, *shape), device=self.device, dtype=dtype).exponential_(generator=self.generator)
-        return (e[0] - e[1]).mul_(b)
+        return laplace_noise(shape, b, self.generator, dtype)
 
     def noise(self, mechanism: str, like: torch.Tensor, scale: float) -> torch.Tensor:
         """Noise shaped like ``like`` (same dtype; on this source's device)."""
