@@ -74,7 +74,10 @@ def test_logistic_matches_autograd():
     X, y = data(C=2)
     m = LogisticRegression(7, l2=0.1)
     W = rand_rows(m, 3)
-    torch.testing.assert_close(m.grad(W, X, y), per_agent(logistic_loss(0.1), W, X, y), **TOL)
+    ref = per_agent(logistic_loss(0.1), W, X, y)
+    torch.testing.assert_close(m.grad(W, X, y), ref, **TOL)
+    for r in range(3):  # the single-request path
+        torch.testing.assert_close(m.grad(W[r:r + 1], X[r:r + 1], y[r:r + 1]), ref[r:r + 1], **TOL)
 
 
 @pytest.mark.parametrize("hidden", [(), (5,), (6, 5)])
@@ -123,6 +126,9 @@ def test_logistic_clipping_matches_per_sample_loop():
     for kind, c in (("l2", 0.3), ("coordinate", 0.05)):
         ref = clip_per_sample(per, c, kind) + pen
         torch.testing.assert_close(m.grad(W, X, y, clip=c, clip_kind=kind), ref, **TOL)
+        for r in range(3):  # the single-request path
+            one = m.grad(W[r:r + 1], X[r:r + 1], y[r:r + 1], clip=c, clip_kind=kind)
+            torch.testing.assert_close(one, ref[r:r + 1], **TOL)
     # a clip so large that nothing is clipped gives back the plain gradient
     torch.testing.assert_close(m.grad(W, X, y, clip=1e9), m.grad(W, X, y), **TOL)
 

@@ -76,9 +76,18 @@ class LogisticRegression:
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
              clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
+        B = X.shape[1]
+        if W.shape[0] == 1 and clip_kind == "l2":  # one request (asynchronous runs): 2-D ops, ~2x faster
+            w, x = W[0], X[0]
+            r = torch.sigmoid(torch.addmv(w[-1:], x, w[:-1])).sub_(y[0])
+            if clip is not None:
+                r = r * clip_factors(r.abs() * torch.sqrt((x * x).sum(1) + 1.0), clip)
+            gw = (r @ x).div_(B)
+            if self.l2:
+                gw += self.l2 * w[:-1]
+            return torch.cat([gw, r.mean().unsqueeze(0)]).unsqueeze(0)
         r = torch.sigmoid(self.logits(W, X)) - y  # dloss_b/dz_b; the sample-b gradient is r_b [x_b, 1]
         g = torch.empty_like(W)
-        B = X.shape[1]
         if clip is not None and clip_kind == "coordinate":
             G = torch.cat([r.unsqueeze(-1) * X, r.unsqueeze(-1)], dim=2)
             g.copy_(G.clamp(-clip, clip).mean(1))
