@@ -124,3 +124,23 @@ def test_mnist_scenario_file_validates():
 
     sc = load_scenario("scenarios/mnist_mlp.toml")
     assert sc.data.kind == "mnist" and sc.model.kind == "mlp" and sc.model.hidden == (64,)
+
+
+def test_bank_rows_and_named_state():
+    from netsim.compute.bank import ParameterBank
+
+    bank = ParameterBank(torch.zeros(3, 4, dtype=D))
+    row = bank.get(1)
+    bank.set(1, torch.ones(4, dtype=D))
+    assert not row.any() and bank.W[1].sum() == 4  # get() is a snapshot
+    m = bank.state("momentum")
+    assert m.shape == (3, 4) and m.dtype == D and not m.any()
+    m[2] += 5.0  # a view: writes stay in the bank
+    assert bank.state("momentum")[2].sum() == 20
+    assert bank.state("weight", (), fill=1.0).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="has shape"):
+        bank.state("momentum", (2,))
+    saved = {k: v.clone() for k, v in bank.state_dict().items()}
+    other = ParameterBank(torch.zeros(3, 4, dtype=D))
+    other.load_state_dict(saved)
+    assert torch.equal(other.W, bank.W) and torch.equal(other.state("momentum"), bank.state("momentum"))
