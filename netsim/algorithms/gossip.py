@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
+from netsim.comm.patterns import PairwiseGossip
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -24,27 +25,14 @@ class GossipParams:
     reply_timeout: float = field(1.0, check=positive, doc="seconds to wait for the neighbour's reply")
 
 
-def _serve(agent):
-    """Answer pull requests: reply with the current model, then average with the requester's."""
-    while True:
-        msg = yield agent.recv(tag="pull")
-        mine = agent.params
-        agent.send(msg.src, mine, tag="push", round=msg.round)
-        agent.params = (mine + msg.payload) / 2
-
-
 @register("gossip", GossipParams)
 def gossip(agent, p: GossipParams):
-    agent.spawn(_serve(agent))
+    # not atomic: an agent waiting for its reply still serves others; the delta form keeps the sum exact
+    pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=False, tags=("pull", "push"))
     rng = agent.rng()
     while True:
         yield agent.wake()
         if p.lr > 0:
             g = yield agent.gradient(batch=p.batch)
             agent.params = agent.params - p.lr * g
-        j = agent.neighbors[int(rng.integers(len(agent.neighbors)))]
-        sent = agent.params
-        yield agent.send(j, sent, tag="pull")
-        reply = yield agent.recv(tag="push", round=agent.round, timeout=p.reply_timeout)
-        if reply is not None:  # delta form: exact even if i served others meanwhile
-            agent.params = agent.params + (reply.payload - sent) / 2
+        yield from pg.exchange(pg.random_neighbor(rng))

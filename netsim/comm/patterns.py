@@ -58,12 +58,15 @@ class PairwiseGossip:
 
     ``version`` counts writes to this agent's model by exchanges; ``served`` those started by others.
     An algorithm measures gradient staleness as writes between reading x and applying its gradient.
+    ``tags`` = (request, reply) message tags (default ``tag.req``, ``tag.rep``). Exchange k carries
+    round k (the agent's k-th exchange).
     """
 
-    def __init__(self, agent, *, timeout: float, tag: str = "gossip", atomic: bool = True):
+    def __init__(self, agent, *, timeout: float, tag: str = "gossip", atomic: bool = True,
+                 tags: tuple[str, str] | None = None):
         self.agent = agent
         self.timeout = timeout
-        self.req, self.rep = tag + ".req", tag + ".rep"
+        self.req, self.rep = tags if tags is not None else (tag + ".req", tag + ".rep")
         self.atomic = atomic
         self.busy = False
         self.version = 0
