@@ -174,6 +174,10 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         "python": platform.python_version(),
     }
     summary.update(_comm_fields(sim))
+    if any(getattr(a, "_privacy", None) is not None for a in sim.agents):
+        from netsim.privacy.report import run_summary
+
+        summary.update(run_summary(sim))  # worst agent's epsilon (netsim privacy RUN for the full report)
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
     tmp = folder / (SUMMARY_FILE + ".tmp")

@@ -60,6 +60,8 @@ def _summary_table(summary: dict):
              ("fraction saved by triggers", "trigger_saved_fraction"),
              ("gradient staleness (mean)", "adpsgd_staleness_mean"),
              ("gossip refused (busy)", "gossip_refused")]
+    rows += [("worst agent epsilon (RDP)", "privacy_epsilon_max"), ("at delta", "privacy_delta"),
+             ("privacy releases", "privacy_releases"), ("agents out of budget", "privacy_exhausted")]
     for label, key in rows:
         if key in summary and summary[key] is not None:
             v = fmt(summary[key])

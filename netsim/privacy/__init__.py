@@ -1,9 +1,7 @@
 """Privacy: mechanisms, the per-agent release ledger, accountants, calibration, and the seed papers'
-closed forms (docs/privacy.md). Principle 7: privacy is accounted from what happened, not assumed."""
+closed forms (docs/privacy.md). Principle 7: privacy is accounted from what happened, not assumed.
 
-from netsim.privacy.accountants import composed_event, epsilon, epsilon_curve
-from netsim.privacy.calibration import gaussian_sigma, max_steps, noise_multiplier
-from netsim.privacy.mechanisms import NoiseSource, PrivacyError, clip, clip_coordinate, clip_l2
-
-__all__ = ["NoiseSource", "PrivacyError", "clip", "clip_coordinate", "clip_l2", "composed_event", "epsilon",
-           "epsilon_curve", "gaussian_sigma", "max_steps", "noise_multiplier"]
+Modules (imported on use: dp-accounting is a heavy import a run without accounting need not pay):
+``mechanisms`` (clipping, noise), ``ledger`` (Agent.privatize's bookkeeping, budget caps),
+``accountants`` (RDP/PLD through dp-accounting), ``calibration``, ``closed_forms``, ``report``.
+"""

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from netsim.privacy.accountants import RunningRdp, check_delta, epsilon, release_events
 from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
 from netsim.trace.events import BudgetExhausted, Release
 
@@ -27,13 +26,14 @@ class AgentLedger:
     """One agent's releases, RDP curve and noise generator."""
 
     def __init__(self, agent: Agent, delta: float = 1e-5, cap: float | None = None, mode: str = "observed"):
-        check_delta(delta)
+        if not 0 < delta < 1:
+            raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
         if cap is not None and not cap > 0:
             raise PrivacyError(f"epsilon cap must be > 0, got {cap!r}")
         self.agent = agent
         self.delta, self.cap, self.mode = delta, cap, mode
         self.releases: list[Release] = []
-        self.rdp = RunningRdp()
+        self.rdp = None  # running RDP curve (accountants.RunningRdp), only with a cap
         self.exhausted = False
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
@@ -66,6 +66,11 @@ class AgentLedger:
         r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
                     float(sensitivity), float(q), self.p, self._skipped())
         if self.cap is not None:  # the running RDP curve is only needed to enforce a cap
+            # imported here: dp-accounting is a heavy import a run without caps need not pay mid-run
+            from netsim.privacy.accountants import RunningRdp, release_events
+
+            if self.rdp is None:
+                self.rdp = RunningRdp()
             ev, n = release_events(r, self.mode)
             extra = RunningRdp.vector(ev, n)
             after = self.rdp.epsilon(self.delta, extra)
@@ -83,6 +88,8 @@ class AgentLedger:
 
     def epsilon(self) -> float:
         """RDP epsilon(delta) spent so far."""
+        from netsim.privacy.accountants import epsilon
+
         return epsilon(self.releases, self.delta, "rdp", self.mode) or 0.0
 
 

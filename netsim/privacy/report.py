@@ -176,3 +176,20 @@ def plot_epsilon(rel: dict[int, list[Release]], delta: float, mode: str, path: P
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def run_summary(sim) -> dict[str, Any]:
+    """The run summary's privacy fields: worst agent's RDP epsilon (at privacy.delta, in the scenario's
+    accounting mode); empty when no agent released anything."""
+    from netsim.privacy.ledger import ledgers
+
+    rel = {i: rs for i, rs in ledgers(sim).items() if rs}
+    if not rel:
+        return {}
+    spec = sim.scenario.privacy or PrivacySpec()
+    eps = {i: epsilon(rs, spec.delta, "rdp", spec.accounting) for i, rs in rel.items()}
+    worst = max(eps, key=lambda i: -1.0 if eps[i] is None else eps[i])
+    return {"privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
+            "privacy_releases": sum(len(rs) for rs in rel.values()),
+            "privacy_exhausted": sum(bool(getattr(a, "_privacy", None) and a._privacy.exhausted)
+                                     for a in sim.agents)}
