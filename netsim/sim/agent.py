@@ -202,19 +202,22 @@ class Agent:
         return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
-                 clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
+                 clip: float | None = None, clip_kind: str = "l2",
+                 rows: np.ndarray | None = None) -> simpy.Event:
         """Mini-batch gradient at ``params`` (default: current params); completes after compute time.
         With ``clip``: the mean of per-sample gradients clipped to L2 norm ``clip`` (``clip_kind="l2"``)
-        or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here)."""
+        or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here).
+        With ``rows``: exactly these training rows (e.g. an online learner's history) instead of a batch."""
         ct = self._compute() * self.compute_scale
         churn = self.sim.network.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, self.env.now)
         self.emit(ComputeStart(self.env.now, self.id, ct))
         p = self.sim.bank.get(self.id) if params is None else params
+        r = self.sample_rows(batch) if rows is None else rows
         if clip is None:
-            return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct)
-        return self.sim.request_gradient(self.id, p, self.sample_rows(batch), ct, clip, clip_kind)
+            return self.sim.request_gradient(self.id, p, r, ct)
+        return self.sim.request_gradient(self.id, p, r, ct, clip, clip_kind)
 
     # communication ------------------------------------------------------------------------------
     def send(self, dst: int, payload: Any, tag: str = "model", round: int | None = None,
