@@ -86,6 +86,26 @@ def test_comm_algorithms_are_deterministic_and_learn(alg, tmp_path):
     assert a.summary["accuracy"] > 0.85, a.summary["accuracy"]
 
 
+def test_pushsum_learns_on_a_directed_graph_and_is_deterministic(tmp_path):
+    sc = scenario_from_dict(merge(BASE, {
+        "algorithm": {"name": "pushsum", "lr": 0.3, "batch": 8},
+        "topology": {"kind": "exponential", "directed": True},
+        "agents": {"activation": {"kind": "poisson", "rate": 2.0}},
+        "network": {"latency": {"kind": "exponential", "mean": 0.05}, "loss": 0.1}, "run": {"until": 8.0}}))
+    a, b = netsim.run(sc, out=tmp_path / "a"), netsim.run(sc, out=tmp_path / "b")
+    assert a.trace_path.read_bytes() == b.trace_path.read_bytes()
+    assert a.summary["accuracy"] > 0.85 and a.summary["messages_dropped"] > 0
+
+
+def test_bipartite_roles_need_a_bipartite_graph(tmp_path):
+    from netsim.errors import InputError
+
+    sc = scenario_from_dict(merge(BASE, {"agents": {"count": 7},
+                                         "algorithm": {"name": "adpsgd", "roles": "bipartite"}}))
+    with pytest.raises(InputError, match="bipartite topology"):
+        netsim.run(sc, out=tmp_path / "odd")
+
+
 def test_async_push_staleness_weights_change_the_merge():
     def run(power):
         sc = scenario_from_dict(merge(BASE, {

@@ -41,9 +41,7 @@ class ADPSGDParams:
 
 @register("adpsgd", ADPSGDParams)
 def adpsgd(agent, p: ADPSGDParams):
-    pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=p.atomic)
-    stats = stats_of(agent.sim)
-    rng = agent.rng()
+    """Checks the roles before the run starts (a plain function returning the agent's program)."""
     active = True
     if p.roles == "bipartite":
         g = agent.sim.graph.to_undirected()
@@ -51,6 +49,13 @@ def adpsgd(agent, p: ADPSGDParams):
             raise InputError("algorithm.roles", "'bipartite' needs a bipartite topology "
                                                 "(e.g. a ring or torus of even size)")
         active = nx.bipartite.color(g)[agent.id] == 0
+    return _adpsgd(agent, p, active)
+
+
+def _adpsgd(agent, p: ADPSGDParams, active: bool):
+    pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=p.atomic)
+    stats = stats_of(agent.sim)
+    rng = agent.rng()
     while True:
         yield agent.wake()
         g = None
