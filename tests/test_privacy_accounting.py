@@ -252,3 +252,31 @@ def test_exhaustion_is_traced_once_and_the_algorithm_sees_none(capped):
     for a, spent, tag in rows:
         assert 0 < spent <= CAP and tag.startswith(f"cap={CAP!r}")
         assert math.isclose(spent, epsilon(rel[a], DELTA), rel_tol=1e-9)
+
+
+def test_cap_in_amplified_mode_counts_the_skipped_ticks(tmp_path):
+    """Amplified accounting: every tick (active or not) is a run at rate p q; the cap refuses the first
+    release whose ticks (its own and the skipped ones before it) would take epsilon above the cap."""
+    from netsim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({
+        "name": "capamp", "run": {"seed": 9, "until": 400.0},
+        "agents": {"count": 4, "compute_time": {"kind": "constant", "value": 0.0},
+                   "activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5}},
+        "topology": {"kind": "ring"}, "data": {"samples": 40, "features": 2},
+        "algorithm": {"name": "test_privacy_capped"}, "evaluation": {"every": 500.0},
+        "privacy": {"epsilon_cap": CAP, "delta": DELTA, "accounting": "amplified"},
+    })
+    run(sc, out=tmp_path)
+    table = read_trace(tmp_path).table
+    rel, exhausted = releases_from_table(table), exhausted_from_table(table)
+    assert sorted(exhausted) == list(range(4))
+    for i, rs in rel.items():
+        ticks = sum(1 + r.skipped for r in rs)
+        assert ticks == round(rs[-1].t)  # period 1, no offset: the last release's tick index
+        refused_ticks = round(exhausted[i]) - round(rs[-1].t)  # the refused release and the ticks it skipped
+        rate = 0.5 * 0.05
+        assert _direct(1.2, rate, ticks, RdpAccountant()) <= CAP
+        assert _direct(1.2, rate, ticks + refused_ticks, RdpAccountant()) > CAP
+        assert math.isclose(epsilon(rs, DELTA, mode="amplified"), _direct(1.2, rate, ticks, RdpAccountant()),
+                            rel_tol=1e-6)
