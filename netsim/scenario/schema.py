@@ -144,6 +144,7 @@ class TopologySpec:
                              doc="rows of a torus/grid (default: as square as possible)")
     path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
     mixing: MixingKind | None = field(None, doc="default: metropolis_hastings, column_stochastic if directed")
+    dynamic: DynamicTopologySpec | None = field(None, doc="time-varying graph (sim/dynamic.py)")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "edges_file" and not self.path:
@@ -155,6 +156,27 @@ class TopologySpec:
     @property
     def mixing_kind(self) -> str:
         return self.mixing or ("column_stochastic" if self.directed else "metropolis_hastings")
+
+
+@attrs.frozen
+class DynamicTopologySpec:
+    """The graph an agent uses changes each epoch: its activation count ('round') or floor(t / period).
+    ``one_peer_exponential``: send to i + 2^(k mod m), weights 1/2-1/2; ``resample``: a fresh draw of
+    the topology's random kind; ``schedule``: cycle through ``graphs``."""
+
+    kind: Literal["one_peer_exponential", "resample", "schedule"] = "one_peer_exponential"
+    every: Literal["round", "period"] = field("round", doc="epoch = the agent's round, or the global clock")
+    period: float = field(1.0, check=positive, doc="seconds per epoch when every = 'period'")
+    graphs: tuple[TopologySpec, ...] | None = field(None, doc="schedule: topologies used in turn")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.kind == "schedule" and not self.graphs:
+            return "graphs", "required for kind = 'schedule' (a list of topology tables)"
+        if self.kind != "schedule" and self.graphs:
+            return "graphs", f"only used by kind = 'schedule', not {self.kind!r}"
+        if any(g.dynamic is not None for g in self.graphs or ()):
+            return "graphs", "a scheduled topology cannot itself be dynamic"
+        return None
 
 
 def _opt_positive(v: float | None) -> str | None:

@@ -123,6 +123,10 @@ class Network:
 
         sc = sim.scenario
         n = sc.agents.count
+        if sc.topology.dynamic is not None:
+            from netsim.sim.dynamic import DynamicTopology
+
+            DynamicTopology(sim).install()
         self.churn = build_churn(sc.agents, self.streams, find_data_file)
         if not (self.churn is not None or needs_full_path(self.spec)):
             return

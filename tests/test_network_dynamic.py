@@ -1,0 +1,103 @@
+"""Time-varying topologies: one-peer exponential, resampled and scheduled graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import netsim
+from netsim.errors import InputError
+from netsim.scenario.load import scenario_from_dict
+from netsim.sim.dynamic import DynamicTopology, one_peer_exponential
+from netsim.trace.io import read_trace
+from netsim.trace.replay import replay
+
+
+def dense(lists) -> np.ndarray:
+    n = len(lists)
+    W = np.zeros((n, n))
+    for i, (_, _, w, s) in enumerate(lists):
+        W[i, i] = s
+        for j, x in w.items():
+            W[i, j] += x
+    return W
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+def test_one_peer_exponential_averages_exactly_in_log2_n_rounds(n):
+    m = int(np.log2(n))
+    P = np.eye(n)
+    for k in range(m):
+        Wk = dense(one_peer_exponential(n, k))
+        assert np.allclose(Wk.sum(0), 1) and np.allclose(Wk.sum(1), 1)  # doubly stochastic
+        P = Wk @ P
+    assert np.allclose(P, np.full((n, n), 1 / n), atol=1e-12)
+
+
+def test_one_peer_exponential_hops_for_other_sizes():
+    assert [one_peer_exponential(9, k)[0][0] for k in range(5)] == [[1], [2], [4], [8], [1]]
+    assert [one_peer_exponential(6, k)[5][1] for k in range(4)] == [[4], [3], [1], [4]]
+
+
+BASE = {
+    "run": {"seed": 2, "until": 4.0},
+    "agents": {"count": 8, "activation": {"kind": "periodic", "period": 0.5}},
+    "network": {"latency": {"kind": "constant", "value": 0.01}},
+    "data": {"samples": 200, "features": 4},
+    "algorithm": {"name": "dpsgd", "lr": 0.1, "batch": 8, "round_timeout": 0.3},
+    "evaluation": {"every": 2.0, "metrics": ["accuracy"]},
+}
+
+
+def run(tmp_path, topology):
+    return netsim.run(scenario_from_dict({**BASE, "topology": topology}), out=tmp_path)
+
+
+def test_dpsgd_follows_the_one_peer_exponential_sequence(tmp_path):
+    res = run(tmp_path / "r", {"kind": "exponential", "dynamic": {"kind": "one_peer_exponential"}})
+    t = read_trace(res.trace_path).to_pandas()
+    sends = t[t.kind == "send"]
+    acts = t[(t.kind == "activate") & (t.t < 3.9)]  # rounds that had time to send before `until`
+    assert len(sends) == len(acts) and (sends.groupby(["agent", "round"]).size() == 1).all()  # one peer
+    assert ((sends.agent + 2 ** (sends["round"] % 3)) % 8 == sends.peer).all()
+    assert res.summary["round_timeouts"] == 0  # everyone waits for exactly the one who sent
+    # and the recorded run replays byte for byte with the dynamic graph in place
+    replay(res.out, out=tmp_path / "rep")
+    assert (tmp_path / "rep" / "trace.arrows").read_bytes() == res.trace_path.read_bytes()
+
+
+def test_resampled_graphs_are_fresh_per_epoch_and_the_same_for_every_algorithm(tmp_path):
+    topo = {"kind": "erdos_renyi", "p": 0.4, "dynamic": {"kind": "resample"}}
+    res = run(tmp_path / "r", topo)
+    sim = netsim.api.prepare(res.scenario)
+    dyn = DynamicTopology(sim)
+    t = read_trace(res.trace_path).to_pandas()
+    sends = t[t.kind == "send"]
+    for k, grp in sends.groupby("round"):
+        lists = dyn.at(int(k))
+        assert all(p in lists[a][0] for a, p in zip(grp.agent, grp.peer, strict=True))
+    graphs = {tuple(tuple(x[0]) for x in dyn.at(k)) for k in range(6)}
+    assert len(graphs) == 6
+    other = netsim.api.prepare(scenario_from_dict({**BASE, "topology": topo,
+                                                   "algorithm": {"name": "gossip"}}))
+    assert DynamicTopology(other).at(3) == dyn.at(3)
+
+
+def test_schedule_cycles_and_errors_name_the_graph(tmp_path):
+    topo = {"kind": "ring", "dynamic": {"kind": "schedule", "every": "period", "period": 1.0,
+                                        "graphs": [{"kind": "star"}, {"kind": "complete"}]}}
+    res = run(tmp_path / "r", topo)
+    t = read_trace(res.trace_path).to_pandas()
+    acts = t[t.kind == "activate"][["agent", "round", "t"]]
+    sends = t[t.kind == "send"].merge(acts, left_on=["agent", "round"],
+                                      right_on=["agent", acts["round"] - 1], suffixes=("", "_act"))
+    star = sends[np.floor(sends.t_act) % 2 == 0]
+    assert ((star.agent == 0) | (star.peer == 0)).all()  # star epochs: only hub links
+    assert len(sends[np.floor(sends.t_act) % 2 == 1].groupby(["agent", "peer"])) == 56  # complete
+    graphs = [{"kind": "ring"}, {"kind": "random_regular", "degree": 9}]
+    bad = {"kind": "ring", "dynamic": {"kind": "schedule", "graphs": graphs}}
+    with pytest.raises(InputError, match=r"topology.dynamic.graphs\[1\].degree"):
+        netsim.api.prepare(scenario_from_dict({**BASE, "topology": bad}))
+    with pytest.raises(InputError, match="'resample' needs a random topology.kind"):
+        ring = {"kind": "ring", "dynamic": {"kind": "resample"}}
+        netsim.api.prepare(scenario_from_dict({**BASE, "topology": ring}))
