@@ -65,3 +65,14 @@ def test_runs_with_link_models_are_deterministic(tmp_path):
     b = run(tmp_path / "b", network=net, agents=agents)
     assert a.equals(b)
     assert {"loss", "outage", "offline"} <= set(a[a.kind == "drop"].tag)
+
+
+def test_clock_jitter_delays_each_activation_by_its_own_draw(tmp_path):
+    from netsim.sim.streams import Streams
+
+    t = run(tmp_path, agents={"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.1}})
+    for i in range(4):
+        a = t[(t.kind == "activate") & (t.agent == i)]
+        u = Streams(5).rng("jitter", i).uniform(0.0, 0.1, 256)[: len(a)]  # the agent's jitter stream
+        k = np.arange(1, len(a) + 1)
+        assert a.t.to_numpy() == pytest.approx(k * 0.5 + u, abs=1e-12)

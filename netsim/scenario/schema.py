@@ -111,6 +111,7 @@ class AgentsSpec:
     count: int = field(check=at_least(2), doc="number of agents")
     clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
     clock_drift: Dist = field(Dist("constant", value=0.0), doc="relative rate error: local = offset + (1+drift) t")
+    clock_jitter: Dist | None = field(None, doc="random delay (local s) added to each activation")
     compute_time: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="seconds per gradient")
     activation: ActivationSpec = ActivationSpec()
     stragglers: tuple[int, ...] = field((), doc="agents whose compute time is multiplied by straggler_factor")

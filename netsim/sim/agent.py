@@ -174,9 +174,9 @@ class Agent:
             if act.kind == "bernoulli" and act.p < 1.0:
                 self._tick += int(self._act_rng.geometric(act.p)) - 1
             at = self._tick * act.period
-        churn = self.sim.network.churn
-        if churn is not None:  # offline: the activation moves past the interval (sim/churn.py)
-            at = churn.defer(self, at)
+        hook = self.sim.network.wake_hook
+        if hook is not None:  # clock jitter, churn: the activation moves (Network.wake_hook)
+            at = hook(self, at)
         delay = max(0.0, self.global_time(at) - self.env.now)
         self.round += 1
         ev = simpy.events.Timeout(self.env, delay, at)

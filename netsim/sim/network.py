@@ -69,6 +69,8 @@ class Network:
         self.bandwidth = spec.bandwidth
         self.p_loss = spec.loss
         self.churn = None  # sim.churn.Churn once attached, when any agent can go offline
+        self.wake_hook = None  # (agent, local time) -> local time: jitter and churn move activations
+        self.jitter: list | None = None
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
 
@@ -128,6 +130,10 @@ class Network:
 
             DynamicTopology(sim).install()
         self.churn = build_churn(sc.agents, self.streams, find_data_file)
+        if sc.agents.clock_jitter is not None:
+            self.jitter = [draws(sc.agents.clock_jitter, self.streams.rng("jitter", i)) for i in range(n)]
+        if self.churn is not None or self.jitter is not None:
+            self.wake_hook = self._wake_hook
         if not (self.churn is not None or needs_full_path(self.spec)):
             return
         self.n_agents = n
@@ -144,6 +150,14 @@ class Network:
             for i in self.churn.sources:
                 sim._housekeeping += 1
                 self.env.process(self.churn.recorder(sim, i))
+
+    def _wake_hook(self, agent, at: float) -> float:
+        """A planned activation (local time): jitter delays it, then churn moves it out of offline time."""
+        if self.jitter is not None:
+            at += self.jitter[agent.id]()
+        if self.churn is not None:
+            at = self.churn.defer(agent, at)
+        return at
 
     def full_link(self, src: int, dst: int):
         from netsim.sim.links import FullLink
