@@ -200,7 +200,8 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         typer.echo(f"! condition of {rep['closed_form']} violated: {v}")
     typer.echo(f"worst agent: {rep['worst_agent']} (epsilon {fmt(rep['worst_epsilon'])}, RDP, {mode})")
     typer.echo(rep["explain"])
-    typer.echo(f"wrote {run_folder}/{REPORT_FILE} and {PLOT_FILE}")
+    plotted = any(r["releases"] for r in rep["agents"])
+    typer.echo(f"wrote {run_folder}/{REPORT_FILE}" + (f" and {PLOT_FILE}" if plotted else ""))
 
 
 @app.command()
