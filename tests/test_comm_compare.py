@@ -70,6 +70,7 @@ ALGOS = [
     {"name": "event_triggered", "lr": 0.5, "batch": 8, "trigger": "relative", "threshold": 0.05},
     {"name": "choco", "lr": 0.5, "batch": 8, "compressor": "qsgd", "bits": 2, "round_timeout": 0.2},
     {"name": "choco", "lr": 0.5, "batch": 8, "compressor": "randk", "ratio": 0.5, "round_timeout": 0.2},
+    {"name": "sparq", "lr": 0.5, "batch": 8, "compressor": "qsgd", "trigger": "relative", "threshold": 0.05},
 ]
 
 
@@ -121,3 +122,16 @@ def test_async_push_staleness_weights_change_the_merge():
     assert s["push_staleness_max"] >= 1 and s["push_staleness_samples"] > 50
     assert comm_summary(weighted)["push_staleness_samples"] == s["push_staleness_samples"]
     assert not torch.equal(plain.bank.W, weighted.bank.W)
+
+
+def test_sparq_huge_threshold_sends_nothing_and_counts_encoded_bytes_saved():
+    sc = scenario_from_dict(merge(BASE, {
+        "algorithm": {"name": "sparq", "lr": 0.5, "batch": 8, "compressor": "topk", "ratio": 0.5,
+                      "trigger": "absolute", "threshold": 1e9},
+        "agents": {"activation": {"kind": "poisson", "rate": 2.0}}, "run": {"until": 5.0}}))
+    sim = netsim.api.prepare(sc)
+    sim.run()
+    s = comm_summary(sim)
+    P = sim.bank.W.shape[1]
+    assert sim.network.next_id == 0 and s["trigger_sent"] == 0 and s["trigger_skipped"] > 50
+    assert s["trigger_bytes_saved"] == s["trigger_skipped"] * -(-P // 2) * (4 + 4)

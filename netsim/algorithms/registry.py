@@ -42,7 +42,9 @@ def _load_builtin() -> None:
         dpsgd,
         event_triggered,
         gossip,
+        push_gossip,
         pushsum,
+        sparq,
     )
 
 

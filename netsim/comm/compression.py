@@ -101,6 +101,16 @@ class Compressor:
     bits: int = 4
     rng: np.random.Generator | None = attrs.field(default=None, eq=False, repr=False)
 
+    def encoded_size(self, d: int, value_bytes: int) -> int:
+        """Bytes of the encoding of any d-vector (it depends on d only), without encoding one."""
+        if self.kind == "topk":
+            return _k(d, self.ratio) * (value_bytes + 4)
+        if self.kind == "randk":
+            return 8 + _k(d, self.ratio) * value_bytes
+        if self.kind == "qsgd":
+            return 4 + math.ceil(d * (self.bits + 1) / 8)
+        return d * value_bytes
+
     def __call__(self, v: torch.Tensor) -> Encoded:
         d = v.numel()
         if self.kind == "none":

@@ -44,17 +44,27 @@ class EventTrigger:
             j: bank.get(agent.id) for j in agent.neighbors}
         self.stats = stats_of(agent.sim)
 
-    def tau(self, j: int, k: int) -> float:
+    def tau(self, ref: torch.Tensor, k: int) -> float:
         if self.kind == "relative":
-            return self.threshold * float(torch.linalg.vector_norm(self.last[j]))
+            return self.threshold * float(torch.linalg.vector_norm(ref))
         if self.kind == "decaying":
             return self.threshold * self.decay ** k
         return self.threshold
 
-    def due(self, j: int, x: torch.Tensor, k: int) -> bool:
+    def fires(self, x: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
+        """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
         if self.kind == "always":
             return True
-        return float(torch.linalg.vector_norm(x - self.last[j])) > self.tau(j, k)
+        return float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
+
+    def due(self, j: int, x: torch.Tensor, k: int) -> bool:
+        return self.fires(x, self.last[j], k)
+
+    def count(self, sent: int, skipped: int, bytes_saved: int) -> None:
+        self.stats.add("trigger_sent", sent)
+        if skipped:
+            self.stats.add("trigger_skipped", skipped)
+            self.stats.add("trigger_bytes_saved", bytes_saved)
 
     def send(self, x: torch.Tensor, k: int, *, tag: str = "model"):
         """Send ``x`` to each out-neighbour whose trigger fires (links transmit in parallel); returns
@@ -65,8 +75,6 @@ class EventTrigger:
             if self.due(j, x, k):
                 to.append(j)
                 self.last[j] = x
-            else:
-                self.stats.add("trigger_skipped")
-                self.stats.add("trigger_bytes_saved", payload_size(x))
-        self.stats.add("trigger_sent", len(to))
+        skipped = len(a.neighbors) - len(to)
+        self.count(len(to), skipped, skipped * payload_size(x))
         return a.broadcast(x, tag=tag, round=k, to=to)
