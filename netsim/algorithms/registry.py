@@ -42,7 +42,6 @@ def _load_builtin() -> None:
         dpsgd,
         event_triggered,
         gossip,
-        push_gossip,
         pushsum,
         sparq,
     )
