@@ -42,6 +42,7 @@ def _load_builtin() -> None:
         dpsgd,
         event_triggered,
         gossip,
+        push_gossip,
         pushsum,
         sparq,
     )

@@ -1,0 +1,86 @@
+"""Scale benchmark (issue 9, scale a): N agents x 100 synchronous D-PSGD rounds of logistic regression.
+
+D-PSGD (Lian et al. 2017) on a ring (the paper's own topology), synthetic logistic data (20 features,
+50 samples per agent, IID), batch 16, every agent wakes each 0.1 s, computes for 10 ms and exchanges
+models with its two neighbours over 5 ms links with a round timeout; the run stops when every agent
+has done 100 rounds. The trace is written to a temporary folder, as in a normal run. Each size runs
+in a fresh subprocess (so peak RSS is its own). Reported: setup and simulation wall time, events/s,
+agent-steps/s (agent rounds per second of simulation wall time), peak RSS, and growth from the
+smallest size.
+
+    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+
+def scenario(n: int, seed: int, rounds: int, trace: bool = True) -> dict:
+    return {
+        "name": f"scale_{n}",
+        "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace},
+        "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.01},
+                   "activation": {"kind": "periodic", "period": 0.1}},
+        "topology": {"kind": "ring"},
+        "network": {"latency": {"kind": "constant", "value": 0.005}},
+        "data": {"kind": "synthetic", "samples": 50 * n, "features": 20, "partition": "iid"},
+        "model": {"kind": "logistic"},
+        "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05},
+        "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy"]},
+    }
+
+
+def one(n: int, rounds: int, threads: int, trace: bool) -> dict:
+    """Run one size in this process; return its figures."""
+    import resource
+    import tempfile
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    import netsim
+    from netsim.scenario import scenario_from_dict
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace)), out=tmp)
+        total = time.perf_counter() - t0
+    s = r.summary
+    return {"agents": n, "total": total, "sim": s["wall_time"], "events": s["events"],
+            "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace)))
+        return
+    print(f"{'agents':>7} {'setup s':>8} {'sim s':>8} {'total s':>8} {'events':>11} {'events/s':>9} "
+          f"{'steps/s':>8} {'peak RSS MiB':>12} {'accuracy':>8} {'sim growth':>10}")
+    base = None
+    for n in args.agents:
+        cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
+               str(args.threads)] + (["--no-trace"] if args.no_trace else [])
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        r = json.loads(out.splitlines()[-1])
+        base = base or r
+        growth = f"{r['sim'] / base['sim']:.1f}x/{n / base['agents']:.0f}x"
+        print(f"{n:>7} {r['total'] - r['sim']:>8.1f} {r['sim']:>8.1f} {r['total']:>8.1f} {r['events']:>11,} "
+              f"{r['events'] / r['sim']:>9,.0f} {r['steps'] / r['sim']:>8,.0f} {r['rss_mib']:>12,.0f} "
+              f"{r['accuracy']:>8.4f} {growth:>10}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
