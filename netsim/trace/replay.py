@@ -53,6 +53,7 @@ class Recording:
             raise InputError("", "trace is truncated (the run was killed mid-batch); replay needs a "
                                  "complete recording", source)
         self.times = {k: np.array([x[0] for x in v]) for k, v in self.links.items()}
+        self.t_end = max(t) if t else 0.0
 
 
 class Stats:
@@ -139,8 +140,8 @@ class ReplayNetwork:
         return tx_end - now
 
 
-def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
-    """Agent.wake at the recorded activation times (then the agent's own model)."""
+def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats, end: float):
+    """Agent.wake at the recorded activation times (then: exact, after ``end``; else its own model)."""
     from netsim.sim.agent import Agent
 
     state = {"k": 0}
@@ -157,6 +158,9 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
             stats.activations_skipped += 1
         if k >= len(times):
             state["k"] = k
+            if exact:  # the recording ended before this activation: it comes after the end, as it did
+                agent.round += 1
+                return simpy.events.Timeout(env, end - now)
             stats.fallback_activations += 1
             return Agent.wake(agent)
         t, local = times[k]
@@ -174,11 +178,10 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
 def installer(rec: Recording, exact: bool, window: float, stats: Stats):
     def setup(sim) -> None:
+        end = max(rec.t_end, sim.scenario.run.until or 0.0) + 1.0  # after anything the run can reach
         sim.network.send = ReplayNetwork(sim, rec, exact, window, stats).send
         for a in sim.agents:
-            times = rec.activations.get(a.id)
-            if times:
-                a.wake = replay_wake(a, times, exact, stats)
+            a.wake = replay_wake(a, rec.activations.get(a.id, []), exact, stats, end)
     return setup
 
 
