@@ -5,7 +5,8 @@ its drop and reason (``drop``), every activation (``activate``: global time, loc
 every churn interval (``offline``). Replay builds a run whose network *is* that recording:
 
 - **exact** (the recorded scenario): the k-th message on link (i, j) gets the k-th recorded delay or
-  drop, the k-th activation of agent i happens at its k-th recorded time. Everything else (compute,
+  drop, the k-th activation of agent i happens at its k-th recorded time (one the recording lacks was
+  still pending when the run ended: it stays after the end). Everything else (compute,
   data, the algorithm) is the scenario's own and deterministic, so the trace comes out byte-identical.
 - **conditions** (``--scenario OTHER.toml``): a message sent on (i, j) at time t takes the outcome of
   the recorded message on (i, j) sent nearest to t, if within ``window`` seconds (recorded outcomes may
