@@ -56,7 +56,7 @@ class GradientService:
         return t
 
     def _index(self, rows: np.ndarray) -> torch.Tensor:
-        idx = torch.from_numpy(rows)
+        idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         return idx if self._cpu else idx.to(self.device, non_blocking=True)
 
     def flush(self) -> None:
