@@ -34,7 +34,8 @@ def test_comparison_async_beats_sync_under_stragglers(tmp_path):
     """The comparison's claim: with 3 stragglers at 5x, async gossip and event-triggered sends reach the
     target accuracy in less simulated time than synchronous D-PSGD, and triggering saves messages."""
     res = {}
-    for name in ("compare_sync_async", "compare_sync_async_gossip", "compare_sync_async_event"):
+    for name in ("compare_sync_async", "compare_sync_async_gossip", "compare_sync_async_event",
+                 "compare_sync_async_sparq"):
         r = netsim.run(SCEN / f"{name}.toml", overrides={"run.until": 6.0}, out=tmp_path / name)
         res[name] = r.summary
         assert r.scenario.agents.stragglers == (0, 5, 10) and r.scenario.agents.straggler_factor == 5.0
@@ -46,6 +47,9 @@ def test_comparison_async_beats_sync_under_stragglers(tmp_path):
     assert event["trigger_skipped"] > 0 and 0 < event["trigger_saved_fraction"] < 1
     assert event["messages_sent"] == event["trigger_sent"]
     assert gossip["adpsgd_staleness_samples"] > 0 and gossip["gossip_exchanges"] > 0
+    sparq = res["compare_sync_async_sparq"]  # triggered + compressed: sooner, and fewer bytes than sync
+    assert sparq["time_to_target"] is not None and sparq["time_to_target"] < sync["time_to_target"]
+    assert sparq["bytes_sent"] < sync["bytes_sent"]
     saved = json.loads((tmp_path / "compare_sync_async_event" / "summary.json").read_text())
     assert saved["trigger_saved_fraction"] == event["trigger_saved_fraction"]
 
