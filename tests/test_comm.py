@@ -248,3 +248,33 @@ def test_scenario_errors_name_the_key():
         _sim(algorithm={"name": "event_triggered", "trigger": "sometimes"})
     with pytest.raises(InputError, match="ratio"):
         _sim(algorithm={"name": "choco", "ratio": 0.0})
+
+
+def _fake_agent(round_: int, weights: dict[int, float], msgs: list):
+    """Just what AsyncPush touches: an inbox queue, the round, the mixing weights, the sim (for stats)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from netsim.sim.network import Message
+
+    q = deque(Message(i, src, 0, "push", rnd, torch.full((2,), val, dtype=torch.float64), 16, 0.0)
+              for i, (src, rnd, val) in enumerate(msgs))
+    return SimpleNamespace(sim=SimpleNamespace(), round=round_, weights=weights,
+                           inbox=SimpleNamespace(queues={"push": q}))
+
+
+def test_async_push_merge_closed_form_with_staleness_weights():
+    from netsim.comm.patterns import AsyncPush
+
+    # from j=1: an old value (round 2) overtaken by round 3; from k=2: round 1; my round is 5
+    agent = _fake_agent(5, {1: 0.25, 2: 0.25, 3: 0.25}, [(1, 2, 9.0), (2, 1, 2.0), (1, 3, 1.0)])
+    own = torch.zeros(2, dtype=torch.float64)
+    out = AsyncPush(agent, staleness_power=1.0).merge(own)
+    # s_j = 5 - 1 - 3 = 1, s_k = 5 - 1 - 1 = 3: weights 0.25/2 and 0.25/4; agent 3 sent nothing
+    assert torch.allclose(out, torch.full((2,), 0.125 * 1.0 + 0.0625 * 2.0, dtype=torch.float64))
+    assert not agent.inbox.queues["push"]  # drained
+    agent = _fake_agent(5, {1: 0.25, 2: 0.25}, [(1, 4, 1.0), (2, 4, 3.0)])
+    assert torch.allclose(AsyncPush(agent).merge(own + 1.0), torch.full((2,), 0.5 + 0.25 + 0.75,
+                                                                        dtype=torch.float64))
+    s = agent.sim.comm_stats.summary()
+    assert s["push_staleness_max"] == 0.0 and s["push_staleness_samples"] == 2
