@@ -9,7 +9,7 @@ Algorithm 1. On each activation agent i (steps (a)-(d) below, in the paper's ord
 The gradient is stale by the averagings other agents made with i during (b): that count is
 recorded per step (summary ``adpsgd_staleness_mean/max``). The exchange is ``comm.PairwiseGossip``.
 
-``roles = "bipartite"`` is the paper's deadlock-free split (Section 4, "Implementation"): on a
+``roles = "bipartite"`` is the paper's deadlock-free split of its implementation: on a
 bipartite graph only the agents of one side (the active ones) initiate averagings; the passive side
 computes, applies gradients and serves. ``"all"`` lets everyone initiate; a request to an agent busy in
 its own exchange is then refused (counted as ``gossip_refused``).

@@ -53,7 +53,7 @@ class PairwiseGossip:
     request until the reply (or ``timeout``); a request reaching a locked agent is answered with a
     refusal (a 1-byte NACK) instead of being served, so no agent is in two averagings at once and,
     without loss, the sum of models is conserved exactly. Refusing rather than queueing cannot deadlock
-    (the paper avoids deadlock with a bipartite active/passive split, Section 4; we keep any graph).
+    (the paper avoids it with a bipartite active/passive split: ``adpsgd``'s ``roles = "bipartite"``).
     A lost reply leaves j averaged and i not: that is what loss does to pairwise gossip.
 
     ``version`` counts writes to this agent's model by exchanges; ``served`` those started by others.
