@@ -144,3 +144,27 @@ def test_load_dataset_mnist_through_scenario(tmp_path, monkeypatch, scenario):
     bad = scenario(data={"kind": "mnist", "path": "nowhere"})
     with pytest.raises(InputError, match="data.path.*'nowhere' not found"):
         load_dataset(bad.data, 4, np.random.default_rng(0), np.random.default_rng(1))
+
+
+def test_cifar_scenario_builds_cnn_simulation(tmp_path, monkeypatch, scenario):
+    """data.kind = 'cifar10' under $NETSIM_DATA with model.kind = 'cnn': images are 3x32x32, one
+    gradient step and one evaluation run."""
+    import torch
+
+    from netsim.sim.kernel import Simulation
+
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    for name, n in (("data_batch_1.bin", 24), ("test_batch.bin", 10)):
+        rec = np.concatenate([np.arange(n)[:, None] % 10, rng.integers(0, 256, (n, 3072))], 1)
+        (folder / name).write_bytes(rec.astype(np.uint8).tobytes())
+    monkeypatch.setenv("NETSIM_DATA", str(tmp_path))
+    sc = scenario(data={"kind": "cifar10"}, model={"kind": "cnn"}, agents={"count": 3})
+    sim = Simulation(sc, lambda a, p: iter(()), None, device="cpu")
+    assert sim.data.shape == (3, 32, 32) and sim.X.shape == (24, 3072)
+    t = sim.gradients.submit(0, sim.bank.get(0), np.arange(4))
+    sim.gradients.flush()
+    assert t.result.shape == (sim.model.size,) and torch.isfinite(t.result).all()
+    row = sim.evaluate()
+    assert 0.0 <= row["accuracy"] <= 1.0 and row["consensus"] < 1e-10  # all agents start equal
