@@ -4,7 +4,6 @@ so ``netsim --help`` answers at once."""
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -273,11 +272,19 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
         _fail(e)
 
 
-with warnings.catch_warnings():  # typer warns that it may drop click's optional-value options one day
-    warnings.simplefilter("ignore", DeprecationWarning)
-    RayOpt = typer.Option(None, "--ray", is_flag=False, flag_value="local", metavar="[ADDRESS]",
-                          help="run on Ray: --ray (private local instance), --ray auto (this machine's "
-                               "cluster) or --ray ray://HEAD:10001")
+RayOpt = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                      help="run on Ray: --ray (private local instance), --ray auto (this machine's "
+                           "cluster) or --ray ray://HEAD:10001")
+
+
+def _bare_ray(argv: list[str]) -> list[str]:
+    """``--ray`` without an address (last, or before another option) means ``--ray local``."""
+    out = []
+    for i, a in enumerate(argv):
+        out.append(a)
+        if a == "--ray" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            out.append("local")
+    return out
 
 
 @app.command()
@@ -336,7 +343,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
 
 def main() -> None:
     try:
-        app()
+        app(args=_bare_ray(sys.argv[1:]))
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -52,6 +52,21 @@ def write_run(folder: str | Path, files: dict[str, bytes]) -> None:
     os.replace(tmp, folder / SUMMARY)
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody answers (ray.init would retry for minutes)."""
+    import socket
+
+    if address in ("local", "auto") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError("--ray", f"expected local, auto, HOST:PORT or ray://HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise InputError("--ray", f"no Ray cluster answers at {address!r}: {e}") from None
+
+
 def run_ray(tasks: list[RunTask], address: str, gpus_per_run: float = 0.0,
             on_done: Callable[[RunTask], None] | None = None, num_cpus: int | None = None) -> None:
     """Run ``tasks`` as Ray tasks (1 CPU and ``gpus_per_run`` GPUs each) and gather their folders."""
@@ -60,8 +75,12 @@ def run_ray(tasks: list[RunTask], address: str, gpus_per_run: float = 0.0,
         raise InputError("--gpus-per-run", f"must be >= 0, got {gpus_per_run}")
     started = not ray.is_initialized()
     if started:
+        _check_reachable(address)
         kw = {"num_cpus": num_cpus} if address == "local" else {"address": address}
-        ray.init(include_dashboard=False, log_to_driver=False, **kw)
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, **kw)
+        except (ValueError, ConnectionError, RuntimeError) as e:
+            raise InputError("--ray", f"cannot start or reach Ray at {address!r}: {e}") from None
     try:
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_run, max_retries=1)(run_task)
         cwd = os.getcwd()

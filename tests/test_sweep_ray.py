@@ -44,3 +44,22 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(InputError, match=r"install netsim\[ray\]"):
         _import_ray()
+
+
+@pytest.mark.parametrize("address, needle", [("nowhere", "expected local, auto, HOST:PORT"),
+                                             ("127.0.0.1:1", "no Ray cluster answers at '127.0.0.1:1'")])
+def test_bad_ray_address_is_one_line_exit_2(tmp_path, address, needle):
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    res = CliRunner().invoke(app, ["sweep", str(write_sweep(tmp_path, GRID)), "-q", "--ray", address])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and needle in res.output
+
+
+def test_bare_ray_flag_means_a_local_instance():
+    from netsim.cli import _bare_ray
+
+    assert _bare_ray(["sweep", "s.toml", "--ray"]) == ["sweep", "s.toml", "--ray", "local"]
+    assert _bare_ray(["sweep", "s.toml", "--ray", "-q"]) == ["sweep", "s.toml", "--ray", "local", "-q"]
+    assert _bare_ray(["sweep", "s.toml", "--ray", "auto"]) == ["sweep", "s.toml", "--ray", "auto"]

@@ -1,0 +1,301 @@
+"""DO-ADP and its baselines (seed 003; docs/reproductions/seed-003.md).
+
+Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Differential Privacy via
+Efficient Communication" (arXiv 2506.07102), Algorithm 1 with eq. (5), round t at agent i:
+    eta_{i,t} ~ Bern(p)                          (the scenario's Bernoulli activation; inactive = asleep)
+    cons_i = sum_j w_ij (xhat_j - xhat_i)        (public copies at the START of round t)
+    active:   m <- clip(g) + N(0, sigma^2 I) + beta m                      (5a)
+              x <- x - alpha m + gamma cons_i                              (5b)
+              s = TopK(x - xhat_i); send s to all neighbours; xhat_i += s   (5c)
+    inactive: m <- beta m;  x <- x + gamma cons_i  (Alg. 1, lines 11-12; no gradient, noise or send)
+    all:      xhat_j += s_j for every neighbour j that sent in round t      (5d)
+The gradient is clipped coordinate-wise to +-G/sqrt(d) (Assumption 2; this gives the top-k sensitivity
+2G sqrt(k/d) of eq. (6)). sigma is given, or calibrated from epsilon by Theorem 1, eq. (7)
+(``netsim.privacy.closed_forms.seed003_theorem1_sigma``). The CHOCO machinery is ``comm.PublicCopies``
+with the ``comm.Compressor`` top-k (Koloskova et al. 2019), no extra error-feedback buffer: the residual
+x - xhat is the memory.
+
+Execution. The kernel's Bernoulli activation wakes an agent only on its active ticks; the rounds it
+slept through are replayed when it wakes (their consensus steps and momentum decay, with the copies as
+they were then: neighbours' messages are bucketed by round and applied in round order). A message that
+arrives after its round was replayed is late: it is dropped and counted (``do_adp_late``), and that
+replica then differs from the sender's (the paper assumes reliable, round-synchronous links; spec §4).
+Silence is read as inactivity. The agent finishes after ``rounds`` ticks (T).
+
+Privacy. Each active round releases the noisy gradient through ``Agent.privatize`` with sampling rate
+B/q and the scenario's activation p (the ledger). Recorded sensitivity: ``sensitivity = "topk"`` is the
+paper's Delta = 2G sqrt(k/d) (replace-one, eq. 6); ``"full"`` is 2G (spec caveat 2: the top-k support is
+data dependent). ``[privacy] closed_form = "seed003"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the
+conservative one; dp-accounting's RDP/PLD give the rigorous numbers.
+
+Baselines (the paper gives no update rules; spec §6, all **[reconstructed]**): ``dpdo`` (Huang, Mitra,
+Vaidya 2015: Laplace-perturbed states, geometric schedules) and ``dp_dda`` (Liu, Johansson, Shi 2024:
+node-sampled private dual averaging).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+import torch
+
+from netsim.algorithms.registry import register
+from netsim.comm.compression import Compressor, PublicCopies
+from netsim.comm.patterns import drain, sync_round
+from netsim.comm.stats import stats_of
+from netsim.errors import InputError
+from netsim.privacy import closed_forms as cf
+from netsim.scenario.schema import PrivacySpec
+from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.trace.events import Finish
+
+
+def _unit(v: float) -> str | None:
+    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def _opt_pos(v: float | None) -> str | None:
+    return None if v is None or v > 0 else f"must be > 0, got {v}"
+
+
+def _opt_nonneg(v: float | None) -> str | None:
+    return None if v is None or v >= 0 else f"must be >= 0, got {v}"
+
+
+def finish(agent):
+    """End this agent's program after its own round count (an algorithm-defined horizon): trace the
+    Finish and let the run stop when every agent is done, as ``Agent.wake`` does at ``run.rounds``."""
+    if not agent.finished:
+        agent.finished = True
+        agent.emit(Finish(agent.env.now, agent.id, agent.round))
+        agent.sim.agent_finished()
+    yield agent.env.event()  # never fires
+
+
+def activation_p(agent) -> float:
+    act = agent.sim.scenario.agents.activation
+    return float(act.p) if act.kind == "bernoulli" else 1.0
+
+
+def privacy_spec(agent) -> PrivacySpec:
+    return agent.sim.scenario.privacy or PrivacySpec()
+
+
+def tick_of(agent, at: float) -> int:
+    """0-based round index of the activation tick at local time ``at`` (ticks are at multiples of the
+    period, the first at 1 period)."""
+    return int(round(at / agent.sim.scenario.agents.activation.period)) - 1
+
+
+# --------------------------------------------------------------------------------------------------
+@attrs.frozen
+class DOADPParams:
+    rounds: int = field(6000, check=at_least(1), doc="T: rounds (activation ticks); the agent stops after T")
+    lr: float = field(0.03, check=nonneg, doc="alpha, SGD step size")
+    beta: float = field(0.15, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}",
+                        doc="momentum beta")
+    gamma: float = field(0.05, check=_unit, doc="consensus step size gamma")
+    ratio: float = field(1.0, check=_unit, doc="k/d of the top-k sparsifier (1 = dense messages)")
+    batch: int = field(1, check=at_least(0), doc="B samples per gradient (paper: 1; 0 = full local batch)")
+    clip: float = field(1.0, check=nonneg, doc="G: coordinates clipped to +-G/sqrt(d) (0 = no clipping)")
+    clip_kind: Literal["coordinate", "l2"] = field("coordinate", doc="coordinate (paper, A2) or l2 norm G")
+    sigma: float | None = field(None, check=_opt_nonneg, doc="noise std; if set it overrides the epsilon calibration")
+    epsilon: float | None = field(None, check=_opt_pos, doc="target epsilon: sigma from eq. (7)")
+    noise_scaling: Literal["p2k_over_d", "pk_over_d"] = field(
+        "p2k_over_d", doc="eq. (7) as printed (p^2 k/d), or spec item 3's p k/d")
+    sensitivity: Literal["topk", "full"] = field("topk", doc="recorded sensitivity: 2G sqrt(k/d) or 2G")
+
+
+def _do_adp_sigma(agent, p: DOADPParams) -> float:
+    if p.sigma is not None:        # an explicit sigma wins (e.g. the non-private reference, sigma = 0)
+        return p.sigma
+    if p.epsilon is None:
+        raise InputError("algorithm.epsilon", "give epsilon (eq. (7) calibration) or sigma")
+    if p.clip <= 0:
+        raise InputError("algorithm.clip", "eq. (7) needs a clip bound G > 0")
+    try:
+        return cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
+                                         p.clip, p.ratio, activation_p(agent), p.batch or len(agent.rows),
+                                         p.noise_scaling,
+                                         strict=False).sigma
+    except cf.ClosedFormError as e:
+        raise InputError("algorithm.epsilon", e.message) from None
+
+
+@register("do_adp", DOADPParams)
+def do_adp(agent, p: DOADPParams):
+    """Checks and calibrates before the run (a plain function returning the agent's program)."""
+    act = agent.sim.scenario.agents.activation
+    if act.kind == "poisson":
+        raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
+    return _do_adp(agent, p, _do_adp_sigma(agent, p))
+
+
+def _do_adp(agent, p: DOADPParams, sigma: float):
+    x = agent.params
+    d = x.numel()
+    G = p.clip
+    clip = None if G == 0 else (G / math.sqrt(d) if p.clip_kind == "coordinate" else G)
+    B = p.batch or len(agent.rows)
+    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, p.ratio, p.sensitivity, B)
+    q = min(1.0, B / len(agent.rows))
+    pc = PublicCopies(Compressor("none" if p.ratio >= 1 else "topk", p.ratio), x, agent.weights)
+    m = agent.sim.bank.state("do_adp_momentum")[agent.id]   # a view: lives in the bank (checkpoints)
+    stats = stats_of(agent.sim)
+    pending: dict[int, list] = {}
+    done = -1            # last round whose own update has been applied
+    applied = -1         # last round whose neighbours' messages have been applied
+
+    def absorb(upto: int) -> None:
+        """Apply neighbours' messages of rounds applied+1 .. upto (5d), in round order."""
+        nonlocal applied
+        for msg in drain(agent, "do_adp"):
+            if msg.round <= applied:
+                stats.add("do_adp_late")      # its round is over here: this replica now differs
+            else:
+                pending.setdefault(msg.round, []).append(msg)
+        for r in sorted(k for k in pending if k <= upto):
+            for msg in sorted(pending.pop(r), key=lambda mm: mm.src):
+                pc.receive(msg.src, msg.payload)
+        applied = max(applied, upto)
+
+    def cons(x: torch.Tensor) -> torch.Tensor:
+        return pc.consensus(x, agent.weights, p.gamma)    # x + gamma sum_j w_ij (xhat_j - xhat_i)
+
+    def sleep_through(upto: int) -> torch.Tensor:
+        """Inactive rounds done+1 .. upto-1 (Alg. 1, lines 11-12)."""
+        nonlocal done
+        x = agent.params
+        for s in range(done + 1, upto):
+            absorb(s - 1)
+            x = cons(x)
+            m.mul_(p.beta)
+            done = s
+        agent.params = x
+        return x
+
+    spent = False
+    while True:
+        at = yield agent.wake()
+        t = tick_of(agent, at)
+        if t >= p.rounds:
+            sleep_through(p.rounds)
+            yield from finish(agent)
+        x = sleep_through(t)
+        absorb(t - 1)
+        step = None
+        if not spent:
+            g = yield agent.gradient(batch=p.batch, params=x, clip=clip, clip_kind=p.clip_kind)
+            step = agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what="gradient")   # g + theta
+            spent = step is None
+        if step is None:                                    # budget cap reached: behave as inactive
+            m.mul_(p.beta)
+            agent.params = cons(x)
+            done = t
+            continue
+        m.mul_(p.beta).add_(step)                           # (5a)
+        x = cons(x) - p.lr * m                              # (5b), copies as at the start of round t
+        s = pc.delta(x)                                     # (5c), own copy updated
+        agent.params = x
+        done = t
+        yield agent.broadcast(s, tag="do_adp", round=t)
+
+
+# --------------------------------------------------------------------------------------------------
+@attrs.frozen
+class DPDOParams:
+    epsilon: float = field(0.01, check=positive, doc="total pure epsilon (Laplace, basic composition)")
+    lr: float = field(0.03, check=positive, doc="c: step a_t = c rho_s^t")
+    rho_s: float = field(0.999, check=_unit, doc="step decay rho_s")
+    rho_n: float = field(0.9995, check=_unit, doc="noise decay rho_n > rho_s")
+    clip: float = field(1.0, check=positive, doc="C: coordinates clipped to +-C/sqrt(d)")
+    batch: int = field(1, check=at_least(1), doc="samples per stochastic gradient")
+    round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
+
+
+@register("dpdo", DPDOParams)
+def dpdo(agent, p: DPDOParams):
+    """DPDO [reconstructed] (Huang, Mitra, Vaidya 2015; spec §6 item 1): broadcast y = x + Lap(b_t),
+    v_i = sum_j w_ij y_j (own y included), x = v - a_t grad(v). a_t = c rho_s^t, b_t = 2 C sqrt(d) c
+    rho_n^t / (eps (rho_n - rho_s)); the release's L1 sensitivity is 2 C sqrt(d) a_t, so the per-round
+    epsilons sum to eps."""
+    if not p.rho_s < p.rho_n:
+        raise InputError("algorithm.rho_n", f"needs rho_s < rho_n, got {p.rho_s} >= {p.rho_n}")
+    d = agent.params.numel()
+    k = 0
+    while True:
+        yield agent.wake()
+        x = agent.params
+        a_t = p.lr * p.rho_s**k
+        b_t = 2 * p.clip * math.sqrt(d) * p.lr * p.rho_n**k / (p.epsilon * (p.rho_n - p.rho_s))
+        y = agent.privatize(x, sigma=b_t, sensitivity=2 * p.clip * math.sqrt(d) * a_t, mechanism="laplace",
+                            q=1.0, what="state")
+        if y is None:
+            y = x          # budget cap: nothing more leaves the agent
+            got = {}
+        else:
+            got = yield from sync_round(agent, y, k, timeout=p.round_timeout)
+        v = agent.mix(y, got)
+        g = yield agent.gradient(batch=p.batch, params=v, clip=p.clip / math.sqrt(d), clip_kind="coordinate")
+        agent.params = v - a_t * g
+        k += 1
+
+
+# --------------------------------------------------------------------------------------------------
+@attrs.frozen
+class DPDDAParams:
+    rounds: int = field(6000, check=at_least(1), doc="T (for the eq. (7) calibration)")
+    sample_p: float = field(0.24, check=_unit, doc="p_s: probability an agent uses a gradient this round")
+    kappa0: float = field(30.0, check=positive, doc="kappa_t = kappa0 sqrt(t+1) (proximal weight)")
+    lam: float = field(0.0, check=nonneg, doc="h(x) = lam/2 ||x||^2 (A_t = t+1)")
+    clip: float = field(1.0, check=positive, doc="G: coordinates clipped to +-G/sqrt(d)")
+    sigma: float | None = field(None, check=_opt_nonneg, doc="noise std; default eq. (7) with k = d, p = p_s")
+    epsilon: float | None = field(None, check=_opt_pos, doc="target epsilon for the calibration")
+    round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
+
+
+@register("dp_dda", DPDDAParams)
+def dp_dda(agent, p: DPDDAParams):
+    """DP-DDA [reconstructed] (Liu, Johansson, Shi, Automatica 2024; spec §6 item 2): each round an agent
+    is sampled with probability p_s and perturbs one single-sample gradient (else g = 0); dual averaging
+    z_{t+1} = sum_j w_ij z_j + g, x_{t+1} = -z_{t+1} / (A_t lam + kappa_t). Every agent sends its dense z
+    every round (100% communication). Releases are recorded at rate B/q (the sampling is visible in z:
+    no amplification credited)."""
+    if p.sigma is None and p.epsilon is None:
+        raise InputError("algorithm.epsilon", "give epsilon (eq. (7) calibration) or sigma")
+    if p.sigma is not None:
+        sigma = p.sigma
+    else:
+        try:
+            sigma = cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
+                                              p.clip, 1.0, max(0.5, p.sample_p), strict=False).sigma
+        except cf.ClosedFormError as e:
+            raise InputError("algorithm.epsilon", e.message) from None
+        if p.sample_p < 0.5:   # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6: same noise reduction)
+            sigma *= p.sample_p / 0.5
+    return _dp_dda(agent, p, sigma)
+
+
+def _dp_dda(agent, p: DPDDAParams, sigma: float):
+    d = agent.params.numel()
+    z = agent.sim.bank.state("dp_dda_dual")[agent.id]
+    rng = agent.rng()
+    q = 1.0 / len(agent.rows)
+    k = 0
+    while True:
+        yield agent.wake()
+        if k >= p.rounds:
+            yield from finish(agent)
+        x = agent.params
+        g = torch.zeros_like(x)
+        if rng.random() < p.sample_p:
+            raw = yield agent.gradient(batch=1, params=x, clip=p.clip / math.sqrt(d), clip_kind="coordinate")
+            noisy = agent.privatize(raw, sigma=sigma, sensitivity=2 * p.clip, q=q, what="gradient")
+            if noisy is not None:
+                g = noisy
+        got = yield from sync_round(agent, z.clone(), k, timeout=p.round_timeout)
+        z.copy_(agent.mix(z.clone(), got) + g)
+        agent.params = -z / ((k + 1) * p.lam + p.kappa0 * math.sqrt(k + 1))
+        k += 1

@@ -1,0 +1,227 @@
+"""PrivSGP-VR and its baselines (seed 004; docs/reproductions/seed-004.md).
+
+Zhu, Huang, Wang, Xu, "Privacy-Preserving Decentralized Stochastic Gradient Push with Variance
+Reduction" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteration k at node i (all nodes in lock-step):
+    xi ~ U{1..J};  h = grad f_i(z_i^k; xi)                                   (per-sample gradient)
+    g = h - T_i[xi] + (1/J) sum_j T_i[j];   T_i[xi] <- h                   (SAGA, eqs. (5)-(6))
+    g~ = g + N(0, sigma_i^2 I)                                             (eq. (7))
+    x_i^{k+1/2} = x_i^k - gamma g~
+    x_i^{k+1} = sum_j P^k_ij x_j^{k+1/2},  w_i^{k+1} = sum_j P^k_ij w_j^k,  z = x / w   (push-sum)
+The table starts with a full pass at x^0 (J gradients per node, not counted in K). Push-sum is
+``comm.PushSum`` (sender-chosen column-stochastic shares, Kempe et al. 2003) with plain shares (not
+running sums: on a time-varying graph the out-neighbour changes every round); each round ends with a
+barrier on the round's in-neighbours (``Agent.gather``). Use ``[topology.dynamic] kind =
+"one_peer_exponential"`` for the paper's time-varying directed exponential graph (P^k = (I + Pi_k)/2,
+App. D) or any directed topology with ``mixing = "column_stochastic"``. The bank holds z_i (what is
+evaluated); the SAGA table, its average and the push-sum weights live in bank state.
+
+Noise and K (``netsim.privacy.closed_forms``): sigma_i by eq. (11) (c_2 = ``[privacy] c2``) for the run's
+K; ``iterations = 0`` means K = k_scale * K* with K* from eq. (12), A = 13 F^0 + 6 L ||x^0||^2 + 18 L b^2
+from the problem constants given as parameters (estimate them with ``estimate_constants``). Step size
+``lr = 0`` means the theory's gamma = sqrt(n/K) (Theorem 1). The per-sample gradient is clipped to
+norm G (spec §9 item 4: makes the 3G sensitivity of App. B true). Releases are recorded with
+sensitivity 3G and rate 1/J, so ``closed_form = "seed004"`` inverts eq. (11) and dp-accounting gives
+the rigorous epsilon (far larger: spec §3.5).
+
+Baselines: ``privsgp`` (Algorithm 2: the same without variance reduction, eq. (4)); ``dp2_sgd``
+(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N), spec §6.2);
+``adp2_sgd`` (A(DP)^2SGD [reconstructed], Xu et al. 2021: AD-PSGD with gradient noise, spec §6.3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import torch
+
+from netsim.algorithms.do_adp import finish, privacy_spec
+from netsim.algorithms.registry import register
+from netsim.comm.patterns import PairwiseGossip, PushSum, sync_round
+from netsim.errors import InputError
+from netsim.privacy import closed_forms as cf
+from netsim.scenario.structure import at_least, field, nonneg, positive
+
+
+def _opt_pos(v: float | None) -> str | None:
+    return None if v is None or v > 0 else f"must be > 0, got {v}"
+
+
+def _opt_nonneg(v: float | None) -> str | None:
+    return None if v is None or v >= 0 else f"must be >= 0, got {v}"
+
+
+@attrs.frozen
+class PrivSGPParams:
+    iterations: int = field(0, check=at_least(0), doc="K; 0 = k_scale * K* (eq. 12)")
+    k_scale: float = field(1.0, check=positive, doc="with iterations = 0: K = round(k_scale * K*)")
+    lr: float = field(0.0, check=nonneg, doc="gamma; 0 = sqrt(n/K) (Theorem 1)")
+    lr_max: float | None = field(None, check=_opt_pos, doc="optional cap on gamma")
+    epsilon: float = field(1.0, check=positive, doc="per-node epsilon_i (eq. 11)")
+    delta: float = field(1e-5, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}",
+                         doc="per-node delta_i (eq. 11)")
+    sigma: float | None = field(None, check=_opt_nonneg, doc="fixed noise std (overrides eq. (11))")
+    G: float = field(1.0, check=positive, doc="per-sample gradient bound (clip norm)")
+    clip: bool = field(True, doc="clip each per-sample gradient to norm G (spec §9 item 4)")
+    sens_mult: float = field(3.0, check=positive, doc="recorded sensitivity = sens_mult * G (paper: 3)")
+    L: float | None = field(None, check=_opt_pos, doc="smoothness L (for K*)")
+    F0: float | None = field(None, check=_opt_nonneg, doc="f(x^0) - f* (for K*)")
+    b2: float | None = field(None, check=_opt_nonneg, doc="heterogeneity b^2 (for K*)")
+    batch: int = field(1, check=at_least(1), doc="dp2_sgd / adp2_sgd: samples per gradient")
+    round_timeout: float = field(1.0, check=positive, doc="seconds to wait for the round's in-neighbours")
+
+
+@attrs.frozen
+class Plan:
+    K: int
+    K_star: float | None
+    sigma: float
+    lr: float
+    J: int
+
+
+def plan(agent, p: PrivSGPParams) -> Plan:
+    """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i)."""
+    sim = agent.sim
+    n = sim.scenario.agents.count
+    J = min(len(part) for part in sim.data.parts)
+    c2 = privacy_spec(agent).c2
+    K_star = None
+    K = p.iterations
+    if K == 0:
+        missing = [k for k in ("L", "F0", "b2") if getattr(p, k) is None]
+        if missing:
+            raise InputError(f"algorithm.{missing[0]}", "iterations = 0 (K = K*) needs the problem constants "
+                                                        "L, F0 and b2 (see privsgp.estimate_constants)")
+        x0 = agent.params
+        A = cf.seed004_A(p.F0, p.L, float(x0.double().pow(2).sum()), p.b2)
+        try:
+            K_star = cf.seed004_k_star(A, J, p.L, x0.numel(), p.G, [p.epsilon] * n, [p.delta] * n, c2)
+        except cf.ClosedFormError as e:
+            raise InputError("algorithm", e.message) from None
+        K = max(1, round(p.k_scale * K_star))
+    sigma = p.sigma if p.sigma is not None else cf.seed004_sigma(K, p.epsilon, p.delta, len(agent.rows), p.G,
+                                                                 c2, p.sens_mult)
+    lr = p.lr if p.lr > 0 else math.sqrt(n / K)
+    if p.lr_max is not None:
+        lr = min(lr, p.lr_max)
+    return Plan(K, K_star, sigma, lr, J)
+
+
+def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Rough problem constants at x^0 for K* (spec §8.1): G = max per-sample gradient norm, L = max
+    ||grad_j(x) - grad_j(y)|| / ||x - y|| over random pairs near x^0, b^2 = max_i ||grad f_i - grad f||^2,
+    F0 = f(x^0) (f* taken as 0). ``samples`` rows are used for G and L."""
+    rng = np.random.default_rng(seed)
+    model, X, y = sim.model, sim.X, sim.y.long()
+    x0 = sim.bank.get(0)
+    rows = rng.choice(len(X), size=min(samples, len(X)), replace=False)
+    W0 = x0.expand(len(rows), -1)
+    g0 = model.grad(W0, X[rows].unsqueeze(1), y[rows].unsqueeze(1))
+    G = float(g0.norm(dim=1).max())
+    u = torch.as_tensor(rng.normal(size=(len(rows), x0.numel())), dtype=x0.dtype) * 0.1
+    g1 = model.grad(W0 + u, X[rows].unsqueeze(1), y[rows].unsqueeze(1))
+    L = float(((g1 - g0).norm(dim=1) / u.norm(dim=1)).max())
+    full = model.grad(x0.unsqueeze(0), X.unsqueeze(0), y.unsqueeze(0))[0]
+    b2 = max(float((model.grad(x0.unsqueeze(0), X[part].unsqueeze(0), y[part].unsqueeze(0))[0] - full)
+                   .pow(2).sum()) for part in sim.data.parts)
+    F0 = float(model.evaluate(x0.unsqueeze(0), X, y)[0][0])
+    return {"G": G, "L": L, "b2": b2, "F0": F0}
+
+
+def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool):
+    """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
+    pl = plan(agent, p)
+    bank, i = agent.sim.bank, agent.id
+    rows = agent.rows
+    J = len(rows)
+    x0 = agent.params
+    clip = p.G if p.clip else None
+    weight = bank.state("push_weight", shape=())          # w_i (push-sum weights), all agents
+    numer = bank.state("push_numerator")                  # x_i (push-sum numerators)
+    if vr:
+        Jmax = max(len(part) for part in agent.sim.data.parts)
+        table = bank.state("saga_table", shape=(Jmax, x0.numel()))[i]
+        avg = bank.state("saga_average")[i]
+        sim = agent.sim
+        idx = torch.as_tensor(rows)
+        table[:J] = sim.model.grad(x0.expand(J, -1), sim.X[idx].unsqueeze(1), sim.y.long()[idx].unsqueeze(1),
+                                   clip)             # full pass at x^0 (phi_{i,j}^0 = x^0)
+        avg.copy_(table[:J].mean(0))
+    ps = PushSum(agent, x0, tag="privsgp", running_sums=False)
+    rng = agent.rng()
+    q = 1.0 / J
+    sens = p.sens_mult * p.G
+    for k in range(pl.K):
+        yield agent.wake()
+        z = ps.estimate
+        xi = int(rng.integers(J))
+        h = yield agent.gradient(params=z, rows=rows[xi:xi + 1], clip=clip)
+        if vr:
+            g = h - table[xi] + avg                                   # eq. (6), old table
+            avg.add_(h - table[xi], alpha=1.0 / J)                    # eq. (5)
+            table[xi] = h
+        else:
+            g = h
+        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=sens, q=q, what="gradient")  # eq. (7)
+        if noisy is not None:
+            ps.x.sub_(noisy, alpha=pl.lr)                             # x^{k+1/2}
+        yield ps.push()                                               # keep P_ii share, push P_ji shares
+        got = yield agent.gather(tag=ps.tag, round=ps._seq, timeout=p.round_timeout)
+        for j in sorted(got):                                         # x^{k+1}, w^{k+1}
+            ps.x.add_(got[j].x)
+            ps.y += got[j].y
+        weight[i] = ps.y
+        numer[i] = ps.x
+        agent.params = ps.estimate                                    # z^{k+1}
+    yield from finish(agent)
+
+
+@register("privsgp_vr", PrivSGPParams)
+def privsgp_vr(agent, p: PrivSGPParams):
+    return _push_sum_sgp(agent, p, vr=True)
+
+
+@register("privsgp", PrivSGPParams)
+def privsgp(agent, p: PrivSGPParams):
+    return _push_sum_sgp(agent, p, vr=False)
+
+
+@register("dp2_sgd", PrivSGPParams)
+def dp2_sgd(agent, p: PrivSGPParams):
+    """DP^2-SGD [reconstructed]: x_i^{k+1} = sum_j W_ij x_j^k - gamma (grad f_i(x_i^k; B) + N(0, sigma^2 I))
+    on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR (spec §9 item 10)."""
+    pl = plan(agent, p)
+    clip = p.G if p.clip else None
+    q = min(1.0, p.batch / len(agent.rows))
+    for k in range(pl.K):
+        yield agent.wake()
+        x = agent.params
+        g = yield agent.gradient(batch=p.batch, params=x, clip=clip)
+        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q, what="gradient")
+        got = yield from sync_round(agent, x, k, timeout=p.round_timeout)
+        x = agent.mix(x, got)
+        agent.params = x if noisy is None else x - pl.lr * noisy
+    yield from finish(agent)
+
+
+@register("adp2_sgd", PrivSGPParams)
+def adp2_sgd(agent, p: PrivSGPParams):
+    """A(DP)^2SGD [reconstructed]: AD-PSGD (Lian et al. 2018, Alg. 1) with the gradient perturbed:
+    (a) read x_i, (b) g = grad f_i(x_i; B) + N(0, sigma^2 I) (stale by averagings others make meanwhile),
+    (c) average atomically with a random neighbour, (d) x_i -= gamma g. Each agent stops after K
+    of its own activations (asynchronous: use any activation; spec §9 item 11)."""
+    pl = plan(agent, p)
+    clip = p.G if p.clip else None
+    q = min(1.0, p.batch / len(agent.rows))
+    pg = PairwiseGossip(agent, timeout=p.round_timeout)
+    rng = agent.rng()
+    for _ in range(pl.K):
+        yield agent.wake()
+        g = yield agent.gradient(batch=p.batch, params=agent.params, clip=clip)           # (a), (b)
+        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q, what="gradient")
+        yield from pg.exchange(pg.random_neighbor(rng))                                     # (c)
+        if noisy is not None:
+            agent.params = agent.params - pl.lr * noisy                                     # (d)
+    yield from finish(agent)

@@ -1,0 +1,134 @@
+"""Seed 003, DO-ADP (netsim/algorithms/do_adp.py): special cases, noise placement, invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from netsim.errors import InputError
+from netsim.privacy import closed_forms as cf
+from netsim.scenario import scenario_from_dict
+from netsim.sim.kernel import Simulation
+from netsim.trace.events import Finish, Release, Send
+from netsim.trace.io import TraceWriter
+from tests.conftest import BASE, merge
+
+T = 40
+SMALL = {
+    "run": {"seed": 4, "until": T + 5.0},
+    "agents": {"count": 6, "compute_time": {"kind": "constant", "value": 0.01},
+               "activation": {"kind": "periodic", "period": 1.0}},
+    "topology": {"kind": "ring"},
+    "model": {"kind": "logistic", "l2": 0.01, "dtype": "float64"},
+    "data": {"kind": "synthetic", "samples": 600, "features": 7},
+    "evaluation": {"every": 10.0},
+}
+
+
+def _sim(collect: list | None = None, **extra) -> Simulation:
+    from netsim import api
+
+    sc = scenario_from_dict(merge(merge(BASE, SMALL), extra))
+    writer = TraceWriter(None, {}, on_batch=collect.extend) if collect is not None else None
+    return api.prepare(sc, writer)
+
+
+def test_p1_dense_noiseless_equals_momentum_dsgd_reference():
+    """p = 1, k = d, sigma = 0, no clipping, full local batch: DO-ADP is momentum D-SGD with the mixing
+    (1 - gamma) I + gamma W (x_hat = x after every round). Equal to float64 round-off only (1e-12): the
+    gradient service evaluates all agents in one batched call, the reference one agent at a time."""
+    alpha, beta, gamma = 0.2, 0.5, 0.4
+    sim = _sim(algorithm={"name": "do_adp", "rounds": T, "lr": alpha, "beta": beta, "gamma": gamma,
+                          "ratio": 1.0, "batch": 0, "clip": 0.0, "sigma": 0.0})
+    n, P = sim.bank.W.shape
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64)
+    X, y = sim.X, sim.y.long()
+    x = sim.bank.W.clone()
+    xh = torch.zeros_like(x)
+    m = torch.zeros_like(x)
+    for _ in range(T):
+        g = torch.stack([sim.model.grad(x[i:i + 1], X[sim.data.parts[i]].unsqueeze(0),
+                                        y[sim.data.parts[i]].unsqueeze(0))[0] for i in range(n)])
+        m = g + beta * m
+        x = x + gamma * (W @ xh - xh) - alpha * m
+        xh = x.clone()
+    sim.run()
+    assert sim.stop_reason == "rounds"
+    assert float((x - sim.bank.W).abs().max()) < 1e-12
+    assert float((x - sim.bank.W[0]).abs().max()) > 1e-3   # the run really moved (and disagrees)
+
+
+def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
+    """Bernoulli(p) activation: every active round is one gradient release (N(0, sigma^2 I) on all d
+    coordinates, sigma from eq. (7), rate 1/q, activation p) followed by one top-k message to each
+    neighbour in the same round; inactive rounds release and send nothing."""
+    events: list = []
+    p_act, ratio, eps = 0.7, 0.3, 0.5
+    sim = _sim(events, agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": p_act}},
+               algorithm={"name": "do_adp", "rounds": T, "lr": 0.05, "ratio": ratio, "epsilon": eps},
+               privacy={"delta0": 1e-5})
+    sim.run()
+    d = sim.bank.W.shape[1]
+    k = math.ceil(ratio * d)
+    q = len(sim.agents[0].rows)
+    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, ratio, p_act, strict=False).sigma
+    rel = [e for e in events if isinstance(e, Release)]
+    sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
+    assert rel and all(r.what == "gradient" and r.mechanism == "gaussian" and r.size == d for r in rel)
+    assert all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
+    assert {(r.q, r.p) for r in rel} == {(1.0 / q, p_act)}
+    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(ratio)) for r in rel)   # eq. (6), G = 1
+    rounds_released = {(r.agent, r.t) for r in rel}
+    by_sender: dict[tuple, list] = {}
+    for s in sends:
+        assert s.size == k * (8 + 4)          # float64 values + int32 indices
+        assert s.round == round(s.t - 0.01) - 1         # tagged with its round (tick - 1)
+        by_sender.setdefault((s.agent, round(s.t, 9)), []).append(s)   # sent when the noisy step is done
+    assert set(by_sender) == {(a, round(t, 9)) for a, t in rounds_released}
+    assert all(len(v) == 2 for v in by_sender.values())            # ring: both neighbours
+    # releases happen exactly on activation ticks < T, and about p of them
+    for a in sim.agents:
+        ticks = [round(r.t - 0.01) - 1 for r in rel if r.agent == a.id]
+        assert all(0 <= t < T for t in ticks) and len(ticks) == len(set(ticks))
+    frac = len(rel) / (len(sim.agents) * T)
+    assert abs(frac - p_act) < 0.1
+    assert sum(isinstance(e, Finish) for e in events) == len(sim.agents)
+
+
+def test_average_moves_only_by_gradient_terms():
+    """x_bar_{t+1} = x_bar_t - (alpha/n) sum_i eta_i m_i: compression and consensus never change the
+    average (spec §2.2). With beta = 0 and alpha = 1 the total displacement is the sum of the noisy
+    gradients the agents released, which we re-derive from the bank after the run."""
+    sim = _sim(agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.6}},
+               algorithm={"name": "do_adp", "rounds": T, "lr": 0.05, "beta": 0.0, "ratio": 0.25,
+                          "sigma": 0.3})
+    steps = []
+    real = sim.agents[0].privatize.__func__
+
+    def spy(agent, g, **kw):
+        out = real(agent, g, **kw)
+        steps.append(out.clone())
+        return out
+
+    for a in sim.agents:
+        a.privatize = spy.__get__(a)
+    x0 = sim.bank.W.mean(0).clone()
+    sim.run()
+    moved = sim.bank.W.mean(0) - x0
+    expected = -0.05 * torch.stack(steps).sum(0) / len(sim.agents)
+    assert float((moved - expected).abs().max()) < 1e-10
+    assert float(sim.bank.W.var(0).sum()) > 0  # agents disagree (compression lag), yet the mean is exact
+
+
+def test_bad_parameters_fail_with_key():
+    sim = _sim(algorithm={"name": "do_adp", "rounds": 10})
+    with pytest.raises(InputError) as e:
+        sim.program(sim.agents[0], sim.params)
+    assert e.value.key == "algorithm.epsilon"
+    sim = _sim(agents={"activation": {"kind": "poisson", "rate": 1.0}},
+               algorithm={"name": "do_adp", "rounds": 10, "sigma": 1.0})
+    with pytest.raises(InputError) as e:
+        sim.program(sim.agents[0], sim.params)
+    assert e.value.key == "agents.activation.kind"
