@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import netsim
+from netsim.api import prepare
 from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
 from netsim.sim.dynamic import DynamicTopology, one_peer_exponential
@@ -69,7 +70,7 @@ def test_dpsgd_follows_the_one_peer_exponential_sequence(tmp_path):
 def test_resampled_graphs_are_fresh_per_epoch_and_the_same_for_every_algorithm(tmp_path):
     topo = {"kind": "erdos_renyi", "p": 0.4, "dynamic": {"kind": "resample"}}
     res = run(tmp_path / "r", topo)
-    sim = netsim.api.prepare(res.scenario)
+    sim = prepare(res.scenario)
     dyn = DynamicTopology(sim)
     t = read_trace(res.trace_path).to_pandas()
     sends = t[t.kind == "send"]
@@ -78,7 +79,7 @@ def test_resampled_graphs_are_fresh_per_epoch_and_the_same_for_every_algorithm(t
         assert all(p in lists[a][0] for a, p in zip(grp.agent, grp.peer, strict=True))
     graphs = {tuple(tuple(x[0]) for x in dyn.at(k)) for k in range(6)}
     assert len(graphs) == 6
-    other = netsim.api.prepare(scenario_from_dict({**BASE, "topology": topo,
+    other = prepare(scenario_from_dict({**BASE, "topology": topo,
                                                    "algorithm": {"name": "gossip"}}))
     assert DynamicTopology(other).at(3) == dyn.at(3)
 
@@ -97,7 +98,7 @@ def test_schedule_cycles_and_errors_name_the_graph(tmp_path):
     graphs = [{"kind": "ring"}, {"kind": "random_regular", "degree": 9}]
     bad = {"kind": "ring", "dynamic": {"kind": "schedule", "graphs": graphs}}
     with pytest.raises(InputError, match=r"topology.dynamic.graphs\[1\].degree"):
-        netsim.api.prepare(scenario_from_dict({**BASE, "topology": bad}))
+        prepare(scenario_from_dict({**BASE, "topology": bad}))
     with pytest.raises(InputError, match="'resample' needs a random topology.kind"):
         ring = {"kind": "ring", "dynamic": {"kind": "resample"}}
-        netsim.api.prepare(scenario_from_dict({**BASE, "topology": ring}))
+        prepare(scenario_from_dict({**BASE, "topology": ring}))

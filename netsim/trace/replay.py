@@ -19,6 +19,7 @@ every churn interval (``offline``). Replay builds a run whose network *is* that 
 from __future__ import annotations
 
 import bisect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -141,48 +142,70 @@ class ReplayNetwork:
         return tx_end - now
 
 
-def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats, end: float):
-    """Agent.wake at the recorded activation times (then: exact, after ``end``; else its own model)."""
+def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
+    """Agent.wake at the recorded activation times.
+
+    exact: the agent's own wake runs first (so everything that reads its clock state, e.g. the tick
+    count the privacy ledger uses, and its activation stream advance exactly as recorded); its event is
+    kept when it lands on the recorded activation (always, for an unedited trace) and replaced by one at
+    the recorded time otherwise. conditions: the recorded times, then the agent's own model."""
     from netsim.sim.agent import Agent
 
     state = {"k": 0}
     env = agent.env
+    act = agent._act
 
-    def wake() -> simpy.Event:
+    def at_recorded(t: float, local: float) -> simpy.Event:
+        ev = simpy.events.Timeout(env, max(0.0, t - env.now), local)
+        ev.callbacks.append(agent._activated)
+        return ev
+
+    def wake_exact() -> simpy.Event:
+        k = state["k"]
+        if agent.finished or (agent.sim.scenario.run.rounds is not None
+                              and agent.round >= agent.sim.scenario.run.rounds):
+            return Agent.wake(agent)  # finishing: the agent's own bookkeeping
+        own = Agent.wake(agent)
+        if k >= len(times):  # still pending when the recorded run ended: it stays after the end
+            stats.fallback_activations += 1
+            return own
+        state["k"] = k + 1
+        stats.activations_replayed += 1
+        t, local = times[k]
+        if own._value == local:
+            return own
+        own.callbacks.remove(agent._activated)  # an edited recording: fire at its time instead
+        return at_recorded(t, local)
+
+    def wake_conditions() -> simpy.Event:
         limit = agent.sim.scenario.run.rounds
         if limit is not None and agent.round >= limit:
-            return Agent.wake(agent)  # finishing: the agent's own bookkeeping
+            return Agent.wake(agent)
         now = env.now
         k = state["k"]
-        while k < len(times) and times[k][0] < now and not exact:
+        while k < len(times) and times[k][0] < now:
             k += 1
             stats.activations_skipped += 1
+        state["k"] = k
         if k >= len(times):
-            state["k"] = k
-            if exact:  # the recording ended before this activation: it comes after the end, as it did
-                agent.round += 1
-                return simpy.events.Timeout(env, end - now)
             stats.fallback_activations += 1
             return Agent.wake(agent)
         t, local = times[k]
         state["k"] = k + 1
         stats.activations_replayed += 1
-        # exact: the same float computation as Agent.wake, so the event lands on the recorded time
-        delay = max(0.0, agent.global_time(local) - now) if exact else max(0.0, t - now)
         agent.round += 1
-        ev = simpy.events.Timeout(env, delay, local)
-        ev.callbacks.append(agent._activated)
-        return ev
+        if act.kind != "poisson":  # keep the tick count (read by e.g. the privacy ledger) in step
+            agent._tick = max(agent._tick, math.floor(agent.local_time(t) / act.period + 1e-9))
+        return at_recorded(t, local)
 
-    return wake
+    return wake_exact if exact else wake_conditions
 
 
 def installer(rec: Recording, exact: bool, window: float, stats: Stats):
     def setup(sim) -> None:
-        end = max(rec.t_end, sim.scenario.run.until or 0.0) + 1.0  # after anything the run can reach
         sim.network.send = ReplayNetwork(sim, rec, exact, window, stats).send
         for a in sim.agents:
-            a.wake = replay_wake(a, rec.activations.get(a.id, []), exact, stats, end)
+            a.wake = replay_wake(a, rec.activations.get(a.id, []), exact, stats)
     return setup
 
 
