@@ -86,6 +86,23 @@ def test_exact_replay_takes_delays_and_drops_from_the_trace_not_the_seed(recorde
     assert deliver.t.iloc[0] == pytest.approx(orig.t + orig.value + 0.07)
 
 
+def test_exact_replay_takes_activation_times_from_the_trace(recorded, tmp_path):
+    t = read_trace(recorded.out).to_pandas()
+    acts = t[(t.kind == "activate") & (t.agent == 0)]
+    target = float(acts.t.iloc[4])
+
+    def edit(c):
+        i = next(i for i, (k, a, tt) in enumerate(zip(c["kind"], c["agent"], c["t"], strict=True))
+                 if k == "activate" and a == 0 and tt == target)
+        c["t"][i] = target + 0.01  # agent 0's fifth activation comes 10 ms late
+    _rewrite(recorded.trace_path, tmp_path / "edited.arrows", edit)
+    replay(tmp_path / "edited.arrows", out=tmp_path / "rep")
+    r = read_trace(tmp_path / "rep").to_pandas()
+    got = r[(r.kind == "activate") & (r.agent == 0)].t.to_numpy()
+    assert got[4] == pytest.approx(target + 0.01) and target not in set(got)
+    assert got[:4] == pytest.approx(acts.t.to_numpy()[:4])
+
+
 def test_replay_under_another_scenario_uses_recorded_delays_and_drops(recorded, tmp_path):
     other = {**BASE, "algorithm": {"name": "gossip", "lr": 0.1, "batch": 8, "reply_timeout": 0.3},
              "network": {"latency": {"kind": "constant", "value": 5.0}},  # would be 5 s without the trace

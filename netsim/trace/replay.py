@@ -172,7 +172,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
         state["k"] = k + 1
         stats.activations_replayed += 1
         t, local = times[k]
-        if own._value == local:
+        if own._value == local and env.now + own._delay == t:  # the same float sum simpy schedules
             return own
         own.callbacks.remove(agent._activated)  # an edited recording: fire at its time instead
         return at_recorded(t, local)
