@@ -73,6 +73,11 @@ def test_bad_sweep_files_name_the_file_and_key(tmp_path, body, needle):
     assert len(res.output.strip().splitlines()) == 1 and needle in res.output
 
 
+def test_the_example_sweep_file_is_valid():
+    sw = load_sweep(Path(__file__).parent.parent / "examples" / "sweep_quickstart.toml")
+    assert len(sw.tasks) == 8 and sw.swept == ["algorithm.lr", "network.loss"]
+
+
 def test_missing_scenario_file_is_an_input_error(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text('scenario = "nope.toml"\n')
@@ -136,7 +141,6 @@ def test_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
     proc.wait()
     done = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/seed=*/summary.json")}
     assert 1 <= len(done) < 4, done
-    assert len(list(out.glob("*/seed=*"))) > len(done) or len(done) == 3  # a run was cut mid-way
     res = run_sweep(p, jobs=1)
     assert res.ran == 4 - len(done)
     after = {q.parent.name: q.stat().st_mtime_ns for q in out.glob("*/seed=*/summary.json")}

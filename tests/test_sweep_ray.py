@@ -1,4 +1,5 @@
-"""The same sweep on a local Ray instance (2 CPUs) gives the process pool's results, byte for byte."""
+"""The same sweep on a local Ray instance (2 CPUs) gives the local runs' results, byte for byte
+(in-process runs equal the process pool's: tests/test_sweep.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def local_ray():
 
 def test_ray_sweep_equals_the_process_pool(tmp_path, local_ray):
     p = write_sweep(tmp_path, GRID)
-    pool = run_sweep(p, jobs=2, out=tmp_path / "pool")
+    pool = run_sweep(p, jobs=1, out=tmp_path / "pool")
     on_ray = run_sweep(p, ray="local", out=tmp_path / "ray")
     assert pool.ran == on_ray.ran == 4
     assert pool.table.equals(on_ray.table)
