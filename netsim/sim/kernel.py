@@ -85,6 +85,7 @@ class Simulation:
         self.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
         self.metrics: list[dict[str, float]] = []
+        self.eval_rows: list[int] | None = None  # agents whose models are evaluated (None: all; a server)
         self._finished = 0
         self._stop = self.env.event()
         self.stop_reason = ""
@@ -122,7 +123,8 @@ class Simulation:
     def evaluate(self) -> dict[str, float]:
         row = {"time": float(self.env.now),
                "round_mean": float(np.mean([a.round for a in self.agents]))}
-        row.update(evaluate_bank(self.model, self.bank.W, self.X_test, self.y_test,
+        W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
+        row.update(evaluate_bank(self.model, W, self.X_test, self.y_test,
                                  self.scenario.evaluation.metrics))
         self.metrics.append(row)
         self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))

@@ -1,0 +1,226 @@
+"""DFedSAM and DFedSAM-MGS (seed 002) with their decentralized baselines DFedAvg and DFedAvgM.
+
+Shi et al., "Improving the Model Consistency of Decentralized Federated Learning" (seed 002, the
+double-blind version; spec ../shared/specs/seed-002-dfedsam.md). Every round t all m clients train
+and then gossip (Algorithm 1, App. C, read as spec 2.1):
+
+- K local SAM steps, eq. (3): ``g = grad F_i(y; xi)``, ``delta = rho g / ||g||_2`` (eq. (2) to first
+  order, Foret et al. 2021; global L2 norm, eps 1e-12), ``g~ = grad F_i(y + delta; xi)`` on the SAME
+  mini-batch, ``y <- y - eta_t (g~ + wd y)`` from the unperturbed y; eta_t = eta_0 decay^t (B12).
+- Q gossip steps, eq. (5): ``z^{q+1}_i = sum_l w_il z^q_l``, each a synchronous exchange
+  (``comm.sync_round``, a neighbour barrier with timeout); Q = 1 is eq. (4) (DFedSAM), Q > 1 is
+  DFedSAM-MGS. Without loss the round is X^{t+1} = W^Q Z^t.
+
+Baselines in the same loop (spec 5): DFedAvg (Sun et al., TPAMI 2022) is rho = 0, Q = 1 and then does
+one gradient pass per step, so its trace is that of DFedSAM with rho = 0; DFedAvgM adds heavy-ball
+momentum theta (``y^{k+1} = y^k - eta g + theta (y^k - y^{k-1})``, reset each round). The paper's
+D-PSGD (App. B.3) is DFedAvg with one local epoch instead of five (``local_steps`` 1/5 as large);
+netsim's classical ``dpsgd`` (Lian et al. 2017) is the one-step variant.
+
+Topology: the scenario's static graph and mixing matrix, or ``random_neighbors = k > 0``: in every
+gossip step each client independently draws k distinct other clients as in-neighbours and averages
+uniformly over itself and them (weight 1/(k+1); spec 4 / B3, DisPFL's ``_benefit_choose(cs="random")``;
+directed and row-stochastic, resampled per gossip step). The draw for (round t, step q) comes from the
+``topology_schedule`` stream keyed (t, q), so every algorithm sees the same graphs. (The spec's
+``symmetrize`` option is not implemented.) Use ``topology.kind = "complete"`` so any pair may talk.
+
+Privacy (not in the paper; netsim's option): ``noise_multiplier > 0`` clips per-example gradients to
+``clip`` and releases each gradient through ``Agent.privatize`` (std z C / B). SAM's ascent gradient
+is data-dependent and moves the point where the descent gradient is taken, so both passes are
+privatized: two releases per SAM step. Once the budget cap is hit the client stops training and only
+gossips (post-processing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from typing import Literal
+
+import attrs
+import numpy as np
+import torch
+
+from netsim.algorithms.registry import register
+from netsim.comm.patterns import sync_round
+from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.sim.streams import PURPOSES
+
+
+def _unit_open(v: float) -> str | None:
+    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+def _momentum(v: float) -> str | None:
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
+
+
+@attrs.frozen
+class DFedSAMParams:
+    """One parameter set for the whole family (decentralized and centralized, ``fedavg.py``), so a
+    sweep can switch ``algorithm.name`` over the same keys. Defaults are the paper's (spec 7.1)."""
+
+    lr: float = field(0.1, check=nonneg, doc="eta_0, local learning rate")
+    lr_decay: float = field(0.998, check=_unit_open, doc="eta_t = lr * lr_decay^t per round (B12)")
+    batch: int = field(128, check=at_least(0), doc="mini-batch size B (0 = the full local data)")
+    local_steps: int = field(20, check=at_least(0), doc="K local steps per round (5 epochs of 500 rows, B7)")
+    rho: float = field(0.01, check=nonneg, doc="SAM radius (0 = plain SGD: DFedAvg)")
+    weight_decay: float = field(5e-4, check=nonneg, doc="wd in y <- y - eta (g + wd y) (B6)")
+    momentum: float = field(0.0, check=_momentum, doc="heavy-ball theta, reset every round (DFedAvgM: 0.9)")
+    gossip_steps: int = field(1, check=at_least(1), doc="Q gossip steps per round (MGS: 4)")
+    random_neighbors: int = field(0, check=at_least(0), doc="k > 0: k random in-neighbours per gossip "
+                                                            "step (spec 4); 0: the scenario's topology")
+    round_timeout: float = field(1.0, check=positive, doc="seconds a gossip step waits for neighbours")
+    sample_fraction: float = field(0.1, check=_unit_open, doc="centralized only: clients sampled per round")
+    server_lr: float = field(1.0, check=positive, doc="centralized only: global learning rate")
+    noise_multiplier: float = field(0.0, check=nonneg, doc="DP option: z (0 = no DP, as in the paper)")
+    clip: float = field(1.0, check=positive, doc="DP option: per-example clip bound C")
+    clip_kind: Literal["l2", "coordinate"] = field("l2", doc="DP option: L2 or coordinate clipping")
+
+
+@attrs.frozen
+class DFedSAMMGSParams(DFedSAMParams):
+    gossip_steps: int = field(4, check=at_least(1), doc="Q gossip steps per round (MGS: 4)")
+
+
+@attrs.frozen
+class DFedAvgParams(DFedSAMParams):
+    rho: float = field(0.0, check=nonneg, doc="SAM radius (0 = plain SGD: DFedAvg)")
+
+
+@attrs.frozen
+class DFedAvgMParams(DFedSAMParams):
+    rho: float = field(0.0, check=nonneg, doc="SAM radius (0 = plain SGD: DFedAvg)")
+    momentum: float = field(0.9, check=_momentum, doc="heavy-ball theta, reset every round (DFedAvgM: 0.9)")
+
+
+# --------------------------------------------------------------------------------------------------
+def local_train(agent, p: DFedSAMParams, x: torch.Tensor, t: int, dp: dict) -> Generator:
+    """K local (SAM) steps from x in round t (eq. (3); Algorithm 1 lines 3-8); returns y^{t,K}.
+    ``dp`` holds the agent's privacy state ({"spent": bool}); ignored when noise_multiplier = 0."""
+    eta = p.lr * p.lr_decay ** t
+    private = p.noise_multiplier > 0
+    clip = p.clip if private else None
+    y = x.clone()
+    prev = y
+    for _ in range(p.local_steps):
+        if dp.get("spent"):
+            break
+        rows = agent.sample_rows(p.batch)                      # xi: one mini-batch for both passes
+        g = yield agent.gradient(params=y, rows=rows, clip=clip, clip_kind=p.clip_kind)
+        if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
+            break
+        if p.rho > 0:
+            perturbed = y + g * (p.rho / (float(g.norm()) + 1e-12))   # delta = rho g / ||g||_2 (B14)
+            g = yield agent.gradient(params=perturbed, rows=rows, clip=clip, clip_kind=p.clip_kind)
+            if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
+                break
+        step = g if p.weight_decay == 0 else g + p.weight_decay * y
+        new = y - eta * step
+        if p.momentum > 0:
+            new = new + p.momentum * (y - prev)                 # heavy ball, y^{-1} = y^0 (DFedAvgM)
+        prev, y = y, new
+    return y
+
+
+def _privatize(agent, p: DFedSAMParams, g: torch.Tensor, b: int, dp: dict) -> torch.Tensor | None:
+    per_example = p.clip if p.clip_kind == "l2" else p.clip * math.sqrt(g.numel())
+    sens = per_example / b
+    q = min(1.0, b / len(agent.rows))
+    out = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=q, what="gradient")
+    if out is None:
+        dp["spent"] = True
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+class RandomInNeighbors:
+    """The time-varying random graph of spec 4: for (round t, gossip step q), every client draws k
+    distinct other clients uniformly without replacement as its in-neighbours. One draw per (t, q)
+    for the whole run (shared by all agents through the simulation), from a stream addressed by
+    (topology_schedule, t, q), so it never shifts another stream."""
+
+    def __init__(self, sim, k: int):
+        self.sim = sim
+        self.n = sim.scenario.agents.count
+        if not 0 < k < self.n:
+            from netsim.errors import InputError
+
+            raise InputError("algorithm.random_neighbors",
+                             f"must be in [1, {self.n - 1}] for {self.n} agents, got {k}")
+        self.k = k
+        self.cache: dict[tuple[int, int], tuple[list[list[int]], list[list[int]]]] = {}
+
+    @classmethod
+    def of(cls, sim, k: int) -> RandomInNeighbors:
+        got = getattr(sim, "_random_in_neighbors", None)
+        if got is None or got.k != k:
+            got = sim._random_in_neighbors = cls(sim, k)
+        return got
+
+    def at(self, t: int, q: int) -> tuple[list[list[int]], list[list[int]]]:
+        """(in-neighbours, out-neighbours) of every agent, sorted."""
+        key = (t, q)
+        got = self.cache.get(key)
+        if got is None:
+            key3 = (PURPOSES["topology_schedule"], t, q)
+            ss = np.random.SeedSequence(self.sim.streams.seed, spawn_key=key3)
+            rng = np.random.Generator(np.random.PCG64(ss))
+            ins, outs = [], [[] for _ in range(self.n)]
+            for i in range(self.n):
+                c = rng.choice(self.n - 1, size=self.k, replace=False)
+                c[c >= i] += 1
+                ins.append(sorted(int(j) for j in c))
+                for j in ins[-1]:
+                    outs[j].append(i)
+            got = (ins, outs)
+            if len(self.cache) > 64:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = got
+        return got
+
+
+def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
+    """Q synchronous gossip steps of z (eq. (5)); returns z^{t,Q}. Step q of round t carries message
+    round t Q + q, so a late message of an earlier step is discarded as stale."""
+    Q = p.gossip_steps
+    for q in range(Q):
+        r = t * Q + q
+        if p.random_neighbors == 0:
+            got = yield from sync_round(agent, z, r, timeout=p.round_timeout, tag="gossip")
+            z = agent.mix(z, got)                                    # sum_l w_il z_l (missing: own)
+            continue
+        ins, outs = RandomInNeighbors.of(agent.sim, p.random_neighbors).at(t, q)
+        yield agent.broadcast(z, tag="gossip", round=r, to=outs[agent.id])
+        got = yield agent.gather(tag="gossip", round=r, senders=ins[agent.id], timeout=p.round_timeout)
+        w = 1.0 / (p.random_neighbors + 1)
+        out = z * (1.0 - w * len(got))                               # a missing neighbour's weight stays home
+        for j in sorted(got):
+            out.add_(got[j], alpha=w)
+        z = out
+    return z
+
+
+def dfedsam(agent, p: DFedSAMParams):
+    """Checks k before any event (a plain function returning the agent's program)."""
+    if p.random_neighbors:
+        RandomInNeighbors.of(agent.sim, p.random_neighbors)
+    return _dfedsam(agent, p)
+
+
+def _dfedsam(agent, p: DFedSAMParams):
+    """Algorithm 1: every round, K local SAM steps then Q gossip steps; x^{t+1}(i) = z^{t,Q}(i)."""
+    dp: dict = {}
+    t = 0
+    while True:
+        yield agent.wake()
+        y = yield from local_train(agent, p, agent.params, t, dp)   # z^t(i) = y^{t,K}(i)
+        agent.params = y
+        agent.params = yield from gossip(agent, p, y, t)            # x^{t+1}(i) = z^{t,Q}(i)
+        t += 1
+
+
+register("dfedsam", DFedSAMParams)(dfedsam)
+register("dfedsam_mgs", DFedSAMMGSParams)(dfedsam)
+register("dfedavg", DFedAvgParams)(dfedsam)
+register("dfedavgm", DFedAvgMParams)(dfedsam)
