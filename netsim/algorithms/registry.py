@@ -44,6 +44,7 @@ def _load_builtin() -> None:
         event_triggered,
         fedavg,
         gossip,
+        ldp_online,
         push_gossip,
         pushsum,
         sparq,

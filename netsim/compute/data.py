@@ -156,7 +156,7 @@ def _labels(y: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.random.Generator,
-              shards: int = 2) -> tuple:
+              shards: int = 2, share: float = 0.4) -> tuple:
     """IID: a random equal split. Dirichlet(alpha) label skew (Hsu et al. 2019): each class's rows
     split by Dir(alpha) proportions. ``shards``: k label-sorted shards per agent. ``quantity``: IID
     rows, sizes in Dir(alpha) proportions.
@@ -179,6 +179,8 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
         pieces = np.array_split(order, n_agents * k)
         deal = rng.permutation(n_agents * k).reshape(n_agents, k)
         return tuple(np.sort(np.concatenate([pieces[s] for s in row])) for row in deal)
+    if kind in ("label", "label_share"):
+        return _label_partition(y, n_agents, kind, rng, share)
     parts: list[list[int]] = [[] for _ in range(n_agents)]
     for c in np.unique(y):
         rows = rng.permutation(np.flatnonzero(y == c))
@@ -189,6 +191,37 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
         if not parts[i]:
             donor = max(range(n_agents), key=lambda j: len(parts[j]))
             parts[i].append(parts[donor].pop())
+    return tuple(np.sort(np.array(p, dtype=np.int64)) for p in parts)
+
+
+def _label_partition(y: np.ndarray, n_agents: int, kind: str, rng: np.random.Generator,
+                     share: float) -> tuple:
+    """Seed 001's label-skewed splits (spec 7.2, 9 N2). ``label``: contiguous blocks of agents own one
+    class each, agent i holding class floor(i C / m) (m >= C; mushrooms, m = 5: agents 0-2 class 0,
+    3-4 class 1), a class split evenly over its agents; with m < C agent i holds the classes c with
+    floor(c m / C) = i. ``label_share``: agent c mod m gets ``share`` of class c, the other agents
+    equal parts of the rest (MNIST/CIFAR, 5 learners: 40% / 15%)."""
+    classes = np.unique(y)
+    C = len(classes)
+    parts: list[list[int]] = [[] for _ in range(n_agents)]
+    for ci, c in enumerate(classes):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        if kind == "label":
+            owners = ([i for i in range(n_agents) if i * C // n_agents == ci] if n_agents >= C
+                      else [ci * n_agents // C])
+            for i, chunk in zip(owners, np.array_split(rows, len(owners)), strict=True):
+                parts[i].extend(chunk.tolist())
+            continue
+        home = ci % n_agents
+        k = int(round(share * len(rows)))
+        parts[home].extend(rows[:k].tolist())
+        others = [i for i in range(n_agents) if i != home]
+        for i, chunk in zip(others, np.array_split(rows[k:], len(others)), strict=True):
+            parts[i].extend(chunk.tolist())
+    empty = [i for i in range(n_agents) if not parts[i]]
+    if empty:
+        raise InputError("data.partition", f"{kind!r} leaves agents {empty} without rows "
+                                           f"({C} classes over {n_agents} agents)")
     return tuple(np.sort(np.array(p, dtype=np.int64)) for p in parts)
 
 
@@ -219,5 +252,5 @@ def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
         X, X_test, y_raw, y_test_raw = X[train], X[test], y_raw[train], y_raw[test]
     values = np.unique(np.concatenate([y_raw, y_test_raw]))
     y, y_test = _labels(y_raw, values), _labels(y_test_raw, values)
-    parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng, spec.shards)
+    parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng, spec.shards, spec.share)
     return Dataset(X, y, X_test, y_test, parts, len(values), shape)

@@ -249,9 +249,11 @@ class DataSpec:
                                        "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
     test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
-    partition: Literal["iid", "dirichlet", "shards", "quantity"] = "iid"
+    partition: Literal["iid", "dirichlet", "shards", "quantity", "label", "label_share"] = "iid"
     alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
     shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
+    share: float = field(0.4, check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], got {v}",
+                         doc="partition = 'label_share': fraction of class c held by agent c mod m")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "libsvm" and not self.path:
@@ -279,7 +281,7 @@ class AlgorithmSpec:
 @attrs.frozen
 class EvaluationSpec:
     every: float = field(1.0, check=positive, doc="simulated seconds between evaluations")
-    metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy"], ...] = (
+    metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy", "tracking"], ...] = (
         "loss", "accuracy", "consensus")
     format: Literal["csv", "parquet"] = "csv"
     target_accuracy: float | None = field(

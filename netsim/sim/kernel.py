@@ -92,6 +92,13 @@ class Simulation:
         self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
         self.wall = 0.0
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
+        if "tracking" in sc.evaluation.metrics:
+            from netsim.compute.streaming import check_tracking
+
+            check_tracking(self)
+        check = getattr(program, "check", None)
+        if check is not None:  # an algorithm's checks that need the built simulation (agent count, ...)
+            check(self, params)
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
@@ -126,6 +133,10 @@ class Simulation:
         W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
         row.update(evaluate_bank(self.model, W, self.X_test, self.y_test,
                                  self.scenario.evaluation.metrics))
+        if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (seed 001)
+            from netsim.compute.streaming import tracking_metrics
+
+            row.update(tracking_metrics(self))
         self.metrics.append(row)
         self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
         return row

@@ -19,6 +19,8 @@ PURPOSES = {
 PURPOSES.update({"burst": 40, "churn": 41, "jitter": 42, "topology_schedule": 43})
 # communication parts (issue 6): rand-k seeds and QSGD rounding
 PURPOSES.update({"compress": 60})
+# seed algorithms (issue 7): seed 001's per-agent data stream (online learning)
+PURPOSES.update({"data_stream": 71})
 BLOCK = 256
 
 

@@ -1,0 +1,287 @@
+"""Seed 001: locally differentially private distributed online learning (Chen & Wang, arXiv 2306.14094)
+and the three baselines it is compared with. Spec: shared/specs/seed-001-ldp-online.md.
+
+Every learner acquires ``per_round`` new samples per step from its own data stream
+(netsim.compute.streaming) and broadcasts a Laplace-noised copy of its state, a release recorded in
+the privacy ledger (``Agent.privatize(mechanism="laplace", to=-1)``: one draw per step, shared by all
+outgoing copies) with its L1 sensitivity Delta_t, so ``netsim privacy`` composes exactly the paper's
+Lemma 2 bound eps_i = sum_t Delta_t / rho_t from the run's own releases. Schedules are indexed by the
+learner's own step count t (so they also make sense under asynchronous activation).
+
+- ``ldp_online`` (Algorithm 1): d_t = history-averaged gradient over D_t (step 2),
+  y_t = theta_t + Lap(rho_t), rho_t = (sigma/sqrt 2)(t+1)^varsigma_i (steps 3-4, A4),
+  theta_{t+1} = Proj(theta_t + gamma_t sum_j w_ij (y_t^j - theta_t) - lambda_t d_t) (steps 6-7),
+  lambda_t = lambda_0/(t+1)^v, gamma_t = gamma_0/(t+1)^u. Delta_t = sqrt(n) Phi_t with the
+  sensitivity recursion of Thm 5 (eq. 22) Phi_{t+1} = (1 - w_ii gamma_t + L lambda_t)^+ Phi_t
+  + C lambda_t/(t+1), with the self-weight w_ii this step actually had (missing neighbours shrink it).
+- ``ldp_dsgd`` (B1, Pu et al. [55] as the paper compares it): gamma_t = 1, the current sample's
+  gradient, Alg 1's noise and stepsize. Delta_t = sqrt(n) Psi_t, Psi_{t+1} = max(a_t Psi_t, C lambda_t)
+  (the worst single-sample position; = sqrt(n) C lambda_{t-1} on the paper's ring, spec P3).
+- ``dola`` (B2, Li et al. [45], Alg. 1): b_t = sum_j A_ij (w_t^j + noise_j) with A = I + W and the
+  node's own noisy copy; w_{t+1} = Proj(b_t - alpha_{t+1} grad l(b_t, xi_t)); noise Lap(noise0/(t+1)).
+  Delta_t = sqrt(n) C alpha_t (b_t is post-processing of releases, so only xi_{t-1} moves w_t).
+- ``pdop`` (B3, Huang et al. [30]): y = x + Lap(M p^t); v = sum_j A_ij y_j;
+  x_{t+1} = Proj(v - gamma_t grad l(v, xi_t)); Delta_t = sqrt(n) C gamma_{t-1}.
+
+Rounds: ``exchange="sync"`` broadcasts then waits for the step's messages with ``round_timeout``; a
+missing neighbour's term is skipped (Alg 1: y_j taken as theta_i; baselines: its weight stays on the
+own noisy copy). ``exchange="async"`` never waits: it mixes with the latest copy heard from each
+neighbour (received values are fixed external input in Def. 2, so the accounting is unchanged).
+Round 0's state theta_0 is data independent (Delta_0 = 0, D6): its noise is drawn from the same
+generator but it is not a ledger release (Lemma 2 sums from t = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+import torch
+
+from netsim.algorithms.registry import register
+from netsim.comm.patterns import drain
+from netsim.compute.streaming import stream_of
+from netsim.errors import InputError
+from netsim.scenario.structure import at_least, field, nonneg, positive
+
+TAG = "ldp"
+
+
+def _open_unit(v: float) -> str | None:
+    return None if 0 < v < 1 else f"must be in (0, 1), got {v}"
+
+
+@attrs.frozen
+class Common:
+    """Parameters every method of the family shares (spec 7.1 / 7.2 defaults: mushrooms)."""
+
+    w: float = field(0.3, check=positive, doc="coupling weight w_ij of each neighbour (paper: 0.3, ring)")
+    radius: float = field(1e5, check=positive, doc="Theta = L2 ball of this radius (projection, D9)")
+    per_round: int = field(1, check=at_least(1), doc="N_i: samples acquired per step (M2)")
+    C: float = field(2 * math.sqrt(22), check=positive,
+                     doc="A5 bound on ||grad l(.,xi) - grad l(.,xi')|| (mushrooms with bias: 2 sqrt 22)")
+    clip: bool = field(False, doc="clip per-sample gradients to C/2 (enforces A5 for any data)")
+    L_acc: float = field(0.0, check=nonneg, doc="L in the sensitivity recursion (spec P1: 0, 'paper shape')")
+    init: Literal["normal", "model"] = field("normal", doc="theta_0 ~ N(0, init_std^2 I) per learner (D5)")
+    init_std: float = field(1.0, check=positive)
+    exchange: Literal["sync", "async"] = field("sync", doc="barrier per step, or mix the latest copies")
+    round_timeout: float = field(1.0, check=positive, doc="sync: seconds to wait for neighbours")
+
+
+@attrs.frozen
+class LDPOnlineParams(Common):
+    lam0: float = field(1.0, check=positive, doc="lambda_0: lambda_t = lambda_0/(t+1)^v")
+    v: float = field(0.77, check=_open_unit, doc="stepsize exponent (mushrooms 0.77)")
+    gam0: float = field(1.0, check=positive, doc="gamma_0: gamma_t = gamma_0/(t+1)^u")
+    u: float = field(0.65, check=lambda x: None if 0 <= x < 1 else f"must be in [0, 1), got {x}",
+                     doc="coupling exponent (mushrooms 0.65; 0 = no coupling decay)")
+    sigma: float = field(math.sqrt(2), check=positive, doc="sigma^i: rho_t = (sigma/sqrt 2)(t+1)^varsigma_i")
+    varsigma0: float = field(0.1, check=nonneg, doc="varsigma_i = varsigma0 + varsigma_step (i + index_base)")
+    varsigma_step: float = field(0.01, check=nonneg)
+    index_base: int = field(0, check=nonneg, doc="learner index base in varsigma_i (D1: 0; paper literal 1)")
+    noise: bool = field(True, doc="False: no Laplace noise and no releases (the noise-free method)")
+    check_conditions: bool = field(True, doc="refuse schedules violating A4, eq. (4)")
+
+
+@attrs.frozen
+class DSGDParams(LDPOnlineParams):
+    """B1: Alg 1's stepsize and noise, gamma_t = 1, current-sample gradient."""
+
+
+@attrs.frozen
+class DOLAParams(Common):
+    alpha0: float = field(1.0, check=positive, doc="alpha_t = alpha0/(t+1) (DOLA's strongly convex step)")
+    noise0: float = field(0.35, check=nonneg, doc="Laplace scale noise0/(t+1) (paper's MNIST 0.07/0.2)")
+
+
+@attrs.frozen
+class PDOPParams(Common):
+    c: float = field(1.0, check=positive, doc="stepsize constant")
+    step: Literal["polynomial", "geometric"] = field(
+        "polynomial", doc="gamma_t = c/(t+1)^q_exp, or c q^t as in [30] (B3: Fig. 1(c) needs polynomial)")
+    q: float = field(0.95, check=_open_unit, doc="geometric stepsize ratio (q < p)")
+    q_exp: float = field(0.77, check=positive, doc="polynomial stepsize exponent")
+    M: float = field(0.5, check=nonneg, doc="Laplace scale M p^t (paper's MNIST 0.5 * 0.98^t)")
+    p: float = field(0.98, check=_open_unit)
+
+
+# --- shared pieces --------------------------------------------------------------------------------
+def project(x: torch.Tensor, radius: float) -> torch.Tensor:
+    """Euclidean projection onto the ball ||x|| <= radius (step 7)."""
+    nrm = float(torch.linalg.vector_norm(x))
+    return x * (radius / nrm) if nrm > radius else x
+
+
+def varsigma(agent, p: LDPOnlineParams) -> float:
+    return p.varsigma0 + p.varsigma_step * (agent.id + p.index_base)
+
+
+def check_schedule(sim, p: LDPOnlineParams) -> None:
+    """A4 and eq. (4) for every learner's exponent (run before the simulation starts, as
+    ``program.check``); the key names the parameter to change."""
+    if not p.check_conditions:
+        return
+    m = sim.scenario.agents.count
+    top = p.varsigma0 + p.varsigma_step * (m - 1 + p.index_base)
+    if not 0.5 < p.u < p.v < 1:
+        raise InputError("algorithm.u", f"need 1/2 < u < v < 1 (Thm 1), got u={p.u}, v={p.v}")
+    if not (0 < p.varsigma0 + p.varsigma_step * p.index_base and top < 0.5 and top + 0.5 < p.u):
+        raise InputError("algorithm.varsigma0", f"need 0 < varsigma_i < 1/2 and max_i varsigma_i + 1/2 < u "
+                                                f"(A4, eq. 4): max varsigma_i = {top:g}, u = {p.u:g} "
+                                                "(set check_conditions = false to run anyway)")
+
+
+def initialise(agent, p: Common) -> None:
+    if p.init == "normal":  # D5: theta_0^i ~ N(0, I), the learner's own draw
+        x = agent.params
+        z = agent.rng("algorithm").normal(0.0, p.init_std, x.numel())
+        agent.params = torch.as_tensor(z, dtype=x.dtype, device=x.device).reshape(x.shape)
+
+
+def release(agent, x: torch.Tensor, k: int, scale: float, sens: float) -> torch.Tensor | None:
+    """y = x + Lap(scale): a ledger release for k >= 1; round 0 (data independent) only draws noise."""
+    if scale <= 0:
+        return x if k == 0 else agent.privatize(x, 0.0, sens, mechanism="laplace", what="model", to=-1)
+    if k == 0 or sens <= 0:
+        from netsim.privacy.ledger import ledger_of
+
+        return ledger_of(agent).noise.add("laplace", x, scale)
+    return agent.privatize(x, sigma=scale, sensitivity=sens, mechanism="laplace", what="model", to=-1)
+
+
+class Exchange:
+    """Send y_t, then return {j: y^j} for the mixing step (sync barrier or latest copies)."""
+
+    def __init__(self, agent, p: Common):
+        self.agent, self.p = agent, p
+        self.copies: dict[int, torch.Tensor] = {}
+        self._round: dict[int, int] = {}
+
+    def __call__(self, y: torch.Tensor | None, k: int):
+        a, p = self.agent, self.p
+        if y is not None:
+            yield a.broadcast(y, tag=TAG, round=k)
+        if p.exchange == "sync":
+            got = yield a.gather(tag=TAG, round=k, timeout=p.round_timeout)
+            return got
+        for m in drain(a, TAG):
+            if m.round >= self._round.get(m.src, -1):
+                self._round[m.src], self.copies[m.src] = m.round, m.payload
+        return dict(self.copies)
+
+
+def _grad_kw(p: Common) -> dict:
+    return {"clip": p.C / 2, "clip_kind": "l2"} if p.clip else {}
+
+
+# --- Algorithm 1 ------------------------------------------------------------------------------------
+@register("ldp_online", LDPOnlineParams)
+def ldp_online(agent, p: LDPOnlineParams):
+    """Algorithm 1 (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
+    initialise(agent, p)
+    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
+    vs = varsigma(agent, p)
+    n = agent.params.numel()
+    phi, k = 0.0, 0  # Phi_t: L2 gap after one differing sample (Thm 5 proof)
+    while True:
+        yield agent.wake()
+        stream.next()                                                          # 1: xi_t into D_t
+        theta = agent.params
+        d = yield agent.gradient(rows=stream.history, params=theta, **_grad_kw(p))  # 2: grad f_t at theta_t
+        rho = p.sigma / math.sqrt(2) * (k + 1) ** vs if p.noise else 0.0
+        y = release(agent, theta, k, rho, math.sqrt(n) * phi) if p.noise else theta.clone()  # 3
+        got = yield from ex(y, k)                                              # 4-5
+        lam, gam = p.lam0 / (k + 1) ** p.v, p.gam0 / (k + 1) ** p.u
+        coupling = torch.zeros_like(theta)
+        for j in sorted(got):
+            coupling.add_(got[j] - theta, alpha=p.w)
+        agent.params = project(theta + gam * coupling - lam * d, p.radius)    # 6-7
+        w_ii = p.w * len(got)  # |w_ii| this step: a missing neighbour's term was skipped
+        phi = max(0.0, 1 - w_ii * gam + p.L_acc * lam) * phi + p.C * lam / (k + 1)  # eq. (22)
+        k += 1
+
+
+ldp_online.check = check_schedule
+
+
+@register("ldp_dsgd", DSGDParams)
+def ldp_dsgd(agent, p: DSGDParams):
+    """B1: DSGD [55] in the Laplacian form of Alg 1 with gamma_t = 1 and the newest sample's gradient."""
+    initialise(agent, p)
+    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
+    vs = varsigma(agent, p)
+    n = agent.params.numel()
+    psi, k = 0.0, 0  # worst gap over the position of the differing sample
+    while True:
+        yield agent.wake()
+        new = stream.next()
+        theta = agent.params
+        g = yield agent.gradient(rows=new, params=theta, **_grad_kw(p))
+        rho = p.sigma / math.sqrt(2) * (k + 1) ** vs if p.noise else 0.0
+        y = release(agent, theta, k, rho, math.sqrt(n) * psi) if p.noise else theta.clone()
+        got = yield from ex(y, k)
+        lam = p.lam0 / (k + 1) ** p.v
+        coupling = torch.zeros_like(theta)
+        for j in sorted(got):
+            coupling.add_(got[j] - theta, alpha=p.w)
+        agent.params = project(theta + coupling - lam * g, p.radius)
+        a = max(0.0, 1 - p.w * len(got) + p.L_acc * lam)
+        psi = max(a * psi, p.C * lam)
+        k += 1
+
+
+ldp_dsgd.check = check_schedule
+
+
+def _mix_noisy(own_y: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
+    """sum_j A_ij y_j with A = I + W (own noisy copy included); a missing neighbour's weight stays
+    on the own copy."""
+    out = own_y.clone()
+    for j in sorted(got):
+        out.add_(got[j] - own_y, alpha=w)
+    return out
+
+
+@register("dola", DOLAParams)
+def dola(agent, p: DOLAParams):
+    """B2: DOLA [45], Alg. 1: mix the noisy states, then a projected gradient step at the mixed point."""
+    initialise(agent, p)
+    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
+    n = agent.params.numel()
+    k = 0
+    while True:
+        yield agent.wake()
+        new = stream.next()
+        x = agent.params
+        scale = p.noise0 / (k + 1)
+        y = release(agent, x, k, scale, math.sqrt(n) * p.C * p.alpha0 / (k + 1))  # w_k's sensitivity
+        got = yield from ex(y, k)  # y None: budget cap reached, nothing more is released
+        b = _mix_noisy(x if y is None else y, got, p.w)
+        g = yield agent.gradient(rows=new, params=b, **_grad_kw(p))
+        agent.params = project(b - p.alpha0 / (k + 2) * g, p.radius)  # alpha_{t+1}
+        k += 1
+
+
+@register("pdop", PDOPParams)
+def pdop(agent, p: PDOPParams):
+    """B3: PDOP [30]: noisy projected consensus, gradient at the mixed point."""
+    initialise(agent, p)
+    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
+    n = agent.params.numel()
+
+    def gamma(t: int) -> float:
+        return p.c / (t + 1) ** p.q_exp if p.step == "polynomial" else p.c * p.q ** t
+
+    k = 0
+    while True:
+        yield agent.wake()
+        new = stream.next()
+        x = agent.params
+        scale = p.M * p.p ** k
+        y = release(agent, x, k, scale, math.sqrt(n) * p.C * gamma(k - 1) if k else 0.0)
+        got = yield from ex(y, k)
+        v = _mix_noisy(x if y is None else y, got, p.w)
+        g = yield agent.gradient(rows=new, params=v, **_grad_kw(p))
+        agent.params = project(v - gamma(k) * g, p.radius)
+        k += 1
