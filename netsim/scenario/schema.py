@@ -252,6 +252,8 @@ class DataSpec:
     partition: Literal["iid", "dirichlet", "shards", "quantity", "label", "label_share"] = "iid"
     alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
     shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
+    validation: int = field(0, check=at_least(0), doc="test rows held out (seeded) as a validation set every "
+                                                     "agent may read (sim.X_val); evaluation uses the rest")
     share: float = field(0.4, check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], got {v}",
                          doc="partition = 'label_share': fraction of class c held by agent c mod m")
 

@@ -74,6 +74,9 @@ class Simulation:
         t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         self.X, self.y = t(self.data.X).to(self.dtype), t(self.data.y)
         self.X_test, self.y_test = t(self.data.X_test).to(self.dtype), t(self.data.y_test)
+        self.X_val = self.y_val = None
+        if sc.data.validation:  # a seeded held-out part of the test split (seed 000's set Q)
+            self._split_validation(sc.data.validation)
         self.gradients = GradientService(self.model, self.X, self.y)
         self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
         crng = self.streams.rng("clock")
@@ -92,6 +95,17 @@ class Simulation:
         self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
         self.wall = 0.0
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
+
+    def _split_validation(self, k: int) -> None:
+        from netsim.errors import InputError
+
+        n = self.y_test.shape[0]
+        if k >= n:
+            raise InputError("data.validation", f"must be smaller than the test split ({n} rows), got {k}")
+        perm = torch.as_tensor(self.streams.rng("validation").permutation(n), device=self.device)
+        val, rest = perm[:k], perm[k:].sort().values
+        self.X_val, self.y_val = self.X_test[val], self.y_test[val]
+        self.X_test, self.y_test = self.X_test[rest], self.y_test[rest]
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
 

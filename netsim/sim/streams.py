@@ -19,6 +19,8 @@ PURPOSES = {
 PURPOSES.update({"burst": 40, "churn": 41, "jitter": 42, "topology_schedule": 43})
 # communication parts (issue 6): rand-k seeds and QSGD rounding
 PURPOSES.update({"compress": 60})
+# seed 000 (issue 8): the held-out validation rows, Monte-Carlo Shapley permutations
+PURPOSES.update({"validation": 80, "shapley": 81})
 # seed algorithms (issue 7): seed 001's per-agent data stream (online learning)
 PURPOSES.update({"data_stream": 71})
 BLOCK = 256

@@ -195,8 +195,24 @@ class Offline(EventRow):
     value: float  # duration of the interval (s)
 
 
+@attrs.frozen(slots=True)
+class ShapleyWeight(EventRow):
+    """Seed 000 (PDSL): agent i's weight for player ``peer`` in round ``round``: ``value`` = pi_ij (eq. 20),
+    ``tag`` = ``"phi=<Shapley value> hat=<min-max normalised>"`` (floats as repr)."""
+
+    kind = "shapley"
+    t: float
+    agent: int
+    peer: int
+    round: int
+    value: float
+    phi: float
+    phi_hat: float
+    tag: str = attrs.field(default=attrs.Factory(lambda e: f"phi={e.phi!r} hat={e.phi_hat!r}", takes_self=True))
+
+
 KINDS = tuple(c.kind for c in (Activate, ComputeStart, ComputeEnd, Send, Deliver, Drop, Timeout, Stale,
-                               Evaluation, Finish, Release, BudgetExhausted, Offline))
+                               Evaluation, Finish, Release, BudgetExhausted, Offline, ShapleyWeight))
 
 
 def row(event) -> tuple:

@@ -1,0 +1,278 @@
+"""PDSL: privacy-preserved decentralized stochastic learning with Shapley-weighted cross-gradients.
+
+Seed 000 (Wang, Yuan, Wang, Li), Algorithm 1 with Algorithm 2; spec /work/shared/specs/seed-000-pdsl.md.
+One synchronous round of agent i (three barrier-separated communication phases):
+
+  0  xi <- B rows of D_i, reused for every gradient of the round (spec A12);
+     g_ii = grad F_i(x_i; xi), clipped to C (eq. 10), + N(0, sigma^2 I) (eq. 11)
+  A  send x_i to every neighbour                                                  (model broadcast)
+  B  for each received x_j: g_ij = grad F_i(x_j; xi) (eq. 12), clipped (eq. 13), noised with a fresh
+     draw (eq. 14), sent back to j                                         (cross-gradient reply)
+  C  candidates x_{i,j} = x_i - gamma ghat_ji (eq. 15); Shapley values of M_i with v(S) = validation
+     accuracy of x_{i,S} = x_i - gamma mean_{j in S} ghat_ji (eqs. 16-18, 26; netsim.algorithms.shapley);
+     min-max normalisation (eq. 19); pi_ij = phi_hat_ij / (w_ij sum_k phi_hat_ik) (eq. 20);
+     gbar = sum_j pi_ij ghat_ji (eq. 21); u_hat = alpha u + gbar (eq. 22); x_hat = x - gamma u_hat (eq. 23)
+  D  send (u_hat, x_hat); u = sum_j w_ij u_hat_j (eq. 24), x = sum_j w_ij x_hat_j (eq. 25)
+
+Noise is added exactly where the paper puts it: on the own gradient and on every outgoing
+cross-gradient (each an ``Agent.privatize`` release: a ``release`` event); models and momenta are
+post-processing. All coalition models of all agents that reach phase C together are valued in ONE
+batched ``model.evaluate`` call (``CoalitionService``, the same lookahead as the gradient service).
+
+Open choices (spec Sec. 8) are parameters with the spec's defaults: exact Shapley up to 8 players,
+else R = 2|M_i| stratified permutations (A3); v(empty) = 0 or the accuracy of x_i (A3); all-equal
+phi -> uniform (A4); share floor (A5); divide by w (A18); utility accuracy or -loss (A17); sigma by
+``fixed_sigma`` (default, sigma_per_eps C / epsilon, A6), ``per_message_gaussian`` or ``theorem1``
+(eq. 27). Over a lossy or late network a player whose cross-gradient missed the barrier is dropped
+from the round's game (spec Sec. 4, the suggested extension); with none left the agent only gossips.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+import numpy as np
+import simpy
+import torch
+
+from netsim.algorithms.registry import register
+from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
+from netsim.errors import InputError
+from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.trace.events import ComputeEnd, ComputeStart, ShapleyWeight
+
+
+def _unit(v: float) -> str | None:
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
+
+
+def _share(v: float | None) -> str | None:
+    return None if v is None or 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
+@attrs.frozen
+class DPGradientParams:
+    """The DP recipe shared by PDSL and its baselines (same C and sigma for every method)."""
+
+    clip: float = field(1.0, check=positive, doc="C: L2 clipping bound (spec A2)")
+    clip_mode: Literal["batch", "per_example"] = field(
+        "batch", doc="batch: the mini-batch gradient clipped as one vector (eqs. 10, 13; sensitivity 2C); "
+                     "per_example: mean of per-example clipped gradients (sensitivity C/B)")
+    calibration: Literal["fixed_sigma", "per_message_gaussian", "theorem1"] = field(
+        "fixed_sigma", doc="how sigma is chosen (spec Sec. 3)")
+    sigma: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0",
+                                doc="fixed_sigma: noise std per coordinate (default sigma_per_eps C / eps)")
+    epsilon: float = field(0.3, check=positive, doc="privacy budget label / per-round target")
+    delta: float = field(1e-5, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
+    sigma_per_eps: float = field(0.003, check=positive, doc="fixed_sigma heuristic (A6), not DP calibration")
+    phi_min: float | None = field(None, check=_share,
+                                  doc="theorem1: smallest normalised share (default 1/|M_i|, spec A5)")
+    batch: int = field(250, check=at_least(1), doc="B: mini-batch size")
+
+
+def resolve_sigma(agent, p: DPGradientParams) -> float:
+    """Noise std per coordinate for the scenario's calibration mode (spec Sec. 3)."""
+    from netsim.privacy import closed_forms as cf
+
+    if p.calibration == "fixed_sigma":
+        return p.sigma if p.sigma is not None else p.sigma_per_eps * p.clip / p.epsilon
+    if p.calibration == "per_message_gaussian":
+        B = p.batch if p.clip_mode == "per_example" else None
+        return cf.pdsl_per_message_sigma(p.epsilon, p.delta, p.clip, B)
+    W = agent.sim.W.toarray()
+    return p.clip * cf.pdsl_theorem1_sigma(W, p.epsilon, p.delta, p.clip, p.phi_min, strict=False).sigma_over_C
+
+
+def request_gradient(agent, p: DPGradientParams, params: torch.Tensor, rows: np.ndarray) -> simpy.Event:
+    """The raw gradient (per_example: already the mean of clipped per-example gradients)."""
+    if p.clip_mode == "per_example":
+        return agent.gradient(params=params, rows=rows, clip=p.clip)
+    return agent.gradient(params=params, rows=rows)
+
+
+def release_gradient(agent, p: DPGradientParams, g: torch.Tensor, sigma: float, *, what: str = "gradient",
+                     to: int = -1) -> torch.Tensor | None:
+    """clip (batch mode, eq. 10/13) + N(0, sigma^2 I) (eq. 11/14) as one ledger release; None once the
+    agent's budget cap is reached. Sensitivity is the add-or-remove one the accountants use."""
+    from netsim.privacy.mechanisms import clip_l2
+
+    if p.clip_mode == "batch":
+        g, sens = clip_l2(g, p.clip), 2.0 * p.clip
+    else:
+        sens = p.clip / p.batch
+    q = min(1.0, p.batch / len(agent.rows))
+    return agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what=what, to=to)
+
+
+def cross_gradients(agent, p: DPGradientParams, x: torch.Tensor, xi: np.ndarray, sigma: float, k: int,
+                    tag: str, timeout: float | None = None, models: dict | None = None):
+    """Phases 0, A, B of seed 000's Algorithm 1 (also DP-CGA's exchange). Returns (ghat_ii, {j: ghat_ji}):
+    the own noisy gradient (eq. 11; None once the budget cap is reached) and the neighbours' noisy
+    cross-gradients that arrived by the barrier. All gradients of the round use the same ``xi`` (A12)
+    and are requested at once (one batched call across the agents of the round). ``models``, if given,
+    receives the neighbours' models x_j of phase A."""
+    timeout = p.round_timeout if timeout is None else timeout
+    yield agent.broadcast(x, tag=tag + ".model", round=k)                          # phase A
+    got_models = yield agent.gather(tag=tag + ".model", round=k, timeout=timeout)
+    if models is not None:
+        models.update(got_models)
+    models = got_models
+    peers = sorted(models)
+    evs = [request_gradient(agent, p, x, xi)] + [request_gradient(agent, p, models[j], xi) for j in peers]
+    got = yield simpy.AllOf(agent.env, evs)                                        # eqs. (9), (12)
+    own = release_gradient(agent, p, got[evs[0]], sigma, what="gradient")          # eqs. (10), (11)
+    for j, ev in zip(peers, evs[1:], strict=True):
+        reply = release_gradient(agent, p, got[ev], sigma, what="cross_gradient", to=j)  # eqs. (13), (14)
+        if reply is not None:
+            yield agent.send(j, reply, tag=tag + ".xgrad", round=k)               # phase B
+    xgrads = yield agent.gather(tag=tag + ".xgrad", round=k, timeout=timeout)
+    return own, xgrads
+
+
+# -- batched coalition evaluation -----------------------------------------------------------------
+class _EvalTicket:
+    __slots__ = ("agent", "W", "result")
+
+    def __init__(self, agent: int, W: torch.Tensor):
+        self.agent, self.W, self.result = agent, W, None
+
+
+class CoalitionService:
+    """Validation loss/accuracy of many candidate models from many agents in one ``model.evaluate``.
+
+    A request returns a Timeout that completes after its compute time; the first completion flushes
+    every pending request (each was made at or before that moment with its models fixed, so valuing
+    them early is exact): agents of a synchronous round share one batched forward pass."""
+
+    def __init__(self, sim):
+        if sim.X_val is None:
+            raise InputError("data.validation", "PDSL needs a validation set: set data.validation "
+                                                "(test rows held out, e.g. 2000)")
+        self.sim, self.model = sim, sim.model
+        self.X, self.y = sim.X_val, sim.y_val.long()
+        self.pending: list[_EvalTicket] = []
+        self.calls = 0
+        self.models = 0
+
+    @staticmethod
+    def of(sim) -> CoalitionService:
+        s = getattr(sim, "coalition_service", None)
+        if s is None:
+            s = sim.coalition_service = CoalitionService(sim)
+        return s
+
+    def request(self, agent: int, W: torch.Tensor, ct: float) -> simpy.Event:
+        t = _EvalTicket(agent, W)
+        self.pending.append(t)
+        self.sim.emit(ComputeStart(self.sim.env.now, agent, ct))
+        ev = simpy.events.Timeout(self.sim.env, ct, t)
+        ev.callbacks.append(self._ready)
+        return ev
+
+    def _ready(self, ev) -> None:
+        t: _EvalTicket = ev._value
+        if t.result is None:
+            self.flush()
+        ev._value = t.result
+        self.sim.emit(ComputeEnd(self.sim.env.now, t.agent))
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        loss, acc = self.model.evaluate(torch.cat([t.W for t in pending]), self.X, self.y)
+        k = 0
+        for t in pending:
+            n = t.W.shape[0]
+            t.result = (loss[k:k + n], acc[k:k + n])
+            k += n
+        self.calls += 1
+        self.models += k
+
+
+# -- PDSL ------------------------------------------------------------------------------------------
+@attrs.frozen
+class PDSLParams(DPGradientParams):
+    lr: float = field(0.001, check=positive, doc="gamma (MNIST 0.001, CIFAR-10 0.01)")
+    momentum: float = field(0.5, check=_unit, doc="alpha (MNIST 0.5, CIFAR-10 0.7)")
+    round_timeout: float = field(1.0, check=positive, doc="seconds each phase waits for neighbours")
+    exact_max: int = field(8, check=at_least(0), doc="exact Shapley (eq. 18) up to this many players")
+    permutations: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+                                     doc="R for Monte-Carlo Shapley (default 2 |M_i|)")
+    sampling: Literal["stratified", "plain"] = field("stratified", doc="Monte-Carlo permutations (spec A3)")
+    v_empty: Literal["zero", "prev_model_acc"] = field("zero", doc="v(empty): 0 (Def. 3) or utility of x_i")
+    utility: Literal["val_acc", "neg_val_loss"] = field("val_acc", doc="v(S) (eq. 16; A17)")
+    divide_by_omega: bool = field(True, doc="pi = share / w_ij (eq. 20); false: plain shares (A18)")
+    share_floor: float = field(0.0, check=_unit, doc="mix uniform shares into the Shapley shares (A5)")
+    shapley_cost: float = field(1.0, check=nonneg, doc="Shapley time in draws of agents.compute_time")
+
+
+def check_undirected(agent, key: str = "topology.directed") -> None:
+    if sorted(agent.neighbors) != sorted(agent.in_neighbors):
+        raise InputError(key, "seed 000's algorithms need an undirected graph, symmetric W (spec Sec. 4)")
+
+
+@register("pdsl", PDSLParams)
+def pdsl(agent, p: PDSLParams):
+    """Checks the setting before the run starts, then returns the agent's program."""
+    check_undirected(agent)
+    return _pdsl(agent, p, CoalitionService.of(agent.sim))
+
+
+def _pdsl(agent, p: PDSLParams, service: CoalitionService):
+    from netsim.sim.dists import draws
+
+    sim, i = agent.sim, agent.id
+    sigma = resolve_sigma(agent, p)
+    u_all = sim.bank.state("pdsl.u")                       # momentum buffers, u^[0] = 0
+    shapley_time = draws(sim.scenario.agents.compute_time, sim.streams.rng("shapley", i, 0))
+    perm_rng = sim.streams.rng("shapley", i, 1)
+    k = 0
+    while True:
+        yield agent.wake()
+        x = agent.params
+        xi = agent.sample_rows(p.batch)                     # line 1: one mini-batch for the round
+        own, xgrads = yield from cross_gradients(agent, p, x, xi, sigma, k, "pdsl")   # phases 0, A, B
+        # phase C: Shapley weighting over the players that arrived (self first), momentum step
+        players = ([i] if own is not None else []) + sorted(xgrads)
+        u = u_all[i].clone()
+        if players:
+            G = torch.stack(([own] if own is not None else []) + [xgrads[j] for j in sorted(xgrads)])
+            omega = np.array([agent.self_weight if j == i else agent.weights[j] for j in players])
+            ct = shapley_time() * p.shapley_cost
+            pi = yield from _weights(agent, p, service, x, G, omega, players, k, ct, perm_rng)
+            gbar = torch.as_tensor(pi, dtype=G.dtype, device=G.device) @ G      # eq. (21)
+            u = p.momentum * u + gbar                                          # eq. (22)
+            x = x - p.lr * u                                                   # eq. (23)
+        # phase D: gossip of momentum and model
+        yield agent.broadcast(torch.stack([u, x]), tag="pdsl.mix", round=k)
+        mix = yield agent.gather(tag="pdsl.mix", round=k, timeout=p.round_timeout)
+        u_all[i] = agent.mix(u, {j: m[0] for j, m in mix.items()})             # eq. (24)
+        agent.params = agent.mix(x, {j: m[1] for j, m in mix.items()})         # eq. (25)
+        k += 1
+
+
+def _weights(agent, p: PDSLParams, service: CoalitionService, x: torch.Tensor, G: torch.Tensor,
+             omega: np.ndarray, players: list[int], k: int, ct: float, rng: np.random.Generator):
+    """Eqs. (15)-(20): Shapley values of the players' candidate steps, normalised, divided by w.
+    Every coalition model is valued in the agent's one request to the batched service."""
+    n = len(players)
+    masks, perms = plan(n, exact_max=p.exact_max, R=p.permutations, rng=rng,
+                        stratified=p.sampling == "stratified")
+    M = torch.zeros(len(masks), n, dtype=G.dtype, device=G.device)
+    for r, m in enumerate(masks):
+        idx = members(m)
+        M[r, idx] = 1.0 / len(idx)
+    W = x.unsqueeze(0) - p.lr * (M @ G)                                     # eq. (17): x_{i,S}
+    if p.v_empty == "prev_model_acc":
+        W = torch.cat([W, x.unsqueeze(0)])
+    loss, acc = yield service.request(agent.id, W, ct)
+    vals = (acc if p.utility == "val_acc" else -loss).tolist()
+    v0 = vals.pop() if p.v_empty == "prev_model_acc" else 0.0
+    table = dict(zip(masks, vals, strict=True))
+    phi = from_values(n, perms, table.__getitem__, v0)                      # eq. (18) or (26)
+    phi_hat = minmax(phi)                                                   # eq. (19)
+    pi = pdsl_weights(phi_hat, omega, p.divide_by_omega, p.share_floor)     # eq. (20)
+    now = agent.env.now
+    for j, a, b, c in zip(players, phi, phi_hat, pi, strict=True):
+        agent.emit(ShapleyWeight(now, agent.id, j, k, float(c), float(a), float(b)))
+    return pi
