@@ -77,8 +77,8 @@ def test_monte_carlo_converges_to_exact(stratified):
     exact = sh.exact_shapley(n, v)
     errs = []
     for R in (9, 90, 900):
-        e = [np.abs(sh.mc_shapley(sh.permutations(n, R, np.random.default_rng(s), stratified), v) - exact).max()
-             for s in range(4)]
+        e = [np.abs(sh.mc_shapley(sh.permutations(n, R, np.random.default_rng(s), stratified), v) - exact)
+             .max() for s in range(4)]
         errs.append(float(np.mean(e)))
     assert errs[0] > errs[1] > errs[2]
     assert errs[2] < errs[0] / 4  # ~ 1/sqrt(R): 100x permutations, ~10x smaller error
@@ -95,7 +95,7 @@ def test_monte_carlo_plan_caches_shared_prefixes():
     assert (1 << n) - 1 in masks
     # stratified: each player is first exactly R / n times
     assert np.bincount(perms[:, 0], minlength=n).tolist() == [2] * n
-    phi, _ = sh.shapley(n, lambda ms: [float(m.bit_count()) for m in ms], exact_max=8, rng=np.random.default_rng(0))
+    phi, _ = sh.shapley(n, lambda ms: [float(m.bit_count()) for m in ms], rng=np.random.default_rng(0))
     np.testing.assert_allclose(phi, np.ones(n))  # additive unit game: exact for any permutations
 
 
@@ -234,10 +234,10 @@ def test_pdsl_needs_validation_set_and_undirected_graph():
     d = seed000()
     d["data"].pop("validation")
     with pytest.raises(InputError, match="data.validation"):
-        prepare(scenario_from_dict(d)).run()
+        prepare(scenario_from_dict(d))  # before the run: nothing is written
     d = merge(seed000(), {"topology": {"directed": True, "mixing": "column_stochastic"}})
     with pytest.raises(InputError, match="undirected"):
-        prepare(scenario_from_dict(d)).run()
+        prepare(scenario_from_dict(d))
 
 
 def test_validation_split_is_disjoint_and_seeded():
@@ -260,5 +260,39 @@ def test_calibration_modes():
     pm = resolve_sigma(a, PDSLParams(epsilon=0.3, calibration="per_message_gaussian"))
     assert pm == pytest.approx(2 * math.sqrt(2 * math.log(1.25e5)) / 0.3)   # sigma/C = 32 at eps 0.3
     t1 = resolve_sigma(a, PDSLParams(epsilon=0.3, calibration="theorem1"))
-    assert t1 == pytest.approx(cf.pdsl_theorem1_sigma(sim.W.toarray(), 0.3, 1e-5, 1.0, strict=False).sigma_over_C)
+    bound = cf.pdsl_theorem1_sigma(sim.W.toarray(), 0.3, 1e-5, 1.0, strict=False)
+    assert t1 == pytest.approx(bound.sigma_over_C)
     assert t1 * 0.3 == pytest.approx(67, rel=0.01)  # the spec's table: ring, sigma/C >= 67/eps
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path):
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    d = seed000()
+    d["data"].pop("validation")
+    f = tmp_path / "bad.toml"
+    f.write_text(tomli_w.dumps({k: v for k, v in d.items() if k != "name"}))
+    res = CliRunner().invoke(app, ["run", "-q", str(f), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "data.validation" in lines[0] and "bad.toml" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_privacy_report_seed000_closed_form(tmp_path):
+    """Thm 1's per-round epsilon from the ledger: one classical Gaussian release of sensitivity 2C each;
+    basic composition over the 1 + deg releases per round (the own gradient and one per neighbour)."""
+    from netsim.privacy.report import privacy_report
+
+    d = merge(seed000(until=2.0), {"privacy": {"closed_form": "seed000", "delta0": 1e-5}})
+    run(scenario_from_dict(d), out=tmp_path)
+    rep = privacy_report(tmp_path, pld=False, plot=False)
+    eps_msg = 2.0 * math.sqrt(2 * math.log(1.25e5)) / SIGMA
+    for row in rep["agents"]:
+        form = row["closed_form"]
+        assert form["paper"] == pytest.approx(eps_msg)
+        assert form["conservative"] == pytest.approx(row["releases"] * eps_msg)
+        assert row["releases"] % 3 == 0 and row["releases"] > 0

@@ -22,7 +22,13 @@ import attrs
 import numpy as np
 import torch
 
-from netsim.algorithms.pdsl import DPGradientParams, check_undirected, cross_gradients, resolve_sigma
+from netsim.algorithms.pdsl import (
+    DPGradientParams,
+    check_setting,
+    check_undirected,
+    cross_gradients,
+    resolve_sigma,
+)
 from netsim.algorithms.registry import register
 from netsim.scenario.structure import field, nonneg, positive
 
@@ -73,6 +79,9 @@ class DPCGAParams(DPGradientParams):
 def dp_cga(agent, p: DPCGAParams):
     check_undirected(agent)
     return _dp_cga(agent, p)
+
+
+dp_cga.check = check_setting
 
 
 def _dp_cga(agent, p: DPCGAParams):

@@ -22,6 +22,7 @@ import torch
 
 from netsim.algorithms.pdsl import (
     DPGradientParams,
+    check_setting,
     check_undirected,
     release_gradient,
     request_gradient,
@@ -42,6 +43,9 @@ class DPNetFleetParams(DPGradientParams):
 def dp_netfleet(agent, p: DPNetFleetParams):
     check_undirected(agent)
     return _dp_netfleet(agent, p)
+
+
+dp_netfleet.check = check_setting
 
 
 def _dp_netfleet(agent, p: DPNetFleetParams):

@@ -20,6 +20,7 @@ import attrs
 
 from netsim.algorithms.pdsl import (
     DPGradientParams,
+    check_setting,
     check_undirected,
     release_gradient,
     request_gradient,
@@ -47,6 +48,9 @@ def default_gossip_steps(gap: float | None) -> int:
 def muffliato(agent, p: MuffliatoParams):
     check_undirected(agent)
     return _muffliato(agent, p)
+
+
+muffliato.check = check_setting
 
 
 def _muffliato(agent, p: MuffliatoParams):

@@ -80,8 +80,8 @@ def resolve_sigma(agent, p: DPGradientParams) -> float:
     if p.calibration == "per_message_gaussian":
         B = p.batch if p.clip_mode == "per_example" else None
         return cf.pdsl_per_message_sigma(p.epsilon, p.delta, p.clip, B)
-    W = agent.sim.W.toarray()
-    return p.clip * cf.pdsl_theorem1_sigma(W, p.epsilon, p.delta, p.clip, p.phi_min, strict=False).sigma_over_C
+    bound = cf.pdsl_theorem1_sigma(agent.sim.W.toarray(), p.epsilon, p.delta, p.clip, p.phi_min, strict=False)
+    return p.clip * bound.sigma_over_C
 
 
 def request_gradient(agent, p: DPGradientParams, params: torch.Tensor, rows: np.ndarray) -> simpy.Event:
@@ -211,11 +211,23 @@ def check_undirected(agent, key: str = "topology.directed") -> None:
         raise InputError(key, "seed 000's algorithms need an undirected graph, symmetric W (spec Sec. 4)")
 
 
+def check_setting(sim, params, validation: bool = False) -> None:
+    """Before the run (Simulation's ``program.check`` hook): undirected graph, validation set."""
+    if validation and sim.X_val is None:
+        raise InputError("data.validation", "PDSL needs a validation set: set data.validation "
+                                            "(test rows held out, e.g. 2000)")
+    for a in sim.agents:
+        check_undirected(a)
+
+
 @register("pdsl", PDSLParams)
 def pdsl(agent, p: PDSLParams):
     """Checks the setting before the run starts, then returns the agent's program."""
     check_undirected(agent)
     return _pdsl(agent, p, CoalitionService.of(agent.sim))
+
+
+pdsl.check = lambda sim, params: check_setting(sim, params, validation=True)
 
 
 def _pdsl(agent, p: PDSLParams, service: CoalitionService):
