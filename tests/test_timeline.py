@@ -52,19 +52,24 @@ class Tmux:
 
     def __init__(self, name: str, cols: int = 120, rows: int = 40):
         self.name = name
+        self.runs = 0
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(cols), "-y", str(rows),
                         "env", "PS1=$ ", "TERM=xterm-256color", "bash", "--norc", "--noprofile"], check=True)
 
-    def run(self, command: str, done: str = "legend:", timeout: float = 60.0) -> list[str]:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "clear; " + command, "Enter"], check=True)
+    def run(self, command: str, timeout: float = 300.0) -> list[str]:
+        """Type ``command`` at the prompt; the screen once it has finished (an end marker is printed)."""
+        self.runs += 1
+        marker = f"END-OF-RUN-{self.runs + 1000}"  # typed as an expansion, so only the output matches
+        typed = f"clear; {command}; echo END-OF-RUN-$(({self.runs} + 1000))"
+        subprocess.run(["tmux", "send-keys", "-t", self.name, typed, "Enter"], check=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True,
                                  text=True, check=True).stdout
-            if done in out and out.rstrip().endswith("$"):
+            if any(line.strip() == marker for line in out.splitlines()):
                 return out.splitlines()
             time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {done!r}:\n{out}")
+        raise AssertionError(f"timed out waiting for the command to finish:\n{out}")
 
     def close(self):
         subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
