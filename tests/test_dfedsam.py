@@ -193,7 +193,20 @@ def test_dp_option_privatizes_both_sam_passes(tmp_path):
     assert (c.events.to_pandas().kind == "release").sum() == 0  # no DP unless asked (as in the paper)
 
 
-def test_bad_random_neighbors_is_a_clean_input_error(scenario):
-    sim = _sim(scenario, "dfedsam", random_neighbors=6, count=6, topology={"kind": "complete"})
-    with pytest.raises(InputError, match="random_neighbors"):
-        sim.run()
+def test_bad_random_neighbors_is_a_clean_input_error_before_the_run(scenario):
+    with pytest.raises(InputError, match=r"algorithm.random_neighbors.*must be in \[1, 5\] for 6 agents"):
+        _sim(scenario, "dfedsam", random_neighbors=6, count=6, topology={"kind": "complete"})
+
+
+def test_cli_validate_names_the_key(tmp_path):
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    f = tmp_path / "s.toml"
+    f.write_text("""[run]\nrounds = 2\n[agents]\ncount = 4\n[topology]\nkind = "complete"\n
+[algorithm]\nname = "dfedsam_mgs"\nrandom_neighbors = 4\n""")
+    r = CliRunner().invoke(app, ["validate", str(f)])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "algorithm.random_neighbors" in lines[0] and str(f) in lines[0]

@@ -202,13 +202,6 @@ def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
 
 
 def dfedsam(agent, p: DFedSAMParams):
-    """Checks k before any event (a plain function returning the agent's program)."""
-    if p.random_neighbors:
-        RandomInNeighbors.of(agent.sim, p.random_neighbors)
-    return _dfedsam(agent, p)
-
-
-def _dfedsam(agent, p: DFedSAMParams):
     """Algorithm 1: every round, K local SAM steps then Q gossip steps; x^{t+1}(i) = z^{t,Q}(i)."""
     dp: dict = {}
     t = 0
@@ -220,6 +213,13 @@ def _dfedsam(agent, p: DFedSAMParams):
         t += 1
 
 
+def _check(sim, p: DFedSAMParams) -> None:
+    """Before the run writes anything (Simulation calls ``program.check``): k must fit the agents."""
+    if p.random_neighbors:
+        RandomInNeighbors.of(sim, p.random_neighbors)
+
+
+dfedsam.check = _check  # type: ignore[attr-defined]
 register("dfedsam", DFedSAMParams)(dfedsam)
 register("dfedsam_mgs", DFedSAMMGSParams)(dfedsam)
 register("dfedavg", DFedAvgParams)(dfedsam)
