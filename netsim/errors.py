@@ -7,7 +7,7 @@ class InputError(Exception):
     """Bad input (scenario, trace, CLI argument). The CLI prints it as one line and exits 2."""
 
     def __init__(self, key: str, message: str, source: str | None = None):
-        super().__init__(message)
+        super().__init__(key, message, source)  # all args, so copies (simpy re-raising) rebuild it
         self.key = key
         self.message = message
         self.source = source
