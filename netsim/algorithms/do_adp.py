@@ -101,7 +101,7 @@ class DOADPParams:
     batch: int = field(1, check=at_least(0), doc="B samples per gradient (paper: 1; 0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="G: coordinates clipped to +-G/sqrt(d) (0 = no clipping)")
     clip_kind: Literal["coordinate", "l2"] = field("coordinate", doc="coordinate (paper, A2) or l2 norm G")
-    sigma: float | None = field(None, check=_opt_nonneg, doc="noise std; if set it overrides the epsilon calibration")
+    sigma: float | None = field(None, check=_opt_nonneg, doc="noise std (overrides epsilon)")
     epsilon: float | None = field(None, check=_opt_pos, doc="target epsilon: sigma from eq. (7)")
     noise_scaling: Literal["p2k_over_d", "pk_over_d"] = field(
         "p2k_over_d", doc="eq. (7) as printed (p^2 k/d), or spec item 3's p k/d")
@@ -269,11 +269,11 @@ def dp_dda(agent, p: DPDDAParams):
         sigma = p.sigma
     else:
         try:
-            sigma = cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
-                                              p.clip, 1.0, max(0.5, p.sample_p), strict=False).sigma
+            sigma = cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows),
+                                              p.rounds, p.clip, 1.0, max(0.5, p.sample_p), strict=False).sigma
         except cf.ClosedFormError as e:
             raise InputError("algorithm.epsilon", e.message) from None
-        if p.sample_p < 0.5:   # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6: same noise reduction)
+        if p.sample_p < 0.5:   # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6: same reduction)
             sigma *= p.sample_p / 0.5
     return _dp_dda(agent, p, sigma)
 

@@ -69,6 +69,8 @@ class PrivSGPParams:
     F0: float | None = field(None, check=_opt_nonneg, doc="f(x^0) - f* (for K*)")
     b2: float | None = field(None, check=_opt_nonneg, doc="heterogeneity b^2 (for K*)")
     batch: int = field(1, check=at_least(1), doc="dp2_sgd / adp2_sgd: samples per gradient")
+    block: int = field(1, check=at_least(1), doc="samples per SAGA table entry (1 = exact; b > 1 = block-"
+                                                 "SAGA, spec §9 item 5: J // b fixed blocks, rest unused)")
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for the round's in-neighbours")
 
 
@@ -130,37 +132,38 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
     return {"G": G, "L": L, "b2": b2, "F0": F0}
 
 
-def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool):
+def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
     """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
-    pl = plan(agent, p)
     bank, i = agent.sim.bank, agent.id
-    rows = agent.rows
-    J = len(rows)
+    b = p.block
+    J = len(agent.rows)
+    nb = max(1, J // b)                                   # table entries (blocks of b rows)
+    blocks = agent.rows[:nb * b].reshape(nb, -1)
     x0 = agent.params
     clip = p.G if p.clip else None
     weight = bank.state("push_weight", shape=())          # w_i (push-sum weights), all agents
     numer = bank.state("push_numerator")                  # x_i (push-sum numerators)
     if vr:
-        Jmax = max(len(part) for part in agent.sim.data.parts)
-        table = bank.state("saga_table", shape=(Jmax, x0.numel()))[i]
+        nmax = max(max(1, len(part) // b) for part in agent.sim.data.parts)
+        table = bank.state("saga_table", shape=(nmax, x0.numel()))[i]
         avg = bank.state("saga_average")[i]
         sim = agent.sim
-        idx = torch.as_tensor(rows)
-        table[:J] = sim.model.grad(x0.expand(J, -1), sim.X[idx].unsqueeze(1), sim.y.long()[idx].unsqueeze(1),
-                                   clip)             # full pass at x^0 (phi_{i,j}^0 = x^0)
-        avg.copy_(table[:J].mean(0))
+        idx = torch.as_tensor(blocks.ravel())
+        table[:nb] = sim.model.grad(x0.expand(nb, -1), sim.X[idx].view(nb, blocks.shape[1], -1),
+                                    sim.y.long()[idx].view(nb, -1), clip)   # full pass at x^0 (phi^0 = x^0)
+        avg.copy_(table[:nb].mean(0))
     ps = PushSum(agent, x0, tag="privsgp", running_sums=False)
     rng = agent.rng()
-    q = 1.0 / J
-    sens = p.sens_mult * p.G
-    for k in range(pl.K):
+    q = min(1.0, blocks.shape[1] / J)
+    sens = p.sens_mult * p.G / blocks.shape[1]                        # noise on a mean of b clipped gradients
+    for _ in range(pl.K):
         yield agent.wake()
         z = ps.estimate
-        xi = int(rng.integers(J))
-        h = yield agent.gradient(params=z, rows=rows[xi:xi + 1], clip=clip)
+        xi = int(rng.integers(nb))
+        h = yield agent.gradient(params=z, rows=blocks[xi], clip=clip)
         if vr:
             g = h - table[xi] + avg                                   # eq. (6), old table
-            avg.add_(h - table[xi], alpha=1.0 / J)                    # eq. (5)
+            avg.add_(h - table[xi], alpha=1.0 / nb)                   # eq. (5)
             table[xi] = h
         else:
             g = h
@@ -180,26 +183,30 @@ def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool):
 
 @register("privsgp_vr", PrivSGPParams)
 def privsgp_vr(agent, p: PrivSGPParams):
-    return _push_sum_sgp(agent, p, vr=True)
+    return _push_sum_sgp(agent, p, True, plan(agent, p))   # plan first: bad parameters fail before the run
 
 
 @register("privsgp", PrivSGPParams)
 def privsgp(agent, p: PrivSGPParams):
-    return _push_sum_sgp(agent, p, vr=False)
+    return _push_sum_sgp(agent, p, False, plan(agent, p))
 
 
 @register("dp2_sgd", PrivSGPParams)
 def dp2_sgd(agent, p: PrivSGPParams):
     """DP^2-SGD [reconstructed]: x_i^{k+1} = sum_j W_ij x_j^k - gamma (grad f_i(x_i^k; B) + N(0, sigma^2 I))
-    on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR (spec §9 item 10)."""
-    pl = plan(agent, p)
+    on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR (spec §9, 10)."""
+    return _dp2_sgd(agent, p, plan(agent, p))
+
+
+def _dp2_sgd(agent, p: PrivSGPParams, pl: Plan):
     clip = p.G if p.clip else None
     q = min(1.0, p.batch / len(agent.rows))
     for k in range(pl.K):
         yield agent.wake()
         x = agent.params
         g = yield agent.gradient(batch=p.batch, params=x, clip=clip)
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q, what="gradient")
+        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q,
+                                what="gradient")
         got = yield from sync_round(agent, x, k, timeout=p.round_timeout)
         x = agent.mix(x, got)
         agent.params = x if noisy is None else x - pl.lr * noisy
@@ -212,7 +219,10 @@ def adp2_sgd(agent, p: PrivSGPParams):
     (a) read x_i, (b) g = grad f_i(x_i; B) + N(0, sigma^2 I) (stale by averagings others make meanwhile),
     (c) average atomically with a random neighbour, (d) x_i -= gamma g. Each agent stops after K
     of its own activations (asynchronous: use any activation; spec §9 item 11)."""
-    pl = plan(agent, p)
+    return _adp2_sgd(agent, p, plan(agent, p))
+
+
+def _adp2_sgd(agent, p: PrivSGPParams, pl: Plan):
     clip = p.G if p.clip else None
     q = min(1.0, p.batch / len(agent.rows))
     pg = PairwiseGossip(agent, timeout=p.round_timeout)
@@ -220,7 +230,8 @@ def adp2_sgd(agent, p: PrivSGPParams):
     for _ in range(pl.K):
         yield agent.wake()
         g = yield agent.gradient(batch=p.batch, params=agent.params, clip=clip)           # (a), (b)
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q, what="gradient")
+        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q,
+                                what="gradient")
         yield from pg.exchange(pg.random_neighbor(rng))                                     # (c)
         if noisy is not None:
             agent.params = agent.params - pl.lr * noisy                                     # (d)

@@ -249,6 +249,7 @@ class DataSpec:
                                        "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
     test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
+    normalize: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm")
     partition: Literal["iid", "dirichlet", "shards", "quantity", "label", "label_share"] = "iid"
     alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
     shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
