@@ -170,3 +170,13 @@ def test_agent_gradient_on_explicit_rows(scenario):
         ref = sim.model.grad(x[None], sim.X[hist][None], sim.y[hist][None])[0]
         torch.testing.assert_close(g, ref, rtol=1e-12, atol=1e-14)
     assert sim.gradients.calls < len(seen)  # same-length histories were evaluated together
+
+
+def test_cpu_allocator_tuning_is_applied_once_on_glibc():
+    import platform
+
+    from netsim.compute import tune_cpu_allocator
+
+    GradientService(LogisticRegression(2), torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert tune_cpu_allocator() is True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from netsim.compute import tune_cpu_allocator
 from netsim.compute.models import CLIP_KINDS
 
 
@@ -38,6 +39,8 @@ class GradientService:
         self.y = y.long()
         self.device = X.device
         self._cpu = X.device.type == "cpu"
+        if self._cpu:
+            tune_cpu_allocator()
         self.pending: list[Ticket] = []
         self.calls = 0
         self.evaluated = 0
