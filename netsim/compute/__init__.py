@@ -15,7 +15,7 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
-_ALLOCATOR_TUNED = False
+_ALLOCATOR_TUNED: bool | None = None  # the outcome of the one attempt
 
 
 def tune_cpu_allocator() -> bool:
@@ -23,9 +23,12 @@ def tune_cpu_allocator() -> bool:
     temporaries every flush, and glibc's defaults hand them back to the OS and page-fault them in again,
     which measured 2-3x slower on the logistic and MLP paths. Process-wide, once; a no-op off glibc."""
     global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED:
-        return True
-    _ALLOCATOR_TUNED = True
+    if _ALLOCATOR_TUNED is None:
+        _ALLOCATOR_TUNED = _mallopt()
+    return _ALLOCATOR_TUNED
+
+
+def _mallopt() -> bool:
     import sys
 
     if not sys.platform.startswith("linux"):
