@@ -289,4 +289,4 @@ def test_label_partitions():
     assert counts[0, 0] == 40 and counts[1, 0] == 15 and counts[0, 5] == 40
     assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
     with pytest.raises(InputError, match="without rows"):
-        partition(np.array([0, 0, 0]), 2, "label", 0.5, np.random.default_rng(0))
+        partition(np.array([0, 0, 0]), 3, "label_share", 0.5, np.random.default_rng(0), share=1.0)
