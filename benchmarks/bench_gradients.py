@@ -11,6 +11,10 @@ netsim's time includes submitting the N requests and the flush (stacking, indexi
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as netsim/__init__.py does; before torch loads
+
 import argparse
 import statistics
 import time
