@@ -37,14 +37,14 @@ def push_gossip(agent, p: PushGossipParams):
     while True:
         yield agent.wake()
         got = drain(agent, "gossip")
+        x = agent.params  # a copy: updated in place below (one small tensor op per step)
         if got:
-            x = agent.params
-            for m in got:  # MU: merge each received model in turn ...
-                x = (x + m.payload) * 0.5
+            for m in got:  # MU: merge each received model in turn, (x + x_j) / 2 ...
+                x.add_(m.payload).mul_(0.5)
             if p.lr > 0:  # ... then update once
-                g = yield agent.gradient(batch=p.batch, params=x)
-                x = x - (p.lr / (1.0 + p.lr_decay * updates)) * g
+                g = yield agent.gradient(batch=p.batch, params=x)  # x is not written until g is back
+                x.sub_(g, alpha=p.lr / (1.0 + p.lr_decay * updates))
                 updates += 1
             agent.params = x
-        if neighbors:
-            agent.send(neighbors[int(rng.integers(len(neighbors)))], agent.params, tag="gossip")
+        if neighbors:  # x is never written again: it can travel as the payload without a copy
+            agent.send(neighbors[int(rng.integers(len(neighbors)))], x, tag="gossip")
