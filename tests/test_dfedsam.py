@@ -210,3 +210,21 @@ def test_cli_validate_names_the_key(tmp_path):
     assert r.exit_code == 2
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "algorithm.random_neighbors" in lines[0] and str(f) in lines[0]
+
+
+def test_round_from_clock_keeps_skipping_clients_in_step(tmp_path):
+    """Bernoulli activation: with own round counts a client that skipped a tick tags its models with
+    an older round than its neighbours'; numbered by the tick, every model sent during tick k (global
+    time [k, k+1), no clock drift) belongs to round k - 1."""
+    from netsim.scenario import scenario_from_dict
+
+    Q = 4
+    for how in ("count", "clock"):
+        d = merge(BASE, {"run": {"seed": 4, "rounds": 8, "until": 50.0},
+                         "agents": {"count": 6, "activation": {"kind": "bernoulli", "period": 1.0, "p": 0.7}},
+                         "algorithm": {"name": "dfedsam_mgs", **ALGO, "round_from": how, "gossip_steps": Q},
+                         "model": {"kind": "logistic", "dtype": "float64"}})
+        ev = api.run(scenario_from_dict(d), out=tmp_path / how).events.to_pandas()
+        sends = ev[(ev.kind == "send") & (ev.tag == "gossip")]
+        aligned = (sends["round"] // Q) == (np.floor(sends["t"]).astype(int) - 1)
+        assert aligned.all() if how == "clock" else not aligned.all()

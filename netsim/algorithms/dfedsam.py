@@ -71,6 +71,9 @@ class DFedSAMParams:
     random_neighbors: int = field(0, check=at_least(0), doc="k > 0: k random in-neighbours per gossip "
                                                             "step (spec 4); 0: the scenario's topology")
     round_timeout: float = field(1.0, check=positive, doc="seconds a gossip step waits for neighbours")
+    round_from: Literal["count", "clock"] = field(
+        "count", doc="round t = own round count, or the activation tick's index on the local clock "
+                     "(periodic/Bernoulli activation: a client that skips ticks stays in step)")
     sample_fraction: float = field(0.1, check=_unit_open, doc="centralized only: clients sampled per round")
     server_lr: float = field(1.0, check=positive, doc="centralized only: global learning rate")
     noise_multiplier: float = field(0.0, check=nonneg, doc="DP option: z (0 = no DP, as in the paper)")
@@ -204,9 +207,12 @@ def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
 def dfedsam(agent, p: DFedSAMParams):
     """Algorithm 1: every round, K local SAM steps then Q gossip steps; x^{t+1}(i) = z^{t,Q}(i)."""
     dp: dict = {}
+    period = agent.sim.scenario.agents.activation.period
     t = 0
     while True:
         yield agent.wake()
+        if p.round_from == "clock":  # the tick's index: agents that skipped ticks stay aligned
+            t = max(t, round(agent.local_time() / period) - 1)
         y = yield from local_train(agent, p, agent.params, t, dp)   # z^t(i) = y^{t,K}(i)
         agent.params = y
         agent.params = yield from gossip(agent, p, y, t)            # x^{t+1}(i) = z^{t,Q}(i)
