@@ -34,6 +34,7 @@ def push_gossip(agent, p: PushGossipParams):
     rng = agent.rng()
     neighbors = agent.neighbors
     updates = 0
+    picks: list[int] = []  # peers drawn 256 at a time from the agent's own stream (one call, not 256)
     while True:
         yield agent.wake()
         got = drain(agent, "gossip")
@@ -47,4 +48,6 @@ def push_gossip(agent, p: PushGossipParams):
                 updates += 1
             agent.params = x
         if neighbors:  # x is never written again: it can travel as the payload without a copy
-            agent.send(neighbors[int(rng.integers(len(neighbors)))], x, tag="gossip")
+            if not picks:
+                picks = rng.integers(len(neighbors), size=256).tolist()[::-1]
+            agent.send(neighbors[picks.pop()], x, tag="gossip")
