@@ -252,7 +252,8 @@ def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
         X, X_test, y_raw, y_test_raw = X[train], X[test], y_raw[train], y_raw[test]
     if spec.normalize:  # unit rows (e.g. LIBSVM epsilon_normalized; seed 003 spec §8.2)
         X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12).astype(X.dtype)
-        X_test = X_test / np.maximum(np.linalg.norm(X_test, axis=1, keepdims=True), 1e-12).astype(X_test.dtype)
+        norms = np.maximum(np.linalg.norm(X_test, axis=1, keepdims=True), 1e-12)
+        X_test = X_test / norms.astype(X_test.dtype)
     values = np.unique(np.concatenate([y_raw, y_test_raw]))
     y, y_test = _labels(y_raw, values), _labels(y_test_raw, values)
     parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng, spec.shards, spec.share)
