@@ -296,3 +296,16 @@ def test_privacy_report_seed000_closed_form(tmp_path):
         assert form["paper"] == pytest.approx(eps_msg)
         assert form["conservative"] == pytest.approx(row["releases"] * eps_msg)
         assert row["releases"] % 3 == 0 and row["releases"] > 0
+
+
+def test_random_activation_drops_missing_players_and_keeps_learning(tmp_path):
+    """Outside the paper (spec Sec. 4): an inactive neighbour's cross-gradient never comes, so it leaves
+    the round's game; clock round tags keep agents that skipped a tick in step."""
+    d = merge(seed000(until=8.0, round_from="clock"),
+              {"agents": {"activation": {"kind": "bernoulli", "period": 0.5, "p": 0.7}}})
+    res = run(scenario_from_dict(d), out=tmp_path)
+    s = read_trace(tmp_path).table.to_pandas()
+    s = s[s.kind == "shapley"]
+    sizes = s.groupby(["agent", "round"]).size()
+    assert sizes.max() == 3 and sizes.min() < 3            # full games and games with dropped players
+    assert res.summary["stop_reason"] == "until" and res.summary["accuracy"] > 0.8
