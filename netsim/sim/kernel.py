@@ -95,6 +95,13 @@ class Simulation:
         self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
         self.wall = 0.0
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
+        if "tracking" in sc.evaluation.metrics:
+            from netsim.compute.streaming import check_tracking
+
+            check_tracking(self)
+        check = getattr(program, "check", None)
+        if check is not None:  # an algorithm's checks that need the built simulation (agent count, ...)
+            check(self, params)
 
     def _split_validation(self, k: int) -> None:
         from netsim.errors import InputError
@@ -106,13 +113,6 @@ class Simulation:
         val, rest = perm[:k], perm[k:].sort().values
         self.X_val, self.y_val = self.X_test[val], self.y_test[val]
         self.X_test, self.y_test = self.X_test[rest], self.y_test[rest]
-        if "tracking" in sc.evaluation.metrics:
-            from netsim.compute.streaming import check_tracking
-
-            check_tracking(self)
-        check = getattr(program, "check", None)
-        if check is not None:  # an algorithm's checks that need the built simulation (agent count, ...)
-            check(self, params)
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
