@@ -49,11 +49,12 @@ def test_missing_ray_is_a_clear_error(monkeypatch):
 
 @pytest.mark.parametrize("address, needle", [("nowhere", "expected local, auto, HOST:PORT"),
                                              ("127.0.0.1:1", "no Ray cluster answers at '127.0.0.1:1'")])
-def test_bad_ray_address_is_one_line_exit_2(tmp_path, address, needle):
+def test_bad_ray_address_is_one_line_exit_2(tmp_path, monkeypatch, address, needle):
     from typer.testing import CliRunner
 
     from netsim.cli import app
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh `netsim sweep` process
     res = CliRunner().invoke(app, ["sweep", str(write_sweep(tmp_path, GRID)), "-q", "--ray", address])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and needle in res.output
 
