@@ -132,3 +132,41 @@ def test_bad_parameters_fail_with_key():
     with pytest.raises(InputError) as e:
         sim.program(sim.agents[0], sim.params)
     assert e.value.key == "agents.activation.kind"
+
+
+def test_dpdo_laplace_budget_sums_to_epsilon():
+    """DPDO [reconstructed]: every round each agent releases its state with Laplace noise b_t; the
+    per-round epsilons Delta_t / b_t = eps (rho_n - rho_s) (rho_s/rho_n)^t form a geometric series whose
+    sum over T rounds is rho_n eps (1 - (rho_s/rho_n)^T) < eps (basic composition, pure DP)."""
+    events: list = []
+    eps, rs, rn = 0.5, 0.9, 0.95
+    sim = _sim(events, run={"seed": 4, "until": T - 0.5},
+               algorithm={"name": "dpdo", "epsilon": eps, "lr": 0.05, "rho_s": rs, "rho_n": rn})
+    sim.run()
+    n = len(sim.agents)
+    rel = [e for e in events if isinstance(e, Release)]
+    assert {r.mechanism for r in rel} == {"laplace"} and {r.what for r in rel} == {"state"}
+    rounds = len(rel) // n
+    assert len(rel) == n * rounds and rounds >= T - 2
+    for a in sim.agents:
+        spent = sum(r.sensitivity / r.scale for r in rel if r.agent == a.id)
+        assert spent == pytest.approx(rn * eps * (1 - (rs / rn) ** rounds), rel=1e-9)
+        assert spent < eps
+    with pytest.raises(InputError) as e:
+        s2 = _sim(algorithm={"name": "dpdo", "rho_s": 0.99, "rho_n": 0.9})
+        s2.program(s2.agents[0], s2.params)
+    assert e.value.key == "algorithm.rho_n"
+
+
+def test_dp_dda_releases_only_when_sampled_but_always_sends():
+    """DP-DDA [reconstructed]: a node uses (and privatizes) a gradient with probability p_s; every node
+    sends its dense dual variable z every round (100% communication)."""
+    events: list = []
+    sim = _sim(events, algorithm={"name": "dp_dda", "rounds": T, "sample_p": 0.3, "sigma": 0.5})
+    sim.run()
+    n, d = sim.bank.W.shape
+    rel = [e for e in events if isinstance(e, Release)]
+    sends = [e for e in events if isinstance(e, Send)]
+    assert len(sends) == n * T * 2 and {s.size for s in sends} == {d * 8}   # ring, float64, dense
+    assert abs(len(rel) / (n * T) - 0.3) < 0.08
+    assert all(r.scale == 0.5 and r.sensitivity == 2.0 for r in rel)

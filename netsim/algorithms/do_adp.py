@@ -219,10 +219,14 @@ class DPDOParams:
 def dpdo(agent, p: DPDOParams):
     """DPDO [reconstructed] (Huang, Mitra, Vaidya 2015; spec §6 item 1): broadcast y = x + Lap(b_t),
     v_i = sum_j w_ij y_j (own y included), x = v - a_t grad(v). a_t = c rho_s^t, b_t = 2 C sqrt(d) c
-    rho_n^t / (eps (rho_n - rho_s)); the release's L1 sensitivity is 2 C sqrt(d) a_t, so the per-round
-    epsilons sum to eps."""
+    rho_n^t / (eps (rho_n - rho_s)) (spec's form); the release's L1 sensitivity is 2 C sqrt(d) a_t, so
+    the per-round epsilons sum to rho_n eps < eps (Huang et al.'s own constant may differ by rho_n)."""
     if not p.rho_s < p.rho_n:
         raise InputError("algorithm.rho_n", f"needs rho_s < rho_n, got {p.rho_s} >= {p.rho_n}")
+    return _dpdo(agent, p)
+
+
+def _dpdo(agent, p: DPDOParams):
     d = agent.params.numel()
     k = 0
     while True:
