@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="netsim: asynchronous discrete-event simulator for decentralized and private learning.")
+                  help="netsim: asynchronous discrete-event simulator for decentralized, private learning.")
 
 SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
 PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms (repeatable)")
@@ -92,7 +92,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
                       TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
                       console=console, disable=quiet, transient=False) as bar:
             task = bar.add_task(f"{sc.name}", total=horizon)
-            result = api.run(scenario, _overrides(set_), out=out, progress=lambda t: bar.update(task, completed=t))
+            result = api.run(scenario, _overrides(set_), out=out,
+                             progress=lambda t: bar.update(task, completed=t))
             bar.update(task, completed=result.summary["simulated_time"])
     except InputError as e:
         _fail(e)
@@ -156,7 +157,8 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
                 None, "--delta", help="report epsilon(delta) (default: privacy.delta)"),
             accounting: Optional[str] = typer.Option(  # noqa: UP045
                 None, "--accounting", help="observed | amplified (default: privacy.accounting)"),
-            pld: bool = typer.Option(True, "--pld/--no-pld", help="also run the PLD accountant (slower)"),
+            pld: bool = typer.Option(
+                False, "--pld/--no-pld", help="also run the PLD accountant (tighter; can take minutes)"),
             strict: bool = typer.Option(False, "--strict",
                                         help="exit 2 if a closed form's condition fails")) -> None:
     """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the seed paper's closed form."""

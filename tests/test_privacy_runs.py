@@ -149,7 +149,7 @@ runner = CliRunner()
 
 def test_privacy_command_prints_and_writes(runs):
     folder = runs[0.5][0]
-    r = runner.invoke(app, ["privacy", str(folder)])
+    r = runner.invoke(app, ["privacy", str(folder), "--pld"])
     assert r.exit_code == 0, r.output
     assert "worst agent: " in r.output and "PLD obs." in r.output and "RDP ampl." in r.output
     rep = json.loads((folder / "privacy.json").read_text())
