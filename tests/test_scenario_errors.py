@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import string
-import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
+import tomllib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner

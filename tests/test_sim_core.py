@@ -10,9 +10,8 @@ from scipy import stats
 from netsim.api import prepare, run
 from netsim.scenario.schema import Dist, TopologySpec
 from netsim.sim.dists import scipy_dist
-from netsim.sim.topology import mixing_matrix, spectral_gap, build_graph
+from netsim.sim.topology import build_graph, mixing_matrix, spectral_gap
 from netsim.trace.io import read_trace
-
 
 # --- topology ---------------------------------------------------------------------------------------
 UNDIRECTED = ["ring", "torus", "grid", "complete", "star", "erdos_renyi", "random_regular", "exponential"]
@@ -208,7 +207,8 @@ def test_same_seed_byte_identical_trace(scenario, tmp_path):
 
 def test_other_algorithm_sees_identical_network_draws(scenario, tmp_path):
     net = {"loss": 0.2, "latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}}
-    agents = {"activation": {"kind": "periodic", "period": 0.5}, "clock_drift": {"kind": "normal", "mean": 0, "sigma": 0.01},
+    agents = {"activation": {"kind": "periodic", "period": 0.5},
+              "clock_drift": {"kind": "normal", "mean": 0, "sigma": 0.01},
               "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.5}}
     t1 = read_trace(run(scenario(network=net, agents=agents), out=tmp_path / "a").out).to_pandas()
     t2 = read_trace(run(scenario(network=net, agents=agents, algorithm={"name": "gossip", "lr": 0.2,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from netsim.errors import InputError
 from netsim.scenario.schema import Scenario

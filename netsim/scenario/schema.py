@@ -53,7 +53,9 @@ class Dist:
 
 
 def nonneg_dist(d: Dist) -> str | None:
-    return None if d.bounds_nonneg() else "must not produce negative values (use constant/uniform >= 0, exponential or lognormal)"
+    if d.bounds_nonneg():
+        return None
+    return "must not produce negative values (use constant/uniform >= 0, exponential or lognormal)"
 
 
 @attrs.frozen

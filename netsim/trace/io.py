@@ -7,9 +7,8 @@ schema version, the resolved scenario text and its sha256.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import operator
+from pathlib import Path
 
 import attrs
 import pyarrow as pa
