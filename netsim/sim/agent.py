@@ -145,6 +145,7 @@ class Agent:
         self._compute = sim.compute_draws(i)
         self.rows = sim.data.parts[i]
         self._tick = math.floor(self.local_time(0.0) / act.period) if act.kind != "poisson" else 0
+        self._next = offset + (self._act_rng.exponential(1.0 / act.rate) if act.kind == "poisson" else 0.0)
         self._done = processed_event(self.env)
 
     # clocks -------------------------------------------------------------------------------------
@@ -168,7 +169,12 @@ class Agent:
         act = self._act
         now_local = self.local_time()
         if act.kind == "poisson":
-            at = now_local + self._act_rng.exponential(1.0 / act.rate)
+            # The schedule is a Poisson process on the local clock, drawn independently of what the
+            # agent does; arrivals that fall while it is busy are missed (as ticks are, below).
+            at = self._next
+            while at < now_local:
+                at += self._act_rng.exponential(1.0 / act.rate)
+            self._next = at + self._act_rng.exponential(1.0 / act.rate)
         else:
             self._tick = max(self._tick, math.floor(now_local / act.period)) + 1
             if act.kind == "bernoulli" and act.p < 1.0:
