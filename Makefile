@@ -10,7 +10,7 @@ $(BIN)/netsim: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,ray]'
 	touch $@
 
 setup: $(BIN)/netsim
