@@ -252,3 +252,11 @@ def test_trace_is_columnar_and_carries_the_scenario(scenario, tmp_path):
     part = read_trace(cut)
     assert not part.complete and 0 < part.table.num_rows < tr.table.num_rows
     assert pa.ipc.open_stream(res.trace_path.read_bytes()).read_all().num_rows == tr.table.num_rows
+
+
+@pytest.mark.parametrize("kind,directed", [("random_regular", False), ("exponential", True), ("ring", False)])
+def test_spectral_gap_arpack_path_matches_dense(kind, directed):
+    spec = TopologySpec(kind=kind, directed=directed, mixing="column_stochastic" if directed else None)
+    W = mixing_matrix(build_graph(spec, 500, seed=2), spec.mixing_kind)
+    lam = np.sort(np.abs(np.linalg.eigvals(W.toarray())))[::-1]
+    assert spectral_gap(W) == pytest.approx(1 - lam[1], rel=1e-6, abs=1e-9)
