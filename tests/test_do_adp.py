@@ -170,3 +170,70 @@ def test_dp_dda_releases_only_when_sampled_but_always_sends():
     assert len(sends) == n * T * 2 and {s.size for s in sends} == {d * 8}   # ring, float64, dense
     assert abs(len(rel) / (n * T) - 0.3) < 0.08
     assert all(r.scale == 0.5 and r.sensitivity == 2.0 for r in rel)
+
+
+def test_cpgt_noiseless_dense_gamma1_equals_gradient_tracking_reference():
+    """CPGT [reconstructed] with no noise, k = d and gamma = 1: the public copies equal (x, y) after each
+    exchange, so it is plain gradient tracking x' = W x - eta y, y' = W y + g(x') - g(x), y_0 = g(x_0)
+    (DIGing), here with full local batches and no clipping. Float64 round-off only (batched gradients)."""
+    eta = 0.3
+    sim = _sim(algorithm={"name": "cpgt", "rounds": T, "lr": eta, "gamma": 1.0, "ratio": 1.0, "batch": 0,
+                          "clip": 0.0, "sigma": 0.0})
+    n = sim.bank.W.shape[0]
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64)
+    X, lab = sim.X, sim.y.long()
+
+    def grad(x):
+        return torch.stack([sim.model.grad(x[i:i + 1], X[sim.data.parts[i]].unsqueeze(0),
+                                           lab[sim.data.parts[i]].unsqueeze(0))[0] for i in range(n)])
+
+    x = sim.bank.W.clone()
+    g = grad(x)
+    y = g.clone()
+    for _ in range(T):
+        x_new = W @ x - eta * y
+        g_new = grad(x_new)
+        y = W @ y + g_new - g
+        x, g = x_new, g_new
+    sim.run()
+    assert sim.stop_reason == "rounds"
+    assert float((x - sim.bank.W).abs().max()) < 1e-12
+    assert float((y - sim.bank.state("cpgt_tracker")).abs().max()) < 1e-12
+    assert float((x - sim.bank.W[0]).abs().max()) > 1e-3   # the run really moved (and disagrees)
+    # gradient tracking: the trackers' mean is the mean of the current local gradients
+    assert float((y.mean(0) - grad(x).mean(0)).abs().max()) < 1e-12
+
+
+def test_cpgt_laplace_on_x_and_y_every_round_summing_to_epsilon():
+    """Each round every agent releases exactly two Laplace d-vectors, its state x and its tracker y (what
+    leaves it, before top-k), at the scales of the pure-eps calibration: eps / (2T) per release, so the
+    per-agent sum of Delta / b is eps. Then one top-k message per variable goes to each neighbour."""
+    events: list = []
+    eps, ratio, eta = 0.5, 0.3, 0.05
+    sim = _sim(events, algorithm={"name": "cpgt", "rounds": T, "lr": eta, "ratio": ratio, "epsilon": eps})
+    sim.run()
+    n, d = sim.bank.W.shape
+    k = math.ceil(ratio * d)
+    rel = [e for e in events if isinstance(e, Release)]
+    assert {r.mechanism for r in rel} == {"laplace"} and {r.size for r in rel} == {d}
+    assert {r.q for r in rel} == {1.0}
+    per_round: dict[tuple, list] = {}
+    for r in rel:
+        per_round.setdefault((r.agent, math.floor(r.t + 1e-9) - 1), []).append(r.what)
+    assert set(per_round) == {(a, t) for a in range(n) for t in range(T)}
+    assert all(sorted(w) == ["state", "tracker"] for w in per_round.values())
+    unit = 2 * math.sqrt(d)
+    for r in rel:
+        t = math.floor(r.t + 1e-9) - 1
+        want = unit * eta * max(t, 1) if r.what == "state" else unit
+        assert r.sensitivity == pytest.approx(want, rel=1e-12)
+        assert r.scale == pytest.approx(want * 2 * T / eps, rel=1e-12)
+    for a in range(n):
+        assert sum(r.sensitivity / r.scale for r in rel if r.agent == a) == pytest.approx(eps, rel=1e-12)
+    sends = [e for e in events if isinstance(e, Send)]
+    assert {s.tag for s in sends} == {"cpgt_x", "cpgt_y"} and {s.size for s in sends} == {k * (8 + 4)}
+    assert len(sends) == n * T * 2 * 2                       # 2 variables x 2 ring neighbours per round
+    with pytest.raises(InputError) as e:
+        s2 = _sim(algorithm={"name": "cpgt", "epsilon": None})
+        s2.program(s2.agents[0], s2.params)
+    assert e.value.key == "algorithm.epsilon"
