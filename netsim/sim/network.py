@@ -203,13 +203,19 @@ class Network:
         now = self.env.now
         if size is None:
             size = payload_size(payload)
+        tx_end, delay, reason = self.outcome(src, dst, now, size)
+        self.dispatch(src, dst, payload, tag, rnd, size, now, delay, reason)
+        return tx_end - now
+
+    def dispatch(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int, now: float,
+                 delay: float, reason: str) -> None:
+        """A message whose outcome is decided: trace it, then drop it (``reason``) or schedule its arrival.
+        Shared by the full path and replay; the lean ``send`` inlines the same steps (hot path)."""
         mid = self.next_id
         self.next_id = mid + 1
-        tx_end, delay, reason = self.outcome(src, dst, now, size)
         self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
         if reason:
             self.emit(Drop(now, src, dst, mid, size, delay, rnd, reason))
         else:
             ev = simpy.events.Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
             ev.callbacks.append(self._arrive)
-        return tx_end - now

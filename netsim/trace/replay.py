@@ -27,8 +27,7 @@ import numpy as np
 import simpy
 
 from netsim.errors import InputError
-from netsim.sim.network import Message, payload_size
-from netsim.trace.events import Drop, Send
+from netsim.sim.network import payload_size
 from netsim.trace.io import Trace, read_trace
 
 
@@ -119,8 +118,6 @@ class ReplayNetwork:
         delay, reason = got
         if size is None:
             size = payload_size(payload)
-        mid = net.next_id
-        net.next_id = mid + 1
         churn = net.churn
         if churn is not None and churn.offline(src, now):
             tx_end = now  # an offline sender transmits nothing (as in Network.outcome)
@@ -133,12 +130,7 @@ class ReplayNetwork:
             if churn is not None:  # the same precedence as the full path: sender, outage/loss, receiver
                 if churn.offline(src, now) or (not reason and churn.offline(dst, now + delay)):
                     reason = "offline"
-        net.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
-        if reason:
-            net.emit(Drop(now, src, dst, mid, size, delay, rnd, reason))
-        else:
-            ev = simpy.events.Timeout(net.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
-            ev.callbacks.append(net._arrive)
+        net.dispatch(src, dst, payload, tag, rnd, size, now, delay, reason)
         return tx_end - now
 
 
