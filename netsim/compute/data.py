@@ -29,28 +29,25 @@ class Dataset:
         return self.X.shape[1]
 
 
-def find_data_file(path: str, key: str) -> Path:
-    """``path`` as given, else under $NETSIM_DATA; InputError naming both places when missing."""
+def _find(path: str, key: str, is_kind, noun: str) -> Path:
     p = Path(path).expanduser()
-    if p.is_file():
+    if is_kind(p):
         return p
     root = os.environ.get("NETSIM_DATA")
-    if root and not p.is_absolute() and (Path(root) / p).is_file():
+    if root and not p.is_absolute() and is_kind(Path(root) / p):
         return Path(root) / p
     where = f" or under NETSIM_DATA={root}" if root else " (set NETSIM_DATA to search a data folder)"
-    raise InputError(key, f"data file {path!r} not found{where}")
+    raise InputError(key, f"data {noun} {path!r} not found{where}")
+
+
+def find_data_file(path: str, key: str) -> Path:
+    """``path`` as given, else under $NETSIM_DATA; InputError naming both places when missing."""
+    return _find(path, key, Path.is_file, "file")
 
 
 def find_data_dir(path: str, key: str) -> Path:
     """A folder ``path`` as given, else under $NETSIM_DATA; InputError naming both places when missing."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return p
-    root = os.environ.get("NETSIM_DATA")
-    if root and not p.is_absolute() and (Path(root) / p).is_dir():
-        return Path(root) / p
-    where = f" or under NETSIM_DATA={root}" if root else " (set NETSIM_DATA to search a data folder)"
-    raise InputError(key, f"data folder {path!r} not found{where}")
+    return _find(path, key, Path.is_dir, "folder")
 
 
 def read_idx(path: Path, key: str) -> np.ndarray:
