@@ -11,6 +11,7 @@ import functools
 import os
 import platform
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +133,20 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
         raise e.at(source) if source else e from None
 
 
+PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far (netsim resume continues it)
+
+
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
         progress: Callable[[float], None] | None = None,
-        setup: Callable[[Any], None] | None = None) -> RunResult:
+        setup: Callable[[Any], None] | None = None, interruptible: bool = True) -> RunResult:
     """Validate, build, run and write one run folder (principle 10). ``setup(sim)`` may adjust the
-    built simulation before it runs (``netsim replay`` installs the recorded network this way)."""
-    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
+    built simulation before it runs (``netsim replay`` installs the recorded network this way).
+
+    With ``interruptible`` (in the main thread), SIGINT (Ctrl-C) stops the run at the next event
+    boundary: the trace is flushed, a checkpoint and ``summary.partial.json`` are written, and the
+    result's ``summary["stop_reason"]`` is ``"interrupted"``; ``resume(folder)`` continues it."""
     from netsim.metrics.summary import EventCounts
+    from netsim.sim import checkpoint
     from netsim.trace.io import TraceWriter
 
     sc = resolve_scenario(scenario, overrides)
@@ -149,6 +157,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     writer = TraceWriter(folder / TRACE_FILE if sc.run.trace else None, meta, sc.run.trace_flush_every,
                          on_batch=counts, lazy=True)
     sim = prepare(sc, writer, source_of(scenario))  # raises InputError before anything is written
+    sim.counts = counts
     if setup is not None:
         setup(sim)
     try:
@@ -156,8 +165,137 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     except OSError as e:
         raise InputError("run.out", f"cannot create output folder {str(folder)!r}: {e.strerror or e}") from None
     (folder / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until this run finishes
+    (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
+    for old in checkpoint.checkpoints(folder):  # a previous run's checkpoints must never be resumed into this one
+        import shutil
+
+        shutil.rmtree(old)
     (folder / "scenario.toml").write_text(text)
-    sim.run(progress)
+    sim.start(progress)
+    return _complete(sim, folder, counts, meta, resumable=setup is None, interruptible=interruptible)
+
+
+def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
+           warn: Callable[[str], None] = lambda line: None, interruptible: bool = True) -> RunResult:
+    """Continue an interrupted or killed run from its newest checkpoint that verifies (older ones are
+    tried when the newest is corrupted; each rejection goes to ``warn``). The run is rebuilt up to the
+    checkpoint without output and checked against it exactly (netsim/sim/checkpoint.py says why), then
+    goes on writing: its trace after the checkpoint and its final metrics equal the uninterrupted run's."""
+    from netsim.metrics.summary import EventCounts
+    from netsim.sim import checkpoint
+    from netsim.trace.io import TraceWriter
+
+    folder = Path(folder)
+    where = str(folder)
+    if not folder.is_dir():
+        raise InputError("", "no such run folder", where)
+    if is_complete(folder):
+        raise InputError("", f"the run is complete ({SUMMARY_FILE} exists): nothing to resume", where)
+    sc_path = folder / "scenario.toml"
+    if not sc_path.is_file():
+        raise InputError("", "not a run folder (no scenario.toml)", where)
+    sc = load_scenario(sc_path)
+    text = to_toml(sc)
+    ck = checkpoint.latest(folder, warn)
+    head = ck.meta
+    if head.get("resumable") is False:
+        raise InputError("", "this run was started with a setup hook (netsim replay); it cannot be "
+                             "rebuilt from its folder, run it again", str(ck.path))
+    if scenario_hash(sc_path.read_text()) != head["scenario_sha256"]:
+        raise InputError("", "changed since the checkpoint was written (its sha256 differs); resume needs "
+                             "the scenario the run started with", str(sc_path))
+    if head.get("netsim") != __version__:
+        warn(f"{ck.path}: written by netsim {head.get('netsim')}, this is {__version__}; the rebuilt run "
+             "is checked against it")
+    trace = head["trace"]
+    trace_path = folder / TRACE_FILE
+    if trace["file"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):
+        raise InputError("", f"missing or shorter than the checkpoint's {trace['bytes']} bytes", str(trace_path))
+    counts = EventCounts()
+    meta = {"netsim.scenario": text, "netsim.scenario_sha256": head["scenario_sha256"],
+            "netsim.version": __version__}
+    writer = TraceWriter(None, meta, sc.run.trace_flush_every, on_batch=counts, lazy=True)  # silent rebuild
+    sim = prepare(sc, writer, str(sc_path))
+    sim.counts = counts
+    sim._restored = list(head["metrics"])
+    sim.start(progress)
+    sim.advance(to_step=ck.step)
+    writer.flush()
+    bad = (f"the run stopped at event {sim.steps}" if sim.steps != ck.step
+           else checkpoint.mismatch(ck, *checkpoint.capture(sim)))
+    if bad:
+        raise InputError("", f"the rebuilt run differs from this checkpoint at {bad} (netsim, its data or the "
+                             "platform changed since it was written)", str(ck.path))
+    if trace["file"]:
+        try:
+            writer.reopen(trace_path, trace["bytes"], trace["events"], trace["sha256"])
+        except ValueError as e:
+            raise InputError("", str(e), str(trace_path)) from None
+    if sim.env._queue and sim.env._queue[0][0] >= sim._next_boundary:
+        sim.skip_boundary()  # the checkpoint's own mark is done
+    result = _complete(sim, folder, counts, meta, resumable=True, interruptible=interruptible)
+    result.summary.setdefault("resumed_at_step", ck.step)
+    return result
+
+
+def _complete(sim, folder: Path, counts, meta: dict[str, str], resumable: bool, interruptible: bool) -> RunResult:
+    """Run a started simulation to its end (or an interrupt) and write the run folder."""
+    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
+    from netsim.sim import checkpoint
+
+    sc = sim.scenario
+    header = {"scenario_sha256": meta["netsim.scenario_sha256"], "netsim": __version__, "seed": sc.run.seed,
+              "resumable": resumable}
+    if sc.run.checkpoint_every is not None or sc.run.checkpoint_every_rounds is not None:
+        sim.checkpointer = lambda s, kind: checkpoint.write(s, folder, sc.run.checkpoint_keep, kind, header)
+    with _sigint_stops(sim, interruptible):
+        sim.advance()
+    path = checkpoint.write(sim, folder, sc.run.checkpoint_keep, "interrupt", header) if sim.interrupted else None
+    sim.finish()
+    summary = _summary(sim, counts, meta)
+    if path is not None:
+        summary["checkpoint"] = str(path)
+        tmp = folder / (PARTIAL_SUMMARY + ".tmp")
+        write_summary(summary, tmp)
+        os.replace(tmp, folder / PARTIAL_SUMMARY)
+        return RunResult(folder, sc, summary, sim.metrics)
+    write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
+    plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
+    tmp = folder / (SUMMARY_FILE + ".tmp")
+    write_summary(summary, tmp)
+    os.replace(tmp, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
+    (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
+    for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
+        import shutil
+
+        shutil.rmtree(old, ignore_errors=True)
+    return RunResult(folder, sc, summary, sim.metrics)
+
+
+@contextmanager
+def _sigint_stops(sim, enabled: bool):
+    """SIGINT asks the simulation to stop at the next event boundary; a second one stops at once."""
+    import signal
+    import threading
+
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if sim.interrupted:
+            raise KeyboardInterrupt
+        sim.interrupt()
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _summary(sim, counts, meta: dict[str, str]) -> dict[str, Any]:
+    sc = sim.scenario
     final = sim.metrics[-1]
     k = counts.kinds
     summary = {
@@ -178,12 +316,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         from netsim.privacy.report import run_summary
 
         summary.update(run_summary(sim))  # worst agent's epsilon (netsim privacy RUN for the full report)
-    write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
-    plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
-    tmp = folder / (SUMMARY_FILE + ".tmp")
-    write_summary(summary, tmp)
-    os.replace(tmp, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
-    return RunResult(folder, sc, summary, sim.metrics)
+    return summary
 
 
 def _comm_fields(sim) -> dict[str, Any]:

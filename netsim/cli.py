@@ -70,36 +70,78 @@ def _summary_table(summary: dict):
     return t
 
 
+def _progress(name: str, horizon: float | None, quiet: bool, work):
+    """Run ``work(progress)`` under a rich progress bar on stderr (simulated time out of ``horizon``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
+                  console=Console(stderr=True), disable=quiet, transient=False) as bar:
+        task = bar.add_task(name, total=horizon)
+        result = work(lambda t: bar.update(task, completed=t))
+        bar.update(task, completed=result.summary["simulated_time"])
+    return result
+
+
+def _report(result, quiet: bool) -> None:
+    """The summary table and where the run went; an interrupted run says how to go on (exit 130)."""
+    from rich.console import Console
+
+    s = result.summary
+    if s.get("stop_reason") == "interrupted":
+        typer.echo(f"interrupted at t = {s['simulated_time']:.6g} s; trace flushed, checkpoint written to "
+                   f"{s['checkpoint']}", err=True)
+        typer.echo(f"continue with: netsim resume {result.out}", err=True)
+        raise typer.Exit(130)
+    if not quiet:
+        Console().print(_summary_table(s))
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+
+
 @app.command()
 def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         set_: Optional[list[str]] = SetOpt,
         out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: run.out)"),
         plugin: Optional[list[str]] = PluginOpt,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
-    """Run a scenario; write trace, metrics, summary and plot to its output folder."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """Run a scenario; write trace, metrics, summary and plot to its output folder. Ctrl-C stops it
+    cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
     from netsim.errors import InputError
 
-    console = Console(stderr=True)
     try:
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
-        horizon = sc.run.until
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                      TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
-                      console=console, disable=quiet, transient=False) as bar:
-            task = bar.add_task(f"{sc.name}", total=horizon)
-            result = api.run(scenario, _overrides(set_), out=out,
-                             progress=lambda t: bar.update(task, completed=t))
-            bar.update(task, completed=result.summary["simulated_time"])
+        result = _progress(sc.name, sc.run.until, quiet,
+                           lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
     except InputError as e:
         _fail(e)
-    if not quiet:
-        Console().print(_summary_table(result.summary))
-    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+    _report(result, quiet)
+
+
+@app.command()
+def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted or killed run"),
+           plugin: Optional[list[str]] = PluginOpt,
+           quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
+    """Continue a run from its last good checkpoint: same final metrics and same trace after the
+    checkpoint as an uninterrupted run (docs/architecture.md, "Checkpoint and resume")."""
+    from netsim import api
+    from netsim.errors import InputError
+    from netsim.scenario import load_scenario
+
+    try:
+        _plugins(plugin)
+        sc_path = run_folder / "scenario.toml"
+        sc = load_scenario(sc_path) if sc_path.is_file() else None
+        name = f"{sc.name} (resumed)" if sc else "resume"
+        result = _progress(name, sc.run.until if sc else None, quiet,
+                           lambda progress: api.resume(run_folder, progress,
+                                                       warn=lambda line: typer.echo(f"warning: {line}", err=True)))
+    except InputError as e:
+        _fail(e)
+    typer.echo(f"resumed from event {result.summary['resumed_at_step']}", err=True)
+    _report(result, quiet)
 
 
 @app.command()

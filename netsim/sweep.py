@@ -215,7 +215,7 @@ def execute(task: RunTask, folder: str | None = None) -> dict[str, Any]:
 
     sc = scenario_from_dict(tomllib.loads(task.scenario_text), task.folder)
     with _threads(task.threads):
-        result = api.run(sc, out=folder or task.folder)
+        result = api.run(sc, out=folder or task.folder, interruptible=False)
     if result.summary["scenario_sha256"] != task.sha256:  # pragma: no cover - canonical text is a fixpoint
         raise RuntimeError(f"{task.folder}: resolved scenario changed on the worker")
     return dict(result.summary)

@@ -69,6 +69,13 @@ class RunSpec:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     trace: bool = True
     trace_flush_every: int = field(8192, check=at_least(1), doc="events per trace batch flushed to disk")
+    checkpoint_every: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
+                                           doc="write a checkpoint every this many simulated seconds "
+                                               "(netsim resume continues from the last one)")
+    checkpoint_every_rounds: int | None = field(
+        None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+        doc="write a checkpoint each time the agents' mean activation count passes a multiple of this")
+    checkpoint_keep: int = field(2, check=at_least(1), doc="checkpoints kept (the newest; older are deleted)")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.until is None and self.rounds is None:

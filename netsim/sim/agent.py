@@ -185,6 +185,10 @@ class Agent:
             at = hook(self, at)
         delay = max(0.0, self.global_time(at) - self.env.now)
         self.round += 1
+        sim = self.sim
+        sim.activations += 1
+        if sim.activations >= sim.round_mark:
+            sim.round_passed()
         ev = simpy.events.Timeout(self.env, delay, at)
         ev.callbacks.append(self._activated)
         return ev

@@ -8,6 +8,7 @@ time, with its parameters snapshotted, so evaluating them early changes nothing:
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -94,6 +95,17 @@ class Simulation:
         self.stop_reason = ""
         self._housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
         self.wall = 0.0
+        # checkpoints (sim/checkpoint.py): the loop stops at an event boundary when the next event's time
+        # reaches _next_boundary (a simulated-time mark; -inf: now, set by a round mark or an interrupt)
+        self.steps = 0  # events processed so far: a checkpoint's position
+        self.activations = 0  # Agent.wake calls, for round-based checkpoints
+        self.checkpointer: Callable[[Simulation, str], None] | None = None
+        self.interrupted = False
+        self._every = sc.run.checkpoint_every or math.inf
+        self._next_boundary = self._every
+        self._round_every = (sc.run.checkpoint_every_rounds or math.inf) * n
+        self.round_mark = self._round_every
+        self._restored: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
@@ -142,6 +154,11 @@ class Simulation:
 
     # evaluation ------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        if len(self.metrics) < len(self._restored):  # rebuilding up to a checkpoint: rows are known
+            row = self._restored[len(self.metrics)]
+            self.metrics.append(row)
+            self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
+            return row
         row = {"time": float(self.env.now),
                "round_mean": float(np.mean([a.round for a in self.agents]))}
         W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
@@ -176,24 +193,86 @@ class Simulation:
             progress(self.env.now)
 
     # running -----------------------------------------------------------------------------------------
-    def run(self, progress: Callable[[float], None] | None = None) -> None:
+    def start(self, progress: Callable[[float], None] | None = None) -> None:
+        """Initial evaluation, the agents' programs and our timers (always the same ones, so a rebuilt
+        run schedules exactly the events the original did)."""
         sc = self.scenario
-        start = time.perf_counter()
+        self._t0 = time.perf_counter()
         self.evaluate()
         for a in self.agents:
             self.env.process(self.program(a, self.params))
         self.env.process(self._evaluator())
-        if progress is not None and sc.run.until is not None:
-            self.env.process(self._ticker(sc.run.until, progress))
-            self._housekeeping += 1
         stop = self._stop
         if sc.run.until is not None:
-            self._housekeeping += 1
+            self.env.process(self._ticker(sc.run.until, progress or (lambda t: None)))
+            self._housekeeping += 2
             stop = self.env.any_of([self._stop, self.env.timeout(sc.run.until)])
+        self._done: list = []
+        stop.callbacks.append(self._done.append)
+
+    def interrupt(self) -> None:
+        """Stop at the next event boundary (a signal handler may call this: it only sets flags)."""
+        self.interrupted = True
+        self._next_boundary = -math.inf
+
+    def round_passed(self) -> None:
+        """Agent.wake: the agents' mean activation count passed a multiple of checkpoint_every_rounds."""
+        self.round_mark += self._round_every
+        self._next_boundary = -math.inf
+
+    def _boundary(self) -> None:
+        """Between two events, at a checkpoint mark: flush the trace (so a rebuilt run cuts batches at the
+        same events) and let the checkpointer write."""
+        self.skip_boundary()
+        if self.interrupted:
+            return
+        self.writer.flush()
+        if self.checkpointer is not None:
+            self.checkpointer(self, "periodic")
+
+    def skip_boundary(self) -> None:
+        """The next time mark after the next event (marks without events between them merge)."""
+        q = self.env._queue
+        head = q[0][0] if q else 0.0
+        self._next_boundary = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf \
+            else math.inf
+
+    def advance(self, to_step: int | None = None) -> None:
+        """Process events until the run stops, it is interrupted, or ``to_step`` events are done."""
+        queue, step, done = self.env._queue, self.env.step, self._done
+        n = self.steps
+        limit = -1 if to_step is None else to_step
         with _lean_gc():
-            self.env.run(until=stop)
+            try:
+                while not done and n != limit:
+                    if queue and queue[0][0] >= self._next_boundary:
+                        self.steps = n
+                        self._boundary()
+                        if self.interrupted:
+                            break
+                    step()
+                    n += 1
+            except simpy.core.EmptySchedule:
+                pass
+            finally:
+                self.steps = n
+        self.wall += time.perf_counter() - self._t0
+        self._t0 = time.perf_counter()
+
+    def finish(self) -> None:
+        """After the run stopped: the final evaluation and the trace's end (not after an interrupt: the
+        run goes on from its checkpoint)."""
+        if self.interrupted:
+            self.stop_reason = "interrupted"
+            self.writer.sync()
+            return
         if not self.stop_reason:
             self.stop_reason = "until"
         self.evaluate()
         self.writer.close()
-        self.wall = time.perf_counter() - start
+        self.wall += time.perf_counter() - self._t0
+
+    def run(self, progress: Callable[[float], None] | None = None) -> None:
+        self.start(progress)
+        self.advance()
+        self.finish()

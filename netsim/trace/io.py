@@ -7,7 +7,9 @@ schema version, the resolved scenario text and its sha256.
 
 from __future__ import annotations
 
+import hashlib
 import operator
+import os
 from pathlib import Path
 
 import attrs
@@ -32,8 +34,16 @@ def _columns(events: list) -> list[tuple]:
     return list(zip(*map(_ROW, events)))
 
 
+EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the stream format's end-of-stream marker
+
+
 class TraceWriter:
-    """Buffers events and writes them as Arrow record batches; ``None`` path = count only."""
+    """Buffers events and writes them as Arrow record batches; ``None`` path = count only.
+
+    The stream is written as raw IPC messages (schema, then one message per batch, then EOS on close:
+    byte for byte what ``pa.ipc.new_stream`` writes), so the writer knows its byte offset and a running
+    sha256 of what it wrote: a checkpoint records both, and a resumed run truncates the file there and
+    appends (``reopen``)."""
 
     def __init__(self, path: Path | None, metadata: dict[str, str], flush_every: int = 8192,
                  on_batch=None, lazy: bool = False):
@@ -41,18 +51,43 @@ class TraceWriter:
         self.flush_every = flush_every
         self.buffer: list = []
         self.count = 0  # events flushed so far
+        self.bytes = 0  # bytes written to the file so far
+        self.sha = hashlib.sha256()
         self.on_batch = on_batch
         self._sink = None
-        self._writer = None
         self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), **metadata}
         if not lazy:
             self._open()
 
+    def _write(self, data: bytes) -> None:
+        self._sink.write(data)
+        self.sha.update(data)
+        self.bytes += len(data)
+
     def _open(self) -> None:
         """Create the file (lazily: on the first flush, so a run that fails validation writes nothing)."""
-        if self.path is not None and self._writer is None:
+        if self.path is not None and self._sink is None:
             self._sink = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-            self._writer = pa.ipc.new_stream(self._sink, SCHEMA.with_metadata(self._meta))
+            self._write(SCHEMA.with_metadata(self._meta).serialize().to_pybytes())
+
+    def reopen(self, path: Path, offset: int, count: int, sha256: str) -> None:
+        """Continue the file at ``path`` after its first ``offset`` bytes (``count`` events), which must
+        hash to ``sha256``: the tail after a checkpoint is cut and will be written again, identically."""
+        self.flush()
+        sha = hashlib.sha256()
+        with open(path, "r+b") as f:
+            left = offset
+            while left:
+                chunk = f.read(min(left, 1 << 22))
+                if not chunk:
+                    raise ValueError(f"shorter than the checkpoint's {offset} bytes")
+                sha.update(chunk)
+                left -= len(chunk)
+            if sha.hexdigest() != sha256:
+                raise ValueError(f"its first {offset} bytes changed since the checkpoint (sha256 differs)")
+            f.truncate(offset)
+        self.path, self.count, self.bytes, self.sha = path, count, offset, sha
+        self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def emit(self, event) -> None:
         self.buffer.append(event)
@@ -67,19 +102,25 @@ class TraceWriter:
         if self.on_batch is not None:
             self.on_batch(events)
         self._open()
-        if self._writer is not None:
+        if self._sink is not None:
             cols = _columns(events)
-            self._writer.write_batch(pa.record_batch([pa.array(col, f.type) for col, f in zip(cols, SCHEMA)],
-                                                     schema=SCHEMA))
+            batch = pa.record_batch([pa.array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
+            self._write(batch.serialize().to_pybytes())
             self._sink.flush()
+
+    def sync(self) -> None:
+        """Flush, and make what was written durable (a checkpoint points into the file)."""
+        self.flush()
+        if self._sink is not None:
+            os.fsync(self._sink.fileno())
 
     def close(self) -> None:
         self.flush()
         self._open()
-        if self._writer is not None:
-            self._writer.close()
+        if self._sink is not None:
+            self._sink.write(EOS)
             self._sink.close()
-            self._writer = None
+            self._sink = None
         self.path = None  # closed for good
 
 
@@ -103,7 +144,12 @@ def resolve_trace_path(path: str | Path) -> Path:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read a trace file (or a run folder's trace) up to its last complete batch."""
+    """Read a trace file (or a run folder's trace) up to its last complete batch.
+
+    Every batch is validated in full before it is used (offsets, lengths, UTF-8), so a corrupted file
+    is never handed to pandas or numpy: the first batch that is cut off or fails validation ends the
+    readable part (``complete`` is then False). A file whose header or schema is not a netsim trace is
+    an InputError."""
     p = resolve_trace_path(path)
     if not p.exists():
         raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(p))
@@ -111,22 +157,30 @@ def read_trace(path: str | Path) -> Trace:
     complete = True
     try:
         reader = pa.ipc.open_stream(pa.OSFile(str(p)))
-    except (pa.ArrowInvalid, OSError) as e:
-        raise InputError("", f"not a netsim trace (Arrow IPC stream): {e}", str(p)) from None
-    meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+        meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+        msg = " ".join(str(e).split())[:200]
+        raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(p)) from None
     if "netsim.schema_version" not in meta:
         raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
-    if int(meta["netsim.schema_version"]) > SCHEMA_VERSION:
-        raise InputError("", f"trace schema v{meta['netsim.schema_version']} is newer than this netsim "
+    version = meta["netsim.schema_version"]
+    if not version.isdigit():
+        raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number", str(p))
+    if int(version) > SCHEMA_VERSION:
+        raise InputError("", f"trace schema v{version} is newer than this netsim "
                              f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
+    if not reader.schema.remove_metadata().equals(SCHEMA):
+        raise InputError("", "not a netsim trace: columns must be " + ", ".join(
+            f"{f.name}: {f.type}" for f in SCHEMA), str(p))
     while True:
         try:
-            batches.append(reader.read_next_batch())
+            batch = reader.read_next_batch()
+            batch.validate(full=True)
         except StopIteration:
             break
-        except (pa.ArrowInvalid, OSError):
+        except (pa.ArrowException, OSError):
             complete = False
             break
+        batches.append(batch)
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Trace(table, meta, complete)
-

@@ -1,0 +1,302 @@
+"""Checkpoints: the data state of a run at one event boundary, written atomically, never pickled.
+
+A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
+
+* ``arrays.npz`` - tensors (parameter bank and named per-agent state such as momentum, payloads of
+  messages in flight and waiting in inboxes, the ledgers' releases and noise-generator states),
+  loaded with ``allow_pickle=False``;
+* ``state.json`` - plain data: format version, scenario sha256, event step and simulated time,
+  every random stream's bit-generator state, the pending-event queue (timers, deliveries, gradient
+  completions), agents' plain attributes (rounds, activation schedules, algorithm counters), ledger
+  totals, comm and event counters, the metrics rows so far and the trace position (events, bytes,
+  sha256 of the bytes);
+* ``SHA256SUMS`` - checksums of both, so a torn or corrupted checkpoint is detected and skipped.
+
+It is written into a hidden temporary folder, fsynced, then renamed (atomic on POSIX).
+
+Why resume re-executes (docs/architecture.md, "Checkpoint and resume"): an agent's program is a
+Python generator that reads like the paper's pseudo-code; its locals (a gradient computed before a
+barrier, a half-gathered round) cannot be serialized. ``netsim resume`` therefore rebuilds the run
+deterministically, without trace output or evaluation, up to the checkpoint's event step, then checks
+that the rebuilt state equals the checkpoint *exactly* (every tensor, stream state, pending event and
+message), cuts the trace at the checkpoint's byte offset, and continues writing. Everything after
+the checkpoint is then identical to the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from netsim.errors import InputError
+
+FORMAT = 1
+FOLDER = "checkpoints"
+_NAME = re.compile(r"^ckpt-(\d{12})$")
+_PLAIN = (bool, int, float, str)
+
+
+# plain data + tensors --------------------------------------------------------------------------------
+def _array(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return x.cpu().numpy().copy()
+    return np.asarray(x)
+
+
+def _flat(obj: Any, key: str, arrays: dict[str, np.ndarray]) -> Any:
+    """A JSON skeleton of ``obj``; its tensors go to ``arrays`` under keys derived from ``key``."""
+    if obj is None or isinstance(obj, _PLAIN):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        arrays[key] = _array(obj)
+        return {"@": key}
+    if isinstance(obj, dict):
+        return {"dict": [[_flat(k, f"{key}.k{i}", arrays), _flat(v, f"{key}.{i}", arrays)]
+                         for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, (list, tuple)):
+        return {"list": [_flat(v, f"{key}.{i}", arrays) for i, v in enumerate(obj)]}
+    if attrs.has(type(obj)):
+        return {"type": type(obj).__name__,
+                **{f.name: _flat(getattr(obj, f.name), f"{key}.{f.name}", arrays) for f in attrs.fields(type(obj))}}
+    return {"type": type(obj).__name__}
+
+
+def _message(m: Any, key: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {"id": m.id, "src": m.src, "dst": m.dst, "tag": m.tag, "round": m.round, "size": m.size,
+            "sent": m.sent, "payload": _flat(m.payload, key, arrays)}
+
+
+def _plain_vars(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in sorted(vars(obj).items()) if type(v) in _PLAIN}
+
+
+def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares."""
+    from netsim.sim.network import Message
+    from netsim.trace.events import Release
+
+    arrays: dict[str, np.ndarray] = {}
+    for k, v in sim.bank.state_dict().items():
+        arrays[f"bank.{k}"] = _array(v)
+    queue = []
+    for t, prio, eid, ev in sorted(sim.env._queue, key=lambda e: e[:3]):
+        value = getattr(ev, "_value", None)
+        queue.append([t, prio, eid, type(ev).__name__,
+                      _message(value, f"queue.{eid}", arrays) if isinstance(value, Message) else None])
+    agents, inboxes, ledgers = [], [], {}
+    for a in sim.agents:
+        agents.append(_plain_vars(a))
+        box = a.inbox
+        inboxes.append({
+            "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]
+                       for tag, q in sorted(box.queues.items()) if q},
+            "waiting": {tag: [type(w).__name__, w.round, sorted(getattr(w, "got", {}))]
+                        for tag, w in sorted(box.waiters.items())},
+        })
+        led = getattr(a, "_privacy", None)
+        if led is not None:
+            rel = list(led.releases)
+            for f in attrs.fields(Release):
+                arrays[f"ledger.{a.id}.{f.name}"] = np.asarray([getattr(r, f.name) for r in rel])
+            noise = getattr(led, "_noise", None)
+            if noise is not None:
+                arrays[f"ledger.{a.id}.noise"] = _array(noise.generator.get_state())
+            ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(rel)}
+    counts = getattr(sim, "counts", None)
+    stats = getattr(sim, "comm_stats", None)
+    g = sim.gradients
+    state = {
+        "time": sim.env.now, "step": sim.steps, "finished": sim._finished, "stop_reason": sim.stop_reason,
+        "rng": {",".join(map(str, k)): gen.bit_generator.state for k, gen in sorted(sim.streams._cache.items())},
+        "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
+        "network": {**_plain_vars(sim.network),
+                    "links": sorted([s, d, lk.busy_until] for (s, d), lk in sim.network.links.items())},
+        "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
+        "events": {"emitted": sim.events_emitted,
+                   "kinds": dict(sorted(counts.kinds.items())) if counts is not None else None,
+                   "bytes_sent": counts.bytes_sent if counts is not None else None},
+        "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
+                                            "samples": dict(sorted(stats.samples.items()))},
+    }
+    return json.loads(json.dumps(state)), arrays  # normalised: tuples -> lists, int keys -> str
+
+
+# writing ------------------------------------------------------------------------------------------------
+def _sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """The run folder's complete checkpoints, oldest first."""
+    root = Path(folder) / FOLDER
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if _NAME.match(p.name) and p.is_dir())
+
+
+def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Path:
+    """Write the run's checkpoint at the current event boundary; keep the newest ``keep``."""
+    writer = sim.writer
+    writer.sync()
+    state, arrays = capture(sim)
+    meta = {
+        **header, "format": FORMAT, "kind": kind, "step": sim.steps, "time": sim.env.now,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "trace": {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
+                  "file": writer.path is not None},
+        "metrics": sim.metrics, "state": state,
+    }
+    root = Path(folder) / FOLDER
+    root.mkdir(exist_ok=True)
+    name = f"ckpt-{sim.steps:012d}"
+    tmp = root / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    with open(tmp / "arrays.npz", "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_synced(tmp / "state.json", json.dumps(meta).encode())
+    sums = {n: _sha(tmp / n) for n in ("arrays.npz", "state.json")}
+    _write_synced(tmp / "SHA256SUMS", json.dumps(sums, indent=1).encode())
+    final = root / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    for old in checkpoints(folder)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# reading ------------------------------------------------------------------------------------------------
+@attrs.frozen
+class Checkpoint:
+    path: Path
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
+def load(path: Path) -> Checkpoint:
+    """Read and verify one checkpoint folder; ``CorruptCheckpoint`` says what is wrong."""
+    try:
+        sums = json.loads((path / "SHA256SUMS").read_text())
+        if not isinstance(sums, dict) or set(sums) != {"arrays.npz", "state.json"}:
+            raise CorruptCheckpoint("SHA256SUMS does not list arrays.npz and state.json")
+        for n, h in sums.items():
+            if _sha(path / n) != h:
+                raise CorruptCheckpoint(f"{n} does not match its sha256 (corrupted or torn)")
+        meta = json.loads((path / "state.json").read_text())
+        if not isinstance(meta, dict):
+            raise CorruptCheckpoint("state.json is not an object")
+        if meta.get("format") != FORMAT:
+            raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads {FORMAT}")
+        for k in ("step", "time", "trace", "metrics", "state", "scenario_sha256"):
+            if k not in meta:
+                raise CorruptCheckpoint(f"state.json has no {k!r}")
+        with np.load(path / "arrays.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except CorruptCheckpoint:
+        raise
+    except (OSError, ValueError, UnicodeDecodeError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(f"unreadable ({type(e).__name__}: {e})") from None
+    return Checkpoint(path, meta, arrays)
+
+
+def latest(folder: Path, warn: Callable[[str], None]) -> Checkpoint:
+    """The newest checkpoint that verifies; each one rejected on the way is reported through ``warn``."""
+    found = checkpoints(folder)
+    if not found:
+        raise InputError("", f"no checkpoint in {FOLDER}/ (set run.checkpoint_every, or stop a run with "
+                             "Ctrl-C, to get one); start it again with netsim run", str(folder))
+    for path in reversed(found):
+        try:
+            return load(path)
+        except CorruptCheckpoint as e:
+            warn(f"{path}: rejected: {e}; trying the previous checkpoint")
+    raise InputError("", f"every checkpoint in {FOLDER}/ is corrupted ({len(found)} rejected); "
+                         "start the run again with netsim run", str(folder))
+
+
+# comparing ----------------------------------------------------------------------------------------------
+def _diff(a: Any, b: Any, path: str) -> str | None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k}"
+            d = _diff(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path} (length {len(a)} vs {len(b)})"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _diff(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return None
+    return None if a == b and type(a) is type(b) else path
+
+
+def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
+    """The first place where a rebuilt run differs from the checkpoint (None: identical)."""
+    d = _diff(ckpt.meta["state"], state, "state")
+    if d:
+        return d
+    if set(ckpt.arrays) != set(arrays):
+        return f"arrays {sorted(set(ckpt.arrays) ^ set(arrays))[:3]}"
+    for k, v in ckpt.arrays.items():
+        w = arrays[k]
+        if v.shape != w.shape or v.dtype != w.dtype:
+            return f"arrays[{k}] shape/dtype"
+        if not np.array_equal(v, w, equal_nan=v.dtype.kind in "fc"):
+            return f"arrays[{k}]"
+    return None
