@@ -33,6 +33,7 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from netsim.privacy.log import ReleaseLog
 from netsim.privacy.mechanisms import PrivacyError
 from netsim.trace.events import Release
 
@@ -79,6 +80,8 @@ def release_events(r: Release, mode: str = "observed") -> tuple[dp_accounting.Dp
 def grouped_events(releases: Iterable[Release],
                    mode: str = "observed") -> list[tuple[dp_accounting.DpEvent, int]]:
     """Consecutive identical events merged into (event, count)."""
+    if isinstance(releases, ReleaseLog):  # a ledger's compact log: one event per run, same result
+        return releases.grouped_events(mode)
     out: list[tuple[dp_accounting.DpEvent, int]] = []
     for r in releases:
         ev, n = release_events(r, mode)

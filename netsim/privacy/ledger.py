@@ -2,7 +2,8 @@
 
 ``Agent.privatize`` calls ``ledger_of(agent).release(...)``. A release is (1) checked against the
 agent's cap (the RDP accountant's epsilon at the run's delta, after this release, must stay <= cap),
-(2) recorded as a ``Release`` event in the trace and in memory, (3) noised from the agent's own
+(2) recorded as a ``Release`` event in the trace and in the agent's compact ``ReleaseLog`` (about 16
+bytes per release instead of a record's 400: netsim/privacy/log.py), (3) noised from the agent's own
 generator. Once a release would exceed the cap, the agent is exhausted: ``release`` returns None
 now and forever, and one ``BudgetExhausted`` event is traced (the algorithm sees the None).
 """
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from netsim.privacy.log import ReleaseLog
 from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
 from netsim.trace.events import BudgetExhausted, Release
 
@@ -32,7 +34,7 @@ class AgentLedger:
             raise PrivacyError(f"epsilon cap must be > 0, got {cap!r}")
         self.agent = agent
         self.delta, self.cap, self.mode = delta, cap, mode
-        self.releases: list[Release] = []
+        self.releases = ReleaseLog(agent.id)  # a Sequence[Release], stored columnar
         self.rdp = None  # running RDP curve (accountants.RunningRdp), only with a cap
         self.exhausted = False
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
@@ -107,11 +109,22 @@ def ledger_of(agent: Agent) -> AgentLedger:
 
 
 def ledgers(sim) -> dict[int, list[Release]]:
-    """Releases of every agent of a finished simulation (agents that never released: empty)."""
+    """Releases of every agent of a finished simulation (agents that never released: empty), as lists of
+    records (built on demand from the compact logs; ``release_logs`` gives the logs themselves)."""
     out: dict[int, list[Release]] = {}
     for a in sim.agents:
         led = getattr(a, "_privacy", None)
         out[a.id] = list(led.releases) if led is not None else []
+    return out
+
+
+def release_logs(sim) -> dict[int, ReleaseLog]:
+    """{agent: its compact release log} of the agents that released at least once."""
+    out: dict[int, ReleaseLog] = {}
+    for a in sim.agents:
+        led = getattr(a, "_privacy", None)
+        if led is not None and len(led.releases):
+            out[a.id] = led.releases
     return out
 
 

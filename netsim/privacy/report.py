@@ -181,9 +181,9 @@ def plot_epsilon(rel: dict[int, list[Release]], delta: float, mode: str, path: P
 def run_summary(sim) -> dict[str, Any]:
     """The run summary's privacy fields: worst agent's RDP epsilon (at privacy.delta, in the scenario's
     accounting mode); empty when no agent released anything."""
-    from netsim.privacy.ledger import ledgers
+    from netsim.privacy.ledger import release_logs
 
-    rel = {i: rs for i, rs in ledgers(sim).items() if rs}
+    rel = release_logs(sim)  # compact logs: composed run by run, no record per release is built
     if not rel:
         return {}
     spec = sim.scenario.privacy or PrivacySpec()

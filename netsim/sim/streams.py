@@ -7,6 +7,7 @@ one link, leaves every other stream's draws unchanged (principle 4).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -50,6 +51,9 @@ class Draws:
     """Scalar draws from a stream, generated in blocks (one numpy call per BLOCK draws).
 
     Consumption order is the only thing that matters for determinism, and it is the event order.
+    A block is held as ``array('d')`` (2 KiB), not a list of Python floats (8 KiB): a link keeps one
+    block per stream it draws from, and a 10,000-agent run has tens of thousands of links. Iterating
+    an array yields the same float64 values as ``tolist()``, as fast (measured).
     """
 
     __slots__ = ("_fill", "_it")
@@ -62,5 +66,7 @@ class Draws:
         try:
             return next(self._it)
         except StopIteration:
-            self._it = iter(self._fill(BLOCK).tolist())
+            block = array("d")
+            block.frombytes(np.ascontiguousarray(self._fill(BLOCK), dtype=np.float64).tobytes())
+            self._it = iter(block)
             return next(self._it)
