@@ -220,8 +220,11 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     sim._restored = list(head["metrics"])
     sim.start(progress)
     sim.advance(to_step=ck.step)
-    writer.flush()
+    if sim.boundary_due():
+        sim._boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
     bad = (f"the run stopped at event {sim.steps}" if sim.steps != ck.step
+           else f"trace position {writer.count}+{len(writer.buffer)} events"
+           if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))
            else checkpoint.mismatch(ck, *checkpoint.capture(sim)))
     if bad:
         raise InputError("", f"the rebuilt run differs from this checkpoint at {bad} (netsim, its data or the "
@@ -231,8 +234,6 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
             writer.reopen(trace_path, trace["bytes"], trace["events"], trace["sha256"])
         except ValueError as e:
             raise InputError("", str(e), str(trace_path)) from None
-    if sim.env._queue and sim.env._queue[0][0] >= sim._next_boundary:
-        sim.skip_boundary()  # the checkpoint's own mark is done
     result = _complete(sim, folder, counts, meta, resumable=True, interruptible=interruptible)
     result.summary.setdefault("resumed_at_step", ck.step)
     return result

@@ -8,8 +8,8 @@ A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
 * ``state.json`` - plain data: format version, scenario sha256, event step and simulated time,
   every random stream's bit-generator state, the pending-event queue (timers, deliveries, gradient
   completions), agents' plain attributes (rounds, activation schedules, algorithm counters), ledger
-  totals, comm and event counters, the metrics rows so far and the trace position (events, bytes,
-  sha256 of the bytes);
+  totals, comm and event counters, the metrics rows so far and the trace position (events, bytes and
+  sha256 at the last batch boundary, events buffered since);
 * ``SHA256SUMS`` - checksums of both, so a torn or corrupted checkpoint is detected and skipped.
 
 It is written into a hidden temporary folder, fsynced, then renamed (atomic on POSIX).
@@ -174,13 +174,16 @@ def checkpoints(folder: Path) -> list[Path]:
 def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Path:
     """Write the run's checkpoint at the current event boundary; keep the newest ``keep``."""
     writer = sim.writer
-    writer.sync()
+    # The trace position is the last regular batch boundary; events buffered since (an interrupt falls
+    # between boundaries) are written too, so the stopped run's trace is complete, but a resumed run cuts
+    # them and writes them again in the uninterrupted run's batches: the files end up byte-identical.
+    trace = {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
+             "pending": len(writer.buffer), "file": writer.path is not None}
     state, arrays = capture(sim)
+    writer.sync()
     meta = {
         **header, "format": FORMAT, "kind": kind, "step": sim.steps, "time": sim.env.now,
-        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "trace": {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
-                  "file": writer.path is not None},
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
         "metrics": sim.metrics, "state": state,
     }
     root = Path(folder) / FOLDER

@@ -102,7 +102,8 @@ class Simulation:
         self.checkpointer: Callable[[Simulation, str], None] | None = None
         self.interrupted = False
         self._every = sc.run.checkpoint_every or math.inf
-        self._next_boundary = self._every
+        self._mark = self._every  # the next checkpoint mark (-inf: a round mark passed)
+        self._next_boundary = self._every  # when the loop stops to look: the mark, or -inf on an interrupt
         self._round_every = (sc.run.checkpoint_every_rounds or math.inf) * n
         self.round_mark = self._round_every
         self._restored: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
@@ -218,24 +219,26 @@ class Simulation:
     def round_passed(self) -> None:
         """Agent.wake: the agents' mean activation count passed a multiple of checkpoint_every_rounds."""
         self.round_mark += self._round_every
-        self._next_boundary = -math.inf
+        self._mark = self._next_boundary = -math.inf
+
+    def boundary_due(self) -> bool:
+        q = self.env._queue
+        return bool(q) and q[0][0] >= self._mark
 
     def _boundary(self) -> None:
-        """Between two events, at a checkpoint mark: flush the trace (so a rebuilt run cuts batches at the
-        same events) and let the checkpointer write."""
-        self.skip_boundary()
-        if self.interrupted:
-            return
-        self.writer.flush()
-        if self.checkpointer is not None:
-            self.checkpointer(self, "periodic")
-
-    def skip_boundary(self) -> None:
-        """The next time mark after the next event (marks without events between them merge)."""
-        q = self.env._queue
-        head = q[0][0] if q else 0.0
-        self._next_boundary = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf \
-            else math.inf
+        """Between two events, when the loop stopped to look: at a checkpoint mark, flush the trace (so a
+        rebuilt run cuts batches at the same events) and let the checkpointer write (an interrupt writes
+        its own checkpoint instead)."""
+        due = self.boundary_due()
+        if due:  # the next time mark after the next event (marks with no event between them merge)
+            head = self.env._queue[0][0]
+            self._mark = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf \
+                else math.inf
+        self._next_boundary = self._mark
+        if due:
+            self.writer.flush()
+            if self.checkpointer is not None and not self.interrupted:
+                self.checkpointer(self, "periodic")
 
     def advance(self, to_step: int | None = None) -> None:
         """Process events until the run stops, it is interrupted, or ``to_step`` events are done."""

@@ -72,8 +72,8 @@ class TraceWriter:
 
     def reopen(self, path: Path, offset: int, count: int, sha256: str) -> None:
         """Continue the file at ``path`` after its first ``offset`` bytes (``count`` events), which must
-        hash to ``sha256``: the tail after a checkpoint is cut and will be written again, identically."""
-        self.flush()
+        hash to ``sha256``: the tail after a checkpoint is cut and will be written again, identically
+        (the events in the buffer are the ones that follow ``offset``)."""
         sha = hashlib.sha256()
         with open(path, "r+b") as f:
             left = offset
@@ -164,7 +164,7 @@ def read_trace(path: str | Path) -> Trace:
     if "netsim.schema_version" not in meta:
         raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
     version = meta["netsim.schema_version"]
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):
         raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number", str(p))
     if int(version) > SCHEMA_VERSION:
         raise InputError("", f"trace schema v{version} is newer than this netsim "

@@ -1,0 +1,268 @@
+"""Checkpoint and resume (issue 10): a run killed (SIGKILL) or interrupted (SIGINT) at random points and
+resumed gives the same final metrics and the same trace as the uninterrupted run; corrupted checkpoints
+are rejected and the previous one is used; a killed run's trace loads up to its last flush."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from netsim import api
+from netsim.errors import InputError
+from netsim.sim import checkpoint
+from netsim.trace.io import TRACE_FILE, read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """
+[run]
+seed = 3
+until = {until}
+checkpoint_every = {every}
+trace_flush_every = 512
+
+[agents]
+count = 8
+compute_time = {{ kind = "lognormal", mean = 0.05, sigma = 0.3 }}
+activation = {activation}
+
+[topology]
+kind = "ring"
+
+[network]
+latency = {{ kind = "lognormal", mean = 0.02, sigma = 0.5 }}
+loss = 0.05
+
+[data]
+kind = "synthetic"
+samples = 2000
+features = 10
+
+[model]
+kind = "logistic"
+
+[evaluation]
+every = 2.0
+
+[algorithm]
+{algorithm}
+"""
+
+CASES = {  # sync, async (pairwise, poisson wakes), async push-sum (mass in flight), DP with a ledger
+    "dpsgd": dict(activation='{ kind = "periodic", period = 0.25 }',
+                  algorithm='name = "dpsgd"\nlr = 0.5\nround_timeout = 0.15'),
+    "adpsgd": dict(activation='{ kind = "poisson", rate = 4.0 }',
+                   algorithm='name = "adpsgd"\nlr = 0.3\nreply_timeout = 0.2'),
+    "pushsum": dict(activation='{ kind = "poisson", rate = 4.0 }', algorithm='name = "pushsum"\nlr = 0.3'),
+    "dp_dpsgd": dict(activation='{ kind = "bernoulli", period = 0.25, p = 0.6 }',
+                     algorithm='name = "dp_dpsgd"\nlr = 0.5\nbatch = 16\nround_timeout = 0.1\nclip = 1.0\n'
+                               'noise_multiplier = 4.0\n\n[privacy]\ndelta = 1.0e-5'),
+}
+
+
+def scenario(tmp: Path, case: str, until: float = 24.0, every: float = 2.0) -> Path:
+    p = tmp / f"{case}.toml"
+    p.write_text(BASE.format(until=until, every=every, **CASES[case]))
+    return p
+
+
+def same_run(a: Path, b: Path) -> None:
+    """Final metrics, trace rows and trace bytes equal; the summary's deterministic fields equal."""
+    assert (a / "metrics.csv").read_bytes() == (b / "metrics.csv").read_bytes()
+    assert read_trace(a).table.equals(read_trace(b).table)
+    assert (a / TRACE_FILE).read_bytes() == (b / TRACE_FILE).read_bytes()
+    sa, sb = (json.loads((f / "summary.json").read_text()) for f in (a, b))
+    skip = {"wall_time", "events_per_s", "resumed_at_step"}
+    assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
+
+
+def start(sc: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "netsim", "run", str(sc), "--out", str(out), "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_checkpoints(out: Path, proc: subprocess.Popen, k: int, limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while len(checkpoint.checkpoints(out)) < k:
+        assert proc.poll() is None, f"run ended before {k} checkpoints: {proc.stderr.read()}"
+        assert time.monotonic() < end
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory):
+    """Uninterrupted runs (with the same checkpoint settings) of every case."""
+    tmp = tmp_path_factory.mktemp("ref")
+    return {c: api.run(scenario(tmp, c), out=tmp / c, interruptible=False).out for c in CASES}
+
+
+@pytest.mark.parametrize("case,seed", [("dpsgd", 0), ("dpsgd", 1), ("adpsgd", 2), ("pushsum", 3),
+                                       ("dp_dpsgd", 4)])
+def test_sigkill_at_random_point_then_resume_is_identical(tmp_path, refs, case, seed):
+    out = tmp_path / "run"
+    proc = start(scenario(tmp_path, case), out)
+    wait_for_checkpoints(out, proc, 1)
+    time.sleep(np.random.default_rng(seed).uniform(0.0, 0.6))  # a random moment after the first checkpoint
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not api.is_complete(out)
+    # the killed run's trace reads up to its last flush: a prefix of the uninterrupted trace
+    killed = read_trace(out).table
+    ref = read_trace(refs[case]).table
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.meta["trace"]["events"] <= killed.num_rows <= ref.num_rows
+    assert killed.equals(ref.slice(0, killed.num_rows))
+    result = api.resume(out, interruptible=False)
+    assert result.summary["resumed_at_step"] == ck.step
+    same_run(out, refs[case])
+    assert checkpoint.checkpoints(out) == []  # a complete run keeps none
+
+
+def test_checkpoints_do_not_change_the_run(tmp_path, refs):
+    """Flushing the trace at checkpoint marks changes neither events nor metrics."""
+    sc = scenario(tmp_path, "adpsgd", every=1000.0)
+    plain = api.run(sc, out=tmp_path / "plain", interruptible=False).out
+    assert read_trace(plain).table.equals(read_trace(refs["adpsgd"]).table)
+    assert (plain / "metrics.csv").read_bytes() == (refs["adpsgd"] / "metrics.csv").read_bytes()
+
+
+def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path, refs):
+    out = tmp_path / "run"
+    proc = start(scenario(tmp_path, "dp_dpsgd"), out)
+    wait_for_checkpoints(out, proc, 1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"continue with: netsim resume {out}" in err and "Traceback" not in err
+    partial = json.loads((out / api.PARTIAL_SUMMARY).read_text())
+    assert partial["stop_reason"] == "interrupted" and Path(partial["checkpoint"]).is_dir()
+    pos = checkpoint.load(Path(partial["checkpoint"])).meta["trace"]
+    assert read_trace(out).table.num_rows == pos["events"] + pos["pending"]  # everything up to the stop
+    r = cli("resume", str(out), "-q")
+    assert r.exit_code == 0, r.output
+    assert "resumed from event" in r.stderr
+    same_run(out, refs["dp_dpsgd"])
+    assert not (out / api.PARTIAL_SUMMARY).exists()
+
+
+@pytest.fixture(scope="module")
+def killed_template(tmp_path_factory):
+    """A D-PSGD run killed (SIGKILL) after its second checkpoint; tests work on copies."""
+    tmp = tmp_path_factory.mktemp("killed")
+    out = tmp / "run"
+    proc = start(scenario(tmp, "dpsgd"), out)
+    wait_for_checkpoints(out, proc, 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return out
+
+
+@pytest.fixture
+def killed(tmp_path, killed_template) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(killed_template, out)
+    return out
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupted_newest_checkpoint_is_rejected_and_previous_used(killed, refs):
+    out = killed
+    older, newest = checkpoint.checkpoints(out)[-2:]
+    _flip(newest / "arrays.npz", 100)
+    warnings: list[str] = []
+    result = api.resume(out, warn=warnings.append, interruptible=False)
+    assert len(warnings) == 1 and str(newest) in warnings[0] and "arrays.npz does not match its sha256" in warnings[0]
+    assert result.summary["resumed_at_step"] == int(older.name.split("-")[1])
+    same_run(out, refs["dpsgd"])
+
+
+@pytest.mark.parametrize("damage", ["truncate_state", "drop_sums", "garbage_npz", "empty_folder"])
+def test_every_checkpoint_corrupted_gives_one_line_exit_2(killed, damage):
+    out = killed
+    for ck in checkpoint.checkpoints(out):
+        if damage == "truncate_state":
+            (ck / "state.json").write_bytes((ck / "state.json").read_bytes()[:50])
+        elif damage == "drop_sums":
+            (ck / "SHA256SUMS").unlink()
+        elif damage == "garbage_npz":
+            (ck / "arrays.npz").write_bytes(b"not a zip")
+        else:
+            for f in ck.iterdir():
+                f.unlink()
+    touched = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    r = cli("resume", str(out))
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert sum(line.startswith("warning:") for line in lines) == 2  # each rejection named
+    assert lines[-1].startswith(f"error: {out}: every checkpoint in checkpoints/ is corrupted")
+    assert "Traceback" not in r.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == touched  # nothing written
+
+
+def test_consistently_tampered_checkpoint_is_caught_by_the_rebuild(killed):
+    """A checkpoint whose checksums verify but whose state is not what the run reaches (other code,
+    data or platform) is refused, naming where it differs."""
+    out = killed
+    for ck in checkpoint.checkpoints(out):
+        meta = json.loads((ck / "state.json").read_text())
+        meta["state"]["network"]["next_id"] += 1
+        (ck / "state.json").write_text(json.dumps(meta))
+        sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+        (ck / "SHA256SUMS").write_text(json.dumps(sums))
+    with pytest.raises(InputError, match=r"differs from this checkpoint at state\.network\.next_id"):
+        api.resume(out, interruptible=False)
+
+
+def test_resume_refuses_a_changed_scenario_and_a_complete_run(tmp_path, killed, refs):
+    out = killed
+    sc = out / "scenario.toml"
+    sc.write_text(sc.read_text().replace("seed = 3", "seed = 4"))
+    with pytest.raises(InputError, match="changed since the checkpoint was written"):
+        api.resume(out)
+    with pytest.raises(InputError, match="nothing to resume"):
+        api.resume(refs["dpsgd"])
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "scenario.toml").write_text(scenario(tmp_path, "dpsgd").read_text())
+    with pytest.raises(InputError, match="no checkpoint"):
+        api.resume(tmp_path / "fresh")
+
+
+def test_round_based_checkpoints(tmp_path, monkeypatch):
+    """checkpoint_every_rounds = 10: one checkpoint each time the mean activation count passes 10k."""
+    seen: list[tuple[int, float]] = []
+    real = checkpoint.write
+
+    def spy(sim, folder, keep, kind, header):
+        seen.append((sim.activations, kind))
+        return real(sim, folder, keep, kind, header)
+
+    monkeypatch.setattr(checkpoint, "write", spy)
+    res = api.run(scenario(tmp_path, "dpsgd"), overrides={"run.checkpoint_every": None,
+                                                           "run.checkpoint_every_rounds": 10},
+                  out=tmp_path / "r", interruptible=False)
+    n = res.summary["agents"]
+    marks = [a // (10 * n) for a, _ in seen]
+    assert marks == list(range(1, len(seen) + 1)) and len(seen) >= 8
+    assert all(kind == "periodic" for _, kind in seen)
