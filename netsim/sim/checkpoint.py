@@ -188,9 +188,10 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
     }
     root = Path(folder) / FOLDER
     root.mkdir(exist_ok=True)
+    for stale in root.glob(".ckpt-*.tmp"):  # left by a run killed while writing one
+        shutil.rmtree(stale, ignore_errors=True)
     name = f"ckpt-{sim.steps:012d}"
     tmp = root / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     with open(tmp / "arrays.npz", "wb") as f:
         np.savez(f, **arrays)
