@@ -9,11 +9,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from netsim import api
 from netsim.errors import InputError
@@ -266,3 +269,90 @@ def test_round_based_checkpoints(tmp_path, monkeypatch):
     marks = [a // (10 * n) for a, _ in seen]
     assert marks == list(range(1, len(seen) + 1)) and len(seen) >= 8
     assert all(kind == "periodic" for _, kind in seen)
+
+
+# fuzzing the checkpoint reader ---------------------------------------------------------------------------
+FILES = ("state.json", "arrays.npz", "SHA256SUMS")
+
+
+def _snapshot(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line_exit_2(r, folder: Path) -> None:
+    assert r.exit_code == 2, r.output
+    errors = [ln for ln in r.stderr.splitlines() if not ln.startswith("warning:")]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and str(folder) in errors[0]
+    assert "Traceback" not in r.output
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(damage=st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["cut", "flip", "junk", "delete"]),
+                                 st.integers(0, 1 << 20), st.binary(max_size=64)), min_size=2, max_size=2))
+def test_fuzz_corrupted_checkpoints(killed_template, damage):
+    """Every checkpoint damaged (cut, flipped, replaced, deleted): one error line, exit 2, nothing written."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        shutil.copytree(killed_template, out)
+        for ck, (name, how, at, junk) in zip(checkpoint.checkpoints(out), damage):
+            f = ck / name
+            data = f.read_bytes()
+            if how == "cut":
+                f.write_bytes(data[: at % max(1, len(data))])
+            elif how == "flip":
+                _flip(f, at)
+            elif how == "junk":
+                f.write_bytes(junk)
+            else:
+                f.unlink()
+        before = _snapshot(out)
+        r = cli("resume", str(out), "-q")
+        _one_line_exit_2(r, out)
+        assert _snapshot(out) == before
+
+
+def _mutate(obj, path: list, value):
+    """Set obj[path] = value inside nested dicts/lists (path indices taken modulo the sizes)."""
+    for i, k in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(obj, dict) and obj:
+            key = sorted(obj)[k % len(obj)]
+            if last or not isinstance(obj[key], (dict, list)) or not obj[key]:
+                obj[key] = value
+                return
+            obj = obj[key]
+        elif isinstance(obj, list) and obj:
+            j = k % len(obj)
+            if last or not isinstance(obj[j], (dict, list)) or not obj[j]:
+                obj[j] = value
+                return
+            obj = obj[j]
+        else:
+            return
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
+                                                                                                  st.integers(),
+                                                                                                  max_size=2)))
+def test_fuzz_consistently_tampered_state(killed_template, path, value):
+    """state.json changed anywhere with its checksums fixed up: resume either refuses in one line (exit 2)
+    without writing, or (a field it neither reads nor compares, e.g. the write date) completes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        shutil.copytree(killed_template, out)
+        for ck in checkpoint.checkpoints(out):
+            meta = json.loads((ck / "state.json").read_text())
+            _mutate(meta, path, value)
+            (ck / "state.json").write_text(json.dumps(meta))
+            sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+            (ck / "SHA256SUMS").write_text(json.dumps(sums))
+        before = _snapshot(out)
+        r = cli("resume", str(out), "-q")
+        if r.exit_code == 0:
+            assert api.is_complete(out)
+        else:
+            _one_line_exit_2(r, out)
+            assert _snapshot(out) == before

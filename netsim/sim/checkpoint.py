@@ -240,9 +240,7 @@ def load(path: Path) -> Checkpoint:
             raise CorruptCheckpoint("state.json is not an object")
         if meta.get("format") != FORMAT:
             raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads {FORMAT}")
-        for k in ("step", "time", "trace", "metrics", "state", "scenario_sha256"):
-            if k not in meta:
-                raise CorruptCheckpoint(f"state.json has no {k!r}")
+        _check_meta(meta)
         with np.load(path / "arrays.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except CorruptCheckpoint:
@@ -250,6 +248,24 @@ def load(path: Path) -> Checkpoint:
     except (OSError, ValueError, UnicodeDecodeError, zipfile.BadZipFile, EOFError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"unreadable ({type(e).__name__}: {e})") from None
     return Checkpoint(path, meta, arrays)
+
+
+_META = {"step": int, "time": float, "trace": dict, "metrics": list, "state": dict, "scenario_sha256": str}
+_TRACE = {"events": int, "bytes": int, "sha256": str, "pending": int, "file": bool}
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    """Types of what resume reads from state.json (the rest is compared, not read)."""
+    for fields, where in ((_META, meta), (_TRACE, meta.get("trace"))):
+        for k, t in fields.items():
+            v = where.get(k) if isinstance(where, dict) else None
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) if t is float else \
+                isinstance(v, t) and (t is not int or (not isinstance(v, bool) and v >= 0))
+            if not ok:
+                raise CorruptCheckpoint(f"state.json: {k!r} is not a {'non-negative int' if t is int else t.__name__}")
+    if not all(isinstance(r, dict) and all(v is None or type(v) in (int, float) for v in r.values())
+               for r in meta["metrics"]):
+        raise CorruptCheckpoint("state.json: 'metrics' is not a list of rows of numbers")
 
 
 def latest(folder: Path, warn: Callable[[str], None]) -> Checkpoint:
