@@ -356,3 +356,21 @@ def test_fuzz_consistently_tampered_state(killed_template, path, value):
         else:
             _one_line_exit_2(r, out)
             assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_sigkill_while_checkpointing_often_leaves_a_loadable_checkpoint(tmp_path, seed):
+    """Checkpoints every 0.1 simulated s (many writes and prunes per wall second): a kill at a random
+    moment, likely inside a write, leaves the newest complete checkpoint loadable (no warning) and a trace
+    that reads up to its last flush."""
+    sc = scenario(tmp_path, "adpsgd", every=0.1)
+    out = tmp_path / "run"
+    proc = start(sc, out)
+    wait_for_checkpoints(out, proc, 2)
+    time.sleep(np.random.default_rng(seed).uniform(0.0, 0.5))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    warnings: list[str] = []
+    ck = checkpoint.latest(out, warnings.append)
+    assert warnings == []
+    assert read_trace(out).table.num_rows >= ck.meta["trace"]["events"]
