@@ -71,16 +71,30 @@ def _summary_table(summary: dict):
 
 
 def _progress(name: str, horizon: float | None, quiet: bool, work):
-    """Run ``work(progress)`` under a rich progress bar on stderr (simulated time out of ``horizon``)."""
+    """Run ``work(progress)`` under a rich progress bar on stderr (simulated time out of ``horizon``). The
+    bar appears with the first progress report, so an error found while setting up prints one line only."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("t = {task.completed:,.1f} / {task.total:,.1f} s"), TimeElapsedColumn(),
-                  console=Console(stderr=True), disable=quiet, transient=False) as bar:
-        task = bar.add_task(name, total=horizon)
-        result = work(lambda t: bar.update(task, completed=t))
-        bar.update(task, completed=result.summary["simulated_time"])
+    clock = "t = {task.completed:,.1f} / {task.total:,.1f} s" if horizon is not None else "t = {task.completed:,.1f} s"
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn(clock), TimeElapsedColumn(),
+                   console=Console(stderr=True), disable=quiet, transient=False)
+    task = bar.add_task(name, total=horizon)
+    shown = False
+
+    def progress(t: float) -> None:
+        nonlocal shown
+        if not shown:
+            bar.start()
+            shown = True
+        bar.update(task, completed=t)
+
+    try:
+        result = work(progress)
+        progress(result.summary["simulated_time"])
+    finally:
+        if shown:
+            bar.stop()
     return result
 
 
