@@ -213,9 +213,19 @@ def execute(task: RunTask, folder: str | None = None) -> dict[str, Any]:
     from netsim import api
     from netsim.scenario.load import scenario_from_dict
 
+    from netsim.sim.checkpoint import checkpoints
+
     sc = scenario_from_dict(tomllib.loads(task.scenario_text), task.folder)
+    target = Path(folder or task.folder)
     with _threads(task.threads):
-        result = api.run(sc, out=folder or task.folder, interruptible=False)
+        result = None
+        if checkpoints(target) and not api.is_complete(target):  # a killed run: go on from its checkpoint
+            try:
+                result = api.resume(target, interruptible=False)
+            except InputError:  # another scenario's, or none verifies: run it again
+                result = None
+        if result is None:
+            result = api.run(sc, out=target, interruptible=False)
     if result.summary["scenario_sha256"] != task.sha256:  # pragma: no cover - canonical text is a fixpoint
         raise RuntimeError(f"{task.folder}: resolved scenario changed on the worker")
     return dict(result.summary)

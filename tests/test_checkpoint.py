@@ -374,3 +374,15 @@ def test_sigkill_while_checkpointing_often_leaves_a_loadable_checkpoint(tmp_path
     ck = checkpoint.latest(out, warnings.append)
     assert warnings == []
     assert read_trace(out).table.num_rows >= ck.meta["trace"]["events"]
+
+
+def test_sweep_goes_on_from_a_killed_members_checkpoint(killed, refs):
+    """netsim sweep re-running a killed member resumes it rather than starting over."""
+    from netsim.scenario import scenario_hash
+    from netsim.sweep import RunTask, execute
+
+    text = (killed / "scenario.toml").read_text()
+    newest = checkpoint.checkpoints(killed)[-1]
+    summary = execute(RunTask(0, "dpsgd", 3, {}, str(killed), text, scenario_hash(text)))
+    assert summary["resumed_at_step"] == int(newest.name.split("-")[1])
+    same_run(killed, refs["dpsgd"])
