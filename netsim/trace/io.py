@@ -143,44 +143,92 @@ def resolve_trace_path(path: str | Path) -> Path:
     return p / TRACE_FILE if p.is_dir() else p
 
 
+def _agent_count(meta: dict[str, str], p: Path) -> int | None:
+    """agents.count of the scenario in the metadata, after checking the text against its sha256 (a
+    corrupted header is an InputError); None when the trace carries no scenario."""
+    import hashlib
+
+    import tomllib
+
+    text = meta.get("netsim.scenario")
+    if text is None:
+        return None
+    sha = meta.get("netsim.scenario_sha256")
+    if sha is not None and hashlib.sha256(text.encode()).hexdigest() != sha:
+        raise InputError("", "corrupted trace header: the scenario text does not match its sha256", str(p))
+    try:
+        n = tomllib.loads(text).get("agents", {}).get("count")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def _batch_ok(batch: pa.RecordBatch, n: int | None) -> bool:
+    """A batch the writer could have written: full Arrow validation (offsets, lengths, UTF-8), no nulls,
+    times finite and >= 0, agent and peer ids in [-1, n)."""
+    import pyarrow.compute as pc
+
+    try:
+        batch.validate(full=True)
+    except pa.ArrowException:
+        return False
+    if batch.num_rows == 0:
+        return True
+    if any(c.null_count for c in batch.columns):
+        return False
+    t = batch.column(0)
+    if not pc.all(pc.is_finite(t)).as_py() or pc.min(t).as_py() < 0:
+        return False
+    for name in ("agent", "peer"):
+        lo, hi = pc.min_max(batch.column(name)).values()
+        if lo.as_py() < -1 or (n is not None and hi.as_py() >= n):
+            return False
+    return True
+
+
 def read_trace(path: str | Path) -> Trace:
     """Read a trace file (or a run folder's trace) up to its last complete batch.
 
-    Every batch is validated in full before it is used (offsets, lengths, UTF-8), so a corrupted file
-    is never handed to pandas or numpy: the first batch that is cut off or fails validation ends the
-    readable part (``complete`` is then False). A file whose header or schema is not a netsim trace is
-    an InputError."""
+    Every batch is checked before it is used (full Arrow validation, then ``_batch_ok``), so a
+    corrupted file is never handed to pandas or numpy: the first batch that is cut off or fails a check
+    ends the readable part (``complete`` is then False). A file whose header or schema is not a netsim
+    trace (or whose scenario text does not match its sha256) is an InputError."""
     p = resolve_trace_path(path)
     if not p.exists():
         raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(p))
     batches = []
     complete = True
-    try:
-        reader = pa.ipc.open_stream(pa.OSFile(str(p)))
-        meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-        msg = " ".join(str(e).split())[:200]
-        raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(p)) from None
-    if "netsim.schema_version" not in meta:
-        raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
-    version = meta["netsim.schema_version"]
-    if not (version.isascii() and version.isdigit()):
-        raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number", str(p))
-    if int(version) > SCHEMA_VERSION:
-        raise InputError("", f"trace schema v{version} is newer than this netsim "
-                             f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
-    if not reader.schema.remove_metadata().equals(SCHEMA):
-        raise InputError("", "not a netsim trace: columns must be " + ", ".join(
-            f"{f.name}: {f.type}" for f in SCHEMA), str(p))
-    while True:
+    with pa.OSFile(str(p)) as f:
         try:
-            batch = reader.read_next_batch()
-            batch.validate(full=True)
-        except StopIteration:
-            break
-        except (pa.ArrowException, OSError):
-            complete = False
-            break
-        batches.append(batch)
+            reader = pa.ipc.open_stream(f)
+            meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+            msg = " ".join(str(e).split())[:200]
+            raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(p)) from None
+        if "netsim.schema_version" not in meta:
+            raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
+        version = meta["netsim.schema_version"]
+        if not (version.isascii() and version.isdigit()):
+            raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number",
+                             str(p))
+        if int(version) > SCHEMA_VERSION:
+            raise InputError("", f"trace schema v{version} is newer than this netsim "
+                                 f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
+        if not reader.schema.remove_metadata().equals(SCHEMA):
+            raise InputError("", "not a netsim trace: columns must be " + ", ".join(
+                f"{f.name}: {f.type}" for f in SCHEMA), str(p))
+        n = _agent_count(meta, p)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError):
+                complete = False
+                break
+            if not _batch_ok(batch, n):
+                complete = False
+                break
+            batches.append(batch)
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Trace(table, meta, complete)
