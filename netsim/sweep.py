@@ -212,7 +212,6 @@ def execute(task: RunTask, folder: str | None = None) -> dict[str, Any]:
     spawned pool worker or a Ray worker can import it."""
     from netsim import api
     from netsim.scenario.load import scenario_from_dict
-
     from netsim.sim.checkpoint import checkpoints
 
     sc = scenario_from_dict(tomllib.loads(task.scenario_text), task.folder)
