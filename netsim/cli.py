@@ -127,6 +127,12 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     try:
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
+        folder = api.output_dir(sc, out)
+        from netsim.sim.checkpoint import checkpoints
+
+        if checkpoints(folder) and not api.is_complete(folder):
+            typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
+                       f"(netsim resume {folder} would have continued it)", err=True)
         result = _progress(sc.name, sc.run.until, quiet,
                            lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
     except InputError as e:
