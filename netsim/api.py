@@ -80,13 +80,13 @@ class RunResult:
     @classmethod
     def load(cls, folder: str | Path) -> RunResult:
         """Reopen a complete run folder (its summary.json, scenario.toml and metrics table)."""
-        import json
+        from netsim.metrics.report import read_summary
 
         folder = Path(folder)
         if not is_complete(folder):
             raise InputError("", f"not a complete run folder (no {SUMMARY_FILE})", str(folder))
         sc = load_scenario(folder / "scenario.toml")
-        return cls(folder, sc, json.loads((folder / SUMMARY_FILE).read_text()), read_metrics(folder))
+        return cls(folder, sc, read_summary(folder), read_metrics(folder))
 
 
 def is_complete(folder: str | Path) -> bool:
@@ -94,14 +94,11 @@ def is_complete(folder: str | Path) -> bool:
 
 
 def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
-    """A run folder's metrics table (CSV or Parquet) as rows; blanks (CSV of None) become None."""
-    import pyarrow.csv as pcsv
-    import pyarrow.parquet as pq
+    """A run folder's metrics table (CSV or Parquet) as rows; blanks (CSV of None) become None; a
+    malformed table is an InputError naming the file (netsim.metrics.report.read_metrics)."""
+    from netsim.metrics.report import read_metrics as read
 
-    folder = Path(folder)
-    pq_path = folder / "metrics.parquet"
-    table = pq.read_table(pq_path) if pq_path.exists() else pcsv.read_csv(folder / "metrics.csv")
-    return table.to_pylist()
+    return read(folder)
 
 
 def resolve_scenario(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None) -> Scenario:

@@ -190,9 +190,10 @@ def is_done(task: RunTask) -> bool:
     """Complete (summary.json written last) and made from this very scenario."""
     p = Path(task.folder) / "summary.json"
     try:
-        return json.loads(p.read_text()).get("scenario_sha256") == task.sha256
-    except (OSError, ValueError):
+        summary = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # missing, not UTF-8, not JSON: not done
         return False
+    return isinstance(summary, dict) and summary.get("scenario_sha256") == task.sha256
 
 
 @contextmanager
@@ -321,13 +322,13 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    from netsim.api import read_metrics
+    from netsim.metrics.report import read_metrics, read_summary
 
     summaries, curves = [], []
     for t in sw.tasks:
         if not is_done(t):
             raise InputError("", "run folder is missing or incomplete; re-run the sweep", t.folder)
-        summaries.append(json.loads((Path(t.folder) / "summary.json").read_text()))
+        summaries.append(read_summary(t.folder))
         curves.append(read_metrics(t.folder))
     cols = list(curves[0][0]) if curves and curves[0] else []
     keys = _report_keys(sw.spec, summaries[0], cols)
@@ -335,6 +336,13 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
     if missing:
         raise InputError("report", f"unknown summary field(s) {missing}; "
                                    f"available: {', '.join(summaries[0])}", str(sw.source))
+    for t, summary in zip(sw.tasks, summaries, strict=True):
+        bad = [k for k in keys if not (summary.get(k) is None or isinstance(summary.get(k), int | float))]
+        if bad and summary is summaries[0]:
+            raise InputError("report", f"summary field {bad[0]!r} is not a number", str(sw.source))
+        if bad:
+            raise InputError(bad[0], f"expected a number or null, got {str(summary[bad[0]])[:40]!r}",
+                             str(Path(t.folder) / "summary.json"))
     swept = sw.swept
     runs_cols: dict[str, list[Any]] = {"config": [t.config for t in sw.tasks],
                                        "label": [t.label for t in sw.tasks],

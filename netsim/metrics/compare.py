@@ -3,8 +3,7 @@ overlaid in one plot (``netsim compare RUN... --out compare.png``)."""
 
 from __future__ import annotations
 
-import csv
-import json
+import math
 from pathlib import Path
 
 from netsim.errors import InputError
@@ -20,23 +19,18 @@ def time_to_target(rows: list[dict], target: float, key: str = "accuracy") -> fl
 
 
 def read_run(folder: Path) -> tuple[dict, list[dict]]:
-    """(summary, metrics rows) of a run folder; errors name the folder."""
-    summary_path = folder / "summary.json"
-    if not summary_path.is_file():
-        raise InputError("RUN", f"{str(folder)!r} is not a run folder (no summary.json)")
-    summary = json.loads(summary_path.read_text())
-    csv_path, pq_path = folder / "metrics.csv", folder / "metrics.parquet"
-    if csv_path.is_file():
-        with open(csv_path, newline="") as f:
-            rows = [{k: float(v) if v not in ("", None) else None for k, v in r.items()}
-                    for r in csv.DictReader(f)]
-    elif pq_path.is_file():
-        import pyarrow.parquet as pq
+    """(summary, metrics rows) of a run folder; errors name the folder or the malformed file."""
+    from netsim.metrics.report import read_metrics, read_summary
 
-        rows = pq.read_table(pq_path).to_pylist()
-    else:
-        raise InputError("RUN", f"{str(folder)!r} has no metrics.csv or metrics.parquet")
-    return summary, rows
+    if not (folder / "summary.json").is_file():
+        raise InputError("RUN", f"{str(folder)!r} is not a run folder (no summary.json)")
+    summary = read_summary(folder)
+    for k in ("target_accuracy", "time_to_target"):
+        v = summary.get(k)
+        if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)):
+            raise InputError(k, f"must be a finite number or null, got {str(v)[:40]!r}",
+                             str(folder / "summary.json"))
+    return summary, read_metrics(folder)
 
 
 def label(summary: dict) -> str:

@@ -6,6 +6,9 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Any
+
+from netsim.errors import InputError
 
 
 def write_metrics(rows: list[dict], path: Path, fmt: str) -> Path:
@@ -28,6 +31,79 @@ def write_metrics(rows: list[dict], path: Path, fmt: str) -> Path:
 def write_summary(summary: dict, path: Path) -> None:
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
     path.write_text(json.dumps(clean, indent=2) + "\n")
+
+
+def read_summary(folder: str | Path) -> dict[str, Any]:
+    """A run folder's summary.json as a dict; anything else (missing, not UTF-8, not JSON, not an
+    object) is an InputError naming the file."""
+    path = Path(folder) / "summary.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("", "not a complete run folder (no summary.json)", str(folder)) from None
+    except OSError as e:
+        raise InputError("", f"cannot read: {e.strerror or e}", str(path)) from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InputError("", f"not a JSON summary: {' '.join(str(e).split())[:160]}", str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("", f"expected a JSON object, got {type(data).__name__}", str(path))
+    return data
+
+
+def _number(text: str) -> int | float | None:
+    """A metrics CSV cell: blank -> None (a CSV of None), else an int or a float (nan and inf allowed)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
+    """A run folder's metrics table (metrics.parquet, else metrics.csv) as rows of numbers (None for a
+    blank). Every row has a finite ``time``; any other shape is an InputError naming the file."""
+    folder = Path(folder)
+    pq_path, csv_path = folder / "metrics.parquet", folder / "metrics.csv"
+    if pq_path.is_file():
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = pq_path
+        try:
+            rows = pq.read_table(pq_path).to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise InputError("", f"not a Parquet table: {' '.join(str(e).split())[:160]}", str(path)) from None
+        for k, r in enumerate(rows):
+            bad = [c for c, v in r.items() if not (v is None or isinstance(v, int | float))]
+            if bad:
+                raise InputError("", f"row {k + 1}: column {bad[0]!r} is not a number", str(path))
+    elif csv_path.is_file():
+        path = csv_path
+        rows, reader = [], None
+        try:
+            with open(csv_path, newline="", encoding="utf-8") as f:
+                reader = csv.reader(f)
+                header = [h.strip() for h in next(reader, [])]
+                if not header or len(set(header)) != len(header) or "" in header:
+                    raise ValueError(f"header must name distinct columns, got {','.join(header)[:80]!r}")
+                for rec in reader:
+                    if len(rec) != len(header):
+                        raise ValueError(f"expected {len(header)} fields, got {len(rec)}")
+                    rows.append(dict(zip(header, map(_number, rec), strict=True)))
+        except (ValueError, csv.Error) as e:  # UnicodeDecodeError is a ValueError
+            line = max(1, reader.line_num) if reader is not None else 1
+            raise InputError("", f"line {line}: {' '.join(str(e).split())[:160]}", str(path)) from None
+        except OSError as e:
+            raise InputError("", f"cannot read: {e.strerror or e}", str(path)) from None
+    else:
+        raise InputError("", "no metrics.csv or metrics.parquet", str(folder))
+    for k, r in enumerate(rows):
+        t = r.get("time")
+        if not (isinstance(t, int | float) and math.isfinite(t)):
+            raise InputError("", f"row {k + 1}: time must be a finite number, got {t!r}", str(path))
+    return rows
 
 
 def plot_metrics(rows: list[dict], path: Path, title: str) -> Path | None:

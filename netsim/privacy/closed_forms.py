@@ -211,7 +211,10 @@ def seed003_linear_amplification(eps_t: float, rate: float) -> float:
 
 
 def seed003_exact_amplification(eps_t: float, rate: float) -> float:
-    """Amplification by subsampling (Steinke 2022): eps' = ln(1 + r (e^eps_t - 1))."""
+    """Amplification by subsampling (Steinke 2022): eps' = ln(1 + r (e^eps_t - 1)); for eps_t > 700
+    as eps_t + ln(r + (1 - r) e^-eps_t), the same number without overflowing e^eps_t."""
+    if eps_t > 700:
+        return eps_t + math.log(rate + (1 - rate) * math.exp(-eps_t))
     return math.log1p(rate * math.expm1(eps_t))
 
 

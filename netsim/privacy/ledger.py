@@ -128,15 +128,27 @@ def release_logs(sim) -> dict[int, ReleaseLog]:
     return out
 
 
-def releases_from_table(table) -> dict[int, list[Release]]:
-    """Per-agent releases read back from a trace table (``Trace.table``), in trace order."""
+def releases_from_table(table, source: str | None = None) -> dict[int, list[Release]]:
+    """Per-agent releases read back from a trace table (``Trace.table``), in trace order. A release
+    row that does not parse, or whose parameters no mechanism could have used, is an InputError
+    naming ``source``."""
     import pyarrow.compute as pc
+
+    from netsim.errors import InputError
 
     rows = table.filter(pc.equal(table["kind"], "release"))
     out: dict[int, list[Release]] = defaultdict(list)
     cols = [rows[c].to_pylist() for c in ("t", "agent", "peer", "round", "size", "value", "tag")]
     for t, agent, peer, rnd, size, value, tag in zip(*cols, strict=True):
-        out[agent].append(Release.from_row(t, agent, peer, rnd, size, value, tag))
+        try:
+            r = Release.from_row(t, agent, peer, rnd, size, value, tag)
+            check_release_args(r.mechanism, r.scale, r.sensitivity, r.q, r.p)
+            if agent < 0 or r.skipped < 0:
+                raise ValueError(f"agent {agent}, skipped ticks {r.skipped}")
+        except (ValueError, KeyError) as e:
+            raise InputError("release", f"corrupted release record at t={t:g}, tag {tag[:60]!r}: {e}",
+                             source) from None
+        out[agent].append(r)
     return dict(out)
 
 

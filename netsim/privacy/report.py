@@ -57,8 +57,9 @@ def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta
         v: set[str] = set()
         for r in releases:
             eps_t = r.sensitivity * root / r.scale
-            S_paper += (1 + r.skipped) * cf.seed003_linear_amplification(eps_t, r.p * r.q) ** 2
-            S_obs += cf.seed003_exact_amplification(eps_t, r.q) ** 2
+            lin, exact = cf.seed003_linear_amplification(eps_t, r.p * r.q), cf.seed003_exact_amplification(eps_t, r.q)
+            S_paper += (1 + r.skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
+            S_obs += exact * exact
             if eps_t >= 1:
                 v.add(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
             if r.p < 0.5:
@@ -112,7 +113,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     mode = accounting or spec.accounting
     if mode not in ("observed", "amplified"):
         raise InputError("--accounting", f"must be 'observed' or 'amplified', got {mode!r}")
-    rel = releases_from_table(trace.table)
+    rel = releases_from_table(trace.table, str(folder))
     n = sc.agents.count if sc is not None else (max(rel) + 1 if rel else 0)
     exhausted = exhausted_from_table(trace.table)
     rows = []
@@ -128,7 +129,10 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         if pld:
             row[f"pld_{mode}"] = finite_or_none(epsilon(rs, delta, "pld", mode))
         if spec.closed_form != "none":
-            form = closed_form(spec.closed_form, rs, spec, delta)
+            try:
+                form = closed_form(spec.closed_form, rs, spec, delta)
+            except (OverflowError, ZeroDivisionError) as e:  # recorded values far outside the form's range
+                raise cf.ClosedFormError(spec.closed_form, f"agent {i}: cannot be evaluated ({e})") from None
             if strict and form["violations"]:
                 raise cf.ClosedFormError(spec.closed_form, f"agent {i}: " + "; ".join(form["violations"]))
             row["closed_form"] = form

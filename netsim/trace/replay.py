@@ -44,6 +44,9 @@ class Recording:
         self.offline: dict[int, list[tuple[float, float]]] = {}
         for r, k in enumerate(kind):
             if k == "send":
+                if not (math.isfinite(value[r]) and value[r] >= 0):
+                    raise InputError("", f"corrupted trace: a send at t={t[r]:g} has delay {value[r]!r} "
+                                         "(a recorded delay is finite and >= 0)", source)
                 reason = reasons.get(msg[r], "")
                 self.links.setdefault((agent[r], peer[r]), []).append((t[r], value[r], reason))
             elif k == "activate":
