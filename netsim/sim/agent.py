@@ -31,7 +31,25 @@ def processed_event(env: simpy.Environment) -> simpy.Event:
     return ev
 
 
-class _Recv:
+class _Waiter:
+    """A pending ``recv``/``gather``. Once resolved it lets go of its event and what it collected: a
+    timeout timer stays in the event queue until it fires (simpy cannot cancel one) and references its
+    waiter, so with a long timeout (a 'wait forever' barrier) every round's payloads would otherwise
+    stay in memory for the whole run."""
+
+    __slots__ = ()
+
+    def finish(self, value) -> None:
+        del self.inbox.waiters[self.tag]
+        ev, self.event = self.event, None
+        ev.succeed(value)
+
+    def timed_out(self, _timer) -> None:
+        if self.event is not None:
+            self.expire()
+
+
+class _Recv(_Waiter):
     __slots__ = ("event", "tag", "inbox", "round")
 
     def __init__(self, event, tag, inbox, rnd):
@@ -44,15 +62,14 @@ class _Recv:
             a = self.inbox.agent
             a.emit(Stale(a.env.now, msg.dst, msg.src, msg.id, msg.round))
             return True
-        del self.inbox.waiters[self.tag]
-        self.event.succeed(msg)
+        self.finish(msg)
         return True
 
     def expire(self) -> None:
-        self.event.succeed(None)
+        self.finish(None)
 
 
-class _Gather:
+class _Gather(_Waiter):
     """Collects one message per expected sender for one round; older rounds are stale."""
 
     __slots__ = ("event", "tag", "inbox", "round", "expect", "got")
@@ -66,18 +83,21 @@ class _Gather:
         if msg.round == self.round and msg.src in self.expect:
             self.got[msg.src] = msg.payload
             if len(self.got) == len(self.expect):
-                del self.inbox.waiters[self.tag]
-                self.event.succeed(self.got)
+                self.finish(self.got)
             return True
         if msg.round < self.round:
             self.inbox.agent.emit(Stale(self.inbox.agent.env.now, msg.dst, msg.src, msg.id, msg.round))
             return True
         return False
 
+    def finish(self, value) -> None:
+        self.got = self.expect = None
+        _Waiter.finish(self, value)
+
     def expire(self) -> None:
         a = self.inbox.agent
         a.emit(Timeout(a.env.now, a.id, self.round, float(len(self.expect) - len(self.got))))
-        self.event.succeed(self.got)
+        self.finish(self.got)
 
 
 class Inbox:
@@ -99,25 +119,21 @@ class Inbox:
     def wait(self, w: _Recv | _Gather, timeout: float | None) -> simpy.Event:
         if w.tag in self.waiters:
             raise RuntimeError(f"agent {self.agent.id} already waits on tag {w.tag!r}")
+        ev = w.event
         q = self.queues.get(w.tag)
         self.waiters[w.tag] = w
         if q:
             keep = deque()
-            while q and not w.event.triggered:
+            while q and not ev.triggered:
                 m = q.popleft()
                 if not w.offer(m):
                     keep.append(m)
             keep.extend(q)
             self.queues[w.tag] = keep
-        if not w.event.triggered and timeout is not None:
+        if not ev.triggered and timeout is not None:
             timer = simpy.events.Timeout(self.agent.env, timeout)
-            timer.callbacks.append(lambda _ev: self._expire(w))
-        return w.event
-
-    def _expire(self, w: _Recv | _Gather) -> None:
-        if not w.event.triggered:
-            del self.waiters[w.tag]
-            w.expire()
+            timer.callbacks.append(w.timed_out)  # a no-op once w is resolved
+        return ev
 
 
 class Agent:
