@@ -166,6 +166,17 @@ class Churn:
             t = b
 
 
+def _time(v) -> bool:
+    """A JSON value usable as a time: a finite number >= 0 (not a bool; an int too large for a float
+    is not finite)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v)) and v >= 0
+    except OverflowError:
+        return False
+
+
 def read_availability(path: str | Path, n: int) -> dict[int, Intervals]:
     """FedScale-style availability JSON -> offline intervals of agents 0..n-1.
 
@@ -178,6 +189,8 @@ def read_availability(path: str | Path, n: int) -> dict[int, Intervals]:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise InputError("", f"cannot read availability trace: {e.strerror or e}", str(p)) from None
+    except RecursionError:
+        raise InputError("", "not valid JSON: nested too deeply", str(p)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         line = getattr(e, "lineno", "?")
         raise InputError("", f"line {line}: not valid JSON: {getattr(e, 'msg', e)}", str(p)) from None
@@ -198,11 +211,10 @@ def read_availability(path: str | Path, n: int) -> dict[int, Intervals]:
             raise InputError("", f"{where}: needs lists 'active' and 'inactive'", str(p))
         act, ina = rec["active"], rec["inactive"]
         period = rec.get("finish_time", rec.get("duration"))
-        if len(act) != len(ina) or not all(isinstance(v, int | float) and not isinstance(v, bool)
-                                           for v in act + ina):
-            raise InputError("", f"{where}: 'active' and 'inactive' must be equally long lists of numbers",
-                             str(p))
-        if period is not None and (not isinstance(period, int | float) or period <= 0):
+        if len(act) != len(ina) or not all(_time(v) for v in act + ina):
+            raise InputError("", f"{where}: 'active' and 'inactive' must be equally long lists of numbers "
+                                 "(finite, >= 0)", str(p))
+        if period is not None and not (_time(period) and period > 0):
             raise InputError("", f"{where}: finish_time must be a number > 0", str(p))
         on = sorted(zip(map(float, act), map(float, ina), strict=True))
         if any(b < a for a, b in on) or any(on[k][1] > on[k + 1][0] for k in range(len(on) - 1)):

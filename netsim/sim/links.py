@@ -64,7 +64,7 @@ def read_link_trace(path: str | Path, agents: int | None = None) -> dict[tuple[i
         except (csv.Error, UnicodeDecodeError) as e:
             raise InputError("", f"line 1: {e}", str(p)) from None
         if tuple(header) != TRACE_COLUMNS:
-            raise InputError("", f"line 1: header must be {','.join(TRACE_COLUMNS)}, got {','.join(header)}",
+            raise InputError("", f"line 1: header must be {','.join(TRACE_COLUMNS)}, got {','.join(header)[:80]!r}",
                              str(p))
         line = 1
         try:
@@ -78,16 +78,16 @@ def read_link_trace(path: str | Path, agents: int | None = None) -> dict[tuple[i
                 opt = [float(c) if c.strip() else None for c in rec[3:]]
                 lat, bw, loss = opt
                 if not math.isfinite(t) or t < 0:
-                    raise ValueError(f"time must be a finite number >= 0, got {rec[0]}")
+                    raise ValueError(f"time must be a finite number >= 0, got {rec[0]!r}")
                 if src < 0 or dst < 0 or (agents is not None and (src >= agents or dst >= agents)):
                     top = "" if agents is None else f" in [0, {agents - 1}]"
                     raise ValueError(f"src/dst must be agent ids{top}, got {src},{dst}")
-                if lat is not None and not lat >= 0:
-                    raise ValueError(f"latency must be >= 0 s, got {rec[3]}")
+                if lat is not None and not (math.isfinite(lat) and lat >= 0):
+                    raise ValueError(f"latency must be >= 0 s (finite), got {rec[3]!r}")
                 if bw is not None and not bw > 0:
-                    raise ValueError(f"bandwidth must be > 0 bytes/s, got {rec[4]}")
+                    raise ValueError(f"bandwidth must be > 0 bytes/s, got {rec[4]!r}")
                 if loss is not None and not 0 <= loss <= 1:
-                    raise ValueError(f"loss must be in [0, 1], got {rec[5]}")
+                    raise ValueError(f"loss must be in [0, 1], got {rec[5]!r}")
                 rows.setdefault((src, dst), []).append((t, lat, bw, loss))
         except (ValueError, csv.Error, UnicodeDecodeError) as e:
             raise InputError("", f"line {line}: {e}", str(p)) from None

@@ -29,9 +29,12 @@ def _grid_shape(n: int, rows: int | None) -> tuple[int, int]:
 def _read_edges(path: str, n: int) -> nx.DiGraph:
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise InputError("topology.path", f"cannot read edges file {path!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError("topology.path", f"edges file {path!r} is not UTF-8 text: {e.reason} at byte {e.start}") \
+            from None
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
     for lineno, line in enumerate(lines, 1):

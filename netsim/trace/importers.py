@@ -21,7 +21,9 @@ import argparse
 import csv
 import gzip
 import json
+import math
 import sys
+import zlib
 from pathlib import Path
 
 from netsim.errors import InputError
@@ -41,16 +43,18 @@ def _rows(path: Path, header: tuple[str, ...]):
     with _open(path) as f:
         r = csv.reader(f)
         try:
-            head = next(r)
+            head = next(r, None)
+            if head is None:
+                raise InputError("", f"empty file (expected a header starting with {','.join(header)})", str(path))
             if tuple(head[: len(header)]) != header:
-                want, got = ",".join(header), ",".join(head)
-                raise InputError("", f"line 1: header must start with {want}, got {got}", str(path))
+                want, got = ",".join(header), ",".join(head)[:80]
+                raise InputError("", f"line 1: header must start with {want}, got {got!r}", str(path))
             for line, rec in enumerate(r, start=2):
                 if len(rec) != len(head):
                     msg = f"line {line}: expected {len(head)} fields, got {len(rec)}"
                     raise InputError("", msg, str(path))
                 yield line, dict(zip(head, rec, strict=True))
-        except (csv.Error, OSError, EOFError, UnicodeDecodeError) as e:
+        except (csv.Error, OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
             raise InputError("", f"unreadable (truncated or not CSV): {e}", str(path)) from None
 
 
@@ -62,6 +66,8 @@ def stunner_to_availability(src: Path, out: Path, agents: int, skip: int = 0, sc
         try:
             seg, online = int(row["segment"]), row["online"] == "1"
             a, b = float(row["start_offset_ms"]) / 1000 * scale, float(row["end_offset_ms"]) / 1000 * scale
+            if not (math.isfinite(a) and math.isfinite(b) and 0 <= a <= b):
+                raise ValueError("start_offset_ms and end_offset_ms must be finite with 0 <= start <= end")
         except ValueError as e:
             raise InputError("", f"line {line}: {e}", str(src)) from None
         if seg < keep.start:
@@ -87,6 +93,8 @@ def aws_ping_to_links(src: Path, out: Path, agents: int, interval: float = 1.0,
         try:
             i, j = int(row["source"].removeprefix("node-")), int(row["dest"].removeprefix("node-"))
             size, rtt = int(row["size"]), float(row["time"])
+            if i < 0 or j < 0 or not (math.isfinite(rtt) and rtt >= 0):
+                raise ValueError("node ids must be >= 0 and the RTT a finite number >= 0")
         except ValueError as e:
             raise InputError("", f"line {line}: {e}", str(src)) from None
         if size == 64 and i < agents and j < agents:
