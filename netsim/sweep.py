@@ -158,6 +158,8 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         raise InputError("", f"cannot read: {e}", src) from None
     except tomllib.TOMLDecodeError as e:
         raise InputError("", f"not valid TOML: {e}", src) from None
+    except RecursionError:
+        raise InputError("", "not valid TOML: nested too deeply", src) from None
     try:
         spec = structure(data, SweepSpec)
         configs = _configs(spec)

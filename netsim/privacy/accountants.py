@@ -60,7 +60,7 @@ def check_delta(delta: float) -> None:
 
 def base_event(mechanism: str, multiplier: float, rate: float) -> dp_accounting.DpEvent:
     """The dp-accounting event of one release: noise multiplier = scale / sensitivity."""
-    if multiplier <= 0:
+    if multiplier <= 1e-100:  # no noise; and below ~1e-162 dp-accounting divides by sigma**2 == 0.0
         return dp_accounting.NonPrivateDpEvent()
     ev = (dp_accounting.GaussianDpEvent(multiplier) if mechanism == "gaussian"
           else dp_accounting.LaplaceDpEvent(multiplier))

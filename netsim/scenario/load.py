@@ -24,7 +24,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     raw = raw.strip()
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         value = raw
     return key, value
 
@@ -72,6 +72,8 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError("", f"not valid TOML: {e}", str(path)) from None
+    except RecursionError:
+        raise InputError("", "not valid TOML: nested too deeply", str(path)) from None
     data.setdefault("name", path.stem)
     try:
         data = apply_overrides(data, overrides or {})

@@ -117,7 +117,8 @@ class ChurnSpec:
 
 @attrs.frozen
 class AgentsSpec:
-    count: int = field(check=at_least(2), doc="number of agents")
+    count: int = field(check=lambda v: at_least(2)(v) or (None if v <= 10**6 else f"must be <= 1000000, got {v}"),
+                       doc="number of agents")
     clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
     clock_drift: Dist = field(Dist("constant", value=0.0), doc="relative rate error: local = offset + (1+drift) t")
     clock_jitter: Dist | None = field(None, doc="random delay (local s) added to each activation")
@@ -270,13 +271,17 @@ class DataSpec:
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "libsvm" and not self.path:
             return "path", "required for kind = 'libsvm'"
+        if self.kind == "synthetic" and self.samples * self.features > 2**30:
+            return "samples", (f"samples x features must be <= 2^30 (8 GiB of float64), got "
+                               f"{self.samples} x {self.features}")
         return None
 
 
 @attrs.frozen
 class ModelSpec:
     kind: Literal["logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18"] = "logistic"
-    hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(h >= 1 for h in v) else "must be >= 1",
+    hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(1 <= h <= 2**16 for h in v)
+                                    else f"widths must be in [1, 65536], got {list(v)}",
                                     doc="mlp: hidden layer widths")
     l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight")
     dtype: Literal["float32", "float64"] = "float32"

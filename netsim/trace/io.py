@@ -150,15 +150,14 @@ def _agent_count(meta: dict[str, str], p: Path) -> int | None:
 
     import tomllib
 
-    text = meta.get("netsim.scenario")
-    if text is None:
+    text, sha = meta.get("netsim.scenario"), meta.get("netsim.scenario_sha256")
+    if text is None and sha is None:
         return None
-    sha = meta.get("netsim.scenario_sha256")
-    if sha is not None and hashlib.sha256(text.encode()).hexdigest() != sha:
+    if text is None or sha is None or hashlib.sha256(text.encode()).hexdigest() != sha:
         raise InputError("", "corrupted trace header: the scenario text does not match its sha256", str(p))
     try:
         n = tomllib.loads(text).get("agents", {}).get("count")
-    except (tomllib.TOMLDecodeError, AttributeError):
+    except (tomllib.TOMLDecodeError, AttributeError, RecursionError):
         return None
     return n if isinstance(n, int) and n > 0 else None
 
