@@ -7,9 +7,15 @@ has done 100 rounds. The trace is written to a temporary folder, as in a normal 
 in a fresh subprocess (so peak RSS is its own). Reported: setup and simulation wall time, the call's
 CPU time (process_time: the honest figure when other jobs share the cores), events/s,
 agent-steps/s (agent rounds per second of simulation wall time), peak RSS, and growth from the
-smallest size.
+smallest size. Memory over the run (Linux): RSS after setup, at half the simulated time and at the end
+of the simulation (sampled by a simpy process every 1/20 of the expected run), so "2nd half" is what
+the run's second half added (bounded memory: about zero; issue 10).
 
-    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1]
+``--dp``: DP-D-PSGD instead (per-example clipping, Gaussian noise through ``Agent.privatize``, one
+release per agent and round in each agent's privacy ledger), the case where memory once grew per
+release; the summary's epsilon is then composed from the ledgers at the end.
+
+    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp]
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import subprocess
 import sys
 
 
-def scenario(n: int, seed: int, rounds: int, trace: bool = True) -> dict:
-    return {
+def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False) -> dict:
+    sc = {
         "name": f"scale_{n}",
         "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace},
         "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.01},
@@ -33,9 +39,39 @@ def scenario(n: int, seed: int, rounds: int, trace: bool = True) -> dict:
         "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05},
         "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy"]},
     }
+    if dp:
+        sc["algorithm"] = {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "clip": 1.0,
+                           "noise_multiplier": 1.0}
+        sc["privacy"] = {"delta": 1e-5}
+    return sc
 
 
-def one(n: int, rounds: int, threads: int, trace: bool) -> dict:
+def rss_mib() -> float | None:
+    """Current resident set size (Linux /proc), None elsewhere."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rss_sampler(every: float, samples: list):
+    """setup hook: record (simulated time, RSS) after setup and every ``every`` simulated seconds."""
+
+    def setup(sim) -> None:
+        samples.append((0.0, rss_mib()))
+
+        def watch():
+            while True:
+                yield sim.env.timeout(every)
+                samples.append((sim.env.now, rss_mib()))
+        sim.env.process(watch())
+    return setup
+
+
+def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False) -> dict:
     """Run one size in this process; return its figures."""
     import resource
     import tempfile
@@ -49,12 +85,19 @@ def one(n: int, rounds: int, threads: int, trace: bool) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
-        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace)), out=tmp)
+        samples: list = []
+        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp)), out=tmp,
+                       setup=rss_sampler(rounds * 0.1 / 20, samples))
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = r.summary
+    end = s["simulated_time"]
+    mid = min(samples, key=lambda x: abs(x[0] - end / 2))
+    last = max((x for x in samples if x[0] <= end), key=lambda x: x[0])
     return {"agents": n, "total": total, "cpu": cpu, "sim": s["wall_time"], "events": s["events"],
             "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
-            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "releases": s.get("privacy_releases", 0), "epsilon": s.get("privacy_epsilon_max"),
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1]}
 
 
 def main() -> None:
@@ -63,26 +106,37 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
     ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace)))
+        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp)))
         return
     print(f"{'agents':>7} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
           f"{'events/s':>9} {'steps/s':>8} {'peak RSS MiB':>12} {'accuracy':>8} {'sim growth':>10} "
-          f"{'CPU growth':>10}")
+          f"{'CPU growth':>10} {'RSS setup':>9} {'RSS mid':>8} {'RSS end':>8} {'2nd half':>8}"
+          + (f" {'releases':>10} {'max eps':>8}" if args.dp else ""))
     base = None
     for n in args.agents:
         cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
-               str(args.threads)] + (["--no-trace"] if args.no_trace else [])
+               str(args.threads)] + (["--no-trace"] if args.no_trace else []) + (["--dp"] if args.dp else [])
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         r = json.loads(out.splitlines()[-1])
         base = base or r
         growth = f"{r['sim'] / base['sim']:.1f}x/{n / base['agents']:.0f}x"
         print(f"{n:>7} {r['total'] - r['sim']:>8.1f} {r['sim']:>8.1f} {r['total']:>8.1f} {r['cpu']:>7.1f} "
               f"{r['events']:>11,} {r['events'] / r['sim']:>9,.0f} {r['steps'] / r['sim']:>8,.0f} "
-              f"{r['rss_mib']:>12,.0f} {r['accuracy']:>8.4f} {growth:>10} {r['cpu'] / base['cpu']:>9.1f}x",
-              flush=True)
+              f"{r['rss_mib']:>12,.0f} {r['accuracy']:>8.4f} {growth:>10} {r['cpu'] / base['cpu']:>9.1f}x "
+              f"{mib(r['rss_setup']):>9} {mib(r['rss_mid']):>8} {mib(r['rss_end']):>8} "
+              f"{mib(r['rss_end'], r['rss_mid'], True):>8}"
+              + (f" {r['releases']:>10,} {r['epsilon'] or 0:>8.3g}" if args.dp else ""), flush=True)
+
+
+def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:
+    if x is None or (signed and minus is None):
+        return "n/a"
+    v = x - (minus or 0.0)
+    return f"{v:+,.0f}" if signed else f"{v:,.0f}"
 
 
 if __name__ == "__main__":
