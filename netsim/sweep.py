@@ -160,11 +160,15 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         raise InputError("", f"not valid TOML: {e}", src) from None
     except RecursionError:
         raise InputError("", "not valid TOML: nested too deeply", src) from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise InputError("", f"not valid TOML: {e}", src) from None
     try:
         spec = structure(data, SweepSpec)
         configs = _configs(spec)
     except InputError as e:
         raise e.at(src) from None
+    except RecursionError:
+        raise InputError("", "tables nested too deeply", src) from None
     base = path.parent / spec.scenario
     if not base.is_file():
         raise InputError("scenario", f"scenario file not found: {str(base)!r}", src)

@@ -44,12 +44,13 @@ def compare_plot(folders: list[Path], out: Path, key: str = "accuracy") -> list[
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = [(folder, *read_run(folder)) for folder in folders]  # every input checked before drawing
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     table, targets = [], set()
-    for folder in folders:
-        summary, rows = read_run(folder)
+    for folder, summary, rows in runs:
         pts = [(r["time"], r[key]) for r in rows if r.get(key) is not None]
         if not pts:
+            plt.close(fig)
             raise InputError("--metric", f"run {str(folder)!r} has no {key!r} column")
         ax.plot(*zip(*pts, strict=True), marker=".", lw=1.4, label=label(summary))
         if summary.get("target_accuracy") is not None and key == "accuracy":

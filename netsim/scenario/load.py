@@ -24,7 +24,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     raw = raw.strip()
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except (tomllib.TOMLDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # not TOML (TOMLDecodeError), or a 4300-digit integer
         value = raw
     return key, value
 
@@ -74,12 +74,16 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
         raise InputError("", f"not valid TOML: {e}", str(path)) from None
     except RecursionError:
         raise InputError("", "not valid TOML: nested too deeply", str(path)) from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise InputError("", f"not valid TOML: {e}", str(path)) from None
     data.setdefault("name", path.stem)
     try:
         data = apply_overrides(data, overrides or {})
+        return scenario_from_dict(data, str(path))
     except InputError as e:
         raise e.at(str(path)) from None
-    return scenario_from_dict(data, str(path))
+    except RecursionError:  # tables nested thousands deep ([a.a.a...]): copying them recurses
+        raise InputError("", "tables nested too deeply", str(path)) from None
 
 
 def to_dict(scenario: Scenario) -> dict[str, Any]:
