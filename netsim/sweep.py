@@ -339,6 +339,9 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
     cols = list(curves[0][0]) if curves and curves[0] else []
     keys = _report_keys(sw.spec, summaries[0], cols)
     missing = [k for k in keys if k not in summaries[0]]
+    if missing and sw.spec.report is None:  # metrics columns its summary lacks: a damaged run folder
+        raise InputError("", f"metrics columns {missing} are not in its summary.json (a damaged run folder: "
+                             "delete it and re-run the sweep)", sw.tasks[0].folder)
     if missing:
         raise InputError("report", f"unknown summary field(s) {missing}; "
                                    f"available: {', '.join(summaries[0])}", str(sw.source))

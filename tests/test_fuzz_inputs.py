@@ -4,7 +4,8 @@ exactly one line ``error: FILE: ...`` on stderr and exits 2; never a traceback; 
 every file already written as it was.
 
 The example budget is fixed and the search derandomized (``derandomize=True``), so CI time is bounded
-and every run tries the same inputs. Checkpoint files are fuzzed with the checkpoint tests.
+and every run tries the same inputs; ``NETSIM_FUZZ_SCALE=10`` multiplies every budget for a longer
+search. Checkpoint files are fuzzed with the checkpoint tests.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import copy
 import io
 import json
+import os
 import shutil
 import string
 from pathlib import Path
@@ -33,6 +35,13 @@ from netsim.trace.io import SCHEMA, TRACE_FILE, read_trace
 from tests.conftest import BASE, merge
 
 runner = CliRunner()
+SCALE = float(os.environ.get("NETSIM_FUZZ_SCALE", "1"))  # more examples for a longer local search
+
+
+def budget(n: int) -> int:
+    return max(1, round(n * SCALE))
+
+
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                    HealthCheck.data_too_large, HealthCheck.filter_too_much])
@@ -153,7 +162,7 @@ def test_a_cut_trace_reads_up_to_its_last_complete_batch(run_dir, work):
         assert res.exit_code == 0 and ("TRUNCATED" in res.stdout) == (cut not in ends)
 
 
-@settings(max_examples=40, **FUZZ)
+@settings(max_examples=budget(40), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_traces_load_or_fail_in_one_line(run_dir, work, data):
     original = (run_dir / TRACE_FILE).read_bytes()
@@ -180,7 +189,7 @@ def test_fuzzed_traces_load_or_fail_in_one_line(run_dir, work, data):
     cli("compare", folder, run_dir, "--out", out)  # reads no trace: the run folder is still fine
 
 
-@settings(max_examples=12, **FUZZ)
+@settings(max_examples=budget(12), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_traces_replay_or_fail_in_one_line(run_dir, work, data):
     original = (run_dir / TRACE_FILE).read_bytes()
@@ -197,9 +206,9 @@ def test_fuzzed_traces_replay_or_fail_in_one_line(run_dir, work, data):
 
 # --- run folders: summary.json and metrics for compare and RunResult.load ------------------------------
 
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-                       max_leaves=8)
+_LEAF = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+JSONISH = _LEAF | st.lists(_LEAF, max_size=3) | st.dictionaries(
+    st.text(max_size=6), _LEAF | st.lists(_LEAF, max_size=3), max_size=3)
 
 
 def mutate_summary(text: str, draw) -> bytes:
@@ -227,7 +236,7 @@ def mutate_metrics_csv(text: str, draw) -> bytes:
     return "\n".join(",".join(row) for row in rows).encode()
 
 
-@settings(max_examples=40, **FUZZ)
+@settings(max_examples=budget(40), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_run_folders_compare_or_fail_in_one_line(run_dir, work, data):
     folder = fresh(work, run_dir, "folder")
@@ -302,7 +311,7 @@ def test_every_scenario_section_is_fuzzed():
     assert {"run", "agents", "network", "topology", "data", "model", "algorithm", "evaluation", "privacy"} <= sections
 
 
-@settings(max_examples=120, **FUZZ)
+@settings(max_examples=budget(120), **FUZZ)
 @given(edits=st.lists(st.tuples(st.sampled_from(FIELDS), WRONG), min_size=1, max_size=3))
 def test_wrong_types_and_huge_numbers_in_every_section(work, edits):
     data = merge(BASE, {"run": {"seed": 1, "until": 2.0}, "agents": {"count": 4}, "data": {"samples": 200}})
@@ -335,7 +344,7 @@ def _scenario_bytes(draw) -> bytes:
     return base.replace(b"count = 8", b"count = " + b"9" * draw(st.sampled_from([20, 400, 5000])))
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=budget(60), **FUZZ)
 @given(data=st.data())
 def test_scenario_bytes_validate_or_fail_in_one_line(work, data):
     path = work / "bytes.toml"
@@ -393,7 +402,7 @@ def scenario_with(work: Path, name: str, **extra) -> Path:
     return path
 
 
-@settings(max_examples=50, **FUZZ)
+@settings(max_examples=budget(50), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_link_trace_csv(work, data):
     csv_path = work / "links.csv"
@@ -402,7 +411,7 @@ def test_fuzzed_link_trace_csv(work, data):
     rejected_naming(cli("validate", sc), csv_path, sc)
 
 
-@settings(max_examples=40, **FUZZ)
+@settings(max_examples=budget(40), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_availability_json(work, data):
     path = work / "avail.json"
@@ -411,7 +420,7 @@ def test_fuzzed_availability_json(work, data):
     rejected_naming(cli("validate", sc), path, sc)
 
 
-@settings(max_examples=30, **FUZZ)
+@settings(max_examples=budget(30), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_edges_file(work, data):
     path = work / "edges.txt"
@@ -425,7 +434,7 @@ STUNNER = ("segment,user,segment_start_epoch_ms,tz_offset_h,online,start_offset_
 AWS = "source,dest,size,time,x\nnode-0,node-1,64,1.5,a\nnode-1,node-0,64,2.0,b\nnode-0,node-1,1500,3,c\n"
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=budget(60), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_importer_inputs(work, data):
     import gzip
@@ -463,7 +472,7 @@ SWEEP_VALUES = st.one_of(WRONG, JSONISH, st.sampled_from([
     ["accuracy"], ["stop_reason"], {"run.until": -1}]))
 
 
-@settings(max_examples=60, **FUZZ)
+@settings(max_examples=budget(60), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_sweep_files(work, data):
     from netsim.sweep import load_sweep
@@ -506,7 +515,7 @@ def done_sweep(work):
     return path
 
 
-@settings(max_examples=5, **FUZZ)
+@settings(max_examples=budget(5), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_member_run_folders_of_a_sweep(work, done_sweep, data):
     """Resuming a sweep reads its members' summary.json and metrics: a damaged member is re-run (its
