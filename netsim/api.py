@@ -238,7 +238,6 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
 
 def _complete(sim, folder: Path, counts, meta: dict[str, str], resumable: bool, interruptible: bool) -> RunResult:
     """Run a started simulation to its end (or an interrupt) and write the run folder."""
-    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
     from netsim.sim import checkpoint
 
     sc = sim.scenario
@@ -246,10 +245,22 @@ def _complete(sim, folder: Path, counts, meta: dict[str, str], resumable: bool, 
               "resumable": resumable}
     if sc.run.checkpoint_every is not None or sc.run.checkpoint_every_rounds is not None:
         sim.checkpointer = lambda s, kind: checkpoint.write(s, folder, sc.run.checkpoint_keep, kind, header)
+    # The handler stays while the outputs are written: a Ctrl-C after the simulation ended is ignored (the
+    # outputs take a moment and the run is done); a second one aborts at once.
     with _sigint_stops(sim, interruptible):
         sim.advance()
-    path = checkpoint.write(sim, folder, sc.run.checkpoint_keep, "interrupt", header) if sim.interrupted else None
-    sim.finish()
+        stopped = sim.interrupted
+        return _write_outputs(sim, folder, counts, meta, header, stopped)
+
+
+def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict[str, Any],
+                   stopped: bool) -> RunResult:
+    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
+    from netsim.sim import checkpoint
+
+    sc = sim.scenario
+    path = checkpoint.write(sim, folder, sc.run.checkpoint_keep, "interrupt", header) if stopped else None
+    sim.finish(stopped)
     summary = _summary(sim, counts, meta)
     if path is not None:
         summary["checkpoint"] = str(path)

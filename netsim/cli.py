@@ -408,7 +408,9 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
 def main() -> None:
     try:
         app(args=_bare_ray(sys.argv[1:]))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the simulation started
+        typer.echo("interrupted (no checkpoint written now; netsim resume uses the last periodic one, if any)",
+                   err=True)
         sys.exit(130)
 
 

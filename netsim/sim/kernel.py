@@ -262,10 +262,10 @@ class Simulation:
         self.wall += time.perf_counter() - self._t0
         self._t0 = time.perf_counter()
 
-    def finish(self) -> None:
+    def finish(self, interrupted: bool = False) -> None:
         """After the run stopped: the final evaluation and the trace's end (not after an interrupt: the
         run goes on from its checkpoint)."""
-        if self.interrupted:
+        if interrupted:
             self.stop_reason = "interrupted"
             self.writer.sync()
             return
@@ -278,4 +278,4 @@ class Simulation:
     def run(self, progress: Callable[[float], None] | None = None) -> None:
         self.start(progress)
         self.advance()
-        self.finish()
+        self.finish(self.interrupted)
