@@ -47,9 +47,14 @@ RUNS_FILE, TABLE_FILE, MANIFEST_FILE = "runs.csv", "sweep.csv", "sweep.json"
 COUNTERS = ("simulated_time", "messages_sent", "messages_dropped", "bytes_sent")
 
 
+MAX_RUNS = 100_000  # configurations x seeds of one sweep
+
+
 def _seeds_ok(v: Any) -> str | None:
     if isinstance(v, int):
-        return None if v >= 1 else f"a count must be >= 1, got {v}"
+        if v < 1:
+            return f"a count must be >= 1, got {v}"
+        return None if v <= MAX_RUNS else f"a count must be <= {MAX_RUNS}, got {v}"
     if not v:
         return "must list at least one seed"
     if any(s < 0 for s in v):
@@ -129,6 +134,9 @@ def _configs(spec: SweepSpec) -> list[dict[str, Any]]:
         if not isinstance(v, list) or not v:
             raise InputError(f"grid.{k}", f"expected a non-empty list of values, got {v!r}")
     listed = [_flatten(c, f"configs[{i}]") for i, c in enumerate(spec.configs)] or [{}]
+    n = math.prod(len(v) for v in grid.values()) * len(listed)
+    if n * len(spec.seed_list) > MAX_RUNS:
+        raise InputError("grid", f"{n} configurations x {len(spec.seed_list)} seeds is more than {MAX_RUNS} runs")
     cells = [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
     return [{**c, **g} for c in listed for g in cells]
 
@@ -310,12 +318,24 @@ def _report_keys(spec: SweepSpec, summary: dict[str, Any], metric_cols: list[str
     if spec.report is not None:
         return list(spec.report)
     keys = [c for c in metric_cols if c not in ("time", "round_mean")] + list(COUNTERS)
-    return [k for k in keys if isinstance(summary.get(k), int | float) or summary.get(k) is None]
+    return [k for k in keys if _number_or_none(summary.get(k))]
+
+
+def _numbers(values: list[Any]) -> list[Any]:
+    """A report column Arrow can type: int64 when every value is one, else floats (inf past 1e308)."""
+    if all(v is None or isinstance(v, int) and -2**63 <= v < 2**63 for v in values):
+        return values
+    return [None if v is None else float(v) if abs(v) < 2**1023 else math.copysign(math.inf, v) for v in values]
+
+
+def _number_or_none(v: Any) -> bool:
+    return v is None or isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _mean_std(xs: list[float | None]) -> tuple[float | None, float | None]:
     """Mean and sample std (ddof = 1; None for one seed) over the finite values."""
-    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    v = [float(x) for x in xs if x is not None and abs(x) < 2**1023]  # larger ints overflow float()
+    v = [x for x in v if math.isfinite(x)]
     if not v:
         return None, None
     m = math.fsum(v) / len(v)
@@ -346,7 +366,7 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
         raise InputError("report", f"unknown summary field(s) {missing}; "
                                    f"available: {', '.join(summaries[0])}", str(sw.source))
     for t, summary in zip(sw.tasks, summaries, strict=True):
-        bad = [k for k in keys if not (summary.get(k) is None or isinstance(summary.get(k), int | float))]
+        bad = [k for k in keys if not _number_or_none(summary.get(k))]
         if bad and summary is summaries[0]:
             raise InputError("report", f"summary field {bad[0]!r} is not a number", str(sw.source))
         if bad:
@@ -359,7 +379,7 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
     for k in swept:
         runs_cols[k] = _column([sw.configs[t.config].get(k) for t in sw.tasks])
     for k in keys:
-        runs_cols[k] = [s.get(k) for s in summaries]
+        runs_cols[k] = _numbers([s.get(k) for s in summaries])
     runs = pa.table(runs_cols)
     agg: dict[str, list[Any]] = {"config": [], "label": [], **{k: [] for k in swept}, "seeds": []}
     for k in keys:
@@ -440,7 +460,8 @@ def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Pa
             xs = [r[key] for r in rs]
             numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
             pos = xs if numeric else list(range(len(xs)))
-            ax.errorbar(pos, [r[mean_key] for r in rs], yerr=[r[f"{metric}_std"] or 0.0 for r in rs],
+            ys = [math.nan if r[mean_key] is None else r[mean_key] for r in rs]  # None: no finite value
+            ax.errorbar(pos, ys, yerr=[r[f"{metric}_std"] or 0.0 for r in rs],
                         marker="o", capsize=3, label=name or None)
             if not numeric:
                 ax.set_xticks(pos, [str(x) for x in xs])

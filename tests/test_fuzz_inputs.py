@@ -48,8 +48,9 @@ FUZZ = dict(deadline=None, derandomize=True, database=None,
 
 # A tiny DP run (releases for `netsim privacy`), flushed every 64 events so its trace has several batches.
 SMALL = merge(BASE, {
-    "run": {"seed": 3, "until": 3.0, "trace_flush_every": 64},
-    "agents": {"count": 4, "activation": {"kind": "bernoulli", "period": 0.5, "p": 0.8}},
+    "run": {"seed": 3, "until": 3.0, "trace_flush_every": 40},
+    "agents": {"count": 4, "activation": {"kind": "bernoulli", "period": 0.5, "p": 0.8},
+               "offline": [{"agent": 3, "start": 1.0, "end": 1.6}]},
     "data": {"samples": 200, "features": 4},
     "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.2, "clip": 1.0,
                   "noise_multiplier": 6.0},
@@ -198,7 +199,13 @@ def test_fuzzed_traces_replay_or_fail_in_one_line(run_dir, work, data):
     before = snapshot(folder)
     out = work / "replay-out"
     shutil.rmtree(out, ignore_errors=True)
-    res = cli("replay", folder, "--out", out, "-q")
+    other = []
+    if data.draw(st.booleans(), label="under another scenario"):  # conditions mode: recorded churn too
+        other = ["--scenario", work / "other.toml"]
+        sc = merge(SMALL, {"run": {"seed": 5}})
+        del sc["agents"]["offline"]
+        other[1].write_text(tomli_w.dumps(sc))
+    res = cli("replay", folder, "--out", out, "-q", *other)
     assert snapshot(folder) == before
     if rejected_naming(res, folder):
         assert not out.exists()

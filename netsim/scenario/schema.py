@@ -60,7 +60,8 @@ def nonneg_dist(d: Dist) -> str | None:
 
 @attrs.frozen
 class RunSpec:
-    seed: int = field(0, check=nonneg, doc="root of every random stream")
+    seed: int = field(0, check=lambda v: nonneg(v) or (None if v < 2**63 else f"must be < 2^63, got {v}"),
+                      doc="root of every random stream")
     until: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
                                 doc="stop at this simulated time (s)")
     rounds: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
