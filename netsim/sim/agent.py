@@ -302,4 +302,6 @@ class Agent:
         return self.sim.streams.rng(purpose, self.id)
 
     def spawn(self, program: Generator) -> simpy.Process:
-        return self.env.process(program)
+        proc = self.env.process(program)
+        self.sim.programs.append((self.id, proc))  # its locals go into checkpoints (sim/checkpoint.py)
+        return proc

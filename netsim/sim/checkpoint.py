@@ -3,11 +3,14 @@
 A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
 
 * ``arrays.npz`` - tensors (parameter bank and named per-agent state such as momentum, payloads of
-  messages in flight and waiting in inboxes, the ledgers' releases and noise-generator states),
+  messages in flight and waiting in inboxes, the ledgers' releases and noise-generator states, tensors
+  held by the agents' programs),
   loaded with ``allow_pickle=False``;
 * ``state.json`` - plain data: format version, scenario sha256, event step and simulated time,
   every random stream's bit-generator state, the pending-event queue (timers, deliveries, gradient
-  completions), agents' plain attributes (rounds, activation schedules, algorithm counters), ledger
+  completions), agents' plain attributes (rounds, activation schedules, algorithm counters), where each
+  agent's program is suspended with its locals (per-agent algorithm state: counters, a gradient taken
+  before a barrier, a PushSum's sums), ledger
   totals, comm and event counters, the metrics rows so far and the trace position (events, bytes and
   sha256 at the last batch boundary, events buffered since);
 * ``SHA256SUMS`` - checksums of both, so a torn or corrupted checkpoint is detected and skipped.
@@ -83,6 +86,30 @@ def _flat(obj: Any, key: str, arrays: dict[str, np.ndarray]) -> Any:
 def _message(m: Any, key: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"id": m.id, "src": m.src, "dst": m.dst, "tag": m.tag, "round": m.round, "size": m.size,
             "sent": m.sent, "payload": _flat(m.payload, key, arrays)}
+
+
+def _local(obj: Any, key: str, arrays: dict[str, np.ndarray], depth: int = 0) -> Any:
+    """A generator local: as ``_flat``, and netsim's own helper objects (a PushSum, an ErrorFeedback)
+    by their attributes, one level deep (an Agent or the Simulation by type only)."""
+    cls = type(obj)
+    if depth == 0 and hasattr(obj, "__dict__") and not attrs.has(cls) and cls.__module__.startswith("netsim.") \
+            and cls.__name__ not in ("Agent", "Simulation", "Network", "ParameterBank", "GradientService"):
+        return {"type": cls.__name__, "vars": {k: _local(v, f"{key}.{k}", arrays, 1)
+                                               for k, v in sorted(vars(obj).items())}}
+    return _flat(obj, key, arrays)
+
+
+def _program(proc, key: str, arrays: dict[str, np.ndarray]) -> list[Any]:
+    """Where an agent's program (and each generator it delegates to) is suspended, and its locals: not
+    restorable (Python cannot serialise a generator), but stored and compared on resume."""
+    out, gen, depth = [], getattr(proc, "_generator", None), 0
+    while gen is not None and getattr(gen, "gi_frame", None) is not None:
+        frame = gen.gi_frame
+        k = f"{key}.{depth}"
+        out.append([gen.gi_code.co_name, frame.f_lineno,
+                    {name: _local(v, f"{k}.{name}", arrays) for name, v in sorted(frame.f_locals.items())}])
+        gen, depth = gen.gi_yieldfrom, depth + 1
+    return out
 
 
 def _plain_vars(obj: Any) -> dict[str, Any]:
@@ -161,6 +188,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "time": sim.env.now, "step": sim.steps, "finished": sim._finished, "stop_reason": sim.stop_reason,
         "rng": _streams(sim.streams, arrays),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
+        "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(sim.programs)],
         "network": {**_plain_vars(sim.network),
                     "links": sorted([s, d, lk.busy_until] for (s, d), lk in sim.network.links.items())},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},

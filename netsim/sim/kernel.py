@@ -107,6 +107,7 @@ class Simulation:
         self._round_every = (sc.run.checkpoint_every_rounds or math.inf) * n
         self.round_mark = self._round_every
         self._restored: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
+        self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
@@ -201,7 +202,7 @@ class Simulation:
         self._t0 = time.perf_counter()
         self.evaluate()
         for a in self.agents:
-            self.env.process(self.program(a, self.params))
+            self.programs.append((a.id, self.env.process(self.program(a, self.params))))
         self.env.process(self._evaluator())
         stop = self._stop
         if sc.run.until is not None:
