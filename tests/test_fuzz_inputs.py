@@ -163,7 +163,7 @@ def test_a_cut_trace_reads_up_to_its_last_complete_batch(run_dir, work):
         assert res.exit_code == 0 and ("TRUNCATED" in res.stdout) == (cut not in ends)
 
 
-@settings(max_examples=budget(40), **FUZZ)
+@settings(max_examples=budget(30), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_traces_load_or_fail_in_one_line(run_dir, work, data):
     original = (run_dir / TRACE_FILE).read_bytes()
@@ -185,9 +185,6 @@ def test_fuzzed_traces_load_or_fail_in_one_line(run_dir, work, data):
         assert after == before
     else:  # the report is the only thing it writes
         assert {k: v for k, v in after.items() if not k.endswith(("privacy.json", "privacy.png"))} == before
-    out = work / "compare.png"
-    out.unlink(missing_ok=True)
-    cli("compare", folder, run_dir, "--out", out)  # reads no trace: the run folder is still fine
 
 
 @settings(max_examples=budget(12), **FUZZ)
@@ -243,7 +240,7 @@ def mutate_metrics_csv(text: str, draw) -> bytes:
     return "\n".join(",".join(row) for row in rows).encode()
 
 
-@settings(max_examples=budget(40), **FUZZ)
+@settings(max_examples=budget(30), **FUZZ)
 @given(data=st.data())
 def test_fuzzed_run_folders_compare_or_fail_in_one_line(run_dir, work, data):
     folder = fresh(work, run_dir, "folder")
