@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def netsim_cli(*args: str) -> list[str]:
+    """argv running the CLI with this interpreter (``python -m netsim``: no installed entry point needed)."""
+    return [sys.executable, "-m", "netsim", *args]
+
+
+def cli_env() -> dict[str, str]:
+    """os.environ for a CLI subprocess, with the repository first on PYTHONPATH (whatever the cwd) and the
+    caller's PYTHONPATH kept (dependencies installed outside site-packages)."""
+    parts = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
 
 BASE: dict[str, Any] = {
     "name": "t",

@@ -29,7 +29,7 @@ def _sim(program=None, collect: list | None = None, **extra) -> Simulation:
 
 def _random_params(sim: Simulation, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    W = torch.randn(sim.bank.W.shape, generator=g, dtype=sim.bank.W.dtype)
+    W = torch.randn(sim.bank.W.shape, generator=g, dtype=sim.bank.W.dtype).to(sim.device)
     sim.bank.W.copy_(W)
     return W.clone()
 

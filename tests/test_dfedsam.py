@@ -43,10 +43,10 @@ def test_q_gossip_steps_are_w_to_the_q(scenario, Q):
     sim.run()
     W = sim.W.toarray()
     expect = np.linalg.matrix_power(W, Q) @ X0.numpy()
-    np.testing.assert_allclose(sim.bank.W.numpy(), expect, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(sim.bank.W.cpu().numpy(), expect, rtol=0, atol=1e-13)
     assert not np.allclose(expect, X0.numpy())
     # the mean is preserved (doubly stochastic W) and the disagreement contracts
-    np.testing.assert_allclose(sim.bank.W.mean(0).numpy(), X0.mean(0).numpy(), atol=1e-13)
+    np.testing.assert_allclose(sim.bank.W.mean(0).cpu().numpy(), X0.mean(0).numpy(), atol=1e-13)
 
 
 def test_random_neighbors_gossip_is_the_product_of_the_drawn_matrices(scenario):
@@ -67,7 +67,7 @@ def test_random_neighbors_gossip_is_the_product_of_the_drawn_matrices(scenario):
             assert sorted(j for j in range(n) if i in ins[j]) == outs[i]
         M = Wq @ M
     assert not np.allclose(M, M.T)  # directed, row-stochastic: spec 4's DisPFL-style draw
-    np.testing.assert_allclose(sim.bank.W.numpy(), M @ X0.numpy(), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(sim.bank.W.cpu().numpy(), M @ X0.numpy(), rtol=0, atol=1e-13)
     # the same draw whatever the algorithm (an addressed stream)
     other = _sim(scenario, "dfedavg", local_steps=0, random_neighbors=k, count=n,
                  topology={"kind": "complete"})
@@ -115,13 +115,13 @@ def test_sam_step_matches_the_hand_computed_two_pass_step(scenario):
     for i in range(6):
         part = sim.data.parts[i]
         rows = part[streams.rng("batch", i).integers(0, len(part), B)]
-        X, y = sim.X[rows], sim.y[rows]
+        X, y = sim.X[rows].cpu(), sim.y[rows].cpu()
         x = X0[i]
         g = _logistic_grad(x, X, y)
         g2 = _logistic_grad(x + rho * g / (g.norm() + 1e-12), X, y)
         Z.append(x - lr * (g2 + wd * x))
     expect = sim.W.toarray() @ torch.stack(Z).numpy()
-    np.testing.assert_allclose(sim.bank.W.numpy(), expect, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(sim.bank.W.cpu().numpy(), expect, rtol=0, atol=1e-12)
 
 
 def test_momentum_is_heavy_ball_reset_each_round(scenario):
@@ -132,11 +132,11 @@ def test_momentum_is_heavy_ball_reset_each_round(scenario):
     sim.run()
     Z = []
     for i in range(6):
-        X, y = sim.X[sim.data.parts[i]], sim.y[sim.data.parts[i]]
+        X, y = sim.X[sim.data.parts[i]].cpu(), sim.y[sim.data.parts[i]].cpu()
         x = X0[i]
         y1 = x - lr * _logistic_grad(x, X, y)
         Z.append(y1 - lr * _logistic_grad(y1, X, y) + th * (y1 - x))
-    np.testing.assert_allclose(sim.bank.W.numpy(), sim.W.toarray() @ torch.stack(Z).numpy(), atol=1e-12)
+    np.testing.assert_allclose(sim.bank.W.cpu().numpy(), sim.W.toarray() @ torch.stack(Z).numpy(), atol=1e-12)
 
 
 def test_fedavg_server_takes_the_data_weighted_average(scenario):
@@ -147,9 +147,9 @@ def test_fedavg_server_takes_the_data_weighted_average(scenario):
     sizes = [len(p) for p in sim.data.parts[1:]]
     sim.run()
     x0 = torch.zeros(sim.bank.W.shape[1], dtype=torch.float64)
-    ys = [x0 - lr * _logistic_grad(x0, sim.X[p], sim.y[p]) for p in sim.data.parts[1:]]
+    ys = [x0 - lr * _logistic_grad(x0, sim.X[p].cpu(), sim.y[p].cpu()) for p in sim.data.parts[1:]]
     expect = sum(n * y for n, y in zip(sizes, ys, strict=True)) / sum(sizes)
-    assert torch.allclose(sim.bank.W[0], expect, atol=1e-12)
+    assert torch.allclose(sim.bank.W[0].cpu(), expect, atol=1e-12)
     # only the server's (global) model is evaluated
     _, acc = sim.model.evaluate(sim.bank.W[:1], sim.X_test, sim.y_test)
     assert sim.metrics[-1]["accuracy"] == pytest.approx(float(acc[0]))

@@ -43,7 +43,7 @@ def test_p1_dense_noiseless_equals_momentum_dsgd_reference():
     sim = _sim(algorithm={"name": "do_adp", "rounds": T, "lr": alpha, "beta": beta, "gamma": gamma,
                           "ratio": 1.0, "batch": 0, "clip": 0.0, "sigma": 0.0})
     n, P = sim.bank.W.shape
-    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64)
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64, device=sim.device)
     X, y = sim.X, sim.y.long()
     x = sim.bank.W.clone()
     xh = torch.zeros_like(x)
@@ -180,7 +180,7 @@ def test_cpgt_noiseless_dense_gamma1_equals_gradient_tracking_reference():
     sim = _sim(algorithm={"name": "cpgt", "rounds": T, "lr": eta, "gamma": 1.0, "ratio": 1.0, "batch": 0,
                           "clip": 0.0, "sigma": 0.0})
     n = sim.bank.W.shape[0]
-    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64)
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64, device=sim.device)
     X, lab = sim.X, sim.y.long()
 
     def grad(x):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,10 @@ import pytest
 from netsim.errors import InputError
 from netsim.sim.churn import read_availability
 from netsim.sim.links import read_link_trace
+from tests.conftest import cli_env, netsim_cli
 from tests.test_network_models import by_kind, make_net, send_at
 
 ROOT = Path(__file__).resolve().parents[1]
-NETSIM = str(Path(sys.executable).with_name("netsim"))
 
 
 def write(tmp_path, name, text):
@@ -92,12 +91,13 @@ name = "dpsgd"
 [network]
 trace = "{bad}"
 """)
-    p = subprocess.run([NETSIM, "validate", str(sc)], capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run(netsim_cli("validate", str(sc)), capture_output=True, text=True, cwd=tmp_path, env=cli_env())
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr
     assert p.stderr.startswith(f"error: {bad}: network.trace: line 3:")
     missing = write(tmp_path, "m.toml", sc.read_text().replace(str(bad), "nope.csv"))
-    p = subprocess.run([NETSIM, "validate", str(missing)], capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run(netsim_cli("validate", str(missing)), capture_output=True, text=True, cwd=tmp_path,
+                       env=cli_env())
     assert p.returncode == 2 and "network.trace" in p.stderr and "nope.csv" in p.stderr
 
 

@@ -39,7 +39,7 @@ def _optimum(sim) -> torch.Tensor:
     """argmin of the global training objective (1/n) sum_i f_i (equal local sizes), by gradient descent
     on the exact full gradient to ||grad|| < 1e-12."""
     X, y = sim.X.unsqueeze(0), sim.y.long().unsqueeze(0)
-    w = torch.zeros(1, sim.bank.W.shape[1], dtype=torch.float64)
+    w = torch.zeros(1, sim.bank.W.shape[1], dtype=torch.float64, device=sim.device)
     for _ in range(5000):
         g = sim.model.grad(w, X, y)
         if float(g.norm()) < 1e-12:
@@ -74,7 +74,7 @@ def test_push_sum_weights_positive_and_mass_conserved_on_a_digraph():
     sim = _sim(topology=DIGRAPH, algorithm={"name": "privsgp", "iterations": 200, "lr": 1e-300,
                                            "sigma": 0.0, "G": 100.0})
     g = torch.Generator().manual_seed(0)
-    x0 = torch.randn(sim.bank.W.shape, generator=g, dtype=torch.float64)
+    x0 = torch.randn(sim.bank.W.shape, generator=g, dtype=torch.float64).to(sim.device)
     sim.bank.W.copy_(x0)
     sim.run()
     w = sim.bank.state("push_weight", shape=())
@@ -123,6 +123,23 @@ def test_k_star_needs_constants():
     with pytest.raises(InputError) as e:
         sim.program(sim.agents[0], sim.params)
     assert e.value.key == "algorithm.L"
+
+
+def test_estimate_constants_on_the_run_device():
+    """estimate_constants works wherever the run's tensors live (its random directions are drawn on the
+    bank's device: they were CPU tensors added to CUDA rows); with every row sampled, G bounds the norm of
+    the full gradient (a mean of the per-sample gradients), and the estimate is seeded."""
+    from netsim.algorithms.privsgp import estimate_constants
+
+    sim = _sim(topology=EXP)
+    c = estimate_constants(sim)
+    assert set(c) == {"G", "L", "b2", "F0"}
+    assert all(math.isfinite(v) for v in c.values()) and c["L"] > 0 and c["F0"] > 0 and c["b2"] >= 0
+    assert len(sim.X) <= 2000  # all rows sampled
+    x0 = sim.bank.get(0)
+    full = sim.model.grad(x0.unsqueeze(0), sim.X.unsqueeze(0), sim.y.long().unsqueeze(0))[0]
+    assert float(full.norm()) <= c["G"] * (1 + 1e-12)
+    assert estimate_constants(sim) == c
 
 
 def test_baselines_run_and_release_per_iteration():

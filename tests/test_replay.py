@@ -166,15 +166,14 @@ def test_truncated_or_foreign_traces_are_clean_errors(recorded, tmp_path):
 
 def test_cli_replay_of_a_truncated_trace_is_one_line_exit_2(recorded, tmp_path):
     import subprocess
-    import sys
-    from pathlib import Path
+
+    from tests.conftest import cli_env, netsim_cli
 
     data = recorded.trace_path.read_bytes()
     cut = tmp_path / "cut.arrows"
     cut.write_bytes(data[: len(data) - 100])
-    netsim_bin = str(Path(sys.executable).with_name("netsim"))
-    p = subprocess.run([netsim_bin, "replay", str(cut), "--out", str(tmp_path / "o"), "-q"],
-                       capture_output=True, text=True)
+    p = subprocess.run(netsim_cli("replay", str(cut), "--out", str(tmp_path / "o"), "-q"),
+                       capture_output=True, text=True, env=cli_env())
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert p.stderr.startswith(f"error: {cut}: trace is truncated")
     assert not (tmp_path / "o").exists()

@@ -79,7 +79,7 @@ def reference(d: dict, gamma_const: float | None = None, couple: bool = True) ->
 def run_params(d: dict):
     sim = prepare(scenario_from_dict(d))
     sim.run()
-    return sim.bank.W.numpy().copy(), sim
+    return sim.bank.W.cpu().numpy().copy(), sim
 
 
 # --- Algorithm 1 = its stacked recursion; special cases ---------------------------------------------
@@ -141,7 +141,7 @@ def test_broadcast_noise_is_laplace_with_the_recorded_scale(monkeypatch):
     def spy(agent, x, k, scale, sens):
         out = real(agent, x, k, scale, sens)
         if k >= 1:
-            seen.append(((out - x) / scale).numpy())
+            seen.append(((out - x) / scale).cpu().numpy())
         return out
 
     monkeypatch.setattr(mod, "release", spy)

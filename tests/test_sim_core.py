@@ -90,8 +90,8 @@ def test_dpsgd_reaches_the_centralized_optimum(scenario):
                   data={"kind": "synthetic", "samples": 400, "features": 3, "noise": 0.5})
     sim = prepare(sc)
     sim.run()
-    X = torch.cat([sim.X, torch.ones(len(sim.X), 1, dtype=sim.X.dtype)], 1)
-    y = sim.y.to(X.dtype)
+    X = torch.cat([sim.X.cpu(), torch.ones(len(sim.X), 1, dtype=sim.X.dtype)], 1)  # reference on the CPU
+    y = sim.y.cpu().to(X.dtype)
     # Global objective = mean over agents of local means; weight each row by 1/(n * |part_i|).
     wts = torch.zeros(len(y), dtype=X.dtype)
     for part in sim.data.parts:
@@ -104,7 +104,7 @@ def test_dpsgd_reaches_the_centralized_optimum(scenario):
         grad = X.T @ (wts * (p - y)) + reg * w
         H = X.T @ (X * (wts * p * (1 - p))[:, None]) + torch.diag(reg)
         w = w - torch.linalg.solve(H, grad)
-    xbar = sim.bank.W.mean(0)
+    xbar = sim.bank.W.mean(0).cpu()
     assert float((xbar - w).norm() / w.norm()) < 0.02
     assert sim.metrics[-1]["consensus"] < 2e-3 and sim.metrics[-1]["consensus"] < sim.metrics[5]["consensus"]
 

@@ -9,7 +9,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from netsim.cli import app
 from netsim.errors import InputError
 from netsim.sweep import load_sweep, run_sweep
 
-from .conftest import BASE
+from .conftest import BASE, cli_env, netsim_cli
 
 SMALL = {**BASE, "run": {"seed": 0, "until": 3.0}, "agents": {**BASE["agents"], "count": 4},
          "data": {"kind": "synthetic", "samples": 300, "features": 4}, "evaluation": {"every": 1.0}}
@@ -129,9 +128,9 @@ def test_killed_sweep_resumes_with_only_the_missing_runs(tmp_path):
     scenario = {**SMALL, "run": {"seed": 0, "until": 40.0}}  # each run ~1 s: time to kill in between
     p = write_sweep(tmp_path, 'seeds = [1, 2, 3, 4]\n', scenario)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "netsim", "sweep", str(p), "-q", "--jobs", "1"],
+    proc = subprocess.Popen(netsim_cli("sweep", str(p), "-q", "--jobs", "1"),
                             cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+                            stderr=subprocess.PIPE, env=cli_env())
     deadline = time.monotonic() + 120
     while not list(out.glob("*/seed=*/summary.json")):
         assert proc.poll() is None, proc.stderr.read().decode()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
 from netsim.trace.io import read_trace
 from netsim.trace.timeline import Timeline, chrome_trace
+from tests.conftest import cli_env, netsim_cli
 
 SC = {
     "run": {"seed": 4, "until": 6.0},
@@ -29,7 +29,7 @@ SC = {
     "algorithm": {"name": "dpsgd", "lr": 0.2, "batch": 8, "round_timeout": 0.2},
     "evaluation": {"every": 2.0, "metrics": ["accuracy"]},
 }
-NETSIM = str(Path(sys.executable).with_name("netsim"))
+NETSIM = shlex.join(netsim_cli())  # typed at the tmux prompt
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,10 @@ class Tmux:
     def __init__(self, name: str, cols: int = 120, rows: int = 40):
         self.name = name
         self.runs = 0
+        # PYTHONPATH explicitly: a tmux server that was already running has its own environment
         subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(cols), "-y", str(rows),
-                        "env", "PS1=$ ", "TERM=xterm-256color", "bash", "--norc", "--noprofile"], check=True)
+                        "env", "PS1=$ ", "TERM=xterm-256color", f"PYTHONPATH={cli_env()['PYTHONPATH']}",
+                        "bash", "--norc", "--noprofile"], check=True)
 
     def run(self, command: str, timeout: float = 300.0) -> list[str]:
         """Type ``command`` at the prompt; the screen once it has finished (an end marker is printed)."""
@@ -144,8 +146,8 @@ def test_large_runs_aggregate_lanes(run_dir):
 
 def test_chrome_export_is_valid_trace_event_json(run_dir, events, tmp_path):
     out = tmp_path / "t.json"
-    subprocess.run([NETSIM, "timeline", str(run_dir), "--no-summary", "--width", "80", "--chrome", str(out)],
-                   check=True, capture_output=True)
+    subprocess.run(netsim_cli("timeline", str(run_dir), "--no-summary", "--width", "80", "--chrome", str(out)),
+                   check=True, capture_output=True, env=cli_env())
     data = json.loads(out.read_text())
     evs = data["traceEvents"]
     for e in evs:
@@ -167,10 +169,10 @@ def test_bad_filters_and_traces_are_one_line_errors(run_dir, tmp_path):
         Timeline(run_dir, kinds="sends")
     bad = tmp_path / "t.arrows"
     bad.write_bytes(b"\x00" * 10)
-    p = subprocess.run([NETSIM, "timeline", str(bad)], capture_output=True, text=True)
+    p = subprocess.run(netsim_cli("timeline", str(bad)), capture_output=True, text=True, env=cli_env())
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "not a netsim trace" in p.stderr
-    p = subprocess.run([NETSIM, "timeline", str(run_dir), "--from", "5", "--to", "1"], capture_output=True,
-                       text=True)
+    p = subprocess.run(netsim_cli("timeline", str(run_dir), "--from", "5", "--to", "1"), capture_output=True,
+                       text=True, env=cli_env())
     assert p.returncode == 2 and "window must be non-empty" in p.stderr
 
 

@@ -122,7 +122,7 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
     W0 = x0.expand(len(rows), -1)
     g0 = model.grad(W0, X[rows].unsqueeze(1), y[rows].unsqueeze(1))
     G = float(g0.norm(dim=1).max())
-    u = torch.as_tensor(rng.normal(size=(len(rows), x0.numel())), dtype=x0.dtype) * 0.1
+    u = torch.as_tensor(rng.normal(size=(len(rows), x0.numel())), dtype=x0.dtype, device=x0.device) * 0.1
     g1 = model.grad(W0 + u, X[rows].unsqueeze(1), y[rows].unsqueeze(1))
     L = float(((g1 - g0).norm(dim=1) / u.norm(dim=1)).max())
     full = model.grad(x0.unsqueeze(0), X.unsqueeze(0), y.unsqueeze(0))[0]
