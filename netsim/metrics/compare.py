@@ -65,6 +65,10 @@ def compare_plot(folders: list[Path], out: Path, key: str = "accuracy") -> list[
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110)
+    except (OSError, ValueError) as e:  # an unwritable path, an unknown image suffix
+        raise InputError("--out", f"cannot write the plot {str(out)!r}: {e}") from None
+    finally:
+        plt.close(fig)
     return table
