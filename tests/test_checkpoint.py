@@ -388,3 +388,23 @@ def test_sweep_goes_on_from_a_killed_members_checkpoint(killed, refs):
     summary = execute(RunTask(0, "dpsgd", 3, {}, str(killed), text, scenario_hash(text)))
     assert summary["resumed_at_step"] == int(newest.name.split("-")[1])
     same_run(killed, refs["dpsgd"])
+
+
+def test_programs_spawning_per_round_stay_bounded(tmp_path):
+    """Agent.spawn's processes are kept for checkpoints; finished ones are forgotten, so a program that
+    spawns a helper every round does not grow memory per round."""
+    from netsim.sim.kernel import Simulation
+
+    def helper(agent):
+        yield agent.env.timeout(0.01)
+
+    def spawner(agent, p):
+        while True:
+            yield agent.wake()
+            agent.spawn(helper(agent))
+
+    sim = Simulation(api.resolve_scenario(scenario(tmp_path, "dpsgd")), spawner, None)
+    sim.run()
+    n = len(sim.agents)
+    assert sim.agents[0].round > 50
+    assert len(sim.programs) <= 2 * (4 * n + 64)

@@ -303,5 +303,9 @@ class Agent:
 
     def spawn(self, program: Generator) -> simpy.Process:
         proc = self.env.process(program)
-        self.sim.programs.append((self.id, proc))  # its locals go into checkpoints (sim/checkpoint.py)
+        progs = self.sim.programs  # their locals go into checkpoints (sim/checkpoint.py)
+        progs.append((self.id, proc))
+        if len(progs) >= self.sim.programs_limit:  # a program spawning per round: forget the finished ones
+            progs[:] = [(i, q) for i, q in progs if q.is_alive]
+            self.sim.programs_limit = 2 * len(progs) + 64
         return proc

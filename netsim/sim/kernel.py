@@ -108,6 +108,7 @@ class Simulation:
         self.round_mark = self._round_every
         self._restored: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
+        self.programs_limit = 4 * n + 64
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
