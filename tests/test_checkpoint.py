@@ -123,8 +123,9 @@ def test_sigkill_at_random_point_then_resume_is_identical(tmp_path, refs, case, 
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
     assert ck.meta["trace"]["events"] <= killed.num_rows <= ref.num_rows
     assert killed.equals(ref.slice(0, killed.num_rows))
-    result = api.resume(out, interruptible=False)
-    assert result.summary["resumed_at_step"] == ck.step
+    r = cli("resume", str(out), "-q")  # the command a user types, in-process
+    assert r.exit_code == 0, r.output
+    assert f"resumed from event {ck.step}" in r.stderr
     same_run(out, refs[case])
     assert checkpoint.checkpoints(out) == []  # a complete run keeps none
 
