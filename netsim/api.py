@@ -218,7 +218,7 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     sim.start(progress)
     sim.advance(to_step=ck.step)
     if sim.boundary_due():
-        sim._boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
+        sim.boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
     bad = (f"the run stopped at event {sim.steps}" if sim.steps != ck.step
            else f"trace position {writer.count}+{len(writer.buffer)} events"
            if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))

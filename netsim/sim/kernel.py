@@ -227,20 +227,19 @@ class Simulation:
         q = self.env._queue
         return bool(q) and q[0][0] >= self._mark
 
-    def _boundary(self) -> None:
+    def boundary(self) -> None:
         """Between two events, when the loop stopped to look: at a checkpoint mark, flush the trace (so a
         rebuilt run cuts batches at the same events) and let the checkpointer write (an interrupt writes
         its own checkpoint instead)."""
-        due = self.boundary_due()
-        if due:  # the next time mark after the next event (marks with no event between them merge)
-            head = self.env._queue[0][0]
-            self._mark = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf \
-                else math.inf
+        if not self.boundary_due():  # an interrupt between marks
+            self._next_boundary = self._mark
+            return
+        head = self.env._queue[0][0]  # the next mark after the next event (marks with no event between merge)
+        self._mark = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf else math.inf
         self._next_boundary = self._mark
-        if due:
-            self.writer.flush()
-            if self.checkpointer is not None and not self.interrupted:
-                self.checkpointer(self, "periodic")
+        self.writer.flush()
+        if self.checkpointer is not None and not self.interrupted:
+            self.checkpointer(self, "periodic")
 
     def advance(self, to_step: int | None = None) -> None:
         """Process events until the run stops, it is interrupted, or ``to_step`` events are done."""
@@ -252,7 +251,7 @@ class Simulation:
                 while not done and n != limit:
                     if queue and queue[0][0] >= self._next_boundary:
                         self.steps = n
-                        self._boundary()
+                        self.boundary()
                         if self.interrupted:
                             break
                     step()
