@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -164,8 +165,6 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     (folder / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until this run finishes
     (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
     for old in checkpoint.checkpoints(folder):  # a previous run's checkpoints must never be resumed into this one
-        import shutil
-
         shutil.rmtree(old)
     (folder / "scenario.toml").write_text(text)
     sim.start(progress)
@@ -214,7 +213,7 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     writer = TraceWriter(None, meta, sc.run.trace_flush_every, on_batch=counts, lazy=True)  # silent rebuild
     sim = prepare(sc, writer, str(sc_path))
     sim.counts = counts
-    sim._restored = list(head["metrics"])
+    sim.restored_metrics = list(head["metrics"])
     sim.start(progress)
     sim.advance(to_step=ck.step)
     if sim.boundary_due():
@@ -275,8 +274,6 @@ def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict
     os.replace(tmp, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
     (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
     for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
-        import shutil
-
         shutil.rmtree(old, ignore_errors=True)
     return RunResult(folder, sc, summary, sim.metrics)
 

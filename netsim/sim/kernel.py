@@ -106,7 +106,7 @@ class Simulation:
         self._next_boundary = self._every  # when the loop stops to look: the mark, or -inf on an interrupt
         self._round_every = (sc.run.checkpoint_every_rounds or math.inf) * n
         self.round_mark = self._round_every
-        self._restored: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
+        self.restored_metrics: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.programs_limit = 4 * n + 64
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
@@ -157,8 +157,8 @@ class Simulation:
 
     # evaluation ------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        if len(self.metrics) < len(self._restored):  # rebuilding up to a checkpoint: rows are known
-            row = self._restored[len(self.metrics)]
+        if len(self.metrics) < len(self.restored_metrics):  # rebuilding up to a checkpoint: rows are known
+            row = self.restored_metrics[len(self.metrics)]
             self.metrics.append(row)
             self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
             return row
