@@ -162,13 +162,44 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError("run.out", f"cannot create output folder {str(folder)!r}: {e.strerror or e}") from None
-    (folder / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until this run finishes
-    (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
-    for old in checkpoint.checkpoints(folder):  # a previous run's checkpoints must never be resumed into this one
-        shutil.rmtree(old)
-    (folder / "scenario.toml").write_text(text)
-    sim.start(progress)
-    return _complete(sim, folder, counts, meta, resumable=setup is None, interruptible=interruptible)
+    with _folder_lock(folder):
+        (folder / SUMMARY_FILE).unlink(missing_ok=True)  # the folder is incomplete until this run finishes
+        (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
+        for old in checkpoint.checkpoints(folder):  # a previous run's checkpoints must never be resumed here
+            shutil.rmtree(old)
+        (folder / "scenario.toml").write_text(text)
+        sim.start(progress)
+        return _complete(sim, folder, counts, meta, resumable=setup is None, interruptible=interruptible)
+
+
+LOCK_FILE = ".netsim.lock"
+
+
+@contextmanager
+def _folder_lock(folder: Path):
+    """One writer per run folder: a second ``run``/``resume`` on a folder another live netsim process is
+    writing is refused (a killed process leaves a stale lock, which is taken over)."""
+    lock = folder / LOCK_FILE
+    try:
+        other = int(lock.read_text())
+    except (OSError, ValueError):
+        other = None
+    if other is not None and other != os.getpid():
+        try:
+            os.kill(other, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if alive:
+            raise InputError("", f"process {other} is writing this run folder (delete {LOCK_FILE} if it is "
+                                 "not netsim)", str(folder))
+    lock.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
@@ -177,9 +208,7 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     tried when the newest is corrupted; each rejection goes to ``warn``). The run is rebuilt up to the
     checkpoint without output and checked against it exactly (netsim/sim/checkpoint.py says why), then
     goes on writing: its trace after the checkpoint and its final metrics equal the uninterrupted run's."""
-    from netsim.metrics.summary import EventCounts
     from netsim.sim import checkpoint
-    from netsim.trace.io import TraceWriter
 
     folder = Path(folder)
     where = str(folder)
@@ -203,6 +232,16 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     if head.get("netsim") != __version__:
         warn(f"{ck.path}: written by netsim {head.get('netsim')}, this is {__version__}; the rebuilt run "
              "is checked against it")
+    with _folder_lock(folder):
+        return _resume(folder, sc, sc_path, text, ck, progress, interruptible)
+
+
+def _resume(folder: Path, sc: Scenario, sc_path: Path, text: str, ck, progress, interruptible: bool) -> RunResult:
+    from netsim.metrics.summary import EventCounts
+    from netsim.sim import checkpoint
+    from netsim.trace.io import TraceWriter
+
+    head = ck.meta
     trace = head["trace"]
     trace_path = folder / TRACE_FILE
     if trace["file"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):

@@ -279,7 +279,8 @@ FILES = ("state.json", "arrays.npz", "SHA256SUMS")
 
 
 def _snapshot(folder: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every output file (not the writer's lock, which a rejected resume may take over from a dead run)."""
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != api.LOCK_FILE}
 
 
 def _one_line_exit_2(r, folder: Path) -> None:
@@ -409,3 +410,20 @@ def test_programs_spawning_per_round_stay_bounded(tmp_path):
     n = len(sim.agents)
     assert sim.agents[0].round > 50
     assert len(sim.programs) <= 2 * (4 * n + 64)
+
+
+def test_a_folder_being_written_is_refused_and_a_dead_writers_lock_taken_over(tmp_path, refs):
+    sc = scenario(tmp_path, "dpsgd", until=200.0)
+    out = tmp_path / "run"
+    proc = start(sc, out)
+    wait_for_checkpoints(out, proc, 1)
+    try:
+        for attempt in (lambda: api.run(sc, out=out, interruptible=False),
+                        lambda: api.resume(out, interruptible=False)):
+            with pytest.raises(InputError, match=f"process {proc.pid} is writing this run folder"):
+                attempt()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (out / api.LOCK_FILE).read_text() == str(proc.pid)  # stale now
+    assert not api.is_complete(out)
