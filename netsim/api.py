@@ -208,8 +208,6 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     tried when the newest is corrupted; each rejection goes to ``warn``). The run is rebuilt up to the
     checkpoint without output and checked against it exactly (netsim/sim/checkpoint.py says why), then
     goes on writing: its trace after the checkpoint and its final metrics equal the uninterrupted run's."""
-    from netsim.sim import checkpoint
-
     folder = Path(folder)
     where = str(folder)
     if not folder.is_dir():
@@ -219,6 +217,15 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     sc_path = folder / "scenario.toml"
     if not sc_path.is_file():
         raise InputError("", "not a run folder (no scenario.toml)", where)
+    with _folder_lock(folder):  # before reading checkpoints: a live writer may be replacing them
+        return _resume(folder, sc_path, progress, warn, interruptible)
+
+
+def _resume(folder: Path, sc_path: Path, progress, warn, interruptible: bool) -> RunResult:
+    from netsim.metrics.summary import EventCounts
+    from netsim.sim import checkpoint
+    from netsim.trace.io import TraceWriter
+
     sc = load_scenario(sc_path)
     text = to_toml(sc)
     ck = checkpoint.latest(folder, warn)
@@ -232,16 +239,6 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
     if head.get("netsim") != __version__:
         warn(f"{ck.path}: written by netsim {head.get('netsim')}, this is {__version__}; the rebuilt run "
              "is checked against it")
-    with _folder_lock(folder):
-        return _resume(folder, sc, sc_path, text, ck, progress, interruptible)
-
-
-def _resume(folder: Path, sc: Scenario, sc_path: Path, text: str, ck, progress, interruptible: bool) -> RunResult:
-    from netsim.metrics.summary import EventCounts
-    from netsim.sim import checkpoint
-    from netsim.trace.io import TraceWriter
-
-    head = ck.meta
     trace = head["trace"]
     trace_path = folder / TRACE_FILE
     if trace["file"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):

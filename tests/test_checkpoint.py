@@ -217,14 +217,14 @@ def test_every_checkpoint_corrupted_gives_one_line_exit_2(killed, damage):
         else:
             for f in ck.iterdir():
                 f.unlink()
-    touched = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    touched = _snapshot(out)
     r = cli("resume", str(out))
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert sum(line.startswith("warning:") for line in lines) == 2  # each rejection named
     assert lines[-1].startswith(f"error: {out}: every checkpoint in checkpoints/ is corrupted")
     assert "Traceback" not in r.stderr
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == touched  # nothing written
+    assert _snapshot(out) == touched  # nothing written
 
 
 def test_consistently_tampered_checkpoint_is_caught_by_the_rebuild(killed):
