@@ -299,15 +299,11 @@ def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict
     summary = _summary(sim, counts, meta)
     if path is not None:
         summary["checkpoint"] = str(path)
-        tmp = folder / (PARTIAL_SUMMARY + ".tmp")
-        write_summary(summary, tmp)
-        os.replace(tmp, folder / PARTIAL_SUMMARY)
+        write_summary(summary, folder / PARTIAL_SUMMARY)
         return RunResult(folder, sc, summary, sim.metrics)
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
-    tmp = folder / (SUMMARY_FILE + ".tmp")
-    write_summary(summary, tmp)
-    os.replace(tmp, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
+    write_summary(summary, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
     (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
     for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
         shutil.rmtree(old, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,12 @@ def write_metrics(rows: list[dict], path: Path, fmt: str) -> Path:
 
 
 def write_summary(summary: dict, path: Path) -> None:
+    """Written through a rename: a killed process never leaves a half summary (its presence marks a
+    complete run folder)."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
-    path.write_text(json.dumps(clean, indent=2) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(clean, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def read_summary(folder: str | Path) -> dict[str, Any]:

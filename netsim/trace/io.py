@@ -146,14 +146,14 @@ def resolve_trace_path(path: str | Path) -> Path:
 def _agent_count(meta: dict[str, str], p: Path) -> int | None:
     """agents.count of the scenario in the metadata, after checking the text against its sha256 (a
     corrupted header is an InputError); None when the trace carries no scenario."""
-    import hashlib
-
     import tomllib
+
+    from netsim.scenario.load import scenario_hash
 
     text, sha = meta.get("netsim.scenario"), meta.get("netsim.scenario_sha256")
     if text is None and sha is None:
         return None
-    if text is None or sha is None or hashlib.sha256(text.encode()).hexdigest() != sha:
+    if text is None or sha is None or scenario_hash(text) != sha:
         raise InputError("", "corrupted trace header: the scenario text does not match its sha256", str(p))
     try:
         n = tomllib.loads(text).get("agents", {}).get("count")
