@@ -268,8 +268,10 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
-    for old in checkpoints(folder)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in checkpoints(folder)[:-keep]:  # renamed first: a kill inside rmtree leaves no half checkpoint
+        doomed = root / f".{old.name}.tmp"
+        os.rename(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     return final
 
 
