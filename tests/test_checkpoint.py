@@ -431,3 +431,26 @@ def test_a_folder_being_written_is_refused_and_a_dead_writers_lock_taken_over(tm
         proc.wait()
     assert (out / api.LOCK_FILE).read_text() == str(proc.pid)  # stale now
     assert not api.is_complete(out)
+
+
+def test_a_kill_inside_the_prune_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """Pruning renames the old checkpoint out of the listing before deleting it: a run killed inside the
+    deletion (simulated: rmtree does nothing) still lists only complete checkpoints, and the next write
+    clears what was left."""
+    sim = api.prepare(api.resolve_scenario(scenario(tmp_path, "dpsgd")))
+    header = {"scenario_sha256": "x", "netsim": "test", "seed": 0, "resumable": True}
+    sim.start()
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed before deleting
+    for step in (100, 200, 300):
+        sim.advance(to_step=step)
+        checkpoint.write(sim, tmp_path, 2, "periodic", header)
+    root = tmp_path / checkpoint.FOLDER
+    assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["ckpt-000000000200", "ckpt-000000000300"]
+    assert [p.name for p in root.glob(".ckpt-*.tmp")] == [".ckpt-000000000100.tmp"]
+    for ck in checkpoint.checkpoints(tmp_path):
+        checkpoint.load(ck)  # both complete
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    sim.advance(to_step=400)
+    checkpoint.write(sim, tmp_path, 2, "periodic", header)
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-000000000300", "ckpt-000000000400"]
