@@ -109,8 +109,11 @@ class DOADPParams:
     sensitivity: Literal["topk", "full"] = field("topk", doc="recorded sensitivity: 2G sqrt(k/d) or 2G")
 
 
-def _do_adp_sigma(agent, p: DOADPParams) -> float:
-    if p.sigma is not None:        # an explicit sigma wins (e.g. the non-private reference, sigma = 0)
+def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: float, batch: int = 1,
+              noise_scaling: str = "p2k_over_d") -> float:
+    """p.sigma if given (e.g. the non-private reference, sigma = 0), else Theorem 1's eq. (7) for p.epsilon
+    over p.rounds with clip G = p.clip (DO-ADP and DP-DDA)."""
+    if p.sigma is not None:
         return p.sigma
     if p.epsilon is None:
         raise InputError("algorithm.epsilon", "give epsilon (eq. (7) calibration) or sigma")
@@ -118,9 +121,7 @@ def _do_adp_sigma(agent, p: DOADPParams) -> float:
         raise InputError("algorithm.clip", "eq. (7) needs a clip bound G > 0")
     try:
         return cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
-                                         p.clip, p.ratio, activation_p(agent), p.batch or len(agent.rows),
-                                         p.noise_scaling,
-                                         strict=False).sigma
+                                         p.clip, k_over_d, p_act, batch, noise_scaling, strict=False).sigma
     except cf.ClosedFormError as e:
         raise InputError("algorithm.epsilon", e.message) from None
 
@@ -131,7 +132,8 @@ def do_adp(agent, p: DOADPParams):
     act = agent.sim.scenario.agents.activation
     if act.kind == "poisson":
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
-    return _do_adp(agent, p, _do_adp_sigma(agent, p))
+    sigma = _eq7_sigma(agent, p, p.ratio, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
+    return _do_adp(agent, p, sigma)
 
 
 def _do_adp(agent, p: DOADPParams, sigma: float):
@@ -268,18 +270,9 @@ def dp_dda(agent, p: DPDDAParams):
     z_{t+1} = sum_j w_ij z_j + g, x_{t+1} = -z_{t+1} / (A_t lam + kappa_t). Every agent sends its dense z
     every round (100% communication). Releases are recorded at rate B/q (the sampling is visible in z:
     no amplification credited)."""
-    if p.sigma is None and p.epsilon is None:
-        raise InputError("algorithm.epsilon", "give epsilon (eq. (7) calibration) or sigma")
-    if p.sigma is not None:
-        sigma = p.sigma
-    else:
-        try:
-            sigma = cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows),
-                                              p.rounds, p.clip, 1.0, max(0.5, p.sample_p), strict=False).sigma
-        except cf.ClosedFormError as e:
-            raise InputError("algorithm.epsilon", e.message) from None
-        if p.sample_p < 0.5:   # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6: same reduction)
-            sigma *= p.sample_p / 0.5
+    sigma = _eq7_sigma(agent, p, 1.0, max(0.5, p.sample_p))  # k = d
+    if p.sigma is None and p.sample_p < 0.5:  # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6)
+        sigma *= p.sample_p / 0.5
     return _dp_dda(agent, p, sigma)
 
 

@@ -25,7 +25,6 @@ import torch
 from netsim.algorithms.pdsl import (
     DPGradientParams,
     check_setting,
-    check_undirected,
     cross_gradients,
     resolve_sigma,
 )
@@ -77,14 +76,6 @@ class DPCGAParams(DPGradientParams):
 
 @register("dp_cga", DPCGAParams)
 def dp_cga(agent, p: DPCGAParams):
-    check_undirected(agent)
-    return _dp_cga(agent, p)
-
-
-dp_cga.check = check_setting
-
-
-def _dp_cga(agent, p: DPCGAParams):
     sim, i = agent.sim, agent.id
     sigma = resolve_sigma(agent, p)
     m_all = sim.bank.state("cga.m")
@@ -111,6 +102,9 @@ def _dp_cga(agent, p: DPCGAParams):
         m_all[i] = m
         agent.params = agent.mix(x, models) - p.lr * step
         k += 1
+
+
+dp_cga.check = check_setting  # undirected graph, every agent, before the run
 
 
 def project(G: torch.Tensor, g: torch.Tensor, slices: list[slice], margin: float, eps: float,

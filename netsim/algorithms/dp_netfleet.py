@@ -23,7 +23,6 @@ import torch
 from netsim.algorithms.pdsl import (
     DPGradientParams,
     check_setting,
-    check_undirected,
     release_gradient,
     request_gradient,
     resolve_sigma,
@@ -41,14 +40,6 @@ class DPNetFleetParams(DPGradientParams):
 
 @register("dp_netfleet", DPNetFleetParams)
 def dp_netfleet(agent, p: DPNetFleetParams):
-    check_undirected(agent)
-    return _dp_netfleet(agent, p)
-
-
-dp_netfleet.check = check_setting
-
-
-def _dp_netfleet(agent, p: DPNetFleetParams):
     sim, i = agent.sim, agent.id
     sigma = resolve_sigma(agent, p)
     v_all = sim.bank.state("netfleet.v")
@@ -75,6 +66,9 @@ def _dp_netfleet(agent, p: DPNetFleetParams):
         v_all[i] = v
         agent.params = x
         k += 1
+
+
+dp_netfleet.check = check_setting  # undirected graph, every agent, before the run
 
 
 def _dp_grad(agent, p: DPNetFleetParams, x: torch.Tensor, xi, sigma: float):

@@ -175,6 +175,22 @@ def _grad_kw(p: Common) -> dict:
     return {"clip": p.C / 2, "clip_kind": "l2"} if p.clip else {}
 
 
+def _share(agent, p: LDPOnlineParams, theta: torch.Tensor, k: int, vs: float, sens: float) -> torch.Tensor | None:
+    """Step 3: y_t = theta_t + Lap(rho_t), rho_t = sigma / sqrt(2) (t+1)^varsigma_i (eq. 3); theta_t itself
+    with noise off."""
+    if not p.noise:
+        return theta.clone()
+    return release(agent, theta, k, p.sigma / math.sqrt(2) * (k + 1) ** vs, sens)
+
+
+def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
+    """sum_j w (y^j - theta) over the copies received (a missing neighbour's term is skipped)."""
+    out = torch.zeros_like(theta)
+    for j in sorted(got):
+        out.add_(got[j] - theta, alpha=w)
+    return out
+
+
 # --- Algorithm 1 ------------------------------------------------------------------------------------
 @register("ldp_online", LDPOnlineParams)
 def ldp_online(agent, p: LDPOnlineParams):
@@ -189,14 +205,10 @@ def ldp_online(agent, p: LDPOnlineParams):
         stream.next()                                                          # 1: xi_t into D_t
         theta = agent.params
         d = yield agent.gradient(rows=stream.history, params=theta, **_grad_kw(p))  # 2: grad f_t at theta_t
-        rho = p.sigma / math.sqrt(2) * (k + 1) ** vs if p.noise else 0.0
-        y = release(agent, theta, k, rho, math.sqrt(n) * phi) if p.noise else theta.clone()  # 3
+        y = _share(agent, p, theta, k, vs, math.sqrt(n) * phi)                  # 3
         got = yield from ex(y, k)                                              # 4-5
         lam, gam = p.lam0 / (k + 1) ** p.v, p.gam0 / (k + 1) ** p.u
-        coupling = torch.zeros_like(theta)
-        for j in sorted(got):
-            coupling.add_(got[j] - theta, alpha=p.w)
-        agent.params = project(theta + gam * coupling - lam * d, p.radius)    # 6-7
+        agent.params = project(theta + gam * _coupling(theta, got, p.w) - lam * d, p.radius)  # 6-7
         w_ii = p.w * len(got)  # |w_ii| this step: a missing neighbour's term was skipped
         phi = max(0.0, 1 - w_ii * gam + p.L_acc * lam) * phi + p.C * lam / (k + 1)  # eq. (22)
         k += 1
@@ -218,14 +230,10 @@ def ldp_dsgd(agent, p: DSGDParams):
         new = stream.next()
         theta = agent.params
         g = yield agent.gradient(rows=new, params=theta, **_grad_kw(p))
-        rho = p.sigma / math.sqrt(2) * (k + 1) ** vs if p.noise else 0.0
-        y = release(agent, theta, k, rho, math.sqrt(n) * psi) if p.noise else theta.clone()
+        y = _share(agent, p, theta, k, vs, math.sqrt(n) * psi)
         got = yield from ex(y, k)
         lam = p.lam0 / (k + 1) ** p.v
-        coupling = torch.zeros_like(theta)
-        for j in sorted(got):
-            coupling.add_(got[j] - theta, alpha=p.w)
-        agent.params = project(theta + coupling - lam * g, p.radius)
+        agent.params = project(theta + _coupling(theta, got, p.w) - lam * g, p.radius)
         a = max(0.0, 1 - p.w * len(got) + p.L_acc * lam)
         psi = max(a * psi, p.C * lam)
         k += 1

@@ -21,7 +21,6 @@ import attrs
 from netsim.algorithms.pdsl import (
     DPGradientParams,
     check_setting,
-    check_undirected,
     release_gradient,
     request_gradient,
     resolve_sigma,
@@ -46,14 +45,6 @@ def default_gossip_steps(gap: float | None) -> int:
 
 @register("muffliato", MuffliatoParams)
 def muffliato(agent, p: MuffliatoParams):
-    check_undirected(agent)
-    return _muffliato(agent, p)
-
-
-muffliato.check = check_setting
-
-
-def _muffliato(agent, p: MuffliatoParams):
     sim = agent.sim
     sigma = resolve_sigma(agent, p)
     K = p.gossip_steps or default_gossip_steps(sim.gap)
@@ -78,3 +69,6 @@ def _muffliato(agent, p: MuffliatoParams):
                 prev, x = x, wx
         agent.params = x
         k += 1
+
+
+muffliato.check = check_setting  # undirected graph, every agent, before the run

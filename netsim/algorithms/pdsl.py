@@ -216,24 +216,21 @@ class PDSLParams(DPGradientParams):
                      "random activation an agent that skipped a tick stays in step with its neighbours")
 
 
-def check_undirected(agent, key: str = "topology.directed") -> None:
-    if sorted(agent.neighbors) != sorted(agent.in_neighbors):
-        raise InputError(key, "seed 000's algorithms need an undirected graph, symmetric W (spec Sec. 4)")
-
-
 def check_setting(sim, params, validation: bool = False) -> None:
-    """Before the run (Simulation's ``program.check`` hook): undirected graph, validation set."""
+    """Before the run (Simulation's ``program.check`` hook, for the whole seed 000 family): undirected
+    graph, validation set."""
     if validation and sim.X_val is None:
         raise InputError("data.validation", "PDSL needs a validation set: set data.validation "
                                             "(test rows held out, e.g. 2000)")
     for a in sim.agents:
-        check_undirected(a)
+        if sorted(a.neighbors) != sorted(a.in_neighbors):
+            raise InputError("topology.directed", "seed 000's algorithms need an undirected graph, symmetric W "
+                                                  "(spec Sec. 4)")
 
 
 @register("pdsl", PDSLParams)
 def pdsl(agent, p: PDSLParams):
-    """Checks the setting before the run starts, then returns the agent's program."""
-    check_undirected(agent)
+    """Returns the agent's program, sharing the simulation's coalition service."""
     return _pdsl(agent, p, CoalitionService.of(agent.sim))
 
 
