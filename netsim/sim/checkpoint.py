@@ -142,9 +142,7 @@ def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 
 def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    from netsim.privacy.log import ReleaseLog
     from netsim.sim.network import Message
-    from netsim.trace.events import Release
 
     arrays: dict[str, np.ndarray] = {}
     for k, v in sim.bank.state_dict().items():
@@ -167,20 +165,15 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         })
         led = getattr(a, "_privacy", None)
         if led is not None:
-            log, extra = led.releases, {}
-            if isinstance(log, ReleaseLog):  # columnar already: its typed arrays, no record per release
-                for name in ("t", "round", "to", "skipped", "run_start", "run_spec"):
-                    col = getattr(log, name)
-                    if col is not None:
-                        arrays[f"ledger.{a.id}.{name}"] = np.frombuffer(col, dtype=col.typecode).copy()
-                extra = {"to0": log.to0, "specs": log.specs}
-            else:
-                for f in attrs.fields(Release):
-                    arrays[f"ledger.{a.id}.{f.name}"] = np.asarray([getattr(r, f.name) for r in log])
+            log = led.releases  # a ReleaseLog: its typed columns, no record per release
+            for name in ("t", "round", "to", "skipped", "run_start", "run_spec"):
+                col = getattr(log, name)
+                if col is not None:
+                    arrays[f"ledger.{a.id}.{name}"] = np.frombuffer(col, dtype=col.typecode).copy()
             noise = getattr(led, "_noise", None)
             if noise is not None:
                 arrays[f"ledger.{a.id}.noise"] = _array(noise.generator.get_state())
-            ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(log), **extra}
+            ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(log), "to0": log.to0, "specs": log.specs}
     counts = getattr(sim, "counts", None)
     stats = getattr(sim, "comm_stats", None)
     g = sim.gradients
