@@ -350,6 +350,9 @@ def _summary(sim, counts, meta: dict[str, str]) -> dict[str, Any]:
         "python": platform.python_version(),
     }
     summary.update(_comm_fields(sim))
+    head = sc.evaluation.headline
+    if head is not None:
+        summary["headline"] = {"metric": head, "value": final.get(head)}
     if any(getattr(a, "_privacy", None) is not None for a in sim.agents):
         from netsim.privacy.report import run_summary
 

@@ -19,6 +19,7 @@ from netsim.compute.data import (
     read_idx,
 )
 from netsim.errors import InputError
+from netsim.sim.streams import Streams
 
 
 def idx_bytes(a: np.ndarray) -> bytes:
@@ -107,7 +108,7 @@ def test_dirichlet_partition_matches_alpha(alpha):
     The method-of-moments estimate of alpha from the realised shares must be within 15%."""
     n, classes, per = 10, 300, 1000
     y = np.repeat(np.arange(classes), per)
-    parts = partition(y, n, "dirichlet", alpha, np.random.default_rng(42))
+    parts = partition(y, n, "dirichlet_classes", alpha, np.random.default_rng(42))
     counts = np.stack([np.bincount(y[p], minlength=classes) for p in parts])  # (agents, classes)
     assert counts.sum() == len(y) and len(np.unique(np.concatenate(parts))) == len(y)
     shares = counts / per
@@ -139,11 +140,11 @@ def test_load_dataset_mnist_through_scenario(tmp_path, monkeypatch, scenario):
     write_mnist(tmp_path / "mnist", n=60, m=20)
     monkeypatch.setenv("NETSIM_DATA", str(tmp_path))
     sc = scenario(data={"kind": "mnist"}, model={"kind": "mlp", "hidden": [8]}, agents={"count": 4})
-    ds = load_dataset(sc.data, 4, np.random.default_rng(0), np.random.default_rng(1))
+    ds = load_dataset(sc.data, 4, Streams(0))
     assert ds.shape == (1, 28, 28) and ds.classes == 10 and ds.features == 784 and len(ds.y_test) == 20
     bad = scenario(data={"kind": "mnist", "path": "nowhere"})
     with pytest.raises(InputError, match="data.path.*'nowhere' not found"):
-        load_dataset(bad.data, 4, np.random.default_rng(0), np.random.default_rng(1))
+        load_dataset(bad.data, 4, Streams(0))
 
 
 def test_cifar_scenario_builds_cnn_simulation(tmp_path, monkeypatch, scenario):

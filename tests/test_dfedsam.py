@@ -240,7 +240,7 @@ def test_mgs_keeps_clients_closer_than_dfedsam_and_dfedavg(tmp_path):
         d = merge(BASE, {"run": {"seed": 1, "rounds": 12, "until": 50.0, "trace": False},
                          "agents": {"count": 10, "activation": {"kind": "periodic", "period": 1.0}},
                          "data": {"kind": "synthetic", "samples": 1000, "features": 5,
-                                  "partition": "dirichlet", "alpha": 0.3},
+                                  "partition": "dirichlet_classes", "alpha": 0.3},
                          "algorithm": {"name": name, **ALGO, "lr": 0.5, "local_steps": 3},
                          "evaluation": {"every": 2.0}})
         res = api.run(scenario_from_dict(d), out=tmp_path / name)

@@ -44,7 +44,7 @@ CASES = [
     ({"topology": {"kind": "random_regular", "degree": 3}, "agents": {"count": 7}}, "topology.degree", "even"),
     ({"topology": {"directed": True, "mixing": "metropolis_hastings"}}, "topology.mixing", "undirected"),
     ({"data": {"kind": "libsvm", "path": "nope.libsvm"}}, "data.path", "not found"),
-    ({"data": {"partition": "random"}}, "data.partition", "allowed: 'iid', 'dirichlet'"),
+    ({"data": {"partition": "random"}}, "data.partition", "allowed: 'iid', 'dirichlet_equal'"),
     ({"data": {"alpha": -1}}, "data.alpha", "must be > 0"),
     ({"run": {"until": -5}}, "run.until", "must be > 0"),
     ({"run": {"until": None, "rounds": None}}, "run.until", "run.rounds"),

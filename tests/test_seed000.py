@@ -242,8 +242,8 @@ def test_pdsl_needs_validation_set_and_undirected_graph():
 
 def test_validation_split_is_disjoint_and_seeded():
     sim = prepare(scenario_from_dict(seed000()))
-    n_test = len(sim.data.y_test)
-    assert sim.X_val.shape[0] == 60 and sim.X_test.shape[0] == n_test - 60
+    held_out = len(sim.data.y_test) + len(sim.data.y_val)
+    assert sim.X_val.shape[0] == 60 and sim.X_test.shape[0] == held_out - 60
     rows = {tuple(r.tolist()) for r in sim.X_test}
     assert not any(tuple(r.tolist()) in rows for r in sim.X_val)
     again = prepare(scenario_from_dict(seed000()))

@@ -37,7 +37,7 @@ def parameter_slices(model) -> list[slice]:
     if hasattr(model, "numels"):  # TorchModel
         sizes = list(model.numels)
     elif hasattr(model, "slices"):  # MLP: weight (o*i) then bias (o) per layer
-        sizes = [n for w0, b0, o, _ in model.slices for n in (b0 - w0, o)]
+        sizes = [n for w0, b0, o, _ in model.slices for n in (b0 - w0, o * model.bias) if n]
     else:
         return [slice(0, model.size if hasattr(model, "size") else None)]
     out, a = [], 0

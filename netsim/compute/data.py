@@ -23,6 +23,8 @@ class Dataset:
     parts: tuple[np.ndarray, ...]
     classes: int
     shape: tuple[int, ...] | None = None  # (channels, height, width) of image data; X holds it flat
+    X_val: np.ndarray | None = None  # the validation set Q (data.validation), disjoint from the test rows
+    y_val: np.ndarray | None = None
 
     @property
     def features(self) -> int:
@@ -129,12 +131,26 @@ def load_cifar10(folder: Path, key: str) -> tuple[np.ndarray, ...]:
 
 
 def synthetic_logistic(spec: DataSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """x ~ N(0, I); y = 1[x.w* + noise * N(0, 1) > 0] with ||w*|| = 3 (separable up to the noise)."""
+    """``generator = "threshold"``: x ~ N(0, I); y = 1[x.w* + 3 noise N(0, 1) > 0] with ||w*|| = 3
+    (separable up to the noise)."""
+    if spec.generator == "sign_linear":
+        return sign_linear(spec.samples, spec.features, rng)
     w = rng.normal(size=spec.features)
     w *= 3.0 / np.linalg.norm(w)
     X = rng.normal(size=(spec.samples, spec.features))
     y = (X @ w + spec.noise * rng.normal(size=spec.samples) * 3.0 > 0).astype(np.int64)
     return X.astype(np.float32), y
+
+
+def sign_linear(n: int, d: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``generator = "sign_linear"``: the synthetic logistic regression of Huo, Liu, Ding, Johansson and Shi,
+    "Decentralized Optimization with Amplified Privacy via Efficient Communication" (Sec. VI): x* ~ N(0, I_d);
+    rows a ~ N(0, I_d) scaled to unit L2 norm; b = sign(3 a.x* + 0.5 N(0, 1)) in {-1, 1}."""
+    x_star = rng.normal(size=d)
+    A = rng.normal(size=(n, d))
+    A /= np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-12)
+    b = np.where(3.0 * (A @ x_star) + 0.5 * rng.normal(size=n) >= 0, 1, -1).astype(np.int64)
+    return A.astype(np.float32), b
 
 
 def load_libsvm(path: Path, key: str, n_features: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -153,17 +169,27 @@ def _labels(y: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.random.Generator,
-              shards: int = 2, share: float = 0.4) -> tuple:
-    """IID: a random equal split. Dirichlet(alpha) label skew (Hsu et al. 2019): each class's rows
-    split by Dir(alpha) proportions. ``shards``: k label-sorted shards per agent. ``quantity``: IID
-    rows, sizes in Dir(alpha) proportions.
+              shards: int = 2, share: float = 0.4, classes: tuple | None = None,
+              per_agent: int | None = None) -> tuple:
+    """Agents' training rows (sorted index arrays).
 
-    Every agent gets at least one row: an empty agent takes one from the largest part.
+    ``iid``: a random equal split. ``dirichlet_equal`` (Hsu, Qi and Brown 2019, "Measuring the effects
+    of non-identical data distribution for federated visual classification"): agent i draws its class
+    mix p_i ~ Dir(alpha 1_C) and gets ``per_agent`` (default floor(N / m)) rows drawn by label from p_i
+    without replacement; a class that has run out is redrawn from the classes left. ``dirichlet_classes``:
+    each class's rows split over the agents by Dir(alpha) proportions (unequal shard sizes).
+    ``shards``: k label-sorted shards per agent. ``quantity``: IID rows, sizes in Dir(alpha)
+    proportions. ``label``, ``label_share``, ``classes``, ``alternate``: fixed label splits
+    (``_label_partition``).
+
+    Every agent gets at least one row: in ``dirichlet_classes`` an empty agent takes one from the largest part.
     """
     if len(y) < n_agents:
         raise InputError("data.samples", f"{len(y)} training rows cannot be split over {n_agents} agents")
     if kind == "iid":
         return tuple(np.sort(p) for p in np.array_split(rng.permutation(len(y)), n_agents))
+    if kind == "dirichlet_equal":
+        return _hsu_partition(y, n_agents, alpha, rng, per_agent)
     if kind == "quantity":  # IID labels, agent sizes in Dir(alpha) proportions (at least one row each)
         sizes = 1 + np.floor(rng.dirichlet(np.full(n_agents, alpha)) * (len(y) - n_agents)).astype(int)
         cuts = np.cumsum(sizes)[:-1]
@@ -176,8 +202,8 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
         pieces = np.array_split(order, n_agents * k)
         deal = rng.permutation(n_agents * k).reshape(n_agents, k)
         return tuple(np.sort(np.concatenate([pieces[s] for s in row])) for row in deal)
-    if kind in ("label", "label_share"):
-        return _label_partition(y, n_agents, kind, rng, share)
+    if kind in ("label", "label_share", "classes", "alternate"):
+        return _label_partition(y, n_agents, kind, rng, share, classes)
     parts: list[list[int]] = [[] for _ in range(n_agents)]
     for c in np.unique(y):
         rows = rng.permutation(np.flatnonzero(y == c))
@@ -191,22 +217,67 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
     return tuple(np.sort(np.array(p, dtype=np.int64)) for p in parts)
 
 
+def _hsu_partition(y: np.ndarray, n_agents: int, alpha: float, rng: np.random.Generator,
+                   per_agent: int | None) -> tuple:
+    """Equal shards with Dir(alpha) class mixes. Each agent's labels are one multinomial draw from p_i;
+    draws that fall on a class with no rows left are drawn again from p_i restricted to the classes
+    that still have rows (the same law as redrawing each such label), until the shard is full."""
+    C = int(y.max()) + 1
+    size = per_agent if per_agent is not None else len(y) // n_agents
+    if size * n_agents > len(y):
+        raise InputError("data.per_agent", f"{n_agents} equal shards of {size} rows need {size * n_agents} "
+                                           f"training rows; the data has {len(y)}")
+    pools = [rng.permutation(np.flatnonzero(y == c)) for c in range(C)]
+    used = np.zeros(C, dtype=np.int64)
+    out = []
+    for _ in range(n_agents):
+        p = rng.dirichlet(np.full(C, alpha))
+        take = np.zeros(C, dtype=np.int64)
+        need = size
+        while need:
+            left = np.array([len(pools[c]) for c in range(C)]) - used - take
+            q = np.where(left > 0, p, 0.0)
+            if q.sum() <= 0:  # p_i is zero on every class left (tiny alpha): uniform over the classes left
+                q = (left > 0).astype(float)
+            got = np.minimum(rng.multinomial(need, q / q.sum()), left)
+            take += got
+            need -= int(got.sum())
+        out.append(np.sort(np.concatenate([pools[c][used[c]:used[c] + take[c]] for c in range(C)])))
+        used += take
+    return tuple(o.astype(np.int64) for o in out)
+
+
 def _label_partition(y: np.ndarray, n_agents: int, kind: str, rng: np.random.Generator,
-                     share: float) -> tuple:
-    """Seed 001's label-skewed splits (spec 7.2, 9 N2). ``label``: contiguous blocks of agents own one
-    class each, agent i holding class floor(i C / m) (m >= C; mushrooms, m = 5: agents 0-2 class 0,
-    3-4 class 1), a class split evenly over its agents; with m < C agent i holds the classes c with
-    floor(c m / C) = i. ``label_share``: agent c mod m gets ``share`` of class c, the other agents
-    equal parts of the rest (MNIST/CIFAR, 5 learners: 40% / 15%)."""
+                     share: float, lists: tuple | None = None) -> tuple:
+    """Fixed label splits (the label-skewed settings of Chen and Wang's LDP online learning experiments,
+    and explicit ones). ``label``: contiguous blocks of agents own one class each, agent i holding class
+    floor(i C / m) (m >= C; mushrooms, m = 5: agents 0-2 class 0, 3-4 class 1); with m < C agent i holds
+    the classes c with floor(c m / C) = i. ``alternate``: agent i holds class i mod C (m >= C; agents 0, 2,
+    4 class 0 and 1, 3 class 1 for two classes); with m < C agent i holds the classes c with c mod m = i.
+    ``classes``: agent i holds the classes listed in ``lists[i]``. A class is split evenly over the
+    agents holding it. ``label_share``: agent c mod m gets ``share`` of class c, the other agents equal
+    parts of the rest (MNIST/CIFAR, 5 learners: 40% / 15%)."""
     classes = np.unique(y)
     C = len(classes)
+    if kind == "classes":
+        if len(lists) != n_agents:  # type: ignore[arg-type]
+            raise InputError("data.classes", f"needs one class list per agent ({n_agents}), got {len(lists)}")
+        bad = sorted({c for row in lists for c in row if c >= C})  # type: ignore[union-attr]
+        if bad:
+            raise InputError("data.classes", f"class indices must be in [0, {C - 1}] (the data has {C} "
+                                             f"classes), got {bad}")
     parts: list[list[int]] = [[] for _ in range(n_agents)]
     for ci, c in enumerate(classes):
         rows = rng.permutation(np.flatnonzero(y == c))
-        if kind == "label":
-            owners = ([i for i in range(n_agents) if i * C // n_agents == ci] if n_agents >= C
-                      else [ci * n_agents // C])
-            for i, chunk in zip(owners, np.array_split(rows, len(owners)), strict=True):
+        if kind != "label_share":
+            if kind == "label":
+                owners = ([i for i in range(n_agents) if i * C // n_agents == ci] if n_agents >= C
+                          else [ci * n_agents // C])
+            elif kind == "alternate":
+                owners = [i for i in range(n_agents) if i % C == ci] if n_agents >= C else [ci % n_agents]
+            else:
+                owners = [i for i in range(n_agents) if ci in lists[i]]  # type: ignore[index]
+            for i, chunk in zip(owners, np.array_split(rows, len(owners)) if owners else [], strict=True):
                 parts[i].extend(chunk.tolist())
             continue
         home = ci % n_agents
@@ -222,8 +293,28 @@ def _label_partition(y: np.ndarray, n_agents: int, kind: str, rng: np.random.Gen
     return tuple(np.sort(np.array(p, dtype=np.int64)) for p in parts)
 
 
-def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
-                 part_rng: np.random.Generator) -> Dataset:
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # of MNIST's training pixels in [0, 1] (the usual Normalize values)
+
+
+def standardize(X: np.ndarray, X_test: np.ndarray, spec: DataSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (x - mean) / std with the training split's statistics ('fit'), MNIST's ('mnist') or the
+    given ones; a constant feature (std 0) is only centred."""
+    if spec.standardize == "fit":
+        mean = X.mean(0, dtype=np.float64)
+        std = X.std(0, dtype=np.float64)
+        std[std == 0] = 1.0
+    elif spec.standardize == "mnist":
+        mean, std = MNIST_MEAN, MNIST_STD
+    else:
+        mean, std = spec.mean, spec.std
+    f = lambda A: ((A - mean) / std).astype(A.dtype)  # noqa: E731
+    return f(X), f(X_test)
+
+
+def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:
+    """The scenario's data from its named streams (``data``: generation and test split; ``partition``;
+    ``subsample``: per_agent; ``validation``: Q and the test rows), all rooted at data.seed."""
+    rng = streams.rng("data")
     shape = None
     if spec.kind == "synthetic":
         X, y_raw = synthetic_logistic(spec, rng)
@@ -247,11 +338,43 @@ def load_dataset(spec: DataSpec, n_agents: int, rng: np.random.Generator,
         n_test = max(1, int(round(spec.test_fraction * len(X))))
         test, train = order[:n_test], order[n_test:]
         X, X_test, y_raw, y_test_raw = X[train], X[test], y_raw[train], y_raw[test]
-    if spec.normalize:  # unit rows (e.g. LIBSVM epsilon_normalized; seed 003 spec §8.2)
+    if spec.standardize != "none":
+        X, X_test = standardize(X, X_test, spec)
+    if spec.unit_rows:  # unit rows (e.g. LIBSVM epsilon_normalized)
         X = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12).astype(X.dtype)
         norms = np.maximum(np.linalg.norm(X_test, axis=1, keepdims=True), 1e-12)
         X_test = X_test / norms.astype(X_test.dtype)
     values = np.unique(np.concatenate([y_raw, y_test_raw]))
     y, y_test = _labels(y_raw, values), _labels(y_test_raw, values)
-    parts = partition(y, n_agents, spec.partition, spec.alpha, part_rng, spec.shards, spec.share)
-    return Dataset(X, y, X_test, y_test, parts, len(values), shape)
+    parts = partition(y, n_agents, spec.partition, spec.alpha, streams.rng("partition"), spec.shards, spec.share,
+                      spec.classes, spec.per_agent)
+    if spec.per_agent is not None and spec.partition != "dirichlet_equal":
+        parts = subsample(parts, spec.per_agent, streams.rng("subsample"))
+    X_val = y_val = None
+    if spec.validation or spec.test_samples is not None:
+        val, keep = held_out_split(len(y_test), spec.validation, spec.test_samples, streams.rng("validation"))
+        X_val, y_val = X_test[val], y_test[val]
+        X_test, y_test = X_test[keep], y_test[keep]
+    return Dataset(X, y, X_test, y_test, parts, len(values), shape, X_val, y_val)
+
+
+def subsample(parts: tuple, k: int, rng: np.random.Generator) -> tuple:
+    """Every agent's part cut to ``k`` rows drawn without replacement (data.per_agent)."""
+    short = [(i, len(p)) for i, p in enumerate(parts) if len(p) < k]
+    if short:
+        i, size = short[0]
+        raise InputError("data.per_agent", f"{k} rows per agent, but agent {i}'s part has only {size} "
+                                           f"({len(short)} agents are short); lower per_agent or change the partition")
+    return tuple(np.sort(rng.choice(p, k, replace=False)) for p in parts)
+
+
+def held_out_split(n: int, validation: int, test_samples: int | None,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One seeded permutation of the held-out rows: Q is its first ``validation`` rows, the test set its
+    last ``test_samples`` (default: all the others), so the two never overlap."""
+    n_test = n - validation if test_samples is None else test_samples
+    if validation + n_test > n or n_test < 1:
+        raise InputError("data.validation", f"validation ({validation}) + test rows ({n_test}) must fit in the "
+                                            f"{n} held-out rows and leave at least one test row")
+    perm = rng.permutation(n)
+    return perm[:validation], np.sort(perm[n - n_test:])

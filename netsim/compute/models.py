@@ -55,15 +55,17 @@ def _uniform(shape, fan_in: int, g: torch.Generator, dtype) -> torch.Tensor:
 
 
 class LogisticRegression:
-    """Binary logistic regression, parameters ``[w (d), b]``; gradient in closed form, batched.
+    """Binary logistic regression, parameters ``[w (d), b]`` (``bias=False``: ``w`` only, exactly d);
+    gradient in closed form, batched.
 
-    loss_i = mean_b log(1 + exp(-s_b z_b)) + l2/2 ||w||^2 with z = x.w + b and s = 2y - 1.
+    loss_i = mean_b log(1 + exp(-s_b z_b)) + l2/2 ||w||^2 with z = x.w (+ b) and s = 2y - 1.
     """
 
-    def __init__(self, features: int, l2: float = 0.0):
+    def __init__(self, features: int, l2: float = 0.0, bias: bool = True):
         self.d = features
         self.l2 = l2
-        self.size = features + 1
+        self.bias = bias
+        self.size = features + bias
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         return torch.zeros(n, self.size, dtype=dtype, device=device)
@@ -71,83 +73,104 @@ class LogisticRegression:
     def logits(self, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """W: (R, P); X: (R, B, d) -> (R, B). (A broadcast product and sum: CPU bmm of matrix-vector
         products is 3x slower.)"""
-        return (X * W[:, :-1].unsqueeze(1)).sum(2) + W[:, -1:]
+        z = (X * W[:, :self.d].unsqueeze(1)).sum(2)
+        return z + W[:, self.d:] if self.bias else z
 
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
              clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
-        B = X.shape[1]
+        B, d, one = X.shape[1], self.d, float(self.bias)
         if W.shape[0] == 1 and clip_kind == "l2":  # one request (asynchronous runs): 2-D ops, ~2x faster
             w, x = W[0], X[0]
-            r = torch.sigmoid(torch.addmv(w[-1:], x, w[:-1])).sub_(y[0])
+            z = torch.addmv(w[d:], x, w[:d]) if self.bias else x @ w
+            r = torch.sigmoid(z).sub_(y[0])
             if clip is not None:
-                r = r * clip_factors(r.abs() * torch.sqrt((x * x).sum(1) + 1.0), clip)
+                r = r * clip_factors(r.abs() * torch.sqrt((x * x).sum(1) + one), clip)
             gw = (r @ x).div_(B)
             if self.l2:
-                gw += self.l2 * w[:-1]
-            return torch.cat([gw, r.mean().unsqueeze(0)]).unsqueeze(0)
+                gw += self.l2 * w[:d]
+            return (torch.cat([gw, r.mean().unsqueeze(0)]) if self.bias else gw).unsqueeze(0)
         r = torch.sigmoid(self.logits(W, X)) - y  # dloss_b/dz_b; the sample-b gradient is r_b [x_b, 1]
         g = torch.empty_like(W)
         if clip is not None and clip_kind == "coordinate":
-            G = torch.cat([r.unsqueeze(-1) * X, r.unsqueeze(-1)], dim=2)
+            G = r.unsqueeze(-1) * X
+            if self.bias:
+                G = torch.cat([G, r.unsqueeze(-1)], dim=2)
             g.copy_(G.clamp(-clip, clip).mean(1))
-            g[:, :-1] += self.l2 * W[:, :-1]
+            g[:, :d] += self.l2 * W[:, :d]
             return g
         if clip is not None:
-            r = r * clip_factors(r.abs() * torch.sqrt((X * X).sum(2) + 1.0), clip)
-        g[:, :-1] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / B
+            r = r * clip_factors(r.abs() * torch.sqrt((X * X).sum(2) + one), clip)
+        g[:, :d] = torch.bmm(r.unsqueeze(1), X).squeeze(1) / B
         if self.l2:
-            g[:, :-1] += self.l2 * W[:, :-1]
-        g[:, -1] = r.mean(dim=1)
+            g[:, :d] += self.l2 * W[:, :d]
+        if self.bias:
+            g[:, d] = r.mean(dim=1)
         return g
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Loss and accuracy of every row of W on one shared set X (n, d): -> (R,), (R,)."""
-        z = X @ W[:, :-1].T + W[:, -1]  # (n, R)
+        z = X @ W[:, :self.d].T  # (n, R)
+        if self.bias:
+            z = z + W[:, self.d]
         s = (2 * y - 1).unsqueeze(1).to(z.dtype)
-        loss = torch.nn.functional.softplus(-s * z).mean(0) + self.l2 / 2 * (W[:, :-1] ** 2).sum(1)
+        loss = torch.nn.functional.softplus(-s * z).mean(0) + self.l2 / 2 * (W[:, :self.d] ** 2).sum(1)
         acc = ((z > 0).to(y.dtype) == y.unsqueeze(1)).to(z.dtype).mean(0)
         return loss, acc
+
+
+INITS = ("torch", "zero_bias")
 
 
 class MLP:
     """Fully connected ReLU network with softmax cross-entropy; ``hidden=()`` is multinomial logistic
     regression. Flat layout per layer: weight (out, in) row-major, then bias (out) -- the order of
     ``nn.Sequential(nn.Linear, nn.ReLU, ...).parameters()``, so rows are interchangeable with the
-    generic path. Loss: mean_b CE(z_b, y_b) + l2/2 sum ||weights||^2 (biases are not penalised).
+    generic path. ``bias=False``: no biases (exactly d x C parameters for the multinomial model).
+    Loss: mean_b CE(z_b, y_b) + l2/2 sum ||weights||^2 (biases are not penalised).
 
     Gradient by hand-written batched backprop: delta_L = (softmax(z_L) - onehot(y)) / B,
     dW_l = delta_l^T a_{l-1}, db_l = sum_b delta_l, delta_{l-1} = (delta_l W_l) * 1[z_{l-1} > 0].
     """
 
-    def __init__(self, features: int, classes: int, hidden: Sequence[int] = (), l2: float = 0.0):
+    def __init__(self, features: int, classes: int, hidden: Sequence[int] = (), l2: float = 0.0,
+                 bias: bool = True, init: str = "torch"):
         self.dims = [features, *hidden, classes]
         self.l2 = l2
+        self.bias = bias
+        self.init_kind = init
         self.slices: list[tuple[int, int, int, int]] = []  # (weight start, bias start, out, in)
         off = 0
         for i, o in zip(self.dims[:-1], self.dims[1:], strict=False):
             self.slices.append((off, off + o * i, o, i))
-            off += o * i + o
+            off += o * i + o * bias
         self.size = off
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+        """Multinomial logistic regression starts at 0 (a convex problem). An MLP's weights are PyTorch's
+        Linear default U(+-1/sqrt(fan_in)), drawn layer by layer from a generator seeded by the run; its
+        biases the same law (``init = "torch"``) or 0 (``"zero_bias"``)."""
         g = torch.Generator().manual_seed(seed)
         row = torch.zeros(self.size, dtype=dtype)
-        if len(self.dims) > 2:  # multinomial logistic regression starts at 0 (a convex problem)
+        if len(self.dims) > 2:
             for w0, b0, o, i in self.slices:
                 row[w0:b0] = _uniform((o * i,), i, g, dtype)
+                if self.bias and self.init_kind == "torch":
+                    row[b0:b0 + o] = _uniform((o,), i, g, dtype)
         return _init_rows(n, row).to(device)
 
     def layers(self, W: torch.Tensor):
-        """Views (R, out, in) and (R, out) of every layer's weight and bias."""
-        return [(W[:, w0:b0].unflatten(1, (o, i)), W[:, b0:b0 + o]) for w0, b0, o, i in self.slices]
+        """Views (R, out, in) and (R, out) (None without biases) of every layer's weight and bias."""
+        return [(W[:, w0:b0].unflatten(1, (o, i)), W[:, b0:b0 + o] if self.bias else None)
+                for w0, b0, o, i in self.slices]
 
     def _forward(self, layers, X: torch.Tensor) -> list[torch.Tensor]:
         """Inputs of every layer then the logits: [a_0 = X, a_1, ..., z_L]; X (R, B, d)."""
         acts = [X]
         for k, (w, b) in enumerate(layers):
             z = torch.matmul(acts[-1], w.mT)  # bmm + in-place bias: no (R, B, out) bias copy
-            z += b.unsqueeze(-2)
+            if b is not None:
+                z += b.unsqueeze(-2)
             acts.append(z if k == len(layers) - 1 else torch.relu_(z))
         return acts
 
@@ -167,14 +190,16 @@ class MLP:
             self._coordinate(G, acts, deltas, clip)
         else:
             if clip is not None:
-                sq = sum(((a * a).sum(2) + 1.0) * (d * d).sum(2) for a, d in zip(acts, deltas, strict=False))
+                one = float(self.bias)
+                sq = sum(((a * a).sum(2) + one) * (d * d).sum(2) for a, d in zip(acts, deltas, strict=False))
                 s = clip_factors(torch.sqrt(sq), clip).unsqueeze(-1) / B
             else:
                 s = 1.0 / B
             for (w0, b0, o, i), a, d in zip(self.slices, acts, deltas, strict=False):
                 d = d * s
                 torch.bmm(d.mT, a, out=G[:, w0:b0].unflatten(1, (o, i)))  # straight into the row
-                torch.sum(d, 1, out=G[:, b0:b0 + o])
+                if self.bias:
+                    torch.sum(d, 1, out=G[:, b0:b0 + o])
         if self.l2:
             for w0, b0, _, _ in self.slices:
                 G[:, w0:b0] += self.l2 * W[:, w0:b0]
@@ -189,13 +214,16 @@ class MLP:
             for r in range(0, R, step):
                 per = d[r:r + step].unsqueeze(-1) * a[r:r + step].unsqueeze(2)  # (r, B, out, in)
                 G[r:r + step, w0:b0] = per.clamp_(-clip, clip).mean(1).flatten(1)
-            G[:, b0:b0 + o] = d.clamp(-clip, clip).mean(1)
+            if self.bias:
+                G[:, b0:b0 + o] = d.clamp(-clip, clip).mean(1)
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         layers = self.layers(W)
         R, (o, i) = W.shape[0], self.slices[0][2:]
         # first layer for all agents as one (n, d) x (d, R*o) product: the shared X is never copied R times
-        z = (X @ layers[0][0].reshape(R * o, i).T).view(-1, R, o).transpose(0, 1) + layers[0][1].unsqueeze(1)
+        z = (X @ layers[0][0].reshape(R * o, i).T).view(-1, R, o).transpose(0, 1)
+        if self.bias:
+            z = z + layers[0][1].unsqueeze(1)
         if len(layers) > 1:
             z = self._forward(layers[1:], torch.relu(z))[-1]  # (R, n, C)
         loss = F.cross_entropy(z.transpose(1, 2), y.unsqueeze(0).expand(W.shape[0], -1),
@@ -212,7 +240,7 @@ class TorchModel:
     nested vmap. Inputs arrive flat (B, d) and are reshaped to ``shape`` (e.g. (1, 28, 28))."""
 
     def __init__(self, module: nn.Module, shape: Sequence[int] | None = None, l2: float = 0.0,
-                 eval_chunk: int = 1024):
+                 eval_chunk: int = 1024, init: str = "torch"):
         from torch.func import functional_call
 
         if any(True for _ in module.buffers()):
@@ -221,6 +249,7 @@ class TorchModel:
         self.shape = tuple(shape) if shape else None
         self.l2 = l2
         self.eval_chunk = eval_chunk
+        self.init_kind = init
         params = dict(module.named_parameters())
         self.names = list(params)
         self.shapes = [p.shape for p in params.values()]
@@ -236,14 +265,19 @@ class TorchModel:
         self.loop_on_cpu = any(isinstance(m, nn.Conv2d) for m in module.modules())
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
-        """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run; biases 0; norm scales 1."""
+        """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run (PyTorch's Linear/Conv default);
+        a layer's bias the same law with its weight's fan_in (``init = "torch"``) or 0 (``"zero_bias"``);
+        norm layers' scales 1 and shifts 0."""
         g = torch.Generator().manual_seed(seed)
-        parts = []
+        parts, fan_in = [], 1
         for name, shape, numel, norm in zip(self.names, self.shapes, self.numels, self._norm, strict=False):
             if norm:
                 parts.append(torch.full((numel,), 1.0 if name.endswith("weight") else 0.0, dtype=dtype))
             elif len(shape) > 1:
-                parts.append(_uniform((numel,), math.prod(shape[1:]), g, dtype))
+                fan_in = math.prod(shape[1:])
+                parts.append(_uniform((numel,), fan_in, g, dtype))
+            elif self.init_kind == "torch":
+                parts.append(_uniform((numel,), fan_in, g, dtype))
             else:
                 parts.append(torch.zeros(numel, dtype=dtype))
         return _init_rows(n, torch.cat(parts)).to(device)
@@ -332,11 +366,11 @@ class TorchModel:
 
 # architectures ------------------------------------------------------------------------------------
 
-def mlp_module(dims: Sequence[int]) -> nn.Sequential:
+def mlp_module(dims: Sequence[int], bias: bool = True) -> nn.Sequential:
     """The nn.Module twin of ``MLP`` (same flat layout), for the generic path and tests."""
     layers: list[nn.Module] = []
     for k, (i, o) in enumerate(zip(dims[:-1], dims[1:], strict=False)):
-        layers.append(nn.Linear(i, o))
+        layers.append(nn.Linear(i, o, bias=bias))
         if k < len(dims) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -405,25 +439,26 @@ MODEL_KINDS = ("logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18")
 
 
 def build_model(kind: str, features: int, classes: int, l2: float, hidden: Sequence[int] = (64,),
-                shape: Sequence[int] | None = None):
+                shape: Sequence[int] | None = None, *, bias: bool = True, init: str = "torch"):
+    """The model of ``model.kind``; ``bias`` (logistic, multinomial, mlp) and ``init`` (neural nets)."""
     from netsim.errors import InputError
 
     if kind == "logistic":
         if classes > 2:
             raise InputError("model.kind", f"'logistic' is binary; the data has {classes} classes "
                                            "(use 'multinomial' or 'mlp')")
-        return LogisticRegression(features, l2)
+        return LogisticRegression(features, l2, bias)
     if kind == "multinomial":
-        return MLP(features, classes, (), l2)
+        return MLP(features, classes, (), l2, bias)
     if kind == "mlp":
-        return MLP(features, classes, tuple(hidden), l2)
+        return MLP(features, classes, tuple(hidden), l2, bias, init)
     if kind in ("cnn", "vgg11", "resnet18"):
         if not shape or len(shape) != 3:
             raise InputError("model.kind", f"{kind!r} needs image data (data.kind = 'mnist' or 'cifar10')")
         c, h, _ = shape
         if kind == "cnn":
-            return TorchModel(small_cnn(c, classes, h), shape, l2)
+            return TorchModel(small_cnn(c, classes, h), shape, l2, init=init)
         if h != 32:
             raise InputError("model.kind", f"{kind!r} is built for 32x32 images (CIFAR-10), not {h}x{h}")
-        return TorchModel(vgg11(c, classes) if kind == "vgg11" else ResNet18(c, classes), shape, l2)
+        return TorchModel(vgg11(c, classes) if kind == "vgg11" else ResNet18(c, classes), shape, l2, init=init)
     raise InputError("model.kind", f"unknown model {kind!r}; allowed: {', '.join(MODEL_KINDS)}")

@@ -141,7 +141,8 @@ class AgentsSpec:
 
 
 TopologyKind = Literal[
-    "ring", "torus", "grid", "complete", "star", "erdos_renyi", "random_regular", "exponential", "edges_file"
+    "ring", "torus", "grid", "complete", "star", "erdos_renyi", "random_regular", "exponential", "edges_file",
+    "networkx",
 ]
 MixingKind = Literal["metropolis_hastings", "uniform", "max_degree", "column_stochastic"]
 
@@ -155,12 +156,19 @@ class TopologySpec:
     rows: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
                              doc="rows of a torus/grid (default: as square as possible)")
     path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
+    generator: str | None = field(None, doc="kind = 'networkx': a graph generator of networkx.generators by "
+                                            "name, e.g. 'complete_bipartite_graph', 'watts_strogatz_graph'")
+    args: tuple[Any, ...] | None = field(None, doc="kind = 'networkx': the generator's positional arguments")
+    kwargs: dict[str, Any] | None = field(None, doc="kind = 'networkx': its keyword arguments "
+                                                           "(a 'seed' it takes is drawn from the run)")
     mixing: MixingKind | None = field(None, doc="default: metropolis_hastings, column_stochastic if directed")
     dynamic: DynamicTopologySpec | None = field(None, doc="time-varying graph (sim/dynamic.py)")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "edges_file" and not self.path:
             return "path", "required for kind = 'edges_file'"
+        if (self.kind == "networkx") != (self.generator is not None):
+            return "generator", "a networkx generator name is given exactly when kind = 'networkx'"
         if self.directed and self.mixing in ("metropolis_hastings", "max_degree"):
             return "mixing", f"{self.mixing!r} needs an undirected graph; use 'column_stochastic' or 'uniform'"
         return None
@@ -250,24 +258,63 @@ class NetworkSpec:
     trace: str | None = field(None, doc="per-link measurement CSV: time,src,dst,latency,bandwidth,loss")
 
 
+PARTITIONS = ("iid", "dirichlet_equal", "dirichlet_classes", "shards", "quantity", "label", "label_share",
+              "classes", "alternate")
+
+
+def _partition_kind(v: str) -> str | None:
+    if v == "dirichlet":
+        return ("ambiguous: use 'dirichlet_equal' (Hsu et al. 2019: each agent draws its class mix from "
+                "Dir(alpha), equal shards) or 'dirichlet_classes' (each class's rows split over agents by "
+                "Dir(alpha) proportions, unequal shards)")
+    return None if v in PARTITIONS else f"got {v!r}; allowed: {', '.join(repr(k) for k in PARTITIONS)}"
+
+
 @attrs.frozen
 class DataSpec:
+    """The data, everything about it drawn from ``seed`` (default: run.seed), so the data can be held
+    fixed while the run's own randomness (batches, noise, activation) varies."""
+
     kind: Literal["synthetic", "libsvm", "mnist", "cifar10"] = "synthetic"
-    samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples")
+    seed: int | None = field(None, check=lambda v: None if v is None or 0 <= v < 2**63 else "must be in [0, 2^63)",
+                             doc="root of the data's randomness (generation, test split, partition, "
+                                 "subsampling, validation); default: run.seed")
+    samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples (test split included)")
     features: int = field(20, check=at_least(1), doc="synthetic: dimension")
-    noise: float = field(0.1, check=nonneg, doc="synthetic: label-flip probability scale")
+    generator: Literal["threshold", "sign_linear"] = field(
+        "threshold", doc="synthetic: 'threshold' x ~ N(0, I), y = 1[x.w* + 3 noise N(0,1) > 0], ||w*|| = 3; "
+                         "'sign_linear' x* ~ N(0, I), unit-norm rows a, y = sign(3 a.x* + 0.5 N(0,1))")
+    noise: float = field(0.1, check=nonneg, doc="synthetic 'threshold': label-noise scale")
     path: str | None = field(None, doc="libsvm: training file; mnist/cifar10: folder (default 'mnist' / "
                                        "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
     test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
-    normalize: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm")
-    partition: Literal["iid", "dirichlet", "shards", "quantity", "label", "label_share"] = "iid"
+    unit_rows: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm "
+                                       "(row scaling, not standardisation)")
+    standardize: Literal["none", "fit", "mnist", "given"] = field(
+        "none", doc="per-feature (x - mean) / std: 'fit' on the training split, 'mnist' the canonical "
+                    "0.1307 / 0.3081 of [0, 1] pixels, 'given' data.mean / data.std")
+    mean: float | None = field(None, doc="standardize = 'given': the mean subtracted from every feature")
+    std: float | None = field(None, check=_opt_positive, doc="standardize = 'given': the std every feature "
+                                                             "is divided by")
+    partition: str = field("iid", check=_partition_kind,
+                           doc="how training rows are split over agents: " + ", ".join(PARTITIONS))
     alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
     shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
-    validation: int = field(0, check=at_least(0), doc="test rows held out (seeded) as a validation set every "
-                                                     "agent may read (sim.X_val); evaluation uses the rest")
     share: float = field(0.4, check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], got {v}",
                          doc="partition = 'label_share': fraction of class c held by agent c mod m")
+    classes: tuple[tuple[int, ...], ...] | None = field(
+        None, doc="partition = 'classes': one list of class indices (0..C-1, in sorted label order) per agent")
+    per_agent: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+                                  doc="training rows per agent: each agent's part is subsampled to this many "
+                                      "(seeded, without replacement); 'dirichlet_equal': the shard size")
+    validation: int = field(0, check=at_least(0), doc="size of the validation set Q (seeded, from the held-out "
+                                                     "rows) every agent may read; never evaluated on")
+    test_samples: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
+                                     doc="held-out rows evaluated on, disjoint from Q (default: all not in Q)")
+    sampling: Literal["with_replacement", "without_replacement"] = field(
+        "with_replacement", doc="a mini-batch's rows: i.i.d. uniform, or distinct rows of the agent's part "
+                                "(a batch larger than the part is the whole part)")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.kind == "libsvm" and not self.path:
@@ -275,6 +322,12 @@ class DataSpec:
         if self.kind == "synthetic" and self.samples * self.features > 2**30:
             return "samples", (f"samples x features must be <= 2^30 (8 GiB of float64), got "
                                f"{self.samples} x {self.features}")
+        if (self.standardize == "given") != (self.mean is not None and self.std is not None):
+            return "standardize", "data.mean and data.std are given exactly when standardize = 'given'"
+        if (self.partition == "classes") != (self.classes is not None):
+            return "classes", "a class list per agent is given exactly when partition = 'classes'"
+        if self.classes is not None and any(c < 0 for row in self.classes for c in row):
+            return "classes", "class indices must be >= 0"
         return None
 
 
@@ -284,8 +337,18 @@ class ModelSpec:
     hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(1 <= h <= 2**16 for h in v)
                                     else f"widths must be in [1, 65536], got {list(v)}",
                                     doc="mlp: hidden layer widths")
-    l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight")
+    l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight (biases are not penalised)")
+    bias: bool = field(True, doc="an intercept per unit (logistic, multinomial, mlp); false: exactly d "
+                                 "(logistic) or d x C (multinomial) parameters")
+    init: Literal["torch", "zero_bias"] = field(
+        "torch", doc="mlp/cnn/vgg11/resnet18 start: 'torch' = PyTorch's Linear/Conv default, weights and "
+                     "biases U(+-1/sqrt(fan_in)); 'zero_bias' = those weights, biases 0. Convex models start at 0")
     dtype: Literal["float32", "float64"] = "float32"
+
+    def __check__(self) -> tuple[str, str] | None:
+        if not self.bias and self.kind in ("cnn", "vgg11", "resnet18"):
+            return "bias", f"only logistic, multinomial and mlp models can drop their biases, not {self.kind!r}"
+        return None
 
 
 @attrs.frozen
@@ -299,12 +362,19 @@ class AlgorithmSpec:
 @attrs.frozen
 class EvaluationSpec:
     every: float = field(1.0, check=positive, doc="simulated seconds between evaluations")
-    metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy", "tracking"], ...] = (
-        "loss", "accuracy", "consensus")
+    metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy", "tracking", "train_loss",
+                           "suboptimality"], ...] = field(
+        ("loss", "accuracy", "consensus"),
+        doc="loss/accuracy: the average model on the test rows; agent_accuracy: every agent's own model "
+            "(mean, min); consensus: mean squared distance to the average; train_loss: the training "
+            "objective f(x) on the pooled training rows (l2 included); suboptimality: f(x) - f* (convex "
+            "models; f* solved once, cached); tracking: online learners (ldp_online)")
     format: Literal["csv", "parquet"] = "csv"
     target_accuracy: float | None = field(
         None, check=lambda v: None if v is None or 0 < v <= 1 else f"must be in (0, 1], got {v}",
         doc="summary.time_to_target = first evaluation time whose accuracy >= this")
+    headline: str | None = field(None, doc="a metrics column reported as summary.json's headline "
+                                           "(e.g. 'agent_accuracy_mean', 'suboptimality', 'tracking')")
 
 
 def _open_unit(v: float) -> str | None:

@@ -158,6 +158,7 @@ class Agent:
         self._act = act
         self._act_rng = sim.streams.rng("activation", i)
         self._batch_rng = sim.streams.rng("batch", i)
+        self._distinct_rows = sim.scenario.data.sampling == "without_replacement"
         self._compute = sim.compute_draws(i)
         self.rows = sim.data.parts[i]
         self._tick = math.floor(self.local_time(0.0) / act.period) if act.kind != "poisson" else 0
@@ -223,8 +224,15 @@ class Agent:
         self.sim.bank.set(self.id, value)
 
     def sample_rows(self, batch: int | None) -> np.ndarray:
+        """``batch`` of the agent's rows from its ``batch`` stream: i.i.d. uniform (data.sampling =
+        "with_replacement") or distinct rows ("without_replacement"; a batch at least the part's size
+        is the whole part). No batch: the whole part."""
         if not batch:
             return self.rows
+        if self._distinct_rows:
+            if batch >= len(self.rows):
+                return self.rows
+            return self.rows[np.sort(self._batch_rng.choice(len(self.rows), batch, replace=False))]
         return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,

@@ -68,16 +68,24 @@ class Simulation:
         self.emit = self.writer.emit
         self.device = resolve_device(device or sc.run.device)
         self.dtype = torch.float64 if sc.model.dtype == "float64" else torch.float32
-        self.data = load_dataset(sc.data, n, self.streams.rng("data"), self.streams.rng("partition"))
-        self.model = build_model(sc.model.kind, self.data.features, self.data.classes, sc.model.l2,
-                                 sc.model.hidden, self.data.shape)
+        # the data have their own stream tree (data.seed), so they can stay fixed while run.seed varies
+        data_seed = sc.run.seed if sc.data.seed is None else sc.data.seed
+        self.data = load_dataset(sc.data, n, Streams(data_seed))
+        m = sc.model
+        self.model = build_model(m.kind, self.data.features, self.data.classes, m.l2, m.hidden, self.data.shape,
+                                 bias=m.bias, init=m.init)
         self.bank = ParameterBank(self.model.init(n, self.dtype, self.device, self.streams.seed_for("init")))
         t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         self.X, self.y = t(self.data.X).to(self.dtype), t(self.data.y)
         self.X_test, self.y_test = t(self.data.X_test).to(self.dtype), t(self.data.y_test)
-        self.X_val = self.y_val = None
-        if sc.data.validation:  # a seeded held-out part of the test split (seed 000's set Q)
-            self._split_validation(sc.data.validation)
+        self.X_val = self.y_val = None  # the validation set Q (data.validation) every agent may read
+        if self.data.X_val is not None and len(self.data.X_val):
+            self.X_val, self.y_val = t(self.data.X_val).to(self.dtype), t(self.data.y_val)
+        self.f_star: float | None = None  # min of the training objective (the suboptimality metric)
+        if "suboptimality" in sc.evaluation.metrics:
+            from netsim.compute.optimum import optimum
+
+            self.f_star = optimum(self.model, self.data.X, self.data.y)
         self.gradients = GradientService(self.model, self.X, self.y)
         self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
         crng = self.streams.rng("clock")
@@ -118,17 +126,6 @@ class Simulation:
         if check is not None:  # an algorithm's checks that need the built simulation (agent count, ...)
             check(self, params)
 
-    def _split_validation(self, k: int) -> None:
-        from netsim.errors import InputError
-
-        n = self.y_test.shape[0]
-        if k >= n:
-            raise InputError("data.validation", f"must be smaller than the test split ({n} rows), got {k}")
-        perm = torch.as_tensor(self.streams.rng("validation").permutation(n), device=self.device)
-        val, rest = perm[:k], perm[k:].sort().values
-        self.X_val, self.y_val = self.X_test[val], self.y_test[val]
-        self.X_test, self.y_test = self.X_test[rest], self.y_test[rest]
-
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
         return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i))
@@ -165,8 +162,8 @@ class Simulation:
         row = {"time": float(self.env.now),
                "round_mean": float(np.mean([a.round for a in self.agents]))}
         W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
-        row.update(evaluate_bank(self.model, W, self.X_test, self.y_test,
-                                 self.scenario.evaluation.metrics))
+        row.update(evaluate_bank(self.model, W, self.X_test, self.y_test, self.scenario.evaluation.metrics,
+                                 (self.X, self.y), self.f_star))
         if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (seed 001)
             from netsim.compute.streaming import tracking_metrics
 
@@ -177,9 +174,11 @@ class Simulation:
 
     def _evaluator(self):
         every = self.scenario.evaluation.every
+        until = math.inf if self.scenario.run.until is None else self.scenario.run.until
         while True:
             yield self.env.timeout(every)
-            self.evaluate()
+            if self.env.now < until:  # the row at the end is finish()'s, after every event at that time
+                self.evaluate()
             # Only our own timers left in the queue: nothing can ever happen again.
             if len(self.env._queue) <= self._housekeeping and not self._stop.triggered:
                 self.stop_reason = "stalled (every agent waits for something that cannot come)"
@@ -272,6 +271,8 @@ class Simulation:
             return
         if not self.stop_reason:
             self.stop_reason = "until"
+        if self.metrics and self.metrics[-1]["time"] == self.env.now:
+            self.metrics.pop()  # an evaluation at the stopping time saw part of its events: theta_T replaces it
         self.evaluate()
         self.writer.close()
         self.wall += time.perf_counter() - self._t0

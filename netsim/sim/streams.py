@@ -24,6 +24,8 @@ PURPOSES.update({"compress": 60})
 PURPOSES.update({"validation": 80, "shapley": 81})
 # seed algorithms (issue 7): seed 001's per-agent data stream (online learning)
 PURPOSES.update({"data_stream": 71})
+# data options: per-agent subsampling (data.per_agent)
+PURPOSES.update({"subsample": 90})
 BLOCK = 256
 
 

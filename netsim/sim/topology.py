@@ -55,6 +55,50 @@ def _read_edges(path: str, n: int) -> nx.DiGraph:
     return g
 
 
+GENERATOR_MODULES = ("networkx.generators.", "networkx.algorithms.bipartite.generators")
+
+
+def _networkx_graph(spec: TopologySpec, n: int, seed: int) -> nx.Graph:
+    """``kind = "networkx"``: a networkx graph generator (``networkx.generators``, bipartite generators) by name with the scenario's arguments
+    (only those functions: a name is never resolved elsewhere); nodes relabelled 0..n-1 in sorted order."""
+    import inspect
+
+    name = spec.generator or ""
+    fn = getattr(nx, name, None) if not name.startswith("_") else None
+    module = getattr(fn, "__module__", "") or ""
+    if not (inspect.isfunction(fn) and module.startswith(GENERATOR_MODULES)):
+        raise InputError("topology.generator", f"{name!r} is not a graph generator of networkx.generators "
+                                               "(e.g. 'complete_bipartite_graph', 'watts_strogatz_graph', "
+                                               "'barabasi_albert_graph', 'hypercube_graph')")
+    kwargs = dict(spec.kwargs or {})
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "seed" in params and "seed" not in kwargs:
+        kwargs["seed"] = seed % 2**31
+    try:
+        g = fn(*(spec.args or ()), **kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure of a user-chosen generator is an input error
+        raise InputError("topology.args", f"networkx.{name}{tuple(spec.args or ())} failed: "
+                                          f"{type(e).__name__}: {e}") from None
+    if not isinstance(g, nx.Graph) or g.is_multigraph():
+        raise InputError("topology.generator", f"networkx.{name} did not return a simple graph")
+    if g.number_of_nodes() != n:
+        raise InputError("topology.args", f"networkx.{name} made {g.number_of_nodes()} nodes; agents.count is {n}")
+    try:
+        order = sorted(g.nodes)
+    except TypeError:
+        order = list(g.nodes)
+    g = nx.relabel_nodes(g, {v: i for i, v in enumerate(order)})
+    g.remove_edges_from(list(nx.selfloop_edges(g)))
+    if spec.directed and not g.is_directed():
+        g = nx.DiGraph(g)
+    if not spec.directed and g.is_directed():
+        g = g.to_undirected()
+    return g
+
+
 def build_graph(spec: TopologySpec, n: int, seed: int) -> nx.DiGraph:
     """The communication graph: edge u -> v means u can send to v. Undirected kinds get both ways."""
     k = spec.kind
@@ -85,6 +129,8 @@ def build_graph(spec: TopologySpec, n: int, seed: int) -> nx.DiGraph:
         g.add_nodes_from(range(n))
         hops = [2**i for i in range(int(math.log2(n - 1)) + 1)] if n > 1 else []
         g.add_edges_from((i, (i + h) % n) for i in range(n) for h in hops if (i + h) % n != i)
+    elif k == "networkx":
+        g = _networkx_graph(spec, n, seed)
     elif k == "edges_file":
         g = _read_edges(spec.path, n)  # type: ignore[arg-type]
         if not spec.directed:
