@@ -194,7 +194,7 @@ def test_mlp_init_torch_draws_biases_zero_bias_keeps_them_zero():
     torch_init = MLP(7, 3, (5,), init="torch").init(2, torch.float64, torch.device("cpu"), seed=4)
     zero = MLP(7, 3, (5,), init="zero_bias").init(2, torch.float64, torch.device("cpu"), seed=4)
     m = MLP(7, 3, (5,))
-    for (w0, b0, o, i), bound in zip(m.slices, (1 / 7 ** 0.5, 1 / 5 ** 0.5), strict=True):
+    for (_, b0, o, _), bound in zip(m.slices, (1 / 7 ** 0.5, 1 / 5 ** 0.5), strict=True):
         b = torch_init[0, b0:b0 + o]
         assert b.abs().max() <= bound and b.abs().min() > 0
         assert not zero[0, b0:b0 + o].any()

@@ -59,8 +59,9 @@ GENERATOR_MODULES = ("networkx.generators.", "networkx.algorithms.bipartite.gene
 
 
 def _networkx_graph(spec: TopologySpec, n: int, seed: int) -> nx.Graph:
-    """``kind = "networkx"``: a networkx graph generator (``networkx.generators``, bipartite generators) by name with the scenario's arguments
-    (only those functions: a name is never resolved elsewhere); nodes relabelled 0..n-1 in sorted order."""
+    """``kind = "networkx"``: a networkx graph generator (``networkx.generators``, the bipartite generators) by
+    name with the scenario's arguments (only those functions: a name is never resolved elsewhere); nodes
+    relabelled 0..n-1 in sorted order."""
     import inspect
 
     name = spec.generator or ""
