@@ -291,6 +291,8 @@ def test_networkx_generators_by_name():
     for bad, key in ((dict(generator="os_system"), "topology.generator"),
                      (dict(generator="__import__"), "topology.generator"),
                      (dict(generator="cycle_graph", args=[5]), "topology.args"),
+                     (dict(generator="complete_graph", args=[10 ** 12]), "topology.args"),
+                     (dict(generator="grid_graph", kwargs={"dim": [2, 10 ** 9]}), "topology.args"),
                      (dict(generator="barabasi_albert_graph", args=[4, 9]), "topology.args")):
         with pytest.raises(InputError, match=key):
             prepare(sc(topology={"kind": "networkx", **bad}))

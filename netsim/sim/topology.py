@@ -55,6 +55,18 @@ def _read_edges(path: str, n: int) -> nx.DiGraph:
     return g
 
 
+def _numbers(values) -> list[float]:
+    out: list[float] = []
+    for v in values:
+        if isinstance(v, list | tuple):
+            out += _numbers(v)
+        elif isinstance(v, dict):
+            out += _numbers(v.values())
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out.append(v)
+    return out
+
+
 GENERATOR_MODULES = ("networkx.generators.", "networkx.algorithms.bipartite.generators")
 
 
@@ -72,6 +84,10 @@ def _networkx_graph(spec: TopologySpec, n: int, seed: int) -> nx.Graph:
                                                "(e.g. 'complete_bipartite_graph', 'watts_strogatz_graph', "
                                                "'barabasi_albert_graph', 'hypercube_graph')")
     kwargs = dict(spec.kwargs or {})
+    big = [v for v in _numbers([*(spec.args or ()), *(v for k, v in kwargs.items() if k != "seed")]) if abs(v) > n]
+    if big:  # every size argument of a graph on n nodes is at most n; a larger one would build a bigger graph
+        raise InputError("topology.args", f"networkx.{name}: numbers larger than agents.count ({n}) are refused, "
+                                          f"got {big[0]}")
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
