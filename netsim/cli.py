@@ -47,8 +47,12 @@ def _summary_table(summary: dict):
             return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
         return f"{v:,}" if isinstance(v, int) else str(v)
 
+    head = summary.get("headline")
+    if isinstance(head, dict) and head.get("value") is not None:
+        t.add_row(f"headline: {head['metric']}", f"[bold green]{fmt(head['value'])}")
     rows = [("test accuracy (average model)", "accuracy"), ("test loss (average model)", "loss"),
             ("consensus distance", "consensus"), ("mean agent accuracy", "agent_accuracy_mean"),
+            ("training objective f(x̄)", "train_loss"), ("suboptimality f(x̄) − f*", "suboptimality"),
             ("messages sent", "messages_sent"), ("messages dropped", "messages_dropped"),
             ("stale messages", "messages_stale"), ("round timeouts", "round_timeouts"),
             ("bytes sent", "bytes_sent"), ("gradients (batched calls)", "gradients"),
