@@ -71,12 +71,14 @@ def check_tracking(sim) -> None:
 class TrackingOracle:
     """theta*_t of the pooled histories for netsim's binary logistic model, warm-started Newton."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, l2: float, m: int):
-        self.Xt = np.hstack([X.astype(np.float64), np.ones((len(X), 1))])  # [x, 1]: the bias column
+    def __init__(self, X: np.ndarray, y: np.ndarray, l2: float, m: int, bias: bool = True):
+        X = X.astype(np.float64)
+        self.Xt = np.hstack([X, np.ones((len(X), 1))]) if bias else X  # [x, 1]: the bias column
         self.y = y.astype(np.float64)
         self.m = m
         self.reg = np.full(self.Xt.shape[1], float(l2))
-        self.reg[-1] = 0.0  # the model does not penalise the bias
+        if bias:
+            self.reg[-1] = 0.0  # the model does not penalise the bias
         self.theta = np.zeros(self.Xt.shape[1])
         self.newton_steps = 0
 
@@ -129,7 +131,7 @@ def tracking_metrics(sim) -> dict[str, float]:
     oracle = sim.__dict__.get("_tracking_oracle")
     if oracle is None:
         oracle = sim._tracking_oracle = TrackingOracle(sim.data.X, sim.data.y, sim.scenario.model.l2,
-                                                       len(sim.agents))
+                                                       len(sim.agents), sim.scenario.model.bias)
     w = oracle.weights(hist)
     rows = np.flatnonzero(w)
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
