@@ -296,3 +296,13 @@ def test_networkx_generators_by_name():
                      (dict(generator="barabasi_albert_graph", args=[4, 9]), "topology.args")):
         with pytest.raises(InputError, match=key):
             prepare(sc(topology={"kind": "networkx", **bad}))
+
+
+def test_training_objective_is_over_the_rows_agents_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("NETSIM_CACHE", str(tmp_path))
+    sim = prepare(sc(data={"per_agent": 50}, model={"l2": 0.1}, evaluation={"metrics": ["suboptimality"]}))
+    X, y = sim.train_rows
+    held = np.sort(np.concatenate(sim.data.parts))
+    assert X.shape[0] == 200 < len(sim.data.y)
+    assert np.array_equal(X.numpy(), sim.data.X[held])
+    assert sim.f_star == pytest.approx(solve(sim.model, sim.data.X[held], sim.data.y[held])[0])

@@ -81,11 +81,16 @@ class Simulation:
         self.X_val = self.y_val = None  # the validation set Q (data.validation) every agent may read
         if self.data.X_val is not None and len(self.data.X_val):
             self.X_val, self.y_val = t(self.data.X_val).to(self.dtype), t(self.data.y_val)
+        # the training objective is over the rows the agents hold (per_agent or equal shards may leave some out)
+        held = np.unique(np.concatenate(self.data.parts))
+        whole = len(held) == len(self.data.y)
+        self.train_rows = (self.X, self.y) if whole else (self.X[torch.as_tensor(held, device=self.device)],
+                                                          self.y[torch.as_tensor(held, device=self.device)])
         self.f_star: float | None = None  # min of the training objective (the suboptimality metric)
         if "suboptimality" in sc.evaluation.metrics:
             from netsim.compute.optimum import optimum
 
-            self.f_star = optimum(self.model, self.data.X, self.data.y)
+            self.f_star = optimum(self.model, self.data.X[held], self.data.y[held])
         self.gradients = GradientService(self.model, self.X, self.y)
         self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
         crng = self.streams.rng("clock")
@@ -163,7 +168,7 @@ class Simulation:
                "round_mean": float(np.mean([a.round for a in self.agents]))}
         W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
         row.update(evaluate_bank(self.model, W, self.X_test, self.y_test, self.scenario.evaluation.metrics,
-                                 (self.X, self.y), self.f_star))
+                                 self.train_rows, self.f_star))
         if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (seed 001)
             from netsim.compute.streaming import tracking_metrics
 
