@@ -1,35 +1,49 @@
-"""Seed 000 reproduction table from the sweeps' sweep.csv files (docs/reproductions/seed-000.md).
+"""PDSL reproduction table from the sweeps' runs.csv files (docs/reproductions/seed-000.md).
 
+    for m in pdsl pdsl_variants dp_cga dp_dpsgd muffliato dp_netfleet; do
+      netsim sweep scenarios/seed000_sweep_$m.toml; done
     python benchmarks/seed000_table.py [runs/sweeps]
+
+Per method: the headline (agents' mean test accuracy, %) of every seed, mean +- sample std, and the
+independent implementation's mean +- std where there is one, with the distance in its std.
 """
 
 from __future__ import annotations
 
 import csv
+import statistics
 import sys
 from pathlib import Path
 
-METHODS = ["pdsl", "pdsl_variants", "dp_cga", "dp_dpsgd", "muffliato", "dp_netfleet"]
+METHODS = {  # sweep name -> (label, independent implementation's mean, std in %, or None)
+    "pdsl": ("PDSL", (86.5, 1.5)),
+    "pdsl_variants": ("PDSL, uniform shares", None),
+    "dp_cga": ("DP-CGA", (72.5, 2.0)),
+    "dp_dpsgd": ("DP-DPSGD", (69.0, 2.0)),
+    "muffliato": ("MUFFLIATO", None),
+    "dp_netfleet": ("DP-NET-FLEET [reconstructed]", None),
+}
+METRIC = "agent_accuracy_mean"
 
 
 def main(root: str = "runs/sweeps") -> None:
-    print("| method | gamma | config | seeds | agents' mean test acc. | avg-model acc. | test loss "
-          "| consensus | MB sent | RDP eps (delta 1e-5) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for m in METHODS:
-        f = Path(root) / f"seed000_sweep_{m}" / "sweep.csv"
+    print("| method | per seed (%) | mean ± std (%) | avg-model acc. (%) | independent (%) | distance |")
+    print("|---|---|---|---|---|---|")
+    for m, (label, target) in METHODS.items():
+        f = Path(root) / f"seed000_sweep_{m}" / "runs.csv"
         if not f.exists():
             continue
-        for r in csv.DictReader(f.open()):
-            g = lambda k, r=r: float(r[k]) if r.get(k) not in (None, "") else float("nan")  # noqa: E731
-            lr = r.get("algorithm.lr") or "0.01"
-            cfg = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in r.items()
-                            if "." in k and k != "algorithm.lr" and not k.endswith(("_mean", "_std")))
-            print(f"| {m} | {lr} | {cfg or '-'} | {r['seeds']} "
-                  f"| {100 * g('agent_accuracy_mean_mean'):.1f} ± {100 * g('agent_accuracy_mean_std'):.1f} "
-                  f"| {100 * g('accuracy_mean'):.1f} ± {100 * g('accuracy_std'):.1f} "
-                  f"| {g('loss_mean'):.3f} | {g('consensus_mean'):.2e} "
-                  f"| {g('bytes_sent_mean') / 1e6:.0f} | {g('privacy_epsilon_max_mean'):.3g} |")
+        rows = sorted(csv.DictReader(f.open()), key=lambda r: int(r["seed"]))
+        vals = [100 * float(r[METRIC]) for r in rows]
+        avg = [100 * float(r["accuracy"]) for r in rows]
+        mean = statistics.mean(vals)
+        std = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+        per = ", ".join(f"{v:.1f}" for v in vals)
+        ref = dist = "-"
+        if target is not None:
+            ref = f"{target[0]:.1f} ± {target[1]:.1f}"
+            dist = f"{abs(mean - target[0]) / target[1]:.2f} std"
+        print(f"| {label} | {per} | {mean:.1f} ± {std:.1f} | {statistics.mean(avg):.1f} | {ref} | {dist} |")
 
 
 if __name__ == "__main__":
