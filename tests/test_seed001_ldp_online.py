@@ -101,6 +101,58 @@ def test_alg1_without_noise_and_coupling_decay_is_dsgd():
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
 
 
+def dola_reference(d: dict, shift: int) -> np.ndarray:
+    """Noise-free DOLA (Li et al., Alg. 1) in numpy: b = (I + W) w, w <- b - alpha_{t+shift} grad l(b, xi_t)
+    on the newest sample, alpha_s = alpha0/(s+1); same data, initial draws and streams as the run."""
+    sim = prepare(scenario_from_dict(d))
+    X = np.hstack([sim.data.X.astype(np.float64), np.ones((len(sim.data.X), 1))])
+    y = sim.data.y.astype(np.float64)
+    st = Streams(d["run"]["seed"])
+    w = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, D + 1) for i in range(M)])
+    hist = [HistoryStream(sim.data.parts[i], st.rng("data_stream", i), 1) for i in range(M)]
+    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0]
+    alpha0 = d["algorithm"]["alpha0"]
+    for k in range(d["run"]["rounds"]):
+        new = [h.next() for h in hist]
+        b = np.stack([(1 - 2 * W) * w[i] + W * (w[(i - 1) % M] + w[(i + 1) % M]) for i in range(M)])
+        g = np.stack([X[r].T @ (1 / (1 + np.exp(-X[r] @ bi)) - y[r]) / len(r) + reg * bi
+                      for r, bi in zip(new, b, strict=True)])
+        w = b - alpha0 / (k + shift + 1) * g
+    return w
+
+
+@pytest.mark.parametrize("step_index, shift", [("t+1", 1), ("t", 0)])
+def test_dola_step_index_convention(step_index, shift):
+    """step_index = 't+1' takes w_{t+1} = b_t - alpha_{t+1} grad (DOLA's Alg. 1, the default), 't' takes
+    alpha_t: each equals its numpy recursion, and the two differ."""
+    d = scen({"name": "dola", "alpha0": 0.8, "noise0": 0.0, "step_index": step_index})
+    got, _ = run_params(d)
+    np.testing.assert_allclose(got, dola_reference(d, shift), rtol=0, atol=1e-10)
+    assert np.abs(dola_reference(d, 1 - shift) - got).max() > 1e-3
+
+
+def test_dola_default_step_index_is_t_plus_1():
+    from netsim.algorithms.ldp_online import DOLAParams
+
+    assert DOLAParams().step_index == "t+1"
+
+
+@pytest.mark.parametrize("step_index, shift", [("t+1", 1), ("t", 0)])
+def test_dola_sensitivity_follows_the_step_that_made_the_release(tmp_path, step_index, shift):
+    """The release of w_t records sqrt(n) C alpha_s of the step that produced it: alpha_t = alpha0/(t+1)
+    with 't+1', alpha_{t-1} = alpha0/t with 't'; the Laplace scale is noise0/(t+1) either way."""
+    alpha0, noise0, n = 0.8, 0.5, D + 1
+    folder, _ = go(tmp_path, scen({"name": "dola", "alpha0": alpha0, "noise0": noise0,
+                                   "step_index": step_index}))
+    rel = releases_from_table(read_trace(folder).table)
+    for i in range(M):
+        steps = [r.round - 1 for r in rel[i]]  # agent round r = step t + 1
+        assert steps == list(range(1, T))
+        want = [math.sqrt(n) * C * alpha0 / (t - 1 + shift + 1) for t in steps]
+        np.testing.assert_allclose([r.sensitivity for r in rel[i]], want, rtol=1e-12)
+        np.testing.assert_allclose([r.scale for r in rel[i]], [noise0 / (t + 1) for t in steps], rtol=1e-12)
+
+
 # --- where the noise is -----------------------------------------------------------------------------
 def test_laplace_releases_where_the_paper_puts_them(tmp_path):
     """One public Laplace release of the state per learner per step t >= 1 (step 3: one draw shared by
@@ -257,6 +309,13 @@ def test_oracle_matches_sklearn_weighted_logistic_regression():
     ref = LogisticRegression(C=1 / 0.3, tol=1e-12, max_iter=10000)
     ref.fit(X[rows], y[rows], sample_weight=w[rows])
     np.testing.assert_allclose(star, np.r_[ref.coef_[0], ref.intercept_], atol=1e-5)
+    # without an intercept (the paper's model): exactly d coordinates, all penalised
+    o = TrackingOracle(X, y, l2=0.3, m=2, bias=False)
+    star = o.solve(rows, w[rows])
+    ref = LogisticRegression(C=1 / 0.3, tol=1e-12, max_iter=10000, fit_intercept=False)
+    ref.fit(X[rows], y[rows], sample_weight=w[rows])
+    assert star.shape == (6,)
+    np.testing.assert_allclose(star, ref.coef_[0], atol=1e-5)
 
 
 def test_history_stream_is_iid_from_own_pool_and_append_only():
