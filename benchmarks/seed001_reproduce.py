@@ -1,4 +1,4 @@
-"""Seed 001 cheapest reproduction (mushrooms, Exp. A): every method over several seeds, mean ± std of
+"""Chen & Wang, Sec. VII-A (mushrooms): every method over several seeds, mean ± sample std of
 the tracking error, the regret and the cumulative Lemma-2 epsilon (worst learner) at checkpoints.
 
     NETSIM_DATA=/work/shared/data python benchmarks/seed001_reproduce.py --seeds 0 1 2 [--out runs/seed001]
@@ -54,8 +54,8 @@ def one(name: str, seed: int, out: Path) -> dict:
 def fmt(xs) -> str:
     xs = np.asarray(xs, dtype=float)
     if not np.isfinite(xs).all() or np.abs(xs).max() > 1e6:
-        return f"{np.mean(xs):.3g} ± {np.std(xs):.2g}"
-    return f"{np.mean(xs):.4g} ± {np.std(xs):.2g}"
+        return f"{np.mean(xs):.3g} ± {np.std(xs, ddof=1):.2g}"
+    return f"{np.mean(xs):.4g} ± {np.std(xs, ddof=1):.2g}"
 
 
 def main() -> None:
