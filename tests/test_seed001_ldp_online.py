@@ -54,12 +54,14 @@ def reference(d: dict, gamma_const: float | None = None, couple: bool = True) ->
     in numpy from the same data, partition, initial draws and streams."""
     sim = prepare(scenario_from_dict(d))
     a = d["algorithm"]
-    X = np.hstack([sim.data.X.astype(np.float64), np.ones((len(sim.data.X), 1))])
+    bias = d["model"].get("bias", True)  # an unpenalised intercept, last; or exactly D coordinates
+    X = sim.data.X.astype(np.float64)
+    X = np.hstack([X, np.ones((len(X), 1))]) if bias else X
     y = sim.data.y.astype(np.float64)
     st = Streams(d["run"]["seed"])
-    theta = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, D + 1) for i in range(M)])
+    theta = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, X.shape[1]) for i in range(M)])
     hist = [HistoryStream(sim.data.parts[i], st.rng("data_stream", i), 1) for i in range(M)]
-    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0]
+    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0] if bias else np.full(D, d["model"]["l2"])
     for k in range(d["run"]["rounds"]):
         for h in hist:
             h.next()
@@ -88,6 +90,16 @@ def test_noise_free_alg1_equals_stacked_reference():
     d = scen({"noise": False})
     got, _ = run_params(d)
     np.testing.assert_allclose(got, reference(d), rtol=0, atol=1e-10)
+
+
+def test_noise_free_alg1_without_intercept_equals_stacked_reference(tmp_path):
+    """model.bias = false (the paper's model): exactly D parameters, the same recursion without the
+    intercept column, and the oracle theta*_t solves that model (its tracking numbers are finite)."""
+    d = scen({"noise": False}, model={"bias": False})
+    got, sim = run_params(d)
+    assert got.shape == (M, D)
+    np.testing.assert_allclose(got, reference(d), rtol=0, atol=1e-10)
+    assert all(math.isfinite(r["tracking_mse"]) for r in sim.metrics[1:])
 
 
 def test_alg1_without_noise_and_coupling_decay_is_dsgd():
@@ -255,6 +267,28 @@ def test_alg1_budget_levels_off_baselines_grow():
     # increments per decade shrink like 10^-(v - u + varsigma) = 10^-0.22 (eq. 25: a convergent series)
     assert a[2] - a[1] < 0.7 * (a[1] - a[0]) and a[2] < 1.1 * a[0]
     assert b[2] - b[1] > b[1] - b[0] > 0 and b[2] > 2 * b[0]
+
+
+def test_mushrooms_scenario_is_the_papers_setting():
+    """The shipped mushrooms scenario: no intercept (n = 112), C = 2 sqrt 21, all rows streamed, the
+    label split, T = 2000, tracking as the headline; its worst learner's Lemma-2 budget over the 1999
+    data-dependent releases (t = 1..T-1) is 1140.8, the independent value 1141."""
+    from pathlib import Path
+
+    from netsim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    sc = load_scenario(root / "seed001_cheapest.toml")
+    assert sc.model.bias is False and sc.model.kind == "logistic" and sc.model.l2 == 1.0
+    assert sc.data.partition == "label" and sc.data.test_path == sc.data.path
+    assert sc.run.rounds == 2000 and sc.evaluation.headline == "tracking_mse"
+    assert sc.algorithm.params["C"] == pytest.approx(2 * math.sqrt(21))
+    eps = max(cf.ldp_budget(1999, 112, 2 * math.sqrt(21), 0.6, math.sqrt(2), 0.1 + 0.01 * i).epsilon
+              for i in range(5))
+    assert eps == pytest.approx(1140.79, abs=0.01)
+    for name in ("dsgd", "dola", "pdop", "dsgd_eq", "dola_eq"):
+        other = load_scenario(root / f"seed001_cheapest_{name}.toml")
+        assert other.model == sc.model and other.data == sc.data and other.network == sc.network, name
 
 
 def test_drops_weaken_contraction_and_raise_epsilon(tmp_path):
