@@ -260,7 +260,7 @@ def test_cumulative_budget_matches_closed_form(tmp_path):
 
 def test_alg1_budget_levels_off_baselines_grow():
     """The closed forms behind the claim (mushrooms sizes): Alg 1 saturates, DSGD keeps growing."""
-    n, Cm = 113, 2 * math.sqrt(22)
+    n, Cm = 112, 2 * math.sqrt(21)
     a = [cf.ldp_budget(T_, n, Cm, 0.6, math.sqrt(2), 0.1).epsilon for T_ in (2000, 20000, 200000)]
     b = [cf.ldp_budget(T_, n, Cm, 0.6, math.sqrt(2), 0.1, mode="dsgd").epsilon
          for T_ in (2000, 20000, 200000)]
