@@ -54,12 +54,14 @@ def reference(d: dict, gamma_const: float | None = None, couple: bool = True) ->
     in numpy from the same data, partition, initial draws and streams."""
     sim = prepare(scenario_from_dict(d))
     a = d["algorithm"]
-    X = np.hstack([sim.data.X.astype(np.float64), np.ones((len(sim.data.X), 1))])
+    bias = d["model"].get("bias", True)  # an unpenalised intercept, last; or exactly D coordinates
+    X = sim.data.X.astype(np.float64)
+    X = np.hstack([X, np.ones((len(X), 1))]) if bias else X
     y = sim.data.y.astype(np.float64)
     st = Streams(d["run"]["seed"])
-    theta = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, D + 1) for i in range(M)])
+    theta = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, X.shape[1]) for i in range(M)])
     hist = [HistoryStream(sim.data.parts[i], st.rng("data_stream", i), 1) for i in range(M)]
-    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0]
+    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0] if bias else np.full(D, d["model"]["l2"])
     for k in range(d["run"]["rounds"]):
         for h in hist:
             h.next()
@@ -90,6 +92,16 @@ def test_noise_free_alg1_equals_stacked_reference():
     np.testing.assert_allclose(got, reference(d), rtol=0, atol=1e-10)
 
 
+def test_noise_free_alg1_without_intercept_equals_stacked_reference(tmp_path):
+    """model.bias = false (the paper's model): exactly D parameters, the same recursion without the
+    intercept column, and the oracle theta*_t solves that model (its tracking numbers are finite)."""
+    d = scen({"noise": False}, model={"bias": False})
+    got, sim = run_params(d)
+    assert got.shape == (M, D)
+    np.testing.assert_allclose(got, reference(d), rtol=0, atol=1e-10)
+    assert all(math.isfinite(r["tracking_mse"]) for r in sim.metrics[1:])
+
+
 def test_alg1_without_noise_and_coupling_decay_is_dsgd():
     """u = 0, gamma_0 = 1, no noise, and one row per learner (so the history-averaged gradient is the
     newest sample's gradient) -> DSGD (B1) exactly, to float tolerance (the history mean of t+1
@@ -99,6 +111,58 @@ def test_alg1_without_noise_and_coupling_decay_is_dsgd():
     a, _ = run_params(scen(common, **one_row))
     b, _ = run_params(scen({"name": "ldp_dsgd", **common}, **one_row))
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def dola_reference(d: dict, shift: int) -> np.ndarray:
+    """Noise-free DOLA (Li et al., Alg. 1) in numpy: b = (I + W) w, w <- b - alpha_{t+shift} grad l(b, xi_t)
+    on the newest sample, alpha_s = alpha0/(s+1); same data, initial draws and streams as the run."""
+    sim = prepare(scenario_from_dict(d))
+    X = np.hstack([sim.data.X.astype(np.float64), np.ones((len(sim.data.X), 1))])
+    y = sim.data.y.astype(np.float64)
+    st = Streams(d["run"]["seed"])
+    w = np.stack([st.rng("algorithm", i).normal(0.0, 1.0, D + 1) for i in range(M)])
+    hist = [HistoryStream(sim.data.parts[i], st.rng("data_stream", i), 1) for i in range(M)]
+    reg = np.r_[np.full(D, d["model"]["l2"]), 0.0]
+    alpha0 = d["algorithm"]["alpha0"]
+    for k in range(d["run"]["rounds"]):
+        new = [h.next() for h in hist]
+        b = np.stack([(1 - 2 * W) * w[i] + W * (w[(i - 1) % M] + w[(i + 1) % M]) for i in range(M)])
+        g = np.stack([X[r].T @ (1 / (1 + np.exp(-X[r] @ bi)) - y[r]) / len(r) + reg * bi
+                      for r, bi in zip(new, b, strict=True)])
+        w = b - alpha0 / (k + shift + 1) * g
+    return w
+
+
+@pytest.mark.parametrize("step_index, shift", [("t+1", 1), ("t", 0)])
+def test_dola_step_index_convention(step_index, shift):
+    """step_index = 't+1' takes w_{t+1} = b_t - alpha_{t+1} grad (DOLA's Alg. 1, the default), 't' takes
+    alpha_t: each equals its numpy recursion, and the two differ."""
+    d = scen({"name": "dola", "alpha0": 0.8, "noise0": 0.0, "step_index": step_index})
+    got, _ = run_params(d)
+    np.testing.assert_allclose(got, dola_reference(d, shift), rtol=0, atol=1e-10)
+    assert np.abs(dola_reference(d, 1 - shift) - got).max() > 1e-3
+
+
+def test_dola_default_step_index_is_t_plus_1():
+    from netsim.algorithms.ldp_online import DOLAParams
+
+    assert DOLAParams().step_index == "t+1"
+
+
+@pytest.mark.parametrize("step_index, shift", [("t+1", 1), ("t", 0)])
+def test_dola_sensitivity_follows_the_step_that_made_the_release(tmp_path, step_index, shift):
+    """The release of w_t records sqrt(n) C alpha_s of the step that produced it: alpha_t = alpha0/(t+1)
+    with 't+1', alpha_{t-1} = alpha0/t with 't'; the Laplace scale is noise0/(t+1) either way."""
+    alpha0, noise0, n = 0.8, 0.5, D + 1
+    folder, _ = go(tmp_path, scen({"name": "dola", "alpha0": alpha0, "noise0": noise0,
+                                   "step_index": step_index}))
+    rel = releases_from_table(read_trace(folder).table)
+    for i in range(M):
+        steps = [r.round - 1 for r in rel[i]]  # agent round r = step t + 1
+        assert steps == list(range(1, T))
+        want = [math.sqrt(n) * C * alpha0 / (t - 1 + shift + 1) for t in steps]
+        np.testing.assert_allclose([r.sensitivity for r in rel[i]], want, rtol=1e-12)
+        np.testing.assert_allclose([r.scale for r in rel[i]], [noise0 / (t + 1) for t in steps], rtol=1e-12)
 
 
 # --- where the noise is -----------------------------------------------------------------------------
@@ -196,13 +260,35 @@ def test_cumulative_budget_matches_closed_form(tmp_path):
 
 def test_alg1_budget_levels_off_baselines_grow():
     """The closed forms behind the claim (mushrooms sizes): Alg 1 saturates, DSGD keeps growing."""
-    n, Cm = 113, 2 * math.sqrt(22)
+    n, Cm = 112, 2 * math.sqrt(21)
     a = [cf.ldp_budget(T_, n, Cm, 0.6, math.sqrt(2), 0.1).epsilon for T_ in (2000, 20000, 200000)]
     b = [cf.ldp_budget(T_, n, Cm, 0.6, math.sqrt(2), 0.1, mode="dsgd").epsilon
          for T_ in (2000, 20000, 200000)]
     # increments per decade shrink like 10^-(v - u + varsigma) = 10^-0.22 (eq. 25: a convergent series)
     assert a[2] - a[1] < 0.7 * (a[1] - a[0]) and a[2] < 1.1 * a[0]
     assert b[2] - b[1] > b[1] - b[0] > 0 and b[2] > 2 * b[0]
+
+
+def test_mushrooms_scenario_is_the_papers_setting():
+    """The shipped mushrooms scenario: no intercept (n = 112), C = 2 sqrt 21, all rows streamed, the
+    label split, T = 2000, tracking as the headline; its worst learner's Lemma-2 budget over the 1999
+    data-dependent releases (t = 1..T-1) is 1140.8, the independent value 1141."""
+    from pathlib import Path
+
+    from netsim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    sc = load_scenario(root / "seed001_cheapest.toml")
+    assert sc.model.bias is False and sc.model.kind == "logistic" and sc.model.l2 == 1.0
+    assert sc.data.partition == "label" and sc.data.test_path == sc.data.path
+    assert sc.run.rounds == 2000 and sc.evaluation.headline == "tracking_mse"
+    assert sc.algorithm.params["C"] == pytest.approx(2 * math.sqrt(21))
+    eps = max(cf.ldp_budget(1999, 112, 2 * math.sqrt(21), 0.6, math.sqrt(2), 0.1 + 0.01 * i).epsilon
+              for i in range(5))
+    assert eps == pytest.approx(1140.79, abs=0.01)
+    for name in ("dsgd", "dola", "pdop", "dsgd_eq", "dola_eq"):
+        other = load_scenario(root / f"seed001_cheapest_{name}.toml")
+        assert other.model == sc.model and other.data == sc.data and other.network == sc.network, name
 
 
 def test_drops_weaken_contraction_and_raise_epsilon(tmp_path):
@@ -257,6 +343,13 @@ def test_oracle_matches_sklearn_weighted_logistic_regression():
     ref = LogisticRegression(C=1 / 0.3, tol=1e-12, max_iter=10000)
     ref.fit(X[rows], y[rows], sample_weight=w[rows])
     np.testing.assert_allclose(star, np.r_[ref.coef_[0], ref.intercept_], atol=1e-5)
+    # without an intercept (the paper's model): exactly d coordinates, all penalised
+    o = TrackingOracle(X, y, l2=0.3, m=2, bias=False)
+    star = o.solve(rows, w[rows])
+    ref = LogisticRegression(C=1 / 0.3, tol=1e-12, max_iter=10000, fit_intercept=False)
+    ref.fit(X[rows], y[rows], sample_weight=w[rows])
+    assert star.shape == (6,)
+    np.testing.assert_allclose(star, ref.coef_[0], atol=1e-5)
 
 
 def test_history_stream_is_iid_from_own_pool_and_append_only():

@@ -1,5 +1,9 @@
-"""Seed 001: locally differentially private distributed online learning (Chen & Wang, arXiv 2306.14094)
-and the three baselines it is compared with. Spec: shared/specs/seed-001-ldp-online.md.
+"""Z. Chen and Y. Wang, "Locally differentially private distributed online learning with guaranteed
+optimality" (arXiv 2306.14094), Algorithm 1, and the three baselines the paper compares it with:
+S. Pu, A. Olshevsky and I. C. Paschalidis, "A sharp estimate on the transient time of distributed
+stochastic gradient descent" (IEEE TAC 2021) [55]; C. Li, P. Zhou, L. Xiong, Q. Wang and T. Wang,
+"Differentially private distributed online learning" (IEEE TKDE 2018) [45]; Z. Huang, S. Mitra and
+N. Vaidya, "Differentially private distributed optimization" (ICDCN 2015) [30].
 
 Every learner acquires ``per_round`` new samples per step from its own data stream
 (netsim.compute.streaming) and broadcasts a Laplace-noised copy of its state, a release recorded in
@@ -16,10 +20,13 @@ learner's own step count t (so they also make sense under asynchronous activatio
   + C lambda_t/(t+1), with the self-weight w_ii this step actually had (missing neighbours shrink it).
 - ``ldp_dsgd`` (B1, Pu et al. [55] as the paper compares it): gamma_t = 1, the current sample's
   gradient, Alg 1's noise and stepsize. Delta_t = sqrt(n) Psi_t, Psi_{t+1} = max(a_t Psi_t, C lambda_t)
-  (the worst single-sample position; = sqrt(n) C lambda_{t-1} on the paper's ring, spec P3).
+  (the worst single-sample position; = sqrt(n) C lambda_{t-1} on the paper's ring).
 - ``dola`` (B2, Li et al. [45], Alg. 1): b_t = sum_j A_ij (w_t^j + noise_j) with A = I + W and the
-  node's own noisy copy; w_{t+1} = Proj(b_t - alpha_{t+1} grad l(b_t, xi_t)); noise Lap(noise0/(t+1)).
-  Delta_t = sqrt(n) C alpha_t (b_t is post-processing of releases, so only xi_{t-1} moves w_t).
+  node's own noisy copy; w_{t+1} = Proj(b_t - alpha grad l(b_t, xi_t)), alpha_s = alpha0/(s+1), the
+  index s of the step taken at step t being ``step_index``: "t+1" (DOLA's Algorithm 1 writes
+  alpha_{t+1}; the default) or "t"; noise Lap(noise0/(t+1)). The release of w_t records
+  Delta_t = sqrt(n) C alpha_s of the step that produced it (b_{t-1} is post-processing of releases, so
+  only xi_{t-1} moves w_t): sqrt(n) C alpha_t with "t+1", sqrt(n) C alpha_{t-1} with "t".
 - ``pdop`` (B3, Huang et al. [30]): y = x + Lap(M p^t); v = sum_j A_ij y_j;
   x_{t+1} = Proj(v - gamma_t grad l(v, xi_t)); Delta_t = sqrt(n) C gamma_{t-1}.
 
@@ -54,15 +61,17 @@ def _open_unit(v: float) -> str | None:
 
 @attrs.frozen
 class Common:
-    """Parameters every method of the family shares (spec 7.1 / 7.2 defaults: mushrooms)."""
+    """Parameters every method of the family shares (defaults: the paper's mushrooms run, Sec. VII-A)."""
 
     w: float = field(0.3, check=positive, doc="coupling weight w_ij of each neighbour (paper: 0.3, ring)")
     radius: float = field(1e5, check=positive, doc="Theta = L2 ball of this radius (projection, D9)")
     per_round: int = field(1, check=at_least(1), doc="N_i: samples acquired per step (M2)")
-    C: float = field(2 * math.sqrt(22), check=positive,
-                     doc="A5 bound on ||grad l(.,xi) - grad l(.,xi')|| (mushrooms with bias: 2 sqrt 22)")
+    C: float = field(2 * math.sqrt(21), check=positive,
+                     doc="A5 bound on ||grad l(.,xi) - grad l(.,xi')|| (mushrooms, no intercept: every row has "
+                         "21 ones, so 2 sqrt 21; with an intercept 2 sqrt 22)")
     clip: bool = field(False, doc="clip per-sample gradients to C/2 (enforces A5 for any data)")
-    L_acc: float = field(0.0, check=nonneg, doc="L in the sensitivity recursion (spec P1: 0, 'paper shape')")
+    L_acc: float = field(0.0, check=nonneg, doc="L in the sensitivity recursion (0: the shape of the paper's "
+                                                "budget curves; the true L makes eq. 22 vacuous)")
     init: Literal["normal", "model"] = field("normal", doc="theta_0 ~ N(0, init_std^2 I) per learner (D5)")
     init_std: float = field(1.0, check=positive)
     exchange: Literal["sync", "async"] = field("sync", doc="barrier per step, or mix the latest copies")
@@ -91,7 +100,10 @@ class DSGDParams(LDPOnlineParams):
 
 @attrs.frozen
 class DOLAParams(Common):
-    alpha0: float = field(1.0, check=positive, doc="alpha_t = alpha0/(t+1) (DOLA's strongly convex step)")
+    alpha0: float = field(1.0, check=positive, doc="alpha_s = alpha0/(s+1) (DOLA's strongly convex step)")
+    step_index: Literal["t+1", "t"] = field(
+        "t+1", doc="the stepsize index at step t: 't+1' w_{t+1} = Proj(b_t - alpha_{t+1} grad), as DOLA's "
+                   "Algorithm 1 writes it (first step alpha0/2); 't' alpha_t (first step alpha0)")
     noise0: float = field(0.35, check=nonneg, doc="Laplace scale noise0/(t+1) (paper's MNIST 0.07/0.2)")
 
 
@@ -251,23 +263,35 @@ def _mix_noisy(own_y: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> t
     return out
 
 
+def dola_step_shift(p: DOLAParams) -> int:
+    """1 when step t uses alpha_{t+1} (DOLA's Algorithm 1), 0 when it uses alpha_t."""
+    return 1 if p.step_index == "t+1" else 0
+
+
+def dola_alpha(p: DOLAParams, s: int) -> float:
+    """alpha_s = alpha0 / (s + 1), s >= 0."""
+    return p.alpha0 / (s + 1)
+
+
 @register("dola", DOLAParams)
 def dola(agent, p: DOLAParams):
     """B2: DOLA [45], Alg. 1: mix the noisy states, then a projected gradient step at the mixed point."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     n = agent.params.numel()
+    shift = dola_step_shift(p)
     k = 0
     while True:
         yield agent.wake()
         new = stream.next()
         x = agent.params
         scale = p.noise0 / (k + 1)
-        y = release(agent, x, k, scale, math.sqrt(n) * p.C * p.alpha0 / (k + 1))  # w_k's sensitivity
+        sens = math.sqrt(n) * p.C * dola_alpha(p, k - 1 + shift) if k else 0.0  # the step that made w_k
+        y = release(agent, x, k, scale, sens)
         got = yield from ex(y, k)  # y None: budget cap reached, nothing more is released
         b = _mix_noisy(x if y is None else y, got, p.w)
         g = yield agent.gradient(rows=new, params=b, **_grad_kw(p))
-        agent.params = project(b - p.alpha0 / (k + 2) * g, p.radius)  # alpha_{t+1}
+        agent.params = project(b - dola_alpha(p, k + shift) * g, p.radius)  # alpha_{t+1} or alpha_t
         k += 1
 
 

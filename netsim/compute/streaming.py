@@ -1,16 +1,18 @@
-"""Streaming data for online learners (seed 001) and the moving target theta*_t they track.
+"""Streaming data for online learners and the moving target theta*_t they track (Z. Chen and Y. Wang,
+"Locally differentially private distributed online learning with guaranteed optimality", Sec. II-A).
 
 Each agent acquires ``per_round`` new samples per step, drawn i.i.d. with replacement from its own
-partition (spec 9 M3, the i.i.d. model of A3) from its own named stream ``("data_stream", i)``, and
-appends them to an append-only history D_t^i. The time-varying ERM objective (spec eq. 2) is
+partition (the i.i.d. model of Assumption 3) from its own named stream ``("data_stream", i)``, and
+appends them to an append-only history D_t^i. The time-varying ERM objective (eq. 2) is
 
     F_t(theta) = (1/m) sum_i f_t^i(theta),   f_t^i = mean loss over D_t^i  (+ the model's L2 term)
 
 and theta*_t its minimiser. ``tracking_metrics`` evaluates the learners against theta*_t (Remark 1):
 mean_i ||theta_i - theta*_t||^2, ||mean_i theta_i - theta*_t|| (Table I) and the instantaneous regret
 mean_i F_t(theta_i) - F_t(theta*_t). The oracle is a warm-started damped Newton solver on the pooled,
-weighted history (spec 8.1 item 7), exact to a gradient norm of 1e-10; it knows the binary logistic
-model's loss (netsim's ``logistic``: bias included, bias not penalised).
+weighted history, exact to a gradient norm of 1e-10; it knows the binary logistic
+model's loss (netsim's ``logistic``: with ``model.bias`` an unpenalised intercept, last in the parameter
+row; without it exactly the d feature weights, as Chen & Wang's Experiment A defines the model).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def check_tracking(sim) -> None:
 
 
 class TrackingOracle:
-    """theta*_t of the pooled histories for netsim's binary logistic model, warm-started Newton."""
+    """theta*_t of the pooled histories for netsim's binary logistic model, warm-started Newton.
+    ``bias``: the model's unpenalised intercept (last coordinate), or none (exactly d parameters)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, l2: float, m: int, bias: bool = True):
         X = X.astype(np.float64)
@@ -139,6 +142,9 @@ def tracking_metrics(sim) -> dict[str, float]:
     with threadpool_limits(1):  # small dense solves: threads only contend on a shared machine (10x)
         star = oracle.solve(rows, w[rows])
     W = sim.bank.W.detach().to("cpu", torch.float64).numpy()
+    if W.shape[1] != oracle.Xt.shape[1]:
+        raise InputError("evaluation.metrics", f"'tracking': the model has {W.shape[1]} parameters, the "
+                                               f"oracle's logistic model {oracle.Xt.shape[1]}")
     F = oracle.value(W, rows, w[rows])
     f_star = oracle.value(star, rows, w[rows])[0]
     return {"tracking_mse": float(((W - star) ** 2).sum(1).mean()),
