@@ -1,4 +1,4 @@
-"""Seed 002: DFedSAM / DFedSAM-MGS and the FedAvg/FedSAM server (netsim/algorithms/dfedsam.py, fedavg.py).
+"""DFedSAM / DFedSAM-MGS (Shi et al., ICML 2023) and the FedAvg/FedSAM server (netsim/algorithms/dfedsam.py, fedavg.py).
 
 Closed forms: Q gossip steps are W^Q (or the product of the random graphs' matrices), a SAM step is
 the hand-computed two-pass step on the same mini-batch, rho = 0 is DFedAvg, the server's update is the
@@ -66,7 +66,7 @@ def test_random_neighbors_gossip_is_the_product_of_the_drawn_matrices(scenario):
             Wq[i, [i, *ins[i]]] = 1.0 / (k + 1)
             assert sorted(j for j in range(n) if i in ins[j]) == outs[i]
         M = Wq @ M
-    assert not np.allclose(M, M.T)  # directed, row-stochastic: spec 4's DisPFL-style draw
+    assert not np.allclose(M, M.T)  # directed, row-stochastic: the DisPFL-style draw (App. B.4)
     np.testing.assert_allclose(sim.bank.W.cpu().numpy(), M @ X0.numpy(), rtol=0, atol=1e-13)
     # the same draw whatever the algorithm (an addressed stream)
     other = _sim(scenario, "dfedavg", local_steps=0, random_neighbors=k, count=n,
@@ -122,6 +122,42 @@ def test_sam_step_matches_the_hand_computed_two_pass_step(scenario):
         Z.append(x - lr * (g2 + wd * x))
     expect = sim.W.toarray() @ torch.stack(Z).numpy()
     np.testing.assert_allclose(sim.bank.W.cpu().numpy(), expect, rtol=0, atol=1e-12)
+
+
+def test_local_epochs_are_shuffled_passes_over_the_shard(scenario):
+    """local_epochs = 2, B = 13: each epoch is a fresh permutation of the client's rows (the agent's batch
+    stream) cut into ceil(n_i / 13) batches, the last one smaller; every SAM step uses one of them for
+    both passes. Hand-computed from the same stream, then one gossip step."""
+    rho, B, lr, wd, E = 0.5, 13, 0.2, 0.01, 2
+    sim = _sim(scenario, "dfedsam", local_steps=1, local_epochs=E, rho=rho, batch=B, lr=lr, weight_decay=wd)
+    X0 = _spread(sim)
+    sim.run()
+    streams = Streams(5)
+    Z, steps = [], 0
+    for i in range(6):
+        part = sim.data.parts[i]
+        n = len(part)
+        assert n % B != 0  # the last batch is a short one
+        y = X0[i]
+        for _ in range(E):
+            order = part[streams.rng("batch", i).permutation(n)]
+            batches = [order[s:s + B] for s in range(0, n, B)]
+            assert sorted(np.concatenate(batches).tolist()) == sorted(part.tolist())  # each row once
+            for rows in batches:
+                X, yy = sim.X[rows].cpu(), sim.y[rows].cpu()
+                g = _logistic_grad(y, X, yy)
+                g2 = _logistic_grad(y + rho * g / (g.norm() + 1e-12), X, yy)
+                y = y - lr * (g2 + wd * y)
+                steps += 1
+        Z.append(y)
+    assert sim.gradients.evaluated == 2 * steps  # two passes per SAM step, K_i = E ceil(n_i / B)
+    expect = sim.W.toarray() @ torch.stack(Z).numpy()
+    np.testing.assert_allclose(sim.bank.W.cpu().numpy(), expect, rtol=0, atol=1e-12)
+
+
+def test_local_epochs_refuse_the_dp_option(scenario):
+    with pytest.raises(InputError, match=r"algorithm.local_epochs.*Poisson"):
+        _sim(scenario, "dfedsam", local_epochs=1, noise_multiplier=1.0)
 
 
 def test_momentum_is_heavy_ball_reset_each_round(scenario):

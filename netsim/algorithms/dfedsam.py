@@ -1,34 +1,46 @@
-"""DFedSAM and DFedSAM-MGS (seed 002) with their decentralized baselines DFedAvg and DFedAvgM.
+"""DFedSAM and DFedSAM-MGS with their decentralized baselines DFedAvg and DFedAvgM.
 
-Shi et al., "Improving the Model Consistency of Decentralized Federated Learning" (seed 002, the
-double-blind version; spec ../shared/specs/seed-002-dfedsam.md). Every round t all m clients train
-and then gossip (Algorithm 1, App. C, read as spec 2.1):
+Shi, Shen, Wei, Sun, Yuan, Wang, Tao, "Improving the Model Consistency of Decentralized Federated
+Learning" (ICML 2023; the double-blind version's equation numbers). Every round t all m clients train
+and then gossip (Algorithm 1, App. C; its y^{t,0} line sits inside the k-loop by a typo):
 
 - K local SAM steps, eq. (3): ``g = grad F_i(y; xi)``, ``delta = rho g / ||g||_2`` (eq. (2) to first
-  order, Foret et al. 2021; global L2 norm, eps 1e-12), ``g~ = grad F_i(y + delta; xi)`` on the SAME
-  mini-batch, ``y <- y - eta_t (g~ + wd y)`` from the unperturbed y; eta_t = eta_0 decay^t (B12).
+  order, Foret et al., "Sharpness-Aware Minimization for Efficiently Improving Generalization", ICLR
+  2021; one L2 norm over all parameters, + 1e-12), ``g~ = grad F_i(y + delta; xi)`` on the SAME
+  mini-batch, ``y <- y - eta_t (g~ + wd y)`` from the unperturbed y (the base optimizer is SGD with
+  weight decay 5e-4 and no momentum, App. B.3); eta_t = eta_0 decay^t, constant within a round (Sec. 5:
+  "local learning rate as 0.1 with a decay rate 0.998 per communication round").
 - Q gossip steps, eq. (5): ``z^{q+1}_i = sum_l w_il z^q_l``, each a synchronous exchange
   (``comm.sync_round``, a neighbour barrier with timeout); Q = 1 is eq. (4) (DFedSAM), Q > 1 is
-  DFedSAM-MGS. Without loss the round is X^{t+1} = W^Q Z^t.
+  DFedSAM-MGS (Q = 4 in the experiments). Without loss the round is X^{t+1} = W^Q Z^t.
 
-Baselines in the same loop (spec 5): DFedAvg (Sun et al., TPAMI 2022) is rho = 0, Q = 1 and then does
-one gradient pass per step, so its trace is that of DFedSAM with rho = 0; DFedAvgM adds heavy-ball
-momentum theta (``y^{k+1} = y^k - eta g + theta (y^k - y^{k-1})``, reset each round). The paper's
-D-PSGD (App. B.3) is DFedAvg with one local epoch instead of five (``local_steps`` 1/5 as large);
-netsim's classical ``dpsgd`` (Lian et al. 2017) is the one-step variant.
+Local work: ``local_steps`` mini-batches drawn by the agent's sampler (``data.sampling``), or
+``local_epochs`` > 0: the paper's unit (App. B.3: 5 local epochs, D-PSGD 1), each epoch a fresh
+permutation of the client's rows cut into ceil(n_i / B) batches, the last one smaller (a shuffling
+``torch.utils.data.DataLoader``); K = local_epochs * ceil(n_i / B) then depends on the shard size.
 
-Topology: the scenario's static graph and mixing matrix, or ``random_neighbors = k > 0``: in every
-gossip step each client independently draws k distinct other clients as in-neighbours and averages
-uniformly over itself and them (weight 1/(k+1); spec 4 / B3, DisPFL's ``_benefit_choose(cs="random")``;
-directed and row-stochastic, resampled per gossip step). The draw for (round t, step q) comes from the
-``topology_schedule`` stream keyed (t, q), so every algorithm sees the same graphs. (The spec's
-``symmetrize`` option is not implemented.) Use ``topology.kind = "complete"`` so any pair may talk.
+Baselines in the same loop (Sec. 5 / App. B.3): DFedAvg (Sun, Li, Wang, "Decentralized Federated
+Averaging", TPAMI 2022) is rho = 0, Q = 1 and then does one gradient pass per step, so its trace is
+that of DFedSAM with rho = 0; DFedAvgM (same paper) adds heavy-ball momentum theta
+(``y^{k+1} = y^k - eta g + theta (y^k - y^{k-1})``, reset each round). The paper's D-PSGD (App. B.3)
+is DFedAvg with one local epoch instead of five; netsim's classical ``dpsgd`` (Lian et al. 2017) is the
+one-step variant.
+
+Topology: the scenario's static graph and mixing matrix, or ``random_neighbors = k > 0``, the
+time-varying graph of Sec. 5 / App. B.4 ("at most 10 neighbors ... random sampled without
+replacement"), read as in the DisPFL code the paper builds on (Dai et al., ICML 2022,
+``_benefit_choose(cs="random")``): in every gossip step each client independently draws k distinct
+other clients as in-neighbours and averages uniformly over itself and them (weight 1/(k+1); directed
+and row-stochastic, resampled per gossip step). The draw for (round t, step q) comes from the
+``topology_schedule`` stream keyed (t, q), so every algorithm sees the same graphs. (A symmetrised
+variant is not implemented.) Use ``topology.kind = "complete"`` so any pair may talk.
 
 Privacy (not in the paper; netsim's option): ``noise_multiplier > 0`` clips per-example gradients to
 ``clip`` and releases each gradient through ``Agent.privatize`` (std z C / B). SAM's ascent gradient
 is data-dependent and moves the point where the descent gradient is taken, so both passes are
 privatized: two releases per SAM step. Once the budget cap is hit the client stops training and only
-gossips (post-processing).
+gossips (post-processing). The accounting assumes Poisson-subsampled batches, so it is refused with
+``local_epochs`` (shuffled epochs).
 """
 
 from __future__ import annotations
@@ -58,18 +70,22 @@ def _momentum(v: float) -> str | None:
 @attrs.frozen
 class DFedSAMParams:
     """One parameter set for the whole family (decentralized and centralized, ``fedavg.py``), so a
-    sweep can switch ``algorithm.name`` over the same keys. Defaults are the paper's (spec 7.1)."""
+    sweep can switch ``algorithm.name`` over the same keys. Defaults are the paper's (Sec. 5, App. B.3)."""
 
     lr: float = field(0.1, check=nonneg, doc="eta_0, local learning rate")
-    lr_decay: float = field(0.998, check=_unit_open, doc="eta_t = lr * lr_decay^t per round (B12)")
+    lr_decay: float = field(0.998, check=_unit_open, doc="eta_t = lr * lr_decay^t, once per round")
     batch: int = field(128, check=at_least(0), doc="mini-batch size B (0 = the full local data)")
-    local_steps: int = field(20, check=at_least(0), doc="K local steps per round (5 epochs of 500 rows, B7)")
+    local_steps: int = field(20, check=at_least(0), doc="K local steps per round (5 epochs of 500 rows of "
+                                                         "batch 128); unused when local_epochs > 0")
+    local_epochs: int = field(0, check=at_least(0), doc="E > 0: E shuffled passes over the local rows per "
+                                                         "round, ceil(n_i/B) batches each (the paper's unit); "
+                                                         "0: local_steps batches from the agent's sampler")
     rho: float = field(0.01, check=nonneg, doc="SAM radius (0 = plain SGD: DFedAvg)")
-    weight_decay: float = field(5e-4, check=nonneg, doc="wd in y <- y - eta (g + wd y) (B6)")
+    weight_decay: float = field(5e-4, check=nonneg, doc="wd in y <- y - eta (g + wd y)")
     momentum: float = field(0.0, check=_momentum, doc="heavy-ball theta, reset every round (DFedAvgM: 0.9)")
     gossip_steps: int = field(1, check=at_least(1), doc="Q gossip steps per round (MGS: 4)")
     random_neighbors: int = field(0, check=at_least(0), doc="k > 0: k random in-neighbours per gossip "
-                                                            "step (spec 4); 0: the scenario's topology")
+                                                            "step (App. B.4); 0: the scenario's topology")
     round_timeout: float = field(1.0, check=positive, doc="seconds a gossip step waits for neighbours")
     round_from: Literal["count", "clock"] = field(
         "count", doc="round t = own round count, or the activation tick's index on the local clock "
@@ -104,17 +120,27 @@ def local_train(agent, p: DFedSAMParams, x: torch.Tensor, t: int, dp: dict) -> G
     eta = p.lr * p.lr_decay ** t
     private = p.noise_multiplier > 0
     clip = p.clip if private else None
+    n = len(agent.rows)
+    size = p.batch or n
+    per_epoch = math.ceil(n / size)
+    steps = p.local_steps if p.local_epochs == 0 else p.local_epochs * per_epoch
     y = x.clone()
     prev = y
-    for _ in range(p.local_steps):
+    for k in range(steps):
         if dp.get("spent"):
             break
-        rows = agent.sample_rows(p.batch)                      # xi: one mini-batch for both passes
+        if p.local_epochs == 0:
+            rows = agent.sample_rows(p.batch)                  # xi: one mini-batch for both passes
+        else:                                                  # a shuffled epoch, cut into batches
+            j = k % per_epoch
+            if j == 0:
+                order = agent.rows[agent.sim.streams.rng("batch", agent.id).permutation(n)]
+            rows = order[j * size:(j + 1) * size]
         g = yield agent.gradient(params=y, rows=rows, clip=clip, clip_kind=p.clip_kind)
         if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
             break
         if p.rho > 0:
-            perturbed = y + g * (p.rho / (float(g.norm()) + 1e-12))   # delta = rho g / ||g||_2 (B14)
+            perturbed = y + g * (p.rho / (float(g.norm()) + 1e-12))   # delta = rho g / ||g||_2, eq. (3)
             g = yield agent.gradient(params=perturbed, rows=rows, clip=clip, clip_kind=p.clip_kind)
             if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
                 break
@@ -138,7 +164,7 @@ def _privatize(agent, p: DFedSAMParams, g: torch.Tensor, b: int, dp: dict) -> to
 
 # --------------------------------------------------------------------------------------------------
 class RandomInNeighbors:
-    """The time-varying random graph of spec 4: for (round t, gossip step q), every client draws k
+    """The time-varying random graph of App. B.4: for (round t, gossip step q), every client draws k
     distinct other clients uniformly without replacement as its in-neighbours. One draw per (t, q)
     for the whole run (shared by all agents through the simulation), from a stream addressed by
     (topology_schedule, t, q), so it never shifts another stream."""
@@ -220,9 +246,15 @@ def dfedsam(agent, p: DFedSAMParams):
 
 
 def _check(sim, p: DFedSAMParams) -> None:
-    """Before the run writes anything (Simulation calls ``program.check``): k must fit the agents."""
+    """Before the run writes anything (Simulation calls ``program.check``): k must fit the agents, and
+    the DP option's accounting (Poisson-subsampled batches) does not describe shuffled epochs."""
     if p.random_neighbors:
         RandomInNeighbors.of(sim, p.random_neighbors)
+    if p.local_epochs and p.noise_multiplier > 0:
+        from netsim.errors import InputError
+
+        raise InputError("algorithm.local_epochs", "shuffled epochs are not Poisson-subsampled batches, "
+                         "which the DP option's accounting assumes; use local_steps with noise_multiplier > 0")
 
 
 dfedsam.check = _check  # type: ignore[attr-defined]

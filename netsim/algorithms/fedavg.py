@@ -1,15 +1,16 @@
-"""Centralized FedAvg and FedSAM with the server as agent 0 of the simulated network (seed 002's
-centralized baselines, spec 5), so the server's traffic crosses links like everyone else's.
+"""Centralized FedAvg and FedSAM with the server as agent 0 of the simulated network (the centralized
+baselines of Shi et al., "Improving the Model Consistency of Decentralized Federated Learning", ICML
+2023, Sec. 5), so the server's traffic crosses links like everyone else's.
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data" (AISTATS
 2017), Algorithm 1 (FederatedAveraging), with a global learning rate (Reddi et al., ICLR 2021, Alg. 1;
-seed 002 App. B.3: 1.0): each round the server samples ceil(fraction * clients) clients uniformly
+Shi et al. App. B.3: 1.0): each round the server samples ceil(fraction * clients) clients uniformly
 without replacement and sends them x; each runs K local steps from x and returns (y_i, n_i); the server
 sets x <- x + server_lr * sum_i n_i (y_i - x) / sum_i n_i over the replies that arrived by the
 timeout (a lost reply leaves its client out of that round's average).
 FedSAM (Qu et al., "Generalized Federated Learning via Sharpness Aware Minimization", ICML 2022,
-Algorithm 1) is the same with SAM local steps (``dfedsam.local_train``, seed 002 eq. (3)); seed 002
-uses no weight decay for it (App. B.3) and does not state its rho (B8: 0.05).
+Algorithm 1) is the same with SAM local steps (``dfedsam.local_train``, Shi et al. eq. (3)); Shi et al.
+use no weight decay for it (App. B.3) and take its rho from Qu et al. without stating it (default 0.05).
 
 Agent 0 is the server (it holds a data shard it never uses; the clients are agents 1..n-1, so their
 shards are those of the decentralized runs with the same seed); use ``topology.kind = "star"``, whose
@@ -39,7 +40,7 @@ class FedAvgParams(DFedSAMParams):
 
 @attrs.frozen
 class FedSAMParams(DFedSAMParams):
-    rho: float = field(0.05, check=nonneg, doc="SAM radius (FedSAM; B8: 0.05)")
+    rho: float = field(0.05, check=nonneg, doc="SAM radius (FedSAM; Qu et al.'s, unstated: 0.05)")
     weight_decay: float = field(0.0, check=nonneg, doc="wd (FedSAM: none, App. B.3)")
 
 
