@@ -72,14 +72,15 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     sim.run()
     d = sim.bank.W.shape[1]
     k = math.ceil(ratio * d)
+    kd = k / d                      # eqs. (6), (7) take the integer k actually kept
     q = len(sim.agents[0].rows)
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, ratio, p_act, strict=False).sigma
+    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p_act, strict=False).sigma
     rel = [e for e in events if isinstance(e, Release)]
     sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
     assert rel and all(r.what == "gradient" and r.mechanism == "gaussian" and r.size == d for r in rel)
     assert all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
     assert {(r.q, r.p) for r in rel} == {(1.0 / q, p_act)}
-    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(ratio)) for r in rel)   # eq. (6), G = 1
+    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(kd)) for r in rel)   # eq. (6), G = 1
     rounds_released = {(r.agent, r.t) for r in rel}
     by_sender: dict[tuple, list] = {}
     for s in sends:
@@ -95,6 +96,25 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     frac = len(rel) / (len(sim.agents) * T)
     assert abs(frac - p_act) < 0.1
     assert sum(isinstance(e, Finish) for e in events) == len(sim.agents)
+
+
+@pytest.mark.parametrize("rounding, k", [("ceil", 3), ("floor", 2), ("round", 2)])
+def test_k_rounding_sets_the_messages_k_and_the_eq7_sigma(rounding, k):
+    """k = ratio * d = 0.3 * 8 = 2.4 is rounded as ``k_rounding`` says; every top-k message carries that many
+    values, and eq. (6)'s sensitivity and eq. (7)'s sigma use the same integer k."""
+    events: list = []
+    eps = 0.5
+    sim = _sim(events, algorithm={"name": "do_adp", "rounds": 8, "lr": 0.05, "ratio": 0.3, "k_rounding": rounding,
+                                  "epsilon": eps}, privacy={"delta0": 1e-5})
+    sim.run()
+    d, q = sim.bank.W.shape[1], len(sim.agents[0].rows)
+    assert d == 8
+    sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
+    assert sends and {s.size for s in sends} == {k * (8 + 4)}
+    rel = [e for e in events if isinstance(e, Release)]
+    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, 8, 1.0, k / d, 1.0, strict=False).sigma
+    assert rel and all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
+    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(k / d)) for r in rel)
 
 
 def test_average_moves_only_by_gradient_terms():

@@ -43,7 +43,7 @@ import attrs
 import torch
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, PublicCopies
+from netsim.comm.compression import Compressor, KRounding, PublicCopies, kept_count
 from netsim.comm.patterns import drain, sync_round
 from netsim.comm.stats import stats_of
 from netsim.errors import InputError
@@ -99,6 +99,7 @@ class DOADPParams:
                         doc="momentum beta")
     gamma: float = field(0.05, check=_unit, doc="consensus step size gamma")
     ratio: float = field(1.0, check=_unit, doc="k/d of the top-k sparsifier (1 = dense messages)")
+    k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="B samples per gradient (paper: 1; 0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="G: coordinates clipped to +-G/sqrt(d) (0 = no clipping)")
     clip_kind: Literal["coordinate", "l2"] = field("coordinate", doc="coordinate (paper, A2) or l2 norm G")
@@ -132,19 +133,26 @@ def do_adp(agent, p: DOADPParams):
     act = agent.sim.scenario.agents.activation
     if act.kind == "poisson":
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
-    sigma = _eq7_sigma(agent, p, p.ratio, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
-    return _do_adp(agent, p, sigma)
+    kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
+    sigma = _eq7_sigma(agent, p, kd, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
+    return _do_adp(agent, p, sigma, kd)
 
 
-def _do_adp(agent, p: DOADPParams, sigma: float):
+def realised_k_over_d(d: int, ratio: float, rounding: str) -> float:
+    """The realised k/d of top-k with k = ratio * d rounded to an integer (eqs. (6), (7) take this k)."""
+    return kept_count(d, ratio, rounding) / d
+
+
+def _do_adp(agent, p: DOADPParams, sigma: float, kd: float):
     x = agent.params
     d = x.numel()
     G = p.clip
     clip = None if G == 0 else (G / math.sqrt(d) if p.clip_kind == "coordinate" else G)
     B = p.batch or len(agent.rows)
-    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, p.ratio, p.sensitivity, B)
+    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B)
     q = min(1.0, B / len(agent.rows))
-    pc = PublicCopies(Compressor("none" if p.ratio >= 1 else "topk", p.ratio), x, agent.weights)
+    comp = Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
+    pc = PublicCopies(comp, x, agent.weights)
     m = agent.sim.bank.state("do_adp_momentum")[agent.id]   # a view: lives in the bank (checkpoints)
     stats = stats_of(agent.sim)
     pending: dict[int, list] = {}
@@ -306,6 +314,7 @@ class CPGTParams:
     lr: float = field(0.03, check=positive, doc="eta: gradient-tracking step (spec default: eta = alpha)")
     gamma: float = field(0.05, check=_unit, doc="consensus step size on the public copies")
     ratio: float = field(0.12, check=_unit, doc="k/d of the top-k sparsifier, per variable (paper: 0.12 x 2 = 24%)")
+    k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="samples per stochastic gradient (0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="C: coordinates clipped to +-C/sqrt(d) (0 = no clipping)")
     epsilon: float | None = field(0.01, check=_opt_pos, doc="total pure epsilon (Laplace, basic composition)")
@@ -351,7 +360,7 @@ def cpgt_scales(p: CPGTParams, d: int, t: int) -> tuple[float, float, float, flo
 def _cpgt(agent, p: CPGTParams):
     d = agent.params.numel()
     clip = None if p.clip == 0 else p.clip / math.sqrt(d)
-    comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio)
+    comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio, rounding=p.k_rounding)
     px = PublicCopies(comp, agent.params, agent.weights)
     py = PublicCopies(comp, agent.params, agent.weights)
     y = agent.sim.bank.state("cpgt_tracker")[agent.id]    # a view: lives in the bank (checkpoints)
