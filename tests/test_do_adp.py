@@ -1,4 +1,4 @@
-"""Seed 003, DO-ADP (netsim/algorithms/do_adp.py): special cases, noise placement, invariants."""
+"""DO-ADP (netsim/algorithms/do_adp.py): special cases, noise placement, invariants."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_k_rounding_sets_the_messages_k_and_the_eq7_sigma(rounding, k):
 
 def test_average_moves_only_by_gradient_terms():
     """x_bar_{t+1} = x_bar_t - (alpha/n) sum_i eta_i m_i: compression and consensus never change the
-    average (spec §2.2). With beta = 0 and alpha = 1 the total displacement is the sum of the noisy
+    average (App. C). With beta = 0 and alpha = 1 the total displacement is the sum of the noisy
     gradients the agents released, which we re-derive from the bank after the run."""
     sim = _sim(agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.6}},
                algorithm={"name": "do_adp", "rounds": T, "lr": 0.05, "beta": 0.0, "ratio": 0.25,
