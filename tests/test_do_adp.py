@@ -98,6 +98,45 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     assert sum(isinstance(e, Finish) for e in events) == len(sim.agents)
 
 
+def test_topk_and_random_activation_equal_matrix_form_reference():
+    """p = 0.7, k/d = 0.3, sigma = 0, coordinate clipping, full local batch: the run equals the matrix form
+    of Algorithm 1 (App. C) driven by the run's own activations (read from its releases):
+        M <- (clip(G) + Theta) eta + beta M,  X <- X - alpha M eta + gamma (W Xhat - Xhat),
+        Xhat <- Xhat + TopK(X - Xhat) eta,
+    with the consensus on the copies at the start of the round and inactive agents' momentum decaying.
+    Equal to float64 round-off (1e-12), as the dense reference above."""
+    events: list = []
+    alpha, beta, gamma, ratio = 0.3, 0.4, 0.5, 0.3
+    sim = _sim(events, agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.7}},
+               algorithm={"name": "do_adp", "rounds": T, "lr": alpha, "beta": beta, "gamma": gamma,
+                          "ratio": ratio, "batch": 0, "clip": 1.0, "sigma": 0.0})
+    n, d = sim.bank.W.shape
+    k = math.ceil(ratio * d)
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64, device=sim.device)
+    X, y = sim.X, sim.y.long()
+    x0 = sim.bank.W.clone()
+    sim.run()
+    eta = torch.zeros(T, n, dtype=torch.bool)
+    for r in events:
+        if isinstance(r, Release):
+            eta[round(r.t - 0.01) - 1, r.agent] = True
+    assert 0.5 < float(eta.double().mean()) < 0.9          # some agents really sat rounds out
+    x, xh, m = x0, torch.zeros_like(x0), torch.zeros_like(x0)
+    for t in range(T):
+        on = eta[t].to(sim.device).unsqueeze(1)
+        g = torch.stack([sim.model.grad(x[i:i + 1], X[sim.data.parts[i]].unsqueeze(0),
+                                        y[sim.data.parts[i]].unsqueeze(0), clip=1.0 / math.sqrt(d),
+                                        clip_kind="coordinate")[0] for i in range(n)])
+        m = torch.where(on, g + beta * m, beta * m)
+        x = x - alpha * torch.where(on, m, torch.zeros_like(m)) + gamma * (W @ xh - xh)
+        diff = x - xh
+        idx = diff.abs().topk(k, dim=1).indices
+        s = torch.zeros_like(diff).scatter_(1, idx, diff.gather(1, idx))
+        xh = xh + torch.where(on, s, torch.zeros_like(s))
+    assert float((x - sim.bank.W).abs().max()) < 1e-12
+    assert float((x - xh).abs().max()) > 1e-3     # the copies really lag (top-k kept 3 of 8)
+
+
 @pytest.mark.parametrize("rounding, k", [("ceil", 3), ("floor", 2), ("round", 2)])
 def test_k_rounding_sets_the_messages_k_and_the_eq7_sigma(rounding, k):
     """k = ratio * d = 0.3 * 8 = 2.4 is rounded as ``k_rounding`` says; every top-k message carries that many
