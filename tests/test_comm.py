@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from netsim.comm.compression import Compressor, ErrorFeedback, PublicCopies
+from netsim.comm.compression import Compressor, ErrorFeedback, PublicCopies, kept_count
 from netsim.comm.patterns import PushSum
 from netsim.comm.stats import comm_summary
 from netsim.scenario import scenario_from_dict
@@ -186,6 +186,25 @@ def test_payload_size_equals_encoded_size(comp, dtype):
                   "qsgd": 4 + math.ceil(d * (comp.bits + 1) / 8)}[comp.kind]
         assert enc.size_bytes == expect == comp.encoded_size(d, vb)
         assert enc.decode().shape == v.shape and enc.decode().dtype == dtype
+
+
+def test_kept_count_rounding():
+    """k = ratio * d as an integer in [1, d]: rounded up, down or half up; a product that misses an integer
+    by floating-point error only (0.14 * 50 = 7.000000000000001) is that integer under every rounding."""
+    assert [kept_count(51, 0.3, r) for r in ("ceil", "floor", "round")] == [16, 15, 15]
+    assert [kept_count(8, 0.3, r) for r in ("ceil", "floor", "round")] == [3, 2, 2]
+    assert [kept_count(10, 0.25, r) for r in ("ceil", "floor", "round")] == [3, 2, 3]   # 2.5: half up
+    assert 0.14 * 50 != 7 and [kept_count(50, 0.14, r) for r in ("ceil", "floor", "round")] == [7, 7, 7]
+    assert [kept_count(90, 0.7, r) for r in ("ceil", "floor", "round")] == [63, 63, 63]   # 62.99999999999999
+    assert kept_count(50, 0.3) == 15 and kept_count(5, 0.01, "floor") == 1 and kept_count(5, 1.0) == 5
+    v = torch.arange(51, dtype=torch.float64)
+    for r, k in (("ceil", 16), ("floor", 15), ("round", 15)):
+        comp = Compressor("topk", 0.3, rounding=r)
+        enc = comp(v)
+        assert enc.values.numel() == k and enc.size_bytes == comp.encoded_size(51, 8) == k * 12
+        assert torch.equal(enc.indices, torch.arange(51 - k, 51))
+    with pytest.raises(ValueError):
+        kept_count(10, 0.33, "nearest")
 
 
 def test_topk_keeps_largest_and_randk_qsgd_are_unbiased():

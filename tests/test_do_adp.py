@@ -1,4 +1,4 @@
-"""Seed 003, DO-ADP (netsim/algorithms/do_adp.py): special cases, noise placement, invariants."""
+"""DO-ADP (netsim/algorithms/do_adp.py): special cases, noise placement, invariants."""
 
 from __future__ import annotations
 
@@ -72,14 +72,15 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     sim.run()
     d = sim.bank.W.shape[1]
     k = math.ceil(ratio * d)
+    kd = k / d                      # eqs. (6), (7) take the integer k actually kept
     q = len(sim.agents[0].rows)
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, ratio, p_act, strict=False).sigma
+    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p_act, strict=False).sigma
     rel = [e for e in events if isinstance(e, Release)]
     sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
     assert rel and all(r.what == "gradient" and r.mechanism == "gaussian" and r.size == d for r in rel)
     assert all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
     assert {(r.q, r.p) for r in rel} == {(1.0 / q, p_act)}
-    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(ratio)) for r in rel)   # eq. (6), G = 1
+    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(kd)) for r in rel)   # eq. (6), G = 1
     rounds_released = {(r.agent, r.t) for r in rel}
     by_sender: dict[tuple, list] = {}
     for s in sends:
@@ -97,9 +98,67 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     assert sum(isinstance(e, Finish) for e in events) == len(sim.agents)
 
 
+def test_topk_and_random_activation_equal_matrix_form_reference():
+    """p = 0.7, k/d = 0.3, sigma = 0, coordinate clipping, full local batch: the run equals the matrix form
+    of Algorithm 1 (App. C) driven by the run's own activations (read from its releases):
+        M <- (clip(G) + Theta) eta + beta M,  X <- X - alpha M eta + gamma (W Xhat - Xhat),
+        Xhat <- Xhat + TopK(X - Xhat) eta,
+    with the consensus on the copies at the start of the round and inactive agents' momentum decaying.
+    Equal to float64 round-off (1e-12), as the dense reference above."""
+    events: list = []
+    alpha, beta, gamma, ratio = 0.3, 0.4, 0.5, 0.3
+    sim = _sim(events, agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.7}},
+               algorithm={"name": "do_adp", "rounds": T, "lr": alpha, "beta": beta, "gamma": gamma,
+                          "ratio": ratio, "batch": 0, "clip": 1.0, "sigma": 0.0})
+    n, d = sim.bank.W.shape
+    k = math.ceil(ratio * d)
+    W = torch.as_tensor(sim.W.toarray(), dtype=torch.float64, device=sim.device)
+    X, y = sim.X, sim.y.long()
+    x0 = sim.bank.W.clone()
+    sim.run()
+    eta = torch.zeros(T, n, dtype=torch.bool)
+    for r in events:
+        if isinstance(r, Release):
+            eta[round(r.t - 0.01) - 1, r.agent] = True
+    assert 0.5 < float(eta.double().mean()) < 0.9          # some agents really sat rounds out
+    x, xh, m = x0, torch.zeros_like(x0), torch.zeros_like(x0)
+    for t in range(T):
+        on = eta[t].to(sim.device).unsqueeze(1)
+        g = torch.stack([sim.model.grad(x[i:i + 1], X[sim.data.parts[i]].unsqueeze(0),
+                                        y[sim.data.parts[i]].unsqueeze(0), clip=1.0 / math.sqrt(d),
+                                        clip_kind="coordinate")[0] for i in range(n)])
+        m = torch.where(on, g + beta * m, beta * m)
+        x = x - alpha * torch.where(on, m, torch.zeros_like(m)) + gamma * (W @ xh - xh)
+        diff = x - xh
+        idx = diff.abs().topk(k, dim=1).indices
+        s = torch.zeros_like(diff).scatter_(1, idx, diff.gather(1, idx))
+        xh = xh + torch.where(on, s, torch.zeros_like(s))
+    assert float((x - sim.bank.W).abs().max()) < 1e-12
+    assert float((x - xh).abs().max()) > 1e-3     # the copies really lag (top-k kept 3 of 8)
+
+
+@pytest.mark.parametrize("rounding, k", [("ceil", 3), ("floor", 2), ("round", 2)])
+def test_k_rounding_sets_the_messages_k_and_the_eq7_sigma(rounding, k):
+    """k = ratio * d = 0.3 * 8 = 2.4 is rounded as ``k_rounding`` says; every top-k message carries that many
+    values, and eq. (6)'s sensitivity and eq. (7)'s sigma use the same integer k."""
+    events: list = []
+    eps = 0.5
+    sim = _sim(events, algorithm={"name": "do_adp", "rounds": 8, "lr": 0.05, "ratio": 0.3, "k_rounding": rounding,
+                                  "epsilon": eps}, privacy={"delta0": 1e-5})
+    sim.run()
+    d, q = sim.bank.W.shape[1], len(sim.agents[0].rows)
+    assert d == 8
+    sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
+    assert sends and {s.size for s in sends} == {k * (8 + 4)}
+    rel = [e for e in events if isinstance(e, Release)]
+    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, 8, 1.0, k / d, 1.0, strict=False).sigma
+    assert rel and all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
+    assert all(r.sensitivity == pytest.approx(2 * math.sqrt(k / d)) for r in rel)
+
+
 def test_average_moves_only_by_gradient_terms():
     """x_bar_{t+1} = x_bar_t - (alpha/n) sum_i eta_i m_i: compression and consensus never change the
-    average (spec §2.2). With beta = 0 and alpha = 1 the total displacement is the sum of the noisy
+    average (App. C). With beta = 0 and alpha = 1 the total displacement is the sum of the noisy
     gradients the agents released, which we re-derive from the bank after the run."""
     sim = _sim(agents={"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.6}},
                algorithm={"name": "do_adp", "rounds": T, "lr": 0.05, "beta": 0.0, "ratio": 0.25,

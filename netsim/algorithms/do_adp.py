@@ -1,4 +1,4 @@
-"""DO-ADP and its baselines (seed 003; docs/reproductions/seed-003.md).
+"""DO-ADP and its baselines (docs/reproductions/seed-003.md).
 
 Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Differential Privacy via
 Efficient Communication" (arXiv 2506.07102), Algorithm 1 with eq. (5), round t at agent i:
@@ -19,16 +19,17 @@ Execution. The kernel's Bernoulli activation wakes an agent only on its active t
 slept through are replayed when it wakes (their consensus steps and momentum decay, with the copies as
 they were then: neighbours' messages are bucketed by round and applied in round order). A message that
 arrives after its round was replayed is late: it is dropped and counted (``do_adp_late``), and that
-replica then differs from the sender's (the paper assumes reliable, round-synchronous links; spec §4).
+replica then differs from the sender's (the paper assumes reliable, round-synchronous links, Sec. II).
 Silence is read as inactivity. The agent finishes after ``rounds`` ticks (T).
 
 Privacy. Each active round releases the noisy gradient through ``Agent.privatize`` with sampling rate
 B/q and the scenario's activation p (the ledger). Recorded sensitivity: ``sensitivity = "topk"`` is the
-paper's Delta = 2G sqrt(k/d) (replace-one, eq. 6); ``"full"`` is 2G (spec caveat 2: the top-k support is
-data dependent). ``[privacy] closed_form = "seed003"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the
-conservative one; dp-accounting's RDP/PLD give the rigorous numbers.
+paper's Delta = 2G sqrt(k/d) (replace-one, eq. 6) with the integer k actually kept (``k_rounding``);
+``"full"`` is 2G (the conservative reading: the top-k support is data dependent and never privatised).
+``[privacy] closed_form = "seed003"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the conservative one;
+dp-accounting's RDP/PLD give the rigorous numbers.
 
-Baselines (the paper gives no update rules; spec §6, all **[reconstructed]**): ``dpdo`` (Huang, Mitra,
+Baselines (the paper gives no update rules; all **[reconstructed]** from the cited works): ``dpdo`` (Huang, Mitra,
 Vaidya 2015: Laplace-perturbed states, geometric schedules), ``dp_dda`` (Liu, Johansson, Shi 2024:
 node-sampled private dual averaging) and ``cpgt`` (Xie, Yi, Wang, Cao, Ren 2023: compressed gradient
 tracking with Laplace-perturbed public copies of x and y).
@@ -43,7 +44,7 @@ import attrs
 import torch
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, PublicCopies
+from netsim.comm.compression import Compressor, KRounding, PublicCopies, kept_count
 from netsim.comm.patterns import drain, sync_round
 from netsim.comm.stats import stats_of
 from netsim.errors import InputError
@@ -99,13 +100,14 @@ class DOADPParams:
                         doc="momentum beta")
     gamma: float = field(0.05, check=_unit, doc="consensus step size gamma")
     ratio: float = field(1.0, check=_unit, doc="k/d of the top-k sparsifier (1 = dense messages)")
+    k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="B samples per gradient (paper: 1; 0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="G: coordinates clipped to +-G/sqrt(d) (0 = no clipping)")
     clip_kind: Literal["coordinate", "l2"] = field("coordinate", doc="coordinate (paper, A2) or l2 norm G")
     sigma: float | None = field(None, check=_opt_nonneg, doc="noise std (overrides epsilon)")
     epsilon: float | None = field(None, check=_opt_pos, doc="target epsilon: sigma from eq. (7)")
     noise_scaling: Literal["p2k_over_d", "pk_over_d"] = field(
-        "p2k_over_d", doc="eq. (7) as printed (p^2 k/d), or spec item 3's p k/d")
+        "p2k_over_d", doc="eq. (7) as printed (p^2 k/d), or p k/d (the Fig. 3 text's 'noise reduced by 24%')")
     sensitivity: Literal["topk", "full"] = field("topk", doc="recorded sensitivity: 2G sqrt(k/d) or 2G")
 
 
@@ -132,19 +134,26 @@ def do_adp(agent, p: DOADPParams):
     act = agent.sim.scenario.agents.activation
     if act.kind == "poisson":
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
-    sigma = _eq7_sigma(agent, p, p.ratio, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
-    return _do_adp(agent, p, sigma)
+    kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
+    sigma = _eq7_sigma(agent, p, kd, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
+    return _do_adp(agent, p, sigma, kd)
 
 
-def _do_adp(agent, p: DOADPParams, sigma: float):
+def realised_k_over_d(d: int, ratio: float, rounding: str) -> float:
+    """The realised k/d of top-k with k = ratio * d rounded to an integer (eqs. (6), (7) take this k)."""
+    return kept_count(d, ratio, rounding) / d
+
+
+def _do_adp(agent, p: DOADPParams, sigma: float, kd: float):
     x = agent.params
     d = x.numel()
     G = p.clip
     clip = None if G == 0 else (G / math.sqrt(d) if p.clip_kind == "coordinate" else G)
     B = p.batch or len(agent.rows)
-    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, p.ratio, p.sensitivity, B)
+    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B)
     q = min(1.0, B / len(agent.rows))
-    pc = PublicCopies(Compressor("none" if p.ratio >= 1 else "topk", p.ratio), x, agent.weights)
+    comp = Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
+    pc = PublicCopies(comp, x, agent.weights)
     m = agent.sim.bank.state("do_adp_momentum")[agent.id]   # a view: lives in the bank (checkpoints)
     stats = stats_of(agent.sim)
     pending: dict[int, list] = {}
@@ -220,9 +229,9 @@ class DPDOParams:
 
 @register("dpdo", DPDOParams)
 def dpdo(agent, p: DPDOParams):
-    """DPDO [reconstructed] (Huang, Mitra, Vaidya 2015; spec §6 item 1): broadcast y = x + Lap(b_t),
+    """DPDO [reconstructed] (Huang, Mitra, Vaidya 2015): broadcast y = x + Lap(b_t),
     v_i = sum_j w_ij y_j (own y included), x = v - a_t grad(v). a_t = c rho_s^t, b_t = 2 C sqrt(d) c
-    rho_n^t / (eps (rho_n - rho_s)) (spec's form); the release's L1 sensitivity is 2 C sqrt(d) a_t, so
+    rho_n^t / (eps (rho_n - rho_s)); the release's L1 sensitivity is 2 C sqrt(d) a_t, so
     the per-round epsilons sum to rho_n eps < eps (Huang et al.'s own constant may differ by rho_n)."""
     if not p.rho_s < p.rho_n:
         raise InputError("algorithm.rho_n", f"needs rho_s < rho_n, got {p.rho_s} >= {p.rho_n}")
@@ -265,13 +274,13 @@ class DPDDAParams:
 
 @register("dp_dda", DPDDAParams)
 def dp_dda(agent, p: DPDDAParams):
-    """DP-DDA [reconstructed] (Liu, Johansson, Shi, Automatica 2024; spec §6 item 2): each round an agent
+    """DP-DDA [reconstructed] (Liu, Johansson, Shi, Automatica 2024): each round an agent
     is sampled with probability p_s and perturbs one single-sample gradient (else g = 0); dual averaging
     z_{t+1} = sum_j w_ij z_j + g, x_{t+1} = -z_{t+1} / (A_t lam + kappa_t). Every agent sends its dense z
     every round (100% communication). Releases are recorded at rate B/q (the sampling is visible in z:
     no amplification credited)."""
     sigma = _eq7_sigma(agent, p, 1.0, max(0.5, p.sample_p))  # k = d
-    if p.sigma is None and p.sample_p < 0.5:  # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2 (spec §6)
+    if p.sigma is None and p.sample_p < 0.5:  # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2
         sigma *= p.sample_p / 0.5
     return _dp_dda(agent, p, sigma)
 
@@ -303,9 +312,10 @@ def _dp_dda(agent, p: DPDDAParams, sigma: float):
 @attrs.frozen
 class CPGTParams:
     rounds: int = field(6000, check=at_least(1), doc="T: rounds; the agent stops after T (and eps is split over T)")
-    lr: float = field(0.03, check=positive, doc="eta: gradient-tracking step (spec default: eta = alpha)")
+    lr: float = field(0.03, check=positive, doc="eta: gradient-tracking step (default: eta = alpha)")
     gamma: float = field(0.05, check=_unit, doc="consensus step size on the public copies")
     ratio: float = field(0.12, check=_unit, doc="k/d of the top-k sparsifier, per variable (paper: 0.12 x 2 = 24%)")
+    k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="samples per stochastic gradient (0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="C: coordinates clipped to +-C/sqrt(d) (0 = no clipping)")
     epsilon: float | None = field(0.01, check=_opt_pos, doc="total pure epsilon (Laplace, basic composition)")
@@ -316,16 +326,16 @@ class CPGTParams:
 @register("cpgt", CPGTParams)
 def cpgt(agent, p: CPGTParams):
     """CPGT [reconstructed] (Xie, Yi, Wang, Cao, Ren 2023, "Compressed differentially private distributed
-    optimization with linear convergence"; spec §6 item 3, defaults table rows 15-16). Gradient tracking
+    optimization with linear convergence"). Gradient tracking
     with x and the tracker y both exchanged as CHOCO compressed differences against public copies:
         xhat += C(x + xi^x - xhat),  yhat += C(y + xi^y - yhat)      (Laplace xi, then top-k)
         x_{t+1} = x_t + gamma sum_j w_ij (xhat_j - xhat_i) - eta y_t
         y_{t+1} = y_t + gamma sum_j w_ij (yhat_j - yhat_i) + g(x_{t+1}) - g(x_t),   y_0 = g(x_0).
-    The copies are refreshed at the start of round t from (x_t, y_t), which is the spec's end-of-round
+    The copies are refreshed at the start of round t from (x_t, y_t), which is an end-of-round
     refresh of round t-1 plus one initial exchange of (x_0, y_0). gamma = 1, k = d, no noise: x_hat = x,
     y_hat = y, i.e. plain gradient tracking x_{t+1} = W x_t - eta y_t (DIGing; Nedic, Olshevsky, Shi 2017).
 
-    Calibration [reconstructed] (the paper's noise schedule is not given in the seed spec): pure eps by
+    Calibration [reconstructed] (the DO-ADP paper does not give CPGT's noise schedule): pure eps by
     basic composition over the 2T Laplace releases, each spending eps / (2T). Replace-one adjacency, a
     clipped gradient moves by at most 2 C sqrt(d) in L1. Given the same released copies, y_t - y'_t =
     g_t - g'_t (telescoping with y_0 = g_0), so Delta^y = 2 C sqrt(d); x_t - x'_t = -eta sum_{s<t}
@@ -351,7 +361,7 @@ def cpgt_scales(p: CPGTParams, d: int, t: int) -> tuple[float, float, float, flo
 def _cpgt(agent, p: CPGTParams):
     d = agent.params.numel()
     clip = None if p.clip == 0 else p.clip / math.sqrt(d)
-    comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio)
+    comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio, rounding=p.k_rounding)
     px = PublicCopies(comp, agent.params, agent.weights)
     py = PublicCopies(comp, agent.params, agent.weights)
     y = agent.sim.bank.state("cpgt_tracker")[agent.id]    # a view: lives in the bank (checkpoints)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 CompressorKind = Literal["none", "topk", "randk", "qsgd"]
+KRounding = Literal["ceil", "floor", "round"]
 
 
 @attrs.frozen(slots=True, eq=False)
@@ -83,8 +84,23 @@ def randk_indices(seed: int, d: int, k: int, device) -> torch.Tensor:
     return torch.as_tensor(np.random.default_rng(seed).choice(d, size=k, replace=False), device=device)
 
 
-def _k(d: int, ratio: float) -> int:
-    return max(1, min(d, math.ceil(ratio * d)))
+def kept_count(d: int, ratio: float, rounding: KRounding = "ceil") -> int:
+    """k = ratio * d coordinates kept by top-k / rand-k, rounded up (``"ceil"``), down (``"floor"``) or to the
+    nearest integer, halves up (``"round"``), then held in [1, d]. A product within 1e-9 of an integer counts
+    as that integer (0.14 * 50 is 7.000000000000001 in floating point: 7, not 8, under any rounding)."""
+    x = ratio * d
+    n = math.floor(x + 0.5)
+    if abs(x - n) <= 1e-9 * max(1.0, abs(x)):
+        k = n
+    elif rounding == "ceil":
+        k = math.ceil(x)
+    elif rounding == "floor":
+        k = math.floor(x)
+    elif rounding == "round":
+        k = n
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}")
+    return max(1, min(d, int(k)))
 
 
 @attrs.frozen
@@ -93,20 +109,22 @@ class Compressor:
     ``unbiased``: rand-k scaled by d/k so E[C(v)] = v (Stich et al. 2018, Definition 2.1: the unscaled
     rand-k is a k/d-contraction); ``bits``: QSGD level bits b, s = 2^b - 1 levels (Alistarh et al.,
     NeurIPS 2017, Section 3.1: Q_s(v_i) = ||v|| sgn(v_i) xi_i(v, s), stochastic rounding, unbiased).
-    ``rng`` (a numpy Generator) drives rand-k seeds and QSGD rounding; top-k needs none."""
+    ``rng`` (a numpy Generator) drives rand-k seeds and QSGD rounding; top-k needs none. ``rounding``: how
+    k = ratio * d becomes an integer (``kept_count``: "ceil", the default, "floor" or "round")."""
 
     kind: CompressorKind = "topk"
     ratio: float = 0.1
     unbiased: bool = False
     bits: int = 4
     rng: np.random.Generator | None = attrs.field(default=None, eq=False, repr=False)
+    rounding: KRounding = "ceil"
 
     def encoded_size(self, d: int, value_bytes: int) -> int:
         """Bytes of the encoding of any d-vector (it depends on d only), without encoding one."""
         if self.kind == "topk":
-            return _k(d, self.ratio) * (value_bytes + 4)
+            return kept_count(d, self.ratio, self.rounding) * (value_bytes + 4)
         if self.kind == "randk":
-            return 8 + _k(d, self.ratio) * value_bytes
+            return 8 + kept_count(d, self.ratio, self.rounding) * value_bytes
         if self.kind == "qsgd":
             return 4 + math.ceil(d * (self.bits + 1) / 8)
         return d * value_bytes
@@ -116,11 +134,11 @@ class Compressor:
         if self.kind == "none":
             return Encoded("none", d, v.clone())
         if self.kind == "topk":
-            k = _k(d, self.ratio)
+            k = kept_count(d, self.ratio, self.rounding)
             idx = torch.topk(v.abs(), k, sorted=False).indices.sort().values
             return Encoded("topk", d, v[idx].clone(), indices=idx)
         if self.kind == "randk":
-            k = _k(d, self.ratio)
+            k = kept_count(d, self.ratio, self.rounding)
             seed = int(self.rng.integers(2**63 - 1))
             idx = randk_indices(seed, d, k, v.device)
             return Encoded("randk", d, v[idx].clone(), seed=seed, scale=d / k if self.unbiased else 1.0)
