@@ -179,5 +179,25 @@ def epsilon_curve(releases: Sequence[Release], delta: float, mode: str = "observ
     return ts, eps
 
 
+def epsilon_at(releases: Sequence[Release], times: Sequence[float], delta: float,
+               mode: str = "observed") -> list[tuple[float, int]]:
+    """(RDP epsilon(delta), releases so far) of the releases made up to each of ``times`` (ascending):
+    epsilon over time. inf once an unsupported or noiseless event has been composed."""
+    check_delta(delta)
+    run = RunningRdp()
+    out: list[tuple[float, int]] = []
+    i, n, broken = 0, len(releases), False
+    for t in times:
+        while i < n and releases[i].t <= t:
+            ev, k = release_events(releases[i], mode)
+            try:
+                run.add(ev, k)
+            except dp_accounting.UnsupportedEventError:
+                broken = True
+            i += 1
+        out.append((math.inf if broken else run.epsilon(delta), i))
+    return out
+
+
 def finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
