@@ -63,7 +63,9 @@ def _summary_table(summary: dict):
              ("fraction saved by triggers", "trigger_saved_fraction"),
              ("gradient staleness (mean)", "adpsgd_staleness_mean"),
              ("gossip refused (busy)", "gossip_refused")]
-    rows += [("worst agent epsilon (RDP)", "privacy_epsilon_max"), ("at delta", "privacy_delta"),
+    eps_label = "worst agent epsilon (RDP)" if summary.get("privacy_guarantee") is not False else \
+        "worst agent epsilon (RDP): NOT a guarantee, trigger-decided releases"
+    rows += [(eps_label, "privacy_epsilon_max"), ("at delta", "privacy_delta"),
              ("privacy releases", "privacy_releases"), ("agents out of budget", "privacy_exhausted")]
     for label, key in rows:
         if key in summary and summary[key] is not None:
@@ -259,7 +261,7 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             "paper": "paper", "conservative": "conserv.", "exhausted_at": "cap hit (s)"}
     cols = [c for c in cols_doc if c != "exhausted_at" or any(r["exhausted_at"] is not None
                                                                 for r in rep["agents"])]
-    cols = [c for c in cols if not (c == "rdp_observed" and acc == "RDP")]  # already the first figure
+    cols = [c for c in cols if c != f"{acc.lower()}_observed"]  # already the first figure
     t.add_column("agent", justify="right")
     for c in cols:
         t.add_column(head.get(c, c), justify="right", style="bold" if c == "epsilon" else None)

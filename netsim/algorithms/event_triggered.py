@@ -53,7 +53,8 @@ def event_triggered(agent, p: EventTriggeredParams):
     b = p.batch or len(agent.rows)
     q = min(1.0, b / len(agent.rows))
     sens = p.clip / b
-    used = None  # LAG: the gradient last used (released, when private)
+    used = None  # the gradient last used (released, when private); False once the budget cap is reached
+    ref = None  # LAG: the raw gradient of the last fresh step, which the trigger compares with
     k = 0
     while True:
         yield agent.wake()
@@ -61,14 +62,14 @@ def event_triggered(agent, p: EventTriggeredParams):
         g = None
         if p.lr > 0 and used is not False:
             g = yield agent.gradient(batch=p.batch, params=x, clip=p.clip if private else None)
-            if gtrig is not None and used is not None and not gtrig.fires(g, used, k):
-                g = used  # LAG: the change is below tau_k, reuse the last gradient
-            elif private:
-                g = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=q, what="gradient")
-                if g is None:  # budget cap reached: no more gradient steps
-                    used = False
-            if g is not None:
-                used = g
+            if gtrig is not None and ref is not None and not gtrig.fires(g, ref, k):
+                g = used  # LAG: the change is below tau_k, reuse the last gradient (nothing released)
+            else:
+                ref = g
+                if private:
+                    g = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=q,
+                                        what="gradient")
+                used = False if g is None else g  # None: the budget cap is reached, no more steps
         copies.absorb()
         x = copies.mix(x)
         if g is not None:
