@@ -290,7 +290,8 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         typer.echo(f"  {head.get(c, c)}: {cols_doc[c]}")
     notes = sorted({v for r in rep["agents"] for v in r.get("closed_form", {}).get("violations", [])})
     for v in notes:
-        typer.echo(f"! condition of {rep['closed_form']} violated: {v}")
+        typer.echo(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) "
+                   f"violated: {v}")
     forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
     for n in sorted(forms)[:1]:
         typer.echo(f"note ({rep['closed_form_paper']}): {n}")

@@ -143,6 +143,16 @@ def test_privacy_activation_table_names_the_recommended_epsilon_first(activation
     assert f"worst agent: {worst['agent']} (epsilon {worst['epsilon']:.4g}, RDP" in out
 
 
+def test_closed_forms_answer_to_the_name_of_their_method(activation):
+    a = privacy_report(activation, pld=False, plot=False)
+    sc = load_scenario("scenarios/privacy_activation.toml", {"privacy.closed_form": "do_adp"})
+    assert sc.privacy.closed_form == "do_adp"
+    rel = releases_from_table(read_trace(activation).table)
+    from netsim.privacy.report import closed_form
+    for row in a["agents"][:3]:
+        assert closed_form("do_adp", rel[row["agent"]], sc.privacy, 1e-5) == row["closed_form"]
+
+
 def test_pld_becomes_the_recommended_figure_when_computed(activation):
     rep = privacy_report(activation, pld=True, plot=False)
     assert rep["recommended"]["accountant"] == "pld"

@@ -10,9 +10,9 @@ accountant does exactly what calling dp-accounting on the equivalent composed ev
 Two accounting modes for agents with random (Bernoulli) activation:
 
 - ``observed`` (conservative, default): each actual release at its data-sampling rate q. Activation
-  is visible to the adversary (an inactive agent sends nothing), so it buys no amplification
-  (seed 003 spec, section 3.7 caveat 1).
-- ``amplified`` (seed 003, Lemma 4, the paper's assumption that activation is hidden): every
+  is visible to the adversary (an inactive agent sends nothing), so it buys no amplification.
+- ``amplified`` (Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Privacy via
+  Efficient Communication", Lemma 4, whose assumption is that activation is hidden): every
   activation tick is a run of the mechanism, and a record enters with probability p*q; the ticks
   an agent skipped since its previous release count as releases of the same mechanism.
 

@@ -1,9 +1,12 @@
 """``netsim privacy RUN``: per-agent epsilon(delta) from a run's trace (its releases), by dp-accounting's
-RDP and PLD accountants and, where the scenario names one, by the seed paper's own closed form.
+RDP and PLD accountants and, where the scenario names one, by a paper's own closed form.
 
-Both accounting modes are reported for agents with random activation: ``observed`` (activation is
-visible, so no amplification: the conservative number) and ``amplified`` (seed 003's hidden
-activation: each tick is a subsampled run of the mechanism at rate p*q).
+The recommended figure (first column, ``epsilon``) is the accountant's in ``observed`` accounting: the
+guarantee under ``ASSUMPTIONS``. A run without releases is reported as not private (epsilon infinite),
+and a run whose releases an event trigger decided from unreleased data as not a guarantee. ``amplified``
+accounting (the hidden activation of Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with
+Amplified Privacy via Efficient Communication": each tick a subsampled run of the mechanism at rate p*q)
+is shown beside it.
 """
 
 from __future__ import annotations
@@ -26,9 +29,14 @@ REPORT_FILE = "privacy.json"
 PLOT_FILE = "privacy.png"
 
 
+#: clearer names of the closed forms (the paper's method) for the original ones
+ALIASES = {"pdsl": "seed000", "ldp_online": "seed001", "do_adp": "seed003", "privsgp_vr": "seed004"}
+
+
 def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
-    """The seed paper's own number(s) for one agent's releases; ``violations`` lists the paper's
+    """The paper's own number(s) for one agent's releases; ``violations`` lists the paper's
     validity conditions that do not hold. Raises ClosedFormError if the form cannot apply at all."""
+    name = ALIASES.get(name, name)
     if not releases:
         return {"paper": 0.0, "conservative": 0.0, "violations": []}
     mechs = {r.mechanism for r in releases}
@@ -150,7 +158,7 @@ def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
         if mode == "amplified":
             out["pld_amplified"] = "PLD with hidden activation (as rdp_amplified)"
     if closed != "none":
-        out["paper"] = (f"the closed form of {PAPERS.get(closed, closed)}, under that paper's own "
+        out["paper"] = (f"the closed form of {PAPERS.get(ALIASES.get(closed, closed), closed)}, under that paper's own "
                         "assumptions; '!' marks a violated condition")
         out["conservative"] = "the same paper's formula with its optimistic steps replaced (see note)"
     out["exhausted_at"] = "simulated time at which the agent's budget cap stopped its releases"
@@ -231,7 +239,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     worst, worst_rec = worst_of(key), worst_of("epsilon")
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
-        "closed_form_paper": PAPERS.get(spec.closed_form),
+        "closed_form_paper": PAPERS.get(ALIASES.get(spec.closed_form, spec.closed_form)),
         "epsilon_cap": spec.epsilon_cap,
         "private": private,
         "guarantee": private and not gated,
@@ -256,8 +264,20 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     import json
 
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
-    (folder / REPORT_FILE).write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def _json_safe(x):
+    """Standard JSON: a non-finite number (a closed form at an extreme recorded value) becomes null; the
+    epsilon columns say infinite explicitly (``epsilon_infinite``)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def eval_times(table, points: int = 20) -> list[float]:
