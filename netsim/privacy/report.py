@@ -122,8 +122,8 @@ NOT_PRIVATE = "no DP releases recorded: this run is not differentially private (
 NOT_A_GUARANTEE = ("NOT a guarantee: {n} release(s) of {a} agent(s) were decided by an event trigger from "
                    "unreleased data (whether to release depended on the model or gradient values); the "
                    "accountants compose the releases as a fixed sequence, which does not bound the privacy loss "
-                   "of a data-dependent schedule (that needs adaptive composition: a privacy filter or "
-                   "odometer, or a private trigger)")
+                   "of a data-dependent schedule (the decision reads private data and leaks through which "
+                   "releases happen; a private trigger, such as the sparse vector technique, would be needed)")
 
 #: what the recommended epsilon assumes (printed under the table, stored in privacy.json)
 ASSUMPTIONS = (
@@ -143,7 +143,7 @@ def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
     acc = "PLD" if pld else "RDP"
     out = {
         "epsilon": f"the recommended epsilon(delta): {acc} accountant, observed accounting, under the "
-                   "assumptions listed below; the rigorous guarantee when they hold",
+                   "assumptions listed; the rigorous guarantee when they hold",
         "releases": "noisy releases the agent made (Agent.privatize)",
         "ticks": "activation ticks the amplified accounting counts: releases plus ticks skipped while inactive",
         "rdp_observed": "dp-accounting's RDP accountant (Mironov, \"Renyi Differential Privacy\", CSF 2017), "
