@@ -214,6 +214,13 @@ def test_event_triggered_private_run_says_what_it_is(tmp_path, lazy):
     assert "epsilon (RDP obs.) NOT guaranteed" in r.output and "NOT A GUARANTEE" in r.output
     assert res.summary["privacy_guarantee"] is False
     assert res.summary["privacy_note"].startswith("NOT a guarantee")
+    from rich.console import Console
+
+    from netsim.cli import _summary_table
+
+    con = Console(width=200, record=True)
+    con.print(_summary_table(res.summary))
+    assert "worst agent epsilon (RDP): NOT a guarantee, trigger-decided releases" in con.export_text()
 
 
 @attrs.frozen
