@@ -94,7 +94,8 @@ def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta
                 "violations": list(cf.seed004_validity(eps, K, round(1 / q), None)),
                 "note": f"eq. (11) inverted with c2 = {spec.c2}; "
                         "the accountants' numbers are the rigorous ones"}
-    raise cf.ClosedFormError(name, "unknown closed form (allowed: seed000, seed001, seed003, seed004)")
+    raise cf.ClosedFormError(name, "unknown closed form (allowed: pdsl, ldp_online, do_adp, privsgp_vr "
+                                   "or seed000, seed001, seed003, seed004)")
 
 
 def scenario_of(trace) -> Scenario | None:
