@@ -63,7 +63,9 @@ def _summary_table(summary: dict):
              ("fraction saved by triggers", "trigger_saved_fraction"),
              ("gradient staleness (mean)", "adpsgd_staleness_mean"),
              ("gossip refused (busy)", "gossip_refused")]
-    rows += [("worst agent epsilon (RDP)", "privacy_epsilon_max"), ("at delta", "privacy_delta"),
+    eps_label = "worst agent epsilon (RDP)" if summary.get("privacy_guarantee") is not False else \
+        "worst agent epsilon (RDP): NOT a guarantee, trigger-decided releases"
+    rows += [(eps_label, "privacy_epsilon_max"), ("at delta", "privacy_delta"),
              ("privacy releases", "privacy_releases"), ("agents out of budget", "privacy_exhausted")]
     for label, key in rows:
         if key in summary and summary[key] is not None:
@@ -238,37 +240,69 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
     except InputError as e:
         _fail(e)
-    mode = rep["accounting"]
-    t = Table(title=f"privacy · delta = {rep['delta']:g} · accounting: {mode} · "
-                    f"closed form: {rep['closed_form']}")
-    fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
-    cols = ["agent", "releases", "ticks", "rdp_observed", "rdp_amplified"] + (
-        [f"pld_{mode}"] if pld else [])
-    short = {"releases": "rel.", "rdp_observed": "RDP obs.", "rdp_amplified": "RDP ampl.",
-             "pld_observed": "PLD obs.", "pld_amplified": "PLD ampl."}
+    folder = run_folder.parent if run_folder.is_file() else run_folder
+    if not rep["private"]:
+        typer.echo(rep["message"])
+        typer.echo("(no agent made a release through Agent.privatize; noise added any other way is not accounted)")
+        typer.echo(f"wrote {folder}/{REPORT_FILE}")
+        return
+    mode, cols_doc, rec = rep["accounting"], rep["columns"], rep["recommended"]
+    guarantee = rep["guarantee"]
+    acc = rec["accountant"].upper()
+    t = Table(title=f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"
+                    + ("" if guarantee else " · NOT A GUARANTEE") + f" · scenario's accounting: {mode}")
+
+    def fmt(v, inf=False):
+        return "inf" if inf else "-" if v is None else f"{v:.4g}"
+
+    head = {"epsilon": f"epsilon ({acc} obs.)" + (" guarantee" if guarantee else " NOT guaranteed"),
+            "releases": "rel.", "ticks": "ticks", "rdp_observed": "RDP obs.",
+            "rdp_amplified": "RDP hidden act.", "pld_observed": "PLD obs.", "pld_amplified": "PLD hidden act.",
+            "paper": "paper", "conservative": "conserv.", "exhausted_at": "cap hit (s)"}
+    cols = [c for c in cols_doc if c != "exhausted_at" or any(r["exhausted_at"] is not None
+                                                                for r in rep["agents"])]
+    cols = [c for c in cols if c != f"{acc.lower()}_observed"]  # already the first figure
+    t.add_column("agent", justify="right")
     for c in cols:
-        t.add_column(short.get(c, c), justify="right")
-    if rep["closed_form"] != "none":
-        t.add_column("paper", justify="right")
-        t.add_column("conserv.", justify="right")
-    if any(r["exhausted_at"] is not None for r in rep["agents"]):
-        t.add_column("cap hit (s)", justify="right")
+        t.add_column(head.get(c, c), justify="right", style="bold" if c == "epsilon" else None)
     for r in rep["agents"]:
-        cells = [str(r["agent"]), str(r["releases"]), str(r["ticks"])] + [fmt(r[c]) for c in cols[3:]]
-        if rep["closed_form"] != "none":
-            f = r["closed_form"]
-            cells += [fmt(f["paper"]) + (" !" if f["violations"] else ""), fmt(f["conservative"])]
-        if any(x["exhausted_at"] is not None for x in rep["agents"]):
-            cells.append(fmt(r["exhausted_at"]))
+        cells = [str(r["agent"])]
+        for c in cols:
+            if c in ("paper", "conservative"):
+                f = r.get("closed_form", {})
+                cells.append(fmt(f.get(c)) + (" !" if c == "paper" and f.get("violations") else ""))
+            elif c in ("releases", "ticks"):
+                cells.append(str(r[c]))
+            elif c == "exhausted_at":
+                cells.append(fmt(r[c]))
+            else:
+                cells.append(fmt(r.get(c), r["epsilon_infinite"] and c != "exhausted_at"))
         t.add_row(*cells)
     Console().print(t)
+    typer.echo(("" if guarantee else "! ") + rep["message"])
+    typer.echo(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, "
+               f"{acc}, observed accounting, delta {rep['delta']:g})")
+    typer.echo("assumptions of the recommended epsilon:")
+    for a in rec["assumptions"]:
+        typer.echo(f"  - {a}")
+    typer.echo("columns:")
+    for c in cols:
+        typer.echo(f"  {head.get(c, c)}: {cols_doc[c]}")
     notes = sorted({v for r in rep["agents"] for v in r.get("closed_form", {}).get("violations", [])})
     for v in notes:
-        typer.echo(f"! condition of {rep['closed_form']} violated: {v}")
-    typer.echo(f"worst agent: {rep['worst_agent']} (epsilon {fmt(rep['worst_epsilon'])}, RDP, {mode})")
-    typer.echo(rep["explain"])
-    plotted = any(r["releases"] for r in rep["agents"])
-    typer.echo(f"wrote {run_folder}/{REPORT_FILE}" + (f" and {PLOT_FILE}" if plotted else ""))
+        typer.echo(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) "
+                   f"violated: {v}")
+    forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
+    for n in sorted(forms)[:1]:
+        typer.echo(f"note ({rep['closed_form_paper']}): {n}")
+    if rep["over_time"]:
+        typer.echo(f"epsilon over time ({acc if acc == 'RDP' else 'RDP'} observed, at the evaluations):")
+        ot = rep["over_time"]
+        for p in [ot[k] for k in sorted({round(j * (len(ot) - 1) / 7) for j in range(8)})]:
+            typer.echo(f"  t = {p['t']:>9.4g} s   worst {fmt(p['epsilon_max'], p['epsilon_max'] is None)}   "
+                       f"mean {fmt(p['epsilon_mean'], p['epsilon_mean'] is None)}   releases {p['releases']}")
+    typer.echo(f"wrote {folder}/{REPORT_FILE} (over_time: epsilon at every evaluation)"
+               + (f" and {PLOT_FILE}" if rep.get("plot") else ""))
 
 
 @app.command()

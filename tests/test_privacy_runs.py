@@ -151,7 +151,7 @@ def test_privacy_command_prints_and_writes(runs):
     folder = runs[0.5][0]
     r = runner.invoke(app, ["privacy", str(folder), "--pld"])
     assert r.exit_code == 0, r.output
-    assert "worst agent: " in r.output and "PLD obs." in r.output and "RDP ampl." in r.output
+    assert "worst agent: " in r.output and "PLD obs." in r.output and "RDP hidden act." in r.output
     rep = json.loads((folder / "privacy.json").read_text())
     assert len(rep["agents"]) == 6 and rep["agents"][0]["pld_observed"] > 0
     assert rep["agents"][0]["pld_observed"] <= rep["agents"][0]["rdp_observed"] * 1.001  # PLD is tighter
@@ -180,7 +180,8 @@ def test_closed_form_condition_violated_exits_2(tmp_path):
     sc["run"]["until"] = 2.0
     run(scenario_from_dict(sc), out=tmp_path)
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld"])
-    assert r.exit_code == 0 and "! condition of seed003 violated: eps_t = 1.615 >= 1" in r.output
+    assert r.exit_code == 0
+    assert "Efficient Communication\" (closed_form = 'seed003') violated: eps_t = 1.615 >= 1" in r.output
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld", "--strict"])
     assert r.exit_code == 2 and r.output.startswith("error: closed form seed003: agent 0: eps_t")
     assert r.output.count("\n") == 1

@@ -13,6 +13,14 @@ neighbour, since loss or other triggers make the copies differ) and
     always:    send every round (the baseline; no norm is computed)
 
 The inequality is strict, so threshold 0 sends whenever the model changed at all.
+
+Privacy. A rule other than ``always`` is a decision taken from the values it reads. ``fires`` notes the
+activation (``agent.trigger_round``) in which it decided; a release the agent makes later in that same
+activation (``Agent.privatize``) is recorded as decided by the trigger (``what`` ends with ``@trigger``),
+because whether it happens depends on data that was not itself released: composing such releases as a
+fixed sequence is not a valid guarantee, and ``netsim privacy`` says so (docs/privacy.md). A trigger that
+reads only values computed from earlier releases (a model after noisy gradient steps) is post-processing
+and decides nothing new, which is why only a release *after* the decision is marked.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ class EventTrigger:
         """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
         if self.kind == "always":
             return True
+        self.agent.trigger_round = self.agent.round  # a data-dependent decision in this activation
         return float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
 
     def due(self, j: int, x: torch.Tensor, k: int) -> bool:

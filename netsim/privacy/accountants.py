@@ -10,9 +10,9 @@ accountant does exactly what calling dp-accounting on the equivalent composed ev
 Two accounting modes for agents with random (Bernoulli) activation:
 
 - ``observed`` (conservative, default): each actual release at its data-sampling rate q. Activation
-  is visible to the adversary (an inactive agent sends nothing), so it buys no amplification
-  (seed 003 spec, section 3.7 caveat 1).
-- ``amplified`` (seed 003, Lemma 4, the paper's assumption that activation is hidden): every
+  is visible to the adversary (an inactive agent sends nothing), so it buys no amplification.
+- ``amplified`` (Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Privacy via
+  Efficient Communication", Lemma 4, whose assumption is that activation is hidden): every
   activation tick is a run of the mechanism, and a record enters with probability p*q; the ticks
   an agent skipped since its previous release count as releases of the same mechanism.
 
@@ -177,6 +177,26 @@ def epsilon_curve(releases: Sequence[Release], delta: float, mode: str = "observ
             ts.append(r.t)
             eps.append(run.epsilon(delta))
     return ts, eps
+
+
+def epsilon_at(releases: Sequence[Release], times: Sequence[float], delta: float,
+               mode: str = "observed") -> list[tuple[float, int]]:
+    """(RDP epsilon(delta), releases so far) of the releases made up to each of ``times`` (ascending):
+    epsilon over time. inf once an unsupported or noiseless event has been composed."""
+    check_delta(delta)
+    run = RunningRdp()
+    out: list[tuple[float, int]] = []
+    i, n, broken = 0, len(releases), False
+    for t in times:
+        while i < n and releases[i].t <= t:
+            ev, k = release_events(releases[i], mode)
+            try:
+                run.add(ev, k)
+            except dp_accounting.UnsupportedEventError:
+                broken = True
+            i += 1
+        out.append((math.inf if broken else run.epsilon(delta), i))
+    return out
 
 
 def finite_or_none(x: float | None) -> float | None:

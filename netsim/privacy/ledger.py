@@ -23,6 +23,15 @@ from netsim.trace.events import BudgetExhausted, Release
 if TYPE_CHECKING:
     from netsim.sim.agent import Agent
 
+#: suffix of a release's ``what`` when an event trigger decided, earlier in the same activation, whether the
+#: release happens (netsim/comm/triggers.py): its occurrence depends on unreleased data
+TRIGGERED = "@trigger"
+
+
+def decided_by_data(r: Release) -> bool:
+    """Whether the release's occurrence was decided from unreleased data (an event trigger)."""
+    return r.what.endswith(TRIGGERED)
+
 
 class AgentLedger:
     """One agent's releases, RDP curve and noise generator."""
@@ -65,6 +74,8 @@ class AgentLedger:
         if self.exhausted:
             return None
         a = self.agent
+        if getattr(a, "trigger_round", None) == a.round and not what.endswith(TRIGGERED):
+            what += TRIGGERED  # a trigger decided in this activation whether this release happens
         r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
                     float(sensitivity), float(q), self.p, self._skipped())
         if self.cap is not None:  # the running RDP curve is only needed to enforce a cap

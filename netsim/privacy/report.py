@@ -1,9 +1,12 @@
 """``netsim privacy RUN``: per-agent epsilon(delta) from a run's trace (its releases), by dp-accounting's
-RDP and PLD accountants and, where the scenario names one, by the seed paper's own closed form.
+RDP and PLD accountants and, where the scenario names one, by a paper's own closed form.
 
-Both accounting modes are reported for agents with random activation: ``observed`` (activation is
-visible, so no amplification: the conservative number) and ``amplified`` (seed 003's hidden
-activation: each tick is a subsampled run of the mechanism at rate p*q).
+The recommended figure (first column, ``epsilon``) is the accountant's in ``observed`` accounting: the
+guarantee under ``ASSUMPTIONS``. A run without releases is reported as not private (epsilon infinite),
+and a run whose releases an event trigger decided from unreleased data as not a guarantee. ``amplified``
+accounting (the hidden activation of Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with
+Amplified Privacy via Efficient Communication": each tick a subsampled run of the mechanism at rate p*q)
+is shown beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import tomllib
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.privacy.accountants import epsilon, epsilon_curve, finite_or_none
-from netsim.privacy.ledger import exhausted_from_table, releases_from_table
+from netsim.privacy.ledger import TRIGGERED, decided_by_data, exhausted_from_table, releases_from_table
 from netsim.scenario.schema import PrivacySpec, Scenario
 from netsim.trace.events import Release
 
@@ -26,9 +29,14 @@ REPORT_FILE = "privacy.json"
 PLOT_FILE = "privacy.png"
 
 
+#: clearer names of the closed forms (the paper's method) for the original ones
+ALIASES = {"pdsl": "seed000", "ldp_online": "seed001", "do_adp": "seed003", "privsgp_vr": "seed004"}
+
+
 def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
-    """The seed paper's own number(s) for one agent's releases; ``violations`` lists the paper's
+    """The paper's own number(s) for one agent's releases; ``violations`` lists the paper's
     validity conditions that do not hold. Raises ClosedFormError if the form cannot apply at all."""
+    name = ALIASES.get(name, name)
     if not releases:
         return {"paper": 0.0, "conservative": 0.0, "violations": []}
     mechs = {r.mechanism for r in releases}
@@ -86,7 +94,8 @@ def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta
                 "violations": list(cf.seed004_validity(eps, K, round(1 / q), None)),
                 "note": f"eq. (11) inverted with c2 = {spec.c2}; "
                         "the accountants' numbers are the rigorous ones"}
-    raise cf.ClosedFormError(name, "unknown closed form (allowed: seed000, seed001, seed003, seed004)")
+    raise cf.ClosedFormError(name, "unknown closed form (allowed: pdsl, ldp_online, do_adp, privsgp_vr "
+                                   "or seed000, seed001, seed003, seed004)")
 
 
 def scenario_of(trace) -> Scenario | None:
@@ -98,13 +107,77 @@ def scenario_of(trace) -> Scenario | None:
     return scenario_from_dict(tomllib.loads(text), "trace metadata")
 
 
+#: the papers whose own privacy formulas ``[privacy] closed_form`` names (authors, title)
+PAPERS = {
+    "seed000": 'Wang, Yuan, Wang, Li, "PDSL: Privacy-Preserved Decentralized Stochastic Learning with '
+               'Heterogeneous Data Distribution"',
+    "seed001": 'Chen, Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed '
+               'Optimality"',
+    "seed003": 'Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Privacy via '
+               'Efficient Communication"',
+    "seed004": 'Zhu, Huang, Wang, Xu, "PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient '
+               'Push with Tight Utility Bounds" (IJCAI 2024)',
+}
+
+NOT_PRIVATE = "no DP releases recorded: this run is not differentially private (epsilon = infinity)"
+NOT_A_GUARANTEE = ("NOT a guarantee: {n} release(s) of {a} agent(s) were decided by an event trigger from "
+                   "unreleased data (whether to release depended on the model or gradient values); the "
+                   "accountants compose the releases as a fixed sequence, which does not bound the privacy loss "
+                   "of a data-dependent schedule (the decision reads private data and leaks through which "
+                   "releases happen; a private trigger, such as the sparse vector technique, would be needed)")
+
+#: what the recommended epsilon assumes (printed under the table, stored in privacy.json)
+ASSUMPTIONS = (
+    "neighbouring datasets differ by adding or removing one record of the agent (dp-accounting's relation)",
+    "each release's recorded sensitivity holds (per-example clipping bounds one record's contribution)",
+    "a record enters a release independently with the recorded probability q (Poisson sampling; netsim draws "
+    "fixed-size batches, the usual DP-SGD approximation; q = 1 assumes nothing)",
+    "the sequence of releases is fixed in advance (no decision taken from unreleased data, such as an event "
+    "trigger, chooses whether a release happens)",
+    "everything else an agent sends is computed from its releases (post-processing); activation is visible "
+    "(an inactive agent sends nothing), so random activation buys no amplification",
+)
+
+
+def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
+    """Every column of the table (key in privacy.json's agent rows: meaning), recommended figure first."""
+    acc = "PLD" if pld else "RDP"
+    out = {
+        "epsilon": f"the recommended epsilon(delta): {acc} accountant, observed accounting, under the "
+                   "assumptions listed; the rigorous guarantee when they hold",
+        "releases": "noisy releases the agent made (Agent.privatize)",
+        "ticks": "activation ticks the amplified accounting counts: releases plus ticks skipped while inactive",
+        "rdp_observed": "dp-accounting's RDP accountant (Mironov, \"Renyi Differential Privacy\", CSF 2017), "
+                        "each release at its sampling rate q",
+        "rdp_amplified": "RDP with hidden activation (Huo et al., Lemma 4): every activation tick a run of the "
+                         "mechanism at rate p*q; valid only if no one can see whether an agent was active",
+    }
+    if pld:
+        out["pld_observed"] = ("dp-accounting's PLD accountant (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, "
+                               "\"Connect the Dots: Tighter Discrete Approximations of Privacy Loss "
+                               "Distributions\", PETS 2022), observed; tighter than RDP")
+        if mode == "amplified":
+            out["pld_amplified"] = "PLD with hidden activation (as rdp_amplified)"
+    if closed != "none":
+        out["paper"] = (f"the closed form of {PAPERS.get(ALIASES.get(closed, closed), closed)}, under that paper's own "
+                        "assumptions; '!' marks a violated condition")
+        out["conservative"] = "the same paper's formula with its optimistic steps replaced (see note)"
+    out["exhausted_at"] = "simulated time at which the agent's budget cap stopped its releases"
+    return out
+
+
 def privacy_report(run: str | Path, delta: float | None = None, accounting: str | None = None,
                    pld: bool = True, strict: bool = False, plot: bool = True) -> dict[str, Any]:
-    """Compute (and write ``privacy.json`` / ``privacy.png`` into the run folder) the per-agent report."""
+    """Compute (and write ``privacy.json`` / ``privacy.png`` into the run folder) the per-agent report.
+    ``run`` is a run folder or its trace file (the report goes beside the trace)."""
     from netsim.trace.io import read_trace
 
     folder = Path(run)
-    trace = read_trace(folder)
+    if folder.is_file():  # RUN/trace.arrows: read it, write the report into the folder that holds it
+        trace = read_trace(folder)
+        folder = folder.parent
+    else:
+        trace = read_trace(folder)
     sc = scenario_of(trace)
     spec = (sc.privacy if sc is not None else None) or PrivacySpec()
     delta = spec.delta if delta is None else delta
@@ -116,19 +189,26 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     rel = releases_from_table(trace.table, str(folder))
     n = sc.agents.count if sc is not None else (max(rel) + 1 if rel else 0)
     exhausted = exhausted_from_table(trace.table)
+    private = any(rel.values())
+    rec = "pld_observed" if pld else "rdp_observed"
     rows = []
     for i in range(n):
         rs = rel.get(i, [])
-        row: dict[str, Any] = {
-            "agent": i, "releases": len(rs),
-            "ticks": sum(1 + r.skipped for r in rs),
-            "rdp_observed": finite_or_none(epsilon(rs, delta, "rdp", "observed")),
-            "rdp_amplified": finite_or_none(epsilon(rs, delta, "rdp", "amplified")),
-            "exhausted_at": exhausted.get(i),
-        }
-        if pld:
-            row[f"pld_{mode}"] = finite_or_none(epsilon(rs, delta, "pld", mode))
-        if spec.closed_form != "none":
+        row: dict[str, Any] = {"agent": i, "releases": len(rs), "ticks": sum(1 + r.skipped for r in rs)}
+        if private:
+            row["rdp_observed"] = finite_or_none(epsilon(rs, delta, "rdp", "observed"))
+            row["rdp_amplified"] = finite_or_none(epsilon(rs, delta, "rdp", "amplified"))
+            if pld:
+                row["pld_observed"] = finite_or_none(epsilon(rs, delta, "pld", "observed"))
+                if mode == "amplified":
+                    row["pld_amplified"] = finite_or_none(epsilon(rs, delta, "pld", "amplified"))
+        else:  # nothing was released with noise: epsilon is infinite, not 0
+            row["rdp_observed"] = row["rdp_amplified"] = None
+        row["epsilon"] = row[rec] if private else None
+        row["epsilon_infinite"] = not private or any(r.scale <= 0 for r in rs)
+        row["data_dependent_releases"] = sum(decided_by_data(r) for r in rs)
+        row["exhausted_at"] = exhausted.get(i)
+        if spec.closed_form != "none" and private:
             try:
                 form = closed_form(spec.closed_form, rs, spec, delta)
             except (OverflowError, ZeroDivisionError) as e:  # recorded values far outside the form's range
@@ -137,25 +217,98 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
                 raise cf.ClosedFormError(spec.closed_form, f"agent {i}: " + "; ".join(form["violations"]))
             row["closed_form"] = form
         rows.append(row)
+    gated = [r for r in rows if r["data_dependent_releases"]]
+    if not private:
+        status, message = "not private", NOT_PRIVATE
+    elif gated:
+        status = "not a guarantee"
+        message = NOT_A_GUARANTEE.format(n=sum(r["data_dependent_releases"] for r in gated), a=len(gated))
+    else:
+        status = "guarantee"
+        message = ("epsilon is a differential-privacy guarantee of each agent's data under the assumptions "
+                   "listed")
     key = f"rdp_{mode}"
-    worst = max(rows, key=lambda r: -1 if r[key] is None else r[key], default=None)
+
+    def worst_of(col):
+        if not private:
+            return None
+        inf = [r for r in rows if r["epsilon_infinite"]]
+        if inf:
+            return inf[0]
+        return max(rows, key=lambda r: -1 if r[col] is None else r[col], default=None)
+
+    worst, worst_rec = worst_of(key), worst_of("epsilon")
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
-        "epsilon_cap": spec.epsilon_cap, "agents": rows,
+        "closed_form_paper": PAPERS.get(ALIASES.get(spec.closed_form, spec.closed_form)),
+        "epsilon_cap": spec.epsilon_cap,
+        "private": private,
+        "guarantee": private and not gated,
+        "status": status,
+        "message": message,
+        "recommended": {"column": "epsilon", "accountant": "pld" if pld else "rdp", "accounting": "observed",
+                        "worst_agent": None if worst_rec is None else worst_rec["agent"],
+                        "epsilon": None if worst_rec is None else worst_rec["epsilon"],
+                        "epsilon_infinite": worst_rec is None or worst_rec["epsilon_infinite"],
+                        "assumptions": list(ASSUMPTIONS)},
+        "columns": columns(mode, pld, spec.closed_form),
+        "agents": rows,
         "worst_agent": None if worst is None else worst["agent"],
         "worst_epsilon": None if worst is None else worst[key],
+        "over_time": over_time(rel, eval_times(trace.table), delta) if private else [],
         "trace_complete": trace.complete,
         "explain": ("observed: each release at its data-sampling rate q (activation is visible: no "
-                    "amplification); amplified: seed 003's hidden activation, every activation tick a run of "
-                    "the mechanism at rate p*q (Lemma 4). Accountants: dp-accounting RDP and PLD, "
+                    "amplification); amplified: hidden activation as in Huo et al., Lemma 4, every activation "
+                    "tick a run of the mechanism at rate p*q. Accountants: dp-accounting RDP and PLD, "
                     "add-or-remove-one adjacency."),
     }
     import json
 
-    (folder / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-    if plot:
-        plot_epsilon(rel, delta, mode, folder / PLOT_FILE)
+    report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
+    (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def _json_safe(x):
+    """Standard JSON: a non-finite number (a closed form at an extreme recorded value) becomes null; the
+    epsilon columns say infinite explicitly (``epsilon_infinite``)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def eval_times(table, points: int = 20) -> list[float]:
+    """The run's evaluation times (at most ``points``, evenly chosen, the last kept); the trace's last
+    time when it has no evaluation."""
+    import pyarrow.compute as pc
+
+    t = table.filter(pc.equal(table["kind"], "eval"))["t"].to_pylist()
+    ts = sorted(set(t))
+    if not ts:
+        return [max(table["t"].to_pylist())] if table.num_rows else []
+    if len(ts) > points:
+        ts = [ts[round(k * (len(ts) - 1) / (points - 1))] for k in range(points)]
+    return ts
+
+
+def over_time(rel: dict[int, list[Release]], times: Sequence[float], delta: float) -> list[dict[str, Any]]:
+    """Recommended-accounting (RDP, observed) epsilon(delta) at each time: the worst and the mean agent, and
+    the releases so far. Agents that never release count with epsilon 0 in the mean."""
+    from netsim.privacy.accountants import epsilon_at
+
+    per = {i: epsilon_at(rs, times, delta) for i, rs in rel.items() if rs}
+    n = max(1, len(per))
+    out = []
+    for k, t in enumerate(times):
+        eps = [e[k][0] for e in per.values()]
+        worst, mean = max(eps, default=0.0), sum(eps) / n
+        out.append({"t": t, "epsilon_max": finite_or_none(worst), "epsilon_mean": finite_or_none(mean),
+                    "releases": sum(e[k][1] for e in per.values())})  # None: infinite (a noiseless release)
+    return out
 
 
 def plot_epsilon(rel: dict[int, list[Release]], delta: float, mode: str, path: Path) -> Path | None:
@@ -193,7 +346,15 @@ def run_summary(sim) -> dict[str, Any]:
     spec = sim.scenario.privacy or PrivacySpec()
     eps = {i: epsilon(rs, spec.delta, "rdp", spec.accounting) for i, rs in rel.items()}
     worst = max(eps, key=lambda i: -1.0 if eps[i] is None else eps[i])
-    return {"privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
+    # releases an event trigger decided from unreleased data (their ``what`` carries the mark, kept in
+    # the log's run-length specs): the number is then not a guarantee
+    decided = sorted(i for i, log in rel.items() if any(sp[2].endswith(TRIGGERED) for sp in log.specs))
+    out: dict[str, Any] = {}
+    if decided:
+        out = {"privacy_guarantee": False,
+               "privacy_note": f"NOT a guarantee: releases of {len(decided)} agent(s) were decided by an event "
+                               "trigger from unreleased data (netsim privacy RUN explains)"}
+    return {**out, "privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
             "privacy_releases": sum(len(rs) for rs in rel.values()),
             "privacy_exhausted": sum(bool(getattr(a, "_privacy", None) and a._privacy.exhausted)
                                      for a in sim.agents)}

@@ -393,8 +393,11 @@ class PrivacySpec:
     epsilon_cap: float | None = field(
         None, check=lambda v: None if v is None or v > 0 else f"must be > 0, got {v}",
         doc="per-agent budget: an agent stops releasing before exceeding it")
-    closed_form: Literal["none", "seed000", "seed001", "seed003", "seed004"] = field(
-        "none", doc="seed paper whose own privacy formula is reported beside the accountants")
+    closed_form: Literal["none", "seed000", "seed001", "seed003", "seed004",
+                         "pdsl", "ldp_online", "do_adp", "privsgp_vr"] = field(
+        "none", doc="paper whose own privacy formula is reported beside the accountants: pdsl (= seed000, Wang et "
+                    "al.), ldp_online (= seed001, Chen & Wang), do_adp (= seed003, Huo et al.), privsgp_vr "
+                    "(= seed004, Zhu et al.)")
     delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
     c2: float = field(0.3724, check=positive, doc="seed 004's unspecified constant c_2 (Theorem 2)")
 
