@@ -21,6 +21,15 @@ def _fail(err) -> None:
     raise typer.Exit(2)
 
 
+def _crashed(err) -> None:
+    """A run that crashed inside the simulation (a program error, not bad input): one line, exit 1."""
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(1)
+
+
+ForceOpt = typer.Option(False, "--force", help="replace the results already in the output folder")
+
+
 def _overrides(items: list[str] | None) -> dict:
     from netsim.scenario import parse_override
 
@@ -122,11 +131,12 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         set_: Optional[list[str]] = SetOpt,
         out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: run.out)"),
         plugin: Optional[list[str]] = PluginOpt,
+        force: bool = ForceOpt,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
-    """Run a scenario; write trace, metrics, summary and plot to its output folder. Ctrl-C stops it
-    cleanly with a checkpoint (netsim resume continues)."""
+    """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
+    holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
 
     try:
         _plugins(plugin)
@@ -134,13 +144,17 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         folder = api.output_dir(sc, out)
         from netsim.sim.checkpoint import checkpoints
 
-        if checkpoints(folder) and not api.is_complete(folder):
+        if not force:
+            api.check_fresh(folder)
+        elif checkpoints(folder) and not api.is_complete(folder):
             typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
                        f"(netsim resume {folder} would have continued it)", err=True)
         result = _progress(sc.name, sc.run.until, quiet,
                            lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     _report(result, quiet)
 
 
@@ -151,7 +165,7 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
     """Continue a run from its last good checkpoint: same final metrics and same trace after the
     checkpoint as an uninterrupted run (docs/architecture.md, "Checkpoint and resume")."""
     from netsim import api
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.scenario import load_scenario
 
     try:
@@ -164,6 +178,8 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
                                                        warn=lambda line: typer.echo(f"warning: {line}", err=True)))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     typer.echo(f"resumed from event {result.summary['resumed_at_step']}", err=True)
     _report(result, quiet)
 
@@ -236,8 +252,15 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
     try:
         rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
+        partial = ""
+        if rep.get("trace_complete") is False:  # a killed or crashed run: ε covers what was recorded
+            from netsim.trace.io import read_trace
+
+            partial = read_trace(run_folder).partial_note()
     except InputError as e:
         _fail(e)
+    if partial:
+        typer.echo(f"warning: {partial}; the releases after it are not counted")
     mode = rep["accounting"]
     t = Table(title=f"privacy · delta = {rep['delta']:g} · accounting: {mode} · "
                     f"closed form: {rep['closed_form']}")
@@ -279,25 +302,33 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
                                         help="--scenario: a message takes the outcome of the recorded one on "
                                              "its link sent nearest in time, within this many seconds"),
            set_: list[str] | None = SetOpt,
-           out: Path | None = typer.Option(None, "--out", help="output folder (default: <run.out>-replay)"),
+           out: Path | None = typer.Option(None, "--out",
+                                           help="output folder (default: beside the run, RUN-replay, or "
+                                                "RUN-replay-SCENARIO with --scenario)"),
            plugin: list[str] | None = PluginOpt,
+           force: bool = ForceOpt,
            quiet: bool = typer.Option(False, "--quiet", "-q", help="no table")) -> None:
-    """Re-run a recorded trace bit-for-bit, or another scenario under its network (docs/traces.md)."""
+    """Re-run a recorded trace bit-for-bit, or another scenario under its network (docs/traces.md). A
+    partial trace (a killed, interrupted or crashed run) is refused."""
     from rich.console import Console
 
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.trace.replay import replay as do_replay
 
     try:
         _plugins(plugin)
         if window <= 0:
             raise InputError("--window", f"must be > 0, got {window}")
-        result = do_replay(trace, scenario, out, window, _overrides(set_))
+        result = do_replay(trace, scenario, out, window, _overrides(set_), force=force)
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     s = result.summary
     if not quiet:
         Console().print(_summary_table(s))
+    for line in s["replay_warnings"]:
+        typer.echo(f"warning: {line}", err=True)
     typer.echo(f"replay ({s['replay_mode']}): {s['replay_messages_matched']} messages and "
                f"{s['replay_activations']} activations from the recording; {s['replay_messages_fallback']} "
                f"messages and {s['replay_activations_fallback']} activations from the scenario's own models; "

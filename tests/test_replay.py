@@ -156,7 +156,7 @@ def test_truncated_or_foreign_traces_are_clean_errors(recorded, tmp_path):
     data = recorded.trace_path.read_bytes()
     cut = tmp_path / "cut.arrows"
     cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(InputError, match="truncated"):
+    with pytest.raises(InputError, match="partial run, up to t = "):
         replay(cut, out=tmp_path / "x")
     junk = tmp_path / "junk.arrows"
     junk.write_text("time,src\n1,2\n")
@@ -175,7 +175,7 @@ def test_cli_replay_of_a_truncated_trace_is_one_line_exit_2(recorded, tmp_path):
     p = subprocess.run(netsim_cli("replay", str(cut), "--out", str(tmp_path / "o"), "-q"),
                        capture_output=True, text=True, env=cli_env())
     assert p.returncode == 2 and p.stderr.count("\n") == 1
-    assert p.stderr.startswith(f"error: {cut}: trace is truncated")
+    assert p.stderr.startswith(f"error: {cut}: partial run, up to t = ")
     assert not (tmp_path / "o").exists()
 
 
