@@ -249,18 +249,20 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
     from netsim.errors import InputError
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
+    from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
+
+    def warn_partial() -> None:  # a killed or crashed run: epsilon covers only what was recorded
+        typer.echo(f"warning: {read_trace(run_folder).partial_note()}; releases after it are not counted")
 
     try:
+        warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
+        if warned:  # first, whatever the report says next
+            warn_partial()
         rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
-        partial = ""
-        if rep.get("trace_complete") is False:  # a killed or crashed run: ε covers what was recorded
-            from netsim.trace.io import read_trace
-
-            partial = read_trace(run_folder).partial_note()
+        if not warned and rep.get("trace_complete") is False:  # the end is there, a batch is not sound
+            warn_partial()
     except InputError as e:
         _fail(e)
-    if partial:
-        typer.echo(f"warning: {partial}; the releases after it are not counted")
     mode = rep["accounting"]
     t = Table(title=f"privacy · delta = {rep['delta']:g} · accounting: {mode} · "
                     f"closed form: {rep['closed_form']}")

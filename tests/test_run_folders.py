@@ -158,9 +158,11 @@ def test_replay_onto_a_bigger_setup_warns_that_most_messages_are_not_recorded(sm
     assert fallback > matched  # the setup: most messages are on links the recording never had
     pct = round(100 * matched / (matched + fallback))
     warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warning) == 1 and f"only {pct}% of the messages" in warning[0]
-    assert "scenario's own" in warning[0]
-    assert s["replay_warnings"] == [warning[0].removeprefix("warning: ")]
+    assert f"only {pct}% of the messages ({matched} of {matched + fallback})" in warning[0]
+    assert "scenario's own link model" in warning[0]
+    acts, own = s["replay_activations"], s["replay_activations_fallback"]
+    assert own > acts and f"only {round(100 * acts / (acts + own))}% of the activations" in warning[1]
+    assert s["replay_warnings"] == [w.removeprefix("warning: ") for w in warning]
 
 
 def test_replay_under_the_same_setup_does_not_warn(small, tmp_path):

@@ -157,6 +157,21 @@ def resolve_trace_path(path: str | Path) -> Path:
     return p / TRACE_FILE if p.is_dir() else p
 
 
+def has_end_marker(path: str | Path) -> bool:
+    """Whether a trace file ends with the end-of-stream marker, read from its last bytes only: False means
+    a partial run for sure (``read_trace`` also checks every batch before it calls a trace complete)."""
+    try:
+        with open(resolve_trace_path(path), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size < len(EOS):
+                return False
+            f.seek(size - len(EOS))
+            return f.read() == EOS
+    except OSError:
+        return False
+
+
 def _agent_count(meta: dict[str, str], p: Path) -> int | None:
     """agents.count of the scenario in the metadata, after checking the text against its sha256 (a
     corrupted header is an InputError); None when the trace carries no scenario."""

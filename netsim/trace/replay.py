@@ -80,6 +80,11 @@ class Stats:
         elif exact and self.fallback_messages:
             out.append(f"{self.fallback_messages} of {total} messages are not in the recording and came from "
                        "the scenario's own link model: the replay is not exact")
+        acts = self.activations_replayed + self.fallback_activations
+        if not exact and acts and 2 * self.fallback_activations > acts:
+            out.append(f"only {round(100 * self.activations_replayed / acts)}% of the activations "
+                       f"({self.activations_replayed} of {acts}) happened at recorded times; the other "
+                       f"{self.fallback_activations} came from the scenario's own activation model")
         return out
 
     def as_dict(self) -> dict[str, int]:
