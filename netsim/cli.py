@@ -400,7 +400,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.sweep import load_sweep, run_sweep
 
     console = Console(stderr=True)
@@ -419,6 +419,8 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
                                on_done=lambda t: bar.advance(task))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:  # a member's algorithm raised: its folder keeps the partial trace and summary
+        _crashed(e)
     if not quiet:
         from rich.table import Table
 
