@@ -16,7 +16,7 @@ $(BIN)/netsim: pyproject.toml constraints.txt
 setup: $(BIN)/netsim
 
 demo: setup
-	$(BIN)/netsim run scenarios/quickstart.toml
+	$(BIN)/netsim run scenarios/quickstart.toml --force
 
 test: setup
 	$(BIN)/pytest -q -n 2 || [ $$? -eq 5 ]

@@ -11,6 +11,7 @@ import functools
 import os
 import platform
 import shutil
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -173,6 +174,50 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
 
 
 LOCK_FILE = ".netsim.lock"
+RESULT_FILES = (SUMMARY_FILE, PARTIAL_SUMMARY, TRACE_FILE, "metrics.csv", "metrics.parquet")
+
+
+def check_fresh(folder: str | Path) -> None:
+    """Refuse (InputError, one line) an output folder that already holds a run's results, so nothing is
+    replaced without the user asking (the CLI's ``--force``); a missing or empty folder, or one with other
+    files only, is fine. A folder with an unfinished run's checkpoint points to ``netsim resume``."""
+    from netsim.sim.checkpoint import checkpoints
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    other = _live_writer(folder)
+    if other is not None:
+        raise InputError("", f"process {other} is writing this run folder; choose another folder with --out",
+                         str(folder))
+    if not is_complete(folder) and checkpoints(folder):
+        raise InputError("", f"holds an unfinished run with a checkpoint: continue it with `netsim resume "
+                             f"{folder}`, choose another folder with --out, or start over with --force",
+                         str(folder))
+    held = [name for name in RESULT_FILES if (folder / name).exists()]
+    if held:
+        what = "a complete run" if is_complete(folder) else "a partial run (killed, interrupted or crashed)"
+        raise InputError("", f"already holds {what} ({', '.join(held)}); choose another folder with --out, "
+                             "or replace it with --force", str(folder))
+
+
+def _live_writer(folder: Path) -> int | None:
+    """The PID in the folder's lock if that process is alive and not this one."""
+    try:
+        other = int((folder / LOCK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if other == os.getpid():
+        return None
+    try:
+        os.kill(other, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    except OverflowError:
+        return None
+    return other
 
 
 @contextmanager
@@ -180,21 +225,10 @@ def _folder_lock(folder: Path):
     """One writer per run folder: a second ``run``/``resume`` on a folder another live netsim process is
     writing is refused (a killed process leaves a stale lock, which is taken over)."""
     lock = folder / LOCK_FILE
-    try:
-        other = int(lock.read_text())
-    except (OSError, ValueError):
-        other = None
-    if other is not None and other != os.getpid():
-        try:
-            os.kill(other, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        if alive:
-            raise InputError("", f"process {other} is writing this run folder (delete {LOCK_FILE} if it is "
-                                 "not netsim)", str(folder))
+    other = _live_writer(folder)
+    if other is not None:
+        raise InputError("", f"process {other} is writing this run folder (delete {LOCK_FILE} if it is "
+                             "not netsim)", str(folder))
     lock.write_text(str(os.getpid()))
     try:
         yield
@@ -283,7 +317,10 @@ def _complete(sim, folder: Path, counts, meta: dict[str, str], resumable: bool, 
     # The handler stays while the outputs are written: a Ctrl-C after the simulation ended is ignored (the
     # outputs take a moment and the run is done); a second one aborts at once.
     with _sigint_stops(sim, interruptible):
-        sim.advance()
+        try:
+            sim.advance()
+        except Exception as exc:  # noqa: BLE001 - an algorithm's bug: keep what the run did, then re-raise
+            _write_crash(sim, folder, counts, meta, exc)
         stopped = sim.interrupted
         return _write_outputs(sim, folder, counts, meta, header, stopped)
 
@@ -308,6 +345,54 @@ def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict
     for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
         shutil.rmtree(old, ignore_errors=True)
     return RunResult(folder, sc, summary, sim.metrics)
+
+
+def _crash_site(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of the traceback that is not in Python's own
+    library or an installed package (the algorithm's line, or netsim's); else the innermost frame."""
+    import sysconfig
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "unknown"
+    skip = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    own = [f for f in frames if not f.filename.startswith(skip) or "/netsim/" in f.filename]
+    f = (own or frames)[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
+
+
+def _write_crash(sim, folder: Path, counts, meta: dict[str, str], exc: Exception):
+    """An exception inside the simulation: flush the trace (left without its end, so it reads as partial),
+    write ``summary.partial.json`` naming the error, where, which agent and when, then raise: the
+    InputError itself (bad input found at run time), otherwise RunCrashed from the original exception."""
+    import traceback
+
+    from netsim.errors import RunCrashed
+    from netsim.metrics.report import write_summary
+
+    # simpy re-raises a failed process's exception as a copy whose __cause__ is the original
+    cause = exc.__cause__ if type(exc.__cause__) is type(exc) else None
+    root = cause or exc
+    agent = next((i for i, proc in sim.programs if getattr(proc, "_ok", True) is False and proc._value is root),
+                 None)
+    t = float(sim.env.now)
+    error = {"type": type(root).__name__, "message": str(root), "where": _crash_site(root), "agent": agent,
+             "t": t, "traceback": traceback.format_exception(type(root), root, root.__traceback__)}
+    sim.stop_reason = "error"
+    sim.writer.sync()  # every event so far; no end-of-stream marker: the trace is partial
+    sc = sim.scenario
+    k = counts.kinds
+    summary = {"scenario": sc.name, "algorithm": sc.algorithm.name, "seed": sc.run.seed, "agents": sc.agents.count,
+               "simulated_time": t, "stop_reason": "error", "error": error,
+               "messages_sent": k["send"], "messages_delivered": k["deliver"], "messages_dropped": k["drop"],
+               "activations": k["activate"], "events": counts.total,
+               "wall_time": sim.wall + time.perf_counter() - sim._t0,
+               "scenario_sha256": meta["netsim.scenario_sha256"], "python": platform.python_version()}
+    write_summary(summary, folder / PARTIAL_SUMMARY)
+    if isinstance(exc, InputError):
+        raise exc
+    raise RunCrashed(folder, error) from root
 
 
 @contextmanager

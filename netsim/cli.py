@@ -21,6 +21,15 @@ def _fail(err) -> None:
     raise typer.Exit(2)
 
 
+def _crashed(err) -> None:
+    """A run that crashed inside the simulation (a program error, not bad input): one line, exit 1."""
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(1)
+
+
+ForceOpt = typer.Option(False, "--force", help="replace the results already in the output folder")
+
+
 def _overrides(items: list[str] | None) -> dict:
     from netsim.scenario import parse_override
 
@@ -124,11 +133,12 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         set_: Optional[list[str]] = SetOpt,
         out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: run.out)"),
         plugin: Optional[list[str]] = PluginOpt,
+        force: bool = ForceOpt,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
-    """Run a scenario; write trace, metrics, summary and plot to its output folder. Ctrl-C stops it
-    cleanly with a checkpoint (netsim resume continues)."""
+    """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
+    holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
 
     try:
         _plugins(plugin)
@@ -136,13 +146,17 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         folder = api.output_dir(sc, out)
         from netsim.sim.checkpoint import checkpoints
 
-        if checkpoints(folder) and not api.is_complete(folder):
+        if not force:
+            api.check_fresh(folder)
+        elif checkpoints(folder) and not api.is_complete(folder):
             typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
                        f"(netsim resume {folder} would have continued it)", err=True)
         result = _progress(sc.name, sc.run.until, quiet,
                            lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     _report(result, quiet)
 
 
@@ -153,7 +167,7 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
     """Continue a run from its last good checkpoint: same final metrics and same trace after the
     checkpoint as an uninterrupted run (docs/architecture.md, "Checkpoint and resume")."""
     from netsim import api
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.scenario import load_scenario
 
     try:
@@ -166,6 +180,8 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
                                                        warn=lambda line: typer.echo(f"warning: {line}", err=True)))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     typer.echo(f"resumed from event {result.summary['resumed_at_step']}", err=True)
     _report(result, quiet)
 
@@ -235,9 +251,18 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
     from netsim.errors import InputError
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
+    from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
+
+    def warn_partial() -> None:  # a killed or crashed run: epsilon covers only what was recorded
+        typer.echo(f"warning: {read_trace(run_folder).partial_note()}; releases after it are not counted")
 
     try:
+        warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
+        if warned:  # first, whatever the report says next
+            warn_partial()
         rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
+        if not warned and rep.get("trace_complete") is False:  # the end is there, a batch is not sound
+            warn_partial()
     except InputError as e:
         _fail(e)
     folder = run_folder.parent if run_folder.is_file() else run_folder
@@ -313,25 +338,33 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
                                         help="--scenario: a message takes the outcome of the recorded one on "
                                              "its link sent nearest in time, within this many seconds"),
            set_: list[str] | None = SetOpt,
-           out: Path | None = typer.Option(None, "--out", help="output folder (default: <run.out>-replay)"),
+           out: Path | None = typer.Option(None, "--out",
+                                           help="output folder (default: beside the run, RUN-replay, or "
+                                                "RUN-replay-SCENARIO with --scenario)"),
            plugin: list[str] | None = PluginOpt,
+           force: bool = ForceOpt,
            quiet: bool = typer.Option(False, "--quiet", "-q", help="no table")) -> None:
-    """Re-run a recorded trace bit-for-bit, or another scenario under its network (docs/traces.md)."""
+    """Re-run a recorded trace bit-for-bit, or another scenario under its network (docs/traces.md). A
+    partial trace (a killed, interrupted or crashed run) is refused."""
     from rich.console import Console
 
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.trace.replay import replay as do_replay
 
     try:
         _plugins(plugin)
         if window <= 0:
             raise InputError("--window", f"must be > 0, got {window}")
-        result = do_replay(trace, scenario, out, window, _overrides(set_))
+        result = do_replay(trace, scenario, out, window, _overrides(set_), force=force)
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:
+        _crashed(e)
     s = result.summary
     if not quiet:
         Console().print(_summary_table(s))
+    for line in s["replay_warnings"]:
+        typer.echo(f"warning: {line}", err=True)
     typer.echo(f"replay ({s['replay_mode']}): {s['replay_messages_matched']} messages and "
                f"{s['replay_activations']} activations from the recording; {s['replay_messages_fallback']} "
                f"messages and {s['replay_activations_fallback']} activations from the scenario's own models; "
@@ -401,7 +434,7 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from netsim.errors import InputError
+    from netsim.errors import InputError, RunCrashed
     from netsim.sweep import load_sweep, run_sweep
 
     console = Console(stderr=True)
@@ -420,6 +453,8 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
                                on_done=lambda t: bar.advance(task))
     except InputError as e:
         _fail(e)
+    except RunCrashed as e:  # a member's algorithm raised: its folder keeps the partial trace and summary
+        _crashed(e)
     if not quiet:
         from rich.table import Table
 

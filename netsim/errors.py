@@ -20,3 +20,22 @@ class InputError(Exception):
         head = f"{self.source}: " if self.source else ""
         key = f"{self.key}: " if self.key else ""
         return f"{head}{key}{self.message}"
+
+
+class RunCrashed(Exception):
+    """A run stopped by an exception raised inside the simulation (typically an algorithm's bug). Its
+    folder keeps the partial trace and ``summary.partial.json``, whose ``error`` names the exception,
+    where it was raised, the agent and the simulated time. The CLI prints it as one line and exits 1."""
+
+    def __init__(self, folder, error: dict):
+        super().__init__(folder, error)
+        self.folder = folder
+        self.error = error
+
+    def __str__(self) -> str:
+        e = self.error
+        who = f" in agent {e['agent']}'s program" if e.get("agent") is not None else ""
+        msg = " ".join(str(e.get("message", "")).split())[:300]
+        return (f"{self.folder}: the run crashed at t = {e['t']:.6g} s{who}: {e['type']}"
+                f"{': ' + msg if msg else ''} (at {e['where']}); its partial trace and summary.partial.json "
+                "(with the traceback) are kept there")

@@ -86,6 +86,23 @@ def test_exact_replay_takes_delays_and_drops_from_the_trace_not_the_seed(recorde
     assert deliver.t.iloc[0] == pytest.approx(orig.t + orig.value + 0.07)
 
 
+def test_exact_replay_of_a_recording_missing_a_message_warns_it_is_not_exact(recorded, tmp_path):
+    t = read_trace(recorded.out).to_pandas()
+    sends = t[t.kind == "send"]
+    victim = int(sends[(sends.agent == 0) & (sends.peer == 1)].msg.iloc[-1])  # the link's last message
+
+    def edit(c):
+        keep = [i for i, m in enumerate(c["msg"]) if m != victim]
+        for name in c:
+            c[name] = [c[name][i] for i in keep]
+    _rewrite(recorded.trace_path, tmp_path / "edited.arrows", edit)
+    res = replay(tmp_path / "edited.arrows", out=tmp_path / "rep")
+    s = res.summary
+    assert s["replay_messages_fallback"] == 1  # everything before it is as recorded
+    assert s["replay_warnings"] == [f"1 of {s['replay_messages_matched'] + 1} messages are not in the recording "
+                                    "and came from the scenario's own link model: the replay is not exact"]
+
+
 def test_exact_replay_takes_activation_times_from_the_trace(recorded, tmp_path):
     t = read_trace(recorded.out).to_pandas()
     acts = t[(t.kind == "activate") & (t.agent == 0)]
@@ -156,7 +173,7 @@ def test_truncated_or_foreign_traces_are_clean_errors(recorded, tmp_path):
     data = recorded.trace_path.read_bytes()
     cut = tmp_path / "cut.arrows"
     cut.write_bytes(data[: len(data) // 2])
-    with pytest.raises(InputError, match="truncated"):
+    with pytest.raises(InputError, match="partial run, up to t = "):
         replay(cut, out=tmp_path / "x")
     junk = tmp_path / "junk.arrows"
     junk.write_text("time,src\n1,2\n")
@@ -175,7 +192,7 @@ def test_cli_replay_of_a_truncated_trace_is_one_line_exit_2(recorded, tmp_path):
     p = subprocess.run(netsim_cli("replay", str(cut), "--out", str(tmp_path / "o"), "-q"),
                        capture_output=True, text=True, env=cli_env())
     assert p.returncode == 2 and p.stderr.count("\n") == 1
-    assert p.stderr.startswith(f"error: {cut}: trace is truncated")
+    assert p.stderr.startswith(f"error: {cut}: partial run, up to t = ")
     assert not (tmp_path / "o").exists()
 
 

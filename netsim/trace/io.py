@@ -1,8 +1,9 @@
 """Trace files: Arrow IPC *stream* format, written in batches.
 
 The stream format needs no footer, so a run killed mid-way leaves a file readable up to its last
-flushed batch (``read_trace`` stops at the first incomplete batch). The schema metadata holds the
-schema version, the resolved scenario text and its sha256.
+flushed batch (``read_trace`` stops at the first incomplete batch). Only the end of a run writes the
+stream's end-of-stream marker, so a trace without it (killed, interrupted or crashed run) is partial.
+The schema metadata holds the schema version, the resolved scenario text and its sha256.
 """
 
 from __future__ import annotations
@@ -128,7 +129,20 @@ class TraceWriter:
 class Trace:
     table: pa.Table
     metadata: dict[str, str]
-    complete: bool  # False when the file ended inside a batch (killed run)
+    complete: bool  # the run's end is recorded (end-of-stream marker) and every batch is sound
+
+    @property
+    def t_end(self) -> float:
+        """Time of the last event read (0.0 for an empty trace): where a partial run's record stops."""
+        n = self.table.num_rows
+        return float(self.table.column("t")[n - 1].as_py()) if n else 0.0
+
+    def partial_note(self) -> str:
+        """One line for a trace that does not record its run's end ("" for a complete one)."""
+        if self.complete:
+            return ""
+        return (f"partial run, up to t = {self.t_end:.6g} s (the trace does not record the run's end: "
+                "it was killed, interrupted or crashed, or the file is cut or corrupted)")
 
     @property
     def scenario_text(self) -> str:
@@ -141,6 +155,21 @@ class Trace:
 def resolve_trace_path(path: str | Path) -> Path:
     p = Path(path)
     return p / TRACE_FILE if p.is_dir() else p
+
+
+def has_end_marker(path: str | Path) -> bool:
+    """Whether a trace file ends with the end-of-stream marker, read from its last bytes only: False means
+    a partial run for sure (``read_trace`` also checks every batch before it calls a trace complete)."""
+    try:
+        with open(resolve_trace_path(path), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size < len(EOS):
+                return False
+            f.seek(size - len(EOS))
+            return f.read() == EOS
+    except OSError:
+        return False
 
 
 def _agent_count(meta: dict[str, str], p: Path) -> int | None:
@@ -190,8 +219,10 @@ def read_trace(path: str | Path) -> Trace:
 
     Every batch is checked before it is used (full Arrow validation, then ``_batch_ok``), so a
     corrupted file is never handed to pandas or numpy: the first batch that is cut off or fails a check
-    ends the readable part (``complete`` is then False). A file whose header or schema is not a netsim
-    trace (or whose scenario text does not match its sha256) is an InputError."""
+    ends the readable part. ``complete`` is True only when every batch is sound and the file ends with
+    the end-of-stream marker the writer writes when the run ends; a killed, interrupted or crashed run's
+    trace (whole batches, no marker) is partial. A file whose header or schema is not a netsim trace
+    (or whose scenario text does not match its sha256) is an InputError."""
     p = resolve_trace_path(path)
     if not p.exists():
         raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(p))
@@ -229,5 +260,9 @@ def read_trace(path: str | Path) -> Trace:
                 complete = False
                 break
             batches.append(batch)
+        if complete:  # the stream ended: at the writer's end-of-stream marker, or just at the file's end
+            size = f.size()
+            f.seek(max(0, size - len(EOS)))
+            complete = size >= len(EOS) and f.read(len(EOS)) == EOS
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Trace(table, meta, complete)

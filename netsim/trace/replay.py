@@ -54,8 +54,7 @@ class Recording:
             elif k == "offline":
                 self.offline.setdefault(agent[r], []).append((t[r], t[r] + value[r]))
         if not trace.complete:
-            raise InputError("", "trace is truncated (the run was killed mid-batch); replay needs a "
-                                 "complete recording", source)
+            raise InputError("", f"{trace.partial_note()}; replay needs a complete recording", source)
         self.times = {k: np.array([x[0] for x in v]) for k, v in self.links.items()}
         self.t_end = max(t) if t else 0.0
 
@@ -67,6 +66,26 @@ class Stats:
         self.activations_replayed = 0
         self.activations_skipped = 0
         self.fallback_activations = 0
+
+    def warnings(self, exact: bool) -> list[str]:
+        """Lines for a replay that is not what its name suggests: most messages (more than half) took
+        the scenario's own link model, or an exact replay had messages the recording lacks."""
+        total = self.matched + self.fallback_messages
+        out = []
+        if total and 2 * self.fallback_messages > total:
+            out.append(f"only {round(100 * self.matched / total)}% of the messages ({self.matched} of {total}) "
+                       f"took a recorded outcome; the other {self.fallback_messages} came from the scenario's "
+                       "own link model (links, agents or times the recording does not have, or nothing recorded "
+                       "within --window): this run is mostly not under the recorded network")
+        elif exact and self.fallback_messages:
+            out.append(f"{self.fallback_messages} of {total} messages are not in the recording and came from "
+                       "the scenario's own link model: the replay is not exact")
+        acts = self.activations_replayed + self.fallback_activations
+        if not exact and acts and 2 * self.fallback_activations > acts:
+            out.append(f"only {round(100 * self.activations_replayed / acts)}% of the activations "
+                       f"({self.activations_replayed} of {acts}) happened at recorded times; the other "
+                       f"{self.fallback_activations} came from the scenario's own activation model")
+        return out
 
     def as_dict(self) -> dict[str, int]:
         return {"replay_messages_matched": self.matched, "replay_messages_fallback": self.fallback_messages,
@@ -214,9 +233,20 @@ def _with_recorded_churn(data: dict, rec: Recording, n: int) -> dict:
     return {**data, "agents": agents}
 
 
+def default_out(trace_path: str | Path, scenario: str | Path | None = None) -> Path:
+    """Where a replay goes when no folder is given: beside the recorded run, named after it
+    (``runs/a`` -> ``runs/a-replay``; under ``--scenario other.toml``: ``runs/a-replay-other``)."""
+    p = Path(trace_path).absolute() if Path(trace_path).name in ("", ".", "..") else Path(trace_path)
+    base = p if p.is_dir() else (p.parent if p.name == "trace.arrows" else p.with_suffix(""))
+    suffix = "-replay" if scenario is None else f"-replay-{Path(scenario).stem}"
+    return base.with_name(base.name + suffix)
+
+
 def replay(trace_path: str | Path, scenario: str | Path | None = None, out: str | Path | None = None,
-           window: float = 1.0, overrides: dict | None = None, progress=None):
-    """Re-run a recorded trace; returns the RunResult (summary carries the replay counters)."""
+           window: float = 1.0, overrides: dict | None = None, progress=None, force: bool = True):
+    """Re-run a recorded trace; returns the RunResult (summary carries the replay counters and
+    ``replay_warnings``). ``out`` defaults to ``default_out``; with ``force=False`` a folder that holds
+    results is refused (``api.check_fresh``) instead of replaced."""
     import tomllib
 
     from netsim import api
@@ -242,9 +272,12 @@ def replay(trace_path: str | Path, scenario: str | Path | None = None, out: str 
         other = load_scenario(scenario, overrides)
         sc = scenario_from_dict(_with_recorded_churn(to_dict(other), rec, other.agents.count), str(scenario))
     if out is None:
-        out = Path(str(api.output_dir(sc, None)) + "-replay")
+        out = default_out(trace_path, scenario)
+    if not force:
+        api.check_fresh(Path(out))
     res = api.run(sc, out=out, progress=progress, setup=installer(rec, exact, window, stats))
     res.summary.update({"replay_of": str(trace_path), "replay_mode": "exact" if exact else "conditions",
-                        "replay_window": None if exact else window, **stats.as_dict()})
+                        "replay_window": None if exact else window, **stats.as_dict(),
+                        "replay_warnings": stats.warnings(exact)})
     write_summary(res.summary, res.out / "summary.json")
     return res

@@ -92,6 +92,7 @@ class Timeline:
         tr = read_trace(path)
         self.path = str(path)
         self.complete = tr.complete
+        self.partial = tr.partial_note()  # "" for a trace that records its run's end
         c = {k: np.asarray(v) for k, v in tr.table.to_pydict().items()}
         self.name = "trace"
         text = tr.scenario_text
@@ -214,8 +215,9 @@ def render(tl: Timeline, console, max_lanes: int = 40, group: int | None = None,
     width = max(10, console.width - label_w - 3)
     lanes, g = tl.lanes(width, max_lanes, group)
     per = f"{g} agents per lane, " if g > 1 else ""
-    console.print(Text(f"{tl.name} · {len(tl.agents)} agents ({per}window {tl.t0:g}-{tl.t1:g} s)"
-                       + ("" if tl.complete else " · TRUNCATED trace"), style="bold"))
+    console.print(Text(f"{tl.name} · {len(tl.agents)} agents ({per}window {tl.t0:g}-{tl.t1:g} s)", style="bold"))
+    if tl.partial:
+        console.print(Text(tl.partial, style="bold yellow"))
     axis = [" "] * width
     for q in range(5):
         col = min(width - 1, round(q * (width - 1) / 4))
