@@ -19,6 +19,7 @@ from netsim.errors import InputError
 from netsim.scenario.schema import AlgorithmSpec
 from netsim.scenario.structure import structure
 
+MAX_BATCH = 2**20  # the largest mini-batch an algorithm's ``batch`` parameter may ask for
 REGISTRY: dict[str, tuple[Callable, type]] = {}
 
 
@@ -88,4 +89,8 @@ def resolve(spec: AlgorithmSpec) -> tuple[Callable, Any]:
     if spec.name not in REGISTRY:
         raise InputError("algorithm.name", f"unknown algorithm {spec.name!r}; registered: {', '.join(names())}")
     fn, params_cls = REGISTRY[spec.name]
-    return fn, structure(spec.params, params_cls, "algorithm")
+    params = structure(spec.params, params_cls, "algorithm")
+    batch = getattr(params, "batch", None)
+    if isinstance(batch, int) and batch > MAX_BATCH:  # rows drawn per gradient, allocated at once
+        raise InputError("algorithm.batch", f"must be <= {MAX_BATCH} (rows per gradient), got {batch}")
+    return fn, params

@@ -5,6 +5,7 @@ Units: simulated time in seconds, sizes in bytes, bandwidth in bytes per second.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import attrs
@@ -13,36 +14,69 @@ from netsim.scenario.structure import at_least, field, nonneg, positive, probabi
 
 DistKind = Literal["constant", "uniform", "exponential", "lognormal", "normal"]
 
+MAX_SECONDS = 1e9  # about 32 years: the largest time a distribution of seconds may draw
+MAX_LOG_SIGMA = 10.0  # a lognormal with a larger sigma has nearly all its mass at 0 and its mean in the tail
+TAIL_SIGMAS = 10.0  # normal/lognormal draws are bounded at mean +- 10 sigma (all but ~1e-23 of them)
+TAIL_MEANS = 40.0  # exponential draws are bounded at 40 means (all but ~4e-18 of them)
+
+
+def _finite(v: float | None) -> str | None:
+    return None if v is None or math.isfinite(v) else f"must be a finite number, got {v}"
+
+
+def _finite_nonneg(v: float | None) -> str | None:
+    return _finite(v) or (None if v is None or v >= 0 else f"must be >= 0, got {v}")
+
 
 @attrs.frozen
 class Dist:
     """A scalar distribution. ``constant``: value; ``uniform``: low, high; ``exponential``: mean;
     ``lognormal``: mean (of the variable itself) and sigma (of its log); ``normal``: mean, sigma."""
 
-    kind: DistKind = "constant"
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    mean: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
-    sigma: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+    kind: DistKind = field("constant", doc="constant (value), uniform (low, high), exponential (mean), "
+                                           "lognormal (mean, sigma of the log), normal (mean, sigma)")
+    value: float | None = field(None, check=_finite, doc="constant: the value")
+    low: float | None = field(None, check=_finite, doc="uniform: lower bound")
+    high: float | None = field(None, check=_finite, doc="uniform: upper bound (>= low)")
+    mean: float | None = field(None, check=_finite,
+                               doc="exponential, lognormal: mean of the variable (>= 0); normal: its mean")
+    sigma: float | None = field(None, check=_finite_nonneg,
+                                doc=f"normal: standard deviation; lognormal: that of the log (<= {MAX_LOG_SIGMA:g})")
 
-    def __check__(self) -> tuple[str, str] | None:
+    def problem(self) -> tuple[str, str] | None:
+        """(parameter, what is allowed) for the first bad parameter, or None. The schema runs this when a
+        file is read and the samplers (sim/dists.py) again, for distributions built in code."""
         need = {
             "constant": ("value",),
             "uniform": ("low", "high"),
             "exponential": ("mean",),
             "lognormal": ("mean", "sigma"),
             "normal": ("mean", "sigma"),
-        }[self.kind]
+        }.get(self.kind)
+        if need is None:
+            return "kind", f"got {self.kind!r}; allowed: constant, uniform, exponential, lognormal, normal"
         for key in need:
             if getattr(self, key) is None:
                 return key, f"required for kind = {self.kind!r} (needs {', '.join(need)})"
         for key in ("value", "low", "high", "mean", "sigma"):
-            if key not in need and getattr(self, key) is not None:
+            v = getattr(self, key)
+            if key not in need and v is not None:
                 return key, f"not used by kind = {self.kind!r} (it takes {', '.join(need)})"
-        if self.kind == "uniform" and not self.low <= self.high:  # type: ignore[operator]
-            return "high", f"must be >= low ({self.low}), got {self.high}"
+            if v is not None and (msg := (_finite_nonneg if key == "sigma" else _finite)(v)):
+                return key, msg
+        if self.kind in ("exponential", "lognormal") and self.mean < 0:  # type: ignore[operator]
+            return "mean", f"must be >= 0 for kind = {self.kind!r}, got {self.mean}"
+        if self.kind == "uniform":
+            if not self.low <= self.high:  # type: ignore[operator]
+                return "high", f"must be >= low ({self.low}), got {self.high}"
+            if not math.isfinite(self.high - self.low):  # type: ignore[operator]
+                return "high", f"high - low must be a finite number, got {self.high} - ({self.low})"
+        if self.kind == "lognormal" and self.sigma > MAX_LOG_SIGMA:  # type: ignore[operator]
+            return "sigma", f"must be <= {MAX_LOG_SIGMA:g} for kind = 'lognormal', got {self.sigma}"
         return None
+
+    def __check__(self) -> tuple[str, str] | None:
+        return self.problem()
 
     def bounds_nonneg(self) -> bool:
         if self.kind == "constant":
@@ -51,11 +85,68 @@ class Dist:
             return self.low >= 0  # type: ignore[operator]
         return self.kind != "normal"
 
+    def support(self) -> tuple[float, float]:
+        """(lo, hi) holding every draw netsim can make in practice: the bounds of constant and uniform;
+        exponential up to 40 means; normal mean +- 10 sigma; lognormal exp(mu +- 10 sigma)."""
+        if self.kind == "constant":
+            return self.value, self.value  # type: ignore[return-value]
+        if self.kind == "uniform":
+            return self.low, self.high  # type: ignore[return-value]
+        if self.kind == "exponential":
+            return 0.0, TAIL_MEANS * self.mean  # type: ignore[operator]
+        if self.kind == "normal":
+            return (self.mean - TAIL_SIGMAS * self.sigma,  # type: ignore[operator]
+                    self.mean + TAIL_SIGMAS * self.sigma)  # type: ignore[operator]
+        if not self.mean:
+            return 0.0, 0.0
+        mu = math.log(self.mean) - self.sigma**2 / 2  # type: ignore[operator, arg-type]
+        return (math.exp(min(mu - TAIL_SIGMAS * self.sigma, 709.0)),  # type: ignore[operator]
+                math.exp(min(mu + TAIL_SIGMAS * self.sigma, 709.0)))  # type: ignore[operator]
+
+    def tail_note(self) -> str:
+        return {"exponential": " (exponential: up to 40 means)", "normal": " (normal: mean +- 10 sigma)",
+                "lognormal": " (lognormal: exp(mu +- 10 sigma))"}.get(self.kind, "")
+
+
+MIN_SECONDS = 1e-9  # the shortest period: simulated time must move forward by it (floats near 1e9 s do)
+
+
+def duration(v: float) -> str | None:
+    """A period, interval or mean duration (s): in [MIN_SECONDS, MAX_SECONDS]."""
+    return None if MIN_SECONDS <= v <= MAX_SECONDS else f"must be in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s, got {v}"
+
+
+def per_second(v: float) -> str | None:
+    return None if 1 / MAX_SECONDS <= v <= 1 / MIN_SECONDS else (
+        f"must be in [{1 / MAX_SECONDS:g}, {1 / MIN_SECONDS:g}] per second, got {v}")
+
 
 def nonneg_dist(d: Dist) -> str | None:
     if d.bounds_nonneg():
         return None
     return "must not produce negative values (use constant/uniform >= 0, exponential or lognormal)"
+
+
+def seconds_dist(d: Dist | None) -> str | None:
+    """A distribution of durations or times: never negative, never beyond MAX_SECONDS."""
+    if d is None:
+        return None
+    if msg := nonneg_dist(d):
+        return msg
+    hi = d.support()[1]
+    if hi > MAX_SECONDS:
+        return f"draws values up to {hi:.3g} s{d.tail_note()}; must stay <= {MAX_SECONDS:.0e} s (about 32 years)"
+    return None
+
+
+def drift_dist(d: Dist) -> str | None:
+    """Clock drift: local = offset + (1 + drift) t needs -1 < drift; beyond 1 a clock runs more than
+    twice as fast as real time (real clocks drift by parts per million)."""
+    lo, hi = d.support()
+    if lo <= -1 or hi > 1:
+        return (f"draws values in [{lo:.3g}, {hi:.3g}]{d.tail_note()}; a drift must stay in (-1, 1] "
+                "(a clock that stops, runs backwards or at more than twice real time is refused)")
+    return None
 
 
 @attrs.frozen
@@ -90,8 +181,8 @@ class ActivationSpec:
     or each ``period`` with probability ``p`` (Bernoulli per round)."""
 
     kind: Literal["periodic", "poisson", "bernoulli"] = "periodic"
-    period: float = field(1.0, check=positive)
-    rate: float = field(1.0, check=positive)
+    period: float = field(1.0, check=duration, doc="periodic, bernoulli: seconds between ticks (local clock)")
+    rate: float = field(1.0, check=per_second, doc="poisson: activations per second (local clock)")
     p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}")
 
 
@@ -112,18 +203,21 @@ class ChurnSpec:
     """Random churn: each agent alternates online/offline periods with exponential durations
     (means in s), starting online; drawn from the agent's own ``churn`` stream."""
 
-    mean_online: float = field(check=positive, doc="mean online period (s)")
-    mean_offline: float = field(check=positive, doc="mean offline period (s)")
+    mean_online: float = field(check=duration, doc="mean online period (s)")
+    mean_offline: float = field(check=duration, doc="mean offline period (s)")
 
 
 @attrs.frozen
 class AgentsSpec:
     count: int = field(check=lambda v: at_least(2)(v) or (None if v <= 10**6 else f"must be <= 1000000, got {v}"),
                        doc="number of agents")
-    clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
-    clock_drift: Dist = field(Dist("constant", value=0.0), doc="relative rate error: local = offset + (1+drift) t")
-    clock_jitter: Dist | None = field(None, doc="random delay (local s) added to each activation")
-    compute_time: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="seconds per gradient")
+    clock_offset: Dist = field(Dist("constant", value=0.0), check=seconds_dist,
+                               doc="each agent's clock reading at t = 0 (s), drawn once per agent")
+    clock_drift: Dist = field(Dist("constant", value=0.0), check=drift_dist,
+                              doc="relative rate error, in (-1, 1]: local = offset + (1+drift) t")
+    clock_jitter: Dist | None = field(None, check=seconds_dist,
+                                      doc="random delay (local s) added to each activation")
+    compute_time: Dist = field(Dist("constant", value=0.01), check=seconds_dist, doc="seconds per gradient")
     activation: ActivationSpec = ActivationSpec()
     stragglers: tuple[int, ...] = field((), doc="agents whose compute time is multiplied by straggler_factor")
     straggler_factor: float = field(5.0, check=positive)
@@ -135,8 +229,6 @@ class AgentsSpec:
         bad = [a for a in self.stragglers if not 0 <= a < self.count]
         if bad:
             return "stragglers", f"agent ids must be in [0, {self.count - 1}], got {bad}"
-        if self.clock_drift.kind == "constant" and self.clock_drift.value <= -1:  # type: ignore[operator]
-            return "clock_drift.value", "must be > -1 (a clock cannot stop or run backwards)"
         return None
 
 
@@ -186,7 +278,7 @@ class DynamicTopologySpec:
 
     kind: Literal["one_peer_exponential", "resample", "schedule"] = "one_peer_exponential"
     every: Literal["round", "period"] = field("round", doc="epoch = the agent's round, or the global clock")
-    period: float = field(1.0, check=positive, doc="seconds per epoch when every = 'period'")
+    period: float = field(1.0, check=duration, doc="seconds per epoch when every = 'period'")
     graphs: tuple[TopologySpec, ...] | None = field(None, doc="schedule: topologies used in turn")
 
     def __check__(self) -> tuple[str, str] | None:
@@ -238,7 +330,7 @@ class LinkOverride:
 
     src: int = field(check=nonneg)
     dst: int = field(check=nonneg)
-    latency: Dist | None = field(None, check=lambda d: None if d is None else nonneg_dist(d))
+    latency: Dist | None = field(None, check=seconds_dist, doc="one-way delay (s) on this link")
     loss: float | None = field(None, check=_opt_loss)
     bandwidth: float | None = field(None, check=_opt_positive, doc="bytes/s on this link")
     both: bool = False
@@ -246,7 +338,7 @@ class LinkOverride:
 
 @attrs.frozen
 class NetworkSpec:
-    latency: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="one-way propagation delay (s)")
+    latency: Dist = field(Dist("constant", value=0.01), check=seconds_dist, doc="one-way propagation delay (s)")
     bandwidth: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
                                     doc="bytes/s per link; transfer time = size / bandwidth; omit for infinite")
     loss: float = field(0.0, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}")
@@ -361,7 +453,7 @@ class AlgorithmSpec:
 
 @attrs.frozen
 class EvaluationSpec:
-    every: float = field(1.0, check=positive, doc="simulated seconds between evaluations")
+    every: float = field(1.0, check=duration, doc="simulated seconds between evaluations")
     metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy", "tracking", "train_loss",
                            "suboptimality"], ...] = field(
         ("loss", "accuracy", "consensus"),

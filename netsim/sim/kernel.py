@@ -24,9 +24,10 @@ from netsim.compute.data import load_dataset
 from netsim.compute.evaluate import evaluate_bank
 from netsim.compute.gradients import GradientService, Ticket
 from netsim.compute.models import build_model
+from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
-from netsim.sim.dists import draws, sampler
+from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.network import Network
 from netsim.sim.streams import Streams
 from netsim.sim.topology import spectral_gap, weighted_graph
@@ -58,6 +59,7 @@ class Simulation:
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
                  writer: TraceWriter | None = None, device: str | None = None):
         self.scenario = sc = scenario
+        check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
         self.env = simpy.Environment()
         self.streams = Streams(sc.run.seed)
@@ -94,10 +96,16 @@ class Simulation:
         self.gradients = GradientService(self.model, self.X, self.y)
         self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
         crng = self.streams.rng("clock")
-        offsets = sampler(sc.agents.clock_offset, crng)(n)
-        drifts = sampler(sc.agents.clock_drift, crng)(n)
-        if (drifts <= -1).any():
-            raise ValueError("agents.clock_drift produced a drift <= -1 (a clock that stops)")
+        offsets = sampler(sc.agents.clock_offset, crng, "agents.clock_offset")(n)
+        drifts = sampler(sc.agents.clock_drift, crng, "agents.clock_drift")(n)
+        if not (drifts > -1).all():
+            raise InputError("agents.clock_drift", f"drew a drift of {drifts.min():.3g}; a drift must be > -1 "
+                                                   "(a clock cannot stop or run backwards)")
+        act = sc.agents.activation
+        if act.kind != "poisson" and offsets.max() / act.period > 2**40:
+            raise InputError("agents.clock_offset", f"offsets up to {offsets.max():.3g} s are too large for "
+                             f"agents.activation.period = {act.period} s: the clock could not tell ticks apart "
+                             "(keep offset / period <= 2^40)")
         slow = set(sc.agents.stragglers)
         self.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
@@ -133,7 +141,7 @@ class Simulation:
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
-        return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i))
+        return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i), "agents.compute_time")
 
     def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
                          clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
