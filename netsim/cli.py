@@ -16,6 +16,20 @@ SetOpt = typer.Option(None, "--set", help="override a scenario key: --set networ
 PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms (repeatable)")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from netsim import __version__
+
+        typer.echo(f"netsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print netsim's version and exit")) -> None:
+    """netsim: asynchronous discrete-event simulator for decentralized, private learning."""
+
+
 def _fail(err) -> None:
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(2)
@@ -187,15 +201,50 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
 
 
 @app.command()
-def algorithms() -> None:
-    """List registered algorithms and their parameters."""
+def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs Optional on 3.10
+             None, help="one section: run, agents, topology, network, data, model, algorithm, evaluation, "
+                        "privacy, distribution, scenario (top level)"),
+         markdown: bool = typer.Option(False, "--markdown", help="the whole reference as Markdown "
+                                                                 "(docs/scenario-reference.md)")) -> None:
+    """The scenario reference: every key with its type, default, allowed values and meaning."""
+    from netsim.scenario.reference import markdown as as_markdown
+    from netsim.scenario.reference import sections, text
+
+    if markdown:
+        typer.echo(as_markdown(), nl=False)
+        return
+    if section is not None and section not in sections():
+        typer.echo(f"error: keys: unknown section {section!r}; allowed: {', '.join(sections())}", err=True)
+        raise typer.Exit(2)
+    typer.echo(text(section), nl=False)
+
+
+@app.command()
+def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
+                   None, help="one algorithm: its description and parameters"),
+               plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """List registered algorithms and their parameters; with NAME, describe one."""
     import attrs
 
     from netsim.algorithms import REGISTRY, names
+    from netsim.errors import InputError
 
-    for name in names():
-        params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[name][1]))
-        typer.echo(f"{name}: {params}")
+    try:
+        _plugins(plugin)
+        registered = names()
+    except InputError as e:
+        _fail(e)
+    if name is None:
+        for n in registered:
+            params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[n][1]))
+            typer.echo(f"{n}: {params}")
+        typer.echo("(netsim algorithms NAME describes one)")
+        return
+    if name not in REGISTRY:
+        _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
+    from netsim.algorithms.registry import describe
+
+    typer.echo(describe(name), nl=False)
 
 
 @app.command()
