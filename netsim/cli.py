@@ -128,7 +128,8 @@ def _report(result, quiet: bool) -> None:
         raise typer.Exit(130)
     if not quiet:
         Console().print(_summary_table(s))
-    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+    extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
 
 @app.command()
@@ -250,18 +251,25 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
 @app.command()
 def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
             out: Path = typer.Option(Path("compare.png"), "--out", help="PNG to write"),
-            metric: str = typer.Option("accuracy", "--metric", help="metrics column to overlay")) -> None:
-    """Overlay accuracy (or --metric) vs simulated time of several runs; print time to target."""
+            metric: str = typer.Option("accuracy", "--metric", help="metrics column to overlay"),
+            labels: Optional[str] = typer.Option(  # noqa: UP045 - typer needs Optional on 3.10
+                None, "--labels", help="comma-separated legend labels, one per run (default: folder names)"),
+            target: Optional[float] = typer.Option(  # noqa: UP045
+                None, "--target", help="target value of --metric (default: each run's target_accuracy)"),
+            x: str = typer.Option("time", "--x", help="x axis: time (simulated s), rounds or bytes (sent)")) -> None:
+    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print time to target."""
     from netsim.errors import InputError
     from netsim.metrics.compare import compare_plot
 
     try:
-        table = compare_plot(runs, out, metric)
+        names = None if labels is None else [s.strip() for s in labels.split(",")]
+        table = compare_plot(runs, out, metric, labels=names, target=target, x=x)
     except InputError as e:
         _fail(e)
     for r in table:
         ttt = "never" if r["time_to_target"] is None else f"{r['time_to_target']:.4g} s"
-        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target {ttt}, "
+        goal = "" if r["target"] is None else f" {r['target']:g}"
+        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target{goal} {ttt}, "
                    f"{r['messages_sent']} messages, {r['bytes_sent']} bytes")
     typer.echo(f"wrote {out}")
 
@@ -351,7 +359,8 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
                f"{s['replay_activations']} activations from the recording; {s['replay_messages_fallback']} "
                f"messages and {s['replay_activations_fallback']} activations from the scenario's own models; "
                f"{s['replay_activations_skipped']} recorded activations skipped")
-    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+    extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
 
 @app.command()
