@@ -75,3 +75,25 @@ def test_per_agent_metrics_only_when_asked_one_row_per_agent_and_evaluation(two_
         assert math.isclose(np.mean(accs), m["agent_accuracy_mean"], rel_tol=1e-6)
         assert min(accs) == pytest.approx(m["agent_accuracy_min"])
     assert len({tuple(v) for v in by_time.values()}) > 1 and (b.out / "agent_accuracy.png").is_file()
+
+
+def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
+    from netsim import api
+    from netsim.sim.kernel import Simulation
+
+    sc = scenario_from_dict(merge(SMALL, {"run": {"checkpoint_every": 2.5},
+                                          "evaluation": {"every": 1.0, "metrics": ["accuracy", "agent_accuracy"]}}))
+    ref = api.run(sc, out=tmp_path / "ref", interruptible=False).out
+    original = Simulation.boundary
+
+    def stop_after_first_checkpoint(self):  # like Ctrl-C at t = 2.5
+        original(self)
+        if self.env.now >= 2.5 and not self.restored_metrics:
+            self.interrupt()
+
+    monkeypatch.setattr(Simulation, "boundary", stop_after_first_checkpoint)
+    stopped = api.run(sc, out=tmp_path / "cut", interruptible=False)
+    assert stopped.summary["stop_reason"] == "interrupted" and not (stopped.out / "agent_metrics.csv").exists()
+    monkeypatch.setattr(Simulation, "boundary", original)
+    api.resume(stopped.out, interruptible=False)
+    assert (stopped.out / "agent_metrics.csv").read_bytes() == (ref / "agent_metrics.csv").read_bytes()
