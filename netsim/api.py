@@ -327,7 +327,7 @@ def _complete(sim, folder: Path, counts, meta: dict[str, str], resumable: bool, 
 
 def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict[str, Any],
                    stopped: bool) -> RunResult:
-    from netsim.metrics.report import plot_metrics, write_metrics, write_summary
+    from netsim.metrics.report import plot_metrics, write_agent_metrics, write_metrics, write_summary
     from netsim.sim import checkpoint
 
     sc = sim.scenario
@@ -340,6 +340,7 @@ def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict
         return RunResult(folder, sc, summary, sim.metrics)
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
+    write_agent_metrics(sim.agent_metrics, folder, f"{sc.name}: {sc.algorithm.name}, each agent's own model")
     write_summary(summary, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
     (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
     for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)

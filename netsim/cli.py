@@ -16,6 +16,20 @@ SetOpt = typer.Option(None, "--set", help="override a scenario key: --set networ
 PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms (repeatable)")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from netsim import __version__
+
+        typer.echo(f"netsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print netsim's version and exit")) -> None:
+    """netsim: asynchronous discrete-event simulator for decentralized, private learning."""
+
+
 def _fail(err) -> None:
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(2)
@@ -125,7 +139,8 @@ def _report(result, quiet: bool) -> None:
         raise typer.Exit(130)
     if not quiet:
         Console().print(_summary_table(s))
-    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+    extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
 
 @app.command()
@@ -205,32 +220,74 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
 
 
 @app.command()
-def algorithms() -> None:
-    """List registered algorithms and their parameters."""
+def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs Optional on 3.10
+             None, help="one section: run, agents, topology, network, data, model, algorithm, evaluation, "
+                        "privacy, distribution, scenario (top level)"),
+         markdown: bool = typer.Option(False, "--markdown", help="the whole reference as Markdown "
+                                                                 "(docs/scenario-reference.md)")) -> None:
+    """The scenario reference: every key with its type, default, allowed values and meaning."""
+    from netsim.scenario.reference import markdown as as_markdown
+    from netsim.scenario.reference import sections, text
+
+    if markdown:
+        typer.echo(as_markdown(), nl=False)
+        return
+    if section is not None and section not in sections():
+        typer.echo(f"error: keys: unknown section {section!r}; allowed: {', '.join(sections())}", err=True)
+        raise typer.Exit(2)
+    typer.echo(text(section), nl=False)
+
+
+@app.command()
+def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
+                   None, help="one algorithm: its description and parameters"),
+               plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """List registered algorithms and their parameters; with NAME, describe one."""
     import attrs
 
     from netsim.algorithms import REGISTRY, names
+    from netsim.errors import InputError
 
-    for name in names():
-        params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[name][1]))
-        typer.echo(f"{name}: {params}")
+    try:
+        _plugins(plugin)
+        registered = names()
+    except InputError as e:
+        _fail(e)
+    if name is None:
+        for n in registered:
+            params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[n][1]))
+            typer.echo(f"{n}: {params}")
+        typer.echo("(netsim algorithms NAME describes one)")
+        return
+    if name not in REGISTRY:
+        _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
+    from netsim.algorithms.registry import describe
+
+    typer.echo(describe(name), nl=False)
 
 
 @app.command()
 def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
             out: Path = typer.Option(Path("compare.png"), "--out", help="PNG to write"),
-            metric: str = typer.Option("accuracy", "--metric", help="metrics column to overlay")) -> None:
-    """Overlay accuracy (or --metric) vs simulated time of several runs; print time to target."""
+            metric: str = typer.Option("accuracy", "--metric", help="metrics column to overlay"),
+            labels: Optional[str] = typer.Option(  # noqa: UP045 - typer needs Optional on 3.10
+                None, "--labels", help="comma-separated legend labels, one per run (default: folder names)"),
+            target: Optional[float] = typer.Option(  # noqa: UP045
+                None, "--target", help="target value of --metric (default: each run's target_accuracy)"),
+            x: str = typer.Option("time", "--x", help="x axis: time (simulated s), rounds or bytes (sent)")) -> None:
+    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print time to target."""
     from netsim.errors import InputError
     from netsim.metrics.compare import compare_plot
 
     try:
-        table = compare_plot(runs, out, metric)
+        names = None if labels is None else [s.strip() for s in labels.split(",")]
+        table = compare_plot(runs, out, metric, labels=names, target=target, x=x)
     except InputError as e:
         _fail(e)
     for r in table:
         ttt = "never" if r["time_to_target"] is None else f"{r['time_to_target']:.4g} s"
-        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target {ttt}, "
+        goal = "" if r["target"] is None else f" {r['target']:g}"
+        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target{goal} {ttt}, "
                    f"{r['messages_sent']} messages, {r['bytes_sent']} bytes")
     typer.echo(f"wrote {out}")
 
@@ -369,7 +426,8 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
                f"{s['replay_activations']} activations from the recording; {s['replay_messages_fallback']} "
                f"messages and {s['replay_activations_fallback']} activations from the scenario's own models; "
                f"{s['replay_activations_skipped']} recorded activations skipped")
-    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png)")
+    extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
+    typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
 
 @app.command()

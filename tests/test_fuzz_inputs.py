@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -539,3 +539,168 @@ def test_fuzzed_member_run_folders_of_a_sweep(work, done_sweep, data):
     res = cli("sweep", sweep_file, "-q", "--out", copy_dir / "out")
     assert snapshot(*(m for m in members if m != member)) == others
     rejected_naming(res, member)
+
+
+# --- extreme finite values in every numeric key: netsim validate, then a bounded run ---------------------
+
+def _numeric_keys() -> list[tuple[tuple[str, ...], type, dict]]:
+    """(key path, int or float, the table it sits in) for every numeric key of the scenario, read from the
+    schema: each section's fields, nested records (activation, churn, burst, dynamic topology), every
+    parameter of every distribution under each kind that takes it, and the algorithm's parameters."""
+    import typing
+
+    import attrs
+
+    from netsim.algorithms import REGISTRY, names
+    from netsim.scenario.schema import Dist, Scenario
+
+    names()  # the built-in algorithms registered
+
+    dist_tables = {"value": [{"kind": "constant"}], "low": [{"kind": "uniform", "high": 1.0}],
+                   "high": [{"kind": "uniform", "low": 0.0}],
+                   "mean": [{"kind": "exponential"}, {"kind": "normal", "sigma": 0.001},
+                            {"kind": "lognormal", "sigma": 0.5}],
+                   "sigma": [{"kind": "normal", "mean": 0.0}, {"kind": "lognormal", "mean": 0.01}]}
+    out = []
+
+    def walk(cls, path):
+        hints = typing.get_type_hints(cls)
+        for f in attrs.fields(cls):
+            tp = hints[f.name]
+            inner = [a for a in (typing.get_args(tp) or (tp,)) if a is not type(None)]
+            if typing.get_origin(tp) is not None and typing.get_origin(tp) not in (typing.Union, type(int | None)):
+                continue  # lists, tables, literals
+            here = (*path, f.name)
+            if Dist in inner:
+                out.extend(((*here, p), float, t) for p, ts in dist_tables.items() for t in ts)
+            elif any(attrs.has(a) for a in inner):
+                if here != ("topology", "dynamic", "graphs"):
+                    walk(next(a for a in inner if attrs.has(a)), here)
+            elif inner and inner[0] in (int, float):
+                out.append((here, inner[0], {}))
+
+    walk(Scenario, ())
+    out += [(("algorithm", f.name), typing.get_type_hints(REGISTRY["dpsgd"][1])[f.name], {})
+            for f in attrs.fields(REGISTRY["dpsgd"][1])]
+    return [k for k in out if k[0][0] != "name"]
+
+
+NUMERIC = _numeric_keys()
+EXTREME_FLOATS = st.one_of(
+    st.sampled_from([1e308, -1e308, 1.7976931348623157e308, 1e300, -1e300, 1e200, 1e20, -1e20, 1e9, 2.0**63,
+                     5e-324, -5e-324, 1e-300, 0.0, -0.0, -1.0]),
+    st.floats(allow_nan=False, allow_infinity=False))
+EXTREME_INTS = st.sampled_from([2**63 - 1, -2**63, 2**62, 10**18, 2**53 + 1, 2**31, 10**6, 0, -1, 1])
+
+
+def test_every_numeric_key_is_fuzzed_with_extremes():
+    paths = {k[0] for k in NUMERIC}
+    for key in [("agents", "clock_offset", "high"), ("agents", "clock_drift", "sigma"), ("agents", "count"),
+                ("agents", "activation", "period"), ("network", "latency", "mean"), ("agents", "churn", "mean_online"),
+                ("network", "burst", "p_enter"), ("topology", "dynamic", "period"), ("run", "until"),
+                ("evaluation", "every"), ("privacy", "delta"), ("algorithm", "lr"), ("data", "samples")]:
+        assert key in paths, key
+
+
+RUN_STEPS = 1500  # a run with extreme values goes this many events (enough to activate, send, evaluate)
+
+
+@settings(max_examples=budget(200), phases=[Phase.generate], **FUZZ)  # no shrinking: a stall costs 10 s a try
+@given(data=st.data())
+def test_extreme_finite_values_validate_and_run_or_fail_in_one_line(work, data):
+    """Extreme finite values (1e308, 5e-324, 2^63 - 1, ...) in any numeric key, distribution parameters
+    included: ``netsim validate`` accepts the scenario or names the key in one line (exit 2), and a
+    scenario it accepts builds and runs (a bounded number of events) without an exception."""
+    from netsim import api
+    from netsim.errors import InputError
+    from netsim.scenario import load_scenario
+
+    sc = merge(BASE, {"run": {"seed": 1, "until": 2.0}, "agents": {"count": 4}, "data": {"samples": 200}})
+    for _ in range(data.draw(st.integers(1, 2), label="edits")):
+        path, tp, table = data.draw(st.sampled_from(NUMERIC), label="key")
+        value = data.draw(EXTREME_INTS if tp is int else st.one_of(EXTREME_FLOATS, EXTREME_INTS), label="value")
+        node = sc
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict) or (table and part == path[-2]):
+                node[part] = dict(table) if part == path[-2] and table else {}
+                if path[:2] == ("agents", "churn") or path[:2] == ("network", "burst"):
+                    node[part].update({"mean_online": 5.0, "mean_offline": 1.0} if path[1] == "churn"
+                                      else {"p_enter": 0.1, "p_exit": 0.5})
+            node = node[part]
+        node[path[-1]] = value
+    file = work / "extreme.toml"
+    file.write_text(tomli_w.dumps(sc))
+    res = cli("validate", file)
+    if rejected_naming(res, file):
+        return
+    scenario = load_scenario(file)
+    if (scenario.agents.count > 64 or scenario.data.samples * scenario.data.features > 10**6
+            or scenario.algorithm.params.get("batch", 0) > 4096):
+        return  # valid, but too big to run here
+    try:
+        sim = api.prepare(scenario)
+    except InputError:
+        raise AssertionError("netsim validate accepted what the run refuses") from None
+    with _wall_limit(10.0):  # a value that stalls simulated time (a loop at one instant) fails, not hangs
+        sim.start()
+        sim.advance(to_step=RUN_STEPS)
+        sim.finish()
+    assert sim.metrics and sim.steps > 0
+
+
+@contextlib.contextmanager
+def _wall_limit(seconds: float):
+    import signal
+
+    def expired(signum, frame):
+        raise AssertionError(f"no progress: {RUN_STEPS} events took more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("key, dist", [
+    ("clock_offset", {"kind": "uniform", "low": 0.0, "high": 1e308}),
+    ("clock_offset", {"kind": "constant", "value": 1e300}),
+    ("clock_drift", {"kind": "normal", "mean": 0.0, "sigma": 1e300}),
+    ("clock_drift", {"kind": "uniform", "low": 0.0, "high": 1e308}),
+    ("clock_drift", {"kind": "uniform", "low": -1e308, "high": 1e308}),
+    ("compute_time", {"kind": "lognormal", "mean": 0.01, "sigma": 1e200}),
+    ("clock_jitter", {"kind": "exponential", "mean": 1e308}),
+])
+def test_extreme_clock_distributions_are_one_line_errors_before_anything_is_written(work, key, dist):
+    file = work / "clock.toml"
+    file.write_text(tomli_w.dumps(merge(BASE, {"run": {"seed": 1, "until": 2.0}, "agents": {"count": 4, key: dist},
+                                               "data": {"samples": 200}})))
+    out = work / "clock-run"
+    shutil.rmtree(out, ignore_errors=True)
+    res = cli("run", file, "--out", out, "-q")
+    assert res.exit_code == 2 and f"agents.{key}" in res.stderr and str(file) in res.stderr
+    assert not out.exists()
+
+
+def test_a_distribution_built_in_code_is_checked_where_it_is_sampled():
+    import numpy as np
+
+    from netsim import api
+    from netsim.scenario.schema import Dist
+    from netsim.sim.dists import sampler
+
+    with pytest.raises(InputError, match=r"network.latency.high: high - low must be a finite number"):
+        sampler(Dist("uniform", low=-1e308, high=1e308), np.random.default_rng(0), "network.latency")
+    sc = scenario_from_dict(merge(BASE, {"run": {"seed": 1, "until": 2.0}, "agents": {"count": 4},
+                                         "data": {"samples": 200}}))
+    bad = attrs_evolve(sc, agents=attrs_evolve(sc.agents, clock_offset=Dist("uniform", low=0.0, high=1e308)))
+    with pytest.raises(InputError, match=r"agents.clock_offset: draws values up to 1e\+308 s"):
+        api.prepare(bad)
+
+
+def attrs_evolve(obj, **changes):
+    import attrs
+
+    return attrs.evolve(obj, **changes)

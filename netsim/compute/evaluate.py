@@ -6,9 +6,12 @@ import torch
 
 
 def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metrics: tuple[str, ...],
-                  train: tuple[torch.Tensor, torch.Tensor] | None = None, f_star: float | None = None) -> dict:
+                  train: tuple[torch.Tensor, torch.Tensor] | None = None, f_star: float | None = None,
+                  per_agent: dict | None = None) -> dict:
     """Test loss/accuracy of the average model, mean per-agent accuracy, consensus distance; with
-    ``train`` rows the training objective f(x̄) and, with ``f_star``, the suboptimality f(x̄) - f*."""
+    ``train`` rows the training objective f(x̄) and, with ``f_star``, the suboptimality f(x̄) - f*. With
+    ``per_agent`` (a dict) and "agent_accuracy", every row's own test loss and accuracy go into it as
+    numpy arrays (one batched evaluation of all rows)."""
     out: dict[str, float] = {}
     avg = W.mean(0, keepdim=True)
     if train is not None and ("train_loss" in metrics or "suboptimality" in metrics):
@@ -22,7 +25,10 @@ def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metr
         out["loss"] = float(loss[0])
         out["accuracy"] = float(acc[0])
     if "agent_accuracy" in metrics:
-        _, acc = model.evaluate(W, X, y)
+        loss, acc = model.evaluate(W, X, y)
+        if per_agent is not None:
+            per_agent["loss"] = loss.detach().double().cpu().numpy()
+            per_agent["accuracy"] = acc.detach().double().cpu().numpy()
         out["agent_accuracy_mean"] = float(acc.mean())
         out["agent_accuracy_min"] = float(acc.min())
     if "consensus" in metrics:

@@ -33,35 +33,94 @@ def read_run(folder: Path) -> tuple[dict, list[dict]]:
     return summary, read_metrics(folder)
 
 
-def label(summary: dict) -> str:
-    return f"{summary.get('scenario', '?')} ({summary.get('algorithm', '?')})"
+LOWER_IS_BETTER = ("loss", "consensus", "train_loss", "suboptimality", "tracking")
+X_AXES = {"time": "simulated time (s)", "rounds": "rounds (mean activations per agent)", "bytes": "bytes sent"}
 
 
-def compare_plot(folders: list[Path], out: Path, key: str = "accuracy") -> list[dict]:
-    """Overlay ``key`` vs simulated time of each run; returns one row per run for a table."""
+def reached(rows: list[dict], target: float, key: str) -> float | None:
+    """The first evaluation time at which ``key`` reaches ``target`` (>= it, or <= it for a loss-like
+    metric); None if never."""
+    if not any(key.startswith(k) for k in LOWER_IS_BETTER):
+        return time_to_target(rows, target, key)
+    for r in rows:
+        v = r.get(key)
+        if v is not None and v == v and v <= target:
+            return float(r["time"])
+    return None
+
+
+def bytes_at(folder: Path, times: list[float]) -> list[float]:
+    """Bytes sent up to each of ``times`` (inclusive), from the run's trace."""
+    import numpy as np
+
+    from netsim.trace.io import read_trace
+
+    if not (folder / "trace.arrows").is_file():
+        raise InputError("--x", f"run {str(folder)!r} has no trace.arrows (run.trace = false): bytes sent "
+                                "over time are read from it; use --x time or rounds")
+    table = read_trace(folder).table
+    kinds = table.column("kind").to_numpy(zero_copy_only=False)
+    sends = kinds == "send"
+    t = table.column("t").to_numpy()[sends]
+    size = np.cumsum(table.column("size").to_numpy()[sends].astype(np.float64))
+    idx = np.searchsorted(t, np.asarray(times, dtype=np.float64), side="right")
+    return [float(size[i - 1]) if i > 0 else 0.0 for i in idx]
+
+
+def default_labels(folders: list[Path]) -> list[str]:
+    """Each run's folder name; the whole path where two runs share a name."""
+    names = [f.resolve().name or str(f) for f in folders]
+    return [str(f) if names.count(n) > 1 else n for f, n in zip(folders, names, strict=True)]
+
+
+def compare_plot(folders: list[Path], out: Path, key: str = "accuracy", labels: list[str] | None = None,
+                 target: float | None = None, x: str = "time") -> list[dict]:
+    """Overlay ``key`` of each run against simulated time, rounds or bytes sent (``x``); one row per run for
+    a table. ``labels`` name the runs (default: their folders); ``target`` overrides each run's
+    evaluation.target_accuracy (time to target: first evaluation at or beyond it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if x not in X_AXES:
+        raise InputError("--x", f"got {x!r}; allowed: {', '.join(X_AXES)}")
+    if labels is not None and len(labels) != len(folders):
+        raise InputError("--labels", f"{len(labels)} labels for {len(folders)} runs (give one per run, "
+                                     "comma-separated)")
+    if target is not None and not math.isfinite(target):
+        raise InputError("--target", f"must be a finite number, got {target}")
     runs = [(folder, *read_run(folder)) for folder in folders]  # every input checked before drawing
+    names = labels or default_labels(folders)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     table, targets = [], set()
-    for folder, summary, rows in runs:
-        pts = [(r["time"], r[key]) for r in rows if r.get(key) is not None]
-        if not pts:
+    for (folder, summary, rows), name in zip(runs, names, strict=True):
+        have = [r for r in rows if r.get(key) is not None]
+        if not have:
             plt.close(fig)
             raise InputError("--metric", f"run {str(folder)!r} has no {key!r} column")
-        ax.plot(*zip(*pts, strict=True), marker=".", lw=1.4, label=label(summary))
-        if summary.get("target_accuracy") is not None and key == "accuracy":
-            targets.add(summary["target_accuracy"])
-        table.append({"run": str(folder), "label": label(summary), key: pts[-1][1],
-                      "time_to_target": summary.get("time_to_target"),
+        if x == "time":
+            xs = [r["time"] for r in have]
+        elif x == "rounds":
+            xs = [r.get("round_mean", float("nan")) for r in have]
+        else:
+            try:
+                xs = bytes_at(folder, [r["time"] for r in have])
+            except InputError:
+                plt.close(fig)
+                raise
+        ys = [r[key] for r in have]
+        ax.plot(xs, ys, marker=".", lw=1.4, label=name)
+        goal = target if target is not None else (summary.get("target_accuracy") if key == "accuracy" else None)
+        if goal is not None:
+            targets.add(goal)
+        ttt = summary.get("time_to_target") if target is None else reached(rows, target, key)
+        table.append({"run": str(folder), "label": name, key: ys[-1], "time_to_target": ttt, "target": goal,
                       "messages_sent": summary.get("messages_sent"), "bytes_sent": summary.get("bytes_sent")})
     for t in sorted(targets):
         ax.axhline(t, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel(f"test {key} (average model)")
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(f"test {key} (average model)" if key in ("accuracy", "loss") else key)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

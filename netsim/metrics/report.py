@@ -29,6 +29,49 @@ def write_metrics(rows: list[dict], path: Path, fmt: str) -> Path:
     return path
 
 
+AGENT_METRICS = "agent_metrics.csv"
+
+
+def write_agent_metrics(rows: list, folder: Path, title: str) -> Path | None:
+    """agent_metrics.csv (time, agent, loss, accuracy: each agent's own model on the test rows, one line per
+    agent and evaluation) and agent_accuracy.png (every agent's accuracy over time, with the mean and
+    the worst); nothing without evaluation.metrics "agent_accuracy"."""
+    if not rows:
+        return None
+    import numpy as np
+
+    n = len(rows[0][1])
+    times = np.repeat([r[0] for r in rows], n)
+    agents = np.tile(np.arange(n), len(rows))
+    loss = np.concatenate([r[1] for r in rows])
+    acc = np.concatenate([r[2] for r in rows])
+    path = folder / AGENT_METRICS
+    with open(path, "w", newline="") as f:
+        f.write("time,agent,loss,accuracy\n")
+        for t, a, lo, ac in zip(times.tolist(), agents.tolist(), loss.tolist(), acc.tolist(), strict=True):
+            f.write(f"{t!r},{a},{lo!r},{ac!r}\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.array([r[0] for r in rows])
+    A = np.stack([r[2] for r in rows])  # (evaluations, agents)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(t, A, color="tab:blue", lw=0.6, alpha=max(0.05, min(0.6, 8 / n)))
+    ax.plot(t, A.mean(1), color="black", lw=1.8, label="mean over agents")
+    ax.plot(t, A.min(1), color="tab:red", lw=1.2, ls="--", label="worst agent")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("test accuracy of the agent's own model")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "agent_accuracy.png", dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_summary(summary: dict, path: Path) -> None:
     """Written through a rename: a killed process never leaves a half summary (its presence marks a
     complete run folder)."""

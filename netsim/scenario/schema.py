@@ -5,6 +5,7 @@ Units: simulated time in seconds, sizes in bytes, bandwidth in bytes per second.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import attrs
@@ -13,36 +14,69 @@ from netsim.scenario.structure import at_least, field, nonneg, positive, probabi
 
 DistKind = Literal["constant", "uniform", "exponential", "lognormal", "normal"]
 
+MAX_SECONDS = 1e9  # about 32 years: the largest time a distribution of seconds may draw
+MAX_LOG_SIGMA = 10.0  # a lognormal with a larger sigma has nearly all its mass at 0 and its mean in the tail
+TAIL_SIGMAS = 10.0  # normal/lognormal draws are bounded at mean +- 10 sigma (all but ~1e-23 of them)
+TAIL_MEANS = 40.0  # exponential draws are bounded at 40 means (all but ~4e-18 of them)
+
+
+def _finite(v: float | None) -> str | None:
+    return None if v is None or math.isfinite(v) else f"must be a finite number, got {v}"
+
+
+def _finite_nonneg(v: float | None) -> str | None:
+    return _finite(v) or (None if v is None or v >= 0 else f"must be >= 0, got {v}")
+
 
 @attrs.frozen
 class Dist:
     """A scalar distribution. ``constant``: value; ``uniform``: low, high; ``exponential``: mean;
     ``lognormal``: mean (of the variable itself) and sigma (of its log); ``normal``: mean, sigma."""
 
-    kind: DistKind = "constant"
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    mean: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
-    sigma: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+    kind: DistKind = field("constant", doc="constant (value), uniform (low, high), exponential (mean), "
+                                           "lognormal (mean, sigma of the log), normal (mean, sigma)")
+    value: float | None = field(None, check=_finite, doc="constant: the value")
+    low: float | None = field(None, check=_finite, doc="uniform: lower bound")
+    high: float | None = field(None, check=_finite, doc="uniform: upper bound (>= low)")
+    mean: float | None = field(None, check=_finite,
+                               doc="exponential, lognormal: mean of the variable (>= 0); normal: its mean")
+    sigma: float | None = field(None, check=_finite_nonneg,
+                                doc=f"normal: standard deviation; lognormal: that of the log (<= {MAX_LOG_SIGMA:g})")
 
-    def __check__(self) -> tuple[str, str] | None:
+    def problem(self) -> tuple[str, str] | None:
+        """(parameter, what is allowed) for the first bad parameter, or None. The schema runs this when a
+        file is read and the samplers (sim/dists.py) again, for distributions built in code."""
         need = {
             "constant": ("value",),
             "uniform": ("low", "high"),
             "exponential": ("mean",),
             "lognormal": ("mean", "sigma"),
             "normal": ("mean", "sigma"),
-        }[self.kind]
+        }.get(self.kind)
+        if need is None:
+            return "kind", f"got {self.kind!r}; allowed: constant, uniform, exponential, lognormal, normal"
         for key in need:
             if getattr(self, key) is None:
                 return key, f"required for kind = {self.kind!r} (needs {', '.join(need)})"
         for key in ("value", "low", "high", "mean", "sigma"):
-            if key not in need and getattr(self, key) is not None:
+            v = getattr(self, key)
+            if key not in need and v is not None:
                 return key, f"not used by kind = {self.kind!r} (it takes {', '.join(need)})"
-        if self.kind == "uniform" and not self.low <= self.high:  # type: ignore[operator]
-            return "high", f"must be >= low ({self.low}), got {self.high}"
+            if v is not None and (msg := (_finite_nonneg if key == "sigma" else _finite)(v)):
+                return key, msg
+        if self.kind in ("exponential", "lognormal") and self.mean < 0:  # type: ignore[operator]
+            return "mean", f"must be >= 0 for kind = {self.kind!r}, got {self.mean}"
+        if self.kind == "uniform":
+            if not self.low <= self.high:  # type: ignore[operator]
+                return "high", f"must be >= low ({self.low}), got {self.high}"
+            if not math.isfinite(self.high - self.low):  # type: ignore[operator]
+                return "high", f"high - low must be a finite number, got {self.high} - ({self.low})"
+        if self.kind == "lognormal" and self.sigma > MAX_LOG_SIGMA:  # type: ignore[operator]
+            return "sigma", f"must be <= {MAX_LOG_SIGMA:g} for kind = 'lognormal', got {self.sigma}"
         return None
+
+    def __check__(self) -> tuple[str, str] | None:
+        return self.problem()
 
     def bounds_nonneg(self) -> bool:
         if self.kind == "constant":
@@ -51,11 +85,68 @@ class Dist:
             return self.low >= 0  # type: ignore[operator]
         return self.kind != "normal"
 
+    def support(self) -> tuple[float, float]:
+        """(lo, hi) holding every draw netsim can make in practice: the bounds of constant and uniform;
+        exponential up to 40 means; normal mean +- 10 sigma; lognormal exp(mu +- 10 sigma)."""
+        if self.kind == "constant":
+            return self.value, self.value  # type: ignore[return-value]
+        if self.kind == "uniform":
+            return self.low, self.high  # type: ignore[return-value]
+        if self.kind == "exponential":
+            return 0.0, TAIL_MEANS * self.mean  # type: ignore[operator]
+        if self.kind == "normal":
+            return (self.mean - TAIL_SIGMAS * self.sigma,  # type: ignore[operator]
+                    self.mean + TAIL_SIGMAS * self.sigma)  # type: ignore[operator]
+        if not self.mean:
+            return 0.0, 0.0
+        mu = math.log(self.mean) - self.sigma**2 / 2  # type: ignore[operator, arg-type]
+        return (math.exp(min(mu - TAIL_SIGMAS * self.sigma, 709.0)),  # type: ignore[operator]
+                math.exp(min(mu + TAIL_SIGMAS * self.sigma, 709.0)))  # type: ignore[operator]
+
+    def tail_note(self) -> str:
+        return {"exponential": " (exponential: up to 40 means)", "normal": " (normal: mean +- 10 sigma)",
+                "lognormal": " (lognormal: exp(mu +- 10 sigma))"}.get(self.kind, "")
+
+
+MIN_SECONDS = 1e-9  # the shortest period: simulated time must move forward by it (floats near 1e9 s do)
+
+
+def duration(v: float) -> str | None:
+    """A period, interval or mean duration (s): in [MIN_SECONDS, MAX_SECONDS]."""
+    return None if MIN_SECONDS <= v <= MAX_SECONDS else f"must be in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s, got {v}"
+
+
+def per_second(v: float) -> str | None:
+    return None if 1 / MAX_SECONDS <= v <= 1 / MIN_SECONDS else (
+        f"must be in [{1 / MAX_SECONDS:g}, {1 / MIN_SECONDS:g}] per second, got {v}")
+
 
 def nonneg_dist(d: Dist) -> str | None:
     if d.bounds_nonneg():
         return None
     return "must not produce negative values (use constant/uniform >= 0, exponential or lognormal)"
+
+
+def seconds_dist(d: Dist | None) -> str | None:
+    """A distribution of durations or times: never negative, never beyond MAX_SECONDS."""
+    if d is None:
+        return None
+    if msg := nonneg_dist(d):
+        return msg
+    hi = d.support()[1]
+    if hi > MAX_SECONDS:
+        return f"draws values up to {hi:.3g} s{d.tail_note()}; must stay <= {MAX_SECONDS:.0e} s (about 32 years)"
+    return None
+
+
+def drift_dist(d: Dist) -> str | None:
+    """Clock drift: local = offset + (1 + drift) t needs -1 < drift; beyond 1 a clock runs more than
+    twice as fast as real time (real clocks drift by parts per million)."""
+    lo, hi = d.support()
+    if lo <= -1 or hi > 1:
+        return (f"draws values in [{lo:.3g}, {hi:.3g}]{d.tail_note()}; a drift must stay in (-1, 1] "
+                "(a clock that stops, runs backwards or at more than twice real time is refused)")
+    return None
 
 
 @attrs.frozen
@@ -67,8 +158,9 @@ class RunSpec:
     rounds: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
                                doc="stop when every agent has been activated this many times")
     out: str = field("runs/{name}", doc="output folder; {name} is the scenario file's stem")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    trace: bool = True
+    device: Literal["auto", "cpu", "cuda"] = field("auto", doc="where models and gradients live; auto: cuda "
+                                                           "when torch sees a GPU")
+    trace: bool = field(True, doc="write trace.arrows (every event); false: metrics and summary only")
     trace_flush_every: int = field(8192, check=at_least(1), doc="events per trace batch flushed to disk")
     checkpoint_every: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
                                            doc="write a checkpoint every this many simulated seconds "
@@ -89,19 +181,21 @@ class ActivationSpec:
     """When an agent wakes, on its own clock: every ``period``; at ``rate`` per second (Poisson);
     or each ``period`` with probability ``p`` (Bernoulli per round)."""
 
-    kind: Literal["periodic", "poisson", "bernoulli"] = "periodic"
-    period: float = field(1.0, check=positive)
-    rate: float = field(1.0, check=positive)
-    p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}")
+    kind: Literal["periodic", "poisson", "bernoulli"] = field("periodic", doc="how agents wake")
+    period: float = field(1.0, check=duration, doc="seconds between ticks (local clock)",
+                          when={"kind": ("periodic", "bernoulli")})
+    rate: float = field(1.0, check=per_second, doc="activations per second (local clock)", when={"kind": ("poisson",)})
+    p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+                     doc="probability of waking at each tick", when={"kind": ("bernoulli",)})
 
 
 @attrs.frozen
 class OfflineSpec:
     """Agent ``agent`` is offline during [start, end) (global time, s)."""
 
-    agent: int = field(check=nonneg)
-    start: float = field(check=nonneg)
-    end: float = field(check=nonneg)
+    agent: int = field(check=nonneg, doc="agent id")
+    start: float = field(check=nonneg, doc="global time (s) it goes offline")
+    end: float = field(check=nonneg, doc="global time (s) it is back (> start)")
 
     def __check__(self) -> tuple[str, str] | None:
         return None if self.end > self.start else ("end", f"must be > start ({self.start}), got {self.end}")
@@ -112,21 +206,24 @@ class ChurnSpec:
     """Random churn: each agent alternates online/offline periods with exponential durations
     (means in s), starting online; drawn from the agent's own ``churn`` stream."""
 
-    mean_online: float = field(check=positive, doc="mean online period (s)")
-    mean_offline: float = field(check=positive, doc="mean offline period (s)")
+    mean_online: float = field(check=duration, doc="mean online period (s)")
+    mean_offline: float = field(check=duration, doc="mean offline period (s)")
 
 
 @attrs.frozen
 class AgentsSpec:
     count: int = field(check=lambda v: at_least(2)(v) or (None if v <= 10**6 else f"must be <= 1000000, got {v}"),
                        doc="number of agents")
-    clock_offset: Dist = field(Dist("constant", value=0.0), check=nonneg_dist)
-    clock_drift: Dist = field(Dist("constant", value=0.0), doc="relative rate error: local = offset + (1+drift) t")
-    clock_jitter: Dist | None = field(None, doc="random delay (local s) added to each activation")
-    compute_time: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="seconds per gradient")
-    activation: ActivationSpec = ActivationSpec()
+    clock_offset: Dist = field(Dist("constant", value=0.0), check=seconds_dist,
+                               doc="each agent's clock reading at t = 0 (s), drawn once per agent")
+    clock_drift: Dist = field(Dist("constant", value=0.0), check=drift_dist,
+                              doc="relative rate error, in (-1, 1]: local = offset + (1+drift) t")
+    clock_jitter: Dist | None = field(None, check=seconds_dist,
+                                      doc="random delay (local s) added to each activation")
+    compute_time: Dist = field(Dist("constant", value=0.01), check=seconds_dist, doc="seconds per gradient")
+    activation: ActivationSpec = field(ActivationSpec(), doc="when agents wake, on their own clocks")
     stragglers: tuple[int, ...] = field((), doc="agents whose compute time is multiplied by straggler_factor")
-    straggler_factor: float = field(5.0, check=positive)
+    straggler_factor: float = field(5.0, check=positive, doc="compute-time multiplier of the stragglers")
     offline: tuple[OfflineSpec, ...] | None = field(None, doc="scheduled offline intervals [[agents.offline]]")
     churn: ChurnSpec | None = field(None, doc="random on/off churn (exponential periods)")
     availability: str | None = field(None, doc="availability trace (FedScale-style JSON, see docs/traces.md)")
@@ -135,8 +232,6 @@ class AgentsSpec:
         bad = [a for a in self.stragglers if not 0 <= a < self.count]
         if bad:
             return "stragglers", f"agent ids must be in [0, {self.count - 1}], got {bad}"
-        if self.clock_drift.kind == "constant" and self.clock_drift.value <= -1:  # type: ignore[operator]
-            return "clock_drift.value", "must be > -1 (a clock cannot stop or run backwards)"
         return None
 
 
@@ -149,10 +244,10 @@ MixingKind = Literal["metropolis_hastings", "uniform", "max_degree", "column_sto
 
 @attrs.frozen
 class TopologySpec:
-    kind: TopologyKind = "ring"
-    directed: bool = False
-    p: float = field(0.3, check=probability, doc="edge probability (erdos_renyi)")
-    degree: int = field(4, check=at_least(1), doc="degree (random_regular)")
+    kind: TopologyKind = field("ring", doc="the communication graph")
+    directed: bool = field(False, doc="directed edges (push-sum style algorithms, column-stochastic mixing)")
+    p: float = field(0.3, check=probability, doc="edge probability (erdos_renyi)", when={"kind": ("erdos_renyi",)})
+    degree: int = field(4, check=at_least(1), doc="degree (random_regular)", when={"kind": ("random_regular",)})
     rows: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
                              doc="rows of a torus/grid (default: as square as possible)")
     path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
@@ -184,9 +279,11 @@ class DynamicTopologySpec:
     ``one_peer_exponential``: send to i + 2^(k mod m), weights 1/2-1/2; ``resample``: a fresh draw of
     the topology's random kind; ``schedule``: cycle through ``graphs``."""
 
-    kind: Literal["one_peer_exponential", "resample", "schedule"] = "one_peer_exponential"
+    kind: Literal["one_peer_exponential", "resample", "schedule"] = field(
+        "one_peer_exponential", doc="how the graph changes each epoch")
     every: Literal["round", "period"] = field("round", doc="epoch = the agent's round, or the global clock")
-    period: float = field(1.0, check=positive, doc="seconds per epoch when every = 'period'")
+    period: float = field(1.0, check=duration, doc="seconds per epoch when every = 'period'",
+                          when={"every": ("period",)})
     graphs: tuple[TopologySpec, ...] | None = field(None, doc="schedule: topologies used in turn")
 
     def __check__(self) -> tuple[str, str] | None:
@@ -223,10 +320,12 @@ class BurstSpec:
 class OutageSpec:
     """Messages sent during [start, end) are dropped ('outage'); src/dst omitted = any agent."""
 
-    start: float = field(check=nonneg)
-    end: float = field(check=nonneg)
-    src: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
-    dst: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0")
+    start: float = field(check=nonneg, doc="global time (s) the outage starts")
+    end: float = field(check=nonneg, doc="global time (s) it ends (> start)")
+    src: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0",
+                            doc="sender it applies to (default: any)")
+    dst: int | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0",
+                            doc="receiver it applies to (default: any)")
 
     def __check__(self) -> tuple[str, str] | None:
         return None if self.end > self.start else ("end", f"must be > start ({self.start}), got {self.end}")
@@ -236,20 +335,21 @@ class OutageSpec:
 class LinkOverride:
     """Per-link model for src -> dst (directed, so links can be asymmetric); ``both`` = also dst -> src."""
 
-    src: int = field(check=nonneg)
-    dst: int = field(check=nonneg)
-    latency: Dist | None = field(None, check=lambda d: None if d is None else nonneg_dist(d))
-    loss: float | None = field(None, check=_opt_loss)
+    src: int = field(check=nonneg, doc="sending agent")
+    dst: int = field(check=nonneg, doc="receiving agent")
+    latency: Dist | None = field(None, check=seconds_dist, doc="one-way delay (s) on this link")
+    loss: float | None = field(None, check=_opt_loss, doc="loss probability on this link")
     bandwidth: float | None = field(None, check=_opt_positive, doc="bytes/s on this link")
-    both: bool = False
+    both: bool = field(False, doc="also apply to dst -> src")
 
 
 @attrs.frozen
 class NetworkSpec:
-    latency: Dist = field(Dist("constant", value=0.01), check=nonneg_dist, doc="one-way propagation delay (s)")
+    latency: Dist = field(Dist("constant", value=0.01), check=seconds_dist, doc="one-way propagation delay (s)")
     bandwidth: float | None = field(None, check=lambda v: None if v is None or v > 0 else "must be > 0",
                                     doc="bytes/s per link; transfer time = size / bandwidth; omit for infinite")
-    loss: float = field(0.0, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}")
+    loss: float = field(0.0, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}",
+                        doc="probability that a message is dropped (Bernoulli, per message)")
     uplink: float | None = field(None, check=_opt_positive,
                                  doc="bytes/s of each node's uplink, shared FIFO by all its sends")
     burst: BurstSpec | None = field(None, doc="Gilbert-Elliott bursty loss (replaces Bernoulli loss)")
@@ -275,20 +375,25 @@ class DataSpec:
     """The data, everything about it drawn from ``seed`` (default: run.seed), so the data can be held
     fixed while the run's own randomness (batches, noise, activation) varies."""
 
-    kind: Literal["synthetic", "libsvm", "mnist", "cifar10"] = "synthetic"
+    kind: Literal["synthetic", "libsvm", "mnist", "cifar10"] = field("synthetic", doc="where the rows come from")
     seed: int | None = field(None, check=lambda v: None if v is None or 0 <= v < 2**63 else "must be in [0, 2^63)",
                              doc="root of the data's randomness (generation, test split, partition, "
                                  "subsampling, validation); default: run.seed")
-    samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples (test split included)")
-    features: int = field(20, check=at_least(1), doc="synthetic: dimension")
+    samples: int = field(2000, check=at_least(2), doc="synthetic: number of samples (test split included)",
+                         when={"kind": ("synthetic",)})
+    features: int = field(20, check=at_least(1), doc="synthetic: dimension", when={"kind": ("synthetic",)})
     generator: Literal["threshold", "sign_linear"] = field(
         "threshold", doc="synthetic: 'threshold' x ~ N(0, I), y = 1[x.w* + 3 noise N(0,1) > 0], ||w*|| = 3; "
-                         "'sign_linear' x* ~ N(0, I), unit-norm rows a, y = sign(3 a.x* + 0.5 N(0,1))")
-    noise: float = field(0.1, check=nonneg, doc="synthetic 'threshold': label-noise scale")
+                         "'sign_linear' x* ~ N(0, I), unit-norm rows a, y = sign(3 a.x* + 0.5 N(0,1))",
+        when={"kind": ("synthetic",)})
+    noise: float = field(0.1, check=nonneg, doc="synthetic 'threshold': label-noise scale",
+                         when={"kind": ("synthetic",), "generator": ("threshold",)})
     path: str | None = field(None, doc="libsvm: training file; mnist/cifar10: folder (default 'mnist' / "
                                        "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
     test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
-    test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
+    test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}",
+                                 doc="share of the rows held out for testing (synthetic; libsvm without test_path)",
+                                 when={"kind": ("synthetic", "libsvm"), "test_path": (None,)})
     unit_rows: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm "
                                        "(row scaling, not standardisation)")
     standardize: Literal["none", "fit", "mnist", "given"] = field(
@@ -299,10 +404,13 @@ class DataSpec:
                                                              "is divided by")
     partition: str = field("iid", check=_partition_kind,
                            doc="how training rows are split over agents: " + ", ".join(PARTITIONS))
-    alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'")
-    shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent")
+    alpha: float = field(0.5, check=positive, doc="Dirichlet concentration (small = non-IID), also 'quantity'",
+                         when={"partition": ("dirichlet_equal", "dirichlet_classes", "quantity")})
+    shards: int = field(2, check=at_least(1), doc="partition = 'shards': label-sorted shards per agent",
+                        when={"partition": ("shards",)})
     share: float = field(0.4, check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], got {v}",
-                         doc="partition = 'label_share': fraction of class c held by agent c mod m")
+                         doc="partition = 'label_share': fraction of class c held by agent c mod m",
+                         when={"partition": ("label_share",)})
     classes: tuple[tuple[int, ...], ...] | None = field(
         None, doc="partition = 'classes': one list of class indices (0..C-1, in sorted label order) per agent")
     per_agent: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
@@ -333,17 +441,19 @@ class DataSpec:
 
 @attrs.frozen
 class ModelSpec:
-    kind: Literal["logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18"] = "logistic"
+    kind: Literal["logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18"] = field(
+        "logistic", doc="the model every agent trains (cnn: MNIST; vgg11, resnet18: CIFAR-10)")
     hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(1 <= h <= 2**16 for h in v)
                                     else f"widths must be in [1, 65536], got {list(v)}",
-                                    doc="mlp: hidden layer widths")
+                                    doc="mlp: hidden layer widths", when={"kind": ("mlp",)})
     l2: float = field(0.0, check=nonneg, doc="L2 regularisation weight (biases are not penalised)")
     bias: bool = field(True, doc="an intercept per unit (logistic, multinomial, mlp); false: exactly d "
                                  "(logistic) or d x C (multinomial) parameters")
     init: Literal["torch", "zero_bias"] = field(
         "torch", doc="mlp/cnn/vgg11/resnet18 start: 'torch' = PyTorch's Linear/Conv default, weights and "
-                     "biases U(+-1/sqrt(fan_in)); 'zero_bias' = those weights, biases 0. Convex models start at 0")
-    dtype: Literal["float32", "float64"] = "float32"
+                     "biases U(+-1/sqrt(fan_in)); 'zero_bias' = those weights, biases 0. Convex models start at 0",
+        when={"kind": ("mlp", "cnn", "vgg11", "resnet18")})
+    dtype: Literal["float32", "float64"] = field("float32", doc="parameter and data precision")
 
     def __check__(self) -> tuple[str, str] | None:
         if not self.bias and self.kind in ("cnn", "vgg11", "resnet18"):
@@ -356,12 +466,13 @@ class AlgorithmSpec:
     """``name`` of a registered algorithm; every other key is that algorithm's parameter."""
 
     name: str = field(doc="registered algorithm, e.g. 'dpsgd' or 'gossip'")
-    params: dict[str, Any] = attrs.field(factory=dict)
+    params: dict[str, Any] = attrs.field(factory=dict, metadata={
+        "doc": "the algorithm's parameters, written as keys of [algorithm] itself (netsim algorithms NAME)"})
 
 
 @attrs.frozen
 class EvaluationSpec:
-    every: float = field(1.0, check=positive, doc="simulated seconds between evaluations")
+    every: float = field(1.0, check=duration, doc="simulated seconds between evaluations")
     metrics: tuple[Literal["loss", "accuracy", "consensus", "agent_accuracy", "tracking", "train_loss",
                            "suboptimality"], ...] = field(
         ("loss", "accuracy", "consensus"),
@@ -369,7 +480,7 @@ class EvaluationSpec:
             "(mean, min); consensus: mean squared distance to the average; train_loss: the training "
             "objective f(x) on the pooled training rows (l2 included); suboptimality: f(x) - f* (convex "
             "models; f* solved once, cached); tracking: online learners (ldp_online)")
-    format: Literal["csv", "parquet"] = "csv"
+    format: Literal["csv", "parquet"] = field("csv", doc="metrics file format")
     target_accuracy: float | None = field(
         None, check=lambda v: None if v is None or 0 < v <= 1 else f"must be in (0, 1], got {v}",
         doc="summary.time_to_target = first evaluation time whose accuracy >= this")
@@ -399,7 +510,8 @@ class PrivacySpec:
                     "al.), ldp_online (= seed001, Chen & Wang), do_adp (= seed003, Huo et al.), privsgp_vr "
                     "(= seed004, Zhu et al.)")
     delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
-    c2: float = field(0.3724, check=positive, doc="seed 004's unspecified constant c_2 (Theorem 2)")
+    c2: float = field(0.3724, check=positive, doc="seed 004's unspecified constant c_2 (Theorem 2)",
+                      when={"closed_form": ("seed004",)})
 
 
 @attrs.frozen

@@ -20,9 +20,18 @@ from netsim.errors import InputError
 Check = Callable[[Any], "str | None"]
 
 
-def field(default: Any = attrs.NOTHING, check: Check | None = None, doc: str = "", **kw: Any) -> Any:
-    """An attrs field with a range check and a one-line doc (shown in errors and docs)."""
-    return attrs.field(default=default, metadata={"check": check, "doc": doc}, **kw)
+def field(default: Any = attrs.NOTHING, check: Check | None = None, doc: str = "",
+          when: dict[str, tuple[Any, ...]] | None = None, **kw: Any) -> Any:
+    """An attrs field with a range check, a one-line doc (shown in errors and the scenario reference) and
+    ``when``: the sibling keys' values under which it applies (``{"kind": ("synthetic",)}``); a field that
+    does not apply is left out of the resolved scenario text while it holds its default."""
+    return attrs.field(default=default, metadata={"check": check, "doc": doc, "when": when}, **kw)
+
+
+def applies(obj: Any, f: attrs.Attribute) -> bool:
+    """Whether field ``f`` of the record ``obj`` applies, given its siblings (``when`` metadata)."""
+    when = f.metadata.get("when")
+    return not when or all(getattr(obj, k) in v for k, v in when.items())
 
 
 def positive(v: float) -> str | None:
@@ -135,11 +144,15 @@ def structure(data: Any, cls: type, path: str = "") -> Any:
 
 
 def unstructure(obj: Any) -> Any:
-    """attrs tree -> plain dict with ``None`` values dropped (TOML has no null)."""
+    """attrs tree -> plain dict with ``None`` values dropped (TOML has no null), and the defaults of keys
+    that do not apply (``when`` metadata) left out."""
     if attrs.has(type(obj)):
         out = {}
         for f in attrs.fields(type(obj)):
-            v = unstructure(getattr(obj, f.name))
+            value = getattr(obj, f.name)
+            if not applies(obj, f) and value == f.default:  # e.g. data.samples of a libsvm run
+                continue
+            v = unstructure(value)
             if v is not None:
                 out[f.name] = v
         return out

@@ -6,12 +6,39 @@ from collections.abc import Callable
 
 import numpy as np
 
-from netsim.scenario.schema import Dist
+from netsim.errors import InputError
+from netsim.scenario.schema import Dist, Scenario, drift_dist, seconds_dist
 from netsim.sim.streams import Draws
 
 
-def sampler(d: Dist, rng: np.random.Generator) -> Callable[[int], np.ndarray]:
-    """n -> n samples of ``d``. lognormal is parameterised by its mean: mu = ln(mean) - sigma^2/2."""
+def checked(d: Dist, key: str) -> Dist:
+    """``d`` if its parameters are in range (finite, sigma and the uniform's width bounded), else an
+    InputError naming ``key``: a scenario file is checked when read, a ``Dist`` built in code here."""
+    problem = d.problem()
+    if problem is not None:
+        raise InputError(f"{key}.{problem[0]}", problem[1])
+    return d
+
+
+def check_scenario(sc: Scenario) -> None:
+    """Every distribution of a scenario in range for what it is used as (seconds: never negative, at most
+    MAX_SECONDS; clock drift in (-1, 1]), so no draw can overflow the clocks or the event queue. A file's
+    are checked when it is read; this repeats it for a Scenario built in code, before anything runs."""
+    a, net = sc.agents, sc.network
+    items = [("agents.clock_offset", a.clock_offset, seconds_dist), ("agents.clock_drift", a.clock_drift, drift_dist),
+             ("agents.clock_jitter", a.clock_jitter, seconds_dist), ("agents.compute_time", a.compute_time,
+                                                                     seconds_dist),
+             ("network.latency", net.latency, seconds_dist)]
+    items += [(f"network.links[{i}].latency", o.latency, seconds_dist) for i, o in enumerate(net.links or ())]
+    for key, d, role in items:
+        if d is not None and (msg := role(checked(d, key))):
+            raise InputError(key, msg)
+
+
+def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Callable[[int], np.ndarray]:
+    """n -> n samples of ``d`` (``key`` names it in errors). lognormal is parameterised by its mean:
+    mu = ln(mean) - sigma^2/2."""
+    checked(d, key)
     if d.kind == "constant":
         v = float(d.value)  # type: ignore[arg-type]
         return lambda n: np.full(n, v)
@@ -29,12 +56,12 @@ def sampler(d: Dist, rng: np.random.Generator) -> Callable[[int], np.ndarray]:
     raise ValueError(f"unknown distribution kind {d.kind!r}")
 
 
-def draws(d: Dist, rng: np.random.Generator) -> Callable[[], float]:
+def draws(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Callable[[], float]:
     """One draw per call; constants skip the stream entirely."""
-    if d.kind == "constant":
+    if checked(d, key).kind == "constant":
         v = float(d.value)  # type: ignore[arg-type]
         return lambda: v
-    return Draws(sampler(d, rng))
+    return Draws(sampler(d, rng, key))
 
 
 def scipy_dist(d: Dist):

@@ -24,9 +24,10 @@ from netsim.compute.data import load_dataset
 from netsim.compute.evaluate import evaluate_bank
 from netsim.compute.gradients import GradientService, Ticket
 from netsim.compute.models import build_model
+from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
-from netsim.sim.dists import draws, sampler
+from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.network import Network
 from netsim.sim.streams import Streams
 from netsim.sim.topology import spectral_gap, weighted_graph
@@ -58,6 +59,7 @@ class Simulation:
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
                  writer: TraceWriter | None = None, device: str | None = None):
         self.scenario = sc = scenario
+        check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
         self.env = simpy.Environment()
         self.streams = Streams(sc.run.seed)
@@ -94,14 +96,21 @@ class Simulation:
         self.gradients = GradientService(self.model, self.X, self.y)
         self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
         crng = self.streams.rng("clock")
-        offsets = sampler(sc.agents.clock_offset, crng)(n)
-        drifts = sampler(sc.agents.clock_drift, crng)(n)
-        if (drifts <= -1).any():
-            raise ValueError("agents.clock_drift produced a drift <= -1 (a clock that stops)")
+        offsets = sampler(sc.agents.clock_offset, crng, "agents.clock_offset")(n)
+        drifts = sampler(sc.agents.clock_drift, crng, "agents.clock_drift")(n)
+        if not (drifts > -1).all():
+            raise InputError("agents.clock_drift", f"drew a drift of {drifts.min():.3g}; a drift must be > -1 "
+                                                   "(a clock cannot stop or run backwards)")
+        act = sc.agents.activation
+        if act.kind != "poisson" and offsets.max() / act.period > 2**40:
+            raise InputError("agents.clock_offset", f"offsets up to {offsets.max():.3g} s are too large for "
+                             f"agents.activation.period = {act.period} s: the clock could not tell ticks apart "
+                             "(keep offset / period <= 2^40)")
         slow = set(sc.agents.stragglers)
         self.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
         self.metrics: list[dict[str, float]] = []
+        self.agent_metrics: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, loss, accuracy) per agent
         self.eval_rows: list[int] | None = None  # agents whose models are evaluated (None: all; a server)
         self._finished = 0
         self._stop = self.env.event()
@@ -133,7 +142,7 @@ class Simulation:
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
-        return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i))
+        return draws(self.scenario.agents.compute_time, self.streams.rng("compute", i), "agents.compute_time")
 
     def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
                          clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
@@ -158,17 +167,31 @@ class Simulation:
             self._stop.succeed()
 
     # evaluation ------------------------------------------------------------------------------------
+    def _agent_metrics(self, per_agent: dict | None = None) -> None:
+        """Every agent's own model on the test rows (evaluation.metrics "agent_accuracy"): one batched call,
+        kept as (time, loss per agent, accuracy per agent) for agent_metrics.csv."""
+        if per_agent is None:
+            loss, acc = self.model.evaluate(self.bank.W, self.X_test, self.y_test)
+            per_agent = {"loss": loss.detach().double().cpu().numpy(), "accuracy": acc.detach().double().cpu().numpy()}
+        self.agent_metrics.append((float(self.env.now), per_agent["loss"], per_agent["accuracy"]))
+
     def evaluate(self) -> dict[str, float]:
+        per_agent_wanted = "agent_accuracy" in self.scenario.evaluation.metrics
         if len(self.metrics) < len(self.restored_metrics):  # rebuilding up to a checkpoint: rows are known
             row = self.restored_metrics[len(self.metrics)]
+            if per_agent_wanted:  # the rebuilt bank is exact: its per-agent rows are the original run's
+                self._agent_metrics()
             self.metrics.append(row)
             self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
             return row
         row = {"time": float(self.env.now),
                "round_mean": float(np.mean([a.round for a in self.agents]))}
         W = self.bank.W if self.eval_rows is None else self.bank.W[self.eval_rows]
+        per_agent: dict | None = {} if per_agent_wanted and self.eval_rows is None else None
         row.update(evaluate_bank(self.model, W, self.X_test, self.y_test, self.scenario.evaluation.metrics,
-                                 self.train_rows, self.f_star))
+                                 self.train_rows, self.f_star, per_agent))
+        if per_agent_wanted:
+            self._agent_metrics(per_agent)
         if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (seed 001)
             from netsim.compute.streaming import tracking_metrics
 
@@ -278,6 +301,8 @@ class Simulation:
             self.stop_reason = "until"
         if self.metrics and self.metrics[-1]["time"] == self.env.now:
             self.metrics.pop()  # an evaluation at the stopping time saw part of its events: theta_T replaces it
+            if self.agent_metrics and self.agent_metrics[-1][0] == self.env.now:
+                self.agent_metrics.pop()
         self.evaluate()
         self.writer.close()
         self.wall += time.perf_counter() - self._t0

@@ -77,7 +77,7 @@ class Network:
     def link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
         if link is None:
-            lat = draws(self.spec.latency, self.streams.rng("latency", src, dst))
+            lat = draws(self.spec.latency, self.streams.rng("latency", src, dst), "network.latency")
             if self.p_loss > 0:
                 rng = self.streams.rng("loss", src, dst)
                 lost = Draws(rng.random)
@@ -131,7 +131,8 @@ class Network:
             DynamicTopology(sim).install()
         self.churn = build_churn(sc.agents, self.streams, find_data_file)
         if sc.agents.clock_jitter is not None:
-            self.jitter = [draws(sc.agents.clock_jitter, self.streams.rng("jitter", i)) for i in range(n)]
+            self.jitter = [draws(sc.agents.clock_jitter, self.streams.rng("jitter", i), "agents.clock_jitter")
+                           for i in range(n)]
         if self.churn is not None or self.jitter is not None:
             self.wake_hook = self._wake_hook
         if not (self.churn is not None or needs_full_path(self.spec)):

@@ -1,0 +1,99 @@
+"""netsim compare (labels, target, x axis by time, rounds or bytes) and per-agent metrics over time."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import netsim
+from netsim.cli import app
+from netsim.scenario import scenario_from_dict
+from tests.conftest import BASE, merge
+
+runner = CliRunner()
+SMALL = merge(BASE, {"run": {"seed": 2, "until": 6.0}, "agents": {"count": 4},
+                     "data": {"samples": 300, "features": 4}, "evaluation": {"every": 2.0}})
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cmp")
+    a = netsim.run(scenario_from_dict(SMALL), out=root / "lossless")
+    b = netsim.run(scenario_from_dict(merge(SMALL, {"network": {"loss": 0.3},
+                                                    "evaluation": {"metrics": ["loss", "accuracy",
+                                                                               "agent_accuracy"]}})),
+                   out=root / "lossy")
+    return a, b
+
+
+def test_compare_labels_runs_by_folder_and_takes_labels_target_and_x(two_runs, tmp_path):
+    a, b = two_runs
+    out = tmp_path / "c.png"
+    res = runner.invoke(app, ["compare", str(a.out), str(b.out), "--out", str(out)])
+    assert res.exit_code == 0 and out.is_file()
+    lines = res.output.splitlines()
+    assert lines[0].startswith("lossless: accuracy") and lines[1].startswith("lossy: accuracy")  # not "t (dpsgd)"
+    res = runner.invoke(app, ["compare", str(a.out), str(b.out), "--out", str(out), "--labels", "p=0, p=0.3",
+                              "--metric", "loss", "--target", "10", "--x", "rounds"])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("p=0: loss") and "\np=0.3: loss" in res.output
+    assert "time to target 10 0 s" in res.output  # a loss <= 10 from the first evaluation on
+    res = runner.invoke(app, ["compare", str(a.out), str(b.out), "--out", str(out), "--labels", "one"])
+    assert res.exit_code == 2 and res.stderr.startswith("error: --labels: 1 labels for 2 runs")
+    res = runner.invoke(app, ["compare", str(a.out), "--out", str(out), "--x", "messages"])
+    assert res.exit_code == 2 and "allowed: time, rounds, bytes" in res.stderr
+
+
+def test_compare_by_bytes_reads_the_bytes_sent_from_the_trace(two_runs, tmp_path):
+    from netsim.metrics.compare import bytes_at
+
+    a, _ = two_runs
+    times = [r["time"] for r in a.metrics]
+    sent = bytes_at(a.out, times)
+    assert sent[0] == 0.0 and sent == sorted(sent) and sent[-1] == a.summary["bytes_sent"]
+    res = runner.invoke(app, ["compare", str(a.out), "--out", str(tmp_path / "b.png"), "--x", "bytes"])
+    assert res.exit_code == 0 and (tmp_path / "b.png").is_file()
+
+
+def test_per_agent_metrics_only_when_asked_one_row_per_agent_and_evaluation(two_runs):
+    a, b = two_runs
+    assert not (a.out / "agent_metrics.csv").exists()
+    with open(b.out / "agent_metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    times = [r["time"] for r in b.metrics]
+    assert len(rows) == 4 * len(times) and [r["agent"] for r in rows[:4]] == ["0", "1", "2", "3"]
+    by_time: dict[float, list[float]] = {}
+    for r in rows:
+        by_time.setdefault(float(r["time"]), []).append(float(r["accuracy"]))
+    assert sorted(by_time) == times
+    for m in b.metrics:  # the per-agent table agrees with metrics.csv's mean and worst agent
+        accs = by_time[m["time"]]
+        assert math.isclose(np.mean(accs), m["agent_accuracy_mean"], rel_tol=1e-6)
+        assert min(accs) == pytest.approx(m["agent_accuracy_min"])
+    assert len({tuple(v) for v in by_time.values()}) > 1 and (b.out / "agent_accuracy.png").is_file()
+
+
+def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
+    from netsim import api
+    from netsim.sim.kernel import Simulation
+
+    sc = scenario_from_dict(merge(SMALL, {"run": {"checkpoint_every": 2.5},
+                                          "evaluation": {"every": 1.0, "metrics": ["accuracy", "agent_accuracy"]}}))
+    ref = api.run(sc, out=tmp_path / "ref", interruptible=False).out
+    original = Simulation.boundary
+
+    def stop_after_first_checkpoint(self):  # like Ctrl-C at t = 2.5
+        original(self)
+        if self.env.now >= 2.5 and not self.restored_metrics:
+            self.interrupt()
+
+    monkeypatch.setattr(Simulation, "boundary", stop_after_first_checkpoint)
+    stopped = api.run(sc, out=tmp_path / "cut", interruptible=False)
+    assert stopped.summary["stop_reason"] == "interrupted" and not (stopped.out / "agent_metrics.csv").exists()
+    monkeypatch.setattr(Simulation, "boundary", original)
+    api.resume(stopped.out, interruptible=False)
+    assert (stopped.out / "agent_metrics.csv").read_bytes() == (ref / "agent_metrics.csv").read_bytes()
