@@ -274,6 +274,13 @@ def test_suboptimality_refuses_a_neural_network():
         prepare(sc(model={"kind": "mlp", "hidden": [4]}, evaluation={"metrics": ["suboptimality"]}))
 
 
+def test_headline_must_be_a_column_the_metrics_write():
+    assert sc(evaluation={"metrics": ["tracking"], "headline": "tracking_mse"}).evaluation.headline == "tracking_mse"
+    for metrics, head in ((["tracking"], "tracking"), (["loss"], "accuracy"), (["accuracy"], "acc")):
+        with pytest.raises(InputError, match="evaluation.headline.*not a column.*allowed: round_mean"):
+            sc(evaluation={"metrics": metrics, "headline": head})
+
+
 # --- topologies -----------------------------------------------------------------------------------------
 
 def test_networkx_generators_by_name():

@@ -485,7 +485,23 @@ class EvaluationSpec:
         None, check=lambda v: None if v is None or 0 < v <= 1 else f"must be in (0, 1], got {v}",
         doc="summary.time_to_target = first evaluation time whose accuracy >= this")
     headline: str | None = field(None, doc="a metrics column reported as summary.json's headline "
-                                           "(e.g. 'agent_accuracy_mean', 'suboptimality', 'tracking')")
+                                           "(one of the columns the chosen metrics produce, e.g. "
+                                           "'agent_accuracy_mean', 'suboptimality', 'tracking_mse')")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.headline is None:
+            return None
+        columns = ["round_mean", *(c for m in self.metrics for c in METRIC_COLUMNS[m])]
+        if self.headline in columns:
+            return None
+        return "headline", f"{self.headline!r} is not a column of the chosen metrics; allowed: {', '.join(columns)}"
+
+
+METRIC_COLUMNS: dict[str, tuple[str, ...]] = {
+    "loss": ("loss",), "accuracy": ("accuracy",), "consensus": ("consensus",),
+    "agent_accuracy": ("agent_accuracy_mean", "agent_accuracy_min"), "train_loss": ("train_loss",),
+    "suboptimality": ("suboptimality",), "tracking": ("tracking_mse", "tracking_avg", "regret")}
+"""The metrics.csv columns each ``evaluation.metrics`` entry writes (metrics.csv also has time and round_mean)."""
 
 
 def _open_unit(v: float) -> str | None:
