@@ -127,9 +127,26 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
 
     try:
         program, params = resolve(scenario.algorithm)
+        _check_closed_form(scenario, source)
         return Simulation(scenario, program, params, writer=writer)
     except InputError as e:
         raise e.at(source) if source else e from None
+
+
+def _check_closed_form(scenario: Scenario, source: str | None) -> None:
+    """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
+    old name works and prints a one-line note."""
+    name = scenario.privacy.closed_form if scenario.privacy is not None else "none"
+    if name == "none":
+        return
+    import sys
+
+    from netsim.privacy import closed_forms as cf
+
+    cf.lookup(name)
+    note = cf.deprecation_note(name)
+    if note:
+        print(f"note: {source or 'scenario'}: {note}", file=sys.stderr)
 
 
 PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far (netsim resume continues it)

@@ -55,7 +55,7 @@ SMALL = merge(BASE, {
     "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.2, "clip": 1.0,
                   "noise_multiplier": 6.0},
     "evaluation": {"every": 1.0},
-    "privacy": {"closed_form": "seed003"},
+    "privacy": {"closed_form": "do_adp"},
 })
 
 

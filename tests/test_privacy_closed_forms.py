@@ -35,10 +35,10 @@ def close(a, b, rel=5e-5):
 @pytest.mark.parametrize("case, ref", SEED003)
 def test_seed003_reference_table(case, ref):
     eps, kd, p, T, q = case
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p).sigma
-    r = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p)
-    exact = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, amp="exact")
-    fixed = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, delta_hat=1e-5)
+    sigma = cf.do_adp_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p).sigma
+    r = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p)
+    exact = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, amp="exact")
+    fixed = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, delta_hat=1e-5)
     got = (sigma, r.eps_t, r.eps_tp, r.S, r.epsilon, exact.epsilon, fixed.epsilon, r.delta_hat, r.delta,
            r.delta_paper)
     for g, want in zip(got, ref, strict=True):
@@ -52,13 +52,13 @@ def test_seed003_reference_table(case, ref):
 
 
 def test_seed003_noise_ratio_table_and_monotonicity():
-    base = cf.seed003_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, 1.0, 1.0).sigma
+    base = cf.do_adp_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, 1.0, 1.0).sigma
     table = [(0.8, 1, 0.8), (1, 0.3, 0.548), (0.8, 0.3, 0.438), (1, 0.4, 0.632), (0.8, 0.4, 0.506)]
     for p, kd, ratio in table:
-        s = cf.seed003_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, kd, p).sigma
+        s = cf.do_adp_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, kd, p).sigma
         assert abs(s / base - ratio) < 1e-3
     base_kw = dict(sigma=30.0, delta0=1e-5, q=20000, T=120000)
-    e = lambda **kw: cf.seed003_epsilon(**{**base_kw, **kw}).epsilon  # noqa: E731
+    e = lambda **kw: cf.do_adp_epsilon(**{**base_kw, **kw}).epsilon  # noqa: E731
     assert e(sigma=40.0) < e() < e(T=240000)  # falls with sigma, rises with T
     assert e(q=40000) < e()  # falls with q
     assert e(p=0.6) < e(p=0.9) < e()  # rises with p
@@ -67,40 +67,40 @@ def test_seed003_noise_ratio_table_and_monotonicity():
 
 def test_seed003_conservative_modes_are_larger():
     kw = dict(sigma=33.9662, delta0=1e-5, q=1000, T=6000, k_over_d=0.4, p=0.8)
-    paper = cf.seed003_epsilon(**kw)
-    full = cf.seed003_epsilon(**kw, sens="full")  # caveat 2: top-k support is data dependent
-    observed = cf.seed003_epsilon(**kw, activation="observed", steps_observed=4800)  # caveat 1
+    paper = cf.do_adp_epsilon(**kw)
+    full = cf.do_adp_epsilon(**kw, sens="full")  # caveat 2: top-k support is data dependent
+    observed = cf.do_adp_epsilon(**kw, activation="observed", steps_observed=4800)  # caveat 1
     assert full.epsilon > paper.epsilon and observed.epsilon > paper.epsilon
     assert math.isclose(observed.eps_tp, paper.eps_tp / 0.8, rel_tol=1e-12)  # rate B/q, not pB/q
 
 
 def test_seed003_conditions():
     with pytest.raises(cf.ClosedFormError, match=r"epsilon in \(0, 1\]"):
-        cf.seed003_theorem1_sigma(1.5, 1e-5, 1000, 10**6)
+        cf.do_adp_theorem1_sigma(1.5, 1e-5, 1000, 10**6)
     with pytest.raises(cf.ClosedFormError, match="p <= 1"):
-        cf.seed003_theorem1_sigma(0.1, 1e-5, 1000, 10**6, p=0.4)
+        cf.do_adp_theorem1_sigma(0.1, 1e-5, 1000, 10**6, p=0.4)
     with pytest.raises(cf.ClosedFormError, match="delta0"):
-        cf.seed003_theorem1_sigma(0.1, 1.0, 1000, 10**6)
+        cf.do_adp_theorem1_sigma(0.1, 1.0, 1000, 10**6)
     # caveat 4: the paper's own LR setting violates the T-condition for eps = 0.1 -> raised, or reported
     with pytest.raises(cf.ClosedFormError, match="T = 120000 < q"):
-        cf.seed003_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8)
-    lax = cf.seed003_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8, strict=False)
+        cf.do_adp_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8)
+    lax = cf.do_adp_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8, strict=False)
     assert lax.sigma > 0 and "Theorem 1" in lax.violations[0]
     with pytest.raises(cf.ClosedFormError, match="classical Gaussian bound invalid"):
-        cf.seed003_epsilon(sigma=1.0, delta0=1e-5, q=100, T=10)
+        cf.do_adp_epsilon(sigma=1.0, delta0=1e-5, q=100, T=10)
     with pytest.raises(cf.ClosedFormError, match="sigma must be > 0"):
-        cf.seed003_epsilon(sigma=-1.0, delta0=1e-5, q=100, T=10)
+        cf.do_adp_epsilon(sigma=-1.0, delta0=1e-5, q=100, T=10)
     with pytest.raises(cf.ClosedFormError, match="steps_observed"):
-        cf.seed003_epsilon(sigma=30.0, delta0=1e-5, q=100, T=10, activation="observed")
+        cf.do_adp_epsilon(sigma=30.0, delta0=1e-5, q=100, T=10, activation="observed")
 
 
 # --- seed 004 (spec 3.4 numeric test vector) ------------------------------------------------------------
-A_RESNET = cf.seed004_A(2.8, 25, 780000, 500000)
+A_RESNET = cf.privsgp_vr_A(2.8, 25, 780000, 500000)
 D_RESNET = 11_173_962
 
 
 def k_star(eps, n=16, c2=0.3724, J=3125):
-    return cf.seed004_k_star(A_RESNET, J, 25, D_RESNET, 10.0, [eps] * n, [1e-5] * n, c2)
+    return cf.privsgp_vr_k_star(A_RESNET, J, 25, D_RESNET, 10.0, [eps] * n, [1e-5] * n, c2)
 
 
 def test_seed004_k_star_reference():
@@ -116,32 +116,32 @@ def test_seed004_k_star_reference():
 
 def test_seed004_sigma_table_e_and_invariants():
     for K, s2 in [(500, 0.0082), (1125, 0.0184), (3120, 0.0510), (6250, 0.1022), (12500, 0.2044)]:
-        assert abs(cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2 - s2) < 5e-5
+        assert abs(cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2 - s2) < 5e-5
     K = k_star(3.0)
     # invariant 1: at K*, sigma^2 = A / (24 L d) whatever the constants
-    s2 = cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2
+    s2 = cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2
     assert math.isclose(s2, A_RESNET / (24 * 25 * D_RESNET), rel_tol=1e-9)
     def U(k):
-        return cf.seed004_utility(k, A_RESNET, 3125, 25, D_RESNET, 10.0, [3.0] * 16, [1e-5] * 16)
+        return cf.privsgp_vr_utility(k, A_RESNET, 3125, 25, D_RESNET, 10.0, [3.0] * 16, [1e-5] * 16)
 
     for a in (2.0, 4.0):  # invariant 3
         assert math.isclose(U(K / a), U(a * K), rel_tol=1e-9)
         assert math.isclose(U(a * K), U(K) * (math.sqrt(a) + 1 / math.sqrt(a)) / 2, rel_tol=1e-9)
     assert math.isclose(U(K), 2 * A_RESNET / math.sqrt(16 * K), rel_tol=1e-9)  # eq. (13)
     # eq. (11) inverted gives back eps
-    s = cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0)
-    assert math.isclose(cf.seed004_epsilon(s, K, 1e-5, 3125, 10.0), 3.0, rel_tol=1e-12)
-    assert "c1 unknown" in cf.seed004_validity(3.0, 3120, 3125, None)[0]
-    assert cf.seed004_validity(3.0, 3120, 3125, 1e4) == ()
+    s = cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0)
+    assert math.isclose(cf.privsgp_vr_epsilon(s, K, 1e-5, 3125, 10.0), 3.0, rel_tol=1e-12)
+    assert "c1 unknown" in cf.privsgp_vr_validity(3.0, 3120, 3125, None)[0]
+    assert cf.privsgp_vr_validity(3.0, 3120, 3125, 1e4) == ()
 
 
 def test_seed004_conditions():
     with pytest.raises(cf.ClosedFormError, match="delta"):
-        cf.seed004_sigma(100, 1.0, 1.0, 100, 1.0)
+        cf.privsgp_vr_sigma(100, 1.0, 1.0, 100, 1.0)
     with pytest.raises(cf.ClosedFormError, match="eps > 0"):
-        cf.seed004_sigma(100, 0.0, 1e-5, 100, 1.0)
+        cf.privsgp_vr_sigma(100, 0.0, 1e-5, 100, 1.0)
     with pytest.raises(cf.ClosedFormError, match="epsilon must be > 0"):
-        cf.seed004_k_star(1.0, 10, 1.0, 10, 1.0, [1.0, -1.0], [1e-5, 1e-5])
+        cf.privsgp_vr_k_star(1.0, 10, 1.0, 10, 1.0, [1.0, -1.0], [1e-5, 1e-5])
 
 
 # --- seed 001 (spec 3 pilot: L_acc = 0, C = 2 sqrt 21, n = 112, wbar = 0.6, rho_t = (t+1)^0.1) -------

@@ -36,7 +36,7 @@ def dp_scenario(p: float, seed: int = 3, **privacy) -> dict:
         "data": {"samples": 1200, "features": 5},
         "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.2, "clip": 1.0,
                       "noise_multiplier": Z},
-        "privacy": {"closed_form": "seed003", **privacy},
+        "privacy": {"closed_form": "do_adp", **privacy},
     })
 
 
@@ -127,7 +127,7 @@ def ldp(agent, p: LDPParams):
 
 def test_laplace_messages_are_ledgered_per_recipient(tmp_path):
     sc = merge(BASE, {"run": {"seed": 2, "until": 6.0}, "agents": {"count": 4},
-                      "algorithm": {"name": "test_privacy_ldp"}, "privacy": {"closed_form": "seed001"}})
+                      "algorithm": {"name": "test_privacy_ldp"}, "privacy": {"closed_form": "ldp_online"}})
     run(scenario_from_dict(sc), out=tmp_path)
     rel = releases_from_table(read_trace(tmp_path).table)
     rs = rel[1]
@@ -181,15 +181,15 @@ def test_closed_form_condition_violated_exits_2(tmp_path):
     run(scenario_from_dict(sc), out=tmp_path)
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld"])
     assert r.exit_code == 0
-    assert "Efficient Communication\" (closed_form = 'seed003') violated: eps_t = 1.615 >= 1" in r.output
+    assert "Efficient Communication\" (closed_form = 'do_adp') violated: eps_t = 1.615 >= 1" in r.output
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld", "--strict"])
-    assert r.exit_code == 2 and r.output.startswith("error: closed form seed003: agent 0: eps_t")
+    assert r.exit_code == 2 and r.output.startswith("error: closed form do_adp: agent 0: eps_t")
     assert r.output.count("\n") == 1
     # seed 001's Lemma 2 composes Laplace releases; Gaussian ones cannot be read by it
-    sc["privacy"]["closed_form"] = "seed001"
+    sc["privacy"]["closed_form"] = "ldp_online"
     run(scenario_from_dict(sc), out=tmp_path / "b")
     r = runner.invoke(app, ["privacy", str(tmp_path / "b"), "--no-pld"])
-    assert r.exit_code == 2 and "closed form seed001: Lemma 2 composes Laplace releases" in r.output
+    assert r.exit_code == 2 and "closed form ldp_online: Lemma 2 composes Laplace releases" in r.output
 
 
 @pytest.mark.parametrize("patch, needle", [
@@ -198,7 +198,8 @@ def test_closed_form_condition_violated_exits_2(tmp_path):
     ({"privacy": {"epsilon_cap": 0.0}}, "privacy.epsilon_cap: must be > 0"),
     ({"privacy": {"epsilon_cap": -2.0}}, "privacy.epsilon_cap: must be > 0"),
     ({"privacy": {"accounting": "hopeful"}}, "privacy.accounting: got 'hopeful'"),
-    ({"privacy": {"closed_form": "seed002"}}, "privacy.closed_form: got 'seed002'"),
+    ({"privacy": {"closed_form": "seed002"}},
+     "privacy.closed_form: unknown closed form 'seed002'; registered: none, do_adp, ldp_online, pdsl, privsgp_vr"),
     ({"algorithm": {"name": "dp_dpsgd", "noise_multiplier": -1.0}},
      "algorithm.noise_multiplier: must be >= 0"),
     ({"algorithm": {"name": "dp_dpsgd", "clip": 0.0}}, "algorithm.clip: must be > 0"),

@@ -287,7 +287,7 @@ def test_privacy_report_seed000_closed_form(tmp_path):
     basic composition over the 1 + deg releases per round (the own gradient and one per neighbour)."""
     from netsim.privacy.report import privacy_report
 
-    d = merge(seed000(until=2.0), {"privacy": {"closed_form": "seed000", "delta0": 1e-5}})
+    d = merge(seed000(until=2.0), {"privacy": {"closed_form": "pdsl", "delta0": 1e-5}})
     run(scenario_from_dict(d), out=tmp_path)
     rep = privacy_report(tmp_path, pld=False, plot=False)
     eps_msg = 2.0 * math.sqrt(2 * math.log(1.25e5)) / SIGMA

@@ -40,7 +40,33 @@ from netsim.algorithms.registry import register
 from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
-from netsim.trace.events import ComputeEnd, ComputeStart, ShapleyWeight
+from netsim.sim.streams import register_purpose
+from netsim.trace.events import ComputeEnd, ComputeStart, EventRow, register_event_kind
+
+register_purpose("shapley", 81)  # Monte-Carlo Shapley permutations and evaluation times (historical code)
+
+
+@register_event_kind
+@attrs.frozen(slots=True)
+class ShapleyWeight(EventRow):
+    """Agent i's weight for player ``peer`` in round ``round``: ``value`` = pi_ij (eq. 20 of Wang et al.,
+    PDSL), ``tag`` = ``"phi=<Shapley value> hat=<min-max normalised>"`` (floats as repr)."""
+
+    kind = "shapley"
+    t: float
+    agent: int
+    peer: int
+    round: int
+    value: float
+    phi: float
+    phi_hat: float
+    tag: str = attrs.field(default=attrs.Factory(lambda e: f"phi={e.phi!r} hat={e.phi_hat!r}", takes_self=True))
+
+    @classmethod
+    def from_row(cls, t: float, agent: int, peer: int, round: int, size: int, value: float,
+                 tag: str) -> ShapleyWeight:
+        f = dict(x.split("=", 1) for x in tag.split(" "))
+        return cls(float(t), int(agent), int(peer), int(round), float(value), float(f["phi"]), float(f["hat"]))
 
 
 def _unit(v: float) -> str | None:

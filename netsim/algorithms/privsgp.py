@@ -97,13 +97,13 @@ def plan(agent, p: PrivSGPParams) -> Plan:
             raise InputError(f"algorithm.{missing[0]}", "iterations = 0 (K = K*) needs the problem constants "
                                                         "L, F0 and b2 (see privsgp.estimate_constants)")
         x0 = agent.params
-        A = cf.seed004_A(p.F0, p.L, float(x0.double().pow(2).sum()), p.b2)
+        A = cf.privsgp_vr_A(p.F0, p.L, float(x0.double().pow(2).sum()), p.b2)
         try:
-            K_star = cf.seed004_k_star(A, J, p.L, x0.numel(), p.G, [p.epsilon] * n, [p.delta] * n, c2)
+            K_star = cf.privsgp_vr_k_star(A, J, p.L, x0.numel(), p.G, [p.epsilon] * n, [p.delta] * n, c2)
         except cf.ClosedFormError as e:
             raise InputError("algorithm", e.message) from None
         K = max(1, round(p.k_scale * K_star))
-    sigma = p.sigma if p.sigma is not None else cf.seed004_sigma(K, p.epsilon, p.delta, len(agent.rows), p.G,
+    sigma = p.sigma if p.sigma is not None else cf.privsgp_vr_sigma(K, p.epsilon, p.delta, len(agent.rows), p.G,
                                                                  c2, p.sens_mult)
     lr = p.lr if p.lr > 0 else math.sqrt(n / K)
     if p.lr_max is not None:

@@ -24,7 +24,6 @@ import math
 import numpy as np
 
 from netsim.errors import InputError
-from netsim.sim.streams import PURPOSES
 from netsim.sim.topology import weighted_graph
 
 Lists = tuple[list[int], list[int], dict[int, float], float]  # out, in, weights by sender, self weight
@@ -70,7 +69,7 @@ class DynamicTopology:
                                  f"(erdos_renyi, random_regular), not {self.base.kind!r}")
 
     def seed(self, epoch: int) -> int:
-        ss = np.random.SeedSequence(self.sim.streams.seed, spawn_key=(PURPOSES["topology_schedule"], epoch))
+        ss = self.sim.streams.seed_sequence("topology_schedule", epoch)
         return int(ss.generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
     def at(self, epoch: int) -> list[Lists]:
