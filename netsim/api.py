@@ -155,7 +155,7 @@ PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far 
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
         progress: Callable[[float], None] | None = None,
         setup: Callable[[Any], None] | None = None, interruptible: bool = True) -> RunResult:
-    """Validate, build, run and write one run folder (principle 10). ``setup(sim)`` may adjust the
+    """Validate, build, run and write one run folder. ``setup(sim)`` may adjust the
     built simulation before it runs (``netsim replay`` installs the recorded network this way).
 
     With ``interruptible`` (in the main thread), SIGINT (Ctrl-C) stops the run at the next event
@@ -464,7 +464,7 @@ def _summary(sim, counts, meta: dict[str, str]) -> dict[str, Any]:
 
 
 def _comm_fields(sim) -> dict[str, Any]:
-    """Time to the target accuracy and the communication parts' counters (issue 6)."""
+    """Time to the target accuracy and the communication parts' counters."""
     from netsim.comm.stats import comm_summary
     from netsim.metrics.compare import time_to_target
 

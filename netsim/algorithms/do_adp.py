@@ -26,7 +26,7 @@ Privacy. Each active round releases the noisy gradient through ``Agent.privatize
 B/q and the scenario's activation p (the ledger). Recorded sensitivity: ``sensitivity = "topk"`` is the
 paper's Delta = 2G sqrt(k/d) (replace-one, eq. 6) with the integer k actually kept (``k_rounding``);
 ``"full"`` is 2G (the conservative reading: the top-k support is data dependent and never privatised).
-``[privacy] closed_form = "seed003"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the conservative one;
+``[privacy] closed_form = "do_adp"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the conservative one;
 dp-accounting's RDP/PLD give the rigorous numbers.
 
 Baselines (the paper gives no update rules; all **[reconstructed]** from the cited works): ``dpdo`` (Huang, Mitra,
