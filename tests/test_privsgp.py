@@ -1,4 +1,4 @@
-"""Seed 004, PrivSGP-VR (netsim/algorithms/privsgp.py): convergence without noise, push-sum invariants,
+"""PrivSGP-VR (Zhu, Huang, Wang, Xu; netsim/algorithms/privsgp.py): convergence without noise, push-sum invariants,
 noise placement, K* and eq. (11) wiring."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seed 001 (LDP online learning, Chen & Wang): Algorithm 1 against a reference implementation of its
+"""LDP online learning (Chen & Wang): Algorithm 1 against a reference implementation of its
 stacked recursion, special cases, where the Laplace noise is, projection, the budget against the
 closed form on the run's own releases, the theta*_t oracle, streaming partitions, async and lossy runs."""
 
