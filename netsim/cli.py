@@ -452,6 +452,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
              no_summary: bool = typer.Option(False, "--no-summary", help="lanes and legend only"),
              chrome: Path | None = typer.Option(None, "--chrome",
                                                 help="also write Chrome/Perfetto JSON here"),
+             plugin: list[str] | None = PluginOpt,
              ) -> None:
     """Show a trace as one lane per agent: activations, compute, sends, deliveries, drops, releases."""
     from rich.console import Console
@@ -460,6 +461,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
     from netsim.trace.timeline import Timeline, render, write_chrome
 
     try:
+        _plugins(plugin)
         if max_lanes < 1 or (group is not None and group < 1):
             raise InputError("--max-lanes" if max_lanes < 1 else "--group", "must be >= 1")
         tl = Timeline(trace, agents, links, kinds, t_from, t_to)

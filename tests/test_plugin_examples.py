@@ -46,6 +46,15 @@ def test_event_kind_plugin_records_its_events_in_the_trace(tmp_path):
                   "--set", "network.loss=0.0", "--out", base, "-q").returncode == 0
     b = read_trace(base).table.to_pandas()
     assert t[t["kind"] != "disagreement"].reset_index(drop=True).equals(b)
+    # the timeline draws the kind with the glyph the class gives, once the plugin is loaded
+    r = netsim("timeline", out, "--plugin", PLUGINS / "disagreement_event.py", "--kinds", "disagreement",
+               "--width", "80", "--no-summary")
+    assert r.returncode == 0, r.stderr
+    lanes = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
+    assert len(lanes) == 4 and all(set(line.split("|")[1]) <= {" ", "d"} and "d" in line for line in lanes)
+    assert "legend: d disagreement" in r.stdout
+    r = netsim("timeline", out, "--kinds", "disagreement")
+    assert r.returncode == 2 and "--kinds: unknown kind(s) disagreement" in r.stdout + r.stderr
 
 
 def test_event_kind_plugin_is_needed_to_run_its_algorithm(tmp_path):

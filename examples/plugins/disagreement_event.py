@@ -10,6 +10,7 @@ a frozen attrs ``EventRow`` registered with ``register_event_kind``, so it lands
 
     netsim run scenarios/quickstart.toml --plugin examples/plugins/disagreement_event.py \
         --set algorithm.name=dpsgd_disagreement --out runs/disagreement
+    netsim timeline runs/disagreement --plugin examples/plugins/disagreement_event.py --kinds disagreement,send
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Disagreement(EventRow):
     """Agent ``agent``'s distance to its mixed model in round ``round`` (``size``: models received)."""
 
     kind = "disagreement"
+    glyph = ("d", "yellow", "disagreement")  # how `netsim timeline --plugin THIS_FILE` draws it
     t: float
     agent: int
     round: int

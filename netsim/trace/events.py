@@ -39,6 +39,7 @@ class EventRow:
 
     __slots__ = ()
     agent, peer, msg, size, value, round, tag = (DEFAULTS[c] for c in COLUMNS[2:])
+    glyph: tuple[str, str, str] | None = None  # (char, rich style, legend) for ``netsim timeline``; None: not drawn
 
 
 @attrs.frozen(slots=True)
