@@ -90,7 +90,7 @@ def test_unregistered_closed_form_or_accountant_is_one_line_exit_2(tmp_path):
                "--out", tmp_path / "x", "-q")
     assert r.returncode == 2 and not (tmp_path / "x").exists()
     assert r.stderr == ("error: scenarios/privacy_activation.toml: privacy.closed_form: unknown closed form 'zcdp'; "
-                        "registered: none, do_adp, ldp_online, pdsl, privsgp_vr\n")
+                        "registered: none, do_adp, ldp_online, pdsl, privsgp_vr (a plugin's needs --plugin)\n")
     out = tmp_path / "run"
     assert netsim("run", "scenarios/privacy_activation.toml", "--set", "agents.count=2", "--set", "run.until=1",
                   "--out", out, "-q").returncode == 0

@@ -443,7 +443,7 @@ def lookup(name: str) -> ClosedForm:
     form = CLOSED_FORMS.get(canonical(name))
     if form is None:
         raise InputError("privacy.closed_form", f"unknown closed form {name!r}; registered: none, "
-                                                f"{', '.join(sorted(CLOSED_FORMS))}")
+                                                f"{', '.join(sorted(CLOSED_FORMS))} (a plugin's needs --plugin)")
     return form
 
 

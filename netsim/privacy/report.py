@@ -205,7 +205,8 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         raise InputError("--delta", f"must be in (0, 1), got {delta!r}")
     bad = [a for a in accountants if a not in ACCOUNTANTS]
     if bad:
-        raise InputError("--accountant", f"unknown accountant {bad[0]!r}; registered: {', '.join(ACCOUNTANTS)}")
+        raise InputError("--accountant", f"unknown accountant {bad[0]!r}; registered: {', '.join(ACCOUNTANTS)} "
+                                         "(a plugin's needs --plugin)")
     mode = accounting or spec.accounting
     if mode not in ("observed", "amplified"):
         raise InputError("--accounting", f"must be 'observed' or 'amplified', got {mode!r}")
