@@ -20,9 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-# the core's purposes and their historical codes (changing a code changes every run's draws)
-_CODES: dict[str, int] = {}
-_NAMES: dict[int, str] = {}
+_CODES: dict[str, int] = {}  # name -> code
+_NAMES: dict[int, str] = {}  # code -> name
 NAME_CODE_BASE = 1 << 16  # derived codes live above every explicit one
 
 
@@ -68,6 +67,7 @@ def purposes() -> dict[str, int]:
     return dict(_CODES)
 
 
+# the core's purposes and their historical codes (changing a code changes every run's draws)
 for _name, _code in {
     "topology": 1, "clock": 2, "activation": 3, "compute": 4, "latency": 5, "loss": 6, "data": 7,
     "partition": 8, "batch": 9, "init": 10, "noise": 11, "algorithm": 12,
