@@ -96,3 +96,14 @@ def test_unregistered_closed_form_or_accountant_is_one_line_exit_2(tmp_path):
                   "--out", out, "-q").returncode == 0
     r = netsim("privacy", out, "--accountant", "zcdp", "--no-pld")
     assert r.returncode == 2 and "--accountant: unknown accountant 'zcdp'; registered: rdp, pld" in r.stdout + r.stderr
+
+
+def test_a_plugin_taking_a_registered_name_is_refused_in_one_line(tmp_path):
+    plugin = tmp_path / "clash.py"
+    plugin.write_text('from netsim.privacy.closed_forms import register_closed_form\n\n\n'
+                      '@register_closed_form("do_adp", "someone else")\n'
+                      'def mine(releases, spec, delta):\n    return {}\n')
+    r = netsim("validate", "scenarios/quickstart.toml", "--plugin", plugin)
+    assert r.returncode == 2
+    assert r.stderr == (f"error: --plugin: {plugin}:4: ValueError: closed form 'do_adp' is already registered by "
+                        "netsim.privacy.report\n")

@@ -413,6 +413,7 @@ def register_closed_form(name: str, paper: str) -> Callable[[Callable], Callable
                          f"got {name!r}")
 
     def deco(fn: Callable) -> Callable:
+        _load_builtin()  # a plugin's name is checked against the built-in ones, whatever the import order
         have = CLOSED_FORMS.get(name)
         if have is not None and (have.evaluate.__module__, have.evaluate.__qualname__) != (fn.__module__,
                                                                                            fn.__qualname__):
