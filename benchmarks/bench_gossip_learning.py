@@ -1,4 +1,4 @@
-"""Gossip-learning job (issue 9, scale b): mushrooms logistic regression over a random 4-regular graph.
+"""Gossip-learning job: mushrooms logistic regression over a random 4-regular graph.
 
 Each node, once per round (period 1 s), merges the models that reached it since the last round, takes
 one SGD step on its local data if it merged anything (merge-then-update), and pushes its model to one

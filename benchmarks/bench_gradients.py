@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_gradients.py [--agents 64] [--batch 32] [--threads N] [--device cpu]
                                                    [--clock wall|cpu]
 
-Rows (goals from issue 3): logistic regression d=112 (>= 30x), MLP 784-64-10 (>= 4x), and the DP step
+Rows (with their speed-up goals): logistic regression d=112 (>= 30x), MLP 784-64-10 (>= 4x), and the DP step
 (per-sample L2 clipping inside the batched service) against the non-private batched step (<= 3x).
 The loop is what one writes without netsim: one nn.Module per agent, forward, ``loss.backward()``.
 netsim's time includes submitting the N requests and the flush (stacking, indexing, one batched call).

@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 9, scale a): N agents x 100 synchronous D-PSGD rounds of logistic regression.
+"""Scale benchmark: N agents x 100 synchronous D-PSGD rounds of logistic regression.
 
 D-PSGD (Lian et al. 2017) on a ring (the paper's own topology), synthetic logistic data (20 features,
 50 samples per agent, IID), batch 16, every agent wakes each 0.1 s, computes for 10 ms and exchanges
@@ -9,7 +9,7 @@ CPU time (process_time: the honest figure when other jobs share the cores), even
 agent-steps/s (agent rounds per second of simulation wall time), peak RSS, and growth from the
 smallest size. Memory over the run (Linux): RSS after setup, at half the simulated time and at the end
 of the simulation (sampled by a simpy process every 1/20 of the expected run), so "2nd half" is what
-the run's second half added (bounded memory: about zero; issue 10).
+the run's second half added (bounded memory: about zero).
 
 ``--dp``: DP-D-PSGD instead (per-example clipping, Gaussian noise through ``Agent.privatize``, one
 release per agent and round in each agent's privacy ledger), the case where memory once grew per

@@ -5,7 +5,7 @@ successor; latency ~ Exp(mean 10 ms); the receiver takes messages from its inbox
 idiom of simpy's own "event latency" example (a process per message that waits, then puts into the
 receiver's Store). netsim runs the same through its whole path: agent clocks and activation, named
 per-link RNG streams, the link model, message records, inboxes and tracing to an Arrow file.
-Goal (issue 2): netsim delivers >= 0.5x the messages/s of raw simpy.
+Goal: netsim delivers >= 0.5x the messages/s of raw simpy.
 
     python benchmarks/kernel.py [--agents 64] [--until 200] [--repeat 3]
 """

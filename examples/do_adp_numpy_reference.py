@@ -91,7 +91,7 @@ def main(datasets: int, streams: int, intercept: bool = False) -> None:
             lam[-1] = 0.0
         fs = f_star(A, b, lam)
         for p, kd in CONFIGS:
-            sigma = cf.seed003_theorem1_sigma(1.0, 1e-5, len(data.parts[0]), 6000, 1.0, kd, p, strict=False).sigma
+            sigma = cf.do_adp_theorem1_sigma(1.0, 1e-5, len(data.parts[0]), 6000, 1.0, kd, p, strict=False).sigma
             for s in range(streams):
                 xb = do_adp(A, b, data.parts, p, kd, sigma, 1000 + 100 * ds + s, lam=lam)
                 out.setdefault((p, kd), []).append(objective(A, b, lam, xb)[0] - fs)

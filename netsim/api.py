@@ -127,9 +127,26 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
 
     try:
         program, params = resolve(scenario.algorithm)
+        _check_closed_form(scenario, source)
         return Simulation(scenario, program, params, writer=writer)
     except InputError as e:
         raise e.at(source) if source else e from None
+
+
+def _check_closed_form(scenario: Scenario, source: str | None) -> None:
+    """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
+    old name works and prints a one-line note."""
+    name = scenario.privacy.closed_form if scenario.privacy is not None else "none"
+    if name == "none":
+        return
+    import sys
+
+    from netsim.privacy import closed_forms as cf
+
+    cf.lookup(name)
+    note = cf.deprecation_note(name)
+    if note:
+        print(f"note: {source or 'scenario'}: {note}", file=sys.stderr)
 
 
 PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far (netsim resume continues it)
@@ -138,7 +155,7 @@ PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far 
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
         progress: Callable[[float], None] | None = None,
         setup: Callable[[Any], None] | None = None, interruptible: bool = True) -> RunResult:
-    """Validate, build, run and write one run folder (principle 10). ``setup(sim)`` may adjust the
+    """Validate, build, run and write one run folder. ``setup(sim)`` may adjust the
     built simulation before it runs (``netsim replay`` installs the recorded network this way).
 
     With ``interruptible`` (in the main thread), SIGINT (Ctrl-C) stops the run at the next event
@@ -447,7 +464,7 @@ def _summary(sim, counts, meta: dict[str, str]) -> dict[str, Any]:
 
 
 def _comm_fields(sim) -> dict[str, Any]:
-    """Time to the target accuracy and the communication parts' counters (issue 6)."""
+    """Time to the target accuracy and the communication parts' counters."""
     from netsim.comm.stats import comm_summary
     from netsim.metrics.compare import time_to_target
 

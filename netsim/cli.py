@@ -13,7 +13,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="netsim: asynchronous discrete-event simulator for decentralized, private learning.")
 
 SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
-PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms (repeatable)")
+PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms, closed forms, "
+                                                "accountants, event kinds... (repeatable)")
 
 
 def _version(value: bool) -> None:
@@ -301,8 +302,12 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             pld: bool = typer.Option(
                 False, "--pld/--no-pld", help="also run the PLD accountant (tighter; can take minutes)"),
             strict: bool = typer.Option(False, "--strict",
-                                        help="exit 2 if a closed form's condition fails")) -> None:
-    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the seed paper's closed form."""
+                                        help="exit 2 if a closed form's condition fails"),
+            accountant: Optional[list[str]] = typer.Option(  # noqa: UP045
+                None, "--accountant", help="also a registered accountant's column, e.g. one a --plugin "
+                                           "registers (repeatable)"),
+            plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form."""
     from rich.console import Console
     from rich.table import Table
 
@@ -314,10 +319,11 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         typer.echo(f"warning: {read_trace(run_folder).partial_note()}; releases after it are not counted")
 
     try:
+        _plugins(plugin)
         warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
         if warned:  # first, whatever the report says next
             warn_partial()
-        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict)
+        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict, accountants=accountant or ())
         if not warned and rep.get("trace_complete") is False:  # the end is there, a batch is not sound
             warn_partial()
     except InputError as e:
@@ -446,6 +452,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
              no_summary: bool = typer.Option(False, "--no-summary", help="lanes and legend only"),
              chrome: Path | None = typer.Option(None, "--chrome",
                                                 help="also write Chrome/Perfetto JSON here"),
+             plugin: list[str] | None = PluginOpt,
              ) -> None:
     """Show a trace as one lane per agent: activations, compute, sends, deliveries, drops, releases."""
     from rich.console import Console
@@ -454,6 +461,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
     from netsim.trace.timeline import Timeline, render, write_chrome
 
     try:
+        _plugins(plugin)
         if max_lanes < 1 or (group is not None and group < 1):
             raise InputError("--max-lanes" if max_lanes < 1 else "--group", "must be >= 1")
         tl = Timeline(trace, agents, links, kinds, t_from, t_to)

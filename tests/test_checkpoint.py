@@ -1,4 +1,4 @@
-"""Checkpoint and resume (issue 10): a run killed (SIGKILL) or interrupted (SIGINT) at random points and
+"""Checkpoint and resume: a run killed (SIGKILL) or interrupted (SIGINT) at random points and
 resumed gives the same final metrics and the same trace as the uninterrupted run; corrupted checkpoints
 are rejected and the previous one is used; a killed run's trace loads up to its last flush."""
 

@@ -1,4 +1,4 @@
-"""Communication parts: push-sum, pairwise gossip, event triggers, compression (issue 6)."""
+"""Communication parts: push-sum, pairwise gossip, event triggers, compression."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Sync vs async comparison scenarios, time_to_target, `netsim compare`, determinism of the comm
-algorithms (issue 6)."""
+algorithms."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_noise_only_on_active_rounds_with_eq7_sigma_and_topk_messages():
     k = math.ceil(ratio * d)
     kd = k / d                      # eqs. (6), (7) take the integer k actually kept
     q = len(sim.agents[0].rows)
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p_act, strict=False).sigma
+    sigma = cf.do_adp_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p_act, strict=False).sigma
     rel = [e for e in events if isinstance(e, Release)]
     sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
     assert rel and all(r.what == "gradient" and r.mechanism == "gaussian" and r.size == d for r in rel)
@@ -151,7 +151,7 @@ def test_k_rounding_sets_the_messages_k_and_the_eq7_sigma(rounding, k):
     sends = [e for e in events if isinstance(e, Send) and e.tag == "do_adp"]
     assert sends and {s.size for s in sends} == {k * (8 + 4)}
     rel = [e for e in events if isinstance(e, Release)]
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, 8, 1.0, k / d, 1.0, strict=False).sigma
+    sigma = cf.do_adp_theorem1_sigma(eps, 1e-5, q, 8, 1.0, k / d, 1.0, strict=False).sigma
     assert rel and all(r.scale == pytest.approx(sigma, rel=1e-12) for r in rel)
     assert all(r.sensitivity == pytest.approx(2 * math.sqrt(k / d)) for r in rel)
 

@@ -1,4 +1,4 @@
-"""Fuzzed inputs (issue 10): malformed scenario and sweep files, CSV/JSON network traces, cut or corrupted
+"""Fuzzed inputs: malformed scenario and sweep files, CSV/JSON network traces, cut or corrupted
 trace files and run folders, fed to every command that reads them. Each command either works or prints
 exactly one line ``error: FILE: ...`` on stderr and exits 2; never a traceback; a rejected input leaves
 every file already written as it was.
@@ -55,7 +55,7 @@ SMALL = merge(BASE, {
     "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.2, "clip": 1.0,
                   "noise_multiplier": 6.0},
     "evaluation": {"every": 1.0},
-    "privacy": {"closed_form": "seed003"},
+    "privacy": {"closed_form": "do_adp"},
 })
 
 

@@ -1,4 +1,4 @@
-"""Bounded memory (issue 10, part 4): a long run keeps what it must (parameters, links, per-evaluation
+"""Bounded memory: a long run keeps what it must (parameters, links, per-evaluation
 metric rows) and streams or aggregates the rest; nothing it keeps grows by a record per event.
 
 Measured with tracemalloc around ``Simulation.run`` only (setup excluded), after a warm-up run that pays

@@ -1,4 +1,4 @@
-"""Link and agent models (issue 4): closed forms, hand computations, invariants."""
+"""Link and agent models: closed forms, hand computations, invariants."""
 
 from __future__ import annotations
 

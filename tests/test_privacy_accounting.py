@@ -157,8 +157,8 @@ def test_calibrated_multiplier_meets_the_target_tightly():
         assert _direct(z * 0.99, q, steps, RdpAccountant()) > eps
 
 
-def test_seed004_paper_noise_is_far_below_the_accounted_one():
-    # spec 3.5: (3, 1e-5) at K = 3120, q = 1/3125 needs z ~ 0.57 (integer orders, classic conversion);
+def test_privsgp_vr_paper_noise_is_far_below_the_accounted_one():
+    # PrivSGP-VR: (3, 1e-5) at K = 3120, q = 1/3125 needs z ~ 0.57 (integer orders, classic conversion);
     # dp-accounting (fractional orders, tighter conversion) needs a little less; the paper's z ~ 0.0075.
     z = noise_multiplier(3.0, DELTA, [(1 / 3125, 3120)])
     assert 0.45 < z < 0.57

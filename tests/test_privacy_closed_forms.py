@@ -1,4 +1,5 @@
-"""The seed papers' closed forms against the reference values in /work/shared/specs, and their conditions."""
+"""The papers' closed forms against reference values computed independently from their formulas, and their
+conditions."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 
 from netsim.privacy import closed_forms as cf
 
-# --- seed 003 (spec 3.6 reference table: G = 1, delta0 = 1e-5, B = 1, paper mode) -----------------------
+# --- DO-ADP, Huo et al. (reference table: G = 1, delta0 = 1e-5, B = 1, paper mode) -----------------------
 # (eps, k/d, p, T, q) -> sigma, eps_t, eps'_t, S, eps~, eps~ exact-amp, eps~ (delta_hat=1e-5), delta_hat,
 #                        delta~ corrected, delta~ paper-literal
-SEED003 = [
+DO_ADP_TABLE = [
     ((0.01, 0.3, 0.8, 120000, 20000),
      (32.8876, 0.161374, 1.29099e-5, 2.0e-5, 0.00726779, 0.00393856, 0.0156521, 0.00447214, 0.00451992,
       0.618821)),
@@ -32,13 +33,13 @@ def close(a, b, rel=5e-5):
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
-@pytest.mark.parametrize("case, ref", SEED003)
-def test_seed003_reference_table(case, ref):
+@pytest.mark.parametrize("case, ref", DO_ADP_TABLE)
+def test_do_adp_reference_table(case, ref):
     eps, kd, p, T, q = case
-    sigma = cf.seed003_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p).sigma
-    r = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p)
-    exact = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, amp="exact")
-    fixed = cf.seed003_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, delta_hat=1e-5)
+    sigma = cf.do_adp_theorem1_sigma(eps, 1e-5, q, T, 1.0, kd, p).sigma
+    r = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p)
+    exact = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, amp="exact")
+    fixed = cf.do_adp_epsilon(sigma, 1e-5, q, T, 1.0, kd, p, delta_hat=1e-5)
     got = (sigma, r.eps_t, r.eps_tp, r.S, r.epsilon, exact.epsilon, fixed.epsilon, r.delta_hat, r.delta,
            r.delta_paper)
     for g, want in zip(got, ref, strict=True):
@@ -51,59 +52,59 @@ def test_seed003_reference_table(case, ref):
     assert exact.epsilon <= r.epsilon
 
 
-def test_seed003_noise_ratio_table_and_monotonicity():
-    base = cf.seed003_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, 1.0, 1.0).sigma
+def test_do_adp_noise_ratio_table_and_monotonicity():
+    base = cf.do_adp_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, 1.0, 1.0).sigma
     table = [(0.8, 1, 0.8), (1, 0.3, 0.548), (0.8, 0.3, 0.438), (1, 0.4, 0.632), (0.8, 0.4, 0.506)]
     for p, kd, ratio in table:
-        s = cf.seed003_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, kd, p).sigma
+        s = cf.do_adp_theorem1_sigma(0.01, 1e-5, 20000, 120000, 1.0, kd, p).sigma
         assert abs(s / base - ratio) < 1e-3
     base_kw = dict(sigma=30.0, delta0=1e-5, q=20000, T=120000)
-    e = lambda **kw: cf.seed003_epsilon(**{**base_kw, **kw}).epsilon  # noqa: E731
+    e = lambda **kw: cf.do_adp_epsilon(**{**base_kw, **kw}).epsilon  # noqa: E731
     assert e(sigma=40.0) < e() < e(T=240000)  # falls with sigma, rises with T
     assert e(q=40000) < e()  # falls with q
     assert e(p=0.6) < e(p=0.9) < e()  # rises with p
     assert e(k_over_d=0.3) < e()  # rises with k
 
 
-def test_seed003_conservative_modes_are_larger():
+def test_do_adp_conservative_modes_are_larger():
     kw = dict(sigma=33.9662, delta0=1e-5, q=1000, T=6000, k_over_d=0.4, p=0.8)
-    paper = cf.seed003_epsilon(**kw)
-    full = cf.seed003_epsilon(**kw, sens="full")  # caveat 2: top-k support is data dependent
-    observed = cf.seed003_epsilon(**kw, activation="observed", steps_observed=4800)  # caveat 1
+    paper = cf.do_adp_epsilon(**kw)
+    full = cf.do_adp_epsilon(**kw, sens="full")  # caveat 2: top-k support is data dependent
+    observed = cf.do_adp_epsilon(**kw, activation="observed", steps_observed=4800)  # caveat 1
     assert full.epsilon > paper.epsilon and observed.epsilon > paper.epsilon
     assert math.isclose(observed.eps_tp, paper.eps_tp / 0.8, rel_tol=1e-12)  # rate B/q, not pB/q
 
 
-def test_seed003_conditions():
+def test_do_adp_conditions():
     with pytest.raises(cf.ClosedFormError, match=r"epsilon in \(0, 1\]"):
-        cf.seed003_theorem1_sigma(1.5, 1e-5, 1000, 10**6)
+        cf.do_adp_theorem1_sigma(1.5, 1e-5, 1000, 10**6)
     with pytest.raises(cf.ClosedFormError, match="p <= 1"):
-        cf.seed003_theorem1_sigma(0.1, 1e-5, 1000, 10**6, p=0.4)
+        cf.do_adp_theorem1_sigma(0.1, 1e-5, 1000, 10**6, p=0.4)
     with pytest.raises(cf.ClosedFormError, match="delta0"):
-        cf.seed003_theorem1_sigma(0.1, 1.0, 1000, 10**6)
+        cf.do_adp_theorem1_sigma(0.1, 1.0, 1000, 10**6)
     # caveat 4: the paper's own LR setting violates the T-condition for eps = 0.1 -> raised, or reported
     with pytest.raises(cf.ClosedFormError, match="T = 120000 < q"):
-        cf.seed003_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8)
-    lax = cf.seed003_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8, strict=False)
+        cf.do_adp_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8)
+    lax = cf.do_adp_theorem1_sigma(0.1, 1e-5, 20000, 120000, p=0.8, strict=False)
     assert lax.sigma > 0 and "Theorem 1" in lax.violations[0]
     with pytest.raises(cf.ClosedFormError, match="classical Gaussian bound invalid"):
-        cf.seed003_epsilon(sigma=1.0, delta0=1e-5, q=100, T=10)
+        cf.do_adp_epsilon(sigma=1.0, delta0=1e-5, q=100, T=10)
     with pytest.raises(cf.ClosedFormError, match="sigma must be > 0"):
-        cf.seed003_epsilon(sigma=-1.0, delta0=1e-5, q=100, T=10)
+        cf.do_adp_epsilon(sigma=-1.0, delta0=1e-5, q=100, T=10)
     with pytest.raises(cf.ClosedFormError, match="steps_observed"):
-        cf.seed003_epsilon(sigma=30.0, delta0=1e-5, q=100, T=10, activation="observed")
+        cf.do_adp_epsilon(sigma=30.0, delta0=1e-5, q=100, T=10, activation="observed")
 
 
-# --- seed 004 (spec 3.4 numeric test vector) ------------------------------------------------------------
-A_RESNET = cf.seed004_A(2.8, 25, 780000, 500000)
+# --- PrivSGP-VR, Zhu et al. (numeric test vector) ------------------------------------------------------------
+A_RESNET = cf.privsgp_vr_A(2.8, 25, 780000, 500000)
 D_RESNET = 11_173_962
 
 
 def k_star(eps, n=16, c2=0.3724, J=3125):
-    return cf.seed004_k_star(A_RESNET, J, 25, D_RESNET, 10.0, [eps] * n, [1e-5] * n, c2)
+    return cf.privsgp_vr_k_star(A_RESNET, J, 25, D_RESNET, 10.0, [eps] * n, [1e-5] * n, c2)
 
 
-def test_seed004_k_star_reference():
+def test_privsgp_vr_k_star_reference():
     assert math.isclose(A_RESNET, 342_000_036.4, rel_tol=1e-12)
     assert abs(k_star(3.0, c2=1.0) - 432.70) < 0.01  # K* c2^2
     assert abs(k_star(3.0) - 3120) < 1.0
@@ -114,77 +115,77 @@ def test_seed004_k_star_reference():
     assert math.isclose(k_star(3.0, J=6250), 4 * k_star(3.0), rel_tol=1e-12)
 
 
-def test_seed004_sigma_table_e_and_invariants():
+def test_privsgp_vr_sigma_table_e_and_invariants():
     for K, s2 in [(500, 0.0082), (1125, 0.0184), (3120, 0.0510), (6250, 0.1022), (12500, 0.2044)]:
-        assert abs(cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2 - s2) < 5e-5
+        assert abs(cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2 - s2) < 5e-5
     K = k_star(3.0)
     # invariant 1: at K*, sigma^2 = A / (24 L d) whatever the constants
-    s2 = cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2
+    s2 = cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0) ** 2
     assert math.isclose(s2, A_RESNET / (24 * 25 * D_RESNET), rel_tol=1e-9)
     def U(k):
-        return cf.seed004_utility(k, A_RESNET, 3125, 25, D_RESNET, 10.0, [3.0] * 16, [1e-5] * 16)
+        return cf.privsgp_vr_utility(k, A_RESNET, 3125, 25, D_RESNET, 10.0, [3.0] * 16, [1e-5] * 16)
 
     for a in (2.0, 4.0):  # invariant 3
         assert math.isclose(U(K / a), U(a * K), rel_tol=1e-9)
         assert math.isclose(U(a * K), U(K) * (math.sqrt(a) + 1 / math.sqrt(a)) / 2, rel_tol=1e-9)
     assert math.isclose(U(K), 2 * A_RESNET / math.sqrt(16 * K), rel_tol=1e-9)  # eq. (13)
     # eq. (11) inverted gives back eps
-    s = cf.seed004_sigma(K, 3.0, 1e-5, 3125, 10.0)
-    assert math.isclose(cf.seed004_epsilon(s, K, 1e-5, 3125, 10.0), 3.0, rel_tol=1e-12)
-    assert "c1 unknown" in cf.seed004_validity(3.0, 3120, 3125, None)[0]
-    assert cf.seed004_validity(3.0, 3120, 3125, 1e4) == ()
+    s = cf.privsgp_vr_sigma(K, 3.0, 1e-5, 3125, 10.0)
+    assert math.isclose(cf.privsgp_vr_epsilon(s, K, 1e-5, 3125, 10.0), 3.0, rel_tol=1e-12)
+    assert "c1 unknown" in cf.privsgp_vr_validity(3.0, 3120, 3125, None)[0]
+    assert cf.privsgp_vr_validity(3.0, 3120, 3125, 1e4) == ()
 
 
-def test_seed004_conditions():
+def test_privsgp_vr_conditions():
     with pytest.raises(cf.ClosedFormError, match="delta"):
-        cf.seed004_sigma(100, 1.0, 1.0, 100, 1.0)
+        cf.privsgp_vr_sigma(100, 1.0, 1.0, 100, 1.0)
     with pytest.raises(cf.ClosedFormError, match="eps > 0"):
-        cf.seed004_sigma(100, 0.0, 1e-5, 100, 1.0)
+        cf.privsgp_vr_sigma(100, 0.0, 1e-5, 100, 1.0)
     with pytest.raises(cf.ClosedFormError, match="epsilon must be > 0"):
-        cf.seed004_k_star(1.0, 10, 1.0, 10, 1.0, [1.0, -1.0], [1e-5, 1e-5])
+        cf.privsgp_vr_k_star(1.0, 10, 1.0, 10, 1.0, [1.0, -1.0], [1e-5, 1e-5])
 
 
-# --- seed 001 (spec 3 pilot: L_acc = 0, C = 2 sqrt 21, n = 112, wbar = 0.6, rho_t = (t+1)^0.1) -------
-SEED001 = dict(n=112, C=2 * math.sqrt(21), wbar=0.6, sigma=math.sqrt(2), varsigma=0.1)
+# --- LDP online learning, Chen & Wang (pilot: L_acc = 0, C = 2 sqrt 21, n = 112, wbar = 0.6, rho_t = (t+1)^0.1) ---
+LDP_PILOT = dict(n=112, C=2 * math.sqrt(21), wbar=0.6, sigma=math.sqrt(2), varsigma=0.1)
 
 
 @pytest.mark.parametrize("T, alg1, dsgd", [(100, 957, 655), (2000, 1141, 1300)])
-def test_seed001_budget_reference(T, alg1, dsgd):
-    assert abs(cf.ldp_budget(T, **SEED001).epsilon - alg1) < 0.5
-    assert abs(cf.ldp_budget(T, **SEED001, mode="dsgd").epsilon - dsgd) < 0.5
+def test_ldp_online_budget_reference(T, alg1, dsgd):
+    assert abs(cf.ldp_budget(T, **LDP_PILOT).epsilon - alg1) < 0.5
+    assert abs(cf.ldp_budget(T, **LDP_PILOT, mode="dsgd").epsilon - dsgd) < 0.5
 
 
 @pytest.mark.slow
-def test_seed001_budget_saturates_at_one_million():
-    assert abs(cf.ldp_budget(10**6, **SEED001).epsilon - 1251) < 0.5
-    assert abs(cf.ldp_budget(10**6, **SEED001, mode="dsgd").epsilon - 3792) < 0.5
+def test_ldp_online_budget_saturates_at_one_million():
+    assert abs(cf.ldp_budget(10**6, **LDP_PILOT).epsilon - 1251) < 0.5
+    assert abs(cf.ldp_budget(10**6, **LDP_PILOT, mode="dsgd").epsilon - 3792) < 0.5
 
 
-def test_seed001_shape_and_lemma2():
-    b = cf.ldp_budget(20000, **SEED001)
+def test_ldp_online_shape_and_lemma2():
+    b = cf.ldp_budget(20000, **LDP_PILOT)
     inc = np.diff(b.curve)
     assert (inc > 0).all() and inc[-1] < inc[1000] / 10  # saturating: increments vanish
-    # the budget scales exactly as 1/noise (spec 8.2 item 4)
-    b2 = cf.ldp_budget(2000, **{**SEED001, "sigma": 2 * SEED001["sigma"]})
-    assert math.isclose(b2.epsilon, cf.ldp_budget(2000, **SEED001).epsilon / 2, rel_tol=1e-12)
+    # the budget scales exactly as 1/noise
+    b2 = cf.ldp_budget(2000, **{**LDP_PILOT, "sigma": 2 * LDP_PILOT["sigma"]})
+    assert math.isclose(b2.epsilon, cf.ldp_budget(2000, **LDP_PILOT).epsilon / 2, rel_tol=1e-12)
     assert cf.laplace_basic_composition([1.0, 2.0], [0.5, 4.0]) == 2.5
     assert np.allclose(cf.ldp_noise_scale(np.array([0, 3]), math.sqrt(2), 0.5), [1.0, 2.0])
 
 
-def test_seed001_conditions():
-    with pytest.raises(cf.ClosedFormError, match=r"varsigma\^i \+ 1/2 < u"):  # spec D1: learners 1..5
-        cf.ldp_budget(10, **{**SEED001, "varsigma": 0.15})
+def test_ldp_online_conditions():
+    with pytest.raises(cf.ClosedFormError, match=r"varsigma\^i \+ 1/2 < u"):  # learners 1..5
+        cf.ldp_budget(10, **{**LDP_PILOT, "varsigma": 0.15})
     with pytest.raises(cf.ClosedFormError, match=r"in \(0, 1/2\)"):
-        cf.ldp_budget(10, **{**SEED001, "varsigma": 0.6})
+        cf.ldp_budget(10, **{**LDP_PILOT, "varsigma": 0.6})
     with pytest.raises(cf.ClosedFormError, match="u < v"):
-        cf.ldp_budget(10, **SEED001, v=0.6, u=0.65)
+        cf.ldp_budget(10, **LDP_PILOT, v=0.6, u=0.65)
     with pytest.raises(cf.ClosedFormError, match="sigma must be > 0"):
-        cf.ldp_budget(10, **{**SEED001, "sigma": 0.0})
+        cf.ldp_budget(10, **{**LDP_PILOT, "sigma": 0.0})
     with pytest.raises(cf.ClosedFormError, match="Laplace scale"):
         cf.laplace_basic_composition([1.0], [0.0])
 
 
-# --- seed 000 (spec 3: eq. 27 table and per-message Gaussian) ------------------------------------------
+# --- PDSL, Wang et al. (eq. 27 table and per-message Gaussian) ------------------------------------------
 def metropolis(g: nx.Graph) -> np.ndarray:
     W = np.zeros((len(g), len(g)))
     for i, j in g.edges:
@@ -194,9 +195,9 @@ def metropolis(g: nx.Graph) -> np.ndarray:
 
 
 @pytest.mark.parametrize("M, full, bip, ring", [(10, 337, 166, 67), (15, 600, 291, 67), (20, 910, 386, 67)])
-def test_seed000_theorem1_table(M, full, bip, ring):
+def test_pdsl_theorem1_table(M, full, bip, ring):
     graphs = [nx.complete_graph(M), nx.complete_bipartite_graph(M // 2, M - M // 2), nx.cycle_graph(M)]
-    # (sigma / C) * eps, as the spec tabulates it
+    # (sigma / C) * eps, as tabulated
     got = [cf.pdsl_theorem1_sigma(metropolis(g), 0.5, 1e-5).sigma_over_C * 0.5 for g in graphs]
     for g, want in zip(got, (full, bip, ring), strict=True):
         assert abs(g - want) < 0.5, got
@@ -204,17 +205,17 @@ def test_seed000_theorem1_table(M, full, bip, ring):
     assert abs(cf.pdsl_theorem1_sigma(metropolis(nx.complete_graph(10)), 0.1, 1e-5).sigma_over_C - 3371) < 1
 
 
-def test_seed000_per_message_and_per_round():
+def test_pdsl_per_message_and_per_round():
     want = {0.08: (121, 0.5), 0.1: (97, 0.5), 0.3: (32, 0.5), 0.5: (19, 0.5), 0.7: (14, 0.5),
             1.0: (9.7, 0.05)}
-    for eps, (s, tol) in want.items():  # spec rounds to the digits given
+    for eps, (s, tol) in want.items():  # the table rounds to the digits given
         assert abs(cf.pdsl_per_message_sigma(eps, 1e-5) - s) <= tol
     r = cf.pdsl_per_round(2.0, 2 * 4.845 / 0.5, 1e-5, rounds=200)
     assert abs(r.eps_round - 0.5) < 1e-3 and math.isclose(r.eps_basic, 200 * r.eps_round)
     assert math.isclose(r.delta_basic, 200e-5)
 
 
-def test_seed000_conditions():
+def test_pdsl_conditions():
     W = metropolis(nx.cycle_graph(6))
     with pytest.raises(cf.ClosedFormError, match="phi_min must be > 0"):
         cf.pdsl_theorem1_sigma(W, 0.5, 1e-5, phi_min=0.0)

@@ -133,7 +133,7 @@ def test_privacy_activation_table_names_the_recommended_epsilon_first(activation
         assert c in explained, (c, explained)
     rep = strict_json(activation / "privacy.json")
     assert list(rep["columns"])[0] == "epsilon" and rep["status"] == "guarantee" and rep["guarantee"] is True
-    assert rep["closed_form_paper"] == PAPERS["seed003"]
+    assert rep["closed_form_paper"] == PAPERS["do_adp"]
     # the recommended figure is dp-accounting's RDP epsilon of the releases, composed one by one
     rel = releases_from_table(read_trace(activation).table)
     for a in rep["agents"][:4]:

@@ -1,5 +1,5 @@
-"""Privacy in whole runs: DP-D-PSGD, amplification by random activation (seed 003), local-DP Laplace
-messages (seed 001), determinism, the ``netsim privacy`` command and bad privacy parameters."""
+"""Privacy in whole runs: DP-D-PSGD, amplification by random activation (Huo et al., DO-ADP), local-DP Laplace
+messages (Chen & Wang), determinism, the ``netsim privacy`` command and bad privacy parameters."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from netsim.scenario.structure import field
 from netsim.trace.io import read_trace
 from tests.conftest import BASE, merge
 
-Z = 6.0  # noise multiplier: large enough for seed 003's per-step bound (eps_t = 4.845 / z < 1)
+Z = 6.0  # noise multiplier: large enough for DO-ADP's per-step bound (eps_t = 4.845 / z < 1)
 
 
 def dp_scenario(p: float, seed: int = 3, **privacy) -> dict:
@@ -36,7 +36,7 @@ def dp_scenario(p: float, seed: int = 3, **privacy) -> dict:
         "data": {"samples": 1200, "features": 5},
         "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.2, "clip": 1.0,
                       "noise_multiplier": Z},
-        "privacy": {"closed_form": "seed003", **privacy},
+        "privacy": {"closed_form": "do_adp", **privacy},
     })
 
 
@@ -80,7 +80,7 @@ def test_noise_really_enters_the_model(runs, tmp_path):
 
 
 def test_random_activation_amplifies_privacy(runs):
-    """Seed 003: with the same noise, p < 1 gives a smaller epsilon than p = 1 -- by fewer releases
+    """DO-ADP (Huo et al.): with the same noise, p < 1 gives a smaller epsilon than p = 1 -- by fewer releases
     (observed, visible activation) and, under the paper's hidden-activation model, by subsampling at
     rate p q over every tick (amplified)."""
     full, half = runs[1.0][2], runs[0.5][2]
@@ -106,7 +106,7 @@ def test_amplified_mode_equals_the_library_on_ticks(runs):
         assert math.isclose(a["rdp_amplified"], acc.get_epsilon(1e-5), rel_tol=1e-6)
 
 
-# --- local DP: Laplace on messages, growing noise (seed 001) ------------------------------------------------
+# --- local DP: Laplace on messages, growing noise (Chen & Wang) -------------------------------------------
 @attrs.frozen
 class LDPParams:
     varsigma: float = field(0.1)
@@ -127,7 +127,7 @@ def ldp(agent, p: LDPParams):
 
 def test_laplace_messages_are_ledgered_per_recipient(tmp_path):
     sc = merge(BASE, {"run": {"seed": 2, "until": 6.0}, "agents": {"count": 4},
-                      "algorithm": {"name": "test_privacy_ldp"}, "privacy": {"closed_form": "seed001"}})
+                      "algorithm": {"name": "test_privacy_ldp"}, "privacy": {"closed_form": "ldp_online"}})
     run(scenario_from_dict(sc), out=tmp_path)
     rel = releases_from_table(read_trace(tmp_path).table)
     rs = rel[1]
@@ -174,22 +174,22 @@ def test_privacy_command_missing_run(tmp_path):
 
 
 def test_closed_form_condition_violated_exits_2(tmp_path):
-    # seed 003's per-step bound needs eps_t < 1; with z = 1 it is 4.8: reported, and with --strict exit 2
+    # DO-ADP's per-step bound needs eps_t < 1; with z = 1 it is 4.8: reported, and with --strict exit 2
     sc = dp_scenario(1.0)
     sc["algorithm"]["noise_multiplier"] = 3.0
     sc["run"]["until"] = 2.0
     run(scenario_from_dict(sc), out=tmp_path)
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld"])
     assert r.exit_code == 0
-    assert "Efficient Communication\" (closed_form = 'seed003') violated: eps_t = 1.615 >= 1" in r.output
+    assert "Efficient Communication\" (closed_form = 'do_adp') violated: eps_t = 1.615 >= 1" in r.output
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld", "--strict"])
-    assert r.exit_code == 2 and r.output.startswith("error: closed form seed003: agent 0: eps_t")
+    assert r.exit_code == 2 and r.output.startswith("error: closed form do_adp: agent 0: eps_t")
     assert r.output.count("\n") == 1
-    # seed 001's Lemma 2 composes Laplace releases; Gaussian ones cannot be read by it
-    sc["privacy"]["closed_form"] = "seed001"
+    # Chen & Wang's Lemma 2 composes Laplace releases; Gaussian ones cannot be read by it
+    sc["privacy"]["closed_form"] = "ldp_online"
     run(scenario_from_dict(sc), out=tmp_path / "b")
     r = runner.invoke(app, ["privacy", str(tmp_path / "b"), "--no-pld"])
-    assert r.exit_code == 2 and "closed form seed001: Lemma 2 composes Laplace releases" in r.output
+    assert r.exit_code == 2 and "closed form ldp_online: Lemma 2 composes Laplace releases" in r.output
 
 
 @pytest.mark.parametrize("patch, needle", [
@@ -198,7 +198,8 @@ def test_closed_form_condition_violated_exits_2(tmp_path):
     ({"privacy": {"epsilon_cap": 0.0}}, "privacy.epsilon_cap: must be > 0"),
     ({"privacy": {"epsilon_cap": -2.0}}, "privacy.epsilon_cap: must be > 0"),
     ({"privacy": {"accounting": "hopeful"}}, "privacy.accounting: got 'hopeful'"),
-    ({"privacy": {"closed_form": "seed002"}}, "privacy.closed_form: got 'seed002'"),
+    ({"privacy": {"closed_form": "seed002"}},
+     "privacy.closed_form: unknown closed form 'seed002'; registered: none, do_adp, ldp_online, pdsl, privsgp_vr"),
     ({"algorithm": {"name": "dp_dpsgd", "noise_multiplier": -1.0}},
      "algorithm.noise_multiplier: must be >= 0"),
     ({"algorithm": {"name": "dp_dpsgd", "clip": 0.0}}, "algorithm.clip: must be > 0"),

@@ -1,4 +1,4 @@
-"""Seed 004, PrivSGP-VR (netsim/algorithms/privsgp.py): convergence without noise, push-sum invariants,
+"""PrivSGP-VR (Zhu, Huang, Wang, Xu; netsim/algorithms/privsgp.py): convergence without noise, push-sum invariants,
 noise placement, K* and eq. (11) wiring."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_noise_on_every_gradient_at_eq11_sigma_and_K_star():
                privacy={"c2": 0.3724})
     n, d = sim.bank.W.shape
     J = min(len(p) for p in sim.data.parts)
-    K_star = cf.seed004_k_star(cf.seed004_A(F0, L, 0.0, b2), J, L, d, G, [eps] * n, [delta] * n, 0.3724)
+    K_star = cf.privsgp_vr_k_star(cf.privsgp_vr_A(F0, L, 0.0, b2), J, L, d, G, [eps] * n, [delta] * n, 0.3724)
     K = round(K_star)
     assert K >= 5
     sim.run()
@@ -106,7 +106,7 @@ def test_noise_on_every_gradient_at_eq11_sigma_and_K_star():
     sends = [e for e in events if isinstance(e, Send) and e.tag == "privsgp"]
     assert len(rel) == n * K and len(sends) == n * K
     for a in sim.agents:
-        sigma = cf.seed004_sigma(K, eps, delta, len(a.rows), G)
+        sigma = cf.privsgp_vr_sigma(K, eps, delta, len(a.rows), G)
         mine = [r for r in rel if r.agent == a.id]
         assert all(r.scale == pytest.approx(sigma, rel=1e-12) and r.sensitivity == 3 * G
                    and r.q == 1 / len(a.rows) and r.size == d for r in mine)

@@ -1,4 +1,4 @@
-"""Replay of recorded network traces (issue 4): byte-identical re-runs, recorded conditions for
+"""Replay of recorded network traces: byte-identical re-runs, recorded conditions for
 another algorithm, and clean errors for bad traces."""
 
 from __future__ import annotations

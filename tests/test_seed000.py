@@ -1,4 +1,4 @@
-"""Seed 000 (PDSL) and its baselines: Shapley values against closed forms and enumeration, Monte-Carlo
+"""PDSL (Wang, Yuan, Wang, Li) and its baselines: Shapley values against closed forms and enumeration, Monte-Carlo
 convergence, normalisation and weighting (eqs. 19-20), the CGA dual QP's KKT conditions, noise
 exactly where the paper puts it (release events), batching of coalition evaluations, determinism."""
 
@@ -90,7 +90,7 @@ def test_monte_carlo_converges_to_exact(stratified):
 def test_monte_carlo_plan_caches_shared_prefixes():
     n = 10
     masks, perms = sh.plan(n, exact_max=8, rng=np.random.default_rng(0))
-    assert perms.shape == (20, n)  # default R = 2n (spec A3)
+    assert perms.shape == (20, n)  # default R = 2n
     assert len(masks) == len(set(masks)) < 20 * n  # prefixes deduplicated: the full set N is shared
     assert (1 << n) - 1 in masks
     # stratified: each player is first exactly R / n times
@@ -147,7 +147,7 @@ def test_muffliato_default_gossip_steps():
     from netsim.sim.topology import spectral_gap, weighted_graph
 
     _, W = weighted_graph(TopologySpec(kind="ring"), 10, 0)
-    assert default_gossip_steps(spectral_gap(W)) == 3   # spec A13: 3 on the 10-ring
+    assert default_gossip_steps(spectral_gap(W)) == 3   # 3 on the 10-ring
     assert default_gossip_steps(1.0) == 1               # complete graph (lambda = 0)
 
 
@@ -155,7 +155,7 @@ def test_muffliato_default_gossip_steps():
 SIGMA = 0.05
 
 
-def seed000(name: str = "pdsl", seed: int = 1, until: float = 4.0, **params) -> dict:
+def pdsl_scenario(name: str = "pdsl", seed: int = 1, until: float = 4.0, **params) -> dict:
     return merge(BASE, {
         "run": {"seed": seed, "until": until},
         "agents": {"count": 6},
@@ -168,7 +168,7 @@ def seed000(name: str = "pdsl", seed: int = 1, until: float = 4.0, **params) -> 
 @pytest.fixture(scope="module")
 def pdsl_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pdsl")
-    res = run(scenario_from_dict(seed000()), out=folder)
+    res = run(scenario_from_dict(pdsl_scenario()), out=folder)
     return folder, res, read_trace(folder).table.to_pandas()
 
 
@@ -203,7 +203,7 @@ def test_shapley_weights_logged_and_normalised(pdsl_run):
 
 
 def test_coalitions_of_all_agents_in_one_batched_evaluation():
-    sc = scenario_from_dict(seed000())
+    sc = scenario_from_dict(pdsl_scenario())
     sim = prepare(sc)
     sim.run()
     svc = sim.coalition_service
@@ -215,14 +215,14 @@ def test_coalitions_of_all_agents_in_one_batched_evaluation():
 def test_same_seed_same_trace(tmp_path):
     for name in ("pdsl", "dp_cga"):
         a, b = tmp_path / f"{name}a", tmp_path / f"{name}b"
-        run(scenario_from_dict(seed000(name, until=2.0)), out=a)
-        run(scenario_from_dict(seed000(name, until=2.0)), out=b)
+        run(scenario_from_dict(pdsl_scenario(name, until=2.0)), out=a)
+        run(scenario_from_dict(pdsl_scenario(name, until=2.0)), out=b)
         assert (a / "trace.arrows").read_bytes() == (b / "trace.arrows").read_bytes()
 
 
 @pytest.mark.parametrize("name", ["dp_cga", "muffliato", "dp_netfleet"])
 def test_baselines_learn_and_release_noisy_gradients_only(tmp_path, name):
-    res = run(scenario_from_dict(seed000(name, until=6.0)), out=tmp_path)
+    res = run(scenario_from_dict(pdsl_scenario(name, until=6.0)), out=tmp_path)
     t = read_trace(tmp_path).table.to_pandas()
     rel = t[t.kind == "release"]
     assert len(rel) > 0 and set(rel.value) == {SIGMA}
@@ -231,22 +231,22 @@ def test_baselines_learn_and_release_noisy_gradients_only(tmp_path, name):
 
 
 def test_pdsl_needs_validation_set_and_undirected_graph():
-    d = seed000()
+    d = pdsl_scenario()
     d["data"].pop("validation")
     with pytest.raises(InputError, match="data.validation"):
         prepare(scenario_from_dict(d))  # before the run: nothing is written
-    d = merge(seed000(), {"topology": {"directed": True, "mixing": "column_stochastic"}})
+    d = merge(pdsl_scenario(), {"topology": {"directed": True, "mixing": "column_stochastic"}})
     with pytest.raises(InputError, match="undirected"):
         prepare(scenario_from_dict(d))
 
 
 def test_validation_split_is_disjoint_and_seeded():
-    sim = prepare(scenario_from_dict(seed000()))
+    sim = prepare(scenario_from_dict(pdsl_scenario()))
     held_out = len(sim.data.y_test) + len(sim.data.y_val)
     assert sim.X_val.shape[0] == 60 and sim.X_test.shape[0] == held_out - 60
     rows = {tuple(r.tolist()) for r in sim.X_test}
     assert not any(tuple(r.tolist()) in rows for r in sim.X_val)
-    again = prepare(scenario_from_dict(seed000()))
+    again = prepare(scenario_from_dict(pdsl_scenario()))
     assert torch.equal(again.X_val, sim.X_val)
 
 
@@ -254,7 +254,7 @@ def test_calibration_modes():
     from netsim.algorithms.pdsl import PDSLParams, resolve_sigma
     from netsim.privacy import closed_forms as cf
 
-    sim = prepare(scenario_from_dict(seed000()))
+    sim = prepare(scenario_from_dict(pdsl_scenario()))
     a = sim.agents[0]
     assert resolve_sigma(a, PDSLParams(epsilon=0.3)) == pytest.approx(0.01)  # 0.003 C / eps (A6)
     pm = resolve_sigma(a, PDSLParams(epsilon=0.3, calibration="per_message_gaussian"))
@@ -271,7 +271,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
 
     from netsim.cli import app
 
-    d = seed000()
+    d = pdsl_scenario()
     d["data"].pop("validation")
     f = tmp_path / "bad.toml"
     f.write_text(tomli_w.dumps({k: v for k, v in d.items() if k != "name"}))
@@ -282,12 +282,12 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_privacy_report_seed000_closed_form(tmp_path):
+def test_privacy_report_pdsl_closed_form(tmp_path):
     """Thm 1's per-round epsilon from the ledger: one classical Gaussian release of sensitivity 2C each;
     basic composition over the 1 + deg releases per round (the own gradient and one per neighbour)."""
     from netsim.privacy.report import privacy_report
 
-    d = merge(seed000(until=2.0), {"privacy": {"closed_form": "seed000", "delta0": 1e-5}})
+    d = merge(pdsl_scenario(until=2.0), {"privacy": {"closed_form": "pdsl", "delta0": 1e-5}})
     run(scenario_from_dict(d), out=tmp_path)
     rep = privacy_report(tmp_path, pld=False, plot=False)
     eps_msg = 2.0 * math.sqrt(2 * math.log(1.25e5)) / SIGMA
@@ -299,9 +299,9 @@ def test_privacy_report_seed000_closed_form(tmp_path):
 
 
 def test_random_activation_drops_missing_players_and_keeps_learning(tmp_path):
-    """Outside the paper (spec Sec. 4): an inactive neighbour's cross-gradient never comes, so it leaves
+    """Outside the paper: an inactive neighbour's cross-gradient never comes, so it leaves
     the round's game; clock round tags keep agents that skipped a tick in step."""
-    d = merge(seed000(until=8.0, round_from="clock"),
+    d = merge(pdsl_scenario(until=8.0, round_from="clock"),
               {"agents": {"activation": {"kind": "bernoulli", "period": 0.5, "p": 0.7}}})
     res = run(scenario_from_dict(d), out=tmp_path)
     s = read_trace(tmp_path).table.to_pandas()

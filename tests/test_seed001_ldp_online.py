@@ -1,4 +1,4 @@
-"""Seed 001 (LDP online learning, Chen & Wang): Algorithm 1 against a reference implementation of its
+"""LDP online learning (Chen & Wang): Algorithm 1 against a reference implementation of its
 stacked recursion, special cases, where the Laplace noise is, projection, the budget against the
 closed form on the run's own releases, the theta*_t oracle, streaming partitions, async and lossy runs."""
 
@@ -37,7 +37,7 @@ def scen(alg: dict, **extra) -> dict:
         "data": {"samples": 300, "features": D, "partition": "label"},
         "model": {"kind": "logistic", "l2": 1.0, "dtype": "float64"},
         "algorithm": {"name": "ldp_online", "w": W, "C": C, "round_timeout": 0.5, **alg},
-        "privacy": {"closed_form": "seed001"},
+        "privacy": {"closed_form": "ldp_online"},
         "evaluation": {"every": 10.0, "metrics": ["loss", "accuracy", "tracking"]},
     })
     return merge(base, extra)

@@ -1,6 +1,7 @@
 """Asynchronous push gossip SGD: no barrier; send and go on, merge whatever has arrived.
 
-The D-PSGD update (Lian et al., NeurIPS 2017, Algorithm 1, the update step) with the neighbours' latest values
+The D-PSGD update (Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?",
+NeurIPS 2017, Algorithm 1, the update step) with the neighbours' latest values
 instead of the round's: x_i <- sum_j W_ij xhat_j - gamma grad F_i(x_i), where xhat_j is the latest value
 that arrived from j since i's last activation (its weight stays on x_i if none did), optionally
 down-weighted by its staleness (FedAsync's polynomial staleness, ``comm.AsyncPush``).

@@ -56,7 +56,6 @@ import torch
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import sync_round
 from netsim.scenario.structure import at_least, field, nonneg, positive
-from netsim.sim.streams import PURPOSES
 
 
 def _unit_open(v: float) -> str | None:
@@ -192,8 +191,7 @@ class RandomInNeighbors:
         key = (t, q)
         got = self.cache.get(key)
         if got is None:
-            key3 = (PURPOSES["topology_schedule"], t, q)
-            ss = np.random.SeedSequence(self.sim.streams.seed, spawn_key=key3)
+            ss = self.sim.streams.seed_sequence("topology_schedule", t, q)
             rng = np.random.Generator(np.random.PCG64(ss))
             ins, outs = [], [[] for _ in range(self.n)]
             for i in range(self.n):

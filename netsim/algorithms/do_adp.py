@@ -11,7 +11,7 @@ Efficient Communication" (arXiv 2506.07102), Algorithm 1 with eq. (5), round t a
     all:      xhat_j += s_j for every neighbour j that sent in round t      (5d)
 The gradient is clipped coordinate-wise to +-G/sqrt(d) (Assumption 2; this gives the top-k sensitivity
 2G sqrt(k/d) of eq. (6)). sigma is given, or calibrated from epsilon by Theorem 1, eq. (7)
-(``netsim.privacy.closed_forms.seed003_theorem1_sigma``). The CHOCO machinery is ``comm.PublicCopies``
+(``netsim.privacy.closed_forms.do_adp_theorem1_sigma``). The CHOCO machinery is ``comm.PublicCopies``
 with the ``comm.Compressor`` top-k (Koloskova et al. 2019), no extra error-feedback buffer: the residual
 x - xhat is the memory.
 
@@ -26,7 +26,7 @@ Privacy. Each active round releases the noisy gradient through ``Agent.privatize
 B/q and the scenario's activation p (the ledger). Recorded sensitivity: ``sensitivity = "topk"`` is the
 paper's Delta = 2G sqrt(k/d) (replace-one, eq. 6) with the integer k actually kept (``k_rounding``);
 ``"full"`` is 2G (the conservative reading: the top-k support is data dependent and never privatised).
-``[privacy] closed_form = "seed003"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the conservative one;
+``[privacy] closed_form = "do_adp"`` reports the paper's epsilon (Lemmas 1, 4, 5) and the conservative one;
 dp-accounting's RDP/PLD give the rigorous numbers.
 
 Baselines (the paper gives no update rules; all **[reconstructed]** from the cited works): ``dpdo`` (Huang, Mitra,
@@ -122,7 +122,7 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
     if p.clip <= 0:
         raise InputError("algorithm.clip", "eq. (7) needs a clip bound G > 0")
     try:
-        return cf.seed003_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
+        return cf.do_adp_theorem1_sigma(p.epsilon, privacy_spec(agent).delta0, len(agent.rows), p.rounds,
                                          p.clip, k_over_d, p_act, batch, noise_scaling, strict=False).sigma
     except cf.ClosedFormError as e:
         raise InputError("algorithm.epsilon", e.message) from None
@@ -150,7 +150,7 @@ def _do_adp(agent, p: DOADPParams, sigma: float, kd: float):
     G = p.clip
     clip = None if G == 0 else (G / math.sqrt(d) if p.clip_kind == "coordinate" else G)
     B = p.batch or len(agent.rows)
-    sens = cf.seed003_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B)
+    sens = cf.do_adp_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B)
     q = min(1.0, B / len(agent.rows))
     comp = Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
     pc = PublicCopies(comp, x, agent.weights)

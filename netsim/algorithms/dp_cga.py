@@ -1,7 +1,7 @@
-"""DP-CGA: Cross-Gradient Aggregation with Gaussian noise on the cross-gradients (seed 000's baseline).
+"""DP-CGA: Cross-Gradient Aggregation with Gaussian noise on the cross-gradients (a baseline of PDSL).
 
 Esfandiari et al., "Cross-Gradient Aggregation for Decentralized Learning from Non-IID Data"
-(ICML 2021), Algorithm 1, with the DP recipe of seed 000 (spec Sec. 5): the same exchange as PDSL
+(ICML 2021), Algorithm 1, with the DP recipe of PDSL (Wang, Yuan, Wang, Li, "PDSL"): the same exchange as PDSL
 (models out, clipped noisy cross-gradients ghat_ji back; ``pdsl.cross_gradients``), then per layer
 (each parameter tensor, as the reference code ``Optimizers/CGA.py``) the GEM-style projection of the
 own w_ii-weighted gradient g_s onto {g : G g >= 0}, G = the w_ij-weighted cross-gradients as rows,
@@ -13,7 +13,7 @@ then m <- mu m + g~ and x_i <- sum_j w_ij x_j - gamma (g~ + mu m) (Alg. 1 lines 
 consensus on the models received this round). The bound-constrained QP is solved exactly by
 scipy.optimize.lsq_linear (BVLS) on its Cholesky form 1/2 ||L^T v + L^-1 c||^2; if it fails the
 previous v is reused (the reference code's fallback). Defaults: margin 0.5, eps 1e-12 (reference
-code), mu = alpha of PDSL (spec A13).
+code), mu = alpha of PDSL.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def project_dual(G: np.ndarray, g: np.ndarray, margin: float = 0.5, eps: float =
 class DPCGAParams(DPGradientParams):
     lr: float = field(0.001, check=positive, doc="gamma")
     momentum: float = field(0.5, check=lambda v: None if 0 <= v < 1 else "must be in [0, 1)",
-                            doc="mu (spec A13: alpha of PDSL; reference code 0.95)")
+                            doc="mu (default: alpha of PDSL; reference code 0.95)")
     margin: float = field(0.5, check=nonneg, doc="lower bound on the dual variables (reference code)")
     qp_eps: float = field(1e-12, check=nonneg, doc="ridge on G G^T (reference code)")
     round_timeout: float = field(1.0, check=positive, doc="seconds each phase waits for neighbours")

@@ -1,8 +1,8 @@
 """DP-NET-FLEET [reconstructed]: local steps with a recursive gradient estimator and tracking.
 
 Zhang et al., "NET-FLEET: Achieving Linear Convergence Speedup for Fully Decentralized Federated
-Learning with Heterogeneous Data" (MobiHoc 2022, arXiv:2208.08490). RECONSTRUCTED from the seed-000
-spec Sec. 5 (itself from memory of the paper; not verified against the original). Round t of agent i:
+Learning with Heterogeneous Data" (MobiHoc 2022, arXiv:2208.08490). RECONSTRUCTED from a
+description of the method as PDSL's baseline, not verified against the original paper. Round t of agent i:
 
   1  exchange (x_i, v_i); x <- sum_j w_ij x_j, v <- sum_j w_ij v_j                (consensus, tracking)
   2  xi <- a fresh mini-batch; g^0 = DP grad F_i(x; xi); v^0 = v + g^0 - g_prev    (tracking correction)
@@ -10,9 +10,9 @@ spec Sec. 5 (itself from memory of the paper; not verified against the original)
                      v^{k+1} = v^k + g^{k+1} - g^k                               (recursive, same xi)
   4  keep x = x^K, v = v^K, g_prev = g^K
 
-DP (spec Sec. 5): every stochastic-gradient evaluation is clipped to C and noised with N(0, sigma^2 I)
+DP: every stochastic-gradient evaluation is clipped to C and noised with N(0, sigma^2 I)
 before it enters v (one ledger release each, K + 1 per round); x and v are post-processing.
-Defaults K = 5 and eta = gamma (spec A13).
+Defaults K = 5 and eta = gamma.
 """
 
 from __future__ import annotations

@@ -51,8 +51,10 @@ from netsim.comm.patterns import drain
 from netsim.compute.streaming import stream_of
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.sim.streams import register_purpose
 
 TAG = "ldp"
+register_purpose("data_stream", 71)  # each learner's online data stream (its historical code)
 
 
 def _open_unit(v: float) -> str | None:

@@ -1,12 +1,12 @@
-"""MUFFLIATO: noisy local step, then K_g gossip rounds (seed 000's baseline; "noise then gossip").
+"""MUFFLIATO: noisy local step, then K_g gossip rounds (a baseline of PDSL; "noise then gossip").
 
 Cyffers, Even, Bellet, Massoulie, "Muffliato: Peer-to-Peer Privacy Amplification for Decentralized
-Optimization and Averaging" (NeurIPS 2022), Algorithm 2 (private decentralized GD) with the seed-000
-DP recipe (spec Sec. 5): x_i^{t+1/2} = x_i^t - gamma (clip_C(g_i) + n_i), n_i ~ N(0, sigma^2 I), then
+Optimization and Averaging" (NeurIPS 2022), Algorithm 2 (private decentralized GD) with PDSL's
+DP recipe (Wang, Yuan, Wang, Li, "PDSL"): x_i^{t+1/2} = x_i^t - gamma (clip_C(g_i) + n_i), n_i ~ N(0, sigma^2 I), then
 K_g synchronous gossip rounds on x^{t+1/2}: plain x <- W x, or Chebyshev acceleration (Algorithm 1's
 polynomial P_K(W)) by the recursion x^{k+1} = w_{k+1} (W x^k - x^{k-1}) + x^{k-1}, w_1 = 1,
-w_2 = 2 / (2 - lambda^2), w_{k+1} = 1 / (1 - lambda^2 w_k / 4), lambda = |lambda_2(W)| (the spec marks
-the recursion "verify"). Default K_g = ceil(1 / sqrt(1 - lambda)) (spec A13): 3 on the 10-ring.
+w_2 = 2 / (2 - lambda^2), w_{k+1} = 1 / (1 - lambda^2 w_k / 4), lambda = |lambda_2(W)| (the recursion
+as we read Algorithm 1; to be verified against the paper). Default K_g = ceil(1 / sqrt(1 - lambda)): 3 on the 10-ring.
 The paper's privacy notion (pairwise network DP) is not what the ledger records: the ledger counts
 each noisy gradient as a public release, as PDSL's comparison does.
 """
@@ -39,7 +39,7 @@ class MuffliatoParams(DPGradientParams):
 
 
 def default_gossip_steps(gap: float | None) -> int:
-    """ceil(1 / sqrt(1 - lambda)) with gap = 1 - lambda (spec A13)."""
+    """ceil(1 / sqrt(1 - lambda)) with gap = 1 - lambda."""
     return max(1, math.ceil(1.0 / math.sqrt(gap))) if gap else 1
 
 

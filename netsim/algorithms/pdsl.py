@@ -1,9 +1,10 @@
 """PDSL: privacy-preserved decentralized stochastic learning with Shapley-weighted cross-gradients.
 
-Seed 000 (Wang, Yuan, Wang, Li), Algorithm 1 with Algorithm 2; spec /work/shared/specs/seed-000-pdsl.md.
+Wang, Yuan, Wang, Li, "PDSL: Privacy-Preserved Decentralized Stochastic Learning with Heterogeneous Data
+Distribution", Algorithm 1 with Algorithm 2 (equation numbers below are the paper's).
 One synchronous round of agent i (three barrier-separated communication phases):
 
-  0  xi <- B rows of D_i, reused for every gradient of the round (spec A12);
+  0  xi <- B rows of D_i, reused for every gradient of the round;
      g_ii = grad F_i(x_i; xi), clipped to C (eq. 10), + N(0, sigma^2 I) (eq. 11)
   A  send x_i to every neighbour                                                  (model broadcast)
   B  for each received x_j: g_ij = grad F_i(x_j; xi) (eq. 12), clipped (eq. 13), noised with a fresh
@@ -19,12 +20,12 @@ cross-gradient (each an ``Agent.privatize`` release: a ``release`` event); model
 post-processing. All coalition models of all agents that reach phase C together are valued in ONE
 batched ``model.evaluate`` call (``CoalitionService``, the same lookahead as the gradient service).
 
-Open choices (spec Sec. 8) are parameters with the spec's defaults: exact Shapley up to 8 players,
-else R = 2|M_i| stratified permutations (A3); v(empty) = 0 or the accuracy of x_i (A3); all-equal
-phi -> uniform (A4); share floor (A5); divide by w (A18); utility accuracy or -loss (A17); sigma by
-``fixed_sigma`` (default, sigma_per_eps C / epsilon, A6), ``per_message_gaussian`` or ``theorem1``
-(eq. 27). Over a lossy or late network a player whose cross-gradient missed the barrier is dropped
-from the round's game (spec Sec. 4, the suggested extension); with none left the agent only gossips.
+Choices the paper leaves open are parameters: exact Shapley up to 8 players, else R = 2|M_i|
+stratified permutations; v(empty) = 0 or the accuracy of x_i; all-equal phi -> uniform; share floor;
+divide by w or not; utility accuracy or -loss; sigma by ``fixed_sigma`` (default, sigma_per_eps C /
+epsilon), ``per_message_gaussian`` or ``theorem1`` (eq. 27). Over a lossy or late network (which the
+paper does not consider) a player whose cross-gradient missed the barrier is dropped from the round's
+game; with none left the agent only gossips.
 """
 
 from __future__ import annotations
@@ -40,7 +41,33 @@ from netsim.algorithms.registry import register
 from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
-from netsim.trace.events import ComputeEnd, ComputeStart, ShapleyWeight
+from netsim.sim.streams import register_purpose
+from netsim.trace.events import ComputeEnd, ComputeStart, EventRow, register_event_kind
+
+register_purpose("shapley", 81)  # Monte-Carlo Shapley permutations and evaluation times (historical code)
+
+
+@register_event_kind
+@attrs.frozen(slots=True)
+class ShapleyWeight(EventRow):
+    """Agent i's weight for player ``peer`` in round ``round``: ``value`` = pi_ij (eq. 20 of Wang et al.,
+    PDSL), ``tag`` = ``"phi=<Shapley value> hat=<min-max normalised>"`` (floats as repr)."""
+
+    kind = "shapley"
+    t: float
+    agent: int
+    peer: int
+    round: int
+    value: float
+    phi: float
+    phi_hat: float
+    tag: str = attrs.field(default=attrs.Factory(lambda e: f"phi={e.phi!r} hat={e.phi_hat!r}", takes_self=True))
+
+    @classmethod
+    def from_row(cls, t: float, agent: int, peer: int, round: int, size: int, value: float,
+                 tag: str) -> ShapleyWeight:
+        f = dict(x.split("=", 1) for x in tag.split(" "))
+        return cls(float(t), int(agent), int(peer), int(round), float(value), float(f["phi"]), float(f["hat"]))
 
 
 def _unit(v: float) -> str | None:
@@ -55,24 +82,24 @@ def _share(v: float | None) -> str | None:
 class DPGradientParams:
     """The DP recipe shared by PDSL and its baselines (same C and sigma for every method)."""
 
-    clip: float = field(1.0, check=positive, doc="C: L2 clipping bound (spec A2)")
+    clip: float = field(1.0, check=positive, doc="C: L2 clipping bound")
     clip_mode: Literal["batch", "per_example"] = field(
         "batch", doc="batch: the mini-batch gradient clipped as one vector (eqs. 10, 13; sensitivity 2C); "
                      "per_example: mean of per-example clipped gradients (sensitivity C/B)")
     calibration: Literal["fixed_sigma", "per_message_gaussian", "theorem1"] = field(
-        "fixed_sigma", doc="how sigma is chosen (spec Sec. 3)")
+        "fixed_sigma", doc="how sigma is chosen")
     sigma: float | None = field(None, check=lambda v: None if v is None or v >= 0 else "must be >= 0",
                                 doc="fixed_sigma: noise std per coordinate (default sigma_per_eps C / eps)")
     epsilon: float = field(0.3, check=positive, doc="privacy budget label / per-round target")
     delta: float = field(1e-5, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}")
-    sigma_per_eps: float = field(0.003, check=positive, doc="fixed_sigma heuristic (A6), not DP calibration")
+    sigma_per_eps: float = field(0.003, check=positive, doc="fixed_sigma heuristic, not DP calibration")
     phi_min: float | None = field(None, check=_share,
-                                  doc="theorem1: smallest normalised share (default 1/|M_i|, spec A5)")
+                                  doc="theorem1: smallest normalised share (default 1/|M_i|)")
     batch: int = field(250, check=at_least(1), doc="B: mini-batch size")
 
 
 def resolve_sigma(agent, p: DPGradientParams) -> float:
-    """Noise std per coordinate for the scenario's calibration mode (spec Sec. 3)."""
+    """Noise std per coordinate for the scenario's calibration mode."""
     from netsim.privacy import closed_forms as cf
 
     if p.calibration == "fixed_sigma":
@@ -107,9 +134,9 @@ def release_gradient(agent, p: DPGradientParams, g: torch.Tensor, sigma: float, 
 
 def cross_gradients(agent, p: DPGradientParams, x: torch.Tensor, xi: np.ndarray, sigma: float, k: int,
                     tag: str, timeout: float | None = None, models: dict | None = None):
-    """Phases 0, A, B of seed 000's Algorithm 1 (also DP-CGA's exchange). Returns (ghat_ii, {j: ghat_ji}):
+    """Phases 0, A, B of PDSL's Algorithm 1 (also DP-CGA's exchange). Returns (ghat_ii, {j: ghat_ji}):
     the own noisy gradient (eq. 11; None once the budget cap is reached) and the neighbours' noisy
-    cross-gradients that arrived by the barrier. All gradients of the round use the same ``xi`` (A12)
+    cross-gradients that arrived by the barrier. All gradients of the round use the same ``xi``
     and are requested at once (one batched call across the agents of the round). ``models``, if given,
     receives the neighbours' models x_j of phase A."""
     timeout = p.round_timeout if timeout is None else timeout
@@ -205,11 +232,11 @@ class PDSLParams(DPGradientParams):
     exact_max: int = field(8, check=at_least(0), doc="exact Shapley (eq. 18) up to this many players")
     permutations: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
                                      doc="R for Monte-Carlo Shapley (default 2 |M_i|)")
-    sampling: Literal["stratified", "plain"] = field("stratified", doc="Monte-Carlo permutations (spec A3)")
+    sampling: Literal["stratified", "plain"] = field("stratified", doc="Monte-Carlo permutations")
     v_empty: Literal["zero", "prev_model_acc"] = field("zero", doc="v(empty): 0 (Def. 3) or utility of x_i")
-    utility: Literal["val_acc", "neg_val_loss"] = field("val_acc", doc="v(S) (eq. 16; A17)")
-    divide_by_omega: bool = field(True, doc="pi = share / w_ij (eq. 20); false: plain shares (A18)")
-    share_floor: float = field(0.0, check=_unit, doc="mix uniform shares into the Shapley shares (A5)")
+    utility: Literal["val_acc", "neg_val_loss"] = field("val_acc", doc="v(S) (eq. 16)")
+    divide_by_omega: bool = field(True, doc="pi = share / w_ij (eq. 20); false: plain shares")
+    share_floor: float = field(0.0, check=_unit, doc="mix uniform shares into the Shapley shares")
     shapley_cost: float = field(1.0, check=nonneg, doc="Shapley time in draws of agents.compute_time")
     round_from: Literal["count", "clock"] = field(
         "count", doc="round tag: rounds run so far, or the activation tick (local time / period): with "
@@ -217,15 +244,15 @@ class PDSLParams(DPGradientParams):
 
 
 def check_setting(sim, params, validation: bool = False) -> None:
-    """Before the run (Simulation's ``program.check`` hook, for the whole seed 000 family): undirected
+    """Before the run (Simulation's ``program.check`` hook, for PDSL and its baselines): undirected
     graph, validation set."""
     if validation and sim.X_val is None:
         raise InputError("data.validation", "PDSL needs a validation set: set data.validation "
                                             "(test rows held out, e.g. 2000)")
     for a in sim.agents:
         if sorted(a.neighbors) != sorted(a.in_neighbors):
-            raise InputError("topology.directed", "seed 000's algorithms need an undirected graph, symmetric W "
-                                                  "(spec Sec. 4)")
+            raise InputError("topology.directed", "PDSL and its baselines need an undirected graph, symmetric W "
+                                                  "(the paper assumes a symmetric, doubly stochastic W)")
 
 
 @register("pdsl", PDSLParams)

@@ -1,7 +1,7 @@
-"""PrivSGP-VR and its baselines (seed 004; docs/reproductions/seed-004.md).
+"""PrivSGP-VR and its baselines (reproduction notes: docs/reproductions/seed-004.md).
 
-Zhu, Huang, Wang, Xu, "Privacy-Preserving Decentralized Stochastic Gradient Push with Variance
-Reduction" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteration k at node i (all nodes in lock-step):
+Zhu, Huang, Wang, Xu, "PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient Push
+with Tight Utility Bounds" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteration k at node i (all nodes in lock-step):
     xi ~ U{1..J};  h = grad f_i(z_i^k; xi)                                   (per-sample gradient)
     g = h - T_i[xi] + (1/J) sum_j T_i[j];   T_i[xi] <- h                   (SAGA, eqs. (5)-(6))
     g~ = g + N(0, sigma_i^2 I)                                             (eq. (7))
@@ -19,13 +19,13 @@ Noise and K (``netsim.privacy.closed_forms``): sigma_i by eq. (11) (c_2 = ``[pri
 K; ``iterations = 0`` means K = k_scale * K* with K* from eq. (12), A = 13 F^0 + 6 L ||x^0||^2 + 18 L b^2
 from the problem constants given as parameters (estimate them with ``estimate_constants``). Step size
 ``lr = 0`` means the theory's gamma = sqrt(n/K) (Theorem 1). The per-sample gradient is clipped to
-norm G (spec §9 item 4: makes the 3G sensitivity of App. B true). Releases are recorded with
-sensitivity 3G and rate 1/J, so ``closed_form = "seed004"`` inverts eq. (11) and dp-accounting gives
-the rigorous epsilon (far larger: spec §3.5).
+norm G (which makes the 3G sensitivity of App. B true). Releases are recorded with
+sensitivity 3G and rate 1/J, so ``closed_form = "privsgp_vr"`` inverts eq. (11) and dp-accounting gives
+the rigorous epsilon (far larger).
 
 Baselines: ``privsgp`` (Algorithm 2: the same without variance reduction, eq. (4)); ``dp2_sgd``
-(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N), spec §6.2);
-``adp2_sgd`` (A(DP)^2SGD [reconstructed], Xu et al. 2021: AD-PSGD with gradient noise, spec §6.3).
+(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N));
+``adp2_sgd`` (A(DP)^2SGD [reconstructed], Xu et al. 2021: AD-PSGD with gradient noise).
 """
 
 from __future__ import annotations
@@ -63,14 +63,14 @@ class PrivSGPParams:
                          doc="per-node delta_i (eq. 11)")
     sigma: float | None = field(None, check=_opt_nonneg, doc="fixed noise std (overrides eq. (11))")
     G: float = field(1.0, check=positive, doc="per-sample gradient bound (clip norm)")
-    clip: bool = field(True, doc="clip each per-sample gradient to norm G (spec §9 item 4)")
+    clip: bool = field(True, doc="clip each per-sample gradient to norm G")
     sens_mult: float = field(3.0, check=positive, doc="recorded sensitivity = sens_mult * G (paper: 3)")
     L: float | None = field(None, check=_opt_pos, doc="smoothness L (for K*)")
     F0: float | None = field(None, check=_opt_nonneg, doc="f(x^0) - f* (for K*)")
     b2: float | None = field(None, check=_opt_nonneg, doc="heterogeneity b^2 (for K*)")
     batch: int = field(1, check=at_least(1), doc="dp2_sgd / adp2_sgd: samples per gradient")
     block: int = field(1, check=at_least(1), doc="samples per SAGA table entry (1 = exact; b > 1 = block-"
-                                                 "SAGA, spec §9 item 5: J // b fixed blocks, rest unused)")
+                                                 "SAGA: J // b fixed blocks, rest unused)")
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for the round's in-neighbours")
 
 
@@ -97,13 +97,13 @@ def plan(agent, p: PrivSGPParams) -> Plan:
             raise InputError(f"algorithm.{missing[0]}", "iterations = 0 (K = K*) needs the problem constants "
                                                         "L, F0 and b2 (see privsgp.estimate_constants)")
         x0 = agent.params
-        A = cf.seed004_A(p.F0, p.L, float(x0.double().pow(2).sum()), p.b2)
+        A = cf.privsgp_vr_A(p.F0, p.L, float(x0.double().pow(2).sum()), p.b2)
         try:
-            K_star = cf.seed004_k_star(A, J, p.L, x0.numel(), p.G, [p.epsilon] * n, [p.delta] * n, c2)
+            K_star = cf.privsgp_vr_k_star(A, J, p.L, x0.numel(), p.G, [p.epsilon] * n, [p.delta] * n, c2)
         except cf.ClosedFormError as e:
             raise InputError("algorithm", e.message) from None
         K = max(1, round(p.k_scale * K_star))
-    sigma = p.sigma if p.sigma is not None else cf.seed004_sigma(K, p.epsilon, p.delta, len(agent.rows), p.G,
+    sigma = p.sigma if p.sigma is not None else cf.privsgp_vr_sigma(K, p.epsilon, p.delta, len(agent.rows), p.G,
                                                                  c2, p.sens_mult)
     lr = p.lr if p.lr > 0 else math.sqrt(n / K)
     if p.lr_max is not None:
@@ -112,7 +112,7 @@ def plan(agent, p: PrivSGPParams) -> Plan:
 
 
 def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, float]:
-    """Rough problem constants at x^0 for K* (spec §8.1): G = max per-sample gradient norm, L = max
+    """Rough problem constants at x^0 for K*: G = max per-sample gradient norm, L = max
     ||grad_j(x) - grad_j(y)|| / ||x - y|| over random pairs near x^0, b^2 = max_i ||grad f_i - grad f||^2,
     F0 = f(x^0) (f* taken as 0). ``samples`` rows are used for G and L."""
     rng = np.random.default_rng(seed)
@@ -194,7 +194,7 @@ def privsgp(agent, p: PrivSGPParams):
 @register("dp2_sgd", PrivSGPParams)
 def dp2_sgd(agent, p: PrivSGPParams):
     """DP^2-SGD [reconstructed]: x_i^{k+1} = sum_j W_ij x_j^k - gamma (grad f_i(x_i^k; B) + N(0, sigma^2 I))
-    on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR (spec §9, 10)."""
+    on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR."""
     return _dp2_sgd(agent, p, plan(agent, p))
 
 
@@ -218,7 +218,7 @@ def adp2_sgd(agent, p: PrivSGPParams):
     """A(DP)^2SGD [reconstructed]: AD-PSGD (Lian et al. 2018, Alg. 1) with the gradient perturbed:
     (a) read x_i, (b) g = grad f_i(x_i; B) + N(0, sigma^2 I) (stale by averagings others make meanwhile),
     (c) average atomically with a random neighbour, (d) x_i -= gamma g. Each agent stops after K
-    of its own activations (asynchronous: use any activation; spec §9 item 11)."""
+    of its own activations (asynchronous: use any activation)."""
     return _adp2_sgd(agent, p, plan(agent, p))
 
 

@@ -66,14 +66,25 @@ def _load_entry_points() -> None:
 
 
 def load_plugin(path: str) -> None:
-    """Import a user's Python file that registers algorithms (an explicit CLI choice, never a scenario's)."""
+    """Import a user's Python file that registers algorithms, closed forms, accountants, event kinds or stream
+    purposes (an explicit CLI choice, never a scenario's). An error while it loads (a name another registration
+    already holds, say) is one line naming the plugin's own line that raised it."""
+    import traceback
+
     p = Path(path)
     if not p.is_file():
         raise InputError("--plugin", f"no such file: {path}")
     spec = importlib.util.spec_from_file_location(f"netsim_plugin_{p.stem}", p)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as e:
+        del sys.modules[spec.name]  # type: ignore[union-attr]
+        own = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == p.resolve()
+               or Path(f.filename) == p]
+        where = f"{path}:{own[-1].lineno}" if own else path
+        raise InputError("--plugin", f"{where}: {type(e).__name__}: {e}") from None
 
 
 def names() -> list[str]:

@@ -1,6 +1,7 @@
 """Shapley values of a small cooperative game, and PDSL's normalisation and weighting.
 
-Seed 000 (PDSL, Wang et al.), Sec. III-B: players are agent i's closed neighbourhood M_i, a
+Wang, Yuan, Wang, Li, "PDSL: Privacy-Preserved Decentralized Stochastic Learning with Heterogeneous
+Data Distribution", Sec. III-B: players are agent i's closed neighbourhood M_i, a
 coalition S is worth v(S) = validation accuracy of the averaged candidate model x_{i,S} (eqs. 16-17),
 v(empty) = 0 (Definition 3).
 
@@ -10,11 +11,11 @@ v(empty) = 0 (Definition 3).
   contribution to its predecessors. Permutations share prefixes, so the coalitions are collected
   first and deduplicated (the coalition cache), then valued in ONE call of the utility: the caller
   batches all their forward passes. ``stratified`` permutations are cyclic shifts of random ones so
-  each player comes first equally often (spec A3: with v(empty) = 0 the first player's marginal is
+  each player comes first equally often (with v(empty) = 0 the first player's marginal is
   ~the whole accuracy).
-- ``minmax``: eq. (19) with the spec's guard A4 (all phi equal -> uniform).
-- ``pdsl_weights``: eq. (20), pi_ij = phi_hat_ij / (w_ij sum_k phi_hat_ik); optional share floor (A5)
-  and the ablation without the division by w (A18).
+- ``minmax``: eq. (19) with a guard (all phi equal -> uniform).
+- ``pdsl_weights``: eq. (20), pi_ij = phi_hat_ij / (w_ij sum_k phi_hat_ik); optional share floor
+  and the ablation without the division by w.
 
 Coalitions are bit masks over player indices 0..n-1 (bit j = player j). Pure numpy; no torch, no
 simulator: the utility is any callable ``list[int] -> sequence of float``.
@@ -95,7 +96,7 @@ def mc_shapley(perms: np.ndarray, v: Callable[[int], float], v_empty: float = 0.
 def plan(n: int, *, exact_max: int = 8, R: int | None = None, rng: np.random.Generator | None = None,
          stratified: bool = True) -> tuple[list[int], np.ndarray | None]:
     """The coalitions to value (deduplicated: the coalition cache) and the permutations (None: exact).
-    Exact if n <= ``exact_max``, else R permutations (default 2n, spec A3)."""
+    Exact if n <= ``exact_max``, else R permutations (default 2n)."""
     if n <= exact_max:
         return all_coalitions(n), None
     if rng is None:
@@ -121,7 +122,7 @@ def shapley(n: int, utility: Utility, *, exact_max: int = 8, R: int | None = Non
 
 
 def minmax(phi: Iterable[float], guard: float = 1e-12) -> np.ndarray:
-    """Eq. (19): (phi - min) / (max - min); all equal (max - min < guard) -> all ones (spec A4)."""
+    """Eq. (19): (phi - min) / (max - min); all equal (max - min < guard) -> all ones."""
     phi = np.asarray(phi, dtype=float)
     span = phi.max() - phi.min()
     if span < guard:
@@ -132,7 +133,7 @@ def minmax(phi: Iterable[float], guard: float = 1e-12) -> np.ndarray:
 def pdsl_weights(phi_hat: np.ndarray, omega: np.ndarray, divide_by_omega: bool = True,
                  share_floor: float = 0.0) -> np.ndarray:
     """Eq. (20): pi_j = s_j / w_j with shares s = phi_hat / sum(phi_hat), optionally mixed with uniform
-    shares (1 - f) s + f / n (spec A5). Without the division (A18) pi = s sums to 1."""
+    shares (1 - f) s + f / n. Without the division pi = s sums to 1."""
     s = phi_hat / phi_hat.sum()
     if share_floor:
         s = (1.0 - share_floor) * s + share_floor / len(s)

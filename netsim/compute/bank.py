@@ -1,7 +1,7 @@
-"""All agents' parameters stacked in one (agents x P) tensor on the device (principle 5), plus named
+"""All agents' parameters stacked in one (agents x P) tensor on the device, plus named
 per-agent state (momentum, SAM perturbation, gradient tables, push-sum weights, ...) stacked the same
 way, so that everything an algorithm keeps between activations lives outside its generator
-(principle 9: a checkpoint is ``state_dict()``)."""
+(a checkpoint is ``state_dict()``)."""
 
 from __future__ import annotations
 

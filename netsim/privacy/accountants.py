@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import dp_accounting
 import numpy as np
@@ -49,8 +49,30 @@ class _QuietConvergence(logging.Filter):
 logging.getLogger("absl").addFilter(_QuietConvergence())
 
 MODES = ("observed", "amplified")
-ACCOUNTANTS = ("rdp", "pld")
 PLD_DISCRETIZATION = 1e-4  # dp-accounting's default value_discretization_interval
+#: accountants by name: a factory of a fresh dp-accounting ``PrivacyAccountant`` (register_accountant)
+ACCOUNTANTS: dict[str, Callable[[], dp_accounting.PrivacyAccountant]] = {}
+ACCOUNTANT_DOCS: dict[str, str] = {}  # name -> what it is (paper), for reports
+
+
+def register_accountant(name: str, factory: Callable[[], dp_accounting.PrivacyAccountant], doc: str = "") -> None:
+    """Make an accountant available by name (``epsilon(..., accountant=name)``, ``netsim privacy
+    --accountant name``, calibration): ``factory()`` returns a fresh dp-accounting ``PrivacyAccountant``
+    (its ``compose(event, count)`` and ``get_epsilon(delta)`` are all netsim calls; events it does not
+    support make the epsilon None). The same factory again is a no-op; another under a taken name raises."""
+    if not name.isidentifier():
+        raise ValueError(f"accountant name must be an identifier, got {name!r}")
+    have = ACCOUNTANTS.get(name)
+    if have is not None and have is not factory:
+        raise ValueError(f"accountant {name!r} is already registered ({getattr(have, '__qualname__', have)})")
+    ACCOUNTANTS[name] = factory
+    ACCOUNTANT_DOCS[name] = doc
+
+
+register_accountant("rdp", RdpAccountant, 'Renyi DP (Mironov, "Renyi Differential Privacy", CSF 2017)')
+register_accountant("pld", functools.partial(PLDAccountant, value_discretization_interval=PLD_DISCRETIZATION),
+                    "privacy loss distributions (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, \"Connect the Dots\", "
+                    "PETS 2022)")
 
 
 def check_delta(delta: float) -> None:
@@ -99,11 +121,11 @@ def composed_event(releases: Iterable[Release], mode: str = "observed") -> dp_ac
 
 
 def make_accountant(kind: str = "rdp") -> dp_accounting.PrivacyAccountant:
-    if kind == "rdp":
-        return RdpAccountant()
-    if kind == "pld":
-        return PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
-    raise PrivacyError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {kind!r}")
+    """A fresh accountant of the registered kind."""
+    factory = ACCOUNTANTS.get(kind)
+    if factory is None:
+        raise PrivacyError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {kind!r}")
+    return factory()
 
 
 def epsilon(releases: Sequence[Release], delta: float, accountant: str = "rdp",

@@ -2,7 +2,7 @@
 
 Noise comes from one ``torch.Generator`` per agent, created once from the run's stream tree
 (``Streams.seed_for("noise", agent)``) and consumed in event order, so a run's noise is a function
-of the scenario and seed alone (principle 4); the global torch/numpy state is never touched.
+of the scenario and seed alone; the global torch/numpy state is never touched.
 
 Gaussian mechanism (Dwork & Roth 2014, Def. 3.4 / Thm A.1): release x + N(0, sigma^2 I).
 Laplace mechanism (Dwork & Roth 2014, Def. 3.3): release x + Lap(b)^d, drawn as b (E1 - E2) with
@@ -47,7 +47,7 @@ def clip_l2(x: torch.Tensor, bound: float) -> torch.Tensor:
 
 
 def clip_coordinate(x: torch.Tensor, bound: float) -> torch.Tensor:
-    """Each coordinate clamped to [-bound, bound] (seed 003's A2: |g_j| <= G / sqrt(d))."""
+    """Each coordinate clamped to [-bound, bound] (Huo et al., DO-ADP, Assumption 2: |g_j| <= G / sqrt(d))."""
     if bound <= 0:
         raise PrivacyError(f"clip bound must be > 0, got {bound!r}")
     return x.clamp(-bound, bound)

@@ -20,7 +20,7 @@ import tomllib
 
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
-from netsim.privacy.accountants import epsilon, epsilon_curve, finite_or_none
+from netsim.privacy.accountants import ACCOUNTANT_DOCS, ACCOUNTANTS, epsilon, epsilon_curve, finite_or_none
 from netsim.privacy.ledger import TRIGGERED, decided_by_data, exhausted_from_table, releases_from_table
 from netsim.scenario.schema import PrivacySpec, Scenario
 from netsim.trace.events import Release
@@ -29,73 +29,101 @@ REPORT_FILE = "privacy.json"
 PLOT_FILE = "privacy.png"
 
 
-#: clearer names of the closed forms (the paper's method) for the original ones
-ALIASES = {"pdsl": "seed000", "ldp_online": "seed001", "do_adp": "seed003", "privsgp_vr": "seed004"}
+#: the papers whose own privacy formulas the built-in closed forms are (authors, title)
+PAPERS = {
+    "pdsl": 'Wang, Yuan, Wang, Li, "PDSL: Privacy-Preserved Decentralized Stochastic Learning with '
+            'Heterogeneous Data Distribution"',
+    "ldp_online": 'Chen, Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed '
+                  'Optimality"',
+    "do_adp": 'Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Privacy via '
+              'Efficient Communication"',
+    "privsgp_vr": 'Zhu, Huang, Wang, Xu, "PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient '
+                  'Push with Tight Utility Bounds" (IJCAI 2024)',
+}
 
 
 def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
-    """The paper's own number(s) for one agent's releases; ``violations`` lists the paper's
-    validity conditions that do not hold. Raises ClosedFormError if the form cannot apply at all."""
-    name = ALIASES.get(name, name)
+    """The paper's own number(s) for one agent's releases, by the closed form registered as ``name`` (or an
+    old name of it); ``violations`` lists the paper's validity conditions that do not hold. Raises
+    ClosedFormError if the form cannot apply at all."""
+    form = cf.lookup(name)
     if not releases:
         return {"paper": 0.0, "conservative": 0.0, "violations": []}
+    return form.evaluate(releases, spec, delta)
+
+
+def _gaussian_only(name: str, releases: Sequence[Release]) -> None:
     mechs = {r.mechanism for r in releases}
-    if name == "seed001":
-        if mechs != {"laplace"}:
-            raise cf.ClosedFormError(name, "Lemma 2 composes Laplace releases; "
-                                           f"this agent released {sorted(mechs)}")
-        eps = cf.laplace_basic_composition([r.sensitivity for r in releases], [r.scale for r in releases])
-        return {"paper": eps, "conservative": eps, "violations": [],
-                "note": "Lemma 2: sum_t Delta_t / rho_t (pure LDP, delta = 0)"}
     if mechs != {"gaussian"}:
         raise cf.ClosedFormError(name, f"needs Gaussian releases; this agent released {sorted(mechs)}")
     if any(r.scale <= 0 for r in releases):
         raise cf.ClosedFormError(name, "a release without noise (sigma = 0) has no finite epsilon")
-    if name == "seed000":
-        per = [cf.pdsl_per_round(r.sensitivity, r.scale, spec.delta0, 1, strict=False) for r in releases]
-        worst = max(p.eps_round for p in per)
-        v = sorted({m for p in per for m in p.violations})
-        return {"paper": worst, "conservative": sum(p.eps_round for p in per),
-                "delta_conservative": min(1.0, len(per) * spec.delta0), "violations": v,
-                "note": f"Thm 1: per-round (eps, {spec.delta0:g})-DP; conservative = basic composition over "
-                        f"{len(per)} releases"}
-    if name == "seed003":
-        root = math.sqrt(2 * math.log(1.25 / spec.delta0))
-        S_paper = S_obs = 0.0
-        v: set[str] = set()
-        for r in releases:
-            eps_t = r.sensitivity * root / r.scale
-            lin, exact = cf.seed003_linear_amplification(eps_t, r.p * r.q), cf.seed003_exact_amplification(eps_t, r.q)
-            S_paper += (1 + r.skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
-            S_obs += exact * exact
-            if eps_t >= 1:
-                v.add(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
-            if r.p < 0.5:
-                v.add(f"p = {r.p} < 1/2 (the paper requires p >= 1/2)")
-        dh = math.sqrt(S_paper)
-        if not 0 < dh <= 1:
-            raise cf.ClosedFormError(name, f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: "
+
+
+@cf.register_closed_form("ldp_online", PAPERS["ldp_online"])
+def _ldp_online(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
+    mechs = {r.mechanism for r in releases}
+    if mechs != {"laplace"}:
+        raise cf.ClosedFormError("ldp_online", "Lemma 2 composes Laplace releases; "
+                                               f"this agent released {sorted(mechs)}")
+    eps = cf.laplace_basic_composition([r.sensitivity for r in releases], [r.scale for r in releases])
+    return {"paper": eps, "conservative": eps, "violations": [],
+            "note": "Lemma 2: sum_t Delta_t / rho_t (pure LDP, delta = 0)"}
+
+
+@cf.register_closed_form("pdsl", PAPERS["pdsl"])
+def _pdsl(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
+    _gaussian_only("pdsl", releases)
+    per = [cf.pdsl_per_round(r.sensitivity, r.scale, spec.delta0, 1, strict=False) for r in releases]
+    worst = max(p.eps_round for p in per)
+    v = sorted({m for p in per for m in p.violations})
+    return {"paper": worst, "conservative": sum(p.eps_round for p in per),
+            "delta_conservative": min(1.0, len(per) * spec.delta0), "violations": v,
+            "note": f"Thm 1: per-round (eps, {spec.delta0:g})-DP; conservative = basic composition over "
+                    f"{len(per)} releases"}
+
+
+@cf.register_closed_form("do_adp", PAPERS["do_adp"])
+def _do_adp(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
+    _gaussian_only("do_adp", releases)
+    root = math.sqrt(2 * math.log(1.25 / spec.delta0))
+    S_paper = S_obs = 0.0
+    v: set[str] = set()
+    for r in releases:
+        eps_t = r.sensitivity * root / r.scale
+        lin, exact = cf.do_adp_linear_amplification(eps_t, r.p * r.q), cf.do_adp_exact_amplification(eps_t, r.q)
+        S_paper += (1 + r.skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
+        S_obs += exact * exact
+        if eps_t >= 1:
+            v.add(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
+        if r.p < 0.5:
+            v.add(f"p = {r.p} < 1/2 (the paper requires p >= 1/2)")
+    dh = math.sqrt(S_paper)
+    if not 0 < dh <= 1:
+        raise cf.ClosedFormError("do_adp", f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: "
                                            "the bound is vacuous")
-        return {"paper": cf.kov_composition(S_paper, dh), "delta_paper": dh,
-                "conservative": cf.kov_composition(S_obs, delta), "delta_conservative": delta,
-                "violations": sorted(v),
-                "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
-                        "conservative: exact amplification at rate q over observed releases, "
-                        "delta_hat = delta"}
-    if name == "seed004":
-        zs = {(r.scale / r.sensitivity, r.q) for r in releases}
-        if len(zs) > 1:
-            raise cf.ClosedFormError(name, "eq. (11) assumes one noise multiplier and sampling rate; "
-                                           f"this agent used {len(zs)} different ones")
-        (z, q), = zs
-        K = len(releases)
-        eps = spec.c2 * q * math.sqrt(K * math.log(1 / delta)) / z
-        return {"paper": eps, "conservative": None,
-                "violations": list(cf.seed004_validity(eps, K, round(1 / q), None)),
-                "note": f"eq. (11) inverted with c2 = {spec.c2}; "
-                        "the accountants' numbers are the rigorous ones"}
-    raise cf.ClosedFormError(name, "unknown closed form (allowed: pdsl, ldp_online, do_adp, privsgp_vr "
-                                   "or seed000, seed001, seed003, seed004)")
+    return {"paper": cf.kov_composition(S_paper, dh), "delta_paper": dh,
+            "conservative": cf.kov_composition(S_obs, delta), "delta_conservative": delta,
+            "violations": sorted(v),
+            "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
+                    "conservative: exact amplification at rate q over observed releases, "
+                    "delta_hat = delta"}
+
+
+@cf.register_closed_form("privsgp_vr", PAPERS["privsgp_vr"])
+def _privsgp_vr(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
+    _gaussian_only("privsgp_vr", releases)
+    zs = {(r.scale / r.sensitivity, r.q) for r in releases}
+    if len(zs) > 1:
+        raise cf.ClosedFormError("privsgp_vr", "eq. (11) assumes one noise multiplier and sampling rate; "
+                                               f"this agent used {len(zs)} different ones")
+    (z, q), = zs
+    K = len(releases)
+    eps = spec.c2 * q * math.sqrt(K * math.log(1 / delta)) / z
+    return {"paper": eps, "conservative": None,
+            "violations": list(cf.privsgp_vr_validity(eps, K, round(1 / q), None)),
+            "note": f"eq. (11) inverted with c2 = {spec.c2}; "
+                    "the accountants' numbers are the rigorous ones"}
 
 
 def scenario_of(trace) -> Scenario | None:
@@ -106,18 +134,6 @@ def scenario_of(trace) -> Scenario | None:
         return None
     return scenario_from_dict(tomllib.loads(text), "trace metadata")
 
-
-#: the papers whose own privacy formulas ``[privacy] closed_form`` names (authors, title)
-PAPERS = {
-    "seed000": 'Wang, Yuan, Wang, Li, "PDSL: Privacy-Preserved Decentralized Stochastic Learning with '
-               'Heterogeneous Data Distribution"',
-    "seed001": 'Chen, Wang, "Locally Differentially Private Distributed Online Learning with Guaranteed '
-               'Optimality"',
-    "seed003": 'Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Privacy via '
-               'Efficient Communication"',
-    "seed004": 'Zhu, Huang, Wang, Xu, "PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient '
-               'Push with Tight Utility Bounds" (IJCAI 2024)',
-}
 
 NOT_PRIVATE = "no DP releases recorded: this run is not differentially private (epsilon = infinity)"
 NOT_A_GUARANTEE = ("NOT a guarantee: {n} release(s) of {a} agent(s) were decided by an event trigger from "
@@ -139,7 +155,7 @@ ASSUMPTIONS = (
 )
 
 
-def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
+def columns(mode: str, pld: bool, closed: str, accountants: Sequence[str] = ()) -> dict[str, str]:
     """Every column of the table (key in privacy.json's agent rows: meaning), recommended figure first."""
     acc = "PLD" if pld else "RDP"
     out = {
@@ -158,8 +174,10 @@ def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
                                "Distributions\", PETS 2022), observed; tighter than RDP")
         if mode == "amplified":
             out["pld_amplified"] = "PLD with hidden activation (as rdp_amplified)"
+    for name in accountants:
+        out[f"{name}_observed"] = f"the registered accountant {name!r}: {ACCOUNTANT_DOCS.get(name, '')}, observed"
     if closed != "none":
-        out["paper"] = (f"the closed form of {PAPERS.get(ALIASES.get(closed, closed), closed)}, under that paper's own "
+        out["paper"] = (f"the closed form of {cf.lookup(closed).paper}, under that paper's own "
                         "assumptions; '!' marks a violated condition")
         out["conservative"] = "the same paper's formula with its optimistic steps replaced (see note)"
     out["exhausted_at"] = "simulated time at which the agent's budget cap stopped its releases"
@@ -167,9 +185,11 @@ def columns(mode: str, pld: bool, closed: str) -> dict[str, str]:
 
 
 def privacy_report(run: str | Path, delta: float | None = None, accounting: str | None = None,
-                   pld: bool = True, strict: bool = False, plot: bool = True) -> dict[str, Any]:
+                   pld: bool = True, strict: bool = False, plot: bool = True,
+                   accountants: Sequence[str] = ()) -> dict[str, Any]:
     """Compute (and write ``privacy.json`` / ``privacy.png`` into the run folder) the per-agent report.
-    ``run`` is a run folder or its trace file (the report goes beside the trace)."""
+    ``run`` is a run folder or its trace file (the report goes beside the trace); ``accountants`` adds a
+    column ``<name>_observed`` per registered accountant named (beyond RDP and PLD)."""
     from netsim.trace.io import read_trace
 
     folder = Path(run)
@@ -183,6 +203,10 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     delta = spec.delta if delta is None else delta
     if not 0 < delta < 1:
         raise InputError("--delta", f"must be in (0, 1), got {delta!r}")
+    bad = [a for a in accountants if a not in ACCOUNTANTS]
+    if bad:
+        raise InputError("--accountant", f"unknown accountant {bad[0]!r}; registered: {', '.join(ACCOUNTANTS)} "
+                                         "(a plugin's needs --plugin)")
     mode = accounting or spec.accounting
     if mode not in ("observed", "amplified"):
         raise InputError("--accounting", f"must be 'observed' or 'amplified', got {mode!r}")
@@ -202,6 +226,8 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
                 row["pld_observed"] = finite_or_none(epsilon(rs, delta, "pld", "observed"))
                 if mode == "amplified":
                     row["pld_amplified"] = finite_or_none(epsilon(rs, delta, "pld", "amplified"))
+            for name in accountants:
+                row[f"{name}_observed"] = finite_or_none(epsilon(rs, delta, name, "observed"))
         else:  # nothing was released with noise: epsilon is infinite, not 0
             row["rdp_observed"] = row["rdp_amplified"] = None
         row["epsilon"] = row[rec] if private else None
@@ -212,9 +238,11 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
             try:
                 form = closed_form(spec.closed_form, rs, spec, delta)
             except (OverflowError, ZeroDivisionError) as e:  # recorded values far outside the form's range
-                raise cf.ClosedFormError(spec.closed_form, f"agent {i}: cannot be evaluated ({e})") from None
+                raise cf.ClosedFormError(cf.canonical(spec.closed_form),
+                                         f"agent {i}: cannot be evaluated ({e})") from None
             if strict and form["violations"]:
-                raise cf.ClosedFormError(spec.closed_form, f"agent {i}: " + "; ".join(form["violations"]))
+                raise cf.ClosedFormError(cf.canonical(spec.closed_form),
+                                         f"agent {i}: " + "; ".join(form["violations"]))
             row["closed_form"] = form
         rows.append(row)
     gated = [r for r in rows if r["data_dependent_releases"]]
@@ -240,7 +268,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     worst, worst_rec = worst_of(key), worst_of("epsilon")
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
-        "closed_form_paper": PAPERS.get(ALIASES.get(spec.closed_form, spec.closed_form)),
+        "closed_form_paper": None if spec.closed_form == "none" else cf.lookup(spec.closed_form).paper,
         "epsilon_cap": spec.epsilon_cap,
         "private": private,
         "guarantee": private and not gated,
@@ -251,7 +279,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
                         "epsilon": None if worst_rec is None else worst_rec["epsilon"],
                         "epsilon_infinite": worst_rec is None or worst_rec["epsilon_infinite"],
                         "assumptions": list(ASSUMPTIONS)},
-        "columns": columns(mode, pld, spec.closed_form),
+        "columns": columns(mode, pld, spec.closed_form, accountants),
         "agents": rows,
         "worst_agent": None if worst is None else worst["agent"],
         "worst_epsilon": None if worst is None else worst[key],

@@ -508,26 +508,32 @@ def _open_unit(v: float) -> str | None:
     return None if 0 < v < 1 else f"must be in (0, 1), got {v}"
 
 
+def _closed_form_name(v: str) -> str | None:
+    """The file can only be checked for the name's form here; that a form of this name is registered is
+    checked when the run is prepared (plugins register theirs before)."""
+    return None if v.isidentifier() else f"must be the name of a registered closed form, got {v!r}"
+
+
 @attrs.frozen
 class PrivacySpec:
     """How releases are accounted (netsim.privacy, docs/privacy.md). Noise itself is the algorithm's
     parameter; this section says at which delta epsilon is reported, whether random activation is
-    credited as amplification, the per-agent budget cap, and which seed paper's closed form to show."""
+    credited as amplification, the per-agent budget cap, and which paper's closed form to show."""
 
     delta: float = field(1e-5, check=_open_unit, doc="report epsilon(delta) at this delta")
     accounting: Literal["observed", "amplified"] = field(
-        "observed", doc="'amplified' credits hidden Bernoulli activation as subsampling (seed 003)")
+        "observed", doc="'amplified' credits hidden Bernoulli activation as subsampling (Huo et al., Lemma 4)")
     epsilon_cap: float | None = field(
         None, check=lambda v: None if v is None or v > 0 else f"must be > 0, got {v}",
         doc="per-agent budget: an agent stops releasing before exceeding it")
-    closed_form: Literal["none", "seed000", "seed001", "seed003", "seed004",
-                         "pdsl", "ldp_online", "do_adp", "privsgp_vr"] = field(
-        "none", doc="paper whose own privacy formula is reported beside the accountants: pdsl (= seed000, Wang et "
-                    "al.), ldp_online (= seed001, Chen & Wang), do_adp (= seed003, Huo et al.), privsgp_vr "
-                    "(= seed004, Zhu et al.)")
+    closed_form: str = field(
+        "none", check=_closed_form_name,
+        doc="a registered closed form (a paper's own privacy formula) reported beside the accountants: none, "
+            "pdsl (Wang et al.), ldp_online (Chen & Wang), do_adp (Huo et al.), privsgp_vr (Zhu et al.), or one "
+            "a --plugin registers; the old names seed000, seed001, seed003, seed004 still work, with a note")
     delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
-    c2: float = field(0.3724, check=positive, doc="seed 004's unspecified constant c_2 (Theorem 2)",
-                      when={"closed_form": ("seed004",)})
+    c2: float = field(0.3724, check=positive, doc="PrivSGP-VR's unspecified constant c_2 (Zhu et al., Theorem 2)",
+                      when={"closed_form": ("privsgp_vr", "seed004")})
 
 
 @attrs.frozen

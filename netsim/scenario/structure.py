@@ -1,7 +1,7 @@
 """Strict TOML-dict -> frozen attrs structuring.
 
 Why not cattrs: it silently coerces (``1.5 -> 1``, ``true -> 1``) and loses the key path of a
-validator's error, and principle 8 (fail loudly, name the key) needs both. This walker knows the
+validator's error, and failing loudly with the key's name needs both. This walker knows the
 handful of types a scenario uses and names the key path and what is allowed in every error.
 Range checks live in field metadata (``check``) and cross-field checks in ``__check__``.
 """

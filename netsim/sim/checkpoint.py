@@ -121,7 +121,7 @@ def _streams(streams, arrays: dict[str, np.ndarray]) -> list[str]:
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
     keys, rows = [], []
     mask = (1 << 64) - 1
-    for k, gen in sorted(streams._cache.items()):
+    for k, gen in streams.generators():
         st = gen.bit_generator.state
         s, inc = st["state"]["state"], st["state"]["inc"]
         keys.append(",".join(map(str, k)))

@@ -7,8 +7,9 @@ global clock (``every = "period"``). Kinds:
 
 - ``one_peer_exponential``: in epoch k agent i sends only to (i + 2^(k mod m)) mod n and mixes with
   weights 1/2 (own) and 1/2 (the one in-neighbour), m = floor(log2(n - 1)) + 1 (Assran et al.,
-  "Stochastic Gradient Push", ICML 2019, Sec. 5 / App.; seed 004 App. D: P^k = (I + Pi_k)/2). For n a
-  power of two the product of m consecutive P^k is exactly the averaging matrix (Ying et al.,
+  "Stochastic Gradient Push", ICML 2019, Sec. 5 / App.; as in Zhu, Huang, Wang, Xu, "PrivSGP-VR",
+  App. D: P^k = (I + Pi_k)/2). For n a power of two the product of m consecutive P^k is exactly the
+  averaging matrix (Ying et al.,
   "Exponential Graph is Provably Efficient for Decentralized Deep Training", NeurIPS 2021, Thm 1).
 - ``resample``: a fresh draw of the scenario's (random) topology every epoch, from the
   ``topology_schedule`` stream keyed by the epoch (the same graphs for every algorithm).
@@ -24,7 +25,6 @@ import math
 import numpy as np
 
 from netsim.errors import InputError
-from netsim.sim.streams import PURPOSES
 from netsim.sim.topology import weighted_graph
 
 Lists = tuple[list[int], list[int], dict[int, float], float]  # out, in, weights by sender, self weight
@@ -70,7 +70,7 @@ class DynamicTopology:
                                  f"(erdos_renyi, random_regular), not {self.base.kind!r}")
 
     def seed(self, epoch: int) -> int:
-        ss = np.random.SeedSequence(self.sim.streams.seed, spawn_key=(PURPOSES["topology_schedule"], epoch))
+        ss = self.sim.streams.seed_sequence("topology_schedule", epoch)
         return int(ss.generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
     def at(self, epoch: int) -> list[Lists]:

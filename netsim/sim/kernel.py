@@ -192,7 +192,7 @@ class Simulation:
                                  self.train_rows, self.f_star, per_agent))
         if per_agent_wanted:
             self._agent_metrics(per_agent)
-        if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (seed 001)
+        if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (Chen & Wang)
             from netsim.compute.streaming import tracking_metrics
 
             row.update(tracking_metrics(self))

@@ -1,31 +1,84 @@
 """Named random streams: one independent generator per (purpose, key...) from the run's seed.
 
-Streams are addressed, not spawned in order (``SeedSequence(seed, spawn_key=(purpose, *key))``), so
+Streams are addressed, not spawned in order (``SeedSequence(seed, spawn_key=(code, *key))``), so
 creating a stream never shifts another: a different algorithm, or a different number of messages on
-one link, leaves every other stream's draws unchanged (principle 4).
+one link, leaves every other stream's draws unchanged.
+
+A *purpose* is a name (``"latency"``, ``"noise"``...) registered once with ``register_purpose``; its
+integer ``code`` is what enters the spawn key. The core's purposes keep the codes they always had, so
+a seed gives the same draws as before; a purpose registered without a code (a plugin's) gets one
+derived from its name (``name_code``: a hash, stable across runs, machines and import orders). A module
+registers the purposes it needs where it is defined (PDSL registers ``"shapley"``); two names may not
+share a code, nor one name two codes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections.abc import Callable
 
 import numpy as np
 
-PURPOSES = {
-    "topology": 1, "clock": 2, "activation": 3, "compute": 4, "latency": 5, "loss": 6,
-    "data": 7, "partition": 8, "batch": 9, "init": 10, "noise": 11, "algorithm": 12,
-}
-# link and agent models (issue 4): numbered apart so concurrent additions cannot collide
-PURPOSES.update({"burst": 40, "churn": 41, "jitter": 42, "topology_schedule": 43})
-# communication parts (issue 6): rand-k seeds and QSGD rounding
-PURPOSES.update({"compress": 60})
-# seed 000 (issue 8): the held-out validation rows, Monte-Carlo Shapley permutations
-PURPOSES.update({"validation": 80, "shapley": 81})
-# seed algorithms (issue 7): seed 001's per-agent data stream (online learning)
-PURPOSES.update({"data_stream": 71})
-# data options: per-agent subsampling (data.per_agent)
-PURPOSES.update({"subsample": 90})
+_CODES: dict[str, int] = {}  # name -> code
+_NAMES: dict[int, str] = {}  # code -> name
+NAME_CODE_BASE = 1 << 16  # derived codes live above every explicit one
+
+
+def name_code(name: str) -> int:
+    """The code a purpose registered without one gets: 32 bits of the name's blake2b, above 2**16."""
+    h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big")
+    return NAME_CODE_BASE + h
+
+
+def register_purpose(name: str, code: int | None = None) -> int:
+    """Register a stream purpose; returns its code. Registering the same (name, code) again is a
+    no-op (a module imported twice); a name already bound to another code, or a code already used by
+    another name, raises ``ValueError`` naming both."""
+    if not isinstance(name, str) or not name or not name.isidentifier():
+        raise ValueError(f"stream purpose must be a non-empty identifier, got {name!r}")
+    if code is None:
+        code = _CODES.get(name, name_code(name))
+    code = int(code)
+    if code < 0:
+        raise ValueError(f"stream purpose {name!r}: code must be >= 0, got {code}")
+    have = _CODES.get(name)
+    if have is not None and have != code:
+        raise ValueError(f"stream purpose {name!r} is already registered with code {have}, not {code}")
+    other = _NAMES.get(code)
+    if other is not None and other != name:
+        raise ValueError(f"stream purpose {name!r}: code {code} is already used by {other!r}")
+    _CODES[name] = code
+    _NAMES[code] = name
+    return code
+
+
+def purpose_code(name: str) -> int:
+    """The code of a registered purpose; ``KeyError`` with the registered names otherwise."""
+    try:
+        return _CODES[name]
+    except KeyError:
+        raise KeyError(f"unknown stream purpose {name!r} (register it with netsim.sim.streams.register_purpose; "
+                       f"registered: {', '.join(sorted(_CODES))})") from None
+
+
+def purposes() -> dict[str, int]:
+    """Every registered purpose and its code (a copy)."""
+    return dict(_CODES)
+
+
+# the core's purposes and their historical codes (changing a code changes every run's draws)
+for _name, _code in {
+    "topology": 1, "clock": 2, "activation": 3, "compute": 4, "latency": 5, "loss": 6, "data": 7,
+    "partition": 8, "batch": 9, "init": 10, "noise": 11, "algorithm": 12,
+    # link and agent models
+    "burst": 40, "churn": 41, "jitter": 42, "topology_schedule": 43,
+    # compression (rand-k seeds, QSGD rounding)
+    "compress": 60,
+    # data options: held-out validation rows, per-agent subsampling
+    "validation": 80, "subsample": 90,
+}.items():
+    register_purpose(_name, _code)
 BLOCK = 256
 
 
@@ -37,12 +90,20 @@ class Streams:
         self._cache: dict[tuple[int, ...], np.random.Generator] = {}
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
-        k = (PURPOSES[purpose], *map(int, key))
+        k = (purpose_code(purpose), *map(int, key))
         g = self._cache.get(k)
         if g is None:
             g = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=k)))
             self._cache[k] = g
         return g
+
+    def seed_sequence(self, purpose: str, *key: int) -> np.random.SeedSequence:
+        """The stream's seed sequence itself (uncached): for code that builds its own generator."""
+        return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
+
+    def generators(self) -> list[tuple[tuple[int, ...], np.random.Generator]]:
+        """Every stream created so far as (spawn key, generator), sorted by key (what a checkpoint saves)."""
+        return sorted(self._cache.items())
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""

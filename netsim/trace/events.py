@@ -1,4 +1,4 @@
-"""Event records: every thing that happens in a run is one frozen attrs record (principle 3).
+"""Event records: every thing that happens in a run is one frozen attrs record.
 
 All kinds share one flat, versioned row schema (``COLUMNS``) so a trace is a single table that
 pandas/polars/duckdb read directly; a kind leaves the columns it does not use at their defaults.
@@ -6,7 +6,7 @@ Bump ``SCHEMA_VERSION`` when a column or a kind's meaning changes.
 
     column  meaning
     t       simulated time of the event (s, global clock)
-    kind    one of KINDS
+    kind    one of event_kinds(): the core's KINDS and those registered with register_event_kind
     agent   the acting agent (sender for send/drop, receiver for deliver), -1 for the run itself
     peer    the other end of a message, -1 otherwise
     msg     message id (unique per run), -1 otherwise
@@ -17,6 +17,11 @@ Bump ``SCHEMA_VERSION`` when a column or a kind's meaning changes.
     round   the agent's activation count (activate) or the algorithm's round tag (messages)
     tag     message tag (e.g. "model"), drop reason ("loss", "outage", "offline"), or a short note
     (offline: value = duration of the agent's offline interval starting at t)
+
+Event kinds are open: a module (an algorithm, a plugin) defines a frozen attrs subclass of ``EventRow``
+with a class attribute ``kind`` and registers it with ``@register_event_kind``. Its record fills the
+same columns, so traces keep one schema; fields beyond the columns must be packed into them (usually
+``tag``, as ``Release`` does) and the class may give ``from_row`` to read them back (``decode``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class EventRow:
 
     __slots__ = ()
     agent, peer, msg, size, value, round, tag = (DEFAULTS[c] for c in COLUMNS[2:])
+    glyph: tuple[str, str, str] | None = None  # (char, rich style, legend) for ``netsim timeline``; None: not drawn
 
 
 @attrs.frozen(slots=True)
@@ -195,24 +201,51 @@ class Offline(EventRow):
     value: float  # duration of the interval (s)
 
 
-@attrs.frozen(slots=True)
-class ShapleyWeight(EventRow):
-    """Seed 000 (PDSL): agent i's weight for player ``peer`` in round ``round``: ``value`` = pi_ij (eq. 20),
-    ``tag`` = ``"phi=<Shapley value> hat=<min-max normalised>"`` (floats as repr)."""
-
-    kind = "shapley"
-    t: float
-    agent: int
-    peer: int
-    round: int
-    value: float
-    phi: float
-    phi_hat: float
-    tag: str = attrs.field(default=attrs.Factory(lambda e: f"phi={e.phi!r} hat={e.phi_hat!r}", takes_self=True))
+_CORE = (Activate, ComputeStart, ComputeEnd, Send, Deliver, Drop, Timeout, Stale, Evaluation, Finish, Release,
+         BudgetExhausted, Offline)
+KINDS = tuple(c.kind for c in _CORE)  # the core's kinds; event_kinds() adds the registered ones
+_REGISTRY: dict[str, type] = {c.kind: c for c in _CORE}
 
 
-KINDS = tuple(c.kind for c in (Activate, ComputeStart, ComputeEnd, Send, Deliver, Drop, Timeout, Stale,
-                               Evaluation, Finish, Release, BudgetExhausted, Offline, ShapleyWeight))
+def register_event_kind(cls: type) -> type:
+    """Register an event record class (usable as a decorator): a frozen attrs subclass of ``EventRow``
+    with a string class attribute ``kind`` (lower-case identifier) and a field ``t``. Registering the
+    same class again is a no-op; another class with a registered kind raises ``ValueError``."""
+    name = getattr(cls, "__name__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, EventRow) and attrs.has(cls)):
+        raise ValueError(f"event kind {name}: must be an attrs class derived from netsim.trace.events.EventRow")
+    kind = cls.__dict__.get("kind")
+    if not (isinstance(kind, str) and kind.isidentifier() and kind == kind.lower()):
+        raise ValueError(f"event kind {name}: needs a class attribute kind = '<lower_case_name>', got {kind!r}")
+    fields = attrs.fields_dict(cls)
+    if "t" not in fields or "kind" in fields:
+        raise ValueError(f"event kind {name}: needs a field t (simulated time) and no field 'kind'")
+    if getattr(cls.__setattr__, "__name__", "") != "_frozen_setattrs":  # what attrs installs when frozen
+        raise ValueError(f"event kind {name}: must be frozen (@attrs.frozen)")
+    have = _REGISTRY.get(kind)
+    if have is not None and have is not cls and (have.__module__, have.__qualname__) != (cls.__module__,
+                                                                                        cls.__qualname__):
+        raise ValueError(f"event kind {kind!r} is already registered by {have.__module__}.{have.__qualname__}")
+    _REGISTRY[kind] = cls
+    return cls
+
+
+def event_kinds() -> dict[str, type]:
+    """Every registered event kind and its record class (the core's first, then in registration order)."""
+    return dict(_REGISTRY)
+
+
+def decode(t: float, kind: str, **columns) -> EventRow:
+    """A trace row back as its record: the class's ``from_row`` if it has one, else the class built from
+    the columns it has as fields. ``KeyError`` for a kind not registered in this process."""
+    cls = _REGISTRY.get(kind)
+    if cls is None:
+        raise KeyError(f"event kind {kind!r} is not registered (registered: {', '.join(_REGISTRY)})")
+    if hasattr(cls, "from_row"):
+        cols = ("agent", "peer", "round", "size", "value", "tag")
+        return cls.from_row(t, **{c: columns.get(c, DEFAULTS[c]) for c in cols})
+    names = attrs.fields_dict(cls)
+    return cls(t=t, **{c: v for c, v in columns.items() if c in names and names[c].init})
 
 
 def row(event) -> tuple:

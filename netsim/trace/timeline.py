@@ -32,6 +32,15 @@ GLYPHS = {
     "offline": ("~", "dim red", "offline"),
 }
 ORDER = list(GLYPHS)
+
+
+def glyphs() -> dict[str, tuple[str, str, str]]:
+    """GLYPHS, then the registered event kinds that give a ``glyph = (char, style, legend)`` class attribute
+    (a plugin's kind: load it with ``netsim timeline --plugin``), least important."""
+    from netsim.trace.events import event_kinds
+
+    extra = {k: c.glyph for k, c in event_kinds().items() if k not in GLYPHS and getattr(c, "glyph", None)}
+    return {**GLYPHS, **extra}
 KIND_OF = {"compute_start": "compute"}  # trace kind -> timeline kind
 MESSAGE_KINDS = {"send", "deliver", "drop", "stale"}
 SPAN_KINDS = {"compute", "offline"}
@@ -75,12 +84,13 @@ def parse_links(spec: str | None) -> set[tuple[int, int]] | None:
 
 
 def parse_kinds(spec: str | None) -> set[str]:
+    known = glyphs()
     if not spec:
-        return set(GLYPHS)
+        return set(known)
     kinds = {k.strip() for k in spec.split(",") if k.strip()}
-    bad = kinds - set(GLYPHS)
+    bad = kinds - set(known)
     if bad:
-        raise InputError("--kinds", f"unknown kind(s) {', '.join(sorted(bad))}; allowed: {', '.join(GLYPHS)}")
+        raise InputError("--kinds", f"unknown kind(s) {', '.join(sorted(bad))}; allowed: {', '.join(known)}")
     return kinds
 
 
@@ -141,7 +151,7 @@ class Timeline:
         g = group or max(1, math.ceil(len(self.agents) / max_lanes))
         groups = [self.agents[k:k + g] for k in range(0, len(self.agents), g)]
         scale = width / (self.t1 - self.t0)
-        rank = {k: r for r, k in enumerate(ORDER)}
+        rank = {k: r for r, k in enumerate(glyphs())}
         r = self.rows
         cells: dict[int, list] = {}
         lane_of = {a: li for li, grp in enumerate(groups) for a in grp}
@@ -211,6 +221,7 @@ def render(tl: Timeline, console, max_lanes: int = 40, group: int | None = None,
     from rich.table import Table
     from rich.text import Text
 
+    known = glyphs()
     label_w = max(5, len(str(tl.n - 1)) * 2 + 2)
     width = max(10, console.width - label_w - 3)
     lanes, g = tl.lanes(width, max_lanes, group)
@@ -232,14 +243,14 @@ def render(tl: Timeline, console, max_lanes: int = 40, group: int | None = None,
             if k is None:
                 line.append(" ")
             else:
-                glyph, style, _ = GLYPHS[k]
+                glyph, style, _ = known[k]
                 line.append(glyph, style=style)
         line.append("|")
         console.print(line, soft_wrap=True, no_wrap=True, overflow="crop")
     legend = Text("legend: ")
-    for k in ORDER:
+    for k in known:
         if k in tl.kinds:
-            glyph, style, name = GLYPHS[k]
+            glyph, style, name = known[k]
             legend.append(glyph, style=style)
             legend.append(f" {name}  ")
     console.print(legend)

@@ -1,0 +1,109 @@
+"""The registry plugins in examples/plugins/ run end to end through the CLI's --plugin (in a subprocess:
+a plugin's registrations are process-wide, and the other tests see only the built-in ones)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from netsim.privacy.ledger import releases_from_table
+from netsim.trace.io import read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "examples" / "plugins"
+
+
+def netsim(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "netsim", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_event_kind_plugin_records_its_events_in_the_trace(tmp_path):
+    out = tmp_path / "run"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "disagreement_event.py",
+               "--set", "algorithm.name=dpsgd_disagreement", "--set", "agents.count=4", "--set", "run.until=5",
+               "--set", "network.loss=0.0", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    t = read_trace(out).table.to_pandas()
+    d = t[t["kind"] == "disagreement"]
+    assert len(d) > 40 and set(d["agent"]) == {0, 1, 2, 3}
+    for _, rows in d.groupby("agent"):
+        assert list(rows["round"]) == list(range(len(rows)))  # one per round, in order
+    assert (d["size"] == 2).all()  # a lossless ring: both neighbours' models arrive every round
+    assert (d[d["round"] == 0]["value"] == 0).all()  # every agent starts from the same model
+    assert (d[d["round"] > 2]["value"] > 0).all() and np.isfinite(d["value"]).all()
+    assert d[["peer", "msg"]].eq(-1).all().all() and (d["tag"] == "").all()  # unused columns at defaults
+    # the same run without the event: the algorithm's other events are exactly D-PSGD's
+    base = tmp_path / "base"
+    assert netsim("run", "scenarios/quickstart.toml", "--set", "agents.count=4", "--set", "run.until=5",
+                  "--set", "network.loss=0.0", "--out", base, "-q").returncode == 0
+    b = read_trace(base).table.to_pandas()
+    assert t[t["kind"] != "disagreement"].reset_index(drop=True).equals(b)
+    # the timeline draws the kind with the glyph the class gives, once the plugin is loaded
+    r = netsim("timeline", out, "--plugin", PLUGINS / "disagreement_event.py", "--kinds", "disagreement",
+               "--width", "80", "--no-summary")
+    assert r.returncode == 0, r.stderr
+    lanes = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
+    assert len(lanes) == 4 and all(set(line.split("|")[1]) <= {" ", "d"} and "d" in line for line in lanes)
+    assert "legend: d disagreement" in r.stdout
+    r = netsim("timeline", out, "--kinds", "disagreement")
+    assert r.returncode == 2 and "--kinds: unknown kind(s) disagreement" in r.stdout + r.stderr
+
+
+def test_event_kind_plugin_is_needed_to_run_its_algorithm(tmp_path):
+    r = netsim("run", "scenarios/quickstart.toml", "--set", "algorithm.name=dpsgd_disagreement",
+               "--out", tmp_path / "x", "-q")
+    assert r.returncode == 2 and "algorithm.name: unknown algorithm 'dpsgd_disagreement'" in r.stderr
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "x").exists()
+
+
+def test_accountant_plugin_adds_an_accountant_and_a_closed_form(tmp_path):
+    out, plugin = tmp_path / "run", PLUGINS / "zcdp_accountant.py"
+    r = netsim("run", "scenarios/privacy_activation.toml", "--plugin", plugin, "--set", "privacy.closed_form=zcdp",
+               "--set", "agents.count=4", "--set", "run.until=3", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    r = netsim("privacy", out, "--plugin", plugin, "--accountant", "zcdp", "--no-pld")
+    assert r.returncode == 0, r.stderr
+    assert "zcdp_observed: the registered accountant 'zcdp': zero-concentrated DP, Bun, Steinke" in r.stdout
+    rep = json.loads((out / "privacy.json").read_text())
+    assert rep["closed_form"] == "zcdp" and rep["closed_form_paper"].startswith("Bun, Steinke")
+    rel = releases_from_table(read_trace(out).table)
+    delta = rep["delta"]
+    for row in rep["agents"]:
+        rho = sum(1 / (2 * (x.scale / x.sensitivity) ** 2) for x in rel[row["agent"]])  # Prop. 1.6, Lemma 1.7
+        want = rho + 2 * math.sqrt(rho * math.log(1 / delta))  # Prop. 1.3
+        assert row["releases"] > 0
+        assert math.isclose(row["zcdp_observed"], want, rel_tol=1e-12)
+        assert math.isclose(row["closed_form"]["paper"], want, rel_tol=1e-12)
+        assert row["zcdp_observed"] > row["rdp_observed"]  # sampling not credited: looser than RDP
+
+
+def test_unregistered_closed_form_or_accountant_is_one_line_exit_2(tmp_path):
+    r = netsim("run", "scenarios/privacy_activation.toml", "--set", "privacy.closed_form=zcdp",
+               "--out", tmp_path / "x", "-q")
+    assert r.returncode == 2 and not (tmp_path / "x").exists()
+    assert r.stderr == ("error: scenarios/privacy_activation.toml: privacy.closed_form: unknown closed form 'zcdp'; "
+                        "registered: none, do_adp, ldp_online, pdsl, privsgp_vr (a plugin's needs --plugin)\n")
+    out = tmp_path / "run"
+    assert netsim("run", "scenarios/privacy_activation.toml", "--set", "agents.count=2", "--set", "run.until=1",
+                  "--out", out, "-q").returncode == 0
+    r = netsim("privacy", out, "--accountant", "zcdp", "--no-pld")
+    assert r.returncode == 2 and "--accountant: unknown accountant 'zcdp'; registered: rdp, pld" in r.stdout + r.stderr
+
+
+def test_a_plugin_taking_a_registered_name_is_refused_in_one_line(tmp_path):
+    plugin = tmp_path / "clash.py"
+    plugin.write_text('from netsim.privacy.closed_forms import register_closed_form\n\n\n'
+                      '@register_closed_form("do_adp", "someone else")\n'
+                      'def mine(releases, spec, delta):\n    return {}\n')
+    r = netsim("validate", "scenarios/quickstart.toml", "--plugin", plugin)
+    assert r.returncode == 2
+    assert r.stderr == (f"error: --plugin: {plugin}:4: ValueError: closed form 'do_adp' is already registered by "
+                        "netsim.privacy.report\n")
