@@ -9,7 +9,7 @@ whole call (data loading and setup included) in wall and CPU seconds, and the me
 the nodes' own models.
 Reference: a peer simulator (gossipy) takes ~9 s (100 nodes) and ~106 s (1000 nodes) on this machine.
 
-    NETSIM_DATA=/work/shared/data python benchmarks/bench_gossip_learning.py [--nodes 100 1000] [--no-trace]
+    NETSIM_DATA=../shared/data python benchmarks/bench_gossip_learning.py [--nodes 100 1000] [--no-trace]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import resource
 import tempfile
 import time
+from pathlib import Path
 
 import netsim
 from netsim.scenario import scenario_from_dict
@@ -52,7 +53,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("NETSIM_DATA", "/work/shared/data")
+    os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     print(f"{'nodes':>6} {'sim wall s':>10} {'total s':>8} {'CPU s':>6} {'events':>9} {'events/s':>9} "
           f"{'mean node acc':>13} {'avg-model acc':>13} {'peer s':>7} {'speed-up':>8}")
     for n in args.nodes:

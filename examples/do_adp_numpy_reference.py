@@ -1,5 +1,5 @@
 """A separate, vectorised numpy implementation of DO-ADP on the cheapest scenario's datasets, for checking
-netsim's seed spread and means (docs/reproductions/seed-003.md, "Seed spread").
+netsim's seed spread and means (docs/reproductions/do-adp.md, "Seed spread").
 
 Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Differential Privacy via Efficient
 Communication" (arXiv 2506.07102), Algorithm 1 in the matrix form of App. C, all agents in lock-step:
@@ -80,7 +80,7 @@ def _keep(v: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def main(datasets: int, streams: int, intercept: bool = False) -> None:
-    sc = load_scenario("scenarios/seed003_cheapest.toml")
+    sc = load_scenario("scenarios/do_adp_cheapest.toml")
     out: dict = {}
     for ds in range(datasets):
         data = load_dataset(sc.data, sc.agents.count, Streams(ds))

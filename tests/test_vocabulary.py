@@ -53,3 +53,29 @@ def test_every_algorithm_module_cites_its_paper_and_equations(path):
     assert re.search(r"\b[A-Z][a-z]+(?:,| and| &| et al\.)", doc), "no authors in the module docstring"
     assert re.search(r"\b(?:eqs?\.|Algorithm|Alg\.|Lemma|Theorem)\s*\(?\d", doc) or "[reconstructed]" in doc, \
         "no equation or algorithm number of the paper (nor marked [reconstructed])"
+
+
+# the user-facing files: scenario files, docs, benchmarks and examples are named and written after papers too; the
+# only mentions allowed are the notes on the closed forms' old names, which users' scenario files may still hold
+SHIPPED = ("docs", "scenarios", "benchmarks", "examples", "README.md")
+OLD_NAME_NOTE = re.compile(r"old names?\b|also seed000/|\(`seed00\d`\)|'seed004'")
+
+
+def shipped_hits() -> list[str]:
+    out = []
+    for top in SHIPPED:
+        root = ROOT / top
+        for f in sorted([root] if root.is_file() else root.rglob("*")):
+            if not f.is_file() or f.suffix not in (".md", ".toml", ".py", ".txt", ""):
+                continue
+            rel = f.relative_to(ROOT).as_posix()
+            if PATTERN.search(f.name):
+                out.append(f"{rel}: the file's name")
+            for n, line in enumerate(f.read_text().splitlines(), 1):
+                if PATTERN.search(line) and not OLD_NAME_NOTE.search(line):
+                    out.append(f"{rel}:{n}: {line.strip()[:120]}")
+    return out
+
+
+def test_shipped_files_speak_of_papers_not_internal_numbers():
+    assert shipped_hits() == []

@@ -1,4 +1,4 @@
-"""DO-ADP and its baselines (docs/reproductions/seed-003.md).
+"""DO-ADP and its baselines (docs/reproductions/do-adp.md).
 
 Huo, Liu, Ding, Johansson, Shi, "Decentralized Optimization with Amplified Differential Privacy via
 Efficient Communication" (arXiv 2506.07102), Algorithm 1 with eq. (5), round t at agent i:

@@ -1,4 +1,4 @@
-"""PrivSGP-VR and its baselines (reproduction notes: docs/reproductions/seed-004.md).
+"""PrivSGP-VR and its baselines (reproduction notes: docs/reproductions/privsgp-vr.md).
 
 Zhu, Huang, Wang, Xu, "PrivSGP-VR: Differentially Private Variance-Reduced Stochastic Gradient Push
 with Tight Utility Bounds" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteration k at node i (all nodes in lock-step):
