@@ -604,7 +604,7 @@ class Explorer(App):
         agents = [v for k, op, v in query.parse(text) if k == "agent" and op == "="]
         self.agents = self.all_agents
         if agents:
-            ids = query._ints(agents[0], "agent")
+            ids = query._ints(agents[0], "filter")
             self.agents = np.array(sorted({int(a) for a in ids if 0 <= a < r.n}), dtype=np.int64)
         self.drill.clear()
         self.lane_top, self.lane = 0, 1

@@ -9,6 +9,7 @@ tag) stay dictionary-coded, and a tag is decoded only for the event a details pa
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -51,8 +52,8 @@ class RunData:
             self.kind = lut[enc.indices.to_numpy(zero_copy_only=False)]
         else:
             self.kind = np.zeros(0, dtype=np.int16)
-        order = np.argsort(self.t, kind="stable")
-        if not np.array_equal(order, np.arange(len(order))):  # written in time order; be safe anyway
+        if len(self.t) > 1 and not (np.diff(self.t) >= 0).all():  # written in time order; be safe anyway
+            order = np.argsort(self.t, kind="stable")
             for name in ("t", "agent", "peer", "msg", "size", "value", "round", "kind"):
                 setattr(self, name, getattr(self, name)[order])
             self._tag = self._tag.take(pa.array(order))
@@ -64,14 +65,27 @@ class RunData:
         self.t_max = max(self.t_end, self._span_end())
         algo = self.scenario.get("algorithm", {}).get("name", "?")
         self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
-        # rows of each agent in time order: by_agent[starts[a]:starts[a + 1]]
-        self.by_agent = np.argsort(self.agent, kind="stable")
-        self.starts = np.searchsorted(self.agent[self.by_agent], np.arange(-1, n + 1))
-        # message rows by id (send, deliver, drop, stale carry the message id)
-        has = np.flatnonzero(self.msg >= 0)
-        self.by_msg = has[np.argsort(self.msg[has], kind="stable")]
-        self._msg_sorted = self.msg[self.by_msg]
         self.max_span = float(self.value[np.isin(self.kind, self.codes(SPANS))].max(initial=0.0))
+
+    # indexes, built on first use (the first screen needs neither) -------------------------------
+    @functools.cached_property
+    def by_agent(self) -> np.ndarray:
+        """Row indexes grouped by agent, each group in time order (see ``agent_rows``)."""
+        return np.argsort(self.agent, kind="stable")
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        return np.searchsorted(self.agent[self.by_agent], np.arange(-1, self.n + 1))
+
+    @functools.cached_property
+    def by_msg(self) -> np.ndarray:
+        """Rows that carry a message id (send, deliver, drop, stale), sorted by id."""
+        has = np.flatnonzero(self.msg >= 0)
+        return has[np.argsort(self.msg[has], kind="stable")]
+
+    @functools.cached_property
+    def _msg_sorted(self) -> np.ndarray:
+        return self.msg[self.by_msg]
 
     # small helpers --------------------------------------------------------------------------------
     def codes(self, kinds) -> list[int]:
@@ -156,23 +170,22 @@ class RunData:
         return grid
 
     def nearest(self, agents: list[int], t: float, t_tol: float, mask: np.ndarray | None = None) -> int | None:
-        """The event of these agents closest to time t within t_tol (a cell's width), most important
-        kind first among ties in the cell: what the cursor is on."""
-        best = None
-        for a in agents:
-            rows = self.agent_rows(a)
-            if not len(rows):
-                continue
-            ts = self.t[rows]
-            lo, hi = np.searchsorted(ts, [t - t_tol, t + t_tol], side="left")
-            cand = rows[lo:hi]
-            if mask is not None:
-                cand = cand[mask[cand]]
-            for r in cand:
-                key = (int(self.kind[r]), abs(float(self.t[r]) - t))
-                if best is None or key < best[0]:
-                    best = (key, int(r))
-        return None if best is None else best[1]
+        """The event of these agents closest to time t within t_tol (half a cell), the most important
+        kind first: what the cursor is on. Reads only the rows of that slice of time."""
+        lo, hi = np.searchsorted(self.t, [t - t_tol, t + t_tol], side="left")
+        rows = np.arange(lo, hi)
+        if mask is not None:
+            rows = rows[mask[rows]]
+        ag = self.agent[rows]
+        if len(agents) == 1:
+            rows = rows[ag == agents[0]]
+        else:
+            rows = rows[(ag >= min(agents)) & (ag <= max(agents))]
+            rows = rows[np.isin(self.agent[rows], agents)]
+        if not len(rows):
+            return None
+        key = np.lexsort((np.abs(self.t[rows] - t), self.kind[rows]))
+        return int(rows[key[0]])
 
     def agent_stats(self, a: int, t: float) -> dict:
         """What agent a did up to time t: activations, messages in/out, drops, offline time, epsilon spent

@@ -28,7 +28,7 @@ KEYS = ("kind", "agent", "src", "dst", "peer", "round", "tag", "msg", "t", "valu
 _TERM = re.compile(r"^([a-z]+)\s*(<=|>=|=|<|>)\s*(.+)$")
 
 
-def _ints(spec: str, key: str) -> np.ndarray:
+def _ints(spec: str, where: str) -> np.ndarray:
     out: list[int] = []
     try:
         for part in spec.split(","):
@@ -38,7 +38,7 @@ def _ints(spec: str, key: str) -> np.ndarray:
             else:
                 out.append(int(part))
     except ValueError:
-        raise InputError(key, f"expected integers or ranges like 0-3,7, got {spec!r}") from None
+        raise InputError(where, f"expected integers or ranges like 0-3,7, got {spec!r}") from None
     return np.array(out, dtype=np.int64)
 
 
@@ -53,7 +53,7 @@ def parse(text: str, where: str = "search") -> list[tuple[str, str, str]]:
         if key not in KEYS:
             raise InputError(where, f"unknown key {key!r}; allowed: {', '.join(KEYS)}")
         if key in ("kind", "tag") and op != "=":
-            raise InputError(key, f"only {key}=... is allowed, got {word!r}")
+            raise InputError(where, f"only {key}=... is allowed, got {word!r}")
         terms.append((key, op, val))
     return terms
 
@@ -71,7 +71,7 @@ def mask(run: RunData, text: str, where: str = "search") -> np.ndarray | None:
             names = [v.strip() for v in val.split(",") if v.strip()]
             bad = [v for v in names if v not in run.kind_names]
             if bad:
-                raise InputError("kind", f"unknown kind(s) {', '.join(bad)}; allowed: {', '.join(run.kind_names)}")
+                raise InputError(where, f"unknown kind(s) {', '.join(bad)}; allowed: {', '.join(run.kind_names)}")
             m &= np.isin(run.kind, run.codes(names))
             continue
         if key == "tag":
@@ -87,12 +87,12 @@ def mask(run: RunData, text: str, where: str = "search") -> np.ndarray | None:
         if key in ("src", "dst"):
             m &= run.msg >= 0
         if op == "=" and key not in ("t", "value"):
-            m &= np.isin(col, _ints(val, key))
+            m &= np.isin(col, _ints(val, where))
             continue
         try:
             x = float(val)
         except ValueError:
-            raise InputError(key, f"expected a number after {op}, got {val!r}") from None
+            raise InputError(where, f"expected a number after {key}{op}, got {val!r}") from None
         m &= {"=": col == x, "<": col < x, ">": col > x, "<=": col <= x, ">=": col >= x}[op]
     return m
 
