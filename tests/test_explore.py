@@ -68,6 +68,21 @@ def test_cells_match_a_cell_by_cell_count(run):
     assert (grid[2] >= 0).sum() > 5  # not a vacuous comparison
 
 
+def test_window_through_the_agent_index_equals_the_global_window(run):
+    for t0, t1 in ((0.0, 20.0), (3.3, 7.9), (9.0, 9.2)):
+        every = run.window(t0, t1)
+        some = run.window(t0, t1, agents=np.array([-1, 2, 6]))
+        assert np.array_equal(some, every[np.isin(run.agent[every], [-1, 2, 6])]) and len(some)
+    lane_of = np.full(run.n + 1, -1)
+    lane_of[[0, 2 + 1]] = [0, 1]
+    run.n, n = 100, run.n  # as if among many agents: the cells read through the index
+    try:
+        few = run.cells(lane_of, 2, 2.0, 6.0, 50)
+    finally:
+        run.n = n
+    assert np.array_equal(few, run.cells(lane_of, 2, 2.0, 6.0, 50)) and (few >= 0).sum() > 20
+
+
 def test_spans_fill_the_cells_they_cover(run):
     off = rows_of(run, "offline")[0]
     a, t, d = int(run.agent[off]), float(run.t[off]), float(run.value[off])

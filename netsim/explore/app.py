@@ -9,6 +9,7 @@ stale message or DP release; see docs/explore.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -104,7 +105,7 @@ class Explorer(App):
     ]
 
     def __init__(self, path: str | Path, run: RunData | None = None, filter_text: str = ""):
-        super().__init__()
+        super().__init__(ansi_color=True)
         self.run_data = run or RunData(path)
         r = self.run_data
         self.t0, self.t1 = 0.0, max(r.t_max, 1e-9)
@@ -125,6 +126,8 @@ class Explorer(App):
         self.prompt_mode = ""
         self._geom = (80, 20, 0, 1)  # width, lane rows, label width, group size of the last draw
         self._start_filter = filter_text
+        self._grid: tuple | None = None  # (view key, cells) of the last draw
+        self._drawn: tuple | None = None  # (state key, text) of the last draw
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -138,7 +141,12 @@ class Explorer(App):
     def on_mount(self) -> None:
         if self._start_filter:
             self.apply_filter(self._start_filter)
+        self.call_after_refresh(self._first)  # once the lanes know their size
+
+    def _first(self) -> None:
         self.refresh_all()
+        # then, while the user reads the first screen, the columns and indexes that following needs
+        self.run_worker(self.run_data.warm, thread=True, exclusive=True)
 
     # geometry ------------------------------------------------------------------------------------
     @property
@@ -178,6 +186,16 @@ class Explorer(App):
 
     # drawing -------------------------------------------------------------------------------------
     def draw(self, width: int, height: int) -> Text:
+        """The lanes as text; Textual asks for it more often than the state changes."""
+        key = (width, height, self.t0, self.t1, self.lane_top, self.lane, self.col, self.selected,
+               id(self.agents), id(self.filter_mask), id(self.causal), self.aggregate)
+        if self._drawn is not None and self._drawn[0] == key:
+            return self._drawn[1]
+        text = self._draw(width, height)
+        self._drawn = (key, text)
+        return text
+
+    def _draw(self, width: int, height: int) -> Text:
         r = self.run_data
         lw = self.label_w
         w = max(4, width - lw - 2)
@@ -195,8 +213,12 @@ class Explorer(App):
         gi = pos // g - self.lane_top
         vis = (gi >= 0) & (gi < rows)
         lane_of[self.agents[vis] + 1] = gi[vis] + 1
-        grid = r.cells(lane_of, shown + 1, self.t0, self.t1, w, self.mask())
+        key = (self.t0, self.t1, w, shown, self.lane_top, g, id(self.agents), id(self.filter_mask))
+        if self._grid is None or self._grid[0] != key:  # cursor moves restyle; they do not rebin
+            self._grid = (key, r.cells(lane_of, shown + 1, self.t0, self.t1, w, self.mask()))
+        grid = self._grid[1]
         known = glyphs()
+        glyph_of = [(known[k][0], known[k][1]) if k in known else ("?", "white") for k in r.kind_names]
         sel_cell = None
         if self.selected is not None:
             sel_cell = (self._lane_of_agent(int(r.agent[self.selected])), self.time_col(float(r.t[self.selected])))
@@ -214,19 +236,20 @@ class Explorer(App):
                     style += " magenta"
             out.append(f"{label:>{lw}}", style=style)
             out.append("|")
-            for c in range(w):
-                k = int(grid[li, c])
+            cells = []
+            for c, k in enumerate(grid[li].tolist()):
                 ch, st = " ", ""
                 if k >= 0:
-                    name = r.kind_names[k]
-                    ch, st = (known[name][0], known[name][1]) if name in known else ("?", "white")
-                if past is not None and self.col_time(c) > past and k >= 0:
-                    st = "dim"
+                    ch, st = glyph_of[k]
+                    if past is not None and self.col_time(c) > past:
+                        st = "dim"
                 if c == self.col:
                     st = (st + " on grey30").strip()
                 if sel_cell == (li, c):
                     st = "reverse bold"
-                out.append(ch, style=st or None)
+                cells.append((ch, st))
+            for st, run in itertools.groupby(cells, key=lambda x: x[1]):  # one span per run of a style
+                out.append("".join(ch for ch, _ in run), style=st or None)
             out.append("|\n")
         out.append(self._plot(lw, w))
         return out

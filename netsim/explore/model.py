@@ -33,13 +33,14 @@ class RunData:
         self.partial = tr.partial_note()
         self.scenario = _scenario(tr.scenario_text)
         tab = tr.table
-        self.t = _np(tab, "t", np.float64)
+        t = _np(tab, "t", np.float64)
+        if len(t) > 1 and not (np.diff(t) >= 0).all():  # written in time order; be safe anyway
+            tab = tab.take(pa.array(np.argsort(t, kind="stable")))
+            t = _np(tab, "t", np.float64)
+        self._tab = tab
+        self.t = t
         self.agent = _np(tab, "agent", np.int32)
-        self.peer = _np(tab, "peer", np.int32)
-        self.msg = _np(tab, "msg", np.int64)
-        self.size = _np(tab, "size", np.int64)
         self.value = _np(tab, "value", np.float64)
-        self.round = _np(tab, "round", np.int32)
         self._tag = tab.column("tag")
         # kind codes: index into self.kind_names (glyph order first, so a lower code is more important)
         names = list(glyphs())
@@ -52,14 +53,11 @@ class RunData:
             self.kind = lut[enc.indices.to_numpy(zero_copy_only=False)]
         else:
             self.kind = np.zeros(0, dtype=np.int16)
-        if len(self.t) > 1 and not (np.diff(self.t) >= 0).all():  # written in time order; be safe anyway
-            order = np.argsort(self.t, kind="stable")
-            for name in ("t", "agent", "peer", "msg", "size", "value", "round", "kind"):
-                setattr(self, name, getattr(self, name)[order])
-            self._tag = self._tag.take(pa.array(order))
         n = int(self.scenario.get("agents", {}).get("count", 0) or 0)
         if len(self.t):
-            n = max(n, int(self.agent.max()) + 1, int(self.peer.max()) + 1)
+            n = max(n, int(self.agent.max()) + 1)
+            if not n:  # no agent count in the trace's scenario: the ids seen
+                n = int(self.peer.max()) + 1
         self.n = n
         self.t_end = float(self.t[-1]) if len(self.t) else 0.0
         self.t_max = max(self.t_end, self._span_end())
@@ -67,7 +65,30 @@ class RunData:
         self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
         self.max_span = float(self.value[np.isin(self.kind, self.codes(SPANS))].max(initial=0.0))
 
-    # indexes, built on first use (the first screen needs neither) -------------------------------
+    # columns and indexes that drawing does not need, read on first use --------------------------
+    @functools.cached_property
+    def peer(self) -> np.ndarray:
+        return _np(self._tab, "peer", np.int32)
+
+    @functools.cached_property
+    def msg(self) -> np.ndarray:
+        return _np(self._tab, "msg", np.int64)
+
+    @functools.cached_property
+    def size(self) -> np.ndarray:
+        return _np(self._tab, "size", np.int64)
+
+    @functools.cached_property
+    def round(self) -> np.ndarray:
+        return _np(self._tab, "round", np.int32)
+
+    @functools.cached_property
+    def drops_by_peer(self) -> tuple[np.ndarray, np.ndarray]:
+        """(drop rows sorted by receiver, their receivers): drops of messages to an agent."""
+        rows = np.flatnonzero(self.kind == self.code["drop"]) if "drop" in self.code else np.zeros(0, np.int64)
+        rows = rows[np.argsort(self.peer[rows], kind="stable")]
+        return rows, self.peer[rows]
+
     @functools.cached_property
     def by_agent(self) -> np.ndarray:
         """Row indexes grouped by agent, each group in time order (see ``agent_rows``)."""
@@ -107,8 +128,18 @@ class RunData:
         """One event as a dict of its columns (kind and tag decoded)."""
         i = int(i)
         return {"row": i, "t": float(self.t[i]), "kind": self.kind_of(i), "agent": int(self.agent[i]),
-                "peer": int(self.peer[i]), "msg": int(self.msg[i]), "size": int(self.size[i]),
-                "value": float(self.value[i]), "round": int(self.round[i]), "tag": self.tag(i)}
+                "peer": self._at("peer", i), "msg": self._at("msg", i), "size": self._at("size", i),
+                "value": float(self.value[i]), "round": self._at("round", i), "tag": self.tag(i)}
+
+    def _at(self, name: str, i: int) -> int:
+        """One cell of a lazily read column, without reading the column when it is not read yet."""
+        col = self.__dict__.get(name)
+        return int(col[i]) if col is not None else int(self._tab.column(name)[i].as_py())
+
+    def warm(self) -> None:
+        """Read the lazy columns and build the indexes (run in a thread after the first screen)."""
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted"):
+            getattr(self, name)
 
     def agent_rows(self, a: int) -> np.ndarray:
         """Row indexes of agent a (-1: the run's own rows, evaluations), in time order."""
@@ -119,12 +150,22 @@ class RunData:
         lo, hi = np.searchsorted(self._msg_sorted, [msg_id, msg_id + 1])
         return sorted(int(r) for r in self.by_msg[lo:hi])
 
-    def window(self, t0: float, t1: float, spans: bool = True) -> np.ndarray:
-        """Rows that show in [t0, t1]: instants inside it, and spans that overlap it."""
-        lo = np.searchsorted(self.t, t0 - (self.max_span if spans else 0.0), side="left")
-        hi = np.searchsorted(self.t, t1, side="right")
-        rows = np.arange(lo, hi)
-        if spans and lo < hi:
+    def window(self, t0: float, t1: float, spans: bool = True, agents: np.ndarray | None = None) -> np.ndarray:
+        """Rows that show in [t0, t1]: instants inside it, and spans that overlap it; of ``agents``
+        only (-1: the run's rows) when given, read through the per-agent index."""
+        start = t0 - (self.max_span if spans else 0.0)
+        if agents is None:
+            lo = np.searchsorted(self.t, start, side="left")
+            hi = np.searchsorted(self.t, t1, side="right")
+            rows = np.arange(lo, hi)
+        else:
+            parts = []
+            for a in agents:
+                mine = self.agent_rows(int(a))
+                ts = self.t[mine]
+                parts.append(mine[np.searchsorted(ts, start, side="left"):np.searchsorted(ts, t1, side="right")])
+            rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        if spans and len(rows):
             inside = self.t[rows] >= t0
             sp = np.isin(self.kind[rows], self.codes(SPANS))
             keep = inside | (sp & (self.t[rows] + self.value[rows] >= t0))
@@ -136,37 +177,44 @@ class RunData:
               mask: np.ndarray | None = None) -> np.ndarray:
         """(n_lanes, width) grid of kind codes (-1: empty): per cell the most important kind that
         happens there; spans fill the cells they cover. ``lane_of[a + 1]`` is agent a's lane (-1: not
-        shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events."""
-        big = np.int16(32767)
-        grid = np.full((n_lanes, width), big, dtype=np.int16)
-        rows = self.window(t0, t1)
+        shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
+
+        A few lanes out of many agents read their rows through the per-agent index; otherwise the
+        window's rows are read at once. Binning is one fancy assignment per kind, least important
+        first (no ``ufunc.at``, which is slow), and spans are covered by difference arrays."""
+        shown = np.flatnonzero(lane_of >= 0) - 1
+        few = len(shown) * 8 < self.n
+        rows = self.window(t0, t1, agents=shown if few else None)
         if mask is not None:
             rows = rows[mask[rows]]
         lane = lane_of[self.agent[rows] + 1]
-        rows, lane = rows[lane >= 0], lane[lane >= 0]
+        if not few:
+            rows, lane = rows[lane >= 0], lane[lane >= 0]
+        flat = np.full(n_lanes * width, -1, dtype=np.int16)
         if not len(rows):
-            return np.full((n_lanes, width), -1, dtype=np.int16)
+            return flat.reshape(n_lanes, width)
         scale = width / (t1 - t0)
         k = self.kind[rows]
         col = np.clip(((self.t[rows] - t0) * scale).astype(np.int64), 0, width - 1)
-        sp = np.isin(k, self.codes(SPANS))
-        inst = ~sp
-        np.minimum.at(grid, (lane[inst], col[inst]), k[inst])
-        for name in SPANS:  # coverage by difference arrays: one pass whatever the span lengths
-            if name not in self.code:
-                continue
-            m = k == self.code[name]
+        idx = lane.astype(np.int64) * width + col
+        span_codes = self.codes(SPANS)
+        for c in sorted(set(np.unique(k).tolist()) - set(span_codes), reverse=True):
+            flat[idx[k == c]] = c
+        grid = flat.reshape(n_lanes, width)
+        for c in sorted(span_codes, reverse=True):
+            m = k == c
             if not m.any():
                 continue
-            end = self.t[rows[m]] + self.value[rows[m]]
-            lo = np.clip(((np.maximum(self.t[rows[m]], t0) - t0) * scale).astype(np.int64), 0, width - 1)
+            ts = self.t[rows[m]]
+            end = ts + self.value[rows[m]]
+            lo = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
             hi = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
-            diff = np.zeros((n_lanes, width + 1), dtype=np.int32)
-            np.add.at(diff, (lane[m], lo), 1)
-            np.add.at(diff, (lane[m], hi + 1), -1)
-            cover = np.cumsum(diff, axis=1)[:, :width] > 0
-            grid = np.where(cover, np.minimum(grid, self.code[name]), grid)
-        grid[grid == big] = -1
+            base = lane[m].astype(np.int64) * (width + 1)
+            size = n_lanes * (width + 1)
+            diff = np.bincount(base + lo, minlength=size) - np.bincount(base + hi + 1, minlength=size)
+            cover = np.cumsum(diff.reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
+            fill = cover & ((grid < 0) | (grid > c))
+            grid[fill] = c
         return grid
 
     def nearest(self, agents: list[int], t: float, t_tol: float, mask: np.ndarray | None = None) -> int | None:
@@ -201,10 +249,9 @@ class RunData:
         if "offline" in self.code:
             m = rows[k == self.code["offline"]]
             off = float(np.clip(np.minimum(self.t[m] + self.value[m], t) - self.t[m], 0, None).sum())
-        drops_in = 0
-        if "drop" in self.code:
-            d = np.flatnonzero((self.kind == self.code["drop"]) & (self.peer == a) & (self.t <= t))
-            drops_in = len(d)
+        drows, dpeer = self.drops_by_peer
+        lo, hi = np.searchsorted(dpeer, [a, a + 1])
+        drops_in = int((self.t[drows[lo:hi]] <= t).sum())
         return {"agent": a, "activations": count("activate"), "sent": count("send"), "received": count("deliver"),
                 "dropped_out": count("drop"), "dropped_in": drops_in, "timeouts": count("timeout"),
                 "stale": count("stale"), "releases": count("release"), "offline_s": off}
@@ -221,7 +268,7 @@ def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:
     col = tab.column(name)
     if not tab.num_rows:
         return np.zeros(0, dtype=dtype)
-    return col.combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks]).astype(dtype, copy=False)
 
 
 def _unique(col: pa.ChunkedArray) -> list[str]:
