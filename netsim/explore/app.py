@@ -18,6 +18,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Input, Static
 
@@ -41,8 +42,11 @@ class Lanes(Widget):
         super().__init__()
         self.view = view
 
-    def render(self) -> Text:
-        return self.view.draw(self.size.width, self.size.height)
+    def render_line(self, y: int) -> Strip:
+        """Line API: strips of segments, no rich-Text-to-Content conversion per refresh (a screen of
+        10,000 agents' lanes has thousands of styled runs)."""
+        strips = self.view.strips(self.size.width, self.size.height)
+        return strips[y] if y < len(strips) else Strip.blank(self.size.width)
 
     def on_click(self, event) -> None:
         self.view.click(event.x, event.y, event.ctrl)
@@ -128,6 +132,7 @@ class Explorer(App):
         self._start_filter = filter_text
         self._grid: tuple | None = None  # (view key, cells) of the last draw
         self._drawn: tuple | None = None  # (state key, text) of the last draw
+        self._strips: tuple | None = None  # (text, its lines as strips)
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -194,6 +199,14 @@ class Explorer(App):
         text = self._draw(width, height)
         self._drawn = (key, text)
         return text
+
+    def strips(self, width: int, height: int) -> list[Strip]:
+        text = self.draw(width, height)
+        if self._strips is None or self._strips[0] is not text:
+            lines = text.split("\n", allow_blank=True)
+            self._strips = (text, [Strip(list(line.render(self.console))).adjust_cell_length(width)
+                                   for line in lines])
+        return self._strips[1]
 
     def _draw(self, width: int, height: int) -> Text:
         r = self.run_data
