@@ -358,3 +358,27 @@ def test_snapshot_timeout_explained(snap_compare):
 
 def test_snapshot_aggregated_lanes(snap_compare):
     assert snap_compare(Explorer(TRACE), press=["x"], terminal_size=(100, 9))
+
+
+def test_agent_pane_of_a_private_run():
+    """epsilon so far and each agent's own accuracy, against the run's own summary (privacy_activation,
+    4 agents, 6 s: privacy_epsilon_max 0.024936354829607297 of agent 0, agent_accuracy_min 0.580624997...)."""
+    priv = RunData(TRACE.parent / "explore_private")
+    eps = [priv.epsilon(a, priv.t_max) for a in range(4)]
+    assert max(eps) == pytest.approx(0.024936354829607297, rel=1e-9) and int(np.argmax(eps)) == 0
+    assert 0 < priv.epsilon(0, 2.0) < eps[0]  # grows with the releases made so far
+    assert min(priv.accuracy_of(a, priv.t_max) for a in range(4)) == pytest.approx(0.5806249976158142)
+    assert priv.accuracy_of(0, -1.0) is None and RunData(TRACE).epsilon(0, 5.0) is None
+
+    async def go(app, pilot):
+        await pilot.press("A", "0", "enter", "f")
+        app.col = app._geom[0] - 1
+        app.moved()
+        pane = str(app.query_one("#agent").render())
+        assert "epsilon spent 0.02494" in pane and "own model's accuracy" in pane
+    async def main():
+        app = Explorer(TRACE.parent / "explore_private")
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await go(app, pilot)
+    asyncio.run(main())

@@ -333,12 +333,19 @@ class Explorer(App):
 
     def _epsilon(self, a: int, t: float) -> str:
         r = self.run_data
+        out = ""
+        acc = r.accuracy_of(a, t)
+        if acc is not None:
+            out += f"\nown model's accuracy {acc:.4f}"
+        eps = r.epsilon(a, t)
+        if eps is not None:
+            out += f"\nepsilon spent {eps:.4g} (delta {r.scenario.get('privacy', {}).get('delta', 1e-5):g})"
         if "budget_exhausted" in r.code:
             rows = r.agent_rows(a)
             m = rows[(r.kind[rows] == r.code["budget_exhausted"]) & (r.t[rows] <= t)]
             if len(m):
-                return f"\nbudget exhausted: eps {float(r.value[m[-1]]):.4g}"
-        return ""
+                out += f"\nbudget exhausted: eps {float(r.value[m[-1]]):.4g}"
+        return out
 
     def status_line(self) -> Text:
         r = self.run_data

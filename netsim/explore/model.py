@@ -63,6 +63,7 @@ class RunData:
         self.t_max = max(self.t_end, self._span_end())
         algo = self.scenario.get("algorithm", {}).get("name", "?")
         self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
+        self._eps: dict[tuple[int, int], float | None] = {}
         self.max_span = float(self.value[np.isin(self.kind, self.codes(SPANS))].max(initial=0.0))
 
     # columns and indexes that drawing does not need, read on first use --------------------------
@@ -81,6 +82,11 @@ class RunData:
     @functools.cached_property
     def round(self) -> np.ndarray:
         return _np(self._tab, "round", np.int32)
+
+    @functools.cached_property
+    def present(self) -> set[int]:
+        """Codes of the kinds that occur in the trace."""
+        return set(np.unique(self.kind).tolist())
 
     @functools.cached_property
     def drops_by_peer(self) -> tuple[np.ndarray, np.ndarray]:
@@ -255,6 +261,48 @@ class RunData:
         return {"agent": a, "activations": count("activate"), "sent": count("send"), "received": count("deliver"),
                 "dropped_out": count("drop"), "dropped_in": drops_in, "timeouts": count("timeout"),
                 "stale": count("stale"), "releases": count("release"), "offline_s": off}
+
+    def epsilon(self, a: int, t: float) -> float | None:
+        """epsilon(delta) agent a had spent by time t: its releases up to t composed by the run's
+        accountant settings (privacy.delta, privacy.accounting; RDP). None without releases."""
+        if self.code["release"] not in self.present:
+            return None
+        rows = self.agent_rows(a)
+        rows = rows[(self.kind[rows] == self.code["release"]) & (self.t[rows] <= t)]
+        key = (a, len(rows))
+        if key not in self._eps:
+            from netsim.privacy.accountants import epsilon
+            from netsim.trace.events import Release
+
+            priv = self.scenario.get("privacy", {}) if isinstance(self.scenario.get("privacy"), dict) else {}
+            delta = float(priv.get("delta", 1e-5))
+            mode = "amplified" if priv.get("accounting") == "amplified" else "observed"
+            rel = [Release.from_row(float(self.t[r]), a, self._at("peer", r), self._at("round", r),
+                                    self._at("size", r), float(self.value[r]), self.tag(r)) for r in rows]
+            self._eps[key] = epsilon(rel, delta, "rdp", mode)
+        return self._eps[key]
+
+    @functools.cached_property
+    def agent_accuracy(self) -> np.ndarray | None:
+        """(time, agent, loss, accuracy) rows of the run folder's agent_metrics.csv (the agent_accuracy
+        metric), or None when there is none or it does not read as numbers."""
+        p = Path(self.path)
+        f = (p if p.is_dir() else p.parent) / "agent_metrics.csv"
+        if not f.is_file():
+            return None
+        try:
+            rows = np.loadtxt(f, delimiter=",", skiprows=1, ndmin=2)
+        except (ValueError, OSError):
+            return None
+        return rows if rows.shape[1] == 4 and np.isfinite(rows[:, :2]).all() else None
+
+    def accuracy_of(self, a: int, t: float) -> float | None:
+        """Agent a's own test accuracy at its last evaluation by time t."""
+        m = self.agent_accuracy
+        if m is None:
+            return None
+        mine = m[(m[:, 1] == a) & (m[:, 0] <= t)]
+        return float(mine[-1, 3]) if len(mine) else None
 
     def evals(self) -> tuple[np.ndarray, np.ndarray]:
         """(times, accuracy of the average model) of the run's evaluation rows."""
