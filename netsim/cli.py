@@ -478,6 +478,9 @@ def explore(run: Path = typer.Argument(..., help="run folder or trace.arrows"),
             filter_: str = typer.Option("", "--filter", help="start filtered, e.g. 'kind=drop,timeout agent=0-3'"),
             export: Path | None = typer.Option(None, "--export",
                                                help="write the filtered trace as Chrome/Perfetto JSON and exit"),
+            follow: Optional[bool] = typer.Option(None, "--follow/--no-follow",
+                                                  help="re-read the trace as a run writes it (default: when "
+                                                       "the trace has no end marker yet)"),
             plugin: list[str] | None = PluginOpt) -> None:
     """Explore a trace in a full-screen terminal app: zoom, follow messages, see why rounds time out."""
     from netsim.errors import InputError
@@ -497,7 +500,7 @@ def explore(run: Path = typer.Argument(..., help="run folder or trace.arrows"),
             return
         from netsim.explore.app import Explorer
 
-        app_ = Explorer(run, data, filter_)
+        app_ = Explorer(run, data, filter_, follow)
     except InputError as e:
         _fail(e)
     app_.run()

@@ -382,3 +382,44 @@ def test_agent_pane_of_a_private_run():
             await pilot.pause()
             await go(app, pilot)
     asyncio.run(main())
+
+
+def test_live_mode_follows_batches_as_they_land(tmp_path):
+    """A trace being written (no end marker): the app re-reads it when it grows and keeps following the
+    end of the run; the end marker ends live mode."""
+    import pyarrow as pa
+
+    from netsim.trace.io import EOS, SCHEMA
+
+    with pa.OSFile(str(TRACE / "trace.arrows")) as f:
+        reader = pa.ipc.open_stream(f)
+        meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
+    batches = [whole.slice(0, 700), whole.slice(700, 700), whole.slice(1400)]  # three flushes
+    live = tmp_path / "trace.arrows"
+    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + batches[0].serialize().to_pybytes())
+
+    def append(*data: bytes) -> None:
+        with open(live, "ab") as f:
+            f.write(b"".join(data))
+
+    async def main():
+        app = Explorer(live)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            n0, end0 = len(app.run_data.t), app.t1
+            assert app.follow and n0 == batches[0].num_rows and "LIVE" in status(app)
+            await pilot.press("t")
+            sel = app.selected
+            assert not app.poll()  # nothing new
+            append(batches[1].serialize().to_pybytes())
+            assert app.poll()
+            assert len(app.run_data.t) == n0 + batches[1].num_rows and app.t1 > end0
+            assert app.selected == sel and run_kind(app, sel) == "timeout"  # rows only append
+            append(*[b.serialize().to_pybytes() for b in batches[2:]], EOS)
+            assert app.poll() and not app.follow and "run complete" in status(app)
+            assert len(app.run_data.t) == sum(b.num_rows for b in batches)
+    asyncio.run(main())
+
+
+def run_kind(app, row: int) -> str:
+    return app.run_data.kind_of(row)

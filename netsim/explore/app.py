@@ -108,8 +108,10 @@ class Explorer(App):
         Binding("e", "export", show=False),
     ]
 
-    def __init__(self, path: str | Path, run: RunData | None = None, filter_text: str = ""):
+    def __init__(self, path: str | Path, run: RunData | None = None, filter_text: str = "",
+                 follow: bool | None = None):
         super().__init__(ansi_color=True)
+        self.trace_path = Path(path)
         self.run_data = run or RunData(path)
         r = self.run_data
         self.t0, self.t1 = 0.0, max(r.t_max, 1e-9)
@@ -130,6 +132,9 @@ class Explorer(App):
         self.prompt_mode = ""
         self._geom = (80, 20, 0, 1)  # width, lane rows, label width, group size of the last draw
         self._start_filter = filter_text
+        # live mode: a run still being written (no end marker yet) is re-read as its batches land
+        self.follow = (not self.run_data.complete) if follow is None else follow
+        self._trace_bytes = _file_size(self.trace_path)
         self._grid: tuple | None = None  # (view key, cells) of the last draw
         self._drawn: tuple | None = None  # (state key, text) of the last draw
         self._strips: tuple | None = None  # (text, its lines as strips)
@@ -147,11 +152,49 @@ class Explorer(App):
         if self._start_filter:
             self.apply_filter(self._start_filter)
         self.call_after_refresh(self._first)  # once the lanes know their size
+        if self.follow:
+            self.set_interval(1.0, self.poll)
 
     def _first(self) -> None:
         self.refresh_all()
         # then, while the user reads the first screen, the columns and indexes that following needs
         self.run_worker(self.run_data.warm, thread=True, exclusive=True)
+
+    def poll(self) -> bool:
+        """Live mode: re-read the trace when it grew (whole batches only, as ``read_trace`` reads a
+        partial run); rows only append, so the selection stays; a view that showed the end follows it.
+        Returns whether new events arrived."""
+        size = _file_size(self.trace_path)
+        if size == self._trace_bytes:
+            return False
+        self._trace_bytes = size
+        old = self.run_data
+        try:
+            new = RunData(self.trace_path)
+        except InputError as e:
+            self.message = f"error: {e}"
+            self.refresh_all()
+            return False
+        if len(new.t) <= len(old.t):
+            return False
+        at_end = self.t1 >= old.t_max
+        self.run_data = new
+        if at_end:
+            span = self.t1 - self.t0
+            self.t1 = max(new.t_max, self.t1)
+            self.t0 = 0.0 if self.t0 <= 0.0 else self.t1 - span
+        if self.filter_text:
+            self.filter_mask = query.mask(new, self.filter_text, "filter")
+        if self.search_text:
+            self.search_mask = query.mask(new, self.search_text)
+        self._grid = self._drawn = None
+        if new.complete:
+            self.follow = False
+            self.message = "run complete"
+        else:
+            self.message = f"live: {len(new.t):,} events"
+        self.refresh_all()
+        return True
 
     # geometry ------------------------------------------------------------------------------------
     @property
@@ -368,7 +411,7 @@ class Explorer(App):
         if self.message:
             parts.append(self.message)
         if r.partial:
-            parts.append("PARTIAL")
+            parts.append("LIVE" if self.follow else "PARTIAL")
         return Text("  ".join(parts), no_wrap=True, overflow="ellipsis")
 
     def _pick(self) -> None:
@@ -652,6 +695,15 @@ class Explorer(App):
         self.drill.clear()
         self.lane_top, self.lane = 0, 1
         self.action_fit()
+
+
+def _file_size(path: Path) -> int:
+    from netsim.trace.io import resolve_trace_path
+
+    try:
+        return resolve_trace_path(path).stat().st_size
+    except OSError:
+        return -1
 
 
 def causal_past(run: RunData, a: int, t: float) -> dict[int, float]:
