@@ -474,7 +474,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
 
 
 @app.command()
-def explore(run: Path = typer.Argument(..., help="run folder or trace.arrows"),
+def explore(runs: list[Path] = typer.Argument(..., help="run folder or trace.arrows; a second one to compare"),
             filter_: str = typer.Option("", "--filter", help="start filtered, e.g. 'kind=drop,timeout agent=0-3'"),
             export: Path | None = typer.Option(None, "--export",
                                                help="write the filtered trace as Chrome/Perfetto JSON and exit"),
@@ -487,6 +487,9 @@ def explore(run: Path = typer.Argument(..., help="run folder or trace.arrows"),
 
     try:
         _plugins(plugin)
+        if len(runs) > 2:
+            raise InputError("RUN", f"at most two runs (to compare), got {len(runs)}")
+        run = runs[0]
         from netsim.explore.model import RunData
         from netsim.explore.query import mask
 
@@ -500,7 +503,8 @@ def explore(run: Path = typer.Argument(..., help="run folder or trace.arrows"),
             return
         from netsim.explore.app import Explorer
 
-        app_ = Explorer(run, data, filter_, follow)
+        other = RunData(runs[1]) if len(runs) == 2 else None
+        app_ = Explorer(run, data, filter_, follow, other)
     except InputError as e:
         _fail(e)
     app_.run()

@@ -423,3 +423,46 @@ def test_live_mode_follows_batches_as_they_land(tmp_path):
 
 def run_kind(app, row: int) -> str:
     return app.run_data.kind_of(row)
+
+
+def write_trace(path, meta, batches, end: bool = True) -> None:
+    from netsim.trace.io import EOS, SCHEMA
+
+    path.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes()
+                     + b"".join(b.serialize().to_pybytes() for b in batches) + (EOS if end else b""))
+
+
+def test_two_runs_first_difference(tmp_path, run):
+    import pyarrow as pa
+
+    from netsim.explore.diff import first_difference
+
+    with pa.OSFile(str(TRACE / "trace.arrows")) as f:
+        reader = pa.ipc.open_stream(f)
+        meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
+    value = whole.column("value").to_numpy().copy()
+    value[1000] += 1e-9  # one delay differs in its last digits
+    changed = pa.record_batch([*whole.columns[:6], pa.array(value), *whole.columns[7:]], schema=whole.schema)
+    (tmp_path / "b").mkdir()
+    write_trace(tmp_path / "b" / "trace.arrows", meta, [changed])
+    write_trace(tmp_path / "prefix.arrows", meta, [whole.slice(0, 1500)])
+    other = RunData(tmp_path / "b")
+    assert first_difference(run, other) == (1000, ["value"])
+    assert first_difference(run, RunData(tmp_path / "prefix.arrows")) == (1500, ["length"])
+    assert first_difference(run, RunData(TRACE)) == (None, [])
+
+    async def main():
+        app = Explorer(TRACE, run, other=other)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("D")
+            assert app.selected == 1000 and "first difference at row 1000: value" in status(app)
+            t0, t1 = app.t0, app.t1
+            await pilot.press("b")
+            assert app.run_data is other and (app.t0, app.t1) == (t0, t1) and app.selected == 1000
+            await pilot.press("b")
+            assert app.run_data is run
+    asyncio.run(main())
+    p = subprocess.run(netsim_cli("explore", str(TRACE), str(TRACE), str(TRACE)), capture_output=True, text=True,
+                       env=cli_env())
+    assert p.returncode == 2 and "at most two runs (to compare), got 3" in p.stderr

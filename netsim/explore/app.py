@@ -106,11 +106,14 @@ class Explorer(App):
         Binding("c", "causal", show=False),
         Binding("m", "aggregate", show=False),
         Binding("e", "export", show=False),
+        Binding("b", "swap", show=False),
+        Binding("D", "difference", show=False),
     ]
 
     def __init__(self, path: str | Path, run: RunData | None = None, filter_text: str = "",
-                 follow: bool | None = None):
+                 follow: bool | None = None, other: RunData | None = None):
         super().__init__(ansi_color=True)
+        self.other = other  # a second run to compare with (b: show it, D: first difference)
         self.trace_path = Path(path)
         self.run_data = run or RunData(path)
         r = self.run_data
@@ -581,6 +584,44 @@ class Explorer(App):
         elif self.causal is not None:
             self.causal = None
             self.refresh_all()
+
+    def action_swap(self) -> None:
+        """Show the other run in the same window of time (two runs side by side, one at a time)."""
+        if self.other is None:
+            self.message = "one run: give two to compare (netsim explore RUN_A RUN_B)"
+        else:
+            self.run_data, self.other = self.other, self.run_data
+            self.all_agents = np.arange(self.run_data.n)
+            self.agents, self.drill = self.all_agents, []
+            if self.selected is not None and self.selected >= len(self.run_data.t):
+                self.selected = None
+            self.filter_mask = query.mask(self.run_data, self.filter_text, "filter") if self.filter_text else None
+            self.search_mask = query.mask(self.run_data, self.search_text) if self.search_text else None
+            self._grid = self._drawn = None
+            self.message = f"showing {self.run_data.name} ({Path(self.run_data.path).name})"
+        self.refresh_all()
+
+    def action_difference(self) -> None:
+        """Select the first event at which the two runs differ, and say how."""
+        from netsim.explore.diff import first_difference
+
+        if self.other is None:
+            self.message = "one run: give two to compare (netsim explore RUN_A RUN_B)"
+            self.refresh_all()
+            return
+        row, cols = first_difference(self.run_data, self.other)
+        if row is None:
+            self.message = "the two traces are identical"
+        elif row >= len(self.run_data.t):
+            self.message = f"this trace is a prefix of the other (which goes on after row {row})"
+        else:
+            self.message = f"first difference at row {row}: {', '.join(cols)}"
+            if row < len(self.other.t):
+                e = self.other.row(row)
+                self.message += f"; other: {e['kind']} @ {fmt_t(e['t'])} agent {e['agent']}"
+            self.select(row)
+            return
+        self.refresh_all()
 
     def action_aggregate(self) -> None:
         self.aggregate = not self.aggregate
