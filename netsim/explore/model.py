@@ -171,7 +171,7 @@ class RunData:
                 ts = self.t[mine]
                 parts.append(mine[np.searchsorted(ts, start, side="left"):np.searchsorted(ts, t1, side="right")])
             rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-        if spans and len(rows):
+        if spans and len(rows) and self.t[rows[0]] < t0:  # some rows start before t0: keep spans only
             inside = self.t[rows] >= t0
             sp = np.isin(self.kind[rows], self.codes(SPANS))
             keep = inside | (sp & (self.t[rows] + self.value[rows] >= t0))
@@ -186,38 +186,49 @@ class RunData:
         shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
 
         A few lanes out of many agents read their rows through the per-agent index; otherwise the
-        window's rows are read at once. Binning is one fancy assignment per kind, least important
-        first (no ``ufunc.at``, which is slow), and spans are covered by difference arrays."""
+        window's rows are read at once. Binning marks the (cell, kind) pairs that occur in one fancy
+        assignment (no ``ufunc.at``, which is slow) and takes the most important kind per cell; spans are
+        covered by difference arrays."""
         shown = np.flatnonzero(lane_of >= 0) - 1
-        few = len(shown) * 8 < self.n
-        rows = self.window(t0, t1, agents=shown if few else None)
-        if mask is not None:
-            rows = rows[mask[rows]]
-        lane = lane_of[self.agent[rows] + 1]
-        if not few:
-            rows, lane = rows[lane >= 0], lane[lane >= 0]
-        flat = np.full(n_lanes * width, -1, dtype=np.int16)
-        if not len(rows):
-            return flat.reshape(n_lanes, width)
+        lane_of = lane_of.astype(np.int32)
+        if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
+            rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
+            if mask is not None:
+                rows = rows[mask[rows]]
+            T, K, V, lane = self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1]
+            keep = lane >= 0
+        else:  # the window's rows are contiguous: work on views, no index arrays
+            lo = np.searchsorted(self.t, t0 - self.max_span, side="left")
+            hi = np.searchsorted(self.t, t1, side="right")
+            T, K, V = self.t[lo:hi], self.kind[lo:hi], self.value[lo:hi]
+            lane = lane_of[self.agent[lo:hi] + 1]
+            keep = lane >= 0
+            if len(T) and T[0] < t0:  # rows before t0 count only as spans reaching into the window
+                keep &= (T >= t0) | (np.isin(K, self.codes(SPANS)) & (T + V >= t0))
+        if not keep.all():
+            T, K, V, lane = T[keep], K[keep], V[keep], lane[keep]
+        if not len(T):
+            return np.full((n_lanes, width), -1, dtype=np.int16)
         scale = width / (t1 - t0)
-        k = self.kind[rows]
-        col = np.clip(((self.t[rows] - t0) * scale).astype(np.int64), 0, width - 1)
-        idx = lane.astype(np.int64) * width + col
+        col = np.clip(((T - t0) * scale).astype(np.int32), 0, width - 1)
         span_codes = self.codes(SPANS)
-        for c in sorted(set(np.unique(k).tolist()) - set(span_codes), reverse=True):
-            flat[idx[k == c]] = c
-        grid = flat.reshape(n_lanes, width)
+        inst = ~np.isin(K, span_codes)
+        nk = len(self.kind_names)
+        seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur: one pass
+        seen[((lane[inst].astype(np.int64) * width + col[inst]) * nk + K[inst])] = True
+        seen = seen.reshape(n_lanes * width, nk)
+        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
         for c in sorted(span_codes, reverse=True):
-            m = k == c
+            m = K == c
             if not m.any():
                 continue
-            ts = self.t[rows[m]]
-            end = ts + self.value[rows[m]]
-            lo = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
-            hi = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
+            ts = T[m]
+            end = ts + V[m]
+            lo_c = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
+            hi_c = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
             base = lane[m].astype(np.int64) * (width + 1)
             size = n_lanes * (width + 1)
-            diff = np.bincount(base + lo, minlength=size) - np.bincount(base + hi + 1, minlength=size)
+            diff = np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
             cover = np.cumsum(diff.reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
             fill = cover & ((grid < 0) | (grid > c))
             grid[fill] = c
