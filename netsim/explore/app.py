@@ -503,7 +503,10 @@ class Explorer(App):
 
     def select(self, row: int) -> None:
         r = self.run_data
-        self.go_agent(int(r.agent[row])) if r.agent[row] >= 0 else setattr(self, "lane", 0)
+        if r.agent[row] >= 0:
+            self.go_agent(int(r.agent[row]))
+        else:
+            self.lane = 0
         self.go_time(float(r.t[row]))
         self.selected = int(row)
         self.refresh_all()
