@@ -466,3 +466,28 @@ def test_two_runs_first_difference(tmp_path, run):
     p = subprocess.run(netsim_cli("explore", str(TRACE), str(TRACE), str(TRACE)), capture_output=True, text=True,
                        env=cli_env())
     assert p.returncode == 2 and "at most two runs (to compare), got 3" in p.stderr
+
+
+def test_causal_key_and_export_key(tmp_path, run):
+    import shutil
+
+    shutil.copy(TRACE / "trace.arrows", tmp_path / "trace.arrows")
+
+    async def main():
+        app = Explorer(tmp_path, RunData(tmp_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("g", *"1.2", "enter")
+            app.lane = 1  # agent 0
+            app.moved()
+            await pilot.press("c")
+            want = causal_past(run, 0, app.col_time(app.col))
+            assert app.causal == want and f"causal past of 0: {len(want)} agents" in status(app)
+            await pilot.press("escape")
+            assert app.causal is None
+            await pilot.press("w", "e")
+            out = tmp_path / "explore-view.json"
+            data = json.loads(out.read_text())
+            assert check_trace_events(data) == [] and data["otherData"]["window_s"] == [app.t0, app.t1]
+            assert f"wrote explore-view.json ({len(data['traceEvents'])} events)" in status(app)
+    asyncio.run(main())
