@@ -474,7 +474,8 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
 
 
 @app.command()
-def explore(runs: list[Path] = typer.Argument(..., help="run folder or trace.arrows; a second one to compare"),
+def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
+                                             help="run folder or trace.arrows; a second one to compare"),
             filter_: str = typer.Option("", "--filter", help="start filtered, e.g. 'kind=drop,timeout agent=0-3'"),
             export: Path | None = typer.Option(None, "--export",
                                                help="write the filtered trace as Chrome/Perfetto JSON and exit"),
