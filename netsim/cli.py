@@ -473,6 +473,44 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
         _fail(e)
 
 
+@app.command()
+def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
+                                             help="run folder or trace.arrows; a second one to compare"),
+            filter_: str = typer.Option("", "--filter", help="start filtered, e.g. 'kind=drop,timeout agent=0-3'"),
+            export: Path | None = typer.Option(None, "--export",
+                                               help="write the filtered trace as Chrome/Perfetto JSON and exit"),
+            follow: Optional[bool] = typer.Option(None, "--follow/--no-follow",
+                                                  help="re-read the trace as a run writes it (default: when "
+                                                       "the trace has no end marker yet)"),
+            plugin: list[str] | None = PluginOpt) -> None:
+    """Explore a trace in a full-screen terminal app: zoom, follow messages, see why rounds time out."""
+    from netsim.errors import InputError
+
+    try:
+        _plugins(plugin)
+        if len(runs) > 2:
+            raise InputError("RUN", f"at most two runs (to compare), got {len(runs)}")
+        run = runs[0]
+        from netsim.explore.model import RunData
+        from netsim.explore.query import mask
+
+        data = RunData(run)
+        m = mask(data, filter_, "--filter")
+        if export is not None:
+            from netsim.explore.export import export_view
+
+            n = export_view(data, export, 0.0, data.t_max, None, m)
+            typer.echo(f"wrote {export} ({n} trace events; open in ui.perfetto.dev or chrome://tracing)")
+            return
+        from netsim.explore.app import Explorer
+
+        other = RunData(runs[1]) if len(runs) == 2 else None
+        app_ = Explorer(run, data, filter_, follow, other)
+    except InputError as e:
+        _fail(e)
+    app_.run()
+
+
 RayOpt = typer.Option(None, "--ray", metavar="[ADDRESS]",
                       help="run on Ray: --ray (private local instance), --ray auto (this machine's "
                            "cluster) or --ray ray://HEAD:10001")

@@ -1,0 +1,355 @@
+"""The explorer's data: one trace as numpy columns with the indexes a viewer needs, and no UI.
+
+A view draws only what is on screen, so everything here answers "what lies in this window of time for
+these lanes" with binary searches on time-sorted columns (the trace is written in simulated-time order)
+and per-agent row indexes, then bins the few rows found into cells in one vectorized pass. The raw
+columns are read once through ``netsim.trace.io.read_trace`` (every batch validated); strings (kind,
+tag) stay dictionary-coded, and a tag is decoded only for the event a details pane shows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from netsim.trace.io import read_trace
+from netsim.trace.timeline import KIND_OF, glyphs
+
+SPANS = ("compute", "offline")  # kinds drawn over [t, t + value]
+RECV = ("deliver", "stale")  # rows whose agent is the receiver: src = peer
+
+
+class RunData:
+    """A trace ready to explore: time-sorted numpy columns, per-agent and per-message indexes."""
+
+    def __init__(self, path: str | Path):
+        tr = read_trace(path)
+        self.path = str(path)
+        self.complete = tr.complete
+        self.partial = tr.partial_note()
+        self.scenario = _scenario(tr.scenario_text)
+        tab = tr.table
+        t = _np(tab, "t", np.float64)
+        if len(t) > 1 and not (np.diff(t) >= 0).all():  # written in time order; be safe anyway
+            tab = tab.take(pa.array(np.argsort(t, kind="stable")))
+            t = _np(tab, "t", np.float64)
+        self._tab = tab
+        self.t = t
+        self.agent = _np(tab, "agent", np.int32)
+        self.value = _np(tab, "value", np.float64)
+        self._tag = tab.column("tag")
+        # kind codes: index into self.kind_names (glyph order first, so a lower code is more important)
+        names = list(glyphs())
+        seen = [KIND_OF.get(k, k) for k in _unique(tab.column("kind"))]
+        self.kind_names = names + [k for k in dict.fromkeys(seen) if k not in names]
+        self.code = {k: i for i, k in enumerate(self.kind_names)}
+        enc = tab.column("kind").dictionary_encode().combine_chunks() if tab.num_rows else None
+        if enc is not None:
+            lut = np.array([self.code[KIND_OF.get(k, k)] for k in enc.dictionary.to_pylist()], dtype=np.int16)
+            self.kind = lut[enc.indices.to_numpy(zero_copy_only=False)]
+        else:
+            self.kind = np.zeros(0, dtype=np.int16)
+        n = int(self.scenario.get("agents", {}).get("count", 0) or 0)
+        if len(self.t):
+            n = max(n, int(self.agent.max()) + 1)
+            if not n:  # no agent count in the trace's scenario: the ids seen
+                n = int(self.peer.max()) + 1
+        self.n = n
+        self.t_end = float(self.t[-1]) if len(self.t) else 0.0
+        self.t_max = max(self.t_end, self._span_end())
+        algo = self.scenario.get("algorithm", {}).get("name", "?")
+        self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
+        self._eps: dict[tuple[int, int], float | None] = {}
+        self.max_span = float(self.value[np.isin(self.kind, self.codes(SPANS))].max(initial=0.0))
+
+    # columns and indexes that drawing does not need, read on first use --------------------------
+    @functools.cached_property
+    def peer(self) -> np.ndarray:
+        return _np(self._tab, "peer", np.int32)
+
+    @functools.cached_property
+    def msg(self) -> np.ndarray:
+        return _np(self._tab, "msg", np.int64)
+
+    @functools.cached_property
+    def size(self) -> np.ndarray:
+        return _np(self._tab, "size", np.int64)
+
+    @functools.cached_property
+    def round(self) -> np.ndarray:
+        return _np(self._tab, "round", np.int32)
+
+    @functools.cached_property
+    def present(self) -> set[int]:
+        """Codes of the kinds that occur in the trace."""
+        return set(np.unique(self.kind).tolist())
+
+    @functools.cached_property
+    def drops_by_peer(self) -> tuple[np.ndarray, np.ndarray]:
+        """(drop rows sorted by receiver, their receivers): drops of messages to an agent."""
+        rows = np.flatnonzero(self.kind == self.code["drop"]) if "drop" in self.code else np.zeros(0, np.int64)
+        rows = rows[np.argsort(self.peer[rows], kind="stable")]
+        return rows, self.peer[rows]
+
+    @functools.cached_property
+    def by_agent(self) -> np.ndarray:
+        """Row indexes grouped by agent, each group in time order (see ``agent_rows``)."""
+        return np.argsort(self.agent, kind="stable")
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        return np.searchsorted(self.agent[self.by_agent], np.arange(-1, self.n + 1))
+
+    @functools.cached_property
+    def by_msg(self) -> np.ndarray:
+        """Rows that carry a message id (send, deliver, drop, stale), sorted by id."""
+        has = np.flatnonzero(self.msg >= 0)
+        return has[np.argsort(self.msg[has], kind="stable")]
+
+    @functools.cached_property
+    def _msg_sorted(self) -> np.ndarray:
+        return self.msg[self.by_msg]
+
+    # small helpers --------------------------------------------------------------------------------
+    def codes(self, kinds) -> list[int]:
+        return [self.code[k] for k in kinds if k in self.code]
+
+    def kind_of(self, row: int) -> str:
+        return self.kind_names[int(self.kind[row])]
+
+    def tag(self, row: int) -> str:
+        return str(self._tag[int(row)].as_py())
+
+    def _span_end(self) -> float:
+        if not len(self.t):
+            return 1.0
+        span = np.isin(self.kind, self.codes(SPANS))
+        return float((self.t[span] + self.value[span]).max(initial=0.0))
+
+    def row(self, i: int) -> dict:
+        """One event as a dict of its columns (kind and tag decoded)."""
+        i = int(i)
+        return {"row": i, "t": float(self.t[i]), "kind": self.kind_of(i), "agent": int(self.agent[i]),
+                "peer": self._at("peer", i), "msg": self._at("msg", i), "size": self._at("size", i),
+                "value": float(self.value[i]), "round": self._at("round", i), "tag": self.tag(i)}
+
+    def _at(self, name: str, i: int) -> int:
+        """One cell of a lazily read column, without reading the column when it is not read yet."""
+        col = self.__dict__.get(name)
+        return int(col[i]) if col is not None else int(self._tab.column(name)[i].as_py())
+
+    def warm(self) -> None:
+        """Read the lazy columns and build the indexes (run in a thread after the first screen)."""
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted"):
+            getattr(self, name)
+
+    def agent_rows(self, a: int) -> np.ndarray:
+        """Row indexes of agent a (-1: the run's own rows, evaluations), in time order."""
+        return self.by_agent[self.starts[a + 1]:self.starts[a + 2]]
+
+    def message(self, msg_id: int) -> list[int]:
+        """The rows of one message (send, then deliver/drop/stale), in time order."""
+        lo, hi = np.searchsorted(self._msg_sorted, [msg_id, msg_id + 1])
+        return sorted(int(r) for r in self.by_msg[lo:hi])
+
+    def window(self, t0: float, t1: float, spans: bool = True, agents: np.ndarray | None = None) -> np.ndarray:
+        """Rows that show in [t0, t1]: instants inside it, and spans that overlap it; of ``agents``
+        only (-1: the run's rows) when given, read through the per-agent index."""
+        start = t0 - (self.max_span if spans else 0.0)
+        if agents is None:
+            lo = np.searchsorted(self.t, start, side="left")
+            hi = np.searchsorted(self.t, t1, side="right")
+            rows = np.arange(lo, hi)
+        else:
+            parts = []
+            for a in agents:
+                mine = self.agent_rows(int(a))
+                ts = self.t[mine]
+                parts.append(mine[np.searchsorted(ts, start, side="left"):np.searchsorted(ts, t1, side="right")])
+            rows = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        if spans and len(rows) and self.t[rows[0]] < t0:  # some rows start before t0: keep spans only
+            inside = self.t[rows] >= t0
+            sp = np.isin(self.kind[rows], self.codes(SPANS))
+            keep = inside | (sp & (self.t[rows] + self.value[rows] >= t0))
+            rows = rows[keep]
+        return rows
+
+    # drawing --------------------------------------------------------------------------------------
+    def cells(self, lane_of: np.ndarray, n_lanes: int, t0: float, t1: float, width: int,
+              mask: np.ndarray | None = None) -> np.ndarray:
+        """(n_lanes, width) grid of kind codes (-1: empty): per cell the most important kind that
+        happens there; spans fill the cells they cover. ``lane_of[a + 1]`` is agent a's lane (-1: not
+        shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
+
+        A few lanes out of many agents read their rows through the per-agent index; otherwise the
+        window's rows are read at once. Binning marks the (cell, kind) pairs that occur in one fancy
+        assignment (no ``ufunc.at``, which is slow) and takes the most important kind per cell; spans are
+        covered by difference arrays."""
+        shown = np.flatnonzero(lane_of >= 0) - 1
+        lane_of = lane_of.astype(np.int32)
+        if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
+            rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
+            if mask is not None:
+                rows = rows[mask[rows]]
+            T, K, V, lane = self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1]
+            keep = lane >= 0
+        else:  # the window's rows are contiguous: work on views, no index arrays
+            lo = np.searchsorted(self.t, t0 - self.max_span, side="left")
+            hi = np.searchsorted(self.t, t1, side="right")
+            T, K, V = self.t[lo:hi], self.kind[lo:hi], self.value[lo:hi]
+            lane = lane_of[self.agent[lo:hi] + 1]
+            keep = lane >= 0
+            if len(T) and T[0] < t0:  # rows before t0 count only as spans reaching into the window
+                keep &= (T >= t0) | (np.isin(K, self.codes(SPANS)) & (T + V >= t0))
+        if not keep.all():
+            T, K, V, lane = T[keep], K[keep], V[keep], lane[keep]
+        if not len(T):
+            return np.full((n_lanes, width), -1, dtype=np.int16)
+        scale = width / (t1 - t0)
+        col = np.clip(((T - t0) * scale).astype(np.int32), 0, width - 1)
+        span_codes = self.codes(SPANS)
+        inst = ~np.isin(K, span_codes)
+        nk = len(self.kind_names)
+        seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur: one pass
+        seen[((lane[inst].astype(np.int64) * width + col[inst]) * nk + K[inst])] = True
+        seen = seen.reshape(n_lanes * width, nk)
+        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
+        for c in sorted(span_codes, reverse=True):
+            m = K == c
+            if not m.any():
+                continue
+            ts = T[m]
+            end = ts + V[m]
+            lo_c = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
+            hi_c = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
+            base = lane[m].astype(np.int64) * (width + 1)
+            size = n_lanes * (width + 1)
+            diff = np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
+            cover = np.cumsum(diff.reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
+            fill = cover & ((grid < 0) | (grid > c))
+            grid[fill] = c
+        return grid
+
+    def nearest(self, agents: list[int], t: float, t_tol: float, mask: np.ndarray | None = None) -> int | None:
+        """The event of these agents closest to time t within t_tol (half a cell), the most important
+        kind first: what the cursor is on. Reads only the rows of that slice of time."""
+        lo, hi = np.searchsorted(self.t, [t - t_tol, t + t_tol], side="left")
+        rows = np.arange(lo, hi)
+        if mask is not None:
+            rows = rows[mask[rows]]
+        ag = self.agent[rows]
+        if len(agents) == 1:
+            rows = rows[ag == agents[0]]
+        else:
+            rows = rows[(ag >= min(agents)) & (ag <= max(agents))]
+            rows = rows[np.isin(self.agent[rows], agents)]
+        if not len(rows):
+            return None
+        key = np.lexsort((np.abs(self.t[rows] - t), self.kind[rows]))
+        return int(rows[key[0]])
+
+    def agent_stats(self, a: int, t: float) -> dict:
+        """What agent a did up to time t: activations, messages in/out, drops, offline time, epsilon spent
+        (the last budget note, when the run traces one) and stale messages."""
+        rows = self.agent_rows(a)
+        rows = rows[self.t[rows] <= t]
+        k = self.kind[rows]
+
+        def count(name: str) -> int:
+            return int((k == self.code[name]).sum()) if name in self.code else 0
+
+        off = 0.0
+        if "offline" in self.code:
+            m = rows[k == self.code["offline"]]
+            off = float(np.clip(np.minimum(self.t[m] + self.value[m], t) - self.t[m], 0, None).sum())
+        drows, dpeer = self.drops_by_peer
+        lo, hi = np.searchsorted(dpeer, [a, a + 1])
+        drops_in = int((self.t[drows[lo:hi]] <= t).sum())
+        return {"agent": a, "activations": count("activate"), "sent": count("send"), "received": count("deliver"),
+                "dropped_out": count("drop"), "dropped_in": drops_in, "timeouts": count("timeout"),
+                "stale": count("stale"), "releases": count("release"), "offline_s": off}
+
+    def epsilon(self, a: int, t: float) -> float | None:
+        """epsilon(delta) agent a had spent by time t: its releases up to t composed by the run's
+        accountant settings (privacy.delta, privacy.accounting; RDP). None without releases."""
+        if self.code["release"] not in self.present:
+            return None
+        rows = self.agent_rows(a)
+        rows = rows[(self.kind[rows] == self.code["release"]) & (self.t[rows] <= t)]
+        key = (a, len(rows))
+        if key not in self._eps:
+            from netsim.privacy.accountants import epsilon
+            from netsim.trace.events import Release
+
+            priv = self.scenario.get("privacy", {}) if isinstance(self.scenario.get("privacy"), dict) else {}
+            delta = float(priv.get("delta", 1e-5))
+            mode = "amplified" if priv.get("accounting") == "amplified" else "observed"
+            rel = [Release.from_row(float(self.t[r]), a, self._at("peer", r), self._at("round", r),
+                                    self._at("size", r), float(self.value[r]), self.tag(r)) for r in rows]
+            self._eps[key] = epsilon(rel, delta, "rdp", mode)
+        return self._eps[key]
+
+    @functools.cached_property
+    def agent_accuracy(self) -> np.ndarray | None:
+        """(time, agent, loss, accuracy) rows of the run folder's agent_metrics.csv (the agent_accuracy
+        metric), or None when there is none or it does not read as numbers."""
+        p = Path(self.path)
+        f = (p if p.is_dir() else p.parent) / "agent_metrics.csv"
+        if not f.is_file():
+            return None
+        try:
+            rows = np.loadtxt(f, delimiter=",", skiprows=1, ndmin=2)
+        except (ValueError, OSError):
+            return None
+        return rows if rows.shape[1] == 4 and np.isfinite(rows[:, :2]).all() else None
+
+    def accuracy_of(self, a: int, t: float) -> float | None:
+        """Agent a's own test accuracy at its last evaluation by time t."""
+        m = self.agent_accuracy
+        if m is None:
+            return None
+        mine = m[(m[:, 1] == a) & (m[:, 0] <= t)]
+        return float(mine[-1, 3]) if len(mine) else None
+
+    def evals(self) -> tuple[np.ndarray, np.ndarray]:
+        """(times, accuracy of the average model) of the run's evaluation rows."""
+        if "eval" not in self.code:
+            return np.zeros(0), np.zeros(0)
+        m = self.kind == self.code["eval"]
+        return self.t[m], self.value[m]
+
+
+def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:
+    col = tab.column(name)
+    if not tab.num_rows:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks]).astype(dtype, copy=False)
+
+
+def _unique(col: pa.ChunkedArray) -> list[str]:
+    import pyarrow.compute as pc
+
+    return [str(x) for x in pc.unique(col).to_pylist()] if len(col) else []
+
+
+def _scenario(text: str) -> dict:
+    import tomllib
+
+    if not text:
+        return {}
+    try:
+        sc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return {}
+    return sc if isinstance(sc, dict) else {}
+
+
+def fmt_t(t: float) -> str:
+    """Seconds with enough digits to tell neighbouring events apart."""
+    if t == 0 or not math.isfinite(t):
+        return f"{t:g}"
+    return f"{t:.6g}"
