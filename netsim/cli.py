@@ -242,8 +242,15 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
 @app.command()
 def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
                    None, help="one algorithm: its description and parameters"),
-               plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+               plugin: Optional[list[str]] = PluginOpt,  # noqa: UP045
+               api: bool = typer.Option(False, "--api", help="print the Agent API reference algorithms "
+                                                              "are written against")) -> None:
     """List registered algorithms and their parameters; with NAME, describe one."""
+    if api:
+        from netsim.sim.reference import agent_api_markdown
+
+        typer.echo(agent_api_markdown())
+        return
     import attrs
 
     from netsim.algorithms import REGISTRY, names

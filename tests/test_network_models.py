@@ -31,7 +31,8 @@ def make_net(network=None, agents=None, n=4, seed=0):
     env = simpy.Environment()
     events, delivered = [], []
     net = Network(env, sc.network, Streams(seed), events.append, delivered.append)
-    net.attach(SimpleNamespace(scenario=sc, _housekeeping=0, emit=events.append, env=env))
+    net.attach(SimpleNamespace(scenario=sc, emit=events.append, env=env, start_housekeeping=env.process,
+                               housekeeping_ended=lambda: None))
     return env, net, events, delivered
 
 

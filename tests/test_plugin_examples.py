@@ -107,3 +107,32 @@ def test_a_plugin_taking_a_registered_name_is_refused_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr == (f"error: --plugin: {plugin}:4: ValueError: closed form 'do_adp' is already registered by "
                         "netsim.privacy.report\n")
+
+
+def test_algorithm_plugin_uses_recv_gather_spawn_and_state(tmp_path):
+    """The one-file algorithm plugin runs through --plugin; its pulls show in the trace and the summary."""
+    out = tmp_path / "run"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "pull_repair_momentum.py",
+               "--set", 'algorithm={name="pull_repair_momentum"}', "--set", "agents.count=6",
+               "--set", "run.until=8", "--set", "network.loss=0.3", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    t = read_trace(out).table.to_pandas()
+    sends = t[t["kind"] == "send"]
+    # every pull request is a traced message; a repair needs a reply that was delivered
+    assert s["pull_requests"] == (sends["tag"] == "pull.req").sum() > 0
+    replies = t[(t["kind"] == "deliver") & (t["tag"] == "pull.rep")]
+    assert 0 < s["pull_repaired"] <= len(replies)
+    # a pull per in-neighbour missing when the round's gather timed out (a timeout event's value: missing
+    # count); pulls are one after another, so the run's end may cut an agent's last ones (at most 2 each)
+    missing = t[t["kind"] == "timeout"]["value"].sum()
+    assert missing - 2 * 6 <= s["pull_requests"] <= missing
+    assert s["accuracy"] > 0.8
+    # without losses and with a generous timeout nothing is missing, so nothing is pulled
+    out2 = tmp_path / "lossless"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "pull_repair_momentum.py",
+               "--set", 'algorithm={name="pull_repair_momentum", round_timeout=5.0}', "--set", "agents.count=6",
+               "--set", "run.until=8", "--set", "network.loss=0.0", "--out", out2, "-q")
+    assert r.returncode == 0, r.stderr
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert "pull_requests" not in s2 and s2["accuracy"] > 0.8

@@ -158,7 +158,7 @@ class Churn:
         while True:
             nxt = self.next_interval(i, t)
             if nxt is None:
-                sim._housekeeping -= 1
+                sim.housekeeping_ended()
                 return
             a, b = nxt
             yield env.timeout(max(0.0, a - env.now))

@@ -149,8 +149,7 @@ class Network:
         self.send = self._send_full
         if self.churn is not None:
             for i in self.churn.sources:
-                sim._housekeeping += 1
-                self.env.process(self.churn.recorder(sim, i))
+                sim.start_housekeeping(self.churn.recorder(sim, i))
 
     def _wake_hook(self, agent, at: float) -> float:
         """A planned activation (local time): jitter delays it, then churn moves it out of offline time."""
