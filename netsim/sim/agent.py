@@ -13,15 +13,15 @@ because a lone message's sender matters; ``gather`` returns ``{src: payload}`` f
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 import torch
 
+from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message
 from netsim.sim.services import Completion, Lookahead
 from netsim.trace.events import Activate, ComputeStart, Finish, Stale, Timeout
@@ -173,13 +173,14 @@ class Agent:
         self.self_weight = float(sim.W[i, i])
         act = sim.scenario.agents.activation
         self._act = act
-        self._act_rng = sim.streams.rng("activation", i)
+        act_rng = sim.streams.rng("activation", i)
         self._batch_rng = sim.streams.rng("batch", i)
         self._distinct_rows = sim.scenario.data.sampling == "without_replacement"
         self._compute = sim.compute_draws(i)
         self.rows = sim.data.parts[i]
-        self._tick = math.floor(self.local_time(0.0) / act.period) if act.kind != "poisson" else 0
-        self._next = offset + (self._act_rng.exponential(1.0 / act.rate) if act.kind == "poisson" else 0.0)
+        # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
+        self.schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0))
+        self._listeners: list[Callable[[Agent], None]] = []  # on_activation
         self._done = processed_event(self.env)
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
@@ -199,20 +200,9 @@ class Agent:
         limit = self.sim.scenario.run.rounds
         if limit is not None and self.round >= limit:
             return self.finish()
-        act = self._act
-        now_local = self.local_time()
-        if act.kind == "poisson":
-            # The schedule is a Poisson process on the local clock, drawn independently of what the
-            # agent does; arrivals that fall while it is busy are missed (as ticks are, below).
-            at = self._next
-            while at < now_local:
-                at += self._act_rng.exponential(1.0 / act.rate)
-            self._next = at + self._act_rng.exponential(1.0 / act.rate)
-        else:
-            self._tick = max(self._tick, math.floor(now_local / act.period)) + 1
-            if act.kind == "bernoulli" and act.p < 1.0:
-                self._tick += int(self._act_rng.geometric(act.p)) - 1
-            at = self._tick * act.period
+        # The schedule never depends on what the agent does: an activation that falls while it is
+        # busy is missed.
+        at = self.schedule.next(self.local_time())
         hook = self.sim.network.wake_hook
         if hook is not None:  # clock jitter, churn: the activation moves (Network.wake_hook)
             at = hook(self, at)
@@ -227,7 +217,21 @@ class Agent:
         return ev
 
     def _activated(self, ev) -> None:
+        if self._listeners:
+            for listener in self._listeners:
+                listener(self)
         self.emit(Activate(self.env.now, self.id, self.round, ev.value))
+
+    def on_activation(self, listener: Callable[[Agent], None]) -> None:
+        """Call ``listener(agent)`` at each activation, before it is traced and the program resumes (a
+        dynamic topology adopts the current graph there)."""
+        self._listeners.append(listener)
+
+    def adopt_links(self, neighbors: list[int], in_neighbors: list[int], weights: dict[int, float],
+                    self_weight: float) -> None:
+        """Take a time-varying topology's links and mixing row for this activation (sim/dynamic.py)."""
+        self.neighbors, self.in_neighbors, self.weights, self.self_weight = (neighbors, in_neighbors, weights,
+                                                                             self_weight)
 
     # compute ------------------------------------------------------------------------------------
     @property
@@ -431,7 +435,7 @@ class Agent:
     def last_tick(self) -> int:
         """Index of the tick of the latest scheduled activation (periodic and Bernoulli activation; the
         privacy ledger counts the ticks a Bernoulli agent skipped from it)."""
-        return self._tick
+        return self.schedule.tick
 
     @property
     def activation_probability(self) -> float:

@@ -155,7 +155,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                       else value if type(value) in _PLAIN else None])
     agents, inboxes, ledgers = [], [], {}
     for a in sim.agents:
-        agents.append(_plain_vars(a))
+        agents.append({**_plain_vars(a), "schedule": _plain_vars(a.schedule)})
         box = a.inbox
         inboxes.append({
             "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]

@@ -167,7 +167,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
     state = {"k": 0}
     env = agent.env
-    act = agent._act
+    act = agent.activation
 
     def at_recorded(t: float, local: float) -> simpy.Event:
         ev = simpy.events.Timeout(env, max(0.0, t - env.now), local)
@@ -209,7 +209,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
         stats.activations_replayed += 1
         agent.round += 1
         if act.kind != "poisson":  # keep the tick count (read by e.g. the privacy ledger) in step
-            agent._tick = max(agent._tick, math.floor(agent.local_time(t) / act.period + 1e-9))
+            agent.schedule.advance_tick(math.floor(agent.local_time(t) / act.period + 1e-9))
         return at_recorded(t, local)
 
     return wake_exact if exact else wake_conditions
