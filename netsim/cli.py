@@ -419,7 +419,7 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
     from rich.console import Console
 
     from netsim.errors import InputError, RunCrashed
-    from netsim.trace.replay import replay as do_replay
+    from netsim.replay import replay as do_replay
 
     try:
         _plugins(plugin)
