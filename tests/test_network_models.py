@@ -12,7 +12,7 @@ from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
 from netsim.scenario.schema import BurstSpec
 from netsim.sim.links import GilbertElliott
-from netsim.sim.network import Network
+from netsim.sim.network import ComposedLinks, LeanLinks, Network
 from netsim.sim.streams import Streams
 
 
@@ -161,13 +161,41 @@ def test_kth_message_on_a_link_sees_the_same_draws_whatever_else_is_sent():
 def test_full_path_reproduces_the_default_path_draws():
     base = {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}, "loss": 0.3, "bandwidth": 1e4}
     env, net, ev_fast, _ = make_net(base)
-    assert net.send.__func__ is Network.send  # nothing extra configured: the lean path
+    assert net.model is None  # nothing extra configured: the lean path, inline in send
     plan = [(k * 0.05, k % 3, (k + 1) % 3, 100) for k in range(300)]
     send_at(env, net, plan)
     env, net, ev_full, _ = make_net({**base, "outages": [{"start": 1e6, "end": 1e6 + 1}]})
-    assert net.send.__func__ is Network._send_full
+    assert isinstance(net.model, ComposedLinks)
     send_at(env, net, plan)
     assert [(e.kind, e.t, e.value) for e in ev_fast] == [(e.kind, e.t, e.value) for e in ev_full]
+    env, net, ev_model, _ = make_net(base)
+    net.use(LeanLinks(net))  # the lean path as a model object decides exactly as the inline path
+    send_at(env, net, plan)
+    assert ev_model == ev_fast
+
+
+def test_a_link_model_object_decides_delay_and_drop():
+    """Any object with outcome(src, dst, now, size) is a link model: here every third message is dropped
+    and the rest take 0.5 s plus 1 s per 100 bytes of transmission on a 100 B/s link."""
+
+    class EveryThirdLost:
+        def __init__(self):
+            self.calls = []
+
+        def outcome(self, src, dst, now, size):
+            self.calls.append((src, dst, now, size))
+            tx_end = now + size / 100
+            return tx_end, tx_end - now + 0.5, "lost" if len(self.calls) % 3 == 0 else ""
+
+    env, net, events, delivered = make_net()
+    model = EveryThirdLost()
+    net.use(model)
+    busy = send_at(env, net, [(k * 1.0, 0, 1, 100) for k in range(6)])
+    env.run()
+    assert busy == [1.0] * 6 and [c[2] for c in model.calls] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [(e.t, e.tag) for e in by_kind(events, "drop")] == [(2.0, "lost"), (5.0, "lost")]
+    assert [(e.t, e.value) for e in by_kind(events, "deliver")] == [(t + 1.5, 1.5) for t in (0.0, 1.0, 3.0, 4.0)]
+    assert len(delivered) == 4
 
 
 # churn ---------------------------------------------------------------------------------------------------
