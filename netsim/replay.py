@@ -171,8 +171,8 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
     def wake_exact() -> simpy.Event:
         k = state["k"]
-        if agent.finished or (agent.sim.scenario.run.rounds is not None
-                              and agent.round >= agent.sim.scenario.run.rounds):
+        if agent.finished or (agent.scenario.run.rounds is not None
+                              and agent.round >= agent.scenario.run.rounds):
             return Agent.wake(agent)  # finishing: the agent's own bookkeeping
         own = Agent.wake(agent)
         if k >= len(times):  # still pending when the recorded run ended: it stays after the end
@@ -187,7 +187,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
         return at_recorded(t, local)
 
     def wake_conditions() -> simpy.Event:
-        limit = agent.sim.scenario.run.rounds
+        limit = agent.scenario.run.rounds
         if limit is not None and agent.round >= limit:
             return Agent.wake(agent)
         now = env.now

@@ -64,3 +64,44 @@ def test_listeners_run_at_each_activation_before_it_is_traced(scenario):
     assert len(seen) == a.round or len(seen) == a.round - 1   # the last wake may still be pending at the end
     assert seen == [(1, r) for r in range(1, len(seen) + 1)]
     assert a.last_tick == a.schedule.tick and a.schedule.tick >= math.floor(3.0 / 0.5)
+
+
+class EveryOtherSecond:
+    """A user's schedule: activations at local times 1, 3, 5, ... (the protocol of sim/activation.py)."""
+
+    kind = "every_other_second"
+
+    def __init__(self):
+        self.tick = 0
+
+    def next(self, now_local):
+        self.tick = max(self.tick, int(now_local // 2) * 2 + 1)
+        at = float(self.tick)
+        self.tick += 2
+        return at
+
+    def defer(self, at, back_local):
+        while at < back_local:
+            at += 2.0
+        return at
+
+    def advance_tick(self, tick):
+        self.tick = max(self.tick, tick)
+
+
+def test_a_schedule_object_installed_through_setup_drives_the_activations(tmp_path, scenario):
+    import netsim
+    from netsim.trace.io import read_trace
+
+    sc = scenario(run={"until": 9.5}, agents={"count": 4, "compute_time": {"kind": "constant", "value": 0.01}})
+
+    def setup(sim):
+        for a in sim.agents:
+            a.use_schedule(EveryOtherSecond())
+
+    netsim.run(sc, out=tmp_path / "run", setup=setup)
+    t = read_trace(tmp_path / "run").table.to_pandas()
+    act = t[t["kind"] == "activate"]
+    for _, rows in act.groupby("agent"):
+        assert list(rows["value"]) == [1.0, 3.0, 5.0, 7.0, 9.0]   # the local times it planned
+        assert list(rows["round"]) == [1, 2, 3, 4, 5]

@@ -233,3 +233,20 @@ def test_periodic_availability_wraps_like_fedscale(tmp_path):
     assert [a.end_of(t) for t in (0.5, 2.0, 3.0, 9.0, 13.5, 28.0)] == [1.0, None, 5.0, 10.0, 15.0, 30.0]
     assert a.next_start(5.5) == 8.0 and a.next_start(11.5) == 13.0 and a.next_start(10.5) == 10.5
 
+
+
+def test_a_link_model_installed_through_setup_decides_a_whole_run(tmp_path):
+    """The Python API's setup hook installs a model for a real run: every delivery takes exactly its delay."""
+    import netsim
+    from netsim.trace.io import read_trace
+
+    class Fixed:
+        def outcome(self, src, dst, now, size):
+            return now, 0.125, ""
+
+    sc = scenario(network={"loss": 0.5}, until=4.0)
+    netsim.run(sc, out=tmp_path / "run", setup=lambda sim: sim.network.use(Fixed()))
+    t = read_trace(tmp_path / "run").table.to_pandas()
+    assert (t["kind"] == "drop").sum() == 0          # the model, not the scenario's 50% loss, decides
+    d = t[t["kind"] == "deliver"]
+    assert len(d) > 20 and (d["value"] == 0.125).all()

@@ -222,6 +222,11 @@ class Agent:
                 listener(self)
         self.emit(Activate(self.env.now, self.id, self.round, ev.value))
 
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Wake by ``schedule`` from the next ``wake`` on (an object with ``next``, ``defer``, ``tick``,
+        ``advance_tick``: sim/activation.py); jitter, churn and listeners apply to it as to the built-in ones."""
+        self.schedule = schedule
+
     def on_activation(self, listener: Callable[[Agent], None]) -> None:
         """Call ``listener(agent)`` at each activation, before it is traced and the program resumes (a
         dynamic topology adopts the current graph there)."""
