@@ -14,7 +14,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
 PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms, closed forms, "
-                                                "accountants, event kinds... (repeatable)")
+                                                "accountants, event kinds, link models, activation "
+                                                "schedules... (repeatable)")
 
 
 def _version(value: bool) -> None:

@@ -16,6 +16,7 @@ drew (a Poisson schedule draws its first arrival when it is made), so a seed's t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -95,9 +96,34 @@ class Poisson(Schedule):
         return at
 
 
+SCHEDULES: dict[str, Callable[..., Schedule]] = {}
+
+
+def register_schedule(name: str, factory: Callable[..., Schedule]) -> None:
+    """Make a schedule selectable as ``agents.activation.schedule = "name"``: ``factory(spec, rng, offset)``
+    returns one agent's schedule from the ``agents.activation`` table (``period``, ``rate``, ``p``), the
+    agent's ``activation`` stream and its local clock at t = 0. The same factory again is a no-op; another
+    under a taken name raises."""
+    if not name.isidentifier():
+        raise ValueError(f"schedule name must be an identifier, got {name!r}")
+    have = SCHEDULES.get(name)
+    if have is not None and have is not factory:
+        raise ValueError(f"schedule {name!r} is already registered ({getattr(have, '__qualname__', have)})")
+    SCHEDULES[name] = factory
+
+
 def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: float) -> Schedule:
     """The scenario's ``agents.activation`` as a schedule (``offset``: the local clock at t = 0, where a
     Poisson process starts; ``start_local``: the same, from which ticks are counted)."""
+    if getattr(spec, "schedule", None) is not None:
+        factory = SCHEDULES.get(spec.schedule)
+        if factory is None:
+            from netsim.errors import InputError
+
+            raise InputError("agents.activation.schedule",
+                             f"unknown schedule {spec.schedule!r}; registered: "
+                             f"{', '.join(sorted(SCHEDULES)) or 'none'} (a plugin's needs --plugin)")
+        return factory(spec, rng, offset)
     if spec.kind == "poisson":
         return Poisson(spec.rate, rng, offset)
     if spec.kind == "bernoulli":

@@ -15,6 +15,7 @@ installs the recorded outcomes. Unconfigured models therefore cost one compariso
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -106,6 +107,29 @@ class ComposedLinks:
         return tx_end, delay, reason
 
 
+LINK_MODELS: dict[str, Callable[[Network], LinkModel]] = {}
+
+
+def register_link_model(name: str, factory: Callable[[Network], LinkModel]) -> None:
+    """Make a link model selectable as ``network.model = "name"``: ``factory(network)`` returns the run's
+    model (it may wrap ``network.lean()``, the built-in one). The same factory again is a no-op; another
+    under a taken name raises."""
+    if not name.isidentifier():
+        raise ValueError(f"link model name must be an identifier, got {name!r}")
+    have = LINK_MODELS.get(name)
+    if have is not None and have is not factory:
+        raise ValueError(f"link model {name!r} is already registered ({getattr(have, '__qualname__', have)})")
+    LINK_MODELS[name] = factory
+
+
+def link_model(name: str) -> Callable[[Network], LinkModel]:
+    got = LINK_MODELS.get(name)
+    if got is None:
+        raise InputError("network.model", f"unknown link model {name!r}; registered: "
+                                          f"{', '.join(sorted(LINK_MODELS)) or 'none'} (a plugin's needs --plugin)")
+    return got
+
+
 class Network:
     def __init__(self, env: simpy.Environment, spec: NetworkSpec, streams: Streams, emit, deliver):
         self.env = env
@@ -179,7 +203,14 @@ class Network:
 
     # the full path ----------------------------------------------------------------------------------
     def attach(self, sim) -> None:
-        """Build the configured link and churn models (needs the agents: count, clocks, scenario)."""
+        """Build the configured link and churn models (needs the agents: count, clocks, scenario); a
+        plugin's model (``network.model``) is made last, so it can wrap the built-in one (``lean()``)."""
+        self.n_agents = sim.scenario.agents.count
+        self._attach_builtin(sim)
+        if self.spec.model is not None:
+            self.use(link_model(self.spec.model)(self))
+
+    def _attach_builtin(self, sim) -> None:
         from netsim.compute.data import find_data_file
         from netsim.sim.churn import build_churn
         from netsim.sim.links import needs_full_path, outages_by_link, read_link_trace
