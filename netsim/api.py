@@ -11,7 +11,6 @@ import functools
 import os
 import platform
 import shutil
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -405,7 +404,7 @@ def _write_crash(sim, folder: Path, counts, meta: dict[str, str], exc: Exception
                "simulated_time": t, "stop_reason": "error", "error": error,
                "messages_sent": k["send"], "messages_delivered": k["deliver"], "messages_dropped": k["drop"],
                "activations": k["activate"], "events": counts.total,
-               "wall_time": sim.wall + time.perf_counter() - sim._t0,
+               "wall_time": sim.wall_time(),
                "scenario_sha256": meta["netsim.scenario_sha256"], "python": platform.python_version()}
     write_summary(summary, folder / PARTIAL_SUMMARY)
     if isinstance(exc, InputError):
@@ -456,7 +455,7 @@ def _summary(sim, counts, meta: dict[str, str]) -> dict[str, Any]:
     head = sc.evaluation.headline
     if head is not None:
         summary["headline"] = {"metric": head, "value": final.get(head)}
-    if any(getattr(a, "_privacy", None) is not None for a in sim.agents):
+    if any(a.existing_ledger is not None for a in sim.agents):
         from netsim.privacy.report import run_summary
 
         summary.update(run_summary(sim))  # worst agent's epsilon (netsim privacy RUN for the full report)

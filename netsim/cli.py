@@ -14,7 +14,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
 PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms, closed forms, "
-                                                "accountants, event kinds... (repeatable)")
+                                                "accountants, event kinds, link models, activation "
+                                                "schedules... (repeatable)")
 
 
 def _version(value: bool) -> None:
@@ -242,8 +243,15 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
 @app.command()
 def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
                    None, help="one algorithm: its description and parameters"),
-               plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+               plugin: Optional[list[str]] = PluginOpt,  # noqa: UP045
+               api: bool = typer.Option(False, "--api", help="print the Agent API reference algorithms "
+                                                              "are written against")) -> None:
     """List registered algorithms and their parameters; with NAME, describe one."""
+    if api:
+        from netsim.sim.reference import agent_api_markdown
+
+        typer.echo(agent_api_markdown())
+        return
     import attrs
 
     from netsim.algorithms import REGISTRY, names
@@ -412,7 +420,7 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
     from rich.console import Console
 
     from netsim.errors import InputError, RunCrashed
-    from netsim.trace.replay import replay as do_replay
+    from netsim.replay import replay as do_replay
 
     try:
         _plugins(plugin)

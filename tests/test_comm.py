@@ -270,7 +270,7 @@ def test_scenario_errors_name_the_key():
 
 
 def _fake_agent(round_: int, weights: dict[int, float], msgs: list):
-    """Just what AsyncPush touches: an inbox queue, the round, the mixing weights, the sim (for stats)."""
+    """Just what AsyncPush touches: an inbox queue, the round, the mixing weights, the stats."""
     from collections import deque
     from types import SimpleNamespace
 
@@ -278,7 +278,9 @@ def _fake_agent(round_: int, weights: dict[int, float], msgs: list):
 
     q = deque(Message(i, src, 0, "push", rnd, torch.full((2,), val, dtype=torch.float64), 16, 0.0)
               for i, (src, rnd, val) in enumerate(msgs))
-    return SimpleNamespace(sim=SimpleNamespace(), round=round_, weights=weights,
+    from netsim.comm.stats import CommStats
+
+    return SimpleNamespace(stats=CommStats(), round=round_, weights=weights,
                            inbox=SimpleNamespace(queues={"push": q}))
 
 
@@ -295,5 +297,5 @@ def test_async_push_merge_closed_form_with_staleness_weights():
     agent = _fake_agent(5, {1: 0.25, 2: 0.25}, [(1, 4, 1.0), (2, 4, 3.0)])
     assert torch.allclose(AsyncPush(agent).merge(own + 1.0), torch.full((2,), 0.5 + 0.25 + 0.75,
                                                                         dtype=torch.float64))
-    s = agent.sim.comm_stats.summary()
+    s = agent.stats.summary()
     assert s["push_staleness_max"] == 0.0 and s["push_staleness_samples"] == 2

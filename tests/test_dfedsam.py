@@ -59,7 +59,7 @@ def test_random_neighbors_gossip_is_the_product_of_the_drawn_matrices(scenario):
     sim.run()
     M = np.eye(n)
     for q in range(Q):
-        ins, outs = RandomInNeighbors.of(sim, k).at(0, q)
+        ins, outs = RandomInNeighbors.of(sim.agents[0], k).at(0, q)
         Wq = np.zeros((n, n))
         for i in range(n):
             assert len(ins[i]) == k and i not in ins[i]
@@ -71,7 +71,7 @@ def test_random_neighbors_gossip_is_the_product_of_the_drawn_matrices(scenario):
     # the same draw whatever the algorithm (an addressed stream)
     other = _sim(scenario, "dfedavg", local_steps=0, random_neighbors=k, count=n,
                  topology={"kind": "complete"})
-    assert RandomInNeighbors.of(other, k).at(0, 1) == RandomInNeighbors.of(sim, k).at(0, 1)
+    assert RandomInNeighbors.of(other.agents[0], k).at(0, 1) == RandomInNeighbors.of(sim.agents[0], k).at(0, 1)
 
 
 def _run_trace(tmp_path, name, **algo):

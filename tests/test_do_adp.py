@@ -182,14 +182,13 @@ def test_average_moves_only_by_gradient_terms():
 
 
 def test_bad_parameters_fail_with_key():
-    sim = _sim(algorithm={"name": "do_adp", "rounds": 10})
+    """The program function's checks fail while the run is prepared (before any output)."""
     with pytest.raises(InputError) as e:
-        sim.program(sim.agents[0], sim.params)
+        _sim(algorithm={"name": "do_adp", "rounds": 10})
     assert e.value.key == "algorithm.epsilon"
-    sim = _sim(agents={"activation": {"kind": "poisson", "rate": 1.0}},
-               algorithm={"name": "do_adp", "rounds": 10, "sigma": 1.0})
     with pytest.raises(InputError) as e:
-        sim.program(sim.agents[0], sim.params)
+        _sim(agents={"activation": {"kind": "poisson", "rate": 1.0}},
+             algorithm={"name": "do_adp", "rounds": 10, "sigma": 1.0})
     assert e.value.key == "agents.activation.kind"
 
 

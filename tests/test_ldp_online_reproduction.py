@@ -189,7 +189,7 @@ def test_own_state_stays_clean_noise_enters_only_through_neighbours():
     noise-free, uncoupled recursion exactly."""
     lost = {"network": {"loss": 0.999999999}}
     got, sim = run_params(scen({"sigma": 5.0}, **lost))
-    assert sum(len(a._privacy.releases) for a in sim.agents) == M * (T - 1)  # noise was drawn
+    assert sum(len(a.ledger.releases) for a in sim.agents) == M * (T - 1)  # noise was drawn
     np.testing.assert_allclose(got, reference(scen({"noise": False}), couple=False), rtol=0, atol=1e-10)
     noisy, _ = run_params(scen({"sigma": 5.0}))
     assert np.abs(noisy - reference(scen({"noise": False}))).max() > 1e-3  # and, delivered, it matters

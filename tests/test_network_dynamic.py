@@ -8,10 +8,10 @@ import pytest
 import netsim
 from netsim.api import prepare
 from netsim.errors import InputError
+from netsim.replay import replay
 from netsim.scenario.load import scenario_from_dict
 from netsim.sim.dynamic import DynamicTopology, one_peer_exponential
 from netsim.trace.io import read_trace
-from netsim.trace.replay import replay
 
 
 def dense(lists) -> np.ndarray:

@@ -12,7 +12,7 @@ from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
 from netsim.scenario.schema import BurstSpec
 from netsim.sim.links import GilbertElliott
-from netsim.sim.network import Network
+from netsim.sim.network import ComposedLinks, LeanLinks, Network
 from netsim.sim.streams import Streams
 
 
@@ -31,7 +31,8 @@ def make_net(network=None, agents=None, n=4, seed=0):
     env = simpy.Environment()
     events, delivered = [], []
     net = Network(env, sc.network, Streams(seed), events.append, delivered.append)
-    net.attach(SimpleNamespace(scenario=sc, _housekeeping=0, emit=events.append, env=env))
+    net.attach(SimpleNamespace(scenario=sc, emit=events.append, env=env, start_housekeeping=env.process,
+                               housekeeping_ended=lambda: None))
     return env, net, events, delivered
 
 
@@ -160,13 +161,41 @@ def test_kth_message_on_a_link_sees_the_same_draws_whatever_else_is_sent():
 def test_full_path_reproduces_the_default_path_draws():
     base = {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}, "loss": 0.3, "bandwidth": 1e4}
     env, net, ev_fast, _ = make_net(base)
-    assert net.send.__func__ is Network.send  # nothing extra configured: the lean path
+    assert net.model is None  # nothing extra configured: the lean path, inline in send
     plan = [(k * 0.05, k % 3, (k + 1) % 3, 100) for k in range(300)]
     send_at(env, net, plan)
     env, net, ev_full, _ = make_net({**base, "outages": [{"start": 1e6, "end": 1e6 + 1}]})
-    assert net.send.__func__ is Network._send_full
+    assert isinstance(net.model, ComposedLinks)
     send_at(env, net, plan)
     assert [(e.kind, e.t, e.value) for e in ev_fast] == [(e.kind, e.t, e.value) for e in ev_full]
+    env, net, ev_model, _ = make_net(base)
+    net.use(LeanLinks(net))  # the lean path as a model object decides exactly as the inline path
+    send_at(env, net, plan)
+    assert ev_model == ev_fast
+
+
+def test_a_link_model_object_decides_delay_and_drop():
+    """Any object with outcome(src, dst, now, size) is a link model: here every third message is dropped
+    and the rest take 0.5 s plus 1 s per 100 bytes of transmission on a 100 B/s link."""
+
+    class EveryThirdLost:
+        def __init__(self):
+            self.calls = []
+
+        def outcome(self, src, dst, now, size):
+            self.calls.append((src, dst, now, size))
+            tx_end = now + size / 100
+            return tx_end, tx_end - now + 0.5, "lost" if len(self.calls) % 3 == 0 else ""
+
+    env, net, events, delivered = make_net()
+    model = EveryThirdLost()
+    net.use(model)
+    busy = send_at(env, net, [(k * 1.0, 0, 1, 100) for k in range(6)])
+    env.run()
+    assert busy == [1.0] * 6 and [c[2] for c in model.calls] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [(e.t, e.tag) for e in by_kind(events, "drop")] == [(2.0, "lost"), (5.0, "lost")]
+    assert [(e.t, e.value) for e in by_kind(events, "deliver")] == [(t + 1.5, 1.5) for t in (0.0, 1.0, 3.0, 4.0)]
+    assert len(delivered) == 4
 
 
 # churn ---------------------------------------------------------------------------------------------------
@@ -204,3 +233,20 @@ def test_periodic_availability_wraps_like_fedscale(tmp_path):
     assert [a.end_of(t) for t in (0.5, 2.0, 3.0, 9.0, 13.5, 28.0)] == [1.0, None, 5.0, 10.0, 15.0, 30.0]
     assert a.next_start(5.5) == 8.0 and a.next_start(11.5) == 13.0 and a.next_start(10.5) == 10.5
 
+
+
+def test_a_link_model_installed_through_setup_decides_a_whole_run(tmp_path):
+    """The Python API's setup hook installs a model for a real run: every delivery takes exactly its delay."""
+    import netsim
+    from netsim.trace.io import read_trace
+
+    class Fixed:
+        def outcome(self, src, dst, now, size):
+            return now, 0.125, ""
+
+    sc = scenario(network={"loss": 0.5}, until=4.0)
+    netsim.run(sc, out=tmp_path / "run", setup=lambda sim: sim.network.use(Fixed()))
+    t = read_trace(tmp_path / "run").table.to_pandas()
+    assert (t["kind"] == "drop").sum() == 0          # the model, not the scenario's 50% loss, decides
+    d = t[t["kind"] == "deliver"]
+    assert len(d) > 20 and (d["value"] == 0.125).all()

@@ -206,7 +206,7 @@ def test_coalitions_of_all_agents_in_one_batched_evaluation():
     sc = scenario_from_dict(pdsl_scenario())
     sim = prepare(sc)
     sim.run()
-    svc = sim.coalition_service
+    svc = sim.services.find(("lookahead", "pdsl.coalitions")).evaluate
     rounds = int(min(a.round for a in sim.agents)) - 1
     assert svc.models >= 7 * 6 * rounds            # 7 coalitions per agent and round (exact, |M_i| = 3)
     assert svc.models / svc.calls == pytest.approx(42, rel=0.1)  # the 6 agents' 7 coalitions per call

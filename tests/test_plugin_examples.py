@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from netsim.privacy.ledger import releases_from_table
 from netsim.trace.io import read_trace
@@ -107,3 +108,96 @@ def test_a_plugin_taking_a_registered_name_is_refused_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr == (f"error: --plugin: {plugin}:4: ValueError: closed form 'do_adp' is already registered by "
                         "netsim.privacy.report\n")
+
+
+def test_algorithm_plugin_uses_recv_gather_spawn_and_state(tmp_path):
+    """The one-file algorithm plugin runs through --plugin; its pulls show in the trace and the summary."""
+    out = tmp_path / "run"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "pull_repair_momentum.py",
+               "--set", 'algorithm={name="pull_repair_momentum"}', "--set", "agents.count=6",
+               "--set", "run.until=8", "--set", "network.loss=0.3", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    t = read_trace(out).table.to_pandas()
+    sends = t[t["kind"] == "send"]
+    # every pull request is a traced message; a repair needs a reply that was delivered
+    assert s["pull_requests"] == (sends["tag"] == "pull.req").sum() > 0
+    replies = t[(t["kind"] == "deliver") & (t["tag"] == "pull.rep")]
+    assert 0 < s["pull_repaired"] <= len(replies)
+    # a pull per in-neighbour missing when the round's gather timed out (a timeout event's value: missing
+    # count); pulls are one after another, so the run's end may cut an agent's last ones (at most 2 each)
+    missing = t[t["kind"] == "timeout"]["value"].sum()
+    assert missing - 2 * 6 <= s["pull_requests"] <= missing
+    assert s["accuracy"] > 0.8
+    # without losses and with a generous timeout nothing is missing, so nothing is pulled
+    out2 = tmp_path / "lossless"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "pull_repair_momentum.py",
+               "--set", 'algorithm={name="pull_repair_momentum", round_timeout=5.0}', "--set", "agents.count=6",
+               "--set", "run.until=8", "--set", "network.loss=0.0", "--out", out2, "-q")
+    assert r.returncode == 0, r.stderr
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert "pull_requests" not in s2 and s2["accuracy"] > 0.8
+
+
+def _plugin_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"plugin_{name}", PLUGINS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_link_model_plugin_decides_every_message(tmp_path):
+    """network.model = "planar": every delay is the chord's propagation plus the transmission on the link."""
+    out = tmp_path / "run"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "planar_links.py", "--set",
+               "network.model=planar", "--set", "agents.count=6", "--set", "run.until=5", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    delay_between = _plugin_module("planar_links").delay_between
+    t = read_trace(out).table.to_pandas()
+    assert (t["kind"] == "drop").sum() == 0               # the scenario's 5% loss no longer applies
+    sends = t[t["kind"] == "send"]
+    assert len(sends) > 100
+    bw = 1.0e6
+    first = set()
+    for _, s in sends.iterrows():
+        tx = s["value"] - delay_between(int(s["agent"]), int(s["peer"]), 6)
+        assert tx >= s["size"] / bw - 1e-12               # queued behind earlier messages on the link, or not
+        if (s["agent"], s["peer"]) not in first:          # a link's first message waits for nothing
+            first.add((s["agent"], s["peer"]))
+            assert math.isclose(tx, s["size"] / bw, rel_tol=0, abs_tol=1e-12)
+    # the scenario names the model; without the plugin it is one line, exit 2, and nothing is written
+    r = netsim("run", "scenarios/quickstart.toml", "--set", "network.model=planar", "--out", tmp_path / "no", "-q")
+    assert r.returncode == 2 and not (tmp_path / "no").exists()
+    assert r.stderr.strip() == ("error: scenarios/quickstart.toml: network.model: unknown link model 'planar'; "
+                                "registered: none (a plugin's needs --plugin)")
+
+
+def test_activation_schedule_plugin_drives_the_agents(tmp_path):
+    """agents.activation.schedule = "weibull2": Weibull(2) gaps at the table's rate, from each agent's own
+    activation stream (the first activation, never missed, is exactly the first draw)."""
+    from netsim.sim.streams import Streams
+
+    mod = _plugin_module("weibull_activation")
+    g = np.random.default_rng(0)
+    s = mod.WeibullRenewal(4.0, g, 0.0)
+    times = [s.next(0.0)]
+    for _ in range(20000):
+        times.append(s.next(times[-1]))
+    gaps = np.diff(times)
+    assert gaps.mean() == pytest.approx(0.25, rel=0.02)
+    assert gaps.std() / gaps.mean() == pytest.approx(0.5227, abs=0.02)   # Weibull(2); Poisson would be 1
+    out = tmp_path / "run"
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", PLUGINS / "weibull_activation.py",
+               "--set", 'agents.activation={kind="poisson", rate=4.0, schedule="weibull2"}',
+               "--set", 'agents.clock_offset={kind="constant", value=0.0}',
+               "--set", "agents.count=4", "--set", "run.until=5", "--out", out, "-q")
+    assert r.returncode == 0, r.stderr
+    t = read_trace(out).table.to_pandas()
+    act = t[t["kind"] == "activate"]
+    for i, rows in act.groupby("agent"):
+        rng = Streams(7).rng("activation", int(i))
+        scale = 1.0 / (4.0 * math.gamma(1.5))
+        assert rows["value"].iloc[0] == scale * rng.weibull(2.0)
+        assert rows["value"].is_monotonic_increasing and len(rows) > 5

@@ -223,4 +223,4 @@ def test_privatize_rejects_negative_noise_and_leaves_global_rng_alone(tmp_path):
     assert y is not None and y.abs().sum() > 0 and torch.equal(torch.random.get_rng_state(), state)
     with pytest.raises(PrivacyError, match="sigma"):
         a.privatize(torch.zeros(4), sigma=-1.0, sensitivity=1.0)
-    assert len(a._privacy.releases) == 1  # the refused call left no ledger entry
+    assert len(a.ledger.releases) == 1  # the refused call left no ledger entry

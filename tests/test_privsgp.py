@@ -119,9 +119,8 @@ def test_noise_on_every_gradient_at_eq11_sigma_and_K_star():
 
 
 def test_k_star_needs_constants():
-    sim = _sim(topology=EXP, algorithm={"name": "privsgp_vr", "iterations": 0})
-    with pytest.raises(InputError) as e:
-        sim.program(sim.agents[0], sim.params)
+    with pytest.raises(InputError) as e:  # while the run is prepared
+        _sim(topology=EXP, algorithm={"name": "privsgp_vr", "iterations": 0})
     assert e.value.key == "algorithm.L"
 
 

@@ -11,9 +11,9 @@ import pytest
 
 import netsim
 from netsim.errors import InputError
+from netsim.replay import replay
 from netsim.scenario.load import scenario_from_dict, to_toml
 from netsim.trace.io import TRACE_FILE, read_trace
-from netsim.trace.replay import replay
 
 NET = {"latency": {"kind": "lognormal", "mean": 0.03, "sigma": 0.6}, "uplink": 2e5, "loss": 0.05,
        "burst": {"p_enter": 0.05, "p_exit": 0.3}, "outages": [{"start": 2.0, "end": 2.5, "src": 1}]}

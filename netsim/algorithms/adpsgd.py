@@ -24,7 +24,6 @@ import networkx as nx
 
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import PairwiseGossip
-from netsim.comm.stats import stats_of
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
@@ -44,7 +43,7 @@ def adpsgd(agent, p: ADPSGDParams):
     """Checks the roles before the run starts (a plain function returning the agent's program)."""
     active = True
     if p.roles == "bipartite":
-        g = agent.sim.graph.to_undirected()
+        g = agent.graph.to_undirected()
         if not nx.is_bipartite(g):
             raise InputError("algorithm.roles", "'bipartite' needs a bipartite topology "
                                                 "(e.g. a ring or torus of even size)")
@@ -54,7 +53,7 @@ def adpsgd(agent, p: ADPSGDParams):
 
 def _adpsgd(agent, p: ADPSGDParams, active: bool):
     pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=p.atomic)
-    stats = stats_of(agent.sim)
+    stats = agent.stats
     rng = agent.rng()
     while True:
         yield agent.wake()

@@ -46,7 +46,7 @@ gossips (post-processing). The accounting assumes Poisson-subsampled batches, so
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Literal
 
 import attrs
@@ -133,7 +133,7 @@ def local_train(agent, p: DFedSAMParams, x: torch.Tensor, t: int, dp: dict) -> G
         else:                                                  # a shuffled epoch, cut into batches
             j = k % per_epoch
             if j == 0:
-                order = agent.rows[agent.sim.streams.rng("batch", agent.id).permutation(n)]
+                order = agent.rows[agent.rng("batch").permutation(n)]
             rows = order[j * size:(j + 1) * size]
         g = yield agent.gradient(params=y, rows=rows, clip=clip, clip_kind=p.clip_kind)
         if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
@@ -168,9 +168,9 @@ class RandomInNeighbors:
     for the whole run (shared by all agents through the simulation), from a stream addressed by
     (topology_schedule, t, q), so it never shifts another stream."""
 
-    def __init__(self, sim, k: int):
-        self.sim = sim
-        self.n = sim.scenario.agents.count
+    def __init__(self, n: int, k: int, rng_at: Callable[[int, int], np.random.Generator] | None = None):
+        self.n = n
+        self.rng_at = rng_at  # (t, q) -> a fresh generator of the run-wide stream (topology_schedule, t, q)
         if not 0 < k < self.n:
             from netsim.errors import InputError
 
@@ -180,19 +180,17 @@ class RandomInNeighbors:
         self.cache: dict[tuple[int, int], tuple[list[list[int]], list[list[int]]]] = {}
 
     @classmethod
-    def of(cls, sim, k: int) -> RandomInNeighbors:
-        got = getattr(sim, "_random_in_neighbors", None)
-        if got is None or got.k != k:
-            got = sim._random_in_neighbors = cls(sim, k)
-        return got
+    def of(cls, agent, k: int) -> RandomInNeighbors:
+        """The run's schedule (a service every agent shares)."""
+        return agent.service((cls, k), lambda: cls(agent.agent_count, k, lambda t, q: agent.shared_rng(
+            "topology_schedule", t, q, cached=False)))
 
     def at(self, t: int, q: int) -> tuple[list[list[int]], list[list[int]]]:
         """(in-neighbours, out-neighbours) of every agent, sorted."""
         key = (t, q)
         got = self.cache.get(key)
         if got is None:
-            ss = self.sim.streams.seed_sequence("topology_schedule", t, q)
-            rng = np.random.Generator(np.random.PCG64(ss))
+            rng = self.rng_at(t, q)
             ins, outs = [], [[] for _ in range(self.n)]
             for i in range(self.n):
                 c = rng.choice(self.n - 1, size=self.k, replace=False)
@@ -217,7 +215,7 @@ def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
             got = yield from sync_round(agent, z, r, timeout=p.round_timeout, tag="gossip")
             z = agent.mix(z, got)                                    # sum_l w_il z_l (missing: own)
             continue
-        ins, outs = RandomInNeighbors.of(agent.sim, p.random_neighbors).at(t, q)
+        ins, outs = RandomInNeighbors.of(agent, p.random_neighbors).at(t, q)
         yield agent.broadcast(z, tag="gossip", round=r, to=outs[agent.id])
         got = yield agent.gather(tag="gossip", round=r, senders=ins[agent.id], timeout=p.round_timeout)
         w = 1.0 / (p.random_neighbors + 1)
@@ -231,7 +229,7 @@ def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
 def dfedsam(agent, p: DFedSAMParams):
     """Algorithm 1: every round, K local SAM steps then Q gossip steps; x^{t+1}(i) = z^{t,Q}(i)."""
     dp: dict = {}
-    period = agent.sim.scenario.agents.activation.period
+    period = agent.activation.period
     t = 0
     while True:
         yield agent.wake()
@@ -247,7 +245,7 @@ def _check(sim, p: DFedSAMParams) -> None:
     """Before the run writes anything (Simulation calls ``program.check``): k must fit the agents, and
     the DP option's accounting (Poisson-subsampled batches) does not describe shuffled epochs."""
     if p.random_neighbors:
-        RandomInNeighbors.of(sim, p.random_neighbors)
+        RandomInNeighbors(sim.scenario.agents.count, p.random_neighbors)  # k must fit the agents
     if p.local_epochs and p.noise_multiplier > 0:
         from netsim.errors import InputError
 

@@ -46,12 +46,10 @@ import torch
 from netsim.algorithms.registry import register
 from netsim.comm.compression import Compressor, KRounding, PublicCopies, kept_count
 from netsim.comm.patterns import drain, sync_round
-from netsim.comm.stats import stats_of
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.scenario.schema import PrivacySpec
 from netsim.scenario.structure import at_least, field, nonneg, positive
-from netsim.trace.events import Finish
 
 
 def _unit(v: float) -> str | None:
@@ -69,26 +67,21 @@ def _opt_nonneg(v: float | None) -> str | None:
 def finish(agent):
     """End this agent's program after its own round count (an algorithm-defined horizon): trace the
     Finish and let the run stop when every agent is done, as ``Agent.wake`` does at ``run.rounds``."""
-    if not agent.finished:
-        agent.finished = True
-        agent.emit(Finish(agent.env.now, agent.id, agent.round))
-        agent.sim.agent_finished()
-    yield agent.env.event()  # never fires
+    yield agent.finish()
 
 
 def activation_p(agent) -> float:
-    act = agent.sim.scenario.agents.activation
-    return float(act.p) if act.kind == "bernoulli" else 1.0
+    return agent.activation_probability
 
 
 def privacy_spec(agent) -> PrivacySpec:
-    return agent.sim.scenario.privacy or PrivacySpec()
+    return agent.scenario.privacy or PrivacySpec()
 
 
 def tick_of(agent, at: float) -> int:
     """0-based round index of the activation tick at local time ``at`` (ticks are at multiples of the
     period, the first at 1 period)."""
-    return int(round(at / agent.sim.scenario.agents.activation.period)) - 1
+    return agent.tick(at) - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,8 +124,7 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
 @register("do_adp", DOADPParams)
 def do_adp(agent, p: DOADPParams):
     """Checks and calibrates before the run (a plain function returning the agent's program)."""
-    act = agent.sim.scenario.agents.activation
-    if act.kind == "poisson":
+    if agent.activation.kind == "poisson":
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
     kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
     sigma = _eq7_sigma(agent, p, kd, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
@@ -154,8 +146,8 @@ def _do_adp(agent, p: DOADPParams, sigma: float, kd: float):
     q = min(1.0, B / len(agent.rows))
     comp = Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
     pc = PublicCopies(comp, x, agent.weights)
-    m = agent.sim.bank.state("do_adp_momentum")[agent.id]   # a view: lives in the bank (checkpoints)
-    stats = stats_of(agent.sim)
+    m = agent.state("do_adp_momentum")   # a view: lives in the bank (checkpoints)
+    stats = agent.stats
     pending: dict[int, list] = {}
     done = -1            # last round whose own update has been applied
     applied = -1         # last round whose neighbours' messages have been applied
@@ -287,7 +279,7 @@ def dp_dda(agent, p: DPDDAParams):
 
 def _dp_dda(agent, p: DPDDAParams, sigma: float):
     d = agent.params.numel()
-    z = agent.sim.bank.state("dp_dda_dual")[agent.id]
+    z = agent.state("dp_dda_dual")
     rng = agent.rng()
     q = 1.0 / len(agent.rows)
     k = 0
@@ -364,8 +356,8 @@ def _cpgt(agent, p: CPGTParams):
     comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio, rounding=p.k_rounding)
     px = PublicCopies(comp, agent.params, agent.weights)
     py = PublicCopies(comp, agent.params, agent.weights)
-    y = agent.sim.bank.state("cpgt_tracker")[agent.id]    # a view: lives in the bank (checkpoints)
-    stats = stats_of(agent.sim)
+    y = agent.state("cpgt_tracker")    # a view: lives in the bank (checkpoints)
+    stats = agent.stats
     g_old = None
     k = 0
     while True:

@@ -76,10 +76,10 @@ class DPCGAParams(DPGradientParams):
 
 @register("dp_cga", DPCGAParams)
 def dp_cga(agent, p: DPCGAParams):
-    sim, i = agent.sim, agent.id
+    i = agent.id
     sigma = resolve_sigma(agent, p)
-    m_all = sim.bank.state("cga.m")
-    slices = parameter_slices(sim.model)
+    m_all = agent.shared_state("cga.m")
+    slices = parameter_slices(agent.model)
     last_v: dict[int, np.ndarray] = {}
     k = 0
     while True:

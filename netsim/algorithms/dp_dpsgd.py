@@ -95,10 +95,10 @@ def _multiplier(eps: float, delta: float, q: float, steps: int, accountant: str)
     return noise_multiplier(eps, delta, [(q, steps)], accountant)
 
 
-def _delta(sim, p: DPDPSGDParams) -> float:
+def _delta(scenario, p: DPDPSGDParams) -> float:
     if p.delta is not None:
         return p.delta
-    spec = getattr(sim.scenario, "privacy", None)
+    spec = getattr(scenario, "privacy", None)
     return spec.delta if spec is not None else 1e-5
 
 
@@ -110,8 +110,8 @@ def noise_std(agent, p: DPDPSGDParams, dim: int) -> float:
     if p.epsilon is None:
         return (1.0 if p.noise_multiplier is None else p.noise_multiplier) * sens
     q = min(1.0, p.batch / len(agent.rows))
-    steps = p.rounds or agent.sim.scenario.run.rounds
-    return sens * _multiplier(p.epsilon, _delta(agent.sim, p), q, int(steps), p.accountant)
+    steps = p.rounds or agent.scenario.run.rounds
+    return sens * _multiplier(p.epsilon, _delta(agent.scenario, p), q, int(steps), p.accountant)
 
 
 def check(sim, p: DPDPSGDParams) -> None:

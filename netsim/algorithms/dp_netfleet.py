@@ -40,10 +40,10 @@ class DPNetFleetParams(DPGradientParams):
 
 @register("dp_netfleet", DPNetFleetParams)
 def dp_netfleet(agent, p: DPNetFleetParams):
-    sim, i = agent.sim, agent.id
+    i = agent.id
     sigma = resolve_sigma(agent, p)
-    v_all = sim.bank.state("netfleet.v")
-    gprev_all = sim.bank.state("netfleet.gprev")
+    v_all = agent.shared_state("netfleet.v")
+    gprev_all = agent.shared_state("netfleet.gprev")
     k = 0
     while True:
         yield agent.wake()

@@ -67,13 +67,13 @@ def aggregate(x: torch.Tensor, updates: dict[int, Update], server_lr: float) -> 
 
 def fedavg(agent, p: DFedSAMParams):
     if agent.id == SERVER:
-        agent.sim.eval_rows = [SERVER]
+        agent.evaluate_only([SERVER])
         return _server(agent, p)
     return _client(agent, p)
 
 
 def _server(agent, p: DFedSAMParams):
-    clients = list(range(1, agent.sim.scenario.agents.count))
+    clients = list(range(1, agent.agent_count))
     m = max(1, math.ceil(p.sample_fraction * len(clients)))
     rng = agent.rng()
     t = 0

@@ -48,7 +48,7 @@ import torch
 
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import drain
-from netsim.compute.streaming import stream_of
+from netsim.compute.streaming import DataStreams, HistoryStream
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.streams import register_purpose
@@ -127,6 +127,11 @@ def project(x: torch.Tensor, radius: float) -> torch.Tensor:
     return x * (radius / nrm) if nrm > radius else x
 
 
+def stream_of(agent, per_round: int = 1) -> HistoryStream:
+    """The agent's data stream (its own ``data_stream`` random stream), in the run's ``DataStreams``."""
+    return agent.service(DataStreams).open(agent.id, agent.rows, agent.rng("data_stream"), per_round)
+
+
 def varsigma(agent, p: LDPOnlineParams) -> float:
     return p.varsigma0 + p.varsigma_step * (agent.id + p.index_base)
 
@@ -158,9 +163,7 @@ def release(agent, x: torch.Tensor, k: int, scale: float, sens: float) -> torch.
     if scale <= 0:
         return x if k == 0 else agent.privatize(x, 0.0, sens, mechanism="laplace", what="model", to=-1)
     if k == 0 or sens <= 0:
-        from netsim.privacy.ledger import ledger_of
-
-        return ledger_of(agent).noise.add("laplace", x, scale)
+        return agent.add_noise(x, scale, "laplace")
     return agent.privatize(x, sigma=scale, sensitivity=sens, mechanism="laplace", what="model", to=-1)
 
 

@@ -45,10 +45,9 @@ def default_gossip_steps(gap: float | None) -> int:
 
 @register("muffliato", MuffliatoParams)
 def muffliato(agent, p: MuffliatoParams):
-    sim = agent.sim
     sigma = resolve_sigma(agent, p)
-    K = p.gossip_steps or default_gossip_steps(sim.gap)
-    lam = 1.0 - (sim.gap or 0.0)
+    K = p.gossip_steps or default_gossip_steps(agent.spectral_gap)
+    lam = 1.0 - (agent.spectral_gap or 0.0)
     k = 0
     while True:
         yield agent.wake()

@@ -18,7 +18,8 @@ One synchronous round of agent i (three barrier-separated communication phases):
 Noise is added exactly where the paper puts it: on the own gradient and on every outgoing
 cross-gradient (each an ``Agent.privatize`` release: a ``release`` event); models and momenta are
 post-processing. All coalition models of all agents that reach phase C together are valued in ONE
-batched ``model.evaluate`` call (``CoalitionService``, the same lookahead as the gradient service).
+batched ``model.evaluate`` call (``CoalitionValues`` through ``Agent.lookahead``, the same lookahead as
+the gradient service).
 
 Choices the paper leaves open are parameters: exact Shapley up to 8 players, else R = 2|M_i|
 stratified permutations; v(empty) = 0 or the accuracy of x_i; all-equal phi -> uniform; share floor;
@@ -41,8 +42,9 @@ from netsim.algorithms.registry import register
 from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.sim.services import Lookahead
 from netsim.sim.streams import register_purpose
-from netsim.trace.events import ComputeEnd, ComputeStart, EventRow, register_event_kind
+from netsim.trace.events import EventRow, register_event_kind
 
 register_purpose("shapley", 81)  # Monte-Carlo Shapley permutations and evaluation times (historical code)
 
@@ -107,7 +109,8 @@ def resolve_sigma(agent, p: DPGradientParams) -> float:
     if p.calibration == "per_message_gaussian":
         B = p.batch if p.clip_mode == "per_example" else None
         return cf.pdsl_per_message_sigma(p.epsilon, p.delta, p.clip, B)
-    bound = cf.pdsl_theorem1_sigma(agent.sim.W.toarray(), p.epsilon, p.delta, p.clip, p.phi_min, strict=False)
+    W = agent.mixing_matrix.toarray()
+    bound = cf.pdsl_theorem1_sigma(W, p.epsilon, p.delta, p.clip, p.phi_min, strict=False)
     return p.clip * bound.sigma_over_C
 
 
@@ -158,55 +161,25 @@ def cross_gradients(agent, p: DPGradientParams, x: torch.Tensor, xi: np.ndarray,
 
 
 # -- batched coalition evaluation -----------------------------------------------------------------
-class _EvalTicket:
-    __slots__ = ("agent", "W", "result")
+class CoalitionValues:
+    """Validation loss/accuracy of many candidate models from many agents in one ``model.evaluate``:
+    the ``evaluate`` of the run's ``pdsl.coalitions`` lookahead service (``Agent.lookahead``), so agents
+    of a synchronous round share one batched forward pass."""
 
-    def __init__(self, agent: int, W: torch.Tensor):
-        self.agent, self.W, self.result = agent, W, None
-
-
-class CoalitionService:
-    """Validation loss/accuracy of many candidate models from many agents in one ``model.evaluate``.
-
-    A request returns a Timeout that completes after its compute time; the first completion flushes
-    every pending request (each was made at or before that moment with its models fixed, so valuing
-    them early is exact): agents of a synchronous round share one batched forward pass."""
-
-    def __init__(self, sim):
-        if sim.X_val is None:
+    def __init__(self, model, validation: tuple[torch.Tensor, torch.Tensor] | None):
+        if validation is None:
             raise InputError("data.validation", "PDSL needs a validation set: set data.validation "
                                                 "(test rows held out, e.g. 2000)")
-        self.sim, self.model = sim, sim.model
-        self.X, self.y = sim.X_val, sim.y_val.long()
-        self.pending: list[_EvalTicket] = []
-        self.calls = 0
-        self.models = 0
+        self.model = model
+        self.validation = validation
+        self.X = self.y = None  # the validation rows, labels as int64 (made at the first evaluation)
+        self.calls = 0   # batched evaluations
+        self.models = 0  # candidate models valued
 
-    @staticmethod
-    def of(sim) -> CoalitionService:
-        s = getattr(sim, "coalition_service", None)
-        if s is None:
-            s = sim.coalition_service = CoalitionService(sim)
-        return s
-
-    def request(self, agent: int, W: torch.Tensor, ct: float) -> simpy.Event:
-        t = _EvalTicket(agent, W)
-        self.pending.append(t)
-        self.sim.emit(ComputeStart(self.sim.env.now, agent, ct))
-        ev = simpy.events.Timeout(self.sim.env, ct, t)
-        ev.callbacks.append(self._ready)
-        return ev
-
-    def _ready(self, ev) -> None:
-        t: _EvalTicket = ev._value
-        if t.result is None:
-            self.flush()
-        ev._value = t.result
-        self.sim.emit(ComputeEnd(self.sim.env.now, t.agent))
-
-    def flush(self) -> None:
-        pending, self.pending = self.pending, []
-        W = torch.cat([t.W for t in pending])
+    def __call__(self, items: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.X is None:
+            self.X, self.y = self.validation[0], self.validation[1].long()
+        W = torch.cat(items)
         if getattr(self.model, "loop_on_cpu", False) and W.device.type == "cpu":
             # conv models on CPU: vmap over weights is slower than a loop (measured, small CNN, 70
             # models x 500 images: 9.2 s batched vs 3.3 s looped); on a GPU one batched call
@@ -214,13 +187,19 @@ class CoalitionService:
             loss, acc = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
         else:
             loss, acc = self.model.evaluate(W, self.X, self.y)
-        k = 0
-        for t in pending:
-            n = t.W.shape[0]
-            t.result = (loss[k:k + n], acc[k:k + n])
+        out, k = [], 0
+        for w in items:
+            n = w.shape[0]
+            out.append((loss[k:k + n], acc[k:k + n]))
             k += n
         self.calls += 1
         self.models += k
+        return out
+
+
+def coalition_service(agent):
+    """The run's batched coalition evaluator (one per run, shared by every agent)."""
+    return agent.lookahead("pdsl.coalitions", CoalitionValues(agent.model, agent.validation_set))
 
 
 # -- PDSL ------------------------------------------------------------------------------------------
@@ -258,22 +237,20 @@ def check_setting(sim, params, validation: bool = False) -> None:
 @register("pdsl", PDSLParams)
 def pdsl(agent, p: PDSLParams):
     """Returns the agent's program, sharing the simulation's coalition service."""
-    return _pdsl(agent, p, CoalitionService.of(agent.sim))
+    return _pdsl(agent, p, coalition_service(agent))
 
 
 pdsl.check = lambda sim, params: check_setting(sim, params, validation=True)
 
 
-def _pdsl(agent, p: PDSLParams, service: CoalitionService):
-    from netsim.sim.dists import draws
-
-    sim, i = agent.sim, agent.id
+def _pdsl(agent, p: PDSLParams, service: Lookahead):
+    i = agent.id
     sigma = resolve_sigma(agent, p)
-    u_all = sim.bank.state("pdsl.u")                       # momentum buffers, u^[0] = 0
-    shapley_time = draws(sim.scenario.agents.compute_time, sim.streams.rng("shapley", i, 0))
-    perm_rng = sim.streams.rng("shapley", i, 1)
+    u_all = agent.shared_state("pdsl.u")                   # momentum buffers, u^[0] = 0
+    shapley_time = agent.compute_time_draws("shapley", 0)
+    perm_rng = agent.rng("shapley", 1)
     k = 0
-    period = sim.scenario.agents.activation.period
+    period = agent.activation.period
     while True:
         yield agent.wake()
         if p.round_from == "clock":
@@ -300,7 +277,7 @@ def _pdsl(agent, p: PDSLParams, service: CoalitionService):
         k += 1
 
 
-def _weights(agent, p: PDSLParams, service: CoalitionService, x: torch.Tensor, G: torch.Tensor,
+def _weights(agent, p: PDSLParams, service: Lookahead, x: torch.Tensor, G: torch.Tensor,
              omega: np.ndarray, players: list[int], k: int, ct: float, rng: np.random.Generator):
     """Eqs. (15)-(20): Shapley values of the players' candidate steps, normalised, divided by w.
     Every coalition model is valued in the agent's one request to the batched service."""

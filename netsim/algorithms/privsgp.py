@@ -85,9 +85,8 @@ class Plan:
 
 def plan(agent, p: PrivSGPParams) -> Plan:
     """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i)."""
-    sim = agent.sim
-    n = sim.scenario.agents.count
-    J = min(len(part) for part in sim.data.parts)
+    n = agent.agent_count
+    J = min(len(part) for part in agent.partition)
     c2 = privacy_spec(agent).c2
     K_star = None
     K = p.iterations
@@ -134,23 +133,23 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
 
 def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
     """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
-    bank, i = agent.sim.bank, agent.id
+    i = agent.id
     b = p.block
     J = len(agent.rows)
     nb = max(1, J // b)                                   # table entries (blocks of b rows)
     blocks = agent.rows[:nb * b].reshape(nb, -1)
     x0 = agent.params
     clip = p.G if p.clip else None
-    weight = bank.state("push_weight", shape=())          # w_i (push-sum weights), all agents
-    numer = bank.state("push_numerator")                  # x_i (push-sum numerators)
+    weight = agent.shared_state("push_weight", shape=())  # w_i (push-sum weights), all agents
+    numer = agent.shared_state("push_numerator")          # x_i (push-sum numerators)
     if vr:
-        nmax = max(max(1, len(part) // b) for part in agent.sim.data.parts)
-        table = bank.state("saga_table", shape=(nmax, x0.numel()))[i]
-        avg = bank.state("saga_average")[i]
-        sim = agent.sim
+        nmax = max(max(1, len(part) // b) for part in agent.partition)
+        table = agent.state("saga_table", shape=(nmax, x0.numel()))
+        avg = agent.state("saga_average")
+        X, y = agent.training_set
         idx = torch.as_tensor(blocks.ravel())
-        table[:nb] = sim.model.grad(x0.expand(nb, -1), sim.X[idx].view(nb, blocks.shape[1], -1),
-                                    sim.y.long()[idx].view(nb, -1), clip)   # full pass at x^0 (phi^0 = x^0)
+        table[:nb] = agent.model.grad(x0.expand(nb, -1), X[idx].view(nb, blocks.shape[1], -1),
+                                      y.long()[idx].view(nb, -1), clip)   # full pass at x^0 (phi^0 = x^0)
         avg.copy_(table[:nb].mean(0))
     ps = PushSum(agent, x0, tag="privsgp", running_sums=False)
     rng = agent.rng()
@@ -171,7 +170,7 @@ def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
         if noisy is not None:
             ps.x.sub_(noisy, alpha=pl.lr)                             # x^{k+1/2}
         yield ps.push()                                               # keep P_ii share, push P_ji shares
-        got = yield agent.gather(tag=ps.tag, round=ps._seq, timeout=p.round_timeout)
+        got = yield agent.gather(tag=ps.tag, round=ps.seq, timeout=p.round_timeout)
         for j in sorted(got):                                         # x^{k+1}, w^{k+1}
             ps.x.add_(got[j].x)
             ps.y += got[j].y

@@ -66,9 +66,10 @@ def _load_entry_points() -> None:
 
 
 def load_plugin(path: str) -> None:
-    """Import a user's Python file that registers algorithms, closed forms, accountants, event kinds or stream
-    purposes (an explicit CLI choice, never a scenario's). An error while it loads (a name another registration
-    already holds, say) is one line naming the plugin's own line that raised it."""
+    """Import a user's Python file that registers algorithms, closed forms, accountants, event kinds, stream
+    purposes, link models or activation schedules (an explicit CLI choice, never a scenario's). An error while
+    it loads (a name another registration already holds, say) is one line naming the plugin's own line that
+    raised it."""
     import traceback
 
     p = Path(path)

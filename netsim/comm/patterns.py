@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 import torch
 
-from netsim.comm.stats import stats_of
 from netsim.sim.network import Message, payload_size
 
 
@@ -72,7 +71,7 @@ class PairwiseGossip:
         self.version = 0
         self.served = 0
         self._seq = 0
-        self.stats = stats_of(agent.sim)
+        self.stats = agent.stats
         agent.spawn(self._serve())
 
     def _serve(self) -> Generator:
@@ -132,7 +131,7 @@ class AsyncPush:
         self.agent = agent
         self.tag = tag
         self.power = staleness_power
-        self.stats = stats_of(agent.sim)
+        self.stats = agent.stats
 
     def push(self, payload: Any, to=None):
         """Broadcast (non-blocking for the protocol; the event ends when transmission does)."""
@@ -217,6 +216,11 @@ class PushSum:
     def estimate(self) -> torch.Tensor:
         return self.x / self.y
 
+    @property
+    def seq(self) -> int:
+        """Pushes so far: the round tag of the latest push (a synchronous reader gathers that round)."""
+        return self._seq
+
     def push(self):
         """Keep one share, add one share per out-neighbour to the running sums and send them."""
         s = self.share
@@ -243,8 +247,7 @@ class NeighborCopies:
     def __init__(self, agent, *, tag: str = "model"):
         self.agent = agent
         self.tag = tag
-        bank = agent.sim.bank
-        self.copies: dict[int, torch.Tensor] = {j: bank.get(j) for j in agent.weights}
+        self.copies: dict[int, torch.Tensor] = {j: agent.params_of(j) for j in agent.weights}
         self._round: dict[int, int] = {}
 
     def absorb(self) -> int:

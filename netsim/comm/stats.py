@@ -1,7 +1,7 @@
 """Counters the communication parts keep for a run's summary (trigger counts, staleness, conflicts).
 
-One ``CommStats`` per simulation, created on first use, so algorithms that use no comm part add
-nothing to the summary. Everything here is plain counting in event order: deterministic.
+One ``CommStats`` per simulation (a service, ``agent.stats``), created on first use, so algorithms that
+use no comm part add nothing to the summary. Everything here is plain counting in event order: deterministic.
 """
 
 from __future__ import annotations
@@ -43,14 +43,10 @@ class CommStats:
 
 
 def stats_of(sim: Any) -> CommStats:
-    """The run's CommStats (attached to the Simulation on first use)."""
-    s = getattr(sim, "comm_stats", None)
-    if s is None:
-        s = CommStats()
-        sim.comm_stats = s
-    return s
+    """The run's CommStats (a service of the Simulation, made on first use; agents use ``agent.stats``)."""
+    return sim.services.get(CommStats)
 
 
 def comm_summary(sim: Any) -> dict[str, Any]:
-    s = getattr(sim, "comm_stats", None)
+    s = sim.services.find(CommStats)
     return {} if s is None else s.summary()

@@ -15,7 +15,7 @@ neighbour, since loss or other triggers make the copies differ) and
 The inequality is strict, so threshold 0 sends whenever the model changed at all.
 
 Privacy. A rule other than ``always`` is a decision taken from the values it reads. ``fires`` notes the
-activation (``agent.trigger_round``) in which it decided; a release the agent makes later in that same
+activation (``agent.decided_by_data()``) in which it decided; a release the agent makes later in that same
 activation (``Agent.privatize``) is recorded as decided by the trigger (``what`` ends with ``@trigger``),
 because whether it happens depends on data that was not itself released: composing such releases as a
 fixed sequence is not a valid guarantee, and ``netsim privacy`` says so (docs/privacy.md). A trigger that
@@ -29,7 +29,6 @@ from typing import Literal
 
 import torch
 
-from netsim.comm.stats import stats_of
 from netsim.sim.network import payload_size
 
 TriggerKind = Literal["always", "absolute", "relative", "decaying"]
@@ -46,11 +45,10 @@ class EventTrigger:
             raise ValueError(f"trigger kind must be one of {TRIGGER_KINDS}, got {kind!r}")
         self.agent = agent
         self.kind, self.threshold, self.decay = kind, threshold, decay
-        bank = agent.sim.bank
         # what each out-neighbour holds of us before any send: the common initial model
         self.last: dict[int, torch.Tensor] = dict(initial) if initial is not None else {
-            j: bank.get(agent.id) for j in agent.neighbors}
-        self.stats = stats_of(agent.sim)
+            j: agent.params for j in agent.neighbors}
+        self.stats = agent.stats
 
     def tau(self, ref: torch.Tensor, k: int) -> float:
         if self.kind == "relative":
@@ -63,7 +61,7 @@ class EventTrigger:
         """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
         if self.kind == "always":
             return True
-        self.agent.trigger_round = self.agent.round  # a data-dependent decision in this activation
+        self.agent.decided_by_data()  # a data-dependent decision in this activation
         return float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
 
     def due(self, j: int, x: torch.Tensor, k: int) -> bool:

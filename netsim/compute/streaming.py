@@ -18,6 +18,7 @@ row; without it exactly the d feature weights, as Chen & Wang's Experiment A def
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -52,20 +53,27 @@ class HistoryStream:
         return self._buf[:self.n]
 
 
-def stream_of(agent, per_round: int = 1) -> HistoryStream:
-    """The agent's data stream, created on first use (its own ``data_stream`` random stream)."""
-    streams = agent.sim.__dict__.setdefault("data_streams", {})
-    s = streams.get(agent.id)
-    if s is None:
-        s = streams[agent.id] = HistoryStream(agent.rows, agent.sim.streams.rng("data_stream", agent.id),
-                                              per_round)
-    return s
+class DataStreams:
+    """The run's data streams by owner id (a per-run service: online learners open theirs, the
+    ``tracking`` metric reads every history)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, HistoryStream] = {}
+
+    def open(self, owner: int, pool: np.ndarray, rng: np.random.Generator, per_round: int = 1) -> HistoryStream:
+        """``owner``'s stream, created on first use over its rows ``pool`` with its own generator."""
+        s = self.streams.get(owner)
+        if s is None:
+            s = self.streams[owner] = HistoryStream(pool, rng, per_round)
+        return s
+
+    def histories(self) -> list[np.ndarray]:
+        return [s.history for s in self.streams.values()]
 
 
-def check_tracking(sim) -> None:
+def check_tracking(kind: str) -> None:
     """'tracking' needs a model whose ERM the oracle can solve."""
-    if sim.scenario.model.kind != "logistic":
-        kind = sim.scenario.model.kind
+    if kind != "logistic":
         raise InputError("evaluation.metrics", "'tracking' (distance to theta*_t) needs model.kind = "
                                                f"'logistic' (convex ERM oracle), got {kind!r}")
 
@@ -123,25 +131,22 @@ class TrackingOracle:
         return th
 
 
-def tracking_metrics(sim) -> dict[str, float]:
+def tracking_metrics(streams: DataStreams | None, oracle: Callable[[], TrackingOracle],
+                     bank: torch.Tensor) -> dict[str, float]:
     """tracking_mse = mean_i ||theta_i - theta*_t||^2, tracking_avg = ||theta_bar - theta*_t||,
     regret = mean_i F_t(theta_i) - F_t(theta*_t); NaN before any agent has streamed data."""
     keys = ("tracking_mse", "tracking_avg", "regret")
-    streams = getattr(sim, "data_streams", {})
-    hist = [s.history for s in streams.values()]
+    hist = streams.histories() if streams is not None else []
     if not any(len(h) for h in hist):
         return dict.fromkeys(keys, math.nan)
-    oracle = sim.__dict__.get("_tracking_oracle")
-    if oracle is None:
-        oracle = sim._tracking_oracle = TrackingOracle(sim.data.X, sim.data.y, sim.scenario.model.l2,
-                                                       len(sim.agents), sim.scenario.model.bias)
+    oracle = oracle()  # made on first use (it stacks the training rows)
     w = oracle.weights(hist)
     rows = np.flatnonzero(w)
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 
     with threadpool_limits(1):  # small dense solves: threads only contend on a shared machine (10x)
         star = oracle.solve(rows, w[rows])
-    W = sim.bank.W.detach().to("cpu", torch.float64).numpy()
+    W = bank.detach().to("cpu", torch.float64).numpy()
     if W.shape[1] != oracle.Xt.shape[1]:
         raise InputError("evaluation.metrics", f"'tracking': the model has {W.shape[1]} parameters, the "
                                                f"oracle's logistic model {oracle.Xt.shape[1]}")

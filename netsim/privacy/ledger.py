@@ -1,6 +1,6 @@
 """The per-agent privacy ledger: every release an agent makes, its noise, and its budget cap.
 
-``Agent.privatize`` calls ``ledger_of(agent).release(...)``. A release is (1) checked against the
+``Agent.privatize`` calls ``agent.ledger.release(...)``. A release is (1) checked against the
 agent's cap (the RDP accountant's epsilon at the run's delta, after this release, must stay <= cap),
 (2) recorded as a ``Release`` event in the trace and in the agent's compact ``ReleaseLog`` (about 16
 bytes per release instead of a record's 400: netsim/privacy/log.py), (3) noised from the agent's own
@@ -48,22 +48,22 @@ class AgentLedger:
         self.exhausted = False
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
-        act = agent._act
-        self.p = float(act.p) if act.kind == "bernoulli" else 1.0
+        act = agent.activation
+        self.p = agent.activation_probability
         self._last_tick = math.floor(agent.local_time(0.0) / act.period) if act.kind != "poisson" else 0
 
     @property
     def noise(self) -> NoiseSource:
         if self._noise is None:
             a = self.agent
-            self._noise = NoiseSource(a.sim.streams.seed_for("noise", a.id), a.sim.device)
+            self._noise = NoiseSource(int(a.rng("noise").integers(2**63 - 1)), a.device)
         return self._noise
 
     def _skipped(self) -> int:
         """Activation ticks since the previous release that saw no release (Bernoulli activation)."""
         if self.p >= 1.0:
             return 0
-        tick = self.agent._tick
+        tick = self.agent.last_tick
         skipped = max(0, tick - self._last_tick - 1)
         self._last_tick = max(self._last_tick, tick)
         return skipped
@@ -74,7 +74,7 @@ class AgentLedger:
         if self.exhausted:
             return None
         a = self.agent
-        if getattr(a, "trigger_round", None) == a.round and not what.endswith(TRIGGERED):
+        if a.data_decided_this_activation and not what.endswith(TRIGGERED):
             what += TRIGGERED  # a trigger decided in this activation whether this release happens
         r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
                     float(sensitivity), float(q), self.p, self._skipped())
@@ -108,15 +108,15 @@ class AgentLedger:
 
 def ledger_of(agent: Agent) -> AgentLedger:
     """The agent's ledger, created on its first release with the scenario's [privacy] settings."""
-    led = getattr(agent, "_privacy", None)
-    if led is None:
-        spec = getattr(agent.sim.scenario, "privacy", None)
-        if spec is None:
-            led = AgentLedger(agent)
-        else:
-            led = AgentLedger(agent, spec.delta, spec.epsilon_cap, spec.accounting)
-        agent._privacy = led
-    return led
+    return agent.ledger
+
+
+def new_ledger(agent: Agent) -> AgentLedger:
+    """A ledger with the scenario's [privacy] settings (``Agent.ledger`` makes one on first use)."""
+    spec = getattr(agent.scenario, "privacy", None)
+    if spec is None:
+        return AgentLedger(agent)
+    return AgentLedger(agent, spec.delta, spec.epsilon_cap, spec.accounting)
 
 
 def ledgers(sim) -> dict[int, list[Release]]:
@@ -124,7 +124,7 @@ def ledgers(sim) -> dict[int, list[Release]]:
     records (built on demand from the compact logs; ``release_logs`` gives the logs themselves)."""
     out: dict[int, list[Release]] = {}
     for a in sim.agents:
-        led = getattr(a, "_privacy", None)
+        led = a.existing_ledger
         out[a.id] = list(led.releases) if led is not None else []
     return out
 
@@ -133,7 +133,7 @@ def release_logs(sim) -> dict[int, ReleaseLog]:
     """{agent: its compact release log} of the agents that released at least once."""
     out: dict[int, ReleaseLog] = {}
     for a in sim.agents:
-        led = getattr(a, "_privacy", None)
+        led = a.existing_ledger
         if led is not None and len(led.releases):
             out[a.id] = led.releases
     return out

@@ -384,5 +384,5 @@ def run_summary(sim) -> dict[str, Any]:
                                "trigger from unreleased data (netsim privacy RUN explains)"}
     return {**out, "privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
             "privacy_releases": sum(len(rs) for rs in rel.values()),
-            "privacy_exhausted": sum(bool(getattr(a, "_privacy", None) and a._privacy.exhausted)
+            "privacy_exhausted": sum(bool(a.existing_ledger and a.existing_ledger.exhausted)
                                      for a in sim.agents)}

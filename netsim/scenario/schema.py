@@ -187,6 +187,8 @@ class ActivationSpec:
     rate: float = field(1.0, check=per_second, doc="activations per second (local clock)", when={"kind": ("poisson",)})
     p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
                      doc="probability of waking at each tick", when={"kind": ("bernoulli",)})
+    schedule: str | None = field(None, doc="an activation schedule a --plugin registers (register_schedule), "
+                                           "made from this table; omit for kind's built-in schedule")
 
 
 @attrs.frozen
@@ -356,6 +358,8 @@ class NetworkSpec:
     outages: tuple[OutageSpec, ...] | None = field(None, doc="scheduled link outages [[network.outages]]")
     links: tuple[LinkOverride, ...] | None = field(None, doc="per-link overrides [[network.links]]")
     trace: str | None = field(None, doc="per-link measurement CSV: time,src,dst,latency,bandwidth,loss")
+    model: str | None = field(None, doc="a link model a --plugin registers (register_link_model): it decides "
+                                        "every message; omit for the built-in models")
 
 
 PARTITIONS = ("iid", "dirichlet_equal", "dirichlet_classes", "shards", "quantity", "label", "label_share",

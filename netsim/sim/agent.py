@@ -1,34 +1,36 @@
-"""The agent API an algorithm is written against (see docs/architecture.md).
+"""The agent API an algorithm is written against (see docs/architecture.md, docs/extending.md).
 
 An algorithm is a generator ``fn(agent, params)`` that yields simpy events it gets from the agent:
-``wake()``, ``gradient()``, ``send()``/``broadcast()``, ``recv()``/``gather()``. Everything that
-must survive a checkpoint lives outside the generator: parameters in the bank, randomness in the
-stream tree, messages in the network.
+``wake()``, ``gradient()``, ``send()``/``broadcast()``, ``recv()``/``gather()``, ``finish()``. Everything
+that must survive a checkpoint lives outside the generator: parameters and named per-agent state in the
+bank, randomness in the stream tree, messages in the network. ``Agent``'s public methods and properties
+are the whole API: an algorithm in ``netsim/algorithms/`` touches nothing else of the simulation
+(tests/test_agent_api.py checks it); ``netsim algorithms --api`` prints this reference.
+
+Payload convention: ``recv`` returns one ``Message`` (``.src``, ``.payload``, ``.round``, ``.tag``) or None,
+because a lone message's sender matters; ``gather`` returns ``{src: payload}`` for a round.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 import torch
 
+from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message
+from netsim.sim.services import Completion, Lookahead
 from netsim.trace.events import Activate, ComputeStart, Finish, Stale, Timeout
 
 if TYPE_CHECKING:
     from netsim.sim.kernel import Simulation
 
 
-def processed_event(env: simpy.Environment) -> simpy.Event:
-    """An event that is already over: yielding it resumes the process at once, at no cost."""
-    ev = simpy.Event(env)
-    ev._ok, ev._value, ev.callbacks = True, None, None
-    return ev
+processed_event = Completion.done  # an event that is already over (a free send)
 
 
 class _Waiter:
@@ -137,6 +139,21 @@ class Inbox:
 
 
 class Agent:
+    """One node: its clock and activation, its data rows and parameters, its links, streams and state.
+
+    Attributes (read them; only ``params`` is assigned):
+
+    - ``id``: this agent's index, 0 .. agent_count - 1
+    - ``round``: activations so far (``wake`` counts them); the default round tag of messages
+    - ``finished``: whether ``finish`` was called (or ``run.rounds`` reached)
+    - ``neighbors`` / ``in_neighbors``: sorted out- and in-neighbours in the topology
+    - ``weights``: ``{j: W_ij}`` over in-neighbours j != i; ``self_weight``: W_ii
+    - ``rows``: indices of this agent's training rows (``training_set``)
+    - ``env``: the simpy environment (``simpy.AllOf(agent.env, events)`` waits for several)
+    - ``emit``: trace an event record (``netsim.trace.events``; a plugin's registered kind too)
+    - ``offset``, ``rate``: the local clock, local = offset + rate * t
+    """
+
     def __init__(self, sim: Simulation, i: int, offset: float, drift: float, compute_scale: float):
         self.sim = sim
         self.env = sim.env
@@ -156,14 +173,17 @@ class Agent:
         self.self_weight = float(sim.W[i, i])
         act = sim.scenario.agents.activation
         self._act = act
-        self._act_rng = sim.streams.rng("activation", i)
+        act_rng = sim.streams.rng("activation", i)
         self._batch_rng = sim.streams.rng("batch", i)
         self._distinct_rows = sim.scenario.data.sampling == "without_replacement"
         self._compute = sim.compute_draws(i)
         self.rows = sim.data.parts[i]
-        self._tick = math.floor(self.local_time(0.0) / act.period) if act.kind != "poisson" else 0
-        self._next = offset + (self._act_rng.exponential(1.0 / act.rate) if act.kind == "poisson" else 0.0)
+        # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
+        self.schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0))
+        self._listeners: list[Callable[[Agent], None]] = []  # on_activation
         self._done = processed_event(self.env)
+        self._privacy = None  # the ledger, made on the first release (``ledger``)
+        self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -171,6 +191,7 @@ class Agent:
         return self.offset + self.rate * (self.env.now if t is None else t)
 
     def global_time(self, local: float) -> float:
+        """The global time at which this agent's clock reads ``local``."""
         return (local - self.offset) / self.rate
 
     # activation ---------------------------------------------------------------------------------
@@ -178,25 +199,10 @@ class Agent:
         """The next activation on this agent's own clock (never after the run's round limit)."""
         limit = self.sim.scenario.run.rounds
         if limit is not None and self.round >= limit:
-            if not self.finished:
-                self.finished = True
-                self.emit(Finish(self.env.now, self.id, self.round))
-                self.sim.agent_finished()
-            return self.env.event()  # never fires
-        act = self._act
-        now_local = self.local_time()
-        if act.kind == "poisson":
-            # The schedule is a Poisson process on the local clock, drawn independently of what the
-            # agent does; arrivals that fall while it is busy are missed (as ticks are, below).
-            at = self._next
-            while at < now_local:
-                at += self._act_rng.exponential(1.0 / act.rate)
-            self._next = at + self._act_rng.exponential(1.0 / act.rate)
-        else:
-            self._tick = max(self._tick, math.floor(now_local / act.period)) + 1
-            if act.kind == "bernoulli" and act.p < 1.0:
-                self._tick += int(self._act_rng.geometric(act.p)) - 1
-            at = self._tick * act.period
+            return self.finish()
+        # The schedule never depends on what the agent does: an activation that falls while it is
+        # busy is missed.
+        at = self.schedule.next(self.local_time())
         hook = self.sim.network.wake_hook
         if hook is not None:  # clock jitter, churn: the activation moves (Network.wake_hook)
             at = hook(self, at)
@@ -211,7 +217,26 @@ class Agent:
         return ev
 
     def _activated(self, ev) -> None:
-        self.emit(Activate(self.env.now, self.id, self.round, ev._value))
+        if self._listeners:
+            for listener in self._listeners:
+                listener(self)
+        self.emit(Activate(self.env.now, self.id, self.round, ev.value))
+
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Wake by ``schedule`` from the next ``wake`` on (an object with ``next``, ``defer``, ``tick``,
+        ``advance_tick``: sim/activation.py); jitter, churn and listeners apply to it as to the built-in ones."""
+        self.schedule = schedule
+
+    def on_activation(self, listener: Callable[[Agent], None]) -> None:
+        """Call ``listener(agent)`` at each activation, before it is traced and the program resumes (a
+        dynamic topology adopts the current graph there)."""
+        self._listeners.append(listener)
+
+    def adopt_links(self, neighbors: list[int], in_neighbors: list[int], weights: dict[int, float],
+                    self_weight: float) -> None:
+        """Take a time-varying topology's links and mixing row for this activation (sim/dynamic.py)."""
+        self.neighbors, self.in_neighbors, self.weights, self.self_weight = (neighbors, in_neighbors, weights,
+                                                                             self_weight)
 
     # compute ------------------------------------------------------------------------------------
     @property
@@ -222,6 +247,11 @@ class Agent:
     @params.setter
     def params(self, value: torch.Tensor) -> None:
         self.sim.bank.set(self.id, value)
+
+    def params_of(self, j: int) -> torch.Tensor:
+        """A copy of agent j's parameter row now: what an agent may assume of a neighbour at the start
+        (a common, known initialisation), not a way to read live models the network would carry."""
+        return self.sim.bank.get(j)
 
     def sample_rows(self, batch: int | None) -> np.ndarray:
         """``batch`` of the agent's rows from its ``batch`` stream: i.i.d. uniform (data.sampling =
@@ -300,20 +330,193 @@ class Agent:
         ``sensitivity``: the L2 (Gaussian) or L1 (Laplace) sensitivity of x; ``q``: probability that a
         record enters x; ``to``: recipient (-1 = public). Returns None once the scenario's
         privacy.epsilon_cap would be exceeded (a ``budget_exhausted`` event is traced): stop releasing."""
-        from netsim.privacy.ledger import ledger_of
+        return self.ledger.release(x, sigma, sensitivity, mechanism, q, what, to)
 
-        return ledger_of(self).release(x, sigma, sensitivity, mechanism, q, what, to)
+    def decided_by_data(self) -> None:
+        """Say that this activation decided from unreleased data whether to release (an event trigger):
+        the releases it makes afterwards are marked, and ``netsim privacy`` says their epsilon is not a
+        guarantee."""
+        self._decided_round = self.round
 
-    # misc ---------------------------------------------------------------------------------------
-    def rng(self, purpose: str = "algorithm") -> np.random.Generator:
-        """This agent's own stream for the algorithm's choices (never the network's)."""
-        return self.sim.streams.rng(purpose, self.id)
+    @property
+    def data_decided_this_activation(self) -> bool:
+        """Whether ``decided_by_data`` was called in the current activation."""
+        return self._decided_round == self.round
+
+    def add_noise(self, x: torch.Tensor, scale: float, mechanism: str = "gaussian") -> torch.Tensor:
+        """x + noise from this agent's noise generator, recorded nowhere: only for values that depend on
+        no private data (an initial state); anything data-dependent goes through ``privatize``."""
+        return self.ledger.noise.add(mechanism, x, scale)
+
+    @property
+    def ledger(self):
+        """This agent's privacy ledger (``netsim.privacy.ledger.AgentLedger``: releases, spent epsilon),
+        made with the scenario's [privacy] settings on first use."""
+        if self._privacy is None:
+            from netsim.privacy.ledger import new_ledger
+
+            self._privacy = new_ledger(self)
+        return self._privacy
+
+    @property
+    def existing_ledger(self):
+        """The ledger if this agent has one (it released, or asked for ``ledger``), else None."""
+        return self._privacy
+
+    @property
+    def device(self) -> torch.device:
+        """The torch device of the run's parameters and data."""
+        return self.sim.device
+
+    # the run this agent is part of ---------------------------------------------------------------
+    @property
+    def scenario(self):
+        """The run's resolved scenario (frozen attrs records: read settings, never change them)."""
+        return self.sim.scenario
+
+    @property
+    def agent_count(self) -> int:
+        """How many agents the run has (ids 0 .. agent_count - 1)."""
+        return len(self.sim.agents)
+
+    @property
+    def now(self) -> float:
+        """Global simulated time (seconds)."""
+        return self.env.now
+
+    def timeout(self, delay: float, value: Any = None) -> simpy.Event:
+        """An event ``delay`` simulated seconds from now (a wait that is neither compute nor a message)."""
+        return self.env.timeout(delay, value)
+
+    @property
+    def graph(self):
+        """The run's topology: a networkx DiGraph with ``weight`` edge attributes (for a time-varying
+        topology, the initial graph)."""
+        return self.sim.graph
+
+    @property
+    def mixing_matrix(self):
+        """The run's mixing matrix W (scipy sparse, rows sum to 1); this agent's row is ``weights`` +
+        ``self_weight``."""
+        return self.sim.W
+
+    @property
+    def spectral_gap(self) -> float | None:
+        """1 - |lambda_2(W)| of the run's mixing matrix (None where it is not defined)."""
+        return self.sim.gap
+
+    @property
+    def model(self):
+        """The run's model (``netsim.compute.models``): batched ``grad``/``evaluate`` on stacked rows."""
+        return self.sim.model
+
+    @property
+    def training_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X, y) of every training row on the run's device; this agent's are ``X[rows]``."""
+        return self.sim.X, self.sim.y
+
+    @property
+    def validation_set(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(X, y) of the validation set Q every agent may read (``data.validation``), or None."""
+        return None if self.sim.X_val is None else (self.sim.X_val, self.sim.y_val)
+
+    @property
+    def partition(self) -> list[np.ndarray]:
+        """Every agent's training rows (indices into ``training_set``); this agent's is ``rows``."""
+        return self.sim.data.parts
+
+    def evaluate_only(self, agents: list[int]) -> None:
+        """Score only these agents' models (a server's global model) instead of the average of all."""
+        self.sim.eval_rows = list(agents)
+
+    # activation -----------------------------------------------------------------------------------
+    @property
+    def activation(self):
+        """The scenario's activation record (``kind``: periodic, poisson or bernoulli; ``period``,
+        ``rate``, ``p``): activation is defined on the local clock."""
+        return self._act
+
+    @property
+    def last_tick(self) -> int:
+        """Index of the tick of the latest scheduled activation (periodic and Bernoulli activation; the
+        privacy ledger counts the ticks a Bernoulli agent skipped from it)."""
+        return self.schedule.tick
+
+    @property
+    def activation_probability(self) -> float:
+        """p of Bernoulli activation (1 for periodic and Poisson activation)."""
+        return float(self._act.p) if self._act.kind == "bernoulli" else 1.0
+
+    def tick(self, local: float | None = None) -> int:
+        """Index of the activation tick at local time ``local`` (default: now): local / period rounded,
+        so agents that skipped ticks stay in step with their neighbours (periodic and Bernoulli only)."""
+        return round((self.local_time() if local is None else local) / self._act.period)
+
+    def finish(self) -> simpy.Event:
+        """End this agent's program (``yield agent.finish()``): trace its ``finish`` and let the run stop
+        once every agent has finished. The returned event never fires. Also what ``wake`` does after
+        ``run.rounds`` activations."""
+        if not self.finished:
+            self.finished = True
+            self.emit(Finish(self.env.now, self.id, self.round))
+            self.sim.agent_finished()
+        return self.env.event()  # never fires
+
+    # state, statistics and shared services --------------------------------------------------------
+    def state(self, name: str, shape: tuple[int, ...] | None = None, fill: float = 0.0) -> torch.Tensor:
+        """This agent's named state (momentum, a tracker, a dual variable): a view of row ``id`` of the
+        bank's tensor ``name`` (default shape: a parameter row), so writes stay there and checkpoints
+        keep it. Created filled with ``fill`` on first use."""
+        return self.sim.bank.state(name, shape, fill)[self.id]
+
+    def shared_state(self, name: str, shape: tuple[int, ...] | None = None, fill: float = 0.0) -> torch.Tensor:
+        """Every agent's state ``name`` as one (agents, *shape) tensor (row i is agent i's ``state``), for
+        algorithms whose paper reads a neighbour's state directly."""
+        return self.sim.bank.state(name, shape, fill)
+
+    @property
+    def stats(self):
+        """The run's algorithm statistics (``netsim.comm.stats.CommStats``: ``add(key, n)``
+        counts, ``observe(key, x)`` samples a distribution): they appear in summary.json."""
+        from netsim.comm.stats import CommStats
+
+        return self.sim.services.get(CommStats)
+
+    def service(self, key: Any, factory: Any = None) -> Any:
+        """The run's shared service under ``key`` (a class, or any hashable with a ``factory``), made on
+        first use: one object all agents of the run share (a graph drawn once per round, data streams)."""
+        return self.sim.services.get(key, factory)
+
+    def lookahead(self, name: str, evaluate: Any) -> Lookahead:
+        """The run's batched service ``name``: ``request(agent.id, item, compute_time)`` returns an event
+        whose value is the item's result after the compute time; the first completion evaluates every
+        pending item in one call ``evaluate(items) -> results`` (exact: each request was made at or
+        before then). ``evaluate`` is used when the service is first made (one per run and name)."""
+        return self.sim.services.get(("lookahead", name), lambda: Lookahead(self.env, self.emit, evaluate))
+
+    # random streams and helper programs ------------------------------------------------------------
+    def rng(self, purpose: str = "algorithm", *key: int) -> np.random.Generator:
+        """This agent's own stream ``(purpose, id, *key)`` for the algorithm's choices (never the
+        network's). A plugin's purpose is registered first (``netsim.sim.streams.register_purpose``)."""
+        return self.sim.streams.rng(purpose, self.id, *key)
+
+    def shared_rng(self, purpose: str, *key: int, cached: bool = True) -> np.random.Generator:
+        """The run-wide stream ``(purpose, *key)``: the same generator for every agent (one draw shared by
+        all, such as a graph drawn once per round). Each key is its own stream, so none shifts another.
+        ``cached=False``: a fresh generator at the stream's start, kept by no one (a stream per round
+        that is drawn once and cached by its user)."""
+        if not cached:
+            return np.random.Generator(np.random.PCG64(self.sim.streams.seed_sequence(purpose, *key)))
+        return self.sim.streams.rng(purpose, *key)
+
+    def compute_time_draws(self, purpose: str = "compute", *key: int):
+        """A sampler of the scenario's ``agents.compute_time`` distribution, from this agent's stream
+        ``(purpose, id, *key)`` (an algorithm's own compute step, such as PDSL's Shapley values)."""
+        from netsim.sim.dists import draws
+
+        return draws(self.sim.scenario.agents.compute_time, self.rng(purpose, *key), "agents.compute_time")
 
     def spawn(self, program: Generator) -> simpy.Process:
-        proc = self.env.process(program)
-        progs = self.sim.programs  # their locals go into checkpoints (sim/checkpoint.py)
-        progs.append((self.id, proc))
-        if len(progs) >= self.sim.programs_limit:  # a program spawning per round: forget the finished ones
-            progs[:] = [(i, q) for i, q in progs if q.is_alive]
-            self.sim.programs_limit = 2 * len(progs) + 64
-        return proc
+        """Start a helper program of this agent (a gossip server, say); its state goes into checkpoints
+        like the main program's."""
+        return self.sim.add_program(self.id, program)

@@ -155,7 +155,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                       else value if type(value) in _PLAIN else None])
     agents, inboxes, ledgers = [], [], {}
     for a in sim.agents:
-        agents.append(_plain_vars(a))
+        agents.append({**_plain_vars(a), "schedule": _plain_vars(a.schedule)})
         box = a.inbox
         inboxes.append({
             "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]
@@ -163,7 +163,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             "waiting": {tag: [type(w).__name__, w.round, sorted(getattr(w, "got", {}))]
                         for tag, w in sorted(box.waiters.items())},
         })
-        led = getattr(a, "_privacy", None)
+        led = a.existing_ledger
         if led is not None:
             log = led.releases  # a ReleaseLog: its typed columns, no record per release
             for name in ("t", "round", "to", "skipped", "run_start", "run_spec"):
@@ -175,10 +175,12 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                 arrays[f"ledger.{a.id}.noise"] = _array(noise.generator.get_state())
             ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(log), "to0": log.to0, "specs": log.specs}
     counts = getattr(sim, "counts", None)
-    stats = getattr(sim, "comm_stats", None)
+    from netsim.comm.stats import CommStats
+
+    stats = sim.services.find(CommStats)
     g = sim.gradients
     state = {
-        "time": sim.env.now, "step": sim.steps, "finished": sim._finished, "stop_reason": sim.stop_reason,
+        "time": sim.env.now, "step": sim.steps, "finished": sim.finished_agents, "stop_reason": sim.stop_reason,
         "rng": _streams(sim.streams, arrays),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
         "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(sim.programs)],

@@ -135,21 +135,13 @@ class Churn:
 
     def defer(self, agent, at: float) -> float:
         """Move a planned activation (local time ``at``) out of offline intervals."""
-        act = agent._act
         while True:
             back = self.back_online(agent.id, agent.global_time(at))
             if back is None:
                 return at
-            if act.kind == "poisson":  # the local Poisson process goes on; arrivals while offline are missed
-                local_back = agent.local_time(back)
-                while at < local_back:
-                    at += agent._act_rng.exponential(1.0 / act.rate)
-                if hasattr(agent, "_next"):
-                    agent._next = at + agent._act_rng.exponential(1.0 / act.rate)
-            else:
-                tick = max(math.ceil(agent.local_time(back) / act.period), agent._tick + 1)
-                agent._tick = tick
-                at = tick * act.period
+            # the schedule's first activation when it is back (a Poisson process goes on: arrivals while
+            # offline are missed; ticks while offline are skipped)
+            at = agent.schedule.defer(at, agent.local_time(back))
 
     def recorder(self, sim, i: int):
         """A process that emits agent i's ``offline`` events when each interval starts."""
@@ -158,7 +150,7 @@ class Churn:
         while True:
             nxt = self.next_interval(i, t)
             if nxt is None:
-                sim._housekeeping -= 1
+                sim.housekeeping_ended()
                 return
             a, b = nxt
             yield env.timeout(max(0.0, a - env.now))

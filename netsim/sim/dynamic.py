@@ -96,15 +96,10 @@ class DynamicTopology:
 
     def adopt(self, agent) -> None:
         lists = self.at(self.epoch(agent))[agent.id]
-        agent.neighbors, agent.in_neighbors, agent.weights, agent.self_weight = lists
+        agent.adopt_links(*lists)
 
     def install(self) -> None:
         """Each agent adopts the current graph when an activation fires (before its program resumes)."""
         for a in self.sim.agents:
             self.adopt(a)  # epoch 0 before the first activation
-            fire = a._activated
-
-            def activated(ev, a=a, fire=fire) -> None:
-                self.adopt(a)
-                fire(ev)
-            a._activated = activated
+            a.on_activation(self.adopt)

@@ -29,6 +29,7 @@ from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
 from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.network import Network
+from netsim.sim.services import Completion, Services
 from netsim.sim.streams import Streams
 from netsim.sim.topology import spectral_gap, weighted_graph
 from netsim.trace.events import ComputeEnd, Evaluation
@@ -62,6 +63,7 @@ class Simulation:
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
         self.env = simpy.Environment()
+        self.services = Services()  # per-run shared services (algorithm statistics, lookahead batches, ...)
         self.streams = Streams(sc.run.seed)
         n = sc.agents.count
         self.graph, self.W = weighted_graph(sc.topology, n, self.streams.seed_for("topology"))
@@ -112,6 +114,7 @@ class Simulation:
         self.metrics: list[dict[str, float]] = []
         self.agent_metrics: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, loss, accuracy) per agent
         self.eval_rows: list[int] | None = None  # agents whose models are evaluated (None: all; a server)
+        self.counts = None  # the trace's event counter (metrics.summary.EventCounts), set by api.run
         self._finished = 0
         self._stop = self.env.event()
         self.stop_reason = ""
@@ -135,10 +138,14 @@ class Simulation:
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
 
-            check_tracking(self)
+            check_tracking(sc.model.kind)
         check = getattr(program, "check", None)
         if check is not None:  # an algorithm's checks that need the built simulation (agent count, ...)
             check(self, params)
+        # Each agent's program, made now (not at start): a program function may check and calibrate before
+        # it returns the generator (do_adp refuses Poisson activation), and those checks must fail while
+        # the run is prepared, before any output exists. A generator's body does not run until start().
+        self._programs = [program(a, params) for a in self.agents]
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
@@ -146,16 +153,43 @@ class Simulation:
 
     def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
                          clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:
-        ev = simpy.events.Timeout(self.env, ct, self.gradients.submit(i, params, rows, clip, clip_kind))
-        ev.callbacks.append(self._gradient_ready)
-        return ev
+        return Completion(self.env, ct, self.gradients.submit(i, params, rows, clip, clip_kind), self._gradient_ready)
 
-    def _gradient_ready(self, ev) -> None:
-        ticket: Ticket = ev._value
+    def _gradient_ready(self, ticket: Ticket) -> torch.Tensor:
         if ticket.result is None:
             self.gradients.flush()
-        ev._value = ticket.result
         self.emit(ComputeEnd(self.env.now, ticket.agent))
+        return ticket.result
+
+    def add_program(self, i: int, program: Any) -> simpy.Process:
+        """Start agent i's helper program (``Agent.spawn``); its locals go into checkpoints."""
+        proc = self.env.process(program)
+        progs = self.programs
+        progs.append((i, proc))
+        if len(progs) >= self.programs_limit:  # a program spawning per round: forget the finished ones
+            progs[:] = [(j, q) for j, q in progs if q.is_alive]
+            self.programs_limit = 2 * len(progs) + 64
+        return proc
+
+    # netsim's own timers --------------------------------------------------------------------------
+    def start_housekeeping(self, process: Any) -> simpy.Process:
+        """Start a process of netsim's own (a churn recorder, a topology switcher) that must not keep a
+        stalled run alive: the stall check counts it as a timer of ours until ``housekeeping_ended``."""
+        self._housekeeping += 1
+        return self.env.process(process)
+
+    def housekeeping_ended(self) -> None:
+        """A process started by ``start_housekeeping`` is about to end (called from inside it)."""
+        self._housekeeping -= 1
+
+    @property
+    def finished_agents(self) -> int:
+        """Agents whose program has finished (``Agent.finish``)."""
+        return self._finished
+
+    def wall_time(self) -> float:
+        """Wall-clock seconds spent running so far (this process)."""
+        return self.wall + time.perf_counter() - self._t0
 
     def _deliver(self, msg) -> None:
         self.agents[msg.dst].inbox.put(msg)
@@ -193,9 +227,12 @@ class Simulation:
         if per_agent_wanted:
             self._agent_metrics(per_agent)
         if "tracking" in self.scenario.evaluation.metrics:  # online learners vs theta*_t (Chen & Wang)
-            from netsim.compute.streaming import tracking_metrics
+            from netsim.compute.streaming import DataStreams, TrackingOracle, tracking_metrics
 
-            row.update(tracking_metrics(self))
+            m = self.scenario.model
+            oracle = lambda: self.services.get(TrackingOracle, lambda: TrackingOracle(  # noqa: E731
+                self.data.X, self.data.y, m.l2, len(self.agents), m.bias))
+            row.update(tracking_metrics(self.services.find(DataStreams), oracle, self.bank.W))
         self.metrics.append(row)
         self.emit(Evaluation(self.env.now, row.get("accuracy", float("nan"))))
         return row
@@ -229,8 +266,9 @@ class Simulation:
         sc = self.scenario
         self._t0 = time.perf_counter()
         self.evaluate()
-        for a in self.agents:
-            self.programs.append((a.id, self.env.process(self.program(a, self.params))))
+        for a, prog in zip(self.agents, self._programs, strict=True):
+            self.programs.append((a.id, self.env.process(prog)))
+        self._programs = []
         self.env.process(self._evaluator())
         stop = self._stop
         if sc.run.until is not None:

@@ -4,15 +4,19 @@ Each link draws its latency and loss from its own named streams ("latency", src,
 ("loss", src, dst), one draw of each per message, so the k-th message on a link sees the same
 network whatever algorithm sent it. A link transmits one message at a time (FIFO uplink per link).
 
-Two paths: ``send`` is the lean default (latency distribution, per-link bandwidth, Bernoulli loss);
-when the scenario configures any other model (node uplinks, Gilbert-Elliott bursts, outages, per-link
-overrides, a measured link trace, churn) ``attach`` swaps in ``_send_full``, which composes the models
-of sim/links.py and sim/churn.py. Unconfigured models therefore cost nothing per message.
+A link model is an object with one method, ``outcome(src, dst, now, size) -> (transmission end, delay,
+drop reason or "")``: it decides what happens to a message sent at ``now`` (``LinkModel``). ``send`` runs
+the lean default inline (latency distribution, per-link bandwidth, Bernoulli loss: ``LeanLinks`` is the
+same as a model) unless a model is installed (``Network.use``): when the scenario configures any other
+model (node uplinks, Gilbert-Elliott bursts, outages, per-link overrides, a measured link trace, churn)
+``attach`` installs ``ComposedLinks``, which composes the models of sim/links.py and sim/churn.py; replay
+installs the recorded outcomes. Unconfigured models therefore cost one comparison per message.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attrs
 import simpy
@@ -57,6 +61,75 @@ def payload_size(payload: Any) -> int:
     return 8
 
 
+class LinkModel(Protocol):
+    """What decides a message's fate: ``outcome(src, dst, now, size)`` returns (the time its transmission
+    ends, so the sender is busy until then; its delay from ``now`` to arrival; a drop reason, "" if it
+    arrives). Called once per message, in send order; a model draws from its own named streams."""
+
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]: ...
+
+
+class LeanLinks:
+    """The default path as a model (what ``Network.send`` inlines): latency, per-link bandwidth, loss."""
+
+    def __init__(self, net: Network):
+        self.net = net
+
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
+        net = self.net
+        link = net.link(src, dst)
+        tx_end = now
+        if net.bandwidth is not None:
+            tx_end = max(now, link.busy_until) + size / net.bandwidth
+            link.busy_until = tx_end
+        delay = tx_end - now + link.latency()
+        lost = link.lost is not None and link.lost() < net.p_loss
+        return tx_end, delay, "loss" if lost else ""
+
+
+class ComposedLinks:
+    """The configured models composed (sim/links.py's per-link models, uplinks, outages, churn)."""
+
+    def __init__(self, net: Network):
+        self.net = net
+
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
+        net = self.net
+        link = net.full_link(src, dst)
+        churn = net.churn
+        lat, reason = link.draw(now)
+        if churn is not None and churn.offline(src, now):
+            return now, lat, "offline"
+        tx_end = net.transfer(link, src, now, size)
+        delay = tx_end - now + lat
+        if not reason and churn is not None and churn.offline(dst, now + delay):
+            reason = "offline"
+        return tx_end, delay, reason
+
+
+LINK_MODELS: dict[str, Callable[[Network], LinkModel]] = {}
+
+
+def register_link_model(name: str, factory: Callable[[Network], LinkModel]) -> None:
+    """Make a link model selectable as ``network.model = "name"``: ``factory(network)`` returns the run's
+    model (it may wrap ``network.lean()``, the built-in one). The same factory again is a no-op; another
+    under a taken name raises."""
+    if not name.isidentifier():
+        raise ValueError(f"link model name must be an identifier, got {name!r}")
+    have = LINK_MODELS.get(name)
+    if have is not None and have is not factory:
+        raise ValueError(f"link model {name!r} is already registered ({getattr(have, '__qualname__', have)})")
+    LINK_MODELS[name] = factory
+
+
+def link_model(name: str) -> Callable[[Network], LinkModel]:
+    got = LINK_MODELS.get(name)
+    if got is None:
+        raise InputError("network.model", f"unknown link model {name!r}; registered: "
+                                          f"{', '.join(sorted(LINK_MODELS)) or 'none'} (a plugin's needs --plugin)")
+    return got
+
+
 class Network:
     def __init__(self, env: simpy.Environment, spec: NetworkSpec, streams: Streams, emit, deliver):
         self.env = env
@@ -73,6 +146,16 @@ class Network:
         self.jitter: list | None = None
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
+        self.model: LinkModel | None = None  # None: the lean default path, inline in send
+
+    def use(self, model: LinkModel | None) -> None:
+        """Decide every message from now on with ``model`` (None: the lean default path)."""
+        self.model = model
+
+    def lean(self) -> LinkModel:
+        """The model in use as an object (the lean default as ``LeanLinks``): what a wrapping model (replay)
+        falls back to."""
+        return self.model if self.model is not None else LeanLinks(self)
 
     def link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
@@ -88,6 +171,8 @@ class Network:
 
     def send(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
         """Put a message on the link; returns the time until its transmission ends (sender busy)."""
+        if self.model is not None:
+            return self._send_model(src, dst, payload, tag, rnd, size)
         env = self.env
         now = env.now
         link = self.link(src, dst)
@@ -118,7 +203,14 @@ class Network:
 
     # the full path ----------------------------------------------------------------------------------
     def attach(self, sim) -> None:
-        """Build the configured link and churn models (needs the agents: count, clocks, scenario)."""
+        """Build the configured link and churn models (needs the agents: count, clocks, scenario); a
+        plugin's model (``network.model``) is made last, so it can wrap the built-in one (``lean()``)."""
+        self.n_agents = sim.scenario.agents.count
+        self._attach_builtin(sim)
+        if self.spec.model is not None:
+            self.use(link_model(self.spec.model)(self))
+
+    def _attach_builtin(self, sim) -> None:
         from netsim.compute.data import find_data_file
         from netsim.sim.churn import build_churn
         from netsim.sim.links import needs_full_path, outages_by_link, read_link_trace
@@ -146,11 +238,10 @@ class Network:
                 self.series = read_link_trace(path, n)
             except InputError as e:
                 raise InputError("network.trace", e.message, e.source) from None
-        self.send = self._send_full
+        self.use(ComposedLinks(self))
         if self.churn is not None:
             for i in self.churn.sources:
-                sim._housekeeping += 1
-                self.env.process(self.churn.recorder(sim, i))
+                sim.start_housekeeping(self.churn.recorder(sim, i))
 
     def _wake_hook(self, agent, at: float) -> float:
         """A planned activation (local time): jitter delays it, then churn moves it out of offline time."""
@@ -187,31 +278,18 @@ class Network:
             self.uplink_busy[src] = end
         return end
 
-    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
-        """(transmission end, total delay, drop reason or '') of the next message on src -> dst."""
-        link = self.full_link(src, dst)
-        churn = self.churn
-        lat, reason = link.draw(now)
-        if churn is not None and churn.offline(src, now):
-            return now, lat, "offline"
-        tx_end = self.transfer(link, src, now, size)
-        delay = tx_end - now + lat
-        if not reason and churn is not None and churn.offline(dst, now + delay):
-            reason = "offline"
-        return tx_end, delay, reason
-
-    def _send_full(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
+    def _send_model(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
         now = self.env.now
         if size is None:
             size = payload_size(payload)
-        tx_end, delay, reason = self.outcome(src, dst, now, size)
+        tx_end, delay, reason = self.model.outcome(src, dst, now, size)
         self.dispatch(src, dst, payload, tag, rnd, size, now, delay, reason)
         return tx_end - now
 
     def dispatch(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int, now: float,
                  delay: float, reason: str) -> None:
         """A message whose outcome is decided: trace it, then drop it (``reason``) or schedule its arrival.
-        Shared by the full path and replay; the lean ``send`` inlines the same steps (hot path)."""
+        Every model's path; the lean ``send`` inlines the same steps (hot path)."""
         mid = self.next_id
         self.next_id = mid + 1
         self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))

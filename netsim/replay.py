@@ -21,13 +21,11 @@ from __future__ import annotations
 import bisect
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import simpy
 
 from netsim.errors import InputError
-from netsim.sim.network import payload_size
 from netsim.trace.io import Trace, read_trace
 
 
@@ -95,12 +93,13 @@ class Stats:
 
 
 class ReplayNetwork:
-    """Replaces ``Network.send``: outcomes from the recording, transfer from the scenario's bandwidth."""
+    """A link model (``Network.use``): outcomes from the recording, transfer from the scenario's bandwidth;
+    a message never recorded takes the scenario's own model."""
 
     def __init__(self, sim, rec: Recording, exact: bool, window: float, stats: Stats):
         self.net, self.rec, self.exact, self.window, self.stats = sim.network, rec, exact, window, stats
-        self.own_send = sim.network.send  # the scenario's own model, for messages never recorded
-        self.full = self.own_send.__func__ is not type(self.net).send
+        self.own = sim.network.lean()  # the scenario's own model, for messages never recorded
+        self.full = sim.network.model is not None
         self.used: dict[tuple[int, int], int] = {}
 
     def lookup(self, src: int, dst: int, now: float) -> tuple[float, str] | None:
@@ -129,17 +128,14 @@ class ReplayNetwork:
         link.busy_until = end
         return end
 
-    def send(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
         net = self.net
-        now = net.env.now
         got = self.lookup(src, dst, now)
         if got is None:
             self.stats.fallback_messages += 1
-            return self.own_send(src, dst, payload, tag, rnd, size)
+            return self.own.outcome(src, dst, now, size)
         self.stats.matched += 1
         delay, reason = got
-        if size is None:
-            size = payload_size(payload)
         churn = net.churn
         if churn is not None and churn.offline(src, now):
             tx_end = now  # an offline sender transmits nothing (as in Network.outcome)
@@ -152,8 +148,7 @@ class ReplayNetwork:
             if churn is not None:  # the same precedence as the full path: sender, outage/loss, receiver
                 if churn.offline(src, now) or (not reason and churn.offline(dst, now + delay)):
                     reason = "offline"
-        net.dispatch(src, dst, payload, tag, rnd, size, now, delay, reason)
-        return tx_end - now
+        return tx_end, delay, reason
 
 
 def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
@@ -167,7 +162,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
     state = {"k": 0}
     env = agent.env
-    act = agent._act
+    act = agent.activation
 
     def at_recorded(t: float, local: float) -> simpy.Event:
         ev = simpy.events.Timeout(env, max(0.0, t - env.now), local)
@@ -176,8 +171,8 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
     def wake_exact() -> simpy.Event:
         k = state["k"]
-        if agent.finished or (agent.sim.scenario.run.rounds is not None
-                              and agent.round >= agent.sim.scenario.run.rounds):
+        if agent.finished or (agent.scenario.run.rounds is not None
+                              and agent.round >= agent.scenario.run.rounds):
             return Agent.wake(agent)  # finishing: the agent's own bookkeeping
         own = Agent.wake(agent)
         if k >= len(times):  # still pending when the recorded run ended: it stays after the end
@@ -192,7 +187,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
         return at_recorded(t, local)
 
     def wake_conditions() -> simpy.Event:
-        limit = agent.sim.scenario.run.rounds
+        limit = agent.scenario.run.rounds
         if limit is not None and agent.round >= limit:
             return Agent.wake(agent)
         now = env.now
@@ -209,7 +204,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
         stats.activations_replayed += 1
         agent.round += 1
         if act.kind != "poisson":  # keep the tick count (read by e.g. the privacy ledger) in step
-            agent._tick = max(agent._tick, math.floor(agent.local_time(t) / act.period + 1e-9))
+            agent.schedule.advance_tick(math.floor(agent.local_time(t) / act.period + 1e-9))
         return at_recorded(t, local)
 
     return wake_exact if exact else wake_conditions
@@ -217,7 +212,7 @@ def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Sta
 
 def installer(rec: Recording, exact: bool, window: float, stats: Stats):
     def setup(sim) -> None:
-        sim.network.send = ReplayNetwork(sim, rec, exact, window, stats).send
+        sim.network.use(ReplayNetwork(sim, rec, exact, window, stats))
         for a in sim.agents:
             a.wake = replay_wake(a, rec.activations.get(a.id, []), exact, stats)
     return setup

@@ -1,0 +1,70 @@
+"""The Agent API is the whole interface algorithms use: no algorithm (or comm part they build on) reaches
+through ``agent.sim`` or touches another object's private attribute (an AST check, so a new file is
+covered the day it is added)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import netsim
+
+ROOT = Path(netsim.__file__).parent
+CHECKED = sorted([*(ROOT / "algorithms").glob("*.py"), *(ROOT / "comm").glob("*.py"),
+                  *(ROOT.parent / "examples" / "plugins").glob("*.py")])
+
+
+def violations(source: str, name: str = "<string>") -> list[str]:
+    """Lines that touch ``.sim`` or a private attribute of anything but ``self``/``cls``."""
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Attribute):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if node.attr == "sim":
+                out.append(f"{name}:{node.lineno}: .sim")
+            elif node.attr.startswith("_") and not node.attr.startswith("__") and owner not in ("self", "cls"):
+                out.append(f"{name}:{node.lineno}: private attribute {node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and (node.args[1].value == "sim" or node.args[1].value.startswith("_"))
+              and not node.args[1].value.startswith("__")):
+            out.append(f"{name}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return out
+
+
+def test_algorithms_use_only_the_agent_api():
+    found = [v for path in CHECKED for v in violations(path.read_text(), str(path.relative_to(ROOT.parent)))]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("code", [
+    "def f(agent):\n    return agent.sim.bank",
+    "def f(agent):\n    agent._tick = 3",
+    "def f(ps):\n    return ps._seq",
+    "def f(sim):\n    return getattr(sim, '_random_in_neighbors', None)",
+    "def f(agent):\n    return getattr(agent, 'sim')",
+])
+def test_the_check_catches_private_access(code):
+    assert violations(code)
+
+
+@pytest.mark.parametrize("code", [
+    "class A:\n    def f(self):\n        return self._seq",
+    "def f(agent):\n    return agent.state('m'), agent.stats, agent.__class__",
+])
+def test_the_check_allows_own_state_and_public_names(code):
+    assert not violations(code)
+
+
+def test_api_reference_is_generated_and_current():
+    from netsim.sim.reference import agent_api_markdown, undocumented
+
+    assert undocumented() == []
+    text = agent_api_markdown()
+    for name in ("recv", "gather", "state", "finish", "lookahead", "privatize", "spawn", "rng", "stats"):
+        assert f"### `agent.{name}" in text
+    doc = (ROOT.parent / "docs" / "agent-api.md").read_text()
+    assert doc == text + "\n", "docs/agent-api.md is stale: netsim algorithms --api > docs/agent-api.md"
