@@ -391,8 +391,7 @@ def _write_crash(sim, folder: Path, counts, meta: dict[str, str], exc: Exception
     # simpy re-raises a failed process's exception as a copy whose __cause__ is the original
     cause = exc.__cause__ if type(exc.__cause__) is type(exc) else None
     root = cause or exc
-    agent = next((i for i, proc in sim.programs if getattr(proc, "_ok", True) is False and proc._value is root),
-                 None)
+    agent = next((i for i, proc in sim.programs if proc.triggered and not proc.ok and proc.value is root), None)
     t = float(sim.env.now)
     error = {"type": type(root).__name__, "message": str(root), "where": _crash_site(root), "agent": agent,
              "t": t, "traceback": traceback.format_exception(type(root), root, root.__traceback__)}

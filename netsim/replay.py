@@ -23,9 +23,9 @@ import math
 from pathlib import Path
 
 import numpy as np
-import simpy
 
 from netsim.errors import InputError
+from netsim.sim.activation import Schedule
 from netsim.trace.io import Trace, read_trace
 
 
@@ -151,70 +151,72 @@ class ReplayNetwork:
         return tx_end, delay, reason
 
 
-def replay_wake(agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
-    """Agent.wake at the recorded activation times.
+class Recorded(Schedule):
+    """An agent's activations at its recorded (global time, local reading) pairs, around its own schedule.
 
-    exact: the agent's own wake runs first (so everything that reads its clock state, e.g. the tick
-    count the privacy ledger uses, and its activation stream advance exactly as recorded); its event is
-    kept when it lands on the recorded activation (always, for an unedited trace) and replaced by one at
-    the recorded time otherwise. conditions: the recorded times, then the agent's own model."""
-    from netsim.sim.agent import Agent
+    exact: the agent's own schedule plans every activation first (so its activation stream, its tick count,
+    which the privacy ledger reads, and jitter and churn advance exactly as recorded); the plan is kept when
+    it lands on the recorded activation (always, for an unedited trace) and replaced by the recorded time
+    otherwise. conditions: the recorded times (one already past is skipped, like a missed tick), then the
+    agent's own schedule once the recording is used up."""
 
-    state = {"k": 0}
-    env = agent.env
-    act = agent.activation
+    kind = "recorded"
+    settles = True
 
-    def at_recorded(t: float, local: float) -> simpy.Event:
-        ev = simpy.events.Timeout(env, max(0.0, t - env.now), local)
-        ev.callbacks.append(agent._activated)
-        return ev
+    def __init__(self, agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
+        self.own, self.agent, self.times, self.exact, self.stats = agent.schedule, agent, times, exact, stats
+        self.k = 0
+        self.pending: tuple[float, float] | None = None  # the recorded activation being planned
 
-    def wake_exact() -> simpy.Event:
-        k = state["k"]
-        if agent.finished or (agent.scenario.run.rounds is not None
-                              and agent.round >= agent.scenario.run.rounds):
-            return Agent.wake(agent)  # finishing: the agent's own bookkeeping
-        own = Agent.wake(agent)
-        if k >= len(times):  # still pending when the recorded run ended: it stays after the end
+    @property
+    def tick(self) -> int:
+        return self.own.tick
+
+    def advance_tick(self, tick: int) -> None:
+        self.own.advance_tick(tick)
+
+    def defer(self, at: float, back_local: float) -> float:
+        return self.own.defer(at, back_local)
+
+    def next(self, now_local: float) -> float:
+        times, stats = self.times, self.stats
+        if self.exact and self.agent.finished:  # finishing: the agent's own bookkeeping
+            self.pending = None
+            return self.own.next(now_local)
+        if not self.exact:  # skip what is already past
+            now = self.agent.env.now
+            while self.k < len(times) and times[self.k][0] < now:
+                self.k += 1
+                stats.activations_skipped += 1
+        self.pending = times[self.k] if self.k < len(times) else None
+        self.fixed = self.pending is not None and not self.exact
+        if self.pending is None:  # beyond the recording (exact: still pending when the recorded run ended)
             stats.fallback_activations += 1
-            return own
-        state["k"] = k + 1
+            return self.own.next(now_local)
+        self.k += 1
         stats.activations_replayed += 1
-        t, local = times[k]
-        if own._value == local and env.now + own._delay == t:  # the same float sum simpy schedules
-            return own
-        own.callbacks.remove(agent._activated)  # an edited recording: fire at its time instead
-        return at_recorded(t, local)
+        if self.exact:
+            return self.own.next(now_local)
+        t, local = self.pending
+        if self.agent.activation.kind != "poisson":  # keep the tick count in step with the recording
+            self.own.advance_tick(math.floor(self.agent.local_time(t) / self.agent.activation.period + 1e-9))
+        return local
 
-    def wake_conditions() -> simpy.Event:
-        limit = agent.scenario.run.rounds
-        if limit is not None and agent.round >= limit:
-            return Agent.wake(agent)
-        now = env.now
-        k = state["k"]
-        while k < len(times) and times[k][0] < now:
-            k += 1
-            stats.activations_skipped += 1
-        state["k"] = k
-        if k >= len(times):
-            stats.fallback_activations += 1
-            return Agent.wake(agent)
-        t, local = times[k]
-        state["k"] = k + 1
-        stats.activations_replayed += 1
-        agent.round += 1
-        if act.kind != "poisson":  # keep the tick count (read by e.g. the privacy ledger) in step
-            agent.schedule.advance_tick(math.floor(agent.local_time(t) / act.period + 1e-9))
-        return at_recorded(t, local)
-
-    return wake_exact if exact else wake_conditions
+    def settle(self, at: float, delay: float) -> tuple[float, float]:
+        if self.pending is None:
+            return at, delay
+        t, local = self.pending
+        now = self.agent.env.now
+        if self.exact and at == local and now + delay == t:  # the same float sum simpy schedules
+            return at, delay
+        return local, max(0.0, t - now)  # conditions, or an edited recording: at the recorded time
 
 
 def installer(rec: Recording, exact: bool, window: float, stats: Stats):
     def setup(sim) -> None:
         sim.network.use(ReplayNetwork(sim, rec, exact, window, stats))
         for a in sim.agents:
-            a.wake = replay_wake(a, rec.activations.get(a.id, []), exact, stats)
+            a.use_schedule(Recorded(a, rec.activations.get(a.id, []), exact, stats))
     return setup
 
 

@@ -68,3 +68,34 @@ def test_api_reference_is_generated_and_current():
         assert f"### `agent.{name}" in text
     doc = (ROOT.parent / "docs" / "agent-api.md").read_text()
     assert doc == text + "\n", "docs/agent-api.md is stale: netsim algorithms --api > docs/agent-api.md"
+
+
+SIMPY_PRIVATE = ("_value", "_ok", "_delay")
+
+
+def test_simpy_event_internals_are_touched_by_one_event_class_only():
+    """A simpy event's value is rewritten in one place (sim/services.py, ``Completion``); nothing reads
+    the private fields of events it did not make."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).as_posix()
+        if rel == "netsim/sim/services.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Attribute) and node.attr in SIMPY_PRIVATE:
+                found.append(f"{rel}:{node.lineno}: .{node.attr}")
+    assert not found, "\n".join(found)
+
+
+def test_nothing_replaces_an_agents_methods():
+    """Replay, churn and dynamic topologies go through schedules and listeners, never ``agent.wake = ...``."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for t in targets:
+                if (isinstance(t, ast.Attribute) and t.attr in ("wake", "send", "recv", "gather", "mix")
+                        and not (isinstance(t.value, ast.Name) and t.value.id == "self")):
+                    found.append(f"{rel}:{node.lineno}: assigns .{t.attr}")
+    assert not found, "\n".join(found)

@@ -5,12 +5,10 @@ the local time ``now_local`` (an activation that falls while the agent is busy i
 never depends on the algorithm), and ``defer(at, back_local)`` moves a planned activation ``at`` to the
 schedule's first one at or after ``back_local`` (churn: an agent offline until then). ``tick`` is the
 index of the latest planned tick (periodic and Bernoulli; the privacy ledger counts skipped ticks from
-it). Jitter and churn compose with any schedule through the network's wake hook; a replayed run moves
-``tick`` with ``advance_tick``. ``Agent.on_activation`` adds listeners (a dynamic topology adopts the
-current graph there).
-
-Each random schedule draws from the agent's own ``activation`` stream, in the order the kernel always
-drew (a Poisson schedule draws its first arrival when it is made), so a seed's times are unchanged.
+it). Jitter and churn compose with any schedule through the network's wake hook; a replayed run wraps
+the agent's schedule in a recorded one (netsim/replay.py, ``Recorded``) that moves ``tick`` with
+``advance_tick``. ``Agent.on_activation`` adds listeners (a dynamic topology adopts the current graph
+there).
 """
 
 from __future__ import annotations
@@ -22,10 +20,18 @@ import numpy as np
 
 
 class Schedule:
-    """The protocol: ``next``, ``defer``, ``tick``, ``advance_tick``."""
+    """The protocol: ``next``, ``defer``, ``tick``, ``advance_tick``. Two optional parts, for schedules that
+    replay recorded activations (netsim/replay.py): ``fixed`` true while the planned activation is a recorded
+    one that jitter and churn must not move, and with ``settles`` true, ``settle(at, delay)`` may replace
+    the planned local reading and delay after them (a recording fixes the global time as well)."""
 
     kind = ""
     tick = 0
+    fixed = False
+    settles = False
+
+    def settle(self, at: float, delay: float) -> tuple[float, float]:
+        return at, delay
 
     def next(self, now_local: float) -> float:
         raise NotImplementedError

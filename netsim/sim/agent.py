@@ -202,11 +202,14 @@ class Agent:
             return self.finish()
         # The schedule never depends on what the agent does: an activation that falls while it is
         # busy is missed.
-        at = self.schedule.next(self.local_time())
+        schedule = self.schedule
+        at = schedule.next(self.local_time())
         hook = self.sim.network.wake_hook
-        if hook is not None:  # clock jitter, churn: the activation moves (Network.wake_hook)
-            at = hook(self, at)
+        if hook is not None and not getattr(schedule, "fixed", False):
+            at = hook(self, at)  # clock jitter, churn: the activation moves (Network.wake_hook)
         delay = max(0.0, self.global_time(at) - self.env.now)
+        if getattr(schedule, "settles", False):  # a recorded schedule fixes the global time too
+            at, delay = schedule.settle(at, delay)
         self.round += 1
         sim = self.sim
         sim.activations += 1

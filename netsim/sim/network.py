@@ -196,7 +196,7 @@ class Network:
         return tx_end - now
 
     def _arrive(self, ev) -> None:
-        msg: Message = ev._value
+        msg: Message = ev.value
         self.emit(Deliver(self.env.now, msg.dst, msg.src, msg.id, msg.size, self.env.now - msg.sent,
                           msg.round, msg.tag))
         self.deliver_to(msg)
