@@ -151,7 +151,9 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         out: Optional[Path] = typer.Option(None, "--out", help="output folder (default: run.out)"),
         plugin: Optional[list[str]] = PluginOpt,
         force: bool = ForceOpt,
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table"),
+        explore: bool = typer.Option(False, "--explore", help="follow the run in netsim explore while it is "
+                                                              "simulated (the run itself is unchanged)")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
@@ -168,6 +170,10 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         elif checkpoints(folder) and not api.is_complete(folder):
             typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
                        f"(netsim resume {folder} would have continued it)", err=True)
+        if explore:
+            if not sc.run.trace:
+                raise InputError("run.trace", "--explore follows the trace: run.trace must be true").at(str(scenario))
+            raise typer.Exit(_run_explored(scenario, set_ or [], folder, plugin or [], force))
         result = _progress(sc.name, sc.run.until, quiet,
                            lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
     except InputError as e:
@@ -175,6 +181,24 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     except RunCrashed as e:
         _crashed(e)
     _report(result, quiet)
+
+
+def _run_explored(scenario: Path, sets: list[str], folder: Path, plugins: list[str], force: bool) -> int:
+    """``run --explore``: the run in a child process, the explorer following its trace (netsim/explore/live.py)."""
+    from netsim.explore import live
+    from netsim.trace.io import TRACE_FILE
+
+    proc, log = live.start(live.child_command(scenario, sets, folder, plugins, force))
+    try:
+        tr = live.wait_for_trace(proc, folder / TRACE_FILE)
+    except KeyboardInterrupt:
+        tr = None
+    if tr is not None and tr.table.num_rows:
+        from netsim.explore.app import Explorer
+        from netsim.explore.model import RunData
+
+        Explorer(folder, RunData(folder), "", None, None).run()
+    return live.finish(proc, log, typer.echo)
 
 
 @app.command()

@@ -491,3 +491,41 @@ def test_causal_key_and_export_key(tmp_path, run):
             assert check_trace_events(data) == [] and data["otherData"]["window_s"] == [app.t0, app.t1]
             assert f"wrote explore-view.json ({len(data['traceEvents'])} events)" in status(app)
     asyncio.run(main())
+
+
+def test_run_explore_opens_on_the_live_trace_and_leaves_the_run_unchanged(tmp_path, monkeypatch):
+    """``netsim run --explore``: the run is a plain child run (byte-identical trace), the explorer opens on
+    its first flushed batch, and the child's own output comes back when it ends."""
+    from netsim import cli
+
+    opened = []
+
+    class FakeExplorer:  # the app itself is driven headless above; here: what it is given
+        def __init__(self, folder, data, filter_, follow, other):
+            opened.append((folder, len(data.t)))
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr("netsim.explore.app.Explorer", FakeExplorer)
+    said = []
+    monkeypatch.setattr(cli.typer, "echo", lambda line="", **_: said.append(str(line)))
+    sets = ["run.until=40", "run.trace_flush_every=256"]
+    folder = tmp_path / "live"
+    rc = cli._run_explored(ROOT / "scenarios" / "quickstart.toml", sets, folder, [], False)
+    assert rc == 0 and (folder / "summary.json").exists()
+    assert len(opened) == 1 and opened[0][0] == folder and opened[0][1] > 0
+    plain = subprocess.run(netsim_cli("run", str(ROOT / "scenarios" / "quickstart.toml"), "--out",
+                                      str(tmp_path / "plain"), "-q", *[a for s in sets for a in ("--set", s)]),
+                           capture_output=True, text=True, env=cli_env())
+    assert plain.returncode == 0, plain.stderr
+    assert (folder / "trace.arrows").read_bytes() == (tmp_path / "plain" / "trace.arrows").read_bytes()
+
+
+def test_run_explore_refuses_an_untraced_run(tmp_path):
+    p = subprocess.run(netsim_cli("run", str(ROOT / "scenarios" / "quickstart.toml"), "--explore", "--out",
+                                  str(tmp_path / "x"), "--set", "run.trace=false"),
+                       capture_output=True, text=True, env=cli_env())
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "quickstart.toml: run.trace: --explore follows the trace" in p.stderr
+    assert not (tmp_path / "x").exists()
