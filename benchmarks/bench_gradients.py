@@ -26,9 +26,20 @@ from torch.nn import functional as F
 
 from netsim.compute import resolve_device
 from netsim.compute.gradients import GradientService
-from netsim.compute.models import MLP, LogisticRegression, TorchModel, mlp_module
+from netsim.compute.models import MLP, LogisticRegression, TorchModel, mlp_module, small_cnn
 
 CLOCK = time.perf_counter
+
+
+class _Shaped(nn.Module):
+    """A CNN fed flat MNIST rows, as the loop baseline writes it."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x.view(-1, 1, 28, 28))
 
 
 def calls_for(fn, min_time: float) -> int:
@@ -127,6 +138,10 @@ def main() -> None:
     row("MLP 784-64-10", mlp, nets, F.cross_entropy, X, y, W, 4.0, a.repeat)
     generic = TorchModel(mlp_module(mlp.dims).to(dev))
     row("MLP, generic vmap path", generic, nets, F.cross_entropy, X, y, W, None, 3)
+    cnn = TorchModel(small_cnn().to(dev), (1, 28, 28))  # DP: book-keeping clipping (compute/ghost.py)
+    W = cnn.init(N, torch.float32, dev, seed=0)
+    cnns = [small_cnn().to(dev) for _ in range(N)]
+    row("small CNN, generic path", cnn, [_Shaped(c) for c in cnns], F.cross_entropy, X, y, W, None, 3)
 
     svc = GradientService(lr, *data(112, 2))  # one request at a time (asynchronous runs)
     w0 = torch.zeros(lr.size, device=dev)

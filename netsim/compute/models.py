@@ -195,7 +195,7 @@ class MLP:
                 s = clip_factors(torch.sqrt(sq), clip).unsqueeze(-1) / B
             else:
                 s = 1.0 / B
-            for (w0, b0, o, i), a, d in zip(self.slices, acts, deltas, strict=False):
+            for (w0, b0, o, _), a, d in zip(self.slices, acts, deltas, strict=False):
                 d = d * s
                 # into a fresh contiguous block, then copied into the row: bmm with a strided out= (or a
                 # transposed left operand) runs one GEMM per agent, ~4x slower on CPU; the values are the same
@@ -265,6 +265,10 @@ class TorchModel:
         # On CPU a loop over agents is as fast as vmap for convolutions (measured: small CNN, 16 agents,
         # batch 32: loop 293 ms, vmap 332 ms) and keeps memory per agent; on CUDA they are batched.
         self.loop_on_cpu = any(isinstance(m, nn.Conv2d) for m in module.modules())
+        from netsim.compute import ghost
+
+        # L2 clipping by book-keeping when every parameter is a Linear's or Conv2d's (compute/ghost.py)
+        self.ghost_clipping = ghost.supported(module)
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run (PyTorch's Linear/Conv default);
@@ -326,8 +330,16 @@ class TorchModel:
 
     def clipped_mean(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float, kind: str,
                      max_entries: int = 1 << 26) -> torch.Tensor:
-        """Mean of clipped per-sample gradients, in (agents x samples) chunks of at most ``max_entries``
-        per-sample gradient entries, so large models (VGG, ResNet) fit in memory."""
+        """Mean of clipped per-sample gradients. L2 clipping of a network of Linear and Conv2d layers goes by
+        book-keeping (compute/ghost.py: no per-sample gradients of the whole model); otherwise nested vmap, in
+        (agents x samples) chunks of at most ``max_entries`` per-sample gradient entries, so large models (VGG,
+        ResNet) fit in memory."""
+        if kind == "l2" and self.ghost_clipping:
+            from netsim.compute import ghost
+
+            G = ghost.clipped_mean(self, W, X, y, clip)
+            if G is not None:
+                return G
         R, B = X.shape[:2]
         per_agent = max(1, max_entries // (B * self.size))
         if per_agent >= R:

@@ -1,0 +1,93 @@
+"""Per-sample L2 clipping of any Linear/Conv2d network without per-sample gradients of the whole model.
+
+Book-keeping (Bu et al., "Differentially Private Optimization on Large Model at Small Cost", ICML 2023) on the
+ghost-norm idea (Li et al., "Large Language Models Can Be Strong Differentially Private Learners", ICLR 2022):
+for a Linear or Conv2d layer, sample b's weight gradient is G_bᵀ A_b, with A_b the layer's input (unfolded into
+patches for a convolution, T positions) and G_b the gradient of sample b's loss at the layer's output (T, out).
+One forward and one backward of the summed loss give every A and G; from them each sample's gradient norm
+(layer by layer: ||G_b||² ||A_b||² when T = 1, else the norm of the small per-layer product) and the clipped
+mean  sum_b c_b G_bᵀ A_b / B,  c_b = min(1, C / ||g_b||). No second backward, no (B, P) tensor, and the
+per-sample machinery runs once per agent instead of once per sample (the nested-vmap path's cost).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from netsim.compute.models import clip_factors
+
+MAX_LAYER_ENTRIES = 1 << 24  # per-sample weight gradients of one layer held at once (B x out x in·k²)
+
+
+def supported(module: nn.Module) -> bool:
+    """Every module holding parameters is a Linear or an ungrouped Conv2d with numeric padding."""
+    for m in module.modules():
+        if not any(True for _ in m.parameters(recurse=False)):
+            continue
+        if isinstance(m, nn.Linear):
+            continue
+        if isinstance(m, nn.Conv2d) and m.groups == 1 and not isinstance(m.padding, str) \
+                and m.padding_mode == "zeros":
+            continue
+        return False
+    return True
+
+
+def _patches(m: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, G): the layer's input as (B, T, fan_in) and its output gradient as (B, T, out)."""
+    if isinstance(m, nn.Conv2d):
+        A = F.unfold(a, m.kernel_size, m.dilation, m.padding, m.stride).transpose(1, 2)
+        return A, g.flatten(2).transpose(1, 2)
+    return a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+
+
+def clipped_mean(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float) -> torch.Tensor | None:
+    """Mean of L2-clipped per-sample gradients (R, P) of ``model`` (a TorchModel) for every agent, or None
+    when a layer's per-sample products would exceed ``MAX_LAYER_ENTRIES`` (the caller's path then)."""
+    R, B = X.shape[:2]
+    layers = [(name, m) for name, m in model.module.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    for _, m in layers:
+        fan_in = m.weight[0].numel()
+        if B * m.weight.shape[0] * fan_in > MAX_LAYER_ENTRIES:
+            return None
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(name):
+        def hook(_mod, inp, out):
+            seen[name] = (inp[0], out)
+        return hook
+
+    handles = [m.register_forward_hook(keep(name)) for name, m in layers]
+    out = torch.empty_like(W)
+    try:
+        for r in range(R):
+            params = {k: v.detach().requires_grad_() for k, v in model.unflatten(W[r]).items()}
+            x = X[r].reshape(B, *model.shape) if model.shape else X[r]
+            loss = F.cross_entropy(model._call(model.module, params, (x,)), y[r], reduction="sum")
+            gs = torch.autograd.grad(loss, [seen[name][1] for name, _ in layers])
+            parts, sq = [], torch.zeros(B, dtype=W.dtype, device=W.device)
+            for (name, m), g in zip(layers, gs, strict=True):
+                A, G = _patches(m, seen[name][0].detach(), g)
+                if A.shape[1] == 1:  # one position: the ghost norm, nothing materialised
+                    sq += (A * A).sum((1, 2)) * (G * G).sum((1, 2))
+                else:
+                    sq += torch.linalg.vector_norm(torch.bmm(G.mT, A), dim=(1, 2)) ** 2
+                Gb = G.sum(1) if m.bias is not None else None
+                if Gb is not None:
+                    sq += (Gb * Gb).sum(1)
+                parts.append((name, m, A, G, Gb))
+            c = clip_factors(torch.sqrt(sq), clip) / B
+            grads = {}
+            for name, m, A, G, Gb in parts:
+                Gc = G * c[:, None, None]
+                grads[f"{name}.weight" if name else "weight"] = (Gc.flatten(0, 1).mT @ A.flatten(0, 1)).view_as(
+                    m.weight)
+                if Gb is not None:
+                    grads[f"{name}.bias" if name else "bias"] = (Gb * c[:, None]).sum(0)
+            out[r] = torch.cat([grads[n].reshape(-1) for n in model.names])
+    finally:
+        for h in handles:
+            h.remove()
+    return out
