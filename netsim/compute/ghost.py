@@ -49,49 +49,85 @@ def _patches(m: nn.Module, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tens
 
 def clipped_mean(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float) -> torch.Tensor | None:
     """Mean of L2-clipped per-sample gradients (R, P) of ``model`` (a TorchModel) for every agent, or None
-    when a layer's per-sample products would exceed ``MAX_LAYER_ENTRIES`` (the caller's path then)."""
+    when a layer's per-sample products would exceed ``MAX_LAYER_ENTRIES`` (the caller's path then). Batched
+    over agents by vmap, except convolutions on CPU, which loop over agents (as the plain step does)."""
+    from torch.func import vmap
+
     R, B = X.shape[:2]
     layers = [(name, m) for name, m in model.module.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     for _, m in layers:
-        fan_in = m.weight[0].numel()
-        if B * m.weight.shape[0] * fan_in > MAX_LAYER_ENTRIES:
+        if B * m.weight.shape[0] * m.weight[0].numel() > MAX_LAYER_ENTRIES:
             return None
-    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    shapes = _output_shapes(model, layers, W[0], X[0])
 
-    def keep(name):
-        def hook(_mod, inp, out):
-            seen[name] = (inp[0], out)
-        return hook
+    def one(w: torch.Tensor, x: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
+        return _one_agent(model, layers, shapes, clip, w, x, yy)
 
-    handles = [m.register_forward_hook(keep(name)) for name, m in layers]
-    out = torch.empty_like(W)
+    if model.loop_on_cpu and W.device.type == "cpu":
+        return torch.stack([one(W[r], X[r], y[r]) for r in range(R)])
+    return vmap(one)(W, X, y)
+
+
+def _hooked(model, layers, w: torch.Tensor, x: torch.Tensor, hook) -> torch.Tensor:
+    """The logits of one agent with ``hook(name)`` on every Linear/Conv2d layer."""
+    handles = [m.register_forward_hook(hook(name)) for name, m in layers]
     try:
-        for r in range(R):
-            params = {k: v.detach().requires_grad_() for k, v in model.unflatten(W[r]).items()}
-            x = X[r].reshape(B, *model.shape) if model.shape else X[r]
-            loss = F.cross_entropy(model._call(model.module, params, (x,)), y[r], reduction="sum")
-            gs = torch.autograd.grad(loss, [seen[name][1] for name, _ in layers])
-            parts, sq = [], torch.zeros(B, dtype=W.dtype, device=W.device)
-            for (name, m), g in zip(layers, gs, strict=True):
-                A, G = _patches(m, seen[name][0].detach(), g)
-                if A.shape[1] == 1:  # one position: the ghost norm, nothing materialised
-                    sq += (A * A).sum((1, 2)) * (G * G).sum((1, 2))
-                else:
-                    sq += torch.linalg.vector_norm(torch.bmm(G.mT, A), dim=(1, 2)) ** 2
-                Gb = G.sum(1) if m.bias is not None else None
-                if Gb is not None:
-                    sq += (Gb * Gb).sum(1)
-                parts.append((name, m, A, G, Gb))
-            c = clip_factors(torch.sqrt(sq), clip) / B
-            grads = {}
-            for name, m, A, G, Gb in parts:
-                Gc = G * c[:, None, None]
-                grads[f"{name}.weight" if name else "weight"] = (Gc.flatten(0, 1).mT @ A.flatten(0, 1)).view_as(
-                    m.weight)
-                if Gb is not None:
-                    grads[f"{name}.bias" if name else "bias"] = (Gb * c[:, None]).sum(0)
-            out[r] = torch.cat([grads[n].reshape(-1) for n in model.names])
+        return model.logits(w, x)
     finally:
         for h in handles:
             h.remove()
-    return out
+
+
+def _output_shapes(model, layers, w: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Size]:
+    shapes = {}
+
+    def hook(name):
+        def keep(_mod, _inp, out):
+            shapes[name] = out.shape
+        return keep
+
+    with torch.no_grad():
+        _hooked(model, layers, w, x, hook)
+    return shapes
+
+
+def _one_agent(model, layers, shapes, clip: float, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One agent's clipped mean: the gradient of the summed loss at zero probes added to every layer's output is
+    each sample's output gradient G; the layers' inputs come back beside it."""
+    from torch.func import grad
+
+    B = x.shape[0]
+
+    def loss(probes):
+        inputs = {}
+
+        def hook(name):
+            def probe(_mod, inp, out):
+                inputs[name] = inp[0]
+                return out + probes[name]
+            return probe
+
+        z = _hooked(model, layers, w, x, hook)
+        return F.cross_entropy(z, y, reduction="sum"), inputs
+
+    zeros = {name: torch.zeros(shapes[name], dtype=w.dtype, device=w.device) for name, _ in layers}
+    gs, inputs = grad(loss, has_aux=True)(zeros)
+    parts, sq = [], torch.zeros(B, dtype=w.dtype, device=w.device)
+    for name, m in layers:
+        A, G = _patches(m, inputs[name], gs[name])
+        if A.shape[1] == 1:  # one position: the ghost norm, nothing materialised
+            sq = sq + (A * A).sum((1, 2)) * (G * G).sum((1, 2))
+        else:
+            sq = sq + torch.linalg.vector_norm(torch.bmm(G.mT, A), dim=(1, 2)) ** 2
+        Gb = G.sum(1) if m.bias is not None else None
+        if Gb is not None:
+            sq = sq + (Gb * Gb).sum(1)
+        parts.append((name, m, A, G, Gb))
+    c = clip_factors(torch.sqrt(sq), clip) / B
+    grads = {}
+    for name, m, A, G, Gb in parts:
+        Gc = G * c[:, None, None]
+        grads[f"{name}.weight" if name else "weight"] = (Gc.flatten(0, 1).mT @ A.flatten(0, 1)).reshape(m.weight.shape)
+        if Gb is not None:
+            grads[f"{name}.bias" if name else "bias"] = (Gb * c[:, None]).sum(0)
+    return torch.cat([grads[n].reshape(-1) for n in model.names])
