@@ -13,6 +13,7 @@ from netsim.comm.patterns import PushSum
 from netsim.comm.stats import comm_summary
 from netsim.scenario import scenario_from_dict
 from netsim.sim.kernel import Simulation
+from netsim.trace.events import records
 from netsim.trace.io import TraceWriter
 from tests.conftest import BASE, merge
 
@@ -21,7 +22,7 @@ def _sim(program=None, collect: list | None = None, **extra) -> Simulation:
     from netsim import api
 
     sc = scenario_from_dict(merge(BASE, extra))
-    writer = TraceWriter(None, {}, on_batch=collect.extend) if collect is not None else None
+    writer = TraceWriter(None, {}, on_batch=lambda cols: collect.extend(records(cols))) if collect is not None else None
     if program is None:
         return api.prepare(sc, writer)
     return Simulation(sc, program, None, writer=writer)

@@ -11,7 +11,7 @@ import torch
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.scenario import scenario_from_dict
-from netsim.trace.events import Release, Send
+from netsim.trace.events import Release, Send, records
 from netsim.trace.io import TraceWriter
 from tests.conftest import BASE, merge
 
@@ -31,7 +31,7 @@ def _sim(collect: list | None = None, **extra):
     from netsim import api
 
     sc = scenario_from_dict(merge(merge(BASE, SMALL), extra))
-    writer = TraceWriter(None, {}, on_batch=collect.extend) if collect is not None else None
+    writer = TraceWriter(None, {}, on_batch=lambda cols: collect.extend(records(cols))) if collect is not None else None
     return api.prepare(sc, writer)
 
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import compress
+
+from netsim.trace.events import COLUMNS
+
+_KIND, _SIZE = COLUMNS.index("kind"), COLUMNS.index("size")
 
 
 class EventCounts:
-    """Events per kind and bytes sent; consumes trace batches, so it costs nothing per event."""
+    """Events per kind and bytes sent; counts each flushed batch's columns, so it costs nothing per event."""
 
     def __init__(self) -> None:
         self.kinds: Counter[str] = Counter()
         self.bytes_sent = 0
 
-    def __call__(self, events: list) -> None:
-        self.kinds.update(e.kind for e in events)
-        self.bytes_sent += sum(e.size for e in events if e.kind == "send")
+    def __call__(self, columns: list[tuple]) -> None:
+        kinds = columns[_KIND]
+        self.kinds.update(kinds)
+        self.bytes_sent += sum(compress(columns[_SIZE], map("send".__eq__, kinds)))
 
     @property
     def total(self) -> int:

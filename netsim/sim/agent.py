@@ -24,7 +24,7 @@ import torch
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message
 from netsim.sim.services import Completion, Lookahead
-from netsim.trace.events import Activate, ComputeStart, Finish, Stale, Timeout
+from netsim.trace.events import Finish, Stale, Timeout
 
 if TYPE_CHECKING:
     from netsim.sim.kernel import Simulation
@@ -159,6 +159,7 @@ class Agent:
         self.env = sim.env
         self.id = i
         self.emit = sim.emit
+        self._row = sim.emit_row  # the engine's own per-activation events, as rows (TraceWriter.emit_row)
         self.offset = offset
         self.rate = 1.0 + drift  # local clock seconds per global second
         self.compute_scale = compute_scale
@@ -223,7 +224,7 @@ class Agent:
         if self._listeners:
             for listener in self._listeners:
                 listener(self)
-        self.emit(Activate(self.env.now, self.id, self.round, ev.value))
+        self._row((self.env.now, "activate", self.id, -1, -1, 0, ev.value, self.round, ""))  # Activate
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Wake by ``schedule`` from the next ``wake`` on (an object with ``next``, ``defer``, ``tick``,
@@ -279,7 +280,7 @@ class Agent:
         churn = self.sim.network.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, self.env.now)
-        self.emit(ComputeStart(self.env.now, self.id, ct))
+        self._row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
         p = self.sim.bank.get(self.id) if params is None else params
         r = self.sample_rows(batch) if rows is None else rows
         if clip is None:

@@ -32,7 +32,7 @@ from netsim.sim.network import Network
 from netsim.sim.services import Completion, Services
 from netsim.sim.streams import Streams
 from netsim.sim.topology import spectral_gap, weighted_graph
-from netsim.trace.events import ComputeEnd, Evaluation
+from netsim.trace.events import Evaluation
 from netsim.trace.io import TraceWriter
 
 Program = Callable[[Agent, Any], Any]
@@ -70,6 +70,7 @@ class Simulation:
         self.gap = spectral_gap(self.W)
         self.writer = writer or TraceWriter(None, {})
         self.emit = self.writer.emit
+        self.emit_row = self.writer.emit_row
         self.device = resolve_device(device or sc.run.device)
         self.dtype = torch.float64 if sc.model.dtype == "float64" else torch.float32
         # the data have their own stream tree (data.seed), so they can stay fixed while run.seed varies
@@ -96,7 +97,7 @@ class Simulation:
 
             self.f_star = optimum(self.model, self.data.X[held], self.data.y[held])
         self.gradients = GradientService(self.model, self.X, self.y)
-        self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver)
+        self.network = Network(self.env, sc.network, self.streams, self.emit, self._deliver, self.emit_row)
         crng = self.streams.rng("clock")
         offsets = sampler(sc.agents.clock_offset, crng, "agents.clock_offset")(n)
         drifts = sampler(sc.agents.clock_drift, crng, "agents.clock_drift")(n)
@@ -158,7 +159,7 @@ class Simulation:
     def _gradient_ready(self, ticket: Ticket) -> torch.Tensor:
         if ticket.result is None:
             self.gradients.flush()
-        self.emit(ComputeEnd(self.env.now, ticket.agent))
+        self.emit_row((self.env.now, "compute_end", ticket.agent, -1, -1, 0, 0.0, -1, ""))  # ComputeEnd
         return ticket.result
 
     def add_program(self, i: int, program: Any) -> simpy.Process:

@@ -25,7 +25,7 @@ from netsim.errors import InputError
 from netsim.scenario.schema import NetworkSpec
 from netsim.sim.dists import draws
 from netsim.sim.streams import Draws, Streams
-from netsim.trace.events import Deliver, Drop, Send
+from netsim.trace.events import Drop, Send, record
 
 
 @attrs.frozen(slots=True)
@@ -131,11 +131,14 @@ def link_model(name: str) -> Callable[[Network], LinkModel]:
 
 
 class Network:
-    def __init__(self, env: simpy.Environment, spec: NetworkSpec, streams: Streams, emit, deliver):
+    def __init__(self, env: simpy.Environment, spec: NetworkSpec, streams: Streams, emit, deliver,
+                 emit_row=None):
         self.env = env
         self.spec = spec
         self.streams = streams
         self.emit = emit
+        # the lean path traces rows (COLUMNS order, as TraceWriter.emit_row); without a row sink, records
+        self.emit_row = emit_row if emit_row is not None else (lambda r: emit(record(r)))
         self.deliver_to = deliver  # callable(message) that puts it in the receiver's inbox
         self.links: dict[tuple[int, int], Link] = {}
         self.next_id = 0
@@ -185,20 +188,20 @@ class Network:
             tx_end = max(now, link.busy_until) + size / self.bandwidth
             link.busy_until = tx_end
         delay = tx_end - now + link.latency()
+        emit_row = self.emit_row
+        emit_row((now, "send", src, dst, mid, size, delay, rnd, tag))  # Send
         if link.lost is not None and link.lost() < self.p_loss:
-            self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
-            self.emit(Drop(now, src, dst, mid, size, delay, rnd, "loss"))
+            emit_row((now, "drop", src, dst, mid, size, delay, rnd, "loss"))  # Drop
             return tx_end - now
         msg = Message(mid, src, dst, tag, rnd, payload, size, now)
-        self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
         ev = simpy.events.Timeout(env, delay, msg)
         ev.callbacks.append(self._arrive)
         return tx_end - now
 
     def _arrive(self, ev) -> None:
         msg: Message = ev.value
-        self.emit(Deliver(self.env.now, msg.dst, msg.src, msg.id, msg.size, self.env.now - msg.sent,
-                          msg.round, msg.tag))
+        now = self.env.now
+        self.emit_row((now, "deliver", msg.dst, msg.src, msg.id, msg.size, now - msg.sent, msg.round, msg.tag))
         self.deliver_to(msg)
 
     # the full path ----------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ same columns, so traces keep one schema; fields beyond the columns must be packe
 
 from __future__ import annotations
 
+import operator
+
 import attrs
 
 SCHEMA_VERSION = 1
@@ -248,8 +250,16 @@ def decode(t: float, kind: str, **columns) -> EventRow:
     return cls(t=t, **{c: v for c, v in columns.items() if c in names and names[c].init})
 
 
-def row(event) -> tuple:
-    """An event as a tuple in COLUMNS order."""
-    return tuple(
-        event.kind if c == "kind" else getattr(event, c, DEFAULTS.get(c)) for c in COLUMNS
-    )
+row = operator.attrgetter(*COLUMNS)
+"""``row(event)``: an event record as its trace row, a tuple in COLUMNS order (one C-level call; every
+record has every column, EventRow gives the defaults)."""
+
+
+def record(r: tuple) -> EventRow:
+    """A trace row (COLUMNS order) back as its event record (``decode``)."""
+    return decode(r[0], r[1], **dict(zip(COLUMNS[2:], r[2:])))
+
+
+def records(columns: list[tuple]) -> list[EventRow]:
+    """A batch's columns (``TraceWriter``'s ``on_batch``) back as event records."""
+    return [record(r) for r in zip(*columns)]

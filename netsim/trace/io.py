@@ -9,7 +9,6 @@ The schema metadata holds the schema version, the resolved scenario text and its
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import attrs
 import pyarrow as pa
 
 from netsim.errors import InputError
-from netsim.trace.events import COLUMNS, SCHEMA_VERSION
+from netsim.trace.events import SCHEMA_VERSION, row
 
 SCHEMA = pa.schema([
     ("t", pa.float64()), ("kind", pa.string()), ("agent", pa.int32()), ("peer", pa.int32()),
@@ -27,19 +26,12 @@ SCHEMA = pa.schema([
 TRACE_FILE = "trace.arrows"
 
 
-_ROW = operator.attrgetter(*COLUMNS)
-
-
-def _columns(events: list) -> list[tuple]:
-    """Columns of a batch (COLUMNS order): one C-level attrgetter per event, then a transpose."""
-    return list(zip(*map(_ROW, events)))
-
-
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the stream format's end-of-stream marker
 
 
 class TraceWriter:
-    """Buffers events and writes them as Arrow record batches; ``None`` path = count only.
+    """Buffers events as rows and writes them as Arrow record batches; ``None`` path = count only.
+    ``on_batch(columns)`` sees each batch's columns (COLUMNS order) as it is flushed.
 
     The stream is written as raw IPC messages (schema, then one message per batch, then EOS on close:
     byte for byte what ``pa.ipc.new_stream`` writes), so the writer knows its byte offset and a running
@@ -91,20 +83,30 @@ class TraceWriter:
         self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def emit(self, event) -> None:
-        self.buffer.append(event)
-        if len(self.buffer) >= self.flush_every:
+        """Trace one event record (``netsim.trace.events``)."""
+        buf = self.buffer
+        buf.append(row(event))
+        if len(buf) >= self.flush_every:
+            self.flush()
+
+    def emit_row(self, row: tuple) -> None:
+        """Trace one row in COLUMNS order, exactly the row ``emit`` would make of the record: the engine's
+        per-message events (activate, compute, send, deliver) skip the record object this way."""
+        buf = self.buffer
+        buf.append(row)
+        if len(buf) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
         if not self.buffer:
             return
-        events, self.buffer = self.buffer, []
-        self.count += len(events)
+        rows, self.buffer = self.buffer, []
+        self.count += len(rows)
+        cols = list(zip(*rows))  # the batch's columns
         if self.on_batch is not None:
-            self.on_batch(events)
+            self.on_batch(cols)
         self._open()
         if self._sink is not None:
-            cols = _columns(events)
             batch = pa.record_batch([pa.array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
             self._write(batch.serialize().to_pybytes())
             self._sink.flush()
