@@ -22,7 +22,7 @@ import simpy
 import torch
 
 from netsim.sim.activation import Schedule, schedule_for
-from netsim.sim.network import Message
+from netsim.sim.network import Message, payload_size
 from netsim.sim.services import Completion, Lookahead
 from netsim.trace.events import Finish, Stale, Timeout
 
@@ -299,8 +299,11 @@ class Agent:
         """Send to every out-neighbour (links transmit in parallel)."""
         send = self.sim.network.send
         rnd = self.round if round is None else round
-        tx = max((send(self.id, j, payload, tag, rnd, size) for j in (self.neighbors if to is None else to)),
-                 default=0.0)
+        if size is None:
+            size = payload_size(payload)  # once, not per link
+        tx = 0.0
+        for j in self.neighbors if to is None else to:
+            tx = max(tx, send(self.id, j, payload, tag, rnd, size))
         return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
 
     def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:

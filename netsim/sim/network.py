@@ -16,9 +16,8 @@ installs the recorded outcomes. Unconfigured models therefore cost one compariso
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-import attrs
 import simpy
 
 from netsim.errors import InputError
@@ -28,8 +27,9 @@ from netsim.sim.streams import Draws, Streams
 from netsim.trace.events import Drop, Send, record
 
 
-@attrs.frozen(slots=True)
-class Message:
+class Message(NamedTuple):
+    """One message on its way or received (immutable; a named tuple: created once per send, so cheap)."""
+
     id: int
     src: int
     dst: int

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import attrs
+import numpy as np
 import pyarrow as pa
 
 from netsim.errors import InputError
@@ -24,6 +25,16 @@ SCHEMA = pa.schema([
     ("tag", pa.string()),
 ])
 TRACE_FILE = "trace.arrows"
+
+
+_NUMPY = {pa.float64(): np.float64, pa.int64(): np.int64, pa.int32(): np.int32}
+
+
+def _array(col: tuple, type_: pa.DataType) -> pa.Array:
+    """One column as Arrow: numbers through numpy (pyarrow converts a tuple of Python floats ~30x slower),
+    strings directly. The same values, so the same bytes."""
+    np_type = _NUMPY.get(type_)
+    return pa.array(col, type_) if np_type is None else pa.array(np.array(col, np_type))
 
 
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the stream format's end-of-stream marker
@@ -107,7 +118,7 @@ class TraceWriter:
             self.on_batch(cols)
         self._open()
         if self._sink is not None:
-            batch = pa.record_batch([pa.array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
+            batch = pa.record_batch([_array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
             self._write(batch.serialize().to_pybytes())
             self._sink.flush()
 
