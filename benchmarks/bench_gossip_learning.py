@@ -7,16 +7,22 @@ uniformly in [0.01, 0.5] s. 100 rounds; the models are evaluated at the end only
 the kernel always does). Reported: simulation wall time (the simpy run, as summary.wall_time), the
 whole call (data loading and setup included) in wall and CPU seconds, and the mean test accuracy of
 the nodes' own models.
-Reference: a peer simulator (gossipy) takes ~9 s (100 nodes) and ~106 s (1000 nodes) on this machine.
+With ``--peer-python``, the same job also runs in the peer simulator gossipy (benchmarks/peers/gossipy_job.py,
+under that interpreter, which must have gossipy-dfl installed) right after netsim's, for each size, and the
+speed-up is gossipy's simulation time over netsim's, both measured in this run. Without it no speed-up is
+printed (timings from another run or machine are not comparable).
 
     NETSIM_DATA=../shared/data python benchmarks/bench_gossip_learning.py [--nodes 100 1000] [--no-trace]
+        [--peer-python PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +30,15 @@ from pathlib import Path
 import netsim
 from netsim.scenario import scenario_from_dict
 
-PEER_SECONDS = {100: 9.0, 1000: 106.0}
+PEER_JOB = Path(__file__).resolve().parent / "peers" / "gossipy_job.py"
+
+
+def peer_run(python: str, nodes: int, seed: int) -> dict:
+    """gossipy on the same job, in its own interpreter; its JSON line (simulation wall/CPU s, accuracy)."""
+    data = Path(os.environ["NETSIM_DATA"]) / "mushrooms" / "mushrooms.libsvm"
+    out = subprocess.run([python, str(PEER_JOB), "--nodes", str(nodes), "--seed", str(seed), "--data", str(data)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def scenario(nodes: int, seed: int, trace: bool) -> dict:
@@ -49,25 +63,29 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-trace", action="store_true", help="count events without writing the trace")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
+    ap.add_argument("--peer-python", help="a Python with gossipy-dfl installed: run the peer's job too")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     print(f"{'nodes':>6} {'sim wall s':>10} {'total s':>8} {'CPU s':>6} {'events':>9} {'events/s':>9} "
-          f"{'mean node acc':>13} {'avg-model acc':>13} {'peer s':>7} {'speed-up':>8}")
+          f"{'mean node acc':>13} {'avg-model acc':>13} {'peer sim s':>10} {'peer acc':>8} {'speed-up':>8}")
     for n in args.nodes:
         with tempfile.TemporaryDirectory() as tmp:
             t0, c0 = time.perf_counter(), time.process_time()
             r = netsim.run(scenario_from_dict(scenario(n, args.seed, not args.no_trace)), out=tmp)
             total, cpu = time.perf_counter() - t0, time.process_time() - c0
         s = r.summary
-        peer = PEER_SECONDS.get(n)
-        nan = float("nan")
-        print(f"{n:>6} {s['wall_time']:>10.2f} {total:>8.2f} {cpu:>6.2f} {s['events']:>9,} "
-              f"{s['events_per_s']:>9,.0f} {s['agent_accuracy_mean']:>13.4f} {s['accuracy']:>13.4f} "
-              f"{peer or nan:>7.0f} {(peer / total) if peer else nan:>7.1f}x "
-              f"(CPU {(peer / cpu) if peer else nan:.1f}x)")
+        peer = peer_run(args.peer_python, n, args.seed) if args.peer_python else None
+        line = (f"{n:>6} {s['wall_time']:>10.2f} {total:>8.2f} {cpu:>6.2f} {s['events']:>9,} "
+                f"{s['events_per_s']:>9,.0f} {s['agent_accuracy_mean']:>13.4f} {s['accuracy']:>13.4f} ")
+        if peer is None:
+            line += f"{'-':>10} {'-':>8} {'-':>8}  (no --peer-python: peer not run)"
+        else:
+            line += (f"{peer['sim_s']:>10.2f} {peer['accuracy']:>8.4f} {peer['sim_s'] / s['wall_time']:>7.1f}x "
+                     f"(CPU {peer['cpu_s'] / cpu:.1f}x, netsim's whole call {peer['sim_s'] / total:.1f}x)")
+        print(line, flush=True)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

@@ -42,3 +42,26 @@ def test_event_counts_from_columns_match_a_count_of_the_rows():
     rows = [r for cols in batches for r in zip(*cols)]
     assert counts.kinds == Counter(r[1] for r in rows) and counts.total == len(rows)
     assert counts.bytes_sent == sum(r[5] for r in rows if r[1] == "send") > 0
+
+
+def test_mini_batches_drawn_ahead_are_the_single_draws():
+    """sample_rows draws several mini-batches per numpy call (DrawsAhead): the rows handed out, and the
+    batch stream's state whenever someone else reads it, must be those of one call per mini-batch."""
+    import numpy as np
+
+    from netsim.sim.streams import DrawsAhead
+
+    assert DrawsAhead.exact()  # on this numpy, drawing ahead is exact (else sample_rows does not)
+    sc = scenario_from_dict(merge(BASE, {"run": {"until": 1.0}}))
+    agent = api.prepare(sc).agents[3]
+    plain = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+        agent.sim.streams.seed, spawn_key=agent.sim.streams.seed_sequence("batch", 3).spawn_key)))
+    n = len(agent.rows)
+    for batch in [5] * 40 + [7] * 3 + [5] * 2:  # blocks used up, a switch of batch size mid-block
+        assert np.array_equal(agent.sample_rows(batch), agent.rows[plain.integers(0, n, batch)])
+    own = agent.rng("batch")  # the program reads the stream itself: it is where single draws leave it
+    assert own.bit_generator.state == plain.bit_generator.state
+    assert own.integers(0, 1000, 4).tolist() == plain.integers(0, 1000, 4).tolist()
+    for _ in range(3):  # and from then on, one draw per call
+        assert np.array_equal(agent.sample_rows(5), agent.rows[plain.integers(0, n, 5)])
+    assert own.bit_generator.state == plain.bit_generator.state

@@ -24,6 +24,7 @@ import torch
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import Completion, Lookahead
+from netsim.sim.streams import DrawsAhead
 from netsim.trace.events import Finish, Stale, Timeout
 
 if TYPE_CHECKING:
@@ -176,6 +177,8 @@ class Agent:
         self._act = act
         act_rng = sim.streams.rng("activation", i)
         self._batch_rng = sim.streams.rng("batch", i)
+        self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from _batch_rng (sample_rows)
+        self._draw_ahead = True  # until the program draws from the batch stream itself (``rng("batch")``)
         self._distinct_rows = sim.scenario.data.sampling == "without_replacement"
         self._compute = sim.compute_draws(i)
         self.rows = sim.data.parts[i]
@@ -267,6 +270,12 @@ class Agent:
             if batch >= len(self.rows):
                 return self.rows
             return self.rows[np.sort(self._batch_rng.choice(len(self.rows), batch, replace=False))]
+        if self._draw_ahead:
+            ahead = self._ahead
+            if ahead is None or ahead.batch != batch or not ahead.left():
+                self._ahead = ahead = DrawsAhead.start(self._batch_rng, len(self.rows), batch, ahead)
+            if ahead is not None:
+                return self.rows[ahead.take()]
         return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
@@ -505,7 +514,16 @@ class Agent:
     def rng(self, purpose: str = "algorithm", *key: int) -> np.random.Generator:
         """This agent's own stream ``(purpose, id, *key)`` for the algorithm's choices (never the
         network's). A plugin's purpose is registered first (``netsim.sim.streams.register_purpose``)."""
+        if purpose == "batch" and not key:  # the stream sample_rows draws from: no more drawing ahead
+            self._stop_ahead()
+            self._draw_ahead = False
         return self.sim.streams.rng(purpose, self.id, *key)
+
+    def _stop_ahead(self) -> None:
+        """Put the batch stream back to just after the mini-batches handed out (DrawsAhead)."""
+        if self._ahead is not None:
+            self._ahead.rewind()
+            self._ahead = None
 
     def shared_rng(self, purpose: str, *key: int, cached: bool = True) -> np.random.Generator:
         """The run-wide stream ``(purpose, *key)``: the same generator for every agent (one draw shared by

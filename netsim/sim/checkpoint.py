@@ -47,7 +47,7 @@ import torch
 
 from netsim.errors import InputError
 
-FORMAT = 1
+FORMAT = 2  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{12})$")
 _PLAIN = (bool, int, float, str)
