@@ -41,8 +41,9 @@ def test_agrees_with_the_engine_to_round_off(tmp_path):
 
 def test_bit_identical_when_the_engine_mixes_in_sender_order(tmp_path, monkeypatch):
     """The only difference is the order of summation among simultaneous arrivals."""
-    mix = Agent.mix
-    monkeypatch.setattr(Agent, "mix", lambda self, own, got: mix(self, own, dict(sorted(got.items()))))
+    mix = Agent.mix_into_params
+    monkeypatch.setattr(Agent, "mix_into_params",
+                        lambda self, own, got, **kw: mix(self, own, dict(sorted(got.items())), **kw))
     sc = scenario_from_dict(scenario())
     assert torch.equal(windowed.run_dpsgd(prepare(sc), 8), engine_models(sc, tmp_path))
 

@@ -100,7 +100,7 @@ def dp_cga(agent, p: DPCGAParams):
         else:
             step = torch.zeros_like(x)
         m_all[i] = m
-        agent.params = agent.mix(x, models) - p.lr * step
+        agent.mix_into_params(x, models, step=step, lr=p.lr)  # params = mix(x, models) - lr step, batched
         k += 1
 
 

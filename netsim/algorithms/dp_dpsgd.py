@@ -145,9 +145,8 @@ def dp_dpsgd(agent, p: DPDPSGDParams):
             spent = step is None
         yield agent.broadcast(x, tag="model", round=k)              # x_i^k (post-processing)
         got = yield agent.gather(tag="model", round=k, timeout=p.round_timeout)
-        mixed = agent.mix(x, got)
         lr = p.lr / (1.0 + p.lr_decay * k)
-        agent.params = mixed if step is None else mixed - lr * step  # Lian et al. Alg. 1, line 6
+        agent.mix_into_params(x, got, step=step, lr=lr)             # Lian et al. Alg. 1, line 6 (batched)
         k += 1
 
 

@@ -35,5 +35,5 @@ def dpsgd(agent, p: DPSGDParams):
         g = yield agent.gradient(batch=p.batch, params=x)            # grad F_i(x_i^k), batched
         got = yield from sync_round(agent, x, k, timeout=p.round_timeout)  # send x_i^k, barrier
         lr = p.lr / (1.0 + p.lr_decay * k)
-        agent.params = agent.mix(x, got) - lr * g                   # Algorithm 1, line 6
+        agent.mix_into_params(x, got, step=g, lr=lr)                # Algorithm 1, line 6: sum_j W_ij x_j - lr g
         k += 1

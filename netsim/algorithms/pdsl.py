@@ -273,7 +273,7 @@ def _pdsl(agent, p: PDSLParams, service: Lookahead):
         yield agent.broadcast(torch.stack([u, x]), tag="pdsl.mix", round=k)
         mix = yield agent.gather(tag="pdsl.mix", round=k, timeout=p.round_timeout)
         u_all[i] = agent.mix(u, {j: m[0] for j, m in mix.items()})             # eq. (24)
-        agent.params = agent.mix(x, {j: m[1] for j, m in mix.items()})         # eq. (25)
+        agent.mix_into_params(x, {j: m[1] for j, m in mix.items()})            # eq. (25), batched
         k += 1
 
 

@@ -7,18 +7,52 @@ from __future__ import annotations
 
 import torch
 
+from netsim.compute.mixing import MixUpdate, evaluate
+
 
 class ParameterBank:
+    """The parameter rows, with writes that may wait: ``defer`` records a gossip update (MixUpdate) and any
+    read or write of the bank first computes every waiting update in one batched call. The values are
+    those of doing each update when it was recorded (it holds its own inputs), so when they are computed
+    changes nothing but the cost."""
+
     def __init__(self, W: torch.Tensor):
-        self.W = W
+        self._W = W
         self.states: dict[str, torch.Tensor] = {}
+        self._waiting: list[MixUpdate] = []
+
+    @property
+    def W(self) -> torch.Tensor:
+        """All rows (agents x P), every waiting update applied."""
+        if self._waiting:
+            self.apply_waiting()
+        return self._W
+
+    @W.setter
+    def W(self, value: torch.Tensor) -> None:
+        self._waiting = []
+        self._W = value
 
     def get(self, i: int) -> torch.Tensor:
         """A copy of agent i's row: later writes to the bank do not change it."""
-        return self.W[i].clone()
+        if self._waiting:
+            self.apply_waiting()
+        return self._W[i].clone()
 
     def set(self, i: int, value: torch.Tensor) -> None:
-        self.W[i] = value
+        if self._waiting:
+            self.apply_waiting()
+        self._W[i] = value
+
+    def defer(self, update: MixUpdate) -> None:
+        """Set row ``update.row`` to the update's value, computed with the others at the next read."""
+        self._waiting.append(update)
+
+    def apply_waiting(self) -> None:
+        """Compute the waiting updates (one batched call) and write them."""
+        waiting, self._waiting = self._waiting, []
+        rows, values = evaluate(waiting, self._W.dtype)
+        self._W.index_copy_(0, rows, values)
 
     def mean(self) -> torch.Tensor:
         return self.W.mean(0)
@@ -29,9 +63,9 @@ class ParameterBank:
         writes go to the bank)."""
         s = self.states.get(name)
         if s is None:
-            shape = tuple(self.W.shape[1:]) if shape is None else tuple(shape)
-            s = self.states[name] = torch.full((self.W.shape[0], *shape), fill, dtype=self.W.dtype,
-                                               device=self.W.device)
+            W = self._W  # its shape, dtype and device: no need to apply waiting updates
+            shape = tuple(W.shape[1:]) if shape is None else tuple(shape)
+            s = self.states[name] = torch.full((W.shape[0], *shape), fill, dtype=W.dtype, device=W.device)
         elif shape is not None and tuple(s.shape[1:]) != tuple(shape):
             raise ValueError(f"bank state {name!r} has shape {tuple(s.shape[1:])}, asked for {tuple(shape)}")
         return s
@@ -40,5 +74,6 @@ class ParameterBank:
         return {"W": self.W, **{f"state.{k}": v for k, v in self.states.items()}}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
-        self.W.copy_(d["W"])
-        self.states = {k[len("state."):]: v.to(self.W.device).clone() for k, v in d.items() if k != "W"}
+        self._waiting = []
+        self._W.copy_(d["W"])
+        self.states = {k[len("state."):]: v.to(self._W.device).clone() for k, v in d.items() if k != "W"}

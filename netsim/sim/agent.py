@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 import torch
 
+from netsim.compute.mixing import MixUpdate
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import Completion, Lookahead
@@ -337,6 +338,16 @@ class Agent:
         for j, x in received.items():
             out.add_(x, alpha=self.weights[j])
         return out
+
+    def mix_into_params(self, own: torch.Tensor, received: dict[int, torch.Tensor], step: torch.Tensor | None = None,
+                        lr: float = 1.0) -> None:
+        """``params = mix(own, received) - lr * step`` (no step: the mix alone), bit for bit, but computed
+        with every other agent's such update in one batched call when the bank is next read (it costs the
+        same whenever it is computed; the values cannot differ). ``own``, the received models and ``step``
+        are read then: do not change them in place afterwards."""
+        w = self.weights
+        ws = [w[j] for j in received]
+        self.sim.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
 
     # privacy ------------------------------------------------------------------------------------
     def privatize(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",

@@ -1,0 +1,66 @@
+"""Gossip averaging of many agents at once, bit for bit what each agent's own arithmetic would give.
+
+An agent's update ``x_i <- own * (1 - sum_j w_ij) + sum_j w_ij x_j - lr * step`` (``Agent.mix`` then a
+step; the sum over the models that arrived, in arrival order) is a handful of tiny tensor operations,
+~2 µs of overhead each: at 10,000 agents most of a round. ``MixUpdate`` records one agent's update;
+``evaluate`` computes a list of them with one operation per distinct (slot, weight) and per distinct step
+size, over all the rows at once. Each element goes through the same float operations in the same order as
+the per-agent code (a scale by the same scalar, ``add_`` with the same scalar ``alpha``, a product with the
+same scalar step size, a difference), so the results are identical: tests/test_batched_mixing.py checks
+them against the per-agent code in float32 and float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class MixUpdate:
+    """``own * keep + sum_s weights[s] * models[s] (in this order) - lr * step`` for one bank row."""
+
+    __slots__ = ("row", "own", "keep", "weights", "models", "lr", "step")
+
+    def __init__(self, row: int, own: torch.Tensor, keep: float, weights: list[float],
+                 models: list[torch.Tensor], lr: float, step: torch.Tensor | None):
+        self.row, self.own, self.keep, self.weights, self.models = row, own, keep, weights, models
+        self.lr, self.step = lr, step
+
+
+def evaluate(updates: Sequence[MixUpdate], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, values): the updated rows' indices and new values; a row updated twice takes the last."""
+    last = {u.row: u for u in updates}
+    us = list(last.values())
+    out = torch.stack([u.own for u in us])
+    keep = torch.tensor([u.keep for u in us], dtype=torch.float64).to(dtype=dtype, device=out.device)
+    out *= keep.unsqueeze(1)  # own * keep, the scalar rounded to the rows' dtype as a Python float is
+    slots = max(len(u.weights) for u in us)
+    for s in range(slots):
+        groups: dict[float, list[int]] = {}
+        for k, u in enumerate(us):
+            if len(u.weights) > s:
+                groups.setdefault(u.weights[s], []).append(k)
+        for w, ks in groups.items():
+            xs = torch.stack([us[k].models[s] for k in ks])
+            _apply(out, ks, len(us), lambda o, xs=xs, w=w: o.add_(xs, alpha=w))
+    steps: dict[float, list[int]] = {}
+    for k, u in enumerate(us):
+        if u.step is not None:
+            steps.setdefault(u.lr, []).append(k)
+    for lr, ks in steps.items():
+        g = torch.stack([us[k].step for k in ks]) if len(ks) > 1 else us[ks[0]].step.unsqueeze(0)
+        _apply(out, ks, len(us), lambda o, g=g, lr=lr: o - lr * g)
+    rows = torch.tensor([u.row for u in us], dtype=torch.long, device=out.device)
+    return rows, out
+
+
+def _apply(out: torch.Tensor, ks: list[int], n: int, op) -> None:
+    """out[ks] = op(out[ks]), in place when ks is every row."""
+    if len(ks) == n:
+        got = op(out)
+        if got is not out:
+            out.copy_(got)
+        return
+    idx = torch.tensor(ks, dtype=torch.long, device=out.device)
+    out.index_copy_(0, idx, op(out.index_select(0, idx)))
