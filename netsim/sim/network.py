@@ -140,6 +140,7 @@ class Network:
         # the lean path traces rows (COLUMNS order, as TraceWriter.emit_row); without a row sink, records
         self.emit_row = emit_row if emit_row is not None else (lambda r: emit(record(r)))
         self.deliver_to = deliver  # callable(message) that puts it in the receiver's inbox
+        self._on_arrival = self._arrive  # one bound method, not one per message
         self.links: dict[tuple[int, int], Link] = {}
         self.next_id = 0
         self.bandwidth = spec.bandwidth
@@ -178,7 +179,7 @@ class Network:
             return self._send_model(src, dst, payload, tag, rnd, size)
         env = self.env
         now = env.now
-        link = self.link(src, dst)
+        link = self.links.get((src, dst)) or self.link(src, dst)
         if size is None:
             size = payload_size(payload)
         mid = self.next_id
@@ -194,8 +195,7 @@ class Network:
             emit_row((now, "drop", src, dst, mid, size, delay, rnd, "loss"))  # Drop
             return tx_end - now
         msg = Message(mid, src, dst, tag, rnd, payload, size, now)
-        ev = simpy.events.Timeout(env, delay, msg)
-        ev.callbacks.append(self._arrive)
+        simpy.events.Timeout(env, delay, msg).callbacks.append(self._on_arrival)
         return tx_end - now
 
     def _arrive(self, ev) -> None:
