@@ -153,7 +153,10 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         force: bool = ForceOpt,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table"),
         explore: bool = typer.Option(False, "--explore", help="follow the run in netsim explore while it is "
-                                                              "simulated (the run itself is unchanged)")) -> None:
+                                                              "simulated (the run itself is unchanged)"),
+        engine: str = typer.Option("events", "--engine", help="events: one event per message (any scenario); "
+                                   "windowed: D-PSGD rounds played as batched windows, the same trace, "
+                                   "refused where it could differ")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
@@ -171,11 +174,14 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
             typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
                        f"(netsim resume {folder} would have continued it)", err=True)
         if explore:
+            if engine != "events":
+                raise InputError("--engine", "--explore follows a run of the events engine; leave --engine out")
             if not sc.run.trace:
                 raise InputError("run.trace", "--explore follows the trace: run.trace must be true").at(str(scenario))
             raise typer.Exit(_run_explored(scenario, set_ or [], folder, plugin or [], force))
         result = _progress(sc.name, sc.run.until, quiet,
-                           lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress))
+                           lambda progress: api.run(scenario, _overrides(set_), out=out, progress=progress,
+                                                    engine=engine))
     except InputError as e:
         _fail(e)
     except RunCrashed as e:

@@ -137,6 +137,7 @@ class Simulation:
         self.restored_metrics: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.programs_limit = 4 * n + 64
+        self.engine = "events"  # or "windowed": api.run(engine=...) after windowed.unsupported_run
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
@@ -310,7 +311,17 @@ class Simulation:
             self.checkpointer(self, "periodic")
 
     def advance(self, to_step: int | None = None) -> None:
-        """Process events until the run stops, it is interrupted, or ``to_step`` events are done."""
+        """Process events until the run stops, it is interrupted, or ``to_step`` events are done. With
+        ``engine = "windowed"`` (set by ``api.run`` after ``windowed.unsupported_run`` said yes), the run is
+        played window by window instead, with the same trace (sim/windowed.py)."""
+        if self.engine == "windowed":
+            from netsim.sim import windowed
+
+            with _lean_gc():
+                windowed.run(self)
+            self.wall += time.perf_counter() - self._t0
+            self._t0 = time.perf_counter()
+            return
         queue, step, done = self.env._queue, self.env.step, self._done
         n = self.steps
         limit = -1 if to_step is None else to_step

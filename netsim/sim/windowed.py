@@ -1,22 +1,23 @@
-"""Window-synchronous vectorised execution: a prototype of the step after the per-message engine.
+"""Window-synchronous execution: D-PSGD rounds run as a few batched steps, with the engine's exact trace.
 
-The engine (kernel.py) runs every message as its own event: exact, and ~10 µs of Python per event. When no
-agent's activation can affect another's inside a window of simulated time, the whole window can run as a
-few tensor operations over all agents. This module does it for the simplest such case, D-PSGD (Lian et al.,
-"Can Decentralized Algorithms Outperform Centralized Algorithms?", Algorithm 1) with every activation of
-a round simultaneous and every message landing before the round's barrier times out: then a window is a
-round, and round k is
+The engine (kernel.py) runs every message as its own event: exact, and ~6 µs of Python per event. When no
+agent's activation can affect another's inside a window of simulated time, the window's outcome is known
+without simulating its events one by one. This module does it for D-PSGD (Lian et al., "Can Decentralized
+Algorithms Outperform Centralized Algorithms?", Algorithm 1) when every round is such a window: every
+agent wakes at the same tick (periodic activation, identical clocks), computes for the same constant time,
+and every message arrives over lossless links of one constant latency before the round's barrier times out.
 
-    rows_i <- agent i's own ``batch`` stream            (the draws the engine makes, in the same order)
-    G      <- one batched gradient call for all agents  (the gradient service's own model call)
-    X      <- diag(w_ii) X + sum over neighbour slots s of diag(w_s) X[nbr_s]
-    X      <- X - gamma_k G
+``run(sim)`` (``netsim run --engine windowed``) then plays the run round by round, emitting exactly the
+rows the engine would, in its order: simpy orders simultaneous events by insertion, so round k's agents
+are activated in the order in which their barriers completed in round k-1 (the order of the delivery that
+completed each), their gradients and sends follow that order, deliveries follow the sends. Gradients go
+through the gradient service in one batched call (as the engine's first completion does), mini-batches are
+drawn from each agent's own stream, and the models are updated through ``Agent.mix_into_params`` with each
+agent's models in arrival order: the run's trace, metrics and final models are byte-identical to the
+engine's (tests/test_windowed.py compares them). ``unsupported`` names what keeps a scenario out.
 
-It emits no trace and is not a way to run scenarios; it measures what the engine's per-event Python costs
-(benchmarks/bench_windowed.py) and is checked against the engine by a differential test. Exactness: the
-engine sums received models in arrival order, and simultaneous arrivals come in event-queue order, which
-varies from round to round; the vectorised step sums in ascending sender order. The two agree to float
-round-off, and bit for bit when the engine mixes in sender order too (tests/test_windowed.py).
+``run_dpsgd`` is the first prototype (no trace, senders' order): benchmarks/bench_windowed.py measured
+with it what the per-event Python costs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import numpy as np
 import torch
 
 from netsim.scenario.schema import Scenario
+from netsim.sim.activation import Periodic
+from netsim.sim.network import payload_size
+from netsim.trace.events import Finish
 
 
 def unsupported(sc: Scenario) -> str | None:
@@ -102,3 +106,100 @@ def run_dpsgd(sim, rounds: int) -> torch.Tensor:
                 out[at] = out.index_select(0, at).add_(W.index_select(0, src), alpha=v)
         W = out - (p.lr / (1.0 + p.lr_decay * k)) * G
     return W
+
+
+def unsupported_run(sim) -> str | None:
+    """Why this built simulation cannot run window by window with the engine's exact trace (None: it can)."""
+    sc = sim.scenario
+    why = unsupported(sc)
+    if why is not None:
+        return why
+    r = sc.run
+    if r.rounds is None:
+        return "run.rounds is not set (the windows stop at a round limit)"
+    if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
+        return "checkpoints cut the run between events"
+    end = (r.rounds + 1) * sc.agents.activation.period  # the run is over before this
+    if r.until is not None and r.until <= end:
+        return f"run.until = {r.until} may stop the run inside a round (give more than {end:g} s)"
+    if sc.evaluation.every <= end:
+        return (f"evaluations inside the run (evaluation.every = {sc.evaluation.every}; windows need more than "
+                f"{end:g} s: the start and the end are evaluated anyway)")
+    if sim.network.model is not None or sim.network.wake_hook is not None:
+        return "a link model or an activation hook is installed"
+    for a in sim.agents:
+        if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
+            return f"agent {a.id} has its own activation schedule or listeners"
+        if not a.neighbors or not a.in_neighbors:
+            return f"agent {a.id} has no out- or in-neighbours"
+    if getattr(sim.program, "__name__", "") != "dpsgd":
+        return "the algorithm's program is not D-PSGD's"
+    return None
+
+
+def run(sim) -> None:
+    """Play a started simulation to its end window by window (see the module docstring); ``sim.finish``
+    then evaluates and closes the trace as after the engine."""
+    why = unsupported_run(sim)
+    if why is not None:
+        raise ValueError(f"not a window-synchronous run: {why}")
+    p, agents, writer = sim.params, sim.agents, sim.writer
+    svc, bank = sim.gradients, sim.bank
+    latency = float(sim.scenario.network.latency.value)
+    limit = sim.scenario.run.rounds
+    expect = [len(a.in_neighbors) for a in agents]
+    mid = sim.network.next_id
+    order = [a.id for a in agents]  # the processes start in agent order and wake in it
+    w = float(sim.env.now)  # when the agents of this round called wake
+    k = 0  # the program's round counter
+    while True:
+        if agents[order[0]].round >= limit:  # every agent is at the limit together: finish, in order
+            for i in order:
+                a = agents[i]
+                a.finished = True
+                writer.emit(Finish(w, i, a.round))
+                sim.agent_finished()
+            break
+        rows: list[tuple] = []
+        row = rows.append
+        # each agent's params: one copy of the bank (its rows are the snapshots the engine takes one by one)
+        params = bank.W.clone().unbind(0)
+        tickets = []
+        for i in order:  # wake on the agent's own clock; Activate; the program up to its gradient request
+            a = agents[i]
+            at = a.schedule.next(a.local_time(w))
+            t_act = w + max(0.0, a.global_time(at) - w)
+            a.round += 1
+            row((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+            ct = a._compute() * a.compute_scale
+            row((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+            x = params[i]
+            tickets.append((i, t_act + ct, x, svc.submit(i, x, a.sample_rows(p.batch))))
+        sim.activations += len(order)
+        svc.flush()  # the first completion evaluates every pending request in one batched call
+        sends = []
+        for i, t_done, x, _ticket in tickets:  # compute_end, then the broadcast of x_i^k
+            row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+            size = payload_size(x)
+            for j in agents[i].neighbors:
+                delay = t_done - t_done + latency
+                row((t_done, "send", i, j, mid, size, delay, k, "model"))
+                sends.append((t_done + delay, i, j, mid, size, t_done))
+                mid += 1
+        got: list[dict] = [{} for _ in agents]
+        done = []
+        for t_arr, i, j, m, size, sent in sends:  # deliveries in send order; barriers complete on the last
+            row((t_arr, "deliver", j, i, m, size, t_arr - sent, k, "model"))
+            g = got[j]
+            g[i] = params[i]
+            if len(g) == expect[j]:
+                done.append((j, t_arr))
+        writer.emit_rows(rows)
+        lr = p.lr / (1.0 + p.lr_decay * k)
+        for i, _, x, ticket in tickets:  # the update of each: order does not matter (the bank batches it)
+            agents[i].mix_into_params(x, got[i], step=ticket.result, lr=lr)
+        k += 1
+        order = [j for j, _ in done]
+        w = done[-1][1]
+    sim.network.next_id = mid
+    sim.env._now = w  # the engine's clock where its last event happened (the run's end)

@@ -108,6 +108,17 @@ class TraceWriter:
         if len(buf) >= self.flush_every:
             self.flush()
 
+    def emit_rows(self, rows: list[tuple]) -> None:
+        """``emit_row`` for each of ``rows``, in order (batches are cut at the same rows)."""
+        buf, i, n = self.buffer, 0, len(rows)
+        while i < n:
+            take = self.flush_every - len(buf)
+            buf.extend(rows[i:i + take])
+            i += take
+            if len(buf) >= self.flush_every:
+                self.flush()
+                buf = self.buffer
+
     def flush(self) -> None:
         if not self.buffer:
             return
