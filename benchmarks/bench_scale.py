@@ -11,11 +11,16 @@ smallest size. Memory over the run (Linux): RSS after setup, at half the simulat
 of the simulation (sampled by a simpy process every 1/20 of the expected run), so "2nd half" is what
 the run's second half added (bounded memory: about zero).
 
+``--engine windowed``: the same runs through ``netsim run --engine windowed`` (rounds played as batched
+windows, byte-identical trace; sim/windowed.py); ``--engine both`` runs each size with both engines, one
+after the other in fresh subprocesses, and prints their ratio.
+
 ``--dp``: DP-D-PSGD instead (per-example clipping, Gaussian noise through ``Agent.privatize``, one
 release per agent and round in each agent's privacy ledger), the case where memory once grew per
 release; the summary's epsilon is then composed from the ledgers at the end.
 
     python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp]
+        [--engine events|windowed|both]
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def rss_sampler(every: float, samples: list):
     return setup
 
 
-def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False) -> dict:
+def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events") -> dict:
     """Run one size in this process; return its figures."""
     import resource
     import tempfile
@@ -86,12 +91,15 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         samples: list = []
-        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp)), out=tmp,
+        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp)), out=tmp, engine=engine,
                        setup=rss_sampler(rounds * 0.1 / 20, samples))
+        if engine == "windowed":  # no simpy process runs: RSS at the end of the simulation, before outputs
+            samples.append((r.summary["simulated_time"], rss_mib()))
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = r.summary
     end = s["simulated_time"]
-    mid = min(samples, key=lambda x: abs(x[0] - end / 2))
+    inside = [x for x in samples if 0 < x[0] < end]  # the windowed engine runs no sampler: no mid-run figure
+    mid = min(inside, key=lambda x: abs(x[0] - end / 2)) if inside else (end / 2, None)
     last = max((x for x in samples if x[0] <= end), key=lambda x: x[0])
     return {"agents": n, "total": total, "cpu": cpu, "sim": s["wall_time"], "events": s["events"],
             "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
@@ -107,29 +115,38 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
     ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
+    ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp)))
+        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp, args.engine)))
         return
-    print(f"{'agents':>7} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
+    engines = ["events", "windowed"] if args.engine == "both" else [args.engine]
+    print(f"{'agents':>7} {'engine':>8} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
           f"{'events/s':>9} {'steps/s':>8} {'peak RSS MiB':>12} {'accuracy':>8} {'sim growth':>10} "
           f"{'CPU growth':>10} {'RSS setup':>9} {'RSS mid':>8} {'RSS end':>8} {'2nd half':>8}"
           + (f" {'releases':>10} {'max eps':>8}" if args.dp else ""))
-    base = None
+    base: dict = {}
     for n in args.agents:
-        cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
-               str(args.threads)] + (["--no-trace"] if args.no_trace else []) + (["--dp"] if args.dp else [])
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        r = json.loads(out.splitlines()[-1])
-        base = base or r
-        growth = f"{r['sim'] / base['sim']:.1f}x/{n / base['agents']:.0f}x"
-        print(f"{n:>7} {r['total'] - r['sim']:>8.1f} {r['sim']:>8.1f} {r['total']:>8.1f} {r['cpu']:>7.1f} "
-              f"{r['events']:>11,} {r['events'] / r['sim']:>9,.0f} {r['steps'] / r['sim']:>8,.0f} "
-              f"{r['rss_mib']:>12,.0f} {r['accuracy']:>8.4f} {growth:>10} {r['cpu'] / base['cpu']:>9.1f}x "
-              f"{mib(r['rss_setup']):>9} {mib(r['rss_mid']):>8} {mib(r['rss_end']):>8} "
-              f"{mib(r['rss_end'], r['rss_mid'], True):>8}"
-              + (f" {r['releases']:>10,} {r['epsilon'] or 0:>8.3g}" if args.dp else ""), flush=True)
+        sims = {}
+        for engine in engines:
+            cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
+                   str(args.threads), "--engine", engine] + (["--no-trace"] if args.no_trace else []) + \
+                (["--dp"] if args.dp else [])
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            r = json.loads(out.splitlines()[-1])
+            b = base.setdefault(engine, r)
+            sims[engine] = r["sim"]
+            growth = f"{r['sim'] / b['sim']:.1f}x/{n / b['agents']:.0f}x"
+            print(f"{n:>7} {engine:>8} {r['total'] - r['sim']:>8.1f} {r['sim']:>8.1f} {r['total']:>8.1f} "
+                  f"{r['cpu']:>7.1f} {r['events']:>11,} {r['events'] / r['sim']:>9,.0f} {r['steps'] / r['sim']:>8,.0f} "
+                  f"{r['rss_mib']:>12,.0f} {r['accuracy']:>8.4f} {growth:>10} {r['cpu'] / b['cpu']:>9.1f}x "
+                  f"{mib(r['rss_setup']):>9} {mib(r['rss_mid']):>8} {mib(r['rss_end']):>8} "
+                  f"{mib(r['rss_end'], r['rss_mid'], True):>8}"
+                  + (f" {r['releases']:>10,} {r['epsilon'] or 0:>8.3g}" if args.dp else ""), flush=True)
+        if len(sims) == 2:
+            print(f"{n:>7} windowed / events simulation time: {sims['windowed'] / sims['events']:.3f} "
+                  f"({sims['events'] / sims['windowed']:.1f}x faster; same trace)", flush=True)
 
 
 def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:
