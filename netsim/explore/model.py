@@ -159,7 +159,9 @@ class RunData:
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
-        return np.searchsorted(self.agent[self.by_agent], np.arange(-1, self.n + 1))
+        """Where each agent's rows (-1 first) start in ``by_agent``: counts, summed."""
+        counts = np.bincount(self.agent + 1, minlength=self.n + 1)
+        return np.concatenate([[0], np.cumsum(counts)])
 
     @functools.cached_property
     def by_msg(self) -> np.ndarray:
@@ -241,53 +243,26 @@ class RunData:
         shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
 
         A few lanes out of many agents read their rows through the per-agent index; otherwise the
-        window's rows are read at once. Binning marks the (cell, kind) pairs that occur in one fancy
-        assignment (no ``ufunc.at``, which is slow) and takes the most important kind per cell; spans are
-        covered by difference arrays."""
+        window's rows are read at once, in slices of ``CHUNK`` rows so that the temporaries stay in cache
+        (a whole-run view of millions of rows would otherwise allocate, and fault in, a fresh array per
+        step). Binning marks the (cell, kind) pairs that occur in one fancy assignment (no ``ufunc.at``,
+        which is slow) and takes the most important kind per cell; spans are covered by difference
+        arrays."""
         shown = np.flatnonzero(lane_of >= 0) - 1
         lane_of = lane_of.astype(np.int32)
+        binner = _Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
         if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
             rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
             if mask is not None:
                 rows = rows[mask[rows]]
-            T, K, V, lane = self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1]
-            keep = lane >= 0
+            binner.add(self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1])
         else:  # the window's rows are contiguous: work on views, no index arrays
-            lo = np.searchsorted(self.t, t0 - self.max_span, side="left")
-            hi = np.searchsorted(self.t, t1, side="right")
-            T, K, V = self.t[lo:hi], self.kind[lo:hi], self.value[lo:hi]
-            lane = lane_of[self.agent[lo:hi] + 1]
-            keep = lane >= 0
-            if len(T) and T[0] < t0:  # rows before t0 count only as spans reaching into the window
-                keep &= (T >= t0) | (np.isin(K, self.codes(SPANS)) & (T + V >= t0))
-        if not keep.all():
-            T, K, V, lane = T[keep], K[keep], V[keep], lane[keep]
-        if not len(T):
-            return np.full((n_lanes, width), -1, dtype=np.int16)
-        scale = width / (t1 - t0)
-        col = np.clip(((T - t0) * scale).astype(np.int32), 0, width - 1)
-        span_codes = self.codes(SPANS)
-        inst = ~np.isin(K, span_codes)
-        nk = len(self.kind_names)
-        seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur: one pass
-        seen[((lane[inst].astype(np.int64) * width + col[inst]) * nk + K[inst])] = True
-        seen = seen.reshape(n_lanes * width, nk)
-        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
-        for c in sorted(span_codes, reverse=True):
-            m = K == c
-            if not m.any():
-                continue
-            ts = T[m]
-            end = ts + V[m]
-            lo_c = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
-            hi_c = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
-            base = lane[m].astype(np.int64) * (width + 1)
-            size = n_lanes * (width + 1)
-            diff = np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
-            cover = np.cumsum(diff.reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
-            fill = cover & ((grid < 0) | (grid > c))
-            grid[fill] = c
-        return grid
+            lo = int(np.searchsorted(self.t, t0 - self.max_span, side="left"))
+            hi = int(np.searchsorted(self.t, t1, side="right"))
+            for s in range(lo, hi, CHUNK):
+                e = min(s + CHUNK, hi)
+                binner.add(self.t[s:e], self.kind[s:e], self.value[s:e], lane_of[self.agent[s:e] + 1])
+        return binner.grid()
 
     def nearest(self, agents: list[int], t: float, t_tol: float, mask: np.ndarray | None = None) -> int | None:
         """The event of these agents closest to time t within t_tol (half a cell), the most important
@@ -376,6 +351,61 @@ class RunData:
             return np.zeros(0), np.zeros(0)
         m = self.kind == self.code["eval"]
         return self.t[m], self.value[m]
+
+
+CHUNK = 1 << 18  # rows binned at a time
+
+
+class _Binner:
+    """Accumulates rows into a (lanes, width) grid of the most important kind per cell (see ``cells``)."""
+
+    def __init__(self, n_lanes: int, t0: float, t1: float, width: int, nk: int, span_codes: list[int]):
+        self.n_lanes, self.t0, self.t1, self.width, self.nk = n_lanes, t0, t1, width, nk
+        self.scale = width / (t1 - t0)
+        self.span_codes = span_codes
+        self.is_span = np.zeros(nk, dtype=bool)
+        self.is_span[span_codes] = True
+        self.seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur
+        self.diff = {c: np.zeros(n_lanes * (width + 1), dtype=np.int64) for c in span_codes}
+
+    def add(self, T: np.ndarray, K: np.ndarray, V: np.ndarray, lane: np.ndarray) -> None:
+        """Rows of shown and hidden lanes (lane -1); rows before t0 count only as spans reaching in."""
+        t0, width = self.t0, self.width
+        keep = lane >= 0
+        span = self.is_span[K]
+        if len(T) and T[0] < t0:
+            keep &= (T >= t0) | (span & (T + V >= t0))
+        if not keep.all():
+            T, K, V, lane, span = T[keep], K[keep], V[keep], lane[keep], span[keep]
+        if not len(T):
+            return
+        col = np.clip(((T - t0) * self.scale).astype(np.int32), 0, width - 1)
+        inst = ~span
+        self.seen[((lane[inst].astype(np.int64) * width + col[inst]) * self.nk + K[inst])] = True
+        if inst.all():
+            return
+        size = self.n_lanes * (width + 1)
+        for c in self.span_codes:
+            m = K == c
+            if not m.any():
+                continue
+            ts = T[m]
+            end = ts + V[m]
+            lo_c = np.clip(((np.maximum(ts, t0) - t0) * self.scale).astype(np.int64), 0, width - 1)
+            hi_c = np.clip(((np.minimum(end, self.t1) - t0) * self.scale).astype(np.int64), 0, width - 1)
+            base = lane[m].astype(np.int64) * (width + 1)
+            self.diff[c] += np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
+
+    def grid(self) -> np.ndarray:
+        n_lanes, width = self.n_lanes, self.width
+        seen = self.seen.reshape(n_lanes * width, self.nk)
+        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
+        for c in sorted(self.span_codes, reverse=True):
+            if not self.diff[c].any():
+                continue
+            cover = np.cumsum(self.diff[c].reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
+            grid[cover & ((grid < 0) | (grid > c))] = c
+        return grid
 
 
 def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:
