@@ -146,6 +146,7 @@ class Explorer(App):
         self._grids: dict[tuple, np.ndarray] = {}  # view key -> cells, a few recent views
         self._drawn: tuple | None = None  # (state key, strips) of the last draw
         self._styles: dict[str, Style] = {}
+        self._plots: dict[tuple, list[Strip]] = {}  # plot key -> its lines
         self._masks: dict[tuple, np.ndarray | None] = {}  # the filter's mask of the other pane's run
 
     def compose(self) -> ComposeResult:
@@ -316,7 +317,7 @@ class Explorer(App):
         """A style by name, parsed once (rich Text would parse it per span per redraw)."""
         st = self._styles.get(name)
         if st is None:
-            st = self._styles[name] = self.console.get_style(name, default=Style.null()) if name else Style.null()
+            st = self._styles[name] = self.console.get_style(name, default=_NULL) if name else _NULL
         return st
 
     def _pane(self, r: RunData, lane_of: np.ndarray, shown: int, lw: int, w: int, width: int) -> list[Strip]:
@@ -337,15 +338,18 @@ class Explorer(App):
             while len(self._grids) > 8:  # a few recent views: zooming back or swapping panes redraws at once
                 del self._grids[next(iter(self._grids))]
         known = glyphs()
-        chars = np.array([known[k][0] if k in known else "?" for k in r.kind_names] + [" "], dtype=object)
+        chars = [known[k][0] if k in known else "?" for k in r.kind_names] + [" "]  # code -1: empty
+        chars = np.array(chars, dtype="<U1" if all(len(c) == 1 for c in chars) else object)
         names = [known[k][1] if k in known else "white" for k in r.kind_names]
         distinct = list(dict.fromkeys(["", "dim", *names]))
-        style_ix = np.array([distinct.index(x) for x in names] + [0], dtype=np.int32)  # code -1: empty, ""
+        styles = [self._style(x) for x in distinct]
+        style_ix = np.array([distinct.index(x) for x in names] + [0], dtype=np.int32)  # code -1: ""
         sel = self.selected if active else self.other_selected
         sel_cell = None
         if sel is not None and sel < len(r.t):
             sel_cell = (self._lane_of_agent(int(r.agent[sel])), self.time_col(float(r.t[sel])))
         col_t = self.t0 + (np.arange(w) + 0.5) * (self.t1 - self.t0) / w  # as col_time
+        exact = lw + w + 2 == width
         out = []
         for li in range(shown + 1):
             agents = self.lane_agents(li)
@@ -361,32 +365,47 @@ class Explorer(App):
             ix = style_ix[codes]  # -1 indexes the last entry: empty
             if past is not None:
                 ix = np.where((codes >= 0) & (col_t > past), 1, ix)  # "dim"
-            special = {self.col: (distinct[ix[self.col]] + " on grey30").strip()}
+            # the cursor's and the selection's cells get styles of their own: ids past the named ones
+            lane_styles = [*styles, self._style((distinct[ix[self.col]] + " on grey30").strip())]
+            ix = ix.copy()
+            ix[self.col] = len(styles)
             if sel_cell is not None and sel_cell[0] == li and 0 <= sel_cell[1] < w:
-                special[sel_cell[1]] = "reverse bold"
-            cuts = set((np.flatnonzero(ix[1:] != ix[:-1]) + 1).tolist()) | {0, w}
-            for c in special:
-                cuts |= {c, c + 1}
-            cuts = sorted(cuts)
-            text = "".join(chars[codes].tolist())
+                lane_styles.append(self._style("reverse bold"))
+                ix[sel_cell[1]] = len(styles) + 1
+            cuts = [0, *(np.flatnonzero(ix[1:] != ix[:-1]) + 1).tolist(), w]
+            run_ix = ix[cuts[:-1]].tolist()
+            picked = chars[codes]
+            text = picked.tobytes().decode("utf-32-le") if picked.dtype != object else "".join(picked.tolist())
             segs = [Segment(f"{label:>{lw}}", self._style(lstyle))]
             plain = "|"  # unstyled text runs on until the next styled run, as in rich's rendering
-            for lo, hi in zip(cuts, cuts[1:]):
-                st = special[lo] if lo in special else distinct[ix[lo]]
-                if not st:
+            for lo, hi, sx in zip(cuts, cuts[1:], run_ix):
+                if not sx:
                     plain += text[lo:hi]
                     continue
+                st = lane_styles[sx]
                 if plain:
                     segs.append(Segment(plain, _NULL))
                     plain = ""
-                segs.append(Segment(text[lo:hi], self._style(st)))
+                segs.append(Segment(text[lo:hi], st))
             segs.append(Segment(plain + "|", _NULL))
-            out.append(Strip(segs).adjust_cell_length(width))
-        plot = self._plot(lw, w, r)
-        if plot.plain:
-            out += [Strip(list(line.render(self.console))).adjust_cell_length(width)
-                    for line in plot.split("\n", allow_blank=True)]
+            out.append(Strip(segs, width) if exact else Strip(segs).adjust_cell_length(width))
+        out += self._plot_strips(r, lw, w, width)
         return out
+
+    def _plot_strips(self, r: RunData, lw: int, w: int, width: int) -> list[Strip]:
+        """The plot's lines, for the last few windows (scrolling lanes does not change them)."""
+        key = (id(r), len(r.t), self.t0, self.t1, lw, w, width)
+        got = self._plots.get(key)
+        if got is None:
+            plot = self._plot(lw, w, r)
+            got = [] if not plot.plain else [Strip(list(line.render(self.console))).adjust_cell_length(width)
+                                             for line in plot.split("\n", allow_blank=True)]
+            if len(self.runs) > 1:  # both panes keep their size with or without a plot
+                got += [Strip.blank(width)] * (PLOT_ROWS - len(got))
+            self._plots[key] = got
+            while len(self._plots) > 8:
+                del self._plots[next(iter(self._plots))]
+        return got
 
     def _axis(self, lw: int, w: int) -> str:
         axis = [" "] * w

@@ -346,11 +346,16 @@ class RunData:
         return float(mine[-1, 3]) if len(mine) else None
 
     def evals(self) -> tuple[np.ndarray, np.ndarray]:
-        """(times, accuracy of the average model) of the run's evaluation rows."""
-        if "eval" not in self.code:
-            return np.zeros(0), np.zeros(0)
-        m = self.kind == self.code["eval"]
-        return self.t[m], self.value[m]
+        """(times, accuracy of the average model) of the run's evaluation rows (found once per read)."""
+        got = self.__dict__.get("_evals")
+        if got is None or got[0] != len(self.t):
+            if "eval" not in self.code:
+                got = (len(self.t), np.zeros(0), np.zeros(0))
+            else:
+                m = np.flatnonzero(self.kind == self.code["eval"])
+                got = (len(self.t), self.t[m], self.value[m])
+            self.__dict__["_evals"] = got
+        return got[1], got[2]
 
 
 CHUNK = 1 << 18  # rows binned at a time
