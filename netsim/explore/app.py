@@ -309,8 +309,6 @@ class Explorer(App):
         """A pane's title line: which run, and whether keys act on it (the active pane)."""
         active = r is self.run_data
         text = f"{'▶' if active else ' '} {'AB'[i]}: {r.name} ({Path(r.path).name})"
-        if active:
-            text += "  (b: the other run)"
         return Strip([Segment(text, self._style("reverse bold" if active else "bold"))]).adjust_cell_length(width)
 
     def _style(self, name: str) -> Style:
@@ -508,6 +506,8 @@ class Explorer(App):
             parts.append(f"search: {self.search_text}")
         if self.message:
             parts.append(self.message)
+        if self.other is not None:  # which pane the cursor's details are of
+            parts.insert(0, f"[{'AB'[self.runs.index(r)]}]")
         if r.partial:
             parts.append("LIVE" if self.follow else "PARTIAL")
         return Text("  ".join(parts), no_wrap=True, overflow="ellipsis")
