@@ -9,6 +9,7 @@ stale message or DP release; see docs/explore.md.
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 
@@ -168,7 +169,17 @@ class Explorer(App):
     def _first(self) -> None:
         self.refresh_all()
         # then, while the user reads the first screen, the columns and indexes that following needs
-        self.run_worker(self.run_data.warm, thread=True, exclusive=True)
+        self.run_worker(self._warm, thread=True, exclusive=True)
+        # the app's long-lived objects (widgets, styles, modules) leave the collector's view: a full
+        # collection would otherwise walk them all, some 30 ms, every dozen or so redraws
+        gc.freeze()
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()
+
+    def _warm(self) -> None:
+        for r in self.runs:
+            r.warm()
 
     def poll(self) -> bool:
         """Live mode: append the batches written since the last look (``RunData.refresh`` reads only the

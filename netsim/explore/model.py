@@ -198,7 +198,8 @@ class RunData:
     def warm(self) -> None:
         """Read the lazy columns and build the indexes (run in a thread after the first screen); then let
         go of the file: the tags are copied out of a memory-mapped trace, the Arrow table dropped."""
-        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted"):
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted", "present",
+                     "drops_by_peer"):
             getattr(self, name)
         if self._reader.memory_map:
             self._tag = pa.chunked_array([self._tag.combine_chunks()], type=self._tag.type)
