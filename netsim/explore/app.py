@@ -123,7 +123,7 @@ class Explorer(App):
         self.other_selected: int | None = None  # the other pane's event under the cursor
         self._pin_other = False  # other_selected was set (D: the other run's differing row), not picked
         r = self.run_data
-        self.t0, self.t1 = 0.0, max(r.t_max, 1e-9)
+        self.t0, self.t1 = 0.0, max(max(x.t_max for x in self.runs), 1e-9)  # both runs, with two
         self.all_agents = np.arange(r.n)
         self.agents = self.all_agents  # shown (filter, drill-down)
         self.drill: list[np.ndarray] = []
@@ -595,7 +595,7 @@ class Explorer(App):
     def action_fit(self) -> None:
         lo, hi = query.window(self.filter_text) if self.filter_text else (None, None)
         self.t0 = 0.0 if lo is None else lo
-        self.t1 = max(self.run_data.t_max, 1e-9) if hi is None else hi
+        self.t1 = max(max(r.t_max for r in self.runs), 1e-9) if hi is None else hi
         if self.t1 <= self.t0:
             self.t1 = self.t0 + 1e-9
         self.moved()
