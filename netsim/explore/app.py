@@ -204,7 +204,10 @@ class Explorer(App):
             self.t1 = max(r.t_max, self.t1)
             self.t0 = 0.0 if self.t0 <= 0.0 else self.t1 - span
         if r is self.run_data:
-            self.all_agents = np.arange(r.n)
+            if r.n != len(self.all_agents):  # agents the trace's scenario did not count: lanes for them
+                whole = self.agents is self.all_agents
+                self.all_agents = np.arange(r.n)
+                self.agents = self.all_agents if whole else self.agents
             if self.filter_text:
                 self.filter_mask = query.mask(r, self.filter_text, "filter")
             if self.search_text:

@@ -100,7 +100,8 @@ class RunData:
         if not new:
             self._settle()  # the end marker may have arrived alone
             return 0
-        if len(self.t) and cols["t"][0] < self.t[-1]:  # out of time order (never written so): read afresh
+        t = np.concatenate([self.t[-1:], cols["t"]])
+        if not (t[1:] >= t[:-1]).all():  # out of time order (never written so): read afresh, sorted
             self.__init__(self.path)
             return new
         tab = pa.Table.from_batches(batches, schema=self._reader.schema)
