@@ -1,6 +1,7 @@
 """``netsim explore``: the indexed trace, following messages and timeouts, queries, the Chrome export,
 and the Textual app driven headless (keys, mouse, resize) on a small committed trace
-(tests/data/explore_bursty: scenarios/dpsgd_bursty.toml with run.until = 20)."""
+(tests/data/explore_bursty: scenarios/dpsgd_bursty.toml with run.until = 20; explore_bursty_exit05: the
+same with network.burst.p_exit = 0.5, to compare two runs)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from netsim.trace.io import read_trace
 from tests.conftest import ROOT, cli_env, netsim_cli
 
 TRACE = ROOT / "tests" / "data" / "explore_bursty"
+PAIR = ROOT / "tests" / "data" / "explore_bursty_exit05"  # the same run with shorter loss bursts
 SIZE = (110, 24)
 
 
@@ -92,6 +94,46 @@ def test_spans_fill_the_cells_they_cover(run):
     grid = run.cells(lane_of, 1, t - d, t + 2 * d, 30, only)
     covered = np.flatnonzero(grid[0] == run.code["offline"])
     assert covered[0] == 10 and covered[-1] in (19, 20) and len(covered) == covered[-1] - 9
+
+
+def test_binning_in_slices_equals_one_pass(run, monkeypatch):
+    """A view of many lanes bins its rows in slices (``CHUNK``): the grid is that of one pass."""
+    from netsim.explore import model
+
+    lane_of = np.arange(run.n + 1)  # the run's lane and every agent: the contiguous path
+    args = (lane_of, run.n + 1, 2.0, 15.0, 400)
+    one = run.cells(*args)
+    monkeypatch.setattr(model, "CHUNK", 97)  # ~20 slices, spans cut across them
+    assert np.array_equal(run.cells(*args), one)
+    assert {run.code["offline"], run.code["compute"], run.code["send"]} <= set(np.unique(one).tolist())
+
+
+def _corrupt(whole, column: str, row: int, value):
+    import pyarrow as pa
+
+    i = whole.schema.get_field_index(column)
+    vals = whole.column(i).to_pylist()
+    vals[row] = value
+    cols = list(whole.columns)
+    cols[i] = pa.array(vals, whole.schema.field(i).type)
+    return pa.record_batch(cols, schema=whole.schema)
+
+
+@pytest.mark.parametrize("column,value", [("t", -1.0), ("agent", 8), ("peer", -2), ("value", None)])
+def test_tail_reader_stops_where_read_trace_does(tmp_path, column, value):
+    """The incremental reader's vectorized checks end the readable part at the same batch as
+    ``read_trace``'s per-batch ones (time < 0, agent id past agents.count, peer < -1, a null)."""
+    from netsim.trace.io import TraceTail
+
+    meta, whole = _whole()
+    bad = _corrupt(whole.slice(700, 700), column, 123, value)
+    write_trace(tmp_path / "trace.arrows", meta, [whole.slice(0, 700), bad, whole.slice(1400)])
+    tr = read_trace(tmp_path)
+    tail = TraceTail(tmp_path)
+    got = tail.read()
+    assert tr.table.num_rows == sum(b.num_rows for b in got) == 700
+    assert not tr.complete and not tail.complete and not tail.sound
+    assert tail.read() == []  # a bad batch ends the readable part for good
 
 
 # following -----------------------------------------------------------------------------------------
@@ -360,6 +402,10 @@ def test_snapshot_aggregated_lanes(snap_compare):
     assert snap_compare(Explorer(TRACE), press=["x"], terminal_size=(100, 9))
 
 
+def test_snapshot_two_runs(snap_compare):
+    assert snap_compare(Explorer(TRACE, other=RunData(PAIR)), press=["D"], terminal_size=(110, 28))
+
+
 def test_agent_pane_of_a_private_run():
     """epsilon so far and each agent's own accuracy, against the run's own summary (privacy_activation,
     4 agents, 6 s: privacy_epsilon_max 0.024936354829607297 of agent 0, agent_accuracy_min 0.580624997...)."""
@@ -421,6 +467,57 @@ def test_live_mode_follows_batches_as_they_land(tmp_path):
     asyncio.run(main())
 
 
+def _whole():
+    """The committed trace's schema metadata and all its rows as one record batch."""
+    import pyarrow as pa
+
+    with pa.OSFile(str(TRACE / "trace.arrows")) as f:
+        reader = pa.ipc.open_stream(f)
+        return reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
+
+
+def assert_same_model(a: RunData, b: RunData) -> None:
+    for name in ("t", "agent", "value", "peer", "msg", "size", "round", "by_agent", "starts", "by_msg"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert [a.kind_names[k] for k in a.kind] == [b.kind_names[k] for k in b.kind]
+    assert a._tag.to_pylist() == b._tag.to_pylist()
+    assert (a.n, a.t_end, a.t_max, a.max_span, a.complete, a.partial) == (b.n, b.t_end, b.t_max, b.max_span,
+                                                                          b.complete, b.partial)
+    assert all(np.array_equal(x, y) for x, y in zip(a.evals(), b.evals()))
+
+
+def test_refresh_reads_only_the_batches_appended_since(tmp_path, monkeypatch):
+    """Live mode's refresh: a trace written in two halves, the second one first cut mid-batch, reads as the
+    whole file does; each refresh reads the bytes after the last whole batch only, and a batch half
+    written is left for the next one."""
+    from netsim.trace.io import EOS, SCHEMA, TraceTail
+
+    meta, whole = _whole()
+    header = SCHEMA.with_metadata(meta).serialize().to_pybytes()
+    first, second = (b.serialize().to_pybytes() for b in (whole.slice(0, 1100), whole.slice(1100)))
+    live = tmp_path / "trace.arrows"
+    live.write_bytes(header + first)
+    r = RunData(live)
+    r.warm()  # the indexes exist: a refresh must not leave them stale
+    assert len(r.t) == 1100 and not r.complete and r.partial.startswith("partial run, up to t = ")
+    assert r._reader.offset == len(header) + len(first)
+    read = []
+    orig = TraceTail._bytes
+    monkeypatch.setattr(TraceTail, "_bytes", lambda self: read.append(orig(self)) or read[-1])
+
+    def append(data: bytes) -> None:
+        with open(live, "ab") as f:
+            f.write(data)
+
+    append(second[:len(second) // 2])
+    assert r.refresh() == 0 and len(r.t) == 1100 and r._reader.offset == len(header) + len(first)
+    append(second[len(second) // 2:] + EOS)
+    assert r.refresh() == whole.num_rows - 1100
+    assert [b.size for b in read] == [len(second) // 2, len(second) + len(EOS)]
+    assert r.complete and r.refresh() == 0
+    assert_same_model(r, RunData(TRACE))
+
+
 def run_kind(app, row: int) -> str:
     return app.run_data.kind_of(row)
 
@@ -466,6 +563,53 @@ def test_two_runs_first_difference(tmp_path, run):
     p = subprocess.run(netsim_cli("explore", str(TRACE), str(TRACE), str(TRACE)), capture_output=True, text=True,
                        env=cli_env())
     assert p.returncode == 2 and "at most two runs (to compare), got 3" in p.stderr
+
+
+def screen_lines(app) -> list[str]:
+    w, h = app.query_one("Lanes").size
+    return ["".join(seg.text for seg in strip) for strip in app.strips(w, h)]
+
+
+def test_two_runs_in_two_panes(run):
+    """Two runs one above the other: one time axis, one cursor; D selects the first difference in both panes
+    (each its own event); zooming moves both; b or a click on the other pane makes it the active one."""
+    other = RunData(PAIR)
+
+    async def main():
+        app = Explorer(TRACE, run, other=other)
+        async with app.run_test(size=(110, 28)) as pilot:
+            await pilot.pause()
+            lines = screen_lines(app)
+            assert lines[0].startswith("t (s)") and app._geom[3] == 1  # 8 agents per pane, one per lane
+            assert lines[1].startswith("▶ A: dpsgd_bursty · dpsgd (explore_bursty)")
+            b_top = app.pane_top(1)
+            assert lines[b_top - 1].startswith("  B: dpsgd_bursty · dpsgd (explore_bursty_exit05)")
+            assert lines[2].strip().startswith("run|") and lines[b_top].strip().startswith("run|")
+            await pilot.press("D")
+            assert app.selected == 179 and app.other_selected == 179
+            assert "[A]" in status(app) and "first difference at row 179: kind, peer, msg, value, tag" in status(app)
+            lw, col = app.label_w, app.time_col(float(run.t[179]))
+            for i, r in enumerate((run, other)):  # each pane reverses its own event, same lane and column
+                y = app.pane_top(i) + app._lane_of_agent(2)
+                w, h = app.query_one("Lanes").size
+                at, hit = 0, []
+                for seg in app.strips(w, h)[y]:
+                    if seg.style is not None and seg.style.reverse and at > lw:  # past the lane label
+                        hit.append((at, seg.text))
+                    at += len(seg.text)
+                glyph = {"drop": "x", "send": ">"}[r.kind_of(179)]
+                assert hit == [(lw + 1 + col, glyph)], (i, hit)
+            assert (run.kind_of(179), other.kind_of(179)) == ("drop", "send")
+            span = app.t1 - app.t0
+            await pilot.press("w")
+            assert abs((app.t1 - app.t0) - span / 2) < 1e-9 and screen_lines(app)[0].startswith(f"t (s) {app.t0:.5g} ")
+            await pilot.press("b")
+            assert app.run_data is other and app.selected == 179 and app.other_selected == 179
+            assert "[B]" in status(app) and "under: send @ 1.93119 2->3" in status(app)
+            assert screen_lines(app)[b_top - 1].startswith("▶ B:")
+            await pilot.click("Lanes", offset=(lw + 1 + 20, app.pane_top(0) + 1))  # agent 0's lane in pane A
+            assert app.run_data is run and app.lane == 1 and app.col == 20
+    asyncio.run(main())
 
 
 def test_causal_key_and_export_key(tmp_path, run):

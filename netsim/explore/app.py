@@ -9,11 +9,13 @@ stale message or DP release; see docs/explore.md.
 
 from __future__ import annotations
 
-import itertools
+import gc
 import math
 from pathlib import Path
 
 import numpy as np
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -31,6 +33,7 @@ from netsim.trace.timeline import glyphs
 PLOT_ROWS = 2
 BARS = " ▁▂▃▄▅▆▇█"
 JUMPS = {"x": "drop", "t": "timeout", "o": "stale", "r": "release"}
+_NULL = Style.null()
 
 
 class Lanes(Widget):
@@ -113,11 +116,14 @@ class Explorer(App):
     def __init__(self, path: str | Path, run: RunData | None = None, filter_text: str = "",
                  follow: bool | None = None, other: RunData | None = None):
         super().__init__(ansi_color=True)
-        self.other = other  # a second run to compare with (b: show it, D: first difference)
         self.trace_path = Path(path)
-        self.run_data = run or RunData(path)
+        self.run_data = run or RunData(path)  # the run keys act on (with two: the active pane's)
+        self.other = other  # a second run, in a pane under the first (b: make it the active one)
+        self.runs = [self.run_data] if other is None else [self.run_data, other]  # panes, top down
+        self.other_selected: int | None = None  # the other pane's event under the cursor
+        self._pin_other = False  # other_selected was set (D: the other run's differing row), not picked
         r = self.run_data
-        self.t0, self.t1 = 0.0, max(r.t_max, 1e-9)
+        self.t0, self.t1 = 0.0, max(max(x.t_max for x in self.runs), 1e-9)  # both runs, with two
         self.all_agents = np.arange(r.n)
         self.agents = self.all_agents  # shown (filter, drill-down)
         self.drill: list[np.ndarray] = []
@@ -138,9 +144,11 @@ class Explorer(App):
         # live mode: a run still being written (no end marker yet) is re-read as its batches land
         self.follow = (not self.run_data.complete) if follow is None else follow
         self._trace_bytes = _file_size(self.trace_path)
-        self._grid: tuple | None = None  # (view key, cells) of the last draw
-        self._drawn: tuple | None = None  # (state key, text) of the last draw
-        self._strips: tuple | None = None  # (text, its lines as strips)
+        self._grids: dict[tuple, np.ndarray] = {}  # view key -> cells, a few recent views
+        self._drawn: tuple | None = None  # (state key, strips) of the last draw
+        self._styles: dict[str, Style] = {}
+        self._plots: dict[tuple, list[Strip]] = {}  # plot key -> its lines
+        self._masks: dict[tuple, np.ndarray | None] = {}  # the filter's mask of the other pane's run
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -161,51 +169,76 @@ class Explorer(App):
     def _first(self) -> None:
         self.refresh_all()
         # then, while the user reads the first screen, the columns and indexes that following needs
-        self.run_worker(self.run_data.warm, thread=True, exclusive=True)
+        self.run_worker(self._warm, thread=True, exclusive=True)
+        # the app's long-lived objects (widgets, styles, modules) leave the collector's view: a full
+        # collection would otherwise walk them all, some 30 ms, every dozen or so redraws
+        gc.freeze()
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()
+
+    def _warm(self) -> None:
+        for r in self.runs:
+            r.warm()
 
     def poll(self) -> bool:
-        """Live mode: re-read the trace when it grew (whole batches only, as ``read_trace`` reads a
-        partial run); rows only append, so the selection stays; a view that showed the end follows it.
-        Returns whether new events arrived."""
+        """Live mode: append the batches written since the last look (``RunData.refresh`` reads only the
+        new bytes; a batch still being written waits for the next poll); rows only append, so the
+        selection stays; a view that showed the end follows it. Returns whether new events arrived."""
         size = _file_size(self.trace_path)
         if size == self._trace_bytes:
             return False
         self._trace_bytes = size
-        old = self.run_data
+        r = self.runs[0]
+        old_max = r.t_max
         try:
-            new = RunData(self.trace_path)
+            new = r.refresh()
         except InputError as e:
             self.message = f"error: {e}"
             self.refresh_all()
             return False
-        if len(new.t) <= len(old.t):
+        if not new and not r.complete:
             return False
-        at_end = self.t1 >= old.t_max
-        self.run_data = new
-        if at_end:
+        if self.t1 >= old_max:  # the view showed the end: follow it
             span = self.t1 - self.t0
-            self.t1 = max(new.t_max, self.t1)
+            self.t1 = max(r.t_max, self.t1)
             self.t0 = 0.0 if self.t0 <= 0.0 else self.t1 - span
-        if self.filter_text:
-            self.filter_mask = query.mask(new, self.filter_text, "filter")
-        if self.search_text:
-            self.search_mask = query.mask(new, self.search_text)
-        self._grid = self._drawn = None
-        if new.complete:
+        if r is self.run_data:
+            if r.n != len(self.all_agents):  # agents the trace's scenario did not count: lanes for them
+                whole = self.agents is self.all_agents
+                self.all_agents = np.arange(r.n)
+                self.agents = self.all_agents if whole else self.agents
+            if self.filter_text:
+                self.filter_mask = query.mask(r, self.filter_text, "filter")
+            if self.search_text:
+                self.search_mask = query.mask(r, self.search_text)
+        self._drawn = None
+        if r.complete:
             self.follow = False
             self.message = "run complete"
         else:
-            self.message = f"live: {len(new.t):,} events"
+            self.message = f"live: {len(r.t):,} events"
         self.refresh_all()
-        return True
+        return bool(new)
 
     # geometry ------------------------------------------------------------------------------------
     @property
     def label_w(self) -> int:
-        return max(5, len(str(max(self.run_data.n - 1, 0))) * 2 + 2)
+        return max(5, len(str(max(max(r.n for r in self.runs) - 1, 0))) * 2 + 2)
 
     def lane_rows(self, height: int) -> int:
-        return max(1, height - 2 - PLOT_ROWS)  # axis and run lanes, plot rows
+        """Agent lanes per pane: the axis, then per pane (a title with two), the run lane and the plot."""
+        if len(self.runs) == 1:
+            return max(1, height - 2 - PLOT_ROWS)
+        return max(1, (height - 1) // 2 - 2 - PLOT_ROWS)
+
+    def pane_top(self, i: int) -> int:
+        """The line of pane i's first lane (its run lane)."""
+        if len(self.runs) == 1:
+            return 1
+        rows = self._geom[1]
+        shown = min(rows, self.groups() - self.lane_top)
+        return 1 + i * (1 + shown + 1 + PLOT_ROWS) + 1
 
     def group(self, rows: int) -> int:
         if self.aggregate and len(self.agents) > rows:
@@ -235,27 +268,33 @@ class Explorer(App):
     def mask(self) -> np.ndarray | None:
         return self.filter_mask
 
+    def mask_of(self, r: RunData) -> np.ndarray | None:
+        """The filter's mask of either run (the active run's is ``filter_mask``)."""
+        if r is self.run_data or not self.filter_text:
+            return self.filter_mask if r is self.run_data else None
+        key = (id(r), len(r.t), self.filter_text)
+        if key not in self._masks:
+            self._masks.clear()
+            self._masks[key] = query.mask(r, self.filter_text, "filter")
+        return self._masks[key]
+
     # drawing -------------------------------------------------------------------------------------
-    def draw(self, width: int, height: int) -> Text:
-        """The lanes as text; Textual asks for it more often than the state changes."""
+    def draw(self, width: int, height: int) -> list[Strip]:
+        """The lines of the lanes widget; Textual asks for them more often than the state changes."""
         key = (width, height, self.t0, self.t1, self.lane_top, self.lane, self.col, self.selected,
-               id(self.agents), id(self.filter_mask), id(self.causal), self.aggregate)
+               self.other_selected, id(self.run_data), id(self.agents), id(self.filter_mask), id(self.causal),
+               self.aggregate, tuple(len(r.t) for r in self.runs))
         if self._drawn is not None and self._drawn[0] == key:
             return self._drawn[1]
-        text = self._draw(width, height)
-        self._drawn = (key, text)
-        return text
+        lines = self._draw(width, height)
+        self._drawn = (key, lines)
+        return lines
 
     def strips(self, width: int, height: int) -> list[Strip]:
-        text = self.draw(width, height)
-        if self._strips is None or self._strips[0] is not text:
-            lines = text.split("\n", allow_blank=True)
-            self._strips = (text, [Strip(list(line.render(self.console))).adjust_cell_length(width)
-                                   for line in lines])
-        return self._strips[1]
+        return self.draw(width, height)
 
-    def _draw(self, width: int, height: int) -> Text:
-        r = self.run_data
+    def _draw(self, width: int, height: int) -> list[Strip]:
+        """The time axis, then per run (one, or two one above the other) its lanes and its plot."""
         lw = self.label_w
         w = max(4, width - lw - 2)
         rows = self.lane_rows(height)
@@ -266,52 +305,119 @@ class Explorer(App):
         self.lane_top = max(0, min(self.lane_top, max(0, n_groups - rows)))
         shown = min(rows, n_groups - self.lane_top)
         self.lane = min(max(self.lane, 0), shown)
-        lane_of = np.full(r.n + 1, -1, dtype=np.int64)
+        n = max(r.n for r in self.runs)
+        lane_of = np.full(n + 1, -1, dtype=np.int64)
         lane_of[0] = 0
         pos = np.arange(len(self.agents))
         gi = pos // g - self.lane_top
         vis = (gi >= 0) & (gi < rows)
         lane_of[self.agents[vis] + 1] = gi[vis] + 1
-        key = (self.t0, self.t1, w, shown, self.lane_top, g, id(self.agents), id(self.filter_mask))
-        if self._grid is None or self._grid[0] != key:  # cursor moves restyle; they do not rebin
-            self._grid = (key, r.cells(lane_of, shown + 1, self.t0, self.t1, w, self.mask()))
-        grid = self._grid[1]
+        lines = [Strip([Segment(self._axis(lw, w))]).adjust_cell_length(width)]
+        for i, r in enumerate(self.runs):
+            if len(self.runs) > 1:
+                lines.append(self._header(i, r, width))
+            lines += self._pane(r, lane_of[:r.n + 1], shown, lw, w, width)
+        return lines
+
+    def _header(self, i: int, r: RunData, width: int) -> Strip:
+        """A pane's title line: which run, and whether keys act on it (the active pane)."""
+        active = r is self.run_data
+        text = f"{'▶' if active else ' '} {'AB'[i]}: {r.name} ({Path(r.path).name})"
+        return Strip([Segment(text, self._style("reverse bold" if active else "bold"))]).adjust_cell_length(width)
+
+    def _style(self, name: str) -> Style:
+        """A style by name, parsed once (rich Text would parse it per span per redraw)."""
+        st = self._styles.get(name)
+        if st is None:
+            st = self._styles[name] = self.console.get_style(name, default=_NULL) if name else _NULL
+        return st
+
+    def _pane(self, r: RunData, lane_of: np.ndarray, shown: int, lw: int, w: int, width: int) -> list[Strip]:
+        """One run's lanes (the run's own, then the agents') and its accuracy plot.
+
+        Each lane is binned once per view (``RunData.cells``, cached: cursor moves only restyle) and becomes
+        a strip of segments directly, one per run of equal style, found with numpy, the same segments rich
+        would make of the equivalent Text (label, '|', a span per run of style, '|'), without building
+        it: a screen of 10,000 agents' lanes has thousands of styled runs."""
+        active = r is self.run_data
+        mask = self.mask_of(r)
+        key = (id(r), len(r.t), self.t0, self.t1, w, shown, self.lane_top, self._geom[3], id(self.agents),
+               id(mask))
+        grid = self._grids.get(key)
+        if grid is None:
+            grid = r.cells(lane_of, shown + 1, self.t0, self.t1, w, mask)
+            self._grids[key] = grid
+            while len(self._grids) > 8:  # a few recent views: zooming back or swapping panes redraws at once
+                del self._grids[next(iter(self._grids))]
         known = glyphs()
-        glyph_of = [(known[k][0], known[k][1]) if k in known else ("?", "white") for k in r.kind_names]
+        chars = [known[k][0] if k in known else "?" for k in r.kind_names] + [" "]  # code -1: empty
+        chars = np.array(chars, dtype="<U1" if all(len(c) == 1 for c in chars) else object)
+        names = [known[k][1] if k in known else "white" for k in r.kind_names]
+        distinct = list(dict.fromkeys(["", "dim", *names]))
+        styles = [self._style(x) for x in distinct]
+        style_ix = np.array([distinct.index(x) for x in names] + [0], dtype=np.int32)  # code -1: ""
+        sel = self.selected if active else self.other_selected
         sel_cell = None
-        if self.selected is not None:
-            sel_cell = (self._lane_of_agent(int(r.agent[self.selected])), self.time_col(float(r.t[self.selected])))
-        out = Text(no_wrap=True, overflow="crop")
-        out.append(self._axis(lw, w) + "\n")
+        if sel is not None and sel < len(r.t):
+            sel_cell = (self._lane_of_agent(int(r.agent[sel])), self.time_col(float(r.t[sel])))
+        col_t = self.t0 + (np.arange(w) + 0.5) * (self.t1 - self.t0) / w  # as col_time
+        exact = lw + w + 2 == width
+        out = []
         for li in range(shown + 1):
             agents = self.lane_agents(li)
             label = "run" if li == 0 else (f"{agents[0]}" if len(agents) == 1 else f"{agents[0]}-{agents[-1]}")
-            style = "reverse bold" if li == self.lane else "bold"
+            lstyle = "reverse bold" if li == self.lane else "bold"
             past = None
-            if self.causal is not None and li > 0:
+            if active and self.causal is not None and li > 0:
                 hit = [self.causal[a] for a in agents if a in self.causal]
                 past = max(hit) if hit else None
                 if past is not None:
-                    style += " magenta"
-            out.append(f"{label:>{lw}}", style=style)
-            out.append("|")
-            cells = []
-            for c, k in enumerate(grid[li].tolist()):
-                ch, st = " ", ""
-                if k >= 0:
-                    ch, st = glyph_of[k]
-                    if past is not None and self.col_time(c) > past:
-                        st = "dim"
-                if c == self.col:
-                    st = (st + " on grey30").strip()
-                if sel_cell == (li, c):
-                    st = "reverse bold"
-                cells.append((ch, st))
-            for st, run in itertools.groupby(cells, key=lambda x: x[1]):  # one span per run of a style
-                out.append("".join(ch for ch, _ in run), style=st or None)
-            out.append("|\n")
-        out.append(self._plot(lw, w))
+                    lstyle += " magenta"
+            codes = grid[li]
+            ix = style_ix[codes]  # -1 indexes the last entry: empty
+            if past is not None:
+                ix = np.where((codes >= 0) & (col_t > past), 1, ix)  # "dim"
+            # the cursor's and the selection's cells get styles of their own: ids past the named ones
+            lane_styles = [*styles, self._style((distinct[ix[self.col]] + " on grey30").strip())]
+            ix = ix.copy()
+            ix[self.col] = len(styles)
+            if sel_cell is not None and sel_cell[0] == li and 0 <= sel_cell[1] < w:
+                lane_styles.append(self._style("reverse bold"))
+                ix[sel_cell[1]] = len(styles) + 1
+            cuts = [0, *(np.flatnonzero(ix[1:] != ix[:-1]) + 1).tolist(), w]
+            run_ix = ix[cuts[:-1]].tolist()
+            picked = chars[codes]
+            text = picked.tobytes().decode("utf-32-le") if picked.dtype != object else "".join(picked.tolist())
+            segs = [Segment(f"{label:>{lw}}", self._style(lstyle))]
+            plain = "|"  # unstyled text runs on until the next styled run, as in rich's rendering
+            for lo, hi, sx in zip(cuts, cuts[1:], run_ix):
+                if not sx:
+                    plain += text[lo:hi]
+                    continue
+                st = lane_styles[sx]
+                if plain:
+                    segs.append(Segment(plain, _NULL))
+                    plain = ""
+                segs.append(Segment(text[lo:hi], st))
+            segs.append(Segment(plain + "|", _NULL))
+            out.append(Strip(segs, width) if exact else Strip(segs).adjust_cell_length(width))
+        out += self._plot_strips(r, lw, w, width)
         return out
+
+    def _plot_strips(self, r: RunData, lw: int, w: int, width: int) -> list[Strip]:
+        """The plot's lines, for the last few windows (scrolling lanes does not change them)."""
+        key = (id(r), len(r.t), self.t0, self.t1, lw, w, width)
+        got = self._plots.get(key)
+        if got is None:
+            plot = self._plot(lw, w, r)
+            got = [] if not plot.plain else [Strip(list(line.render(self.console))).adjust_cell_length(width)
+                                             for line in plot.split("\n", allow_blank=True)]
+            if len(self.runs) > 1:  # both panes keep their size with or without a plot
+                got += [Strip.blank(width)] * (PLOT_ROWS - len(got))
+            self._plots[key] = got
+            while len(self._plots) > 8:
+                del self._plots[next(iter(self._plots))]
+        return got
 
     def _axis(self, lw: int, w: int) -> str:
         axis = [" "] * w
@@ -322,9 +428,9 @@ class Explorer(App):
             axis[start:start + len(lab)] = list(lab)
         return f"{'t (s)':>{lw}} " + "".join(axis)
 
-    def _plot(self, lw: int, w: int) -> Text:
+    def _plot(self, lw: int, w: int, run: RunData) -> Text:
         """Accuracy of the average model over the window, as bars under the same columns."""
-        t, v = self.run_data.evals()
+        t, v = run.evals()
         out = Text(no_wrap=True, overflow="crop")
         if not len(t):
             return out
@@ -359,6 +465,7 @@ class Explorer(App):
         self.query_one(Lanes).refresh()
         if self.selected is None:
             self._pick()
+        self._pick_other()
         r = self.run_data
         lines = describe(r, self.selected) if self.selected is not None else ["(no event under the cursor)"]
         self.query_one("#details", Static).update(Text("\n".join(lines)))
@@ -413,6 +520,8 @@ class Explorer(App):
             parts.append(f"search: {self.search_text}")
         if self.message:
             parts.append(self.message)
+        if self.other is not None:  # which pane the cursor's details are of
+            parts.insert(0, f"[{'AB'[self.runs.index(r)]}]")
         if r.partial:
             parts.append("LIVE" if self.follow else "PARTIAL")
         return Text("  ".join(parts), no_wrap=True, overflow="ellipsis")
@@ -423,8 +532,18 @@ class Explorer(App):
         tol = (self.t1 - self.t0) / self._geom[0] / 2
         self.selected = self.run_data.nearest(agents, self.col_time(self.col), tol, self.mask())
 
+    def _pick_other(self) -> None:
+        """The other pane's event under the shared cursor (unless D pinned its differing row)."""
+        o = self.other
+        if o is None or self._pin_other:
+            return
+        agents = [a for a in self.lane_agents(self.lane) if a < o.n]
+        tol = (self.t1 - self.t0) / self._geom[0] / 2
+        self.other_selected = o.nearest(agents, self.col_time(self.col), tol, self.mask_of(o)) if agents else None
+
     def moved(self) -> None:
         self.selected = None
+        self._pin_other = False
         self.refresh_all()
 
     # navigation ----------------------------------------------------------------------------------
@@ -479,7 +598,7 @@ class Explorer(App):
     def action_fit(self) -> None:
         lo, hi = query.window(self.filter_text) if self.filter_text else (None, None)
         self.t0 = 0.0 if lo is None else lo
-        self.t1 = max(self.run_data.t_max, 1e-9) if hi is None else hi
+        self.t1 = max(max(r.t_max for r in self.runs), 1e-9) if hi is None else hi
         if self.t1 <= self.t0:
             self.t1 = self.t0 + 1e-9
         self.moved()
@@ -501,7 +620,8 @@ class Explorer(App):
         self.lane = gi - self.lane_top + 1
         return True
 
-    def select(self, row: int) -> None:
+    def select(self, row: int, other_row: int | None = None) -> None:
+        """Select a row of the active run (and, with two runs, pin ``other_row`` in the other pane)."""
         r = self.run_data
         if r.agent[row] >= 0:
             self.go_agent(int(r.agent[row]))
@@ -509,6 +629,8 @@ class Explorer(App):
             self.lane = 0
         self.go_time(float(r.t[row]))
         self.selected = int(row)
+        self._pin_other = other_row is not None
+        self.other_selected = other_row
         self.refresh_all()
 
     def action_jump(self, kind: str, direction: int) -> None:
@@ -589,23 +711,23 @@ class Explorer(App):
             self.refresh_all()
 
     def action_swap(self) -> None:
-        """Show the other run in the same window of time (two runs side by side, one at a time)."""
+        """Two runs: keys act on the other pane now (same window of time, same cursor)."""
         if self.other is None:
             self.message = "one run: give two to compare (netsim explore RUN_A RUN_B)"
         else:
             self.run_data, self.other = self.other, self.run_data
-            self.all_agents = np.arange(self.run_data.n)
-            self.agents, self.drill = self.all_agents, []
-            if self.selected is not None and self.selected >= len(self.run_data.t):
-                self.selected = None
+            self.selected, self.other_selected = self.other_selected, self.selected
+            if self.run_data.n != self.other.n:  # the lanes are the shown agents of the active run
+                self.all_agents = np.arange(self.run_data.n)
+                self.agents, self.drill = self.all_agents, []
             self.filter_mask = query.mask(self.run_data, self.filter_text, "filter") if self.filter_text else None
             self.search_mask = query.mask(self.run_data, self.search_text) if self.search_text else None
-            self._grid = self._drawn = None
-            self.message = f"showing {self.run_data.name} ({Path(self.run_data.path).name})"
+            self._drawn = None
+            self.message = f"active: {'AB'[self.runs.index(self.run_data)]} {self.run_data.name}"
         self.refresh_all()
 
     def action_difference(self) -> None:
-        """Select the first event at which the two runs differ, and say how."""
+        """Select the first event at which the two runs differ in both panes, and say how."""
         from netsim.explore.diff import first_difference
 
         if self.other is None:
@@ -622,7 +744,7 @@ class Explorer(App):
             if row < len(self.other.t):
                 e = self.other.row(row)
                 self.message += f"; other: {e['kind']} @ {fmt_t(e['t'])} agent {e['agent']}"
-            self.select(row)
+            self.select(row, row if row < len(self.other.t) else None)
             return
         self.refresh_all()
 
@@ -656,8 +778,16 @@ class Explorer(App):
     # clicks and wheel --------------------------------------------------------------------------
     def click(self, x: int, y: int, ctrl: bool) -> None:
         lw = self._geom[2]
+        last = min(self._geom[1], self.groups() - self.lane_top)
+        if len(self.runs) > 1:  # which pane: a click on the other one makes it the active one
+            pane = [i for i in range(len(self.runs)) if self.pane_top(i) <= y <= self.pane_top(i) + last]
+            if not pane or x <= lw:
+                return
+            if self.runs[pane[0]] is not self.run_data:
+                self.action_swap()
+            y -= self.pane_top(pane[0]) - 1
         if y >= 1 and x > lw:
-            self.lane = min(y - 1, min(self._geom[1], self.groups() - self.lane_top))
+            self.lane = min(y - 1, last)
             self.col = min(x - lw - 1, self._geom[0] - 1)
             self.moved()
 

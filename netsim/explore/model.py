@@ -3,8 +3,8 @@
 A view draws only what is on screen, so everything here answers "what lies in this window of time for
 these lanes" with binary searches on time-sorted columns (the trace is written in simulated-time order)
 and per-agent row indexes, then bins the few rows found into cells in one vectorized pass. The raw
-columns are read once through ``netsim.trace.io.read_trace`` (every batch validated); strings (kind,
-tag) stay dictionary-coded, and a tag is decoded only for the event a details pane shows.
+columns are read through ``netsim.trace.io.TraceTail`` (every batch checked as ``read_trace`` checks
+it); kinds become small integer codes, and a tag is decoded only for the event a details pane shows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from netsim.trace.io import read_trace
+from netsim.trace.io import TraceTail, concat_numbers, has_end_marker, partial_note
 from netsim.trace.timeline import KIND_OF, glyphs
 
 SPANS = ("compute", "offline")  # kinds drawn over [t, t + value]
@@ -24,35 +24,59 @@ RECV = ("deliver", "stale")  # rows whose agent is the receiver: src = peer
 
 
 class RunData:
-    """A trace ready to explore: time-sorted numpy columns, per-agent and per-message indexes."""
+    """A trace ready to explore: time-sorted numpy columns, per-agent and per-message indexes.
+
+    Read through ``netsim.trace.io.TraceTail``: memory-mapped when the trace is complete (nothing
+    truncates a finished run's trace; a partial one may be cut by a resume), and ``refresh`` appends the
+    batches a running simulation wrote since, reading only the new bytes."""
 
     def __init__(self, path: str | Path):
-        tr = read_trace(path)
         self.path = str(path)
-        self.complete = tr.complete
-        self.partial = tr.partial_note()
-        self.scenario = _scenario(tr.scenario_text)
-        tab = tr.table
-        t = _np(tab, "t", np.float64)
-        if len(t) > 1 and not (np.diff(t) >= 0).all():  # written in time order; be safe anyway
-            tab = tab.take(pa.array(np.argsort(t, kind="stable")))
-            t = _np(tab, "t", np.float64)
-        self._tab = tab
-        self.t = t
-        self.agent = _np(tab, "agent", np.int32)
+        self._reader = TraceTail(path, memory_map=has_end_marker(path))
+        batches = self._reader.read()
+        cols = self._reader.columns
+        self.scenario = _scenario(self._reader.metadata.get("netsim.scenario", ""))
+        tab = pa.Table.from_batches(batches, schema=self._reader.schema)
+        t = cols["t"]
+        if len(t) > 1 and not (t[1:] >= t[:-1]).all():  # written in time order; be safe anyway
+            order = np.argsort(t, kind="stable")
+            tab = tab.take(pa.array(order))
+            cols = {name: c[order] for name, c in cols.items()}
+        self._tab: pa.Table | None = tab
+        self.t = cols["t"]
+        self.agent = cols["agent"]
+        self.__dict__["peer"] = cols["peer"]  # read to check the batches: no need to read it again
         self.value = _np(tab, "value", np.float64)
         self._tag = tab.column("tag")
         # kind codes: index into self.kind_names (glyph order first, so a lower code is more important)
-        names = list(glyphs())
-        seen = [KIND_OF.get(k, k) for k in _unique(tab.column("kind"))]
-        self.kind_names = names + [k for k in dict.fromkeys(seen) if k not in names]
+        self.kind_names = list(glyphs())
         self.code = {k: i for i, k in enumerate(self.kind_names)}
-        enc = tab.column("kind").dictionary_encode().combine_chunks() if tab.num_rows else None
-        if enc is not None:
-            lut = np.array([self.code[KIND_OF.get(k, k)] for k in enc.dictionary.to_pylist()], dtype=np.int16)
-            self.kind = lut[enc.indices.to_numpy(zero_copy_only=False)]
-        else:
-            self.kind = np.zeros(0, dtype=np.int16)
+        self.kind = self._codes(tab.column("kind"))
+        self._settle()
+        algo = self.scenario.get("algorithm", {}).get("name", "?")
+        self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
+        self._eps: dict[tuple[int, int], float | None] = {}
+
+    def _codes(self, col: pa.ChunkedArray) -> np.ndarray:
+        """Kind codes of a kind column: its few distinct strings looked up once (a hash per row through
+        ``index_in`` costs a quarter of ``dictionary_encode``'s), new kinds appended to ``kind_names``."""
+        import pyarrow.compute as pc
+
+        if not len(col):
+            return np.zeros(0, dtype=np.int16)
+        uniq = pc.unique(col)
+        for k in uniq.to_pylist():
+            k = KIND_OF.get(k, k)
+            if k not in self.code:
+                self.code[k] = len(self.kind_names)
+                self.kind_names.append(k)
+        lut = np.array([self.code[KIND_OF.get(k, k)] for k in uniq.to_pylist()], dtype=np.int16)
+        return lut[_np_chunked(pc.index_in(col, value_set=uniq), np.int32)]
+
+    def _settle(self) -> None:
+        """What follows from the rows: agent count, end times, the longest span."""
+        self.complete = self._reader.complete
+        self.partial = "" if self.complete else partial_note(float(self.t[-1]) if len(self.t) else 0.0)
         n = int(self.scenario.get("agents", {}).get("count", 0) or 0)
         if len(self.t):
             n = max(n, int(self.agent.max()) + 1)
@@ -60,11 +84,43 @@ class RunData:
                 n = int(self.peer.max()) + 1
         self.n = n
         self.t_end = float(self.t[-1]) if len(self.t) else 0.0
-        self.t_max = max(self.t_end, self._span_end())
-        algo = self.scenario.get("algorithm", {}).get("name", "?")
-        self.name = f"{self.scenario.get('name', Path(self.path).name)} · {algo}"
-        self._eps: dict[tuple[int, int], float | None] = {}
-        self.max_span = float(self.value[np.isin(self.kind, self.codes(SPANS))].max(initial=0.0))
+        is_span = np.zeros(len(self.kind_names), dtype=bool)
+        is_span[self.codes(SPANS)] = True
+        span = np.flatnonzero(is_span[self.kind])
+        self.max_span = float(self.value[span].max(initial=0.0))
+        end = float((self.t[span] + self.value[span]).max(initial=0.0)) if len(self.t) else 1.0
+        self.t_max = max(self.t_end, end)
+
+    def refresh(self) -> int:
+        """Append the whole batches written since the last read (live mode); the number of new rows.
+        Rows only append in time order, so row numbers stay; the indexes are rebuilt on next use."""
+        batches = self._reader.read()
+        cols = self._reader.columns
+        new = sum(b.num_rows for b in batches)
+        if not new:
+            self._settle()  # the end marker may have arrived alone
+            return 0
+        t = np.concatenate([self.t[-1:], cols["t"]])
+        if not (t[1:] >= t[:-1]).all():  # out of time order (never written so): read afresh, sorted
+            self.__init__(self.path)
+            return new
+        tab = pa.Table.from_batches(batches, schema=self._reader.schema)
+        self.t = np.concatenate([self.t, cols["t"]])
+        self.agent = np.concatenate([self.agent, cols["agent"]])
+        self.value = np.concatenate([self.value, _np(tab, "value", np.float64)])
+        self.kind = np.concatenate([self.kind, self._codes(tab.column("kind"))])
+        self._tag = pa.chunked_array(self._tag.chunks + tab.column("tag").chunks, type=self._tag.type)
+        lazy = {"peer": cols["peer"]} | {name: tab.column(name) for name in ("msg", "size", "round")}
+        for name, col in lazy.items():
+            if name in self.__dict__:
+                arr = col if isinstance(col, np.ndarray) else _np(tab, name, self.__dict__[name].dtype)
+                self.__dict__[name] = np.concatenate([self.__dict__[name], arr])
+        self._tab = pa.concat_tables([self._tab, tab]) if self._tab is not None else None
+        for name in ("present", "drops_by_peer", "by_agent", "starts", "by_msg", "_msg_sorted"):
+            self.__dict__.pop(name, None)
+        self._eps.clear()
+        self._settle()
+        return new
 
     # columns and indexes that drawing does not need, read on first use --------------------------
     @functools.cached_property
@@ -97,12 +153,16 @@ class RunData:
 
     @functools.cached_property
     def by_agent(self) -> np.ndarray:
-        """Row indexes grouped by agent, each group in time order (see ``agent_rows``)."""
-        return np.argsort(self.agent, kind="stable")
+        """Row indexes grouped by agent, each group in time order (see ``agent_rows``): a stable sort,
+        on 16-bit keys when the ids fit (numpy radix-sorts those, several times faster)."""
+        key = self.agent.astype(np.int16) if self.n < 2**15 - 1 else self.agent
+        return np.argsort(key, kind="stable")
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
-        return np.searchsorted(self.agent[self.by_agent], np.arange(-1, self.n + 1))
+        """Where each agent's rows (-1 first) start in ``by_agent``: counts, summed."""
+        counts = np.bincount(self.agent + 1, minlength=self.n + 1)
+        return np.concatenate([[0], np.cumsum(counts)])
 
     @functools.cached_property
     def by_msg(self) -> np.ndarray:
@@ -124,12 +184,6 @@ class RunData:
     def tag(self, row: int) -> str:
         return str(self._tag[int(row)].as_py())
 
-    def _span_end(self) -> float:
-        if not len(self.t):
-            return 1.0
-        span = np.isin(self.kind, self.codes(SPANS))
-        return float((self.t[span] + self.value[span]).max(initial=0.0))
-
     def row(self, i: int) -> dict:
         """One event as a dict of its columns (kind and tag decoded)."""
         i = int(i)
@@ -139,13 +193,18 @@ class RunData:
 
     def _at(self, name: str, i: int) -> int:
         """One cell of a lazily read column, without reading the column when it is not read yet."""
-        col = self.__dict__.get(name)
-        return int(col[i]) if col is not None else int(self._tab.column(name)[i].as_py())
+        col, tab = self.__dict__.get(name), self._tab
+        return int(col[i]) if col is not None or tab is None else int(tab.column(name)[i].as_py())
 
     def warm(self) -> None:
-        """Read the lazy columns and build the indexes (run in a thread after the first screen)."""
-        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted"):
+        """Read the lazy columns and build the indexes (run in a thread after the first screen); then let
+        go of the file: the tags are copied out of a memory-mapped trace, the Arrow table dropped."""
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted", "present",
+                     "drops_by_peer"):
             getattr(self, name)
+        if self._reader.memory_map:
+            self._tag = pa.chunked_array([self._tag.combine_chunks()], type=self._tag.type)
+            self._tab = None
 
     def agent_rows(self, a: int) -> np.ndarray:
         """Row indexes of agent a (-1: the run's own rows, evaluations), in time order."""
@@ -186,53 +245,26 @@ class RunData:
         shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
 
         A few lanes out of many agents read their rows through the per-agent index; otherwise the
-        window's rows are read at once. Binning marks the (cell, kind) pairs that occur in one fancy
-        assignment (no ``ufunc.at``, which is slow) and takes the most important kind per cell; spans are
-        covered by difference arrays."""
+        window's rows are read at once, in slices of ``CHUNK`` rows so that the temporaries stay in cache
+        (a whole-run view of millions of rows would otherwise allocate, and fault in, a fresh array per
+        step). Binning marks the (cell, kind) pairs that occur in one fancy assignment (no ``ufunc.at``,
+        which is slow) and takes the most important kind per cell; spans are covered by difference
+        arrays."""
         shown = np.flatnonzero(lane_of >= 0) - 1
         lane_of = lane_of.astype(np.int32)
+        binner = _Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
         if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
             rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
             if mask is not None:
                 rows = rows[mask[rows]]
-            T, K, V, lane = self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1]
-            keep = lane >= 0
+            binner.add(self.t[rows], self.kind[rows], self.value[rows], lane_of[self.agent[rows] + 1])
         else:  # the window's rows are contiguous: work on views, no index arrays
-            lo = np.searchsorted(self.t, t0 - self.max_span, side="left")
-            hi = np.searchsorted(self.t, t1, side="right")
-            T, K, V = self.t[lo:hi], self.kind[lo:hi], self.value[lo:hi]
-            lane = lane_of[self.agent[lo:hi] + 1]
-            keep = lane >= 0
-            if len(T) and T[0] < t0:  # rows before t0 count only as spans reaching into the window
-                keep &= (T >= t0) | (np.isin(K, self.codes(SPANS)) & (T + V >= t0))
-        if not keep.all():
-            T, K, V, lane = T[keep], K[keep], V[keep], lane[keep]
-        if not len(T):
-            return np.full((n_lanes, width), -1, dtype=np.int16)
-        scale = width / (t1 - t0)
-        col = np.clip(((T - t0) * scale).astype(np.int32), 0, width - 1)
-        span_codes = self.codes(SPANS)
-        inst = ~np.isin(K, span_codes)
-        nk = len(self.kind_names)
-        seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur: one pass
-        seen[((lane[inst].astype(np.int64) * width + col[inst]) * nk + K[inst])] = True
-        seen = seen.reshape(n_lanes * width, nk)
-        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
-        for c in sorted(span_codes, reverse=True):
-            m = K == c
-            if not m.any():
-                continue
-            ts = T[m]
-            end = ts + V[m]
-            lo_c = np.clip(((np.maximum(ts, t0) - t0) * scale).astype(np.int64), 0, width - 1)
-            hi_c = np.clip(((np.minimum(end, t1) - t0) * scale).astype(np.int64), 0, width - 1)
-            base = lane[m].astype(np.int64) * (width + 1)
-            size = n_lanes * (width + 1)
-            diff = np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
-            cover = np.cumsum(diff.reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
-            fill = cover & ((grid < 0) | (grid > c))
-            grid[fill] = c
-        return grid
+            lo = int(np.searchsorted(self.t, t0 - self.max_span, side="left"))
+            hi = int(np.searchsorted(self.t, t1, side="right"))
+            for s in range(lo, hi, CHUNK):
+                e = min(s + CHUNK, hi)
+                binner.add(self.t[s:e], self.kind[s:e], self.value[s:e], lane_of[self.agent[s:e] + 1])
+        return binner.grid()
 
     def nearest(self, agents: list[int], t: float, t_tol: float, mask: np.ndarray | None = None) -> int | None:
         """The event of these agents closest to time t within t_tol (half a cell), the most important
@@ -316,24 +348,80 @@ class RunData:
         return float(mine[-1, 3]) if len(mine) else None
 
     def evals(self) -> tuple[np.ndarray, np.ndarray]:
-        """(times, accuracy of the average model) of the run's evaluation rows."""
-        if "eval" not in self.code:
-            return np.zeros(0), np.zeros(0)
-        m = self.kind == self.code["eval"]
-        return self.t[m], self.value[m]
+        """(times, accuracy of the average model) of the run's evaluation rows (found once per read)."""
+        got = self.__dict__.get("_evals")
+        if got is None or got[0] != len(self.t):
+            if "eval" not in self.code:
+                got = (len(self.t), np.zeros(0), np.zeros(0))
+            else:
+                m = np.flatnonzero(self.kind == self.code["eval"])
+                got = (len(self.t), self.t[m], self.value[m])
+            self.__dict__["_evals"] = got
+        return got[1], got[2]
+
+
+CHUNK = 1 << 18  # rows binned at a time
+
+
+class _Binner:
+    """Accumulates rows into a (lanes, width) grid of the most important kind per cell (see ``cells``)."""
+
+    def __init__(self, n_lanes: int, t0: float, t1: float, width: int, nk: int, span_codes: list[int]):
+        self.n_lanes, self.t0, self.t1, self.width, self.nk = n_lanes, t0, t1, width, nk
+        self.scale = width / (t1 - t0)
+        self.span_codes = span_codes
+        self.is_span = np.zeros(nk, dtype=bool)
+        self.is_span[span_codes] = True
+        self.seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur
+        self.diff = {c: np.zeros(n_lanes * (width + 1), dtype=np.int64) for c in span_codes}
+
+    def add(self, T: np.ndarray, K: np.ndarray, V: np.ndarray, lane: np.ndarray) -> None:
+        """Rows of shown and hidden lanes (lane -1); rows before t0 count only as spans reaching in."""
+        t0, width = self.t0, self.width
+        keep = lane >= 0
+        span = self.is_span[K]
+        if len(T) and T[0] < t0:
+            keep &= (T >= t0) | (span & (T + V >= t0))
+        if not keep.all():
+            T, K, V, lane, span = T[keep], K[keep], V[keep], lane[keep], span[keep]
+        if not len(T):
+            return
+        col = np.clip(((T - t0) * self.scale).astype(np.int32), 0, width - 1)
+        inst = ~span
+        self.seen[((lane[inst].astype(np.int64) * width + col[inst]) * self.nk + K[inst])] = True
+        if inst.all():
+            return
+        size = self.n_lanes * (width + 1)
+        for c in self.span_codes:
+            m = K == c
+            if not m.any():
+                continue
+            ts = T[m]
+            end = ts + V[m]
+            lo_c = np.clip(((np.maximum(ts, t0) - t0) * self.scale).astype(np.int64), 0, width - 1)
+            hi_c = np.clip(((np.minimum(end, self.t1) - t0) * self.scale).astype(np.int64), 0, width - 1)
+            base = lane[m].astype(np.int64) * (width + 1)
+            self.diff[c] += np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
+
+    def grid(self) -> np.ndarray:
+        n_lanes, width = self.n_lanes, self.width
+        seen = self.seen.reshape(n_lanes * width, self.nk)
+        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
+        for c in sorted(self.span_codes, reverse=True):
+            if not self.diff[c].any():
+                continue
+            cover = np.cumsum(self.diff[c].reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
+            grid[cover & ((grid < 0) | (grid > c))] = c
+        return grid
 
 
 def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:
-    col = tab.column(name)
-    if not tab.num_rows:
-        return np.zeros(0, dtype=dtype)
-    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks]).astype(dtype, copy=False)
+    return _np_chunked(tab.column(name), dtype)
 
 
-def _unique(col: pa.ChunkedArray) -> list[str]:
-    import pyarrow.compute as pc
-
-    return [str(x) for x in pc.unique(col).to_pylist()] if len(col) else []
+def _np_chunked(col: pa.ChunkedArray, dtype) -> np.ndarray:
+    """A numeric column without nulls (checked when read) as one numpy array."""
+    return concat_numbers(col.chunks, dtype)
 
 
 def _scenario(text: str) -> dict:

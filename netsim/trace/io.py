@@ -27,7 +27,7 @@ SCHEMA = pa.schema([
 TRACE_FILE = "trace.arrows"
 
 
-_NUMPY = {pa.float64(): np.float64, pa.int64(): np.int64, pa.int32(): np.int32}
+_NUMPY = {pa.float64(): np.float64, pa.int64(): np.int64, pa.int32(): np.int32}  # Arrow type: numpy
 
 
 def _array(col: tuple, type_: pa.DataType) -> pa.Array:
@@ -163,10 +163,7 @@ class Trace:
 
     def partial_note(self) -> str:
         """One line for a trace that does not record its run's end ("" for a complete one)."""
-        if self.complete:
-            return ""
-        return (f"partial run, up to t = {self.t_end:.6g} s (the trace does not record the run's end: "
-                "it was killed, interrupted or crashed, or the file is cut or corrupted)")
+        return "" if self.complete else partial_note(self.t_end)
 
     @property
     def scenario_text(self) -> str:
@@ -174,6 +171,12 @@ class Trace:
 
     def to_pandas(self):
         return self.table.to_pandas()
+
+
+def partial_note(t_end: float) -> str:
+    """The line for a partial run's trace whose last event is at t_end."""
+    return (f"partial run, up to t = {t_end:.6g} s (the trace does not record the run's end: "
+            "it was killed, interrupted or crashed, or the file is cut or corrupted)")
 
 
 def resolve_trace_path(path: str | Path) -> Path:
@@ -238,6 +241,22 @@ def _batch_ok(batch: pa.RecordBatch, n: int | None) -> bool:
     return True
 
 
+def _check_header(schema: pa.Schema, meta: dict[str, str], p: Path) -> int | None:
+    """The schema of a netsim trace this netsim can read (else an InputError); agents.count, if known."""
+    if "netsim.schema_version" not in meta:
+        raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
+    version = meta["netsim.schema_version"]
+    if not (version.isascii() and version.isdigit()):
+        raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number", str(p))
+    if int(version) > SCHEMA_VERSION:
+        raise InputError("", f"trace schema v{version} is newer than this netsim "
+                             f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
+    if not schema.remove_metadata().equals(SCHEMA):
+        raise InputError("", "not a netsim trace: columns must be " + ", ".join(
+            f"{f.name}: {f.type}" for f in SCHEMA), str(p))
+    return _agent_count(meta, p)
+
+
 def read_trace(path: str | Path) -> Trace:
     """Read a trace file (or a run folder's trace) up to its last complete batch.
 
@@ -259,19 +278,7 @@ def read_trace(path: str | Path) -> Trace:
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
             msg = " ".join(str(e).split())[:200]
             raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(p)) from None
-        if "netsim.schema_version" not in meta:
-            raise InputError("", "not a netsim trace: schema has no netsim.schema_version", str(p))
-        version = meta["netsim.schema_version"]
-        if not (version.isascii() and version.isdigit()):
-            raise InputError("", f"not a netsim trace: schema version {version[:20]!r} is not a number",
-                             str(p))
-        if int(version) > SCHEMA_VERSION:
-            raise InputError("", f"trace schema v{version} is newer than this netsim "
-                                 f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
-        if not reader.schema.remove_metadata().equals(SCHEMA):
-            raise InputError("", "not a netsim trace: columns must be " + ", ".join(
-                f"{f.name}: {f.type}" for f in SCHEMA), str(p))
-        n = _agent_count(meta, p)
+        n = _check_header(reader.schema, meta, p)
         while True:
             try:
                 batch = reader.read_next_batch()
@@ -290,3 +297,125 @@ def read_trace(path: str | Path) -> Trace:
             complete = size >= len(EOS) and f.read(len(EOS)) == EOS
     table = pa.Table.from_batches(batches, schema=reader.schema)
     return Trace(table, meta, complete)
+
+
+class TraceTail:
+    """A trace read incrementally, message by message: each ``read()`` returns the whole record batches
+    appended since the previous one and keeps the byte offset after the last one, so following a run
+    being written costs the new bytes, not the file. A message cut off at the end of the file (being
+    written) is left for the next ``read()``; a batch that fails the checks of ``read_trace`` ends the
+    readable part for good (``sound`` False), as it does there.
+
+    ``memory_map`` maps the file instead of reading it (several times faster on a large trace); only for
+    files nobody truncates while they are read (a complete run's trace: a resumed run cuts a partial one)."""
+
+    def __init__(self, path: str | Path, memory_map: bool = False):
+        self.path = resolve_trace_path(path)
+        if not self.path.exists():
+            raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(self.path))
+        self.memory_map = memory_map
+        self.offset = 0  # bytes consumed: the header and every whole batch read so far
+        self.schema: pa.Schema | None = None
+        self.metadata: dict[str, str] = {}
+        self.n: int | None = None
+        self.ended = False  # the end-of-stream marker follows the last batch
+        self.sound = True  # no batch failed its checks
+        self.size = 0  # the file's size at the last read
+        self.columns: dict[str, np.ndarray] = {}  # t, agent, peer of the last read's batches, as numpy
+
+    @property
+    def complete(self) -> bool:
+        """As ``Trace.complete``: every batch sound and the file ends with the end-of-stream marker."""
+        return self.sound and self.ended
+
+    def _bytes(self) -> pa.Buffer:
+        if self.memory_map and self.offset == 0:
+            buf = pa.memory_map(str(self.path)).read_buffer()  # the buffer keeps the mapping alive
+        else:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                buf = pa.py_buffer(f.read())
+        return buf
+
+    def read(self) -> list[pa.RecordBatch]:
+        """The whole, checked batches written since the last call (the header on the first call: an
+        InputError when the file is not a netsim trace, or its header is still being written)."""
+        if self.ended or not self.sound:
+            return []
+        buf = self._bytes()
+        self.size = self.offset + buf.size
+        src = pa.BufferReader(buf)
+        if self.schema is None:
+            try:
+                schema = pa.ipc.read_schema(pa.ipc.read_message(src))
+                meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
+            except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
+                msg = " ".join(str(e).split())[:200]
+                raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(self.path)) from None
+            self.n = _check_header(schema, meta, self.path)
+            self.schema, self.metadata = schema, meta
+            self.offset += src.tell()
+            buf = buf.slice(src.tell())
+            src = pa.BufferReader(buf)
+        batches, ends = [], [0]
+        while True:
+            pos = src.tell()
+            try:
+                msg = pa.ipc.read_message(src)
+                batches.append(pa.ipc.read_record_batch(msg, self.schema))
+            except EOFError:  # the end-of-stream marker, or nothing more yet
+                self.ended = buf.size - pos >= len(EOS) and buf.slice(buf.size - len(EOS)).to_pybytes() == EOS
+                break
+            except (pa.ArrowException, OSError):  # a message cut off (or not yet whole): the next read
+                break
+            ends.append(src.tell())
+        good, self.columns = good_batches(batches, self.n)
+        if good < len(batches):
+            self.sound, self.ended = False, False
+        self.offset += ends[good]
+        return batches[:good]
+
+
+def good_batches(batches: list[pa.RecordBatch], n: int | None) -> tuple[int, dict[str, np.ndarray]]:
+    """How many leading batches pass ``_batch_ok``'s checks (full Arrow validation, no nulls, times
+    finite and >= 0, agent and peer ids in [-1, n)), with the numeric checks done once over all rows in
+    numpy rather than per batch through pyarrow.compute; and the checked columns (t, agent, peer) of
+    those batches as numpy arrays, which a reader needs anyway."""
+    good = len(batches)
+    for i, b in enumerate(batches):
+        try:
+            b.validate(full=True)
+        except pa.ArrowException:
+            good = i
+            break
+        if any(c.null_count for c in b.columns):
+            good = i
+            break
+    kept = batches[:good]
+    starts = np.cumsum([0] + [b.num_rows for b in kept])
+    cols = {name: concat_numbers([b.column(name) for b in kept], dtype)
+            for name, dtype in (("t", np.float64), ("agent", np.int32), ("peer", np.int32))}
+    t = cols["t"]
+    bad = ~np.isfinite(t) | (t < 0)
+    for name in ("agent", "peer"):
+        bad |= cols[name] < -1
+        if n is not None:
+            bad |= cols[name] >= n
+    hit = np.flatnonzero(bad)
+    if len(hit):
+        good = int(np.searchsorted(starts, hit[0], side="right")) - 1  # the batch holding the first bad row
+        cols = {name: c[:starts[good]] for name, c in cols.items()}
+    return good, cols
+
+
+def concat_numbers(arrays: list[pa.Array], dtype) -> np.ndarray:
+    """Validated numeric Arrow arrays without nulls into one numpy array: one copy, straight from their
+    data buffers (``Array.to_numpy`` would import pandas, a tenth of a second)."""
+    out = np.empty(sum(len(a) for a in arrays), dtype=dtype)
+    at = 0
+    for a in arrays:
+        if len(a):
+            own = np.dtype(_NUMPY[a.type])
+            out[at:at + len(a)] = np.frombuffer(a.buffers()[1], own, len(a), a.offset * own.itemsize)
+        at += len(a)
+    return out
