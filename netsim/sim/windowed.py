@@ -15,15 +15,9 @@ through the gradient service in one batched call (as the engine's first completi
 drawn from each agent's own stream, and the models are updated through ``Agent.mix_into_params`` with each
 agent's models in arrival order: the run's trace, metrics and final models are byte-identical to the
 engine's (tests/test_windowed.py compares them). ``unsupported`` names what keeps a scenario out.
-
-``run_dpsgd`` is the first prototype (no trace, senders' order): benchmarks/bench_windowed.py measured
-with it what the per-event Python costs.
 """
 
 from __future__ import annotations
-
-import numpy as np
-import torch
 
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
@@ -54,58 +48,6 @@ def unsupported(sc: Scenario) -> str | None:
     if sc.topology.dynamic is not None:
         return "the topology changes over time"
     return None
-
-
-def slots(sim) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """In-neighbours per agent in ascending sender order, padded to the largest in-degree (agent itself at
-    weight 0); own weights as Agent.mix computes them: 1 - the received weights, summed in that order."""
-    n = len(sim.agents)
-    deg = max(len(a.in_neighbors) for a in sim.agents)
-    nbr = np.tile(np.arange(n)[:, None], (1, deg))
-    w = np.zeros((n, deg))
-    own = np.empty(n)
-    for a in sim.agents:
-        js = sorted(a.in_neighbors)
-        nbr[a.id, :len(js)] = js
-        w[a.id, :len(js)] = [a.weights[j] for j in js]
-        own[a.id] = 1.0 - sum(a.weights[j] for j in js)
-    return nbr, w, own
-
-
-def run_dpsgd(sim, rounds: int) -> torch.Tensor:
-    """``rounds`` D-PSGD rounds of every agent of a built (not started) simulation; the final models."""
-    why = unsupported(sim.scenario)
-    if why is not None:
-        raise ValueError(f"not a window-synchronous scenario: {why}")
-    p = sim.params
-    nbr, w, own = slots(sim)
-    W = sim.bank.W.clone()
-    dt = W.dtype
-    n = W.shape[0]
-    # per slot, the agents that share a weight: add_ with a scalar alpha, the very kernel Agent.mix uses
-    # (a per-row weight tensor would round differently: multiply, then add)
-    groups = []
-    for s in range(w.shape[1]):
-        for v in np.unique(w[:, s]):
-            if v != 0.0:
-                at = np.flatnonzero(w[:, s] == v)
-                groups.append((torch.from_numpy(at), torch.from_numpy(nbr[at, s]), float(v), len(at) == n))
-    own_t = torch.from_numpy(own).to(dt)[:, None]
-    svc = sim.gradients
-    for k in range(rounds):
-        rows = [a.sample_rows(p.batch) for a in sim.agents]
-        idx = torch.from_numpy(np.concatenate(rows).astype(np.int64))
-        b = len(rows[0])
-        G = svc.model.grad(W, svc.X.index_select(0, idx).view(n, b, -1), svc.y.index_select(0, idx).view(n, b),
-                           None, "l2")
-        out = W * own_t
-        for at, src, v, everyone in groups:
-            if everyone:
-                out.add_(W.index_select(0, src), alpha=v)
-            else:
-                out[at] = out.index_select(0, at).add_(W.index_select(0, src), alpha=v)
-        W = out - (p.lr / (1.0 + p.lr_decay * k)) * G
-    return W
 
 
 def unsupported_run(sim) -> str | None:
