@@ -136,7 +136,7 @@ def main() -> None:
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             r = json.loads(out.splitlines()[-1])
             b = base.setdefault(engine, r)
-            sims[engine] = r["sim"]
+            sims[engine] = r
             growth = f"{r['sim'] / b['sim']:.1f}x/{n / b['agents']:.0f}x"
             print(f"{n:>7} {engine:>8} {r['total'] - r['sim']:>8.1f} {r['sim']:>8.1f} {r['total']:>8.1f} "
                   f"{r['cpu']:>7.1f} {r['events']:>11,} {r['events'] / r['sim']:>9,.0f} {r['steps'] / r['sim']:>8,.0f} "
@@ -145,8 +145,11 @@ def main() -> None:
                   f"{mib(r['rss_end'], r['rss_mid'], True):>8}"
                   + (f" {r['releases']:>10,} {r['epsilon'] or 0:>8.3g}" if args.dp else ""), flush=True)
         if len(sims) == 2:
-            print(f"{n:>7} windowed / events simulation time: {sims['windowed'] / sims['events']:.3f} "
-                  f"({sims['events'] / sims['windowed']:.1f}x faster; same trace)", flush=True)
+            ev, win = sims["events"], sims["windowed"]
+            same = all(ev[k] == win[k] for k in ("events", "accuracy", "steps"))
+            print(f"{n:>7} windowed / events simulation time: {win['sim'] / ev['sim']:.3f} "
+                  f"({ev['sim'] / win['sim']:.1f}x faster; events, gradients and accuracy "
+                  f"{'equal' if same else 'DIFFER'})", flush=True)
 
 
 def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:
