@@ -138,6 +138,7 @@ class Simulation:
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.programs_limit = 4 * n + 64
         self.engine = "events"  # or "windowed": api.run(engine=...) after windowed.unsupported_run
+        self.progress: Callable[[float], None] | None = None
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
@@ -269,6 +270,7 @@ class Simulation:
         run schedules exactly the events the original did)."""
         sc = self.scenario
         self._t0 = time.perf_counter()
+        self.progress = progress  # the windowed runner reports each round through it (the ticker does here)
         self.evaluate()
         for a, prog in zip(self.agents, self._programs, strict=True):
             self.programs.append((a.id, self.env.process(prog)))

@@ -140,8 +140,12 @@ def run(sim) -> None:
         lr = p.lr / (1.0 + p.lr_decay * k)
         for i, _, x, ticket in tickets:  # the update of each: order does not matter (the bank batches it)
             agents[i].mix_into_params(x, got[i], step=ticket.result, lr=lr)
+        if len(done) != len(agents):  # cannot happen in a run unsupported_run accepted
+            raise RuntimeError(f"round {k}: {len(agents) - len(done)} barriers did not complete in the window")
         k += 1
         order = [j for j, _ in done]
         w = done[-1][1]
+        if sim.progress is not None:
+            sim.progress(w)
     sim.network.next_id = mid
     sim.env._now = w  # the engine's clock where its last event happened (the run's end)
