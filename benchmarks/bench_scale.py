@@ -133,7 +133,10 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
                    str(args.threads), "--engine", engine] + (["--no-trace"] if args.no_trace else []) + \
                 (["--dp"] if args.dp else [])
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{n} agents, {engine}: the run failed:\n{done.stderr}")
+            out = done.stdout
             r = json.loads(out.splitlines()[-1])
             b = base.setdefault(engine, r)
             sims[engine] = r
