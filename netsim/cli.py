@@ -82,7 +82,8 @@ def _summary_table(summary: dict):
             ("stale messages", "messages_stale"), ("round timeouts", "round_timeouts"),
             ("bytes sent", "bytes_sent"), ("gradients (batched calls)", "gradients"),
             ("simulated time (s)", "simulated_time"), ("stopped by", "stop_reason"),
-            ("wall time (s)", "wall_time"), ("events", "events"), ("events/s", "events_per_s"),
+            ("wall time (s)", "wall_time"), ("engine", "engine"), ("events", "events"),
+            ("events/s", "events_per_s"),
             ("spectral gap", "spectral_gap")]
     rows += [("time to target accuracy (s)", "time_to_target"), ("trigger sends skipped", "trigger_skipped"),
              ("fraction saved by triggers", "trigger_saved_fraction"),
