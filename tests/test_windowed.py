@@ -49,7 +49,8 @@ def exact(rounds: int = 9, n: int = 14, **changes) -> dict:
 
 @pytest.mark.parametrize("changes", [
     {},  # Metropolis weights on an Erdos-Renyi graph: many distinct weights, in-degrees 1..n-1
-    {"topology": {"kind": "ring"}, "model": {"kind": "logistic", "dtype": "float64"}},
+    {"topology": {"kind": "ring"}, "model": {"kind": "logistic", "dtype": "float64"},
+     "run": {"trace_flush_every": 37}},  # trace batches cut inside rounds, at the same rows
     {"algorithm": {"batch": 0, "lr_decay": 0.0}, "data": {"sampling": "without_replacement"}},
     {"model": {"kind": "mlp", "hidden": [6]}, "algorithm": {"batch": 5},
      "network": {"latency": {"kind": "constant", "value": 0.0301}}},
