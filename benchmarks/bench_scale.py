@@ -20,7 +20,7 @@ release per agent and round in each agent's privacy ledger), the case where memo
 release; the summary's epsilon is then composed from the ledgers at the end.
 
     python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp]
-        [--engine events|windowed|both]
+        [--engine events|windowed|both] [--device auto|cpu|cuda]
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import subprocess
 import sys
 
 
-def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False) -> dict:
+def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False, device: str = "auto") -> dict:
     sc = {
         "name": f"scale_{n}",
-        "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace},
+        "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace, "device": device},
         "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.01},
                    "activation": {"kind": "periodic", "period": 0.1}},
         "topology": {"kind": "ring"},
@@ -76,7 +76,8 @@ def rss_sampler(every: float, samples: list):
     return setup
 
 
-def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events") -> dict:
+def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events",
+        device: str = "auto") -> dict:
     """Run one size in this process; return its figures."""
     import resource
     import tempfile
@@ -91,7 +92,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         samples: list = []
-        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp)), out=tmp, engine=engine,
+        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp, device)), out=tmp, engine=engine,
                        setup=rss_sampler(rounds * 0.1 / 20, samples))
         if engine == "windowed":  # no simpy process runs: RSS at the end of the simulation, before outputs
             samples.append((r.summary["simulated_time"], rss_mib()))
@@ -116,10 +117,13 @@ def main() -> None:
     ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp, args.engine)))
+        print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp, args.engine,
+                             args.device)))
         return
     engines = ["events", "windowed"] if args.engine == "both" else [args.engine]
     print(f"{'agents':>7} {'engine':>8} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
@@ -131,8 +135,8 @@ def main() -> None:
         sims = {}
         for engine in engines:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
-                   str(args.threads), "--engine", engine] + (["--no-trace"] if args.no_trace else []) + \
-                (["--dp"] if args.dp else [])
+                   str(args.threads), "--engine", engine, "--device", args.device]
+            cmd += (["--no-trace"] if args.no_trace else []) + (["--dp"] if args.dp else [])
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"{n} agents, {engine}: the run failed:\n{done.stderr}")
