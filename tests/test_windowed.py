@@ -52,6 +52,8 @@ def exact(rounds: int = 9, n: int = 14, **changes) -> dict:
     {"topology": {"kind": "ring"}, "model": {"kind": "logistic", "dtype": "float64"},
      "run": {"trace_flush_every": 37}},  # trace batches cut inside rounds, at the same rows
     {"algorithm": {"batch": 0, "lr_decay": 0.0}, "data": {"sampling": "without_replacement"}},
+    {"network": {"loss": 0.15}},  # barriers time out: the timed-out agents wake after the others
+    {"network": {"loss": 0.4}, "topology": {"kind": "ring"}, "run": {"rounds": 12}},
     {"model": {"kind": "mlp", "hidden": [6]}, "algorithm": {"batch": 5},
      "network": {"latency": {"kind": "constant", "value": 0.0301}}},
 ])
@@ -60,13 +62,15 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     ev, win = got["events"], got["windowed"]
     assert win["engine"] == "windowed"
     assert ev["summary"]["stop_reason"] == "rounds" and ev["summary"]["messages_sent"] > 0
+    lossy = changes.get("network", {}).get("loss", 0.0) > 0
+    assert (ev["summary"]["round_timeouts"] > 0) == lossy and (ev["summary"]["messages_dropped"] > 0) == lossy
     assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["summary"] == ev["summary"]
     assert torch.equal(win["W"], ev["W"])
 
 
 @pytest.mark.parametrize(("changes", "why"), [
     ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}}}, "only periodic"),
-    ({"network": {"loss": 0.1}}, "lossless"),
+    ({"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}}, "one constant latency"),
     ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "not simultaneous"),
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
     ({"evaluation": {"every": 0.3}}, "evaluations inside the run"),

@@ -5,12 +5,15 @@ agent's activation can affect another's inside a window of simulated time, the w
 without simulating its events one by one. This module does it for D-PSGD (Lian et al., "Can Decentralized
 Algorithms Outperform Centralized Algorithms?", Algorithm 1) when every round is such a window: every
 agent wakes at the same tick (periodic activation, identical clocks), computes for the same constant time,
-and every message arrives over lossless links of one constant latency before the round's barrier times out.
+and links of one constant latency deliver every message that is not lost (Bernoulli loss) before the round's
+barrier times out. A lost message leaves its receiver's barrier to time out: those agents wake after the
+others, at the timeout, and with a periodic clock every agent still activates at the same next tick.
 
 ``run(sim)`` (``netsim run --engine windowed``) then plays the run round by round, emitting exactly the
 rows the engine would, in its order: simpy orders simultaneous events by insertion, so round k's agents
 are activated in the order in which their barriers completed in round k-1 (the order of the delivery that
-completed each), their gradients and sends follow that order, deliveries follow the sends. Gradients go
+completed each, then the timed-out ones in the order their timers were set), their gradients and sends
+follow that order, deliveries follow the sends, loss is drawn from each link's own stream in send order. Gradients go
 through the gradient service in one batched call (as the engine's first completion does), mini-batches are
 drawn from each agent's own stream, and the models are updated through ``Agent.mix_into_params`` with each
 agent's models in arrival order: the run's trace, metrics and final models are byte-identical to the
@@ -22,7 +25,8 @@ from __future__ import annotations
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish
+from netsim.trace.events import Finish, Timeout
+from netsim.trace.events import row as event_row
 
 
 def unsupported(sc: Scenario) -> str | None:
@@ -39,8 +43,8 @@ def unsupported(sc: Scenario) -> str | None:
         return "compute times differ between agents"
     if ag.offline or ag.churn or ag.availability:
         return "agents go offline"
-    if net.latency.kind != "constant" or net.loss or net.burst or net.outages or net.links or net.trace:
-        return "links are not lossless with one constant latency"
+    if net.latency.kind != "constant" or net.burst or net.outages or net.links or net.trace:
+        return "links do not have one constant latency and Bernoulli loss (bursts, outages, per-link settings)"
     if net.bandwidth is not None or net.uplink is not None:
         return "bandwidth-limited links (transmission times) are not modelled here"
     if ag.compute_time.value + net.latency.value >= float(alg.params.get("round_timeout", 1.0)):
@@ -76,6 +80,30 @@ def unsupported_run(sim) -> str | None:
             return f"agent {a.id} has no out- or in-neighbours"
     if getattr(sim.program, "__name__", "") != "dpsgd":
         return "the algorithm's program is not D-PSGD's"
+    if sc.network.loss:
+        return _round_times(sc)
+    return None
+
+
+def _round_times(sc) -> str | None:
+    """With lossy links an agent wakes from its barrier either when its last message arrives (D) or when the
+    barrier times out (T); the engine orders the next round by time first, so both must give the very same
+    float activation time in every round (and so the same compute end, arrivals and timeout). Checked on
+    the scalar times before the run: None if they do. (They do whenever the next tick is within twice the
+    wake time, by Sterbenz's lemma: ``w + (tick - w)`` is then exactly ``tick``; the check costs nothing.)"""
+    ag, alg = sc.agents, sc.algorithm
+    period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
+    lat, timeout = float(sc.network.latency.value), float(alg.params.get("round_timeout", 1.0))
+    from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
+    d = t = 0.0
+    for r in range(sc.run.rounds):
+        at_d, at_t = from_d.next(0.0 + 1.0 * d), from_t.next(0.0 + 1.0 * t)
+        a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
+        if at_d != at_t or a_d != a_t:
+            return (f"round {r + 1}: agents woken by their last message and by the barrier's timeout would "
+                    f"activate at different float times ({a_d!r} / {a_t!r})")
+        c = a_d + ct
+        d, t = c + ((c - c) + lat), c + timeout
     return None
 
 
@@ -85,29 +113,20 @@ def run(sim) -> None:
     why = unsupported_run(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
-    p, agents, writer = sim.params, sim.agents, sim.writer
+    p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
     svc, bank = sim.gradients, sim.bank
-    latency = float(sim.scenario.network.latency.value)
     limit = sim.scenario.run.rounds
     expect = [len(a.in_neighbors) for a in agents]
-    mid = sim.network.next_id
-    order = [a.id for a in agents]  # the processes start in agent order and wake in it
-    w = float(sim.env.now)  # when the agents of this round called wake
+    mid = net.next_id
+    order = [(a.id, float(sim.env.now)) for a in agents]  # (agent, when it called wake): agent order at first
     k = 0  # the program's round counter
     while True:
-        if agents[order[0]].round >= limit:  # every agent is at the limit together: finish, in order
-            for i in order:
-                a = agents[i]
-                a.finished = True
-                writer.emit(Finish(w, i, a.round))
-                sim.agent_finished()
-            break
         rows: list[tuple] = []
         row = rows.append
         # each agent's params: one copy of the bank (its rows are the snapshots the engine takes one by one)
         params = bank.W.clone().unbind(0)
         tickets = []
-        for i in order:  # wake on the agent's own clock; Activate; the program up to its gradient request
+        for i, w in order:  # wake on the agent's own clock; Activate; the program up to its gradient request
             a = agents[i]
             at = a.schedule.next(a.local_time(w))
             t_act = w + max(0.0, a.global_time(at) - w)
@@ -120,13 +139,17 @@ def run(sim) -> None:
         sim.activations += len(order)
         svc.flush()  # the first completion evaluates every pending request in one batched call
         sends = []
-        for i, t_done, x, _ticket in tickets:  # compute_end, then the broadcast of x_i^k
+        for i, t_done, x, _ticket in tickets:  # compute_end, then the broadcast of x_i^k (a lost one: dropped)
             row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
             size = payload_size(x)
             for j in agents[i].neighbors:
-                delay = t_done - t_done + latency
+                link = net.links.get((i, j)) or net.link(i, j)
+                delay = t_done - t_done + link.latency()
                 row((t_done, "send", i, j, mid, size, delay, k, "model"))
-                sends.append((t_done + delay, i, j, mid, size, t_done))
+                if link.lost is not None and link.lost() < net.p_loss:
+                    row((t_done, "drop", i, j, mid, size, delay, k, "loss"))
+                else:
+                    sends.append((t_done + delay, i, j, mid, size, t_done))
                 mid += 1
         got: list[dict] = [{} for _ in agents]
         done = []
@@ -136,16 +159,31 @@ def run(sim) -> None:
             g[i] = params[i]
             if len(g) == expect[j]:
                 done.append((j, t_arr))
+        complete = {j for j, _ in done}
+        late = []  # the barriers that time out, in the order their timers were set (the gathers' order)
+        for i, t_done, _x, _ticket in tickets:
+            if i not in complete:
+                t_out = t_done + p.round_timeout
+                late.append((i, t_out))
+                row(event_row(Timeout(t_out, i, k, float(expect[i] - len(got[i])))))
+        order = done + late  # who wakes first: the barriers done at the last arrival, then the timed-out ones
+        end = order[-1][1]
+        last = agents[order[0][0]].round >= limit  # every agent is at the limit together
+        if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
+            at = len(rows) - len(late)
+            rows[at:at] = [event_row(Finish(w, i, agents[i].round)) for i, w in done]
+            rows += [event_row(Finish(w, i, agents[i].round)) for i, w in late]
+            for i, _ in order:
+                agents[i].finished = True
+                sim.agent_finished()
         writer.emit_rows(rows)
         lr = p.lr / (1.0 + p.lr_decay * k)
         for i, _, x, ticket in tickets:  # the update of each: order does not matter (the bank batches it)
             agents[i].mix_into_params(x, got[i], step=ticket.result, lr=lr)
-        if len(done) != len(agents):  # cannot happen in a run unsupported_run accepted
-            raise RuntimeError(f"round {k}: {len(agents) - len(done)} barriers did not complete in the window")
+        if last:
+            break
         k += 1
-        order = [j for j, _ in done]
-        w = done[-1][1]
         if sim.progress is not None:
-            sim.progress(w)
-    sim.network.next_id = mid
-    sim.env._now = w  # the engine's clock where its last event happened (the run's end)
+            sim.progress(end)
+    net.next_id = mid
+    sim.env._now = end  # the engine's clock where its last event happened (the run's end)
