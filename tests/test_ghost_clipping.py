@@ -22,13 +22,16 @@ CASES = [("small_cnn", small_cnn, (1, 28, 28), 10), ("mlp", lambda: mlp_module([
 
 
 def setup(make, shape, classes, R=3, B=7, seed=0):
-    torch.manual_seed(seed)  # the module's own init only; the rows below come from the model's init
-    m = TorchModel(make().double(), shape)
-    W = m.init(R, torch.float64, torch.device("cpu"), seed) + 0.05 * torch.randn(R, m.size, dtype=torch.float64)
+    with torch.random.fork_rng():  # nn.Module's own init draws from the global generator: seed it, then restore it
+        torch.manual_seed(seed)
+        module = make().double()
+    m = TorchModel(module, shape)
+    g = torch.Generator().manual_seed(seed)
+    W = m.init(R, torch.float64, torch.device("cpu"), seed) + 0.05 * torch.randn(R, m.size, dtype=torch.float64,
+                                                                                 generator=g)
     d = 1
     for s in shape or (m.module[0].in_features,):
         d *= s
-    g = torch.Generator().manual_seed(seed)
     X = torch.randn(R, B, d, dtype=torch.float64, generator=g)
     y = torch.randint(0, classes, (R, B), generator=g)
     return m, W, X, y
