@@ -95,3 +95,44 @@ def test_windowed_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
                                    str(tmp_path / "cli")])
     assert res.exit_code == 2 and why in res.output and "--engine" in res.output
     assert not (tmp_path / "cli").exists()
+
+
+def gossip(**changes) -> dict:
+    sc = {"name": "gossip", "run": {"seed": 2, "rounds": 12, "until": 1.0e6},
+          "agents": {"count": 30, "compute_time": {"kind": "constant", "value": 0.001},
+                     "activation": {"kind": "periodic", "period": 1.0}},
+          "topology": {"kind": "random_regular", "degree": 4},
+          "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.5}, "loss": 0.1},
+          "data": {"kind": "synthetic", "samples": 600, "features": 7, "partition": "iid"},
+          "model": {"kind": "logistic"},
+          "algorithm": {"name": "push_gossip", "lr": 0.5, "batch": 0},
+          "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]}}
+    for key, value in changes.items():
+        sc[key] = {**sc[key], **value}
+    return sc
+
+
+@pytest.mark.parametrize("changes", [
+    {},  # the gossip-learning benchmark's setting, small
+    {"network": {"latency": {"kind": "constant", "value": 0.2}, "loss": 0.0}, "model": {"dtype": "float64"},
+     "algorithm": {"batch": 4, "lr_decay": 0.3}},
+    {"algorithm": {"lr": 0.0}, "run": {"trace_flush_every": 29}},  # pure gossip averaging, no gradients
+])
+def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, changes):
+    got = both_engines(tmp_path, gossip(**changes))
+    ev, win = got["events"], got["windowed"]
+    assert win["engine"] == "windowed" and ev["summary"]["messages_delivered"] > 0
+    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["summary"] == ev["summary"]
+    assert torch.equal(win["W"], ev["W"])
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"network": {"latency": {"kind": "exponential", "mean": 0.1}}}, "no upper bound"),
+    ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.5}}}, "before the round's gradients"),
+    ({"network": {"latency": {"kind": "uniform", "low": 0.01, "high": 1.0}}}, "after the next activation"),
+])
+def test_windowed_push_gossip_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
+    from netsim.errors import InputError
+
+    with pytest.raises(InputError, match=why):
+        netsim.run(scenario_from_dict(gossip(**changes)), out=tmp_path / "run", engine="windowed")

@@ -32,8 +32,8 @@ from netsim.trace.events import row as event_row
 def unsupported(sc: Scenario) -> str | None:
     """Why this scenario's rounds are not independent windows (None: they are)."""
     ag, net, alg = sc.agents, sc.network, sc.algorithm
-    if alg.name != "dpsgd":
-        return f"algorithm {alg.name!r}: only dpsgd"
+    if alg.name not in RUNNERS:
+        return f"algorithm {alg.name!r}: only {' and '.join(RUNNERS)}"
     if ag.activation.kind != "periodic":
         return f"activation {ag.activation.kind!r}: only periodic (simultaneous activations)"
     same_clocks = all(d.kind == "constant" and d.value == 0.0 for d in (ag.clock_offset, ag.clock_drift))
@@ -43,12 +43,24 @@ def unsupported(sc: Scenario) -> str | None:
         return "compute times differ between agents"
     if ag.offline or ag.churn or ag.availability:
         return "agents go offline"
-    if net.latency.kind != "constant" or net.burst or net.outages or net.links or net.trace:
-        return "links do not have one constant latency and Bernoulli loss (bursts, outages, per-link settings)"
+    if net.burst or net.outages or net.links or net.trace:
+        return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings)"
     if net.bandwidth is not None or net.uplink is not None:
         return "bandwidth-limited links (transmission times) are not modelled here"
-    if ag.compute_time.value + net.latency.value >= float(alg.params.get("round_timeout", 1.0)):
-        return "a round's messages can miss the barrier's timeout"
+    if alg.name == "dpsgd":
+        if net.latency.kind != "constant":
+            return "links do not have one constant latency (D-PSGD's barrier orders agents by arrival)"
+        if ag.compute_time.value + net.latency.value >= float(alg.params.get("round_timeout", 1.0)):
+            return "a round's messages can miss the barrier's timeout"
+    else:  # push gossip: every message of a round must land before the next tick
+        low, top = {"constant": (net.latency.value, net.latency.value),
+                    "uniform": (net.latency.low, net.latency.high)}.get(net.latency.kind, (None, None))
+        if top is None:
+            return f"latency {net.latency.kind!r} has no upper bound: a message could land in a later round"
+        if ag.compute_time.value + top >= ag.activation.period:
+            return "a message can land after the next activation"
+        if low <= ag.compute_time.value:
+            return "a message can land before the round's gradients are back (latency <= compute time)"
     if sc.topology.dynamic is not None:
         return "the topology changes over time"
     return None
@@ -78,9 +90,9 @@ def unsupported_run(sim) -> str | None:
             return f"agent {a.id} has its own activation schedule or listeners"
         if not a.neighbors or not a.in_neighbors:
             return f"agent {a.id} has no out- or in-neighbours"
-    if getattr(sim.program, "__name__", "") != "dpsgd":
-        return "the algorithm's program is not D-PSGD's"
-    if sc.network.loss:
+    if getattr(sim.program, "__name__", "") != sc.algorithm.name:
+        return f"the algorithm's program is not {sc.algorithm.name}'s"
+    if sc.network.loss and sc.algorithm.name == "dpsgd":
         return _round_times(sc)
     return None
 
@@ -113,6 +125,11 @@ def run(sim) -> None:
     why = unsupported_run(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
+    RUNNERS[sim.scenario.algorithm.name](sim)
+
+
+def _dpsgd(sim) -> None:
+    """D-PSGD (``algorithms/dpsgd.py``), round by round."""
     p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
     svc, bank = sim.gradients, sim.bank
     limit = sim.scenario.run.rounds
@@ -187,3 +204,102 @@ def run(sim) -> None:
             sim.progress(end)
     net.next_id = mid
     sim.env._now = end  # the engine's clock where its last event happened (the run's end)
+
+
+def _push_gossip(sim) -> None:
+    """Gossip learning (``algorithms/push_gossip.py``), round by round. Within a tick: each agent in wake order
+    is activated, merges what arrived since its last activation (in arrival order) and, if anything arrived,
+    asks for its gradient, else pushes its model at once and waits for the next tick; the gradients come
+    back after the compute time, in the same order, and those agents update and push; every push lands
+    before the next tick (``unsupported`` checks the latency's bound), in the order of (arrival time, send)."""
+    p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
+    svc = sim.gradients
+    limit = sim.scenario.run.rounds
+    mid = net.next_id
+    rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
+    picks: list[list[int]] = [[] for _ in agents]
+    updates = [0] * len(agents)
+    inbox: list[list] = [[] for _ in agents]  # (sender, payload) in arrival order, since the last activation
+    order = [(a.id, float(sim.env.now)) for a in agents]
+    end = order[-1][1]
+
+    def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
+        nonlocal mid
+        nb = a.neighbors
+        if not picks[i]:
+            picks[i] = rngs[i].integers(len(nb), size=256).tolist()[::-1]
+        j = nb[picks[i].pop()]
+        link = net.links.get((i, j)) or net.link(i, j)
+        size = payload_size(x)
+        delay = now - now + link.latency()
+        rows.append((now, "send", i, j, mid, size, delay, a.round, "gossip"))
+        if link.lost is not None and link.lost() < net.p_loss:
+            rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+        else:
+            arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
+        mid += 1
+
+    while True:
+        rows: list[tuple] = []
+        arrivals: list = []
+        woke: list = []  # (agent, when it calls wake): in the engine's order
+        acts = []
+        for seq, (i, w) in enumerate(order):
+            a = agents[i]
+            at = a.schedule.next(a.local_time(w))
+            acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
+            a.round += 1
+        acts.sort()  # simpy: by time, then by the order the activations were set
+        sim.activations += len(acts)
+        pending = []
+        for t_act, _, i, at in acts:
+            a = agents[i]
+            rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+            got, inbox[i] = inbox[i], []
+            x = a.params
+            if got:
+                for payload in got:  # merge then update: (x + x_j) / 2 for each arrival in turn
+                    x.add_(payload).mul_(0.5)
+                if p.lr > 0:
+                    ct = a._compute() * a.compute_scale
+                    rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                    pending.append((t_act + ct, i, x, svc.submit(i, x, a.sample_rows(p.batch))))
+                    continue
+                a.params = x
+            push(i, x, t_act, rows, arrivals, a)
+            woke.append((i, t_act))
+            if a.round >= limit:
+                a.finished = True
+                rows.append(event_row(Finish(t_act, i, a.round)))
+                sim.agent_finished()
+        if pending:
+            svc.flush()
+        for t_done, i, x, ticket in sorted(pending, key=lambda e: e[0]):  # stable: ties in request order
+            a = agents[i]
+            rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+            x.sub_(ticket.result, alpha=p.lr / (1.0 + p.lr_decay * updates[i]))
+            updates[i] += 1
+            a.params = x
+            push(i, x, t_done, rows, arrivals, a)
+            woke.append((i, t_done))
+            if a.round >= limit:
+                a.finished = True
+                rows.append(event_row(Finish(t_done, i, a.round)))
+                sim.agent_finished()
+        end = max(t for _, t in woke)
+        if agents[woke[0][0]].round >= limit:  # the run stops at the last finish: nothing after it happens
+            writer.emit_rows(rows)
+            break
+        arrivals.sort(key=lambda e: (e[0], e[1]))  # by time, ties in send order
+        for t_arr, m, i, j, size, sent, rnd, x in arrivals:
+            rows.append((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, "gossip"))
+            inbox[j].append(x)
+        writer.emit_rows(rows)
+        order = woke
+        if sim.progress is not None:
+            sim.progress(end)
+    net.next_id = mid
+    sim.env._now = end
+
+
+RUNNERS = {"dpsgd": _dpsgd, "push_gossip": _push_gossip}
