@@ -12,8 +12,12 @@ under that interpreter, which must have gossipy-dfl installed) right after netsi
 speed-up is gossipy's simulation time over netsim's, both measured in this run. Without it no speed-up is
 printed (timings from another run or machine are not comparable).
 
+``--engine windowed`` runs netsim's side with ``netsim run --engine windowed`` (the rounds played as batched
+windows; the trace is the events engine's, byte for byte: tests/test_windowed.py); ``--engine both`` prints a
+line for each.
+
     NETSIM_DATA=../shared/data python benchmarks/bench_gossip_learning.py [--nodes 100 1000] [--no-trace]
-        [--peer-python PATH]
+        [--peer-python PATH] [--engine events|windowed|both]
 """
 
 from __future__ import annotations
@@ -64,28 +68,32 @@ def main() -> None:
     ap.add_argument("--no-trace", action="store_true", help="count events without writing the trace")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
     ap.add_argument("--peer-python", help="a Python with gossipy-dfl installed: run the peer's job too")
+    ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    print(f"{'nodes':>6} {'sim wall s':>10} {'total s':>8} {'CPU s':>6} {'events':>9} {'events/s':>9} "
+    engines = ["events", "windowed"] if args.engine == "both" else [args.engine]
+    print(f"{'nodes':>6} {'engine':>8} {'sim wall s':>10} {'total s':>8} {'CPU s':>6} {'events':>9} {'events/s':>9} "
           f"{'mean node acc':>13} {'avg-model acc':>13} {'peer sim s':>10} {'peer acc':>8} {'speed-up':>8}")
     for n in args.nodes:
-        with tempfile.TemporaryDirectory() as tmp:
-            t0, c0 = time.perf_counter(), time.process_time()
-            r = netsim.run(scenario_from_dict(scenario(n, args.seed, not args.no_trace)), out=tmp)
-            total, cpu = time.perf_counter() - t0, time.process_time() - c0
-        s = r.summary
+        runs = []
+        for engine in engines:
+            with tempfile.TemporaryDirectory() as tmp:
+                t0, c0 = time.perf_counter(), time.process_time()
+                r = netsim.run(scenario_from_dict(scenario(n, args.seed, not args.no_trace)), out=tmp, engine=engine)
+                runs.append((engine, r.summary, time.perf_counter() - t0, time.process_time() - c0))
         peer = peer_run(args.peer_python, n, args.seed) if args.peer_python else None
-        line = (f"{n:>6} {s['wall_time']:>10.2f} {total:>8.2f} {cpu:>6.2f} {s['events']:>9,} "
-                f"{s['events_per_s']:>9,.0f} {s['agent_accuracy_mean']:>13.4f} {s['accuracy']:>13.4f} ")
-        if peer is None:
-            line += f"{'-':>10} {'-':>8} {'-':>8}  (no --peer-python: peer not run)"
-        else:
-            line += (f"{peer['sim_s']:>10.2f} {peer['accuracy']:>8.4f} {peer['sim_s'] / s['wall_time']:>7.1f}x "
-                     f"(CPU {peer['cpu_s'] / cpu:.1f}x, netsim's whole call {peer['sim_s'] / total:.1f}x)")
-        print(line, flush=True)
+        for engine, s, total, cpu in runs:
+            line = (f"{n:>6} {engine:>8} {s['wall_time']:>10.2f} {total:>8.2f} {cpu:>6.2f} {s['events']:>9,} "
+                    f"{s['events_per_s']:>9,.0f} {s['agent_accuracy_mean']:>13.4f} {s['accuracy']:>13.4f} ")
+            if peer is None:
+                line += f"{'-':>10} {'-':>8} {'-':>8}  (no --peer-python: peer not run)"
+            else:
+                line += (f"{peer['sim_s']:>10.2f} {peer['accuracy']:>8.4f} {peer['sim_s'] / s['wall_time']:>7.1f}x "
+                         f"(CPU {peer['cpu_s'] / cpu:.1f}x, netsim's whole call {peer['sim_s'] / total:.1f}x)")
+            print(line, flush=True)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

@@ -22,6 +22,8 @@ engine's (tests/test_windowed.py compares them). ``unsupported`` names what keep
 
 from __future__ import annotations
 
+import torch
+
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
@@ -211,17 +213,18 @@ def _push_gossip(sim) -> None:
     is activated, merges what arrived since its last activation (in arrival order) and, if anything arrived,
     asks for its gradient, else pushes its model at once and waits for the next tick; the gradients come
     back after the compute time, in the same order, and those agents update and push; every push lands
-    before the next tick (``unsupported`` checks the latency's bound), in the order of (arrival time, send)."""
+    before the next tick (``unsupported`` checks the latency's bounds), in the order of (arrival time, send).
+    The tensor work is batched over the round's agents with the program's own operations, element by
+    element the same: merges ``(x + x_j) * 0.5`` slot by slot, updates ``x.sub_(g, alpha)`` per step size."""
     p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
-    svc = sim.gradients
+    svc, bank = sim.gradients, sim.bank
     limit = sim.scenario.run.rounds
     mid = net.next_id
     rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
     picks: list[list[int]] = [[] for _ in agents]
     updates = [0] * len(agents)
-    inbox: list[list] = [[] for _ in agents]  # (sender, payload) in arrival order, since the last activation
+    inbox: list[list] = [[] for _ in agents]  # payloads in arrival order since the last activation
     order = [(a.id, float(sim.env.now)) for a in agents]
-    end = order[-1][1]
 
     def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
         nonlocal mid
@@ -239,10 +242,17 @@ def _push_gossip(sim) -> None:
             arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
         mid += 1
 
+    def finish(i: int, t: float, rows: list) -> None:
+        agents[i].finished = True
+        rows.append(event_row(Finish(t, i, agents[i].round)))
+        sim.agent_finished()
+
     while True:
         rows: list[tuple] = []
         arrivals: list = []
         woke: list = []  # (agent, when it calls wake): in the engine's order
+        X = bank.W.clone()  # this round's x of every agent (each program's ``agent.params``)
+        xs = X.unbind(0)
         acts = []
         for seq, (i, w) in enumerate(order):
             a = agents[i]
@@ -251,41 +261,45 @@ def _push_gossip(sim) -> None:
             a.round += 1
         acts.sort()  # simpy: by time, then by the order the activations were set
         sim.activations += len(acts)
-        pending = []
+        pending, merged = [], []
         for t_act, _, i, at in acts:
             a = agents[i]
             rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
             got, inbox[i] = inbox[i], []
-            x = a.params
             if got:
-                for payload in got:  # merge then update: (x + x_j) / 2 for each arrival in turn
-                    x.add_(payload).mul_(0.5)
+                merged.append((i, got))  # merged below, before anything reads x (the gradient, a receiver)
                 if p.lr > 0:
                     ct = a._compute() * a.compute_scale
                     rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
-                    pending.append((t_act + ct, i, x, svc.submit(i, x, a.sample_rows(p.batch))))
+                    pending.append((t_act + ct, i, svc.submit(i, xs[i], a.sample_rows(p.batch))))
                     continue
-                a.params = x
-            push(i, x, t_act, rows, arrivals, a)
+            push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
             woke.append((i, t_act))
             if a.round >= limit:
-                a.finished = True
-                rows.append(event_row(Finish(t_act, i, a.round)))
-                sim.agent_finished()
+                finish(i, t_act, rows)
+        for s in range(max((len(g) for _, g in merged), default=0)):  # x.add_(x_j).mul_(0.5), slot by slot
+            ks = [(i, g[s]) for i, g in merged if len(g) > s]
+            idx = torch.tensor([i for i, _ in ks])
+            X.index_copy_(0, idx, X.index_select(0, idx).add_(torch.stack([m for _, m in ks])).mul_(0.5))
         if pending:
             svc.flush()
-        for t_done, i, x, ticket in sorted(pending, key=lambda e: e[0]):  # stable: ties in request order
+            steps: dict[float, list] = {}
+            for _, i, ticket in pending:
+                steps.setdefault(p.lr / (1.0 + p.lr_decay * updates[i]), []).append((i, ticket.result))
+                updates[i] += 1
+            for alpha, ks in steps.items():  # x.sub_(g, alpha=gamma_k)
+                idx = torch.tensor([i for i, _ in ks])
+                X.index_copy_(0, idx, X.index_select(0, idx).sub_(torch.stack([g for _, g in ks]), alpha=alpha))
+        if merged:  # agent.params = x, for every agent that merged
+            idx = torch.tensor([i for i, _ in merged])
+            bank.W.index_copy_(0, idx, X.index_select(0, idx))
+        for t_done, i, _ticket in sorted(pending, key=lambda e: e[0]):  # stable: ties in request order
             a = agents[i]
             rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-            x.sub_(ticket.result, alpha=p.lr / (1.0 + p.lr_decay * updates[i]))
-            updates[i] += 1
-            a.params = x
-            push(i, x, t_done, rows, arrivals, a)
+            push(i, xs[i], t_done, rows, arrivals, a)
             woke.append((i, t_done))
             if a.round >= limit:
-                a.finished = True
-                rows.append(event_row(Finish(t_done, i, a.round)))
-                sim.agent_finished()
+                finish(i, t_done, rows)
         end = max(t for _, t in woke)
         if agents[woke[0][0]].round >= limit:  # the run stops at the last finish: nothing after it happens
             writer.emit_rows(rows)
