@@ -1,4 +1,4 @@
-"""Window-synchronous execution: D-PSGD rounds run as a few batched steps, with the engine's exact trace.
+"""Window-synchronous execution: rounds run as a few batched steps, with the engine's exact trace.
 
 The engine (kernel.py) runs every message as its own event: exact, and ~6 µs of Python per event. When no
 agent's activation can affect another's inside a window of simulated time, the window's outcome is known
@@ -7,7 +7,10 @@ Algorithms Outperform Centralized Algorithms?", Algorithm 1) when every round is
 agent wakes at the same tick (periodic activation, identical clocks), computes for the same constant time,
 and links of one constant latency deliver every message that is not lost (Bernoulli loss) before the round's
 barrier times out. A lost message leaves its receiver's barrier to time out: those agents wake after the
-others, at the timeout, and with a periodic clock every agent still activates at the same next tick.
+others, at the timeout, and with a periodic clock every agent still activates at the same next tick. It
+does it too for gossip learning (Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully
+distributed data", Algorithm 1 with merge-then-update: ``algorithms/push_gossip.py``) when every push of a
+round lands after the round's gradients and before the next tick (``_push_gossip``).
 
 ``run(sim)`` (``netsim run --engine windowed``) then plays the run round by round, emitting exactly the
 rows the engine would, in its order: simpy orders simultaneous events by insertion, so round k's agents
