@@ -138,3 +138,28 @@ def test_windowed_push_gossip_refuses_what_it_cannot_run_exactly(tmp_path, chang
 
     with pytest.raises(InputError, match=why):
         netsim.run(scenario_from_dict(gossip(**changes)), out=tmp_path / "run", engine="windowed")
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "dp_dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "clip": 1.0, "noise_multiplier": 1.0},
+    {"name": "dp_dpsgd", "lr": 0.3, "batch": 8, "round_timeout": 0.05, "clip": 0.5, "sigma": 0.2,
+     "clip_mode": "batch", "lr_decay": 0.1},
+])
+def test_windowed_dp_dpsgd_writes_the_engines_trace_and_releases(tmp_path, algorithm):
+    sc = exact(network={"loss": 0.15})
+    sc["algorithm"] = algorithm
+    sc["privacy"] = {"delta": 1e-5}
+    summary = identical(both_engines(tmp_path, sc))
+    assert summary["privacy_releases"] == 14 * 9 and summary["round_timeouts"] > 0
+    assert summary["privacy_epsilon_max"] > 0
+
+
+def test_windowed_dp_dpsgd_refuses_a_budget_cap(tmp_path):
+    from netsim.errors import InputError
+
+    sc = exact()
+    sc["algorithm"] = {"name": "dp_dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "clip": 1.0,
+                       "noise_multiplier": 1.0}
+    sc["privacy"] = {"delta": 1e-5, "epsilon_cap": 5.0}
+    with pytest.raises(InputError, match="epsilon_cap"):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")

@@ -10,7 +10,10 @@ barrier times out. A lost message leaves its receiver's barrier to time out: tho
 others, at the timeout, and with a periodic clock every agent still activates at the same next tick. It
 does it too for gossip learning (Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully
 distributed data", Algorithm 1 with merge-then-update: ``algorithms/push_gossip.py``) when every push of a
-round lands after the round's gradients and before the next tick (``_push_gossip``).
+round lands after the round's gradients and before the next tick (``_push_gossip``), and for DP-D-PSGD
+(Abadi et al.'s clipping and Gaussian noise in D-PSGD: ``algorithms/dp_dpsgd.py``) as for D-PSGD, each
+agent's release drawn from its own noise generator and traced where the engine traces it (no budget cap: an
+agent out of budget would leave the round's order).
 
 ``run(sim)`` (``netsim run --engine windowed``) then plays the run round by round, emitting exactly the
 rows the engine would, in its order: simpy orders simultaneous events by insertion, so round k's agents
@@ -52,7 +55,9 @@ def unsupported(sc: Scenario) -> str | None:
         return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings)"
     if net.bandwidth is not None or net.uplink is not None:
         return "bandwidth-limited links (transmission times) are not modelled here"
-    if alg.name == "dpsgd":
+    if alg.name in ("dpsgd", "dp_dpsgd"):
+        if alg.name == "dp_dpsgd" and getattr(sc, "privacy", None) is not None and sc.privacy.epsilon_cap is not None:
+            return "privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order"
         if net.latency.kind != "constant":
             return "links do not have one constant latency (D-PSGD's barrier orders agents by arrival)"
         if ag.compute_time.value + net.latency.value >= float(alg.params.get("round_timeout", 1.0)):
@@ -97,7 +102,7 @@ def unsupported_run(sim) -> str | None:
             return f"agent {a.id} has no out- or in-neighbours"
     if getattr(sim.program, "__name__", "") != sc.algorithm.name:
         return f"the algorithm's program is not {sc.algorithm.name}'s"
-    if sc.network.loss and sc.algorithm.name == "dpsgd":
+    if sc.network.loss and sc.algorithm.name in ("dpsgd", "dp_dpsgd"):
         return _round_times(sc)
     return None
 
@@ -134,8 +139,16 @@ def run(sim) -> None:
 
 
 def _dpsgd(sim) -> None:
-    """D-PSGD (``algorithms/dpsgd.py``), round by round."""
+    """D-PSGD (``algorithms/dpsgd.py``) and DP-D-PSGD (``algorithms/dp_dpsgd.py``: the gradient clipped, per
+    example or as a whole, then noised through ``Agent.privatize``, which traces the release), round by round."""
     p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
+    private = sim.scenario.algorithm.name == "dp_dpsgd"
+    if private:
+        from netsim.algorithms.dp_dpsgd import noise_std, sensitivity
+        from netsim.privacy.mechanisms import clip
+
+        per_example = p.clip_mode == "per_example"
+        sigmas: dict[int, tuple[float, float]] = {}  # agent: (sensitivity, sigma), set at its first release
     svc, bank = sim.gradients, sim.bank
     limit = sim.scenario.run.rounds
     expect = [len(a.in_neighbors) for a in agents]
@@ -157,12 +170,29 @@ def _dpsgd(sim) -> None:
             ct = a._compute() * a.compute_scale
             row((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
             x = params[i]
-            tickets.append((i, t_act + ct, x, svc.submit(i, x, a.sample_rows(p.batch))))
+            rows_i = a.sample_rows(p.batch)
+            ticket = svc.submit(i, x, rows_i, p.clip, p.clip_kind) if private and per_example else \
+                svc.submit(i, x, rows_i)
+            tickets.append((i, t_act + ct, x, ticket))
         sim.activations += len(order)
         svc.flush()  # the first completion evaluates every pending request in one batched call
         sends = []
-        for i, t_done, x, _ticket in tickets:  # compute_end, then the broadcast of x_i^k (a lost one: dropped)
+        steps = {}
+        for i, t_done, x, ticket in tickets:  # compute_end, then the broadcast of x_i^k (a lost one: dropped)
             row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+            g = ticket.result
+            if private:  # clip (as a whole), noise: the release is traced now, after the rows so far
+                if not per_example:
+                    g = clip(g, p.clip, p.clip_kind)
+                if i not in sigmas:
+                    sigmas[i] = (sensitivity(p, g.numel()), noise_std(agents[i], p, g.numel()))
+                writer.emit_rows(rows)
+                rows.clear()
+                sim.env._now = t_done
+                sens, sigma = sigmas[i]
+                g = agents[i].privatize(g, sigma=sigma, sensitivity=sens,
+                                        q=min(1.0, p.batch / len(agents[i].rows)), what="gradient")
+            steps[i] = g
             size = payload_size(x)
             for j in agents[i].neighbors:
                 link = net.links.get((i, j)) or net.link(i, j)
@@ -200,8 +230,8 @@ def _dpsgd(sim) -> None:
                 sim.agent_finished()
         writer.emit_rows(rows)
         lr = p.lr / (1.0 + p.lr_decay * k)
-        for i, _, x, ticket in tickets:  # the update of each: order does not matter (the bank batches it)
-            agents[i].mix_into_params(x, got[i], step=ticket.result, lr=lr)
+        for i, _, x, _ticket in tickets:  # the update of each: order does not matter (the bank batches it)
+            agents[i].mix_into_params(x, got[i], step=steps[i], lr=lr)
         if last:
             break
         k += 1
@@ -319,4 +349,4 @@ def _push_gossip(sim) -> None:
     sim.env._now = end
 
 
-RUNNERS = {"dpsgd": _dpsgd, "push_gossip": _push_gossip}
+RUNNERS = {"dpsgd": _dpsgd, "dp_dpsgd": _dpsgd, "push_gossip": _push_gossip}
