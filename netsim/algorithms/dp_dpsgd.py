@@ -139,8 +139,7 @@ def dp_dpsgd(agent, p: DPDPSGDParams):
                 g = yield agent.gradient(batch=p.batch, params=x)
                 g = clip(g, p.clip, p.clip_kind)
             if sigma is None:
-                sens = sensitivity(p, g.numel())
-                sigma = noise_std(agent, p, g.numel())
+                sens, sigma = release_scale(agent, p, g.numel())
             step = agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what="gradient")
             spent = step is None
         yield agent.broadcast(x, tag="model", round=k)              # x_i^k (post-processing)
@@ -150,4 +149,11 @@ def dp_dpsgd(agent, p: DPDPSGDParams):
         k += 1
 
 
+def release_scale(agent, p: DPDPSGDParams, dim: int) -> tuple[float, float]:
+    """(sensitivity, noise std) of agent's releases of a dim-sized gradient: what the program computes at its
+    first release (the windowed runner, sim/windowed.py, asks for it the same way)."""
+    return sensitivity(p, dim), noise_std(agent, p, dim)
+
+
 dp_dpsgd.check = check
+dp_dpsgd.release_scale = release_scale

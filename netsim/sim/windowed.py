@@ -144,8 +144,9 @@ def _dpsgd(sim) -> None:
     p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
     private = sim.scenario.algorithm.name == "dp_dpsgd"
     if private:
-        from netsim.algorithms.dp_dpsgd import noise_std, sensitivity
         from netsim.privacy.mechanisms import clip
+
+        release_scale = sim.program.release_scale  # (sensitivity, sigma) as the program computes them
 
         per_example = p.clip_mode == "per_example"
         sigmas: dict[int, tuple[float, float]] = {}  # agent: (sensitivity, sigma), set at its first release
@@ -185,7 +186,7 @@ def _dpsgd(sim) -> None:
                 if not per_example:
                     g = clip(g, p.clip, p.clip_kind)
                 if i not in sigmas:
-                    sigmas[i] = (sensitivity(p, g.numel()), noise_std(agents[i], p, g.numel()))
+                    sigmas[i] = release_scale(agents[i], p, g.numel())
                 writer.emit_rows(rows)
                 rows.clear()
                 sim.env._now = t_done
