@@ -39,3 +39,14 @@ class RunCrashed(Exception):
         return (f"{self.folder}: the run crashed at t = {e['t']:.6g} s{who}: {e['type']}"
                 f"{': ' + msg if msg else ''} (at {e['where']}); its partial trace and summary.partial.json "
                 "(with the traceback) are kept there")
+
+
+def claim(table: dict, what: str, name: str, value) -> None:
+    """The registries' one rule (schedules, link models, accountants): ``table[name] = value`` for an
+    identifier; the same value again is a no-op, another under a taken name raises ValueError."""
+    if not name.isidentifier():
+        raise ValueError(f"{what} name must be an identifier, got {name!r}")
+    have = table.get(name)
+    if have is not None and have is not value:
+        raise ValueError(f"{what} {name!r} is already registered ({getattr(have, '__qualname__', have)})")
+    table[name] = value

@@ -22,10 +22,7 @@ CASES = [("small_cnn", small_cnn, (1, 28, 28), 10), ("mlp", lambda: mlp_module([
 
 
 def setup(make, shape, classes, R=3, B=7, seed=0):
-    with torch.random.fork_rng():  # nn.Module's own init draws from the global generator: seed it, then restore it
-        torch.manual_seed(seed)
-        module = make().double()
-    m = TorchModel(module, shape)
+    m = TorchModel(make().double(), shape)  # its rows come from TorchModel.init (seeded), not the module's own
     g = torch.Generator().manual_seed(seed)
     W = m.init(R, torch.float64, torch.device("cpu"), seed) + 0.05 * torch.randn(R, m.size, dtype=torch.float64,
                                                                                  generator=g)

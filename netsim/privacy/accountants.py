@@ -33,6 +33,7 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
+from netsim.errors import claim
 from netsim.privacy.log import ReleaseLog
 from netsim.privacy.mechanisms import PrivacyError
 from netsim.trace.events import Release
@@ -60,12 +61,7 @@ def register_accountant(name: str, factory: Callable[[], dp_accounting.PrivacyAc
     --accountant name``, calibration): ``factory()`` returns a fresh dp-accounting ``PrivacyAccountant``
     (its ``compose(event, count)`` and ``get_epsilon(delta)`` are all netsim calls; events it does not
     support make the epsilon None). The same factory again is a no-op; another under a taken name raises."""
-    if not name.isidentifier():
-        raise ValueError(f"accountant name must be an identifier, got {name!r}")
-    have = ACCOUNTANTS.get(name)
-    if have is not None and have is not factory:
-        raise ValueError(f"accountant {name!r} is already registered ({getattr(have, '__qualname__', have)})")
-    ACCOUNTANTS[name] = factory
+    claim(ACCOUNTANTS, "accountant", name, factory)
     ACCOUNTANT_DOCS[name] = doc
 
 

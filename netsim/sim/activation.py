@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from netsim.errors import claim
+
 
 class Schedule:
     """The protocol: ``next``, ``defer``, ``tick``, ``advance_tick``. Two optional parts, for schedules that
@@ -110,12 +112,7 @@ def register_schedule(name: str, factory: Callable[..., Schedule]) -> None:
     returns one agent's schedule from the ``agents.activation`` table (``period``, ``rate``, ``p``), the
     agent's ``activation`` stream and its local clock at t = 0. The same factory again is a no-op; another
     under a taken name raises."""
-    if not name.isidentifier():
-        raise ValueError(f"schedule name must be an identifier, got {name!r}")
-    have = SCHEDULES.get(name)
-    if have is not None and have is not factory:
-        raise ValueError(f"schedule {name!r} is already registered ({getattr(have, '__qualname__', have)})")
-    SCHEDULES[name] = factory
+    claim(SCHEDULES, "schedule", name, factory)
 
 
 def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: float) -> Schedule:

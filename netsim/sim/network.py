@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 import simpy
 
-from netsim.errors import InputError
+from netsim.errors import InputError, claim
 from netsim.scenario.schema import NetworkSpec
 from netsim.sim.dists import draws
 from netsim.sim.streams import Draws, Streams
@@ -114,12 +114,7 @@ def register_link_model(name: str, factory: Callable[[Network], LinkModel]) -> N
     """Make a link model selectable as ``network.model = "name"``: ``factory(network)`` returns the run's
     model (it may wrap ``network.lean()``, the built-in one). The same factory again is a no-op; another
     under a taken name raises."""
-    if not name.isidentifier():
-        raise ValueError(f"link model name must be an identifier, got {name!r}")
-    have = LINK_MODELS.get(name)
-    if have is not None and have is not factory:
-        raise ValueError(f"link model {name!r} is already registered ({getattr(have, '__qualname__', have)})")
-    LINK_MODELS[name] = factory
+    claim(LINK_MODELS, "link model", name, factory)
 
 
 def link_model(name: str) -> Callable[[Network], LinkModel]:

@@ -138,6 +138,21 @@ def run(sim) -> None:
     RUNNERS[sim.scenario.algorithm.name](sim)
 
 
+def _wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
+    """Each agent of ``order`` ((agent, when it called wake), in call order) woken as ``Agent.wake`` does (its
+    round counted): (activation time, call order, agent, local tick time), sorted as simpy fires them: by
+    time, then by the order the activations were set."""
+    acts = []
+    for seq, (i, w) in enumerate(order):
+        a = sim.agents[i]
+        at = a.schedule.next(a.local_time(w))
+        acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
+        a.round += 1
+    sim.activations += len(acts)
+    acts.sort()
+    return acts
+
+
 def _dpsgd(sim) -> None:
     """D-PSGD (``algorithms/dpsgd.py``) and DP-D-PSGD (``algorithms/dp_dpsgd.py``: the gradient clipped, per
     example or as a whole, then noised through ``Agent.privatize``, which traces the release), round by round."""
@@ -162,11 +177,8 @@ def _dpsgd(sim) -> None:
         # each agent's params: one copy of the bank (its rows are the snapshots the engine takes one by one)
         params = bank.W.clone().unbind(0)
         tickets = []
-        for i, w in order:  # wake on the agent's own clock; Activate; the program up to its gradient request
+        for t_act, _, i, at in _wake(sim, order):  # Activate; the program up to its gradient request
             a = agents[i]
-            at = a.schedule.next(a.local_time(w))
-            t_act = w + max(0.0, a.global_time(at) - w)
-            a.round += 1
             row((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
             ct = a._compute() * a.compute_scale
             row((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
@@ -175,7 +187,6 @@ def _dpsgd(sim) -> None:
             ticket = svc.submit(i, x, rows_i, p.clip, p.clip_kind) if private and per_example else \
                 svc.submit(i, x, rows_i)
             tickets.append((i, t_act + ct, x, ticket))
-        sim.activations += len(order)
         svc.flush()  # the first completion evaluates every pending request in one batched call
         sends = []
         steps = {}
@@ -287,16 +298,8 @@ def _push_gossip(sim) -> None:
         woke: list = []  # (agent, when it calls wake): in the engine's order
         X = bank.W.clone()  # this round's x of every agent (each program's ``agent.params``)
         xs = X.unbind(0)
-        acts = []
-        for seq, (i, w) in enumerate(order):
-            a = agents[i]
-            at = a.schedule.next(a.local_time(w))
-            acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
-            a.round += 1
-        acts.sort()  # simpy: by time, then by the order the activations were set
-        sim.activations += len(acts)
         pending, merged = [], []
-        for t_act, _, i, at in acts:
+        for t_act, _, i, at in _wake(sim, order):
             a = agents[i]
             rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
             got, inbox[i] = inbox[i], []
