@@ -174,3 +174,13 @@ def test_release_log_costs_a_few_bytes_per_release():
         tracemalloc.stop()
     assert per < 16, per  # time (8) + round (4), amortised array growth; a record was ~400
     assert log.nbytes() <= 12 * len(log) + 64 and len(log.specs) == 1
+
+
+def test_cached_release_tags_keep_each_numbers_own_repr():
+    """The tag cache must not hand back 1's tag for 1.0 (equal keys, different reprs in the trace)."""
+    from netsim.trace.events import release_tag
+
+    for q in (1, 1.0, 0.5, True):
+        r = Release(0.0, 0, -1, 0, 3, "gaussian", "gradient", 2.0, 1.0, q, 1.0, 0)
+        assert r.tag == f"gaussian gradient s=1.0 q={q!r} p=1.0 k=0" == release_tag("gaussian", "gradient", 1.0, q,
+                                                                                      1.0, 0)

@@ -18,6 +18,17 @@ def gaussian_noise(shape, sigma: float, generator: torch.Generator,
     return torch.randn(shape, generator=generator, dtype=dtype, device=generator.device).mul_(sigma)
 
 
+def gaussian_noise_rows(shape, sigmas: list[float], generators: list[torch.Generator],
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row k is ``gaussian_noise(shape, sigmas[k], generators[k], dtype)``, bit for bit: each row drawn from its
+    own generator, then all scaled in one operation (many agents' releases noised as one batch)."""
+    device = generators[0].device
+    z = torch.empty((len(generators), *torch.Size(shape)), dtype=dtype, device=device)
+    for row, gen in zip(z, generators, strict=True):
+        torch.randn(row.shape, generator=gen, dtype=dtype, device=device, out=row)
+    return z.mul_(torch.tensor(sigmas, dtype=dtype, device=device).view(-1, *([1] * len(z.shape[1:]))))
+
+
 def laplace_noise(shape, scale: float, generator: torch.Generator,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Laplace(0, scale) i.i.d. (density exp(-|x|/scale) / (2 scale)): the difference of two

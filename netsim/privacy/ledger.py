@@ -18,7 +18,7 @@ import torch
 
 from netsim.privacy.log import ReleaseLog
 from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
-from netsim.trace.events import BudgetExhausted, Release
+from netsim.trace.events import BudgetExhausted, Release, release_tag
 
 if TYPE_CHECKING:
     from netsim.sim.agent import Agent
@@ -48,6 +48,7 @@ class AgentLedger:
         self.exhausted = False
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
+        self._checked: set[tuple] = set()  # (mechanism, sigma, sensitivity, q) already checked
         act = agent.activation
         self.p = agent.activation_probability
         self._last_tick = math.floor(agent.local_time(0.0) / act.period) if act.kind != "poisson" else 0
@@ -70,34 +71,51 @@ class AgentLedger:
 
     def release(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",
                 q: float = 1.0, what: str = "gradient", to: int = -1) -> torch.Tensor | None:
-        check_release_args(mechanism, sigma, sensitivity, q, self.p)
-        if self.exhausted:
+        if not self.record(int(x.numel()), sigma, sensitivity, mechanism, q, what, to):
             return None
+        if sigma == 0:
+            return x.clone()
+        return self.noise.add(mechanism, x, sigma)
+
+    def record(self, size: int, sigma: float, sensitivity: float, mechanism: str = "gaussian", q: float = 1.0,
+               what: str = "gradient", to: int = -1) -> bool:
+        """``release`` without the noise: check, account and trace one release of ``size`` coordinates, and
+        say whether it may happen (False once the cap would be exceeded). The caller then adds the noise
+        from ``self.noise`` itself, in this agent's release order; a runner that noises many agents'
+        releases in one batch uses this (each agent's generator is its own, so the batch draws the same
+        noise as one release at a time)."""
+        key = (mechanism, sigma, sensitivity, q)
+        if key not in self._checked:  # the arguments of a run's releases rarely vary: check each once
+            check_release_args(mechanism, sigma, sensitivity, q, self.p)
+            self._checked.add(key)
+        if self.exhausted:
+            return False
         a = self.agent
         if a.data_decided_this_activation and not what.endswith(TRIGGERED):
             what += TRIGGERED  # a trigger decided in this activation whether this release happens
-        r = Release(float(a.env.now), a.id, int(to), a.round, int(x.numel()), mechanism, what, float(sigma),
-                    float(sensitivity), float(q), self.p, self._skipped())
+        t, to, sigma, sensitivity, q, skipped = float(a.env.now), int(to), float(sigma), float(sensitivity), \
+            float(q), self._skipped()
         if self.cap is not None:  # the running RDP curve is only needed to enforce a cap
             # imported here: dp-accounting is a heavy import a run without caps need not pay mid-run
             from netsim.privacy.accountants import RunningRdp, release_events
 
             if self.rdp is None:
                 self.rdp = RunningRdp()
+            r = Release(t, a.id, to, a.round, size, mechanism, what, sigma, sensitivity, q, self.p, skipped)
             ev, n = release_events(r, self.mode)
             extra = RunningRdp.vector(ev, n)
             after = self.rdp.epsilon(self.delta, extra)
             if not after <= self.cap:
                 self.exhausted = True
-                a.emit(BudgetExhausted(r.t, a.id, a.round, self.spent, f"cap={self.cap!r} rdp"))
-                return None
+                a.emit(BudgetExhausted(t, a.id, a.round, self.spent, f"cap={self.cap!r} rdp"))
+                return False
             self.rdp.rdp = self.rdp.rdp + extra
             self.spent = after
-        self.releases.append(r)
-        a.emit(r)
-        if sigma == 0:
-            return x.clone()
-        return self.noise.add(mechanism, x, sigma)
+        # the Release record's row and log entry, made without the record (a run makes millions)
+        self.releases.append_fields(t, a.round, to, skipped, (size, mechanism, what, sigma, sensitivity, q, self.p))
+        a.emit_row((t, "release", a.id, to, -1, size, sigma, a.round,
+                    release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
+        return True
 
     def epsilon(self) -> float:
         """RDP epsilon(delta) spent so far."""

@@ -41,7 +41,12 @@ class ReleaseLog(Sequence[Release]):
         self.run_spec = array("i")  # the run's spec id
 
     def append(self, r: Release) -> None:
-        spec = (r.size, r.mechanism, r.what, r.scale, r.sensitivity, r.q, r.p)
+        self.append_fields(r.t, r.round, r.peer, r.skipped, (r.size, r.mechanism, r.what, r.scale, r.sensitivity,
+                                                             r.q, r.p))
+
+    def append_fields(self, t: float, round: int, to: int, skipped: int, spec: Spec) -> None:
+        """``append`` of the release these fields make (``spec``: size, mechanism, what, scale, sensitivity, q,
+        p), without building its record."""
         sid = self._spec_ids.get(spec)
         if sid is None:
             sid = self._spec_ids[spec] = len(self.specs)
@@ -50,20 +55,20 @@ class ReleaseLog(Sequence[Release]):
         if not self.run_spec or self.run_spec[-1] != sid:
             self.run_start.append(n)
             self.run_spec.append(sid)
-        self.t.append(r.t)
-        self.round.append(r.round)
+        self.t.append(t)
+        self.round.append(round)
         if self.to is not None:
-            self.to.append(r.peer)
-        elif r.peer != self.to0:
+            self.to.append(to)
+        elif to != self.to0:
             if n == 0:
-                self.to0 = r.peer
+                self.to0 = to
             else:
                 self.to = array("i", [self.to0]) * n
-                self.to.append(r.peer)
-        if r.skipped:
+                self.to.append(to)
+        if skipped:
             if self.skipped is None:
                 self.skipped = array("i", [0]) * n
-            self.skipped.append(r.skipped)
+            self.skipped.append(skipped)
         elif self.skipped is not None:
             self.skipped.append(0)
 

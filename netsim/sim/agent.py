@@ -153,6 +153,7 @@ class Agent:
     - ``rows``: indices of this agent's training rows (``training_set``)
     - ``env``: the simpy environment (``simpy.AllOf(agent.env, events)`` waits for several)
     - ``emit``: trace an event record (``netsim.trace.events``; a plugin's registered kind too)
+    - ``emit_row``: trace the row such a record makes (COLUMNS order), skipping the record: for hot paths
     - ``offset``, ``rate``: the local clock, local = offset + rate * t
     """
 
@@ -161,7 +162,7 @@ class Agent:
         self.env = sim.env
         self.id = i
         self.emit = sim.emit
-        self._row = sim.emit_row  # the engine's own per-activation events, as rows (TraceWriter.emit_row)
+        self.emit_row = sim.emit_row  # trace one row in COLUMNS order (TraceWriter.emit_row): no record object
         self.offset = offset
         self.rate = 1.0 + drift  # local clock seconds per global second
         self.compute_scale = compute_scale
@@ -228,7 +229,7 @@ class Agent:
         if self._listeners:
             for listener in self._listeners:
                 listener(self)
-        self._row((self.env.now, "activate", self.id, -1, -1, 0, ev.value, self.round, ""))  # Activate
+        self.emit_row((self.env.now, "activate", self.id, -1, -1, 0, ev.value, self.round, ""))  # Activate
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Wake by ``schedule`` from the next ``wake`` on (an object with ``next``, ``defer``, ``tick``,
@@ -290,7 +291,7 @@ class Agent:
         churn = self.sim.network.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, self.env.now)
-        self._row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
+        self.emit_row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
         p = self.sim.bank.get(self.id) if params is None else params
         r = self.sample_rows(batch) if rows is None else rows
         if clip is None:

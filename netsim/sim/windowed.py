@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from netsim.compute.noise import gaussian_noise_rows
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
@@ -190,6 +191,7 @@ def _dpsgd(sim) -> None:
         svc.flush()  # the first completion evaluates every pending request in one batched call
         sends = []
         steps = {}
+        noised = []  # (agent, clipped gradient, sigma, its noise generator): the round's releases
         for i, t_done, x, ticket in tickets:  # compute_end, then the broadcast of x_i^k (a lost one: dropped)
             row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
             g = ticket.result
@@ -202,8 +204,12 @@ def _dpsgd(sim) -> None:
                 rows.clear()
                 sim.env._now = t_done
                 sens, sigma = sigmas[i]
-                g = agents[i].privatize(g, sigma=sigma, sensitivity=sens,
-                                        q=min(1.0, p.batch / len(agents[i].rows)), what="gradient")
+                led = agents[i].ledger  # traced and accounted now, noised below with the round's others
+                led.record(g.numel(), sigma, sens, q=min(1.0, p.batch / len(agents[i].rows)), what="gradient")
+                if sigma:
+                    noised.append((i, g, sigma, led.noise.generator))
+                else:
+                    g = g.clone()
             steps[i] = g
             size = payload_size(x)
             for j in agents[i].neighbors:
@@ -241,6 +247,8 @@ def _dpsgd(sim) -> None:
                 agents[i].finished = True
                 sim.agent_finished()
         writer.emit_rows(rows)
+        if noised:
+            steps.update(zip((i for i, *_ in noised), _gaussian_releases(noised), strict=True))
         lr = p.lr / (1.0 + p.lr_decay * k)
         for i, _, x, _ticket in tickets:  # the update of each: order does not matter (the bank batches it)
             agents[i].mix_into_params(x, got[i], step=steps[i], lr=lr)
@@ -251,6 +259,13 @@ def _dpsgd(sim) -> None:
             sim.progress(end)
     net.next_id = mid
     sim.env._now = end  # the engine's clock where its last event happened (the run's end)
+
+
+def _gaussian_releases(noised: list) -> list:
+    """g + N(0, sigma^2 I) for each (agent, g, sigma, generator) of ``noised``, added as one batch."""
+    g = torch.stack([x for _, x, _, _ in noised])
+    z = gaussian_noise_rows(g.shape[1:], [s for *_, s, _ in noised], [gen for *_, gen in noised], g.dtype)
+    return list((g + z).unbind(0))
 
 
 def _push_gossip(sim) -> None:

@@ -26,6 +26,7 @@ same columns, so traces keep one schema; fields beyond the columns must be packe
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import attrs
@@ -143,8 +144,14 @@ class Finish(EventRow):
     round: int
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
+def release_tag(mechanism: str, what: str, sensitivity: float, q: float, p: float, skipped: int) -> str:
+    """A ``Release`` row's tag (its fields that are not columns; cached: a run's releases repeat a few)."""
+    return f"{mechanism} {what} s={sensitivity!r} q={q!r} p={p!r} k={skipped}"
+
+
 def _release_tag(e) -> str:
-    return (f"{e.mechanism} {e.what} s={e.sensitivity!r} q={e.q!r} p={e.p!r} k={e.skipped}")
+    return release_tag(e.mechanism, e.what, e.sensitivity, e.q, e.p, e.skipped)
 
 
 @attrs.frozen(slots=True)
