@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
 import netsim
 from netsim import api
 
@@ -21,8 +24,10 @@ def run(tmp_path, **extra):
     return res, res.events.to_pandas()
 
 
-def test_one_push_per_round_to_a_neighbour_and_an_update_only_after_a_receipt(tmp_path):
-    res, t = run(tmp_path, network={"latency": {"kind": "uniform", "low": 0.01, "high": 0.5}, "loss": 0.2})
+@pytest.mark.parametrize("update", ["per_receipt", "per_round"])
+def test_one_push_per_round_to_a_neighbour_and_an_update_only_after_a_receipt(tmp_path, update):
+    res, t = run(tmp_path, network={"latency": {"kind": "uniform", "low": 0.01, "high": 0.5}, "loss": 0.2},
+                 algorithm={"name": "push_gossip", "lr": 0.5, "batch": 0, "update": update})
     sends = t[t.kind == "send"]
     assert len(sends) == 8 * 30 and (sends.groupby("agent").size() == 30).all()
     graph = api.prepare(res.scenario).graph  # the run's own graph (same seed)
@@ -33,11 +38,20 @@ def test_one_push_per_round_to_a_neighbour_and_an_update_only_after_a_receipt(tm
         mine = t[t.agent == a]
         acts = mine[mine.kind == "activate"].t.to_numpy()
         got = t[(t.kind == "deliver") & (t.agent == a)].t.to_numpy()
-        # an update at activation k iff something was delivered since activation k-1
-        windows = zip(acts[:-1], acts[1:], strict=True)
-        expect = sum(bool(((got > lo) & (got <= hi)).any()) for lo, hi in windows)
-        expect += bool((got <= acts[0]).any())
+        windows = list(zip(acts[:-1], acts[1:], strict=True))
+        if update == "per_receipt":  # one update per model delivered before the last activation (Ormándi et al.)
+            expect = int((got <= acts[-1]).sum())
+        else:  # one update at activation k iff something was delivered since activation k-1
+            expect = sum(bool(((got > lo) & (got <= hi)).any()) for lo, hi in windows)
+            expect += bool((got <= acts[0]).any())
         assert (mine.kind == "compute_start").sum() == expect
+        if update == "per_receipt":  # the k-th update of an activation starts k compute times (0.01 s) in
+            starts = mine[mine.kind == "compute_start"].t.to_numpy()
+            bounds = [0.0, *acts[:-1]]
+            for (lo, hi), act in zip(zip(bounds, acts, strict=True), acts, strict=True):
+                n = int(((got > lo) & (got <= hi)).sum()) if lo else int((got <= hi).sum())
+                mine_now = starts[(starts >= act) & (starts < act + 0.5)]
+                assert mine_now == pytest.approx(act + 0.01 * np.arange(n))
 
 
 def test_gossip_learning_learns(tmp_path):

@@ -122,6 +122,8 @@ def gossip(**changes) -> dict:
     {"network": {"latency": {"kind": "constant", "value": 0.2}, "loss": 0.0}, "model": {"dtype": "float64"},
      "algorithm": {"batch": 4, "lr_decay": 0.3}},
     {"algorithm": {"lr": 0.0}, "run": {"trace_flush_every": 29}},  # pure gossip averaging, no gradients
+    {"algorithm": {"update": "per_round", "lr_decay": 0.2}},  # one update after all of a round's merges
+    {"agents": {"compute_time": {"kind": "constant", "value": 0.0024}}, "run": {"trace_flush_every": 7}},
 ])
 def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, changes):
     summary = identical(both_engines(tmp_path, gossip(**changes)))
@@ -132,6 +134,7 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
     ({"network": {"latency": {"kind": "exponential", "mean": 0.1}}}, "no upper bound"),
     ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.5}}}, "before the round's gradients"),
     ({"network": {"latency": {"kind": "uniform", "low": 0.01, "high": 1.0}}}, "after the next activation"),
+    ({"agents": {"compute_time": {"kind": "constant", "value": 0.003}}}, "one per receipt, up to 0.012 s"),
 ])
 def test_windowed_push_gossip_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
     from netsim.errors import InputError

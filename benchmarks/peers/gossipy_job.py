@@ -6,8 +6,9 @@ Run with the Python of an environment that has gossipy installed (it is not a ne
     PEER_PYTHON benchmarks/peers/gossipy_job.py --nodes 1000 --data ../shared/data/mushrooms/mushrooms.libsvm
 
 The same job as netsim's: mushrooms, 80/20 split, IID parts, logistic regression, a random 4-regular graph,
-every node pushes its model to one random neighbour once per round (merge-then-update, one SGD step of
-lr 0.5 on its whole local part), messages lost with probability 0.1 and delayed uniformly in
+every node pushes its model to one random neighbour once per round (merge-then-update on each receipt, one
+SGD step of lr 0.5 on its whole local part; gossipy's two-logit softmax at lr 0.5 is netsim's binary
+logistic regression at lr 1.0), messages lost with probability 0.1 and delayed uniformly in
 [0.01, 0.5] s (gossipy's time is discrete: 100 steps per 1 s round, delays 1..50 steps), 100 rounds,
 evaluation at the end only (outside the timed part). Prints one JSON line: simulation wall and CPU
 seconds (``GossipSimulator.start``) and the nodes' mean test accuracy.

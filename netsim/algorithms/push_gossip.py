@@ -1,4 +1,4 @@
-"""Gossip learning: push one's model to one random neighbour each round; merge what arrived, then update.
+"""Gossip learning: push one's model to one random neighbour each round; merge and update on each receipt.
 
 Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully distributed data"
 (Concurrency and Computation 25(4), 2013), Algorithm 1 (the gossip skeleton: every Delta, send the
@@ -7,13 +7,17 @@ one) with the MU ("merge then update") model-creation rule: x <- (x + x_received
 x <- x - gamma grad F_i(x) on local data. This is gossipy's CreateModelMode.MERGE_UPDATE.
 
 In netsim the receipt side runs at the next round's activation, so the gradients of all agents are
-evaluated in one batched call: the models that arrived since the last round are merged one by one in
-arrival order (pairwise averages, as successive receipts would), then one update is taken if anything
-arrived (gossip learning never updates without a receipt), then the model is pushed. A lost message
-costs its receiver that merge; nothing waits, so there are no timeouts.
+evaluated in batched calls: the models that arrived since the last round are taken one by one in arrival
+order, each merged and then (``update = "per_receipt"``, the paper's rule) followed by one update, as
+successive receipts would be; then the model is pushed. ``update = "per_round"`` takes a single update
+after all the round's merges instead (fewer gradients; not the paper's rule). Gossip learning never
+updates without a receipt. A lost message costs its receiver that merge and update; nothing waits, so
+there are no timeouts.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import attrs
 
@@ -27,6 +31,8 @@ class PushGossipParams:
     lr: float = field(0.1, check=nonneg, doc="step size gamma of the update")
     batch: int = field(0, check=at_least(0), doc="mini-batch size of the update (0 = all local data)")
     lr_decay: float = field(0.0, check=nonneg, doc="gamma_k = lr / (1 + lr_decay * k), k = updates so far")
+    update: Literal["per_receipt", "per_round"] = field(
+        "per_receipt", doc="one update after each merged model (the paper's MU rule), or one per round after all merges")
 
 
 @register("push_gossip", PushGossipParams)
@@ -40,12 +46,13 @@ def push_gossip(agent, p: PushGossipParams):
         got = drain(agent, "gossip")
         x = agent.params  # a copy: updated in place below (one small tensor op per step)
         if got:
-            for m in got:  # MU: merge each received model in turn, (x + x_j) / 2 ...
+            each = p.update == "per_receipt"
+            for n, m in enumerate(got, 1):  # MU: merge each received model in turn, (x + x_j) / 2 ...
                 x.add_(m.payload).mul_(0.5)
-            if p.lr > 0:  # ... then update once
-                g = yield agent.gradient(batch=p.batch, params=x)  # x is not written until g is back
-                x.sub_(g, alpha=p.lr / (1.0 + p.lr_decay * updates))
-                updates += 1
+                if p.lr > 0 and (each or n == len(got)):  # ... then update (after each, or after the last)
+                    g = yield agent.gradient(batch=p.batch, params=x)  # x is not written until g is back
+                    x.sub_(g, alpha=p.lr / (1.0 + p.lr_decay * updates))
+                    updates += 1
             agent.params = x
         if neighbors:  # x is never written again: it can travel as the payload without a copy
             if not picks:

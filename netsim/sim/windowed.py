@@ -103,6 +103,14 @@ def unsupported_run(sim) -> str | None:
             return f"agent {a.id} has no out- or in-neighbours"
     if getattr(sim.program, "__name__", "") != sc.algorithm.name:
         return f"the algorithm's program is not {sc.algorithm.name}'s"
+    if sc.algorithm.name == "push_gossip" and sim.params.update == "per_receipt" and sim.params.lr > 0:
+        # one gradient per receipt, and an agent receives at most one push per in-neighbour a round
+        chain = max(len(a.in_neighbors) for a in sim.agents) * sc.agents.compute_time.value
+        net = sc.network.latency
+        low, top = (net.value, net.value) if net.kind == "constant" else (net.low, net.high)
+        if chain + top >= sc.agents.activation.period or low <= chain:
+            return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
+                    f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
     if sc.network.loss and sc.algorithm.name in ("dpsgd", "dp_dpsgd"):
         return _round_times(sc)
     return None
@@ -270,12 +278,14 @@ def _gaussian_releases(noised: list) -> list:
 
 def _push_gossip(sim) -> None:
     """Gossip learning (``algorithms/push_gossip.py``), round by round. Within a tick: each agent in wake order
-    is activated, merges what arrived since its last activation (in arrival order) and, if anything arrived,
-    asks for its gradient, else pushes its model at once and waits for the next tick; the gradients come
-    back after the compute time, in the same order, and those agents update and push; every push lands
-    before the next tick (``unsupported`` checks the latency's bounds), in the order of (arrival time, send).
-    The tensor work is batched over the round's agents with the program's own operations, element by
-    element the same: merges ``(x + x_j) * 0.5`` slot by slot, updates ``x.sub_(g, alpha)`` per step size."""
+    is activated, takes what arrived since its last activation (in arrival order) and, if anything arrived,
+    asks for its gradient after the first merge (``per_receipt``) or the last (``per_round``), else pushes its
+    model at once and waits for the next tick; the gradients come back after the compute time, in the order
+    they were asked for, and each agent then merges and asks again or, done, pushes; every push lands after
+    the last gradient and before the next tick (``unsupported_run`` checks the latency's bounds against the
+    longest chain of gradients), in the order of (arrival time, send). The tensor work is batched over the
+    round's agents with the program's own operations, element by element the same: merges
+    ``(x + x_j) * 0.5`` and updates ``x.sub_(g, alpha)`` slot by slot (one gradient batch per slot)."""
     p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
     svc, bank = sim.gradients, sim.bank
     limit = sim.scenario.run.rounds
@@ -307,13 +317,14 @@ def _push_gossip(sim) -> None:
         rows.append(event_row(Finish(t, i, agents[i].round)))
         sim.agent_finished()
 
+    each = p.update == "per_receipt"
     while True:
         rows: list[tuple] = []
         arrivals: list = []
         woke: list = []  # (agent, when it calls wake): in the engine's order
         X = bank.W.clone()  # this round's x of every agent (each program's ``agent.params``)
         xs = X.unbind(0)
-        pending, merged = [], []
+        merged, ends = [], []  # ends: (agent, when its first gradient is back) in request order
         for t_act, _, i, at in _wake(sim, order):
             a = agents[i]
             rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
@@ -323,35 +334,45 @@ def _push_gossip(sim) -> None:
                 if p.lr > 0:
                     ct = a._compute() * a.compute_scale
                     rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
-                    pending.append((t_act + ct, i, svc.submit(i, xs[i], a.sample_rows(p.batch))))
+                    ends.append((i, t_act + ct))
                     continue
             push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
             woke.append((i, t_act))
             if a.round >= limit:
                 finish(i, t_act, rows)
-        for s in range(max((len(g) for _, g in merged), default=0)):  # x.add_(x_j).mul_(0.5), slot by slot
+        # the tensor work, slot by slot: merge the s-th received model, x.add_(x_j).mul_(0.5), then update
+        # (per_receipt: one gradient batch per slot, as the engine's; per_round: one batch after all merges)
+        for s in range(max((len(g) for _, g in merged), default=0)):
             ks = [(i, g[s]) for i, g in merged if len(g) > s]
             idx = torch.tensor([i for i, _ in ks])
             X.index_copy_(0, idx, X.index_select(0, idx).add_(torch.stack([m for _, m in ks])).mul_(0.5))
-        if pending:
-            svc.flush()
-            steps: dict[float, list] = {}
-            for _, i, ticket in pending:
-                steps.setdefault(p.lr / (1.0 + p.lr_decay * updates[i]), []).append((i, ticket.result))
-                updates[i] += 1
-            for alpha, ks in steps.items():  # x.sub_(g, alpha=gamma_k)
-                idx = torch.tensor([i for i, _ in ks])
-                X.index_copy_(0, idx, X.index_select(0, idx).sub_(torch.stack([g for _, g in ks]), alpha=alpha))
+            if p.lr > 0 and each:
+                _updates(sim, X, xs, [i for i, g in merged if len(g) > s], updates)
+        if p.lr > 0 and not each and merged:
+            _updates(sim, X, xs, [i for i, _ in merged], updates)
         if merged:  # agent.params = x, for every agent that merged
             idx = torch.tensor([i for i, _ in merged])
             bank.W.index_copy_(0, idx, X.index_select(0, idx))
-        for t_done, i, _ticket in sorted(pending, key=lambda e: e[0]):  # stable: ties in request order
-            a = agents[i]
-            rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-            push(i, xs[i], t_done, rows, arrivals, a)
-            woke.append((i, t_done))
-            if a.round >= limit:
-                finish(i, t_done, rows)
+        # the rows of the gradients' completions in time order (ties: the order they were requested), each
+        # followed by the agent's next gradient request (one per further receipt) or its push
+        left = {i: len(g) - 1 if each else 0 for i, g in merged}
+        while ends:
+            ends.sort(key=lambda e: e[1])  # stable: ties in request order
+            nxt = []
+            for i, t_done in ends:
+                a = agents[i]
+                rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                if left[i]:
+                    left[i] -= 1
+                    ct = a._compute() * a.compute_scale
+                    rows.append((t_done, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                    nxt.append((i, t_done + ct))
+                    continue
+                push(i, xs[i], t_done, rows, arrivals, a)
+                woke.append((i, t_done))
+                if a.round >= limit:
+                    finish(i, t_done, rows)
+            ends = nxt
         end = max(t for _, t in woke)
         if agents[woke[0][0]].round >= limit:  # the run stops at the last finish: nothing after it happens
             writer.emit_rows(rows)
@@ -366,6 +387,20 @@ def _push_gossip(sim) -> None:
             sim.progress(end)
     net.next_id = mid
     sim.env._now = end
+
+
+def _updates(sim, X, xs, who: list[int], updates: list[int]) -> None:
+    """x.sub_(g, alpha=gamma_k) for each agent of ``who``, its gradient at its current x (one batched call)."""
+    p, svc, agents = sim.params, sim.gradients, sim.agents
+    tickets = [(i, svc.submit(i, xs[i], agents[i].sample_rows(p.batch))) for i in who]
+    svc.flush()
+    steps: dict[float, list] = {}
+    for i, ticket in tickets:
+        steps.setdefault(p.lr / (1.0 + p.lr_decay * updates[i]), []).append((i, ticket.result))
+        updates[i] += 1
+    for alpha, ks in steps.items():
+        idx = torch.tensor([i for i, _ in ks])
+        X.index_copy_(0, idx, X.index_select(0, idx).sub_(torch.stack([g for _, g in ks]), alpha=alpha))
 
 
 RUNNERS = {"dpsgd": _dpsgd, "dp_dpsgd": _dpsgd, "push_gossip": _push_gossip}
