@@ -32,7 +32,7 @@ class PushGossipParams:
     batch: int = field(0, check=at_least(0), doc="mini-batch size of the update (0 = all local data)")
     lr_decay: float = field(0.0, check=nonneg, doc="gamma_k = lr / (1 + lr_decay * k), k = updates so far")
     update: Literal["per_receipt", "per_round"] = field(
-        "per_receipt", doc="one update after each merged model (the paper's MU rule), or one per round after all merges")
+        "per_receipt", doc="one update after each merged model (the paper's MU rule), or one after a round's merges")
 
 
 @register("push_gossip", PushGossipParams)

@@ -286,8 +286,7 @@ def _push_gossip(sim) -> None:
     longest chain of gradients), in the order of (arrival time, send). The tensor work is batched over the
     round's agents with the program's own operations, element by element the same: merges
     ``(x + x_j) * 0.5`` and updates ``x.sub_(g, alpha)`` slot by slot (one gradient batch per slot)."""
-    p, agents, writer, net = sim.params, sim.agents, sim.writer, sim.network
-    svc, bank = sim.gradients, sim.bank
+    p, agents, writer, net, bank = sim.params, sim.agents, sim.writer, sim.network, sim.bank
     limit = sim.scenario.run.rounds
     mid = net.next_id
     rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
