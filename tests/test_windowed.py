@@ -80,8 +80,10 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
     ({"evaluation": {"every": 0.3}}, "evaluations inside the run"),
     ({"run": {"checkpoint_every_rounds": 2}}, "checkpoints"),
-    ({"algorithm": {"name": "choco", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": None}},
+    ({"algorithm": {"name": "sparq", "lr": 0.5, "batch": 8, "round_timeout": None, "lr_decay": None}},
      "only dpsgd"),
+    ({"algorithm": {"name": "choco", "lr": 0.0, "batch": 8, "round_timeout": 0.05, "lr_decay": None}},
+     "takes no gradients"),
 ])
 def test_windowed_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
     from typer.testing import CliRunner
@@ -166,3 +168,20 @@ def test_windowed_dp_dpsgd_refuses_a_budget_cap(tmp_path):
     sc["privacy"] = {"delta": 1e-5, "epsilon_cap": 5.0}
     with pytest.raises(InputError, match="epsilon_cap"):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
+
+
+@pytest.mark.parametrize("changes", [
+    {},  # top-k on an Erdos-Renyi graph with Metropolis weights: many distinct consensus scalars
+    {"algorithm": {"compressor": "randk", "unbiased": True}, "network": {"loss": 0.15}},  # copies drift
+    {"algorithm": {"compressor": "qsgd", "bits": 3}, "topology": {"kind": "ring"}, "model": {"dtype": "float64"},
+     "run": {"trace_flush_every": 23}},
+    {"algorithm": {"compressor": "none", "gamma": 1.0}, "network": {"loss": 0.4}, "topology": {"kind": "ring"}},
+])
+def test_windowed_choco_writes_the_engines_trace_byte_for_byte(tmp_path, changes):
+    """CHOCO-SGD (compressed differences, public copies) played as windows: every agent's compression, copies
+    and consensus batched over the round, the engine's bytes."""
+    sc = exact(**{k: v for k, v in changes.items() if k != "algorithm"})
+    sc["algorithm"] = {"name": "choco", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "gamma": 0.4,
+                       "compressor": "topk", "ratio": 0.3, **changes.get("algorithm", {})}
+    summary = identical(both_engines(tmp_path, sc))
+    assert summary["stop_reason"] == "rounds" and summary["messages_delivered"] > 0

@@ -56,7 +56,9 @@ def unsupported(sc: Scenario) -> str | None:
         return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings)"
     if net.bandwidth is not None or net.uplink is not None:
         return "bandwidth-limited links (transmission times) are not modelled here"
-    if alg.name in ("dpsgd", "dp_dpsgd"):
+    if alg.name == "choco" and not float(alg.params.get("lr", 0.1)) > 0:
+        return "choco with lr = 0 takes no gradients (its rounds have no compute phase)"
+    if alg.name in ("dpsgd", "dp_dpsgd", "choco"):
         if alg.name == "dp_dpsgd" and getattr(sc, "privacy", None) is not None and sc.privacy.epsilon_cap is not None:
             return "privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order"
         if net.latency.kind != "constant":
@@ -111,7 +113,7 @@ def unsupported_run(sim) -> str | None:
         if chain + top >= sc.agents.activation.period or low <= chain:
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
                     f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
-    if sc.network.loss and sc.algorithm.name in ("dpsgd", "dp_dpsgd"):
+    if sc.network.loss and sc.algorithm.name in ("dpsgd", "dp_dpsgd", "choco"):
         return _round_times(sc)
     return None
 
@@ -174,6 +176,7 @@ def _dpsgd(sim) -> None:
 
         per_example = p.clip_mode == "per_example"
         sigmas: dict[int, tuple[float, float]] = {}  # agent: (sensitivity, sigma), set at its first release
+    choco = _Choco(sim) if sim.scenario.algorithm.name == "choco" else None
     svc, bank = sim.gradients, sim.bank
     limit = sim.scenario.run.rounds
     expect = [len(a.in_neighbors) for a in agents]
@@ -197,10 +200,11 @@ def _dpsgd(sim) -> None:
                 svc.submit(i, x, rows_i)
             tickets.append((i, t_act + ct, x, ticket))
         svc.flush()  # the first completion evaluates every pending request in one batched call
+        payloads = choco.compress(tickets) if choco is not None else None  # CHOCO's q_i, in the same order
         sends = []
         steps = {}
         noised = []  # (agent, clipped gradient, sigma, its noise generator): the round's releases
-        for i, t_done, x, ticket in tickets:  # compute_end, then the broadcast of x_i^k (a lost one: dropped)
+        for n, (i, t_done, x, ticket) in enumerate(tickets):  # compute_end, the broadcast (a lost one: dropped)
             row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
             g = ticket.result
             if private:  # clip (as a whole), noise: the release is traced now, after the rows so far
@@ -219,7 +223,7 @@ def _dpsgd(sim) -> None:
                 else:
                     g = g.clone()
             steps[i] = g
-            size = payload_size(x)
+            size = payload_size(x if payloads is None else payloads[n])
             for j in agents[i].neighbors:
                 link = net.links.get((i, j)) or net.link(i, j)
                 delay = t_done - t_done + link.latency()
@@ -257,9 +261,12 @@ def _dpsgd(sim) -> None:
         writer.emit_rows(rows)
         if noised:
             steps.update(zip((i for i, *_ in noised), _gaussian_releases(noised), strict=True))
-        lr = p.lr / (1.0 + p.lr_decay * k)
-        for i, _, x, _ticket in tickets:  # the update of each: order does not matter (the bank batches it)
-            agents[i].mix_into_params(x, got[i], step=steps[i], lr=lr)
+        if choco is not None:
+            choco.update(got)
+        else:
+            lr = p.lr / (1.0 + p.lr_decay * k)
+            for i, _, x, _ticket in tickets:  # the update of each: order does not matter (the bank batches it)
+                agents[i].mix_into_params(x, got[i], step=steps[i], lr=lr)
         if last:
             break
         k += 1
@@ -267,6 +274,56 @@ def _dpsgd(sim) -> None:
             sim.progress(end)
     net.next_id = mid
     sim.env._now = end  # the engine's clock where its last event happened (the run's end)
+
+
+class _Choco:
+    """CHOCO-SGD's public copies (``algorithms/choco.py``, Koloskova et al., Algorithm 2) of every agent at once:
+    own copies as rows, neighbours' copies in slots (each agent's in-neighbours in ascending order, the order of
+    its consensus sum). Each step is the program's own float operation on every row together: (a)
+    ``x - lr * g``, (b) ``C(x - xhat_i)`` by each agent's own compressor (its own stream), ``xhat_i + decode(q)``,
+    (d) ``xhat_j + decode(q_j)`` for each delivered q, (e) the consensus sum slot by slot
+    (``compute.mixing.evaluate``, which adds with the same scalars in the same order)."""
+
+    def __init__(self, sim):
+        from netsim.comm.compression import Compressor
+
+        p, W = sim.params, sim.bank.W
+        self.p, self.bank = p, sim.bank
+        self.comps = [Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=a.rng("compress"))
+                      for a in sim.agents]
+        self.nbrs = [sorted(a.weights) for a in sim.agents]
+        self.alphas = [[p.gamma * a.weights[j] for j in nb] for a, nb in zip(sim.agents, self.nbrs, strict=True)]
+        self.slot = [{j: s for s, j in enumerate(nb)} for nb in self.nbrs]
+        self.own = torch.zeros_like(W)
+        self.copies = W.new_zeros((W.shape[0], max(map(len, self.nbrs)), W.shape[1]))
+
+    def compress(self, tickets: list) -> list:
+        """(a), (b) for the round's agents (``tickets``: (agent, time, x, gradient ticket)): their q's."""
+        self.ids = [i for i, *_ in tickets]
+        idx = torch.tensor(self.ids)
+        x = torch.stack([x for _, _, x, _ in tickets])
+        g = torch.stack([t.result for *_, t in tickets])
+        self.x = x - self.p.lr * g  # (a)
+        d = self.x - self.own.index_select(0, idx)
+        qs = [self.comps[i](v) for i, v in zip(self.ids, d.unbind(0), strict=True)]  # (b)
+        self.dense = torch.stack([q.decode() for q in qs])
+        self.own.index_copy_(0, idx, self.own.index_select(0, idx) + self.dense)
+        return qs
+
+    def update(self, got: list[dict]) -> None:
+        """(d) for every q delivered (``got[j]``: the senders whose q reached j), then (e) into the bank."""
+        from netsim.compute.mixing import MixUpdate, evaluate
+
+        pos = {i: n for n, i in enumerate(self.ids)}
+        pairs = [(j, self.slot[j][i], pos[i]) for j, g in enumerate(got) for i in g]
+        if pairs:
+            jj, ss, kk = (torch.tensor(c) for c in zip(*pairs, strict=True))
+            self.copies[jj, ss] = self.copies[jj, ss] + self.dense[kk]
+        diffs = self.copies - self.own.unsqueeze(1)  # xhat_j - xhat_i, every slot of every agent
+        ups = [MixUpdate(i, self.x[n], 1.0, self.alphas[i], list(diffs[i, :len(self.nbrs[i])].unbind(0)), 0.0, None)
+               for n, i in enumerate(self.ids)]
+        rows, values = evaluate(ups, self.bank.W.dtype)
+        self.bank.W.index_copy_(0, rows, values)
 
 
 def _gaussian_releases(noised: list) -> list:
@@ -402,4 +459,4 @@ def _updates(sim, X, xs, who: list[int], updates: list[int]) -> None:
         X.index_copy_(0, idx, X.index_select(0, idx).sub_(torch.stack([g for _, g in ks]), alpha=alpha))
 
 
-RUNNERS = {"dpsgd": _dpsgd, "dp_dpsgd": _dpsgd, "push_gossip": _push_gossip}
+RUNNERS = {"dpsgd": _dpsgd, "dp_dpsgd": _dpsgd, "choco": _dpsgd, "push_gossip": _push_gossip}
