@@ -19,7 +19,10 @@ after the other in fresh subprocesses, and prints their ratio.
 release per agent and round in each agent's privacy ledger), the case where memory once grew per
 release; the summary's epsilon is then composed from the ledgers at the end.
 
-    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp]
+``--choco``: CHOCO-SGD instead (Koloskova et al. 2019: top-10% compressed differences and public copies,
+gamma 0.4), the case where compression, not mixing, is the per-agent tensor work.
+
+    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp | --choco]
         [--engine events|windowed|both] [--device auto|cpu|cuda]
 """
 
@@ -31,7 +34,8 @@ import subprocess
 import sys
 
 
-def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False, device: str = "auto") -> dict:
+def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False, device: str = "auto",
+             choco: bool = False) -> dict:
     sc = {
         "name": f"scale_{n}",
         "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace, "device": device},
@@ -48,6 +52,9 @@ def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = Fals
         sc["algorithm"] = {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "clip": 1.0,
                            "noise_multiplier": 1.0}
         sc["privacy"] = {"delta": 1e-5}
+    if choco:
+        sc["algorithm"] = {"name": "choco", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "gamma": 0.4,
+                           "compressor": "topk", "ratio": 0.1}
     return sc
 
 
@@ -77,7 +84,7 @@ def rss_sampler(every: float, samples: list):
 
 
 def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events",
-        device: str = "auto") -> dict:
+        device: str = "auto", choco: bool = False) -> dict:
     """Run one size in this process; return its figures."""
     import resource
     import tempfile
@@ -92,7 +99,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         samples: list = []
-        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp, device)), out=tmp, engine=engine,
+        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp, device, choco)), out=tmp, engine=engine,
                        setup=rss_sampler(rounds * 0.1 / 20, samples))
         if engine == "windowed":  # no simpy process runs: RSS at the end of the simulation, before outputs
             samples.append((r.summary["simulated_time"], rss_mib()))
@@ -115,7 +122,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (small tensors: 1 is fastest)")
     ap.add_argument("--no-trace", action="store_true")
-    ap.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
+    alg = ap.add_mutually_exclusive_group()
+    alg.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
+    alg.add_argument("--choco", action="store_true", help="CHOCO-SGD (top-10%% compression) instead of D-PSGD")
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
@@ -123,7 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp, args.engine,
-                             args.device)))
+                             args.device, args.choco)))
         return
     engines = ["events", "windowed"] if args.engine == "both" else [args.engine]
     print(f"{'agents':>7} {'engine':>8} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
@@ -136,7 +145,8 @@ def main() -> None:
         for engine in engines:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
                    str(args.threads), "--engine", engine, "--device", args.device]
-            cmd += (["--no-trace"] if args.no_trace else []) + (["--dp"] if args.dp else [])
+            flags = (("--no-trace", args.no_trace), ("--dp", args.dp), ("--choco", args.choco))
+            cmd += [flag for flag, on in flags if on]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"{n} agents, {engine}: the run failed:\n{done.stderr}")

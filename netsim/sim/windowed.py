@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from netsim.comm.compression import Compressor, kept_count
 from netsim.compute.noise import gaussian_noise_rows
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
@@ -200,7 +201,7 @@ def _dpsgd(sim) -> None:
                 svc.submit(i, x, rows_i)
             tickets.append((i, t_act + ct, x, ticket))
         svc.flush()  # the first completion evaluates every pending request in one batched call
-        payloads = choco.compress(tickets) if choco is not None else None  # CHOCO's q_i, in the same order
+        sizes = choco.compress(tickets) if choco is not None else None  # CHOCO's q_i's bytes, in the same order
         sends = []
         steps = {}
         noised = []  # (agent, clipped gradient, sigma, its noise generator): the round's releases
@@ -223,7 +224,7 @@ def _dpsgd(sim) -> None:
                 else:
                     g = g.clone()
             steps[i] = g
-            size = payload_size(x if payloads is None else payloads[n])
+            size = payload_size(x) if sizes is None else sizes[n]
             for j in agents[i].neighbors:
                 link = net.links.get((i, j)) or net.link(i, j)
                 delay = t_done - t_done + link.latency()
@@ -285,8 +286,6 @@ class _Choco:
     (``compute.mixing.evaluate``, which adds with the same scalars in the same order)."""
 
     def __init__(self, sim):
-        from netsim.comm.compression import Compressor
-
         p, W = sim.params, sim.bank.W
         self.p, self.bank = p, sim.bank
         self.comps = [Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=a.rng("compress"))
@@ -298,17 +297,38 @@ class _Choco:
         self.copies = W.new_zeros((W.shape[0], max(map(len, self.nbrs)), W.shape[1]))
 
     def compress(self, tickets: list) -> list:
-        """(a), (b) for the round's agents (``tickets``: (agent, time, x, gradient ticket)): their q's."""
+        """(a), (b) for the round's agents (``tickets``: (agent, time, x, gradient ticket)): their q's sizes."""
         self.ids = [i for i, *_ in tickets]
         idx = torch.tensor(self.ids)
         x = torch.stack([x for _, _, x, _ in tickets])
         g = torch.stack([t.result for *_, t in tickets])
         self.x = x - self.p.lr * g  # (a)
         d = self.x - self.own.index_select(0, idx)
-        qs = [self.comps[i](v) for i, v in zip(self.ids, d.unbind(0), strict=True)]  # (b)
-        self.dense = torch.stack([q.decode() for q in qs])
+        if self.p.compressor == "topk":
+            self.dense, sizes = self._topk(d)
+        else:  # rand-k and QSGD draw from each agent's stream: one agent at a time, in the round's order
+            qs = [self.comps[i](v) for i, v in zip(self.ids, d.unbind(0), strict=True)]  # (b)
+            self.dense, sizes = torch.stack([q.decode() for q in qs]), [payload_size(q) for q in qs]
         self.own.index_copy_(0, idx, self.own.index_select(0, idx) + self.dense)
-        return qs
+        return sizes
+
+    def _topk(self, d: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Top-k of every row at once, decoded, and the payload sizes. A row's kept set is the program's when
+        its k-th and (k+1)-th magnitudes differ (the set is then unique, whichever way ties inside it are
+        broken); a row with a tie there is compressed alone by its agent's compressor, as the program does."""
+        comp, (n, dim) = self.comps[0], d.shape
+        k = kept_count(dim, comp.ratio, comp.rounding)
+        dense = torch.zeros_like(d)
+        if k < dim:
+            mags, idx = torch.topk(d.abs(), k + 1, dim=1)
+            tied = (mags[:, k - 1] == mags[:, k]).nonzero().flatten().tolist()
+            idx = idx[:, :k]
+        else:
+            idx, tied = torch.arange(dim).expand(n, dim), []
+        dense.scatter_(1, idx, d.gather(1, idx))  # decode: the kept values in place (top-k's scale is 1)
+        for r in tied:
+            dense[r] = self.comps[self.ids[r]](d[r]).decode()
+        return dense, [comp.encoded_size(dim, d.element_size())] * n
 
     def update(self, got: list[dict]) -> None:
         """(d) for every q delivered (``got[j]``: the senders whose q reached j), then (e) into the bank."""
