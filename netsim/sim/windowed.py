@@ -13,7 +13,10 @@ distributed data", Algorithm 1 with merge-then-update: ``algorithms/push_gossip.
 round lands after the round's gradients and before the next tick (``_push_gossip``), and for DP-D-PSGD
 (Abadi et al.'s clipping and Gaussian noise in D-PSGD: ``algorithms/dp_dpsgd.py``) as for D-PSGD, each
 agent's release drawn from its own noise generator and traced where the engine traces it (no budget cap: an
-agent out of budget would leave the round's order).
+agent out of budget would leave the round's order), and for CHOCO-SGD (Koloskova, Stich, Jaggi, "Decentralized
+Stochastic Optimization and Gossip Algorithms with Compressed Communication", Algorithm 2:
+``algorithms/choco.py``), whose rounds have D-PSGD's events, the compression, public copies and consensus
+of all agents batched (``_Choco``).
 
 ``run(sim)`` (``netsim run --engine windowed``) then plays the run round by round, emitting exactly the
 rows the engine would, in its order: simpy orders simultaneous events by insertion, so round k's agents
