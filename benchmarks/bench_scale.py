@@ -99,14 +99,16 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         samples: list = []
+        # the events engine samples from a simpy process; the windowed runner, which runs none, reports each
+        # round through its progress callback
+        windowed = engine == "windowed"
         r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp, device, choco)), out=tmp, engine=engine,
-                       setup=rss_sampler(rounds * 0.1 / 20, samples))
-        if engine == "windowed":  # no simpy process runs: RSS at the end of the simulation, before outputs
-            samples.append((r.summary["simulated_time"], rss_mib()))
+                       setup=rss_sampler(rounds * 0.1 / 20, samples),
+                       progress=(lambda t: samples.append((t, rss_mib()))) if windowed else None)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = r.summary
     end = s["simulated_time"]
-    inside = [x for x in samples if 0 < x[0] < end]  # the windowed engine runs no sampler: no mid-run figure
+    inside = [x for x in samples if 0 < x[0] < end]
     mid = min(inside, key=lambda x: abs(x[0] - end / 2)) if inside else (end / 2, None)
     last = max((x for x in samples if x[0] <= end), key=lambda x: x[0])
     return {"agents": n, "total": total, "cpu": cpu, "sim": s["wall_time"], "events": s["events"],
