@@ -302,7 +302,7 @@ class _Choco:
     def compress(self, tickets: list) -> list:
         """(a), (b) for the round's agents (``tickets``: (agent, time, x, gradient ticket)): their q's sizes."""
         self.ids = [i for i, *_ in tickets]
-        idx = torch.tensor(self.ids)
+        idx = torch.tensor(self.ids, device=self.own.device)
         x = torch.stack([x for _, _, x, _ in tickets])
         g = torch.stack([t.result for *_, t in tickets])
         self.x = x - self.p.lr * g  # (a)
@@ -327,7 +327,7 @@ class _Choco:
             tied = (mags[:, k - 1] == mags[:, k]).nonzero().flatten().tolist()
             idx = idx[:, :k]
         else:
-            idx, tied = torch.arange(dim).expand(n, dim), []
+            idx, tied = torch.arange(dim, device=d.device).expand(n, dim), []
         dense.scatter_(1, idx, d.gather(1, idx))  # decode: the kept values in place (top-k's scale is 1)
         for r in tied:
             dense[r] = self.comps[self.ids[r]](d[r]).decode()
@@ -340,7 +340,7 @@ class _Choco:
         pos = {i: n for n, i in enumerate(self.ids)}
         pairs = [(j, self.slot[j][i], pos[i]) for j, g in enumerate(got) for i in g]
         if pairs:
-            jj, ss, kk = (torch.tensor(c) for c in zip(*pairs, strict=True))
+            jj, ss, kk = (torch.tensor(c, device=self.own.device) for c in zip(*pairs, strict=True))
             self.copies[jj, ss] = self.copies[jj, ss] + self.dense[kk]
         diffs = self.copies - self.own.unsqueeze(1)  # xhat_j - xhat_i, every slot of every agent
         ups = [MixUpdate(i, self.x[n], 1.0, self.alphas[i], list(diffs[i, :len(self.nbrs[i])].unbind(0)), 0.0, None)
@@ -423,14 +423,14 @@ def _push_gossip(sim) -> None:
         # (per_receipt: one gradient batch per slot, as the engine's; per_round: one batch after all merges)
         for s in range(max((len(g) for _, g in merged), default=0)):
             ks = [(i, g[s]) for i, g in merged if len(g) > s]
-            idx = torch.tensor([i for i, _ in ks])
+            idx = torch.tensor([i for i, _ in ks], device=X.device)
             X.index_copy_(0, idx, X.index_select(0, idx).add_(torch.stack([m for _, m in ks])).mul_(0.5))
             if p.lr > 0 and each:
                 _updates(sim, X, xs, [i for i, g in merged if len(g) > s], updates)
         if p.lr > 0 and not each and merged:
             _updates(sim, X, xs, [i for i, _ in merged], updates)
         if merged:  # agent.params = x, for every agent that merged
-            idx = torch.tensor([i for i, _ in merged])
+            idx = torch.tensor([i for i, _ in merged], device=X.device)
             bank.W.index_copy_(0, idx, X.index_select(0, idx))
         # the rows of the gradients' completions in time order (ties: the order they were requested), each
         # followed by the agent's next gradient request (one per further receipt) or its push
@@ -478,7 +478,7 @@ def _updates(sim, X, xs, who: list[int], updates: list[int]) -> None:
         steps.setdefault(p.lr / (1.0 + p.lr_decay * updates[i]), []).append((i, ticket.result))
         updates[i] += 1
     for alpha, ks in steps.items():
-        idx = torch.tensor([i for i, _ in ks])
+        idx = torch.tensor([i for i, _ in ks], device=X.device)
         X.index_copy_(0, idx, X.index_select(0, idx).sub_(torch.stack([g for _, g in ks]), alpha=alpha))
 
 
