@@ -260,3 +260,23 @@ def test_spectral_gap_arpack_path_matches_dense(kind, directed):
     W = mixing_matrix(build_graph(spec, 500, seed=2), spec.mixing_kind)
     lam = np.sort(np.abs(np.linalg.eigvals(W.toarray())))[::-1]
     assert spectral_gap(W) == pytest.approx(1 - lam[1], rel=1e-6, abs=1e-9)
+
+
+def test_spectral_gap_of_large_circulant_graphs_in_closed_form():
+    """Rings (and other circulant W) of any size: 1 - |lambda_2| from the row's offsets, exact to rounding (ARPACK
+    never converges on a ring beyond a few thousand agents, so this was None)."""
+    import networkx as nx
+
+    for n in (2_001, 100_000):
+        W = mixing_matrix(build_graph(TopologySpec(kind="ring"), n, 0), "metropolis_hastings")
+        # (1 + 2 cos(2 pi / n)) / 3 = 1 - (4/3) sin^2(pi / n)
+        assert spectral_gap(W) == pytest.approx(4 / 3 * np.sin(np.pi / n) ** 2, rel=1e-9)
+    g = nx.DiGraph(nx.circulant_graph(600, [1, 2, 5]).to_directed())
+    W = mixing_matrix(g, "metropolis_hastings")
+    lam = np.sort(np.abs(np.linalg.eigvalsh(W.toarray())))[::-1]
+    assert spectral_gap(W) == pytest.approx(1 - lam[1], rel=1e-9)
+    W = W.tolil()
+    W[0, 0], W[0, 1] = W[0, 0] + 0.01, W[0, 1] - 0.01  # no longer circulant: ARPACK/dense, the same answer
+    W = W.tocsr()
+    lam = np.sort(np.abs(np.linalg.eigvals(W.toarray())))[::-1]
+    assert spectral_gap(W) == pytest.approx(1 - lam[1], rel=1e-6)

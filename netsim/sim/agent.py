@@ -172,9 +172,12 @@ class Agent:
         g = sim.graph
         self.neighbors: list[int] = sorted(g.successors(i))
         self.in_neighbors: list[int] = sorted(g.predecessors(i))
-        row = sim.W.getrow(i)
-        self.weights: dict[int, float] = {int(j): float(w) for j, w in zip(row.indices, row.data) if j != i}
-        self.self_weight = float(sim.W[i, i])
+        W = sim.W  # CSR: row i is indices/data[indptr[i]:indptr[i + 1]], in stored order (as W.getrow(i))
+        lo, hi = W.indptr[i], W.indptr[i + 1]
+        cols, vals = W.indices[lo:hi].tolist(), W.data[lo:hi].tolist()
+        self.weights: dict[int, float] = {j: w for j, w in zip(cols, vals, strict=True) if j != i}
+        own = [w for j, w in zip(cols, vals, strict=True) if j == i]
+        self.self_weight = own[0] if len(own) == 1 else float(W[i, i])
         act = sim.scenario.agents.activation
         self._act = act
         act_rng = sim.streams.rng("activation", i)
