@@ -180,7 +180,10 @@ class Agent:
         self.self_weight = own[0] if len(own) == 1 else float(W[i, i])
         act = sim.scenario.agents.activation
         self._act = act
-        act_rng = sim.streams.rng("activation", i)
+        # a periodic schedule draws nothing: its stream is made only for the kinds that draw (100,000 agents'
+        # unused generators cost seconds of setup)
+        draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
+        act_rng = sim.streams.rng("activation", i) if draws_ticks else None
         self._batch_rng = sim.streams.rng("batch", i)
         self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from _batch_rng (sample_rows)
         self._draw_ahead = True  # until the program draws from the batch stream itself (``rng("batch")``)

@@ -56,7 +56,7 @@ def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Cal
     raise ValueError(f"unknown distribution kind {d.kind!r}")
 
 
-def draws(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Callable[[], float]:
+def draws(d: Dist, rng: np.random.Generator | None, key: str = "distribution") -> Callable[[], float]:
     """One draw per call; constants skip the stream entirely."""
     if checked(d, key).kind == "constant":
         v = float(d.value)  # type: ignore[arg-type]
