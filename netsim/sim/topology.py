@@ -190,8 +190,9 @@ def spectral_gap(W: sparse.spmatrix | np.ndarray) -> float | None:
     """1 - |lambda_2(W)| (second-largest eigenvalue modulus); None when it cannot be computed cheaply.
 
     Small graphs: dense solver (eigvalsh when W is symmetric). Larger circulant ones (W[i, j] depends on
-    (j - i) mod n only: rings, circulant graphs, the complete graph) in closed form, lambda_k = sum_t c_t
-    exp(2 pi i t k / n) over the row's offsets t (Gray, "Toeplitz and Circulant Matrices", Sec. 3.1), any n.
+    (j - i) mod n only: rings, circulant and exponential graphs) in closed form, lambda_k = sum_t c_t
+    exp(2 pi i t k / n) over the row's offsets t (Gray, "Toeplitz and Circulant Matrices", Sec. 3.1), for any
+    n while n x (entries per row) stays under 2 * 10^7.
     Other larger ones: ARPACK on the sparse matrix (a dense solve costs 5-12 s of setup at 1000 agents
     here), then the dense solver up to 2000 agents when ARPACK does not converge.
     """
@@ -205,10 +206,9 @@ def spectral_gap(W: sparse.spmatrix | np.ndarray) -> float | None:
         d = Ws.toarray()
         return np.linalg.eigvalsh(d) if symmetric else np.linalg.eigvals(d)
 
-    circ = None if n <= 400 else _circulant_row(Ws)
     if n <= 400:
         lam = dense()
-    elif circ is not None:
+    elif (circ := _circulant_row(Ws)) is not None:
         t, c = circ
         k = np.arange(n)[:, None]
         if symmetric:  # real: 1 - lambda_k = sum_t c_t (1 - cos(2 pi t k / n)) + 1 - sum_t c_t, kept as it is
