@@ -189,20 +189,18 @@ def test_windowed_choco_writes_the_engines_trace_byte_for_byte(tmp_path, changes
 
 @pytest.mark.parametrize("ratio", [0.3, 0.5, 1.0])
 def test_windowed_topk_keeps_each_rows_own_set_ties_included(ratio):
-    """The batched top-k decodes every row as the agent's own compressor would: rows without a tie at the k-th
-    magnitude have one kept set; rows with one (zeros, equal magnitudes of opposite sign) go one by one."""
+    """The batched top-k (``Compressor.topk_rows``, which the windowed CHOCO uses) decodes every row as the
+    compressor does one row at a time: rows without a tie at the k-th magnitude have one kept set; rows with one
+    (zeros, equal magnitudes of opposite sign) go one by one."""
     from netsim.comm.compression import Compressor
-    from netsim.sim.windowed import _Choco
 
     g = torch.Generator().manual_seed(5)
     d = torch.randn(6, 10, generator=g)
     d[1, 5:] = 0.0  # ties among zeros
     d[2, :4] = torch.tensor([3.0, -3.0, 3.0, -3.0])  # ties of opposite sign at the top
     d[3] = torch.tensor([1.0, -1.0] * 5)  # all equal magnitudes
-    ch = object.__new__(_Choco)
-    ch.comps = [Compressor("topk", ratio) for _ in range(6)]
-    ch.ids = list(range(6))
-    dense, sizes = ch._topk(d)
-    want = torch.stack([c(v).decode() for c, v in zip(ch.comps, d, strict=True)])
+    comp = Compressor("topk", ratio)
+    dense = comp.topk_rows(d)
+    want = torch.stack([comp(v).decode() for v in d])
     assert torch.equal(dense, want)
-    assert sizes == [ch.comps[0](d[0]).size_bytes] * 6
+    assert comp.encoded_size(10, d.element_size()) == comp(d[0]).size_bytes  # the sizes the runner traces

@@ -129,6 +129,24 @@ class Compressor:
             return 4 + math.ceil(d * (self.bits + 1) / 8)
         return d * value_bytes
 
+    def topk_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``self(row).decode()`` for every row of ``rows`` (top-k only; it draws nothing), in one ``topk`` call.
+        A row's kept set is this compressor's when its k-th and (k+1)-th magnitudes differ (the set is then
+        unique, whichever way ties inside it are broken); a row with a tie there is compressed alone."""
+        if self.kind != "topk":
+            raise ValueError(f"topk_rows is for top-k, not {self.kind!r}")
+        n, d = rows.shape
+        k = kept_count(d, self.ratio, self.rounding)
+        if k == d:
+            return rows.clone()
+        mags, idx = torch.topk(rows.abs(), k + 1, dim=1)
+        tied = (mags[:, k - 1] == mags[:, k]).nonzero().flatten().tolist()
+        idx = idx[:, :k]
+        out = torch.zeros_like(rows).scatter_(1, idx, rows.gather(1, idx))  # decode: the kept values (scale 1)
+        for r in tied:
+            out[r] = self(rows[r]).decode()
+        return out
+
     def __call__(self, v: torch.Tensor) -> Encoded:
         d = v.numel()
         if self.kind == "none":

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from netsim.comm.compression import Compressor, kept_count
+from netsim.comm.compression import Compressor
+from netsim.compute.mixing import MixUpdate, evaluate
 from netsim.compute.noise import gaussian_noise_rows
 from netsim.scenario.schema import Scenario
 from netsim.sim.activation import Periodic
@@ -307,36 +308,18 @@ class _Choco:
         g = torch.stack([t.result for *_, t in tickets])
         self.x = x - self.p.lr * g  # (a)
         d = self.x - self.own.index_select(0, idx)
-        if self.p.compressor == "topk":
-            self.dense, sizes = self._topk(d)
+        if self.p.compressor == "topk":  # no stream: every row in one call
+            comp = self.comps[0]
+            self.dense = comp.topk_rows(d)
+            sizes = [comp.encoded_size(d.shape[1], d.element_size())] * len(self.ids)
         else:  # rand-k and QSGD draw from each agent's stream: one agent at a time, in the round's order
             qs = [self.comps[i](v) for i, v in zip(self.ids, d.unbind(0), strict=True)]  # (b)
             self.dense, sizes = torch.stack([q.decode() for q in qs]), [payload_size(q) for q in qs]
         self.own.index_copy_(0, idx, self.own.index_select(0, idx) + self.dense)
         return sizes
 
-    def _topk(self, d: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """Top-k of every row at once, decoded, and the payload sizes. A row's kept set is the program's when
-        its k-th and (k+1)-th magnitudes differ (the set is then unique, whichever way ties inside it are
-        broken); a row with a tie there is compressed alone by its agent's compressor, as the program does."""
-        comp, (n, dim) = self.comps[0], d.shape
-        k = kept_count(dim, comp.ratio, comp.rounding)
-        dense = torch.zeros_like(d)
-        if k < dim:
-            mags, idx = torch.topk(d.abs(), k + 1, dim=1)
-            tied = (mags[:, k - 1] == mags[:, k]).nonzero().flatten().tolist()
-            idx = idx[:, :k]
-        else:
-            idx, tied = torch.arange(dim, device=d.device).expand(n, dim), []
-        dense.scatter_(1, idx, d.gather(1, idx))  # decode: the kept values in place (top-k's scale is 1)
-        for r in tied:
-            dense[r] = self.comps[self.ids[r]](d[r]).decode()
-        return dense, [comp.encoded_size(dim, d.element_size())] * n
-
     def update(self, got: list[dict]) -> None:
         """(d) for every q delivered (``got[j]``: the senders whose q reached j), then (e) into the bank."""
-        from netsim.compute.mixing import MixUpdate, evaluate
-
         pos = {i: n for n, i in enumerate(self.ids)}
         pairs = [(j, self.slot[j][i], pos[i]) for j, g in enumerate(got) for i in g]
         if pairs:
