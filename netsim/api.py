@@ -179,13 +179,13 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     if engine not in ENGINES:
         raise InputError("--engine", f"unknown engine {engine!r}; one of: {', '.join(ENGINES)}")
     if engine == "windowed":
-        from netsim.sim.windowed import unsupported_run
+        from netsim.rounds import windowed
 
-        why = unsupported_run(sim)
+        why = windowed.refusal(sim)
         if why is not None:
             raise InputError("--engine", f"windowed cannot run this scenario exactly: {why}; use the default "
                                          "engine (events)", source_of(scenario))
-        sim.engine = engine
+        sim.engine, sim.runner = engine, windowed.run
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -200,7 +200,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         return _complete(sim, folder, counts, meta, resumable=setup is None, interruptible=interruptible)
 
 
-ENGINES = ("events", "windowed")  # how a run is executed; both write the same trace (sim/windowed.py)
+ENGINES = ("events", "windowed")  # how a run is executed; both write the same trace (netsim/rounds/)
 LOCK_FILE = ".netsim.lock"
 RESULT_FILES = (SUMMARY_FILE, PARTIAL_SUMMARY, TRACE_FILE, "metrics.csv", "metrics.parquet")
 

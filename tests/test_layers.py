@@ -39,10 +39,11 @@ RULES = {
     "scenario": {"errors"},                                       # only attrs and netsim.errors
     "compute": {"errors", "scenario"},                            # no agents, time or events
     "trace": {"errors", "scenario"},                              # never algorithms, the kernel or the API
-    "comm": {"errors", "scenario", "sim"},                        # parts algorithms use, never the reverse
+    "comm": {"errors", "scenario", "sim", "compute"},             # parts algorithms use, never the reverse
     "privacy": {"errors", "scenario", "sim", "compute", "trace"},
     "sim": {"errors", "scenario", "compute", "trace", "comm", "privacy"},   # never the CLI, API or algorithms
-    "algorithms": {"errors", "scenario", "sim", "comm", "privacy", "compute", "trace"},  # never the CLI or API
+    "rounds": {"errors", "scenario", "sim", "comm", "privacy", "compute", "trace"},  # the kernel form, its drivers
+    "algorithms": {"errors", "scenario", "sim", "rounds", "comm", "privacy", "compute", "trace"},  # never CLI/API
     "metrics": {"errors", "scenario", "trace"},
 }
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, CompressorKind, PublicCopies
-from netsim.comm.patterns import sync_round
+from netsim.comm.compression import Compressor, CompressorKind, PublicCopyRows
+from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -38,19 +38,26 @@ class ChocoParams:
 
 
 @register("choco", ChocoParams)
-def choco(agent, p: ChocoParams):
-    comp = Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=agent.rng("compress"))
-    pc = PublicCopies(comp, agent.params, agent.weights)
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        if p.lr > 0:
-            g = yield agent.gradient(batch=p.batch, params=x)
-            x = x - p.lr * g                                       # (a)
-        q = pc.delta(x)                                            # (b), (d) for the own copy
-        got = yield from sync_round(agent, q, k, timeout=p.round_timeout)  # (c)
-        for j in sorted(got):
-            pc.receive(j, got[j])                                  # (d)
-        agent.params = pc.consensus(x, agent.weights, p.gamma)     # (e)
-        k += 1
+class Choco(RoundKernel):
+    """Steps (a)-(e) of every agent of a batch at once; the public copies of all agents are the run's state
+    (``comm.PublicCopyRows``): each row is compressed by its agent's own compressor and stream."""
+
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"lr", "batch", "gamma", "compressor", "ratio", "unbiased", "bits"})
+    needs = frozenset()
+
+    def init(self, agents, p):
+        comps = [Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=a.rng("compress")) for a in agents]
+        return PublicCopyRows(agents, comps, p.gamma)
+
+    def gradient(self, p, state, i):
+        return GradientRequest(p.batch) if p.lr > 0 else None
+
+    def local(self, b, p):
+        b.half = b.x - p.lr * b.g if b.g is not None else b.x      # (a)
+        q, sizes = b.state.delta(b.agents, b.half)                   # (b), (d) for the own copies
+        b.send(q, sizes)                                             # (c): the q's travel decoded, sized encoded
+
+    def combine(self, b, p, got):
+        b.state.receive(b.agents, got)                               # (d)
+        b.defer(b.state.consensus(b.agents, b.half))                 # (e)

@@ -41,6 +41,7 @@ import attrs
 
 from netsim.algorithms.registry import register
 from netsim.errors import InputError
+from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -114,46 +115,48 @@ def noise_std(agent, p: DPDPSGDParams, dim: int) -> float:
     return sens * _multiplier(p.epsilon, _delta(agent.scenario, p), q, int(steps), p.accountant)
 
 
-def check(sim, p: DPDPSGDParams) -> None:
-    """Before the run: an epsilon target needs the number of releases T."""
-    if p.epsilon is not None and p.rounds is None and sim.scenario.run.rounds is None:
-        raise InputError("algorithm.rounds", "an epsilon target needs T: set algorithm.rounds or run.rounds")
-
-
 @register("dp_dpsgd", DPDPSGDParams)
-def dp_dpsgd(agent, p: DPDPSGDParams):
-    from netsim.privacy.mechanisms import clip
+class DPDPSGD(RoundKernel):
+    """Round k of agent i: g~ = clip, then noise (its one release), send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k
+    - gamma_k g~. An agent whose budget cap is reached (its release refused) stops taking gradients and only
+    gossips."""
 
-    q = min(1.0, p.batch / len(agent.rows))
-    spent = False
-    sigma = sens = None
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        step = None
-        if not spent:
-            if p.clip_mode == "per_example":  # Abadi et al. Alg. 1: clip each example, average
-                g = yield agent.gradient(batch=p.batch, params=x, clip=p.clip, clip_kind=p.clip_kind)
-            else:                             # the batch mean gradient, clipped as one vector
-                g = yield agent.gradient(batch=p.batch, params=x)
-                g = clip(g, p.clip, p.clip_kind)
-            if sigma is None:
-                sens, sigma = release_scale(agent, p, g.numel())
-            step = agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what="gradient")
-            spent = step is None
-        yield agent.broadcast(x, tag="model", round=k)              # x_i^k (post-processing)
-        got = yield agent.gather(tag="model", round=k, timeout=p.round_timeout)
-        lr = p.lr / (1.0 + p.lr_decay * k)
-        agent.mix_into_params(x, got, step=step, lr=lr)             # Lian et al. Alg. 1, line 6 (batched)
-        k += 1
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"lr", "batch", "clip", "clip_kind", "clip_mode", "noise_multiplier", "sigma", "epsilon",
+                       "delta", "accountant", "rounds", "lr_decay"})
+    needs = frozenset({"no_budget_cap"})  # an agent out of budget leaves the round's order
+
+    def init(self, agents, p):
+        return {"spent": set(), "scale": {}}  # agents out of budget; agent: (sensitivity, sigma)
+
+    def gradient(self, p, state, i):
+        if state is not None and i in state["spent"]:
+            return None
+        if p.clip_mode == "per_example":  # Abadi et al. Alg. 1: clip each example, average
+            return GradientRequest(p.batch, p.clip, p.clip_kind)
+        return GradientRequest(p.batch)   # the batch mean gradient, clipped as one vector in ``local``
+
+    def local(self, b, p):
+        b.step = None
+        if b.g is not None:
+            g = b.g if p.clip_mode == "per_example" else b.clip(b.g, p.clip, p.clip_kind)
+            scale = [b.state["scale"].get(a.id) or b.state["scale"].setdefault(a.id, release_scale(a, p, g.shape[1]))
+                     for a in b.agents]
+            q = [min(1.0, p.batch / len(a.rows)) for a in b.agents]
+            b.step = b.privatize(g, [s for _, s in scale], [s for s, _ in scale], q, what="gradient")
+            b.state["spent"].update(a.id for a, s in zip(b.agents, b.step, strict=True) if s is None)
+        b.send(b.x)                                                   # x_i^k (post-processing)
+
+    def combine(self, b, p, got):
+        lr = p.lr / (1.0 + p.lr_decay * b.k)
+        b.mix_into_params(b.x, got, step=b.step, lr=lr)              # Lian et al. Alg. 1, line 6 (batched)
+
+    def check(self, sim, p):
+        """Before the run: an epsilon target needs the number of releases T."""
+        if p.epsilon is not None and p.rounds is None and sim.scenario.run.rounds is None:
+            raise InputError("algorithm.rounds", "an epsilon target needs T: set algorithm.rounds or run.rounds")
 
 
 def release_scale(agent, p: DPDPSGDParams, dim: int) -> tuple[float, float]:
-    """(sensitivity, noise std) of agent's releases of a dim-sized gradient: what the program computes at its
-    first release (the windowed runner, sim/windowed.py, asks for it the same way)."""
+    """(sensitivity, noise std) of agent's releases of a dim-sized gradient."""
     return sensitivity(p, dim), noise_std(agent, p, dim)
-
-
-dp_dpsgd.check = check
-dp_dpsgd.release_scale = release_scale

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import sync_round
+from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -27,13 +27,18 @@ class DPSGDParams:
 
 
 @register("dpsgd", DPSGDParams)
-def dpsgd(agent, p: DPSGDParams):
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        g = yield agent.gradient(batch=p.batch, params=x)            # grad F_i(x_i^k), batched
-        got = yield from sync_round(agent, x, k, timeout=p.round_timeout)  # send x_i^k, barrier
-        lr = p.lr / (1.0 + p.lr_decay * k)
-        agent.mix_into_params(x, got, step=g, lr=lr)                # Algorithm 1, line 6: sum_j W_ij x_j - lr g
-        k += 1
+class DPSGD(RoundKernel):
+    """Round k of every agent i: send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k - gamma_k grad F_i(x_i^k; xi_i^k)."""
+
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"lr", "batch", "lr_decay"})
+
+    def gradient(self, p, state, i):
+        return GradientRequest(p.batch)                              # grad F_i(x_i^k), batched
+
+    def local(self, b, p):
+        b.send(b.x)                                                  # x_i^k to the out-neighbours
+
+    def combine(self, b, p, got):
+        lr = p.lr / (1.0 + p.lr_decay * b.k)
+        b.mix_into_params(b.x, got, step=b.g, lr=lr)                 # Algorithm 1, line 6

@@ -22,7 +22,8 @@ from typing import Literal
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import drain
+from netsim.rounds import GradientRequest, RoundKernel
+from netsim.rounds.push import PushGossip
 from netsim.scenario.structure import at_least, field, nonneg
 
 
@@ -36,25 +37,26 @@ class PushGossipParams:
 
 
 @register("push_gossip", PushGossipParams)
-def push_gossip(agent, p: PushGossipParams):
-    rng = agent.rng()
-    neighbors = agent.neighbors
-    updates = 0
-    picks: list[int] = []  # peers drawn 256 at a time from the agent's own stream (one call, not 256)
-    while True:
-        yield agent.wake()
-        got = drain(agent, "gossip")
-        x = agent.params  # a copy: updated in place below (one small tensor op per step)
-        if got:
-            each = p.update == "per_receipt"
-            for n, m in enumerate(got, 1):  # MU: merge each received model in turn, (x + x_j) / 2 ...
-                x.add_(m.payload).mul_(0.5)
-                if p.lr > 0 and (each or n == len(got)):  # ... then update (after each, or after the last)
-                    g = yield agent.gradient(batch=p.batch, params=x)  # x is not written until g is back
-                    x.sub_(g, alpha=p.lr / (1.0 + p.lr_decay * updates))
-                    updates += 1
-            agent.params = x
-        if neighbors:  # x is never written again: it can travel as the payload without a copy
-            if not picks:
-                picks = rng.integers(len(neighbors), size=256).tolist()[::-1]
-            agent.send(neighbors[picks.pop()], x, tag="gossip")
+class GossipLearning(RoundKernel):
+    """Each receipt: x <- (x + x_received) / 2, then (per receipt, or after the round's last) x <- x - gamma_k
+    grad F_i(x), k = the agent's updates so far; then push x to one random neighbour."""
+
+    pattern = PushGossip(tag="gossip")
+    reads = frozenset({"lr", "batch", "lr_decay", "update"})
+
+    def init(self, agents, p):
+        return [0] * len(agents)  # updates so far, per agent
+
+    def combine(self, b, p, received):
+        b.x.add_(received).mul_(0.5)                                 # MU: merge ...
+
+    def update_after(self, p, n, received):
+        if p.lr > 0 and (p.update == "per_receipt" or n == received):
+            return GradientRequest(p.batch)                          # ... then update
+        return None
+
+    def update(self, b, p, g):
+        updates = b.state
+        b.step(g, [p.lr / (1.0 + p.lr_decay * updates[a.id]) for a in b.agents])
+        for a in b.agents:
+            updates[a.id] += 1

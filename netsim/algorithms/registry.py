@@ -1,4 +1,6 @@
-"""Algorithms by name. An algorithm is a generator ``fn(agent, params)`` plus an attrs params class.
+"""Algorithms by name. An algorithm is a round kernel (``netsim.rounds.RoundKernel``: its per-round math,
+run by both engines) or a generator ``fn(agent, params)`` (a coroutine program, events engine only), plus an
+attrs params class.
 
 Register with ``@register("name", Params)``; third-party packages register through the
 ``netsim.algorithms`` entry point group, and users load a file with ``--plugin``. A scenario file
@@ -28,7 +30,10 @@ def register(name: str, params: type) -> Callable[[Callable], Callable]:
         raise TypeError(f"params of algorithm {name!r} must be an attrs class")
 
     def deco(fn: Callable) -> Callable:
-        REGISTRY[name] = (fn, params)
+        from netsim.rounds.kernel import RoundKernel
+
+        # a round kernel class is registered as its instance, which is the program (``kernel(agent, params)``)
+        REGISTRY[name] = (fn() if isinstance(fn, type) and issubclass(fn, RoundKernel) else fn, params)
         return fn
 
     return deco

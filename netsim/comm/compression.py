@@ -219,3 +219,56 @@ class PublicCopies:
         for j in sorted(self.copies):
             out.add_(self.copies[j] - self.own, alpha=gamma * weights[j])
         return out
+
+
+class PublicCopyRows:
+    """``PublicCopies`` of every agent of a run at once, for a round kernel (CHOCO-SGD, Koloskova, Stich, Jaggi,
+    ICML 2019, Algorithm 2, steps (b), (d), (e)): own copies xhat_i as the rows of one tensor, each agent's copies
+    of its in-neighbours in slots (ascending neighbour order, the order of its consensus sum), both kept in the
+    parameter bank (``Agent.shared_state``: checkpointed). Every step is ``PublicCopies``' own float operation on
+    each row, so a batch of one and a batch of all agents give the same bits."""
+
+    def __init__(self, agents, compressors: list[Compressor], gamma: float):
+        self.comps = compressors
+        self.nbrs = [sorted(a.weights) for a in agents]
+        self.alphas = [[gamma * a.weights[j] for j in nb] for a, nb in zip(agents, self.nbrs, strict=True)]
+        self.slot = [{j: s for s, j in enumerate(nb)} for nb in self.nbrs]
+        p = agents[0].params.numel()
+        self.own = agents[0].shared_state("choco.own", (p,))
+        self.copies = agents[0].shared_state("choco.copies", (max(map(len, self.nbrs), default=0), p))
+
+    def delta(self, agents, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """q_n = C(x_n - xhat_n) of each agent n of ``agents`` (rows of ``x``), already added to its own copy:
+        the decoded q's and their encoded sizes. Top-k draws nothing: every row in one call; rand-k and QSGD
+        draw from each agent's stream, one agent at a time."""
+        from netsim.sim.network import payload_size
+
+        idx = torch.tensor([a.id for a in agents], device=x.device)
+        d = x - self.own.index_select(0, idx)
+        comp = self.comps[agents[0].id]
+        if comp.kind == "topk":
+            dense = comp.topk_rows(d)
+            sizes = [comp.encoded_size(d.shape[1], d.element_size())] * len(agents)
+        else:
+            qs = [self.comps[a.id](v) for a, v in zip(agents, d.unbind(0), strict=True)]
+            dense, sizes = torch.stack([q.decode() for q in qs]), [payload_size(q) for q in qs]
+        self.own.index_copy_(0, idx, self.own.index_select(0, idx) + dense)
+        return dense, sizes
+
+    def receive(self, agents, got: list[dict]) -> None:
+        """xhat_j += q_j for every decoded q_j that reached agent n of ``agents`` (``got[n]``: {j: q_j})."""
+        pairs = [(a.id, self.slot[a.id][j], q) for a, g in zip(agents, got, strict=True) for j, q in g.items()]
+        if pairs:
+            dev = self.copies.device
+            rows = torch.tensor([r for r, _, _ in pairs], device=dev)
+            slots = torch.tensor([s for _, s, _ in pairs], device=dev)
+            self.copies[rows, slots] = self.copies[rows, slots] + torch.stack([q for *_, q in pairs])
+
+    def consensus(self, agents, x: torch.Tensor) -> list:
+        """x_n + gamma sum_j W_nj (xhat_j - xhat_n) of each agent n, as ``MixUpdate``'s for the bank."""
+        from netsim.compute.mixing import MixUpdate
+
+        idx = torch.tensor([a.id for a in agents], device=x.device)
+        diffs = self.copies.index_select(0, idx) - self.own.index_select(0, idx).unsqueeze(1)
+        return [MixUpdate(a.id, x[n], 1.0, self.alphas[a.id], list(diffs[n, :len(self.nbrs[a.id])].unbind(0)), 0.0,
+                          None) for n, a in enumerate(agents)]

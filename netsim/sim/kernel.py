@@ -139,7 +139,8 @@ class Simulation:
         self.restored_metrics: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.programs_limit = 4 * n + 64
-        self.engine = "events"  # or "windowed": api.run(engine=...) after windowed.unsupported_run
+        self.engine = "events"  # or "windowed": api.run(engine=...) after rounds.windowed.refusal
+        self.runner = None  # a windowed driver (``rounds.windowed.run``) that plays the run instead of the events
         self.progress: Callable[[float], None] | None = None
         self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
@@ -317,13 +318,11 @@ class Simulation:
 
     def advance(self, to_step: int | None = None) -> None:
         """Process events until the run stops, it is interrupted, or ``to_step`` events are done. With
-        ``engine = "windowed"`` (set by ``api.run`` after ``windowed.unsupported_run`` said yes), the run is
-        played window by window instead, with the same trace (sim/windowed.py)."""
-        if self.engine == "windowed":
-            from netsim.sim import windowed
-
+        a ``runner`` (set by ``api.run`` after ``rounds.windowed.refusal`` said none), the run is played window
+        by window instead, with the same trace (netsim/rounds/)."""
+        if self.runner is not None:
             with _lean_gc():
-                windowed.run(self)
+                self.runner(self)
             self.wall += time.perf_counter() - self._t0
             self._t0 = time.perf_counter()
             return

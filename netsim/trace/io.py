@@ -8,7 +8,9 @@ The schema metadata holds the schema version, the resolved scenario text and its
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
 from pathlib import Path
 
@@ -118,6 +120,17 @@ class TraceWriter:
             if len(buf) >= self.flush_every:
                 self.flush()
                 buf = self.buffer
+
+    @contextlib.contextmanager
+    def capturing(self, into: list):
+        """Rows emitted inside the block go to ``into`` instead of the trace, for a driver that places them
+        itself (the windowed engine puts an agent's releases between its rows); nothing is flushed meanwhile."""
+        saved = self.buffer, self.flush_every
+        self.buffer, self.flush_every = into, math.inf
+        try:
+            yield into
+        finally:
+            self.buffer, self.flush_every = saved
 
     def flush(self) -> None:
         if not self.buffer:

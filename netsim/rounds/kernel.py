@@ -1,0 +1,180 @@
+"""Round kernels: an algorithm written once, as its per-round math over a batch of agents.
+
+A round-structured method (D-PSGD and its private and compressed variants, gossip learning) is a
+``RoundKernel``: ``local`` says what each agent of a batch sends, after the gradient it asked for with
+``gradient``; ``combine`` says what it does with what arrived; ``pattern`` names the exchange between the
+two, and the pattern owns everything else (waking, links, barriers, timeouts, the trace). In the events
+engine the pattern runs each agent as a generator over a batch of one; in the windowed engine its driver
+plays every agent of a round as one batch, with the events engine's exact trace. Because a batch's rows are
+computed by the same float operations whatever the batch (everything a kernel does goes through ``Batch``,
+whose operations are row-wise or per agent in the agent's own order), both engines give the same bits.
+
+A kernel is stateless: what outlives a round lives in the run's state (``init``: tensors of all agents,
+e.g. in ``Batch.state_rows``, which the parameter bank keeps and checkpoints) or in the agents' streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from netsim.compute.noise import gaussian_noise_rows
+
+
+@attrs.frozen
+class GradientRequest:
+    """What a kernel's agent asks the gradient service for before ``local``: a mini-batch of ``batch`` rows
+    (0: all local data), optionally the mean of per-example gradients clipped to ``clip``."""
+
+    batch: int
+    clip: float | None = None
+    clip_kind: str = "l2"
+
+
+class Batch:
+    """Agents at the same step of round ``k``: one agent in the events engine, all those a round activates
+    in the windowed driver, in the engine's order. ``x``: their parameter rows at activation (a (B, P) copy),
+    ``g``: their gradients (rows, or None for an agent that asked for none), ``state``: the run's kernel state
+    (``RoundKernel.init``). A kernel may keep its own values on the batch between ``local`` and ``combine``."""
+
+    def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
+                 at: Callable[[int], Any] | None = None):
+        self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
+        self.out: list | None = None
+        self.sizes: list[int] | None = None
+        self._at = at  # the windowed driver's hook: the clock and trace position of agent n's release
+
+    @property
+    def ids(self) -> list[int]:
+        return [a.id for a in self.agents]
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    def index(self) -> torch.Tensor:
+        """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
+        return torch.tensor(self.ids, device=self.x.device)
+
+    # what a kernel does ---------------------------------------------------------------------------------
+    def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
+        """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
+        the wire when a payload is carried decoded, e.g. a compressed vector)."""
+        self.out = list(payloads.unbind(0)) if isinstance(payloads, torch.Tensor) else list(payloads)
+        self.sizes = None if sizes is None else list(sizes)
+
+    def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
+                        lr: float = 1.0) -> None:
+        """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
+        bank, which computes every waiting update in one batched call)."""
+        steps = [None] * len(self) if step is None else step
+        for a, x, g, s in zip(self.agents, own, got, steps, strict=True):
+            a.mix_into_params(x, g, step=s, lr=lr)
+
+    def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
+        """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
+        if len(self) == 1:
+            self.x.sub_(g, alpha=lrs[0])
+            return
+        by: dict[float, list[int]] = {}
+        for n, lr in enumerate(lrs):
+            by.setdefault(lr, []).append(n)
+        for lr, ns in by.items():
+            if len(ns) == len(self):
+                self.x.sub_(g, alpha=lr)
+            else:
+                idx = torch.tensor(ns, device=self.x.device)
+                self.x.index_copy_(0, idx, self.x.index_select(0, idx).sub_(g.index_select(0, idx), alpha=lr))
+
+    def set_params(self, rows: torch.Tensor) -> None:
+        """Each agent's parameters := its row."""
+        bank = self.agents[0].sim.bank
+        if len(self) == 1:
+            bank.set(self.agents[0].id, rows[0])
+        else:
+            bank.W.index_copy_(0, self.index(), rows)
+
+    def defer(self, updates: Sequence) -> None:
+        """Hand ``compute.mixing.MixUpdate``'s to the bank (computed with every other waiting one)."""
+        bank = self.agents[0].sim.bank
+        for u in updates:
+            bank.defer(u)
+
+    def clip(self, g: torch.Tensor, bound: float, kind: str = "l2") -> torch.Tensor:
+        """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), row by row."""
+        from netsim.privacy.mechanisms import clip
+
+        return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
+
+    def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
+                  q: Sequence[float], what: str = "gradient") -> list[torch.Tensor | None]:
+        """Row n plus Gaussian noise of std ``sigma[n]`` from agent n's own noise generator, each release
+        accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
+        is reached. The noise of the batch is drawn in one call (the same bits as one release at a time)."""
+        out: list[torch.Tensor | None] = []
+        noised = []
+        for n, a in enumerate(self.agents):
+            led = a.ledger
+            if self._at is not None:
+                with self._at(n):
+                    ok = led.record(g.shape[1], sigma[n], sensitivity[n], q=q[n], what=what)
+            else:
+                ok = led.record(g.shape[1], sigma[n], sensitivity[n], q=q[n], what=what)
+            out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
+            if ok and sigma[n]:
+                noised.append(n)
+        if noised:
+            rows = g[noised] if len(noised) < len(self) else g
+            z = gaussian_noise_rows(g.shape[1:], [sigma[n] for n in noised],
+                                    [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
+            for n, r in zip(noised, (rows + z).unbind(0), strict=True):
+                out[n] = r
+        return out
+
+
+class RoundKernel:
+    """An algorithm's per-round math over a batch of agents (see the module docstring). Subclasses set
+    ``pattern`` (how a round exchanges messages), ``reads`` (the Params fields the kernel itself reads; the
+    pattern reads its own) and ``needs`` (what the windowed driver's exactness needs beyond the pattern's
+    own conditions: ``"gradient"``, every round takes one; ``"no_budget_cap"``, no agent stops releasing),
+    and implement ``gradient``, ``local`` and ``combine``.
+
+    Registered with ``@register(name, Params)`` on the class; the registry keeps an instance, which is the
+    program the events engine runs for every agent (``kernel(agent, params)``)."""
+
+    pattern: ClassVar[Any]
+    reads: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
+        """What agent ``i`` asks the gradient service for this round (None: no gradient)."""
+        return None
+
+    def init(self, agents: Sequence, p: Any) -> Any:
+        """The run's state, made once before the first round (default: none)."""
+        return None
+
+    def local(self, b: Batch, p: Any) -> None:
+        """After the gradients: what each agent sends (``b.send``)."""
+        raise NotImplementedError
+
+    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
+        """After the exchange: each agent's update from ``got[n]`` = {sender: payload} of what arrived."""
+        raise NotImplementedError
+
+    def check(self, sim: Any, p: Any) -> None:
+        """Checks that need the built simulation (agent count, graph), before the run."""
+
+    def state_of(self, agent: Any, p: Any) -> Any:
+        """The run's state (``init``), made on first use and shared by every agent of the run."""
+        return agent.service((type(self), "state"), lambda: self.init(agent.sim.agents, p))
+
+    def __call__(self, agent: Any, p: Any):
+        """The events engine's program for ``agent``: the pattern's generator over a batch of one."""
+        return self.pattern.program(self, agent, p)
+
+    @property
+    def __name__(self) -> str:  # the registry's and the CLI's name for a program
+        return type(self).__name__

@@ -1,0 +1,212 @@
+"""Push to one peer: each activation, merge every model that arrived since the last one (in arrival order), with
+an update after each merge the kernel asks for one, then push the model to one random out-neighbour and go on
+(Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully distributed data", 2013,
+Algorithm 1's skeleton). Nothing waits, so there are no timeouts.
+
+``program`` is the events engine's generator for one agent; ``play`` the windowed driver. Its ordering rules
+(docs/architecture.md, "Round kernels"), within a tick: each agent in wake order is activated and takes what
+arrived; an agent with nothing to merge pushes at once; the others ask for their first gradient
+(``compute_start``); the gradients come back after the compute time in the order they were asked for, each
+followed by the agent's next request or, done, its push; the peer is drawn from the agent's own stream
+(256 at a time) and each push draws its link's latency and loss in push order; every push lands after the
+last gradient and before the next tick, delivered in (arrival time, send) order. The tensor work is batched
+slot by slot: every agent's s-th merge in one call, then their s-th update's gradients in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import attrs
+import torch
+
+from netsim.comm.patterns import drain
+from netsim.rounds.kernel import Batch
+from netsim.sim.network import payload_size
+from netsim.trace.events import Finish
+from netsim.trace.events import row as event_row
+
+
+@attrs.frozen
+class PushGossip:
+    """The pattern: models tagged ``tag``; the kernel's ``combine`` merges one received model into each row,
+    ``update_after`` says after which receipts an update (a gradient, then ``update``) follows."""
+
+    tag: str = "gossip"
+    reads: frozenset[str] = frozenset()
+
+    def program(self, kernel, agent, p) -> Generator:
+        state = kernel.state_of(agent, p)
+        rng = agent.rng()
+        neighbors = agent.neighbors
+        one = [agent]
+        picks: list[int] = []  # peers drawn 256 at a time from the agent's own stream (one call, not 256)
+        while True:
+            yield agent.wake()
+            got = drain(agent, self.tag)
+            x = agent.params  # a copy: the batch's row is a view of it, updated in place
+            if got:
+                b = Batch(one, agent.round, x.unsqueeze(0), None, state)
+                for n, m in enumerate(got, 1):
+                    kernel.combine(b, p, m.payload.unsqueeze(0))
+                    req = kernel.update_after(p, n, len(got))
+                    if req is not None:
+                        g = yield agent.gradient(batch=req.batch, params=x)  # x is not written until g is back
+                        kernel.update(b, p, g.unsqueeze(0))
+                agent.params = x
+            if neighbors:  # x is never written again: it can travel as the payload without a copy
+                if not picks:
+                    picks = rng.integers(len(neighbors), size=256).tolist()[::-1]
+                agent.send(neighbors[picks.pop()], x, tag=self.tag)
+
+    # the windowed driver ------------------------------------------------------------------------------
+    def refusal(self, sim, kernel) -> str | None:
+        sc, p = sim.scenario, sim.params
+        ag, lat = sc.agents, sc.network.latency
+        low, top = {"constant": (lat.value, lat.value),
+                    "uniform": (lat.low, lat.high)}.get(lat.kind, (None, None))
+        if top is None:
+            return f"latency {lat.kind!r} has no upper bound: a message could land in a later round"
+        ct = ag.compute_time.value
+        if ct + top >= ag.activation.period:
+            return "a message can land after the next activation"
+        if low <= ct:
+            return "a message can land before the round's gradients are back (latency <= compute time)"
+        most = max(len(a.in_neighbors) for a in sim.agents)  # at most one push per in-neighbour a round
+        chain = sum(kernel.update_after(p, n, most) is not None for n in range(1, most + 1)) * ct
+        if chain > ct and (chain + top >= ag.activation.period or low <= chain):
+            return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
+                    f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
+        return None
+
+    def play(self, sim, kernel, wake) -> None:
+        p, agents, writer, net, bank, svc = sim.params, sim.agents, sim.writer, sim.network, sim.bank, sim.gradients
+        state = kernel.state_of(agents[0], p)
+        limit = sim.scenario.run.rounds
+        mid = net.next_id
+        tag = self.tag
+        rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
+        picks: list[list[int]] = [[] for _ in agents]
+        inbox: list[list] = [[] for _ in agents]  # payloads in arrival order since the last activation
+        order = [(a.id, float(sim.env.now)) for a in agents]
+
+        def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
+            nonlocal mid
+            nb = a.neighbors
+            if not picks[i]:
+                picks[i] = rngs[i].integers(len(nb), size=256).tolist()[::-1]
+            j = nb[picks[i].pop()]
+            link = net.links.get((i, j)) or net.link(i, j)
+            size = payload_size(x)
+            delay = now - now + link.latency()
+            rows.append((now, "send", i, j, mid, size, delay, a.round, tag))
+            if link.lost is not None and link.lost() < net.p_loss:
+                rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+            else:
+                arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
+            mid += 1
+
+        def finish(i: int, t: float, rows: list) -> None:
+            agents[i].finished = True
+            rows.append(event_row(Finish(t, i, agents[i].round)))
+            sim.agent_finished()
+
+        def batch(who: list[int], X: torch.Tensor) -> tuple[Batch, torch.Tensor]:
+            idx = torch.tensor(who, device=X.device)
+            return Batch([agents[i] for i in who], agents[who[0]].round, X.index_select(0, idx), None, state), idx
+
+        while True:
+            rows: list[tuple] = []
+            arrivals: list = []
+            woke: list = []  # (agent, when it calls wake): in the engine's order
+            X = bank.W.clone()  # this round's x of every agent (each program's ``agent.params``)
+            xs = X.unbind(0)
+            merged, ends = [], []  # ends: (agent, when its first gradient is back) in request order
+            asks: dict[int, int] = {}  # agent: gradients it asks for this round
+            for t_act, _, i, at in wake(sim, order):
+                a = agents[i]
+                rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+                got, inbox[i] = inbox[i], []
+                if got:
+                    merged.append((i, got))  # merged below, before anything reads x (the gradient, a receiver)
+                    asks[i] = sum(kernel.update_after(p, n, len(got)) is not None for n in range(1, len(got) + 1))
+                    if asks[i]:
+                        ct = a._compute() * a.compute_scale
+                        rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        ends.append((i, t_act + ct))
+                        continue
+                push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
+                woke.append((i, t_act))
+                if a.round >= limit:
+                    finish(i, t_act, rows)
+            # the tensor work in the engine's batches: wave q is every agent's q-th gradient (asked for at the same
+            # time, so evaluated in one batch), after the merges before it; then the merges after the last update
+            ups = {i: [n for n in range(1, len(g) + 1) if kernel.update_after(p, n, len(g)) is not None]
+                   for i, g in merged}
+            done = dict.fromkeys(ups, 0)  # receipts merged so far
+            inbox_got = dict(merged)
+
+            def merge_to(target: dict[int, int], X=X, done=done, inbox_got=inbox_got, merged=merged) -> None:
+                _merge_to(kernel, p, batch, merged, inbox_got, done, target, X)
+
+            for q in range(max((len(u) for u in ups.values()), default=0)):
+                wave = [i for i, _ in merged if len(ups[i]) > q]
+                merge_to({i: ups[i][q] for i in wave})
+                b, idx = batch(wave, X)
+                tickets = [svc.submit(i, xs[i], agents[i].sample_rows(kernel.update_after(
+                    p, ups[i][q], len(inbox_got[i])).batch)) for i in wave]
+                svc.flush()
+                kernel.update(b, p, torch.stack([t.result for t in tickets]))
+                X.index_copy_(0, idx, b.x)
+            merge_to({i: len(g) for i, g in merged})
+            if merged:  # agent.params = x, for every agent that merged
+                idx = torch.tensor([i for i, _ in merged], device=X.device)
+                bank.W.index_copy_(0, idx, X.index_select(0, idx))
+            # the rows of the gradients' completions in time order (ties: the order they were requested), each
+            # followed by the agent's next gradient request or its push
+            left = {i: n - 1 for i, n in asks.items() if n}
+            while ends:
+                ends.sort(key=lambda e: e[1])  # stable: ties in request order
+                nxt = []
+                for i, t_done in ends:
+                    a = agents[i]
+                    rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    if left[i]:
+                        left[i] -= 1
+                        ct = a._compute() * a.compute_scale
+                        rows.append((t_done, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        nxt.append((i, t_done + ct))
+                        continue
+                    push(i, xs[i], t_done, rows, arrivals, a)
+                    woke.append((i, t_done))
+                    if a.round >= limit:
+                        finish(i, t_done, rows)
+                ends = nxt
+            end = max(t for _, t in woke)
+            if agents[woke[0][0]].round >= limit:  # the run stops at the last finish: nothing after it happens
+                writer.emit_rows(rows)
+                break
+            arrivals.sort(key=lambda e: (e[0], e[1]))  # by time, ties in send order
+            for t_arr, m, i, j, size, sent, rnd, x in arrivals:
+                rows.append((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, tag))
+                inbox[j].append(x)
+            writer.emit_rows(rows)
+            order = woke
+            if sim.progress is not None:
+                sim.progress(end)
+        net.next_id = mid
+        sim.env._now = end
+
+
+def _merge_to(kernel, p, batch, merged: list, got: dict, done: dict, target: dict, X: torch.Tensor) -> None:
+    """Merge each agent's next receipts until ``done[i]`` reaches ``target[i]``: one batch per step, in the order
+    of ``merged`` (rows are independent, so agents at different receipts share a batch)."""
+    while True:
+        who = [i for i, _ in merged if done[i] < target.get(i, 0)]
+        if not who:
+            return
+        b, idx = batch(who, X)
+        kernel.combine(b, p, torch.stack([got[i][done[i]] for i in who]))
+        X.index_copy_(0, idx, b.x)
+        for i in who:
+            done[i] += 1

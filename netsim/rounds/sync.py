@@ -1,0 +1,187 @@
+"""Synchronous barrier rounds: wake, gradient, ``local``, send to every out-neighbour, wait for every
+in-neighbour's message of the round or the timeout, ``combine`` (Lian et al., "Can Decentralized
+Algorithms Outperform Centralized Algorithms?", NeurIPS 2017, Algorithm 1's round structure).
+
+``program`` is the events engine's generator for one agent; ``play`` the windowed driver, which plays every
+round of every agent as one batch and emits exactly the rows the engine would, in its order (the contract in
+docs/architecture.md, "Round kernels"):
+
+- simpy orders simultaneous events by insertion, so round k's agents are activated in the order their
+  barriers completed in round k-1 (the order of the delivery that completed each, then the timed-out ones in
+  the order their timers were set); their gradient requests follow that order (``compute_start``), and so do
+  the gradients' completions (``compute_end``), each followed by the agent's releases and its sends;
+- each send draws its link's latency and loss in send order (a lost message is a ``drop`` row at once);
+- deliveries follow the sends; a barrier completes on its last expected delivery; the others time out at
+  ``compute end + round_timeout`` (a ``timeout`` row with the missing count), in the order they were set;
+- after ``run.rounds`` activations every agent finishes as it wakes: those whose barrier completed, at their
+  last delivery, before the timed-out ones.
+
+The driver is exact only where these rules decide the order: ``refusal`` says why not otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import attrs
+import torch
+
+from netsim.rounds.kernel import Batch
+from netsim.sim.activation import Periodic
+from netsim.sim.network import payload_size
+from netsim.trace.events import Finish, Timeout
+from netsim.trace.events import row as event_row
+
+
+@attrs.frozen
+class SyncRounds:
+    """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
+
+    tag: str = "model"
+    reads: frozenset[str] = frozenset({"round_timeout"})
+
+    def program(self, kernel, agent, p) -> Generator:
+        """One agent's rounds in the events engine (a batch of one)."""
+        state = kernel.state_of(agent, p)
+        one = [agent]
+        k = 0
+        while True:
+            yield agent.wake()
+            x = agent.params
+            req = kernel.gradient(p, state, agent.id)
+            g = None
+            if req is not None:
+                g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
+                g = g.unsqueeze(0)
+            b = Batch(one, k, x.unsqueeze(0), g, state)
+            kernel.local(b, p)
+            size = None if b.sizes is None else b.sizes[0]
+            yield agent.broadcast(b.out[0], tag=self.tag, round=k, size=size)
+            got = yield agent.gather(tag=self.tag, round=k, timeout=p.round_timeout)
+            kernel.combine(b, p, [got])
+            k += 1
+
+    # the windowed driver ------------------------------------------------------------------------------
+    def refusal(self, sim, kernel) -> str | None:
+        """Why the rounds of this built simulation are not exact windows for this driver (None: they are)."""
+        sc, p = sim.scenario, sim.params
+        lat = sc.network.latency
+        if lat.kind != "constant":
+            return "links do not have one constant latency (the barrier orders agents by arrival)"
+        if any(kernel.gradient(p, None, a.id) is None for a in sim.agents):
+            return f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute phase)"
+        if sc.agents.compute_time.value + lat.value >= p.round_timeout:
+            return "a round's messages can miss the barrier's timeout"
+        if sc.network.loss:
+            return _round_times(sc, p.round_timeout)
+        return None
+
+    def play(self, sim, kernel, wake) -> None:
+        """Play the run round by round (see the module docstring)."""
+        p, agents, writer, net, svc = sim.params, sim.agents, sim.writer, sim.network, sim.gradients
+        state = kernel.state_of(agents[0], p)
+        limit = sim.scenario.run.rounds
+        expect = [len(a.in_neighbors) for a in agents]
+        mid = net.next_id
+        tag = self.tag
+        order = [(a.id, float(sim.env.now)) for a in agents]  # (agent, when it called wake)
+        k = 0
+        while True:
+            rows: list[tuple] = []
+            row = rows.append
+            acts = wake(sim, order)
+            ids = [i for _, _, i, _ in acts]
+            X = sim.bank.W  # each agent's params as the engine snapshots them at its activation
+            x = X.index_select(0, torch.tensor(ids, device=X.device))
+            done_at = []
+            tickets = []
+            for n, (t_act, _, i, at) in enumerate(acts):  # activate; the program up to its gradient request
+                a = agents[i]
+                row((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+                ct = a._compute() * a.compute_scale
+                row((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                req = kernel.gradient(p, state, i)
+                tickets.append(svc.submit(i, x[n], a.sample_rows(req.batch), req.clip, req.clip_kind)
+                               if req.clip is not None else svc.submit(i, x[n], a.sample_rows(req.batch)))
+                done_at.append(t_act + ct)
+            svc.flush()  # the first completion evaluates every pending request in one batched call
+            g = torch.stack([t.result for t in tickets])
+            released: list[list[tuple]] = [[] for _ in acts]  # each agent's rows made inside ``local``
+
+            def at(n: int, done_at=done_at, released=released):
+                sim.env._now = done_at[n]  # the agent's clock when its program runs on (its gradient is back)
+                return writer.capturing(released[n])
+
+            b = Batch([agents[i] for i in ids], k, x, g, state, at)
+            kernel.local(b, p)
+            sends = []
+            for n, (i, t_done) in enumerate(zip(ids, done_at, strict=True)):  # compute_end, releases, the sends
+                row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                rows += released[n]
+                size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
+                for j in agents[i].neighbors:
+                    link = net.links.get((i, j)) or net.link(i, j)
+                    delay = t_done - t_done + link.latency()
+                    row((t_done, "send", i, j, mid, size, delay, k, tag))
+                    if link.lost is not None and link.lost() < net.p_loss:
+                        row((t_done, "drop", i, j, mid, size, delay, k, "loss"))
+                    else:
+                        sends.append((t_done + delay, n, j, mid, size, t_done))
+                    mid += 1
+            got: list[dict] = [{} for _ in agents]
+            done = []
+            for t_arr, n, j, m, size, sent in sends:  # deliveries in send order; barriers complete on the last
+                i = ids[n]
+                row((t_arr, "deliver", j, i, m, size, t_arr - sent, k, tag))
+                gj = got[j]
+                gj[i] = b.out[n]
+                if len(gj) == expect[j]:
+                    done.append((j, t_arr))
+            complete = {j for j, _ in done}
+            late = []  # the barriers that time out, in the order their timers were set (the gathers' order)
+            for i, t_done in zip(ids, done_at, strict=True):
+                if i not in complete:
+                    t_out = t_done + p.round_timeout
+                    late.append((i, t_out))
+                    row(event_row(Timeout(t_out, i, k, float(expect[i] - len(got[i])))))
+            order = done + late  # who wakes first: the barriers done at the last arrival, then the timed-out ones
+            end = order[-1][1]
+            last = agents[order[0][0]].round >= limit  # every agent is at the limit together
+            if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
+                cut = len(rows) - len(late)
+                rows[cut:cut] = [event_row(Finish(w, i, agents[i].round)) for i, w in done]
+                rows += [event_row(Finish(w, i, agents[i].round)) for i, w in late]
+                for i, _ in order:
+                    agents[i].finished = True
+                    sim.agent_finished()
+            writer.emit_rows(rows)
+            kernel.combine(b, p, [got[i] for i in ids])
+            if last:
+                break
+            k += 1
+            if sim.progress is not None:
+                sim.progress(end)
+        net.next_id = mid
+        sim.env._now = end  # the engine's clock where its last event happened (the run's end)
+
+
+def _round_times(sc, timeout: float) -> str | None:
+    """With lossy links an agent wakes from its barrier either when its last message arrives (D) or when the
+    barrier times out (T); the engine orders the next round by time first, so both must give the very same
+    float activation time in every round (and so the same compute end, arrivals and timeout). Checked on
+    the scalar times before the run: None if they do. (They do whenever the next tick is within twice the
+    wake time, by Sterbenz's lemma: ``w + (tick - w)`` is then exactly ``tick``; the check costs nothing.)"""
+    ag = sc.agents
+    period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
+    lat = float(sc.network.latency.value)
+    from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
+    d = t = 0.0
+    for r in range(sc.run.rounds):
+        at_d, at_t = from_d.next(0.0 + 1.0 * d), from_t.next(0.0 + 1.0 * t)
+        a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
+        if at_d != at_t or a_d != a_t:
+            return (f"round {r + 1}: agents woken by their last message and by the barrier's timeout would "
+                    f"activate at different float times ({a_d!r} / {a_t!r})")
+        c = a_d + ct
+        d, t = c + ((c - c) + lat), c + timeout
+    return None
