@@ -65,6 +65,11 @@ class Batch:
         self.out = list(payloads.unbind(0)) if isinstance(payloads, torch.Tensor) else list(payloads)
         self.sizes = None if sizes is None else list(sizes)
 
+    def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
+        """Each agent's sum_j W_ij x_j over what arrived, now (``Agent.mix``: a missing neighbour's weight stays
+        on the agent's own row), as rows."""
+        return torch.stack([a.mix(x, g) for a, x, g in zip(self.agents, own, got, strict=True)])
+
     def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
