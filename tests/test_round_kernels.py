@@ -185,3 +185,29 @@ def test_a_kernel_plugin_runs_windowed_byte_for_byte(tmp_path, loss):
     assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["W"] == ev["W"]
     if loss == 0.0:  # the trackers remove D-PSGD's disagreement (same run as D-PSGD: spread ~0.25 at 30-100 rounds)
         assert ev["spread"] < 0.05
+
+
+# Muffliato: several barrier exchanges a round (its K_g gossip steps) ---------------------------------------------
+@pytest.mark.parametrize("algorithm", [
+    {"acceleration": "none", "clip_mode": "batch"},
+    {"acceleration": "chebyshev", "clip_mode": "per_example", "gossip_steps": 4},
+    {"acceleration": "chebyshev", "clip_mode": "batch", "calibration": "per_message_gaussian"},
+])
+def test_muffliato_runs_windowed_byte_for_byte(tmp_path, algorithm):
+    sc = base(n=10, rounds=5)
+    sc["topology"] = {"kind": "erdos_renyi", "p": 0.5}
+    sc["algorithm"] = {"name": "muffliato", "lr": 0.2, "batch": 6, "round_timeout": 0.05, "sigma": 0.01, **algorithm}
+    if algorithm.get("calibration"):
+        del sc["algorithm"]["sigma"]
+    got = run_both(tmp_path, sc)
+    assert_identical(got)
+
+
+def test_muffliato_with_lossy_links_is_refused_windowed(tmp_path):
+    from netsim.errors import InputError
+
+    sc = base(n=6, rounds=3)
+    sc["algorithm"] = {"name": "muffliato", "lr": 0.2, "batch": 6, "round_timeout": 0.05, "gossip_steps": 2}
+    sc["network"]["loss"] = 0.1
+    with pytest.raises(InputError, match="several exchanges a round with lossy links"):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "w", engine="windowed")

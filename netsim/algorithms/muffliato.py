@@ -17,15 +17,11 @@ import math
 from typing import Literal
 
 import attrs
+import torch
 
-from netsim.algorithms.pdsl import (
-    DPGradientParams,
-    check_setting,
-    release_gradient,
-    request_gradient,
-    resolve_sigma,
-)
+from netsim.algorithms.pdsl import DPGradientParams, check_setting, resolve_sigma
 from netsim.algorithms.registry import register
+from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
 from netsim.scenario.structure import field, positive
 
 
@@ -44,30 +40,50 @@ def default_gossip_steps(gap: float | None) -> int:
 
 
 @register("muffliato", MuffliatoParams)
-def muffliato(agent, p: MuffliatoParams):
-    sigma = resolve_sigma(agent, p)
-    K = p.gossip_steps or default_gossip_steps(agent.spectral_gap)
-    lam = 1.0 - (agent.spectral_gap or 0.0)
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        g = yield request_gradient(agent, p, x, agent.sample_rows(p.batch))
-        noisy = release_gradient(agent, p, g, sigma, what="gradient")
-        if noisy is not None:
-            x = x - p.lr * noisy                                  # x^{t+1/2}
-        prev, w = x, 1.0
-        for s in range(K):                                        # K_g gossip steps, each a barrier
-            yield agent.broadcast(x, tag="muff", round=k * K + s)
-            got = yield agent.gather(tag="muff", round=k * K + s, timeout=p.round_timeout)
-            wx = agent.mix(x, got)
-            if p.acceleration == "chebyshev" and s > 0:
-                w = 2.0 / (2.0 - lam ** 2) if s == 1 else 1.0 / (1.0 - lam ** 2 * w / 4.0)
-                prev, x = x, w * (wx - prev) + prev
-            else:
-                prev, x = x, wx
-        agent.params = x
-        k += 1
+class Muffliato(RoundKernel):
+    """Round t of agent i: x^{t+1/2} = x_i^t - gamma (clip_C(g_i) + n_i) (its one release), then K_g barrier
+    exchanges, each x <- sum_j W_ij x_j (or Chebyshev's recursion on it); the last one is x_i^{t+1}."""
 
+    pattern = SyncRounds(tag="muff")
+    reads = frozenset({"lr", "gossip_steps", "acceleration", "clip", "clip_mode", "calibration", "sigma", "epsilon",
+                       "delta", "sigma_per_eps", "phi_min", "batch"})
 
-muffliato.check = check_setting  # undirected graph, every agent, before the run
+    def init(self, agents, p):
+        a = agents[0]  # sigma, K_g and lambda are the run's (the mixing matrix's), not an agent's
+        return {"sigma": resolve_sigma(a, p), "K": p.gossip_steps or default_gossip_steps(a.spectral_gap),
+                "lam": 1.0 - (a.spectral_gap or 0.0)}
+
+    def exchanges(self, p, state):
+        return state["K"]
+
+    def gradient(self, p, state, i):
+        return GradientRequest(p.batch, p.clip) if p.clip_mode == "per_example" else GradientRequest(p.batch)
+
+    def local(self, b, p):
+        batch_clip = p.clip_mode == "batch"                       # eqs. (10), (13): sensitivity 2C; else C/B
+        g = b.clip(b.g, p.clip) if batch_clip else b.g
+        sens = 2.0 * p.clip if batch_clip else p.clip / p.batch
+        n = len(b)
+        noisy = b.privatize(g, [b.state["sigma"]] * n, [sens] * n, [min(1.0, p.batch / len(a.rows)) for a in b.agents])
+        if all(z is not None for z in noisy):
+            b.x = b.x - p.lr * torch.stack(noisy)                 # x^{t+1/2}
+        else:                                                     # an agent out of budget takes no step
+            b.x = torch.stack([x if z is None else x - p.lr * z for x, z in zip(b.x, noisy, strict=True)])
+        b.prev, b.w = b.x, 1.0
+        b.send(b.x)
+
+    def combine(self, b, p, got):
+        wx = b.mix(b.x, got)                                      # one gossip step, a barrier
+        if p.acceleration == "chebyshev" and b.s > 0:
+            lam = b.state["lam"]
+            b.w = 2.0 / (2.0 - lam ** 2) if b.s == 1 else 1.0 / (1.0 - lam ** 2 * b.w / 4.0)
+            b.prev, b.x = b.x, b.w * (wx - b.prev) + b.prev
+        else:
+            b.prev, b.x = b.x, wx
+        if b.s + 1 < b.state["K"]:
+            b.send(b.x)
+        else:
+            b.set_params(b.x)
+
+    def check(self, sim, p):
+        check_setting(sim, p)  # undirected graph, every agent, before the run

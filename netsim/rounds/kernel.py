@@ -44,6 +44,7 @@ class Batch:
                  at: Callable[[int], Any] | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
         self.out: list | None = None
+        self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
         self._at = at  # the windowed driver's hook: the clock and trace position of agent n's release
 
@@ -156,6 +157,11 @@ class RoundKernel:
     def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
         """What agent ``i`` asks the gradient service for this round (None: no gradient)."""
         return None
+
+    def exchanges(self, p: Any, state: Any) -> int:
+        """Barrier exchanges per round (``SyncRounds``; default 1): after each but the last, ``combine`` sends
+        the next payload (``b.s``: the exchange just done)."""
+        return 1
 
     def init(self, agents: Sequence, p: Any) -> Any:
         """The run's state, made once before the first round (default: none)."""

@@ -55,10 +55,13 @@ class SyncRounds:
                 g = g.unsqueeze(0)
             b = Batch(one, k, x.unsqueeze(0), g, state)
             kernel.local(b, p)
-            size = None if b.sizes is None else b.sizes[0]
-            yield agent.broadcast(b.out[0], tag=self.tag, round=k, size=size)
-            got = yield agent.gather(tag=self.tag, round=k, timeout=p.round_timeout)
-            kernel.combine(b, p, [got])
+            steps = kernel.exchanges(p, state)
+            for s in range(steps):  # the round's exchanges, each a barrier (messages tagged round k * steps + s)
+                size = None if b.sizes is None else b.sizes[0]
+                yield agent.broadcast(b.out[0], tag=self.tag, round=k * steps + s, size=size)
+                got = yield agent.gather(tag=self.tag, round=k * steps + s, timeout=p.round_timeout)
+                b.s = s
+                kernel.combine(b, p, [got])
             k += 1
 
     # the windowed driver ------------------------------------------------------------------------------
@@ -73,6 +76,9 @@ class SyncRounds:
         if sc.agents.compute_time.value + lat.value >= p.round_timeout:
             return "a round's messages can miss the barrier's timeout"
         if sc.network.loss:
+            if kernel.exchanges(p, kernel.state_of(sim.agents[0], p)) > 1:
+                return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
+                        "different times")
             return _round_times(sc, p.round_timeout)
         return None
 
@@ -114,37 +120,49 @@ class SyncRounds:
 
             b = Batch([agents[i] for i in ids], k, x, g, state, at)
             kernel.local(b, p)
-            sends = []
-            for n, (i, t_done) in enumerate(zip(ids, done_at, strict=True)):  # compute_end, releases, the sends
-                row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-                rows += released[n]
-                size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
-                for j in agents[i].neighbors:
-                    link = net.links.get((i, j)) or net.link(i, j)
-                    delay = t_done - t_done + link.latency()
-                    row((t_done, "send", i, j, mid, size, delay, k, tag))
-                    if link.lost is not None and link.lost() < net.p_loss:
-                        row((t_done, "drop", i, j, mid, size, delay, k, "loss"))
-                    else:
-                        sends.append((t_done + delay, n, j, mid, size, t_done))
-                    mid += 1
-            got: list[dict] = [{} for _ in agents]
-            done = []
-            for t_arr, n, j, m, size, sent in sends:  # deliveries in send order; barriers complete on the last
-                i = ids[n]
-                row((t_arr, "deliver", j, i, m, size, t_arr - sent, k, tag))
-                gj = got[j]
-                gj[i] = b.out[n]
-                if len(gj) == expect[j]:
-                    done.append((j, t_arr))
-            complete = {j for j, _ in done}
-            late = []  # the barriers that time out, in the order their timers were set (the gathers' order)
-            for i, t_done in zip(ids, done_at, strict=True):
-                if i not in complete:
-                    t_out = t_done + p.round_timeout
-                    late.append((i, t_out))
-                    row(event_row(Timeout(t_out, i, k, float(expect[i] - len(got[i])))))
-            order = done + late  # who wakes first: the barriers done at the last arrival, then the timed-out ones
+            steps = kernel.exchanges(p, state)
+            ready = [(n, t) for n, t in enumerate(done_at)]  # (batch position, when it sends), in the engine's order
+            for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
+                rnd = k * steps + s
+                sends = []
+                for n, t_done in ready:  # compute_end and releases (first exchange), the sends
+                    i = ids[n]
+                    if s == 0:
+                        row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                        rows += released[n]
+                    size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
+                    for j in agents[i].neighbors:
+                        link = net.links.get((i, j)) or net.link(i, j)
+                        delay = t_done - t_done + link.latency()
+                        row((t_done, "send", i, j, mid, size, delay, rnd, tag))
+                        if link.lost is not None and link.lost() < net.p_loss:
+                            row((t_done, "drop", i, j, mid, size, delay, rnd, "loss"))
+                        else:
+                            sends.append((t_done + delay, n, j, mid, size, t_done))
+                        mid += 1
+                got: list[dict] = [{} for _ in agents]
+                done = []
+                for t_arr, n, j, m, size, sent in sends:  # deliveries in send order; a barrier completes on its last
+                    i = ids[n]
+                    row((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, tag))
+                    gj = got[j]
+                    gj[i] = b.out[n]
+                    if len(gj) == expect[j]:
+                        done.append((j, t_arr))
+                complete = {j for j, _ in done}
+                late = []  # the barriers that time out, in the order their timers were set (the gathers' order)
+                for n, t_done in ready:
+                    i = ids[n]
+                    if i not in complete:
+                        t_out = t_done + p.round_timeout
+                        late.append((i, t_out))
+                        row(event_row(Timeout(t_out, i, rnd, float(expect[i] - len(got[i])))))
+                order = done + late  # who goes on first: the barriers done at the last arrival, then the timed-out
+                b.s = s
+                if s + 1 < steps:
+                    kernel.combine(b, p, [got[i] for i in ids])
+                    pos = {i: n for n, i in enumerate(ids)}
+                    ready = [(pos[i], t) for i, t in order]
             end = order[-1][1]
             last = agents[order[0][0]].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
