@@ -211,3 +211,20 @@ def test_muffliato_with_lossy_links_is_refused_windowed(tmp_path):
     sc["network"]["loss"] = 0.1
     with pytest.raises(InputError, match="several exchanges a round with lossy links"):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "w", engine="windowed")
+
+
+# DFedSAM and its baselines: local steps (waves of gradients) and Q gossip exchanges ------------------------------
+@pytest.mark.parametrize(("name", "algorithm"), [
+    ("dfedavg", {"local_steps": 3}),
+    ("dfedsam", {"local_steps": 2, "rho": 0.05, "lr_decay": 0.9}),
+    ("dfedsam_mgs", {"local_steps": 2, "gossip_steps": 3, "momentum": 0.5}),
+    ("dfedavgm", {"local_epochs": 1, "batch": 7, "round_from": "clock"}),
+    ("dfedavg", {"local_steps": 2, "noise_multiplier": 1.0, "clip": 0.5}),
+])
+def test_dfedsam_family_runs_windowed_byte_for_byte(tmp_path, name, algorithm):
+    sc = base(n=8, rounds=4)
+    sc["agents"]["activation"]["period"] = 0.5
+    sc["algorithm"] = {"name": name, "lr": 0.3, "batch": 5, "round_timeout": 0.05, **algorithm}
+    if algorithm.get("gossip_steps", 1) == 1:
+        sc["network"]["loss"] = 0.2
+    assert_identical(run_both(tmp_path, sc))

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import sync_round
+from netsim.rounds import RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -113,35 +113,37 @@ class DFedAvgMParams(DFedSAMParams):
 
 
 # --------------------------------------------------------------------------------------------------
-def local_train(agent, p: DFedSAMParams, x: torch.Tensor, t: int, dp: dict) -> Generator:
-    """K local (SAM) steps from x in round t (eq. (3); Algorithm 1 lines 3-8); returns y^{t,K}.
-    ``dp`` holds the agent's privacy state ({"spent": bool}); ignored when noise_multiplier = 0."""
+def local_train(b, p: DFedSAMParams, x: torch.Tensor, t: int, spent: set) -> Generator:
+    """K local (SAM) steps from the rows ``x`` of batch ``b`` in round t (eq. (3); Algorithm 1 lines 3-8), a
+    round kernel's local steps: each ``yield`` is a wave of gradients (every agent's at once); returns the
+    rows y^{t,K}. ``spent``: agents out of privacy budget (ignored when noise_multiplier = 0); they stop."""
     eta = p.lr * p.lr_decay ** t
     private = p.noise_multiplier > 0
     clip = p.clip if private else None
-    n = len(agent.rows)
+    n = len(b.agents[0].rows)  # every agent of a batch has as many rows (``DFedSAM.refusal``)
     size = p.batch or n
     per_epoch = math.ceil(n / size)
     steps = p.local_steps if p.local_epochs == 0 else p.local_epochs * per_epoch
     y = x.clone()
     prev = y
     for k in range(steps):
-        if dp.get("spent"):
+        if any(a.id in spent for a in b.agents):
             break
         if p.local_epochs == 0:
-            rows = agent.sample_rows(p.batch)                  # xi: one mini-batch for both passes
+            rows = b.sample_rows(p.batch)                      # xi: one mini-batch for both passes
         else:                                                  # a shuffled epoch, cut into batches
             j = k % per_epoch
             if j == 0:
-                order = agent.rows[agent.rng("batch").permutation(n)]
-            rows = order[j * size:(j + 1) * size]
-        g = yield agent.gradient(params=y, rows=rows, clip=clip, clip_kind=p.clip_kind)
-        if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
+                order = [a.rows[a.rng("batch").permutation(n)] for a in b.agents]
+            rows = [o[j * size:(j + 1) * size] for o in order]
+        g = yield b.gradients(y, rows, clip, p.clip_kind)
+        if private and (g := _privatize(b, p, g, rows, spent)) is None:
             break
-        if p.rho > 0:
-            perturbed = y + g * (p.rho / (float(g.norm()) + 1e-12))   # delta = rho g / ||g||_2, eq. (3)
-            g = yield agent.gradient(params=perturbed, rows=rows, clip=clip, clip_kind=p.clip_kind)
-            if private and (g := _privatize(agent, p, g, len(rows), dp)) is None:
+        if p.rho > 0:                                          # delta = rho g / ||g||_2, eq. (3), row by row
+            perturbed = torch.stack([yr + gr * (p.rho / (float(gr.norm()) + 1e-12))
+                                     for yr, gr in zip(y, g, strict=True)])
+            g = yield b.gradients(perturbed, rows, clip, p.clip_kind)
+            if private and (g := _privatize(b, p, g, rows, spent)) is None:
                 break
         step = g if p.weight_decay == 0 else g + p.weight_decay * y
         new = y - eta * step
@@ -151,14 +153,16 @@ def local_train(agent, p: DFedSAMParams, x: torch.Tensor, t: int, dp: dict) -> G
     return y
 
 
-def _privatize(agent, p: DFedSAMParams, g: torch.Tensor, b: int, dp: dict) -> torch.Tensor | None:
-    per_example = p.clip if p.clip_kind == "l2" else p.clip * math.sqrt(g.numel())
-    sens = per_example / b
-    q = min(1.0, b / len(agent.rows))
-    out = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=q, what="gradient")
-    if out is None:
-        dp["spent"] = True
-    return out
+def _privatize(b, p: DFedSAMParams, g: torch.Tensor, rows: list, spent: set) -> torch.Tensor | None:
+    """Each agent's gradient released (std z C / B); None once an agent's budget cap is reached."""
+    per_example = p.clip if p.clip_kind == "l2" else p.clip * math.sqrt(g.shape[1])
+    sens = [per_example / len(r) for r in rows]
+    q = [min(1.0, len(r) / len(a.rows)) for r, a in zip(rows, b.agents, strict=True)]
+    out = b.privatize(g, [p.noise_multiplier * s for s in sens], sens, q, what="gradient")
+    if any(r is None for r in out):
+        spent.update(a.id for a, r in zip(b.agents, out, strict=True) if r is None)
+        return None
+    return torch.stack(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -205,56 +209,77 @@ class RandomInNeighbors:
         return got
 
 
-def gossip(agent, p: DFedSAMParams, z: torch.Tensor, t: int) -> Generator:
-    """Q synchronous gossip steps of z (eq. (5)); returns z^{t,Q}. Step q of round t carries message
-    round t Q + q, so a late message of an earlier step is discarded as stale."""
-    Q = p.gossip_steps
-    for q in range(Q):
-        r = t * Q + q
-        if p.random_neighbors == 0:
-            got = yield from sync_round(agent, z, r, timeout=p.round_timeout, tag="gossip")
-            z = agent.mix(z, got)                                    # sum_l w_il z_l (missing: own)
-            continue
-        ins, outs = RandomInNeighbors.of(agent, p.random_neighbors).at(t, q)
-        yield agent.broadcast(z, tag="gossip", round=r, to=outs[agent.id])
-        got = yield agent.gather(tag="gossip", round=r, senders=ins[agent.id], timeout=p.round_timeout)
-        w = 1.0 / (p.random_neighbors + 1)
-        out = z * (1.0 - w * len(got))                               # a missing neighbour's weight stays home
-        for j in sorted(got):
-            out.add_(got[j], alpha=w)
-        z = out
-    return z
+@register("dfedsam", DFedSAMParams)
+@register("dfedsam_mgs", DFedSAMMGSParams)
+@register("dfedavg", DFedAvgParams)
+@register("dfedavgm", DFedAvgMParams)
+class DFedSAM(RoundKernel):
+    """Algorithm 1: every round t, K local (SAM) steps, then Q gossip steps z^{q+1}_i = sum_l w_il z^q_l (each a
+    barrier exchange); x^{t+1}(i) = z^{t,Q}(i)."""
 
+    pattern = SyncRounds(tag="gossip")
+    reads = frozenset({"lr", "lr_decay", "batch", "local_steps", "local_epochs", "rho", "weight_decay", "momentum",
+                       "gossip_steps", "random_neighbors", "round_from", "noise_multiplier", "clip", "clip_kind",
+                       # the centralized variants' (fedavg.py), which share these Params
+                       "sample_fraction", "server_lr"})
 
-def dfedsam(agent, p: DFedSAMParams):
-    """Algorithm 1: every round, K local SAM steps then Q gossip steps; x^{t+1}(i) = z^{t,Q}(i)."""
-    dp: dict = {}
-    period = agent.activation.period
-    t = 0
-    while True:
-        yield agent.wake()
+    def init(self, agents, p):
+        return {"t": [0] * len(agents), "spent": set()}
+
+    def exchanges(self, p, state):
+        return p.gossip_steps
+
+    def local(self, b, p):
+        ts = b.state["t"]
         if p.round_from == "clock":  # the tick's index: agents that skipped ticks stay aligned
-            t = max(t, round(agent.local_time() / period) - 1)
-        y = yield from local_train(agent, p, agent.params, t, dp)   # z^t(i) = y^{t,K}(i)
-        agent.params = y
-        agent.params = yield from gossip(agent, p, y, t)            # x^{t+1}(i) = z^{t,Q}(i)
-        t += 1
+            for a in b.agents:
+                ts[a.id] = max(ts[a.id], round(a.local_time() / a.activation.period) - 1)
+        b.k = ts[b.agents[0].id]  # the round t (one for all agents of a windowed batch)
+        for a in b.agents:
+            ts[a.id] += 1
+        y = yield from local_train(b, p, b.x, b.k, b.state["spent"])  # z^t(i) = y^{t,K}(i)
+        b.set_params(y)
+        b.z = y
+        b.send(y)
 
+    def routes(self, b, p):
+        if p.random_neighbors == 0:
+            return None
+        ins, outs = RandomInNeighbors.of(b.agents[0], p.random_neighbors).at(b.k, b.s)
+        i = b.agents[0].id
+        return outs[i], ins[i]
 
-def _check(sim, p: DFedSAMParams) -> None:
-    """Before the run writes anything (Simulation calls ``program.check``): k must fit the agents, and
-    the DP option's accounting (Poisson-subsampled batches) does not describe shuffled epochs."""
-    if p.random_neighbors:
-        RandomInNeighbors(sim.scenario.agents.count, p.random_neighbors)  # k must fit the agents
-    if p.local_epochs and p.noise_multiplier > 0:
-        from netsim.errors import InputError
+    def combine(self, b, p, got):
+        if p.random_neighbors == 0:
+            b.z = b.mix(b.z, got)                                       # sum_l w_il z_l (missing: own)
+        else:
+            w = 1.0 / (p.random_neighbors + 1)
+            z = []
+            for zr, g in zip(b.z, got, strict=True):
+                out = zr * (1.0 - w * len(g))                           # a missing neighbour's weight stays home
+                for j in sorted(g):
+                    out.add_(g[j], alpha=w)
+                z.append(out)
+            b.z = torch.stack(z)
+        if b.s + 1 < p.gossip_steps:
+            b.send(b.z)
+        else:
+            b.set_params(b.z)                                           # x^{t+1}(i) = z^{t,Q}(i)
 
-        raise InputError("algorithm.local_epochs", "shuffled epochs are not Poisson-subsampled batches, "
-                         "which the DP option's accounting assumes; use local_steps with noise_multiplier > 0")
+    def check(self, sim, p):
+        """Before the run writes anything: k must fit the agents, and the DP option's accounting
+        (Poisson-subsampled batches) does not describe shuffled epochs."""
+        if p.random_neighbors:
+            RandomInNeighbors(sim.scenario.agents.count, p.random_neighbors)  # k must fit the agents
+        if p.local_epochs and p.noise_multiplier > 0:
+            from netsim.errors import InputError
 
+            raise InputError("algorithm.local_epochs", "shuffled epochs are not Poisson-subsampled batches, "
+                             "which the DP option's accounting assumes; use local_steps with noise_multiplier > 0")
 
-dfedsam.check = _check  # type: ignore[attr-defined]
-register("dfedsam", DFedSAMParams)(dfedsam)
-register("dfedsam_mgs", DFedSAMMGSParams)(dfedsam)
-register("dfedavg", DFedAvgParams)(dfedsam)
-register("dfedavgm", DFedAvgMParams)(dfedsam)
+    def refusal(self, sim, p):
+        if p.random_neighbors:
+            return "random in-neighbours per gossip step (the barriers wait for other senders each step)"
+        if p.local_epochs and len({len(a.rows) for a in sim.agents}) > 1:
+            return "local epochs over shards of different sizes (agents take different numbers of steps)"
+        return None

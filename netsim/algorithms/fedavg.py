@@ -27,6 +27,7 @@ import torch
 
 from netsim.algorithms.dfedsam import DFedSAMParams, local_train
 from netsim.algorithms.registry import register
+from netsim.rounds.kernel import Batch, drive
 from netsim.scenario.structure import field, nonneg
 from netsim.sim.network import payload_size
 
@@ -95,10 +96,11 @@ def _client(agent, p: DFedSAMParams):
 
 
 def _serve(agent, p: DFedSAMParams):
-    dp: dict = {}
+    spent: set = set()
     while True:
         msg = yield agent.recv(tag="global")
-        y = yield from local_train(agent, p, msg.payload, msg.round, dp)
+        one = Batch([agent], msg.round, msg.payload.unsqueeze(0), None, None)  # the local steps of DFedSAM's kernel
+        y = (yield from drive(agent, local_train(one, p, one.x, msg.round, spent)))[0]
         agent.params = y
         yield agent.send(SERVER, Update(y, len(agent.rows)), tag="update", round=msg.round)
 

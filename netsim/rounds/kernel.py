@@ -15,7 +15,7 @@ e.g. in ``Batch.state_rows``, which the parameter bank keeps and checkpoints) or
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -32,6 +32,30 @@ class GradientRequest:
     batch: int
     clip: float | None = None
     clip_kind: str = "l2"
+
+
+@attrs.frozen(eq=False)
+class Wave:
+    """A local step's gradients, one per agent of a batch: at the rows ``at``, on each agent's ``rows`` (a kernel's
+    ``local`` yields it and receives the gradient rows; agents of a batch ask at the same time, so the gradient
+    service evaluates a wave in one batched call in both engines)."""
+
+    at: torch.Tensor
+    rows: list
+    clip: float | None = None
+    clip_kind: str = "l2"
+
+
+def drive(agent, local) -> Generator:
+    """Run a kernel's local generator for one agent (a batch of one): each ``Wave`` is a gradient request of the
+    agent; returns the generator's value. Coroutine programs use it to share a kernel's local step."""
+    try:
+        w = next(local)
+        while True:
+            g = yield agent.gradient(params=w.at[0], rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)
+            w = local.send(g.unsqueeze(0))
+    except StopIteration as done:
+        return done.value
 
 
 class Batch:
@@ -60,6 +84,14 @@ class Batch:
         return torch.tensor(self.ids, device=self.x.device)
 
     # what a kernel does ---------------------------------------------------------------------------------
+    def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
+        """A wave of gradients to yield from ``local``: ``g = yield b.gradients(y, rows)``."""
+        return Wave(at, rows, clip, clip_kind)
+
+    def sample_rows(self, batch: int | None) -> list:
+        """Each agent's mini-batch (``Agent.sample_rows``, its own stream)."""
+        return [a.sample_rows(batch) for a in self.agents]
+
     def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
@@ -163,12 +195,23 @@ class RoundKernel:
         the next payload (``b.s``: the exchange just done)."""
         return 1
 
+    def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
+        """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
+        ``b.k`` (None: the graph's); a kernel with its own routes refuses the windowed engine (``refusal``)."""
+        return None
+
+    def refusal(self, sim: Any, p: Any) -> str | None:
+        """Why the windowed engine cannot run this kernel's rounds exactly with these parameters (None: it can)."""
+        return None
+
     def init(self, agents: Sequence, p: Any) -> Any:
         """The run's state, made once before the first round (default: none)."""
         return None
 
-    def local(self, b: Batch, p: Any) -> None:
-        """After the gradients: what each agent sends (``b.send``)."""
+    def local(self, b: Batch, p: Any) -> Generator | None:
+        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
+        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
+        set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
         raise NotImplementedError
 
     def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Generator
 import attrs
 import torch
 
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import Batch, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish, Timeout
@@ -54,13 +54,19 @@ class SyncRounds:
                 g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
                 g = g.unsqueeze(0)
             b = Batch(one, k, x.unsqueeze(0), g, state)
-            kernel.local(b, p)
+            local = kernel.local(b, p)
+            if local is not None:  # local steps: each wave of gradients is this agent's request
+                yield from drive(agent, local)
             steps = kernel.exchanges(p, state)
             for s in range(steps):  # the round's exchanges, each a barrier (messages tagged round k * steps + s)
-                size = None if b.sizes is None else b.sizes[0]
-                yield agent.broadcast(b.out[0], tag=self.tag, round=k * steps + s, size=size)
-                got = yield agent.gather(tag=self.tag, round=k * steps + s, timeout=p.round_timeout)
                 b.s = s
+                size = None if b.sizes is None else b.sizes[0]
+                rnd = b.k * steps + s
+                route = kernel.routes(b, p)
+                yield agent.broadcast(b.out[0], tag=self.tag, round=rnd, size=size,
+                                      to=None if route is None else route[0])
+                got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
+                                         senders=None if route is None else route[1])
                 kernel.combine(b, p, [got])
             k += 1
 
@@ -71,16 +77,31 @@ class SyncRounds:
         lat = sc.network.latency
         if lat.kind != "constant":
             return "links do not have one constant latency (the barrier orders agents by arrival)"
-        if any(kernel.gradient(p, None, a.id) is None for a in sim.agents):
+        state = kernel.state_of(sim.agents[0], p)
+        if any(kernel.gradient(p, state, a.id) is None for a in sim.agents) and not _local_steps(kernel):
             return f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute phase)"
+        why = kernel.refusal(sim, p)
+        if why is not None:
+            return why
         if sc.agents.compute_time.value + lat.value >= p.round_timeout:
             return "a round's messages can miss the barrier's timeout"
         if sc.network.loss:
-            if kernel.exchanges(p, kernel.state_of(sim.agents[0], p)) > 1:
+            if kernel.exchanges(p, state) > 1:
                 return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
                         "different times")
             return _round_times(sc, p.round_timeout)
         return None
+
+    @staticmethod
+    def _ask(a, at, rows, req, now: list, n: int, row, svc):
+        """Agent ``a``'s gradient request as ``Agent.gradient`` makes it (compute time, ``compute_start`` row), its
+        clock moved to the completion: the ticket."""
+        ct = a._compute() * a.compute_scale
+        row((now[n], "compute_start", a.id, -1, -1, 0, ct, -1, ""))
+        now[n] = now[n] + ct
+        if req.clip is None:
+            return svc.submit(a.id, at, rows)
+        return svc.submit(a.id, at, rows, req.clip, req.clip_kind)
 
     def play(self, sim, kernel, wake) -> None:
         """Play the run round by round (see the module docstring)."""
@@ -99,36 +120,65 @@ class SyncRounds:
             ids = [i for _, _, i, _ in acts]
             X = sim.bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.tensor(ids, device=X.device))
-            done_at = []
-            tickets = []
-            for n, (t_act, _, i, at) in enumerate(acts):  # activate; the program up to its gradient request
-                a = agents[i]
-                row((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
-                ct = a._compute() * a.compute_scale
-                row((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
-                req = kernel.gradient(p, state, i)
-                tickets.append(svc.submit(i, x[n], a.sample_rows(req.batch), req.clip, req.clip_kind)
-                               if req.clip is not None else svc.submit(i, x[n], a.sample_rows(req.batch)))
-                done_at.append(t_act + ct)
-            svc.flush()  # the first completion evaluates every pending request in one batched call
-            g = torch.stack([t.result for t in tickets])
+            now = [t for t, *_ in acts]  # each agent's clock where its program runs on
+            hook = [kernel.gradient(p, state, i) for i in ids]  # the gradient asked for before ``local``
+            if any(r is None for r in hook) and not all(r is None for r in hook):
+                raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
+            hook = hook if hook[0] is not None else None
             released: list[list[tuple]] = [[] for _ in acts]  # each agent's rows made inside ``local``
+            pending: set[int] = set()  # agents whose gradient is out: their compute_end row is due
+            asked = []
+            for n, (t_act, _, i, at_tick) in enumerate(acts):  # activate; with the hook, its gradient request
+                if hook is not None:
+                    a = agents[i]
+                    row((t_act, "activate", i, -1, -1, 0, at_tick, a.round, ""))
+                    asked.append(self._ask(a, x[n], a.sample_rows(hook[n].batch), hook[n], now, n, row, svc))
+            g = None
+            if asked:
+                svc.flush()  # the first completion evaluates every pending request in one batched call
+                g = torch.stack([t.result for t in asked])
+                pending = set(range(len(acts)))
 
-            def at(n: int, done_at=done_at, released=released):
-                sim.env._now = done_at[n]  # the agent's clock when its program runs on (its gradient is back)
+            def at(n: int, now=now, released=released):
+                sim.env._now = now[n]  # the agent's clock when its program runs on (its gradient is back)
                 return writer.capturing(released[n])
 
             b = Batch([agents[i] for i in ids], k, x, g, state, at)
-            kernel.local(b, p)
+            sim.env._now = acts[0][0]  # local starts at the activation (every agent's: one tick)
+            local = kernel.local(b, p)
+            if local is not None:
+                try:
+                    w = next(local)
+                    while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
+                        asked = []
+                        for n in range(len(acts)):
+                            i = ids[n]
+                            if n in pending:
+                                row((now[n], "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                            elif hook is None:  # the first wave: the activation that led to it
+                                t_act, _, _, at_tick = acts[n]
+                                row((t_act, "activate", i, -1, -1, 0, at_tick, agents[i].round, ""))
+                            rows += released[n]
+                            released[n].clear()
+                            asked.append(self._ask(agents[i], w.at[n], w.rows[n], w, now, n, row, svc))
+                        pending = set(range(len(acts)))
+                        svc.flush()
+                        w = local.send(torch.stack([t.result for t in asked]))
+                except StopIteration:
+                    pass
+            if hook is None and not pending:
+                raise ValueError("windowed rounds need a compute phase (a gradient) every round")
+            done_at = now
             steps = kernel.exchanges(p, state)
             ready = [(n, t) for n, t in enumerate(done_at)]  # (batch position, when it sends), in the engine's order
             for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
-                rnd = k * steps + s
+                rnd = b.k * steps + s
                 sends = []
                 for n, t_done in ready:  # compute_end and releases (first exchange), the sends
                     i = ids[n]
                     if s == 0:
-                        row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                        if n in pending:
+                            row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
                         rows += released[n]
                     size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
                     for j in agents[i].neighbors:
@@ -203,3 +253,11 @@ def _round_times(sc, timeout: float) -> str | None:
         c = a_d + ct
         d, t = c + ((c - c) + lat), c + timeout
     return None
+
+
+def _local_steps(kernel) -> bool:
+    """Whether the kernel's ``local`` is a generator (local steps with their own gradients)."""
+    import inspect
+
+    return inspect.isgeneratorfunction(type(kernel).local)
+
