@@ -127,7 +127,9 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
     try:
         program, params = resolve(scenario.algorithm)
         _check_closed_form(scenario, source)
-        return Simulation(scenario, program, params, writer=writer)
+        from netsim.privacy.ledger import new_ledger
+
+        return Simulation(scenario, program, params, writer=writer, ledger=new_ledger)
     except InputError as e:
         raise e.at(source) if source else e from None
 

@@ -24,7 +24,7 @@ import torch
 from netsim.compute.mixing import MixUpdate
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message, payload_size
-from netsim.sim.services import Completion, Lookahead
+from netsim.sim.services import CommStats, Completion, Lookahead
 from netsim.sim.streams import DrawsAhead
 from netsim.trace.events import Finish, Stale, Timeout
 
@@ -387,9 +387,10 @@ class Agent:
         """This agent's privacy ledger (``netsim.privacy.ledger.AgentLedger``: releases, spent epsilon),
         made with the scenario's [privacy] settings on first use."""
         if self._privacy is None:
-            from netsim.privacy.ledger import new_ledger
-
-            self._privacy = new_ledger(self)
+            if self.sim.new_ledger is None:
+                raise RuntimeError("this simulation has no privacy ledger: build it with netsim.api.prepare, or pass "
+                                   "ledger=netsim.privacy.ledger.new_ledger to Simulation")
+            self._privacy = self.sim.new_ledger(self)
         return self._privacy
 
     @property
@@ -510,10 +511,8 @@ class Agent:
 
     @property
     def stats(self):
-        """The run's algorithm statistics (``netsim.comm.stats.CommStats``: ``add(key, n)``
+        """The run's algorithm statistics (``netsim.sim.services.CommStats``: ``add(key, n)``
         counts, ``observe(key, x)`` samples a distribution): they appear in summary.json."""
-        from netsim.comm.stats import CommStats
-
         return self.sim.services.get(CommStats)
 
     def service(self, key: Any, factory: Any = None) -> Any:

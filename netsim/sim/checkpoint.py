@@ -175,7 +175,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
                 arrays[f"ledger.{a.id}.noise"] = _array(noise.generator.get_state())
             ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(log), "to0": log.to0, "specs": log.specs}
     counts = getattr(sim, "counts", None)
-    from netsim.comm.stats import CommStats
+    from netsim.sim.services import CommStats
 
     stats = sim.services.find(CommStats)
     g = sim.gradients

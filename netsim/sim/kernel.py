@@ -60,10 +60,11 @@ class Simulation:
     """Everything one run needs, built from a validated scenario."""
 
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
-                 writer: TraceWriter | None = None, device: str | None = None):
+                 writer: TraceWriter | None = None, device: str | None = None, ledger: Any = None):
         self.scenario = sc = scenario
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
+        self.new_ledger = ledger  # agent -> its privacy ledger (the privacy layer's, handed in by the API)
         self.env = simpy.Environment()
         self.services = Services()  # per-run shared services (algorithm statistics, lookahead batches, ...)
         self.streams = Streams(sc.run.seed)

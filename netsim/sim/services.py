@@ -14,9 +14,11 @@ one batched call at that moment is exact.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
+import attrs
 import simpy
 
 from netsim.trace.events import ComputeEnd, ComputeStart
@@ -119,3 +121,34 @@ class Lookahead:
             t.result = r
         self.calls += 1
         self.items += len(pending)
+
+
+# the summary's algorithm counters: a service of every run (``Agent.stats``); ``comm`` reads them for the summary
+@attrs.define
+class CommStats:
+    counts: Counter = attrs.field(factory=Counter)
+    samples: dict[str, list[float]] = attrs.field(factory=dict)  # key -> [n, sum, max]
+
+    def add(self, key: str, n: int | float = 1) -> None:
+        self.counts[key] += n
+
+    def observe(self, key: str, value: float) -> None:
+        """One sample of a distribution (e.g. staleness): mean and max go to the summary."""
+        s = self.samples.get(key)
+        if s is None:
+            self.samples[key] = [1, value, value]
+        else:
+            s[0] += 1
+            s[1] += value
+            s[2] = max(s[2], value)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(sorted(self.counts.items()))
+        for key, (n, total, mx) in sorted(self.samples.items()):
+            out[key + "_mean"] = total / n
+            out[key + "_max"] = mx
+            out[key + "_samples"] = int(n)
+        sent, skipped = self.counts.get("trigger_sent", 0), self.counts.get("trigger_skipped", 0)
+        if sent + skipped:
+            out["trigger_saved_fraction"] = skipped / (sent + skipped)
+        return out
