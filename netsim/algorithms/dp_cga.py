@@ -74,7 +74,7 @@ class DPCGAParams(DPGradientParams):
     round_timeout: float = field(1.0, check=positive, doc="seconds each phase waits for neighbours")
 
 
-@register("dp_cga", DPCGAParams)
+@register("dp_cga", DPCGAParams, check=check_setting)  # undirected graph, before the run
 def dp_cga(agent, p: DPCGAParams):
     i = agent.id
     sigma = resolve_sigma(agent, p)
@@ -103,8 +103,6 @@ def dp_cga(agent, p: DPCGAParams):
         agent.mix_into_params(x, models, step=step, lr=p.lr)  # params = mix(x, models) - lr step, batched
         k += 1
 
-
-dp_cga.check = check_setting  # undirected graph, every agent, before the run
 
 
 def project(G: torch.Tensor, g: torch.Tensor, slices: list[slice], margin: float, eps: float,

@@ -38,7 +38,7 @@ class DPNetFleetParams(DPGradientParams):
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours")
 
 
-@register("dp_netfleet", DPNetFleetParams)
+@register("dp_netfleet", DPNetFleetParams, check=check_setting)  # undirected graph, before the run
 def dp_netfleet(agent, p: DPNetFleetParams):
     i = agent.id
     sigma = resolve_sigma(agent, p)
@@ -67,8 +67,6 @@ def dp_netfleet(agent, p: DPNetFleetParams):
         agent.params = x
         k += 1
 
-
-dp_netfleet.check = check_setting  # undirected graph, every agent, before the run
 
 
 def _dp_grad(agent, p: DPNetFleetParams, x: torch.Tensor, xi, sigma: float):

@@ -209,7 +209,7 @@ def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> to
 
 
 # --- Algorithm 1 ------------------------------------------------------------------------------------
-@register("ldp_online", LDPOnlineParams)
+@register("ldp_online", LDPOnlineParams, check=check_schedule)
 def ldp_online(agent, p: LDPOnlineParams):
     """Algorithm 1 (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
     initialise(agent, p)
@@ -231,10 +231,7 @@ def ldp_online(agent, p: LDPOnlineParams):
         k += 1
 
 
-ldp_online.check = check_schedule
-
-
-@register("ldp_dsgd", DSGDParams)
+@register("ldp_dsgd", DSGDParams, check=check_schedule)
 def ldp_dsgd(agent, p: DSGDParams):
     """B1: DSGD [55] in the Laplacian form of Alg 1 with gamma_t = 1 and the newest sample's gradient."""
     initialise(agent, p)
@@ -254,9 +251,6 @@ def ldp_dsgd(agent, p: DSGDParams):
         a = max(0.0, 1 - p.w * len(got) + p.L_acc * lam)
         psi = max(a * psi, p.C * lam)
         k += 1
-
-
-ldp_dsgd.check = check_schedule
 
 
 def _mix_noisy(own_y: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:

@@ -234,13 +234,11 @@ def check_setting(sim, params, validation: bool = False) -> None:
                                                   "(the paper assumes a symmetric, doubly stochastic W)")
 
 
-@register("pdsl", PDSLParams)
+@register("pdsl", PDSLParams, check=lambda sim, params: check_setting(sim, params, validation=True))
 def pdsl(agent, p: PDSLParams):
     """Returns the agent's program, sharing the simulation's coalition service."""
     return _pdsl(agent, p, coalition_service(agent))
 
-
-pdsl.check = lambda sim, params: check_setting(sim, params, validation=True)
 
 
 def _pdsl(agent, p: PDSLParams, service: Lookahead):

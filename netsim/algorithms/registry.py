@@ -25,18 +25,51 @@ MAX_BATCH = 2**20  # the largest mini-batch an algorithm's ``batch`` parameter m
 REGISTRY: dict[str, tuple[Callable, type]] = {}
 
 
-def register(name: str, params: type) -> Callable[[Callable], Callable]:
+@attrs.frozen
+class Coroutine:
+    """A coroutine program with the checks it needs of the built simulation (``check(sim, params)``, called once
+    before the run, when the agent count or the graph is known)."""
+
+    fn: Callable
+    checks: Callable
+
+    def __call__(self, agent: Any, params: Any) -> Any:
+        return self.fn(agent, params)
+
+    def check(self, sim: Any, params: Any) -> None:
+        self.checks(sim, params)
+
+    @property
+    def __name__(self) -> str:
+        return self.fn.__name__
+
+
+def register(name: str, params: type, check: Callable | None = None) -> Callable[[Callable], Callable]:
+    """Register an algorithm: a ``RoundKernel`` class (registered as its instance, the program both engines run)
+    or a coroutine program ``fn(agent, params)``, with ``check(sim, params)`` if it needs one."""
     if not attrs.has(params):
         raise TypeError(f"params of algorithm {name!r} must be an attrs class")
 
     def deco(fn: Callable) -> Callable:
         from netsim.rounds.kernel import RoundKernel
 
-        # a round kernel class is registered as its instance, which is the program (``kernel(agent, params)``)
-        REGISTRY[name] = (fn() if isinstance(fn, type) and issubclass(fn, RoundKernel) else fn, params)
+        if isinstance(fn, type) and issubclass(fn, RoundKernel):
+            program: Any = fn()
+        else:
+            program = fn if check is None else Coroutine(fn, check)
+        REGISTRY[name] = (program, params)
         return fn
 
     return deco
+
+
+def source_of(program: Any) -> Any:
+    """What a registered program was written as: the kernel class or the coroutine function (docs, help)."""
+    from netsim.rounds.kernel import RoundKernel
+
+    if isinstance(program, RoundKernel):
+        return type(program)
+    return program.fn if isinstance(program, Coroutine) else program
 
 
 def _load_builtin() -> None:
@@ -121,7 +154,8 @@ def describe(name: str) -> str:
 
     from netsim.scenario.reference import _allowed_by_check, _default, _type
 
-    fn, params_cls = REGISTRY[name]
+    program, params_cls = REGISTRY[name]
+    fn = source_of(program)
     module = inspect.getmodule(fn)
     paras = [p.strip() for p in (inspect.getdoc(module) or "").split("\n\n") if p.strip()]
     own = [p.strip() for p in (inspect.getdoc(fn) or "").split("\n\n") if p.strip()]
