@@ -95,7 +95,10 @@ class Batch:
     def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
-        self.out = list(payloads.unbind(0)) if isinstance(payloads, torch.Tensor) else list(payloads)
+        if isinstance(payloads, torch.Tensor):
+            self.out = [payloads[0]] if len(self.agents) == 1 else list(payloads.unbind(0))
+        else:
+            self.out = list(payloads)
         self.sizes = None if sizes is None else list(sizes)
 
     def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
@@ -107,6 +110,9 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
+        if len(self.agents) == 1:  # the events engine's batch of one: no row views but the two it needs
+            self.agents[0].mix_into_params(own[0], got[0], step=None if step is None else step[0], lr=lr)
+            return
         steps = [None] * len(self) if step is None else step
         for a, x, g, s in zip(self.agents, own, got, steps, strict=True):
             a.mix_into_params(x, g, step=s, lr=lr)
@@ -151,6 +157,8 @@ class Batch:
         """Row n plus Gaussian noise of std ``sigma[n]`` from agent n's own noise generator, each release
         accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
         is reached. The noise of the batch is drawn in one call (the same bits as one release at a time)."""
+        if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
+            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
         out: list[torch.Tensor | None] = []
         noised = []
         for n, a in enumerate(self.agents):
