@@ -171,3 +171,30 @@ def test_accountants_are_registered_by_name():
         assert got == pytest.approx(acc.epsilon(rel, 1e-5, "rdp"), rel=1e-12) and 0 < got < 10
     finally:
         del acc.ACCOUNTANTS["test_rdp_copy"], acc.ACCOUNTANT_DOCS["test_rdp_copy"]
+
+
+def test_algorithm_names_follow_the_registries_one_clash_rule(tmp_path):
+    """A plugin that registers a built-in's name is refused in one line naming its own line (it used to be
+    silently replaced by the built-in); the same registration twice is a no-op."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from netsim.algorithms import registry
+    from netsim.algorithms.dpsgd import DPSGD, DPSGDParams
+
+    registry.names()
+    before = registry.REGISTRY["dpsgd"]
+    registry.register("dpsgd", DPSGDParams)(DPSGD)  # the module imported again: nothing changes
+    assert registry.REGISTRY["dpsgd"] is before
+    with pytest.raises(ValueError, match="algorithm 'dpsgd' is already registered"):
+        registry.register("dpsgd", DPSGDParams)(lambda agent, p: iter(()))
+    assert registry.REGISTRY["dpsgd"] is before
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("from netsim.algorithms.dpsgd import DPSGDParams\nfrom netsim.algorithms.registry import "
+                      "register\n\n\n@register('dpsgd', DPSGDParams)\ndef mine(agent, p):\n    yield agent.wake()\n")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "netsim", "validate", "scenarios/quickstart.toml", "--plugin", plugin],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert f"{plugin}:5: ValueError: algorithm 'dpsgd' is already registered" in r.stdout + r.stderr

@@ -17,12 +17,13 @@ from typing import Any
 
 import attrs
 
-from netsim.errors import InputError
+from netsim.errors import InputError, claim
 from netsim.scenario.schema import AlgorithmSpec
 from netsim.scenario.structure import structure
 
 MAX_BATCH = 2**20  # the largest mini-batch an algorithm's ``batch`` parameter may ask for
 REGISTRY: dict[str, tuple[Callable, type]] = {}
+SOURCES: dict[str, Any] = {}  # name -> the class or function registered under it (for the clash rule)
 
 
 @attrs.frozen
@@ -53,6 +54,10 @@ def register(name: str, params: type, check: Callable | None = None) -> Callable
     def deco(fn: Callable) -> Callable:
         from netsim.rounds.kernel import RoundKernel
 
+        have = REGISTRY.get(name)
+        if have is not None and source_of(have[0]) is fn and have[1] is params:
+            return fn  # the same registration again (a module imported twice): a no-op
+        claim(SOURCES, "algorithm", name, fn)  # the registries' one rule: a taken name refuses another
         if isinstance(fn, type) and issubclass(fn, RoundKernel):
             program: Any = fn()
         else:
@@ -113,6 +118,7 @@ def load_plugin(path: str) -> None:
     p = Path(path)
     if not p.is_file():
         raise InputError("--plugin", f"no such file: {path}")
+    _load_builtin()  # a plugin that takes a built-in's name is refused, not silently replaced
     spec = importlib.util.spec_from_file_location(f"netsim_plugin_{p.stem}", p)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr]
