@@ -156,8 +156,9 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         explore: bool = typer.Option(False, "--explore", help="follow the run in netsim explore while it is "
                                                               "simulated (the run itself is unchanged)"),
         engine: str = typer.Option("events", "--engine", help="events: one event per message (any scenario); "
-                                   "windowed: rounds of (DP-)D-PSGD, CHOCO-SGD or push gossip played as batched "
-                                   "windows, the same trace, refused where it could differ")) -> None:
+                                   "windowed: a round-kernel algorithm's rounds played as batched windows "
+                                   "(D-PSGD, DP-D-PSGD, CHOCO-SGD, gossip learning, Muffliato, DFedSAM/DFedAvg, "
+                                   "kernel plugins), the same trace, refused where it could differ")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
