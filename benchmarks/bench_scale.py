@@ -12,7 +12,7 @@ of the simulation (sampled by a simpy process every 1/20 of the expected run), s
 the run's second half added (bounded memory: about zero).
 
 ``--engine windowed``: the same runs through ``netsim run --engine windowed`` (rounds played as batched
-windows, byte-identical trace; sim/windowed.py); ``--engine both`` runs each size with both engines, one
+windows, byte-identical trace; netsim/rounds/); ``--engine both`` runs each size with both engines, one
 after the other in fresh subprocesses, and prints their ratio.
 
 ``--dp``: DP-D-PSGD instead (per-example clipping, Gaussian noise through ``Agent.privatize``, one
@@ -20,9 +20,12 @@ release per agent and round in each agent's privacy ledger), the case where memo
 release; the summary's epsilon is then composed from the ledgers at the end.
 
 ``--choco``: CHOCO-SGD instead (Koloskova et al. 2019: top-10% compressed differences and public copies,
-gamma 0.4), the case where compression, not mixing, is the per-agent tensor work.
+gamma 0.4), the case where compression, not mixing, is the per-agent tensor work. ``--muffliato`` (three gossip
+exchanges a round after a noisy step) and ``--dfedavg`` (four local steps, then one exchange; period 0.2 s): two
+more round kernels, each played by the same windowed driver.
 
-    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1] [--dp | --choco]
+    python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1]
+        [--dp | --choco | --muffliato | --dfedavg]
         [--engine events|windowed|both] [--device auto|cpu|cuda]
 """
 
@@ -33,9 +36,23 @@ import json
 import subprocess
 import sys
 
+ALGORITHMS = {  # the job's algorithm table: D-PSGD and the other round kernels, each run by both engines
+    "dpsgd": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05},
+    "dp": {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "clip": 1.0, "noise_multiplier": 1.0},
+    "choco": {"name": "choco", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "gamma": 0.4, "compressor": "topk",
+              "ratio": 0.1},
+    # Muffliato (Cyffers et al. 2022): a noisy step, then K_g = 3 gossip exchanges a round (round timeout each)
+    "muffliato": {"name": "muffliato", "lr": 0.5, "batch": 16, "round_timeout": 0.02, "sigma": 0.01,
+                  "gossip_steps": 3},
+    # DFedAvg (Sun, Li, Wang 2022): 4 local steps, then one gossip exchange
+    "dfedavg": {"name": "dfedavg", "lr": 0.5, "lr_decay": 1.0, "batch": 16, "local_steps": 4, "weight_decay": 0.0,
+                "round_timeout": 0.05},
+}
+
 
 def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = False, device: str = "auto",
-             choco: bool = False) -> dict:
+             choco: bool = False, algorithm: str | None = None) -> dict:
+    alg = algorithm or ("dp" if dp else "choco" if choco else "dpsgd")
     sc = {
         "name": f"scale_{n}",
         "run": {"seed": seed, "rounds": rounds, "until": 1.0e6, "trace": trace, "device": device},
@@ -45,16 +62,13 @@ def scenario(n: int, seed: int, rounds: int, trace: bool = True, dp: bool = Fals
         "network": {"latency": {"kind": "constant", "value": 0.005}},
         "data": {"kind": "synthetic", "samples": 50 * n, "features": 20, "partition": "iid"},
         "model": {"kind": "logistic"},
-        "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05},
+        "algorithm": dict(ALGORITHMS[alg]),
         "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy"]},
     }
-    if dp:
-        sc["algorithm"] = {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "clip": 1.0,
-                           "noise_multiplier": 1.0}
+    if alg == "dp":
         sc["privacy"] = {"delta": 1e-5}
-    if choco:
-        sc["algorithm"] = {"name": "choco", "lr": 0.5, "batch": 16, "round_timeout": 0.05, "gamma": 0.4,
-                           "compressor": "topk", "ratio": 0.1}
+    if alg == "dfedavg":  # 4 local steps of 10 ms and a gossip exchange fit the 0.1 s period
+        sc["agents"]["activation"]["period"] = 0.2
     return sc
 
 
@@ -84,7 +98,7 @@ def rss_sampler(every: float, samples: list):
 
 
 def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events",
-        device: str = "auto", choco: bool = False) -> dict:
+        device: str = "auto", choco: bool = False, algorithm: str | None = None) -> dict:
     """Run one size in this process; return its figures."""
     import resource
     import tempfile
@@ -102,8 +116,9 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
         # the events engine samples from a simpy process; the windowed runner, which runs none, reports each
         # round through its progress callback
         windowed = engine == "windowed"
-        r = netsim.run(scenario_from_dict(scenario(n, 1, rounds, trace, dp, device, choco)), out=tmp, engine=engine,
-                       setup=rss_sampler(rounds * 0.1 / 20, samples),
+        sc = scenario(n, 1, rounds, trace, dp, device, choco, algorithm)
+        r = netsim.run(scenario_from_dict(sc), out=tmp, engine=engine,
+                       setup=rss_sampler(rounds * sc["agents"]["activation"]["period"] / 20, samples),
                        progress=(lambda t: samples.append((t, rss_mib()))) if windowed else None)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = r.summary
@@ -127,14 +142,17 @@ def main() -> None:
     alg = ap.add_mutually_exclusive_group()
     alg.add_argument("--dp", action="store_true", help="DP-D-PSGD with privacy ledgers instead of D-PSGD")
     alg.add_argument("--choco", action="store_true", help="CHOCO-SGD (top-10%% compression) instead of D-PSGD")
+    alg.add_argument("--muffliato", action="store_true", help="Muffliato (3 gossip exchanges a round) instead")
+    alg.add_argument("--dfedavg", action="store_true", help="DFedAvg (4 local steps a round) instead")
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
+        algorithm = "muffliato" if args.muffliato else "dfedavg" if args.dfedavg else None
         print(json.dumps(one(args.one, args.rounds, args.threads, not args.no_trace, args.dp, args.engine,
-                             args.device, args.choco)))
+                             args.device, args.choco, algorithm)))
         return
     engines = ["events", "windowed"] if args.engine == "both" else [args.engine]
     print(f"{'agents':>7} {'engine':>8} {'setup s':>8} {'sim s':>8} {'total s':>8} {'CPU s':>7} {'events':>11} "
@@ -147,7 +165,8 @@ def main() -> None:
         for engine in engines:
             cmd = [sys.executable, __file__, "--one", str(n), "--rounds", str(args.rounds), "--threads",
                    str(args.threads), "--engine", engine, "--device", args.device]
-            flags = (("--no-trace", args.no_trace), ("--dp", args.dp), ("--choco", args.choco))
+            flags = (("--no-trace", args.no_trace), ("--dp", args.dp), ("--choco", args.choco),
+                     ("--muffliato", args.muffliato), ("--dfedavg", args.dfedavg))
             cmd += [flag for flag, on in flags if on]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
