@@ -72,6 +72,28 @@ class Batch:
         self.sizes: list[int] | None = None
         self._at = at  # the windowed driver's hook: the clock and trace position of agent n's release
 
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at"})
+
+    def row(self, n: int) -> Batch:
+        """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values
+        kept on the batch (row-indexed tensors and per-agent lists are cut to agent n; anything else is shared)."""
+        one = Batch([self.agents[n]], self.k, self.x[n:n + 1], None if self.g is None else self.g[n:n + 1],
+                    self.state)
+        one.s = self.s
+        B = len(self.agents)
+        if self.out is not None:
+            one.out = [self.out[n]]
+            one.sizes = None if self.sizes is None else [self.sizes[n]]
+        for name, v in vars(self).items():
+            if name in self._OWN:
+                continue
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == B:
+                v = v[n:n + 1]
+            elif isinstance(v, list) and len(v) == B:
+                v = [v[n]]
+            setattr(one, name, v)
+        return one
+
     @property
     def ids(self) -> list[int]:
         return [a.id for a in self.agents]

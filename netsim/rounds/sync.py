@@ -43,20 +43,28 @@ class SyncRounds:
     def program(self, kernel, agent, p) -> Generator:
         """One agent's rounds in the events engine (a batch of one)."""
         state = kernel.state_of(agent, p)
+        ahead = None if _local_steps(kernel) else \
+            agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         one = [agent]
         k = 0
         while True:
             yield agent.wake()
             x = agent.params
             req = kernel.gradient(p, state, agent.id)
-            g = None
-            if req is not None:
-                g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
-                g = g.unsqueeze(0)
-            b = Batch(one, k, x.unsqueeze(0), g, state)
-            local = kernel.local(b, p)
-            if local is not None:  # local steps: each wave of gradients is this agent's request
-                yield from drive(agent, local)
+            if req is not None and ahead is not None:  # ``local`` batched with the agents done at the same time
+                ev = agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
+                ahead.ask(agent, x, ev, k)
+                yield ev
+                b = ahead.take(agent)
+            else:
+                g = None
+                if req is not None:
+                    g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
+                    g = g.unsqueeze(0)
+                b = Batch(one, k, x.unsqueeze(0), g, state)
+                local = kernel.local(b, p)
+                if local is not None:  # local steps: each wave of gradients is this agent's request
+                    yield from drive(agent, local)
             steps = kernel.exchanges(p, state)
             for s in range(steps):  # the round's exchanges, each a barrier (messages tagged round k * steps + s)
                 b.s = s
@@ -261,3 +269,50 @@ def _local_steps(kernel) -> bool:
 
     return inspect.isgeneratorfunction(type(kernel).local)
 
+
+class LocalAhead:
+    """The events engine's batched ``local``: the agents whose gradients come back at the same time (one flush of
+    the gradient service, every completion at this instant) run ``local`` as one batch when the first of them
+    resumes; each then takes its row (``Batch.row``) and the trace rows its ``local`` made (its releases), emitted
+    where its own program would have made them. Exact: ``local`` is row-wise, an agent's state is its own, and
+    nothing of those agents changes between the first resume and theirs (they are suspended until this instant).
+    So the events engine batches a round's compression and noise as the windowed driver does."""
+
+    def __init__(self, kernel, p, state):
+        self.kernel, self.p, self.state = kernel, p, state
+        self.pending: dict[int, tuple] = {}  # agent id -> (agent, x, its gradient's completion, round)
+        self.done: dict[int, tuple[Batch, list]] = {}  # agent id -> (its batch of one, its rows)
+
+    def ask(self, agent, x, ev, k: int) -> None:
+        self.pending[agent.id] = (agent, x, ev, k)
+
+    def take(self, agent) -> Batch:
+        got = self.done.pop(agent.id, None)
+        if got is None:
+            self._run(agent)
+            got = self.done.pop(agent.id)
+        b, rows = got
+        if rows:
+            agent.sim.writer.emit_rows(rows)
+        return b
+
+    def _run(self, first) -> None:
+        now, k = first.env.now, self.pending[first.id][3]
+        group = [e for e in self.pending.values() if e[2].at == now and e[2].ticket.result is not None and e[3] == k]
+        for a, *_ in group:
+            del self.pending[a.id]
+        if len(group) == 1:  # alone at this instant: its own batch of one, its rows made where it runs
+            _, x, ev, _ = group[0]
+            b = Batch([first], k, x.unsqueeze(0), ev.ticket.result.unsqueeze(0), self.state)
+            self.kernel.local(b, self.p)
+            self.done[first.id] = (b, [])
+            return
+        agents = [a for a, *_ in group]
+        writer = first.sim.writer
+        rows: list[list] = [[] for _ in group]
+        x = torch.stack([e[1] for e in group])
+        g = torch.stack([e[2].ticket.result for e in group])
+        b = Batch(agents, k, x, g, self.state, at=lambda n: writer.capturing(rows[n]))
+        self.kernel.local(b, self.p)
+        for n, a in enumerate(agents):
+            self.done[a.id] = (b.row(n), rows[n])

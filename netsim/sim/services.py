@@ -65,11 +65,12 @@ class Completion(simpy.events.Timeout):
     its value (resolved before any process waiting on it resumes). Also the already-processed event
     (``Completion.done``) that a zero-cost send returns."""
 
-    __slots__ = ("_resolve",)
+    __slots__ = ("_resolve", "ticket", "at")
 
     def __init__(self, env: simpy.Environment, delay: float, ticket: Any, resolve: Callable[[Any], Any]):
         super().__init__(env, delay, ticket)
         self._resolve = resolve
+        self.ticket, self.at = ticket, env.now + delay  # what it carries, and when it fires
         self.callbacks.append(self._fire)
 
     def _fire(self, _ev) -> None:
