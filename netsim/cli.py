@@ -345,8 +345,16 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             accountant: Optional[list[str]] = typer.Option(  # noqa: UP045
                 None, "--accountant", help="also a registered accountant's column, e.g. one a --plugin "
                                            "registers (repeatable)"),
+            pairwise: bool = typer.Option(
+                False, "--pairwise", help="also what each observer learns about each victim (exact for linear "
+                                          "Gaussian algorithms; needs privacy.record = \"mixing\"): pairwise.csv"),
+            victims: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--victims", help="--pairwise: only these victims, e.g. 0,3,5-7"),
+            observers: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--observers", help="--pairwise: only these observers, e.g. 0,3,5-7"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
-    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form."""
+    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form; --pairwise: per
+    (victim, observer) pair."""
     from rich.console import Console
     from rich.table import Table
 
@@ -362,7 +370,8 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
         if warned:  # first, whatever the report says next
             warn_partial()
-        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict, accountants=accountant or ())
+        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict, accountants=accountant or (),
+                             pairwise=pairwise, victims=victims, observers=observers)
         if not warned and rep.get("trace_complete") is False:  # the end is there, a batch is not sound
             warn_partial()
     except InputError as e:
@@ -430,6 +439,11 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
                        f"mean {fmt(p['epsilon_mean'], p['epsilon_mean'] is None)}   releases {p['releases']}")
     typer.echo(f"wrote {folder}/{REPORT_FILE} (over_time: epsilon at every evaluation)"
                + (f" and {PLOT_FILE}" if rep.get("plot") else ""))
+    if "pairwise" in rep:
+        from netsim.privacy.pairwise import pairwise_lines
+
+        for line in pairwise_lines(rep["pairwise"], str(folder)):
+            typer.echo(line)
 
 
 @app.command()

@@ -186,10 +186,13 @@ def columns(mode: str, pld: bool, closed: str, accountants: Sequence[str] = ()) 
 
 def privacy_report(run: str | Path, delta: float | None = None, accounting: str | None = None,
                    pld: bool = True, strict: bool = False, plot: bool = True,
-                   accountants: Sequence[str] = ()) -> dict[str, Any]:
+                   accountants: Sequence[str] = (), pairwise: bool = False, victims: str | None = None,
+                   observers: str | None = None) -> dict[str, Any]:
     """Compute (and write ``privacy.json`` / ``privacy.png`` into the run folder) the per-agent report.
     ``run`` is a run folder or its trace file (the report goes beside the trace); ``accountants`` adds a
-    column ``<name>_observed`` per registered accountant named (beyond RDP and PLD)."""
+    column ``<name>_observed`` per registered accountant named (beyond RDP and PLD). ``pairwise``: also
+    the (victim, observer) figures (netsim/privacy/pairwise.py; ``victims``/``observers``: "0,3,5-7"),
+    written to ``pairwise.csv`` and privacy.json's ``pairwise`` section."""
     from netsim.trace.io import read_trace
 
     folder = Path(run)
@@ -292,6 +295,10 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     }
     import json
 
+    if pairwise:
+        from netsim.privacy.pairwise import pairwise_report
+
+        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot)
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report

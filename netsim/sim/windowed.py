@@ -55,6 +55,8 @@ def unsupported(sc: Scenario) -> str | None:
         return "clock offsets, drift or jitter: activations are not simultaneous"
     if ag.compute_time.kind != "constant" or ag.stragglers:
         return "compute times differ between agents"
+    if getattr(sc, "privacy", None) is not None and sc.privacy.record is not None:
+        return "privacy.record: the mixing record is written by the event engine's agents"
     if ag.offline or ag.churn or ag.availability:
         return "agents go offline"
     if net.burst or net.outages or net.links or net.trace:
