@@ -386,6 +386,8 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
             if noiseless:
                 mu, method = math.inf, "noiseless release"
             mu_local = math.sqrt(sum(x * x for x in ratios))
+            if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
+                mu, method = mu_local, "local (post-processing)"
             mu_b = muffliato_bound(Wd, int(K), u, v, in_nbrs[v], ratios) if fixed else None
             if gated:
                 method = "not a guarantee"
