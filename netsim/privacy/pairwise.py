@@ -365,13 +365,13 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path))
     fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato"
     K = None
-    if fixed:
-        K = params.get("gossip_steps")
-        if K is None:
-            from netsim.algorithms.muffliato import default_gossip_steps
-            from netsim.sim.topology import spectral_gap
-
-            K = default_gossip_steps(spectral_gap(W))
+    if fixed:  # gossip steps per outer round, as run: each agent's mixing steps over its activations
+        acts = tab.filter(pc.equal(tab["kind"], "activate"))["agent"].to_numpy()
+        per = {(int((mixing.agent == a).sum() and np.unique(mixing.step[mixing.agent == a]).size),
+                int((acts == a).sum())) for a in range(n)}
+        ks = {m // k for m, k in per if k and m % k == 0}
+        K = ks.pop() if len(ks) == 1 and all(k and m % k == 0 for m, k in per) else None
+        fixed = K is not None
     Wd = W.toarray()
     hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
     noiseless = bool(np.isinf(lin.scale).any())
@@ -430,7 +430,9 @@ def _why_no_bound(form: LinearForm, sc, lin: LinearRun) -> str:
         return f"no published pairwise bound for {form.name}"
     if sc.topology.dynamic is not None:
         return "time-varying graph: Muffliato's bound assumes a fixed graph"
-    return "messages were lost or late: Muffliato's bound assumes reliable synchronous gossip"
+    if not lin.lossless:
+        return "messages were lost or late: Muffliato's bound assumes reliable synchronous gossip"
+    return "the gossip steps per activation differ between agents: Muffliato's bound assumes K steps per round"
 
 
 def summarise_by_hops(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
