@@ -149,6 +149,9 @@ def test_ring_of_eight_four_hops_exact_exceeds_the_bound_and_says_so(tmp_path):
     tot = sum(np.linalg.matrix_power(W, s)[w, 0] ** 2 / np.sum(np.linalg.matrix_power(W, s)[w] ** 2)
               for s in range(4) for w in (3, 5))
     assert float(r["mu_bound"]) == pytest.approx(RATIO * math.sqrt(tot), rel=1e-9)
+    from netsim.privacy.pairwise import muffliato_bound
+
+    assert muffliato_bound(W, 4, 0, 4, [3, 5], [RATIO]) == pytest.approx(RATIO * math.sqrt(tot), rel=1e-12)
     assert rep["pairwise"]["bound_below_exact"] > 0
     assert float(r["mu_local"]) == pytest.approx(RATIO)
 

@@ -27,13 +27,14 @@ netsim/privacy/views.py: ``privacy.record = "mixing"``); the message of round r 
 its mixing step r (both linear algorithms broadcast that value, then mix). Subsampling (q) is not credited:
 pairwise figures and the local-DP column are plain Gaussian mechanisms.
 
-Muffliato's own pairwise bound (its Theorem on gossip averaging, as restated by the matrix-factorisation
+Muffliato's own pairwise bound (its theorem on gossip averaging, as restated by the matrix-factorisation
 paper): each message the observer receives, at gossip step s from in-neighbour w, treated as an independent
-Gaussian mechanism of sensitivity (W^s)_{wu} Delta and noise sigma ||(W^s)_w||, composed over the K steps of
-every outer round of the victim: mu_bound^2 = sum over the victim's releases of (Delta/sigma)^2
-sum_{s<K} sum_{w in N(v)} (W^s)_{wu}^2 / ||(W^s)_w||^2. It applies to a fixed graph with reliable gossip, and
-is *not* an upper bound on the exact view: messages carrying the same injections without fresh noise can be
-combined (the output flags ``bound_below_exact``).
+Gaussian mechanism of sensitivity (W^s)_{wu} Delta and noise sigma ||(W^s)_w||, composed over the messages:
+mu_bound^2 = (Delta/sigma)^2 sum_{s<K} sum_{w in N(v)} (W^s)_{wu}^2 / ||(W^s)_w||^2 for one release per agent
+(``muffliato_bound``). Over several outer rounds the same per-message composition is applied to the run's
+own messages, whose values carry every earlier round (``per_message_bound``). It is reported for a fixed graph
+with reliable gossip only, and is *not* an upper bound on the exact view: messages carrying the same
+injections without fresh noise can be combined (the output flags ``bound_below_exact``).
 
 Cost: the linear system has one column per release (agents x rounds); each observer's view is one SVD of a
 (messages received) x (releases) matrix. ``EXACT_LIMIT`` releases at most (a few thousand: well under a
@@ -137,8 +138,10 @@ def row_space(M: np.ndarray) -> np.ndarray:
 
 def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, observer: int,
              victims: Sequence[int]) -> dict[int, tuple[float, str]]:
-    """{victim: (mu, method)} for one observer's view ``M`` (messages x slots, already free of the
-    observer's own slots): the library entry point, also used by tests on hand-built systems."""
+    """{victim: (mu, method)} for one observer's view ``M`` (messages x slots, in noise-std units; the
+    observer's own slots are known to it and left out here)."""
+    M = M.copy()
+    M[:, slots.get(observer, [])] = 0.0
     V = row_space(M)
     out = {}
     for u in victims:
@@ -148,6 +151,20 @@ def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, obs
             continue
         out[u] = victim_mu(V[:, idx], scale[idx])
     return out
+
+
+def per_message_bound(view: np.ndarray, idx: np.ndarray, scale: np.ndarray) -> float:
+    """Muffliato's per-message composition on the run's own messages: each row of ``view`` (one message, all
+    slots, the observer's own included, in noise-std units) a Gaussian mechanism of noise ||row|| and
+    sensitivity sum_s |row_s| Delta_s / sigma_s over the victim's slots ``idx``; the mu of their composition.
+    On a fixed graph with one release per agent this is ``muffliato_bound``; over several outer rounds it
+    carries each round's value into the next (the states are not reset between rounds)."""
+    if not len(view) or not len(idx):
+        return 0.0
+    sens = np.abs(view[:, idx]) @ scale[idx]
+    norm2 = np.einsum("ij,ij->i", view, view)
+    ok = norm2 > 0
+    return math.sqrt(float((sens[ok] ** 2 / norm2[ok]).sum()))
 
 
 def muffliato_bound(W: np.ndarray, K: int, u: int, v: int, in_nbrs: Sequence[int],
@@ -176,7 +193,7 @@ class LinearRun:
     n: int
     slots: dict[int, np.ndarray]  # agent -> its slot indices (release order)
     scale: np.ndarray  # per slot: Delta_s / sigma_s (inf for a noiseless release)
-    views: dict[int, np.ndarray]  # observer -> (messages received x slots), its own slots zeroed
+    views: dict[int, np.ndarray]  # observer -> (messages received x slots), in noise-std units
     lossless: bool  # every mixing step used every in-neighbour's message
 
 
@@ -272,9 +289,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
             X[a] = x
     views = {}
     for v in observers:
-        M = np.array(rows[v]) if rows[v] else np.zeros((0, S))
-        M[:, slots[v]] = 0.0  # the observer knows its own releases
-        views[v] = M
+        views[v] = np.array(rows[v]) if rows[v] else np.zeros((0, S))
     return LinearRun(n, slots, scale, views, lossless)
 
 
@@ -364,20 +379,12 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     mixing = read_mixing(path)
     lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path))
     fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato"
-    K = None
-    if fixed:  # gossip steps per outer round, as run: each agent's mixing steps over its activations
-        acts = tab.filter(pc.equal(tab["kind"], "activate"))["agent"].to_numpy()
-        per = {(int((mixing.agent == a).sum() and np.unique(mixing.step[mixing.agent == a]).size),
-                int((acts == a).sum())) for a in range(n)}
-        ks = {m // k for m, k in per if k and m % k == 0}
-        K = ks.pop() if len(ks) == 1 and all(k and m % k == 0 for m, k in per) else None
-        fixed = K is not None
-    Wd = W.toarray()
     hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
     noiseless = bool(np.isinf(lin.scale).any())
+    scale = np.where(np.isinf(lin.scale), 0.0, lin.scale)
     rows = []
     for v in os_:
-        per = exact_mu(lin.views[v], lin.slots, np.where(np.isinf(lin.scale), 0.0, lin.scale), v, vs)
+        per = exact_mu(lin.views[v], lin.slots, scale, v, vs)
         for u in vs:
             if u == v:
                 continue
@@ -388,7 +395,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
             mu_local = math.sqrt(sum(x * x for x in ratios))
             if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
                 mu, method = mu_local, "local (post-processing)"
-            mu_b = muffliato_bound(Wd, int(K), u, v, in_nbrs[v], ratios) if fixed else None
+            mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
             if gated:
                 method = "not a guarantee"
             row = {"victim": u, "observer": v, "hops": hops.get(u, {}).get(v), "mu": mu,
