@@ -377,6 +377,10 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
     except InputError as e:
         _fail(e)
     folder = run_folder.parent if run_folder.is_file() else run_folder
+    if rep["status"] == "unknown":  # a cut trace without releases: no figure, and not "not private" either
+        typer.echo(rep["message"])
+        typer.echo(f"wrote {folder}/{REPORT_FILE}")
+        raise typer.Exit(1)
     if not rep["private"]:
         typer.echo(rep["message"])
         typer.echo("(no agent made a release through Agent.privatize; noise added any other way is not accounted)")
@@ -414,7 +418,13 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             else:
                 cells.append(fmt(r.get(c), r["epsilon_infinite"] and c != "exhausted_at"))
         t.add_row(*cells)
-    Console().print(t)
+    # numbers are never cut: each column at least as wide as its longest cell and header word, and the
+    # console as wide as the table needs (at 80 columns, or piped, rich would otherwise print "0.099…")
+    for col in t.columns:
+        col.min_width = max([len(str(c)) for c in col.cells] + [len(w) for w in str(col.header).split()])
+    wide = Console(width=10_000)
+    need = wide.measure(t).minimum
+    Console(width=max(Console().width, need + len(t.columns))).print(t)  # slack: rich rounds widths
     typer.echo(("" if guarantee else "! ") + rep["message"])
     typer.echo(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, "
                f"{acc}, observed accounting, delta {rep['delta']:g})")

@@ -136,6 +136,8 @@ def scenario_of(trace) -> Scenario | None:
 
 
 NOT_PRIVATE = "no DP releases recorded: this run is not differentially private (epsilon = infinity)"
+UNKNOWN = ("unknown: the trace is cut (no end of run recorded) and holds no readable release, so whether this run "
+           "is differentially private, and at which epsilon, cannot be told from it")
 NOT_A_GUARANTEE = ("NOT a guarantee: {n} release(s) of {a} agent(s) were decided by an event trigger from "
                    "unreleased data (whether to release depended on the model or gradient values); the "
                    "accountants compose the releases as a fixed sequence, which does not bound the privacy loss "
@@ -249,7 +251,9 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
             row["closed_form"] = form
         rows.append(row)
     gated = [r for r in rows if r["data_dependent_releases"]]
-    if not private:
+    if not private and not trace.complete:  # a cut trace without releases says nothing about privacy
+        status, message = "unknown", UNKNOWN
+    elif not private:
         status, message = "not private", NOT_PRIVATE
     elif gated:
         status = "not a guarantee"
@@ -269,18 +273,22 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         return max(rows, key=lambda r: -1 if r[col] is None else r[col], default=None)
 
     worst, worst_rec = worst_of(key), worst_of("epsilon")
+    unknown = status == "unknown"
+    if unknown:  # neither finite nor infinite: not known
+        for r in rows:
+            r["epsilon_infinite"] = None
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
         "closed_form_paper": None if spec.closed_form == "none" else cf.lookup(spec.closed_form).paper,
         "epsilon_cap": spec.epsilon_cap,
-        "private": private,
+        "private": None if unknown else private,
         "guarantee": private and not gated,
         "status": status,
         "message": message,
         "recommended": {"column": "epsilon", "accountant": "pld" if pld else "rdp", "accounting": "observed",
                         "worst_agent": None if worst_rec is None else worst_rec["agent"],
                         "epsilon": None if worst_rec is None else worst_rec["epsilon"],
-                        "epsilon_infinite": worst_rec is None or worst_rec["epsilon_infinite"],
+                        "epsilon_infinite": None if unknown else worst_rec is None or worst_rec["epsilon_infinite"],
                         "assumptions": list(ASSUMPTIONS)},
         "columns": columns(mode, pld, spec.closed_form, accountants),
         "agents": rows,
@@ -389,7 +397,32 @@ def run_summary(sim) -> dict[str, Any]:
         out = {"privacy_guarantee": False,
                "privacy_note": f"NOT a guarantee: releases of {len(decided)} agent(s) were decided by an event "
                                "trigger from unreleased data (netsim privacy RUN explains)"}
-    return {**out, "privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
-            "privacy_releases": sum(len(rs) for rs in rel.values()),
-            "privacy_exhausted": sum(bool(a.existing_ledger and a.existing_ledger.exhausted)
-                                     for a in sim.agents)}
+    out.update({"privacy_epsilon_max": eps[worst],
+                "privacy_epsilon_method": f"RDP accountant (dp-accounting), {spec.accounting} accounting, worst agent, "
+                                          "at privacy_delta; netsim privacy RUN gives PLD and every agent",
+                "privacy_worst_agent": worst, "privacy_delta": spec.delta,
+                "privacy_releases": sum(len(rs) for rs in rel.values()),
+                "privacy_exhausted": sum(bool(a.existing_ledger and a.existing_ledger.exhausted)
+                                         for a in sim.agents)})
+    if spec.closed_form != "none":
+        out.update(_closed_form_summary(rel, spec))
+    return out
+
+
+def _closed_form_summary(rel, spec: PrivacySpec) -> dict[str, Any]:
+    """The paper's own figure of the worst agent (its closed form), named, beside the accountant's."""
+    name = cf.canonical(spec.closed_form)
+    out: dict[str, Any] = {"privacy_closed_form": name, "privacy_closed_form_paper": cf.lookup(name).paper}
+    try:
+        forms = {i: closed_form(name, rs, spec, spec.delta) for i, rs in rel.items()}
+    except (cf.ClosedFormError, OverflowError, ZeroDivisionError) as e:
+        out["privacy_closed_form_error"] = str(e)
+        return out
+    worst = max(forms, key=lambda i: -1.0 if forms[i].get("paper") is None else forms[i]["paper"])
+    f = forms[worst]
+    out.update({"privacy_closed_form_epsilon_max": f.get("paper"), "privacy_closed_form_worst_agent": worst,
+                "privacy_closed_form_method": f.get("note", ""),
+                "privacy_closed_form_violations": sorted({v for g in forms.values() for v in g["violations"]})})
+    if f.get("delta_paper") is not None:
+        out["privacy_closed_form_delta"] = f["delta_paper"]
+    return out
