@@ -86,40 +86,20 @@ def _pdsl(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[
 @cf.register_closed_form("do_adp", PAPERS["do_adp"])
 def _do_adp(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
     _gaussian_only("do_adp", releases)
-    root = math.sqrt(2 * math.log(1.25 / spec.delta0))
-    S_paper = S_obs = 0.0
-    v: set[str] = set()
-    for r in releases:
-        eps_t = r.sensitivity * root / r.scale
-        lin, exact = cf.do_adp_linear_amplification(eps_t, r.p * r.q), cf.do_adp_exact_amplification(eps_t, r.q)
-        S_paper += (1 + r.skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
-        S_obs += exact * exact
-        if eps_t >= 1:
-            v.add(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
-        if r.p < 0.5:
-            v.add(f"p = {r.p} < 1/2 (the paper requires p >= 1/2)")
-    dh = math.sqrt(S_paper)
-    if not 0 < dh <= 1:
-        raise cf.ClosedFormError("do_adp", f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: "
-                                           "the bound is vacuous")
-    return {"paper": cf.kov_composition(S_paper, dh), "delta_paper": dh,
-            "conservative": cf.kov_composition(S_obs, delta), "delta_conservative": delta,
-            "violations": sorted(v),
-            "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
-                    "conservative: exact amplification at rate q over observed releases, "
-                    "delta_hat = delta"}
+    return cf.do_adp_releases([(r.sensitivity, r.scale, r.p, r.q, r.skipped) for r in releases], spec.delta0, delta)
 
 
 @cf.register_closed_form("privsgp_vr", PAPERS["privsgp_vr"])
 def _privsgp_vr(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
     _gaussian_only("privsgp_vr", releases)
-    zs = {(r.scale / r.sensitivity, r.q) for r in releases}
-    if len(zs) > 1:
+    zs = {(r.scale, r.sensitivity, r.q) for r in releases}
+    if len({(sig / sens, q) for sig, sens, q in zs}) > 1:
         raise cf.ClosedFormError("privsgp_vr", "eq. (11) assumes one noise multiplier and sampling rate; "
                                                f"this agent used {len(zs)} different ones")
-    (z, q), = zs
+    (sigma, sens, q), *_ = zs
     K = len(releases)
-    eps = spec.c2 * q * math.sqrt(K * math.log(1 / delta)) / z
+    # eq. (11) inverted: the recorded sensitivity stands for sens_mult G, and q for 1 / J
+    eps = cf.privsgp_vr_epsilon(sigma, K, delta, 1.0 / q, sens, spec.c2, sens_mult=1.0)
     return {"paper": eps, "conservative": None,
             "violations": list(cf.privsgp_vr_validity(eps, K, round(1 / q), None)),
             "note": f"eq. (11) inverted with c2 = {spec.c2}; "
