@@ -87,6 +87,8 @@ class AgentLedger:
         key = (mechanism, sigma, sensitivity, q)
         if key not in self._checked:  # the arguments of a run's releases rarely vary: check each once
             check_release_args(mechanism, sigma, sensitivity, q, self.p)
+            if self.cap is not None:  # the cap is enforced by the RDP accountant: it must compose this release
+                self._check_cap_accountant(mechanism, sigma, sensitivity, q)
             self._checked.add(key)
         if self.exhausted:
             return False
@@ -116,6 +118,16 @@ class AgentLedger:
         a.emit_row((t, "release", a.id, to, -1, size, sigma, a.round,
                     release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
         return True
+
+    def _check_cap_accountant(self, mechanism: str, sigma: float, sensitivity: float, q: float) -> None:
+        from netsim.privacy.accountants import release_events, unsupported
+
+        r = Release(0.0, self.agent.id, -1, 0, 1, mechanism, "check", float(sigma), float(sensitivity), float(q),
+                    self.p)
+        why = unsupported("rdp", release_events(r, self.mode)[0])
+        if why:
+            raise PrivacyError(f"privacy.epsilon_cap is enforced with the RDP accountant, and {why}: remove the "
+                               "cap, or release with a mechanism and sampling it composes")
 
     def epsilon(self) -> float:
         """RDP epsilon(delta) spent so far."""

@@ -200,6 +200,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     exhausted = exhausted_from_table(trace.table)
     private = any(rel.values())
     rec = "pld_observed" if pld else "rdp_observed"
+    events = events_section(rel, sc, ("pld" if pld else "rdp", *(["rdp"] if pld else []), *accountants))
     rows = []
     for i in range(n):
         rs = rel.get(i, [])
@@ -276,6 +277,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         "worst_epsilon": None if worst is None else worst[key],
         "over_time": over_time(rel, eval_times(trace.table), delta) if private else [],
         "trace_complete": trace.complete,
+        "events": events,
         "explain": ("observed: each release at its data-sampling rate q (activation is visible: no "
                     "amplification); amplified: hidden activation as in Huo et al., Lemma 4, every activation "
                     "tick a run of the mechanism at rate p*q. Accountants: dp-accounting RDP and PLD, "
@@ -290,6 +292,38 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def events_section(rel: dict[int, list[Release]], sc: Scenario | None, accountants: Sequence[str]) -> dict[str, Any]:
+    """privacy.json's ``events``: the neighbouring relation, the sampling scheme, each mechanism used (its own
+    dp-accounting event), and the accountants that cannot compose the run's events. Raises InputError, before
+    anything is written, when the recommended one (first in ``accountants``) cannot."""
+    from netsim.privacy.accountants import NEIGHBOURING, SAMPLING, grouped_events, unsupported
+    from netsim.privacy.mechanisms import get_mechanism
+
+    drawn = sc.data.sampling.replace("_", " ") if sc is not None else "unknown"
+    used = sorted({r.mechanism for rs in rel.values() for r in rs})
+    distinct: dict[Any, int] = {}  # each distinct release event, and an agent that made it
+    for i in sorted(rel):
+        for ev, _ in grouped_events(rel[i]):
+            distinct.setdefault(ev, i)
+    why: dict[str, str] = {}
+    for acc in dict.fromkeys(accountants):
+        for ev, i in distinct.items():
+            reason = unsupported(acc, ev)
+            if reason:
+                why[acc] = f"agent {i}: {reason}"
+                break
+    first = next(iter(accountants), None)
+    if first in why:
+        hint = "the PLD accountant (--pld) composes more events" if first == "rdp" else "try another accountant"
+        raise InputError("--accountant", f"the recommended {first.upper()} figure cannot be computed: {why[first]}; "
+                                         f"{hint}")
+    return {"neighbouring_relation": NEIGHBOURING,
+            "sampling": f"{SAMPLING}: each record enters a release independently with its recorded q (netsim draws "
+                        f"fixed-size batches {drawn}; Poisson is the usual DP-SGD approximation of them)",
+            "mechanisms": {m: get_mechanism(m).doc for m in used},
+            "unsupported": why}
 
 
 def _json_safe(x):
