@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from netsim.privacy.log import ReleaseLog
-from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
+from netsim.privacy.mechanisms import MECHANISMS, NoiseSource, PrivacyError, check_release_args
 from netsim.trace.events import BudgetExhausted, Release, release_tag
 
 if TYPE_CHECKING:
@@ -183,6 +183,13 @@ def releases_from_table(table, source: str | None = None) -> dict[int, list[Rele
     for t, agent, peer, rnd, size, value, tag in zip(*cols, strict=True):
         try:
             r = Release.from_row(t, agent, peer, rnd, size, value, tag)
+        except (ValueError, KeyError) as e:
+            raise InputError("release", f"corrupted release record at t={t:g}, tag {tag[:60]!r}: {e}",
+                             source) from None
+        if r.mechanism not in MECHANISMS:
+            raise InputError("release", f"mechanism {r.mechanism!r} of the release at t={t:g} is not registered "
+                                        f"(registered: {', '.join(MECHANISMS)}; a plugin's needs --plugin)", source)
+        try:
             check_release_args(r.mechanism, r.scale, r.sensitivity, r.q, r.p)
             if agent < 0 or r.skipped < 0:
                 raise ValueError(f"agent {agent}, skipped ticks {r.skipped}")
