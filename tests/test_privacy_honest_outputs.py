@@ -66,3 +66,27 @@ def test_summary_names_its_method_and_the_papers_closed_form(dp_run):
     worst = max(rep["agents"], key=lambda a: a["closed_form"]["paper"])
     assert s["privacy_closed_form_epsilon_max"] == pytest.approx(worst["closed_form"]["paper"], rel=1e-12)
     assert s["privacy_closed_form_method"] == worst["closed_form"]["note"]
+
+
+def test_a_cap_refuses_at_the_first_release_an_event_rdp_cannot_compose():
+    from types import SimpleNamespace
+
+    from netsim.privacy.ledger import AgentLedger
+    from netsim.privacy.mechanisms import PrivacyError
+
+    act = SimpleNamespace(kind="periodic", period=1.0)
+    agent = SimpleNamespace(id=0, activation=act, activation_probability=1.0, local_time=lambda t: t)
+    led = AgentLedger(agent, cap=1.0)
+    with pytest.raises(PrivacyError, match="enforced with the RDP accountant.*PoissonSampledDpEvent.*Laplace"):
+        led.record(5, 1.0, 1.0, "laplace", q=0.5)
+    assert not led.releases  # nothing recorded
+
+
+def test_privacy_json_names_relation_sampling_and_mechanisms(dp_run):
+    folder, _ = dp_run
+    r = runner.invoke(app, ["privacy", str(folder)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    ev = json.loads((folder / "privacy.json").read_text())["events"]
+    assert ev["neighbouring_relation"] == "add_or_remove_one"
+    assert ev["sampling"].startswith("poisson") and "with replacement" in ev["sampling"]
+    assert list(ev["mechanisms"]) == ["gaussian"] and ev["unsupported"] == {}
