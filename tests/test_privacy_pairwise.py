@@ -268,3 +268,17 @@ def test_cli_pairwise_writes_csv_json_plots_and_a_table(tmp_path):
     bad = subprocess.run(netsim_cli("privacy", str(tmp_path), "--pairwise", "--observers", "x"),
                          capture_output=True, text=True, env=cli_env())
     assert bad.returncode == 2 and "--observers" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_runs_beyond_the_exact_limits_are_refused_with_the_limit_named(tmp_path, monkeypatch):
+    from netsim.errors import InputError
+    from netsim.privacy import pairwise
+
+    monkeypatch.setattr(pairwise, "EXACT_LIMIT", 5)
+    with pytest.raises(InputError, match="8 releases: the exact computation takes at most 5"):
+        run_pairs(tmp_path / "a", pair_scenario(4, {"kind": "ring"}, rounds=2))
+    monkeypatch.setattr(pairwise, "EXACT_LIMIT", 6000)
+    monkeypatch.setattr(pairwise, "VIEW_BYTES_LIMIT", 100)
+    with pytest.raises(InputError, match="choose fewer observers"):
+        run_pairs(tmp_path / "b", pair_scenario(4, {"kind": "ring"}, rounds=2))
+    assert not (tmp_path / "b" / "pairwise.csv").exists() and not (tmp_path / "b" / "privacy.json").exists()

@@ -57,6 +57,8 @@ from netsim.errors import InputError
 PAIRWISE_FILE = "pairwise.csv"
 #: most releases (columns of the linear system) the exact computation takes
 EXACT_LIMIT = 6000
+#: most bytes the observers' views (messages received x releases, float64) may take together
+VIEW_BYTES_LIMIT = 2 * 1024**3
 CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "mu_bound", "epsilon_bound",
                "bound_below_exact", "mu_local", "epsilon_local")
 
@@ -370,6 +372,12 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     for k, a, r, t in zip(kind, a_, r_, t_, strict=True):
         if k == "send":
             sends.setdefault((a, r), t)
+    chosen = set(os_)
+    need = 8 * n_slots * sum(1 for v, _, _ in delivered if v in chosen)
+    if need > VIEW_BYTES_LIMIT:
+        raise InputError("--observers", f"the chosen observers' views would take {need / 1024**3:.1f} GiB (messages "
+                                        f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
+                                        "GiB: choose fewer observers (--observers 0,3,5-7)")
     try:
         g, W = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
     except (InputError, OSError, ValueError) as e:
@@ -381,10 +389,13 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato"
     hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
     noiseless = bool(np.isinf(lin.scale).any())
+    from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
+
     scale = np.where(np.isinf(lin.scale), 0.0, lin.scale)
     rows = []
     for v in os_:
-        per = exact_mu(lin.views[v], lin.slots, scale, v, vs)
+        with threadpool_limits(1):  # one SVD per observer, a few hundred rows: BLAS threads only contend (60x)
+            per = exact_mu(lin.views[v], lin.slots, scale, v, vs)
         for u in vs:
             if u == v:
                 continue
