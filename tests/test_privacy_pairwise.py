@@ -282,3 +282,26 @@ def test_runs_beyond_the_exact_limits_are_refused_with_the_limit_named(tmp_path,
     with pytest.raises(InputError, match="choose fewer observers"):
         run_pairs(tmp_path / "b", pair_scenario(4, {"kind": "ring"}, rounds=2))
     assert not (tmp_path / "b" / "pairwise.csv").exists() and not (tmp_path / "b" / "privacy.json").exists()
+
+
+def test_shipped_scenario_and_engine_refusals(tmp_path):
+    from netsim.api import run
+    from netsim.errors import InputError
+    from netsim.privacy.report import privacy_report
+    from netsim.scenario import load_scenario, scenario_from_dict
+    from netsim.sim.windowed import unsupported
+
+    sc = load_scenario("scenarios/privacy_pairwise.toml", {"agents.count": 8, "run.rounds": 2})
+    assert sc.privacy.record == "mixing" and sc.network.loss > 0
+    # the windowed engine does not call the agents' mixing: it refuses a run that records it
+    assert "privacy.record" in unsupported(scenario_from_dict(pair_scenario(4, {"kind": "ring"},
+                                                                            algorithm="dp_dpsgd")))
+    run(sc, out=tmp_path / "ship")
+    sec = privacy_report(tmp_path / "ship", pld=False, plot=False, pairwise=True)["pairwise"]
+    assert sec["pairs"] == 56 and sec["status"] == "guarantee" and sec["bound"] is None
+    assert sec["by_hops"][0]["epsilon_max"] >= sec["by_hops"][-1]["epsilon_max"]  # farther observers learn less
+    plain = pair_scenario(4, {"kind": "ring"})
+    plain["algorithm"] = {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2}
+    run(scenario_from_dict(plain), out=tmp_path / "dpsgd")
+    with pytest.raises(InputError, match="not a linear Gaussian algorithm.*muffliato, dp_dpsgd"):
+        privacy_report(tmp_path / "dpsgd", pld=False, plot=False, pairwise=True)
