@@ -379,7 +379,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
                                         f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
                                         "GiB: choose fewer observers (--observers 0,3,5-7)")
     try:
-        g, W = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
+        g, _ = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
     except (InputError, OSError, ValueError) as e:
         raise InputError("--pairwise", f"cannot rebuild the run's graph: {e}") from None
     in_nbrs = {i: sorted(j for j in g.predecessors(i) if j != i) for i in range(n)}
