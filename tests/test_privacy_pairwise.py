@@ -305,3 +305,40 @@ def test_shipped_scenario_and_engine_refusals(tmp_path):
     run(scenario_from_dict(plain), out=tmp_path / "dpsgd")
     with pytest.raises(InputError, match="not a linear Gaussian algorithm.*muffliato, dp_dpsgd"):
         privacy_report(tmp_path / "dpsgd", pld=False, plot=False, pairwise=True)
+
+
+def test_time_varying_graph_with_loss_uses_the_weights_applied(tmp_path):
+    """DP-D-PSGD on a one-peer exponential graph (a new peer every round) with loss: the exact figures follow
+    the weights each agent applied (mixing.csv), recomputed here as per-round matrices."""
+    from netsim.trace.io import read_trace
+
+    n, T = 8, 5
+    sc = pair_scenario(n, {"kind": "ring", "dynamic": {"kind": "one_peer_exponential"}}, rounds=T, loss=0.2,
+                       algorithm="dp_dpsgd")
+    rep, rows = run_pairs(tmp_path, sc)
+    assert "time-varying" in rep["pairwise"]["bound_note"] or "published" in rep["pairwise"]["bound_note"]
+    t = read_trace(tmp_path).table.to_pandas()
+    dl = t[(t.kind == "deliver") & (t.tag == "model")]
+    mix = list(csv.DictReader((tmp_path / "mixing.csv").open()))
+    Wk = [np.zeros((n, n)) for _ in range(T)]
+    lr = np.zeros((T, n))
+    released = np.zeros((T, n), dtype=int)
+    for m in mix:
+        a, k = int(m["agent"]), int(m["step"])
+        Wk[k][a, int(m["src"])] = float(m["weight"])
+        lr[k, a], released[k, a] = float(m["lr"]), int(m["released"])
+    assert any(len({j for j in range(n) if Wk[k][a, j] > 0} - {a}) == 1 for k in range(T) for a in range(n))
+    for v in range(n):
+        C = np.zeros((n, n * T))
+        view = []
+        for k in range(T):
+            view += [C[int(j)] for j in dl[(dl.agent == v) & (dl["round"] == k)].peer]
+            C = Wk[k] @ C
+            for a in range(n):
+                for j in range(released[k - 1, a] if k else 0, released[k, a]):
+                    C[a, j * n + a] -= lr[k, a]
+        view = np.array(view) if view else np.zeros((0, n * T))
+        for u in range(n):
+            if u != v:
+                want = mu_from_covariance(view, [k * n + u for k in range(T)], [k * n + v for k in range(T)])
+                assert mu(rows, u, v) == pytest.approx(want, rel=1e-6, abs=1e-9), (u, v)
