@@ -201,12 +201,15 @@ class LinearRun:
 
 def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing, delivered,
                      sends: dict[tuple[int, int], float], observers: Sequence[int], lr: float | None,
-                     in_nbrs: dict[int, list[int]], source: str = "mixing.csv") -> LinearRun:
+                     in_nbrs: dict[int, list[int]], source: str = "mixing.csv",
+                     chebyshev: tuple[int, float] | None = None) -> LinearRun:
     """Play the run's linear system from its releases, its mixing record and its deliveries.
 
     ``releases``: agent -> list of Release records (trace order); ``mixing``: a MixingRecord;
     ``delivered``: (receiver, sender, round) of every delivered message of the form's tag; ``sends``:
-    (sender, round) -> send time; ``lr``: the constant step size of ``release_at = "now"``."""
+    (sender, round) -> send time; ``lr``: the constant step size of ``release_at = "now"``; ``chebyshev``:
+    (K, lambda) of Muffliato's accelerated gossip, x <- w_s (mix(x) - x_prev) + x_prev at the steps s > 0
+    of every K (Cyffers et al., Algorithm 1's recursion, as netsim's muffliato plays it)."""
     offsets, total = {}, 0
     slots: dict[int, np.ndarray] = {}
     for a in range(n):
@@ -256,6 +259,8 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
             by_round[r].append((v, j))
     last = max([max(ks) for ks in steps.values() if ks] + list(by_round) + [-1])
     X = np.zeros((n, S))
+    prev = np.zeros((n, S)) if chebyshev is not None else None  # the accelerated recursion's x^{k-1}
+    wk = np.ones(n)
     applied = np.zeros(n, dtype=np.int64)  # releases already in each agent's value
     rows: dict[int, list[np.ndarray]] = {v: [] for v in observers}
     for r in range(last + 1):
@@ -288,6 +293,12 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
                     s = offsets[a] + k
                     x[s] -= slr * sigma[s]
                 applied[a] = max(applied[a], rel)
+            if prev is not None and r % chebyshev[0] > 0:
+                lam2 = chebyshev[1] ** 2
+                wk[a] = 2.0 / (2.0 - lam2) if r % chebyshev[0] == 1 else 1.0 / (1.0 - lam2 * wk[a] / 4.0)
+                x = wk[a] * (x - prev[a]) + prev[a]
+            if prev is not None:
+                prev[a] = P[a]
             X[a] = x
     views = {}
     for v in observers:
@@ -339,9 +350,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         raise InputError("--pairwise", f"algorithm {alg!r} is not a linear Gaussian algorithm netsim can account "
                                        f"pairwise (exact only for: {', '.join(LINEAR)}); no pair figure is given")
     params = dict(sc.algorithm.params)
-    if alg == "muffliato" and params.get("acceleration", "none") != "none":
-        raise InputError("--pairwise", "muffliato with Chebyshev acceleration: the accelerated recursion is not "
-                                       "modelled; only plain gossip (acceleration = 'none')")
+    accelerated = alg == "muffliato" and params.get("acceleration", "none") != "none"
     if not trace.complete:
         raise InputError("--pairwise", "the trace is incomplete (cut or crashed run): pairwise figures need the "
                                        "whole run; the figures are unknown", str(folder))
@@ -379,14 +388,25 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
                                         f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
                                         "GiB: choose fewer observers (--observers 0,3,5-7)")
     try:
-        g, _ = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
+        g, W = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
     except (InputError, OSError, ValueError) as e:
         raise InputError("--pairwise", f"cannot rebuild the run's graph: {e}") from None
     in_nbrs = {i: sorted(j for j in g.predecessors(i) if j != i) for i in range(n)}
     lr = float(params.get("lr", 0.001 if alg == "muffliato" else 0.1))
     mixing = read_mixing(path)
-    lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path))
-    fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato"
+    cheb = None
+    if accelerated:  # K from the run (mixing steps per activation), lambda from the run's mixing matrix
+        from netsim.sim.topology import spectral_gap
+
+        acts = tab.filter(pc.equal(tab["kind"], "activate"))["agent"].to_numpy()
+        ks = {(int(np.unique(mixing.step[mixing.agent == a]).size), int((acts == a).sum())) for a in range(n)}
+        per = {m // k for m, k in ks if k and m % k == 0}
+        if len(per) != 1 or any(not k or m % k for m, k in ks):
+            raise InputError("--pairwise", "muffliato with Chebyshev acceleration: the agents' gossip steps per "
+                                           "activation differ, so the recursion's steps cannot be placed")
+        cheb = (per.pop(), 1.0 - (spectral_gap(W) or 0.0))
+    lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path), cheb)
+    fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato" and not accelerated
     hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
     noiseless = bool(np.isinf(lin.scale).any())
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
@@ -446,6 +466,8 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
 def _why_no_bound(form: LinearForm, sc, lin: LinearRun) -> str:
     if form.name != "muffliato":
         return f"no published pairwise bound for {form.name}"
+    if sc.algorithm.params.get("acceleration", "none") != "none":
+        return "Chebyshev acceleration: Muffliato's per-message bound is stated for plain gossip W^s"
     if sc.topology.dynamic is not None:
         return "time-varying graph: Muffliato's bound assumes a fixed graph"
     if not lin.lossless:
