@@ -128,8 +128,9 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
         program, params = resolve(scenario.algorithm)
         _check_closed_form(scenario, source)
         from netsim.privacy.ledger import new_ledger
+        from netsim.privacy.views import mixing_log_for
 
-        return Simulation(scenario, program, params, writer=writer, ledger=new_ledger)
+        return Simulation(scenario, program, params, writer=writer, ledger=new_ledger, mixing=mixing_log_for)
     except InputError as e:
         raise e.at(source) if source else e from None
 
@@ -371,6 +372,10 @@ def _write_outputs(sim, folder: Path, counts, meta: dict[str, str], header: dict
     write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
     plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
     write_agent_metrics(sim.agent_metrics, folder, f"{sc.name}: {sc.algorithm.name}, each agent's own model")
+    if sc.privacy is not None and sc.privacy.record is not None:
+        from netsim.privacy.views import write_mixing
+
+        write_mixing(sim, folder)
     write_summary(summary, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
     (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
     for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)

@@ -346,8 +346,16 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             accountant: Optional[list[str]] = typer.Option(  # noqa: UP045
                 None, "--accountant", help="also a registered accountant's column, e.g. one a --plugin "
                                            "registers (repeatable)"),
+            pairwise: bool = typer.Option(
+                False, "--pairwise", help="also what each observer learns about each victim (exact for linear "
+                                          "Gaussian algorithms; needs privacy.record = \"mixing\"): pairwise.csv"),
+            victims: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--victims", help="--pairwise: only these victims, e.g. 0,3,5-7"),
+            observers: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--observers", help="--pairwise: only these observers, e.g. 0,3,5-7"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
-    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form."""
+    """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form; --pairwise: per
+    (victim, observer) pair."""
     from rich.console import Console
     from rich.table import Table
 
@@ -363,12 +371,17 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
         if warned:  # first, whatever the report says next
             warn_partial()
-        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict, accountants=accountant or ())
+        rep = privacy_report(run_folder, delta, accounting, pld=pld, strict=strict, accountants=accountant or (),
+                             pairwise=pairwise, victims=victims, observers=observers)
         if not warned and rep.get("trace_complete") is False:  # the end is there, a batch is not sound
             warn_partial()
     except InputError as e:
         _fail(e)
     folder = run_folder.parent if run_folder.is_file() else run_folder
+    if rep["status"] == "unknown":  # a cut trace without releases: no figure, and not "not private" either
+        typer.echo(rep["message"])
+        typer.echo(f"wrote {folder}/{REPORT_FILE}")
+        raise typer.Exit(1)
     if not rep["private"]:
         typer.echo(rep["message"])
         typer.echo("(no agent made a release through Agent.privatize; noise added any other way is not accounted)")
@@ -406,7 +419,13 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             else:
                 cells.append(fmt(r.get(c), r["epsilon_infinite"] and c != "exhausted_at"))
         t.add_row(*cells)
-    Console().print(t)
+    # numbers are never cut: each column at least as wide as its longest cell and header word, and the
+    # console as wide as the table needs (at 80 columns, or piped, rich would otherwise print "0.099…")
+    for col in t.columns:
+        col.min_width = max([len(str(c)) for c in col.cells] + [len(w) for w in str(col.header).split()])
+    wide = Console(width=10_000)
+    need = wide.measure(t).minimum
+    Console(width=max(Console().width, need + len(t.columns))).print(t)  # slack: rich rounds widths
     typer.echo(("" if guarantee else "! ") + rep["message"])
     typer.echo(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, "
                f"{acc}, observed accounting, delta {rep['delta']:g})")
@@ -431,6 +450,11 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
                        f"mean {fmt(p['epsilon_mean'], p['epsilon_mean'] is None)}   releases {p['releases']}")
     typer.echo(f"wrote {folder}/{REPORT_FILE} (over_time: epsilon at every evaluation)"
                + (f" and {PLOT_FILE}" if rep.get("plot") else ""))
+    if "pairwise" in rep:
+        from netsim.privacy.pairwise import pairwise_lines
+
+        for line in pairwise_lines(rep["pairwise"], str(folder)):
+            typer.echo(line)
 
 
 @app.command()

@@ -35,7 +35,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
 from netsim.errors import claim
 from netsim.privacy.log import ReleaseLog
-from netsim.privacy.mechanisms import PrivacyError
+from netsim.privacy.mechanisms import PrivacyError, get_mechanism
 from netsim.trace.events import Release
 
 
@@ -76,23 +76,47 @@ def check_delta(delta: float) -> None:
         raise PrivacyError(f"delta must be in (0, 1), got {delta!r}")
 
 
-def base_event(mechanism: str, multiplier: float, rate: float) -> dp_accounting.DpEvent:
-    """The dp-accounting event of one release: noise multiplier = scale / sensitivity."""
-    if multiplier <= 1e-100:  # no noise; and below ~1e-162 dp-accounting divides by sigma**2 == 0.0
+#: the neighbouring relation of every figure: one record of the agent added or removed
+NEIGHBOURING = "add_or_remove_one"
+#: how a record's presence in a release is modelled: each record independently with probability q (Poisson
+#: sampling). netsim draws fixed-size batches (with or without replacement: ``data.sampling``); taking them as
+#: Poisson at q = B / |D_i| is the usual DP-SGD approximation, and the reports say so.
+SAMPLING = "poisson"
+
+
+def sampled(event: dp_accounting.DpEvent, rate: float) -> dp_accounting.DpEvent:
+    """``event`` with each record entering at ``rate`` (SAMPLING: Poisson); itself at rate 1."""
+    if rate >= 1.0 or isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return event
+    return dp_accounting.PoissonSampledDpEvent(rate, event)
+
+
+def mechanism_event(mechanism: str, scale: float, sensitivity: float) -> dp_accounting.DpEvent:
+    """The mechanism's own dp-accounting event of one release (its registered ``Mechanism.event``)."""
+    if scale <= 0:
         return dp_accounting.NonPrivateDpEvent()
-    ev = (dp_accounting.GaussianDpEvent(multiplier) if mechanism == "gaussian"
-          else dp_accounting.LaplaceDpEvent(multiplier))
-    return ev if rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(rate, ev)
+    return get_mechanism(mechanism).event(scale, sensitivity)
+
+
+def base_event(mechanism: str, multiplier: float, rate: float) -> dp_accounting.DpEvent:
+    """The event of one release of noise multiplier ``multiplier`` (scale at sensitivity 1) at ``rate``."""
+    return sampled(mechanism_event(mechanism, multiplier, 1.0), rate)
 
 
 def release_events(r: Release, mode: str = "observed") -> tuple[dp_accounting.DpEvent, int]:
     """(event, count) of one release: count > 1 when, amplified, it stands for skipped ticks too."""
     if mode not in MODES:
         raise PrivacyError(f"accounting mode must be one of {', '.join(MODES)}, got {mode!r}")
-    z = r.scale / r.sensitivity
+    ev = mechanism_event(r.mechanism, r.scale, r.sensitivity)
     if mode == "observed":
-        return base_event(r.mechanism, z, r.q), 1
-    return base_event(r.mechanism, z, r.p * r.q), 1 + r.skipped
+        return sampled(ev, r.q), 1
+    return sampled(ev, r.p * r.q), 1 + r.skipped
+
+
+def unsupported(accountant: str, event: dp_accounting.DpEvent) -> str | None:
+    """Why the registered ``accountant`` cannot compose ``event`` (None: it can)."""
+    acc = make_accountant(accountant)
+    return None if acc.supports(event) else f"the {accountant} accountant does not support {event!r}"
 
 
 def grouped_events(releases: Iterable[Release],

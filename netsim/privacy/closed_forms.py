@@ -291,13 +291,7 @@ def do_adp_epsilon(sigma: float, delta0: float, q: int, T: int, G: float = 1.0, 
     S = steps * eps_tp**2
     dh = math.sqrt(S) if delta_hat is None else delta_hat
     _need(0 < dh <= 1, name, f"delta_hat = {dh!r} is not in (0, 1] (S too large)")
-    v = []
-    if eps_t >= 1:
-        v.append(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
-    if eps_tp > 0.9:
-        v.append(f"amplified eps'_t = {eps_tp:.4g} > 0.9 (Lemma 5 needs <= 0.9)")
-    if p < 0.5:
-        v.append(f"p = {p!r} < 1/2 (the paper requires p >= 1/2)")
+    v = do_adp_conditions(eps_t, eps_tp, p)
     return DoAdpEpsilon(
         eps_t, eps_tp, S, steps, dh, kov_composition(S, dh),
         1 - (1 - dh) * (1 - r * delta0) ** steps,
@@ -305,6 +299,48 @@ def do_adp_epsilon(sigma: float, delta0: float, q: int, T: int, G: float = 1.0, 
         kov_composition(S, delta0),
         _validity(v, strict, name),
     )
+
+
+def do_adp_conditions(eps_t: float, eps_tp: float, p: float) -> list[str]:
+    """DO-ADP's validity conditions on one step: eps_t < 1 (classical Gaussian bound), amplified
+    eps'_t <= 0.9 (Lemma 5), p >= 1/2 (sec. III-C); the violated ones, as lines."""
+    v = []
+    if eps_t >= 1:
+        v.append(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
+    if eps_tp > 0.9:
+        v.append(f"amplified eps'_t = {eps_tp:.4g} > 0.9 (Lemma 5 needs <= 0.9)")
+    if p < 0.5:
+        v.append(f"p = {p!r} < 1/2 (the paper requires p >= 1/2)")
+    return v
+
+
+def do_adp_releases(releases: Sequence[tuple[float, float, float, float, int]], delta0: float,
+                    delta: float) -> dict[str, Any]:
+    """``do_adp_epsilon`` over a recorded sequence of releases (sensitivity, sigma, p, q, skipped ticks),
+    each at its own parameters: the paper's figure (Lemma 4 linear at rate p q for every activation tick,
+    the skipped ones included, Lemma 5 at delta_hat = sqrt(S)) and the conservative one (exact
+    amplification at rate q over the observed releases, delta_hat = delta). For one schedule it equals
+    ``do_adp_epsilon(.., amp="paper_linear")`` and ``(.., amp="exact", activation="observed")``."""
+    name = "do_adp"
+    _delta_ok(delta0, name, "delta0")
+    _delta_ok(delta, name)
+    root = math.sqrt(2 * math.log(1.25 / delta0))
+    S_paper = S_obs = 0.0
+    v: set[str] = set()
+    for sens, sigma, p, q, skipped in releases:
+        _need(sigma > 0, name, f"sigma must be > 0, got {sigma!r}")
+        eps_t = sens * root / sigma
+        lin, exact = do_adp_linear_amplification(eps_t, p * q), do_adp_exact_amplification(eps_t, q)
+        S_paper += (1 + skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
+        S_obs += exact * exact
+        v.update(do_adp_conditions(eps_t, lin, p))
+    dh = math.sqrt(S_paper)
+    _need(0 < dh <= 1, name, f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: the bound is vacuous")
+    return {"paper": kov_composition(S_paper, dh), "delta_paper": dh,
+            "conservative": kov_composition(S_obs, delta), "delta_conservative": delta,
+            "violations": sorted(v),
+            "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
+                    "conservative: exact amplification at rate q over observed releases, delta_hat = delta"}
 
 
 @attrs.frozen

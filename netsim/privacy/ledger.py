@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from netsim.privacy.log import ReleaseLog
-from netsim.privacy.mechanisms import NoiseSource, PrivacyError, check_release_args
+from netsim.privacy.mechanisms import MECHANISMS, NoiseSource, PrivacyError, check_release_args
 from netsim.trace.events import BudgetExhausted, Release, release_tag
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ class AgentLedger:
         key = (mechanism, sigma, sensitivity, q)
         if key not in self._checked:  # the arguments of a run's releases rarely vary: check each once
             check_release_args(mechanism, sigma, sensitivity, q, self.p)
+            if self.cap is not None:  # the cap is enforced by the RDP accountant: it must compose this release
+                self._check_cap_accountant(mechanism, sigma, sensitivity, q)
             self._checked.add(key)
         if self.exhausted:
             return False
@@ -116,6 +118,16 @@ class AgentLedger:
         a.emit_row((t, "release", a.id, to, -1, size, sigma, a.round,
                     release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
         return True
+
+    def _check_cap_accountant(self, mechanism: str, sigma: float, sensitivity: float, q: float) -> None:
+        from netsim.privacy.accountants import release_events, unsupported
+
+        r = Release(0.0, self.agent.id, -1, 0, 1, mechanism, "check", float(sigma), float(sensitivity), float(q),
+                    self.p)
+        why = unsupported("rdp", release_events(r, self.mode)[0])
+        if why:
+            raise PrivacyError(f"privacy.epsilon_cap is enforced with the RDP accountant, and {why}: remove the "
+                               "cap, or release with a mechanism and sampling it composes")
 
     def epsilon(self) -> float:
         """RDP epsilon(delta) spent so far."""
@@ -171,6 +183,13 @@ def releases_from_table(table, source: str | None = None) -> dict[int, list[Rele
     for t, agent, peer, rnd, size, value, tag in zip(*cols, strict=True):
         try:
             r = Release.from_row(t, agent, peer, rnd, size, value, tag)
+        except (ValueError, KeyError) as e:
+            raise InputError("release", f"corrupted release record at t={t:g}, tag {tag[:60]!r}: {e}",
+                             source) from None
+        if r.mechanism not in MECHANISMS:
+            raise InputError("release", f"mechanism {r.mechanism!r} of the release at t={t:g} is not registered "
+                                        f"(registered: {', '.join(MECHANISMS)}; a plugin's needs --plugin)", source)
+        try:
             check_release_args(r.mechanism, r.scale, r.sensitivity, r.q, r.p)
             if agent < 0 or r.skipped < 0:
                 raise ValueError(f"agent {agent}, skipped ticks {r.skipped}")

@@ -86,40 +86,20 @@ def _pdsl(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[
 @cf.register_closed_form("do_adp", PAPERS["do_adp"])
 def _do_adp(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
     _gaussian_only("do_adp", releases)
-    root = math.sqrt(2 * math.log(1.25 / spec.delta0))
-    S_paper = S_obs = 0.0
-    v: set[str] = set()
-    for r in releases:
-        eps_t = r.sensitivity * root / r.scale
-        lin, exact = cf.do_adp_linear_amplification(eps_t, r.p * r.q), cf.do_adp_exact_amplification(eps_t, r.q)
-        S_paper += (1 + r.skipped) * lin * lin  # x * x: inf for a huge eps_t, where x ** 2 raises
-        S_obs += exact * exact
-        if eps_t >= 1:
-            v.add(f"eps_t = {eps_t:.4g} >= 1: classical Gaussian bound invalid")
-        if r.p < 0.5:
-            v.add(f"p = {r.p} < 1/2 (the paper requires p >= 1/2)")
-    dh = math.sqrt(S_paper)
-    if not 0 < dh <= 1:
-        raise cf.ClosedFormError("do_adp", f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: "
-                                           "the bound is vacuous")
-    return {"paper": cf.kov_composition(S_paper, dh), "delta_paper": dh,
-            "conservative": cf.kov_composition(S_obs, delta), "delta_conservative": delta,
-            "violations": sorted(v),
-            "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
-                    "conservative: exact amplification at rate q over observed releases, "
-                    "delta_hat = delta"}
+    return cf.do_adp_releases([(r.sensitivity, r.scale, r.p, r.q, r.skipped) for r in releases], spec.delta0, delta)
 
 
 @cf.register_closed_form("privsgp_vr", PAPERS["privsgp_vr"])
 def _privsgp_vr(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
     _gaussian_only("privsgp_vr", releases)
-    zs = {(r.scale / r.sensitivity, r.q) for r in releases}
-    if len(zs) > 1:
+    zs = {(r.scale, r.sensitivity, r.q) for r in releases}
+    if len({(sig / sens, q) for sig, sens, q in zs}) > 1:
         raise cf.ClosedFormError("privsgp_vr", "eq. (11) assumes one noise multiplier and sampling rate; "
                                                f"this agent used {len(zs)} different ones")
-    (z, q), = zs
+    (sigma, sens, q), *_ = zs
     K = len(releases)
-    eps = spec.c2 * q * math.sqrt(K * math.log(1 / delta)) / z
+    # eq. (11) inverted: the recorded sensitivity stands for sens_mult G, and q for 1 / J
+    eps = cf.privsgp_vr_epsilon(sigma, K, delta, 1.0 / q, sens, spec.c2, sens_mult=1.0)
     return {"paper": eps, "conservative": None,
             "violations": list(cf.privsgp_vr_validity(eps, K, round(1 / q), None)),
             "note": f"eq. (11) inverted with c2 = {spec.c2}; "
@@ -136,6 +116,8 @@ def scenario_of(trace) -> Scenario | None:
 
 
 NOT_PRIVATE = "no DP releases recorded: this run is not differentially private (epsilon = infinity)"
+UNKNOWN = ("unknown: the trace is cut (no end of run recorded) and holds no readable release, so whether this run "
+           "is differentially private, and at which epsilon, cannot be told from it")
 NOT_A_GUARANTEE = ("NOT a guarantee: {n} release(s) of {a} agent(s) were decided by an event trigger from "
                    "unreleased data (whether to release depended on the model or gradient values); the "
                    "accountants compose the releases as a fixed sequence, which does not bound the privacy loss "
@@ -186,10 +168,13 @@ def columns(mode: str, pld: bool, closed: str, accountants: Sequence[str] = ()) 
 
 def privacy_report(run: str | Path, delta: float | None = None, accounting: str | None = None,
                    pld: bool = True, strict: bool = False, plot: bool = True,
-                   accountants: Sequence[str] = ()) -> dict[str, Any]:
+                   accountants: Sequence[str] = (), pairwise: bool = False, victims: str | None = None,
+                   observers: str | None = None) -> dict[str, Any]:
     """Compute (and write ``privacy.json`` / ``privacy.png`` into the run folder) the per-agent report.
     ``run`` is a run folder or its trace file (the report goes beside the trace); ``accountants`` adds a
-    column ``<name>_observed`` per registered accountant named (beyond RDP and PLD)."""
+    column ``<name>_observed`` per registered accountant named (beyond RDP and PLD). ``pairwise``: also
+    the (victim, observer) figures (netsim/privacy/pairwise.py; ``victims``/``observers``: "0,3,5-7"),
+    written to ``pairwise.csv`` and privacy.json's ``pairwise`` section."""
     from netsim.trace.io import read_trace
 
     folder = Path(run)
@@ -215,6 +200,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     exhausted = exhausted_from_table(trace.table)
     private = any(rel.values())
     rec = "pld_observed" if pld else "rdp_observed"
+    events = events_section(rel, sc, ("pld" if pld else "rdp", *(["rdp"] if pld else []), *accountants))
     rows = []
     for i in range(n):
         rs = rel.get(i, [])
@@ -246,7 +232,9 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
             row["closed_form"] = form
         rows.append(row)
     gated = [r for r in rows if r["data_dependent_releases"]]
-    if not private:
+    if not private and not trace.complete:  # a cut trace without releases says nothing about privacy
+        status, message = "unknown", UNKNOWN
+    elif not private:
         status, message = "not private", NOT_PRIVATE
     elif gated:
         status = "not a guarantee"
@@ -266,18 +254,22 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         return max(rows, key=lambda r: -1 if r[col] is None else r[col], default=None)
 
     worst, worst_rec = worst_of(key), worst_of("epsilon")
+    unknown = status == "unknown"
+    if unknown:  # neither finite nor infinite: not known
+        for r in rows:
+            r["epsilon_infinite"] = None
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
         "closed_form_paper": None if spec.closed_form == "none" else cf.lookup(spec.closed_form).paper,
         "epsilon_cap": spec.epsilon_cap,
-        "private": private,
+        "private": None if unknown else private,
         "guarantee": private and not gated,
         "status": status,
         "message": message,
         "recommended": {"column": "epsilon", "accountant": "pld" if pld else "rdp", "accounting": "observed",
                         "worst_agent": None if worst_rec is None else worst_rec["agent"],
                         "epsilon": None if worst_rec is None else worst_rec["epsilon"],
-                        "epsilon_infinite": worst_rec is None or worst_rec["epsilon_infinite"],
+                        "epsilon_infinite": None if unknown else worst_rec is None or worst_rec["epsilon_infinite"],
                         "assumptions": list(ASSUMPTIONS)},
         "columns": columns(mode, pld, spec.closed_form, accountants),
         "agents": rows,
@@ -285,6 +277,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         "worst_epsilon": None if worst is None else worst[key],
         "over_time": over_time(rel, eval_times(trace.table), delta) if private else [],
         "trace_complete": trace.complete,
+        "events": events,
         "explain": ("observed: each release at its data-sampling rate q (activation is visible: no "
                     "amplification); amplified: hidden activation as in Huo et al., Lemma 4, every activation "
                     "tick a run of the mechanism at rate p*q. Accountants: dp-accounting RDP and PLD, "
@@ -292,9 +285,45 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     }
     import json
 
+    if pairwise:
+        from netsim.privacy.pairwise import pairwise_report
+
+        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot)
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def events_section(rel: dict[int, list[Release]], sc: Scenario | None, accountants: Sequence[str]) -> dict[str, Any]:
+    """privacy.json's ``events``: the neighbouring relation, the sampling scheme, each mechanism used (its own
+    dp-accounting event), and the accountants that cannot compose the run's events. Raises InputError, before
+    anything is written, when the recommended one (first in ``accountants``) cannot."""
+    from netsim.privacy.accountants import NEIGHBOURING, SAMPLING, grouped_events, unsupported
+    from netsim.privacy.mechanisms import get_mechanism
+
+    drawn = sc.data.sampling.replace("_", " ") if sc is not None else "unknown"
+    used = sorted({r.mechanism for rs in rel.values() for r in rs})
+    distinct: dict[Any, int] = {}  # each distinct release event, and an agent that made it
+    for i in sorted(rel):
+        for ev, _ in grouped_events(rel[i]):
+            distinct.setdefault(ev, i)
+    why: dict[str, str] = {}
+    for acc in dict.fromkeys(accountants):
+        for ev, i in distinct.items():
+            reason = unsupported(acc, ev)
+            if reason:
+                why[acc] = f"agent {i}: {reason}"
+                break
+    first = next(iter(accountants), None)
+    if first in why:
+        hint = "the PLD accountant (--pld) composes more events" if first == "rdp" else "try another accountant"
+        raise InputError("--accountant", f"the recommended {first.upper()} figure cannot be computed: {why[first]}; "
+                                         f"{hint}")
+    return {"neighbouring_relation": NEIGHBOURING,
+            "sampling": f"{SAMPLING}: each record enters a release independently with its recorded q (netsim draws "
+                        f"fixed-size batches {drawn}; Poisson is the usual DP-SGD approximation of them)",
+            "mechanisms": {m: get_mechanism(m).doc for m in used},
+            "unsupported": why}
 
 
 def _json_safe(x):
@@ -382,7 +411,32 @@ def run_summary(sim) -> dict[str, Any]:
         out = {"privacy_guarantee": False,
                "privacy_note": f"NOT a guarantee: releases of {len(decided)} agent(s) were decided by an event "
                                "trigger from unreleased data (netsim privacy RUN explains)"}
-    return {**out, "privacy_epsilon_max": eps[worst], "privacy_worst_agent": worst, "privacy_delta": spec.delta,
-            "privacy_releases": sum(len(rs) for rs in rel.values()),
-            "privacy_exhausted": sum(bool(a.existing_ledger and a.existing_ledger.exhausted)
-                                     for a in sim.agents)}
+    out.update({"privacy_epsilon_max": eps[worst],
+                "privacy_epsilon_method": f"RDP accountant (dp-accounting), {spec.accounting} accounting, worst agent, "
+                                          "at privacy_delta; netsim privacy RUN gives PLD and every agent",
+                "privacy_worst_agent": worst, "privacy_delta": spec.delta,
+                "privacy_releases": sum(len(rs) for rs in rel.values()),
+                "privacy_exhausted": sum(bool(a.existing_ledger and a.existing_ledger.exhausted)
+                                         for a in sim.agents)})
+    if spec.closed_form != "none":
+        out.update(_closed_form_summary(rel, spec))
+    return out
+
+
+def _closed_form_summary(rel, spec: PrivacySpec) -> dict[str, Any]:
+    """The paper's own figure of the worst agent (its closed form), named, beside the accountant's."""
+    name = cf.canonical(spec.closed_form)
+    out: dict[str, Any] = {"privacy_closed_form": name, "privacy_closed_form_paper": cf.lookup(name).paper}
+    try:
+        forms = {i: closed_form(name, rs, spec, spec.delta) for i, rs in rel.items()}
+    except (cf.ClosedFormError, OverflowError, ZeroDivisionError) as e:
+        out["privacy_closed_form_error"] = str(e)
+        return out
+    worst = max(forms, key=lambda i: -1.0 if forms[i].get("paper") is None else forms[i]["paper"])
+    f = forms[worst]
+    out.update({"privacy_closed_form_epsilon_max": f.get("paper"), "privacy_closed_form_worst_agent": worst,
+                "privacy_closed_form_method": f.get("note", ""),
+                "privacy_closed_form_violations": sorted({v for g in forms.values() for v in g["violations"]})})
+    if f.get("delta_paper") is not None:
+        out["privacy_closed_form_delta"] = f["delta_paper"]
+    return out

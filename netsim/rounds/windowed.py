@@ -23,7 +23,7 @@ NEEDS = {
 }
 
 
-def _common(sc) -> str | None:
+def scenario_refusal(sc) -> str | None:
     """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds."""
     ag, net = sc.agents, sc.network
     if ag.activation.kind != "periodic":
@@ -37,6 +37,8 @@ def _common(sc) -> str | None:
         return "agents go offline"
     if net.burst or net.outages or net.links or net.trace:
         return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings)"
+    if getattr(getattr(sc, "privacy", None), "record", None) is not None:
+        return "privacy.record: the mixing record is written by the events engine's agents"
     if net.bandwidth is not None or net.uplink is not None:
         return "bandwidth-limited links (transmission times) are not modelled here"
     if sc.topology.dynamic is not None:
@@ -61,7 +63,7 @@ def refusal(sim) -> str | None:
     if not isinstance(kernel, RoundKernel):
         return (f"algorithm {sim.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
-    why = _common(sim.scenario)
+    why = scenario_refusal(sim.scenario)
     if why is None and (sim.network.model is not None or sim.network.wake_hook is not None):
         why = "a link model or an activation hook is installed"
     for a in sim.agents if why is None else ():

@@ -538,6 +538,9 @@ class PrivacySpec:
     delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
     c2: float = field(0.3724, check=positive, doc="PrivSGP-VR's unspecified constant c_2 (Zhu et al., Theorem 2)",
                       when={"closed_form": ("privsgp_vr", "seed004")})
+    record: Literal["mixing"] | None = field(
+        None, doc="'mixing': write RUN/mixing.csv, the weights each agent applied to which messages, which "
+                  "pairwise accounting (netsim privacy RUN --pairwise) needs; default: nothing recorded")
 
 
 @attrs.frozen

@@ -196,6 +196,7 @@ class Agent:
         self._done = processed_event(self.env)
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
+        self._mixing = sim.mixing_log  # the weights applied to which messages, when the scenario asks (privacy)
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -344,7 +345,14 @@ class Agent:
         out = own * (1.0 - sum(self.weights[j] for j in received))
         for j, x in received.items():
             out.add_(x, alpha=self.weights[j])
+        if self._mixing is not None:
+            self._record_mix(received, 0.0)
         return out
+
+    def _record_mix(self, received, lr: float) -> None:
+        ws = [self.weights[j] for j in received]
+        n = len(self._privacy.releases) if self._privacy is not None else 0
+        self._mixing.mix(self.id, self.env.now, n, 1.0 - sum(ws), list(received), ws, lr)
 
     def mix_into_params(self, own: torch.Tensor, received: dict[int, torch.Tensor], step: torch.Tensor | None = None,
                         lr: float = 1.0) -> None:
@@ -355,6 +363,8 @@ class Agent:
         w = self.weights
         ws = [w[j] for j in received]
         self.sim.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
+        if self._mixing is not None:
+            self._record_mix(received, 0.0 if step is None else lr)
 
     # privacy ------------------------------------------------------------------------------------
     def privatize(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",

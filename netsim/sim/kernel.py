@@ -60,13 +60,16 @@ class Simulation:
     """Everything one run needs, built from a validated scenario."""
 
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
-                 writer: TraceWriter | None = None, device: str | None = None, ledger: Any = None):
+                 writer: TraceWriter | None = None, device: str | None = None, ledger: Any = None,
+                 mixing: Any = None):
         self.scenario = sc = scenario
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
         self.new_ledger = ledger  # agent -> its privacy ledger (the privacy layer's, handed in by the API)
         self.env = simpy.Environment()
         self.services = Services()  # per-run shared services (algorithm statistics, lookahead batches, ...)
+        # the privacy layer's record of the mixing weights applied (``mixing(sim)``: None unless the scenario asks)
+        self.mixing_log = None if mixing is None else mixing(self)
         self.streams = Streams(sc.run.seed)
         n = sc.agents.count
         self.graph, self.W = weighted_graph(sc.topology, n, self.streams.seed_for("topology"))

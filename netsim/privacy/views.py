@@ -1,0 +1,118 @@
+"""The mixing record: the weights each agent actually applied to which messages, written when a scenario asks
+for it (``privacy.record = "mixing"``) as ``RUN/mixing.csv``.
+
+Pairwise accounting (``netsim privacy RUN --pairwise``, netsim/privacy/pairwise.py) needs what the trace
+does not hold: the weights of the mixing steps as applied (a missing or late neighbour's weight stays on
+the receiver's own value; a time-varying graph changes them). ``Agent.mix`` and ``Agent.mix_into_params``
+report each step here; nothing is recorded, and no file written, unless the scenario asks.
+
+One row per (mixing step, weight): ``agent, step, t, released, src, weight, lr``. ``step`` counts the
+agent's mixing steps from 0; ``released`` is how many releases (``Agent.privatize``) the agent had made
+before this step; ``src`` is the sender whose message of this step the weight multiplies (``src == agent``:
+the weight kept on the agent's own value); ``lr`` is the step size of the gradient step taken in the same
+call (``mix_into_params``), 0 for a mix without a step (``Agent.mix``, or no step given). Floats are
+written as Python's ``repr``, so they read back exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+from array import array
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from netsim.errors import InputError
+
+MIXING_FILE = "mixing.csv"
+HEADER = ("agent", "step", "t", "released", "src", "weight", "lr")
+
+
+class MixingLog:
+    """The run's mixing steps as applied (one per ``Agent.mix`` / ``mix_into_params`` call)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, int] = {}  # agent -> mixing steps so far
+        self.agent, self.step, self.released, self.src = array("i"), array("i"), array("q"), array("i")
+        self.t, self.weight, self.lr = array("d"), array("d"), array("d")
+
+    def mix(self, agent: int, t: float, released: int, self_weight: float, srcs, weights, lr: float = 0.0) -> None:
+        """One mixing step of ``agent`` at time ``t``: ``self_weight`` on its own value, ``weights`` on the
+        messages of ``srcs`` (same order)."""
+        k = self.steps.get(agent, 0)
+        self.steps[agent] = k + 1
+        for src, w in ((agent, self_weight), *zip(srcs, weights, strict=True)):
+            self.agent.append(agent)
+            self.step.append(k)
+            self.t.append(t)
+            self.released.append(released)
+            self.src.append(int(src))
+            self.weight.append(float(w))
+            self.lr.append(float(lr))
+
+    def write(self, path: Path) -> Path:
+        """Write the record as CSV (atomically: a temporary file renamed)."""
+        tmp = path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(HEADER)
+            for row in zip(self.agent, self.step, self.t, self.released, self.src, self.weight, self.lr,
+                           strict=True):
+                a, k, t, r, s, wt, lr = row
+                w.writerow((a, k, repr(t), r, s, repr(wt), repr(lr)))
+        tmp.replace(path)
+        return path
+
+
+@attrs.frozen
+class MixingRecord:
+    """A mixing record read back: numpy columns in file order (``HEADER``)."""
+
+    agent: np.ndarray
+    step: np.ndarray
+    t: np.ndarray
+    released: np.ndarray
+    src: np.ndarray
+    weight: np.ndarray
+    lr: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.agent)
+
+
+def read_mixing(path: Path) -> MixingRecord:
+    """Read ``mixing.csv``; a file that does not parse is one InputError naming it."""
+    cols: list[list] = [[] for _ in HEADER]
+    try:
+        with Path(path).open(newline="") as f:
+            r = csv.reader(f)
+            head = next(r, None)
+            if tuple(head or ()) != HEADER:
+                raise ValueError(f"header must be {','.join(HEADER)}, got {','.join(head or [])!r}")
+            for n, row in enumerate(r, start=2):
+                if len(row) != len(HEADER):
+                    raise ValueError(f"line {n}: {len(row)} fields, expected {len(HEADER)}")
+                a, k, t, rel, s, w, lr = row
+                for c, v in zip(cols, (int(a), int(k), float(t), int(rel), int(s), float(w), float(lr)),
+                                strict=True):
+                    c.append(v)
+    except (OSError, ValueError) as e:
+        raise InputError(MIXING_FILE, f"cannot read the mixing record: {e}", str(path)) from None
+    ints = {"agent", "step", "released", "src"}
+    return MixingRecord(*(np.asarray(c, dtype=np.int64 if h in ints else np.float64)
+                          for h, c in zip(HEADER, cols, strict=True)))
+
+
+def mixing_log_for(sim) -> MixingLog | None:
+    """The run's mixing log when its scenario asks for one (``privacy.record = "mixing"``), else None."""
+    spec = getattr(sim.scenario, "privacy", None)
+    if spec is None or spec.record != "mixing":
+        return None
+    return sim.services.get(MixingLog)
+
+
+def write_mixing(sim, folder: Path) -> Path | None:
+    """Write ``mixing.csv`` into the run folder if the run recorded its mixing steps."""
+    log = sim.services.find(MixingLog)
+    return None if log is None else log.write(Path(folder) / MIXING_FILE)
