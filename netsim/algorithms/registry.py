@@ -165,6 +165,8 @@ def describe(name: str) -> str:
     module = inspect.getmodule(fn)
     paras = [p.strip() for p in (inspect.getdoc(module) or "").split("\n\n") if p.strip()]
     own = [p.strip() for p in (inspect.getdoc(fn) or "").split("\n\n") if p.strip()]
+    if isinstance(fn, type) and fn.__module__ == getattr(module, "__name__", None) and paras:
+        own = []  # a round kernel's class says its per-round math; the module says what the algorithm is
     lines = [f"{name}: {own[0] if own else (paras[0] if paras else '(no description)')}"]
     if own and paras:
         lines += ["", paras[0]]
