@@ -118,7 +118,7 @@ def test_a_barrier_without_timeout_keeps_no_payloads_of_past_rounds():
                           "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 1.0e5}})
         sim = prepare(scenario_from_dict(sc))
         sim.run()
-        assert len(sim.env._queue) > 15 * until  # the timers are there (simpy cannot cancel them) ...
+        assert sim.env.queued() > 15 * until  # the timers are there (simpy cannot cancel them) ...
         del sim
         counts.append(_live_tensors())
     assert counts[1] <= counts[0] + 5, counts  # ... but not the tensors of the rounds they belong to

@@ -195,7 +195,7 @@ class PushGossip:
             if sim.progress is not None:
                 sim.progress(end)
         net.next_id = mid
-        sim.env._now = end
+        sim.env.advance_to(end)
 
 
 def _merge_to(kernel, p, batch, merged: list, got: dict, done: dict, target: dict, X: torch.Tensor) -> None:

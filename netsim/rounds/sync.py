@@ -148,11 +148,11 @@ class SyncRounds:
                 pending = set(range(len(acts)))
 
             def at(n: int, now=now, released=released):
-                sim.env._now = now[n]  # the agent's clock when its program runs on (its gradient is back)
+                sim.env.advance_to(now[n])  # the agent's clock when its program runs on (its gradient is back)
                 return writer.capturing(released[n])
 
             b = Batch([agents[i] for i in ids], k, x, g, state, at)
-            sim.env._now = acts[0][0]  # local starts at the activation (every agent's: one tick)
+            sim.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
             local = kernel.local(b, p)
             if local is not None:
                 try:
@@ -238,7 +238,7 @@ class SyncRounds:
             if sim.progress is not None:
                 sim.progress(end)
         net.next_id = mid
-        sim.env._now = end  # the engine's clock where its last event happened (the run's end)
+        sim.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
 
 
 def _round_times(sc, timeout: float) -> str | None:

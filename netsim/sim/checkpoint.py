@@ -148,7 +148,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     for k, v in sim.bank.state_dict().items():
         arrays[f"bank.{k}"] = _array(v)
     queue = []
-    for t, prio, eid, ev in sorted(sim.env._queue, key=lambda e: e[:3]):
+    for t, prio, eid, ev in sorted(sim.env.queue, key=lambda e: e[:3]):
         value = getattr(ev, "_value", None)
         queue.append([t, prio, eid, type(ev).__name__,
                       _message(value, f"queue.{eid}", arrays) if isinstance(value, Message)

@@ -28,6 +28,7 @@ from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
 from netsim.sim.dists import check_scenario, draws, sampler
+from netsim.sim.env import Environment
 from netsim.sim.network import Network
 from netsim.sim.services import Completion, Services
 from netsim.sim.streams import Streams
@@ -66,7 +67,7 @@ class Simulation:
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
         self.new_ledger = ledger  # agent -> its privacy ledger (the privacy layer's, handed in by the API)
-        self.env = simpy.Environment()
+        self.env = Environment()
         self.services = Services()  # per-run shared services (algorithm statistics, lookahead batches, ...)
         # the privacy layer's record of the mixing weights applied (``mixing(sim)``: None unless the scenario asks)
         self.mixing_log = None if mixing is None else mixing(self)
@@ -258,7 +259,7 @@ class Simulation:
             if self.env.now < until:  # the row at the end is finish()'s, after every event at that time
                 self.evaluate()
             # Only our own timers left in the queue: nothing can ever happen again.
-            if len(self.env._queue) <= self._housekeeping and not self._stop.triggered:
+            if self.env.queued() <= self._housekeeping and not self._stop.triggered:
                 self.stop_reason = "stalled (every agent waits for something that cannot come)"
                 self._stop.succeed()
 
@@ -303,7 +304,7 @@ class Simulation:
         self._mark = self._next_boundary = -math.inf
 
     def boundary_due(self) -> bool:
-        q = self.env._queue
+        q = self.env.queue
         return bool(q) and q[0][0] >= self._mark
 
     def boundary(self) -> None:
@@ -313,7 +314,7 @@ class Simulation:
         if not self.boundary_due():  # an interrupt between marks
             self._next_boundary = self._mark
             return
-        head = self.env._queue[0][0]  # the next mark after the next event (marks with no event between merge)
+        head = self.env.queue[0][0]  # the next mark after the next event (marks with no event between merge)
         self._mark = (math.floor(head / self._every) + 1) * self._every if self._every < math.inf else math.inf
         self._next_boundary = self._mark
         self.writer.flush()
@@ -330,7 +331,7 @@ class Simulation:
             self.wall += time.perf_counter() - self._t0
             self._t0 = time.perf_counter()
             return
-        queue, step, done = self.env._queue, self.env.step, self._done
+        queue, step, done = self.env.queue, self.env.step, self._done
         n = self.steps
         limit = -1 if to_step is None else to_step
         with _lean_gc():
