@@ -237,3 +237,15 @@ def test_dfedsam_family_runs_windowed_byte_for_byte(tmp_path, name, algorithm):
     if algorithm.get("gossip_steps", 1) == 1:
         sc["network"]["loss"] = 0.2
     assert_identical(run_both(tmp_path, sc))
+
+
+def test_a_batch_of_one_hands_over_the_current_rows_not_the_ones_it_was_made_with():
+    """The events engine's batch of one passes the agent's own 1-D x and g where a kernel hands over b.x or b.g
+    unchanged, and the kernel's own new rows when it replaced them (Muffliato's x^{t+1/2})."""
+    from netsim.rounds.kernel import Batch
+
+    x1, g1 = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5])
+    b = Batch([object()], 0, x1.unsqueeze(0), g1.unsqueeze(0), None, rows=(x1, g1))
+    assert b._row(b.x) is x1 and b._row(b.g) is g1
+    b.x = b.x - b.g
+    assert torch.equal(b._row(b.x), torch.tensor([0.5, 1.5]))

@@ -32,6 +32,7 @@ class DPSGD(RoundKernel):
 
     pattern = SyncRounds(tag="model")
     reads = frozenset({"lr", "batch", "lr_decay"})
+    batch_local = False  # its local step only sends x: nothing for the events engine to batch
 
     def gradient(self, p, state, i):
         return GradientRequest(p.batch)                              # grad F_i(x_i^k), batched

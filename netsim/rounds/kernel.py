@@ -65,14 +65,16 @@ class Batch:
     (``RoundKernel.init``). A kernel may keep its own values on the batch between ``local`` and ``combine``."""
 
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
-                 at: Callable[[int], Any] | None = None):
+                 at: Callable[[int], Any] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
+        # a batch of one: (x, g) as the agent's own 1-D tensors, for the (1, P) tensors it was made with
+        self._rows = None if rows is None else ((x, rows[0]), (g, rows[1]))
         self.out: list | None = None
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
         self._at = at  # the windowed driver's hook: the clock and trace position of agent n's release
 
-    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at"})
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows"})
 
     def row(self, n: int) -> Batch:
         """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values
@@ -105,6 +107,14 @@ class Batch:
         """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
         return torch.tensor(self.ids, device=self.x.device)
 
+    def _row(self, t: torch.Tensor) -> torch.Tensor:
+        """Row 0 of a batch of one's tensor: the agent's own 1-D x or g when it is one of them, else a view."""
+        if self._rows is not None:
+            for made, own in self._rows:
+                if t is made:
+                    return own
+        return t[0]
+
     # what a kernel does ---------------------------------------------------------------------------------
     def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
         """A wave of gradients to yield from ``local``: ``g = yield b.gradients(y, rows)``."""
@@ -118,7 +128,7 @@ class Batch:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
         if isinstance(payloads, torch.Tensor):
-            self.out = [payloads[0]] if len(self.agents) == 1 else list(payloads.unbind(0))
+            self.out = [self._row(payloads)] if len(self.agents) == 1 else list(payloads.unbind(0))
         else:
             self.out = list(payloads)
         self.sizes = None if sizes is None else list(sizes)
@@ -132,8 +142,9 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
-        if len(self.agents) == 1:  # the events engine's batch of one: no row views but the two it needs
-            self.agents[0].mix_into_params(own[0], got[0], step=None if step is None else step[0], lr=lr)
+        if len(self.agents) == 1:  # the events engine's batch of one
+            s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
+            self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
         steps = [None] * len(self) if step is None else step
         for a, x, g, s in zip(self.agents, own, got, steps, strict=True):
@@ -215,6 +226,7 @@ class RoundKernel:
     pattern: ClassVar[Any]
     reads: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
+    batch_local: ClassVar[bool] = True  # the events engine batches ``local`` over agents done at one instant
 
     def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
         """What agent ``i`` asks the gradient service for this round (None: no gradient)."""

@@ -43,7 +43,7 @@ class SyncRounds:
     def program(self, kernel, agent, p) -> Generator:
         """One agent's rounds in the events engine (a batch of one)."""
         state = kernel.state_of(agent, p)
-        ahead = None if _local_steps(kernel) else \
+        ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         one = [agent]
         k = 0
@@ -57,11 +57,10 @@ class SyncRounds:
                 yield ev
                 b = ahead.take(agent)
             else:
-                g = None
+                g1 = None
                 if req is not None:
-                    g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
-                    g = g.unsqueeze(0)
-                b = Batch(one, k, x.unsqueeze(0), g, state)
+                    g1 = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
+                b = Batch(one, k, x.unsqueeze(0), None if g1 is None else g1.unsqueeze(0), state, rows=(x, g1))
                 local = kernel.local(b, p)
                 if local is not None:  # local steps: each wave of gradients is this agent's request
                     yield from drive(agent, local)
