@@ -122,9 +122,11 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
     """Build (but do not run) the simulation: every check that needs more than the file happens here
     (algorithm and its parameters, topology, data files). Errors name ``source``, the scenario file."""
     from netsim.algorithms import resolve
+    from netsim.sim import footprint
     from netsim.sim.kernel import Simulation
 
     try:
+        footprint.check(scenario)  # refuse what cannot fit before building it (a dense graph at scale)
         program, params = resolve(scenario.algorithm)
         _check_closed_form(scenario, source)
         from netsim.privacy.ledger import new_ledger
