@@ -400,6 +400,27 @@ def _crash_site(exc: BaseException) -> str:
     return f"{f.filename}:{f.lineno} in {f.name}"
 
 
+def _inside_netsim(exc: BaseException) -> bool:
+    """Whether the exception was raised in netsim's own machinery (the kernel, network, compute, trace, privacy
+    layers, the API or replay) rather than in an algorithm's program or a plugin: then it is netsim's bug, not
+    the program's, even when a program's call led there."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if Path(f.filename).resolve().is_relative_to(Path(__file__).resolve().parent)]
+    if not own or own[-1] is not frames[-1] and not _library(frames[-1].filename):
+        return False
+    rel = Path(own[-1].filename).resolve().relative_to(Path(__file__).resolve().parent).parts
+    return rel[0] not in ("algorithms", "rounds", "comm")
+
+
+def _library(filename: str) -> bool:
+    """A frame of the standard library or an installed package (torch, simpy): not a program's own."""
+    import sysconfig
+
+    return filename.startswith(tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}))
+
+
 def _write_crash(sim, folder: Path, counts, meta: dict[str, str], exc: Exception):
     """An exception inside the simulation: flush the trace (left without its end, so it reads as partial),
     write ``summary.partial.json`` naming the error, where, which agent and when, then raise: the
@@ -415,7 +436,8 @@ def _write_crash(sim, folder: Path, counts, meta: dict[str, str], exc: Exception
     agent = next((i for i, proc in sim.programs if proc.triggered and not proc.ok and proc.value is root), None)
     t = float(sim.env.now)
     error = {"type": type(root).__name__, "message": str(root), "where": _crash_site(root), "agent": agent,
-             "t": t, "traceback": traceback.format_exception(type(root), root, root.__traceback__)}
+             "t": t, "inside_netsim": _inside_netsim(root),
+             "traceback": traceback.format_exception(type(root), root, root.__traceback__)}
     sim.stop_reason = "error"
     sim.writer.sync()  # every event so far; no end-of-stream marker: the trace is partial
     sc = sim.scenario

@@ -34,7 +34,11 @@ class RunCrashed(Exception):
 
     def __str__(self) -> str:
         e = self.error
-        who = f" in agent {e['agent']}'s program" if e.get("agent") is not None else ""
+        if e.get("inside_netsim"):
+            who = " inside netsim" + (f" (while agent {e['agent']}'s program ran; a netsim bug, please report it)"
+                                      if e.get("agent") is not None else " (a netsim bug, please report it)")
+        else:
+            who = f" in agent {e['agent']}'s program" if e.get("agent") is not None else ""
         msg = " ".join(str(e.get("message", "")).split())[:300]
         return (f"{self.folder}: the run crashed at t = {e['t']:.6g} s{who}: {e['type']}"
                 f"{': ' + msg if msg else ''} (at {e['where']}); its partial trace and summary.partial.json "

@@ -26,6 +26,7 @@ import numpy as np
 
 from netsim.errors import InputError
 from netsim.sim.activation import Schedule
+from netsim.sim.network import ComposedLinks
 from netsim.trace.io import Trace, read_trace
 
 
@@ -99,7 +100,10 @@ class ReplayNetwork:
     def __init__(self, sim, rec: Recording, exact: bool, window: float, stats: Stats):
         self.net, self.rec, self.exact, self.window, self.stats = sim.network, rec, exact, window, stats
         self.own = sim.network.lean()  # the scenario's own model, for messages never recorded
-        self.full = sim.network.model is not None
+        self.full = isinstance(sim.network.model, ComposedLinks)  # netsim's full path: its links' transfers
+        # a plugin's model: only it knows its transmission ends; asked for each message in the recorded order,
+        # it draws and queues as it did in the recording
+        self.plugin = sim.network.model is not None and not self.full
         self.used: dict[tuple[int, int], int] = {}
 
     def lookup(self, src: int, dst: int, now: float) -> tuple[float, str] | None:
@@ -119,6 +123,8 @@ class ReplayNetwork:
 
     def transfer_end(self, src: int, dst: int, now: float, size: int) -> float:
         net = self.net
+        if self.plugin:
+            return self.own.outcome(src, dst, now, size)[0]
         if self.full:
             return net.transfer(net.full_link(src, dst), src, now, size)
         if net.bandwidth is None:
