@@ -262,9 +262,10 @@ class TorchModel:
         self._norm = [isinstance(mods[n.rsplit(".", 1)[0] if "." in n else ""], (nn.GroupNorm, nn.LayerNorm))
                       for n in self.names]
         self._call = functional_call
-        # On CPU a loop over agents is as fast as vmap for convolutions (measured: small CNN, 16 agents,
-        # batch 32: loop 293 ms, vmap 332 ms) and keeps memory per agent; on CUDA they are batched.
+        # On CPU vmap over agents is slower than a loop for convolutions (small CNN, 16 agents, batch 32: loop
+        # 293 ms, vmap 332 ms); agents folded into channels beat both (compute/folded.py); on CUDA, vmap.
         self.loop_on_cpu = any(isinstance(m, nn.Conv2d) for m in module.modules())
+        self.fold: bool | None = None  # whether the folded forward fits this module (checked at first use)
         # L2 clipping by book-keeping (compute/ghost.py); False: nested vmap, the reference
         self.ghost_clipping = True
 
@@ -318,8 +319,15 @@ class TorchModel:
         from torch.func import grad, vmap
 
         if clip is None and self.loop_on_cpu and W.device.type == "cpu":
-            g = grad(self.loss)
-            G = torch.stack([g(W[r], X[r], y[r]) for r in range(W.shape[0])])
+            from netsim.compute import folded
+
+            if self.fold is None:
+                self.fold = folded.fits(self, W, X)
+            if self.fold:
+                G = folded.grad(self, W, X, y)
+            else:
+                g = grad(self.loss)
+                G = torch.stack([g(W[r], X[r], y[r]) for r in range(W.shape[0])])
         elif clip is None:
             G = vmap(grad(self.loss))(W, X, y)
         else:
