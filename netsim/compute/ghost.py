@@ -187,43 +187,39 @@ def clipped_mean(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip:
     when book-keeping does not apply (a layer called twice or taking or returning anything but tensors, or
     per-sample products over ``MAX_LAYER_ENTRIES``): the caller's nested-vmap path then."""
 
-    def one(w, x, yy):
-        parts, params = _samples(model, layers, shapes, w, x, yy)
-        c = clip_factors(torch.sqrt(sum(p.sq_norms() for _, p in parts)), clip) / x.shape[0]
+    def finish(parts, params, B: int) -> torch.Tensor:
+        c = clip_factors(torch.sqrt(sum(p.sq_norms() for _, p in parts)), clip) / B
         grads = {}
         for pre, p in parts:
             grads.update({pre + k: v for k, v in p.weighted_sum(c).items()})
         return torch.cat([grads[n].reshape(-1) if n in grads else torch.zeros_like(params[n]).reshape(-1)
                           for n in model.names])
 
-    layers, shapes = _plan(model, W, X)
-    return None if shapes is None else _over_agents(model, one, W, X, y)
+    return _over_agents(model, finish, W, X, y)
 
 
 def per_sample_norms(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     """(R, B): the L2 norm of every sample's gradient, as book-keeping computes it (None: as clipped_mean)."""
-
-    def one(w, x, yy):
-        parts, _ = _samples(model, layers, shapes, w, x, yy)
-        return torch.sqrt(sum(p.sq_norms() for _, p in parts))
-
-    layers, shapes = _plan(model, W, X)
-    return None if shapes is None else _over_agents(model, one, W, X, y)
+    return _over_agents(model, lambda parts, _p, _b: torch.sqrt(sum(p.sq_norms() for _, p in parts)), W, X, y)
 
 
-def _plan(model, W: torch.Tensor, X: torch.Tensor):
-    layers = _layers(model.module)
-    return layers, _output_shapes(model, layers, W[0], X[0])
-
-
-def _over_agents(model, one, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-    """vmap over agents, except convolutions on CPU, which loop over agents (as the plain step does)."""
+def _over_agents(model, finish, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    """``finish(parts, params, B)`` of every agent's layer samples, stacked. Conv models on CPU: one folded
+    forward and backward for all agents where the model folds (compute/folded.py), else a loop over agents
+    (as the plain step); elsewhere vmap over agents."""
     from torch.func import vmap
 
+    layers = _layers(model.module)
+    shapes = _output_shapes(model, layers, W[0], X[0])
+    if shapes is None:
+        return None
+    R, B = X.shape[:2]
     try:
         if model.loop_on_cpu and W.device.type == "cpu":
-            return torch.stack([one(W[r], X[r], y[r]) for r in range(W.shape[0])])
-        return vmap(one)(W, X, y)
+            if model.folds(W, X):
+                return torch.stack([finish(*got, B) for got in _folded_samples(model, layers, shapes, W, X, y)])
+            return torch.stack([finish(*_samples(model, layers, shapes, W[r], X[r], y[r]), B) for r in range(R)])
+        return vmap(lambda w, x, yy: finish(*_samples(model, layers, shapes, w, x, yy), B))(W, X, y)
     except _TooLarge:
         return None
 
@@ -280,6 +276,12 @@ def _samples(model, layers, shapes, w: torch.Tensor, x: torch.Tensor, y: torch.T
 
     zeros = {name: torch.zeros(shapes[name], dtype=w.dtype, device=w.device) for name, _, _ in called}
     gs, inputs = grad(loss, has_aux=True)(zeros)
+    return _sampled(model, called, w, inputs, gs)
+
+
+def _sampled(model, called, w: torch.Tensor, inputs: dict, gs: dict):
+    """Each layer's ``LayerGrads`` (with its name prefix) from its inputs and output gradient, and the agent's
+    parameters by name."""
     params = model.unflatten(w)
     parts = []
     for name, m, sampler in called:
@@ -292,3 +294,33 @@ def _samples(model, layers, shapes, w: torch.Tensor, x: torch.Tensor, y: torch.T
             got = Materialised(got)
         parts.append((pre, got))
     return parts, params
+
+
+def _folded_samples(model, layers, shapes, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor):
+    """``_samples`` of every agent from one folded forward and backward (agents in the channels, B first):
+    agent r's input and output gradient of a layer are the r-th channel block."""
+    from netsim.compute import folded
+
+    R, B = X.shape[:2]
+    called = [(name, m, s) for name, m, s in layers if name in shapes]
+    probes = {name: torch.zeros((B, R * shapes[name][1], *shapes[name][2:]), dtype=W.dtype, device=W.device,
+                                requires_grad=True) for name, _, _ in called}
+    inputs = {}
+
+    def hook(name):
+        def probe(_mod, inp, out):
+            inputs[name] = tuple(t.detach() for t in inp)
+            return out + probes[name]
+        return probe
+
+    handles = [m.register_forward_hook(hook(name)) for name, m, _ in called]
+    try:
+        z = folded.logits(model, W.detach(), X)
+    finally:
+        for h in handles:
+            h.remove()
+    loss = F.cross_entropy(z.flatten(0, 1), y.flatten(), reduction="sum")
+    gs = dict(zip(probes, torch.autograd.grad(loss, list(probes.values())), strict=True))
+    for r in range(R):
+        mine = {n: tuple(t.unflatten(1, (R, -1))[:, r] for t in inp) for n, inp in inputs.items()}
+        yield _sampled(model, called, W[r], mine, {n: g.unflatten(1, (R, -1))[:, r] for n, g in gs.items()})

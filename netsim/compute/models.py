@@ -321,9 +321,7 @@ class TorchModel:
         if clip is None and self.loop_on_cpu and W.device.type == "cpu":
             from netsim.compute import folded
 
-            if self.fold is None:
-                self.fold = folded.fits(self, W, X)
-            if self.fold:
+            if self.folds(W, X):
                 G = folded.grad(self, W, X, y)
             else:
                 g = grad(self.loss)
@@ -333,6 +331,14 @@ class TorchModel:
         else:
             G = self.clipped_mean(W, X, y, clip, clip_kind)
         return G + self.penalty_grad(W) if self.l2 else G
+
+    def folds(self, W: torch.Tensor, X: torch.Tensor) -> bool:
+        """Whether this conv model runs folded on CPU (compute/folded.py), decided at the first call."""
+        if self.fold is None:
+            from netsim.compute import folded
+
+            self.fold = folded.fits(self, W, X)
+        return self.fold
 
     def clipped_mean(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float, kind: str,
                      max_entries: int = 1 << 26) -> torch.Tensor:
