@@ -280,3 +280,12 @@ def test_every_agent_batching_gives_autograds_values(path):
         m.loop_on_cpu = False
     check(m, W, X, y)
     assert m.fold is {"folded": True, "loop": False, "vmap": None}[path]
+
+
+@pytest.mark.parametrize("path", ["loop", "vmap"])
+def test_both_agent_batchings_give_autograds_values(path):
+    """Conv models on CPU loop over agents; vmap elsewhere (CUDA)."""
+    m, W, X, y = setup(group_norm_net, (2, 8, 8), 5)
+    if path == "vmap":
+        m.loop_on_cpu = False
+    check(m, W, X, y)
