@@ -270,18 +270,6 @@ def test_functional_call_matches_the_module():
     assert torch.equal(out, net(X[0].view(2, 2, 8, 8)))
 
 
-@pytest.mark.parametrize("path", ["folded", "loop", "vmap"])
-def test_every_agent_batching_gives_autograds_values(path):
-    """Conv models on CPU: folded into channels where they fold, else a loop; vmap elsewhere (CUDA)."""
-    m, W, X, y = setup(group_norm_net, (2, 8, 8), 5)
-    if path == "loop":
-        m.fold = False
-    if path == "vmap":
-        m.loop_on_cpu = False
-    check(m, W, X, y)
-    assert m.fold is {"folded": True, "loop": False, "vmap": None}[path]
-
-
 @pytest.mark.parametrize("path", ["loop", "vmap"])
 def test_both_agent_batchings_give_autograds_values(path):
     """Conv models on CPU loop over agents; vmap elsewhere (CUDA)."""
