@@ -89,20 +89,24 @@ class _Affine:
         self.Gb = G.sum(1) if bias else None
 
     def sq_norms(self) -> torch.Tensor:
+        return self.add_sq_norms(0)
+
+    def add_sq_norms(self, sq):
+        """``sq`` + the weight's squared norms, + the bias's (this order keeps earlier versions' bits)."""
         A, G = self.A, self.G
         if A.shape[1] == 1:  # one position: ||G_b||² ||A_b||²
-            sq = (A * A).sum((1, 2)) * (G * G).sum((1, 2))
+            sq = sq + (A * A).sum((1, 2)) * (G * G).sum((1, 2))
         elif self.ghost:
-            sq = (torch.bmm(A, A.mT) * torch.bmm(G, G.mT)).sum((1, 2))
+            sq = sq + (torch.bmm(A, A.mT) * torch.bmm(G, G.mT)).sum((1, 2))
         else:
-            sq = torch.linalg.vector_norm(torch.bmm(G.mT, A), dim=(1, 2)) ** 2
+            sq = sq + torch.linalg.vector_norm(torch.bmm(G.mT, A), dim=(1, 2)) ** 2
         return sq if self.Gb is None else sq + (self.Gb * self.Gb).sum(1)
 
     def weighted_sum(self, c: torch.Tensor) -> dict[str, torch.Tensor]:
         Gc = self.G * c[:, None, None]
         out = {"weight": (Gc.flatten(0, 1).mT @ self.A.flatten(0, 1)).reshape(self.shape)}
         if self.Gb is not None:
-            out["bias"] = c @ self.Gb
+            out["bias"] = (self.Gb * c[:, None]).sum(0)
         return out
 
 
@@ -188,7 +192,7 @@ def clipped_mean(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip:
     per-sample products over ``MAX_LAYER_ENTRIES``): the caller's nested-vmap path then."""
 
     def finish(parts, params, B: int) -> torch.Tensor:
-        c = clip_factors(torch.sqrt(sum(p.sq_norms() for _, p in parts)), clip) / B
+        c = clip_factors(torch.sqrt(_total_sq(parts)), clip) / B
         grads = {}
         for pre, p in parts:
             grads.update({pre + k: v for k, v in p.weighted_sum(c).items()})
@@ -200,7 +204,15 @@ def clipped_mean(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip:
 
 def per_sample_norms(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
     """(R, B): the L2 norm of every sample's gradient, as book-keeping computes it (None: as clipped_mean)."""
-    return _over_agents(model, lambda parts, _p, _b: torch.sqrt(sum(p.sq_norms() for _, p in parts)), W, X, y)
+    return _over_agents(model, lambda parts, _p, _b: torch.sqrt(_total_sq(parts)), W, X, y)
+
+
+def _total_sq(parts) -> torch.Tensor:
+    """Sum of the layers' squared norms, layer after layer (a Linear's or Conv2d's weight, then its bias)."""
+    sq = 0
+    for _, p in parts:
+        sq = p.add_sq_norms(sq) if isinstance(p, _Affine) else sq + p.sq_norms()
+    return sq
 
 
 def _over_agents(model, finish, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
