@@ -246,14 +246,14 @@ def _hooked(model, layers, w: torch.Tensor, x: torch.Tensor, hook) -> torch.Tens
 
 
 def _output_shapes(model, layers, w: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Size] | None:
-    """Each layer's output shape, or None when a layer is called more than once or takes or returns anything
-    but tensors (its probe and its inputs would be ambiguous)."""
+    """Each layer's output shape, or None when a layer is called more than once, or takes (positionally) or
+    returns anything but tensors (its probe and its inputs would be ambiguous)."""
     shapes: dict[str, torch.Size] = {}
     ok = [True]
 
     def hook(name):
         def keep(_mod, inp, out):
-            if name in shapes or not isinstance(out, torch.Tensor) \
+            if name in shapes or not isinstance(out, torch.Tensor) or not inp \
                     or not all(isinstance(t, torch.Tensor) for t in inp):
                 ok[0] = False
             else:
@@ -287,12 +287,6 @@ def _samples(model, layers, shapes, w: torch.Tensor, x: torch.Tensor, y: torch.T
 
     zeros = {name: torch.zeros(shapes[name], dtype=w.dtype, device=w.device) for name, _, _ in called}
     gs, inputs = grad(loss, has_aux=True)(zeros)
-    return _sampled(model, called, w, inputs, gs)
-
-
-def _sampled(model, called, w: torch.Tensor, inputs: dict, gs: dict):
-    """Each layer's ``LayerGrads`` (with its name prefix) from its inputs and output gradient, and the agent's
-    parameters by name."""
     params = model.unflatten(w)
     parts = []
     for name, m, sampler in called:
