@@ -262,13 +262,12 @@ class TorchModel:
         self._norm = [isinstance(mods[n.rsplit(".", 1)[0] if "." in n else ""], (nn.GroupNorm, nn.LayerNorm))
                       for n in self.names]
         self._call = functional_call
-        # On CPU a loop over agents is as fast as vmap for convolutions (measured: small CNN, 16 agents,
-        # batch 32: loop 293 ms, vmap 332 ms) and keeps memory per agent; on CUDA they are batched.
+        # On CPU vmap over agents is slower than a loop for convolutions (small CNN, 16 agents, batch 32: loop
+        # 293 ms, vmap 332 ms); agents folded into channels beat both (compute/folded.py); on CUDA, vmap.
         self.loop_on_cpu = any(isinstance(m, nn.Conv2d) for m in module.modules())
-        from netsim.compute import ghost
-
-        # L2 clipping by book-keeping when every parameter is a Linear's or Conv2d's (compute/ghost.py)
-        self.ghost_clipping = ghost.supported(module)
+        self.fold: bool | None = None  # whether the folded forward fits this module (checked at first use)
+        # L2 clipping by book-keeping (compute/ghost.py); False: nested vmap, the reference
+        self.ghost_clipping = True
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         """Weights U(+-1/sqrt(fan_in)) from a generator seeded by the run (PyTorch's Linear/Conv default);
@@ -320,18 +319,31 @@ class TorchModel:
         from torch.func import grad, vmap
 
         if clip is None and self.loop_on_cpu and W.device.type == "cpu":
-            g = grad(self.loss)
-            G = torch.stack([g(W[r], X[r], y[r]) for r in range(W.shape[0])])
+            from netsim.compute import folded
+
+            if self.folds(W, X):
+                G = folded.grad(self, W, X, y)
+            else:
+                g = grad(self.loss)
+                G = torch.stack([g(W[r], X[r], y[r]) for r in range(W.shape[0])])
         elif clip is None:
             G = vmap(grad(self.loss))(W, X, y)
         else:
             G = self.clipped_mean(W, X, y, clip, clip_kind)
         return G + self.penalty_grad(W) if self.l2 else G
 
+    def folds(self, W: torch.Tensor, X: torch.Tensor) -> bool:
+        """Whether this conv model runs folded on CPU (compute/folded.py), decided at the first call."""
+        if self.fold is None:
+            from netsim.compute import folded
+
+            self.fold = folded.fits(self, W, X)
+        return self.fold
+
     def clipped_mean(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float, kind: str,
                      max_entries: int = 1 << 26) -> torch.Tensor:
-        """Mean of clipped per-sample gradients. L2 clipping of a network of Linear and Conv2d layers goes by
-        book-keeping (compute/ghost.py: no per-sample gradients of the whole model); otherwise nested vmap, in
+        """Mean of clipped per-sample gradients. L2 clipping goes by book-keeping (compute/ghost.py: per-layer
+        norm samplers, no per-sample gradients of the whole model) where it applies; otherwise nested vmap, in
         (agents x samples) chunks of at most ``max_entries`` per-sample gradient entries, so large models (VGG,
         ResNet) fit in memory."""
         if kind == "l2" and self.ghost_clipping:
