@@ -172,9 +172,23 @@ def run_sql(con, sql: str, source: str = "query"):
         rel = con.sql(sql)
         if rel is None:
             raise InputError("SQL", "the statement returns no rows: give a query (SELECT ...)", source)
-        return rel.to_arrow_table()
+        table = rel.to_arrow_table()
     except duckdb.Error as e:
         raise _error(e, source) from None
+    return _plain_integers(table)
+
+
+def _plain_integers(table):
+    """DuckDB's sums of integers are 128-bit (Arrow decimal128(38, 0)): back to int64 where they fit."""
+    import pyarrow as pa
+
+    for i, f in enumerate(table.schema):
+        if pa.types.is_decimal(f.type) and f.type.scale == 0:
+            try:
+                table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
+            except pa.ArrowInvalid:  # beyond int64: kept exact
+                pass
+    return table
 
 
 def query(run: str | Path | None, sql: str, trace: Any = None):
