@@ -205,7 +205,14 @@ def _run_explored(scenario: Path, sets: list[str], folder: Path, plugins: list[s
         from netsim.explore.model import RunData
 
         Explorer(folder, RunData(folder), "", None, None).run()
-    return live.finish(proc, log, typer.echo)
+    rc = live.finish(proc, log, typer.echo)
+    if rc == 0 and (folder / "summary.json").is_file():  # the child ran quietly: its table, as a plain run's
+        from rich.console import Console
+
+        from netsim.metrics.report import read_summary
+
+        Console().print(_summary_table(read_summary(folder)))
+    return rc
 
 
 @app.command()
@@ -283,8 +290,11 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
 
         typer.echo(agent_api_markdown())
         return
-    import attrs
+    from netsim.algorithm_reference import SUMMARIES, describe, listing, summary
 
+    if name is None and not plugin:  # the built-ins, without importing them (torch)
+        typer.echo(listing(SUMMARIES), nl=False)
+        return
     from netsim.algorithms import REGISTRY, names
     from netsim.errors import InputError
 
@@ -294,16 +304,11 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
     except InputError as e:
         _fail(e)
     if name is None:
-        for n in registered:
-            params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[n][1]))
-            typer.echo(f"{n}: {params}")
-        typer.echo("(netsim algorithms NAME describes one)")
+        typer.echo(listing({n: summary(n, REGISTRY[n][0]) for n in registered}), nl=False)
         return
     if name not in REGISTRY:
         _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
-    from netsim.algorithms.registry import describe
-
-    typer.echo(describe(name), nl=False)
+    typer.echo(describe(name, *REGISTRY[name]), nl=False)
 
 
 @app.command()
@@ -315,7 +320,8 @@ def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
             target: Optional[float] = typer.Option(  # noqa: UP045
                 None, "--target", help="target value of --metric (default: each run's target_accuracy)"),
             x: str = typer.Option("time", "--x", help="x axis: time (simulated s), rounds or bytes (sent)")) -> None:
-    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print time to target."""
+    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print when each
+    reached the target (--target, or for accuracy the runs' evaluation.target_accuracy)."""
     from netsim.errors import InputError
     from netsim.metrics.compare import compare_plot
 
@@ -325,11 +331,24 @@ def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
     except InputError as e:
         _fail(e)
     for r in table:
-        ttt = "never" if r["time_to_target"] is None else f"{r['time_to_target']:.4g} s"
-        goal = "" if r["target"] is None else f" {r['target']:g}"
-        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target{goal} {ttt}, "
-                   f"{r['messages_sent']} messages, {r['bytes_sent']} bytes")
+        typer.echo(_compare_line(r, metric))
     typer.echo(f"wrote {out}")
+
+
+def _compare_line(r: dict, metric: str) -> str:
+    """One run of ``netsim compare``: its last value, when it reached the target (only where there is one),
+    its traffic."""
+    parts = [f"{r['label']}: {metric} {r[metric]:.4g} at the end"]
+    if r["target"] is not None:
+        goal, t = f"{metric} {r['reached_by']} {r['target']:g}", r["time_to_target"]
+        if r.get("settles"):  # consensus starts at 0: when it settles, not when it first dips
+            parts.append(f"never settled at {goal}" if t is None else f"{goal} from t = {t:.4g} s on")
+        else:
+            parts.append(f"never reached {goal}" if t is None else f"reached {goal} at t = {t:.4g} s")
+    for key, unit in (("messages_sent", "messages"), ("bytes_sent", "bytes")):
+        if isinstance(r[key], int | float):
+            parts.append(f"{r[key]:,} {unit}")
+    return ", ".join(parts)
 
 
 @app.command()
@@ -669,8 +688,9 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
         rows = result.table.to_pylist()
         shown = dict.fromkeys([sw.spec.metric, "loss", "messages_dropped"])
         cols = sw.swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in result.table.column_names]
-        for c in cols:
-            t.add_column(c.removesuffix("_mean"), justify="right")
+        for c in cols:  # swept keys as written (network.loss), the runs' outputs as "final ..." (test loss)
+            t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
+                         justify="right")
         for r in rows:
             cells = []
             for c in cols:

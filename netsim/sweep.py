@@ -141,12 +141,23 @@ def _configs(spec: SweepSpec) -> list[dict[str, Any]]:
     return [{**c, **g} for c in listed for g in cells]
 
 
-def _label(i: int, overrides: dict[str, Any]) -> str:
-    """``c000_lr=0.1_loss=0.05``: index first (unique), then a readable, path-safe slug."""
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each swept key path's name in labels and legends: its last part (``lr``), or the whole path where
+    that part would be read as something else: an output of the run (``network.loss``, beside the
+    ``loss`` metric) or another swept key's last part (``agents.compute_time.mean``)."""
+    from netsim.scenario.schema import METRIC_COLUMNS
+
+    outputs = {c for cols in METRIC_COLUMNS.values() for c in cols} | set(COUNTERS) | {"time", "round_mean"}
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: k if n in outputs or last.count(n) > 1 else n for k, n in zip(keys, last, strict=True)}
+
+
+def _label(i: int, overrides: dict[str, Any], short: dict[str, str]) -> str:
+    """``c000_lr=0.1_network.loss=0.05``: index first (unique), then a readable, path-safe slug."""
     parts = []
     for k, v in overrides.items():
         text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        parts.append(f"{k.rsplit('.', 1)[-1]}={text}")
+        parts.append(f"{short.get(k, k)}={text}")
     slug = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", "_".join(parts))[:80]
     return f"c{i:03d}" + (f"_{slug}" if slug else "")
 
@@ -183,8 +194,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
     folder = Path(out) if out is not None else Path(spec.out.replace("{name}", path.stem))
     fixed = _flatten(spec.set, "set")
     tasks = []
+    short = short_names(list(dict.fromkeys(k for c in configs for k in c)))
     for i, cfg in enumerate(configs):
-        label = _label(i, cfg)
+        label = _label(i, cfg, short)
         where = "configs" if spec.configs else "grid"
         for seed in spec.seed_list:
             overrides = {**fixed, **cfg, "run.seed": seed}
@@ -450,12 +462,13 @@ def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Pa
         return tuple(out)
     rows = table.to_pylist()
     swept = sw.swept
+    short = short_names(swept)
     fig, axes = plt.subplots(1, len(swept), figsize=(4.6 * len(swept), 3.6), squeeze=False)
     for ax, key in zip(axes[0], swept, strict=True):
         others = [k for k in swept if k != key]
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            groups.setdefault(", ".join(f"{k.rsplit('.', 1)[-1]}={r[k]}" for k in others), []).append(r)
+            groups.setdefault(", ".join(f"{short[k]}={r[k]}" for k in others), []).append(r)
         for name, rs in groups.items():
             xs = [r[key] for r in rs]
             numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
