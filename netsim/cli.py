@@ -366,9 +366,6 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
                                            "registers (repeatable)"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
     """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form."""
-    from rich.console import Console
-    from rich.table import Table
-
     from netsim.errors import InputError
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
     from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
@@ -392,25 +389,66 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         typer.echo("(no agent made a release through Agent.privatize; noise added any other way is not accounted)")
         typer.echo(f"wrote {folder}/{REPORT_FILE}")
         return
+    _print_privacy(rep, folder, REPORT_FILE, PLOT_FILE)
+
+
+PRIVACY_HEADS = {"epsilon": "epsilon", "releases": "releases", "ticks": "ticks", "rdp_observed": "RDP observed",
+                 "rdp_amplified": "RDP amplified", "pld_observed": "PLD observed", "pld_amplified": "PLD amplified",
+                 "paper": "paper", "conservative": "conservative", "exhausted_at": "cap hit (s)"}
+"""``netsim privacy``'s column headers (on screen the second word goes under the first)."""
+
+
+def _privacy_columns(rep: dict) -> list[str]:
+    """The report's columns worth a place on screen: the recommended accountant's own column is the
+    ``epsilon`` column already; ticks and the amplified columns only where they differ from releases and
+    the observed figures (some agent skipped ticks); the cap column only where a cap was hit."""
+    agents, acc = rep["agents"], rep["recommended"]["accountant"]
+    cols = [c for c in rep["columns"] if c != f"{acc}_observed"]
+
+    def same(c: str, other: str) -> bool:
+        return all(r.get(c) == r.get(other) for r in agents)
+
+    keep = []
+    for c in cols:
+        if c == "ticks" and same("ticks", "releases"):
+            continue
+        if c.endswith("_amplified") and same(c, c.replace("_amplified", "_observed")):
+            continue
+        if c == "exhausted_at" and all(r["exhausted_at"] is None for r in agents):
+            continue
+        keep.append(c)
+    return keep
+
+
+def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) -> None:
+    """``netsim privacy``'s table and notes, readable in 80 columns: short spelled-out headers, columns that
+    would repeat another left out (and said so), explanations wrapped under themselves."""
+    import shutil
+    import textwrap
+
+    from rich.console import Console
+    from rich.table import Table, box
+
     mode, cols_doc, rec = rep["accounting"], rep["columns"], rep["recommended"]
     guarantee = rep["guarantee"]
     acc = rec["accountant"].upper()
-    t = Table(title=f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"
-                    + ("" if guarantee else " · NOT A GUARANTEE") + f" · scenario's accounting: {mode}")
+    width = shutil.get_terminal_size((100, 24)).columns
+
+    def say(text: str, indent: str = "", more: str = "    ") -> None:
+        typer.echo(textwrap.fill(text, max(width, 40), initial_indent=indent,
+                                 subsequent_indent=" " * len(indent) + more, break_on_hyphens=False))
 
     def fmt(v, inf=False):
         return "inf" if inf else "-" if v is None else f"{v:.4g}"
 
-    head = {"epsilon": f"epsilon ({acc} obs.)" + (" guarantee" if guarantee else " NOT guaranteed"),
-            "releases": "rel.", "ticks": "ticks", "rdp_observed": "RDP obs.",
-            "rdp_amplified": "RDP hidden act.", "pld_observed": "PLD obs.", "pld_amplified": "PLD hidden act.",
-            "paper": "paper", "conservative": "conserv.", "exhausted_at": "cap hit (s)"}
-    cols = [c for c in cols_doc if c != "exhausted_at" or any(r["exhausted_at"] is not None
-                                                                for r in rep["agents"])]
-    cols = [c for c in cols if c != f"{acc.lower()}_observed"]  # already the first figure
+    say(f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"  # a line: a title wraps to the table
+        + ("" if guarantee else " · NOT A GUARANTEE"))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    cols = _privacy_columns(rep)
     t.add_column("agent", justify="right")
     for c in cols:
-        t.add_column(head.get(c, c), justify="right", style="bold" if c == "epsilon" else None)
+        t.add_column(PRIVACY_HEADS.get(c, c).replace(" ", "\n", 1), justify="right",
+                     style="bold" if c == "epsilon" else None)
     for r in rep["agents"]:
         cells = [str(r["agent"])]
         for c in cols:
@@ -422,33 +460,36 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             elif c == "exhausted_at":
                 cells.append(fmt(r[c]))
             else:
-                cells.append(fmt(r.get(c), r["epsilon_infinite"] and c != "exhausted_at"))
+                cells.append(fmt(r.get(c), r["epsilon_infinite"]))
         t.add_row(*cells)
     Console().print(t)
-    typer.echo(("" if guarantee else "! ") + rep["message"])
-    typer.echo(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, "
-               f"{acc}, observed accounting, delta {rep['delta']:g})")
+    say(("" if guarantee else "! ") + rep["message"])
+    say(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, {acc}, "
+        f"observed accounting, delta {rep['delta']:g}); the scenario's own accounting (summary.json): {mode}")
+    hidden = [PRIVACY_HEADS.get(c, c) for c in rep["columns"] if c not in cols and c.endswith("_amplified")]
+    if hidden:
+        say(f"not shown: {', '.join(hidden)} (equal to the observed figures: no agent skipped an activation "
+            "tick) and ticks (equal to releases)")
     typer.echo("assumptions of the recommended epsilon:")
     for a in rec["assumptions"]:
-        typer.echo(f"  - {a}")
+        say(a, "  - ", more="")
     typer.echo("columns:")
     for c in cols:
-        typer.echo(f"  {head.get(c, c)}: {cols_doc[c]}")
+        say(f"{PRIVACY_HEADS.get(c, c)}: {cols_doc[c]}", "  ")
     notes = sorted({v for r in rep["agents"] for v in r.get("closed_form", {}).get("violations", [])})
     for v in notes:
-        typer.echo(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) "
-                   f"violated: {v}")
+        say(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) violated: {v}")
     forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
     for n in sorted(forms)[:1]:
-        typer.echo(f"note ({rep['closed_form_paper']}): {n}")
+        say(f"note ({rep['closed_form_paper']}): {n}")
     if rep["over_time"]:
-        typer.echo(f"epsilon over time ({acc if acc == 'RDP' else 'RDP'} observed, at the evaluations):")
+        typer.echo("epsilon over time (RDP observed, at the evaluations):")
         ot = rep["over_time"]
         for p in [ot[k] for k in sorted({round(j * (len(ot) - 1) / 7) for j in range(8)})]:
             typer.echo(f"  t = {p['t']:>9.4g} s   worst {fmt(p['epsilon_max'], p['epsilon_max'] is None)}   "
                        f"mean {fmt(p['epsilon_mean'], p['epsilon_mean'] is None)}   releases {p['releases']}")
-    typer.echo(f"wrote {folder}/{REPORT_FILE} (over_time: epsilon at every evaluation)"
-               + (f" and {PLOT_FILE}" if rep.get("plot") else ""))
+    typer.echo(f"wrote {folder}/{report_file} (over_time: epsilon at every evaluation)"
+               + (f" and {plot_file}" if rep.get("plot") else ""))
 
 
 @app.command()

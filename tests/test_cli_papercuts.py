@@ -162,3 +162,23 @@ def test_quick_commands_do_not_import_torch(args):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert "HEAVY []" in p.stderr, p.stderr
+
+
+def test_run_explore_ends_with_the_runs_summary_table(tmp_path, monkeypatch, capsys):
+    """The child run is quiet (the explorer owns the terminal); its table comes back when it ends."""
+    from netsim import cli
+
+    class NoExplorer:  # what the app is given is tested in test_explore.py; here, what is printed after it
+        def __init__(self, *args):
+            pass
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr("netsim.explore.app.Explorer", NoExplorer)
+    folder = tmp_path / "live"
+    rc = cli._run_explored(ROOT / "scenarios" / "quickstart.toml", ["run.until=3"], folder, [], False)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "quickstart · dpsgd · 16 agents" in out and "messages sent" in out and "stopped by" in out
+    assert out.index("wrote ") < out.index("messages sent")

@@ -8,8 +8,8 @@ Range checks live in field metadata (``check``) and cross-field checks in ``__ch
 
 from __future__ import annotations
 
-import types
 import difflib
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, Union
