@@ -503,10 +503,13 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
     """Ask a run anything in SQL (DuckDB): recipes in docs/traces.md, "Asking the trace in SQL"."""
     from netsim.errors import InputError
     from netsim.metrics.sql import query as run_query
+    from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
 
     try:
         if rows < 1:
             raise InputError("--rows", f"must be >= 1, got {rows}")
+        if resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder):  # a live or killed run
+            typer.echo(f"warning: {read_trace(run_folder).partial_note()}", err=True)
         result = run_query(run_folder, sql)
         if parquet is not None:
             import pyarrow.parquet as pq
