@@ -468,7 +468,10 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
             else:
                 cells.append(fmt(r.get(c), r["epsilon_infinite"]))
         t.add_row(*cells)
-    Console().print(t)
+    for col in t.columns:  # a number is never cut ("0.099…"): each column as wide as its longest cell and word,
+        col.min_width = max([len(str(c)) for c in col.cells] + [len(w) for w in str(col.header).split()])
+    need = Console(width=10_000).measure(t).minimum  # and the console as wide as that needs (a narrow terminal
+    Console(width=max(Console().width, need + len(t.columns))).print(t)  # wraps the lines; slack: rich rounds)
     say(("" if guarantee else "! ") + rep["message"])
     say(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, {acc}, "
         f"observed accounting, delta {rep['delta']:g}); the scenario's own accounting (summary.json): {mode}")
