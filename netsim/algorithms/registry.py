@@ -150,38 +150,3 @@ def resolve(spec: AlgorithmSpec) -> tuple[Callable, Any]:
     if isinstance(batch, int) and batch > MAX_BATCH:  # rows drawn per gradient, allocated at once
         raise InputError("algorithm.batch", f"must be <= {MAX_BATCH} (rows per gradient), got {batch}")
     return fn, params
-
-
-def describe(name: str) -> str:
-    """``netsim algorithms NAME``: what the algorithm is (its docstring's first paragraph and the paper and
-    equation after it), where it lives, and its parameters with type, default, allowed values and meaning."""
-    import inspect
-    import typing
-
-    from netsim.scenario.reference import _allowed_by_check, _default, _type
-
-    program, params_cls = REGISTRY[name]
-    fn = source_of(program)
-    module = inspect.getmodule(fn)
-    paras = [p.strip() for p in (inspect.getdoc(module) or "").split("\n\n") if p.strip()]
-    own = [p.strip() for p in (inspect.getdoc(fn) or "").split("\n\n") if p.strip()]
-    if isinstance(fn, type) and fn.__module__ == getattr(module, "__name__", None) and paras:
-        own = []  # a round kernel's class says its per-round math; the module says what the algorithm is
-    lines = [f"{name}: {own[0] if own else (paras[0] if paras else '(no description)')}"]
-    if own and paras:
-        lines += ["", paras[0]]
-    if len(paras) > 1:
-        lines += ["", paras[1]]
-    source = getattr(module, "__file__", None)
-    if module is not None and module.__name__.startswith("netsim."):
-        source = module.__name__.replace(".", "/") + ".py"
-    lines += ["", f"source: {source}" if source else "source: (unknown)", "", "parameters ([algorithm] keys):"]
-    hints = typing.get_type_hints(params_cls)
-    for f in attrs.fields(params_cls):
-        tp, allowed = _type(hints[f.name])
-        check = _allowed_by_check(f.metadata.get("check"))
-        lines.append(f"  {f.name}  ({tp}, default {_default(f)})")
-        for extra in ("; ".join(x for x in (allowed, check) if x), f.metadata.get("doc", "")):
-            if extra:
-                lines.append(f"      {extra}")
-    return "\n".join(lines) + "\n"
