@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from netsim.explore.binning import Binner
 from netsim.trace.io import TraceTail, concat_numbers, has_end_marker, partial_note
 from netsim.trace.timeline import KIND_OF, glyphs
 
@@ -94,8 +95,16 @@ class RunData:
     def refresh(self) -> int:
         """Append the whole batches written since the last read (live mode); the number of new rows.
         Rows only append in time order, so row numbers stay; the indexes are rebuilt on next use."""
+        return self.append(*self.read_new())
+
+    def read_new(self) -> tuple[list, dict]:
+        """The whole batches written since the last read and their checked numeric columns: the file's
+        part of ``refresh``, which a live view runs in a thread (it touches the reader only)."""
         batches = self._reader.read()
-        cols = self._reader.columns
+        return batches, self._reader.columns
+
+    def append(self, batches: list, cols: dict) -> int:
+        """Append batches from ``read_new`` (on the thread that draws: it replaces the arrays); the new rows' count."""
         new = sum(b.num_rows for b in batches)
         if not new:
             self._settle()  # the end marker may have arrived alone
@@ -252,7 +261,7 @@ class RunData:
         arrays."""
         shown = np.flatnonzero(lane_of >= 0) - 1
         lane_of = lane_of.astype(np.int32)
-        binner = _Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
+        binner = Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
         if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
             rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
             if mask is not None:
@@ -361,58 +370,6 @@ class RunData:
 
 
 CHUNK = 1 << 18  # rows binned at a time
-
-
-class _Binner:
-    """Accumulates rows into a (lanes, width) grid of the most important kind per cell (see ``cells``)."""
-
-    def __init__(self, n_lanes: int, t0: float, t1: float, width: int, nk: int, span_codes: list[int]):
-        self.n_lanes, self.t0, self.t1, self.width, self.nk = n_lanes, t0, t1, width, nk
-        self.scale = width / (t1 - t0)
-        self.span_codes = span_codes
-        self.is_span = np.zeros(nk, dtype=bool)
-        self.is_span[span_codes] = True
-        self.seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur
-        self.diff = {c: np.zeros(n_lanes * (width + 1), dtype=np.int64) for c in span_codes}
-
-    def add(self, T: np.ndarray, K: np.ndarray, V: np.ndarray, lane: np.ndarray) -> None:
-        """Rows of shown and hidden lanes (lane -1); rows before t0 count only as spans reaching in."""
-        t0, width = self.t0, self.width
-        keep = lane >= 0
-        span = self.is_span[K]
-        if len(T) and T[0] < t0:
-            keep &= (T >= t0) | (span & (T + V >= t0))
-        if not keep.all():
-            T, K, V, lane, span = T[keep], K[keep], V[keep], lane[keep], span[keep]
-        if not len(T):
-            return
-        col = np.clip(((T - t0) * self.scale).astype(np.int32), 0, width - 1)
-        inst = ~span
-        self.seen[((lane[inst].astype(np.int64) * width + col[inst]) * self.nk + K[inst])] = True
-        if inst.all():
-            return
-        size = self.n_lanes * (width + 1)
-        for c in self.span_codes:
-            m = K == c
-            if not m.any():
-                continue
-            ts = T[m]
-            end = ts + V[m]
-            lo_c = np.clip(((np.maximum(ts, t0) - t0) * self.scale).astype(np.int64), 0, width - 1)
-            hi_c = np.clip(((np.minimum(end, self.t1) - t0) * self.scale).astype(np.int64), 0, width - 1)
-            base = lane[m].astype(np.int64) * (width + 1)
-            self.diff[c] += np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
-
-    def grid(self) -> np.ndarray:
-        n_lanes, width = self.n_lanes, self.width
-        seen = self.seen.reshape(n_lanes * width, self.nk)
-        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
-        for c in sorted(self.span_codes, reverse=True):
-            if not self.diff[c].any():
-                continue
-            cover = np.cumsum(self.diff[c].reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
-            grid[cover & ((grid < 0) | (grid > c))] = c
-        return grid
 
 
 def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:

@@ -1,0 +1,135 @@
+"""Every key of the explorer, grouped, in one table: the widgets' ``BINDINGS`` are built from it, and the
+help screen (``?``) and the command palette's key panel show it, so what the keys do is said once.
+
+A row is ``(keys, action, description, footer)``: ``keys`` as Textual names them (comma-separated for
+several keys doing one thing), ``footer`` whether the footer shows it (the few keys a newcomer needs).
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+# bindings of the lanes widget (the focused widget: they act on the active run's view)
+LANES_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
+    ("Move", [
+        ("left", "cursor(-1)", "cursor one column left (pans at the edge)", False),
+        ("right", "cursor(1)", "cursor one column right (pans at the edge)", False),
+        ("up", "lane(-1)", "lane cursor up", False),
+        ("down", "lane(1)", "lane cursor down", False),
+        ("pageup", "page(-1)", "a screen of lanes up", False),
+        ("pagedown", "page(1)", "a screen of lanes down", False),
+        ("a,shift+left", "pan(-0.25)", "pan left a quarter of the window", False),
+        ("d,shift+right", "pan(0.25)", "pan right a quarter of the window", False),
+        ("w,plus,equals_sign", "zoom(0.5)", "zoom in (around the selected event)", True),
+        ("s,minus", "zoom(2)", "zoom out", False),
+        ("f", "fit", "fit all (the filter's time window)", False),
+        ("g", "ask('time')", "go to a time (s)", False),
+        ("A", "ask('agent')", "go to an agent", False),
+    ]),
+    ("Jump", [
+        ("x", "jump('drop', 1)", "next drop", True),
+        ("X", "jump('drop', -1)", "previous drop", False),
+        ("t", "jump('timeout', 1)", "next round timeout", True),
+        ("T", "jump('timeout', -1)", "previous round timeout", False),
+        ("o", "jump('stale', 1)", "next stale message", False),
+        ("O", "jump('stale', -1)", "previous stale message", False),
+        ("r", "jump('release', 1)", "next DP release", False),
+        ("R", "jump('release', -1)", "previous DP release", False),
+        ("right_square_bracket", "jump('', 1)", "next event of the selected kind", False),
+        ("left_square_bracket", "jump('', -1)", "previous event of the selected kind", False),
+        ("enter", "follow", "follow a message (send <-> delivery/drop); drill into a lane", True),
+    ]),
+    ("Find", [
+        ("slash", "ask('search')", "search (kind=drop src=3)", True),
+        ("n", "match(1)", "next search match", False),
+        ("N", "match(-1)", "previous search match", False),
+        ("k", "ask('filter')", "filter (same syntax; empty clears it)", True),
+        ("colon", "ask('sql')", "SQL query over the run (results panel)", True),
+        ("p", "pin", "pin the query's results as a lane (again: unpin)", False),
+        ("v", "mark", "mark an area corner; again: summarise the area (pivot)", True),
+    ]),
+    ("Views", [
+        ("c", "causal", "causal past of the cursor agent", False),
+        ("m", "aggregate", "aggregated lanes on/off (off: one lane per agent)", False),
+        ("e", "export", "export the view as Perfetto JSON", False),
+        ("b", "swap", "two runs: make the other pane the active one", False),
+        ("D", "difference", "two runs: first difference, in both panes", False),
+        ("u", "diff_only", "two runs: differences only (hide equal cells)", False),
+    ]),
+]
+
+# bindings of the app (they work whatever has the focus)
+APP_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
+    ("App", [
+        ("question_mark", "help", "help: every key and the glyph legend", True),
+        ("escape", "back", "close a panel or prompt; leave a drill-down; clear", False),
+        ("q", "quit", "quit", True),
+    ]),
+]
+
+DISPLAY = {"left": "←", "right": "→", "up": "↑", "down": "↓", "pageup": "PgUp", "pagedown": "PgDn",
+           "shift+left": "shift+←", "shift+right": "shift+→", "plus": "+", "minus": "-", "equals_sign": "=",
+           "right_square_bracket": "]", "left_square_bracket": "[", "slash": "/", "colon": ":",
+           "question_mark": "?", "escape": "esc", "enter": "enter"}
+
+
+def bindings(groups) -> list[Binding]:
+    """Textual bindings of a key table: one per key, each with its description and how it is shown."""
+    out = []
+    for _, rows in groups:
+        for keys, action, text, footer in rows:
+            for i, key in enumerate(keys.split(",")):
+                out.append(Binding(key, action, text, show=footer and i == 0,
+                                   key_display=DISPLAY.get(key)))
+    return out
+
+
+def legend() -> list[tuple[str, str, str]]:
+    """(glyph, style, meaning) of every event kind the lanes draw, most important first."""
+    from netsim.trace.timeline import glyphs
+
+    return [(g, style, f"{meaning} ({kind})") for kind, (g, style, meaning) in glyphs().items()]
+
+
+def help_table() -> Table:
+    """The help screen's body: the keys by group, then the glyph legend and the strips' meaning."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(justify="right", style="bold")
+    t.add_column()
+    for group, rows in [*LANES_KEYS, *APP_KEYS]:
+        t.add_row(Text(group, style="underline bold"), "")
+        for keys, _, text, _ in rows:
+            t.add_row(" ".join(DISPLAY.get(k, k) for k in keys.split(",")), text)
+    t.add_row(Text("Glyphs", style="underline bold"), "")
+    for g, style, meaning in legend():
+        t.add_row(Text(g, style=style), meaning)
+    t.add_row("on grey", "the cursor column;  reversed: the selected event and the cursor lane")
+    t.add_row(Text("◆", style="bold yellow"), "a pinned query result")
+    t.add_row(Text("▇", style="green"), "accuracy of the average model (two runs: one y-range)")
+    t.add_row(Text("▇", style="magenta"), "epsilon spent by the cursor's agent (private runs)")
+    return t
+
+
+class HelpScreen(ModalScreen):
+    """``?``: every key grouped, and what the glyphs mean; escape, ``?`` or ``q`` closes it."""
+
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 90; height: 90%; border: round $accent; background: $surface;
+                                  padding: 0 1; }
+    """
+    BINDINGS = [Binding("escape,question_mark,q", "close", "close the help")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(Text("netsim explore: keys (docs/explore.md has the details)", style="bold"))
+            yield Static(help_table(), id="help-body")
+
+    def action_close(self) -> None:
+        self.dismiss()
