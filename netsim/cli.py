@@ -433,6 +433,70 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
 
 @app.command()
+def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.arrows)"),
+          sql: str = typer.Argument(..., help="a query over the tables trace, messages, metrics, agent_metrics, "
+                                              "releases, e.g. \"SELECT kind, count(*) FROM trace GROUP BY kind\""),
+          csv_: bool = typer.Option(False, "--csv", help="print the result as CSV (every row) instead of a table"),
+          parquet: Optional[Path] = typer.Option(  # noqa: UP045
+              None, "--parquet", help="also write the result to this Parquet file"),
+          rows: int = typer.Option(100, "--rows", help="rows shown in the table (--csv prints them all)")) -> None:
+    """Ask a run anything in SQL (DuckDB): recipes in docs/traces.md, "Asking the trace in SQL"."""
+    from netsim.errors import InputError
+    from netsim.metrics.sql import query as run_query
+
+    try:
+        if rows < 1:
+            raise InputError("--rows", f"must be >= 1, got {rows}")
+        result = run_query(run_folder, sql)
+        if parquet is not None:
+            import pyarrow.parquet as pq
+
+            try:
+                pq.write_table(result, parquet)
+            except OSError as e:
+                raise InputError("--parquet", f"cannot write: {e.strerror or e}", str(parquet)) from None
+    except InputError as e:
+        _fail(e)
+    if csv_:
+        import pyarrow.csv as pcsv
+
+        sink = sys.stdout.buffer
+        pcsv.write_csv(result, sink)
+        sink.flush()
+    else:
+        _print_result(result, rows)
+    if parquet is not None:
+        typer.echo(f"wrote {parquet} ({result.num_rows} rows)", err=csv_)
+
+
+def _print_result(table, limit: int) -> None:
+    """A query's result as a rich table (numbers right-aligned, 6 significant digits)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_edge=False, header_style="bold")
+    cols = table.column_names
+    numeric = [table.schema.field(c).type.num_fields == 0 and str(table.schema.field(c).type).startswith(
+        ("int", "uint", "double", "float", "decimal")) for c in cols]
+    for c, num in zip(cols, numeric):
+        t.add_column(c, justify="right" if num else "left")
+
+    def cell(v) -> str:
+        if v is None:
+            return "null"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        return str(v)
+
+    for r in table.slice(0, limit).to_pylist():
+        t.add_row(*(cell(r[c]) for c in cols))
+    Console().print(t)
+    more = table.num_rows - limit
+    typer.echo(f"({table.num_rows} rows" + (f"; {more} not shown: --rows N, --csv or --parquet FILE)"
+                                            if more > 0 else ")"))
+
+
+@app.command()
 def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to replay"),
            scenario: Path | None = typer.Option(None, "--scenario",
                                                 help="run this scenario under the recorded network instead"),
