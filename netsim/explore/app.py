@@ -3,7 +3,7 @@
 The lanes (``lanes.Lanes``) own the view; the side panels, the status line, the prompt, the pivot and the
 results panels (``panels``) draw what they are told. The app owns only the run's source: in live mode a
 worker thread follows the growing trace (reading the new batches off the UI thread) and hands them over;
-SQL queries run in a worker too. Keys: ``help.LANES_KEYS`` and ``help.APP_KEYS``; see docs/explore.md.
+SQL queries (``netsim.metrics.sql``) run in a worker too. Keys: ``help``; see docs/explore.md.
 """
 
 from __future__ import annotations
@@ -93,12 +93,14 @@ class Explorer(App):
 
     # routing -----------------------------------------------------------------------------------------
     def on_view_changed(self, m: ViewChanged) -> None:
-        self.query_one(DetailsPanel).show(m.view)
-        self.query_one(AgentPanel).show(m.view)
-        self.query_one(StatusBar).view = m.view
+        for panel in self.query("DetailsPanel, AgentPanel"):  # none while the app closes
+            panel.show(m.view)
+        for bar in self.query(StatusBar):
+            bar.view = m.view
 
     def on_note(self, m: Note) -> None:
-        self.query_one(StatusBar).note = m.text
+        for bar in self.query(StatusBar):
+            bar.note = m.text
 
     def on_ask(self, m: Ask) -> None:
         self.query_one(PromptBar).open(m.mode, m.value)
@@ -156,14 +158,10 @@ class Explorer(App):
     @work(thread=True, exclusive=True, group="sql")
     def run_sql(self, text: str) -> None:
         """The query bar: SQL over the active run (tables trace, metrics, agent_metrics, releases)."""
+        from netsim.metrics.sql import query
+
         try:
-            from netsim.trace.sql import query
-        except ImportError:
-            self.call_from_thread(self._sql_failed, "SQL needs netsim.trace.sql (DuckDB)")
-            return
-        p = Path(self.lanes.run_data.path)
-        try:
-            tab = query(p if p.is_dir() else p.parent, text)
+            tab = query(self.lanes.run_data.path, text)
         except InputError as e:
             self.call_from_thread(self._sql_failed, f"error: {e}")
             return

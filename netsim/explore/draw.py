@@ -113,7 +113,7 @@ class Painter:
             h[finite] = rows * levels
         out = []
         for row in range(rows - 1, -1, -1):
-            label = f"{hi:.4g}" if row == rows - 1 else f"{lo:.4g}" if row == 0 else name if row == rows - 2 else ""
+            label = fit(hi, lw) if row == rows - 1 else fit(lo, lw) if row == 0 else name if row == rows - 2 else ""
             cell = np.clip(h - row * levels, 1 if row == 0 else 0, levels).astype(np.int64)  # lo: a sliver
             text = "".join(BARS[c] if f else " " for c, f in zip(cell.tolist(), finite.tolist()))
             out.append(Strip([Segment(f"{label[:lw]:>{lw}} ", self.style("dim")), Segment(text, self.style(style))])
@@ -125,3 +125,12 @@ def step_values(t: np.ndarray, v: np.ndarray, col_t: np.ndarray) -> np.ndarray:
     """A step function's value at each column time (the last point at or before it; NaN before the first)."""
     idx = np.searchsorted(t, col_t, side="right") - 1
     return np.where(idx >= 0, v[np.clip(idx, 0, None)] if len(v) else np.nan, np.nan)
+
+
+def fit(x: float, width: int) -> str:
+    """x in at most ``width`` characters, with as many significant digits as fit (at least one)."""
+    for digits in range(4, 0, -1):
+        text = f"{x:.{digits}g}"
+        if len(text) <= width:
+            return text
+    return text

@@ -2,7 +2,8 @@
 help screen (``?``) and the command palette's key panel show it, so what the keys do is said once.
 
 A row is ``(keys, action, description, footer)``: ``keys`` as Textual names them (comma-separated for
-several keys doing one thing), ``footer`` whether the footer shows it (the few keys a newcomer needs).
+several keys doing one thing); the description is "short|more" (the footer shows the short part, the key
+panel and the help screen both); ``footer`` whether the footer shows it (the few keys a newcomer needs).
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from textual.widgets import Static
 # bindings of the lanes widget (the focused widget: they act on the active run's view)
 LANES_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
     ("Move", [
-        ("left", "cursor(-1)", "cursor one column left (pans at the edge)", False),
-        ("right", "cursor(1)", "cursor one column right (pans at the edge)", False),
+        ("left", "cursor(-1)", "cursor left|one column; pans at the edge", False),
+        ("right", "cursor(1)", "cursor right|one column; pans at the edge", False),
         ("up", "lane(-1)", "lane cursor up", False),
         ("down", "lane(1)", "lane cursor down", False),
         ("pageup", "page(-1)", "a screen of lanes up", False),
         ("pagedown", "page(1)", "a screen of lanes down", False),
-        ("a,shift+left", "pan(-0.25)", "pan left a quarter of the window", False),
-        ("d,shift+right", "pan(0.25)", "pan right a quarter of the window", False),
-        ("w,plus,equals_sign", "zoom(0.5)", "zoom in (around the selected event)", True),
+        ("a,shift+left", "pan(-0.25)", "pan left|a quarter of the window", False),
+        ("d,shift+right", "pan(0.25)", "pan right|a quarter of the window", False),
+        ("w,plus,equals_sign", "zoom(0.5)", "zoom in|around the selected event, else the cursor", True),
         ("s,minus", "zoom(2)", "zoom out", False),
-        ("f", "fit", "fit all (the filter's time window)", False),
+        ("f", "fit", "fit all|or the filter's time window", False),
         ("g", "ask('time')", "go to a time (s)", False),
         ("A", "ask('agent')", "go to an agent", False),
     ]),
@@ -43,32 +44,33 @@ LANES_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
         ("R", "jump('release', -1)", "previous DP release", False),
         ("right_square_bracket", "jump('', 1)", "next event of the selected kind", False),
         ("left_square_bracket", "jump('', -1)", "previous event of the selected kind", False),
-        ("enter", "follow", "follow a message (send <-> delivery/drop); drill into a lane", True),
+        ("enter", "follow", "follow|a send to its delivery or drop and back; drill into an aggregated lane", True),
     ]),
     ("Find", [
-        ("slash", "ask('search')", "search (kind=drop src=3)", True),
+        ("slash", "ask('search')", "search|kind=drop src=3 ...; n/N step through the matches", True),
         ("n", "match(1)", "next search match", False),
         ("N", "match(-1)", "previous search match", False),
-        ("k", "ask('filter')", "filter (same syntax; empty clears it)", True),
-        ("colon", "ask('sql')", "SQL query over the run (results panel)", True),
-        ("p", "pin", "pin the query's results as a lane (again: unpin)", False),
-        ("v", "mark", "mark an area corner; again: summarise the area (pivot)", True),
+        ("k", "ask('filter')", "filter|same syntax; enter on an empty prompt clears it", True),
+        ("colon", "ask('sql')", "SQL|over the run's tables (trace, messages, metrics, ...): a results panel", True),
+        ("p", "pin", "pin|the query results' times as a lane; again: unpin", False),
+        ("v", "mark", "area|mark a corner; at the other corner again: its summary (pivot)", True),
     ]),
     ("Views", [
-        ("c", "causal", "causal past of the cursor agent", False),
-        ("m", "aggregate", "aggregated lanes on/off (off: one lane per agent)", False),
-        ("e", "export", "export the view as Perfetto JSON", False),
-        ("b", "swap", "two runs: make the other pane the active one", False),
-        ("D", "difference", "two runs: first difference, in both panes", False),
-        ("u", "diff_only", "two runs: differences only (hide equal cells)", False),
+        ("c", "causal", "causal past|who could have influenced the cursor agent by the cursor time", False),
+        ("m", "aggregate", "aggregate|lanes of several agents on/off (off: one scrolling lane per agent)", False),
+        ("e", "export", "export|the view as Perfetto JSON (explore-view.json in the run folder)", False),
+        ("b", "swap", "other pane|two runs: the keys act on the other pane", False),
+        ("D", "difference", "first difference|two runs: the first event where they differ, in both panes", False),
+        ("u", "diff_only", "differences only|two runs: hide the cells equal in both", False),
     ]),
 ]
 
 # bindings of the app (they work whatever has the focus)
 APP_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
     ("App", [
-        ("question_mark", "help", "help: every key and the glyph legend", True),
-        ("escape", "back", "close a panel or prompt; leave a drill-down; clear", False),
+        ("question_mark", "help", "help|every key, grouped, and the glyph legend", True),
+        ("escape", "back", "close|a panel or the prompt; else leave a drill-down, drop the area mark, "
+                                  "clear the causal highlight", False),
         ("q", "quit", "quit", True),
     ]),
 ]
@@ -84,9 +86,10 @@ def bindings(groups) -> list[Binding]:
     out = []
     for _, rows in groups:
         for keys, action, text, footer in rows:
+            short, _, more = text.partition("|")
             for i, key in enumerate(keys.split(",")):
-                out.append(Binding(key, action, text, show=footer and i == 0,
-                                   key_display=DISPLAY.get(key)))
+                out.append(Binding(key, action, short, show=footer and i == 0, key_display=DISPLAY.get(key),
+                                   tooltip=more))
     return out
 
 
@@ -105,7 +108,8 @@ def help_table() -> Table:
     for group, rows in [*LANES_KEYS, *APP_KEYS]:
         t.add_row(Text(group, style="underline bold"), "")
         for keys, _, text, _ in rows:
-            t.add_row(" ".join(DISPLAY.get(k, k) for k in keys.split(",")), text)
+            short, _, more = text.partition("|")
+            t.add_row(" ".join(DISPLAY.get(k, k) for k in keys.split(",")), f"{short}: {more}" if more else short)
     t.add_row(Text("Glyphs", style="underline bold"), "")
     for g, style, meaning in legend():
         t.add_row(Text(g, style=style), meaning)
