@@ -175,6 +175,57 @@ class Lanes(LaneActions, Widget, can_focus=True):
             self._masks[key] = query.mask(r, self.filter_text, "filter")
         return self._masks[key]
 
+    # the trace grew (live mode) ----------------------------------------------------------------------
+    def grew(self, r, old_max: float) -> None:
+        """Rows were appended to run r: a view that showed the end follows it; masks cover the new rows."""
+        if self.t1 >= old_max:
+            span = self.t1 - self.t0
+            self.t1 = max(r.t_max, self.t1)
+            self.t0 = 0.0 if self.t0 <= 0.0 else self.t1 - span
+        if r is self.run_data:
+            if r.n != len(self.all_agents):  # agents the trace's scenario did not count: lanes for them
+                whole = self.agents is self.all_agents
+                self.all_agents = np.arange(r.n)
+                self.agents = self.all_agents if whole else self.agents
+            if self.filter_text:
+                self.filter_mask = query.mask(r, self.filter_text, "filter")
+            if self.search_text:
+                self.search_mask = query.mask(r, self.search_text)
+        self._drawn = None
+        self.refresh()
+        self._changed()
+
+    # mouse -----------------------------------------------------------------------------------------
+    def on_click(self, event) -> None:
+        lw = self._geom[2]
+        x, y = event.x, event.y
+        last = min(self._geom[1], self.groups() - self.lane_top)
+        if len(self.runs) > 1:  # which pane: a click on the other one makes it the active one
+            pane = [i for i in range(len(self.runs)) if self.pane_top(i) <= y <= self.pane_top(i) + last]
+            if not pane or x <= lw:
+                return
+            if pane[0] != self.active_pane:
+                self.action_swap()
+            y -= self.pane_top(pane[0]) - 1
+        if y >= 1 and x > lw:
+            self.lane = min(y - 1, last)
+            self.col = min(x - lw - 1, self._geom[0] - 1)
+            self.moved()
+
+    def scroll_event(self, step: int, ctrl: bool, shift: bool) -> None:
+        if ctrl:
+            self.action_zoom(2 if step > 0 else 0.5)
+        elif shift:
+            self.action_pan(0.1 * step)
+        else:
+            self.action_lane(step)
+
+    def on_mouse_scroll_down(self, event) -> None:
+        self.scroll_event(+1, event.ctrl, event.shift)
+
+    def on_mouse_scroll_up(self, event) -> None:
+        self.scroll_event(-1, event.ctrl, event.shift)
+
     # drawing -------------------------------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
         """Line API: strips of segments, no rich-Text-to-Content conversion per refresh."""

@@ -32,17 +32,18 @@ class AgentPanel(Static):
     """The cursor agent's counts up to the cursor (the selected event included), its epsilon and accuracy."""
 
     def show(self, view: View) -> None:
-        self.update(Text(agent_text(view.run, view.agents, view.t_upto), style="cyan"))
+        self.update(Text(agent_text(view.run, view.agents, view.t_upto, view.selected is None), style="cyan"))
 
 
-def agent_text(r: RunData, agents: list[int], t: float) -> str:
+def agent_text(r: RunData, agents: list[int], t: float, cell_end: bool = False) -> str:
+    """The agent pane's text: counts up to t (the selected event's time, else the cursor cell's end)."""
     if agents == [-1]:
         return "run lane: evaluations"
     if len(agents) != 1:
         return f"agents {agents[0]}-{agents[-1]} (enter: drill down)"
     a = agents[0]
     s = r.agent_stats(a, t)
-    out = (f"agent {a} up to t = {fmt_t(t)}\n"
+    out = (f"agent {a} up to t = {fmt_t(t)}{' (cell end)' if cell_end else ''}\n"
            f"activations {s['activations']}  timeouts {s['timeouts']}\n"
            f"sent {s['sent']}  received {s['received']}  stale {s['stale']}\n"
            f"dropped: of its sends {s['dropped_out']}, to it {s['dropped_in']}\n"
