@@ -120,7 +120,7 @@ class Lanes(LaneActions, Widget, can_focus=True):
     def metric_rows(self) -> int:
         """Rows of metric strips under each pane: accuracy, and epsilon when a run is private."""
         acc = any(len(r.evals()[0]) for r in self.runs)
-        eps = any("release" in r.code and r.code["release"] in r.present for r in self.runs)
+        eps = any(r.has("release") for r in self.runs)
         return PLOT_ROWS * (int(acc) + int(eps))
 
     def lane_rows(self, height: int) -> int:

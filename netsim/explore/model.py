@@ -125,7 +125,7 @@ class RunData:
                 arr = col if isinstance(col, np.ndarray) else _np(tab, name, self.__dict__[name].dtype)
                 self.__dict__[name] = np.concatenate([self.__dict__[name], arr])
         self._tab = pa.concat_tables([self._tab, tab]) if self._tab is not None else None
-        for name in ("present", "drops_by_peer", "by_agent", "starts", "by_msg", "_msg_sorted"):
+        for name in ("drops_by_peer", "by_agent", "starts", "by_msg", "_msg_sorted"):
             self.__dict__.pop(name, None)
         self._eps.clear()
         self._settle()
@@ -148,10 +148,14 @@ class RunData:
     def round(self) -> np.ndarray:
         return _np(self._tab, "round", np.int32)
 
-    @functools.cached_property
-    def present(self) -> set[int]:
-        """Codes of the kinds that occur in the trace."""
-        return set(np.unique(self.kind).tolist())
+    def has(self, kind: str) -> bool:
+        """Whether an event of this kind occurs: one scan of the codes per kind and read (no sort)."""
+        got = self.__dict__.get("_has")
+        if got is None or got[0] != len(self.t):
+            got = self.__dict__["_has"] = (len(self.t), {})
+        if kind not in got[1]:
+            got[1][kind] = kind in self.code and bool((self.kind == self.code[kind]).any())
+        return got[1][kind]
 
     @functools.cached_property
     def drops_by_peer(self) -> tuple[np.ndarray, np.ndarray]:
@@ -208,7 +212,7 @@ class RunData:
     def warm(self) -> None:
         """Read the lazy columns and build the indexes (run in a thread after the first screen); then let
         go of the file: the tags are copied out of a memory-mapped trace, the Arrow table dropped."""
-        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted", "present",
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted",
                      "drops_by_peer"):
             getattr(self, name)
         if self._reader.memory_map:
@@ -317,7 +321,7 @@ class RunData:
     def epsilon(self, a: int, t: float) -> float | None:
         """epsilon(delta) agent a had spent by time t: its releases up to t composed by the run's
         accountant settings (privacy.delta, privacy.accounting; RDP). None without releases."""
-        if self.code["release"] not in self.present:
+        if not self.has("release"):
             return None
         rows = self.agent_rows(a)
         rows = rows[(self.kind[rows] == self.code["release"]) & (self.t[rows] <= t)]
