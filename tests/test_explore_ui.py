@@ -84,13 +84,14 @@ def test_help_footer_and_key_panel():
             assert footer.get(key) == what, footer
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        body_text = text_of(app.screen.query_one("#help-body").content, 140)
+        body_text = text_of(app.screen.query_one("#help-keys").content, 140)
+        legend_text = text_of(app.screen.query_one("#help-legend").content, 80)
         for group, rows in [*LANES_KEYS, *APP_KEYS]:
             assert group in body_text
             for _, _, desc, _ in rows:
                 assert desc.split("|")[0] in body_text
         for glyph, _, meaning in legend():
-            assert any(line.strip().startswith(f"{glyph} ") and meaning in line for line in body_text.splitlines())
+            assert any(line.strip().startswith(f"{glyph} ") and meaning in line for line in legend_text.splitlines())
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         await pilot.press("ctrl+p", *"keys")
@@ -312,3 +313,87 @@ def test_live_worker_appends_batches_off_the_ui_thread(tmp_path, monkeypatch):
         assert len(r.t) == whole.num_rows and r.complete and "run complete" in status(app)
         assert "LIVE" not in status(app)
     run_app(body, path=live)
+
+
+# the docs: every key listed, every query-bar recipe answered (against pandas) --------------------------------
+DOC = ROOT / "docs" / "explore.md"
+
+
+def test_the_docs_list_every_key():
+    from netsim.explore.help import DISPLAY
+
+    text = DOC.read_text()
+    table = text[text.index("| key | does |"):text.index("Mouse: a click")]
+    for _, rows in [*LANES_KEYS, *APP_KEYS]:
+        for keys, *_ in rows:
+            for k in keys.split(","):
+                assert f"`{DISPLAY.get(k, k)}`" in table or f"`{k}`" in table, k
+
+
+def recipes() -> dict[str, str]:
+    text = DOC.read_text()
+    blocks = text.split("```sql\n")[1:]
+    out = {}
+    for b in blocks:
+        body = b[:b.index("```")].strip().splitlines()
+        assert body[0].startswith("-- ")
+        out[body[0][3:]] = " ".join(x.strip() for x in body[1:])
+    return out
+
+
+def expected(name: str):
+    """The recipe's answer computed with pandas from the trace table."""
+    import pandas as pd
+
+    df = read_trace(TRACE).table.to_pandas()
+    sends = df[df.kind == "send"][["msg", "agent", "peer", "t"]].rename(columns={"agent": "src", "peer": "dst"})
+    got = df[df.kind == "deliver"].groupby("msg").t.min().rename("t_end")
+    dl = sends.merge(got, left_on="msg", right_index=True)
+    dl["latency"] = dl.t_end - dl.t
+    if name == "drops by cause":
+        n = df[df.kind == "drop"].tag.value_counts()
+        return pd.DataFrame({"cause": n.index, "n": n.values})
+    if name == "the links with the slowest deliveries":
+        g = dl.groupby(["src", "dst"]).latency.agg(["count", "mean"]).reset_index()
+        g.columns = ["src", "dst", "n", "mean_latency"]
+        return g.sort_values(["mean_latency", "src", "dst"], ascending=[False, True, True]).head(5)
+    if name == "the slowest deliveries, to step through (enter) or pin (p)":
+        top = dl.sort_values(["latency", "t_end"], ascending=[False, True]).head(20)
+        return pd.DataFrame({"t": top.t_end.values, "agent": top.dst.values, "src": top.src.values,
+                             "latency": top.latency.values})
+    if name == "round timeouts that waited for two or more messages":
+        m = df[(df.kind == "timeout") & (df.value >= 2)]
+        return pd.DataFrame({"t": m.t.values, "agent": m.agent.values, "round": m["round"].values,
+                             "missing": m.value.values})
+    raise KeyError(name)
+
+
+def test_query_bar_answers_the_docs_recipes():
+    from netsim.explore.panels import PromptBar
+
+    todo = recipes()
+    assert len(todo) == 4
+
+    async def body(app, pilot):
+        for name, sql in todo.items():
+            await pilot.press("colon")
+            app.query_one(PromptBar).value = sql
+            await pilot.press("enter")
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            got = app.query_one(ResultsPanel).result.to_pandas().reset_index(drop=True)
+            want = expected(name).reset_index(drop=True)
+            assert list(got.columns) == list(want.columns), name
+            assert len(got) == len(want) > 0, name
+            for c in got.columns:
+                a, b = got[c].to_numpy(), want[c].to_numpy()
+                if a.dtype.kind == "f" or b.dtype.kind == "f":
+                    assert np.allclose(a.astype(float), b.astype(float), rtol=1e-12), (name, c)
+                else:
+                    assert a.tolist() == b.tolist(), (name, c)
+            await pilot.press("escape")
+    run_app(body)
+
+
+def test_snapshot_help(snap_compare):
+    assert snap_compare(Explorer(TRACE), press=["question_mark"], terminal_size=(110, 40))

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -100,8 +100,8 @@ def legend() -> list[tuple[str, str, str]]:
     return [(g, style, f"{meaning} ({kind})") for kind, (g, style, meaning) in glyphs().items()]
 
 
-def help_table() -> Table:
-    """The help screen's body: the keys by group, then the glyph legend and the strips' meaning."""
+def keys_table() -> Table:
+    """The help screen's keys, by group."""
     t = Table.grid(padding=(0, 2))
     t.add_column(justify="right", style="bold")
     t.add_column()
@@ -110,13 +110,23 @@ def help_table() -> Table:
         for keys, _, text, _ in rows:
             short, _, more = text.partition("|")
             t.add_row(" ".join(DISPLAY.get(k, k) for k in keys.split(",")), f"{short}: {more}" if more else short)
-    t.add_row(Text("Glyphs", style="underline bold"), "")
+    return t
+
+
+def legend_table() -> Table:
+    """The glyph legend and what the strips and marks mean."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(justify="right")
+    t.add_column()
+    t.add_row("", Text("Glyphs (a cell: its most important)", style="underline bold"))
     for g, style, meaning in legend():
         t.add_row(Text(g, style=style), meaning)
-    t.add_row("on grey", "the cursor column;  reversed: the selected event and the cursor lane")
     t.add_row(Text("◆", style="bold yellow"), "a pinned query result")
-    t.add_row(Text("▇", style="green"), "accuracy of the average model (two runs: one y-range)")
-    t.add_row(Text("▇", style="magenta"), "epsilon spent by the cursor's agent (private runs)")
+    t.add_row(Text("▇", style="green"), "acc: accuracy of the average model (two runs: one y-range)")
+    t.add_row(Text("▇", style="magenta"), "eps: epsilon the cursor's agent spent (private runs)")
+    t.add_row(Text(" ", style="on grey30"), "the cursor column")
+    t.add_row(Text("x", style="reverse bold"), "the selected event; a reversed label: the cursor lane")
+    t.add_row(Text("3", style="bold magenta"), "in the causal past (c); dim: too late to matter")
     return t
 
 
@@ -125,15 +135,20 @@ class HelpScreen(ModalScreen):
 
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90; height: 90%; border: round $accent; background: $surface;
-                                  padding: 0 1; }
+    HelpScreen > VerticalScroll { width: 95%; max-width: 150; height: 90%; border: round $accent;
+                                  background: $surface; padding: 0 1; }
+    HelpScreen Horizontal { height: auto; }
+    #help-keys { width: 1fr; }
+    #help-legend { width: 44; margin-left: 2; }
     """
     BINDINGS = [Binding("escape,question_mark,q", "close", "close the help")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(Text("netsim explore: keys (docs/explore.md has the details)", style="bold"))
-            yield Static(help_table(), id="help-body")
+            yield Static(Text("netsim explore: keys (docs/explore.md has the details); escape closes", style="bold"))
+            with Horizontal():
+                yield Static(keys_table(), id="help-keys")
+                yield Static(legend_table(), id="help-legend")
 
     def action_close(self) -> None:
         self.dismiss()
