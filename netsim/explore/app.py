@@ -49,6 +49,7 @@ class Explorer(App):
         # live mode: a run still being written (no end marker yet) is re-read as its batches land
         self.follow = (not self.first_run.complete) if follow is None else follow
         self._trace_bytes = _file_size(self.trace_path)
+        self._warmed = False
 
     def compose(self) -> ComposeResult:
         runs = [self.first_run] if self.other_run is None else [self.first_run, self.other_run]
@@ -73,12 +74,14 @@ class Explorer(App):
             self.query_one(StatusBar).live = "LIVE" if self.follow else "PARTIAL"
         if self._start_filter:
             self.lanes.apply_filter(self._start_filter)
-        self.call_after_refresh(self._first)  # once the lanes know their size
         if self.follow:
             self.follow_trace()
 
     def _first(self) -> None:
-        # while the user reads the first screen: the columns and indexes that following needs
+        """After the first screen and its panels: read, in a thread while the user reads the screen, the
+        columns and indexes that following needs (not before: the agent pane's counts build the per-agent
+        index on this thread, and two threads would build it twice)."""
+        self._warmed = True
         self.run_worker(self._warm, thread=True, exclusive=True, group="warm")
         # the app's long-lived objects leave the collector's view: a full collection would otherwise walk
         # them all, some 30 ms, every dozen or so redraws
@@ -97,6 +100,8 @@ class Explorer(App):
             panel.show(m.view)
         for bar in self.query(StatusBar):
             bar.view = m.view
+        if not self._warmed:
+            self.call_after_refresh(self._first)
 
     def on_note(self, m: Note) -> None:
         for bar in self.query(StatusBar):
