@@ -397,3 +397,30 @@ def test_query_bar_answers_the_docs_recipes():
 
 def test_snapshot_help(snap_compare):
     assert snap_compare(Explorer(TRACE), press=["question_mark"], terminal_size=(110, 40))
+
+
+def test_query_bar_on_a_live_run_asks_the_rows_the_lanes_show(tmp_path):
+    """A partial trace: the query bar answers over the rows the explorer read, not the file's later ones."""
+    import pyarrow as pa
+
+    from netsim.explore.panels import PromptBar
+    from netsim.trace.io import SCHEMA
+
+    with pa.OSFile(str(TRACE / "trace.arrows")) as f:
+        reader = pa.ipc.open_stream(f)
+        meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
+    live = tmp_path / "trace.arrows"
+    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + whole.slice(0, 900).serialize().to_pybytes())
+
+    async def body(app, pilot):
+        with open(live, "ab") as f:
+            f.write(whole.slice(900, 500).serialize().to_pybytes())  # written after the explorer read
+        await pilot.press("colon")
+        app.query_one(PromptBar).value = "select count(*) as n, max(t) as t_max from trace"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        got = app.query_one(ResultsPanel).result.to_pylist()[0]
+        r = lanes(app).run_data
+        assert got == {"n": 900, "t_max": float(r.t[-1])} and len(r.t) == 900
+    run_app(body, path=live, follow=False)

@@ -165,8 +165,9 @@ class Explorer(App):
         """The query bar: SQL over the active run (tables trace, metrics, agent_metrics, releases)."""
         from netsim.metrics.sql import query
 
-        try:
-            tab = query(self.lanes.run_data.path, text)
+        r = self.lanes.run_data
+        try:  # a live run: the rows read so far, as the lanes show them (the file may be mid-batch)
+            tab = query(r.path, text, trace=None if r.complete else r.arrow_table)
         except InputError as e:
             self.call_from_thread(self._sql_failed, f"error: {e}")
             return

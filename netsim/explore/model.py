@@ -148,6 +148,11 @@ class RunData:
     def round(self) -> np.ndarray:
         return _np(self._tab, "round", np.int32)
 
+    @property
+    def arrow_table(self) -> pa.Table | None:
+        """The rows read as an Arrow table, while it is held (a complete trace lets it go once warm)."""
+        return self._tab
+
     def has(self, kind: str) -> bool:
         """Whether an event of this kind occurs: one scan of the codes per kind and read (no sort)."""
         got = self.__dict__.get("_has")
@@ -254,15 +259,10 @@ class RunData:
     def cells(self, lane_of: np.ndarray, n_lanes: int, t0: float, t1: float, width: int,
               mask: np.ndarray | None = None) -> np.ndarray:
         """(n_lanes, width) grid of kind codes (-1: empty): per cell the most important kind that
-        happens there; spans fill the cells they cover. ``lane_of[a + 1]`` is agent a's lane (-1: not
-        shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
-
-        A few lanes out of many agents read their rows through the per-agent index; otherwise the
-        window's rows are read at once, in slices of ``CHUNK`` rows so that the temporaries stay in cache
-        (a whole-run view of millions of rows would otherwise allocate, and fault in, a fresh array per
-        step). Binning marks the (cell, kind) pairs that occur in one fancy assignment (no ``ufunc.at``,
-        which is slow) and takes the most important kind per cell; spans are covered by difference
-        arrays."""
+        happens there; spans fill the cells they cover (``binning.Binner``). ``lane_of[a + 1]`` is agent
+        a's lane (-1: not shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
+        A few lanes out of many agents read their rows through the per-agent index; otherwise the window's
+        rows are binned in slices of ``CHUNK`` rows, so that the temporaries stay in cache."""
         shown = np.flatnonzero(lane_of >= 0) - 1
         lane_of = lane_of.astype(np.int32)
         binner = Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
