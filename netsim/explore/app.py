@@ -135,8 +135,8 @@ class Explorer(App):
         if not len(t):
             self.query_one(StatusBar).note = "pin: run a query with a t column first (:)"
             return
-        self.lanes.pinned = (t, agents)
-        self.query_one(StatusBar).note = f"pinned {len(t)} results"
+        self.lanes.pinned = (t, agents)  # the status line's modes say "pinned N"
+        self.query_one(StatusBar).note = "p again: unpin"
         self.lanes.focus()
 
     # app keys ----------------------------------------------------------------------------------------
