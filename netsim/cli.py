@@ -205,7 +205,14 @@ def _run_explored(scenario: Path, sets: list[str], folder: Path, plugins: list[s
         from netsim.explore.model import RunData
 
         Explorer(folder, RunData(folder), "", None, None).run()
-    return live.finish(proc, log, typer.echo)
+    rc = live.finish(proc, log, typer.echo)
+    if rc == 0 and (folder / "summary.json").is_file():  # the child ran quietly: its table, as a plain run's
+        from rich.console import Console
+
+        from netsim.metrics.report import read_summary
+
+        Console().print(_summary_table(read_summary(folder)))
+    return rc
 
 
 @app.command()
@@ -283,8 +290,11 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
 
         typer.echo(agent_api_markdown())
         return
-    import attrs
+    from netsim.algorithm_reference import SUMMARIES, describe, listing, summary
 
+    if name is None and not plugin:  # the built-ins, without importing them (torch)
+        typer.echo(listing(SUMMARIES), nl=False)
+        return
     from netsim.algorithms import REGISTRY, names
     from netsim.errors import InputError
 
@@ -294,16 +304,11 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
     except InputError as e:
         _fail(e)
     if name is None:
-        for n in registered:
-            params = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(REGISTRY[n][1]))
-            typer.echo(f"{n}: {params}")
-        typer.echo("(netsim algorithms NAME describes one)")
+        typer.echo(listing({n: summary(n, REGISTRY[n][0]) for n in registered}), nl=False)
         return
     if name not in REGISTRY:
         _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
-    from netsim.algorithms.registry import describe
-
-    typer.echo(describe(name), nl=False)
+    typer.echo(describe(name, *REGISTRY[name]), nl=False)
 
 
 @app.command()
@@ -315,7 +320,8 @@ def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
             target: Optional[float] = typer.Option(  # noqa: UP045
                 None, "--target", help="target value of --metric (default: each run's target_accuracy)"),
             x: str = typer.Option("time", "--x", help="x axis: time (simulated s), rounds or bytes (sent)")) -> None:
-    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print time to target."""
+    """Overlay accuracy (or --metric) of several runs vs simulated time, rounds or bytes; print when each
+    reached the target (--target, or for accuracy the runs' evaluation.target_accuracy)."""
     from netsim.errors import InputError
     from netsim.metrics.compare import compare_plot
 
@@ -325,11 +331,24 @@ def compare(runs: list[Path] = typer.Argument(..., help="run folders"),
     except InputError as e:
         _fail(e)
     for r in table:
-        ttt = "never" if r["time_to_target"] is None else f"{r['time_to_target']:.4g} s"
-        goal = "" if r["target"] is None else f" {r['target']:g}"
-        typer.echo(f"{r['label']}: {metric} {r[metric]:.4f}, time to target{goal} {ttt}, "
-                   f"{r['messages_sent']} messages, {r['bytes_sent']} bytes")
+        typer.echo(_compare_line(r, metric))
     typer.echo(f"wrote {out}")
+
+
+def _compare_line(r: dict, metric: str) -> str:
+    """One run of ``netsim compare``: its last value, when it reached the target (only where there is one),
+    its traffic."""
+    parts = [f"{r['label']}: {metric} {r[metric]:.4g} at the end"]
+    if r["target"] is not None:
+        goal, t = f"{metric} {r['reached_by']} {r['target']:g}", r["time_to_target"]
+        if r.get("settles"):  # consensus starts at 0: when it settles, not when it first dips
+            parts.append(f"never settled at {goal}" if t is None else f"{goal} from t = {t:.4g} s on")
+        else:
+            parts.append(f"never reached {goal}" if t is None else f"reached {goal} at t = {t:.4g} s")
+    for key, unit in (("messages_sent", "messages"), ("bytes_sent", "bytes")):
+        if isinstance(r[key], int | float):
+            parts.append(f"{r[key]:,} {unit}")
+    return ", ".join(parts)
 
 
 @app.command()
@@ -347,9 +366,6 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
                                            "registers (repeatable)"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
     """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form."""
-    from rich.console import Console
-    from rich.table import Table
-
     from netsim.errors import InputError
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
     from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
@@ -373,25 +389,66 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
         typer.echo("(no agent made a release through Agent.privatize; noise added any other way is not accounted)")
         typer.echo(f"wrote {folder}/{REPORT_FILE}")
         return
+    _print_privacy(rep, folder, REPORT_FILE, PLOT_FILE)
+
+
+PRIVACY_HEADS = {"epsilon": "epsilon", "releases": "releases", "ticks": "ticks", "rdp_observed": "RDP observed",
+                 "rdp_amplified": "RDP amplified", "pld_observed": "PLD observed", "pld_amplified": "PLD amplified",
+                 "paper": "paper", "conservative": "conservative", "exhausted_at": "cap hit (s)"}
+"""``netsim privacy``'s column headers (on screen the second word goes under the first)."""
+
+
+def _privacy_columns(rep: dict) -> list[str]:
+    """The report's columns worth a place on screen: the recommended accountant's own column is the
+    ``epsilon`` column already; ticks and the amplified columns only where they differ from releases and
+    the observed figures (some agent skipped ticks); the cap column only where a cap was hit."""
+    agents, acc = rep["agents"], rep["recommended"]["accountant"]
+    cols = [c for c in rep["columns"] if c != f"{acc}_observed"]
+
+    def same(c: str, other: str) -> bool:
+        return all(r.get(c) == r.get(other) for r in agents)
+
+    keep = []
+    for c in cols:
+        if c == "ticks" and same("ticks", "releases"):
+            continue
+        if c.endswith("_amplified") and same(c, c.replace("_amplified", "_observed")):
+            continue
+        if c == "exhausted_at" and all(r["exhausted_at"] is None for r in agents):
+            continue
+        keep.append(c)
+    return keep
+
+
+def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) -> None:
+    """``netsim privacy``'s table and notes, readable in 80 columns: short spelled-out headers, columns that
+    would repeat another left out (and said so), explanations wrapped under themselves."""
+    import shutil
+    import textwrap
+
+    from rich.console import Console
+    from rich.table import Table, box
+
     mode, cols_doc, rec = rep["accounting"], rep["columns"], rep["recommended"]
     guarantee = rep["guarantee"]
     acc = rec["accountant"].upper()
-    t = Table(title=f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"
-                    + ("" if guarantee else " · NOT A GUARANTEE") + f" · scenario's accounting: {mode}")
+    width = shutil.get_terminal_size((100, 24)).columns
+
+    def say(text: str, indent: str = "", more: str = "    ") -> None:
+        typer.echo(textwrap.fill(text, max(width, 40), initial_indent=indent,
+                                 subsequent_indent=" " * len(indent) + more, break_on_hyphens=False))
 
     def fmt(v, inf=False):
         return "inf" if inf else "-" if v is None else f"{v:.4g}"
 
-    head = {"epsilon": f"epsilon ({acc} obs.)" + (" guarantee" if guarantee else " NOT guaranteed"),
-            "releases": "rel.", "ticks": "ticks", "rdp_observed": "RDP obs.",
-            "rdp_amplified": "RDP hidden act.", "pld_observed": "PLD obs.", "pld_amplified": "PLD hidden act.",
-            "paper": "paper", "conservative": "conserv.", "exhausted_at": "cap hit (s)"}
-    cols = [c for c in cols_doc if c != "exhausted_at" or any(r["exhausted_at"] is not None
-                                                                for r in rep["agents"])]
-    cols = [c for c in cols if c != f"{acc.lower()}_observed"]  # already the first figure
+    say(f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"  # a line: a title wraps to the table
+        + ("" if guarantee else " · NOT A GUARANTEE"))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    cols = _privacy_columns(rep)
     t.add_column("agent", justify="right")
     for c in cols:
-        t.add_column(head.get(c, c), justify="right", style="bold" if c == "epsilon" else None)
+        t.add_column(PRIVACY_HEADS.get(c, c).replace(" ", "\n", 1), justify="right",
+                     style="bold" if c == "epsilon" else None)
     for r in rep["agents"]:
         cells = [str(r["agent"])]
         for c in cols:
@@ -403,33 +460,36 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             elif c == "exhausted_at":
                 cells.append(fmt(r[c]))
             else:
-                cells.append(fmt(r.get(c), r["epsilon_infinite"] and c != "exhausted_at"))
+                cells.append(fmt(r.get(c), r["epsilon_infinite"]))
         t.add_row(*cells)
     Console().print(t)
-    typer.echo(("" if guarantee else "! ") + rep["message"])
-    typer.echo(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, "
-               f"{acc}, observed accounting, delta {rep['delta']:g})")
+    say(("" if guarantee else "! ") + rep["message"])
+    say(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, {acc}, "
+        f"observed accounting, delta {rep['delta']:g}); the scenario's own accounting (summary.json): {mode}")
+    hidden = [PRIVACY_HEADS.get(c, c) for c in rep["columns"] if c not in cols and c.endswith("_amplified")]
+    if hidden:
+        say(f"not shown: {', '.join(hidden)} (equal to the observed figures: no agent skipped an activation "
+            "tick) and ticks (equal to releases)")
     typer.echo("assumptions of the recommended epsilon:")
     for a in rec["assumptions"]:
-        typer.echo(f"  - {a}")
+        say(a, "  - ", more="")
     typer.echo("columns:")
     for c in cols:
-        typer.echo(f"  {head.get(c, c)}: {cols_doc[c]}")
+        say(f"{PRIVACY_HEADS.get(c, c)}: {cols_doc[c]}", "  ")
     notes = sorted({v for r in rep["agents"] for v in r.get("closed_form", {}).get("violations", [])})
     for v in notes:
-        typer.echo(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) "
-                   f"violated: {v}")
+        say(f"! condition of {rep['closed_form_paper']} (closed_form = {rep['closed_form']!r}) violated: {v}")
     forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
     for n in sorted(forms)[:1]:
-        typer.echo(f"note ({rep['closed_form_paper']}): {n}")
+        say(f"note ({rep['closed_form_paper']}): {n}")
     if rep["over_time"]:
-        typer.echo(f"epsilon over time ({acc if acc == 'RDP' else 'RDP'} observed, at the evaluations):")
+        typer.echo("epsilon over time (RDP observed, at the evaluations):")
         ot = rep["over_time"]
         for p in [ot[k] for k in sorted({round(j * (len(ot) - 1) / 7) for j in range(8)})]:
             typer.echo(f"  t = {p['t']:>9.4g} s   worst {fmt(p['epsilon_max'], p['epsilon_max'] is None)}   "
                        f"mean {fmt(p['epsilon_mean'], p['epsilon_mean'] is None)}   releases {p['releases']}")
-    typer.echo(f"wrote {folder}/{REPORT_FILE} (over_time: epsilon at every evaluation)"
-               + (f" and {PLOT_FILE}" if rep.get("plot") else ""))
+    typer.echo(f"wrote {folder}/{report_file} (over_time: epsilon at every evaluation)"
+               + (f" and {plot_file}" if rep.get("plot") else ""))
 
 
 @app.command()
@@ -443,10 +503,13 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
     """Ask a run anything in SQL (DuckDB): recipes in docs/traces.md, "Asking the trace in SQL"."""
     from netsim.errors import InputError
     from netsim.metrics.sql import query as run_query
+    from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
 
     try:
         if rows < 1:
             raise InputError("--rows", f"must be >= 1, got {rows}")
+        if resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder):  # a live or killed run
+            typer.echo(f"warning: {read_trace(run_folder).partial_note()}", err=True)
         result = run_query(run_folder, sql)
         if parquet is not None:
             import pyarrow.parquet as pq
@@ -669,8 +732,9 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
         rows = result.table.to_pylist()
         shown = dict.fromkeys([sw.spec.metric, "loss", "messages_dropped"])
         cols = sw.swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in result.table.column_names]
-        for c in cols:
-            t.add_column(c.removesuffix("_mean"), justify="right")
+        for c in cols:  # swept keys as written (network.loss), the runs' outputs as "final ..." (test loss)
+            t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
+                         justify="right")
         for r in rows:
             cells = []
             for c in cols:

@@ -141,12 +141,23 @@ def _configs(spec: SweepSpec) -> list[dict[str, Any]]:
     return [{**c, **g} for c in listed for g in cells]
 
 
-def _label(i: int, overrides: dict[str, Any]) -> str:
-    """``c000_lr=0.1_loss=0.05``: index first (unique), then a readable, path-safe slug."""
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each swept key path's name in labels and legends: its last part (``lr``), or the whole path where
+    that part would be read as something else: an output of the run (``network.loss``, beside the
+    ``loss`` metric) or another swept key's last part (``agents.compute_time.mean``)."""
+    from netsim.scenario.schema import METRIC_COLUMNS
+
+    outputs = {c for cols in METRIC_COLUMNS.values() for c in cols} | set(COUNTERS) | {"time", "round_mean"}
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: k if n in outputs or last.count(n) > 1 else n for k, n in zip(keys, last, strict=True)}
+
+
+def _label(i: int, overrides: dict[str, Any], short: dict[str, str]) -> str:
+    """``c000_lr=0.1_network.loss=0.05``: index first (unique), then a readable, path-safe slug."""
     parts = []
     for k, v in overrides.items():
         text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        parts.append(f"{k.rsplit('.', 1)[-1]}={text}")
+        parts.append(f"{short.get(k, k)}={text}")
     slug = re.sub(r"[^A-Za-z0-9._=,+-]+", "-", "_".join(parts))[:80]
     return f"c{i:03d}" + (f"_{slug}" if slug else "")
 
@@ -183,8 +194,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
     folder = Path(out) if out is not None else Path(spec.out.replace("{name}", path.stem))
     fixed = _flatten(spec.set, "set")
     tasks = []
+    short = short_names(list(dict.fromkeys(k for c in configs for k in c)))
     for i, cfg in enumerate(configs):
-        label = _label(i, cfg)
+        label = _label(i, cfg, short)
         where = "configs" if spec.configs else "grid"
         for seed in spec.seed_list:
             overrides = {**fixed, **cfg, "run.seed": seed}
@@ -318,6 +330,8 @@ def _report_keys(spec: SweepSpec, summary: dict[str, Any], metric_cols: list[str
     if spec.report is not None:
         return list(spec.report)
     keys = [c for c in metric_cols if c not in ("time", "round_mean")] + list(COUNTERS)
+    if "privacy_epsilon_max" in summary:  # a private run: its worst agent's epsilon (privacy-utility)
+        keys.append("privacy_epsilon_max")
     return [k for k in keys if _number_or_none(summary.get(k))]
 
 
@@ -402,6 +416,9 @@ def aggregate(sw: Sweep, ran: int = 0) -> SweepResult:
     pcsv.write_csv(runs, sw.out / RUNS_FILE)
     pcsv.write_csv(table, sw.out / TABLE_FILE)
     plots = plot_sweep(sw, table, curves)
+    points = privacy_utility(sw, table, summaries)
+    if points:
+        plots += (plot_privacy_utility(sw, points, summaries[0].get("privacy_delta")),)
     return SweepResult(sw.out, runs, table, ran, plots)
 
 
@@ -450,12 +467,13 @@ def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Pa
         return tuple(out)
     rows = table.to_pylist()
     swept = sw.swept
+    short = short_names(swept)
     fig, axes = plt.subplots(1, len(swept), figsize=(4.6 * len(swept), 3.6), squeeze=False)
     for ax, key in zip(axes[0], swept, strict=True):
         others = [k for k in swept if k != key]
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            groups.setdefault(", ".join(f"{k.rsplit('.', 1)[-1]}={r[k]}" for k in others), []).append(r)
+            groups.setdefault(", ".join(f"{short[k]}={r[k]}" for k in others), []).append(r)
         for name, rs in groups.items():
             xs = [r[key] for r in rs]
             numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
@@ -475,6 +493,91 @@ def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Pa
     fig.savefig(out[-1], dpi=110)
     plt.close(fig)
     return tuple(out)
+
+
+PRIVACY_UTILITY = "privacy_utility"  # .png and .csv in the sweep folder
+_NOISE = re.compile(r"(^|_)(eps|epsilon|sigma|noise)")
+
+
+def noise_keys(keys: list[str]) -> list[str]:
+    """The swept keys that set a noise level or privacy budget (``algorithm.epsilon``, ``sigma``,
+    ``noise_multiplier``): the x of a privacy-utility plot. The other swept keys tell methods apart."""
+    return [k for k in keys if _NOISE.search(k.rsplit(".", 1)[-1])]
+
+
+def privacy_utility(sw: Sweep, table, summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points of the privacy-utility plot, one per configuration: the method (the swept keys that are
+    not noise levels), the noise level swept, the accountant's epsilon of the worst agent and the final
+    metric, each as mean and sample std over seeds. Empty unless the sweep varies a noise level and every
+    run is private."""
+    swept, metric = sw.swept, sw.spec.metric
+    noise = noise_keys(swept)
+    eps_col, mean_col = "privacy_epsilon_max_mean", f"{metric}_mean"
+    if not noise or len(sw.configs) < 2 or eps_col not in table.column_names or mean_col not in table.column_names:
+        return []
+    if any(not isinstance(s.get("privacy_epsilon_max"), int | float) for s in summaries):
+        return []
+    methods = [k for k in swept if k not in noise]
+    short = short_names(swept)
+    rows = table.to_pylist()
+    combos = {tuple(r[k] for k in methods) for r in rows}
+    by_name = "algorithm.name" in methods and len(combos) == len({r["algorithm.name"] for r in rows})
+    out = []
+    for r in rows:
+        if by_name:
+            method = str(r["algorithm.name"])
+        else:
+            method = ", ".join(f"{short[k]}={r[k]}" for k in methods if r[k] is not None) or "all runs"
+        out.append({"method": method, **{k: r[k] for k in noise}, "seeds": r["seeds"],
+                    "epsilon_mean": r[eps_col], "epsilon_std": r["privacy_epsilon_max_std"],
+                    f"{metric}_mean": r[mean_col], f"{metric}_std": r[f"{metric}_std"]})
+    out.sort(key=lambda p: (p["method"], math.inf if p["epsilon_mean"] is None else p["epsilon_mean"]))
+    return out
+
+
+def _accountant_label(sw: Sweep, delta: float | None) -> str:
+    """How the runs' epsilon was counted (the summary's privacy_epsilon_max: RDP, the scenario's accounting)."""
+    privacy = tomllib.loads(sw.tasks[0].scenario_text).get("privacy") or {}
+    mode = privacy.get("accounting", "observed")
+    delta = delta if delta is not None else privacy.get("delta", 1e-5)
+    return f"RDP accountant, {mode} accounting, delta = {delta:g}"
+
+
+def plot_privacy_utility(sw: Sweep, points: list[dict[str, Any]], delta: float | None = None) -> Path:
+    """``privacy_utility.png``: the final metric against the worst agent's epsilon (log scale), mean +- std
+    over seeds both ways, one line per method, the accountant named; ``privacy_utility.csv``: its points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    metric = sw.spec.metric
+    cols = list(dict.fromkeys(k for p in points for k in p))
+    pcsv.write_csv(pa.table({c: _column([p.get(c) for p in points]) for c in cols}),
+                   sw.out / f"{PRIVACY_UTILITY}.csv")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method in dict.fromkeys(p["method"] for p in points):
+        ps = [p for p in points if p["method"] == method and p["epsilon_mean"] is not None]
+        if not ps:
+            continue
+        ax.errorbar([p["epsilon_mean"] for p in ps],
+                    [math.nan if p[f"{metric}_mean"] is None else p[f"{metric}_mean"] for p in ps],
+                    xerr=[p["epsilon_std"] or 0.0 for p in ps], yerr=[p[f"{metric}_std"] or 0.0 for p in ps],
+                    marker="o", capsize=3, lw=1.4, label=method)
+    if all(p["epsilon_mean"] is not None and p["epsilon_mean"] > 0 for p in points):
+        ax.set_xscale("log")
+    ax.set_xlabel(f"epsilon of the worst agent ({_accountant_label(sw, delta)})")
+    ax.set_ylabel(f"final {metric} (mean +- std over seeds)")
+    ax.set_title(f"{sw.source.stem}: {metric} against privacy")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, title="method")
+    fig.tight_layout()
+    path = sw.out / f"{PRIVACY_UTILITY}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def default_jobs() -> int:

@@ -41,7 +41,7 @@ def test_compare_labels_runs_by_folder_and_takes_labels_target_and_x(two_runs, t
                               "--metric", "loss", "--target", "10", "--x", "rounds"])
     assert res.exit_code == 0, res.output
     assert res.output.startswith("p=0: loss") and "\np=0.3: loss" in res.output
-    assert "time to target 10 0 s" in res.output  # a loss <= 10 from the first evaluation on
+    assert "reached loss <= 10 at t = 0 s" in res.output  # a loss <= 10 from the first evaluation on
     res = runner.invoke(app, ["compare", str(a.out), str(b.out), "--out", str(out), "--labels", "one"])
     assert res.exit_code == 2 and res.stderr.startswith("error: --labels: 1 labels for 2 runs")
     res = runner.invoke(app, ["compare", str(a.out), "--out", str(out), "--x", "messages"])
@@ -97,3 +97,33 @@ def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(Simulation, "boundary", original)
     api.resume(stopped.out, interruptible=False)
     assert (stopped.out / "agent_metrics.csv").read_bytes() == (ref / "agent_metrics.csv").read_bytes()
+
+
+def test_compare_speaks_of_a_target_only_where_there_is_one(two_runs, tmp_path):
+    """No target set: no "time to target never"; --metric consensus: the runs' accuracy target does not
+    apply; with --target, "reached consensus <= 0.5 at t = ..." (lower is better) reads as one statement."""
+    a, b = two_runs
+    out = tmp_path / "c.png"
+    res = runner.invoke(app, ["compare", str(a.out), str(b.out), "--out", str(out)])
+    assert res.exit_code == 0 and "target" not in res.output and "never" not in res.output
+    assert f"{a.summary['messages_sent']:,} messages" in res.output
+    aimed = netsim.run(scenario_from_dict(merge(SMALL, {"evaluation": {"target_accuracy": 0.5}})),
+                       out=tmp_path / "aimed")
+    ttt = aimed.summary["time_to_target"]
+    assert ttt is not None
+    res = runner.invoke(app, ["compare", str(aimed.out), "--out", str(out)])
+    assert f"reached accuracy >= 0.5 at t = {ttt:.4g} s" in res.output
+    res = runner.invoke(app, ["compare", str(aimed.out), "--out", str(out), "--metric", "consensus"])
+    assert res.exit_code == 0 and "reached" not in res.output and "target" not in res.output
+    last = aimed.metrics[-1]["consensus"]
+    res = runner.invoke(app, ["compare", str(aimed.out), "--out", str(out), "--metric", "consensus",
+                              "--target", "1e-30"])
+    assert f"consensus {last:.4g} at the end, never settled at consensus <= 1e-30" in res.output
+    values = [r["consensus"] for r in aimed.metrics]
+    assert values[0] == 0 and max(values) > last  # identical models at t = 0: "first <= target" would say 0
+    goal = sorted(values)[len(values) // 2]
+    since = next(r["time"] for k, r in enumerate(aimed.metrics) if all(v <= goal for v in values[k:]))
+    assert since > 0
+    res = runner.invoke(app, ["compare", str(aimed.out), "--out", str(out), "--metric", "consensus",
+                              "--target", repr(goal)])
+    assert f"consensus <= {goal:g} from t = {since:.4g} s on" in res.output

@@ -677,10 +677,6 @@ def test_run_explore_opens_on_the_live_trace_and_leaves_the_run_unchanged(tmp_pa
     rc = cli._run_explored(ROOT / "scenarios" / "quickstart.toml", sets, folder, [], False)
     assert rc == 0 and (folder / "summary.json").exists()
     assert len(opened) == 1 and opened[0][0] == folder and opened[0][1] > 0
-    out = "\n".join(said)  # the run's own output once it ended: its summary table and where it went
-    summary = json.loads((folder / "summary.json").read_text())
-    assert "test accuracy (average model)" in out and f"{summary['messages_sent']:,}" in out
-    assert f"wrote {folder}/" in out
     plain = subprocess.run(netsim_cli("run", str(ROOT / "scenarios" / "quickstart.toml"), "--out",
                                       str(tmp_path / "plain"), "-q", *[a for s in sets for a in ("--set", s)]),
                            capture_output=True, text=True, env=cli_env())

@@ -59,12 +59,13 @@ def test_netsim_algorithms_name_describes_paper_and_parameters():
     res = runner.invoke(app, ["algorithms", "dpsgd"])
     assert res.exit_code == 0
     out = res.output
-    assert out.startswith("dpsgd: D-PSGD in synchronous rounds.")
+    assert out.startswith("dpsgd: D-PSGD (Lian et al. 2017): synchronous rounds")
+    assert "\nD-PSGD in synchronous rounds." in out
     assert "Lian et al." in out and "Algorithm 1: x_i^{k+1}" in out and "source: netsim/algorithms/dpsgd.py" in out
     assert "round_timeout  (number, default 1.0)\n      must be > 0\n      seconds to wait for neighbours" in out
     res = runner.invoke(app, ["algorithms", "dpsgdd"])
     assert res.exit_code == 2 and "unknown algorithm 'dpsgdd'" in res.stderr
-    assert "dpsgd: lr=0.1" in runner.invoke(app, ["algorithms"]).output
+    assert "\ndpsgd            D-PSGD (Lian et al. 2017)" in runner.invoke(app, ["algorithms"]).output
 
 
 def test_version():

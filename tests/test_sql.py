@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("sql") / "run"
     sc = merge(BASE, {
-        "run": {"seed": 5, "until": 120.0},
+        "run": {"seed": 5, "until": 120.0, "trace_flush_every": 512},
         "agents": {"count": 4, "compute_time": {"kind": "lognormal", "mean": 0.05, "sigma": 0.3},
                    "activation": {"kind": "periodic", "period": 1.0},
                    "churn": {"mean_online": 40.0, "mean_offline": 5.0}},
@@ -355,3 +355,19 @@ def test_cli_table_csv_parquet_and_errors(run_dir, tmp_path):
     missing = subprocess.run(netsim_cli("query", str(tmp_path / "nothing"), "SELECT 1"), capture_output=True,
                              text=True, env=env)
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+def test_a_partial_trace_is_queried_up_to_its_last_batch_with_a_warning(run_dir, tmp_path):
+    """A live or killed run: the trace without its end marker reads up to its last whole batch."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    data = (cut / "trace.arrows").read_bytes()
+    (cut / "trace.arrows").write_bytes(data[: len(data) * 2 // 3])
+    n = query(cut, "SELECT count(*) AS n FROM trace").column("n")[0].as_py()
+    assert 0 < n == read_trace(cut).table.num_rows < read_trace(run_dir).table.num_rows
+    out = subprocess.run(netsim_cli("query", str(cut), "SELECT count(*) AS n FROM trace"), capture_output=True,
+                         text=True, env=cli_env())
+    assert out.returncode == 0 and out.stderr.startswith("warning: partial run, up to t = ")
+    assert f" {n} " in out.stdout

@@ -58,7 +58,7 @@ def test_grid_times_seeds_expands_to_one_run_folder_each(tmp_path):
     ('seeds = 0\n', "s.toml: seeds: a count must be >= 1"),
     ('[grid]\n"algorithm.lr" = 0.1\n', "s.toml: grid.algorithm.lr: expected a non-empty list of values"),
     ('[grid]\n"network.loss" = [0.1, 1.5]\n',
-     "s.toml: grid: configuration c001_loss=1.5 (network.loss=1.5): "),
+     "s.toml: grid: configuration c001_network.loss=1.5 (network.loss=1.5): "),
     ('[set]\n"algorithm.momentum_typo" = 1\n', "algorithm.momentum_typo: unknown key"),
     ('threads = 0\n', "s.toml: threads: must be >= 1"),
 ])

@@ -2,8 +2,7 @@
 
 The run is an ordinary ``netsim run`` of its own (same scenario, overrides, plugins and folder), so its outputs
 are exactly those of a run without the explorer, and the simulation does not compete with the app for the
-interpreter. The explorer opens on the first flushed batch and re-reads the trace as it grows (follow mode);
-the run's own output, its summary table included, is printed once both have ended.
+interpreter. The explorer opens on the first flushed batch and re-reads the trace as it grows (follow mode).
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from netsim.errors import InputError
 
 
 def child_command(scenario: Path, sets: list[str], out: Path, plugins: list[str], force: bool) -> list[str]:
-    """The same run as a plain ``netsim run``; its output (the progress bar's last line, the summary table)
-    goes to a log, printed when the run ends, so the explorer keeps the terminal meanwhile."""
-    cmd = [sys.executable, "-m", "netsim", "run", str(scenario), "--out", str(out)]
+    """The same run as a plain ``netsim run`` (quiet: the explorer owns the terminal)."""
+    cmd = [sys.executable, "-m", "netsim", "run", str(scenario), "--out", str(out), "--quiet"]
     for s in sets:
         cmd += ["--set", s]
     for p in plugins:

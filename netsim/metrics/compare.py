@@ -37,10 +37,32 @@ LOWER_IS_BETTER = ("loss", "consensus", "train_loss", "suboptimality", "tracking
 X_AXES = {"time": "simulated time (s)", "rounds": "rounds (mean activations per agent)", "bytes": "bytes sent"}
 
 
+def lower_is_better(key: str) -> bool:
+    return any(key.startswith(k) for k in LOWER_IS_BETTER)
+
+
+SETTLES = ("consensus",)  # zero at the start (identical models), so "first at or below" would say t = 0
+
+
+def settles(key: str) -> bool:
+    return any(key.startswith(k) for k in SETTLES)
+
+
 def reached(rows: list[dict], target: float, key: str) -> float | None:
     """The first evaluation time at which ``key`` reaches ``target`` (>= it, or <= it for a loss-like
-    metric); None if never."""
-    if not any(key.startswith(k) for k in LOWER_IS_BETTER):
+    metric); for consensus, the first time from which every later evaluation stays <= it. None if never."""
+    if settles(key):
+        since = None
+        for r in rows:
+            v = r.get(key)
+            if v is None or v != v:
+                continue
+            if v > target:
+                since = None
+            elif since is None:
+                since = float(r["time"])
+        return since
+    if not lower_is_better(key):
         return time_to_target(rows, target, key)
     for r in rows:
         v = r.get(key)
@@ -77,7 +99,8 @@ def compare_plot(folders: list[Path], out: Path, key: str = "accuracy", labels: 
                  target: float | None = None, x: str = "time") -> list[dict]:
     """Overlay ``key`` of each run against simulated time, rounds or bytes sent (``x``); one row per run for
     a table. ``labels`` name the runs (default: their folders); ``target`` overrides each run's
-    evaluation.target_accuracy (time to target: first evaluation at or beyond it)."""
+    evaluation.target_accuracy (time to target: first evaluation at or beyond it). Without ``target``,
+    only ``accuracy`` has one (the run's own, if it set it): a row's ``target`` is None otherwise."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,11 +134,16 @@ def compare_plot(folders: list[Path], out: Path, key: str = "accuracy", labels: 
                 raise
         ys = [r[key] for r in have]
         ax.plot(xs, ys, marker=".", lw=1.4, label=name)
-        goal = target if target is not None else (summary.get("target_accuracy") if key == "accuracy" else None)
+        if target is not None:
+            goal, ttt = target, reached(rows, target, key)
+        elif key == "accuracy":  # the run's own evaluation.target_accuracy, if it set one
+            goal, ttt = summary.get("target_accuracy"), summary.get("time_to_target")
+        else:  # the run's target is an accuracy: no target for another metric unless --target gives one
+            goal, ttt = None, None
         if goal is not None:
             targets.add(goal)
-        ttt = summary.get("time_to_target") if target is None else reached(rows, target, key)
         table.append({"run": str(folder), "label": name, key: ys[-1], "time_to_target": ttt, "target": goal,
+                      "reached_by": "<=" if lower_is_better(key) else ">=", "settles": settles(key),
                       "messages_sent": summary.get("messages_sent"), "bytes_sent": summary.get("bytes_sent")})
     for t in sorted(targets):
         ax.axhline(t, color="grey", ls="--", lw=0.8)

@@ -292,7 +292,8 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     }
     import json
 
-    report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE) else None
+    report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE, spec,
+                                                        sc.name if sc is not None else folder.name) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
 
@@ -339,25 +340,103 @@ def over_time(rel: dict[int, list[Release]], times: Sequence[float], delta: floa
     return out
 
 
-def plot_epsilon(rel: dict[int, list[Release]], delta: float, mode: str, path: Path) -> Path | None:
-    """RDP epsilon(delta) of every agent against simulated time."""
-    if not rel:
-        return None
+def _short_paper(paper: str) -> str:
+    """'Huo, Liu, Ding, ..., "Title"' -> 'Huo et al.' (a legend entry)."""
+    authors = paper.split('"', 1)[0].strip().rstrip(",")
+    names = [a.strip() for a in authors.split(",") if a.strip()]
+    if not names:
+        return paper[:40]
+    return names[0] if len(names) == 1 else f"{names[0]} and {names[1]}" if len(names) == 2 else f"{names[0]} et al."
+
+
+def epsilon_series(rel: dict[int, list[Release]], delta: float, mode: str, spec: PrivacySpec | None = None,
+                   points: int = 40) -> dict[str, Any]:
+    """What privacy.png draws: every agent's RDP epsilon(delta) after each release (``curves``), the worst
+    agent (largest final epsilon; an infinite one counts as largest), and where the scenario names a closed
+    form, that form for the worst agent's releases up to each of ``points`` of its releases (``closed``: t,
+    paper, conservative, the paper, and the paper's own delta where its form sets one); ``cap``: the budget
+    cap, if any."""
+    curves = {i: epsilon_curve(rs, delta, mode) for i, rs in sorted(rel.items()) if rs}
+
+    def final(i: int) -> float:  # no point at all: the first release was already unsupported or noiseless
+        e = curves[i][1]
+        return e[-1] if e else math.inf
+
+    worst = max(curves, key=final, default=None)
+    closed = None
+    name = spec.closed_form if spec is not None else "none"
+    if worst is not None and name != "none":
+        rs = rel[worst]
+        m = min(points, len(rs))
+        idx = sorted({round(k * (len(rs) - 1) / max(1, m - 1)) for k in range(m)})
+        t, paper, conservative, own_delta = [], [], [], None
+        for k in idx:
+            try:
+                form = closed_form(name, rs[:k + 1], spec, delta)
+            except (cf.ClosedFormError, OverflowError, ZeroDivisionError, ValueError):
+                continue  # the form does not apply to this prefix (a vacuous bound): no point there
+            t.append(rs[k].t)
+            own_delta = form.get("delta_paper", own_delta)
+            paper.append(form.get("paper"))
+            conservative.append(form.get("conservative"))
+        if t:
+            closed = {"name": name, "paper_name": cf.lookup(name).paper, "t": t, "paper": paper,
+                      "conservative": conservative, "delta_paper": own_delta}
+    return {"curves": curves, "worst": worst, "closed": closed, "delta": delta, "mode": mode,
+            "cap": spec.epsilon_cap if spec is not None else None}
+
+
+def epsilon_figure(series: dict[str, Any], title: str = ""):
+    """The figure of ``epsilon_series``: every agent thin, the worst agent highlighted, the closed form
+    (dashed: the paper's own figure; dotted: its conservative version) and the budget cap overlaid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for i in sorted(rel):
-        t, e = epsilon_curve(rel[i], delta, mode)
-        ax.plot(t, e, lw=1.2, label=f"agent {i}" if len(rel) <= 10 else None)
+    curves, worst = series["curves"], series["worst"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    alpha = max(0.15, min(0.8, 6 / max(1, len(curves))))
+    first = True
+    for i, (t, e) in curves.items():
+        if i == worst:
+            continue
+        ax.plot(t, e, lw=0.9, color="tab:blue", alpha=alpha,
+                label=f"other agents ({len(curves) - 1})" if first else None)
+        first = False
+    if worst is not None:
+        t, e = curves[worst]
+        end = f"{e[-1]:.3g}" if e else "inf"
+        ax.plot(t, e, lw=2.2, color="tab:red", label=f"worst agent: {worst} (epsilon {end})")
+    closed = series["closed"]
+    if closed is not None:
+        who = _short_paper(closed["paper_name"])
+        own = "" if closed["delta_paper"] is None else f", at the paper's delta = {closed['delta_paper']:.2g}"
+        ax.plot(closed["t"], [math.nan if v is None else v for v in closed["paper"]], lw=1.6, ls="--",
+                color="black", label=f"closed form ({who}), agent {worst}{own}")
+        if any(v is not None for v in closed["conservative"]):
+            ax.plot(closed["t"], [math.nan if v is None else v for v in closed["conservative"]], lw=1.2, ls=":",
+                    color="black", label="the same, conservative")
+    if series["cap"] is not None:
+        ax.axhline(series["cap"], color="grey", lw=1.0, ls="-.", label=f"budget cap {series['cap']:g}")
     ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel(f"epsilon (RDP, delta={delta:g}, {mode})")
+    ax.set_ylabel(f"epsilon at delta = {series['delta']:g}")
+    head = f"{title}: " if title else ""
+    ax.set_title(f"{head}privacy spent per agent\nRDP accountant, {series['mode']} accounting", fontsize=10)
     ax.grid(alpha=0.3)
-    if len(rel) <= 10:
-        ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
+    return fig
+
+
+def plot_epsilon(rel: dict[int, list[Release]], delta: float, mode: str, path: Path,
+                 spec: PrivacySpec | None = None, title: str = "") -> Path | None:
+    """privacy.png: ``epsilon_figure`` of the run's releases."""
+    if not rel:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig = epsilon_figure(epsilon_series(rel, delta, mode, spec), title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -56,7 +56,22 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     try:
         return structure(_lift_algorithm(data), Scenario)
     except InputError as e:
-        raise e.at(source) from None
+        raise _elsewhere(e).at(source) from None
+
+
+def _elsewhere(e: InputError) -> InputError:
+    """An unknown key with no near name in its table, that another section has (``[run] loss``): say where
+    it belongs."""
+    if not e.message.startswith("unknown key; allowed") or not e.key:
+        return e
+    from netsim.scenario.reference import sections
+
+    name = e.key.rsplit(".", 1)[-1]
+    home = [r["key"] for rows in sections().values() for r in rows if r["key"].rsplit(".", 1)[-1] == name]
+    if not home:
+        return e
+    return InputError(e.key, f"unknown key; did you mean {' or '.join(home[:3])}? "
+                             + e.message.removeprefix("unknown key; "), e.source)
 
 
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:

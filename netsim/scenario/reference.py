@@ -36,17 +36,23 @@ def _type(tp: Any) -> tuple[str, str]:
     return {int: "integer", float: "number", str: "string", bool: "boolean", Any: "any"}.get(tp, str(tp)), ""
 
 
-def _allowed_by_check(check) -> str:
-    """What a range check allows, in its own words: the distinct messages it gives to probe values."""
+def _is_str(tp: Any) -> bool:
+    return tp is str or str in typing.get_args(tp) and all(a in (str, type(None)) for a in typing.get_args(tp))
+
+
+def _allowed_by_check(check, tp: Any = None) -> str:
+    """What a range check allows, in its own words: the distinct messages it gives to probe values (numbers,
+    or for a string key a string no key allows), less the probe itself (``got X``)."""
     if check is None:
         return ""
     seen: list[str] = []
-    for v in PROBES:
+    for v in ("\x00",) if _is_str(tp) else PROBES:
         try:
             msg = check(v)
         except Exception:  # a check written for another type (a list, a distribution)
             continue
         if msg:
+            msg = re.sub(r"^got .*?; allowed: ", "", msg)
             msg = re.sub(r",? got .*$", "", msg)
             if msg not in seen:
                 seen.append(msg)
@@ -92,7 +98,7 @@ def rows(cls: type, prefix: str, path: tuple[type, ...] = ()) -> list[dict[str, 
             continue  # a section: listed on its own
         tp = hints[f.name]
         name, allowed = _type(tp)
-        check = _allowed_by_check(f.metadata.get("check")) if tp is not Dist and _record(tp) is not Dist else ""
+        check = _allowed_by_check(f.metadata.get("check"), tp) if tp is not Dist and _record(tp) is not Dist else ""
         doc = f.metadata.get("doc", "")
         if cls is Scenario and f.name == "name":
             doc = doc or "the run's name (default: the file's stem)"

@@ -8,6 +8,7 @@ Range checks live in field metadata (``check``) and cross-field checks in ``__ch
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from collections.abc import Callable
@@ -119,8 +120,10 @@ def structure(data: Any, cls: type, path: str = "") -> Any:
     fields = attrs.fields_dict(cls)
     for key in data:
         if key not in fields:
-            allowed = ", ".join(n for n in fields if not n.startswith("_"))
-            raise InputError(_join(path, key), f"unknown key; allowed keys here: {allowed}")
+            names = [n for n in fields if not n.startswith("_")]
+            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise InputError(_join(path, key), f"unknown key; {hint}allowed keys here: {', '.join(names)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, f in fields.items():

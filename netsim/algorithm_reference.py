@@ -1,0 +1,110 @@
+"""``netsim algorithms``: the built-in algorithms in one line each, and one algorithm in full.
+
+The list is read from ``SUMMARIES`` without importing the algorithms (their modules import torch, ~2 s), so
+it answers at once; tests/test_cli_papercuts.py keeps it equal to the registry. ``describe`` needs the
+registry (the parameters' classes) and prints the algorithm's whole documentation, never a cut part.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+
+SUMMARIES = {
+    "adp2_sgd": "A(DP)²SGD [reconstructed] (Xu et al. 2021): AD-PSGD's asynchronous pairwise averaging, "
+                "Gaussian noise on the gradient",
+    "adpsgd": "AD-PSGD (Lian et al. 2018): asynchronous decentralized SGD with atomic pairwise averaging",
+    "async_push": "asynchronous push gossip SGD: no barrier, merge whatever has arrived (optional staleness "
+                  "weights)",
+    "choco": "CHOCO-SGD (Koloskova et al. 2019): compressed messages (top-k, rand-k, QSGD) and public copies",
+    "cpgt": "CPGT [reconstructed] (Xie et al. 2023): compressed private gradient tracking (DO-ADP baseline)",
+    "dfedavg": "DFedAvg: decentralized FedAvg, local SGD steps then gossip (DFedSAM baseline)",
+    "dfedavgm": "DFedAvgM: DFedAvg with momentum in the local steps (DFedSAM baseline)",
+    "dfedsam": "DFedSAM (Shi et al. 2023): local sharpness-aware (SAM) steps, then one gossip step",
+    "dfedsam_mgs": "DFedSAM-MGS (Shi et al. 2023): DFedSAM with several gossip steps per round",
+    "do_adp": "DO-ADP (Huo et al.): private decentralized optimization, privacy amplified by Bernoulli "
+              "activation and top-k",
+    "dola": "DOLA (Li et al. 2018): private distributed online learning, Laplace-noised states (baseline B2 "
+            "of ldp_online)",
+    "dp2_sgd": "DP²-SGD [reconstructed] (Yu et al. 2021): D-PSGD with Gaussian gradient noise (PrivSGP-VR "
+               "baseline)",
+    "dp_cga": "DP-CGA: cross-gradient aggregation with Gaussian noise on the cross-gradients (PDSL baseline)",
+    "dp_dda": "DP-DDA [reconstructed] (Liu, Johansson, Shi 2024): private distributed dual averaging, "
+              "sampled agents",
+    "dp_dpsgd": "DP-D-PSGD: D-PSGD with a clipped, Gaussian-noised gradient (per-example or whole-batch "
+                "clipping)",
+    "dp_netfleet": "DP-NET-FLEET [reconstructed]: local recursive-gradient steps with tracking, noised (PDSL "
+                   "baseline)",
+    "dpdo": "DPDO [reconstructed] (Huang, Mitra, Vaidya 2015): Laplace-noised broadcasts, consensus, "
+            "gradient step",
+    "dpsgd": "D-PSGD (Lian et al. 2017): synchronous rounds of a local SGD step and neighbour averaging",
+    "event_triggered": "event-triggered D-PSGD (George & Gurram 2020): send only when the model moved past "
+                       "a threshold",
+    "fedavg": "FedAvg (McMahan et al. 2017): centralized federated averaging, the server is agent 0",
+    "fedsam": "FedSAM: FedAvg with sharpness-aware (SAM) local steps, the server is agent 0",
+    "gossip": "randomized pairwise gossip averaging (Boyd et al. 2006) with local SGD, asynchronous",
+    "ldp_dsgd": "DSGD (Pu et al. 2021) with Laplace-noised states (baseline B1 of ldp_online)",
+    "ldp_online": "locally private distributed online learning (Chen & Wang, Algorithm 1), Laplace-noised "
+                  "states",
+    "muffliato": "MUFFLIATO (Cyffers et al. 2022): a noisy local step, then K gossip rounds (PDSL baseline)",
+    "pdop": "PDOP (Huang, Mitra, Vaidya 2015): noisy projected consensus (baseline B3 of ldp_online)",
+    "pdsl": "PDSL (Wang, Yuan, Wang, Li): private decentralized SGD with Shapley-weighted cross-gradients",
+    "privsgp": "PrivSGP (Zhu et al. 2024, Algorithm 2): private stochastic gradient push",
+    "privsgp_vr": "PrivSGP-VR (Zhu et al. 2024): private stochastic gradient push with SAGA variance "
+                  "reduction",
+    "push_gossip": "gossip learning: push the model to one random neighbour per round, merge on receipt",
+    "pushsum": "subgradient-push: push-sum consensus with gradient steps, for directed graphs",
+    "sparq": "SPARQ-SGD (Singh et al. 2021): event-triggered and compressed decentralized SGD, asynchronous",
+}
+
+
+def summary(name: str, fn: Callable | None = None) -> str:
+    """One line: the built-in's summary, else (a plugin's algorithm) its docstring's first sentence."""
+    if name in SUMMARIES:
+        return SUMMARIES[name]
+    doc = "" if fn is None else inspect.getdoc(fn) or inspect.getdoc(inspect.getmodule(fn)) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    return first or "(no description)"
+
+
+def listing(entries: dict[str, str], columns: int = 0) -> str:
+    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns`` (the
+    terminal's width by default)."""
+    import shutil
+    import textwrap
+
+    width = max(map(len, entries), default=0)
+    columns = columns or shutil.get_terminal_size((100, 24)).columns
+    pad = " " * (width + 2)
+    lines = [textwrap.fill(s, max(columns, width + 40), initial_indent=f"{n:<{width}}  ", subsequent_indent=pad)
+             for n, s in sorted(entries.items())]
+    lines.append("(netsim algorithms NAME: the paper, its equations and the parameters)")
+    return "\n".join(lines) + "\n"
+
+
+def describe(name: str, fn: Callable, params_cls: type) -> str:
+    """``netsim algorithms NAME``: the summary, the program's and its module's whole docstrings (the paper,
+    equations, choices), where it lives, and its parameters with type, default, allowed values and meaning."""
+    import attrs
+
+    from netsim.scenario.reference import _allowed_by_check, _default, _type
+
+    module = inspect.getmodule(fn)
+    lines = [f"{name}: {summary(name, fn)}"]
+    for doc in (inspect.getdoc(fn), inspect.getdoc(module)):
+        if doc and doc.strip():
+            lines += ["", doc.strip()]
+    source = getattr(module, "__file__", None)
+    if module is not None and module.__name__.startswith("netsim."):
+        source = module.__name__.replace(".", "/") + ".py"
+    lines += ["", f"source: {source}" if source else "source: (unknown)", "", "parameters ([algorithm] keys):"]
+    hints = typing.get_type_hints(params_cls)
+    for f in attrs.fields(params_cls):
+        tp, allowed = _type(hints[f.name])
+        check = _allowed_by_check(f.metadata.get("check"), hints[f.name])
+        lines.append(f"  {f.name}  ({tp}, default {_default(f)})")
+        for extra in ("; ".join(x for x in (allowed, check) if x), f.metadata.get("doc", "")):
+            if extra:
+                lines.append(f"      {extra}")
+    return "\n".join(lines) + "\n"

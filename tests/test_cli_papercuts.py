@@ -1,0 +1,184 @@
+"""The CLI reads as a new user expects: algorithms in one line each and in full on demand, unknown keys with
+the likely intended one, a clean reference, sweep labels that cannot be mistaken for outputs, and the
+quick commands answering without torch."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from netsim.cli import app
+from netsim.errors import InputError
+from tests.conftest import BASE, ROOT, cli_env, merge
+
+runner = CliRunner()
+
+
+def test_every_builtin_algorithm_has_a_distinct_one_line_summary():
+    from netsim.algorithm_reference import SUMMARIES
+    from netsim.algorithms import names
+
+    assert set(SUMMARIES) == set(names()), "add the new algorithm's line to netsim/algorithm_reference.py"
+    assert len(set(SUMMARIES.values())) == len(SUMMARIES)
+    assert all("\n" not in s and 20 < len(s) <= 120 for s in SUMMARIES.values())
+
+
+def test_algorithms_lists_one_line_per_algorithm_not_parameter_walls():
+    from netsim.algorithm_reference import SUMMARIES
+
+    res = runner.invoke(app, ["algorithms"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    assert len(lines) == len(SUMMARIES) + 1 and lines[-1].startswith("(netsim algorithms NAME")
+    for name, line in zip(sorted(SUMMARIES), lines, strict=False):
+        assert line.split()[0] == name and line.endswith(SUMMARIES[name]) and "=0." not in line
+    adp2 = next(x for x in lines if x.startswith("adp2_sgd"))
+    dp2 = next(x for x in lines if x.startswith("dp2_sgd"))
+    assert "AD-PSGD" in adp2 and "AD-PSGD" not in dp2  # once indistinguishable parameter lists
+
+
+def test_algorithms_wraps_summaries_under_themselves_on_a_narrow_terminal():
+    from netsim.algorithm_reference import SUMMARIES, listing
+
+    text = listing(SUMMARIES, columns=80)
+    assert max(map(len, text.splitlines())) <= 80
+    head, cont = (ln for ln in text.splitlines()[:2])
+    assert head.startswith("adp2_sgd  ") and cont.startswith(" " * (len("event_triggered") + 2)) and cont.strip()
+
+
+def test_a_plugin_algorithm_is_listed_with_its_docstring(tmp_path):
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(textwrap.dedent('''
+        import attrs
+        from netsim.algorithms.registry import register
+
+        @attrs.frozen
+        class P:
+            lr: float = 0.1
+
+        @register("mine_papercut", P)
+        def mine(agent, params):
+            """My own method: average with everyone, then step.
+
+            More text."""
+            yield agent.wake()
+    '''))
+    res = runner.invoke(app, ["algorithms", "--plugin", str(plugin)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert any(x.startswith("mine_papercut") and x.endswith("My own method: average with everyone, then step.")
+               for x in res.output.splitlines())
+
+
+@pytest.mark.parametrize("name", ["dp_dpsgd", "privsgp_vr", "ldp_online", "dfedsam", "do_adp"])
+def test_describe_prints_the_whole_documentation(name):
+    from netsim.algorithms import REGISTRY
+
+    res = runner.invoke(app, ["algorithms", name])
+    assert res.exit_code == 0
+    fn, _ = REGISTRY[name]
+    for doc in (inspect.getdoc(fn), inspect.getdoc(inspect.getmodule(fn))):
+        if doc:
+            assert doc.strip() in res.output  # every paragraph, not the first two
+    if name == "dp_dpsgd":  # the sensitivities a DP researcher needs, once cut after "Two clippings"
+        assert "L2 sensitivity C / B" in res.output and "sensitivity 2C" in res.output
+
+
+@pytest.mark.parametrize("key, says", [
+    ("network.los", "network.los: unknown key; did you mean 'loss'? allowed keys here: latency"),
+    ("netwrk.loss", "netwrk: unknown key; did you mean 'network'?"),
+    ("run.loss", "run.loss: unknown key; did you mean network.loss or network.links[].loss?"),
+    ("agents.period", "agents.period: unknown key; did you mean agents.activation.period"),
+    ("run.zzz", "run.zzz: unknown key; allowed keys here: seed, until"),
+])
+def test_an_unknown_key_suggests_the_likely_one(key, says):
+    from netsim.scenario import load_scenario
+
+    path = ROOT / "scenarios" / "quickstart.toml"
+    with pytest.raises(InputError) as e:
+        load_scenario(path, {key: 1.0})
+    assert says in str(e.value) and str(e.value).startswith(f"{path}: ")
+    res = runner.invoke(app, ["validate", str(path), "--set", f"{key}=1.0"])
+    assert res.exit_code == 2 and says in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_an_unknown_algorithm_parameter_suggests_the_likely_one():
+    from netsim.algorithms import resolve
+    from netsim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict(merge(BASE, {"algorithm": {"name": "dpsgd", "lrr": 0.1}}))
+    with pytest.raises(InputError, match=r"algorithm.lrr: unknown key; did you mean 'lr'\?"):
+        resolve(sc.algorithm)
+
+
+def test_the_reference_never_shows_a_probe_value():
+    """A range check's message for a probe (``got -1e+300``) is not what a key allows: data.partition once
+    listed its values eight times, once per probe."""
+    from netsim.scenario.reference import sections
+
+    keys = {r["key"]: r for rows in sections().values() for r in rows}
+    assert keys["data.partition"]["allowed"] == ("'iid', 'dirichlet_equal', 'dirichlet_classes', 'shards', "
+                                                 "'quantity', 'label', 'label_share', 'classes', 'alternate'")
+    assert not [k for k, r in keys.items() if "got" in r["allowed"].split()]
+    res = runner.invoke(app, ["keys", "data"])
+    assert res.exit_code == 0 and "got -1" not in res.output
+
+
+def test_sweep_labels_name_a_key_that_reads_as_an_output_in_full():
+    from netsim.sweep import short_names
+
+    assert short_names(["algorithm.lr", "network.loss", "evaluation.every"]) == {
+        "algorithm.lr": "lr", "network.loss": "network.loss", "evaluation.every": "every"}
+    assert short_names(["agents.compute_time.mean", "network.latency.mean"]) == {
+        "agents.compute_time.mean": "agents.compute_time.mean", "network.latency.mean": "network.latency.mean"}
+    assert short_names(["network.burst.loss_bad"]) == {"network.burst.loss_bad": "loss_bad"}
+
+
+def test_a_sweep_over_network_loss_is_labelled_unmistakably(tmp_path):
+    from netsim.sweep import load_sweep
+
+    (tmp_path / "s.toml").write_text(f'scenario = "{ROOT / "scenarios" / "quickstart.toml"}"\n'
+                                     '[grid]\n"network.loss" = [0.0, 0.2]\n"algorithm.lr" = [0.1]\n')
+    sw = load_sweep(tmp_path / "s.toml")
+    assert [t.label for t in sw.tasks] == ["c000_network.loss=0.0_lr=0.1", "c001_network.loss=0.2_lr=0.1"]
+
+
+QUICK = [["--help"], ["keys"], ["keys", "data"], ["algorithms"]]
+
+
+@pytest.mark.parametrize("args", QUICK, ids=" ".join)
+def test_quick_commands_do_not_import_torch(args):
+    """Listing and reference commands answer without torch (~2 s to import): checked in a fresh
+    interpreter, where nothing else could have imported it."""
+    code = ("import sys\nfrom netsim.cli import app\n"
+            f"try:\n    app(args={args!r})\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "heavy = [m for m in ('torch', 'sklearn', 'matplotlib', 'pandas', 'pyarrow', 'ray', 'textual', "
+            "'duckdb', 'dp_accounting', 'scipy') if m in sys.modules]\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "HEAVY []" in p.stderr, p.stderr
+
+
+def test_run_explore_ends_with_the_runs_summary_table(tmp_path, monkeypatch, capsys):
+    """The child run is quiet (the explorer owns the terminal); its table comes back when it ends."""
+    from netsim import cli
+
+    class NoExplorer:  # what the app is given is tested in test_explore.py; here, what is printed after it
+        def __init__(self, *args):
+            pass
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr("netsim.explore.app.Explorer", NoExplorer)
+    folder = tmp_path / "live"
+    rc = cli._run_explored(ROOT / "scenarios" / "quickstart.toml", ["run.until=3"], folder, [], False)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "quickstart · dpsgd · 16 agents" in out and "messages sent" in out and "stopped by" in out
+    assert out.index("wrote ") < out.index("messages sent")
