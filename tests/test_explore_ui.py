@@ -424,3 +424,35 @@ def test_query_bar_on_a_live_run_asks_the_rows_the_lanes_show(tmp_path):
         r = lanes(app).run_data
         assert got == {"n": 900, "t_max": float(r.t[-1])} and len(r.t) == 900
     run_app(body, path=live, follow=False)
+
+
+def test_own_accuracy_strip_of_the_cursor_agent():
+    """i: the accuracy strip shows the cursor agent's own model, over one y-range for every agent."""
+    priv = RunData(PRIVATE)
+    m = priv.agent_accuracy
+    lo, hi = float(m[:, 3].min()), float(m[:, 3].max())
+    mine = m[m[:, 1] == 2]
+
+    async def body(app, pilot):
+        await pilot.press("A", "2", "enter", "i")
+        v = lanes(app)
+        lines = screen_lines(app)
+        at = [i for i, x in enumerate(lines) if x.strip().startswith("acc 2")]
+        assert len(at) == 1 and v.own_acc
+        strip = lines[at[0] - 1:at[0] - 1 + PLOT_ROWS]
+        assert strip[0].strip().startswith(fit(hi, v.label_w)) and strip[-1].strip().startswith(fit(lo, v.label_w))
+        w = v._geom[0]
+        col_t = v.t0 + (np.arange(w) + 0.5) * (v.t1 - v.t0) / w
+        idx = np.searchsorted(mine[:, 0], col_t, side="right") - 1
+        want = np.clip(((mine[idx, 3] - lo) / (hi - lo) * PLOT_ROWS * 8).astype(int), 1, None)
+        h = bar_heights(strip, v.label_w)[:w]
+        assert np.array_equal(h[idx >= 0], want[idx >= 0]) and len(set(want.tolist())) > 3
+        await pilot.press("i")
+        labels = [x[:v.label_w].strip() for x in screen_lines(app)]
+        assert not v.own_acc and "acc" in labels and "acc 2" not in labels  # the average model's again
+    run_app(body, path=PRIVATE, size=(110, 30))
+
+    async def none(app, pilot):
+        await pilot.press("i")
+        assert not lanes(app).own_acc and "no agent_metrics.csv" in status(app)
+    run_app(none)

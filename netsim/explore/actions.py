@@ -294,6 +294,12 @@ class LaneActions:
         if self._two():
             self.diff_only = not self.diff_only
 
+    def action_own_accuracy(self) -> None:
+        if any(r.agent_accuracy is not None for r in self.runs):
+            self.own_acc = not self.own_acc
+        else:
+            self.note("own accuracy: the run has no agent_metrics.csv (the agent_accuracy metric)")
+
     def action_mark(self) -> None:
         """v: the area's first corner at the cursor; v again: the area from there to the cursor, summarised."""
         gi = self.lane_top + self.lane - 1 if self.lane > 0 else None

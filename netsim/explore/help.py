@@ -62,6 +62,7 @@ LANES_KEYS: list[tuple[str, list[tuple[str, str, str, bool]]]] = [
         ("b", "swap", "other pane|two runs: the keys act on the other pane", False),
         ("D", "difference", "first difference|two runs: the first event where they differ, in both panes", False),
         ("u", "diff_only", "differences only|two runs: hide the cells equal in both", False),
+        ("i", "own_accuracy", "own accuracy|the acc strip: the cursor agent's own model (agent_metrics.csv)", False),
     ]),
 ]
 
@@ -122,7 +123,8 @@ def legend_table() -> Table:
     for g, style, meaning in legend():
         t.add_row(Text(g, style=style), meaning)
     t.add_row(Text("◆", style="bold yellow"), "a pinned query result")
-    t.add_row(Text("▇", style="green"), "acc: accuracy of the average model (two runs: one y-range)")
+    t.add_row(Text("▇", style="green"), "acc: accuracy of the average model (two runs: one y-range); "
+                                        "acc 3: agent 3's own model (i)")
     t.add_row(Text("▇", style="magenta"), "eps: epsilon the cursor's agent spent (private runs)")
     t.add_row(Text(" ", style="on grey30"), "the cursor column")
     t.add_row(Text("x", style="reverse bold"), "the selected event; a reversed label: the cursor lane")

@@ -26,7 +26,7 @@ from netsim.explore.messages import View, ViewChanged
 from netsim.explore.model import RunData
 
 WATCHED = ("t0", "t1", "col", "lane", "lane_top", "selected", "other_selected", "aggregate", "agents", "causal",
-           "filter_text", "search_text", "active_pane", "diff_only", "mark", "pinned")
+           "filter_text", "search_text", "active_pane", "diff_only", "mark", "pinned", "own_acc")
 
 
 class Lanes(LaneActions, Widget, can_focus=True):
@@ -52,6 +52,7 @@ class Lanes(LaneActions, Widget, can_focus=True):
     diff_only = reactive(False)  # two runs: hide the cells equal in both
     mark = reactive(None, always_update=True)  # (time, lane group) of an area's first corner
     pinned = reactive(None, always_update=True)  # (times, agents or None) of pinned query results
+    own_acc = reactive(False)  # the accuracy strip shows the cursor agent's own model, not the average
 
     def __init__(self, runs: list[RunData], **kw):
         super().__init__(**kw)
@@ -119,7 +120,7 @@ class Lanes(LaneActions, Widget, can_focus=True):
 
     def metric_rows(self) -> int:
         """Rows of metric strips under each pane: accuracy, and epsilon when a run is private."""
-        acc = any(len(r.evals()[0]) for r in self.runs)
+        acc = any(len(r.evals()[0]) or r.agent_accuracy is not None for r in self.runs)
         eps = any(r.has("release") for r in self.runs)
         return PLOT_ROWS * (int(acc) + int(eps))
 
@@ -236,7 +237,7 @@ class Lanes(LaneActions, Widget, can_focus=True):
         """The widget's lines; Textual asks for them more often than the state changes."""
         key = (width, height, self.t0, self.t1, self.lane_top, self.lane, self.col, self.selected,
                self.other_selected, self.active_pane, id(self.agents), id(self.filter_mask), id(self.causal),
-               self.aggregate, self.diff_only, id(self.pinned), tuple(len(r.t) for r in self.runs))
+               self.aggregate, self.diff_only, id(self.pinned), self.own_acc, tuple(len(r.t) for r in self.runs))
         if self._drawn is None or self._drawn[0] != key:
             self._drawn = (key, self._draw(width, height))
         return self._drawn[1]
@@ -307,16 +308,23 @@ class Lanes(LaneActions, Widget, can_focus=True):
         return out + self._metrics(r, lw, w, width, col_t)
 
     def _metrics(self, r: RunData, lw: int, w: int, width: int, col_t: np.ndarray) -> list[Strip]:
-        """Accuracy of the average model, then the cursor agent's epsilon, each over one y-range for both
-        panes; kept for the last few windows (scrolling lanes does not change them)."""
+        """Accuracy of the average model (``i``: of the cursor agent's own), then the cursor agent's epsilon,
+        each over one y-range for both panes; kept for the last few windows (scrolling lanes does not change
+        them)."""
         agents = self.lane_agents(self.lane)
         a = agents[0] if len(agents) == 1 and agents[0] >= 0 else None
-        key = (id(r), len(r.t), self.t0, self.t1, lw, w, width, a)
+        key = (id(r), len(r.t), self.t0, self.t1, lw, w, width, a, self.own_acc)
         got = self._plots.get(key)
         if got is not None:
             return got
         got = []
-        if any(len(x.evals()[0]) for x in self.runs):
+        if self.own_acc and any(x.agent_accuracy is not None for x in self.runs):
+            m = r.agent_accuracy  # (time, agent, loss, accuracy) rows; one y-range: every agent of both runs
+            every = np.concatenate([x.agent_accuracy[:, 3] for x in self.runs if x.agent_accuracy is not None])
+            mine = m[m[:, 1] == a] if m is not None and a is not None else np.zeros((0, 4))
+            got += self.painter.bars(step_values(mine[:, 0], mine[:, 3], col_t), float(every.min()),
+                                     float(every.max()), "acc" if a is None else f"acc {a}", "green", lw, width)
+        elif any(len(x.evals()[0]) for x in self.runs):
             t, v = r.evals()
             both = np.concatenate([x.evals()[1] for x in self.runs])
             got += self.painter.bars(step_values(t, v, col_t), float(both.min()), float(both.max()),
