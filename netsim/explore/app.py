@@ -53,8 +53,10 @@ class Explorer(App):
 
     def compose(self) -> ComposeResult:
         runs = [self.first_run] if self.other_run is None else [self.first_run, self.other_run]
+        lanes = Lanes(runs)
+        lanes.repaint_on_announce = False  # repainted with the panels (on_view_changed): one frame a key
         with Horizontal():
-            yield Lanes(runs)
+            yield lanes
             with Vertical(id="side"):
                 yield DetailsPanel(id="details")
                 yield AgentPanel(id="agent")
@@ -100,6 +102,8 @@ class Explorer(App):
             panel.show(m.view)
         for bar in self.query(StatusBar):
             bar.view = m.view
+        for lanes in self.query(Lanes):  # the lanes repaint with the panels, in one frame
+            lanes.refresh()
         if not self._warmed:
             self.call_after_refresh(self._first)
 

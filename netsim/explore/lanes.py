@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from textual.reactive import reactive
+from textual.reactive import var
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -36,23 +36,27 @@ class Lanes(LaneActions, Widget, can_focus=True):
     BINDINGS = bindings(LANES_KEYS)
     BINDING_GROUP_TITLE = "Lanes"
 
-    t0 = reactive(0.0)
-    t1 = reactive(1.0)
-    col = reactive(0)  # cursor column
-    lane = reactive(1)  # cursor lane on screen (0: the run's own lane)
-    lane_top = reactive(0)  # first lane group on screen
-    selected: reactive[int | None] = reactive(None)  # row of the active run under the cursor
-    other_selected: reactive[int | None] = reactive(None)  # the other pane's row under the cursor
-    aggregate = reactive(True)
-    agents = reactive(None, always_update=True)  # shown agent ids (filter, drill-down)
-    causal = reactive(None, always_update=True)  # {agent: latest time it could reach the causal agent}
-    filter_text = reactive("", always_update=True)
-    search_text = reactive("", always_update=True)
-    active_pane = reactive(0)  # the pane keys act on
-    diff_only = reactive(False)  # two runs: hide the cells equal in both
-    mark = reactive(None, always_update=True)  # (time, lane group) of an area's first corner
-    pinned = reactive(None, always_update=True)  # (times, agents or None) of pinned query results
-    own_acc = reactive(False)  # the accuracy strip shows the cursor agent's own model, not the average
+    # the view: plain reactive attributes (var): a change does not repaint by itself; ``announce`` repaints once
+    # per batch of changes, or, with ``repaint_on_announce`` off, whoever handles ``ViewChanged`` does, so that
+    # the lanes and the panels that draw from the view change in one frame
+    repaint_on_announce = True
+    t0 = var(0.0)
+    t1 = var(1.0)
+    col = var(0)  # cursor column
+    lane = var(1)  # cursor lane on screen (0: the run's own lane)
+    lane_top = var(0)  # first lane group on screen
+    selected: var[int | None] = var(None)  # row of the active run under the cursor
+    other_selected: var[int | None] = var(None)  # the other pane's row under the cursor
+    aggregate = var(True)
+    agents = var(None, always_update=True)  # shown agent ids (filter, drill-down)
+    causal = var(None, always_update=True)  # {agent: latest time it could reach the causal agent}
+    filter_text = var("", always_update=True)
+    search_text = var("", always_update=True)
+    active_pane = var(0)  # the pane keys act on
+    diff_only = var(False)  # two runs: hide the cells equal in both
+    mark = var(None, always_update=True)  # (time, lane group) of an area's first corner
+    pinned = var(None, always_update=True)  # (times, agents or None) of pinned query results
+    own_acc = var(False)  # the accuracy strip shows the cursor agent's own model, not the average
 
     def __init__(self, runs: list[RunData], **kw):
         super().__init__(**kw)
@@ -97,6 +101,8 @@ class Lanes(LaneActions, Widget, can_focus=True):
             self._pick()
         self._pick_other()
         self._pending = False
+        if self.repaint_on_announce:
+            self.refresh()
         self.post_message(ViewChanged(self.view()))
 
     def view(self) -> View:
