@@ -68,14 +68,11 @@ def summary(name: str, fn: Callable | None = None) -> str:
     return first or "(no description)"
 
 
-def listing(entries: dict[str, str], columns: int = 0) -> str:
-    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns`` (the
-    terminal's width by default)."""
-    import shutil
+def listing(entries: dict[str, str], columns: int = 100) -> str:
+    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns``."""
     import textwrap
 
     width = max(map(len, entries), default=0)
-    columns = columns or shutil.get_terminal_size((100, 24)).columns
     pad = " " * (width + 2)
     lines = [textwrap.fill(s, max(columns, width + 40), initial_indent=f"{n:<{width}}  ", subsequent_indent=pad)
              for n, s in sorted(entries.items())]

@@ -290,10 +290,13 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
 
         typer.echo(agent_api_markdown())
         return
+    import shutil
+
     from netsim.algorithm_reference import SUMMARIES, describe, listing, summary
 
+    columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10_000  # piped: one line each
     if name is None and not plugin:  # the built-ins, without importing them (torch)
-        typer.echo(listing(SUMMARIES), nl=False)
+        typer.echo(listing(SUMMARIES, columns), nl=False)
         return
     from netsim.algorithms import REGISTRY, names
     from netsim.errors import InputError
@@ -304,7 +307,7 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
     except InputError as e:
         _fail(e)
     if name is None:
-        typer.echo(listing({n: summary(n, REGISTRY[n][0]) for n in registered}), nl=False)
+        typer.echo(listing({n: summary(n, REGISTRY[n][0]) for n in registered}, columns), nl=False)
         return
     if name not in REGISTRY:
         _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
@@ -432,9 +435,12 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
     mode, cols_doc, rec = rep["accounting"], rep["columns"], rep["recommended"]
     guarantee = rep["guarantee"]
     acc = rec["accountant"].upper()
-    width = shutil.get_terminal_size((100, 24)).columns
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 0  # piped: one line per note
 
     def say(text: str, indent: str = "", more: str = "    ") -> None:
+        if not width:
+            typer.echo(indent + text)
+            return
         typer.echo(textwrap.fill(text, max(width, 40), initial_indent=indent,
                                  subsequent_indent=" " * len(indent) + more, break_on_hyphens=False))
 
@@ -462,7 +468,10 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
             else:
                 cells.append(fmt(r.get(c), r["epsilon_infinite"]))
         t.add_row(*cells)
-    Console().print(t)
+    for col in t.columns:  # a number is never cut ("0.099…"): each column as wide as its longest cell and word,
+        col.min_width = max([len(str(c)) for c in col.cells] + [len(w) for w in str(col.header).split()])
+    need = Console(width=10_000).measure(t).minimum  # and the console as wide as that needs (a narrow terminal
+    Console(width=max(Console().width, need + len(t.columns))).print(t)  # wraps the lines; slack: rich rounds)
     say(("" if guarantee else "! ") + rep["message"])
     say(f"worst agent: {rec['worst_agent']} (epsilon {fmt(rec['epsilon'], rec['epsilon_infinite'])}, {acc}, "
         f"observed accounting, delta {rep['delta']:g}); the scenario's own accounting (summary.json): {mode}")

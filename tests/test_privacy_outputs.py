@@ -257,3 +257,19 @@ def test_only_releases_after_a_trigger_decision_are_marked(tmp_path, noise_first
     whats = {r.what for rs in rel.values() for r in rs}
     assert whats == ({"model"} if noise_first else {"model" + TRIGGERED})
     assert rep["guarantee"] is noise_first
+
+
+def test_privacy_table_fits_80_columns_with_words_spelled_out(activation):
+    """At 80 columns: no line of the table wider, no cut number, no cryptic abbreviation."""
+    r = runner.invoke(app, ["privacy", str(activation), "--pld"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    top = next(k for k, line in enumerate(lines) if line.split()[:2] == ["agent", "epsilon"])
+    table = lines[top - 1: top + 2 + 6]
+    assert max(len(line.rstrip()) for line in table) <= 80
+    assert "…" not in r.output and "rel." not in r.output and "conserv." not in r.output
+    assert lines[0] == "privacy · delta = 1e-05 · recommended: PLD observed"  # a line, never wrapped by rich
+    rep = strict_json(activation / "privacy.json")
+    first = rep["agents"][0]
+    row = lines[top + 2].split()
+    assert row[:3] == ["0", f"{first['epsilon']:.4g}", str(first["releases"])]

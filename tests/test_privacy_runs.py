@@ -151,7 +151,7 @@ def test_privacy_command_prints_and_writes(runs):
     folder = runs[0.5][0]
     r = runner.invoke(app, ["privacy", str(folder), "--pld"])
     assert r.exit_code == 0, r.output
-    assert "worst agent: " in r.output and "PLD obs." in r.output and "RDP hidden act." in r.output
+    assert "worst agent: " in r.output and "\n  RDP observed: " in r.output and "\n  RDP amplified: " in r.output
     rep = json.loads((folder / "privacy.json").read_text())
     assert len(rep["agents"]) == 6 and rep["agents"][0]["pld_observed"] > 0
     assert rep["agents"][0]["pld_observed"] <= rep["agents"][0]["rdp_observed"] * 1.001  # PLD is tighter
