@@ -14,9 +14,11 @@ import pytest
 
 from netsim.errors import InputError
 from netsim.explore import query
-from netsim.explore.app import Explorer, causal_past
+from netsim.explore.app import Explorer
+from netsim.explore.causal import causal_past
 from netsim.explore.export import check_trace_events, trace_events
 from netsim.explore.follow import describe, drop_cause, missing_at_timeout
+from netsim.explore.lanes import Lanes
 from netsim.explore.model import RunData
 from netsim.trace.io import read_trace
 from tests.conftest import ROOT, cli_env, netsim_cli
@@ -273,6 +275,10 @@ def drive(coro_fn, size=SIZE):
     asyncio.run(main())
 
 
+def lanes(app) -> Lanes:
+    return app.query_one(Lanes)
+
+
 def details(app) -> str:
     return str(app.query_one("#details").render())
 
@@ -285,14 +291,15 @@ def test_timeout_explained_one_keystroke_from_the_start(run):
     first = rows_of(run, "timeout")[0]
 
     async def go(app, pilot):
+        v = lanes(app)
         await pilot.press("t")
-        assert app.selected == first
+        assert v.selected == first
         assert "waited for 1 missing message(s)" in details(app) and "from 6: dropped (loss" in details(app)
         assert "under: timeout @ 1.3269" in status(app)
         await pilot.press("t")
-        assert app.selected == rows_of(run, "timeout")[1]
+        assert v.selected == rows_of(run, "timeout")[1]
         await pilot.press("T")
-        assert app.selected == first
+        assert v.selected == first
     drive(go)
 
 
@@ -300,35 +307,37 @@ def test_follow_a_send_and_jump_between_drops(run):
     drops = rows_of(run, "drop")
 
     async def go(app, pilot):
+        v = lanes(app)
         await pilot.press("x")
-        assert app.selected == drops[0]
+        assert v.selected == drops[0]
         await pilot.press("x", "x", "X")
-        assert app.selected == drops[1]
+        assert v.selected == drops[1]
         await pilot.press("enter")  # a drop goes back to its send
-        assert run.kind_of(app.selected) == "send" and run.msg[app.selected] == run.msg[drops[1]]
+        assert run.kind_of(v.selected) == "send" and run.msg[v.selected] == run.msg[drops[1]]
         await pilot.press("enter")  # and the send forward to its drop
-        assert app.selected == drops[1]
+        assert v.selected == drops[1]
         await pilot.press("left_square_bracket")  # previous event of the same kind
-        assert app.selected == drops[0]
+        assert v.selected == drops[0]
     drive(go)
 
 
 def test_zoom_pan_fit_and_goto(run):
     async def go(app, pilot):
-        span = app.t1 - app.t0
+        v = lanes(app)
+        span = v.t1 - v.t0
         await pilot.press("w")
-        assert abs((app.t1 - app.t0) - span / 2) < 1e-9
+        assert abs((v.t1 - v.t0) - span / 2) < 1e-9
         await pilot.press("minus", "plus", "plus")
-        assert abs((app.t1 - app.t0) - span / 4) < 1e-9
-        t0 = app.t0
+        assert abs((v.t1 - v.t0) - span / 4) < 1e-9
+        t0 = v.t0
         await pilot.press("d")
-        assert abs(app.t0 - (t0 + span / 16)) < 1e-9
+        assert abs(v.t0 - (t0 + span / 16)) < 1e-9
         await pilot.press("f")
-        assert (app.t0, app.t1) == (0.0, run.t_max)
+        assert (v.t0, v.t1) == (0.0, run.t_max)
         await pilot.press("g", *"12.5", "enter")
-        assert abs(app.col_time(app.col) - 12.5) <= (app.t1 - app.t0) / app._geom[0]
+        assert abs(v.col_time(v.col) - 12.5) <= (v.t1 - v.t0) / v._geom[0]
         await pilot.press("A", "6", "enter")
-        assert app.lane_agents(app.lane) == [6] and "agent 6 up to t" in str(app.query_one("#agent").render())
+        assert v.lane_agents(v.lane) == [6] and "agent 6 up to t" in str(app.query_one("#agent").render())
         await pilot.press("g", *"soon", "enter")
         assert "error: time: expected seconds, got 'soon'" in status(app)
     drive(go)
@@ -338,21 +347,22 @@ def test_search_and_filter(run):
     matches = np.flatnonzero(query.mask(run, "kind=drop src=3"))
 
     async def go(app, pilot):
+        v = lanes(app)
         await pilot.press("slash", *"kind=drop src=3", "enter")
-        assert app.selected == matches[0]
+        assert v.selected == matches[0]
         assert len(matches) == 2
         await pilot.press("n")
-        assert app.selected == matches[1]
+        assert v.selected == matches[1]
         await pilot.press("n")
-        assert app.selected == matches[1] and "no next match" in status(app)
+        assert v.selected == matches[1] and "no next match" in status(app)
         await pilot.press("N")
-        assert app.selected == matches[0]
+        assert v.selected == matches[0]
         await pilot.press("k", *"kind=timeout agent=2-4 t>=5 t<=10", "enter")
-        assert list(app.agents) == [2, 3, 4] and (app.t0, app.t1) == (5.0, 10.0)
+        assert list(v.agents) == [2, 3, 4] and (v.t0, v.t1) == (5.0, 10.0)
         await pilot.press("x")
         assert "no next drop" in status(app)  # drops are filtered out
         await pilot.press("t")
-        sel = app.selected
+        sel = v.selected
         assert run.kind_of(sel) == "timeout" and run.agent[sel] in (2, 3, 4) and 5 <= run.t[sel] <= 10
         await pilot.press("k", *"kind=nothing", "enter")
         assert "error: filter: unknown kind(s) nothing" in status(app)
@@ -361,31 +371,32 @@ def test_search_and_filter(run):
 
 def test_mouse_click_and_wheel(run):
     async def go(app, pilot):
-        lanes = app.query_one("Lanes")
-        await pilot.click(lanes, offset=(app.label_w + 1 + 20, 4))  # the third agent lane, column 20
-        assert app.lane == 3 and app.col == 20 and app.lane_agents(3) == [2]
-        span = app.t1 - app.t0
-        app.scroll_event(-1, ctrl=True, shift=False)  # ctrl+wheel zooms (the pilot has no wheel)
-        assert abs((app.t1 - app.t0) - span / 2) < 1e-9
-        app.scroll_event(1, ctrl=False, shift=False)  # the wheel alone moves the lane cursor
-        assert app.lane == 4
+        v = lanes(app)
+        await pilot.click(v, offset=(v.label_w + 1 + 20, 4))  # the third agent lane, column 20
+        assert v.lane == 3 and v.col == 20 and v.lane_agents(3) == [2]
+        span = v.t1 - v.t0
+        v.scroll_event(-1, ctrl=True, shift=False)  # ctrl+wheel zooms (the pilot has no wheel)
+        assert abs((v.t1 - v.t0) - span / 2) < 1e-9
+        v.scroll_event(1, ctrl=False, shift=False)  # the wheel alone moves the lane cursor
+        assert v.lane == 4
     drive(go)
 
 
 def test_resize_aggregates_lanes_and_drills_down(run):
     async def go(app, pilot):
-        assert app._geom[3] == 1
-        await pilot.resize_terminal(100, 9)  # 5 rows for 8 agents: two per lane
+        v = lanes(app)
+        assert v._geom[3] == 1
+        await pilot.resize_terminal(100, 13)  # 5 rows for 8 agents: two per lane
         await pilot.pause()
-        assert app._geom[3] == 2 and app.lane_agents(1) == [0, 1]
+        assert v._geom[3] == 2 and v.lane_agents(1) == [0, 1]
         await pilot.press("down", "enter")  # drill into agents 2-3
-        assert list(app.agents) == [2, 3] and app._geom[3] == 1
+        assert list(v.agents) == [2, 3] and v._geom[3] == 1
         await pilot.press("escape")
-        assert len(app.agents) == 8
+        assert len(v.agents) == 8
         await pilot.press("m")  # one lane per agent, scrolling
-        assert app._geom[3] == 1
+        assert v._geom[3] == 1
         await pilot.press("pagedown")
-        assert app.lane_top > 0
+        assert v.lane_top > 0
     drive(go)
 
 
@@ -399,11 +410,11 @@ def test_snapshot_timeout_explained(snap_compare):
 
 
 def test_snapshot_aggregated_lanes(snap_compare):
-    assert snap_compare(Explorer(TRACE), press=["x"], terminal_size=(100, 9))
+    assert snap_compare(Explorer(TRACE), press=["x"], terminal_size=(100, 13))
 
 
 def test_snapshot_two_runs(snap_compare):
-    assert snap_compare(Explorer(TRACE, other=RunData(PAIR)), press=["D"], terminal_size=(110, 28))
+    assert snap_compare(Explorer(TRACE, other=RunData(PAIR)), press=["D"], terminal_size=(110, 36))
 
 
 def test_agent_pane_of_a_private_run():
@@ -417,9 +428,11 @@ def test_agent_pane_of_a_private_run():
     assert priv.accuracy_of(0, -1.0) is None and RunData(TRACE).epsilon(0, 5.0) is None
 
     async def go(app, pilot):
+        v = lanes(app)
         await pilot.press("A", "0", "enter", "f")
-        app.col = app._geom[0] - 1
-        app.moved()
+        v.col = v._geom[0] - 1
+        v.moved()
+        await pilot.pause()
         pane = str(app.query_one("#agent").render())
         assert "epsilon spent 0.02494" in pane and "own model's accuracy" in pane
     async def main():
@@ -452,18 +465,19 @@ def test_live_mode_follows_batches_as_they_land(tmp_path):
         app = Explorer(live)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
-            n0, end0 = len(app.run_data.t), app.t1
+            v = lanes(app)
+            n0, end0 = len(v.run_data.t), v.t1
             assert app.follow and n0 == batches[0].num_rows and "LIVE" in status(app)
             await pilot.press("t")
-            sel = app.selected
+            sel = v.selected
             assert not app.poll()  # nothing new
             append(batches[1].serialize().to_pybytes())
             assert app.poll()
-            assert len(app.run_data.t) == n0 + batches[1].num_rows and app.t1 > end0
-            assert app.selected == sel and run_kind(app, sel) == "timeout"  # rows only append
+            assert len(v.run_data.t) == n0 + batches[1].num_rows and v.t1 > end0
+            assert v.selected == sel and run_kind(app, sel) == "timeout"  # rows only append
             append(*[b.serialize().to_pybytes() for b in batches[2:]], EOS)
             assert app.poll() and not app.follow and "run complete" in status(app)
-            assert len(app.run_data.t) == sum(b.num_rows for b in batches)
+            assert len(v.run_data.t) == sum(b.num_rows for b in batches)
     asyncio.run(main())
 
 
@@ -519,7 +533,7 @@ def test_refresh_reads_only_the_batches_appended_since(tmp_path, monkeypatch):
 
 
 def run_kind(app, row: int) -> str:
-    return app.run_data.kind_of(row)
+    return lanes(app).run_data.kind_of(row)
 
 
 def write_trace(path, meta, batches, end: bool = True) -> None:
@@ -552,13 +566,14 @@ def test_two_runs_first_difference(tmp_path, run):
         app = Explorer(TRACE, run, other=other)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
+            v = lanes(app)
             await pilot.press("D")
-            assert app.selected == 1000 and "first difference at row 1000: value" in status(app)
-            t0, t1 = app.t0, app.t1
+            assert v.selected == 1000 and "first difference at row 1000: value" in status(app)
+            t0, t1 = v.t0, v.t1
             await pilot.press("b")
-            assert app.run_data is other and (app.t0, app.t1) == (t0, t1) and app.selected == 1000
+            assert v.run_data is other and (v.t0, v.t1) == (t0, t1) and v.selected == 1000
             await pilot.press("b")
-            assert app.run_data is run
+            assert v.run_data is run
     asyncio.run(main())
     p = subprocess.run(netsim_cli("explore", str(TRACE), str(TRACE), str(TRACE)), capture_output=True, text=True,
                        env=cli_env())
@@ -566,8 +581,9 @@ def test_two_runs_first_difference(tmp_path, run):
 
 
 def screen_lines(app) -> list[str]:
-    w, h = app.query_one("Lanes").size
-    return ["".join(seg.text for seg in strip) for strip in app.strips(w, h)]
+    v = lanes(app)
+    w, h = v.size
+    return ["".join(seg.text for seg in strip) for strip in v.strips(w, h)]
 
 
 def test_two_runs_in_two_panes(run):
@@ -577,38 +593,39 @@ def test_two_runs_in_two_panes(run):
 
     async def main():
         app = Explorer(TRACE, run, other=other)
-        async with app.run_test(size=(110, 28)) as pilot:
+        async with app.run_test(size=(110, 36)) as pilot:
             await pilot.pause()
+            v = lanes(app)
             lines = screen_lines(app)
-            assert lines[0].startswith("t (s)") and app._geom[3] == 1  # 8 agents per pane, one per lane
+            assert lines[0].startswith("t (s)") and v._geom[3] == 1  # 8 agents per pane, one per lane
             assert lines[1].startswith("▶ A: dpsgd_bursty · dpsgd (explore_bursty)")
-            b_top = app.pane_top(1)
+            b_top = v.pane_top(1)
             assert lines[b_top - 1].startswith("  B: dpsgd_bursty · dpsgd (explore_bursty_exit05)")
             assert lines[2].strip().startswith("run|") and lines[b_top].strip().startswith("run|")
             await pilot.press("D")
-            assert app.selected == 179 and app.other_selected == 179
+            assert v.selected == 179 and v.other_selected == 179
             assert "[A]" in status(app) and "first difference at row 179: kind, peer, msg, value, tag" in status(app)
-            lw, col = app.label_w, app.time_col(float(run.t[179]))
+            lw, col = v.label_w, v.time_col(float(run.t[179]))
             for i, r in enumerate((run, other)):  # each pane reverses its own event, same lane and column
-                y = app.pane_top(i) + app._lane_of_agent(2)
+                y = v.pane_top(i) + v._lane_of_agent(2)
                 w, h = app.query_one("Lanes").size
                 at, hit = 0, []
-                for seg in app.strips(w, h)[y]:
+                for seg in v.strips(w, h)[y]:
                     if seg.style is not None and seg.style.reverse and at > lw:  # past the lane label
                         hit.append((at, seg.text))
                     at += len(seg.text)
                 glyph = {"drop": "x", "send": ">"}[r.kind_of(179)]
                 assert hit == [(lw + 1 + col, glyph)], (i, hit)
             assert (run.kind_of(179), other.kind_of(179)) == ("drop", "send")
-            span = app.t1 - app.t0
+            span = v.t1 - v.t0
             await pilot.press("w")
-            assert abs((app.t1 - app.t0) - span / 2) < 1e-9 and screen_lines(app)[0].startswith(f"t (s) {app.t0:.5g} ")
+            assert abs((v.t1 - v.t0) - span / 2) < 1e-9 and screen_lines(app)[0].startswith(f"t (s) {v.t0:.5g} ")
             await pilot.press("b")
-            assert app.run_data is other and app.selected == 179 and app.other_selected == 179
+            assert v.run_data is other and v.selected == 179 and v.other_selected == 179
             assert "[B]" in status(app) and "under: send @ 1.93119 2->3" in status(app)
             assert screen_lines(app)[b_top - 1].startswith("▶ B:")
-            await pilot.click("Lanes", offset=(lw + 1 + 20, app.pane_top(0) + 1))  # agent 0's lane in pane A
-            assert app.run_data is run and app.lane == 1 and app.col == 20
+            await pilot.click("Lanes", offset=(lw + 1 + 20, v.pane_top(0) + 1))  # agent 0's lane in pane A
+            assert v.run_data is run and v.lane == 1 and v.col == 20
     asyncio.run(main())
 
 
@@ -621,18 +638,19 @@ def test_causal_key_and_export_key(tmp_path, run):
         app = Explorer(tmp_path, RunData(tmp_path))
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
+            v = lanes(app)
             await pilot.press("g", *"1.2", "enter")
-            app.lane = 1  # agent 0
-            app.moved()
+            v.lane = 1  # agent 0
+            v.moved()
             await pilot.press("c")
-            want = causal_past(run, 0, app.col_time(app.col))
-            assert app.causal == want and f"causal past of 0: {len(want)} agents" in status(app)
+            want = causal_past(run, 0, v.col_time(v.col))
+            assert v.causal == want and f"causal past of 0: {len(want)} agents" in status(app)
             await pilot.press("escape")
-            assert app.causal is None
+            assert v.causal is None
             await pilot.press("w", "e")
             out = tmp_path / "explore-view.json"
             data = json.loads(out.read_text())
-            assert check_trace_events(data) == [] and data["otherData"]["window_s"] == [app.t0, app.t1]
+            assert check_trace_events(data) == [] and data["otherData"]["window_s"] == [v.t0, v.t1]
             assert f"wrote explore-view.json ({len(data['traceEvents'])} events)" in status(app)
     asyncio.run(main())
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from netsim.explore.binning import Binner
 from netsim.trace.io import TraceTail, concat_numbers, has_end_marker, partial_note
 from netsim.trace.timeline import KIND_OF, glyphs
 
@@ -94,8 +95,16 @@ class RunData:
     def refresh(self) -> int:
         """Append the whole batches written since the last read (live mode); the number of new rows.
         Rows only append in time order, so row numbers stay; the indexes are rebuilt on next use."""
+        return self.append(*self.read_new())
+
+    def read_new(self) -> tuple[list, dict]:
+        """The whole batches written since the last read and their checked numeric columns: the file's
+        part of ``refresh``, which a live view runs in a thread (it touches the reader only)."""
         batches = self._reader.read()
-        cols = self._reader.columns
+        return batches, self._reader.columns
+
+    def append(self, batches: list, cols: dict) -> int:
+        """Append batches from ``read_new`` (on the thread that draws: it replaces the arrays); the new rows' count."""
         new = sum(b.num_rows for b in batches)
         if not new:
             self._settle()  # the end marker may have arrived alone
@@ -116,7 +125,7 @@ class RunData:
                 arr = col if isinstance(col, np.ndarray) else _np(tab, name, self.__dict__[name].dtype)
                 self.__dict__[name] = np.concatenate([self.__dict__[name], arr])
         self._tab = pa.concat_tables([self._tab, tab]) if self._tab is not None else None
-        for name in ("present", "drops_by_peer", "by_agent", "starts", "by_msg", "_msg_sorted"):
+        for name in ("drops_by_peer", "by_agent", "starts", "by_msg", "_msg_sorted"):
             self.__dict__.pop(name, None)
         self._eps.clear()
         self._settle()
@@ -139,10 +148,19 @@ class RunData:
     def round(self) -> np.ndarray:
         return _np(self._tab, "round", np.int32)
 
-    @functools.cached_property
-    def present(self) -> set[int]:
-        """Codes of the kinds that occur in the trace."""
-        return set(np.unique(self.kind).tolist())
+    @property
+    def arrow_table(self) -> pa.Table | None:
+        """The rows read as an Arrow table, while it is held (a complete trace lets it go once warm)."""
+        return self._tab
+
+    def has(self, kind: str) -> bool:
+        """Whether an event of this kind occurs: one scan of the codes per kind and read (no sort)."""
+        got = self.__dict__.get("_has")
+        if got is None or got[0] != len(self.t):
+            got = self.__dict__["_has"] = (len(self.t), {})
+        if kind not in got[1]:
+            got[1][kind] = kind in self.code and bool((self.kind == self.code[kind]).any())
+        return got[1][kind]
 
     @functools.cached_property
     def drops_by_peer(self) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +217,7 @@ class RunData:
     def warm(self) -> None:
         """Read the lazy columns and build the indexes (run in a thread after the first screen); then let
         go of the file: the tags are copied out of a memory-mapped trace, the Arrow table dropped."""
-        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted", "present",
+        for name in ("peer", "msg", "round", "size", "by_agent", "starts", "by_msg", "_msg_sorted",
                      "drops_by_peer"):
             getattr(self, name)
         if self._reader.memory_map:
@@ -241,18 +259,13 @@ class RunData:
     def cells(self, lane_of: np.ndarray, n_lanes: int, t0: float, t1: float, width: int,
               mask: np.ndarray | None = None) -> np.ndarray:
         """(n_lanes, width) grid of kind codes (-1: empty): per cell the most important kind that
-        happens there; spans fill the cells they cover. ``lane_of[a + 1]`` is agent a's lane (-1: not
-        shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
-
-        A few lanes out of many agents read their rows through the per-agent index; otherwise the
-        window's rows are read at once, in slices of ``CHUNK`` rows so that the temporaries stay in cache
-        (a whole-run view of millions of rows would otherwise allocate, and fault in, a fresh array per
-        step). Binning marks the (cell, kind) pairs that occur in one fancy assignment (no ``ufunc.at``,
-        which is slow) and takes the most important kind per cell; spans are covered by difference
-        arrays."""
+        happens there; spans fill the cells they cover (``binning.Binner``). ``lane_of[a + 1]`` is agent
+        a's lane (-1: not shown; index 0 is the run's own rows); ``mask`` (per row) hides filtered-out events.
+        A few lanes out of many agents read their rows through the per-agent index; otherwise the window's
+        rows are binned in slices of ``CHUNK`` rows, so that the temporaries stay in cache."""
         shown = np.flatnonzero(lane_of >= 0) - 1
         lane_of = lane_of.astype(np.int32)
-        binner = _Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
+        binner = Binner(n_lanes, t0, t1, width, len(self.kind_names), self.codes(SPANS))
         if len(shown) * 8 < self.n or mask is not None:  # few lanes, or a filter: gather the rows
             rows = self.window(t0, t1, agents=shown if len(shown) * 8 < self.n else None)
             if mask is not None:
@@ -308,7 +321,7 @@ class RunData:
     def epsilon(self, a: int, t: float) -> float | None:
         """epsilon(delta) agent a had spent by time t: its releases up to t composed by the run's
         accountant settings (privacy.delta, privacy.accounting; RDP). None without releases."""
-        if self.code["release"] not in self.present:
+        if not self.has("release"):
             return None
         rows = self.agent_rows(a)
         rows = rows[(self.kind[rows] == self.code["release"]) & (self.t[rows] <= t)]
@@ -361,58 +374,6 @@ class RunData:
 
 
 CHUNK = 1 << 18  # rows binned at a time
-
-
-class _Binner:
-    """Accumulates rows into a (lanes, width) grid of the most important kind per cell (see ``cells``)."""
-
-    def __init__(self, n_lanes: int, t0: float, t1: float, width: int, nk: int, span_codes: list[int]):
-        self.n_lanes, self.t0, self.t1, self.width, self.nk = n_lanes, t0, t1, width, nk
-        self.scale = width / (t1 - t0)
-        self.span_codes = span_codes
-        self.is_span = np.zeros(nk, dtype=bool)
-        self.is_span[span_codes] = True
-        self.seen = np.zeros(n_lanes * width * nk, dtype=bool)  # (cell, kind) pairs that occur
-        self.diff = {c: np.zeros(n_lanes * (width + 1), dtype=np.int64) for c in span_codes}
-
-    def add(self, T: np.ndarray, K: np.ndarray, V: np.ndarray, lane: np.ndarray) -> None:
-        """Rows of shown and hidden lanes (lane -1); rows before t0 count only as spans reaching in."""
-        t0, width = self.t0, self.width
-        keep = lane >= 0
-        span = self.is_span[K]
-        if len(T) and T[0] < t0:
-            keep &= (T >= t0) | (span & (T + V >= t0))
-        if not keep.all():
-            T, K, V, lane, span = T[keep], K[keep], V[keep], lane[keep], span[keep]
-        if not len(T):
-            return
-        col = np.clip(((T - t0) * self.scale).astype(np.int32), 0, width - 1)
-        inst = ~span
-        self.seen[((lane[inst].astype(np.int64) * width + col[inst]) * self.nk + K[inst])] = True
-        if inst.all():
-            return
-        size = self.n_lanes * (width + 1)
-        for c in self.span_codes:
-            m = K == c
-            if not m.any():
-                continue
-            ts = T[m]
-            end = ts + V[m]
-            lo_c = np.clip(((np.maximum(ts, t0) - t0) * self.scale).astype(np.int64), 0, width - 1)
-            hi_c = np.clip(((np.minimum(end, self.t1) - t0) * self.scale).astype(np.int64), 0, width - 1)
-            base = lane[m].astype(np.int64) * (width + 1)
-            self.diff[c] += np.bincount(base + lo_c, minlength=size) - np.bincount(base + hi_c + 1, minlength=size)
-
-    def grid(self) -> np.ndarray:
-        n_lanes, width = self.n_lanes, self.width
-        seen = self.seen.reshape(n_lanes * width, self.nk)
-        grid = np.where(seen.any(axis=1), seen.argmax(axis=1), -1).astype(np.int16).reshape(n_lanes, width)
-        for c in sorted(self.span_codes, reverse=True):
-            if not self.diff[c].any():
-                continue
-            cover = np.cumsum(self.diff[c].reshape(n_lanes, width + 1), axis=1)[:, :width] > 0
-            grid[cover & ((grid < 0) | (grid > c))] = c
-        return grid
 
 
 def _np(tab: pa.Table, name: str, dtype) -> np.ndarray:
