@@ -429,7 +429,8 @@ class DataSpec:
     group: str | None = field(None, doc="table: the column naming each row's group (writer, device, hospital), "
                                         "for partition = 'groups'", when={"kind": ("table",)})
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}",
-                                 doc="share of the rows held out for testing (synthetic; libsvm without test_path)",
+                                 doc="share of the rows held out for testing (synthetic; libsvm, table or a "
+                                     "plugin dataset without test rows)",
                                  when={"kind": ("synthetic", "libsvm", "table"), "test_path": (None,)})
     unit_rows: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm "
                                        "(row scaling, not standardisation)")
