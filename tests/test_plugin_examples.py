@@ -287,8 +287,8 @@ def test_model_and_dataset_plugins_run_dp_dpsgd_end_to_end(tmp_path, own_registr
     res = runner.invoke(app, ["run", str(scenario), "--plugin", str(PLUGINS / "device_folder.py"),
                               "--out", str(tmp_path / "no"), "-q"])
     assert res.exit_code == 2 and not (tmp_path / "no").exists()
-    assert res.output.strip().endswith("model.kind: unknown model 'residual_mlp'; registered: cnn, logistic, mlp, "
-                                       "multinomial, resnet18, vgg11")
+    assert res.output.count("\n") == 1 and "model.kind: unknown model 'residual_mlp'; registered: cnn, logistic, " \
+        "mlp, multinomial, " in res.output
     # the run folder's scenario rebuilds the same partition: every agent holds exactly its devices' rows
     load_plugin(str(PLUGINS / "residual_mlp.py"))
     sim = prepare(load_scenario(out / "scenario.toml"))
