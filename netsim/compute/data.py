@@ -438,10 +438,12 @@ def _rows(made: Any, kind: str) -> Rows:
 
 
 def _synthetic(args: None, src: DataSource) -> Rows:
+    """Generated logistic-regression rows (data.generator), drawn from the data stream."""
     return Rows(*synthetic_logistic(src.spec, src.rng))
 
 
 def _libsvm(args: None, src: DataSource) -> Rows:
+    """A LIBSVM file (data.path), and its test file (data.test_path) if given."""
     X, y = load_libsvm(src.file(), "data.path")
     if not src.spec.test_path:
         return Rows(X, y)
@@ -450,8 +452,9 @@ def _libsvm(args: None, src: DataSource) -> Rows:
     return Rows(X, y, None, X_test, y_test)
 
 
-def _images(kind: str, default: str, load, shape: tuple[int, ...]):
+def _images(default: str, load, shape: tuple[int, ...]):
     def loader(args: None, src: DataSource) -> Rows:
+        """Images held flat, with their own test split (MNIST IDX files, CIFAR-10 binary batches)."""
         folder = find_data_dir(src.spec.path or default, "data.path")
         X, y, X_test, y_test = load(folder, "data.path")
         if X.shape[1] != int(np.prod(shape)):
@@ -461,6 +464,7 @@ def _images(kind: str, default: str, load, shape: tuple[int, ...]):
 
 
 def _table(args: None, src: DataSource) -> Rows:
+    """A CSV, Parquet or NPZ file with named feature, label and group columns (data.columns, label, group)."""
     from netsim.compute.tables import read_table
 
     spec = src.spec
@@ -473,8 +477,8 @@ def _table(args: None, src: DataSource) -> Rows:
 
 
 for _name, _loader in (("synthetic", _synthetic), ("libsvm", _libsvm),
-                       ("mnist", _images("mnist", "mnist", load_mnist, (1, 28, 28))),
-                       ("cifar10", _images("cifar10", "cifar-10-batches-bin", load_cifar10, (3, 32, 32))),
+                       ("mnist", _images("mnist", load_mnist, (1, 28, 28))),
+                       ("cifar10", _images("cifar-10-batches-bin", load_cifar10, (3, 32, 32))),
                        ("table", _table)):
     register_dataset(_name, _loader)
 

@@ -569,6 +569,7 @@ def _image(data: ModelData, kind: str, side: int | None = None) -> tuple[int, in
 
 
 def _logistic(args: None, data: ModelData) -> LogisticRegression:
+    """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
     if data.classes > 2:
         raise InputError("model.kind", f"'logistic' is binary; the data has {data.classes} classes "
                                        "(use 'multinomial' or 'mlp')")
@@ -576,24 +577,29 @@ def _logistic(args: None, data: ModelData) -> LogisticRegression:
 
 
 def _multinomial(args: None, data: ModelData) -> MLP:
+    """Multinomial logistic regression (softmax), closed-form batched gradients."""
     return MLP(data.features, data.classes, (), data.spec.l2, data.spec.bias)
 
 
 def _mlp(args: None, data: ModelData) -> MLP:
+    """Fully connected ReLU network of model.hidden widths, hand-written batched backprop."""
     s = data.spec
     return MLP(data.features, data.classes, tuple(s.hidden), s.l2, s.bias, s.init)
 
 
 def _cnn(args: None, data: ModelData) -> nn.Module:
+    """MNIST CNN: conv5(16)-pool-conv5(32)-pool-linear, through TorchModel."""
     c, h = _image(data, "cnn")
     return small_cnn(c, data.classes, h)
 
 
 def _vgg11(args: None, data: ModelData) -> nn.Module:
+    """VGG-11 for 32x32 images, GroupNorm after every conv, through TorchModel."""
     return vgg11(_image(data, "vgg11", 32)[0], data.classes)
 
 
 def _resnet18(args: None, data: ModelData) -> nn.Module:
+    """ResNet-18 in its CIFAR form, GroupNorm for BatchNorm, through TorchModel."""
     return ResNet18(_image(data, "resnet18", 32)[0], data.classes)
 
 
