@@ -251,3 +251,19 @@ def test_built_in_kinds_refuse_keys_of_their_own_when_read():
     text = to_toml(load_scenario(ROOT / "scenarios" / "quickstart.toml"))
     for key in ("params", "groups_per_agent", "extra_groups", "partition_file", "label =", "columns"):
         assert key not in text
+
+
+def test_a_sweep_files_paths_follow_the_sweep_file(tmp_path, monkeypatch):
+    from netsim.sweep import load_sweep
+
+    (tmp_path / "study" / "graphs").mkdir(parents=True)
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / "study" / "graphs" / name).write_text("0 1\n1 2\n2 0\n")
+    write_scenario(tmp_path / "study", topology={"kind": "edges_file", "path": "graphs/a.txt"})
+    (tmp_path / "study" / "sweep.toml").write_text('scenario = "s.toml"\nseeds = [1]\n'
+                                                   '[grid]\n"topology.path" = ["graphs/a.txt", "graphs/b.txt"]\n')
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(tmp_path / "study" / "sweep.toml")
+    texts = [t.scenario_text for t in sweep.tasks]
+    for text, name in zip(texts, ("a.txt", "b.txt"), strict=True):
+        assert f'path = "{tmp_path / "study" / "graphs" / name}"' in text

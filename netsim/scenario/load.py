@@ -112,10 +112,12 @@ def resolve_override_paths(overrides: dict[str, Any], base: Path) -> dict[str, A
             for k, v in overrides.items()}
 
 
-def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None,
+                  overrides_base: Path | None = None) -> Scenario:
     """Read, override and validate a scenario file. Raises InputError naming file and key. Relative paths in
-    the file follow the file (``resolve_paths``), those of ``--set`` values the working directory, so the
-    resolved scenario names the files it used wherever it is run from."""
+    the file follow the file (``resolve_paths``), those of ``overrides`` the folder ``overrides_base`` (default:
+    the working directory, where ``--set`` values are typed; a sweep file's folder for its own), so the resolved
+    scenario names the files it used wherever it is run from."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -133,7 +135,8 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
         raise InputError("", f"not valid TOML: {e}", str(path)) from None
     data.setdefault("name", path.stem)
     try:
-        data = apply_overrides(resolve_paths(data, path.parent), resolve_override_paths(overrides or {}, Path.cwd()))
+        data = apply_overrides(resolve_paths(data, path.parent), resolve_override_paths(overrides or {},
+                                                                             overrides_base or Path.cwd()))
         return scenario_from_dict(data, str(path))
     except InputError as e:
         raise e.at(str(path)) from None
