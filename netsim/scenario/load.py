@@ -78,10 +78,15 @@ there, else left for the data folder ($NETSIM_DATA) to find when the run is prep
 
 
 def _absolute(value: Any, base: Path, must_exist: bool) -> Any:
+    """``base / value`` (normalised) for a relative path, if it need not or does exist; else ``value``."""
     if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
         return value
     p = Path(os.path.abspath(base)) / value
-    return os.path.normpath(p) if not must_exist or p.exists() else value
+    try:
+        found = not must_exist or p.exists()
+    except (OSError, ValueError):  # a name too long, a NUL byte: left for the readers' one-line errors
+        found = False
+    return os.path.normpath(p) if found else value
 
 
 def resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -135,8 +140,8 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None,
         raise InputError("", f"not valid TOML: {e}", str(path)) from None
     data.setdefault("name", path.stem)
     try:
-        data = apply_overrides(resolve_paths(data, path.parent), resolve_override_paths(overrides or {},
-                                                                             overrides_base or Path.cwd()))
+        overrides = resolve_override_paths(overrides or {}, overrides_base or Path.cwd())
+        data = apply_overrides(resolve_paths(data, path.parent), overrides)
         return scenario_from_dict(data, str(path))
     except InputError as e:
         raise e.at(str(path)) from None
