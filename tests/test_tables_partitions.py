@@ -212,6 +212,9 @@ def test_model_and_dataset_registries_follow_the_one_rule(monkeypatch):
 
     with pytest.raises(ValueError, match=r"reuse \[model\]'s own keys \['l2'\]"):
         cmodels.register_model("shadow_test", tiny, Shadow)
+    with pytest.raises(ValueError, match="model 'tiny_test' is already registered with other params"):
+        cmodels.register_model("tiny_test", tiny, attrs.make_class("P", {"width": attrs.field(default=1)},
+                                                                 frozen=True))
     with pytest.raises(ValueError, match="dataset 'table' is already registered"):
         cdata.register_dataset("table", lambda a, s: None)
     # a factory's result: an nn.Module runs through TorchModel; a model object as it is; anything else refused

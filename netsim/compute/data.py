@@ -381,6 +381,8 @@ def register_dataset(name: str, loader: DatasetLoader, params: type | None = Non
         shared = sorted(set(attrs.fields_dict(params)) & set(attrs.fields_dict(Spec)))
         if shared:
             raise ValueError(f"params of dataset {name!r} reuse [data]'s own keys {shared}")
+    if DATASETS.get(name) is loader and DATASET_PARAMS[name] is not params:
+        raise ValueError(f"dataset {name!r} is already registered with other params ({DATASET_PARAMS[name]})")
     claim(DATASETS, "dataset", name, loader)
     DATASET_PARAMS[name] = params
     return loader

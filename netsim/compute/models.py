@@ -507,6 +507,8 @@ def register_model(name: str, factory: ModelFactory, params: type | None = None)
         if shared:
             raise ValueError(f"params of model {name!r} reuse [model]'s own keys {shared}; "
                              "read them from data.spec instead")
+    if MODELS.get(name) is factory and MODEL_PARAMS[name] is not params:
+        raise ValueError(f"model {name!r} is already registered with other params ({MODEL_PARAMS[name]})")
     claim(MODELS, "model", name, factory)
     MODEL_PARAMS[name] = params
     return factory
