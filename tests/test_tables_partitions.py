@@ -270,3 +270,32 @@ def test_a_sweep_files_paths_follow_the_sweep_file(tmp_path, monkeypatch):
     texts = [t.scenario_text for t in sweep.tasks]
     for text, name in zip(texts, ("a.txt", "b.txt"), strict=True):
         assert f'path = "{tmp_path / "study" / "graphs" / name}"' in text
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("ragged.csv", b"a,label\n1,2\n3\n", "cannot read the table: CSV parse error"),
+    ("empty.csv", b"", "cannot read the table: Empty CSV file"),
+    ("bytes.csv", b"\xff\xfe\x00a,b\n\x80\x81,2\n", "cannot read the table: 'utf-8' codec can't decode"),
+    ("nan.csv", b"a,label\nnan,1\n2,0\n", "column 'a' has 1 empty or missing (NA, NaN) cells"),
+    ("header.csv", b"a,label\n", "no rows"),
+    ("x.txt", b"a,label\n1,2\n", "a table is .csv, .csv.gz, .parquet, .pq, .npz, not '.txt'"),
+    ("bad.parquet", b"PAR1garbage", "cannot read the table: "),
+    ("bad.npz", b"PK\x03\x04garbage", "not a readable NPZ file (no pickled arrays)"),
+])
+def test_bad_tables_are_one_line(tmp_path, name, raw, message):
+    (tmp_path / name).write_bytes(raw)
+    with pytest.raises(InputError) as e:
+        prepare(load_scenario(write_scenario(tmp_path, data={"kind": "table", "path": name})))
+    assert e.value.key == "data.path" and e.value.message.startswith(f"{tmp_path / name}: {message}")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("name", "raw"), [("p.json", b"[" * 5000 + b"]" * 5000), ("p.json", b"\xff\xfe"),
+                                           ("p.json", b"[[1], [2"), ("p.npz", b"PK\x03\x04garbage")])
+def test_unreadable_partition_files_are_one_line(tmp_path, name, raw):
+    (tmp_path / name).write_bytes(raw)
+    with pytest.raises(InputError) as e:
+        prepare(load_scenario(write_scenario(tmp_path, data={"samples": 300, "partition": "file",
+                                                             "partition_file": name})))
+    assert e.value.key == "data.partition_file" and e.value.message.startswith(f"{tmp_path / name}: cannot read: ")
+    assert "\n" not in str(e.value)

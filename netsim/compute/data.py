@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -582,10 +583,9 @@ def read_partition(path: Path, n_agents: int, n_rows: int) -> tuple:
                 raise InputError(key, f"{path}: every agent_<i> must be a 1-D integer array")
         else:
             raise InputError(key, f"{path}: a partition file is .json or .npz, not {path.suffix or 'no suffix'!r}")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        if isinstance(e, InputError):
-            raise
-        raise InputError(key, f"{path}: cannot read: {e}") from None
+    except (OSError, ValueError, RecursionError, zipfile.BadZipFile) as e:  # ValueError: JSON, UTF-8, npz
+        raise InputError(key, f"{path}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
     if len(lists) != n_agents:
         raise InputError(key, f"{path}: {len(lists)} agents' rows listed; the scenario has {n_agents} agents")
     for i, rows in enumerate(lists):

@@ -3,6 +3,7 @@ columns. Read through pyarrow (CSV, Parquet) or numpy without pickle (NPZ); neve
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ def _columns(path: Path, key: str) -> dict[str, np.ndarray]:
         try:
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
-        except (OSError, ValueError, EOFError) as e:  # a pickled (object) array is refused, never loaded
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a pickled array is refused, never loaded
             raise InputError(key, f"{path}: not a readable NPZ file (no pickled arrays): {_first(e)}") from None
     import pyarrow as pa
 
@@ -34,12 +35,13 @@ def _columns(path: Path, key: str) -> dict[str, np.ndarray]:
             table = pq.read_table(path)
         else:
             raise InputError(key, f"{path}: a table is {', '.join(SUFFIXES)}, not {path.suffix or 'no suffix'!r}")
-    except (pa.ArrowException, OSError) as e:
+        columns = list(zip(table.column_names, table.columns, strict=True))
+    except (pa.ArrowException, OSError, ValueError) as e:  # ValueError: bytes that are not UTF-8 text
         raise InputError(key, f"{path}: cannot read the table: {_first(e)}") from None
     out = {}
-    for col, arr in zip(table.column_names, table.columns, strict=True):
+    for col, arr in columns:
         if arr.null_count:
-            raise InputError(key, f"{path}: column {col!r} has {arr.null_count} empty cells")
+            raise InputError(key, f"{path}: column {col!r} has {arr.null_count} empty or missing (NA, NaN) cells")
         out[col] = arr.to_numpy()
     return out
 
@@ -64,6 +66,8 @@ def read_table(path: Path, key: str, columns: tuple[str, ...] | None, label: str
         raise InputError("data.columns", f"{path}: no feature columns besides the label and group")
     y = cols[label]
     n = len(y)
+    if not n:
+        raise InputError(key, f"{path}: no rows")
     parts = []
     for c in names:
         a = cols[c]
