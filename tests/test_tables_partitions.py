@@ -75,7 +75,7 @@ def test_table_with_groups_gives_every_agent_exactly_its_groups_rows(tmp_path):
 @pytest.mark.parametrize(("data", "key", "message"), [
     ({"groups_per_agent": 3}, "data.groups_per_agent", "7 groups cannot give 3 agents 3 group(s) each"),
     ({"groups_per_agent": 2, "extra_groups": "error"}, "data.extra_groups", "7 groups for 3 agents x 2: 1 left"),
-    ({"group": "nope"}, "data.group", "no column 'nope'; columns: t, group, u, label, v"),
+    ({"group": "nope"}, "data.group", "no column 'nope'; columns: 't', 'group', 'u', 'label', 'v'"),
     ({"columns": ["t", "label2"]}, "data.columns", "no column 'label2'"),
     ({"columns": ["t", "group"], "group": None}, "data.columns", "column 'group' is not numeric"),
     ({"group": None, "columns": ["t", "u"]}, "data.partition", "'groups' needs a group per row"),

@@ -43,7 +43,7 @@ def device_folder(args: DeviceParams, src: DataSource) -> Rows:
     for f in files:
         header = f.read_text(encoding="utf-8").split("\n", 1)[0].strip().split(",")
         if args.target not in header:
-            raise InputError("data.target", f"{f}: no column {args.target!r}; columns: {', '.join(header)}")
+            raise InputError("data.target", f"{f}: no column {args.target!r}; columns: {', '.join(map(repr, header))}")
         rows = np.loadtxt(f, delimiter=",", skiprows=1, ndmin=2)
         t = header.index(args.target)
         X.append(np.delete(rows, t, axis=1))

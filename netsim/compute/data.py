@@ -570,6 +570,9 @@ def read_partition(path: Path, n_agents: int, n_rows: int) -> tuple:
                 raise InputError(key, f"{path}: expected a JSON list of lists of row indices, one per agent")
             if any(type(v) is not int for r in raw for v in r):
                 raise InputError(key, f"{path}: row indices must be integers")
+            out = next((i for i, r in enumerate(raw) if any(not 0 <= v < n_rows for v in r)), None)
+            if out is not None:  # before numpy sees them: a 400-digit index must not overflow
+                raise InputError(key, f"{path}: agent {out}'s rows must be in [0, {n_rows - 1}] (the training rows)")
             lists = [np.array(r, dtype=np.int64) for r in raw]
         elif path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:

@@ -46,6 +46,12 @@ def _columns(path: Path, key: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _names(cols) -> str:
+    """Column names for a one-line message: quoted (a name may hold any character), at most 12."""
+    names = list(cols)
+    return ", ".join(map(repr, names[:12])) + (f", ... ({len(names)} columns)" if len(names) > 12 else "")
+
+
 def _first(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -57,11 +63,11 @@ def read_table(path: Path, key: str, columns: tuple[str, ...] | None, label: str
     cols = _columns(path, key)
     for what, name in (("label", label), ("group", group)):
         if name is not None and name not in cols:
-            raise InputError(f"data.{what}", f"{path}: no column {name!r}; columns: {', '.join(cols)}")
+            raise InputError(f"data.{what}", f"{path}: no column {name!r}; columns: {_names(cols)}")
     names = tuple(columns) if columns is not None else tuple(c for c in cols if c not in (label, group))
     missing = [c for c in names if c not in cols]
     if missing:
-        raise InputError("data.columns", f"{path}: no column {missing[0]!r}; columns: {', '.join(cols)}")
+        raise InputError("data.columns", f"{path}: no column {missing[0]!r}; columns: {_names(cols)}")
     if not names:
         raise InputError("data.columns", f"{path}: no feature columns besides the label and group")
     y = cols[label]
