@@ -76,7 +76,6 @@ def load_plugin(path: str) -> None:
     if not p.is_file():
         raise InputError("--plugin", f"no such file: {path}")
     spec = importlib.util.spec_from_file_location(f"netsim_plugin_{p.stem}", p)
-
     loaded = sys.modules.get(spec.name)  # type: ignore[union-attr]
     if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == p.resolve():
         return  # this process has it already (commands run in-process): its registrations stand
