@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import attrs
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="netsim: asynchronous discrete-event simulator for decentralized, private learning.")
 
 SetOpt = typer.Option(None, "--set", help="override a scenario key: --set network.loss=0.1 (repeatable)")
-PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms, closed forms, "
-                                                "accountants, event kinds, link models, activation "
-                                                "schedules... (repeatable)")
+PluginOpt = typer.Option(None, "--plugin", help="Python file that registers algorithms, models, datasets, "
+                                                "closed forms, accountants, event kinds, link models, "
+                                                "activation schedules... (repeatable)")
 
 
 def _version(value: bool) -> None:
@@ -265,10 +266,13 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
              None, help="one section: run, agents, topology, network, data, model, algorithm, evaluation, "
                         "privacy, distribution, scenario (top level)"),
          markdown: bool = typer.Option(False, "--markdown", help="the whole reference as Markdown "
-                                                                 "(docs/scenario-reference.md)")) -> None:
-    """The scenario reference: every key with its type, default, allowed values and meaning."""
+                                                                 "(docs/scenario-reference.md)"),
+         plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """The scenario reference: every key with its type, default, allowed values and meaning (with --plugin,
+    also the [model] and [data] keys of the models and datasets it registers)."""
+    from netsim.errors import InputError
     from netsim.scenario.reference import markdown as as_markdown
-    from netsim.scenario.reference import sections, text
+    from netsim.scenario.reference import plugin_rows, sections, text
 
     if markdown:
         typer.echo(as_markdown(), nl=False)
@@ -276,7 +280,59 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
     if section is not None and section not in sections():
         typer.echo(f"error: keys: unknown section {section!r}; allowed: {', '.join(sections())}", err=True)
         raise typer.Exit(2)
-    typer.echo(text(section), nl=False)
+    extra = None
+    if plugin:  # a plugin's model and dataset keys (the registries import torch: only when asked)
+        try:
+            _plugins(plugin)
+        except InputError as e:
+            _fail(e)
+        from netsim.compute.data import DATASET_PARAMS
+        from netsim.compute.models import MODEL_PARAMS
+
+        extra = {"model": plugin_rows("model", MODEL_PARAMS), "data": plugin_rows("data", DATASET_PARAMS)}
+    typer.echo(text(section, extra), nl=False)
+
+
+def _registered(what: str, name: str | None, plugin: list[str] | None) -> None:
+    """``netsim models`` / ``netsim datasets``: the registered names with their own keys, or one described."""
+    from netsim.errors import InputError
+    from netsim.scenario.reference import describe
+
+    try:
+        _plugins(plugin)
+        if what == "model":
+            from netsim.compute.models import MODEL_PARAMS as params
+            from netsim.compute.models import MODELS as table
+        else:
+            from netsim.compute.data import DATASET_PARAMS as params
+            from netsim.compute.data import DATASETS as table
+    except InputError as e:
+        _fail(e)
+    section = "model" if what == "model" else "data"
+    if name is None:
+        for n in sorted(table):
+            cls = params[n]
+            own = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(cls)) if cls is not None else ""
+            typer.echo(f"{n}: {own}" if own else n)
+        typer.echo(f"(netsim {what}s NAME describes one; netsim keys {section} lists the common keys)")
+        return
+    if name not in table:
+        _fail(f"{what}s: unknown {what} {name!r}; registered: {', '.join(sorted(table))}")
+    typer.echo(describe(what, name, table[name], params[name], section), nl=False)
+
+
+@app.command()
+def models(name: Optional[str] = typer.Argument(None, help="one model: its description and own keys"),  # noqa: UP045
+           plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """List the registered models (model.kind) and their own [model] keys; with NAME, describe one."""
+    _registered("model", name, plugin)
+
+
+@app.command()
+def datasets(name: Optional[str] = typer.Argument(None, help="one dataset: its description and own keys"),  # noqa: UP045
+             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
+    """List the registered datasets (data.kind) and their own [data] keys; with NAME, describe one."""
+    _registered("dataset", name, plugin)
 
 
 @app.command()

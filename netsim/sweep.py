@@ -201,7 +201,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         for seed in spec.seed_list:
             overrides = {**fixed, **cfg, "run.seed": seed}
             try:
-                sc = load_scenario(base, overrides)
+                sc = load_scenario(base, overrides, path.parent)  # its paths follow the sweep file
                 resolve(sc.algorithm)
             except InputError as e:
                 shown = ", ".join(f"{k}={v!r}" for k, v in cfg.items()) or "[set]"

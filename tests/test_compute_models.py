@@ -20,6 +20,7 @@ from netsim.compute.models import (
     vgg11,
 )
 from netsim.errors import InputError
+from netsim.scenario.schema import ModelSpec
 
 D = torch.float64
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -207,9 +208,13 @@ def test_cifar_models_construct_and_step(net):
 
 def test_build_model_errors():
     with pytest.raises(InputError, match="model.kind.*binary"):
-        build_model("logistic", 5, 10, 0.0)
+        build_model(ModelSpec("logistic"), 5, 10)
     with pytest.raises(InputError, match="needs image data"):
-        build_model("cnn", 5, 10, 0.0)
+        build_model(ModelSpec("cnn"), 5, 10)
     with pytest.raises(InputError, match="32x32 images"):
-        build_model("vgg11", 784, 10, 0.0, shape=(1, 28, 28))
-    assert build_model("mlp", 784, 10, 0.0, hidden=(64,)).size == 784 * 64 + 64 + 64 * 10 + 10
+        build_model(ModelSpec("vgg11"), 784, 10, shape=(1, 28, 28))
+    with pytest.raises(InputError, match="model.kind: unknown model 'nope'; registered: cnn, logistic"):
+        build_model(ModelSpec("nope"), 5, 2)
+    with pytest.raises(InputError, match="model.width: unknown key for model 'mlp'; allowed keys here: kind, "):
+        build_model(ModelSpec("mlp", params={"width": 3}), 5, 2)
+    assert build_model(ModelSpec("mlp", hidden=(64,)), 784, 10).size == 784 * 64 + 64 + 64 * 10 + 10

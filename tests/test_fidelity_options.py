@@ -20,6 +20,7 @@ from netsim.compute.models import MLP, LogisticRegression, build_model, mlp_modu
 from netsim.compute.optimum import optimum, solve
 from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
+from netsim.scenario.schema import ModelSpec
 
 BASE = {
     "run": {"seed": 3, "rounds": 6},
@@ -165,7 +166,7 @@ def test_bias_false_has_exactly_d_parameters_and_matches_autograd():
     D = torch.float64
     assert LogisticRegression(7, bias=False).size == 7
     assert MLP(7, 4, (), bias=False).size == 28
-    assert build_model("multinomial", 7, 4, 0.0, bias=False).size == 28
+    assert build_model(ModelSpec("multinomial", bias=False), 7, 4).size == 28
     assert prepare(sc(model={"bias": False})).bank.W.shape[1] == 5
     g = torch.Generator().manual_seed(0)
     X = torch.randn(3, 6, 7, generator=g, dtype=D)

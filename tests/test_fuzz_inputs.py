@@ -433,6 +433,38 @@ def test_fuzzed_edges_file(work, data):
     rejected_naming(cli("validate", sc), path, sc)
 
 
+TABLE = "x1,x2,label,site\n0.5,1,a,s0\n-1,2.5,b,s1\n2,0,a,s2\n0.1,-3,b,s3\n1,1,a,s0\n-2,0.5,b,s1\n3,3,a,s2\n"
+
+
+@settings(max_examples=budget(40), **FUZZ)
+@given(data=st.data())
+def test_fuzzed_table_csv(work, data):
+    path = work / "table.csv"
+    path.write_bytes(csv_mutation(TABLE, data.draw))
+    sc = scenario_with(work, "table", data={"kind": "table", "path": str(path), "group": "site",
+                                            "partition": "groups", "test_fraction": 0.3})
+    rejected_naming(cli("validate", sc), path, sc)
+
+
+@settings(max_examples=budget(30), **FUZZ)
+@given(data=st.data())
+def test_fuzzed_partition_json(work, data):
+    path = work / "parts.json"
+    good = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9, 150]]
+    how = data.draw(st.sampled_from(["bytes", "shape", "value"]))
+    if how == "bytes":
+        raw = mutate_bytes(json.dumps(good).encode(), data.draw)
+    elif how == "shape":
+        raw = json.dumps(data.draw(JSONISH)).encode()
+    else:
+        good[data.draw(st.integers(0, 3))][0] = data.draw(st.sampled_from(
+            [-1, 10**400, 1e308, 1.5, True, "5", None, [1], float("nan"), 159, 160]))
+        raw = json.dumps(good).encode()
+    path.write_bytes(raw)
+    sc = scenario_with(work, "parts", data={"samples": 200, "partition": "file", "partition_file": str(path)})
+    rejected_naming(cli("validate", sc), path, sc)
+
+
 STUNNER = ("segment,user,segment_start_epoch_ms,tz_offset_h,online,start_offset_ms,end_offset_ms\n"
            "0,u,0,0,1,0,1000\n0,u,0,0,0,1000,2000\n1,v,0,0,1,500,900\n")
 AWS = "source,dest,size,time,x\nnode-0,node-1,64,1.5,a\nnode-1,node-0,64,2.0,b\nnode-0,node-1,1500,3,c\n"

@@ -32,9 +32,10 @@ def steps() -> list[tuple[str, str]]:
 def test_the_tutorial_has_every_part():
     kinds = [k for k, _ in steps()]
     commands = " ".join(c for k, c in steps() if k == "command")
-    assert kinds.count("file") == 3 and kinds.count("command") >= 12
+    assert kinds.count("file") == 6 and kinds.count("command") >= 14
     for part in ("netsim run ", "netsim keys", "netsim algorithms my_sgd --plugin", "netsim sweep ",
-                 "netsim privacy ", "netsim compare "):
+                 "netsim privacy ", "netsim compare ", "netsim models my_net --plugin my_model.py",
+                 "--plugin my_model.py --plugin my_data.py"):
         assert part in commands, part
 
 
@@ -55,4 +56,6 @@ def test_every_tutorial_command_runs(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "tutorial-quick" / "agent_metrics.csv").is_file()
     assert (tmp_path / "compare.png").is_file() and (tmp_path / "runs" / "tutorial-dp" / "privacy.json").is_file()
     assert len(list((tmp_path / "runs" / "tutorial-sweep").rglob("summary.json"))) == 4
+    stations = (tmp_path / "runs" / "tutorial-stations" / "scenario.toml").read_text()
+    assert 'kind = "stations"' in stations and "width = 8" in stations and 'partition = "groups"' in stations
     assert time.perf_counter() - start < 120  # small settings: the whole tour stays quick

@@ -120,6 +120,9 @@ def load_plugin(path: str) -> None:
         raise InputError("--plugin", f"no such file: {path}")
     _load_builtin()  # a plugin that takes a built-in's name is refused, not silently replaced
     spec = importlib.util.spec_from_file_location(f"netsim_plugin_{p.stem}", p)
+    loaded = sys.modules.get(spec.name)  # type: ignore[union-attr]
+    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == p.resolve():
+        return  # this process has it already (commands run in-process): its registrations stand
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = module  # type: ignore[union-attr]
     try:

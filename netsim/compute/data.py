@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
 
-from netsim.errors import InputError
+from netsim.errors import InputError, claim
+from netsim.scenario.schema import DATASETS as BUILTIN_DATASETS
 from netsim.scenario.schema import DataSpec
 
 
@@ -25,6 +29,7 @@ class Dataset:
     shape: tuple[int, ...] | None = None  # (channels, height, width) of image data; X holds it flat
     X_val: np.ndarray | None = None  # the validation set Q (data.validation), disjoint from the test rows
     y_val: np.ndarray | None = None
+    groups: np.ndarray | None = None  # each training row's group (data.group, a loader's groups), else None
 
     @property
     def features(self) -> int:
@@ -184,6 +189,8 @@ def partition(y: np.ndarray, n_agents: int, kind: str, alpha: float, rng: np.ran
 
     Every agent gets at least one row: in ``dirichlet_classes`` an empty agent takes one from the largest part.
     """
+    if kind in ("groups", "file"):
+        raise ValueError(f"partition {kind!r} is not drawn from labels (load_dataset reads groups or the file)")
     if len(y) < n_agents:
         raise InputError("data.samples", f"{len(y)} training rows cannot be split over {n_agents} agents")
     if kind == "iid":
@@ -311,33 +318,191 @@ def standardize(X: np.ndarray, X_test: np.ndarray, spec: DataSpec) -> tuple[np.n
     return f(X), f(X_test)
 
 
-def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:
-    """The scenario's data from its named streams (``data``: generation and test split; ``partition``;
-    ``subsample``: per_agent; ``validation``: Q and the test rows), all rooted at data.seed."""
-    rng = streams.rng("data")
-    shape = None
-    if spec.kind == "synthetic":
-        X, y_raw = synthetic_logistic(spec, rng)
-        X_test = y_test_raw = None
-    elif spec.kind in ("mnist", "cifar10"):
-        default = "mnist" if spec.kind == "mnist" else "cifar-10-batches-bin"
-        folder = find_data_dir(spec.path or default, "data.path")
-        load = load_mnist if spec.kind == "mnist" else load_cifar10
-        X, y_raw, X_test, y_test_raw = load(folder, "data.path")
-        shape = (1, 28, 28) if spec.kind == "mnist" else (3, 32, 32)
+@attrs.frozen
+class Rows:
+    """What a dataset loader returns: training features ``X (n, d)`` and labels ``y (n,)`` (any values:
+    mapped to 0..C-1 in sorted order), optionally a group per row (any values: writers, devices) for
+    ``partition = "groups"``, its own test rows (otherwise ``test_fraction`` of the rows is held out) and,
+    for images held flat, their ``(channels, height, width)``. A loader may also return ``(X, y)`` or
+    ``(X, y, groups)``."""
+
+    X: np.ndarray
+    y: np.ndarray
+    groups: np.ndarray | None = None
+    X_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@attrs.frozen
+class DataSource:
+    """Where a dataset loader reads from: the scenario's ``[data]`` table (``spec.path`` is already resolved
+    beside the scenario file when it is there), the data folder ``$NETSIM_DATA`` (``root``, None when unset)
+    and the ``data`` random stream (for generated data; every loader draw moves the test split after it)."""
+
+    spec: DataSpec
+    rng: np.random.Generator
+
+    @property
+    def root(self) -> Path | None:
+        root = os.environ.get("NETSIM_DATA")
+        return Path(root) if root else None
+
+    def file(self, path: str | None = None, key: str = "data.path") -> Path:
+        """A file: ``path`` (default ``data.path``) as given, else under the data folder; one-line error."""
+        path = path or self.spec.path
+        if not path:
+            raise InputError(key, f"required for kind = {self.spec.kind!r}")
+        return find_data_file(path, key)
+
+    def folder(self, path: str | None = None, key: str = "data.path") -> Path:
+        """A folder, found the same way."""
+        path = path or self.spec.path
+        if not path:
+            raise InputError(key, f"required for kind = {self.spec.kind!r}")
+        return find_data_dir(path, key)
+
+
+DatasetLoader = Callable[[Any, DataSource], "Rows | tuple"]
+DATASETS: dict[str, DatasetLoader] = {}
+DATASET_PARAMS: dict[str, type | None] = {}
+
+
+def register_dataset(name: str, loader: DatasetLoader, params: type | None = None) -> DatasetLoader:
+    """Make ``data.kind = name`` read its rows with ``loader(args, source)``: ``args`` is the ``[data]``
+    table's own keys structured into the attrs class ``params`` (None without one), ``source`` a
+    ``DataSource``; it returns ``Rows`` (or ``(X, y)``, ``(X, y, groups)``). Loaders read local files only:
+    netsim never downloads. The registries' one rule: the same loader again is a no-op, another under a
+    taken name raises ValueError."""
+    from netsim.scenario.schema import DataSpec as Spec
+
+    if params is not None:
+        if not attrs.has(params):
+            raise TypeError(f"params of dataset {name!r} must be an attrs class")
+        shared = sorted(set(attrs.fields_dict(params)) & set(attrs.fields_dict(Spec)))
+        if shared:
+            raise ValueError(f"params of dataset {name!r} reuse [data]'s own keys {shared}")
+    if DATASETS.get(name) is loader and DATASET_PARAMS[name] is not params:
+        raise ValueError(f"dataset {name!r} is already registered with other params ({DATASET_PARAMS[name]})")
+    claim(DATASETS, "dataset", name, loader)
+    DATASET_PARAMS[name] = params
+    return loader
+
+
+def dataset_names() -> list[str]:
+    return sorted(DATASETS)
+
+
+def dataset_args(spec: DataSpec) -> Any:
+    """The ``[data]`` table's plugin keys structured into its dataset's params class (one-line errors)."""
+    from importlib.metadata import entry_points
+
+    from netsim.scenario.structure import structure
+
+    if spec.kind not in DATASETS:
+        for ep in entry_points(group="netsim.datasets"):
+            ep.load()
+    if spec.kind not in DATASETS:
+        raise InputError("data.kind", f"unknown dataset {spec.kind!r}; registered: {', '.join(dataset_names())}")
+    cls = DATASET_PARAMS[spec.kind]
+    own = list(attrs.fields_dict(cls)) if cls is not None else []
+    for key in spec.params:
+        if key not in own:
+            allowed = [f.name for f in attrs.fields(DataSpec) if f.name != "params"] + own
+            raise InputError(f"data.{key}", f"unknown key for dataset {spec.kind!r}; allowed keys here: "
+                                            f"{', '.join(allowed)}")
+    return structure(spec.params, cls, "data") if cls is not None else None
+
+
+def _rows(made: Any, kind: str) -> Rows:
+    """A loader's result as checked ``Rows``."""
+    if isinstance(made, tuple) and len(made) in (2, 3):
+        made = Rows(*made)
+    if not isinstance(made, Rows):
+        raise InputError("data.kind", f"the loader of dataset {kind!r} returned {type(made).__name__}, not Rows, "
+                                      "(X, y) or (X, y, groups)")
+    X, y = np.asarray(made.X), np.asarray(made.y)
+    if X.ndim != 2 or y.ndim != 1 or len(X) != len(y) or not len(X):
+        raise InputError("data.kind", f"dataset {kind!r}: features must be (n, d) and labels (n,) with n >= 1, "
+                                      f"got {X.shape} and {y.shape}")
+    if not np.issubdtype(X.dtype, np.number):
+        raise InputError("data.kind", f"dataset {kind!r}: features must be numbers, got {X.dtype}")
+    if kind not in BUILTIN_DATASETS and not np.isfinite(X).all():  # a loader plugin's rows, checked once
+        raise InputError("data.kind", f"dataset {kind!r}: features hold NaN or infinite values")
+    groups = None if made.groups is None else np.asarray(made.groups)
+    if groups is not None and groups.shape != y.shape:
+        raise InputError("data.kind", f"dataset {kind!r}: groups {groups.shape} do not match labels {y.shape}")
+    X_test = y_test = None
+    if made.X_test is not None:
+        X_test, y_test = np.asarray(made.X_test), np.asarray(made.y_test)
+        if X_test.ndim != 2 or X_test.shape[1] != X.shape[1] or y_test.shape != (len(X_test),):
+            raise InputError("data.kind", f"dataset {kind!r}: test rows {X_test.shape} / labels {y_test.shape} do "
+                                          f"not match the training rows' {X.shape[1]} features")
+        X_test = X_test.astype(np.float32, copy=False) if X_test.dtype != np.float64 else X_test
+    X = X.astype(np.float32, copy=False) if X.dtype != np.float64 else X
+    return Rows(X, y, groups, X_test, y_test, made.shape)
+
+
+def _synthetic(args: None, src: DataSource) -> Rows:
+    """Generated logistic-regression rows (data.generator), drawn from the data stream."""
+    return Rows(*synthetic_logistic(src.spec, src.rng))
+
+
+def _libsvm(args: None, src: DataSource) -> Rows:
+    """A LIBSVM file (data.path), and its test file (data.test_path) if given."""
+    X, y = load_libsvm(src.file(), "data.path")
+    if not src.spec.test_path:
+        return Rows(X, y)
+    X_test, y_test = load_libsvm(src.file(src.spec.test_path, "data.test_path"), "data.test_path",
+                                 n_features=X.shape[1])
+    return Rows(X, y, None, X_test, y_test)
+
+
+def _images(default: str, load, shape: tuple[int, ...]):
+    def loader(args: None, src: DataSource) -> Rows:
+        """Images held flat, with their own test split (MNIST IDX files, CIFAR-10 binary batches)."""
+        folder = find_data_dir(src.spec.path or default, "data.path")
+        X, y, X_test, y_test = load(folder, "data.path")
         if X.shape[1] != int(np.prod(shape)):
             raise InputError("data.path", f"{folder}: images of {X.shape[1]} pixels, expected shape {shape}")
-    else:
-        X, y_raw = load_libsvm(find_data_file(spec.path, "data.path"), "data.path")  # type: ignore[arg-type]
-        X_test = y_test_raw = None
-        if spec.test_path:
-            X_test, y_test_raw = load_libsvm(find_data_file(spec.test_path, "data.test_path"),
-                                             "data.test_path", n_features=X.shape[1])
+        return Rows(X, y, None, X_test, y_test, shape)
+    return loader
+
+
+def _table(args: None, src: DataSource) -> Rows:
+    """A CSV, Parquet or NPZ file with named feature, label and group columns (data.columns, label, group)."""
+    from netsim.compute.tables import read_table
+
+    spec = src.spec
+    X, y, groups, names = read_table(src.file(), "data.path", spec.columns, spec.label, spec.group)
+    if not spec.test_path:
+        return Rows(X, y, groups)
+    X_test, y_test, _, _ = read_table(src.file(spec.test_path, "data.test_path"), "data.test_path", names,
+                                      spec.label, None)
+    return Rows(X, y, groups, X_test, y_test)
+
+
+for _name, _loader in (("synthetic", _synthetic), ("libsvm", _libsvm),
+                       ("mnist", _images("mnist", load_mnist, (1, 28, 28))),
+                       ("cifar10", _images("cifar-10-batches-bin", load_cifar10, (3, 32, 32))),
+                       ("table", _table)):
+    register_dataset(_name, _loader)
+
+
+def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:
+    """The scenario's data from its named streams (``data``: generation and test split; ``partition``;
+    ``subsample``: per_agent; ``validation``: Q and the test rows), all rooted at data.seed. Built-in and
+    plugin kinds alike come from the dataset registry."""
+    args = dataset_args(spec)
+    rng = streams.rng("data")
+    rows = _rows(DATASETS[spec.kind](args, DataSource(spec, rng)), spec.kind)
+    X, y_raw, groups, X_test, y_test_raw, shape = rows.X, rows.y, rows.groups, rows.X_test, rows.y_test, rows.shape
     if X_test is None:
         order = rng.permutation(len(X))
         n_test = max(1, int(round(spec.test_fraction * len(X))))
         test, train = order[:n_test], order[n_test:]
         X, X_test, y_raw, y_test_raw = X[train], X[test], y_raw[train], y_raw[test]
+        groups = None if groups is None else groups[train]
     if spec.standardize != "none":
         X, X_test = standardize(X, X_test, spec)
     if spec.unit_rows:  # unit rows (e.g. LIBSVM epsilon_normalized)
@@ -346,8 +511,17 @@ def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:
         X_test = X_test / norms.astype(X_test.dtype)
     values = np.unique(np.concatenate([y_raw, y_test_raw]))
     y, y_test = _labels(y_raw, values), _labels(y_test_raw, values)
-    parts = partition(y, n_agents, spec.partition, spec.alpha, streams.rng("partition"), spec.shards, spec.share,
-                      spec.classes, spec.per_agent)
+    if spec.partition == "groups":
+        if groups is None:
+            raise InputError("data.partition", "'groups' needs a group per row: data.kind = 'table' with data.group, "
+                                               f"or a dataset plugin that returns groups ({spec.kind!r} has none)")
+        parts = group_partition(groups, n_agents, spec.groups_per_agent, spec.extra_groups,
+                                streams.rng("partition"))
+    elif spec.partition == "file":
+        parts = read_partition(find_data_file(spec.partition_file, "data.partition_file"), n_agents, len(y))
+    else:
+        parts = partition(y, n_agents, spec.partition, spec.alpha, streams.rng("partition"), spec.shards,
+                          spec.share, spec.classes, spec.per_agent)
     if spec.per_agent is not None and spec.partition != "dirichlet_equal":
         parts = subsample(parts, spec.per_agent, streams.rng("subsample"))
     X_val = y_val = None
@@ -355,7 +529,91 @@ def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:
         val, keep = held_out_split(len(y_test), spec.validation, spec.test_samples, streams.rng("validation"))
         X_val, y_val = X_test[val], y_test[val]
         X_test, y_test = X_test[keep], y_test[keep]
-    return Dataset(X, y, X_test, y_test, parts, len(values), shape, X_val, y_val)
+    return Dataset(X, y, X_test, y_test, parts, len(values), shape, X_val, y_val, groups)
+
+
+def group_partition(groups: np.ndarray, n_agents: int, per_agent: int, extra: str,
+                    rng: np.random.Generator) -> tuple:
+    """Natural partition (LEAF's by-writer split, a hospital's patients): every agent holds all the training
+    rows of its groups. The groups are dealt in a seeded order, round-robin: agent i gets groups
+    ``order[i], order[i + m], ...``. With G groups and m agents of ``per_agent`` groups each, G < m k is
+    refused; G > m k deals every group (``extra = "spread"``: k or more each, as even as possible), keeps
+    the first m k of the order (``"drop"``: the other groups' rows are held by nobody) or is refused."""
+    values, codes = np.unique(groups, return_inverse=True)
+    G, need = len(values), n_agents * per_agent
+    if G < need:
+        raise InputError("data.groups_per_agent", f"{G} groups cannot give {n_agents} agents {per_agent} "
+                                                  f"group(s) each")
+    if G > need and extra == "error":
+        raise InputError("data.extra_groups", f"{G} groups for {n_agents} agents x {per_agent}: {G - need} left "
+                                              "over; use 'spread' (deal them all) or 'drop'")
+    order = rng.permutation(G)
+    if G > need and extra == "drop":
+        order = order[:need]
+    by_group = np.argsort(codes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=G))])
+    return tuple(np.sort(np.concatenate([by_group[starts[g]:starts[g + 1]] for g in order[i::n_agents]]))
+                 .astype(np.int64) for i in range(n_agents))
+
+
+def read_partition(path: Path, n_agents: int, n_rows: int) -> tuple:
+    """An explicit partition: one list of training-row indices per agent, from JSON (a list of lists of
+    integers) or NPZ (integer arrays ``agent_0`` ... ``agent_<m-1>``, read without pickle). Every agent needs
+    at least one row, each in [0, n_rows) and listed once; agents may share rows."""
+    import json
+
+    key = "data.partition_file"
+    try:
+        if path.suffix == ".json":
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(raw, list) or not all(isinstance(r, list) for r in raw):
+                raise InputError(key, f"{path}: expected a JSON list of lists of row indices, one per agent")
+            if any(type(v) is not int for r in raw for v in r):
+                raise InputError(key, f"{path}: row indices must be integers")
+            out = next((i for i, r in enumerate(raw) if any(not 0 <= v < n_rows for v in r)), None)
+            if out is not None:  # before numpy sees them: a 400-digit index must not overflow
+                raise InputError(key, f"{path}: agent {out}'s rows must be in [0, {n_rows - 1}] (the training rows)")
+            lists = [np.array(r, dtype=np.int64) for r in raw]
+        elif path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                names = set(z.files)
+                want = [f"agent_{i}" for i in range(n_agents)]
+                if names != set(want):
+                    raise InputError(key, f"{path}: expected arrays agent_0 ... agent_{n_agents - 1}, got "
+                                          f"{', '.join(sorted(names)[:5])}{' ...' if len(names) > 5 else ''}")
+                lists = [z[w] for w in want]
+            if any(a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) for a in lists):
+                raise InputError(key, f"{path}: every agent_<i> must be a 1-D integer array")
+        else:
+            raise InputError(key, f"{path}: a partition file is .json or .npz, not {path.suffix or 'no suffix'!r}")
+    except (OSError, ValueError, RecursionError, zipfile.BadZipFile) as e:  # ValueError: JSON, UTF-8, npz
+        raise InputError(key, f"{path}: cannot read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+    if len(lists) != n_agents:
+        raise InputError(key, f"{path}: {len(lists)} agents' rows listed; the scenario has {n_agents} agents")
+    for i, rows in enumerate(lists):
+        if not len(rows):
+            raise InputError(key, f"{path}: agent {i} has no rows")
+        if rows.min() < 0 or rows.max() >= n_rows:
+            raise InputError(key, f"{path}: agent {i}'s rows must be in [0, {n_rows - 1}] (the training rows)")
+        if len(np.unique(rows)) != len(rows):
+            raise InputError(key, f"{path}: agent {i} lists a row twice")
+    return tuple(np.sort(r.astype(np.int64)) for r in lists)
+
+
+def write_partition(path: str | Path, parts) -> Path:
+    """Write agents' rows (``Dataset.parts``) as a partition file ``read_partition`` reads back exactly:
+    JSON or NPZ by the suffix."""
+    import json
+
+    path = Path(path)
+    if path.suffix == ".json":
+        path.write_text(json.dumps([[int(v) for v in p] for p in parts]))
+    elif path.suffix == ".npz":
+        np.savez(path, **{f"agent_{i}": np.asarray(p, dtype=np.int64) for i, p in enumerate(parts)})
+    else:
+        raise ValueError(f"a partition file is .json or .npz, not {path.suffix!r}")
+    return path
 
 
 def subsample(parts: tuple, k: int, rng: np.random.Generator) -> tuple:

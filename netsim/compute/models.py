@@ -22,11 +22,17 @@ per-sample gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from netsim.errors import InputError, claim
+from netsim.scenario.schema import ModelSpec
+from netsim.scenario.structure import structure
 
 CLIP_KINDS = ("l2", "coordinate")
 
@@ -461,30 +467,156 @@ class ResNet18(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-MODEL_KINDS = ("logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18")
+# the model registry ---------------------------------------------------------------------------------
+
+@attrs.frozen
+class ModelData:
+    """What a model factory builds for: the data's row width, classes and image shape (``(C, H, W)``, None
+    for flat rows), and the scenario's ``[model]`` keys every model shares (``spec.l2``, ``spec.bias``,
+    ``spec.init``, ``spec.hidden``, ``spec.dtype``)."""
+
+    features: int
+    classes: int
+    shape: tuple[int, ...] | None
+    spec: ModelSpec
 
 
-def build_model(kind: str, features: int, classes: int, l2: float, hidden: Sequence[int] = (64,),
-                shape: Sequence[int] | None = None, *, bias: bool = True, init: str = "torch"):
-    """The model of ``model.kind``; ``bias`` (logistic, multinomial, mlp) and ``init`` (neural nets)."""
-    from netsim.errors import InputError
+@runtime_checkable
+class Model(Protocol):
+    """The model protocol every run trains through (the closed forms above and ``TorchModel`` follow it):
+    rows of flat parameters ``W (R, P)``, one row per agent; labels are integers in [0, classes)."""
 
-    if kind == "logistic":
-        if classes > 2:
-            raise InputError("model.kind", f"'logistic' is binary; the data has {classes} classes "
-                                           "(use 'multinomial' or 'mlp')")
-        return LogisticRegression(features, l2, bias)
-    if kind == "multinomial":
-        return MLP(features, classes, (), l2, bias)
-    if kind == "mlp":
-        return MLP(features, classes, tuple(hidden), l2, bias, init)
-    if kind in ("cnn", "vgg11", "resnet18"):
-        if not shape or len(shape) != 3:
-            raise InputError("model.kind", f"{kind!r} needs image data (data.kind = 'mnist' or 'cifar10')")
-        c, h, _ = shape
-        if kind == "cnn":
-            return TorchModel(small_cnn(c, classes, h), shape, l2, init=init)
-        if h != 32:
-            raise InputError("model.kind", f"{kind!r} is built for 32x32 images (CIFAR-10), not {h}x{h}")
-        return TorchModel(vgg11(c, classes) if kind == "vgg11" else ResNet18(c, classes), shape, l2, init=init)
-    raise InputError("model.kind", f"unknown model {kind!r}; allowed: {', '.join(MODEL_KINDS)}")
+    size: int
+
+    def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+        """(n, P) starting rows, drawn from ``seed`` only."""
+
+    def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
+             clip_kind: str = "l2") -> torch.Tensor:
+        """Mean gradient over each row's batch ``X (R, B, d)``, ``y (R, B)`` -> (R, P); with ``clip`` the mean
+        of per-sample gradients clipped to L2 norm (``"l2"``) or coordinate-wise (``"coordinate"``)."""
+
+    def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss and accuracy of every row on one shared set ``X (n, d)`` -> (R,), (R,)."""
+
+
+ModelFactory = Callable[[Any, ModelData], "nn.Module | Model"]
+MODELS: dict[str, ModelFactory] = {}
+MODEL_PARAMS: dict[str, type | None] = {}
+
+
+def register_model(name: str, factory: ModelFactory, params: type | None = None) -> ModelFactory:
+    """Make ``model.kind = name`` build ``factory(args, data)``: ``args`` is the ``[model]`` table's own keys
+    structured into the attrs class ``params`` (checked like every scenario key; None without ``params``),
+    ``data`` a ``ModelData``. The factory returns a ``torch.nn.Module`` (trained through ``TorchModel``, the
+    generic batched path, with DP clipping by book-keeping where its layers allow) or an object of the
+    ``Model`` protocol. The registries' one rule: the same factory again is a no-op, another under a taken
+    name raises ValueError."""
+    if params is not None:
+        if not attrs.has(params):
+            raise TypeError(f"params of model {name!r} must be an attrs class")
+        shared = sorted(set(attrs.fields_dict(params)) & set(attrs.fields_dict(ModelSpec)))
+        if shared:
+            raise ValueError(f"params of model {name!r} reuse [model]'s own keys {shared}; "
+                             "read them from data.spec instead")
+    if MODELS.get(name) is factory and MODEL_PARAMS[name] is not params:
+        raise ValueError(f"model {name!r} is already registered with other params ({MODEL_PARAMS[name]})")
+    claim(MODELS, "model", name, factory)
+    MODEL_PARAMS[name] = params
+    return factory
+
+
+def _load_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="netsim.models"):
+        ep.load()
+
+
+def model_names() -> list[str]:
+    return sorted(MODELS)
+
+
+def model_args(spec: ModelSpec) -> Any:
+    """The ``[model]`` table's plugin keys structured into its model's params class (one-line errors)."""
+    if spec.kind not in MODELS:
+        _load_entry_points()
+    if spec.kind not in MODELS:
+        raise InputError("model.kind", f"unknown model {spec.kind!r}; registered: {', '.join(model_names())}")
+    cls = MODEL_PARAMS[spec.kind]
+    own = list(attrs.fields_dict(cls)) if cls is not None else []
+    for key in spec.params:
+        if key not in own:
+            allowed = [f.name for f in attrs.fields(ModelSpec) if f.name != "params"] + own
+            raise InputError(f"model.{key}", f"unknown key for model {spec.kind!r}; allowed keys here: "
+                                             f"{', '.join(allowed)}")
+    return structure(spec.params, cls, "model") if cls is not None else None
+
+
+def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[int] | None = None) -> Model:
+    """The model of the scenario's ``[model]`` table for data of ``features`` columns and ``classes`` labels
+    (``shape``: image data's (C, H, W)); built-in and plugin kinds alike go through the registry."""
+    args = model_args(spec)
+    data = ModelData(features, classes, tuple(shape) if shape else None, spec)
+    made = MODELS[spec.kind](args, data)
+    if isinstance(made, nn.Module):
+        if not spec.bias:
+            raise InputError("model.bias", f"only logistic, multinomial and mlp models can drop their biases, "
+                                           f"not {spec.kind!r}")
+        try:
+            return TorchModel(made, data.shape, spec.l2, init=spec.init)
+        except ValueError as e:
+            raise InputError("model.kind", f"model {spec.kind!r}: {e}") from None
+    if not isinstance(made, Model):
+        raise InputError("model.kind", f"the factory of model {spec.kind!r} returned {type(made).__name__}, "
+                                       "neither a torch.nn.Module nor a model (size, init, grad, evaluate)")
+    return made
+
+
+def _image(data: ModelData, kind: str, side: int | None = None) -> tuple[int, int]:
+    if not data.shape or len(data.shape) != 3:
+        raise InputError("model.kind", f"{kind!r} needs image data (data.kind = 'mnist' or 'cifar10')")
+    c, h, _ = data.shape
+    if side is not None and h != side:
+        raise InputError("model.kind", f"{kind!r} is built for {side}x{side} images (CIFAR-10), not {h}x{h}")
+    return c, h
+
+
+def _logistic(args: None, data: ModelData) -> LogisticRegression:
+    """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
+    if data.classes > 2:
+        raise InputError("model.kind", f"'logistic' is binary; the data has {data.classes} classes "
+                                       "(use 'multinomial' or 'mlp')")
+    return LogisticRegression(data.features, data.spec.l2, data.spec.bias)
+
+
+def _multinomial(args: None, data: ModelData) -> MLP:
+    """Multinomial logistic regression (softmax), closed-form batched gradients."""
+    return MLP(data.features, data.classes, (), data.spec.l2, data.spec.bias)
+
+
+def _mlp(args: None, data: ModelData) -> MLP:
+    """Fully connected ReLU network of model.hidden widths, hand-written batched backprop."""
+    s = data.spec
+    return MLP(data.features, data.classes, tuple(s.hidden), s.l2, s.bias, s.init)
+
+
+def _cnn(args: None, data: ModelData) -> nn.Module:
+    """MNIST CNN: conv5(16)-pool-conv5(32)-pool-linear, through TorchModel."""
+    c, h = _image(data, "cnn")
+    return small_cnn(c, data.classes, h)
+
+
+def _vgg11(args: None, data: ModelData) -> nn.Module:
+    """VGG-11 for 32x32 images, GroupNorm after every conv, through TorchModel."""
+    return vgg11(_image(data, "vgg11", 32)[0], data.classes)
+
+
+def _resnet18(args: None, data: ModelData) -> nn.Module:
+    """ResNet-18 in its CIFAR form, GroupNorm for BatchNorm, through TorchModel."""
+    return ResNet18(_image(data, "resnet18", 32)[0], data.classes)
+
+
+for _name, _factory in (("logistic", _logistic), ("multinomial", _multinomial), ("mlp", _mlp), ("cnn", _cnn),
+                        ("vgg11", _vgg11), ("resnet18", _resnet18)):
+    register_model(_name, _factory)

@@ -133,16 +133,52 @@ def sections() -> dict[str, list[dict[str, str]]]:
         rec = _record(hints[f.name])
         if rec is not None:
             out[f.name] = rows(rec, f"{f.name}.")
-    for r in out["algorithm"]:
-        if r["key"] == "algorithm.params":
-            r.update(key="algorithm.<parameter>", type="any", default="per algorithm")
+    for section, what in (("algorithm", "algorithm"), ("model", "model"), ("data", "dataset")):
+        for r in out[section]:
+            if r["key"] == f"{section}.params":
+                r.update(key=f"{section}.<parameter>", type="any", default=f"per {what}")
     out["distribution"] = rows(Dist, "")
     return out
 
 
-def text(section: str | None = None) -> str:
-    """The reference as plain lines for the terminal (``netsim keys [SECTION]``)."""
+def plugin_rows(section: str, registered: dict[str, type | None]) -> list[dict[str, str]]:
+    """Rows of the keys registered plugins add to ``[section]`` (a model's or dataset's own arguments: its
+    attrs params class), each marked with the kind that takes it."""
+    out = []
+    for name, cls in sorted(registered.items()):
+        for r in rows(cls, f"{section}.") if cls is not None else []:
+            r["applies"] = f"only when kind = {name!r} (registered by a plugin)"
+            out.append(r)
+    return out
+
+
+def describe(what: str, name: str, fn: Any, params: type | None, section: str) -> str:
+    """``netsim models NAME`` / ``netsim datasets NAME``: the factory's docstring, where it lives, and its own
+    ``[section]`` keys with type, default, allowed values and meaning."""
+    import inspect
+
+    doc = [p.strip() for p in (inspect.getdoc(fn) or "").split("\n\n") if p.strip()]
+    module = inspect.getmodule(fn)
+    source = getattr(module, "__file__", None) or "(unknown)"
+    lines = [f"{name}: {doc[0] if doc else '(no description)'}", *(["", *doc[1:]] if len(doc) > 1 else []),
+             "", f"{what} of {section}.kind = {name!r}; source: {source}", ""]
+    own = plugin_rows(section, {name: params})
+    if not own:
+        lines.append(f"no keys of its own (the [{section}] keys: netsim keys {section})")
+    else:
+        lines.append(f"its own keys (in [{section}], beside the common ones):")
+    for r in own:
+        lines.append(f"  {r['key']}  ({r['type']}, default {r['default']})")
+        lines += [f"      {x}" for x in (r["allowed"], r["doc"]) if x]
+    return "\n".join(lines) + "\n"
+
+
+def text(section: str | None = None, extra: dict[str, list[dict[str, str]]] | None = None) -> str:
+    """The reference as plain lines for the terminal (``netsim keys [SECTION]``); ``extra``: rows registered
+    plugins add to a section (``plugin_rows``)."""
     secs = sections()
+    for name, more in (extra or {}).items():
+        secs[name] = secs[name] + more
     if section is not None:
         secs = {section: secs[section]}
     lines = []

@@ -363,7 +363,29 @@ class NetworkSpec:
 
 
 PARTITIONS = ("iid", "dirichlet_equal", "dirichlet_classes", "shards", "quantity", "label", "label_share",
-              "classes", "alternate")
+              "classes", "alternate", "groups", "file")
+DATASETS = ("synthetic", "libsvm", "mnist", "cifar10", "table")
+"""The built-in data kinds; any other identifier names a registered dataset plugin (checked when prepared)."""
+MODELS = ("logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18")
+"""The built-in model kinds; any other identifier names a registered model plugin (checked when prepared)."""
+
+
+def _plugin_name(builtin: tuple[str, ...]):
+    """A built-in kind, or an identifier: a plugin's name, looked up when the run is prepared (plugins
+    register theirs after the file is read)."""
+    def check(v: str) -> str | None:
+        if v in builtin or v.isidentifier():
+            return None
+        return f"got {v!r}; allowed: {', '.join(repr(k) for k in builtin)}, or a registered plugin's name"
+    return check
+
+
+_dataset_kind = _plugin_name(DATASETS)
+_model_kind = _plugin_name(MODELS)
+
+
+def _keys(cls: type) -> list[str]:
+    return [f.name for f in attrs.fields(cls) if f.name != "params"]
 
 
 def _partition_kind(v: str) -> str | None:
@@ -379,7 +401,9 @@ class DataSpec:
     """The data, everything about it drawn from ``seed`` (default: run.seed), so the data can be held
     fixed while the run's own randomness (batches, noise, activation) varies."""
 
-    kind: Literal["synthetic", "libsvm", "mnist", "cifar10"] = field("synthetic", doc="where the rows come from")
+    kind: str = field("synthetic", check=_dataset_kind,
+                      doc="where the rows come from: " + ", ".join(repr(k) for k in DATASETS)
+                          + ", or a dataset a --plugin registers (register_dataset)")
     seed: int | None = field(None, check=lambda v: None if v is None or 0 <= v < 2**63 else "must be in [0, 2^63)",
                              doc="root of the data's randomness (generation, test split, partition, "
                                  "subsampling, validation); default: run.seed")
@@ -392,12 +416,22 @@ class DataSpec:
         when={"kind": ("synthetic",)})
     noise: float = field(0.1, check=nonneg, doc="synthetic 'threshold': label-noise scale",
                          when={"kind": ("synthetic",), "generator": ("threshold",)})
-    path: str | None = field(None, doc="libsvm: training file; mnist/cifar10: folder (default 'mnist' / "
-                                       "'cifar-10-batches-bin'); relative paths are searched in $NETSIM_DATA")
-    test_path: str | None = field(None, doc="libsvm: test file (default: split test_fraction off the training file)")
+    path: str | None = field(None, doc="libsvm, table: training file; mnist/cifar10: folder (default 'mnist' / "
+                                       "'cifar-10-batches-bin'); a plugin dataset: what its loader reads. A "
+                                       "relative path is looked up beside the scenario file, then in $NETSIM_DATA")
+    test_path: str | None = field(None, doc="libsvm, table: test file (default: split test_fraction off the "
+                                            "training file)")
+    columns: tuple[str, ...] | None = field(
+        None, doc="table: the feature columns, in order (default: every column but label and group); in an "
+                  "NPZ file a 2-D array's columns all count", when={"kind": ("table",)})
+    label: str = field("label", doc="table: the label column (any values; mapped to 0..C-1 in sorted order)",
+                       when={"kind": ("table",)})
+    group: str | None = field(None, doc="table: the column naming each row's group (writer, device, hospital), "
+                                        "for partition = 'groups'", when={"kind": ("table",)})
     test_fraction: float = field(0.2, check=lambda v: None if 0 < v < 1 else f"must be in (0, 1), got {v}",
-                                 doc="share of the rows held out for testing (synthetic; libsvm without test_path)",
-                                 when={"kind": ("synthetic", "libsvm"), "test_path": (None,)})
+                                 doc="share of the rows held out for testing (synthetic; libsvm, table or a "
+                                     "plugin dataset without test rows)",
+                                 when={"kind": ("synthetic", "libsvm", "table"), "test_path": (None,)})
     unit_rows: bool = field(False, doc="scale every feature row (train and test) to unit L2 norm "
                                        "(row scaling, not standardisation)")
     standardize: Literal["none", "fit", "mnist", "given"] = field(
@@ -417,6 +451,17 @@ class DataSpec:
                          when={"partition": ("label_share",)})
     classes: tuple[tuple[int, ...], ...] | None = field(
         None, doc="partition = 'classes': one list of class indices (0..C-1, in sorted label order) per agent")
+    groups_per_agent: int = field(1, check=at_least(1), doc="partition = 'groups': groups each agent holds "
+                                                            "(at least)", when={"partition": ("groups",)})
+    extra_groups: Literal["spread", "drop", "error"] = field(
+        "spread", doc="partition = 'groups', more groups than agents x groups_per_agent: 'spread' deals every "
+                      "group (agents hold groups_per_agent or more, as evenly as possible), 'drop' leaves the "
+                      "extra groups' rows out (a seeded choice), 'error' refuses", when={"partition": ("groups",)})
+    partition_file: str | None = field(
+        None, doc="partition = 'file': a JSON file holding one list of training-row indices per agent, or an "
+                  "NPZ file with an integer array 'agent_<i>' per agent (read without pickle). Rows are the "
+                  "training set's: the training file's in order, or, when the test rows are split off it, the "
+                  "rows left after that seeded split (write_partition writes a run's own)")
     per_agent: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
                                   doc="training rows per agent: each agent's part is subsampled to this many "
                                       "(seeded, without replacement); 'dirichlet_equal': the shard size")
@@ -427,10 +472,17 @@ class DataSpec:
     sampling: Literal["with_replacement", "without_replacement"] = field(
         "with_replacement", doc="a mini-batch's rows: i.i.d. uniform, or distinct rows of the agent's part "
                                 "(a batch larger than the part is the whole part)")
+    params: dict[str, Any] = attrs.field(factory=dict, metadata={
+        "doc": "a plugin dataset's own arguments, written as keys of [data] itself (netsim datasets NAME)"})
 
     def __check__(self) -> tuple[str, str] | None:
-        if self.kind == "libsvm" and not self.path:
-            return "path", "required for kind = 'libsvm'"
+        if self.kind in ("libsvm", "table") and not self.path:
+            return "path", f"required for kind = {self.kind!r}"
+        if self.params and self.kind in DATASETS:
+            key = next(iter(self.params))
+            return key, f"unknown key for kind = {self.kind!r}; allowed keys here: {', '.join(_keys(DataSpec))}"
+        if (self.partition == "file") != (self.partition_file is not None):
+            return "partition_file", "a partition file is given exactly when partition = 'file'"
         if self.kind == "synthetic" and self.samples * self.features > 2**30:
             return "samples", (f"samples x features must be <= 2^30 (8 GiB of float64), got "
                                f"{self.samples} x {self.features}")
@@ -445,8 +497,10 @@ class DataSpec:
 
 @attrs.frozen
 class ModelSpec:
-    kind: Literal["logistic", "multinomial", "mlp", "cnn", "vgg11", "resnet18"] = field(
-        "logistic", doc="the model every agent trains (cnn: MNIST; vgg11, resnet18: CIFAR-10)")
+    kind: str = field("logistic", check=_model_kind,
+                      doc="the model every agent trains: " + ", ".join(repr(k) for k in MODELS)
+                          + " (cnn: MNIST; vgg11, resnet18: CIFAR-10), or a model a --plugin registers "
+                            "(register_model; netsim models lists them)")
     hidden: tuple[int, ...] = field((64,), check=lambda v: None if all(1 <= h <= 2**16 for h in v)
                                     else f"widths must be in [1, 65536], got {list(v)}",
                                     doc="mlp: hidden layer widths", when={"kind": ("mlp",)})
@@ -455,11 +509,17 @@ class ModelSpec:
                                  "(logistic) or d x C (multinomial) parameters")
     init: Literal["torch", "zero_bias"] = field(
         "torch", doc="mlp/cnn/vgg11/resnet18 start: 'torch' = PyTorch's Linear/Conv default, weights and "
-                     "biases U(+-1/sqrt(fan_in)); 'zero_bias' = those weights, biases 0. Convex models start at 0",
+                     "biases U(+-1/sqrt(fan_in)); 'zero_bias' = those weights, biases 0. Convex models start at 0; "
+                     "a plugin's nn.Module starts the same way",
         when={"kind": ("mlp", "cnn", "vgg11", "resnet18")})
     dtype: Literal["float32", "float64"] = field("float32", doc="parameter and data precision")
+    params: dict[str, Any] = attrs.field(factory=dict, metadata={
+        "doc": "a plugin model's own arguments, written as keys of [model] itself (netsim models NAME)"})
 
     def __check__(self) -> tuple[str, str] | None:
+        if self.params and self.kind in MODELS:
+            key = next(iter(self.params))
+            return key, f"unknown key for kind = {self.kind!r}; allowed keys here: {', '.join(_keys(ModelSpec))}"
         if not self.bias and self.kind in ("cnn", "vgg11", "resnet18"):
             return "bias", f"only logistic, multinomial and mlp models can drop their biases, not {self.kind!r}"
         return None

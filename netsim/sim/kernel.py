@@ -84,8 +84,7 @@ class Simulation:
         data_seed = sc.run.seed if sc.data.seed is None else sc.data.seed
         self.data = load_dataset(sc.data, n, Streams(data_seed))
         m = sc.model
-        self.model = build_model(m.kind, self.data.features, self.data.classes, m.l2, m.hidden, self.data.shape,
-                                 bias=m.bias, init=m.init)
+        self.model = build_model(m, self.data.features, self.data.classes, self.data.shape)
         self.bank = ParameterBank(self.model.init(n, self.dtype, self.device, self.streams.seed_for("init")))
         t = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         self.X, self.y = t(self.data.X).to(self.dtype), t(self.data.y)
