@@ -245,7 +245,7 @@ def test_a_batch_of_one_hands_over_the_current_rows_not_the_ones_it_was_made_wit
     from netsim.rounds.kernel import Batch
 
     x1, g1 = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5])
-    b = Batch([object()], 0, x1.unsqueeze(0), g1.unsqueeze(0), None, rows=(x1, g1))
+    b = Batch([object()], 0, x1.unsqueeze(0), g1.unsqueeze(0), None, rows=((x1,), (g1,)))
     assert b._row(b.x) is x1 and b._row(b.g) is g1
     b.x = b.x - b.g
     assert torch.equal(b._row(b.x), torch.tensor([0.5, 1.5]))

@@ -45,7 +45,7 @@ class GradientTracking(RoundKernel):
         return a.shared_state("tracking.mixed_y"), a.shared_state("tracking.last_g")
 
     def gradient(self, p, state, i):
-        return GradientRequest(p.batch)
+        return GradientRequest.of(p.batch)
 
     def local(self, b, p):
         mixed_y, last_g = b.state

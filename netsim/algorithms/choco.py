@@ -51,7 +51,7 @@ class Choco(RoundKernel):
         return PublicCopyRows(agents, comps, p.gamma)
 
     def gradient(self, p, state, i):
-        return GradientRequest(p.batch) if p.lr > 0 else None
+        return GradientRequest.of(p.batch) if p.lr > 0 else None
 
     def local(self, b, p):
         b.half = b.x - p.lr * b.g if b.g is not None else b.x      # (a)

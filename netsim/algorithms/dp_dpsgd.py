@@ -133,8 +133,8 @@ class DPDPSGD(RoundKernel):
         if state is not None and i in state["spent"]:
             return None
         if p.clip_mode == "per_example":  # Abadi et al. Alg. 1: clip each example, average
-            return GradientRequest(p.batch, p.clip, p.clip_kind)
-        return GradientRequest(p.batch)   # the batch mean gradient, clipped as one vector in ``local``
+            return GradientRequest.of(p.batch, p.clip, p.clip_kind)
+        return GradientRequest.of(p.batch)   # the batch mean gradient, clipped as one vector in ``local``
 
     def local(self, b, p):
         b.step = None

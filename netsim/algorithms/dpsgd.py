@@ -35,7 +35,7 @@ class DPSGD(RoundKernel):
     batch_local = False  # its local step only sends x: nothing for the events engine to batch
 
     def gradient(self, p, state, i):
-        return GradientRequest(p.batch)                              # grad F_i(x_i^k), batched
+        return GradientRequest.of(p.batch)                              # grad F_i(x_i^k), batched
 
     def local(self, b, p):
         b.send(b.x)                                                  # x_i^k to the out-neighbours

@@ -57,7 +57,7 @@ class Muffliato(RoundKernel):
         return state["K"]
 
     def gradient(self, p, state, i):
-        return GradientRequest(p.batch, p.clip) if p.clip_mode == "per_example" else GradientRequest(p.batch)
+        return GradientRequest.of(p.batch, p.clip) if p.clip_mode == "per_example" else GradientRequest.of(p.batch)
 
     def local(self, b, p):
         batch_clip = p.clip_mode == "batch"                       # eqs. (10), (13): sensitivity 2C; else C/B

@@ -52,7 +52,7 @@ class GossipLearning(RoundKernel):
 
     def update_after(self, p, n, received):
         if p.lr > 0 and (p.update == "per_receipt" or n == received):
-            return GradientRequest(p.batch)                          # ... then update
+            return GradientRequest.of(p.batch)                          # ... then update
         return None
 
     def update(self, b, p, g):

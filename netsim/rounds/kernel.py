@@ -15,6 +15,7 @@ e.g. in ``Batch.state_rows``, which the parameter bank keeps and checkpoints) or
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
 
@@ -27,11 +28,17 @@ from netsim.compute.noise import gaussian_noise_rows
 @attrs.frozen
 class GradientRequest:
     """What a kernel's agent asks the gradient service for before ``local``: a mini-batch of ``batch`` rows
-    (0: all local data), optionally the mean of per-example gradients clipped to ``clip``."""
+    (0: all local data), optionally the mean of per-example gradients clipped to ``clip``. ``GradientRequest.of``
+    gives the one shared record of each request (a kernel asks for one per agent and round)."""
 
     batch: int
     clip: float | None = None
     clip_kind: str = "l2"
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def of(batch: int, clip: float | None = None, clip_kind: str = "l2") -> GradientRequest:
+        return GradientRequest(batch, clip, clip_kind)
 
 
 @attrs.frozen(eq=False)
@@ -67,7 +74,8 @@ class Batch:
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
                  at: Callable[[int], Any] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
-        # a batch of one: (x, g) as the agent's own 1-D tensors, for the (1, P) tensors it was made with
+        # (x, g) as the row tensors the batch was made from (the agent's own 1-D tensors, the gradient service's
+        # results): what the batch hands over where a kernel passes its x or g unchanged, with no views to make
         self._rows = None if rows is None else ((x, rows[0]), (g, rows[1]))
         self.out: list | None = None
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
@@ -107,13 +115,17 @@ class Batch:
         """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
         return torch.tensor(self.ids, device=self.x.device)
 
-    def _row(self, t: torch.Tensor) -> torch.Tensor:
-        """Row 0 of a batch of one's tensor: the agent's own 1-D x or g when it is one of them, else a view."""
+    def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
+        """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views."""
         if self._rows is not None:
             for made, own in self._rows:
-                if t is made:
+                if t is made and own is not None:
                     return own
-        return t[0]
+        return t.unbind(0)
+
+    def _row(self, t: torch.Tensor) -> torch.Tensor:
+        """Row 0 of a batch of one's tensor."""
+        return self._rowlist(t)[0]
 
     # what a kernel does ---------------------------------------------------------------------------------
     def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
@@ -128,7 +140,7 @@ class Batch:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
         if isinstance(payloads, torch.Tensor):
-            self.out = [self._row(payloads)] if len(self.agents) == 1 else list(payloads.unbind(0))
+            self.out = list(self._rowlist(payloads))
         else:
             self.out = list(payloads)
         self.sizes = None if sizes is None else list(sizes)
@@ -146,8 +158,8 @@ class Batch:
             s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
-        steps = [None] * len(self) if step is None else step
-        for a, x, g, s in zip(self.agents, own, got, steps, strict=True):
+        steps = [None] * len(self) if step is None else self._rowlist(step) if isinstance(step, torch.Tensor) else step
+        for a, x, g, s in zip(self.agents, self._rowlist(own), got, steps, strict=True):
             a.mix_into_params(x, g, step=s, lr=lr)
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:

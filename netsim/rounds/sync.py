@@ -60,7 +60,8 @@ class SyncRounds:
                 g1 = None
                 if req is not None:
                     g1 = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
-                b = Batch(one, k, x.unsqueeze(0), None if g1 is None else g1.unsqueeze(0), state, rows=(x, g1))
+                b = Batch(one, k, x.unsqueeze(0), None if g1 is None else g1.unsqueeze(0), state,
+                          rows=((x,), None if g1 is None else (g1,)))
                 local = kernel.local(b, p)
                 if local is not None:  # local steps: each wave of gradients is this agent's request
                     yield from drive(agent, local)
@@ -132,14 +133,15 @@ class SyncRounds:
             if any(r is None for r in hook) and not all(r is None for r in hook):
                 raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
             hook = hook if hook[0] is not None else None
-            released: list[list[tuple]] = [[] for _ in acts]  # each agent's rows made inside ``local``
+            released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
             pending: set[int] = set()  # agents whose gradient is out: their compute_end row is due
             asked = []
-            for n, (t_act, _, i, at_tick) in enumerate(acts):  # activate; with the hook, its gradient request
-                if hook is not None:
+            xs = x.unbind(0)  # the rows of x: one unbind, no indexing per agent
+            if hook is not None:  # activate, then the gradient request
+                for n, ((t_act, _, i, at_tick), xn, req) in enumerate(zip(acts, xs, hook, strict=True)):
                     a = agents[i]
                     row((t_act, "activate", i, -1, -1, 0, at_tick, a.round, ""))
-                    asked.append(self._ask(a, x[n], a.sample_rows(hook[n].batch), hook[n], now, n, row, svc))
+                    asked.append(self._ask(a, xn, a.sample_rows(req.batch), req, now, n, row, svc))
             g = None
             if asked:
                 svc.flush()  # the first completion evaluates every pending request in one batched call
@@ -148,9 +150,10 @@ class SyncRounds:
 
             def at(n: int, now=now, released=released):
                 sim.env.advance_to(now[n])  # the agent's clock when its program runs on (its gradient is back)
-                return writer.capturing(released[n])
+                return writer.capturing(released.setdefault(n, []))
 
-            b = Batch([agents[i] for i in ids], k, x, g, state, at)
+            b = Batch([agents[i] for i in ids], k, x, g, state, at,
+                      rows=(xs, None if g is None else [t.result for t in asked]))
             sim.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
             local = kernel.local(b, p)
             if local is not None:
@@ -165,8 +168,7 @@ class SyncRounds:
                             elif hook is None:  # the first wave: the activation that led to it
                                 t_act, _, _, at_tick = acts[n]
                                 row((t_act, "activate", i, -1, -1, 0, at_tick, agents[i].round, ""))
-                            rows += released[n]
-                            released[n].clear()
+                            rows += released.pop(n, ())
                             asked.append(self._ask(agents[i], w.at[n], w.rows[n], w, now, n, row, svc))
                         pending = set(range(len(acts)))
                         svc.flush()
@@ -186,7 +188,8 @@ class SyncRounds:
                     if s == 0:
                         if n in pending:
                             row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-                        rows += released[n]
+                        if released:
+                            rows += released.pop(n, ())
                     size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
                     for j in agents[i].neighbors:
                         link = net.links.get((i, j)) or net.link(i, j)
