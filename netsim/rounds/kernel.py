@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from netsim.compute.mixing import MixUpdate, evaluate
 from netsim.compute.noise import gaussian_noise_rows
 
 
@@ -148,7 +149,13 @@ class Batch:
     def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
         """Each agent's sum_j W_ij x_j over what arrived, now (``Agent.mix``: a missing neighbour's weight stays
         on the agent's own row), as rows."""
-        return torch.stack([a.mix(x, g) for a, x, g in zip(self.agents, own, got, strict=True)])
+        if len(self.agents) == 1:
+            return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
+        ups = []  # every agent's mix in one batched call: Agent.mix's own float operations (compute.mixing)
+        for a, x, g in zip(self.agents, self._rowlist(own), got, strict=True):
+            ws = [a.weights[j] for j in g]
+            ups.append(MixUpdate(a.id, x, 1.0 - sum(ws), ws, list(g.values()), 0.0, None))
+        return evaluate(ups, own.dtype)[1]
 
     def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
                         lr: float = 1.0) -> None:
