@@ -124,7 +124,8 @@ def test_the_reference_never_shows_a_probe_value():
 
     keys = {r["key"]: r for rows in sections().values() for r in rows}
     assert keys["data.partition"]["allowed"] == ("'iid', 'dirichlet_equal', 'dirichlet_classes', 'shards', "
-                                                 "'quantity', 'label', 'label_share', 'classes', 'alternate'")
+                                                 "'quantity', 'label', 'label_share', 'classes', 'alternate', "
+                                                 "'groups', 'file'")
     assert not [k for k, r in keys.items() if "got" in r["allowed"].split()]
     res = runner.invoke(app, ["keys", "data"])
     assert res.exit_code == 0 and "got -1" not in res.output
