@@ -397,21 +397,14 @@ def dataset_args(spec: DataSpec) -> Any:
     """The ``[data]`` table's plugin keys structured into its dataset's params class (one-line errors)."""
     from importlib.metadata import entry_points
 
-    from netsim.scenario.structure import structure
+    from netsim.scenario.structure import plugin_keys
 
     if spec.kind not in DATASETS:
         for ep in entry_points(group="netsim.datasets"):
             ep.load()
     if spec.kind not in DATASETS:
         raise InputError("data.kind", f"unknown dataset {spec.kind!r}; registered: {', '.join(dataset_names())}")
-    cls = DATASET_PARAMS[spec.kind]
-    own = list(attrs.fields_dict(cls)) if cls is not None else []
-    for key in spec.params:
-        if key not in own:
-            allowed = [f.name for f in attrs.fields(DataSpec) if f.name != "params"] + own
-            raise InputError(f"data.{key}", f"unknown key for dataset {spec.kind!r}; allowed keys here: "
-                                            f"{', '.join(allowed)}")
-    return structure(spec.params, cls, "data") if cls is not None else None
+    return plugin_keys("data", "dataset", spec.kind, DATASET_PARAMS[spec.kind], DataSpec, spec.params)
 
 
 def _rows(made: Any, kind: str) -> Rows:

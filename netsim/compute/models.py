@@ -32,7 +32,7 @@ from torch import nn
 
 from netsim.errors import InputError, claim
 from netsim.scenario.schema import ModelSpec
-from netsim.scenario.structure import structure
+from netsim.scenario.structure import plugin_keys
 
 CLIP_KINDS = ("l2", "coordinate")
 
@@ -543,14 +543,7 @@ def model_args(spec: ModelSpec) -> Any:
         _load_entry_points()
     if spec.kind not in MODELS:
         raise InputError("model.kind", f"unknown model {spec.kind!r}; registered: {', '.join(model_names())}")
-    cls = MODEL_PARAMS[spec.kind]
-    own = list(attrs.fields_dict(cls)) if cls is not None else []
-    for key in spec.params:
-        if key not in own:
-            allowed = [f.name for f in attrs.fields(ModelSpec) if f.name != "params"] + own
-            raise InputError(f"model.{key}", f"unknown key for model {spec.kind!r}; allowed keys here: "
-                                             f"{', '.join(allowed)}")
-    return structure(spec.params, cls, "model") if cls is not None else None
+    return plugin_keys("model", "model", spec.kind, MODEL_PARAMS[spec.kind], ModelSpec, spec.params)
 
 
 def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[int] | None = None) -> Model:

@@ -164,3 +164,16 @@ def unstructure(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: unstructure(v) for k, v in obj.items() if v is not None}
     return obj
+
+
+def plugin_keys(section: str, what: str, kind: str, cls: type | None, spec_cls: type, given: dict) -> Any:
+    """A ``[section]`` table's keys that belong to its registered ``kind`` (a model's, a dataset's), structured
+    into that kind's params class ``cls``; a key neither the section (``spec_cls``) nor ``cls`` knows is one line
+    naming the allowed keys."""
+    own = list(attrs.fields_dict(cls)) if cls is not None else []
+    for key in given:
+        if key not in own:
+            allowed = [f.name for f in attrs.fields(spec_cls) if f.name != "params"] + own
+            raise InputError(f"{section}.{key}", f"unknown key for {what} {kind!r}; allowed keys here: "
+                                                 f"{', '.join(allowed)}")
+    return structure(given, cls, section) if cls is not None else None
