@@ -282,11 +282,13 @@ class LocalAhead:
 
     def __init__(self, kernel, p, state):
         self.kernel, self.p, self.state = kernel, p, state
-        self.pending: dict[int, tuple] = {}  # agent id -> (agent, x, its gradient's completion, round)
+        # completion time -> {agent id: (agent, x, its gradient's completion, round)}, in the order they asked: an
+        # instant's group is found without a scan of every waiting agent (asynchronous runs have one per instant)
+        self.pending: dict[float, dict[int, tuple]] = {}
         self.done: dict[int, tuple[Batch, list]] = {}  # agent id -> (its batch of one, its rows)
 
     def ask(self, agent, x, ev, k: int) -> None:
-        self.pending[agent.id] = (agent, x, ev, k)
+        self.pending.setdefault(ev.at, {})[agent.id] = (agent, x, ev, k)
 
     def take(self, agent) -> Batch:
         got = self.done.pop(agent.id, None)
@@ -299,10 +301,14 @@ class LocalAhead:
         return b
 
     def _run(self, first) -> None:
-        now, k = first.env.now, self.pending[first.id][3]
-        group = [e for e in self.pending.values() if e[2].at == now and e[2].ticket.result is not None and e[3] == k]
+        now = first.env.now
+        waiting = self.pending[now]
+        k = waiting[first.id][3]
+        group = [e for e in waiting.values() if e[2].ticket.result is not None and e[3] == k]
         for a, *_ in group:
-            del self.pending[a.id]
+            del waiting[a.id]
+        if not waiting:
+            del self.pending[now]
         if len(group) == 1:  # alone at this instant: its own batch of one, its rows made where it runs
             _, x, ev, _ = group[0]
             b = Batch([first], k, x.unsqueeze(0), ev.ticket.result.unsqueeze(0), self.state)
