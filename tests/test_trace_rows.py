@@ -14,12 +14,25 @@ TYPES = {"t": (float, int), "kind": str, "agent": int, "peer": int, "msg": int, 
 ENGINE = {"activate", "compute_start", "compute_end", "send", "deliver", "drop"}  # rows written as tuples
 
 
+class RowsWriter(TraceWriter):
+    """Keeps the raw rows the engine emitted (as flushed), before they become Arrow."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.raw: list[tuple] = []
+
+    def flush(self) -> None:
+        self.raw += self.buffer
+        super().flush()
+
+
 def test_engine_rows_are_the_records_rows():
-    batches: list = []
     sc = scenario_from_dict(merge(BASE, {"network": {"loss": 0.2}, "run": {"until": 3.0}}))
-    sim = api.prepare(sc, TraceWriter(None, {}, flush_every=97, on_batch=batches.append))
+    writer = RowsWriter(None, {}, flush_every=97)
+    sim = api.prepare(sc, writer)
     sim.run()
-    rows = [r for cols in batches for r in zip(*cols)]
+    writer.flush()
+    rows = writer.raw
     kinds = {r[1] for r in rows}
     assert ENGINE <= kinds
     for r in rows:
@@ -33,14 +46,15 @@ def test_event_counts_from_columns_match_a_count_of_the_rows():
 
     from netsim.metrics.summary import EventCounts
 
-    batches: list = []
     counts = EventCounts()
     sc = scenario_from_dict(merge(BASE, {"network": {"loss": 0.2}, "run": {"until": 3.0}}))
-    sim = api.prepare(sc, TraceWriter(None, {}, flush_every=50,
-                                      on_batch=lambda cols: (batches.append(cols), counts(cols))))
+    writer = RowsWriter(None, {}, flush_every=50, on_batch=counts)
+    sim = api.prepare(sc, writer)
     sim.run()
-    rows = [r for cols in batches for r in zip(*cols)]
+    writer.flush()
+    rows = writer.raw
     assert counts.kinds == Counter(r[1] for r in rows) and counts.total == len(rows)
+    assert list(counts.kinds) == list(Counter(r[1] for r in rows))  # the same order (summary.json's)
     assert counts.bytes_sent == sum(r[5] for r in rows if r[1] == "send") > 0
 
 
@@ -65,3 +79,24 @@ def test_mini_batches_drawn_ahead_are_the_single_draws():
     for _ in range(3):  # and from then on, one draw per call
         assert np.array_equal(agent.sample_rows(5), agent.rows[plain.integers(0, n, 5)])
     assert own.bit_generator.state == plain.bit_generator.state
+
+
+def test_record_batch_is_the_column_by_column_conversion():
+    """The struct-array conversion of rows gives the bytes of the column-by-column one, and rows it cannot
+    convert exactly (numpy scalars, a None) take the column-by-column path."""
+    import numpy as np
+    import pyarrow as pa
+
+    from netsim.trace.io import SCHEMA, _array, record_batch
+
+    def columns(rows):
+        return pa.record_batch([_array(c, f.type) for c, f in zip(zip(*rows), SCHEMA)], schema=SCHEMA)
+
+    rows = [(0.1 * i, "send", i, i + 1, i, 168, 0.005 * i, 3, "model") for i in range(50)]
+    rows += [(1e300, "timeout", 2, -1, -1, 0, float("nan"), 7, ""), (2, "deliver", 1, 0, 9, 8, 3, 1, "x")]
+    assert record_batch(rows).serialize().to_pybytes() == columns(rows).serialize().to_pybytes()
+    odd = rows + [(np.float64(1.5), "drop", np.int64(3), 1, 2, 3, np.float32(0.25), 4, "loss"),
+                  (2.0, "release", 1, -1, -1, 0, None, 0, "gradient")]
+    got = record_batch(odd)
+    assert got.serialize().to_pybytes() == columns(odd).serialize().to_pybytes()
+    assert got.column("value").null_count == 0

@@ -32,27 +32,39 @@ def evaluate(updates: Sequence[MixUpdate], dtype: torch.dtype) -> tuple[torch.Te
     """(rows, values): the updated rows' indices and new values; a row updated twice takes the last."""
     last = {u.row: u for u in updates}
     us = list(last.values())
-    out = torch.stack([u.own for u in us])
-    keep = torch.tensor([u.keep for u in us], dtype=torch.float64).to(dtype=dtype, device=out.device)
-    out *= keep.unsqueeze(1)  # own * keep, the scalar rounded to the rows' dtype as a Python float is
-    slots = max(len(u.weights) for u in us)
-    for s in range(slots):
-        groups: dict[float, list[int]] = {}
-        for k, u in enumerate(us):
-            if len(u.weights) > s:
-                groups.setdefault(u.weights[s], []).append(k)
-        for w, ks in groups.items():
-            xs = torch.stack([us[k].models[s] for k in ks])
-            _apply(out, ks, len(us), lambda o, xs=xs, w=w: o.add_(xs, alpha=w))
     steps: dict[float, list[int]] = {}
     for k, u in enumerate(us):
         if u.step is not None:
             steps.setdefault(u.lr, []).append(k)
-    for lr, ks in steps.items():
-        g = torch.stack([us[k].step for k in ks]) if len(ks) > 1 else us[ks[0]].step.unsqueeze(0)
-        _apply(out, ks, len(us), lambda o, g=g, lr=lr: o - lr * g)
+    by = {lr: (ks, torch.stack([us[k].step for k in ks]) if len(ks) > 1 else us[ks[0]].step.unsqueeze(0))
+          for lr, ks in steps.items()}
+    out = combine(torch.stack([u.own for u in us]), [u.keep for u in us], [u.weights for u in us],
+                  [u.models for u in us], by, dtype)
     rows = torch.tensor([u.row for u in us], dtype=torch.long, device=out.device)
     return rows, out
+
+
+def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence[float]],
+            models: Sequence[Sequence[torch.Tensor]], steps: dict[float, tuple[list[int], torch.Tensor]],
+            dtype: torch.dtype) -> torch.Tensor:
+    """The updates of ``evaluate`` as rows: row k is ``own[k] * keep[k] + sum_s weights[k][s] * models[k][s]``,
+    then ``- lr * g`` for the rows ``ks`` of each ``steps[lr] = (ks, g)`` (g: their step rows)."""
+    us = range(len(keep))
+    keep_t = torch.tensor(keep, dtype=torch.float64).to(dtype=dtype, device=own.device)
+    out = own * keep_t.unsqueeze(1)  # own * keep, the scalar rounded to the rows' dtype as a Python float is
+    slots = max(len(w) for w in weights)
+    for s in range(slots):
+        groups: dict[float, list[int]] = {}
+        for k in us:
+            ws = weights[k]
+            if len(ws) > s:
+                groups.setdefault(ws[s], []).append(k)
+        for w, ks in groups.items():
+            xs = torch.stack([models[k][s] for k in ks])
+            _apply(out, ks, len(us), lambda o, xs=xs, w=w: o.add_(xs, alpha=w))
+    for lr, (ks, g) in steps.items():
+        _apply(out, ks, len(us), lambda o, g=g, lr=lr: o - lr * g)
+    return out
 
 
 def _apply(out: torch.Tensor, ks: list[int], n: int, op) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from itertools import compress
 
 from netsim.trace.events import COLUMNS
 
@@ -17,10 +16,15 @@ class EventCounts:
         self.kinds: Counter[str] = Counter()
         self.bytes_sent = 0
 
-    def __call__(self, columns: list[tuple]) -> None:
-        kinds = columns[_KIND]
-        self.kinds.update(kinds)
-        self.bytes_sent += sum(compress(columns[_SIZE], map("send".__eq__, kinds)))
+    def __call__(self, batch) -> None:
+        """Count one flushed ``pa.RecordBatch`` (in Arrow's compute functions: no per-row Python)."""
+        import pyarrow.compute as pc
+
+        kinds = batch.column(_KIND)
+        counts = kinds.value_counts()  # in the order of first appearance, as counting the rows would
+        self.kinds.update(dict(zip(counts.field(0).to_pylist(), counts.field(1).to_pylist(), strict=True)))
+        sent = pc.sum(pc.filter(batch.column(_SIZE), pc.equal(kinds, "send"))).as_py()
+        self.bytes_sent += sent or 0
 
     @property
     def total(self) -> int:

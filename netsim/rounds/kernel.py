@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from netsim.compute.mixing import MixUpdate, evaluate
+from netsim.compute.mixing import MixUpdate, combine, evaluate
 from netsim.compute.noise import gaussian_noise_rows
 
 
@@ -142,6 +142,8 @@ class Batch:
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
         if isinstance(payloads, torch.Tensor):
             self.out = list(self._rowlist(payloads))
+            if sizes is None and len(self.agents) > 1:  # rows of one tensor: one size (``payload_size``'s)
+                sizes = [payloads[0].nbytes] * len(self.agents)
         else:
             self.out = list(payloads)
         self.sizes = None if sizes is None else list(sizes)
@@ -165,9 +167,24 @@ class Batch:
             s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
-        steps = [None] * len(self) if step is None else self._rowlist(step) if isinstance(step, torch.Tensor) else step
-        for a, x, g, s in zip(self.agents, self._rowlist(own), got, steps, strict=True):
-            a.mix_into_params(x, g, step=s, lr=lr)
+        agents = self.agents
+        ws = [[a.weights[j] for j in g] for a, g in zip(agents, got, strict=True)]
+        keep = [1.0 - sum(w) for w in ws]
+        if step is None:
+            by = {}
+        elif isinstance(step, torch.Tensor):
+            by = {lr: (list(range(len(agents))), step)}
+        else:  # rows, None for an agent that takes no step
+            ks = [n for n, s in enumerate(step) if s is not None]
+            by = {lr: (ks, torch.stack([step[n] for n in ks]))} if ks else {}
+        # Agent.mix_into_params's float operations for every agent in one call (compute.mixing), written at once
+        values = combine(own, keep, ws, [list(g.values()) for g in got], by, own.dtype)
+        bank = agents[0].sim.bank
+        bank.W.index_copy_(0, self.index(), values)
+        for n, (a, g) in enumerate(zip(agents, got, strict=True)):
+            if a._mixing is not None:  # the mixing record (pairwise privacy) of each agent's update
+                stepped = step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
+                a._record_mix(g, lr if stepped else 0.0)
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""

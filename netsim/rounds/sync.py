@@ -101,15 +101,12 @@ class SyncRounds:
         return None
 
     @staticmethod
-    def _ask(a, at, rows, req, now: list, n: int, row, svc):
+    def _start(a, now: list, n: int, row) -> None:
         """Agent ``a``'s gradient request as ``Agent.gradient`` makes it (compute time, ``compute_start`` row), its
-        clock moved to the completion: the ticket."""
+        clock moved to the completion."""
         ct = a._compute() * a.compute_scale
         row((now[n], "compute_start", a.id, -1, -1, 0, ct, -1, ""))
         now[n] = now[n] + ct
-        if req.clip is None:
-            return svc.submit(a.id, at, rows)
-        return svc.submit(a.id, at, rows, req.clip, req.clip_kind)
 
     def play(self, sim, kernel, wake) -> None:
         """Play the run round by round (see the module docstring)."""
@@ -117,6 +114,7 @@ class SyncRounds:
         state = kernel.state_of(agents[0], p)
         limit = sim.scenario.run.rounds
         expect = [len(a.in_neighbors) for a in agents]
+        outs: list[list | None] = [None] * len(agents)  # agent: [(out-neighbour, link)] (the topology is static)
         mid = net.next_id
         tag = self.tag
         order = [(a.id, float(sim.env.now)) for a in agents]  # (agent, when it called wake)
@@ -135,32 +133,29 @@ class SyncRounds:
             hook = hook if hook[0] is not None else None
             released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
             pending: set[int] = set()  # agents whose gradient is out: their compute_end row is due
-            asked = []
             xs = x.unbind(0)  # the rows of x: one unbind, no indexing per agent
+            g = None
             if hook is not None:  # activate, then the gradient request
-                for n, ((t_act, _, i, at_tick), xn, req) in enumerate(zip(acts, xs, hook, strict=True)):
+                asks = []
+                for n, ((t_act, _, i, at_tick), req) in enumerate(zip(acts, hook, strict=True)):
                     a = agents[i]
                     row((t_act, "activate", i, -1, -1, 0, at_tick, a.round, ""))
-                    asked.append(self._ask(a, xn, a.sample_rows(req.batch), req, now, n, row, svc))
-            g = None
-            if asked:
-                svc.flush()  # the first completion evaluates every pending request in one batched call
-                g = torch.stack([t.result for t in asked])
+                    self._start(a, now, n, row)
+                    asks.append(a.sample_rows(req.batch))
+                g = _evaluate(svc, ids, x, asks, hook)  # every request in one batched call (the first completion)
                 pending = set(range(len(acts)))
 
             def at(n: int, now=now, released=released):
                 sim.env.advance_to(now[n])  # the agent's clock when its program runs on (its gradient is back)
                 return writer.capturing(released.setdefault(n, []))
 
-            b = Batch([agents[i] for i in ids], k, x, g, state, at,
-                      rows=(xs, None if g is None else [t.result for t in asked]))
+            b = Batch([agents[i] for i in ids], k, x, g, state, at, rows=(xs, None))
             sim.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
             local = kernel.local(b, p)
             if local is not None:
                 try:
                     w = next(local)
                     while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
-                        asked = []
                         for n in range(len(acts)):
                             i = ids[n]
                             if n in pending:
@@ -169,10 +164,9 @@ class SyncRounds:
                                 t_act, _, _, at_tick = acts[n]
                                 row((t_act, "activate", i, -1, -1, 0, at_tick, agents[i].round, ""))
                             rows += released.pop(n, ())
-                            asked.append(self._ask(agents[i], w.at[n], w.rows[n], w, now, n, row, svc))
+                            self._start(agents[i], now, n, row)
                         pending = set(range(len(acts)))
-                        svc.flush()
-                        w = local.send(torch.stack([t.result for t in asked]))
+                        w = local.send(_evaluate(svc, ids, w.at, w.rows, [w] * len(ids)))
                 except StopIteration:
                     pass
             if hook is None and not pending:
@@ -191,8 +185,10 @@ class SyncRounds:
                         if released:
                             rows += released.pop(n, ())
                     size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
-                    for j in agents[i].neighbors:
-                        link = net.links.get((i, j)) or net.link(i, j)
+                    out = outs[i]
+                    if out is None:  # the agent's links, made at its first send as the engine makes them
+                        out = outs[i] = [(j, net.links.get((i, j)) or net.link(i, j)) for j in agents[i].neighbors]
+                    for j, link in out:
                         delay = t_done - t_done + link.latency()
                         row((t_done, "send", i, j, mid, size, delay, rnd, tag))
                         if link.lost is not None and link.lost() < net.p_loss:
@@ -241,6 +237,22 @@ class SyncRounds:
                 sim.progress(end)
         net.next_id = mid
         sim.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
+
+
+def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> torch.Tensor:
+    """The gradients of a batch's requests (agent n's at ``at[n]`` on ``rows[n]``, as asked by ``reqs[n]``), as the
+    events engine's one flush of them computes them: one block where they share a length and a clipping, else
+    request by request (the service groups them as it grouped the engine's)."""
+    r0 = reqs[0]
+    m = len(rows[0])
+    if all(r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and all(len(r) == m for r in rows):
+        blk = svc.submit_block(ids, at, rows, r0.clip, r0.clip_kind)
+        svc.flush()
+        return blk.result
+    tickets = [svc.submit(i, a, r, q.clip, q.clip_kind) for i, a, r, q in zip(ids, at.unbind(0), rows, reqs,
+                                                                              strict=True)]
+    svc.flush()
+    return torch.stack([t.result for t in tickets])
 
 
 def _round_times(sc, timeout: float) -> str | None:

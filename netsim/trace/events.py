@@ -267,6 +267,6 @@ def record(r: tuple) -> EventRow:
     return decode(r[0], r[1], **dict(zip(COLUMNS[2:], r[2:])))
 
 
-def records(columns: list[tuple]) -> list[EventRow]:
-    """A batch's columns (``TraceWriter``'s ``on_batch``) back as event records."""
-    return [record(r) for r in zip(*columns)]
+def records(batch) -> list[EventRow]:
+    """A flushed ``pa.RecordBatch`` (``TraceWriter``'s ``on_batch``) back as event records."""
+    return [record(r) for r in zip(*(c.to_pylist() for c in batch.columns))]
