@@ -159,10 +159,11 @@ def _privatize(b, p: DFedSAMParams, g: torch.Tensor, rows: list, spent: set) -> 
     sens = [per_example / len(r) for r in rows]
     q = [min(1.0, len(r) / len(a.rows)) for r, a in zip(rows, b.agents, strict=True)]
     out = b.privatize(g, [p.noise_multiplier * s for s in sens], sens, q, what="gradient")
-    if any(r is None for r in out):
-        spent.update(a.id for a, r in zip(b.agents, out, strict=True) if r is None)
+    refused = b.refused(out)
+    if refused:
+        spent.update(refused)
         return None
-    return torch.stack(out)
+    return b.stack(out)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ class DPDPSGD(RoundKernel):
                      for a in b.agents]
             q = [min(1.0, p.batch / len(a.rows)) for a in b.agents]
             b.step = b.privatize(g, [s for _, s in scale], [s for s, _ in scale], q, what="gradient")
-            b.state["spent"].update(a.id for a, s in zip(b.agents, b.step, strict=True) if s is None)
+            b.state["spent"].update(b.refused(b.step))                # out of budget: gossip only
         b.send(b.x)                                                   # x_i^k (post-processing)
 
     def combine(self, b, p, got):

@@ -65,8 +65,8 @@ class Muffliato(RoundKernel):
         sens = 2.0 * p.clip if batch_clip else p.clip / p.batch
         n = len(b)
         noisy = b.privatize(g, [b.state["sigma"]] * n, [sens] * n, [min(1.0, p.batch / len(a.rows)) for a in b.agents])
-        if all(z is not None for z in noisy):
-            b.x = b.x - p.lr * torch.stack(noisy)                 # x^{t+1/2}
+        if not b.refused(noisy):
+            b.x = b.x - p.lr * b.stack(noisy)                     # x^{t+1/2}
         else:                                                     # an agent out of budget takes no step
             b.x = torch.stack([x if z is None else x - p.lr * z for x, z in zip(b.x, noisy, strict=True)])
         b.prev, b.w = b.x, 1.0

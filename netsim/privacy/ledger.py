@@ -78,12 +78,15 @@ class AgentLedger:
         return self.noise.add(mechanism, x, sigma)
 
     def record(self, size: int, sigma: float, sensitivity: float, mechanism: str = "gaussian", q: float = 1.0,
-               what: str = "gradient", to: int = -1) -> bool:
+               what: str = "gradient", to: int = -1, at: tuple[float, list] | None = None) -> bool:
         """``release`` without the noise: check, account and trace one release of ``size`` coordinates, and
         say whether it may happen (False once the cap would be exceeded). The caller then adds the noise
         from ``self.noise`` itself, in this agent's release order; a runner that noises many agents'
         releases in one batch uses this (each agent's generator is its own, so the batch draws the same
-        noise as one release at a time)."""
+        noise as one release at a time). ``at`` = (time, rows): a batch's runner places the row itself (the
+        release at that time, its row appended to ``rows``); only without a cap (whose refusal is traced)."""
+        if at is not None and self.cap is not None:
+            raise ValueError("a release placed by its runner (at=) cannot have a budget cap")
         key = (mechanism, sigma, sensitivity, q)
         if key not in self._checked:  # the arguments of a run's releases rarely vary: check each once
             check_release_args(mechanism, sigma, sensitivity, q, self.p)
@@ -95,8 +98,8 @@ class AgentLedger:
         a = self.agent
         if a.data_decided_this_activation and not what.endswith(TRIGGERED):
             what += TRIGGERED  # a trigger decided in this activation whether this release happens
-        t, to, sigma, sensitivity, q, skipped = float(a.env.now), int(to), float(sigma), float(sensitivity), \
-            float(q), self._skipped()
+        t, to, sigma, sensitivity, q, skipped = float(a.env.now if at is None else at[0]), int(to), float(sigma), \
+            float(sensitivity), float(q), self._skipped()
         if self.cap is not None:  # the running RDP curve is only needed to enforce a cap
             # imported here: dp-accounting is a heavy import a run without caps need not pay mid-run
             from netsim.privacy.accountants import RunningRdp, release_events
@@ -115,8 +118,8 @@ class AgentLedger:
             self.spent = after
         # the Release record's row and log entry, made without the record (a run makes millions)
         self.releases.append_fields(t, a.round, to, skipped, (size, mechanism, what, sigma, sensitivity, q, self.p))
-        a.emit_row((t, "release", a.id, to, -1, size, sigma, a.round,
-                    release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
+        (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, a.round,
+                                                       release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
         return True
 
     def _check_cap_accountant(self, mechanism: str, sigma: float, sensitivity: float, q: float) -> None:

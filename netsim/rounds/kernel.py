@@ -73,7 +73,7 @@ class Batch:
     (``RoundKernel.init``). A kernel may keep its own values on the batch between ``local`` and ``combine``."""
 
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
-                 at: Callable[[int], Any] | None = None, rows: tuple | None = None):
+                 at: Callable[[int], tuple[float, list]] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
         # (x, g) as the row tensors the batch was made from (the agent's own 1-D tensors, the gradient service's
         # results): what the batch hands over where a kernel passes its x or g unchanged, with no views to make
@@ -81,7 +81,7 @@ class Batch:
         self.out: list | None = None
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
-        self._at = at  # the windowed driver's hook: the clock and trace position of agent n's release
+        self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
 
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows"})
 
@@ -225,18 +225,24 @@ class Batch:
                   q: Sequence[float], what: str = "gradient") -> list[torch.Tensor | None]:
         """Row n plus Gaussian noise of std ``sigma[n]`` from agent n's own noise generator, each release
         accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
-        is reached. The noise of the batch is drawn in one call (the same bits as one release at a time)."""
+        is reached (rows as one (B, P) tensor when every agent released with noise). The noise of the batch is
+        drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
         out: list[torch.Tensor | None] = []
         noised = []
+        size = g.shape[1]
         for n, a in enumerate(self.agents):
             led = a.ledger
-            if self._at is not None:
-                with self._at(n):
-                    ok = led.record(g.shape[1], sigma[n], sensitivity[n], q=q[n], what=what)
-            else:
-                ok = led.record(g.shape[1], sigma[n], sensitivity[n], q=q[n], what=what)
+            if self._at is None:
+                ok = led.record(size, sigma[n], sensitivity[n], q=q[n], what=what)
+            elif led.cap is None:  # the release at the agent's own clock, its row where its program makes it
+                ok = led.record(size, sigma[n], sensitivity[n], q=q[n], what=what, at=self._at(n))
+            else:  # a cap's refusal is traced by the ledger itself: at the agent's clock, among its rows
+                t, into = self._at(n)
+                a.sim.env.advance_to(t)
+                with a.sim.writer.capturing(into):
+                    ok = led.record(size, sigma[n], sensitivity[n], q=q[n], what=what)
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
                 noised.append(n)
@@ -244,9 +250,22 @@ class Batch:
             rows = g[noised] if len(noised) < len(self) else g
             z = gaussian_noise_rows(g.shape[1:], [sigma[n] for n in noised],
                                     [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
+            if len(noised) == len(self):  # every agent released: the rows as one tensor
+                return rows + z
             for n, r in zip(noised, (rows + z).unbind(0), strict=True):
                 out[n] = r
         return out
+
+    @staticmethod
+    def stack(rows: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        """Rows (``privatize``'s: a tensor, or a list of row tensors) as one (B, P) tensor."""
+        return rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
+
+    def refused(self, released: torch.Tensor | Sequence) -> list[int]:
+        """The agents (ids) whose release ``privatize`` refused (their budget cap reached)."""
+        if isinstance(released, torch.Tensor):
+            return []
+        return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
 
 
 class RoundKernel:

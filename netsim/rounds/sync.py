@@ -145,9 +145,8 @@ class SyncRounds:
                 g = _evaluate(svc, ids, x, asks, hook)  # every request in one batched call (the first completion)
                 pending = set(range(len(acts)))
 
-            def at(n: int, now=now, released=released):
-                sim.env.advance_to(now[n])  # the agent's clock when its program runs on (its gradient is back)
-                return writer.capturing(released.setdefault(n, []))
+            def at(n: int, now=now, released=released):  # the agent's clock when its program runs on, its rows
+                return now[n], released.setdefault(n, [])
 
             b = Batch([agents[i] for i in ids], k, x, g, state, at, rows=(xs, None))
             sim.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
@@ -328,11 +327,10 @@ class LocalAhead:
             self.done[first.id] = (b, [])
             return
         agents = [a for a, *_ in group]
-        writer = first.sim.writer
         rows: list[list] = [[] for _ in group]
         x = torch.stack([e[1] for e in group])
         g = torch.stack([e[2].ticket.result for e in group])
-        b = Batch(agents, k, x, g, self.state, at=lambda n: writer.capturing(rows[n]))
+        b = Batch(agents, k, x, g, self.state, at=lambda n: (now, rows[n]))
         self.kernel.local(b, self.p)
         for n, a in enumerate(agents):
             self.done[a.id] = (b.row(n), rows[n])

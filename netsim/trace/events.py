@@ -144,7 +144,7 @@ class Finish(EventRow):
     round: int
 
 
-@functools.lru_cache(maxsize=4096, typed=True)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 1 and 1.0 print differently
 def release_tag(mechanism: str, what: str, sensitivity: float, q: float, p: float, skipped: int) -> str:
     """A ``Release`` row's tag (its fields that are not columns; cached: a run's releases repeat a few)."""
     return f"{mechanism} {what} s={sensitivity!r} q={q!r} p={p!r} k={skipped}"
