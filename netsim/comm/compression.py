@@ -257,6 +257,12 @@ class PublicCopyRows:
 
     def receive(self, agents, got: list[dict]) -> None:
         """xhat_j += q_j for every decoded q_j that reached agent n of ``agents`` (``got[n]``: {j: q_j})."""
+        if len(agents) == 1:  # the events engine's batch of one: each slot's row as a view, the same sum
+            i, slot, copies = agents[0].id, self.slot[agents[0].id], self.copies
+            for j, q in got[0].items():
+                row = copies[i, slot[j]]
+                row.copy_(row + q)
+            return
         pairs = [(a.id, self.slot[a.id][j], q) for a, g in zip(agents, got, strict=True) for j, q in g.items()]
         if pairs:
             dev = self.copies.device
@@ -268,6 +274,11 @@ class PublicCopyRows:
         """x_n + gamma sum_j W_nj (xhat_j - xhat_n) of each agent n, as ``MixUpdate``'s for the bank."""
         from netsim.compute.mixing import MixUpdate
 
+        if len(agents) == 1:  # a batch of one: its rows as views, the same differences
+            i = agents[0].id
+            m = len(self.nbrs[i])
+            return [MixUpdate(i, x[0], 1.0, self.alphas[i], list((self.copies[i, :m] - self.own[i]).unbind(0)), 0.0,
+                              None)]
         idx = torch.tensor([a.id for a in agents], device=x.device)
         diffs = self.copies.index_select(0, idx) - self.own.index_select(0, idx).unsqueeze(1)
         return [MixUpdate(a.id, x[n], 1.0, self.alphas[a.id], list(diffs[n, :len(self.nbrs[a.id])].unbind(0)), 0.0,
