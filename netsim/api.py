@@ -137,6 +137,29 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None):
         raise e.at(source) if source else e from None
 
 
+def precheck(scenario: Scenario, source: str | None = None) -> float | None:
+    """The checks that import no torch and build no tensors (``netsim validate --quick``): the memory estimate,
+    the closed form's name, the algorithm's name and the topology with its mixing weights; returns their spectral
+    gap. The algorithm's parameters and checks, the data and the model need ``prepare``."""
+    from netsim.algorithm_reference import SUMMARIES
+    from netsim.algorithms import REGISTRY
+    from netsim.sim import footprint
+    from netsim.sim.streams import Streams
+    from netsim.sim.topology import spectral_gap, weighted_graph
+
+    try:
+        footprint.check(scenario)
+        if scenario.algorithm.name not in SUMMARIES and scenario.algorithm.name not in REGISTRY:
+            from netsim.algorithms import resolve
+
+            resolve(scenario.algorithm)  # an entry point's algorithm, or the one-line error naming the known ones
+        _check_closed_form(scenario, source)
+        _, W = weighted_graph(scenario.topology, scenario.agents.count, Streams(scenario.run.seed).seed_for("topology"))
+        return spectral_gap(W)
+    except InputError as e:
+        raise e.at(source) if source else e from None
+
+
 def _check_closed_form(scenario: Scenario, source: str | None) -> None:
     """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
     old name works and prints a one-line note."""

@@ -245,7 +245,11 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
 
 @app.command()
 def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
-             set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt) -> None:
+             set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt,
+             quick: bool = typer.Option(False, "--quick", help="only keys, types, ranges, the algorithm's name, the "
+                                        "topology and the memory estimate, without importing torch (well under a "
+                                        "second); the default also builds the data, model and algorithm")
+             ) -> None:
     """Check a scenario (keys, types, ranges, files, algorithm, topology) without running it."""
     from netsim import api
     from netsim.errors import InputError
@@ -253,10 +257,10 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     try:
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
-        sim = api.prepare(sc, source=str(scenario))
+        gap = api.precheck(sc, str(scenario)) if quick else api.prepare(sc, source=str(scenario)).gap
     except InputError as e:
         _fail(e)
-    gap = "n/a" if sim.gap is None else f"{sim.gap:.4f}"
+    gap = "n/a" if gap is None else f"{gap:.4f}"
     typer.echo(f"ok: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
                f"spectral gap {gap}), algorithm {sc.algorithm.name}")
 

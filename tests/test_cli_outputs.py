@@ -127,3 +127,20 @@ def test_compare_speaks_of_a_target_only_where_there_is_one(two_runs, tmp_path):
     res = runner.invoke(app, ["compare", str(aimed.out), "--out", str(out), "--metric", "consensus",
                               "--target", repr(goal)])
     assert f"consensus <= {goal:g} from t = {since:.4g} s on" in res.output
+
+
+def test_compare_answers_without_torch(two_runs, tmp_path):
+    """Reading finished runs needs no torch (~2 s to import): checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, cli_env
+
+    a, b = two_runs
+    args = ["compare", str(a.out), str(b.out), "--out", str(tmp_path / "c.png")]
+    code = ("import sys\nfrom netsim.cli import app\n"
+            f"try:\n    app(args={args!r})\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print('TORCH', 'torch' in sys.modules, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
+    assert p.returncode == 0 and "TORCH False" in p.stderr, p.stderr
+    assert (tmp_path / "c.png").stat().st_size > 0 and "lossless: accuracy" in p.stdout

@@ -167,6 +167,49 @@ def test_quick_commands_do_not_import_torch(args):
     assert "HEAVY []" in p.stderr, p.stderr
 
 
+LEAN = ("torch", "sklearn", "matplotlib", "pandas", "ray", "textual", "duckdb", "dp_accounting")
+
+
+def test_validate_quick_imports_no_torch_and_says_what_validate_says():
+    """``validate --quick`` answers in a fresh interpreter without torch, with the full check's own line."""
+    code = ("import sys\nfrom netsim.cli import app\n"
+            "try:\n    app(args=['validate', '--quick', 'scenarios/quickstart.toml'])\n"
+            "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            f"print('HEAVY', [m for m in {LEAN!r} if m in sys.modules], file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "HEAVY []" in p.stderr, p.stderr
+    full = runner.invoke(app, ["validate", str(ROOT / "scenarios" / "quickstart.toml")])
+    assert full.exit_code == 0 and p.stdout == full.stdout == (
+        "ok: quickstart: 16 agents, ring (metropolis_hastings, spectral gap 0.0507), algorithm dpsgd\n")
+
+
+@pytest.mark.parametrize("extra,key", [
+    ({"topology": {"kind": "edges_file", "path": "/nonexistent/edges.txt"}}, "topology.path"),
+    ({"topology": {"kind": "random_regular", "degree": 3}, "agents": {"count": 7}}, "topology.degree"),
+    ({"topology": {"directed": True, "mixing": "metropolis_hastings"}}, "topology.mixing"),
+    ({"algorithm": {"name": "sgd-magic"}}, "algorithm.name"),
+    ({"agents": {"count": 10**6}, "topology": {"kind": "complete"}}, "topology"),
+    ({"privacy": {"closed_form": "no_such_form"}}, "privacy.closed_form"),
+    ({"data": {"kind": "libsvm", "path": "nope.libsvm"}}, None),
+    ({"algorithm": {"name": "dpsgd", "momentum": 0.9}}, None),
+])
+def test_validate_quick_refuses_with_the_full_checks_line_or_leaves_it_to_them(tmp_path, extra, key):
+    """What ``--quick`` checks fails with the very line the full check gives; the data and the algorithm's
+    parameters (key None here) are the full check's only."""
+    import tomli_w
+
+    path = tmp_path / "s.toml"
+    path.write_text(tomli_w.dumps(merge(BASE, extra)))
+    full = runner.invoke(app, ["validate", str(path)])
+    quick = runner.invoke(app, ["validate", "--quick", str(path)])
+    assert full.exit_code == 2 and full.stderr.count("\n") == 1, full.output
+    if key is None:
+        assert quick.exit_code == 0 and quick.stdout.startswith("ok: "), quick.output
+    else:
+        assert quick.exit_code == 2 and quick.stderr == full.stderr and f"{path}: {key}" in quick.stderr
+
+
 def test_run_explore_ends_with_the_runs_summary_table(tmp_path, monkeypatch, capsys):
     """The child run is quiet (the explorer owns the terminal); its table comes back when it ends."""
     from netsim import cli

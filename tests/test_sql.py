@@ -371,3 +371,51 @@ def test_a_partial_trace_is_queried_up_to_its_last_batch_with_a_warning(run_dir,
                          text=True, env=cli_env())
     assert out.returncode == 0 and out.stderr.startswith("warning: partial run, up to t = ")
     assert f" {n} " in out.stdout
+
+
+# ---- the same recipes through `netsim query` and the explorer's query bar ----
+
+def test_every_recipe_through_the_cli_equals_pandas(run_dir, tmp_path):
+    """``netsim query RUN SQL --parquet FILE`` gives each recipe's rows, types kept, of docs/traces.md and of
+    docs/explore.md's query bar (on the explorer's committed trace)."""
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+    from tests import test_explore_ui as ui
+
+    runner = CliRunner()
+
+    def cli_rows(folder, sql):
+        out = tmp_path / "r.parquet"
+        res = runner.invoke(app, ["query", str(folder), sql, "--parquet", str(out)])
+        assert res.exit_code == 0, res.output
+        return pq.read_table(out)
+
+    for name, sql in recipes().items():
+        same(cli_rows(run_dir, sql), PANDAS[name](*frames(run_dir)))
+    for name, sql in ui.recipes().items():
+        want = ui.expected(name).reset_index(drop=True)
+        same(cli_rows(ui.TRACE, sql), want)
+
+
+def test_every_docs_recipe_through_the_query_bar_equals_pandas(run_dir):
+    """The query bar (``:``) answers each recipe of docs/traces.md on the run, typed as one line."""
+    import asyncio
+
+    from netsim.explore.app import Explorer
+    from netsim.explore.panels import PromptBar, ResultsPanel
+
+    async def main():
+        app = Explorer(run_dir)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.pause()
+            for name, sql in recipes().items():
+                await pilot.press("colon")
+                app.query_one(PromptBar).value = " ".join(line.strip() for line in sql.splitlines())
+                await pilot.press("enter")
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                same(app.query_one(ResultsPanel).result, PANDAS[name](*frames(run_dir)))
+                await pilot.press("escape")
+
+    asyncio.run(main())

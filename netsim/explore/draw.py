@@ -20,6 +20,13 @@ PIN = "◆"
 _NULL = Style.null()
 
 
+def _segment(text: str, style: Style) -> Segment:
+    return _new(Segment, (text, style, None))  # Segment(text, style) without the named tuple's own __new__
+
+
+_new = tuple.__new__
+
+
 class Painter:
     """Draws strips; styles are parsed once (rich Text would parse them per span per redraw)."""
 
@@ -59,35 +66,47 @@ class Painter:
         styles = [self.style(x) for x in distinct]
         style_ix = np.array([distinct.index(x) for x in names] + [0], dtype=np.int32)  # code -1: ""
         exact = lw + w + 2 == width
+        ix_all = style_ix[grid]  # -1 indexes the last entry: empty
+        for li, p in enumerate(past):
+            if p is not None:
+                ix_all[li] = np.where((grid[li] >= 0) & (col_t > p), 1, ix_all[li])  # "dim"
+        under = ix_all[:, col].tolist()  # each lane's style under the cursor column
+        # the cursor's and the selection's cells get styles of their own: ids past the named ones
+        ix_all[:, col] = len(styles)
+        if sel_cell is not None and 0 <= sel_cell[0] < len(grid) and 0 <= sel_cell[1] < w:
+            ix_all[sel_cell] = len(styles) + 1
+        new_run = np.ones(ix_all.shape, dtype=bool)  # where a run of one style begins
+        new_run[:, 1:] = ix_all[:, 1:] != ix_all[:, :-1]
+        picked = chars[grid]
+        texts = (picked.tobytes().decode("utf-32-le") if picked.dtype != object
+                 else "".join(picked.ravel().tolist()))
         out = []
-        for li, codes in enumerate(grid):
+        for li, ix in enumerate(ix_all):
             lstyle = "reverse bold" if li == lane else "bold"
             if past[li] is not None:
                 lstyle += " magenta"
-            ix = style_ix[codes]  # -1 indexes the last entry: empty
-            if past[li] is not None:
-                ix = np.where((codes >= 0) & (col_t > past[li]), 1, ix)  # "dim"
-            # the cursor's and the selection's cells get styles of their own: ids past the named ones
-            lane_styles = [*styles, self.style((distinct[ix[col]] + " on grey30").strip())]
-            ix = ix.copy()
-            ix[col] = len(styles)
-            if sel_cell is not None and sel_cell[0] == li and 0 <= sel_cell[1] < w:
+            lane_styles = [*styles, self.style((distinct[under[li]] + " on grey30").strip())]
+            if sel_cell is not None and sel_cell[0] == li:
                 lane_styles.append(self.style("reverse bold"))
-                ix[sel_cell[1]] = len(styles) + 1
-            cuts = [0, *(np.flatnonzero(ix[1:] != ix[:-1]) + 1).tolist(), w]
-            picked = chars[codes]
-            text = picked.tobytes().decode("utf-32-le") if picked.dtype != object else "".join(picked.tolist())
-            segs = [Segment(f"{labels[li]:>{lw}}", self.style(lstyle))]
-            plain = "|"  # unstyled text runs on until the next styled run, as in rich's rendering
-            for lo, hi, sx in zip(cuts, cuts[1:], ix[cuts[:-1]].tolist()):
-                if not sx:
-                    plain += text[lo:hi]
-                    continue
-                if plain:
-                    segs.append(Segment(plain, _NULL))
-                    plain = ""
-                segs.append(Segment(text[lo:hi], lane_styles[sx]))
-            segs.append(Segment(plain + "|", _NULL))
+            starts = np.flatnonzero(new_run[li])
+            text = texts[li * w:(li + 1) * w]
+            bounds = [*starts.tolist(), w]
+            runs = [text[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+            sxs = ix[starts].tolist()
+            run_styles = [lane_styles[sx] for sx in sxs]
+            # unstyled text (style 0) runs on into the borders, as in rich's rendering; runs alternate, so only
+            # the first and the last run can join a border
+            if not sxs[0]:
+                runs[0] = "|" + runs[0]
+            else:
+                runs.insert(0, "|")
+                run_styles.insert(0, _NULL)
+            if not sxs[-1]:
+                runs[-1] += "|"
+            else:
+                runs.append("|")
+                run_styles.append(_NULL)
+            segs = [Segment(f"{labels[li]:>{lw}}", self.style(lstyle)), *map(_segment, runs, run_styles)]
             out.append(Strip(segs, width) if exact else Strip(segs).adjust_cell_length(width))
         return out
 
