@@ -178,6 +178,21 @@ class Recorded(Schedule):
     def tick(self) -> int:
         return self.own.tick
 
+    @property
+    def period(self) -> float | None:
+        return self.own.period
+
+    @property
+    def probability(self) -> float:
+        return self.own.probability
+
+    @property
+    def origin(self) -> int:
+        return self.own.origin
+
+    def tick_at(self, local: float) -> int:
+        return self.own.tick_at(local)
+
     def advance_tick(self, tick: int) -> None:
         self.own.advance_tick(tick)
 
@@ -204,8 +219,9 @@ class Recorded(Schedule):
         if self.exact:
             return self.own.next(now_local)
         t, local = self.pending
-        if self.agent.activation.kind != "poisson":  # keep the tick count in step with the recording
-            self.own.advance_tick(math.floor(self.agent.local_time(t) / self.agent.activation.period + 1e-9))
+        period = self.own.period
+        if period is not None:  # keep the tick count in step with the recording
+            self.own.advance_tick(math.floor(self.agent.local_time(t) / period + 1e-9))
         return local
 
     def settle(self, at: float, delay: float) -> tuple[float, float]:

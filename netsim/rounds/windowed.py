@@ -64,7 +64,7 @@ def refusal(sim) -> str | None:
         return (f"algorithm {sim.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
     why = scenario_refusal(sim.scenario)
-    if why is None and (sim.network.model is not None or sim.network.wake_hook is not None):
+    if why is None and (sim.network.model is not None or sim.activation_moves is not None):
         why = "a link model or an activation hook is installed"
     for a in sim.agents if why is None else ():
         if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:

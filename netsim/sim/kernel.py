@@ -20,13 +20,15 @@ import torch
 
 from netsim.compute import resolve_device
 from netsim.compute.bank import ParameterBank
-from netsim.compute.data import load_dataset
+from netsim.compute.data import find_data_file, load_dataset
 from netsim.compute.evaluate import evaluate_bank
 from netsim.compute.gradients import GradientService, Ticket
 from netsim.compute.models import build_model
 from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
+from netsim.sim.activation import moves_for
 from netsim.sim.agent import Agent
+from netsim.sim.churn import build_churn
 from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.env import Environment
 from netsim.sim.network import Network
@@ -146,7 +148,11 @@ class Simulation:
         self.engine = "events"  # or "windowed": api.run(engine=...) after rounds.windowed.refusal
         self.runner = None  # a windowed driver (``rounds.windowed.run``) that plays the run instead of the events
         self.progress: Callable[[float], None] | None = None
-        self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
+        # offline time (sim/churn.py): the network drops what an offline agent sends or would receive, its
+        # activations and computations wait until it is back
+        self.churn = build_churn(sc.agents, self.streams, find_data_file)
+        self.activation_moves = moves_for(sc.agents, self.streams, self.churn)  # jitter, churn (activation.py)
+        self.network.attach(self)  # link models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
 
