@@ -14,19 +14,25 @@ every churn interval (``offline``). Replay builds a run whose network *is* that 
   asks is skipped, like a missed tick); the recorded offline intervals replace OTHER's churn.
   Messages with no recorded neighbour in time on their link, and activations beyond the recording,
   fall back to OTHER's own link / activation models (its own streams); both are counted and reported.
+
+An exact replay needs a plugin only where the scenario's own models are used: a plugin link model or
+activation schedule the recorded scenario names but this process has not loaded stands in as ``Unloaded``
+(the recording decides every message and activation; transmissions end by the scenario's bandwidth, as the
+built-in links'), and says in one line which ``--plugin`` is needed when the run asks it for more.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 
 from netsim.errors import InputError
-from netsim.sim.activation import Schedule
-from netsim.sim.network import ComposedLinks
+from netsim.sim.activation import SCHEDULES, Schedule
+from netsim.sim.network import LINK_MODELS, ComposedLinks
 from netsim.trace.io import Trace, read_trace
 
 
@@ -41,6 +47,7 @@ class Recording:
         self.links: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
         self.activations: dict[int, list[tuple[float, float]]] = {}
         self.offline: dict[int, list[tuple[float, float]]] = {}
+        self.ticks_accounted = False  # a release was accounted with skipped ticks or p < 1 (its schedule's)
         for r, k in enumerate(kind):
             if k == "send":
                 if not (math.isfinite(value[r]) and value[r] >= 0):
@@ -52,6 +59,8 @@ class Recording:
                 self.activations.setdefault(agent[r], []).append((t[r], value[r]))
             elif k == "offline":
                 self.offline.setdefault(agent[r], []).append((t[r], t[r] + value[r]))
+            elif k == "release" and not self.ticks_accounted:
+                self.ticks_accounted = not tag[r].endswith(" p=1.0 k=0")
         if not trace.complete:
             raise InputError("", f"{trace.partial_note()}; replay needs a complete recording", source)
         self.times = {k: np.array([x[0] for x in v]) for k, v in self.links.items()}
@@ -104,6 +113,7 @@ class ReplayNetwork:
         # a plugin's model: only it knows its transmission ends; asked for each message in the recorded order,
         # it draws and queues as it did in the recording
         self.plugin = sim.network.model is not None and not self.full
+        self.unloaded = isinstance(sim.network.model, UnloadedLinks)  # a plugin's model that is not loaded
         self.used: dict[tuple[int, int], int] = {}
 
     def lookup(self, src: int, dst: int, now: float) -> tuple[float, str] | None:
@@ -123,7 +133,7 @@ class ReplayNetwork:
 
     def transfer_end(self, src: int, dst: int, now: float, size: int) -> float:
         net = self.net
-        if self.plugin:
+        if self.plugin and not self.unloaded:
             return self.own.outcome(src, dst, now, size)[0]
         if self.full:
             return net.transfer(net.full_link(src, dst), src, now, size)
@@ -171,12 +181,28 @@ class Recorded(Schedule):
 
     def __init__(self, agent, times: list[tuple[float, float]], exact: bool, stats: Stats):
         self.own, self.agent, self.times, self.exact, self.stats = agent.schedule, agent, times, exact, stats
+        self.planless = isinstance(self.own, UnloadedSchedule)  # a plugin's schedule that is not loaded
         self.k = 0
         self.pending: tuple[float, float] | None = None  # the recorded activation being planned
 
     @property
     def tick(self) -> int:
         return self.own.tick
+
+    @property
+    def period(self) -> float | None:
+        return self.own.period
+
+    @property
+    def probability(self) -> float:
+        return self.own.probability
+
+    @property
+    def origin(self) -> int:
+        return self.own.origin
+
+    def tick_at(self, local: float) -> int:
+        return self.own.tick_at(local)
 
     def advance_tick(self, tick: int) -> None:
         self.own.advance_tick(tick)
@@ -188,24 +214,25 @@ class Recorded(Schedule):
         times, stats = self.times, self.stats
         if self.exact and self.agent.finished:  # finishing: the agent's own bookkeeping
             self.pending = None
-            return self.own.next(now_local)
+            return math.inf if self.planless else self.own.next(now_local)
         if not self.exact:  # skip what is already past
             now = self.agent.env.now
             while self.k < len(times) and times[self.k][0] < now:
                 self.k += 1
                 stats.activations_skipped += 1
         self.pending = times[self.k] if self.k < len(times) else None
-        self.fixed = self.pending is not None and not self.exact
+        self.fixed = self.pending is not None and (self.planless or not self.exact)
         if self.pending is None:  # beyond the recording (exact: still pending when the recorded run ended)
             stats.fallback_activations += 1
-            return self.own.next(now_local)
+            return math.inf if self.planless else self.own.next(now_local)
         self.k += 1
         stats.activations_replayed += 1
-        if self.exact:
+        if self.exact and not self.planless:
             return self.own.next(now_local)
         t, local = self.pending
-        if self.agent.activation.kind != "poisson":  # keep the tick count in step with the recording
-            self.own.advance_tick(math.floor(self.agent.local_time(t) / self.agent.activation.period + 1e-9))
+        period = self.own.period
+        if period is not None:  # keep the tick count in step with the recording
+            self.own.advance_tick(math.floor(self.agent.local_time(t) / period + 1e-9))
         return local
 
     def settle(self, at: float, delay: float) -> tuple[float, float]:
@@ -215,7 +242,83 @@ class Recorded(Schedule):
         now = self.agent.env.now
         if self.exact and at == local and now + delay == t:  # the same float sum simpy schedules
             return at, delay
+        if self.planless:  # exactly at the recorded time: simpy schedules now + delay
+            return local, delay_to(now, t)
         return local, max(0.0, t - now)  # conditions, or an edited recording: at the recorded time
+
+
+def delay_to(now: float, t: float) -> float:
+    """The delay d >= 0 with now + d == t in floating point (t - now rounded may miss t by an ulp)."""
+    d = max(0.0, t - now)
+    while now + d < t:
+        d = math.nextafter(d, math.inf)
+    while d > 0.0 and now + d > t:
+        d = math.nextafter(d, -math.inf)
+    return d
+
+
+class UnloadedLinks:
+    """A plugin link model (``network.model``) this process has not loaded, in an exact replay: the recording
+    decides every message; one it lacks would need the plugin itself."""
+
+    def __init__(self, name: str, net):
+        self.name = name
+
+    def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
+        raise InputError("network.model", f"link model {self.name!r} is not loaded and the message {src} -> {dst} "
+                                          f"at t = {now:g} is not in the recording: replay with --plugin (the file "
+                                          "that registers it)")
+
+
+class UnloadedSchedule(Schedule):
+    """A plugin activation schedule (``agents.activation.schedule``) this process has not loaded, in an exact
+    replay: the recording fixes every activation; its ticks, if the algorithm asks, need the plugin itself."""
+
+    kind = "unloaded"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _needed(self, what: str):
+        return InputError("agents.activation.schedule", f"schedule {self.name!r} is not loaded and the run "
+                                                        f"reads its {what}: replay with --plugin (the file that "
+                                                        "registers it)")
+
+    def next(self, now_local: float) -> float:
+        raise self._needed("next activation")
+
+    def defer(self, at: float, back_local: float) -> float:
+        raise self._needed("next activation")
+
+    def tick_at(self, local: float) -> int:
+        raise self._needed("ticks")
+
+
+@contextmanager
+def unloaded_plugins(sc, rec: Recording, source: str):
+    """Stand-ins, while an exact replay runs, for the plugin link model and schedule the recorded scenario
+    names and this process has not loaded (they are registered under their names, then removed)."""
+    added = []
+    name = sc.network.model
+    if name is not None and name not in LINK_MODELS:
+        LINK_MODELS[name] = lambda net: UnloadedLinks(name, net)
+        added.append((LINK_MODELS, name))
+    sched = sc.agents.activation.schedule
+    if sched is not None and sched not in SCHEDULES:
+        if rec.ticks_accounted:
+            for reg, key in added:
+                del reg[key]
+            raise InputError("agents.activation.schedule",
+                             f"schedule {sched!r} is not loaded and the recorded releases were accounted with its "
+                             "ticks and activation probability: replay with --plugin (the file that registers it)",
+                             source)
+        SCHEDULES[sched] = lambda spec, rng, offset: UnloadedSchedule(sched)
+        added.append((SCHEDULES, sched))
+    try:
+        yield
+    finally:
+        for reg, key in added:
+            del reg[key]
 
 
 def installer(rec: Recording, exact: bool, window: float, stats: Stats):
@@ -278,7 +381,8 @@ def replay(trace_path: str | Path, scenario: str | Path | None = None, out: str 
         out = default_out(trace_path, scenario)
     if not force:
         api.check_fresh(Path(out))
-    res = api.run(sc, out=out, progress=progress, setup=installer(rec, exact, window, stats))
+    with unloaded_plugins(sc, rec, str(trace_path)) if exact else nullcontext():
+        res = api.run(sc, out=out, progress=progress, setup=installer(rec, exact, window, stats))
     res.summary.update({"replay_of": str(trace_path), "replay_mode": "exact" if exact else "conditions",
                         "replay_window": None if exact else window, **stats.as_dict(),
                         "replay_warnings": stats.warnings(exact)})

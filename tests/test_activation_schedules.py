@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from netsim.sim.activation import Bernoulli, Periodic, Poisson, schedule_for
+from netsim.sim.activation import Bernoulli, Periodic, Poisson, Schedule, schedule_for
 
 
 def test_periodic_ticks_skip_missed_ones_and_defer_to_the_first_tick_back():
@@ -66,7 +66,7 @@ def test_listeners_run_at_each_activation_before_it_is_traced(scenario):
     assert a.last_tick == a.schedule.tick and a.schedule.tick >= math.floor(3.0 / 0.5)
 
 
-class EveryOtherSecond:
+class EveryOtherSecond(Schedule):
     """A user's schedule: activations at local times 1, 3, 5, ... (the protocol of sim/activation.py)."""
 
     kind = "every_other_second"
@@ -105,3 +105,46 @@ def test_a_schedule_object_installed_through_setup_drives_the_activations(tmp_pa
     for _, rows in act.groupby("agent"):
         assert list(rows["value"]) == [1.0, 3.0, 5.0, 7.0, 9.0]   # the local times it planned
         assert list(rows["round"]) == [1, 2, 3, 4, 5]
+
+
+def _sparse_ticks(spec, rng, offset):
+    """A plugin's schedule with its own period and probability (0.5 s ticks, each taken with p = 0.6),
+    whatever the scenario's table says."""
+    return Bernoulli(0.5, 0.6, rng, offset)
+
+
+def test_a_plugin_schedule_is_accounted_by_the_ledger_as_it_behaves(scenario):
+    """The privacy ledger reads p, the tick count and its origin from the agent's schedule: a plugin schedule
+    that is a Bernoulli(0.5 s, 0.6) under a periodic 1 s table gets the built-in Bernoulli's entries."""
+    from netsim.api import prepare
+    from netsim.sim.activation import register_schedule
+
+    register_schedule("test_sparse_ticks", _sparse_ticks)
+    common = {"run": {"until": 12.0},
+              "agents": {"clock_offset": {"kind": "uniform", "low": 0.0, "high": 3.0}},
+              "algorithm": {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2, "clip": 1.0,
+                            "noise_multiplier": 4.0}}
+    built_in = scenario(**{**common, "agents": {**common["agents"],
+                                                "activation": {"kind": "bernoulli", "period": 0.5, "p": 0.6}}})
+    plugin = scenario(**{**common, "agents": {**common["agents"],
+                                              "activation": {"kind": "periodic", "period": 1.0,
+                                                             "schedule": "test_sparse_ticks"}}})
+    entries = []
+    for sc in (built_in, plugin):
+        sim = prepare(sc)
+        sim.run()
+        assert all(a.activation_probability == 0.6 and a.activation_period == 0.5 for a in sim.agents)
+        entries.append({a.id: [(r.t, r.round, r.skipped, r.p, r.scale) for r in a.ledger.releases]
+                        for a in sim.agents})
+    assert entries[0] == entries[1]
+    rows = [e for per_agent in entries[1].values() for e in per_agent]
+    assert len(rows) > 8 * 10 and {p for *_, p, _ in rows} == {0.6}
+    assert sum(skipped for _, _, skipped, _, _ in rows) > 0   # ticks the agents skipped, counted from the origin
+
+
+def test_a_schedule_must_be_a_schedule_object(scenario):
+    from netsim.api import prepare
+
+    sim = prepare(scenario())
+    with pytest.raises(TypeError, match="subclass netsim.sim.activation.Schedule"):
+        sim.agents[0].use_schedule(object())

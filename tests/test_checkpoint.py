@@ -454,3 +454,38 @@ def test_a_kill_inside_the_prune_leaves_no_half_checkpoint(tmp_path, monkeypatch
     sim.advance(to_step=400)
     checkpoint.write(sim, tmp_path, 2, "periodic", header)
     assert sorted(p.name for p in root.iterdir()) == ["ckpt-000000000300", "ckpt-000000000400"]
+
+
+def test_a_2000_agent_pdsl_checkpoint_holds_the_bank_once(capsys):
+    """PDSL's programs hold every agent's momentum (``Agent.shared_state``, the whole (n, P) bank tensor) as
+    a local: the checkpoint references the bank's copy instead of storing it once per agent (which was
+    n^2 P: 338 MB here), so it is within 2x of the bank and the random streams' state (the named streams
+    and each agent's noise generator)."""
+    from netsim.scenario import scenario_from_dict
+
+    n = 2000
+    sc = scenario_from_dict({
+        "name": "ck", "run": {"seed": 1, "rounds": 3},
+        "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.05},
+                   "activation": {"kind": "periodic", "period": 1.0}},
+        "topology": {"kind": "ring"}, "network": {"latency": {"kind": "constant", "value": 0.01}},
+        "data": {"kind": "synthetic", "samples": 20 * n, "features": 20, "validation": 200},
+        "model": {"kind": "logistic"},
+        "algorithm": {"name": "pdsl", "lr": 0.01, "batch": 8, "round_timeout": 0.3},
+        "evaluation": {"every": 100.0}})
+    sim = api.prepare(sc)
+    sim.start()
+    while sim.env.now <= 2.0:   # into round 2: programs suspended at barriers and at wake
+        sim.advance(to_step=sim.steps + 500)
+    assert sim.env.now < 3.0
+    _, arrays = checkpoint.capture(sim)
+    size = lambda prefix: sum(v.nbytes for k, v in arrays.items() if k.startswith(prefix))  # noqa: E731
+    bank, streams, noise = size("bank."), size("streams"), sum(
+        v.nbytes for k, v in arrays.items() if k.startswith("ledger.") and k.endswith(".noise"))
+    total = sum(v.nbytes for v in arrays.values())
+    u = sim.bank.state("pdsl.u")
+    with capsys.disabled():
+        print(f"\n2,000-agent PDSL checkpoint: {total:,} bytes of arrays; bank {bank:,}, named streams {streams:,}, "
+              f"noise generators {noise:,}, programs' locals {size('program.'):,}; pdsl.u alone {u.nbytes:,}")
+    assert u.nbytes > 0 and not any(v.shape == tuple(u.shape) for k, v in arrays.items() if k.startswith("program."))
+    assert total <= 2 * (bank + streams + noise)

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import simpy
 
+from netsim.compute.data import find_data_file
 from netsim.errors import InputError
 from netsim.scenario.load import scenario_from_dict
 from netsim.scenario.schema import BurstSpec
+from netsim.sim.churn import build_churn
 from netsim.sim.links import GilbertElliott
 from netsim.sim.network import ComposedLinks, LeanLinks, Network
 from netsim.sim.streams import Streams
@@ -30,9 +32,11 @@ def make_net(network=None, agents=None, n=4, seed=0):
     sc = scenario(network, agents, n, seed)
     env = simpy.Environment()
     events, delivered = [], []
-    net = Network(env, sc.network, Streams(seed), events.append, delivered.append)
+    streams = Streams(seed)
+    net = Network(env, sc.network, streams, events.append, delivered.append)
+    churn = build_churn(sc.agents, streams, find_data_file)
     net.attach(SimpleNamespace(scenario=sc, emit=events.append, env=env, start_housekeeping=env.process,
-                               housekeeping_ended=lambda: None))
+                               housekeeping_ended=lambda: None, churn=churn))
     return env, net, events, delivered
 
 

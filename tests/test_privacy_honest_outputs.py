@@ -75,9 +75,9 @@ def test_a_cap_refuses_at_the_first_release_an_event_rdp_cannot_compose():
 
     from netsim.privacy.ledger import AgentLedger
     from netsim.privacy.mechanisms import PrivacyError
+    from netsim.sim.activation import Periodic
 
-    act = SimpleNamespace(kind="periodic", period=1.0)
-    agent = SimpleNamespace(id=0, activation=act, activation_probability=1.0, local_time=lambda t: t)
+    agent = SimpleNamespace(id=0, schedule=Periodic(1.0, 0.0), activation_probability=1.0, local_time=lambda t: t)
     led = AgentLedger(agent, cap=1.0)
     with pytest.raises(PrivacyError, match="enforced with the RDP accountant.*PoissonSampledDpEvent.*Laplace"):
         led.record(5, 1.0, 1.0, "laplace", q=0.5)

@@ -245,5 +245,58 @@ def test_a_run_with_a_plugin_link_model_replays_byte_for_byte(tmp_path):
     assert r.returncode == 0, r.stderr
     r = netsim("replay", tmp_path / "rec", "--plugin", plugin, "--out", tmp_path / "rep")
     assert r.returncode == 0, r.stdout + r.stderr
+    # without the plugin: the recording decides every message (transmissions end by the bandwidth, as planar's)
+    r = netsim("replay", tmp_path / "rec", "--out", tmp_path / "rep2")
+    assert r.returncode == 0, r.stdout + r.stderr
     for f in ("trace.arrows", "metrics.csv"):
         assert (tmp_path / "rec" / f).read_bytes() == (tmp_path / "rep" / f).read_bytes(), f
+        assert (tmp_path / "rec" / f).read_bytes() == (tmp_path / "rep2" / f).read_bytes(), f
+    # under another scenario the scenario's own model is used: that needs the plugin, said in one line
+    r = netsim("replay", tmp_path / "rec", "--scenario", "scenarios/quickstart.toml", "--set", "network.model=planar",
+               "--out", tmp_path / "rep3")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown link model 'planar'" in r.stderr, r.stderr
+
+
+def test_a_run_with_a_plugin_schedule_replays_byte_for_byte_with_and_without_the_plugin(tmp_path):
+    """A Weibull renewal schedule (examples/plugins/weibull_activation.py): the recording fixes every activation
+    at its recorded time, so the replay needs the plugin only where the run reads the schedule itself."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    plugin = root / "examples/plugins/weibull_activation.py"
+
+    def netsim(*args):
+        return subprocess.run([sys.executable, "-m", "netsim", *map(str, args)], cwd=root, capture_output=True,
+                              text=True, timeout=300)
+
+    r = netsim("run", "scenarios/quickstart.toml", "--plugin", plugin, "--set",
+               'agents.activation={kind="poisson", rate=4.0, schedule="weibull2"}', "--set", "run.until=5",
+               "--set", 'agents.clock_offset={kind="uniform", low=0.0, high=3.0}',
+               "--out", tmp_path / "rec", "-q")
+    assert r.returncode == 0, r.stderr
+    for out, extra in (("rep", ["--plugin", plugin]), ("rep2", [])):
+        r = netsim("replay", tmp_path / "rec", *extra, "--out", tmp_path / out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        for f in ("trace.arrows", "metrics.csv"):
+            assert (tmp_path / "rec" / f).read_bytes() == (tmp_path / out / f).read_bytes(), (out, f)
+
+
+def test_an_unloaded_schedule_whose_ticks_the_ledger_read_is_refused_in_one_line(tmp_path, scenario):
+    """Releases accounted with a plugin schedule's ticks (p < 1) cannot be replayed without it."""
+    from netsim.sim.activation import SCHEDULES, Bernoulli
+
+    SCHEDULES["test_unloaded_bernoulli"] = lambda spec, rng, offset: Bernoulli(0.5, 0.6, rng, offset)
+    try:
+        rec = netsim.run(scenario(run={"until": 4.0},
+                                  agents={"activation": {"kind": "periodic", "period": 0.5,
+                                                         "schedule": "test_unloaded_bernoulli"}},
+                                  algorithm={"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2,
+                                             "clip": 1.0, "noise_multiplier": 4.0}), out=tmp_path / "rec")
+    finally:
+        del SCHEDULES["test_unloaded_bernoulli"]
+    with pytest.raises(InputError, match="schedule 'test_unloaded_bernoulli' is not loaded and the recorded "
+                                         "releases were accounted with its ticks"):
+        replay(rec.out, out=tmp_path / "rep")
+    assert "test_unloaded_bernoulli" not in SCHEDULES

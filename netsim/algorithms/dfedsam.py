@@ -234,7 +234,7 @@ class DFedSAM(RoundKernel):
         ts = b.state["t"]
         if p.round_from == "clock":  # the tick's index: agents that skipped ticks stay aligned
             for a in b.agents:
-                ts[a.id] = max(ts[a.id], round(a.local_time() / a.activation.period) - 1)
+                ts[a.id] = max(ts[a.id], a.tick() - 1)
         b.k = ts[b.agents[0].id]  # the round t (one for all agents of a windowed batch)
         for a in b.agents:
             ts[a.id] += 1

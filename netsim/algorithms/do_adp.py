@@ -124,7 +124,7 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
 @register("do_adp", DOADPParams)
 def do_adp(agent, p: DOADPParams):
     """Checks and calibrates before the run (a plain function returning the agent's program)."""
-    if agent.activation.kind == "poisson":
+    if agent.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
     kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
     sigma = _eq7_sigma(agent, p, kd, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)

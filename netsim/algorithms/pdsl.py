@@ -248,11 +248,10 @@ def _pdsl(agent, p: PDSLParams, service: Lookahead):
     shapley_time = agent.compute_time_draws("shapley", 0)
     perm_rng = agent.rng("shapley", 1)
     k = 0
-    period = agent.activation.period
     while True:
         yield agent.wake()
         if p.round_from == "clock":
-            k = round(agent.local_time() / period)
+            k = agent.tick()
         x = agent.params
         xi = agent.sample_rows(p.batch)                     # line 1: one mini-batch for the round
         own, xgrads = yield from cross_gradients(agent, p, x, xi, sigma, k, "pdsl")   # phases 0, A, B

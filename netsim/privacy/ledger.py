@@ -10,7 +10,6 @@ now and forever, and one ``BudgetExhausted`` event is traced (the algorithm sees
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -49,9 +48,8 @@ class AgentLedger:
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
         self._checked: set[tuple] = set()  # (mechanism, sigma, sensitivity, q) already checked
-        act = agent.activation
-        self.p = agent.activation_probability
-        self._last_tick = math.floor(agent.local_time(0.0) / act.period) if act.kind != "poisson" else 0
+        self.p = agent.activation_probability  # the agent's schedule's, like the tick count and its origin
+        self._last_tick = agent.schedule.origin
 
     @property
     def noise(self) -> NoiseSource:

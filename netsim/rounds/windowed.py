@@ -64,7 +64,7 @@ def refusal(sim) -> str | None:
         return (f"algorithm {sim.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
     why = scenario_refusal(sim.scenario)
-    if why is None and (sim.network.model is not None or sim.network.wake_hook is not None):
+    if why is None and (sim.network.model is not None or sim.activation_moves is not None):
         why = "a link model or an activation hook is installed"
     for a in sim.agents if why is None else ():
         if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
@@ -93,12 +93,12 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     """Each agent of ``order`` ((agent, when it called wake), in call order) woken as ``Agent.wake`` does (its
     round counted): (activation time, call order, agent, local tick time), sorted as simpy fires them: by
     time, then by the order the activations were set."""
-    acts = []
+    acts, woken = [], []
     for seq, (i, w) in enumerate(order):
         a = sim.agents[i]
         at = a.schedule.next(a.local_time(w))
         acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
-        a.round += 1
-    sim.activations += len(acts)
+        woken.append(a)
+    sim.count_wakes(woken)
     acts.sort()
     return acts

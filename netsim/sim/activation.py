@@ -5,8 +5,12 @@ the local time ``now_local`` (an activation that falls while the agent is busy i
 never depends on the algorithm), and ``defer(at, back_local)`` moves a planned activation ``at`` to the
 schedule's first one at or after ``back_local`` (churn: an agent offline until then). ``tick`` is the
 index of the latest planned tick (periodic and Bernoulli; the privacy ledger counts skipped ticks from
-it). Jitter and churn compose with any schedule through the network's wake hook; a replayed run wraps
-the agent's schedule in a recorded one (netsim/replay.py, ``Recorded``) that moves ``tick`` with
+it). The schedule is the one source of what an algorithm and the privacy ledger know of activation:
+``period`` (None for a schedule without ticks), ``probability`` (the chance a tick activates), ``origin``
+(the tick at the run's start) and ``tick_at(local)``; a plugin's schedule with its own period or
+probability is therefore accounted as it behaves, whatever the scenario's table says. Jitter and churn
+compose with any schedule through ``Moves`` (what moves a planned activation); a replayed run wraps the
+agent's schedule in a recorded one (netsim/replay.py, ``Recorded``) that moves ``tick`` with
 ``advance_tick``. ``Agent.on_activation`` adds listeners (a dynamic topology adopts the current graph
 there).
 """
@@ -22,15 +26,29 @@ from netsim.errors import claim
 
 
 class Schedule:
-    """The protocol: ``next``, ``defer``, ``tick``, ``advance_tick``. Two optional parts, for schedules that
-    replay recorded activations (netsim/replay.py): ``fixed`` true while the planned activation is a recorded
-    one that jitter and churn must not move, and with ``settles`` true, ``settle(at, delay)`` may replace
-    the planned local reading and delay after them (a recording fixes the global time as well)."""
+    """The protocol: ``next``, ``defer``, ``tick``, ``advance_tick``, and what the rest of a run reads of
+    activation: ``period`` (seconds between ticks on the local clock; None: no ticks, as a Poisson process),
+    ``probability`` (the chance a tick activates: the privacy ledger's p), ``origin`` (the tick index at the
+    run's start, from which the ledger counts skipped ticks) and ``tick_at``. Two optional parts, for
+    schedules that replay recorded activations (netsim/replay.py): ``fixed`` true while the planned
+    activation is a recorded one that jitter and churn must not move, and with ``settles`` true,
+    ``settle(at, delay)`` may replace the planned local reading and delay after them (a recording fixes the
+    global time as well)."""
 
     kind = ""
     tick = 0
+    period: float | None = None
+    probability = 1.0
+    origin = 0
     fixed = False
     settles = False
+
+    def tick_at(self, local: float) -> int:
+        """Index of the tick nearest the local time ``local`` (local / period rounded), so agents that skipped
+        ticks stay in step with their neighbours."""
+        if self.period is None:
+            raise ValueError(f"activation schedule {self.kind or type(self).__name__!r} has no ticks (no period)")
+        return round(local / self.period)
 
     def settle(self, at: float, delay: float) -> tuple[float, float]:
         return at, delay
@@ -53,7 +71,7 @@ class Periodic(Schedule):
 
     def __init__(self, period: float, start_local: float):
         self.period = period
-        self.tick = math.floor(start_local / period)
+        self.tick = self.origin = math.floor(start_local / period)
 
     def next(self, now_local: float) -> float:
         self.tick = max(self.tick, math.floor(now_local / self.period)) + 1
@@ -72,6 +90,10 @@ class Bernoulli(Periodic):
     def __init__(self, period: float, p: float, rng: np.random.Generator, start_local: float):
         super().__init__(period, start_local)
         self.p, self.rng = p, rng
+
+    @property
+    def probability(self) -> float:
+        return float(self.p)
 
     def next(self, now_local: float) -> float:
         self.tick = max(self.tick, math.floor(now_local / self.period)) + 1
@@ -104,6 +126,33 @@ class Poisson(Schedule):
         return at
 
 
+class Moves:
+    """What moves an activation its schedule planned: clock jitter (a delay drawn per activation from the
+    agent's ``jitter`` stream), then churn (out of the agent's offline time, to the schedule's first
+    activation when it is back). Not applied to an activation a replayed schedule fixes."""
+
+    def __init__(self, jitter: list | None, churn):
+        self.jitter, self.churn = jitter, churn
+
+    def __call__(self, agent, at: float) -> float:
+        if self.jitter is not None:
+            at += self.jitter[agent.id]()
+        if self.churn is not None:
+            at = self.churn.defer(agent, at)
+        return at
+
+
+def moves_for(agents, streams, churn) -> Moves | None:
+    """The scenario's jitter (``agents.clock_jitter``) and the run's churn as ``Moves`` (None: neither)."""
+    jitter = None
+    if agents.clock_jitter is not None:
+        from netsim.sim.dists import draws
+
+        jitter = [draws(agents.clock_jitter, streams.rng("jitter", i), "agents.clock_jitter")
+                  for i in range(agents.count)]
+    return None if jitter is None and churn is None else Moves(jitter, churn)
+
+
 SCHEDULES: dict[str, Callable[..., Schedule]] = {}
 
 
@@ -126,7 +175,14 @@ def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: flo
             raise InputError("agents.activation.schedule",
                              f"unknown schedule {spec.schedule!r}; registered: "
                              f"{', '.join(sorted(SCHEDULES)) or 'none'} (a plugin's needs --plugin)")
-        return factory(spec, rng, offset)
+        schedule = factory(spec, rng, offset)
+        if not isinstance(schedule, Schedule):
+            from netsim.errors import InputError
+
+            raise InputError("agents.activation.schedule",
+                             f"schedule {spec.schedule!r} made a {type(schedule).__name__}, not a "
+                             "netsim.sim.activation.Schedule")
+        return schedule
     if spec.kind == "poisson":
         return Poisson(spec.rate, rng, offset)
     if spec.kind == "bernoulli":

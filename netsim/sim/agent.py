@@ -217,11 +217,11 @@ class Agent:
         # busy is missed.
         schedule = self.schedule
         at = schedule.next(self.local_time())
-        hook = self.sim.network.wake_hook
-        if hook is not None and not getattr(schedule, "fixed", False):
-            at = hook(self, at)  # clock jitter, churn: the activation moves (Network.wake_hook)
+        moves = self.sim.activation_moves
+        if moves is not None and not schedule.fixed:
+            at = moves(self, at)  # clock jitter, churn: the activation moves (activation.Moves)
         delay = max(0.0, self.global_time(at) - self.env.now)
-        if getattr(schedule, "settles", False):  # a recorded schedule fixes the global time too
+        if schedule.settles:  # a recorded schedule fixes the global time too
             at, delay = schedule.settle(at, delay)
         self.round += 1
         sim = self.sim
@@ -239,8 +239,12 @@ class Agent:
         self.emit_row((self.env.now, "activate", self.id, -1, -1, 0, ev.value, self.round, ""))  # Activate
 
     def use_schedule(self, schedule: Schedule) -> None:
-        """Wake by ``schedule`` from the next ``wake`` on (an object with ``next``, ``defer``, ``tick``,
-        ``advance_tick``: sim/activation.py); jitter, churn and listeners apply to it as to the built-in ones."""
+        """Wake by ``schedule`` from the next ``wake`` on (a ``Schedule``: ``next``, ``defer``, ``tick``,
+        ``advance_tick``, and the ``period``, ``probability`` and ``origin`` the privacy ledger and the
+        algorithms read: sim/activation.py); jitter, churn and listeners apply to it as to the built-in ones."""
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"an activation schedule must subclass netsim.sim.activation.Schedule, got "
+                            f"{type(schedule).__name__}")
         self.schedule = schedule
 
     def on_activation(self, listener: Callable[[Agent], None]) -> None:
@@ -295,7 +299,7 @@ class Agent:
         or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here).
         With ``rows``: exactly these training rows (e.g. an online learner's history) instead of a batch."""
         ct = self._compute() * self.compute_scale
-        churn = self.sim.network.churn
+        churn = self.sim.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, self.env.now)
         self.emit_row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
@@ -478,7 +482,8 @@ class Agent:
     @property
     def activation(self):
         """The scenario's activation record (``kind``: periodic, poisson or bernoulli; ``period``,
-        ``rate``, ``p``): activation is defined on the local clock."""
+        ``rate``, ``p``), as written: what the agent's schedule does is ``activation_period``,
+        ``activation_probability`` and ``tick`` (a plugin's schedule may differ from the table)."""
         return self._act
 
     @property
@@ -488,14 +493,21 @@ class Agent:
         return self.schedule.tick
 
     @property
+    def activation_period(self) -> float | None:
+        """Seconds between this agent's activation ticks on its local clock (None: its schedule has no
+        ticks, as Poisson activation)."""
+        return self.schedule.period
+
+    @property
     def activation_probability(self) -> float:
-        """p of Bernoulli activation (1 for periodic and Poisson activation)."""
-        return float(self._act.p) if self._act.kind == "bernoulli" else 1.0
+        """The chance this agent's schedule activates at a tick (p of Bernoulli activation; 1 for periodic
+        and Poisson activation)."""
+        return self.schedule.probability
 
     def tick(self, local: float | None = None) -> int:
         """Index of the activation tick at local time ``local`` (default: now): local / period rounded,
-        so agents that skipped ticks stay in step with their neighbours (periodic and Bernoulli only)."""
-        return round((self.local_time() if local is None else local) / self._act.period)
+        so agents that skipped ticks stay in step with their neighbours (schedules with ticks only)."""
+        return self.schedule.tick_at(self.local_time() if local is None else local)
 
     def finish(self) -> simpy.Event:
         """End this agent's program (``yield agent.finish()``): trace its ``finish`` and let the run stop

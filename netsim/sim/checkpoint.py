@@ -47,7 +47,8 @@ import torch
 
 from netsim.errors import InputError
 
-FORMAT = 2  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API
+FORMAT = 3  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API;
+# 3: a program's local that is a whole bank tensor (Agent.shared_state) is stored as a reference to it
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{12})$")
 _PLAIN = (bool, int, float, str)
@@ -63,13 +64,26 @@ def _array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _flat(obj: Any, key: str, arrays: dict[str, np.ndarray]) -> Any:
+class Arrays(dict):
+    """The checkpoint's arrays by key, and the bank's tensors by identity: a program local that *is* one of
+    them (every agent's ``Agent.shared_state``) is stored once, as the bank's, and referenced by name, so a
+    checkpoint grows as O(agents x parameters), not with a copy of the bank per agent."""
+
+    def __init__(self, bank: dict[str, torch.Tensor] | None = None):
+        super().__init__()
+        self.shared = {id(t): name for name, t in (bank or {}).items()}
+
+
+def _flat(obj: Any, key: str, arrays: Arrays) -> Any:
     """A JSON skeleton of ``obj``; its tensors go to ``arrays`` under keys derived from ``key``."""
     if obj is None or isinstance(obj, _PLAIN):
         return obj
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, (torch.Tensor, np.ndarray)):
+        name = arrays.shared.get(id(obj))
+        if name is not None:
+            return {"bank": name}
         arrays[key] = _array(obj)
         return {"@": key}
     if isinstance(obj, dict):
@@ -83,12 +97,12 @@ def _flat(obj: Any, key: str, arrays: dict[str, np.ndarray]) -> Any:
     return {"type": type(obj).__name__}
 
 
-def _message(m: Any, key: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+def _message(m: Any, key: str, arrays: Arrays) -> dict[str, Any]:
     return {"id": m.id, "src": m.src, "dst": m.dst, "tag": m.tag, "round": m.round, "size": m.size,
             "sent": m.sent, "payload": _flat(m.payload, key, arrays)}
 
 
-def _local(obj: Any, key: str, arrays: dict[str, np.ndarray], depth: int = 0) -> Any:
+def _local(obj: Any, key: str, arrays: Arrays, depth: int = 0) -> Any:
     """A generator local: as ``_flat``, and netsim's own helper objects (a PushSum, an ErrorFeedback)
     by their attributes, one level deep (an Agent or the Simulation by type only)."""
     cls = type(obj)
@@ -99,7 +113,7 @@ def _local(obj: Any, key: str, arrays: dict[str, np.ndarray], depth: int = 0) ->
     return _flat(obj, key, arrays)
 
 
-def _program(proc, key: str, arrays: dict[str, np.ndarray]) -> list[Any]:
+def _program(proc, key: str, arrays: Arrays) -> list[Any]:
     """Where an agent's program (and each generator it delegates to) is suspended, and its locals: not
     restorable (Python cannot serialise a generator), but stored and compared on resume."""
     out, gen, depth = [], getattr(proc, "_generator", None), 0
@@ -116,7 +130,7 @@ def _plain_vars(obj: Any) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(obj).items()) if type(v) in _PLAIN}
 
 
-def _streams(streams, arrays: dict[str, np.ndarray]) -> list[str]:
+def _streams(streams, arrays: Arrays) -> list[str]:
     """Every stream's PCG64 state as rows of 6 uint64 (state and increment as 128-bit halves, the
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
     keys, rows = [], []
@@ -144,8 +158,9 @@ def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from netsim.sim.network import Message
 
-    arrays: dict[str, np.ndarray] = {}
-    for k, v in sim.bank.state_dict().items():
+    bank = sim.bank.state_dict()
+    arrays = Arrays(bank)
+    for k, v in bank.items():
         arrays[f"bank.{k}"] = _array(v)
     queue = []
     for t, prio, eid, ev in sorted(sim.env.queue, key=lambda e: e[:3]):
@@ -193,7 +208,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
                                             "samples": dict(sorted(stats.samples.items()))},
     }
-    return json.loads(json.dumps(state)), arrays  # normalised: tuples -> lists, int keys -> str
+    return json.loads(json.dumps(state)), dict(arrays)  # normalised: tuples -> lists, int keys -> str
 
 
 # writing ------------------------------------------------------------------------------------------------

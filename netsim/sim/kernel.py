@@ -20,13 +20,15 @@ import torch
 
 from netsim.compute import resolve_device
 from netsim.compute.bank import ParameterBank
-from netsim.compute.data import load_dataset
+from netsim.compute.data import find_data_file, load_dataset
 from netsim.compute.evaluate import evaluate_bank
 from netsim.compute.gradients import GradientService, Ticket
 from netsim.compute.models import build_model
 from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
+from netsim.sim.activation import moves_for
 from netsim.sim.agent import Agent
+from netsim.sim.churn import build_churn
 from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.env import Environment
 from netsim.sim.network import Network
@@ -62,7 +64,7 @@ class Simulation:
 
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
                  writer: TraceWriter | None = None, device: str | None = None, ledger: Any = None,
-                 mixing: Any = None):
+                 mixing: Any = None, counts: Any = None, restored_metrics: list[dict[str, float]] | None = None):
         self.scenario = sc = scenario
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
@@ -123,7 +125,7 @@ class Simulation:
         self.metrics: list[dict[str, float]] = []
         self.agent_metrics: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, loss, accuracy) per agent
         self.eval_rows: list[int] | None = None  # agents whose models are evaluated (None: all; a server)
-        self.counts = None  # the trace's event counter (metrics.summary.EventCounts), set by api.run
+        self.counts = counts  # the trace's event counter (metrics.summary.EventCounts: the writer feeds it)
         self._finished = 0
         self._stop = self.env.event()
         self.stop_reason = ""
@@ -140,13 +142,18 @@ class Simulation:
         self._next_boundary = self._every  # when the loop stops to look: the mark, or -inf on an interrupt
         self._round_every = (sc.run.checkpoint_every_rounds or math.inf) * n
         self.round_mark = self._round_every
-        self.restored_metrics: list[dict[str, float]] = []  # metrics rows of a checkpoint, reused while rebuilding
+        # metrics rows of a checkpoint, reused while a resumed run is rebuilt up to it
+        self.restored_metrics: list[dict[str, float]] = list(restored_metrics or [])
         self.programs: list[tuple[int, simpy.Process]] = []  # (agent, process): its program and Agent.spawn's
         self.programs_limit = 4 * n + 64
-        self.engine = "events"  # or "windowed": api.run(engine=...) after rounds.windowed.refusal
+        self.engine = "events"  # or "windowed" (``use_runner``)
         self.runner = None  # a windowed driver (``rounds.windowed.run``) that plays the run instead of the events
         self.progress: Callable[[float], None] | None = None
-        self.network.attach(self)  # link and churn models beyond the lean default (sim/network.py)
+        # offline time (sim/churn.py): the network drops what an offline agent sends or would receive, its
+        # activations and computations wait until it is back
+        self.churn = build_churn(sc.agents, self.streams, find_data_file)
+        self.activation_moves = moves_for(sc.agents, self.streams, self.churn)  # jitter, churn (activation.py)
+        self.network.attach(self)  # link models beyond the lean default (sim/network.py)
         if "tracking" in sc.evaluation.metrics:
             from netsim.compute.streaming import check_tracking
 
@@ -158,6 +165,29 @@ class Simulation:
         # it returns the generator (do_adp refuses Poisson activation), and those checks must fail while
         # the run is prepared, before any output exists. A generator's body does not run until start().
         self._programs = [program(a, params) for a in self.agents]
+
+    # how the run goes (set by the API before it starts) ----------------------------------------------
+    def use_runner(self, engine: str, runner: Callable[[Simulation], None]) -> None:
+        """Play the run with ``runner`` (a windowed driver, after ``rounds.windowed.refusal`` said none) instead
+        of the events; ``engine`` names it in the summary."""
+        self.engine, self.runner = engine, runner
+
+    def checkpoint_with(self, checkpointer: Callable[[Simulation, str], None]) -> None:
+        """Call ``checkpointer(sim, kind)`` at each checkpoint mark (sim/checkpoint.py writes one)."""
+        self.checkpointer = checkpointer
+
+    def crashed(self) -> None:
+        """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
+        its end-of-stream marker (it reads as partial)."""
+        self.stop_reason = "error"
+        self.writer.sync()
+
+    def count_wakes(self, agents: list[Agent]) -> None:
+        """One activation of each of ``agents``, counted as ``Agent.wake`` counts it: for a driver that plans
+        the activations itself (rounds/windowed.py)."""
+        for a in agents:
+            a.round += 1
+        self.activations += len(agents)
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):

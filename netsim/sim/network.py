@@ -140,9 +140,7 @@ class Network:
         self.next_id = 0
         self.bandwidth = spec.bandwidth
         self.p_loss = spec.loss
-        self.churn = None  # sim.churn.Churn once attached, when any agent can go offline
-        self.wake_hook = None  # (agent, local time) -> local time: jitter and churn move activations
-        self.jitter: list | None = None
+        self.churn = None  # the run's sim.churn.Churn once attached, when any agent can go offline (drops)
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
         self.model: LinkModel | None = None  # None: the lean default path, inline in send
@@ -201,7 +199,8 @@ class Network:
 
     # the full path ----------------------------------------------------------------------------------
     def attach(self, sim) -> None:
-        """Build the configured link and churn models (needs the agents: count, clocks, scenario); a
+        """Build the configured link models, with the run's churn (``sim.churn``) dropping what an offline
+        agent sends or would receive (needs the agents: count, clocks, scenario); a
         plugin's model (``network.model``) is made last, so it can wrap the built-in one (``lean()``)."""
         self.n_agents = sim.scenario.agents.count
         self._attach_builtin(sim)
@@ -210,7 +209,6 @@ class Network:
 
     def _attach_builtin(self, sim) -> None:
         from netsim.compute.data import find_data_file
-        from netsim.sim.churn import build_churn
         from netsim.sim.links import needs_full_path, outages_by_link, read_link_trace
 
         sc = sim.scenario
@@ -219,12 +217,7 @@ class Network:
             from netsim.sim.dynamic import DynamicTopology
 
             DynamicTopology(sim).install()
-        self.churn = build_churn(sc.agents, self.streams, find_data_file)
-        if sc.agents.clock_jitter is not None:
-            self.jitter = [draws(sc.agents.clock_jitter, self.streams.rng("jitter", i), "agents.clock_jitter")
-                           for i in range(n)]
-        if self.churn is not None or self.jitter is not None:
-            self.wake_hook = self._wake_hook
+        self.churn = sim.churn
         if not (self.churn is not None or needs_full_path(self.spec)):
             return
         self.n_agents = n
@@ -240,14 +233,6 @@ class Network:
         if self.churn is not None:
             for i in self.churn.sources:
                 sim.start_housekeeping(self.churn.recorder(sim, i))
-
-    def _wake_hook(self, agent, at: float) -> float:
-        """A planned activation (local time): jitter delays it, then churn moves it out of offline time."""
-        if self.jitter is not None:
-            at += self.jitter[agent.id]()
-        if self.churn is not None:
-            at = self.churn.defer(agent, at)
-        return at
 
     def full_link(self, src: int, dst: int):
         from netsim.sim.links import FullLink
