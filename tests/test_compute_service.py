@@ -44,6 +44,35 @@ def test_flush_groups_match_one_by_one():
         torch.testing.assert_close(one.result, ref, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_block_is_its_requests_bit_for_bit(dtype):
+    """A block of requests (the windowed drivers') gives exactly the gradients of the same requests submitted one
+    by one in the same flush, alone or beside single requests of its group, with and without clipping."""
+    m = MLP(6, 3, (4,))
+    svc, X, y = service(m)
+    svc.X = svc.X.to(dtype)
+    rng = np.random.default_rng(3)
+    W = (m.init(7, D, torch.device("cpu"), seed=1)
+         + 0.1 * torch.randn(7, m.size, dtype=D, generator=torch.Generator().manual_seed(4))).to(dtype)
+    rows = [rng.integers(0, 200, 8) for _ in range(7)]
+    for clip, kind in [(None, "l2"), (0.1, "l2"), (0.05, "coordinate")]:
+        singles = [svc.submit(i, W[i], rows[i], clip, kind) for i in range(7)]
+        svc.flush()
+        want = torch.stack([t.result for t in singles])
+        blk = svc.submit_block(list(range(7)), W, rows, clip, kind)
+        svc.flush()
+        assert blk.result.shape == W.shape and torch.equal(blk.result, want)
+        # a block between single requests of its group: each keeps its place in the one batched call
+        a = svc.submit(0, W[0], rows[0], clip, kind)
+        blk = svc.submit_block(list(range(1, 6)), W[1:6], rows[1:6], clip, kind)
+        z = svc.submit(6, W[6], rows[6], clip, kind)
+        svc.flush()
+        assert torch.equal(torch.cat([a.result[None], blk.result, z.result[None]]), want)
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        svc.submit_block([0], W[:1], rows[:1], clip=-1.0)
+    assert not svc.pending
+
+
 def test_submit_rejects_bad_clip():
     svc, _, _ = service(LogisticRegression(6))
     with pytest.raises(ValueError, match="clip must be > 0"):

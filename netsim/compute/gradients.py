@@ -17,6 +17,14 @@ from netsim.compute import tune_cpu_allocator
 from netsim.compute.models import CLIP_KINDS
 
 
+def _check_clip(clip: float | None, clip_kind: str) -> None:
+    if clip is not None:
+        if not clip > 0:
+            raise ValueError(f"clip must be > 0, got {clip}")
+        if clip_kind not in CLIP_KINDS:
+            raise ValueError(f"clip_kind must be one of {CLIP_KINDS}, got {clip_kind!r}")
+
+
 class Ticket:
     __slots__ = ("agent", "params", "rows", "clip", "clip_kind", "result")
 
@@ -63,11 +71,7 @@ class GradientService:
                clip_kind: str = "l2") -> Ticket:
         """Queue one request; with ``clip`` the result is the mean of per-sample gradients clipped to
         L2 norm ``clip`` (``clip_kind="l2"``) or to [-clip, clip] per coordinate (``"coordinate"``)."""
-        if clip is not None:
-            if not clip > 0:
-                raise ValueError(f"clip must be > 0, got {clip}")
-            if clip_kind not in CLIP_KINDS:
-                raise ValueError(f"clip_kind must be one of {CLIP_KINDS}, got {clip_kind!r}")
+        _check_clip(clip, clip_kind)
         t = Ticket(agent, params, rows, clip, clip_kind)
         self.pending.append(t)
         return t
@@ -75,9 +79,7 @@ class GradientService:
     def submit_block(self, agents: list[int], params: torch.Tensor, rows: list, clip: float | None = None,
                      clip_kind: str = "l2") -> Block:
         """Queue the requests of ``agents`` (one mini-batch length) as one ``Block``."""
-        if clip is not None:
-            self.submit(-1, params, rows[0], clip, clip_kind)  # the argument checks of one request
-            self.pending.pop()
+        _check_clip(clip, clip_kind)
         b = Block(agents, params, rows, clip, clip_kind)
         self.pending.append(b)
         return b
