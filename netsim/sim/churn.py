@@ -145,7 +145,7 @@ class Churn:
 
     def recorder(self, sim, i: int):
         """A process that emits agent i's ``offline`` events when each interval starts."""
-        env = sim.loop.env
+        env = sim.env
         t = 0.0
         while True:
             nxt = self.next_interval(i, t)
@@ -154,7 +154,7 @@ class Churn:
                 return
             a, b = nxt
             yield env.timeout(max(0.0, a - env.now))
-            sim.recorder.emit(Offline(env.now, i, b - a))
+            sim.emit(Offline(env.now, i, b - a))
             t = b
 
 

@@ -15,7 +15,7 @@ global clock (``every = "period"``). Kinds:
   ``topology_schedule`` stream keyed by the epoch (the same graphs for every algorithm).
 - ``schedule``: the listed topologies in turn (epoch k uses graphs[k mod len]).
 
-``sim.world.graph``/``sim.world.W`` (and the summary's spectral gap) stay the initial, static topology.
+``sim.graph``/``sim.W`` (and the summary's spectral gap) stay the initial, static topology.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DynamicTopology:
 
     def __init__(self, sim):
         self.sim = sim
-        sc = sim.world.scenario
+        sc = sim.scenario
         self.spec = sc.topology.dynamic
         self.base = sc.topology
         self.n = sc.agents.count
@@ -70,7 +70,7 @@ class DynamicTopology:
                                  f"(erdos_renyi, random_regular), not {self.base.kind!r}")
 
     def seed(self, epoch: int) -> int:
-        ss = self.sim.world.streams.seed_sequence("topology_schedule", epoch)
+        ss = self.sim.streams.seed_sequence("topology_schedule", epoch)
         return int(ss.generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
     def at(self, epoch: int) -> list[Lists]:
@@ -100,6 +100,6 @@ class DynamicTopology:
 
     def install(self) -> None:
         """Each agent adopts the current graph when an activation fires (before its program resumes)."""
-        for a in self.sim.loop.agents:
+        for a in self.sim.agents:
             self.adopt(a)  # epoch 0 before the first activation
             a.on_activation(self.adopt)

@@ -199,10 +199,10 @@ class Network:
 
     # the full path ----------------------------------------------------------------------------------
     def attach(self, sim) -> None:
-        """Build the configured link models, with the run's churn (``sim.world.churn``) dropping what an offline
+        """Build the configured link models, with the run's churn (``sim.churn``) dropping what an offline
         agent sends or would receive (needs the agents: count, clocks, scenario); a
         plugin's model (``network.model``) is made last, so it can wrap the built-in one (``lean()``)."""
-        self.n_agents = sim.world.scenario.agents.count
+        self.n_agents = sim.scenario.agents.count
         self._attach_builtin(sim)
         if self.spec.model is not None:
             self.use(link_model(self.spec.model)(self))
@@ -211,13 +211,13 @@ class Network:
         from netsim.compute.data import find_data_file
         from netsim.sim.links import needs_full_path, outages_by_link, read_link_trace
 
-        sc = sim.world.scenario
+        sc = sim.scenario
         n = sc.agents.count
         if sc.topology.dynamic is not None:
             from netsim.sim.dynamic import DynamicTopology
 
             DynamicTopology(sim).install()
-        self.churn = sim.world.churn
+        self.churn = sim.churn
         if not (self.churn is not None or needs_full_path(self.spec)):
             return
         self.n_agents = n
