@@ -57,13 +57,15 @@ class _Params:
 
 
 def _ping(agent, p):
+    received = agent.service("bench_received", lambda: [0])  # the run's one counter of deliveries
+
     def receive():
         while True:
             yield agent.recv("m")
-            agent.sim.bench_received += 1
+            received[0] += 1
 
     agent.spawn(receive())
-    succ = (agent.id + 1) % len(agent.sim.agents)
+    succ = (agent.id + 1) % agent.agent_count
     while True:
         yield agent.wake()
         agent.send(succ, None, tag="m", size=64)
@@ -88,9 +90,8 @@ def netsim_path(n: int, until: float, period: float, seed: int, out: Path) -> tu
     text = to_toml(sc)
     writer = TraceWriter(out / TRACE_FILE, {"netsim.scenario": text, "netsim.scenario_sha256": scenario_hash(text)})
     sim = Simulation(sc, _ping, _Params(), writer=writer)
-    sim.bench_received = 0
     sim.run()
-    return sim.bench_received, writer.count
+    return sim.services.find("bench_received")[0], writer.count
 
 
 def main() -> None:

@@ -267,7 +267,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
     sim.advance(to_step=ck.step)
     if sim.boundary_due():
         sim.boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
-    bad = (f"the run stopped at event {sim.steps}" if sim.steps != ck.step
+    bad = (f"the run stopped at event {sim.loop.steps}" if sim.loop.steps != ck.step
            else f"trace position {writer.count}+{len(writer.buffer)} events"
            if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))
            else checkpoint.mismatch(ck, *checkpoint.capture(sim)))

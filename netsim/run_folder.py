@@ -138,7 +138,7 @@ class RunFolder:
         is raised (``write_crash``)."""
         from netsim.sim import checkpoint
 
-        sc = sim.scenario
+        sc = sim.world.scenario
         if sc.run.checkpoint_every is not None or sc.run.checkpoint_every_rounds is not None:
             sim.checkpoint_with(lambda s, kind: checkpoint.write(s, self.path, sc.run.checkpoint_keep, kind,
                                                                  self.header))
@@ -157,17 +157,17 @@ class RunFolder:
         from netsim.metrics.report import plot_metrics, write_agent_metrics, write_metrics, write_summary
         from netsim.sim import checkpoint
 
-        sc, folder = sim.scenario, self.path
+        sc, folder, rec = sim.world.scenario, self.path, sim.recorder
         path = checkpoint.write(sim, folder, sc.run.checkpoint_keep, "interrupt", self.header) if stopped else None
         sim.finish(stopped)
         summary = self.summary(sim)
         if path is not None:
             summary["checkpoint"] = str(path)
             write_summary(summary, folder / PARTIAL_SUMMARY)
-            return summary, sim.metrics
-        write_metrics(sim.metrics, folder / "metrics", sc.evaluation.format)
-        plot_metrics(sim.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
-        write_agent_metrics(sim.agent_metrics, folder, f"{sc.name}: {sc.algorithm.name}, each agent's own model")
+            return summary, rec.metrics
+        write_metrics(rec.metrics, folder / "metrics", sc.evaluation.format)
+        plot_metrics(rec.metrics, folder / "plot.png", f"{sc.name}: {sc.algorithm.name}, {sc.agents.count} agents")
+        write_agent_metrics(rec.agent_metrics, folder, f"{sc.name}: {sc.algorithm.name}, each agent's own model")
         if sc.privacy is not None and sc.privacy.record is not None:
             from netsim.privacy.views import write_mixing
 
@@ -176,7 +176,7 @@ class RunFolder:
         (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
         for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
             shutil.rmtree(old, ignore_errors=True)
-        return summary, sim.metrics
+        return summary, rec.metrics
 
     def write_crash(self, sim, exc: Exception):
         """An exception inside the simulation: flush the trace (left without its end, so it reads as partial),
@@ -191,12 +191,12 @@ class RunFolder:
         cause = exc.__cause__ if type(exc.__cause__) is type(exc) else None
         root = cause or exc
         agent = next((i for i, proc in sim.programs if proc.triggered and not proc.ok and proc.value is root), None)
-        t = float(sim.env.now)
+        t = float(sim.loop.env.now)
         error = {"type": type(root).__name__, "message": str(root), "where": _crash_site(root), "agent": agent,
                  "t": t, "inside_netsim": _inside_netsim(root),
                  "traceback": traceback.format_exception(type(root), root, root.__traceback__)}
         sim.crashed()  # every event so far; no end-of-stream marker: the trace is partial
-        sc = sim.scenario
+        sc = sim.world.scenario
         k = self.counts.kinds
         summary = {"scenario": sc.name, "algorithm": sc.algorithm.name, "seed": sc.run.seed,
                    "agents": sc.agents.count, "simulated_time": t, "stop_reason": "error", "error": error,
@@ -210,30 +210,30 @@ class RunFolder:
         raise RunCrashed(self.path, error) from root
 
     def summary(self, sim) -> dict[str, Any]:
-        sc = sim.scenario
-        final = sim.metrics[-1]
+        sc, world, loop = sim.world.scenario, sim.world, sim.loop
+        final = sim.recorder.metrics[-1]
         counts = self.counts
         k = counts.kinds
         summary = {
             "scenario": sc.name, "algorithm": sc.algorithm.name, "seed": sc.run.seed, "agents": sc.agents.count,
             **{k_: v for k_, v in final.items() if k_ != "time"},
-            "simulated_time": float(sim.env.now), "stop_reason": sim.stop_reason,
+            "simulated_time": float(loop.env.now), "stop_reason": loop.stop_reason,
             "messages_sent": k["send"], "messages_delivered": k["deliver"], "messages_dropped": k["drop"],
             "messages_stale": k["stale"], "round_timeouts": k["timeout"], "bytes_sent": counts.bytes_sent,
             "activations": k["activate"], "gradients": k["compute_start"],
-            "gradient_batches": sim.gradients.calls,
-            "mean_gradient_batch": sim.gradients.evaluated / max(1, sim.gradients.calls),
-            "events": counts.total, "wall_time": sim.wall, "events_per_s": counts.total / max(sim.wall, 1e-9),
-            "spectral_gap": sim.gap, "device": str(sim.device),
+            "gradient_batches": world.gradients.calls,
+            "mean_gradient_batch": world.gradients.evaluated / max(1, world.gradients.calls),
+            "events": counts.total, "wall_time": loop.wall, "events_per_s": counts.total / max(loop.wall, 1e-9),
+            "spectral_gap": world.gap, "device": str(world.device),
             "scenario_sha256": self.meta["netsim.scenario_sha256"], "python": platform.python_version(),
         }
         summary.update(_comm_fields(sim))
-        if sim.engine != "events":
-            summary["engine"] = sim.engine  # the trace is the engine's; the wall time is not
+        if loop.engine != "events":
+            summary["engine"] = loop.engine  # the trace is the engine's; the wall time is not
         head = sc.evaluation.headline
         if head is not None:
             summary["headline"] = {"metric": head, "value": final.get(head)}
-        if any(a.existing_ledger is not None for a in sim.agents):
+        if any(a.existing_ledger is not None for a in loop.agents):
             from netsim.privacy.report import run_summary
 
             summary.update(run_summary(sim))  # worst agent's epsilon (netsim privacy RUN for the full report)
@@ -246,10 +246,10 @@ def _comm_fields(sim) -> dict[str, Any]:
     from netsim.metrics.compare import time_to_target
 
     out: dict[str, Any] = {}
-    target = sim.scenario.evaluation.target_accuracy
+    target = sim.world.scenario.evaluation.target_accuracy
     if target is not None:
         out["target_accuracy"] = target
-        out["time_to_target"] = time_to_target(sim.metrics, target)
+        out["time_to_target"] = time_to_target(sim.recorder.metrics, target)
     out.update(comm_summary(sim))
     return out
 

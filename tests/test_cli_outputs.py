@@ -88,7 +88,7 @@ def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
 
     def stop_after_first_checkpoint(self):  # like Ctrl-C at t = 2.5
         original(self)
-        if self.env.now >= 2.5 and not self.restored_metrics:
+        if self.env.now >= 2.5 and not self.recorder.restored_metrics:
             self.interrupt()
 
     monkeypatch.setattr(Simulation, "boundary", stop_after_first_checkpoint)

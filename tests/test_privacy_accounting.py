@@ -55,10 +55,8 @@ def releaser(agent, p: ReleaserParams):
     for z, q, steps in plan:
         for _ in range(steps):
             yield agent.wake()
-            out = agent.privatize(torch.zeros(3), sigma=z * SENS, sensitivity=SENS, q=q,
-                                  mechanism=p.mechanism)
-            if out is None:
-                agent.sim.refused = getattr(agent.sim, "refused", 0) + 1
+            agent.privatize(torch.zeros(3), sigma=z * SENS, sensitivity=SENS, q=q,
+                            mechanism=p.mechanism)  # None once the budget cap refuses it
     yield agent.env.event()
 
 

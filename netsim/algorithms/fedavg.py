@@ -14,7 +14,7 @@ use no weight decay for it (App. B.3) and take its rho from Qu et al. without st
 
 Agent 0 is the server (it holds a data shard it never uses; the clients are agents 1..n-1, so their
 shards are those of the decentralized runs with the same seed); use ``topology.kind = "star"``, whose
-centre is agent 0. Only the server's model is evaluated (``Simulation.eval_rows``): it is the global
+centre is agent 0. Only the server's model is evaluated (``agent.evaluate_only``): it is the global
 model, the clients' rows are their last local models.
 """
 

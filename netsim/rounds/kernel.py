@@ -179,7 +179,7 @@ class Batch:
             by = {lr: (ks, torch.stack([step[n] for n in ks]))} if ks else {}
         # Agent.mix_into_params's float operations for every agent in one call (compute.mixing), written at once
         values = combine(own, keep, ws, [list(g.values()) for g in got], by, own.dtype)
-        bank = agents[0].sim.bank
+        bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
         for n, (a, g) in enumerate(zip(agents, got, strict=True)):
             if a._mixing is not None:  # the mixing record (pairwise privacy) of each agent's update
@@ -203,7 +203,7 @@ class Batch:
 
     def set_params(self, rows: torch.Tensor) -> None:
         """Each agent's parameters := its row."""
-        bank = self.agents[0].sim.bank
+        bank = self.agents[0].sim.world.bank
         if len(self) == 1:
             bank.set(self.agents[0].id, rows[0])
         else:
@@ -211,7 +211,7 @@ class Batch:
 
     def defer(self, updates: Sequence) -> None:
         """Hand ``compute.mixing.MixUpdate``'s to the bank (computed with every other waiting one)."""
-        bank = self.agents[0].sim.bank
+        bank = self.agents[0].sim.world.bank
         for u in updates:
             bank.defer(u)
 
@@ -240,8 +240,8 @@ class Batch:
                 ok = led.record(size, sigma[n], sensitivity[n], q=q[n], what=what, at=self._at(n))
             else:  # a cap's refusal is traced by the ledger itself: at the agent's clock, among its rows
                 t, into = self._at(n)
-                a.sim.env.advance_to(t)
-                with a.sim.writer.capturing(into):
+                a.sim.loop.env.advance_to(t)
+                with a.sim.recorder.writer.capturing(into):
                     ok = led.record(size, sigma[n], sensitivity[n], q=q[n], what=what)
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
@@ -320,7 +320,7 @@ class RoundKernel:
 
     def state_of(self, agent: Any, p: Any) -> Any:
         """The run's state (``init``), made on first use and shared by every agent of the run."""
-        return agent.service((type(self), "state"), lambda: self.init(agent.sim.agents, p))
+        return agent.service((type(self), "state"), lambda: self.init(agent.sim.loop.agents, p))
 
     def __call__(self, agent: Any, p: Any):
         """The events engine's program for ``agent``: the pattern's generator over a batch of one."""

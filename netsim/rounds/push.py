@@ -61,7 +61,7 @@ class PushGossip:
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, kernel) -> str | None:
-        sc, p = sim.scenario, sim.params
+        sc, p = sim.world.scenario, sim.params
         ag, lat = sc.agents, sc.network.latency
         low, top = {"constant": (lat.value, lat.value),
                     "uniform": (lat.low, lat.high)}.get(lat.kind, (None, None))
@@ -72,7 +72,7 @@ class PushGossip:
             return "a message can land after the next activation"
         if low <= ct:
             return "a message can land before the round's gradients are back (latency <= compute time)"
-        most = max(len(a.in_neighbors) for a in sim.agents)  # at most one push per in-neighbour a round
+        most = max(len(a.in_neighbors) for a in sim.loop.agents)  # at most one push per in-neighbour a round
         chain = sum(kernel.update_after(p, n, most) is not None for n in range(1, most + 1)) * ct
         if chain > ct and (chain + top >= ag.activation.period or low <= chain):
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
@@ -80,15 +80,17 @@ class PushGossip:
         return None
 
     def play(self, sim, kernel, wake) -> None:
-        p, agents, writer, net, bank, svc = sim.params, sim.agents, sim.writer, sim.network, sim.bank, sim.gradients
+        world = sim.world
+        p, agents, writer, net, bank, svc = (sim.params, sim.loop.agents, sim.recorder.writer, world.network,
+                                             world.bank, world.gradients)
         state = kernel.state_of(agents[0], p)
-        limit = sim.scenario.run.rounds
+        limit = sim.world.scenario.run.rounds
         mid = net.next_id
         tag = self.tag
         rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
         picks: list[list[int]] = [[] for _ in agents]
         inbox: list[list] = [[] for _ in agents]  # payloads in arrival order since the last activation
-        order = [(a.id, float(sim.env.now)) for a in agents]
+        order = [(a.id, float(sim.loop.env.now)) for a in agents]
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
             nonlocal mid
@@ -192,10 +194,10 @@ class PushGossip:
                 inbox[j].append(x)
             writer.emit_rows(rows)
             order = woke
-            if sim.progress is not None:
-                sim.progress(end)
+            if sim.recorder.progress is not None:
+                sim.recorder.progress(end)
         net.next_id = mid
-        sim.env.advance_to(end)
+        sim.loop.env.advance_to(end)
 
 
 def _merge_to(kernel, p, batch, merged: list, got: dict, done: dict, target: dict, X: torch.Tensor) -> None:

@@ -81,12 +81,12 @@ class SyncRounds:
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, kernel) -> str | None:
         """Why the rounds of this built simulation are not exact windows for this driver (None: they are)."""
-        sc, p = sim.scenario, sim.params
+        sc, p = sim.world.scenario, sim.params
         lat = sc.network.latency
         if lat.kind != "constant":
             return "links do not have one constant latency (the barrier orders agents by arrival)"
-        state = kernel.state_of(sim.agents[0], p)
-        if any(kernel.gradient(p, state, a.id) is None for a in sim.agents) and not _local_steps(kernel):
+        state = kernel.state_of(sim.loop.agents[0], p)
+        if any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents) and not _local_steps(kernel):
             return f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute phase)"
         why = kernel.refusal(sim, p)
         if why is not None:
@@ -110,21 +110,22 @@ class SyncRounds:
 
     def play(self, sim, kernel, wake) -> None:
         """Play the run round by round (see the module docstring)."""
-        p, agents, writer, net, svc = sim.params, sim.agents, sim.writer, sim.network, sim.gradients
+        p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
+        net, svc = sim.world.network, sim.world.gradients
         state = kernel.state_of(agents[0], p)
-        limit = sim.scenario.run.rounds
+        limit = sim.world.scenario.run.rounds
         expect = [len(a.in_neighbors) for a in agents]
         outs: list[list | None] = [None] * len(agents)  # agent: [(out-neighbour, link)] (the topology is static)
         mid = net.next_id
         tag = self.tag
-        order = [(a.id, float(sim.env.now)) for a in agents]  # (agent, when it called wake)
+        order = [(a.id, float(sim.loop.env.now)) for a in agents]  # (agent, when it called wake)
         k = 0
         while True:
             rows: list[tuple] = []
             row = rows.append
             acts = wake(sim, order)
             ids = [i for _, _, i, _ in acts]
-            X = sim.bank.W  # each agent's params as the engine snapshots them at its activation
+            X = sim.world.bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.tensor(ids, device=X.device))
             now = [t for t, *_ in acts]  # each agent's clock where its program runs on
             hook = [kernel.gradient(p, state, i) for i in ids]  # the gradient asked for before ``local``
@@ -149,7 +150,7 @@ class SyncRounds:
                 return now[n], released.setdefault(n, [])
 
             b = Batch([agents[i] for i in ids], k, x, g, state, at, rows=(xs, None))
-            sim.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
+            sim.loop.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
             local = kernel.local(b, p)
             if local is not None:
                 try:
@@ -232,10 +233,10 @@ class SyncRounds:
             if last:
                 break
             k += 1
-            if sim.progress is not None:
-                sim.progress(end)
+            if sim.recorder.progress is not None:
+                sim.recorder.progress(end)
         net.next_id = mid
-        sim.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
+        sim.loop.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
 
 
 def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> torch.Tensor:
@@ -308,7 +309,7 @@ class LocalAhead:
             got = self.done.pop(agent.id)
         b, rows = got
         if rows:
-            agent.sim.writer.emit_rows(rows)
+            agent.sim.recorder.writer.emit_rows(rows)
         return b
 
     def _run(self, first) -> None:

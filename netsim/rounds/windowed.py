@@ -18,7 +18,7 @@ from netsim.sim.activation import Periodic
 
 # what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
 NEEDS = {
-    "no_budget_cap": lambda sim: None if getattr(getattr(sim.scenario, "privacy", None), "epsilon_cap", None) is None
+    "no_budget_cap": lambda sim: None if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None
     else "privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order",
 }
 
@@ -61,12 +61,12 @@ def refusal(sim) -> str | None:
     """Why this built simulation cannot run window by window with the engine's exact trace (None: it can)."""
     kernel = sim.program
     if not isinstance(kernel, RoundKernel):
-        return (f"algorithm {sim.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
+        return (f"algorithm {sim.world.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
-    why = scenario_refusal(sim.scenario)
-    if why is None and (sim.network.model is not None or sim.activation_moves is not None):
+    why = scenario_refusal(sim.world.scenario)
+    if why is None and (sim.world.network.model is not None or sim.world.activation_moves is not None):
         why = "a link model or an activation hook is installed"
-    for a in sim.agents if why is None else ():
+    for a in sim.loop.agents if why is None else ():
         if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
             why = f"agent {a.id} has its own activation schedule or listeners"
         elif not a.neighbors or not a.in_neighbors:
@@ -95,7 +95,7 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     time, then by the order the activations were set."""
     acts, woken = [], []
     for seq, (i, w) in enumerate(order):
-        a = sim.agents[i]
+        a = sim.loop.agents[i]
         at = a.schedule.next(a.local_time(w))
         acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
         woken.append(a)

@@ -159,44 +159,44 @@ class Agent:
 
     def __init__(self, sim: Simulation, i: int, offset: float, drift: float, compute_scale: float):
         self.sim = sim
-        self.env = sim.env
+        self.env = sim.loop.env
         self.id = i
-        self.emit = sim.emit
-        self.emit_row = sim.emit_row  # trace one row in COLUMNS order (TraceWriter.emit_row): no record object
+        self.emit = sim.recorder.emit
+        self.emit_row = sim.recorder.emit_row  # one row in COLUMNS order (TraceWriter.emit_row): no record object
         self.offset = offset
         self.rate = 1.0 + drift  # local clock seconds per global second
         self.compute_scale = compute_scale
         self.round = 0  # activations so far
         self.finished = False
         self.inbox = Inbox(self)
-        g = sim.graph
+        g = sim.world.graph
         self.neighbors: list[int] = sorted(g.successors(i))
         self.in_neighbors: list[int] = sorted(g.predecessors(i))
-        W = sim.W  # CSR: row i is indices/data[indptr[i]:indptr[i + 1]], in stored order (as W.getrow(i))
+        W = sim.world.W  # CSR: row i is indices/data[indptr[i]:indptr[i + 1]], in stored order (as W.getrow(i))
         lo, hi = W.indptr[i], W.indptr[i + 1]
         cols, vals = W.indices[lo:hi].tolist(), W.data[lo:hi].tolist()
         self.weights: dict[int, float] = {j: w for j, w in zip(cols, vals, strict=True) if j != i}
         own = [w for j, w in zip(cols, vals, strict=True) if j == i]
         self.self_weight = own[0] if len(own) == 1 else float(W[i, i])
-        act = sim.scenario.agents.activation
+        act = sim.world.scenario.agents.activation
         self._act = act
         # a periodic schedule draws nothing: its stream is made only for the kinds that draw (100,000 agents'
         # unused generators cost seconds of setup)
         draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
-        act_rng = sim.streams.rng("activation", i) if draws_ticks else None
-        self._batch_rng = sim.streams.rng("batch", i)
+        act_rng = sim.world.streams.rng("activation", i) if draws_ticks else None
+        self._batch_rng = sim.world.streams.rng("batch", i)
         self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from _batch_rng (sample_rows)
         self._draw_ahead = True  # until the program draws from the batch stream itself (``rng("batch")``)
-        self._distinct_rows = sim.scenario.data.sampling == "without_replacement"
+        self._distinct_rows = sim.world.scenario.data.sampling == "without_replacement"
         self._compute = sim.compute_draws(i)
-        self.rows = sim.data.parts[i]
+        self.rows = sim.world.data.parts[i]
         # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
         self.schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0))
         self._listeners: list[Callable[[Agent], None]] = []  # on_activation
         self._done = processed_event(self.env)
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
-        self._mixing = sim.mixing_log  # the weights applied to which messages, when the scenario asks (privacy)
+        self._mixing = sim.recorder.mixing_log  # the weights applied to which messages, when asked (privacy)
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -210,24 +210,24 @@ class Agent:
     # activation ---------------------------------------------------------------------------------
     def wake(self) -> simpy.Event:
         """The next activation on this agent's own clock (never after the run's round limit)."""
-        limit = self.sim.scenario.run.rounds
+        limit = self.sim.world.scenario.run.rounds
         if limit is not None and self.round >= limit:
             return self.finish()
         # The schedule never depends on what the agent does: an activation that falls while it is
         # busy is missed.
         schedule = self.schedule
         at = schedule.next(self.local_time())
-        moves = self.sim.activation_moves
+        moves = self.sim.world.activation_moves
         if moves is not None and not schedule.fixed:
             at = moves(self, at)  # clock jitter, churn: the activation moves (activation.Moves)
         delay = max(0.0, self.global_time(at) - self.env.now)
         if schedule.settles:  # a recorded schedule fixes the global time too
             at, delay = schedule.settle(at, delay)
         self.round += 1
-        sim = self.sim
-        sim.activations += 1
-        if sim.activations >= sim.round_mark:
-            sim.round_passed()
+        marks = self.sim.loop.marks
+        marks.activations += 1
+        if marks.activations >= marks.round_mark:
+            marks.round_passed()
         ev = simpy.events.Timeout(self.env, delay, at)
         ev.callbacks.append(self._activated)
         return ev
@@ -262,16 +262,16 @@ class Agent:
     @property
     def params(self) -> torch.Tensor:
         """A copy of this agent's row of the parameter bank."""
-        return self.sim.bank.get(self.id)
+        return self.sim.world.bank.get(self.id)
 
     @params.setter
     def params(self, value: torch.Tensor) -> None:
-        self.sim.bank.set(self.id, value)
+        self.sim.world.bank.set(self.id, value)
 
     def params_of(self, j: int) -> torch.Tensor:
         """A copy of agent j's parameter row now: what an agent may assume of a neighbour at the start
         (a common, known initialisation), not a way to read live models the network would carry."""
-        return self.sim.bank.get(j)
+        return self.sim.world.bank.get(j)
 
     def sample_rows(self, batch: int | None) -> np.ndarray:
         """``batch`` of the agent's rows from its ``batch`` stream: i.i.d. uniform (data.sampling =
@@ -299,11 +299,11 @@ class Agent:
         or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here).
         With ``rows``: exactly these training rows (e.g. an online learner's history) instead of a batch."""
         ct = self._compute() * self.compute_scale
-        churn = self.sim.churn
+        churn = self.sim.world.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, self.env.now)
         self.emit_row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
-        p = self.sim.bank.get(self.id) if params is None else params
+        p = self.sim.world.bank.get(self.id) if params is None else params
         r = self.sample_rows(batch) if rows is None else rows
         if clip is None:
             return self.sim.request_gradient(self.id, p, r, ct)
@@ -313,13 +313,13 @@ class Agent:
     def send(self, dst: int, payload: Any, tag: str = "model", round: int | None = None,
              size: int | None = None) -> simpy.Event:
         """Send through the link; the event completes when the transmission ends."""
-        tx = self.sim.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
+        tx = self.sim.world.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
         return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
 
     def broadcast(self, payload: Any, tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
         """Send to every out-neighbour (links transmit in parallel)."""
-        send = self.sim.network.send
+        send = self.sim.world.network.send
         rnd = self.round if round is None else round
         if size is None:
             size = payload_size(payload)  # once, not per link
@@ -366,7 +366,7 @@ class Agent:
         are read then: do not change them in place afterwards."""
         w = self.weights
         ws = [w[j] for j in received]
-        self.sim.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
+        self.sim.world.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
         if self._mixing is not None:
             self._record_mix(received, 0.0 if step is None else lr)
 
@@ -415,18 +415,18 @@ class Agent:
     @property
     def device(self) -> torch.device:
         """The torch device of the run's parameters and data."""
-        return self.sim.device
+        return self.sim.world.device
 
     # the run this agent is part of ---------------------------------------------------------------
     @property
     def scenario(self):
         """The run's resolved scenario (frozen attrs records: read settings, never change them)."""
-        return self.sim.scenario
+        return self.sim.world.scenario
 
     @property
     def agent_count(self) -> int:
         """How many agents the run has (ids 0 .. agent_count - 1)."""
-        return len(self.sim.agents)
+        return len(self.sim.loop.agents)
 
     @property
     def now(self) -> float:
@@ -441,42 +441,44 @@ class Agent:
     def graph(self):
         """The run's topology: a networkx DiGraph with ``weight`` edge attributes (for a time-varying
         topology, the initial graph)."""
-        return self.sim.graph
+        return self.sim.world.graph
 
     @property
     def mixing_matrix(self):
         """The run's mixing matrix W (scipy sparse, rows sum to 1); this agent's row is ``weights`` +
         ``self_weight``."""
-        return self.sim.W
+        return self.sim.world.W
 
     @property
     def spectral_gap(self) -> float | None:
         """1 - |lambda_2(W)| of the run's mixing matrix (None where it is not defined)."""
-        return self.sim.gap
+        return self.sim.world.gap
 
     @property
     def model(self):
         """The run's model (``netsim.compute.models``): batched ``grad``/``evaluate`` on stacked rows."""
-        return self.sim.model
+        return self.sim.world.model
 
     @property
     def training_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(X, y) of every training row on the run's device; this agent's are ``X[rows]``."""
-        return self.sim.X, self.sim.y
+        s = self.sim.world.splits
+        return s.X, s.y
 
     @property
     def validation_set(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(X, y) of the validation set Q every agent may read (``data.validation``), or None."""
-        return None if self.sim.X_val is None else (self.sim.X_val, self.sim.y_val)
+        s = self.sim.world.splits
+        return None if s.X_val is None else (s.X_val, s.y_val)
 
     @property
     def partition(self) -> list[np.ndarray]:
         """Every agent's training rows (indices into ``training_set``); this agent's is ``rows``."""
-        return self.sim.data.parts
+        return self.sim.world.data.parts
 
     def evaluate_only(self, agents: list[int]) -> None:
         """Score only these agents' models (a server's global model) instead of the average of all."""
-        self.sim.eval_rows = list(agents)
+        self.sim.recorder.eval_rows = list(agents)
 
     # activation -----------------------------------------------------------------------------------
     @property
@@ -524,12 +526,12 @@ class Agent:
         """This agent's named state (momentum, a tracker, a dual variable): a view of row ``id`` of the
         bank's tensor ``name`` (default shape: a parameter row), so writes stay there and checkpoints
         keep it. Created filled with ``fill`` on first use."""
-        return self.sim.bank.state(name, shape, fill)[self.id]
+        return self.sim.world.bank.state(name, shape, fill)[self.id]
 
     def shared_state(self, name: str, shape: tuple[int, ...] | None = None, fill: float = 0.0) -> torch.Tensor:
         """Every agent's state ``name`` as one (agents, *shape) tensor (row i is agent i's ``state``), for
         algorithms whose paper reads a neighbour's state directly."""
-        return self.sim.bank.state(name, shape, fill)
+        return self.sim.world.bank.state(name, shape, fill)
 
     @property
     def stats(self):
@@ -556,7 +558,7 @@ class Agent:
         if purpose == "batch" and not key:  # the stream sample_rows draws from: no more drawing ahead
             self._stop_ahead()
             self._draw_ahead = False
-        return self.sim.streams.rng(purpose, self.id, *key)
+        return self.sim.world.streams.rng(purpose, self.id, *key)
 
     def _stop_ahead(self) -> None:
         """Put the batch stream back to just after the mini-batches handed out (DrawsAhead)."""
@@ -570,15 +572,15 @@ class Agent:
         ``cached=False``: a fresh generator at the stream's start, kept by no one (a stream per round
         that is drawn once and cached by its user)."""
         if not cached:
-            return np.random.Generator(np.random.PCG64(self.sim.streams.seed_sequence(purpose, *key)))
-        return self.sim.streams.rng(purpose, *key)
+            return np.random.Generator(np.random.PCG64(self.sim.world.streams.seed_sequence(purpose, *key)))
+        return self.sim.world.streams.rng(purpose, *key)
 
     def compute_time_draws(self, purpose: str = "compute", *key: int):
         """A sampler of the scenario's ``agents.compute_time`` distribution, from this agent's stream
         ``(purpose, id, *key)`` (an algorithm's own compute step, such as PDSL's Shapley values)."""
         from netsim.sim.dists import draws
 
-        return draws(self.sim.scenario.agents.compute_time, self.rng(purpose, *key), "agents.compute_time")
+        return draws(self.sim.world.scenario.agents.compute_time, self.rng(purpose, *key), "agents.compute_time")
 
     def spawn(self, program: Generator) -> simpy.Process:
         """Start a helper program of this agent (a gossip server, say); its state goes into checkpoints

@@ -157,19 +157,20 @@ def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 
 def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from netsim.sim.network import Message
+    world, loop, rec = sim.world, sim.loop, sim.recorder
 
-    bank = sim.bank.state_dict()
+    bank = world.bank.state_dict()
     arrays = Arrays(bank)
     for k, v in bank.items():
         arrays[f"bank.{k}"] = _array(v)
     queue = []
-    for t, prio, eid, ev in sorted(sim.env.queue, key=lambda e: e[:3]):
+    for t, prio, eid, ev in sorted(loop.env.queue, key=lambda e: e[:3]):
         value = getattr(ev, "_value", None)
         queue.append([t, prio, eid, type(ev).__name__,
                       _message(value, f"queue.{eid}", arrays) if isinstance(value, Message)
                       else value if type(value) in _PLAIN else None])
     agents, inboxes, ledgers = [], [], {}
-    for a in sim.agents:
+    for a in loop.agents:
         agents.append({**_plain_vars(a), "schedule": _plain_vars(a.schedule)})
         box = a.inbox
         inboxes.append({
@@ -189,20 +190,20 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             if noise is not None:
                 arrays[f"ledger.{a.id}.noise"] = _array(noise.generator.get_state())
             ledgers[str(a.id)] = {**_plain_vars(led), "releases": len(log), "to0": log.to0, "specs": log.specs}
-    counts = getattr(sim, "counts", None)
+    counts = rec.counts
     from netsim.sim.services import CommStats
 
     stats = sim.services.find(CommStats)
-    g = sim.gradients
+    g = world.gradients
     state = {
-        "time": sim.env.now, "step": sim.steps, "finished": sim.finished_agents, "stop_reason": sim.stop_reason,
-        "rng": _streams(sim.streams, arrays),
+        "time": loop.env.now, "step": loop.steps, "finished": loop.finished, "stop_reason": loop.stop_reason,
+        "rng": _streams(world.streams, arrays),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
-        "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(sim.programs)],
-        "network": {**_plain_vars(sim.network),
-                    "links": sorted([s, d, lk.busy_until] for (s, d), lk in sim.network.links.items())},
+        "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
+        "network": {**_plain_vars(world.network),
+                    "links": sorted([s, d, lk.busy_until] for (s, d), lk in world.network.links.items())},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
-        "events": {"emitted": sim.events_emitted,
+        "events": {"emitted": rec.events_emitted,
                    "kinds": dict(sorted(counts.kinds.items())) if counts is not None else None,
                    "bytes_sent": counts.bytes_sent if counts is not None else None},
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
@@ -245,7 +246,7 @@ def checkpoints(folder: Path) -> list[Path]:
 
 def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Path:
     """Write the run's checkpoint at the current event boundary; keep the newest ``keep``."""
-    writer = sim.writer
+    writer = sim.recorder.writer
     # The trace position is the last regular batch boundary; events buffered since (an interrupt falls
     # between boundaries) are written too, so the stopped run's trace is complete, but a resumed run cuts
     # them and writes them again in the uninterrupted run's batches: the files end up byte-identical.
@@ -254,15 +255,15 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
     state, arrays = capture(sim)
     writer.sync()
     meta = {
-        **header, "format": FORMAT, "kind": kind, "step": sim.steps, "time": sim.env.now,
+        **header, "format": FORMAT, "kind": kind, "step": sim.loop.steps, "time": sim.loop.env.now,
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
-        "metrics": sim.metrics, "state": state,
+        "metrics": sim.recorder.metrics, "state": state,
     }
     root = Path(folder) / FOLDER
     root.mkdir(exist_ok=True)
     for stale in root.glob(".ckpt-*.tmp"):  # left by a run killed while writing one
         shutil.rmtree(stale, ignore_errors=True)
-    name = f"ckpt-{sim.steps:012d}"
+    name = f"ckpt-{sim.loop.steps:012d}"
     tmp = root / f".{name}.tmp"
     tmp.mkdir()
     packed, meta["pooled"] = _pack(arrays)

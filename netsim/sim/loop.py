@@ -1,0 +1,115 @@
+"""The run loop's state: the simpy environment, the agents and their programs, how and why the run stops,
+and the checkpoint marks the loop stops at.
+
+``Simulation`` (sim/kernel.py) drives it (``start``, ``advance``, ``finish``); the world it runs is
+sim/world.py, what it records sim/recorder.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+
+from netsim.sim.env import Environment
+
+
+class Marks:
+    """Where the loop stops between two events to look: checkpoint marks in simulated time
+    (``run.checkpoint_every``) and in activations (``run.checkpoint_every_rounds``), and an interrupt.
+    The loop stops when the next event's time reaches ``next_boundary`` (the time mark; -inf: now, set by a
+    round mark or an interrupt)."""
+
+    def __init__(self, every: float | None, every_rounds: int | None, n: int):
+        self.every = every or math.inf
+        self.mark = self.every  # the next checkpoint mark (-inf: a round mark passed)
+        self.next_boundary = self.every  # when the loop stops to look: the mark, or -inf on an interrupt
+        self.round_every = (every_rounds or math.inf) * n
+        self.round_mark = self.round_every
+        self.activations = 0  # Agent.wake calls, for round-based checkpoints
+        self.checkpointer: Callable[[Any, str], None] | None = None
+        self.interrupted = False
+
+    def interrupt(self) -> None:
+        """Stop at the next event boundary (a signal handler may call this: it only sets flags)."""
+        self.interrupted = True
+        self.next_boundary = -math.inf
+
+    def round_passed(self) -> None:
+        """Agent.wake: the agents' mean activation count passed a multiple of checkpoint_every_rounds."""
+        self.round_mark += self.round_every
+        self.mark = self.next_boundary = -math.inf
+
+    def due(self, env: Environment) -> bool:
+        """Whether the next event is at or past the mark."""
+        q = env.queue
+        return bool(q) and q[0][0] >= self.mark
+
+    def passed(self, head: float) -> None:
+        """The loop stopped at a mark; the next event is at ``head``: the next mark after it (marks with no
+        event between merge)."""
+        self.mark = (math.floor(head / self.every) + 1) * self.every if self.every < math.inf else math.inf
+        self.next_boundary = self.mark
+
+
+class Programs:
+    """The agents' programs: made when the run is prepared (``made``: a program function may check before it
+    returns its generator), started with the run; then each running (agent, process), its program and
+    ``Agent.spawn``'s (their locals go into checkpoints)."""
+
+    def __init__(self, n: int):
+        self.made: list = []
+        self.running: list[tuple[int, simpy.Process]] = []
+        self.limit = 4 * n + 64
+
+    def start(self, env: Environment, agents: list) -> None:
+        for a, prog in zip(agents, self.made, strict=True):
+            self.running.append((a.id, env.process(prog)))
+        self.made = []
+
+    def add(self, env: Environment, i: int, program: Any) -> simpy.Process:
+        proc = env.process(program)
+        running = self.running
+        running.append((i, proc))
+        if len(running) >= self.limit:  # a program spawning per round: forget the finished ones
+            running[:] = [(j, q) for j, q in running if q.is_alive]
+            self.limit = 2 * len(running) + 64
+        return proc
+
+
+class RunLoop:
+    """The state of the event loop: what runs (``env``, ``agents``, ``programs``), how far (``steps``: events
+    processed, a checkpoint's position; ``wall``), how it is played (``engine``, ``runner``: a windowed
+    driver) and when it stops (``stop``, ``stop_reason``, ``finished`` agents, ``housekeeping`` timers)."""
+
+    def __init__(self, env: Environment, marks: Marks, n: int):
+        self.env = env
+        self.marks = marks
+        self.agents: list = []
+        self.programs = Programs(n)
+        self.finished = 0
+        self.stop = env.event()
+        self.stop_reason = ""
+        self.housekeeping = 0  # timers of ours besides the evaluator's (ticker, until, churn recorders)
+        self.done: list = []  # filled when the run's stop event (or run.until) fires
+        self.steps = 0
+        self.engine = "events"  # or "windowed" (``Simulation.use_runner``)
+        self.runner: Callable[[Any], None] | None = None
+        self.wall = 0.0
+        self.t0 = 0.0
+
+    def agent_finished(self) -> None:
+        self.finished += 1
+        if self.finished == len(self.agents) and not self.stop.triggered:
+            self.stop_reason = "rounds"
+            self.stop.succeed()
+
+    def stalled(self) -> bool:
+        """Only our own timers left in the queue: nothing can ever happen again (then the run stops)."""
+        if self.env.queued() <= self.housekeeping and not self.stop.triggered:
+            self.stop_reason = "stalled (every agent waits for something that cannot come)"
+            self.stop.succeed()
+            return True
+        return False

@@ -1,0 +1,87 @@
+"""The recorder of a run: the trace writer and what the run measures (metrics rows, each agent's own
+accuracy, the mixing log), and the progress callback.
+
+The world (sim/world.py) is what is measured; the recorder keeps the measurements. ``evaluate`` is the one
+place that turns the world's state into a metrics row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from netsim.compute.evaluate import evaluate_bank
+from netsim.trace.events import Evaluation
+from netsim.trace.io import TraceWriter
+
+
+class Recorder:
+    """Trace and metrics of one run. ``counts``: the trace's event counter (metrics.summary.EventCounts, fed by
+    the writer); ``restored_metrics``: a checkpoint's metrics rows, reused while a resumed run is rebuilt up to
+    it; ``mixing_log``: the privacy layer's record of the mixing weights applied (None unless asked)."""
+
+    def __init__(self, writer: TraceWriter | None, counts: Any = None,
+                 restored_metrics: list[dict[str, float]] | None = None):
+        self.writer = writer = writer or TraceWriter(None, {})
+        self.emit = writer.emit
+        self.emit_row = writer.emit_row
+        self.counts = counts
+        self.metrics: list[dict[str, float]] = []
+        self.agent_metrics: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, loss, accuracy) per agent
+        self.eval_rows: list[int] | None = None  # agents whose models are evaluated (None: all; a server)
+        self.restored_metrics: list[dict[str, float]] = list(restored_metrics or [])
+        self.mixing_log: Any = None
+        self.progress: Callable[[float], None] | None = None  # the windowed drivers report each round through it
+
+    @property
+    def events_emitted(self) -> int:
+        return self.writer.count + len(self.writer.buffer)
+
+    def _agent_metrics(self, world, now: float, per_agent: dict | None = None) -> None:
+        """Every agent's own model on the test rows (evaluation.metrics "agent_accuracy"): one batched call,
+        kept as (time, loss per agent, accuracy per agent) for agent_metrics.csv."""
+        if per_agent is None:
+            s = world.splits
+            loss, acc = world.model.evaluate(world.bank.W, s.X_test, s.y_test)
+            per_agent = {"loss": loss.detach().double().cpu().numpy(), "accuracy": acc.detach().double().cpu().numpy()}
+        self.agent_metrics.append((float(now), per_agent["loss"], per_agent["accuracy"]))
+
+    def evaluate(self, world, services, agents: list, now: float) -> dict[str, float]:
+        """The metrics row at ``now`` (kept and traced): the mean model (or ``eval_rows``' models) scored on the
+        scenario's metrics."""
+        metrics = world.scenario.evaluation.metrics
+        per_agent_wanted = "agent_accuracy" in metrics
+        if len(self.metrics) < len(self.restored_metrics):  # rebuilding up to a checkpoint: rows are known
+            row = self.restored_metrics[len(self.metrics)]
+            if per_agent_wanted:  # the rebuilt bank is exact: its per-agent rows are the original run's
+                self._agent_metrics(world, now)
+            self.metrics.append(row)
+            self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
+            return row
+        row = {"time": float(now), "round_mean": float(np.mean([a.round for a in agents]))}
+        bank, s = world.bank, world.splits
+        W = bank.W if self.eval_rows is None else bank.W[self.eval_rows]
+        per_agent: dict | None = {} if per_agent_wanted and self.eval_rows is None else None
+        row.update(evaluate_bank(world.model, W, s.X_test, s.y_test, metrics, s.train_rows, world.f_star, per_agent))
+        if per_agent_wanted:
+            self._agent_metrics(world, now, per_agent)
+        if "tracking" in metrics:  # online learners vs theta*_t (Chen & Wang)
+            from netsim.compute.streaming import DataStreams, TrackingOracle, tracking_metrics
+
+            m, data = world.scenario.model, world.data
+            oracle = lambda: services.get(TrackingOracle, lambda: TrackingOracle(  # noqa: E731
+                data.X, data.y, m.l2, len(agents), m.bias))
+            row.update(tracking_metrics(services.find(DataStreams), oracle, bank.W))
+        self.metrics.append(row)
+        self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
+        return row
+
+    def drop_at(self, now: float) -> None:
+        """Forget the rows taken at ``now``: an evaluation at the stopping time saw part of its events (the
+        final one replaces it)."""
+        if self.metrics and self.metrics[-1]["time"] == now:
+            self.metrics.pop()
+            if self.agent_metrics and self.agent_metrics[-1][0] == now:
+                self.agent_metrics.pop()
