@@ -222,7 +222,7 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
            plugin: Optional[list[str]] = PluginOpt,
            quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table")) -> None:
     """Continue a run from its last good checkpoint: same final metrics and same trace after the
-    checkpoint as an uninterrupted run (docs/architecture.md, "Checkpoint and resume")."""
+    checkpoint as an uninterrupted run (docs/checkpoints.md)."""
     from netsim import api
     from netsim.errors import InputError, RunCrashed
     from netsim.scenario import load_scenario

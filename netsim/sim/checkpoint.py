@@ -17,7 +17,7 @@ A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
 
 It is written into a hidden temporary folder, fsynced, then renamed (atomic on POSIX).
 
-Why resume re-executes (docs/architecture.md, "Checkpoint and resume"): an agent's program is a
+Why resume re-executes (docs/checkpoints.md): an agent's program is a
 Python generator that reads like the paper's pseudo-code; its locals (a gradient computed before a
 barrier, a half-gathered round) cannot be serialized. ``netsim resume`` therefore rebuilds the run
 deterministically, without trace output or evaluation, up to the checkpoint's event step, then checks
