@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from netsim.compute.mixing import MixUpdate, combine, evaluate
+from netsim.compute.mixing import combine
 from netsim.compute.noise import gaussian_noise_rows
+from netsim.sim.network import payload_size
 
 
 @attrs.frozen
@@ -143,7 +144,7 @@ class Batch:
         if isinstance(payloads, torch.Tensor):
             self.out = list(self._rowlist(payloads))
             if sizes is None and len(self.agents) > 1:  # rows of one tensor: one size (``payload_size``'s)
-                sizes = [payloads[0].nbytes] * len(self.agents)
+                sizes = [payload_size(payloads[0])] * len(self.agents)
         else:
             self.out = list(payloads)
         self.sizes = None if sizes is None else list(sizes)
@@ -153,11 +154,13 @@ class Batch:
         on the agent's own row), as rows."""
         if len(self.agents) == 1:
             return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
-        ups = []  # every agent's mix in one batched call: Agent.mix's own float operations (compute.mixing)
-        for a, x, g in zip(self.agents, self._rowlist(own), got, strict=True):
-            ws = [a.weights[j] for j in g]
-            ups.append(MixUpdate(a.id, x, 1.0 - sum(ws), ws, list(g.values()), 0.0, None))
-        return evaluate(ups, own.dtype)[1]
+        return combine(own, *self._gossip(got), {}, own.dtype)  # Agent.mix's float operations, every agent at once
+
+    def _gossip(self, got: Sequence[dict]) -> tuple[list[float], list[list[float]], list[list[torch.Tensor]]]:
+        """Each agent's (keep, weights, models) of ``Agent.mix`` over what arrived (``compute.mixing.combine``'s
+        arguments): the weights of the senders in arrival order, the rest kept on the agent's own row."""
+        ws = [[a.weights[j] for j in g] for a, g in zip(self.agents, got, strict=True)]
+        return [1.0 - sum(w) for w in ws], ws, [list(g.values()) for g in got]
 
     def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
                         lr: float = 1.0) -> None:
@@ -168,8 +171,6 @@ class Batch:
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
         agents = self.agents
-        ws = [[a.weights[j] for j in g] for a, g in zip(agents, got, strict=True)]
-        keep = [1.0 - sum(w) for w in ws]
         if step is None:
             by = {}
         elif isinstance(step, torch.Tensor):
@@ -178,7 +179,7 @@ class Batch:
             ks = [n for n, s in enumerate(step) if s is not None]
             by = {lr: (ks, torch.stack([step[n] for n in ks]))} if ks else {}
         # Agent.mix_into_params's float operations for every agent in one call (compute.mixing), written at once
-        values = combine(own, keep, ws, [list(g.values()) for g in got], by, own.dtype)
+        values = combine(own, *self._gossip(got), by, own.dtype)
         bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
         for n, (a, g) in enumerate(zip(agents, got, strict=True)):
