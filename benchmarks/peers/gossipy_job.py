@@ -12,6 +12,8 @@ logistic regression at lr 1.0), messages lost with probability 0.1 and delayed u
 [0.01, 0.5] s (gossipy's time is discrete: 100 steps per 1 s round, delays 1..50 steps), 100 rounds,
 evaluation at the end only (outside the timed part). Prints one JSON line: simulation wall and CPU
 seconds (``GossipSimulator.start``) and the nodes' mean test accuracy.
+``--async``: gossipy's asynchronous nodes (``sync=False``: a node's activation falls at a random step of each
+round, its own timer), the peer's form of netsim's jobs with Poisson clocks; ``--delay 5 50`` for [0.05, 0.5] s.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--data", required=True)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--async", dest="asynchronous", action="store_true",
+                    help="gossipy's asynchronous nodes (sync=False: each node's timeout drawn at random in the round)")
+    ap.add_argument("--delay", type=int, nargs=2, default=[1, 50], metavar=("MIN", "MAX"),
+                    help="message delay in steps of 1/100 round (uniform; default 1 50: 0.01-0.5 s)")
     args = ap.parse_args()
 
     import sys
@@ -84,9 +90,9 @@ def main() -> None:
                               local_epochs=1, batch_size=0, create_model_mode=CreateModelMode.MERGE_UPDATE)
     delta = 100
     nodes = {i: GossipNode(idx=i, data=dispatcher[i], round_len=delta, model_handler=proto.copy(), p2p_net=net,
-                           sync=True) for i in range(args.nodes)}
+                           sync=not args.asynchronous) for i in range(args.nodes)}
     sim = GossipSimulator(nodes=nodes, data_dispatcher=dispatcher, delta=delta,
-                          protocol=AntiEntropyProtocol.PUSH, drop_prob=0.1, delay=UniformDelay(1, 50))
+                          protocol=AntiEntropyProtocol.PUSH, drop_prob=0.1, delay=UniformDelay(*args.delay))
     sim.init_nodes(seed=args.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     sim.start(n_rounds=args.rounds)
@@ -94,7 +100,7 @@ def main() -> None:
     Xt, yt = torch.from_numpy(X[te]), torch.from_numpy(y[te])
     with torch.no_grad():
         acc = [float((n.model_handler.model(Xt).argmax(1) == yt).float().mean()) for n in nodes.values()]
-    print(json.dumps({"peer": "gossipy", "nodes": args.nodes, "sim_s": wall, "cpu_s": cpu,
+    print(json.dumps({"peer": "gossipy", "nodes": args.nodes, "async": args.asynchronous, "sim_s": wall, "cpu_s": cpu,
                       "accuracy": float(np.mean(acc))}))
 
 
