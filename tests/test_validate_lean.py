@@ -128,6 +128,8 @@ def _imported(args: list[str]) -> str:
 
 @pytest.mark.parametrize("args", [["validate", "scenarios/quickstart.toml"],
                                   ["validate", "scenarios/compare_sync_async.toml"],
+                                  ["validate", "scenarios/compare_sync_async_sparq.toml"],
+                                  ["validate", "scenarios/privacy_event_triggered.toml"],
                                   ["validate", "--quick", "scenarios/quickstart.toml"]], ids=" ".join)
 def test_validate_imports_no_torch_scipy_networkx_or_pyarrow(args):
     out = _imported(args)
