@@ -2,7 +2,7 @@
 
 Building (``api.prepare``) imports torch (~2-3 s) and makes the data's tensors, the model and the agents. For a
 scenario whose checks need none of that (built-in synthetic data, a built-in model, a built-in algorithm whose
-program checks nothing of the built simulation, no link models, churn, dynamic graph, mixing record or
+program checks nothing of the built simulation, no churn, dynamic graph, link trace, mixing record or
 objective metrics, no plugin) ``check`` makes the same checks in the same order with the same one-line errors
 from the same functions, with numpy only; any other scenario is built. tests/test_validate_lean.py holds the two
 paths to the same verdict and line on every shipped scenario and on bad variants of them.
@@ -35,8 +35,6 @@ def check(scenario: Scenario, source: str | None = None, plugins: bool = False) 
 def why_built(sc: Scenario) -> str | None:
     """Why ``check`` builds the scenario rather than checking it without torch (None: it need not)."""
     from netsim.compute.model_checks import FLAT, IMAGE_SIDES
-    from netsim.sim.links import needs_full_path
-
     metrics = sc.evaluation.metrics
     reasons = [
         (sc.run.device == "cuda", "run.device = 'cuda' (torch tells whether there is one)"),
@@ -44,7 +42,8 @@ def why_built(sc: Scenario) -> str | None:
         (sc.model.kind not in FLAT and sc.model.kind not in IMAGE_SIDES, "a plugin's model"),
         ("suboptimality" in metrics or "tracking" in metrics, "an objective metric solves the model's optimum"),
         (sc.topology.dynamic is not None, "a dynamic topology"),
-        (sc.network.model is not None or needs_full_path(sc.network), "link models"),
+        (sc.network.trace is not None, "a link trace is read from a file"),
+        (sc.network.model is not None, "a plugin's link model"),
         (sc.privacy is not None and sc.privacy.record == "mixing", "the mixing record"),
     ]
     return next((why for hit, why in reasons if hit), None)
@@ -63,6 +62,7 @@ def _unbuilt(sc: Scenario, source: str | None) -> Any:
     from netsim.sim.activation import moves_for
     from netsim.sim.churn import build_churn
     from netsim.sim.dists import check_scenario, clocks
+    from netsim.sim.links import needs_full_path, outages_by_link
     from netsim.sim.streams import Streams
 
     # api.prepare
@@ -88,6 +88,8 @@ def _unbuilt(sc: Scenario, source: str | None) -> Any:
         return _BUILD
     moves_for(sc.agents, streams, churn)
     clocks(sc.agents, streams.rng("clock"))  # back in Simulation
+    if needs_full_path(sc.network):  # Network.attach: the link models' outages (no churn, no trace file here)
+        outages_by_link(sc.network, n)
     return gap
 
 

@@ -87,6 +87,11 @@ BAD = [  # quickstart with: (overrides, the key its one line names, whether vali
     ({"agents.clock_offset": {"kind": "uniform", "low": 0.0, "high": 1e9}, "agents.activation.period": 1e-4},
      "agents.clock_offset", True),
     ({"agents.offline": [{"agent": 99, "start": 1.0, "end": 2.0}]}, "agents.offline[0].agent", True),
+    ({"network.outages": [{"start": 1.0, "end": 2.0, "dst": 16}]}, "network.outages[0].dst", True),
+    ({"network.links": [{"src": 3, "dst": 16, "loss": 0.5}]}, "network.links[0].dst", True),
+    ({"network.outages": [{"start": 1.0, "end": 2.0, "dst": 16}], "agents.clock_offset":
+      {"kind": "uniform", "low": 0.0, "high": 1e9}, "agents.activation.period": 1e-4}, "agents.clock_offset", True),
+    ({"network.model": "no_such_model"}, "network.model", False),
     ({"agents.offline": [{"agent": 3, "start": 1.0, "end": 2.0}], "algorithm.lr": -1}, "algorithm.lr", True),
     ({"evaluation.metrics": ["suboptimality"], "model.kind": "mlp", "model.hidden": [4]}, "evaluation.metrics", False),
     ({"evaluation.metrics": ["tracking"], "model.kind": "mlp"}, "evaluation.metrics", False),
