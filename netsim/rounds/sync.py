@@ -29,8 +29,6 @@ import attrs
 from netsim.rounds.kernel import Batch, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish, Timeout
-from netsim.trace.events import row as event_row
 
 if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
     import torch
@@ -114,6 +112,9 @@ class SyncRounds:
     def play(self, sim, kernel, wake) -> None:
         """Play the run round by round (see the module docstring)."""
         import torch
+
+        from netsim.trace.events import Finish, Timeout
+        from netsim.trace.events import row as event_row
 
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
         net, svc = sim.world.network, sim.world.gradients
