@@ -73,7 +73,7 @@ def _unbuilt(sc: Scenario, source: str | None) -> Any:
         return _BUILD
     if checks_when_built(resolved[0]):
         return _BUILD
-    check_closed_form(sc, source)
+    note = closed_form_note(sc)  # printed once the checks passed here (a built scenario prints its own)
     # Simulation, then its World
     check_scenario(sc)
     streams = Streams(sc.run.seed)
@@ -90,6 +90,7 @@ def _unbuilt(sc: Scenario, source: str | None) -> Any:
     clocks(sc.agents, streams.rng("clock"))  # back in Simulation
     if needs_full_path(sc.network):  # Network.attach: the link models' outages (no churn, no trace file here)
         outages_by_link(sc.network, n)
+    _print_note(note, source)
     return gap
 
 
@@ -130,12 +131,20 @@ def precheck(scenario: Scenario, source: str | None = None) -> float | None:
 def check_closed_form(scenario: Scenario, source: str | None) -> None:
     """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
     old name works and prints a one-line note."""
+    _print_note(closed_form_note(scenario), source)
+
+
+def closed_form_note(scenario: Scenario) -> str | None:
+    """``check_closed_form``'s check; the note an old name gets, not yet printed."""
     name = scenario.privacy.closed_form if scenario.privacy is not None else "none"
     if name == "none":
-        return
+        return None
     from netsim.privacy import closed_forms as cf
 
     cf.lookup(name)
-    note = cf.deprecation_note(name)
+    return cf.deprecation_note(name)
+
+
+def _print_note(note: str | None, source: str | None) -> None:
     if note:
         print(f"note: {source or 'scenario'}: {note}", file=sys.stderr)

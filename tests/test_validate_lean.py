@@ -200,3 +200,14 @@ def test_mixing_weights_of_irregular_graphs_are_the_sparse_ones_bit_for_bit():
             W = mixing_matrix(g, mixing)
             D = dense_mixing(30, e[:, 0], e[:, 1], mixing)
             assert np.array_equal(W.toarray(), D) and spectral_gap(W) == dense_gap(D)
+
+
+@pytest.mark.parametrize("extra", [{}, {"agents.offline": [{"agent": 3, "start": 1.0, "end": 2.0}]}],
+                         ids=["checked", "built"])
+def test_an_old_closed_form_name_is_noted_once(extra, capsys):
+    from netsim.privacy import closed_forms as cf
+
+    old = next(iter(cf.DEPRECATED))
+    sc = load_scenario(QUICKSTART, {"privacy.closed_form": old, **extra})
+    assert validation.check(sc, "q.toml") is not None
+    assert capsys.readouterr().err.count(f"note: q.toml: privacy.closed_form = {old!r} is an old name") == 1
