@@ -35,11 +35,13 @@ def check(scenario: Scenario, source: str | None = None, plugins: bool = False) 
 def why_built(sc: Scenario) -> str | None:
     """Why ``check`` builds the scenario rather than checking it without torch (None: it need not)."""
     from netsim.compute.model_checks import FLAT, IMAGE_SIDES
+
     metrics = sc.evaluation.metrics
     reasons = [
         (sc.run.device == "cuda", "run.device = 'cuda' (torch tells whether there is one)"),
-        (sc.data.kind != "synthetic" or sc.data.partition == "file", "the data are read from files"),
-        (sc.model.kind not in FLAT and sc.model.kind not in IMAGE_SIDES, "a plugin's model"),
+        (sc.data.kind != "synthetic" or sc.data.partition == "file",
+         "the data are read from files (or made by a plugin)"),
+        (sc.model.kind not in FLAT and sc.model.kind not in IMAGE_SIDES, "a model a plugin registers"),
         ("suboptimality" in metrics or "tracking" in metrics, "an objective metric solves the model's optimum"),
         (sc.topology.dynamic is not None, "a dynamic topology"),
         (sc.network.trace is not None, "a link trace is read from a file"),
