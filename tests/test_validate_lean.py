@@ -211,3 +211,14 @@ def test_an_old_closed_form_name_is_noted_once(extra, capsys):
     sc = load_scenario(QUICKSTART, {"privacy.closed_form": old, **extra})
     assert validation.check(sc, "q.toml") is not None
     assert capsys.readouterr().err.count(f"note: q.toml: privacy.closed_form = {old!r} is an old name") == 1
+
+
+def test_what_checks_the_built_simulation_is_told_apart():
+    """validate builds for an algorithm whose checks need the simulation (its own check, code run when a program
+    is made), and checks the others without building."""
+    from netsim.algorithms.registry import REGISTRY, checks_when_built, names
+
+    names()
+    built = {n for n in REGISTRY if checks_when_built(REGISTRY[n][0])}
+    assert {"dp_dpsgd", "dfedsam", "muffliato", "pdsl", "ldp_online", "adpsgd", "do_adp"} <= built
+    assert {"dpsgd", "choco", "sparq", "event_triggered", "push_gossip", "pushsum"}.isdisjoint(built)

@@ -172,6 +172,7 @@ def checks_when_built(program: Any) -> bool:
     from netsim.rounds.kernel import RoundKernel
 
     if isinstance(program, RoundKernel):
-        return type(program).check is not RoundKernel.check or \
+        kernel = type(program)
+        return kernel.check is not RoundKernel.check or kernel.__call__ is not RoundKernel.__call__ or \
             not inspect.isgeneratorfunction(type(program.pattern).program)
     return isinstance(program, Coroutine) or not inspect.isgeneratorfunction(program)
