@@ -27,6 +27,7 @@ from netsim.run_folder import (  # noqa: F401 - the API's names for a run folder
 from netsim.scenario import Scenario, load_scenario, scenario_hash, to_toml
 from netsim.scenario.load import apply_overrides, scenario_from_dict, to_dict
 from netsim.trace.io import TRACE_FILE
+from netsim.validation import check_closed_form, precheck  # noqa: F401 - precheck: validate --quick's checks
 
 __version__ = "0.1.0"
 
@@ -130,7 +131,7 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=N
     try:
         footprint.check(scenario)  # refuse what cannot fit before building it (a dense graph at scale)
         program, params = resolve(scenario.algorithm)
-        _check_closed_form(scenario, source)
+        check_closed_form(scenario, source)
         from netsim.privacy.ledger import new_ledger
         from netsim.privacy.views import mixing_log_for
 
@@ -138,45 +139,6 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=N
                           counts=counts, restored_metrics=restored_metrics)
     except InputError as e:
         raise e.at(source) if source else e from None
-
-
-def precheck(scenario: Scenario, source: str | None = None) -> float | None:
-    """The checks that import no torch and build no tensors (``netsim validate --quick``): the memory estimate,
-    the closed form's name, the algorithm's name and the topology with its mixing weights; returns their spectral
-    gap. The algorithm's parameters and checks, the data and the model need ``prepare``."""
-    from netsim.algorithm_reference import SUMMARIES
-    from netsim.algorithms import REGISTRY
-    from netsim.sim import footprint
-    from netsim.sim.streams import Streams
-    from netsim.sim.topology import spectral_gap, weighted_graph
-
-    try:
-        footprint.check(scenario)
-        if scenario.algorithm.name not in SUMMARIES and scenario.algorithm.name not in REGISTRY:
-            from netsim.algorithms import resolve
-
-            resolve(scenario.algorithm)  # an entry point's algorithm, or the one-line error naming the known ones
-        _check_closed_form(scenario, source)
-        _, W = weighted_graph(scenario.topology, scenario.agents.count, Streams(scenario.run.seed).seed_for("topology"))
-        return spectral_gap(W)
-    except InputError as e:
-        raise e.at(source) if source else e from None
-
-
-def _check_closed_form(scenario: Scenario, source: str | None) -> None:
-    """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
-    old name works and prints a one-line note."""
-    name = scenario.privacy.closed_form if scenario.privacy is not None else "none"
-    if name == "none":
-        return
-    import sys
-
-    from netsim.privacy import closed_forms as cf
-
-    cf.lookup(name)
-    note = cf.deprecation_note(name)
-    if note:
-        print(f"note: {source or 'scenario'}: {note}", file=sys.stderr)
 
 
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,

@@ -246,18 +246,21 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
 @app.command()
 def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
              set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt,
-             quick: bool = typer.Option(False, "--quick", help="only keys, types, ranges, the algorithm's name, the "
-                                        "topology and the memory estimate, without importing torch (well under a "
-                                        "second); the default also builds the data, model and algorithm")
+             quick: bool = typer.Option(False, "--quick", help="only the keys, types, ranges, the algorithm's name, "
+                                        "the topology and the memory estimate: no data read or generated, no "
+                                        "algorithm parameters")
              ) -> None:
-    """Check a scenario (keys, types, ranges, files, algorithm, topology) without running it."""
-    from netsim import api
+    """Check a scenario (keys, types, ranges, files, data, model, algorithm and its parameters, topology) as
+    building it does, without running it; without torch (well under a second) unless it reads data files, loads a
+    plugin or has checks that need the built simulation."""
     from netsim.errors import InputError
+    from netsim.scenario import load_scenario
+    from netsim.validation import check, precheck
 
     try:
         _plugins(plugin)
-        sc = api.resolve_scenario(scenario, _overrides(set_))
-        gap = api.precheck(sc, str(scenario)) if quick else api.prepare(sc, source=str(scenario)).gap
+        sc = load_scenario(scenario, _overrides(set_))
+        gap = precheck(sc, str(scenario)) if quick else check(sc, str(scenario), plugins=bool(plugin))
     except InputError as e:
         _fail(e)
     gap = "n/a" if gap is None else f"{gap:.4f}"

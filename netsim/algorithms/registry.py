@@ -77,28 +77,22 @@ def source_of(program: Any) -> Any:
     return program.fn if isinstance(program, Coroutine) else program
 
 
+BUILTIN_MODULES = {
+    "adp2_sgd": "privsgp", "adpsgd": "adpsgd", "async_push": "async_push", "choco": "choco", "cpgt": "do_adp",
+    "dfedavg": "dfedsam", "dfedavgm": "dfedsam", "dfedsam": "dfedsam", "dfedsam_mgs": "dfedsam", "do_adp": "do_adp",
+    "dola": "ldp_online", "dp2_sgd": "privsgp", "dp_cga": "dp_cga", "dp_dda": "do_adp", "dp_dpsgd": "dp_dpsgd",
+    "dp_netfleet": "dp_netfleet", "dpdo": "do_adp", "dpsgd": "dpsgd", "event_triggered": "event_triggered",
+    "fedavg": "fedavg", "fedsam": "fedavg", "gossip": "gossip", "ldp_dsgd": "ldp_online", "ldp_online": "ldp_online",
+    "muffliato": "muffliato", "pdop": "ldp_online", "pdsl": "pdsl", "privsgp": "privsgp", "privsgp_vr": "privsgp",
+    "push_gossip": "push_gossip", "pushsum": "pushsum", "sparq": "sparq",
+}
+"""Each built-in algorithm's module under netsim.algorithms, so one algorithm loads without the others
+(``resolve_builtin``; tests/test_validate_lean.py keeps it equal to the registry)."""
+
+
 def _load_builtin() -> None:
-    from netsim.algorithms import (  # noqa: F401 - registers on import
-        adpsgd,
-        async_push,
-        choco,
-        dfedsam,
-        do_adp,
-        dp_cga,
-        dp_dpsgd,
-        dp_netfleet,
-        dpsgd,
-        event_triggered,
-        fedavg,
-        gossip,
-        ldp_online,
-        muffliato,
-        pdsl,
-        privsgp,
-        push_gossip,
-        pushsum,
-        sparq,
-    )
+    for module in sorted(set(BUILTIN_MODULES.values())):  # each registers on import
+        importlib.import_module(f"netsim.algorithms.{module}")
 
 
 def _load_entry_points() -> None:
@@ -148,8 +142,37 @@ def resolve(spec: AlgorithmSpec) -> tuple[Callable, Any]:
     if spec.name not in REGISTRY:
         raise InputError("algorithm.name", f"unknown algorithm {spec.name!r}; registered: {', '.join(names())}")
     fn, params_cls = REGISTRY[spec.name]
+    return fn, _params(spec, params_cls)
+
+
+def resolve_builtin(spec: AlgorithmSpec) -> tuple[Callable, Any] | None:
+    """``resolve`` for a built-in algorithm, importing its own module only (None for any other name): the same
+    program, parameters and errors, without the other algorithms' modules (``netsim validate``)."""
+    module = BUILTIN_MODULES.get(spec.name)
+    if module is None:
+        return None
+    importlib.import_module(f"netsim.algorithms.{module}")
+    fn, params_cls = REGISTRY[spec.name]
+    return fn, _params(spec, params_cls)
+
+
+def _params(spec: AlgorithmSpec, params_cls: type) -> Any:
     params = structure(spec.params, params_cls, "algorithm")
     batch = getattr(params, "batch", None)
     if isinstance(batch, int) and batch > MAX_BATCH:  # rows drawn per gradient, allocated at once
         raise InputError("algorithm.batch", f"must be <= {MAX_BATCH} (rows per gradient), got {batch}")
-    return fn, params
+    return params
+
+
+def checks_when_built(program: Any) -> bool:
+    """Whether ``program`` checks the built simulation before the run: a ``check`` of its own (a kernel's or a
+    coroutine's), or a program function that runs code when it is made (not a generator function)."""
+    import inspect
+
+    from netsim.rounds.kernel import RoundKernel
+
+    if isinstance(program, RoundKernel):
+        kernel = type(program)
+        return kernel.check is not RoundKernel.check or kernel.__call__ is not RoundKernel.__call__ or \
+            not inspect.isgeneratorfunction(type(program.pattern).program)
+    return isinstance(program, Coroutine) or not inspect.isgeneratorfunction(program)

@@ -15,11 +15,13 @@ Wire formats (v = bytes per value: 4 for float32, 8 for float64):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
+    import torch
 
 CompressorKind = Literal["none", "topk", "randk", "qsgd"]
 KRounding = Literal["ceil", "floor", "round"]
@@ -67,6 +69,8 @@ class Encoded:
         return vals.tobytes()
 
     def decode(self) -> torch.Tensor:
+        import torch
+
         v = self.values
         if self.kind == "none":
             return v.clone()
@@ -81,6 +85,8 @@ class Encoded:
 
 
 def randk_indices(seed: int, d: int, k: int, device) -> torch.Tensor:
+    import torch
+
     return torch.as_tensor(np.random.default_rng(seed).choice(d, size=k, replace=False), device=device)
 
 
@@ -133,6 +139,8 @@ class Compressor:
         """``self(row).decode()`` for every row of ``rows`` (top-k only; it draws nothing), in one ``topk`` call.
         A row's kept set is this compressor's when its k-th and (k+1)-th magnitudes differ (the set is then
         unique, whichever way ties inside it are broken); a row with a tie there is compressed alone."""
+        import torch
+
         if self.kind != "topk":
             raise ValueError(f"topk_rows is for top-k, not {self.kind!r}")
         n, d = rows.shape
@@ -148,6 +156,8 @@ class Compressor:
         return out
 
     def __call__(self, v: torch.Tensor) -> Encoded:
+        import torch
+
         d = v.numel()
         if self.kind == "none":
             return Encoded("none", d, v.clone())
@@ -183,6 +193,8 @@ class ErrorFeedback:
     With it a biased compressor (top-k) converges at the uncompressed rate up to a delay term."""
 
     def __init__(self, compressor: Compressor, like: torch.Tensor):
+        import torch
+
         self.compress = compressor
         self.e = torch.zeros_like(like)
 
@@ -201,6 +213,8 @@ class PublicCopies:
     cross the network; the copies of xhat_i held by i and its neighbours stay equal while no q is lost."""
 
     def __init__(self, compressor: Compressor, own: torch.Tensor, neighbors):
+        import torch
+
         self.compress = compressor
         self.own = torch.zeros_like(own)
         self.copies = {j: torch.zeros_like(own) for j in neighbors}
@@ -241,6 +255,8 @@ class PublicCopyRows:
         """q_n = C(x_n - xhat_n) of each agent n of ``agents`` (rows of ``x``), already added to its own copy:
         the decoded q's and their encoded sizes. Top-k draws nothing: every row in one call; rand-k and QSGD
         draw from each agent's stream, one agent at a time."""
+        import torch
+
         from netsim.sim.network import payload_size
 
         idx = torch.tensor([a.id for a in agents], device=x.device)
@@ -257,6 +273,8 @@ class PublicCopyRows:
 
     def receive(self, agents, got: list[dict]) -> None:
         """xhat_j += q_j for every decoded q_j that reached agent n of ``agents`` (``got[n]``: {j: q_j})."""
+        import torch
+
         if len(agents) == 1:  # the events engine's batch of one: each slot's row as a view, the same sum
             i, slot, copies = agents[0].id, self.slot[agents[0].id], self.copies
             for j, q in got[0].items():
@@ -272,6 +290,8 @@ class PublicCopyRows:
 
     def consensus(self, agents, x: torch.Tensor) -> list:
         """x_n + gamma sum_j W_nj (xhat_j - xhat_n) of each agent n, as ``MixUpdate``'s for the bank."""
+        import torch
+
         from netsim.compute.mixing import MixUpdate
 
         if len(agents) == 1:  # a batch of one: its rows as views, the same differences

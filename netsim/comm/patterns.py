@@ -14,12 +14,14 @@ pattern object, randomness comes from the agent's streams, messages go through t
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
 
 from netsim.sim.network import Message, payload_size
+
+if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
+    import torch
 
 
 def sync_round(agent, payload: Any, k: int, *, timeout: float | None, tag: str = "model") -> Generator:
@@ -186,6 +188,8 @@ class PushSum:
     """
 
     def __init__(self, agent, x0: torch.Tensor, *, tag: str = "pushsum", running_sums: bool = True):
+        import torch
+
         self.agent = agent
         self.tag = tag
         self.running = running_sums

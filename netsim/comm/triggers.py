@@ -25,11 +25,12 @@ and decides nothing new, which is why only a release *after* the decision is mar
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from netsim.sim.network import payload_size
+
+if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
+    import torch
 
 TriggerKind = Literal["always", "absolute", "relative", "decaying"]
 TRIGGER_KINDS: tuple[str, ...] = ("always", "absolute", "relative", "decaying")
@@ -51,6 +52,8 @@ class EventTrigger:
         self.stats = agent.stats
 
     def tau(self, ref: torch.Tensor, k: int) -> float:
+        import torch
+
         if self.kind == "relative":
             return self.threshold * float(torch.linalg.vector_norm(ref))
         if self.kind == "decaying":
@@ -59,6 +62,8 @@ class EventTrigger:
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
         """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
+        import torch
+
         if self.kind == "always":
             return True
         self.agent.decided_by_data()  # a data-dependent decision in this activation

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from netsim.compute.model_checks import IMAGE_SIDES, ModelData, binary, image
 from netsim.errors import InputError, claim
 from netsim.scenario.schema import ModelSpec
 from netsim.scenario.structure import plugin_keys
@@ -469,18 +470,6 @@ class ResNet18(nn.Module):
 
 # the model registry ---------------------------------------------------------------------------------
 
-@attrs.frozen
-class ModelData:
-    """What a model factory builds for: the data's row width, classes and image shape (``(C, H, W)``, None
-    for flat rows), and the scenario's ``[model]`` keys every model shares (``spec.l2``, ``spec.bias``,
-    ``spec.init``, ``spec.hidden``, ``spec.dtype``)."""
-
-    features: int
-    classes: int
-    shape: tuple[int, ...] | None
-    spec: ModelSpec
-
-
 @runtime_checkable
 class Model(Protocol):
     """The model protocol every run trains through (the closed forms above and ``TorchModel`` follow it):
@@ -566,20 +555,9 @@ def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[in
     return made
 
 
-def _image(data: ModelData, kind: str, side: int | None = None) -> tuple[int, int]:
-    if not data.shape or len(data.shape) != 3:
-        raise InputError("model.kind", f"{kind!r} needs image data (data.kind = 'mnist' or 'cifar10')")
-    c, h, _ = data.shape
-    if side is not None and h != side:
-        raise InputError("model.kind", f"{kind!r} is built for {side}x{side} images (CIFAR-10), not {h}x{h}")
-    return c, h
-
-
 def _logistic(args: None, data: ModelData) -> LogisticRegression:
     """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
-    if data.classes > 2:
-        raise InputError("model.kind", f"'logistic' is binary; the data has {data.classes} classes "
-                                       "(use 'multinomial' or 'mlp')")
+    binary(data)
     return LogisticRegression(data.features, data.spec.l2, data.spec.bias)
 
 
@@ -596,18 +574,18 @@ def _mlp(args: None, data: ModelData) -> MLP:
 
 def _cnn(args: None, data: ModelData) -> nn.Module:
     """MNIST CNN: conv5(16)-pool-conv5(32)-pool-linear, through TorchModel."""
-    c, h = _image(data, "cnn")
+    c, h = image(data, "cnn", IMAGE_SIDES["cnn"])
     return small_cnn(c, data.classes, h)
 
 
 def _vgg11(args: None, data: ModelData) -> nn.Module:
     """VGG-11 for 32x32 images, GroupNorm after every conv, through TorchModel."""
-    return vgg11(_image(data, "vgg11", 32)[0], data.classes)
+    return vgg11(image(data, "vgg11", IMAGE_SIDES["vgg11"])[0], data.classes)
 
 
 def _resnet18(args: None, data: ModelData) -> nn.Module:
     """ResNet-18 in its CIFAR form, GroupNorm for BatchNorm, through TorchModel."""
-    return ResNet18(_image(data, "resnet18", 32)[0], data.classes)
+    return ResNet18(image(data, "resnet18", IMAGE_SIDES["resnet18"])[0], data.classes)
 
 
 for _name, _factory in (("logistic", _logistic), ("multinomial", _multinomial), ("mlp", _mlp), ("cnn", _cnn),

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
-import torch
 
-from netsim.compute.mixing import combine
-from netsim.compute.noise import gaussian_noise_rows
 from netsim.sim.network import payload_size
+
+if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
+    import torch
 
 
 @attrs.frozen
@@ -91,6 +91,8 @@ class Batch:
         kept on the batch (row-indexed tensors and per-agent lists are cut to agent n; anything else is shared)."""
         one = Batch([self.agents[n]], self.k, self.x[n:n + 1], None if self.g is None else self.g[n:n + 1],
                     self.state)
+        import torch
+
         one.s = self.s
         B = len(self.agents)
         if self.out is not None:
@@ -115,6 +117,8 @@ class Batch:
 
     def index(self) -> torch.Tensor:
         """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
+        import torch
+
         return torch.tensor(self.ids, device=self.x.device)
 
     def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
@@ -141,6 +145,8 @@ class Batch:
     def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
+        import torch
+
         if isinstance(payloads, torch.Tensor):
             self.out = list(self._rowlist(payloads))
             if sizes is None and len(self.agents) > 1:  # rows of one tensor: one size (``payload_size``'s)
@@ -152,6 +158,8 @@ class Batch:
     def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
         """Each agent's sum_j W_ij x_j over what arrived, now (``Agent.mix``: a missing neighbour's weight stays
         on the agent's own row), as rows."""
+        from netsim.compute.mixing import combine
+
         if len(self.agents) == 1:
             return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
         return combine(own, *self._gossip(got), {}, own.dtype)  # Agent.mix's float operations, every agent at once
@@ -166,6 +174,10 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
+        import torch
+
+        from netsim.compute.mixing import combine
+
         if len(self.agents) == 1:  # the events engine's batch of one
             s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
@@ -189,6 +201,8 @@ class Batch:
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
+        import torch
+
         if len(self) == 1:
             self.x.sub_(g, alpha=lrs[0])
             return
@@ -218,6 +232,8 @@ class Batch:
 
     def clip(self, g: torch.Tensor, bound: float, kind: str = "l2") -> torch.Tensor:
         """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), row by row."""
+        import torch
+
         from netsim.privacy.mechanisms import clip
 
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
@@ -228,6 +244,8 @@ class Batch:
         accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
         is reached (rows as one (B, P) tensor when every agent released with noise). The noise of the batch is
         drawn in one call (the same bits as one release at a time)."""
+        from netsim.compute.noise import gaussian_noise_rows
+
         if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
         out: list[torch.Tensor | None] = []
@@ -260,10 +278,14 @@ class Batch:
     @staticmethod
     def stack(rows: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
         """Rows (``privatize``'s: a tensor, or a list of row tensors) as one (B, P) tensor."""
+        import torch
+
         return rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
 
     def refused(self, released: torch.Tensor | Sequence) -> list[int]:
         """The agents (ids) whose release ``privatize`` refused (their budget cap reached)."""
+        import torch
+
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]

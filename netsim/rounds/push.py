@@ -16,15 +16,18 @@ slot by slot: every agent's s-th merge in one call, then their s-th update's gra
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from netsim.comm.patterns import drain
 from netsim.rounds.kernel import Batch
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish
 from netsim.trace.events import row as event_row
+
+if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
+    import torch
 
 
 @attrs.frozen
@@ -80,6 +83,8 @@ class PushGossip:
         return None
 
     def play(self, sim, kernel, wake) -> None:
+        import torch
+
         world = sim.world
         p, agents, writer, net, bank, svc = (sim.params, sim.loop.agents, sim.recorder.writer, world.network,
                                              world.bank, world.gradients)
@@ -203,6 +208,8 @@ class PushGossip:
 def _merge_to(kernel, p, batch, merged: list, got: dict, done: dict, target: dict, X: torch.Tensor) -> None:
     """Merge each agent's next receipts until ``done[i]`` reaches ``target[i]``: one batch per step, in the order
     of ``merged`` (rows are independent, so agents at different receipts share a batch)."""
+    import torch
+
     while True:
         who = [i for i, _ in merged if done[i] < target.get(i, 0)]
         if not who:

@@ -22,15 +22,16 @@ The driver is exact only where these rules decide the order: ``refusal`` says wh
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from netsim.rounds.kernel import Batch, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish, Timeout
-from netsim.trace.events import row as event_row
+
+if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
+    import torch
 
 
 @attrs.frozen
@@ -110,6 +111,11 @@ class SyncRounds:
 
     def play(self, sim, kernel, wake) -> None:
         """Play the run round by round (see the module docstring)."""
+        import torch
+
+        from netsim.trace.events import Finish, Timeout
+        from netsim.trace.events import row as event_row
+
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
         net, svc = sim.world.network, sim.world.gradients
         state = kernel.state_of(agents[0], p)
@@ -252,6 +258,8 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     tickets = [svc.submit(i, a, r, q.clip, q.clip_kind) for i, a, r, q in zip(ids, at.unbind(0), rows, reqs,
                                                                               strict=True)]
     svc.flush()
+    import torch
+
     return torch.stack([t.result for t in tickets])
 
 
@@ -327,6 +335,8 @@ class LocalAhead:
             self.kernel.local(b, self.p)
             self.done[first.id] = (b, [])
             return
+        import torch
+
         agents = [a for a, *_ in group]
         rows: list[list] = [[] for _ in group]
         x = torch.stack([e[1] for e in group])

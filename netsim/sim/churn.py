@@ -23,7 +23,6 @@ import numpy as np
 
 from netsim.errors import InputError
 from netsim.scenario.schema import AgentsSpec
-from netsim.trace.events import Offline
 
 
 class Intervals:
@@ -145,6 +144,8 @@ class Churn:
 
     def recorder(self, sim, i: int):
         """A process that emits agent i's ``offline`` events when each interval starts."""
+        from netsim.trace.events import Offline
+
         env = sim.env
         t = 0.0
         while True:

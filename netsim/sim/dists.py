@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from netsim.errors import InputError
-from netsim.scenario.schema import Dist, Scenario, drift_dist, seconds_dist
+from netsim.scenario.schema import AgentsSpec, Dist, Scenario, drift_dist, seconds_dist
 from netsim.sim.streams import Draws
 
 
@@ -33,6 +33,23 @@ def check_scenario(sc: Scenario) -> None:
     for key, d, role in items:
         if d is not None and (msg := role(checked(d, key))):
             raise InputError(key, msg)
+
+
+def clocks(agents: AgentsSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Each agent's clock offset and drift, drawn from the ``clock`` stream ``rng``; a drift <= -1 (a clock that
+    stops or runs backwards) or offsets too large for the activation period to tell ticks apart are refused."""
+    n = agents.count
+    offsets = sampler(agents.clock_offset, rng, "agents.clock_offset")(n)
+    drifts = sampler(agents.clock_drift, rng, "agents.clock_drift")(n)
+    if not (drifts > -1).all():
+        raise InputError("agents.clock_drift", f"drew a drift of {drifts.min():.3g}; a drift must be > -1 "
+                                               "(a clock cannot stop or run backwards)")
+    act = agents.activation
+    if act.kind != "poisson" and offsets.max() / act.period > 2**40:
+        raise InputError("agents.clock_offset", f"offsets up to {offsets.max():.3g} s are too large for "
+                         f"agents.activation.period = {act.period} s: the clock could not tell ticks apart "
+                         "(keep offset / period <= 2^40)")
+    return offsets, drifts
 
 
 def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Callable[[int], np.ndarray]:

@@ -20,10 +20,9 @@ import simpy
 import torch
 
 from netsim.compute.gradients import Ticket
-from netsim.errors import InputError
 from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
-from netsim.sim.dists import check_scenario, draws, sampler
+from netsim.sim.dists import check_scenario, clocks, draws
 from netsim.sim.env import Environment
 from netsim.sim.loop import Marks, RunLoop
 from netsim.sim.recorder import Recorder
@@ -80,17 +79,7 @@ class Simulation:
         self.world = world = World(sc, device, env, rec.emit, rec.emit_row, self._deliver)
         # the privacy layer's record of the mixing weights applied (``mixing(sim)``: None unless the scenario asks)
         rec.mixing_log = None if mixing is None else mixing(self)
-        crng = world.streams.rng("clock")
-        offsets = sampler(sc.agents.clock_offset, crng, "agents.clock_offset")(n)
-        drifts = sampler(sc.agents.clock_drift, crng, "agents.clock_drift")(n)
-        if not (drifts > -1).all():
-            raise InputError("agents.clock_drift", f"drew a drift of {drifts.min():.3g}; a drift must be > -1 "
-                                                   "(a clock cannot stop or run backwards)")
-        act = sc.agents.activation
-        if act.kind != "poisson" and offsets.max() / act.period > 2**40:
-            raise InputError("agents.clock_offset", f"offsets up to {offsets.max():.3g} s are too large for "
-                             f"agents.activation.period = {act.period} s: the clock could not tell ticks apart "
-                             "(keep offset / period <= 2^40)")
+        offsets, drifts = clocks(sc.agents, world.streams.rng("clock"))
         slow = set(sc.agents.stragglers)
         loop.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]

@@ -24,7 +24,6 @@ from netsim.errors import InputError, claim
 from netsim.scenario.schema import NetworkSpec
 from netsim.sim.dists import draws
 from netsim.sim.streams import Draws, Streams
-from netsim.trace.events import Drop, Send, record
 
 
 class Message(NamedTuple):
@@ -133,7 +132,11 @@ class Network:
         self.streams = streams
         self.emit = emit
         # the lean path traces rows (COLUMNS order, as TraceWriter.emit_row); without a row sink, records
-        self.emit_row = emit_row if emit_row is not None else (lambda r: emit(record(r)))
+        if emit_row is None:
+            from netsim.trace.events import record  # the trace's records load with the first run, not validate
+
+            emit_row = lambda r: emit(record(r))  # noqa: E731
+        self.emit_row = emit_row
         self.deliver_to = deliver  # callable(message) that puts it in the receiver's inbox
         self._on_arrival = self._arrive  # one bound method, not one per message
         self.links: dict[tuple[int, int], Link] = {}
@@ -273,6 +276,8 @@ class Network:
                  delay: float, reason: str) -> None:
         """A message whose outcome is decided: trace it, then drop it (``reason``) or schedule its arrival.
         Every model's path; the lean ``send`` inlines the same steps (hot path)."""
+        from netsim.trace.events import Drop, Send
+
         mid = self.next_id
         self.next_id = mid + 1
         self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))

@@ -16,14 +16,7 @@ from scipy import sparse
 
 from netsim.errors import InputError
 from netsim.scenario.schema import TopologySpec
-
-
-def _grid_shape(n: int, rows: int | None) -> tuple[int, int]:
-    if rows is None:
-        rows = max(r for r in range(1, int(math.isqrt(n)) + 1) if n % r == 0)
-    if n % rows:
-        raise InputError("topology.rows", f"{rows} rows do not divide {n} agents")
-    return rows, n // rows
+from netsim.sim.graph_arrays import DENSE_GAP_MAX, dense_gap, edge_weights, grid_shape
 
 
 def _read_edges(path: str, n: int) -> nx.DiGraph:
@@ -122,7 +115,7 @@ def build_graph(spec: TopologySpec, n: int, seed: int) -> nx.DiGraph:
     if k == "ring":
         g = nx.cycle_graph(n, create_using=nx.DiGraph if spec.directed else nx.Graph)
     elif k in ("torus", "grid"):
-        rows, cols = _grid_shape(n, spec.rows)
+        rows, cols = grid_shape(n, spec.rows)
         g = nx.grid_2d_graph(rows, cols, periodic=(k == "torus"))
         g = nx.relabel_nodes(g, {(r, c): r * cols + c for r, c in g.nodes})
     elif k == "complete":
@@ -168,16 +161,7 @@ def mixing_matrix(g: nx.DiGraph, kind: str) -> sparse.csr_matrix:
     outdeg = np.array([g.out_degree(i) for i in range(n)], dtype=float)
     edges = np.array(list(g.edges), dtype=np.int64).reshape(-1, 2)
     u, v = edges[:, 0], edges[:, 1]
-    if kind == "metropolis_hastings":
-        w = 1.0 / (1 + np.maximum(indeg[u], indeg[v]))
-    elif kind == "uniform":
-        w = 1.0 / (indeg[v] + 1)
-    elif kind == "max_degree":
-        w = np.full(len(u), 1.0 / (indeg.max() + 1))
-    elif kind == "column_stochastic":
-        w = 1.0 / (outdeg[u] + 1)
-    else:
-        raise InputError("topology.mixing", f"unknown mixing {kind!r}")
+    w = edge_weights(indeg, outdeg, u, v, kind)
     off = sparse.csr_matrix((w, (v, u)), shape=(n, n))
     if kind == "column_stochastic":
         diag = 1.0 / (outdeg + 1)
@@ -200,15 +184,15 @@ def spectral_gap(W: sparse.spmatrix | np.ndarray) -> float | None:
     if n == 1:
         return 1.0
     Ws = sparse.csr_matrix(W)
+    if n <= DENSE_GAP_MAX:
+        return dense_gap(Ws.toarray())
     symmetric = abs(Ws - Ws.T).max() <= 1e-12
 
     def dense() -> np.ndarray:
         d = Ws.toarray()
         return np.linalg.eigvalsh(d) if symmetric else np.linalg.eigvals(d)
 
-    if n <= 400:
-        lam = dense()
-    elif (circ := _circulant_row(Ws)) is not None:
+    if (circ := _circulant_row(Ws)) is not None:
         t, c = circ
         k = np.arange(n)[:, None]
         if symmetric:  # real: 1 - lambda_k = sum_t c_t (1 - cos(2 pi t k / n)) + 1 - sum_t c_t, kept as it is
