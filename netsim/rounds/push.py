@@ -79,6 +79,18 @@ class PushGossip:
                     f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
         return None
 
+    def lookahead_refusal(self, sim, kernel) -> str | None:
+        """Why the run cannot be played as conservative lookahead windows (rounds/lookahead.py)."""
+        from netsim.rounds import lookahead
+
+        return lookahead.refusal(sim, kernel)
+
+    def play_lookahead(self, sim, kernel) -> None:
+        """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""
+        from netsim.rounds import lookahead
+
+        lookahead.play(self, sim, kernel)
+
     def play(self, sim, kernel, wake) -> None:
         world = sim.world
         p, agents, writer, net, bank, svc = (sim.params, sim.loop.agents, sim.recorder.writer, world.network,

@@ -63,6 +63,24 @@ def refusal(sim) -> str | None:
     if not isinstance(kernel, RoundKernel):
         return (f"algorithm {sim.world.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
+    why = rounds_refusal(sim, kernel)
+    if why is None or not hasattr(kernel.pattern, "lookahead_refusal"):
+        return why
+    other = kernel.pattern.lookahead_refusal(sim, kernel) or needs_refusal(sim, kernel)
+    return None if other is None else f"{why}; nor as lookahead windows: {other}"
+
+
+def needs_refusal(sim, kernel) -> str | None:
+    """What the kernel declares its exactness needs (``RoundKernel.needs``), if missing."""
+    for need in sorted(kernel.needs):
+        why = NEEDS[need](sim)
+        if why is not None:
+            return why
+    return None
+
+
+def rounds_refusal(sim, kernel) -> str | None:
+    """Why the run's rounds are not simultaneous windows (None: they are)."""
     why = scenario_refusal(sim.world.scenario)
     if why is None and (sim.world.network.model is not None or sim.world.activation_moves is not None):
         why = "a link model or an activation hook is installed"
@@ -73,10 +91,8 @@ def refusal(sim) -> str | None:
             why = f"agent {a.id} has no out- or in-neighbours"
         if why is not None:
             break
-    for need in sorted(kernel.needs) if why is None else ():
-        why = NEEDS[need](sim)
-        if why is not None:
-            break
+    if why is None:
+        why = needs_refusal(sim, kernel)
     return why if why is not None else kernel.pattern.refusal(sim, kernel)
 
 
@@ -86,7 +102,11 @@ def run(sim) -> None:
     why = refusal(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
-    sim.program.pattern.play(sim, sim.program, wake)
+    kernel = sim.program
+    if rounds_refusal(sim, kernel) is None:
+        kernel.pattern.play(sim, kernel, wake)
+    else:
+        kernel.pattern.play_lookahead(sim, kernel)
 
 
 def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
