@@ -128,7 +128,7 @@ class _Driver:
         self.picks: list[list[int]] = [[] for _ in self.agents]
         self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
         self.stats = WindowStats(min_latency(world.scenario.network.latency))
-        sim.services.put(WindowStats, self.stats)
+        sim.services.put("windows", self.stats)
         self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
         # the control flow
         self.heap: list[tuple] = []
