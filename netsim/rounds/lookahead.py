@@ -43,7 +43,7 @@ from netsim.trace.events import Finish
 from netsim.trace.events import row as event_row
 
 ACT, DONE, ARR, STOP, UNTIL = 0, 1, 2, 3, 4  # heap entries (time, seq, kind, agent, value)
-MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
+UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
 
 
 @attrs.define
@@ -262,7 +262,9 @@ class _Driver:
                      self.state), idx
 
     def tensor_work(self, first_ticket: int) -> None:
-        """Every agent's operations of the window, in lock step; the gradient batches when their requests are in."""
+        """Every agent's operations of the window, in lock step: in each step an agent goes as far as it can in
+        the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
+        requests are all in are evaluated."""
         kernel, p, X = self.kernel, self.p, self.X
         payloads, grads = self.payloads, self.grads
         flushes = self.flushes
@@ -272,46 +274,52 @@ class _Driver:
             left.append(sum(tk >= first_ticket for tk in r))
             for tk in r:
                 flush_of[tk] = f
-        done_f = [False] * len(flushes)
+        waiting = list(range(len(flushes)))
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
-        self.evaluate_ready(left, done_f)
+        waiting = self.evaluate_ready(left, waiting)
         while active:
             mi, mp, ui, ug, pi, pm, nxt = [], [], [], [], [], [], []
             progressed = False
             for i in active:
                 mine = ops[i]
-                kind, v = mine[ptr[i]]
-                if kind == MERGE:
-                    mi.append(i)
-                    mp.append(payloads.pop(v))
-                elif kind == UPDATE:
-                    g = grads.pop(v, None)
-                    if g is None:  # its gradient batch waits for a request still to come
-                        nxt.append(i)
-                        continue
-                    ui.append(i)
-                    ug.append(g)
-                elif kind == ASK:
-                    f = flush_of.get(v)
-                    if f is not None:
-                        left[f] -= 1
-                else:
-                    pi.append(i)
-                    pm.append(v)
-                progressed = True
-                ptr[i] += 1
-                if ptr[i] < len(mine):
+                k, n, last = ptr[i], len(mine), -1
+                while k < n:
+                    kind, v = mine[k]
+                    if kind <= last:
+                        break
+                    if kind == MERGE:
+                        mi.append(i)
+                        mp.append(payloads.pop(v))
+                    elif kind == UPDATE:
+                        g = grads.pop(v, None)
+                        if g is None:  # its gradient batch waits for a request still to come
+                            break
+                        ui.append(i)
+                        ug.append(g)
+                    elif kind == ASK:
+                        f = flush_of.get(v)
+                        if f is not None:
+                            left[f] -= 1
+                    else:
+                        pi.append(i)
+                        pm.append(v)
+                    last = kind
+                    k += 1
+                if k > ptr[i]:
+                    progressed = True
+                    ptr[i] = k
+                if k < n:
                     nxt.append(i)
             if not progressed:
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            if mi:
-                b, idx = self.batch(mi)
-                kernel.combine(b, p, torch.stack(mp))
-                X.index_copy_(0, idx, b.x)
             if ui:
                 b, idx = self.batch(ui)
                 kernel.update(b, p, torch.stack(ug))
+                X.index_copy_(0, idx, b.x)
+            if mi:
+                b, idx = self.batch(mi)
+                kernel.combine(b, p, torch.stack(mp))
                 X.index_copy_(0, idx, b.x)
             if pi:
                 idx = torch.tensor(pi, device=X.device)
@@ -320,32 +328,40 @@ class _Driver:
                 for m, row in zip(pm, sent.unbind(0), strict=True):
                     if m >= 0:
                         payloads[m] = row
-            self.evaluate_ready(left, done_f)
+            if waiting:
+                waiting = self.evaluate_ready(left, waiting)
             active = nxt
         self.ops = {}
-        # the batches still waiting at the window's end are evaluated in the window of their completion
-        self.flushes = [r for r, d in zip(flushes, done_f, strict=True) if not d]
-        if self.flushes:
+        if waiting:  # every batch of the window completes in it, so all its requests were made by its end
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.flushes = []
 
-    def evaluate_ready(self, left: list[int], done_f: list[bool]) -> None:
+    def evaluate_ready(self, left: list[int], waiting: list[int]) -> list[int]:
+        """Evaluate the gradient batches of ``waiting`` whose requests are all in; the others, still waiting."""
         svc, xs, ticket_of, grads = self.svc, self.xs, self.ticket_of, self.grads
-        for f, r in enumerate(self.flushes):
-            if done_f[f] or left[f]:
+        still = []
+        for f in waiting:
+            if left[f]:
+                still.append(f)
                 continue
+            r = self.flushes[f]
             tickets = [Ticket(ticket_of[tk][0], xs[ticket_of[tk][0]].clone(), ticket_of[tk][1]) for tk in r]
             svc.pending = tickets  # the engine's batch, in its order: the same call, the same bits
             svc.flush()
             for tk, t in zip(r, tickets, strict=True):
                 grads[tk] = t.result
                 ticket_of[tk] = None
-            done_f[f] = True
+        return still
 
     # the run ----------------------------------------------------------------------------------------------
     def run(self) -> None:
         sim, stats = self.sim, self.stats
         t0 = time.perf_counter()
         self.size = payload_size(self.xs[0])
+        first = self.kernel.update_after(self.p, 1, 1)
+        if first is not None and not first.batch:  # every gradient on the agent's whole part: gathered once
+            for a in self.agents:
+                self.svc.keep_rows(a.rows)
         if self.until is not None:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
         for a in self.agents:  # each program's first wake, in agent order
