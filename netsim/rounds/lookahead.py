@@ -123,6 +123,7 @@ class _Driver:
         self.limit = world.scenario.run.rounds
         self.until = world.scenario.run.until
         self.moves = world.activation_moves
+        self.marks = sim.loop.marks
         self.tag = pattern.tag
         self.rngs = [a.rng() for a in self.agents]  # the program's own stream, as the program takes it first
         self.picks: list[list[int]] = [[] for _ in self.agents]
@@ -173,13 +174,17 @@ class _Driver:
         delay = max(0.0, a.global_time(at) - now)
         if schedule.settles:
             at, delay = schedule.settle(at, delay)
-        self.sim.count_wakes([a])
-        self.push_event(now + delay, ACT, i, at)
+        a.round += 1  # sim.count_wakes, for one agent
+        self.marks.activations += 1
+        heapq.heappush(self.heap, (now + delay, self.seq, ACT, i, at))
+        self.seq += 1
 
     def go_on(self, i: int, now: float) -> None:
         """The program from a merge on: merges until a gradient is asked for, else the push and the next wake."""
         got, n = self.got[i], self.pos[i]
-        ops = self.ops.setdefault(i, [])
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
         a = self.agents[i]
         asks = self.asks.get(len(got))
         if asks is None:
@@ -196,7 +201,8 @@ class _Driver:
                 tk = len(self.ticket_of)
                 self.ticket_of.append((i, a.sample_rows(req.batch)))
                 ops.append((ASK, tk))
-                self.push_event(now + ct, DONE, i, tk)
+                heapq.heappush(self.heap, (now + ct, self.seq, DONE, i, tk))
+                self.seq += 1
                 return
         self.pos[i] = n
         nb = a.neighbors
@@ -217,7 +223,8 @@ class _Driver:
                 ops.append((PUSH, -1))
             else:
                 ops.append((PUSH, mid))
-                self.push_event(now + delay, ARR, j, (mid, i, size, now, a.round))
+                heapq.heappush(self.heap, (now + delay, self.seq, ARR, j, (mid, i, size, now, a.round)))
+                self.seq += 1
         elif got:
             ops.append((PUSH, -1))  # agent.params = x, with no one to push to
         self.wake(i, now)
