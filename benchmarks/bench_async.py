@@ -103,7 +103,8 @@ def main() -> None:
               f"{ev['total'] / win['total']:.2f}x, CPU {ev['cpu'] / win['cpu']:.2f}x); "
               f"lookahead {w['lookahead_s']:g} s, {w['windows']:,} windows, events per window mean "
               f"{w['events_per_window_mean']:.1f} min {w['events_per_window_min']}, batched tensor calls "
-              f"{100 * w['tensor_share']:.0f}% of the windowed wall time; same accuracy: "
+              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
+              f"same accuracy: "
               f"{ev['accuracy'] == win['accuracy']}", flush=True)
 
 

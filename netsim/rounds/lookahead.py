@@ -55,6 +55,7 @@ class WindowStats:
     events: int = 0
     fewest: int = 0
     tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
+    gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
     wall_s: float = 0.0
 
     def add(self, events: int) -> None:
@@ -66,7 +67,8 @@ class WindowStats:
         return {"lookahead_s": self.lookahead, "windows": self.windows,
                 "events_per_window_mean": self.events / max(1, self.windows),
                 "events_per_window_min": self.fewest,
-                "tensor_share": self.tensor_s / max(self.wall_s, 1e-12)}
+                "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12)}
 
 
 def min_latency(lat) -> float | None:
@@ -346,6 +348,7 @@ class _Driver:
     def evaluate_ready(self, left: list[int], waiting: list[int]) -> list[int]:
         """Evaluate the gradient batches of ``waiting`` whose requests are all in; the others, still waiting."""
         svc, xs, ticket_of, grads = self.svc, self.xs, self.ticket_of, self.grads
+        t0 = time.perf_counter()
         still = []
         for f in waiting:
             if left[f]:
@@ -358,6 +361,7 @@ class _Driver:
             for tk, t in zip(r, tickets, strict=True):
                 grads[tk] = t.result
                 ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
         return still
 
     # the run ----------------------------------------------------------------------------------------------
