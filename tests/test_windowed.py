@@ -298,10 +298,14 @@ def async_gossip(draw) -> dict:
                                                     {**u, "low": 0.0, "high": 0.08}]))}
     if draw(st.booleans()):
         agents["clock_jitter"] = {**u, "low": 0.0, "high": 0.05}
+    if draw(st.booleans()):
+        agents.update(stragglers=[0, n - 1], straggler_factor=3.0)
     low = draw(st.sampled_from([0.02, 0.1, 0.2]))
     lat = draw(st.sampled_from([{"kind": "constant", "value": low},
                                 {**u, "low": low, "high": low + draw(st.sampled_from([0.05, 0.5]))}]))
-    run = draw(st.sampled_from([{"until": 4.0}, {"until": 7.5}, {"rounds": draw(st.integers(2, 6)), "until": 1.0e6}]))
+    run = dict(draw(st.sampled_from([{"until": 4.0}, {"until": 7.5},
+                                     {"rounds": draw(st.integers(2, 6)), "until": 1.0e6}])))
+    run["trace_flush_every"] = draw(st.sampled_from([7, 1000]))  # trace batches cut inside windows, at the same rows
     return {"name": "async", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
             "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3, 4]))},
             "network": {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.1, 0.3]))},
