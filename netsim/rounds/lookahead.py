@@ -286,13 +286,14 @@ class _Driver:
         waiting = list(range(len(flushes)))
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
-        waiting = self.evaluate_ready(left, waiting)
+        blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
+        waiting = self.evaluate_ready(left, waiting, blocked, active)
         while active:
             mi, mp, ui, ug, pi, pm, nxt = [], [], [], [], [], [], []
             progressed = False
             for i in active:
                 mine = ops[i]
-                k, n, last = ptr[i], len(mine), -1
+                k, n, last, waits = ptr[i], len(mine), -1, False
                 while k < n:
                     kind, v = mine[k]
                     if kind <= last:
@@ -302,7 +303,9 @@ class _Driver:
                         mp.append(payloads.pop(v))
                     elif kind == UPDATE:
                         g = grads.pop(v, None)
-                        if g is None:  # its gradient batch waits for a request still to come
+                        if g is None:  # its gradient batch waits for a request still to come: woken then
+                            blocked[v] = i
+                            waits = True
                             break
                         ui.append(i)
                         ug.append(g)
@@ -318,7 +321,7 @@ class _Driver:
                 if k > ptr[i]:
                     progressed = True
                     ptr[i] = k
-                if k < n:
+                if k < n and not waits:
                     nxt.append(i)
             if not progressed:
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
@@ -338,15 +341,17 @@ class _Driver:
                     if m >= 0:
                         payloads[m] = row
             if waiting:
-                waiting = self.evaluate_ready(left, waiting)
+                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
         self.ops = {}
-        if waiting:  # every batch of the window completes in it, so all its requests were made by its end
+        if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.flushes = []
 
-    def evaluate_ready(self, left: list[int], waiting: list[int]) -> list[int]:
-        """Evaluate the gradient batches of ``waiting`` whose requests are all in; the others, still waiting."""
+    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
+                       woken: list[int]) -> list[int]:
+        """Evaluate the gradient batches of ``waiting`` whose requests are all in (the agents ``blocked`` on one of
+        them go to ``woken``); the others, still waiting."""
         svc, xs, ticket_of, grads = self.svc, self.xs, self.ticket_of, self.grads
         t0 = time.perf_counter()
         still = []
@@ -361,6 +366,9 @@ class _Driver:
             for tk, t in zip(r, tickets, strict=True):
                 grads[tk] = t.result
                 ticket_of[tk] = None
+                i = blocked.pop(tk, None)
+                if i is not None:
+                    woken.append(i)
         self.stats.gradient_s += time.perf_counter() - t0
         return still
 
