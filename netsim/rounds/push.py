@@ -3,7 +3,8 @@ an update after each merge the kernel asks for one, then push the model to one r
 (Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully distributed data", 2013,
 Algorithm 1's skeleton). Nothing waits, so there are no timeouts.
 
-``program`` is the events engine's generator for one agent; ``play`` the windowed driver. Its ordering rules
+``program`` is the events engine's generator for one agent; ``play`` the windowed driver of synchronous ticks,
+``play_lookahead`` that of agents on their own clocks (rounds/lookahead.py). ``play``'s ordering rules
 (docs/architecture.md, "Round kernels"), within a tick: each agent in wake order is activated and takes what
 arrived; an agent with nothing to merge pushes at once; the others ask for their first gradient
 (``compute_start``); the gradients come back after the compute time in the order they were asked for, each

@@ -6,9 +6,11 @@ events one by one: every agent wakes at the same tick (periodic activation, iden
 the same constant time, and the links' latencies and losses are drawn in the engine's order. The pattern's
 driver (``SyncRounds.play``, ``PushGossip.play``) then plays each round as one batch of ``local`` /
 ``combine`` calls of the algorithm's own kernel, emitting exactly the engine's rows in its order; the
-trace, metrics and final models are byte-identical (tests/test_windowed.py). ``refusal`` names what keeps a
-scenario out: the conditions every pattern needs (here), the pattern's own, and what the kernel declares
-(``RoundKernel.needs``).
+trace, metrics and final models are byte-identical (tests/test_windowed.py). A pattern may also play runs
+whose activations are not simultaneous as conservative lookahead windows (``PushGossip.play_lookahead``,
+rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
+the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
+windows, why those do not apply either.
 """
 
 from __future__ import annotations
