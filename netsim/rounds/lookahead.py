@@ -149,6 +149,7 @@ class _Driver:
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
+        self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
         self.payloads: dict[int, torch.Tensor] = {}  # message id: the model it carries
         self.grads: dict[int, torch.Tensor] = {}
 
@@ -376,7 +377,6 @@ class _Driver:
     def run(self) -> None:
         sim, stats = self.sim, self.stats
         t0 = time.perf_counter()
-        self.size = payload_size(self.xs[0])
         first = self.kernel.update_after(self.p, 1, 1)
         if first is not None and not first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
