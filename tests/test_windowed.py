@@ -144,8 +144,6 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "network": {"latency": {"kind": "lognormal",
                                                                               "mean": 0.1, "sigma": 0.5}}},
      "only periodic.*lookahead windows: latency 'lognormal' has no positive lower bound: no lookahead"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "evaluation": {"every": 5.0}},
-     "lookahead windows: evaluations inside the run"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"until": None}},
      "lookahead windows: run.until is not set"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "network": {"burst": {
@@ -181,6 +179,8 @@ def lookahead_run(tmp_path, sc: dict, windows: bool = True) -> dict:
     {"agents": {"activation": {"kind": "poisson", "rate": 1.0},
                 "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
      "run": {"rounds": None, "until": 15.0}},  # the benchmark's job, small: the run stops at run.until
+    {"agents": {"activation": {"kind": "poisson", "rate": 2.0}}, "run": {"rounds": None, "until": 6.0},
+     "evaluation": {"every": 1.5, "metrics": ["loss", "accuracy", "consensus", "agent_accuracy"]}},  # evaluations
 ])
 def test_windowed_push_gossip_plays_lookahead_windows_byte_for_byte(tmp_path, changes):
     sc = gossip(**changes)
@@ -314,7 +314,8 @@ def async_gossip(draw) -> dict:
             "algorithm": {"name": "push_gossip", "lr": draw(st.sampled_from([0.0, 0.5])),
                           "batch": draw(st.integers(0, 6)), "lr_decay": draw(st.sampled_from([0.0, 0.2])),
                           "update": draw(st.sampled_from(["per_receipt", "per_round"]))},
-            "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy", "agent_accuracy"]}}
+            "evaluation": {"every": draw(st.sampled_from([1.0e6, 0.7, 2.0])),
+                           "metrics": ["loss", "accuracy", "agent_accuracy"]}}
 
 
 @settings(max_examples=14, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],

@@ -17,7 +17,8 @@ then what follows it; one ``deliver``). Each agent's streams are consumed in its
 the engine makes (``Schedule.next``, the jitter of ``activation_moves``, ``compute_draws``, ``sample_rows``,
 the program's ``rng``), and each link's latency and loss from its own streams in send order; message ids
 are numbered in processing order. The run stops where the engine's does: at ``run.until`` (the events
-then due that were scheduled before it) or after the last agent's finish.
+then due that were scheduled before it) or after the last agent's finish; the evaluator's timer ends a window
+where it falls, and the models are scored there after the window's work (only pushes write the bank).
 
 Then the tensor work: each agent's operations in the window (merge a payload, ask for a gradient, update
 with it, push) in its program's order, all agents in lock step, each step's merges in one ``combine`` and its
@@ -42,7 +43,7 @@ from netsim.sim.network import payload_size
 from netsim.trace.events import Finish
 from netsim.trace.events import row as event_row
 
-ACT, DONE, ARR, STOP, UNTIL = 0, 1, 2, 3, 4  # heap entries (time, seq, kind, agent, value)
+ACT, DONE, ARR, STOP, UNTIL, EVAL = 0, 1, 2, 3, 4, 5  # heap entries (time, seq, kind, agent, value)
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
 
 
@@ -96,9 +97,6 @@ def refusal(sim, kernel) -> str | None:
         return "a link model or churn is installed"
     if r.until is None:
         return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
-    if sc.evaluation.every < r.until:
-        return (f"evaluations inside the run (evaluation.every = {sc.evaluation.every}; lookahead windows need at "
-                f"least run.until = {r.until:g})")
     lat = net.latency
     if min_latency(lat) is None:
         what = f"latency {lat.kind!r} has no positive lower bound" if lat.kind not in ("constant", "uniform") \
@@ -145,6 +143,7 @@ class _Driver:
         self.rows: list[tuple] = []
         self.unfinished = sum(not a.finished for a in self.agents)
         self.ended = False
+        self.evaluation = None  # the time of an evaluation that ends the window
         self.now = float(sim.loop.env.now)
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
@@ -254,6 +253,9 @@ class _Driver:
                 mid, src, size, sent, rnd = v
                 rows.append((t, "deliver", i, src, mid, size, t - sent, rnd, self.tag))
                 self.inbox[i].append(mid)
+            elif kind == EVAL:  # the evaluator's timer: the window ends here, the models are scored after its work
+                self.now, self.evaluation = t, t
+                return
             elif kind == UNTIL:
                 self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
             else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
@@ -385,6 +387,8 @@ class _Driver:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
         for a in self.agents:  # each program's first wake, in agent order
             self.wake(a.id, self.now)
+        every = sim.world.scenario.evaluation.every
+        self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
         L = stats.lookahead
         progress: Callable | None = sim.recorder.progress
         while not self.ended and self.heap:
@@ -397,6 +401,12 @@ class _Driver:
             self.tensor_work(first_ticket)
             stats.tensor_s += time.perf_counter() - t1
             self.writer.emit_rows(rows)
+            if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
+                t, self.evaluation = self.evaluation, None
+                sim.loop.env.advance_to(t)
+                if self.until is None or t < self.until:
+                    sim.evaluate()
+                self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
         sim.loop.env.advance_to(self.now)
