@@ -230,6 +230,9 @@ class RunFolder:
         summary.update(_comm_fields(sim))
         if loop.engine != "events":
             summary["engine"] = loop.engine  # the trace is the engine's; the wall time is not
+            windows = sim.services.find("windows")  # rounds/lookahead.py: why the run is as fast as it is
+            if windows is not None:
+                summary["windows"] = windows.summary()
         head = sc.evaluation.headline
         if head is not None:
             summary["headline"] = {"metric": head, "value": final.get(head)}

@@ -73,6 +73,40 @@ def test_a_block_is_its_requests_bit_for_bit(dtype):
     assert not svc.pending
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kept_rows_give_the_same_bits_and_a_rows_batch_changes_them(dtype):
+    """Rows gathered once (``keep_rows``: the lookahead windows' whole parts) give the bits of indexing the
+    training set each time, alone (the lean path) and in a batch. And a logistic gradient's bits depend on
+    which requests share its call (one request alone, or beside others), which is why the lookahead windows
+    evaluate the engine's batches and no others."""
+    m = LogisticRegression(22)
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(300, 22, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.randint(0, 2, (300,), generator=g)
+    plain, kept = GradientService(m, X, y), GradientService(m, X, y)
+    parts = [np.arange(k * 7, k * 7 + 7) for k in range(12)]
+    for rows in parts[:8]:
+        kept.keep_rows(rows)
+    W = torch.randn(12, m.size, generator=g, dtype=torch.float64).to(dtype)
+    batches = [[0], [1, 2, 3], [4, 9], [10], [5, 6, 7, 8, 11]]  # kept and not, alone and together
+    alone = {}
+    for svc in (plain, kept):
+        got = []
+        for b in batches:
+            ts = [svc.submit(i, W[i], parts[i]) for i in b]
+            svc.flush()
+            got.append(torch.stack([t.result for t in ts]))
+        alone[svc is kept] = torch.cat(got)
+    assert torch.equal(alone[True], alone[False])
+    assert plain.calls == kept.calls == 5 and plain.evaluated == kept.evaluated == 12
+    one_by_one = []
+    for i in range(12):
+        t = plain.submit(i, W[i], parts[i])
+        plain.flush()
+        one_by_one.append(t.result)
+    assert not torch.equal(torch.stack(one_by_one), alone[False])
+
+
 def test_submit_rejects_bad_clip():
     svc, _, _ = service(LogisticRegression(6))
     with pytest.raises(ValueError, match="clip must be > 0"):

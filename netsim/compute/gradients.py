@@ -66,6 +66,21 @@ class GradientService:
         self.pending: list[Ticket] = []
         self.calls = 0
         self.evaluated = 0
+        self._kept: dict[int, tuple[np.ndarray, torch.Tensor, torch.Tensor]] = {}  # keep_rows
+
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Gather the training rows ``rows`` (an array asked for again and again, such as an agent's whole part)
+        once: requests with this very array copy them from here instead of indexing the training set each time
+        (the same values in the same layout, so the same bits)."""
+        idx = self._index(rows)
+        self._kept[id(rows)] = (rows, self.X.index_select(0, idx), self.y.index_select(0, idx))
+
+    def _gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        kept = self._kept.get(id(rows))
+        if kept is not None and kept[0] is rows:
+            return kept[1], kept[2]
+        idx = self._index(rows)
+        return self.X.index_select(0, idx), self.y.index_select(0, idx)
 
     def submit(self, agent: int, params: torch.Tensor, rows: np.ndarray, clip: float | None = None,
                clip_kind: str = "l2") -> Ticket:
@@ -92,10 +107,8 @@ class GradientService:
         pending, self.pending = self.pending, []
         if len(pending) == 1 and type(pending[0]) is Ticket:  # the lean path
             t = pending[0]
-            idx = self._index(t.rows)
-            X = self.X.index_select(0, idx).unsqueeze(0)
-            y = self.y.index_select(0, idx).unsqueeze(0)
-            t.result = self.model.grad(t.params.unsqueeze(0), X, y, t.clip, t.clip_kind)[0]
+            X, y = self._gather(t.rows)
+            t.result = self.model.grad(t.params.unsqueeze(0), X.unsqueeze(0), y.unsqueeze(0), t.clip, t.clip_kind)[0]
             self.calls += 1
             self.evaluated += 1
             return
@@ -105,6 +118,17 @@ class GradientService:
                               []).append(t)
         for (m, clip, kind), group in groups.items():
             blocks = any(type(t) is Block for t in group)
+            if not blocks and self._kept:  # the rows kept (``keep_rows``) or gathered, one after the other
+                W = torch.stack([t.params for t in group])
+                got = [self._gather(t.rows) for t in group]
+                shape = (W.shape[0], m)
+                G = self.model.grad(W, torch.cat([g[0] for g in got]).view(*shape, -1),
+                                    torch.cat([g[1] for g in got]).view(shape), clip, kind)
+                for t, g in zip(group, G.unbind(0), strict=True):
+                    t.result = g
+                self.calls += 1
+                self.evaluated += W.shape[0]
+                continue
             if not blocks:
                 W = torch.stack([t.params for t in group])
                 rows = np.concatenate([t.rows for t in group])

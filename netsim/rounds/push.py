@@ -3,7 +3,8 @@ an update after each merge the kernel asks for one, then push the model to one r
 (Ormándi, Hegedűs, Jelasity, "Gossip learning with linear models on fully distributed data", 2013,
 Algorithm 1's skeleton). Nothing waits, so there are no timeouts.
 
-``program`` is the events engine's generator for one agent; ``play`` the windowed driver. Its ordering rules
+``program`` is the events engine's generator for one agent; ``play`` the windowed driver of synchronous ticks,
+``play_lookahead`` that of agents on their own clocks (rounds/lookahead.py). ``play``'s ordering rules
 (docs/architecture.md, "Round kernels"), within a tick: each agent in wake order is activated and takes what
 arrived; an agent with nothing to merge pushes at once; the others ask for their first gradient
 (``compute_start``); the gradients come back after the compute time in the order they were asked for, each
@@ -81,6 +82,18 @@ class PushGossip:
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
                     f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
         return None
+
+    def lookahead_refusal(self, sim, kernel) -> str | None:
+        """Why the run cannot be played as conservative lookahead windows (rounds/lookahead.py)."""
+        from netsim.rounds import lookahead
+
+        return lookahead.refusal(sim, kernel)
+
+    def play_lookahead(self, sim, kernel) -> None:
+        """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""
+        from netsim.rounds import lookahead
+
+        lookahead.play(self, sim, kernel)
 
     def play(self, sim, kernel, wake) -> None:
         import torch

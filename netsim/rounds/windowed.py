@@ -6,9 +6,11 @@ events one by one: every agent wakes at the same tick (periodic activation, iden
 the same constant time, and the links' latencies and losses are drawn in the engine's order. The pattern's
 driver (``SyncRounds.play``, ``PushGossip.play``) then plays each round as one batch of ``local`` /
 ``combine`` calls of the algorithm's own kernel, emitting exactly the engine's rows in its order; the
-trace, metrics and final models are byte-identical (tests/test_windowed.py). ``refusal`` names what keeps a
-scenario out: the conditions every pattern needs (here), the pattern's own, and what the kernel declares
-(``RoundKernel.needs``).
+trace, metrics and final models are byte-identical (tests/test_windowed.py). A pattern may also play runs
+whose activations are not simultaneous as conservative lookahead windows (``PushGossip.play_lookahead``,
+rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
+the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
+windows, why those do not apply either.
 """
 
 from __future__ import annotations
@@ -63,6 +65,24 @@ def refusal(sim) -> str | None:
     if not isinstance(kernel, RoundKernel):
         return (f"algorithm {sim.world.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
                 "(docs/extending.md)")
+    why = rounds_refusal(sim, kernel)
+    if why is None or not hasattr(kernel.pattern, "lookahead_refusal"):
+        return why
+    other = kernel.pattern.lookahead_refusal(sim, kernel) or needs_refusal(sim, kernel)
+    return None if other is None else f"{why}; nor as lookahead windows: {other}"
+
+
+def needs_refusal(sim, kernel) -> str | None:
+    """What the kernel declares its exactness needs (``RoundKernel.needs``), if missing."""
+    for need in sorted(kernel.needs):
+        why = NEEDS[need](sim)
+        if why is not None:
+            return why
+    return None
+
+
+def rounds_refusal(sim, kernel) -> str | None:
+    """Why the run's rounds are not simultaneous windows (None: they are)."""
     why = scenario_refusal(sim.world.scenario)
     if why is None and (sim.world.network.model is not None or sim.world.activation_moves is not None):
         why = "a link model or an activation hook is installed"
@@ -73,10 +93,8 @@ def refusal(sim) -> str | None:
             why = f"agent {a.id} has no out- or in-neighbours"
         if why is not None:
             break
-    for need in sorted(kernel.needs) if why is None else ():
-        why = NEEDS[need](sim)
-        if why is not None:
-            break
+    if why is None:
+        why = needs_refusal(sim, kernel)
     return why if why is not None else kernel.pattern.refusal(sim, kernel)
 
 
@@ -86,7 +104,11 @@ def run(sim) -> None:
     why = refusal(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
-    sim.program.pattern.play(sim, sim.program, wake)
+    kernel = sim.program
+    if rounds_refusal(sim, kernel) is None:
+        kernel.pattern.play(sim, kernel, wake)
+    else:
+        kernel.pattern.play_lookahead(sim, kernel)
 
 
 def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:

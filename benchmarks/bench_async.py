@@ -1,0 +1,117 @@
+"""Asynchronous gossip learning, events engine against lookahead windows (``--engine windowed``).
+
+The job of benchmarks/bench_gossip_learning.py with agents on their own clocks: Poisson activation (rate 1/s on
+each local clock), clock drift uniform in [-0.01, 0.01], latency uniform in [0.05, 0.5] s, 10% loss, constant
+compute time 1 ms, mushrooms logistic regression, merge-then-update on every receipt. N agents run for T
+simulated seconds (``run.until``); beyond mushrooms' 6,499 training rows, synthetic data of its width (112
+features, 5 rows per agent). Both engines run in fresh subprocesses, back to back, for each size; the
+trace is written (both write the same bytes: tests/test_windowed.py). Printed: simulation wall time (the
+summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
+share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
+the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run.
+
+    NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most one agent per row
+
+
+def scenario(agents: int, seconds: float, seed: int) -> dict:
+    data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
+    if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
+        data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid"}
+    return {
+        "name": f"async_gossip_{agents}",
+        "run": {"seed": seed, "until": seconds},
+        "agents": {"count": agents, "compute_time": {"kind": "constant", "value": 0.001},
+                   "activation": {"kind": "poisson", "rate": 1.0},
+                   "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
+        "topology": {"kind": "random_regular", "degree": 4},
+        "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
+        "data": data,
+        "model": {"kind": "logistic"},
+        "algorithm": {"name": "push_gossip", "lr": 1.0, "batch": 0, "update": "per_receipt"},
+        "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]},
+    }
+
+
+def child(engine: str, agents: int, seconds: float, seed: int, profile: int) -> None:
+    """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
+    import torch
+
+    import netsim
+    from netsim.scenario import scenario_from_dict
+
+    torch.set_num_threads(1)
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        if prof is not None:
+            prof.enable()
+        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed)), out=tmp, engine=engine)
+        if prof is not None:
+            prof.disable()
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if prof is not None:
+        import pstats
+
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
+    s = r.summary
+    print(json.dumps({"wall": s["wall_time"], "total": total, "cpu": cpu, "events": s["events"],
+                      "gradient_batches": s["gradient_batches"], "gradients": s["gradients"],
+                      "accuracy": s["accuracy"], "windows": s.get("windows")}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", type=int, nargs="+", default=[2000])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", type=int, default=0, help="print this many cProfile entries of each run")
+    ap.add_argument("--child", nargs=2, metavar=("ENGINE", "AGENTS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile)
+        return
+    print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
+          f"{'accuracy':>8}")
+    for n in args.agents:
+        got = {}
+        for engine in ("events", "windowed"):
+            cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
+                   "--seed", str(args.seed), "--profile", str(args.profile)]
+            done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            if args.profile:
+                print(f"--- {engine}, {n} agents: cProfile (tottime)\n" + done.stderr[-6000:], file=sys.stderr)
+            s = got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
+                  f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f}", flush=True)
+        ev, win = got["events"], got["windowed"]
+        w = win["windows"]
+        print(f"  events/windowed = {ev['wall'] / win['wall']:.2f}x (whole call, setup included: wall "
+              f"{ev['total'] / win['total']:.2f}x, CPU {ev['cpu'] / win['cpu']:.2f}x); "
+              f"lookahead {w['lookahead_s']:g} s, {w['windows']:,} windows, events per window mean "
+              f"{w['events_per_window_mean']:.1f} min {w['events_per_window_min']}, batched tensor calls "
+              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
+              f"same accuracy: "
+              f"{ev['accuracy'] == win['accuracy']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

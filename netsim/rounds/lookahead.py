@@ -1,0 +1,413 @@
+"""Asynchronous push gossip as conservative lookahead windows (``--engine windowed`` when activations are not
+simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, latencies
+with a positive lower bound, Bernoulli loss).
+
+The lookahead. A message sent at t arrives no earlier than t + L, L = the links' minimum latency (an agent with
+nothing to merge pushes at once, so the compute time before a send is 0 at least). An activation at a merges only
+what arrived before a, sent before a - L; so every activation of the window [T, T + L) reads payloads sent before
+T: the window's tensor work depends only on earlier windows, and all of it is done together, in batched calls.
+
+What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
+gradient batches follow from the streams and from how many models arrived. So the driver first plays the
+window's events as the events engine's queue would, on a heap of (time, insertion number) in simpy's order:
+simultaneous events in the order they were scheduled (a Timeout is scheduled when the event before it in its
+agent's program is processed); every row of one processed event together, as the engine writes them
+(``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
+then what follows it; one ``deliver``). Each agent's streams are consumed in its own order by the same calls
+the engine makes (``Schedule.next``, the jitter of ``activation_moves``, ``compute_draws``, ``sample_rows``,
+the program's ``rng``), and each link's latency and loss from its own streams in send order; message ids
+are numbered in processing order. The run stops where the engine's does: at ``run.until`` (the events
+then due that were scheduled before it) or after the last agent's finish; the evaluator's timer ends a window
+where it falls, and the models are scored there after the window's work (only pushes write the bank).
+
+Then the tensor work: each agent's operations in the window (merge a payload, ask for a gradient, update
+with it, push) in its program's order, all agents in lock step, each step's merges in one ``combine`` and its
+updates in one ``update`` call (row-wise operations: the same bits in any batch). Gradients are evaluated in
+the batches the engine evaluates them (the requests pending when one completes, in request order), by the
+gradient service itself: a logistic gradient's bits depend on which rows share its call, so only the engine's
+batches are exact, and ``gradient_batches`` is the engine's too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from netsim.compute.gradients import Ticket
+from netsim.rounds.kernel import Batch
+from netsim.sim.network import payload_size
+from netsim.trace.events import Finish
+from netsim.trace.events import row as event_row
+
+ACT, DONE, ARR, STOP, UNTIL, EVAL = 0, 1, 2, 3, 4, 5  # heap entries (time, seq, kind, agent, value)
+UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
+
+
+@attrs.define
+class WindowStats:
+    """What the summary reports of a windowed run (``summary()``): why it is as fast as it is."""
+
+    lookahead: float
+    windows: int = 0
+    events: int = 0
+    fewest: int = 0
+    tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
+    gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
+    wall_s: float = 0.0
+
+    def add(self, events: int) -> None:
+        self.fewest = events if not self.windows else min(self.fewest, events)
+        self.windows += 1
+        self.events += events
+
+    def summary(self) -> dict:
+        return {"lookahead_s": self.lookahead, "windows": self.windows,
+                "events_per_window_mean": self.events / max(1, self.windows),
+                "events_per_window_min": self.fewest,
+                "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12)}
+
+
+def min_latency(lat) -> float | None:
+    """The smallest latency a draw of ``lat`` can give (None: no positive lower bound)."""
+    low = {"constant": lat.value, "uniform": lat.low}.get(lat.kind)
+    return low if low is not None and low > 0 else None
+
+
+def refusal(sim, kernel) -> str | None:
+    """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
+    sc = sim.world.scenario
+    ag, net, r = sc.agents, sc.network, sc.run
+    if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
+        return "checkpoints cut the run between events"
+    if getattr(getattr(sc, "privacy", None), "record", None) is not None:
+        return "privacy.record: the mixing record is written by the events engine's agents"
+    if ag.offline or ag.churn or ag.availability:
+        return "agents go offline"
+    if net.burst or net.outages or net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
+        return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, bandwidth, per-link)"
+    if sc.topology.dynamic is not None:
+        return "the topology changes over time"
+    moves = sim.world.activation_moves
+    if sim.world.network.model is not None or (moves is not None and getattr(moves, "churn", None) is not None):
+        return "a link model or churn is installed"
+    if r.until is None:
+        return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
+    lat = net.latency
+    if min_latency(lat) is None:
+        what = f"latency {lat.kind!r} has no positive lower bound" if lat.kind not in ("constant", "uniform") \
+            else "the minimum latency is 0"
+        return f"{what}: no lookahead (a message can arrive at once)"
+    for a in sim.loop.agents:
+        if a._listeners:
+            return f"agent {a.id} has activation listeners"
+    return None
+
+
+def play(pattern, sim, kernel) -> None:
+    """Play a started run to its end window by window (see the module docstring)."""
+    _Driver(pattern, sim, kernel).run()
+
+
+class _Driver:
+    def __init__(self, pattern, sim, kernel):
+        self.pattern, self.sim, self.kernel = pattern, sim, kernel
+        world = sim.world
+        self.p, self.agents = sim.params, sim.loop.agents
+        self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
+        self.state = kernel.state_of(self.agents[0], self.p)
+        self.limit = world.scenario.run.rounds
+        self.until = world.scenario.run.until
+        self.moves = world.activation_moves
+        self.marks = sim.loop.marks
+        self.tag = pattern.tag
+        self.rngs = [a.rng() for a in self.agents]  # the program's own stream, as the program takes it first
+        self.picks: list[list[int]] = [[] for _ in self.agents]
+        self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
+        self.stats = WindowStats(min_latency(world.scenario.network.latency))
+        sim.services.put("windows", self.stats)
+        self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
+        # the control flow
+        self.heap: list[tuple] = []
+        self.seq = 0
+        self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
+        self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
+        self.ticket_of: list[tuple[int, object]] = []  # ticket: (agent, rows)
+        self.pending_lo = 0  # the first ticket not yet evaluated
+        self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
+        self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
+        self.rows: list[tuple] = []
+        self.unfinished = sum(not a.finished for a in self.agents)
+        self.ended = False
+        self.evaluation = None  # the time of an evaluation that ends the window
+        self.now = float(sim.loop.env.now)
+        # the tensor work
+        self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
+        self.xs = self.X.unbind(0)
+        self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
+        self.payloads: dict[int, torch.Tensor] = {}  # message id: the model it carries
+        self.grads: dict[int, torch.Tensor] = {}
+
+    def push_event(self, t: float, kind: int, i: int, v=None) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, i, v))
+        self.seq += 1
+
+    # the control flow -------------------------------------------------------------------------------------
+    def wake(self, i: int, now: float) -> None:
+        """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
+        a = self.agents[i]
+        if self.limit is not None and a.round >= self.limit:
+            if not a.finished:
+                a.finished = True
+                self.rows.append(event_row(Finish(now, i, a.round)))
+                self.sim.agent_finished()
+                self.unfinished -= 1
+                if not self.unfinished:  # the stop event: processed after what is already due now
+                    self.push_event(now, STOP, -1, self.until is not None)
+            return
+        schedule = a.schedule
+        at = schedule.next(a.local_time(now))
+        if self.moves is not None and not schedule.fixed:
+            at = self.moves(a, at)
+        delay = max(0.0, a.global_time(at) - now)
+        if schedule.settles:
+            at, delay = schedule.settle(at, delay)
+        a.round += 1  # sim.count_wakes, for one agent
+        self.marks.activations += 1
+        heapq.heappush(self.heap, (now + delay, self.seq, ACT, i, at))
+        self.seq += 1
+
+    def go_on(self, i: int, now: float) -> None:
+        """The program from a merge on: merges until a gradient is asked for, else the push and the next wake."""
+        got, n = self.got[i], self.pos[i]
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        a = self.agents[i]
+        asks = self.asks.get(len(got))
+        if asks is None:
+            asks = self.asks[len(got)] = [self.kernel.update_after(self.p, k, len(got)) for k in
+                                          range(1, len(got) + 1)]
+        while n < len(got):
+            ops.append((MERGE, got[n]))
+            req = asks[n]
+            n += 1
+            if req is not None:
+                self.pos[i] = n
+                ct = a._compute() * a.compute_scale
+                self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                tk = len(self.ticket_of)
+                self.ticket_of.append((i, a.sample_rows(req.batch)))
+                ops.append((ASK, tk))
+                heapq.heappush(self.heap, (now + ct, self.seq, DONE, i, tk))
+                self.seq += 1
+                return
+        self.pos[i] = n
+        nb = a.neighbors
+        if nb:
+            picks = self.picks[i]
+            if not picks:
+                picks.extend(self.rngs[i].integers(len(nb), size=256).tolist()[::-1])
+            j = nb[picks.pop()]
+            net = self.net
+            link = net.links.get((i, j)) or net.link(i, j)
+            mid = net.next_id
+            net.next_id = mid + 1
+            size = self.size
+            delay = now - now + link.latency()
+            self.rows.append((now, "send", i, j, mid, size, delay, a.round, self.tag))
+            if link.lost is not None and link.lost() < net.p_loss:
+                self.rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+                ops.append((PUSH, -1))
+            else:
+                ops.append((PUSH, mid))
+                heapq.heappush(self.heap, (now + delay, self.seq, ARR, j, (mid, i, size, now, a.round)))
+                self.seq += 1
+        elif got:
+            ops.append((PUSH, -1))  # agent.params = x, with no one to push to
+        self.wake(i, now)
+
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        heap, rows, agents = self.heap, self.rows, self.agents
+        pop = heapq.heappop
+        while heap and heap[0][0] < end:
+            t, _, kind, i, v = pop(heap)
+            if kind == ACT:
+                rows.append((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                self.got[i], self.inbox[i] = self.inbox[i], []
+                self.pos[i] = 0
+                self.go_on(i, t)
+            elif kind == DONE:
+                if v >= self.pending_lo:  # the first completion of a batch: every pending request is evaluated
+                    self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
+                    self.pending_lo = len(self.ticket_of)
+                rows.append((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                self.ops.setdefault(i, []).append((UPDATE, v))
+                self.go_on(i, t)
+            elif kind == ARR:
+                mid, src, size, sent, rnd = v
+                rows.append((t, "deliver", i, src, mid, size, t - sent, rnd, self.tag))
+                self.inbox[i].append(mid)
+            elif kind == EVAL:  # the evaluator's timer: the window ends here, the models are scored after its work
+                self.now, self.evaluation = t, t
+                return
+            elif kind == UNTIL:
+                self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
+            else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
+                if v:
+                    self.push_event(t, STOP, -1, False)
+                    continue
+                self.now, self.ended = t, True
+                return
+            self.now = t
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
+        idx = torch.tensor(who, device=self.X.device)
+        agents = self.agents
+        return Batch([agents[i] for i in who], agents[who[0]].round, self.X.index_select(0, idx), None,
+                     self.state), idx
+
+    def tensor_work(self, first_ticket: int) -> None:
+        """Every agent's operations of the window, in lock step: in each step an agent goes as far as it can in
+        the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
+        requests are all in are evaluated."""
+        kernel, p, X = self.kernel, self.p, self.X
+        payloads, grads = self.payloads, self.grads
+        flushes = self.flushes
+        flush_of = {}
+        left = []
+        for f, r in enumerate(flushes):
+            left.append(sum(tk >= first_ticket for tk in r))
+            for tk in r:
+                flush_of[tk] = f
+        waiting = list(range(len(flushes)))
+        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
+        active = list(ops)
+        blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
+        waiting = self.evaluate_ready(left, waiting, blocked, active)
+        while active:
+            mi, mp, ui, ug, pi, pm, nxt = [], [], [], [], [], [], []
+            progressed = False
+            for i in active:
+                mine = ops[i]
+                k, n, last, waits = ptr[i], len(mine), -1, False
+                while k < n:
+                    kind, v = mine[k]
+                    if kind <= last:
+                        break
+                    if kind == MERGE:
+                        mi.append(i)
+                        mp.append(payloads.pop(v))
+                    elif kind == UPDATE:
+                        g = grads.pop(v, None)
+                        if g is None:  # its gradient batch waits for a request still to come: woken then
+                            blocked[v] = i
+                            waits = True
+                            break
+                        ui.append(i)
+                        ug.append(g)
+                    elif kind == ASK:
+                        f = flush_of.get(v)
+                        if f is not None:
+                            left[f] -= 1
+                    else:
+                        pi.append(i)
+                        pm.append(v)
+                    last = kind
+                    k += 1
+                if k > ptr[i]:
+                    progressed = True
+                    ptr[i] = k
+                if k < n and not waits:
+                    nxt.append(i)
+            if not progressed:
+                raise RuntimeError("lookahead windows: the window's operations wait on each other")
+            if ui:
+                b, idx = self.batch(ui)
+                kernel.update(b, p, torch.stack(ug))
+                X.index_copy_(0, idx, b.x)
+            if mi:
+                b, idx = self.batch(mi)
+                kernel.combine(b, p, torch.stack(mp))
+                X.index_copy_(0, idx, b.x)
+            if pi:
+                idx = torch.tensor(pi, device=X.device)
+                sent = X.index_select(0, idx)
+                self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
+                for m, row in zip(pm, sent.unbind(0), strict=True):
+                    if m >= 0:
+                        payloads[m] = row
+            if waiting:
+                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
+            active = nxt
+        self.ops = {}
+        if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
+            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.flushes = []
+
+    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
+                       woken: list[int]) -> list[int]:
+        """Evaluate the gradient batches of ``waiting`` whose requests are all in (the agents ``blocked`` on one of
+        them go to ``woken``); the others, still waiting."""
+        svc, xs, ticket_of, grads = self.svc, self.xs, self.ticket_of, self.grads
+        t0 = time.perf_counter()
+        still = []
+        for f in waiting:
+            if left[f]:
+                still.append(f)
+                continue
+            r = self.flushes[f]
+            tickets = [Ticket(ticket_of[tk][0], xs[ticket_of[tk][0]].clone(), ticket_of[tk][1]) for tk in r]
+            svc.pending = tickets  # the engine's batch, in its order: the same call, the same bits
+            svc.flush()
+            for tk, t in zip(r, tickets, strict=True):
+                grads[tk] = t.result
+                ticket_of[tk] = None
+                i = blocked.pop(tk, None)
+                if i is not None:
+                    woken.append(i)
+        self.stats.gradient_s += time.perf_counter() - t0
+        return still
+
+    # the run ----------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        sim, stats = self.sim, self.stats
+        t0 = time.perf_counter()
+        first = self.kernel.update_after(self.p, 1, 1)
+        if first is not None and not first.batch:  # every gradient on the agent's whole part: gathered once
+            for a in self.agents:
+                self.svc.keep_rows(a.rows)
+        if self.until is not None:
+            self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
+        for a in self.agents:  # each program's first wake, in agent order
+            self.wake(a.id, self.now)
+        every = sim.world.scenario.evaluation.every
+        self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
+        L = stats.lookahead
+        progress: Callable | None = sim.recorder.progress
+        while not self.ended and self.heap:
+            start = self.heap[0][0]
+            first_ticket = len(self.ticket_of)
+            self.events_until(start + L)
+            rows, self.rows = self.rows, []
+            stats.add(len(rows))
+            t1 = time.perf_counter()
+            self.tensor_work(first_ticket)
+            stats.tensor_s += time.perf_counter() - t1
+            self.writer.emit_rows(rows)
+            if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
+                t, self.evaluation = self.evaluation, None
+                sim.loop.env.advance_to(t)
+                if self.until is None or t < self.until:
+                    sim.evaluate()
+                self.push_event(t + every, EVAL, -1)
+            if progress is not None:
+                progress(self.now)
+        sim.loop.env.advance_to(self.now)
+        stats.wall_s = time.perf_counter() - t0
