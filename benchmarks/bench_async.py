@@ -8,9 +8,12 @@ features, 5 rows per agent). Both engines run in fresh subprocesses, back to bac
 trace is written (both write the same bytes: tests/test_windowed.py). Printed: simulation wall time (the
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
 share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
-the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run.
+the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
+engine only, ``--device cuda`` puts the bank and the gradients on the GPU, ``--peer-python`` runs the same job in
+gossipy's asynchronous node mode right after netsim's (sizes up to mushrooms' rows), for the peer ratio.
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
+        [--engine events|windowed|both] [--device auto|cpu|cuda] [--peer-python PATH]
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ from pathlib import Path
 MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most one agent per row
 
 
-def scenario(agents: int, seconds: float, seed: int) -> dict:
+def scenario(agents: int, seconds: float, seed: int, device: str = "auto") -> dict:
     data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
     if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
         data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid"}
     return {
         "name": f"async_gossip_{agents}",
-        "run": {"seed": seed, "until": seconds},
+        "run": {"seed": seed, "until": seconds, "device": device},
         "agents": {"count": agents, "compute_time": {"kind": "constant", "value": 0.001},
                    "activation": {"kind": "poisson", "rate": 1.0},
                    "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
@@ -46,7 +49,7 @@ def scenario(agents: int, seconds: float, seed: int) -> dict:
     }
 
 
-def child(engine: str, agents: int, seconds: float, seed: int, profile: int) -> None:
+def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto") -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
     import torch
 
@@ -63,7 +66,7 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int) -> 
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.enable()
-        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed)), out=tmp, engine=engine)
+        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device)), out=tmp, engine=engine)
         if prof is not None:
             prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -83,25 +86,35 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", type=int, default=0, help="print this many cProfile entries of each run")
+    ap.add_argument("--engine", choices=["events", "windowed", "both"], default="both")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
+    ap.add_argument("--peer-python", help="a Python with gossipy-dfl installed: the same job in gossipy's "
+                    "asynchronous node mode (benchmarks/peers/gossipy_job.py --async) at each size up to "
+                    "6,499 agents (mushrooms' rows), right after netsim's, for the peer ratio")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "AGENTS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     if args.child:
-        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile)
+        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device)
         return
     print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
           f"{'accuracy':>8}")
     for n in args.agents:
         got = {}
-        for engine in ("events", "windowed"):
+        for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
             cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
-                   "--seed", str(args.seed), "--profile", str(args.profile)]
+                   "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             if args.profile:
                 print(f"--- {engine}, {n} agents: cProfile (tottime)\n" + done.stderr[-6000:], file=sys.stderr)
             s = got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
                   f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f}", flush=True)
+        if args.peer_python and n <= MUSHROOMS_ROWS:
+            peer(args.peer_python, n, args.seconds, args.seed, got)
+        if len(got) < 2:
+            continue
         ev, win = got["events"], got["windowed"]
         w = win["windows"]
         print(f"  events/windowed = {ev['wall'] / win['wall']:.2f}x (whole call, setup included: wall "
@@ -111,6 +124,20 @@ def main() -> None:
               f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
               f"same accuracy: "
               f"{ev['accuracy'] == win['accuracy']}", flush=True)
+
+
+def peer(python: str, n: int, seconds: float, seed: int, got: dict) -> None:
+    """gossipy's asynchronous nodes on the same job (its time is discrete: 100 steps a 1 s round, delays of 5 to
+    50 steps for [0.05, 0.5] s); its simulation time against netsim's, measured in this run."""
+    job = Path(__file__).resolve().parent / "peers" / "gossipy_job.py"
+    data = Path(os.environ["NETSIM_DATA"]) / "mushrooms" / "mushrooms.libsvm"
+    cmd = [python, str(job), "--nodes", str(n), "--rounds", str(int(seconds)), "--data", str(data), "--seed",
+           str(seed), "--async", "--delay", "5", "50"]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    g = json.loads(done.stdout.strip().splitlines()[-1])
+    ratios = ", ".join(f"{g['sim_s'] / s['wall']:.1f}x {e}" for e, s in got.items())
+    print(f"{n:>7} {seconds:>6g} {'gossipy':>8} {g['sim_s']:>8.2f} {'':>10} {'':>9} {'':>10} {g['accuracy']:>8.4f}  "
+          f"(asynchronous nodes; gossipy / netsim: {ratios})", flush=True)
 
 
 if __name__ == "__main__":
