@@ -4,6 +4,20 @@ from __future__ import annotations
 
 import torch
 
+# the largest (test rows x agents) block one per-agent evaluation computes at once: 2^26 elements (0.5 GiB in
+# float64 per temporary); beyond it the agents are evaluated in slices (10^5 agents on 10^5 test rows would
+# need a 75 GiB logits matrix). Smaller runs take one call, as they always did, so their metrics keep their bits.
+BLOCK = 2**26
+
+
+def evaluate_rows(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.evaluate`` of every row of W on (X, y), in slices of agents when one block would be too large."""
+    step = max(1, BLOCK // max(1, len(X)))
+    if len(W) <= step:
+        return model.evaluate(W, X, y)
+    parts = [model.evaluate(W[i:i + step], X, y) for i in range(0, len(W), step)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
 
 def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metrics: tuple[str, ...],
                   train: tuple[torch.Tensor, torch.Tensor] | None = None, f_star: float | None = None,
@@ -25,7 +39,7 @@ def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metr
         out["loss"] = float(loss[0])
         out["accuracy"] = float(acc[0])
     if "agent_accuracy" in metrics:
-        loss, acc = model.evaluate(W, X, y)
+        loss, acc = evaluate_rows(model, W, X, y)
         if per_agent is not None:
             per_agent["loss"] = loss.detach().double().cpu().numpy()
             per_agent["accuracy"] = acc.detach().double().cpu().numpy()
