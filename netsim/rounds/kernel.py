@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 import torch
 
 from netsim.compute.mixing import combine
@@ -319,6 +320,17 @@ class RoundKernel:
     def check(self, sim: Any, p: Any) -> None:
         """Checks that need the built simulation (agent count, graph), before the run."""
 
+    def save_state(self, state: Any) -> Any:
+        """What a windowed checkpoint keeps of the run's state (``init``'s value), as JSON data: its plain values
+        (dicts, lists, tuples and sets of numbers and strings). Tensors and other objects are not kept here:
+        their state must live in the bank or the streams, which the checkpoint keeps (a kernel is stateless).
+        Override this and ``load_state`` for a state of another kind."""
+        return _plain(state)
+
+    def load_state(self, state: Any, saved: Any) -> None:
+        """Put ``save_state``'s data back into a freshly made state (``init``'s), in place."""
+        _restored(saved, state)
+
     def state_of(self, agent: Any, p: Any) -> Any:
         """The run's state (``init``), made on first use and shared by every agent of the run."""
         return agent.service((type(self), "state"), lambda: self.init(agent.sim.loop.agents, p))
@@ -330,3 +342,44 @@ class RoundKernel:
     @property
     def __name__(self) -> str:  # the registry's and the CLI's name for a program
         return type(self).__name__
+
+
+def _plain(v: Any) -> Any:
+    """``save_state``'s JSON form of a kernel's state: containers tagged by kind (so keys keep their types),
+    anything not plain as ``{"kept": type}`` (its state is the bank's or a stream's)."""
+    if v is None or isinstance(v, (bool, int, float, str, np.generic)):
+        return v.item() if isinstance(v, np.generic) else v
+    if isinstance(v, dict):
+        return {"dict": [[_plain(k), _plain(x)] for k, x in v.items()]}
+    if isinstance(v, (list, tuple)):
+        return {"list" if isinstance(v, list) else "tuple": [_plain(x) for x in v]}
+    if isinstance(v, (set, frozenset)):
+        return {"set": sorted((_plain(x) for x in v), key=repr)}
+    return {"kept": type(v).__name__}
+
+
+def _restored(saved: Any, have: Any) -> Any:
+    """The value ``saved`` (``_plain``'s) stands for, written into ``have`` where it is the same kind of container."""
+    if not isinstance(saved, dict):
+        return saved
+    if "kept" in saved:
+        return have
+    if "tuple" in saved:
+        return tuple(_restored(x, None) for x in saved["tuple"])
+    if "set" in saved:
+        out = have if isinstance(have, set) else set()
+        out.clear()
+        out.update(_restored(x, None) for x in saved["set"])
+        return out
+    if "list" in saved:
+        out = have if isinstance(have, list) else []
+        old = list(out)
+        out[:] = [_restored(x, old[n] if n < len(old) else None) for n, x in enumerate(saved["list"])]
+        return out
+    out = have if isinstance(have, dict) else {}
+    old = dict(out)
+    out.clear()
+    for k, x in saved["dict"]:
+        key = _restored(k, None)
+        out[key] = _restored(x, old.get(key))
+    return out

@@ -9,12 +9,18 @@ driver (``SyncRounds.play``, ``PushGossip.play``) then plays each round as one b
 trace, metrics and final models are byte-identical (tests/test_windowed.py). ``refusal`` names what keeps a
 scenario out: the conditions every pattern needs (here), the pattern's own, and what the kernel declares
 (``RoundKernel.needs``).
+
+Between two rounds the run's state is explicit (the bank, the streams, the links, the ledgers, the kernel's
+state, the recorder, and the driver's ``Between``): ``Rounds`` is the driver's seam to the run around its rounds.
+A checkpoint written there (``run.checkpoint_every`` / ``checkpoint_every_rounds``) is restored by ``netsim resume``
+without recomputing anything (sim/restore.py).
 """
 
 from __future__ import annotations
 
 from netsim.rounds.kernel import RoundKernel
 from netsim.sim.activation import Periodic
+from netsim.sim.loop import Between
 
 # what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
 NEEDS = {
@@ -46,8 +52,6 @@ def scenario_refusal(sc) -> str | None:
     r = sc.run
     if r.rounds is None:
         return "run.rounds is not set (the windows stop at a round limit)"
-    if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
-        return "checkpoints cut the run between events"
     end = (r.rounds + 1) * ag.activation.period  # the run is over before this
     if r.until is not None and r.until <= end:
         return f"run.until = {r.until} may stop the run inside a round (give more than {end:g} s)"
@@ -86,7 +90,26 @@ def run(sim) -> None:
     why = refusal(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
-    sim.program.pattern.play(sim, sim.program, wake)
+    sim.program.pattern.play(sim, sim.program, Rounds(sim))
+
+
+class Rounds:
+    """What a driver's ``play`` asks of the run around its rounds: where to ``begin`` (round 0, or where a
+    restored checkpoint stands), ``wake`` a round's agents, and ``between`` two rounds (a checkpoint when a mark
+    passed; True when the driver must stop, interrupted)."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def begin(self, fresh: Between) -> Between:
+        """The restored run's ``Between`` if there is one, else ``fresh`` (the run's start)."""
+        return self.sim.loop.between or fresh
+
+    def wake(self, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
+        return wake(self.sim, order)
+
+    def between(self, state: Between) -> bool:
+        return self.sim.between_rounds(state)
 
 
 def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:

@@ -61,7 +61,7 @@ def draws(d: Dist, rng: np.random.Generator | None, key: str = "distribution") -
     if checked(d, key).kind == "constant":
         v = float(d.value)  # type: ignore[arg-type]
         return lambda: v
-    return Draws(sampler(d, rng, key))
+    return Draws(sampler(d, rng, key), rng)
 
 
 def scipy_dist(d: Dist):

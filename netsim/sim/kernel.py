@@ -25,7 +25,7 @@ from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
 from netsim.sim.dists import check_scenario, draws, sampler
 from netsim.sim.env import Environment
-from netsim.sim.loop import Marks, RunLoop
+from netsim.sim.loop import Between, Marks, RunLoop
 from netsim.sim.recorder import Recorder
 from netsim.sim.services import Completion, Services
 from netsim.sim.world import World
@@ -176,6 +176,19 @@ class Simulation:
         for a in agents:
             a.round += 1
         self.loop.marks.activations += len(agents)
+
+    def between_rounds(self, between: Between) -> bool:
+        """A windowed driver finished a round but the last (``between``: where it stands): the clock goes to
+        the round's last event, a checkpoint is written when a mark passed, and the answer says whether the
+        driver must stop (an interrupt: the run folder then writes the interrupt's checkpoint)."""
+        loop = self.loop
+        loop.between = between
+        loop.steps = between.k  # a windowed checkpoint's position: the rounds done
+        loop.env.advance_to(between.end)
+        marks = loop.marks
+        if marks.round_done(between.end) and marks.checkpointer is not None and not marks.interrupted:
+            marks.checkpointer(self, "periodic")
+        return marks.interrupted
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import simpy
 
 from netsim.sim.env import Environment
@@ -47,11 +48,36 @@ class Marks:
         q = env.queue
         return bool(q) and q[0][0] >= self.mark
 
+    def round_done(self, end: float) -> bool:
+        """A windowed driver finished a round whose last event is at ``end`` (every agent woke once more):
+        whether a checkpoint mark passed (a round mark, or a time mark at or before ``end``); the next marks
+        are set past it."""
+        due = self.activations >= self.round_mark
+        while self.activations >= self.round_mark:
+            self.round_mark += self.round_every
+        if end >= self.mark:
+            self.passed(end)
+            due = True
+        return due
+
     def passed(self, head: float) -> None:
         """The loop stopped at a mark; the next event is at ``head``: the next mark after it (marks with no
         event between merge)."""
         self.mark = (math.floor(head / self.every) + 1) * self.every if self.every < math.inf else math.inf
         self.next_boundary = self.mark
+
+
+@attrs.define
+class Between:
+    """Where a windowed driver (netsim/rounds/) stands between two rounds, besides the world and the recorder:
+    ``k``, the next round's index; ``order``, each agent and when it called wake (the next round's order);
+    ``end``, the time of the round's last event; ``held``, the pattern's own (push gossip: the peers drawn
+    ahead, the models that arrived). A checkpoint keeps it, and a restored run's driver goes on from it."""
+
+    k: int
+    order: list
+    end: float
+    held: dict = attrs.Factory(dict)
 
 
 class Programs:
@@ -97,6 +123,8 @@ class RunLoop:
         self.steps = 0
         self.engine = "events"  # or "windowed" (``Simulation.use_runner``)
         self.runner: Callable[[Any], None] | None = None
+        self.between: Between | None = None  # the windowed driver's state after its last round (checkpoints)
+        self.resumed_by = ""  # how a resumed run got to its checkpoint: "restore" or "re-execution"
         self.wall = 0.0
         self.t0 = 0.0
 

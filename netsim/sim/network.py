@@ -160,7 +160,7 @@ class Network:
             lat = draws(self.spec.latency, self.streams.rng("latency", src, dst), "network.latency")
             if self.p_loss > 0:
                 rng = self.streams.rng("loss", src, dst)
-                lost = Draws(rng.random)
+                lost = Draws(rng.random, rng)
             else:
                 lost = None
             link = self.links[(src, dst)] = Link(lat, lost)
