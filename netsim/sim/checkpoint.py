@@ -47,8 +47,10 @@ import torch
 
 from netsim.errors import InputError
 
-FORMAT = 3  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API;
-# 3: a program's local that is a whole bank tensor (Agent.shared_state) is stored as a reference to it
+FORMAT = 4  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API;
+# 3: a program's local that is a whole bank tensor (Agent.shared_state) is stored as a reference to it;
+# 4: "engine"; a windowed run's checkpoint holds its explicit state between rounds (sim/restore.py)
+READS = (3, 4)  # a format-3 checkpoint is an events engine's: resumed by re-execution, as before
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{12})$")
 _PLAIN = (bool, int, float, str)
@@ -209,6 +211,10 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
                                             "samples": dict(sorted(stats.samples.items()))},
     }
+    if loop.between is not None:  # a windowed driver between two rounds: its explicit state, to restore
+        from netsim.sim import restore
+
+        state["windowed"] = restore.capture(sim, arrays)
     return json.loads(json.dumps(state)), dict(arrays)  # normalised: tuples -> lists, int keys -> str
 
 
@@ -250,12 +256,15 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
     # The trace position is the last regular batch boundary; events buffered since (an interrupt falls
     # between boundaries) are written too, so the stopped run's trace is complete, but a resumed run cuts
     # them and writes them again in the uninterrupted run's batches: the files end up byte-identical.
+    # A windowed run's checkpoint keeps those buffered rows itself and leaves them buffered: the run's batches,
+    # and so its trace, are then the same bytes with checkpoints as without.
     trace = {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
              "pending": len(writer.buffer), "file": writer.path is not None}
     state, arrays = capture(sim)
-    writer.sync()
+    writer.sync(buffered="windowed" not in state)
     meta = {
-        **header, "format": FORMAT, "kind": kind, "step": sim.loop.steps, "time": sim.loop.env.now,
+        **header, "format": FORMAT, "kind": kind, "engine": sim.loop.engine, "step": sim.loop.steps,
+        "time": sim.loop.env.now,
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
         "metrics": sim.recorder.metrics, "state": state,
     }
@@ -341,8 +350,9 @@ def load(path: Path) -> Checkpoint:
         meta = json.loads((path / "state.json").read_text())
         if not isinstance(meta, dict):
             raise CorruptCheckpoint("state.json is not an object")
-        if meta.get("format") != FORMAT:
-            raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads {FORMAT}")
+        if meta.get("format") not in READS:
+            raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads "
+                                    f"{', '.join(map(str, READS))}")
         _check_meta(meta)
         with np.load(path / "arrays.npz", allow_pickle=False) as z:
             arrays = _unpack({k: z[k] for k in z.files}, meta.get("pooled", {}))

@@ -164,6 +164,10 @@ class Simulation:
         """Call ``checkpointer(sim, kind)`` at each checkpoint mark (sim/checkpoint.py writes one)."""
         self.loop.marks.checkpointer = checkpointer
 
+    def resumed(self, how: str, seconds: float) -> None:
+        """The run goes on from a checkpoint, reached by ``how`` ("restore" or "re-execution") in ``seconds``."""
+        self.loop.resumed_by, self.loop.resume_wall = how, seconds
+
     def crashed(self) -> None:
         """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
         its end-of-stream marker (it reads as partial)."""

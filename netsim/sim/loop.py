@@ -125,6 +125,7 @@ class RunLoop:
         self.runner: Callable[[Any], None] | None = None
         self.between: Between | None = None  # the windowed driver's state after its last round (checkpoints)
         self.resumed_by = ""  # how a resumed run got to its checkpoint: "restore" or "re-execution"
+        self.resume_wall = 0.0  # seconds from the resume's start until the run went on
         self.wall = 0.0
         self.t0 = 0.0
 

@@ -111,7 +111,8 @@ class Streams:
         for k, (s, inc, has, u) in zip(keys, states, strict=True):
             g = self._cache.get(k)
             if g is None:
-                g = self._cache[k] = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=k)))
+                g = self._cache[k] = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed,
+                                                                                                 spawn_key=k)))
             g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
                                      "has_uint32": int(has), "uinteger": int(u)}
 
