@@ -276,7 +276,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
             restore.restore(sim, ck)
         except (KeyError, ValueError, TypeError, IndexError) as e:
             raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
-        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim))  # the restored run, captured, is the checkpoint
+        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
         sim.start(progress)
@@ -286,7 +286,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         bad = (f"the run stopped at event {sim.loop.steps}" if sim.loop.steps != ck.step
                else f"trace position {writer.count}+{len(writer.buffer)} events"
                if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))
-               else checkpoint.mismatch(ck, *checkpoint.capture(sim)))
+               else checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False)))
         how = "re-execution"
     if bad:
         raise InputError("", f"the {'restored' if how == 'restore' else 'rebuilt'} run differs from this checkpoint "

@@ -146,12 +146,14 @@ def _streams(streams, arrays: Arrays) -> list[str]:
     return keys
 
 
-def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares."""
+def capture(sim, normalise: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares (``normalise``:
+    as JSON reads it back, tuples as lists and keys as strings; a writer that dumps it as JSON needs not)."""
     enabled = gc.isenabled()
     gc.disable()  # it allocates only acyclic data; collections would rescan the whole simulation (10k agents: 2x)
     try:
-        return _capture(sim)
+        state, arrays = _capture(sim)
+        return json.loads(json.dumps(state)) if normalise else state, arrays
     finally:
         if enabled:
             gc.enable()
@@ -201,7 +203,9 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "time": loop.env.now, "step": loop.steps, "finished": loop.finished, "stop_reason": loop.stop_reason,
         "rng": _streams(world.streams, arrays),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
-        "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
+        # a windowed driver plays the rounds itself: the programs never start (their frames say nothing)
+        "programs": [] if loop.runner is not None else
+        [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
         "network": {**_plain_vars(world.network),
                     "links": sorted([s, d, lk.busy_until] for (s, d), lk in world.network.links.items())},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
@@ -215,7 +219,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         from netsim.sim import restore
 
         state["windowed"] = restore.capture(sim, arrays)
-    return json.loads(json.dumps(state)), dict(arrays)  # normalised: tuples -> lists, int keys -> str
+    return state, dict(arrays)
 
 
 # writing ------------------------------------------------------------------------------------------------
@@ -260,7 +264,7 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
     # and so its trace, are then the same bytes with checkpoints as without.
     trace = {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
              "pending": len(writer.buffer), "file": writer.path is not None}
-    state, arrays = capture(sim)
+    state, arrays = capture(sim, normalise=False)
     writer.sync(buffered="windowed" not in state)
     meta = {
         **header, "format": FORMAT, "kind": kind, "engine": sim.loop.engine, "step": sim.loop.steps,
@@ -420,10 +424,12 @@ def _diff(a: Any, b: Any, path: str) -> str | None:
 
 
 def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
-    """The first place where a rebuilt run differs from the checkpoint (None: identical)."""
-    d = _diff(ckpt.meta["state"], state, "state")
-    if d:
-        return d
+    """The first place where a rebuilt run differs from the checkpoint (None: identical). ``state`` may be
+    ``capture``'s without normalising: both are compared as the JSON text they make (the same text, in the same
+    key order, when they hold the same values), and only a difference is looked for key by key."""
+    if json.dumps(state) != json.dumps(ckpt.meta["state"]):
+        d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
+        return d  # None: the same values written otherwise (0.0 and -0.0)
     if set(ckpt.arrays) != set(arrays):
         return f"arrays {sorted(set(ckpt.arrays) ^ set(arrays))[:3]}"
     for k, v in ckpt.arrays.items():
