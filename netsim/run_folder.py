@@ -230,8 +230,8 @@ class RunFolder:
         summary.update(_comm_fields(sim))
         if loop.engine != "events":
             summary["engine"] = loop.engine  # the trace is the engine's; the wall time is not
-        if loop.resumed_by:  # how the resumed run reached its checkpoint, and how long that took
-            summary["resumed_by"], summary["resume_wall_time"] = loop.resumed_by, loop.resume_wall
+        if sim.recorder.resumed is not None:  # how the resumed run reached its checkpoint, and how long that took
+            summary["resumed_by"], summary["resume_wall_time"] = sim.recorder.resumed
         head = sc.evaluation.headline
         if head is not None:
             summary["headline"] = {"metric": head, "value": final.get(head)}

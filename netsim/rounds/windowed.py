@@ -103,7 +103,7 @@ class Rounds:
 
     def begin(self, fresh: Between) -> Between:
         """The restored run's ``Between`` if there is one, else ``fresh`` (the run's start)."""
-        return self.sim.loop.between or fresh
+        return self.sim.loop.programs.between or fresh
 
     def wake(self, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
         return wake(self.sim, order)

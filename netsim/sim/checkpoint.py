@@ -215,7 +215,7 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
                                             "samples": dict(sorted(stats.samples.items()))},
     }
-    if loop.between is not None:  # a windowed driver between two rounds: its explicit state, to restore
+    if loop.programs.between is not None:  # a windowed driver between two rounds: its explicit state, to restore
         from netsim.sim import restore
 
         state["windowed"] = restore.capture(sim, arrays)

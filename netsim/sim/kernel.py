@@ -166,7 +166,7 @@ class Simulation:
 
     def resumed(self, how: str, seconds: float) -> None:
         """The run goes on from a checkpoint, reached by ``how`` ("restore" or "re-execution") in ``seconds``."""
-        self.loop.resumed_by, self.loop.resume_wall = how, seconds
+        self.recorder.resumed = (how, seconds)
 
     def crashed(self) -> None:
         """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
@@ -186,7 +186,7 @@ class Simulation:
         the round's last event, a checkpoint is written when a mark passed, and the answer says whether the
         driver must stop (an interrupt: the run folder then writes the interrupt's checkpoint)."""
         loop = self.loop
-        loop.between = between
+        loop.programs.between = between
         loop.steps = between.k  # a windowed checkpoint's position: the rounds done
         loop.env.advance_to(between.end)
         marks = loop.marks

@@ -83,12 +83,14 @@ class Between:
 class Programs:
     """The agents' programs: made when the run is prepared (``made``: a program function may check before it
     returns its generator), started with the run; then each running (agent, process), its program and
-    ``Agent.spawn``'s (their locals go into checkpoints)."""
+    ``Agent.spawn``'s (their locals go into checkpoints). A windowed driver plays the rounds instead of them:
+    ``between`` is where it stands after its last round (what its checkpoints keep)."""
 
     def __init__(self, n: int):
         self.made: list = []
         self.running: list[tuple[int, simpy.Process]] = []
         self.limit = 4 * n + 64
+        self.between: Between | None = None  # a windowed driver's state after its last round, when one plays instead
 
     def start(self, env: Environment, agents: list) -> None:
         for a, prog in zip(agents, self.made, strict=True):
@@ -123,9 +125,6 @@ class RunLoop:
         self.steps = 0
         self.engine = "events"  # or "windowed" (``Simulation.use_runner``)
         self.runner: Callable[[Any], None] | None = None
-        self.between: Between | None = None  # the windowed driver's state after its last round (checkpoints)
-        self.resumed_by = ""  # how a resumed run got to its checkpoint: "restore" or "re-execution"
-        self.resume_wall = 0.0  # seconds from the resume's start until the run went on
         self.wall = 0.0
         self.t0 = 0.0
 

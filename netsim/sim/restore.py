@@ -47,7 +47,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
     from netsim.sim.checkpoint import _flat
 
     world, loop, rec = sim.world, sim.loop, sim.recorder
-    b, marks = loop.between, loop.marks
+    b, marks = loop.programs.between, loop.marks
     for n, (_, loss, acc) in enumerate(rec.agent_metrics):
         arrays[f"agent_metrics.{n}.loss"], arrays[f"agent_metrics.{n}.accuracy"] = np.asarray(loss), np.asarray(acc)
     for a in loop.agents:
@@ -144,7 +144,8 @@ def restore(sim, ckpt) -> None:
     marks.next_boundary = marks.mark
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
-    loop.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], _unflat(w["held"], arrays, tensor))
+    held = _unflat(w["held"], arrays, tensor)
+    loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held)
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
