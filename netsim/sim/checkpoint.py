@@ -17,13 +17,14 @@ A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
 
 It is written into a hidden temporary folder, fsynced, then renamed (atomic on POSIX).
 
-Why resume re-executes (docs/checkpoints.md): an agent's program is a
-Python generator that reads like the paper's pseudo-code; its locals (a gradient computed before a
-barrier, a half-gathered round) cannot be serialized. ``netsim resume`` therefore rebuilds the run
-deterministically, without trace output or evaluation, up to the checkpoint's event step, then checks
-that the rebuilt state equals the checkpoint *exactly* (every tensor, stream state, pending event and
-message), cuts the trace at the checkpoint's byte offset, and continues writing. Everything after
-the checkpoint is then identical to the uninterrupted run.
+How resume gets back to a checkpoint (docs/checkpoints.md): a windowed run's checkpoint, taken between two rounds
+where a round kernel's state is explicit, is restored into a freshly built simulation (sim/restore.py), without
+recomputing anything. An events run's agents are Python generators that read like the paper's pseudo-code;
+their locals (a gradient computed before a barrier, a half-gathered round) cannot be serialized, so ``netsim
+resume`` rebuilds the run deterministically, without trace output or evaluation, up to the checkpoint's event
+step. Either way it checks that the state reached equals the checkpoint *exactly* (every tensor, stream state,
+pending event and message), cuts the trace at the checkpoint's byte offset, and continues writing. Everything
+after the checkpoint is then identical to the uninterrupted run.
 """
 
 from __future__ import annotations
