@@ -168,8 +168,8 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     arrays = Arrays(bank)
     for k, v in bank.items():
         arrays[f"bank.{k}"] = _array(v)
-    queue = []
-    for t, prio, eid, ev in sorted(loop.env.queue, key=lambda e: e[:3]):
+    queue = []  # a windowed driver plays the rounds itself: the queue's events (the programs' starts) never happen
+    for t, prio, eid, ev in sorted(loop.env.queue if loop.runner is None else (), key=lambda e: e[:3]):
         value = getattr(ev, "_value", None)
         queue.append([t, prio, eid, type(ev).__name__,
                       _message(value, f"queue.{eid}", arrays) if isinstance(value, Message)
