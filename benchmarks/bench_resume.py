@@ -40,9 +40,10 @@ def main() -> None:
     ap.add_argument("--engine", choices=("events", "windowed"), default="events")
     ap.add_argument("--agents", type=int, default=10000, help="--engine windowed: the D-PSGD job's agents")
     ap.add_argument("--rounds", type=int, default=100, help="--engine windowed: its rounds")
+    ap.add_argument("--device", default="auto", help="--engine windowed: run.device (auto, cpu, cuda)")
     a = ap.parse_args()
     if a.engine == "windowed":
-        windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after)
+        windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after, a.device)
         return
     kill_after = 0.7 if a.kill_after is None else a.kill_after
 
@@ -98,7 +99,7 @@ def main() -> None:
     print(f"uninterrupted run {t_ref:.2f} s; resume {t_res:.2f} s; ratio resume / run = {t_res / t_ref:.2f}")
 
 
-def windowed(n: int, rounds: int, kill_after: float) -> None:
+def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> None:
     """Kill a windowed D-PSGD run after its checkpoint at ``kill_after`` of its rounds, restore it, compare."""
     import os
 
@@ -115,7 +116,7 @@ def windowed(n: int, rounds: int, kill_after: float) -> None:
 
     at = max(1, round(kill_after * rounds))
     tmp = Path(tempfile.mkdtemp(prefix="bench_resume_windowed_"))
-    sc = scenario(n, 1, rounds)
+    sc = scenario(n, 1, rounds, device=device)
     sc["run"]["checkpoint_every_rounds"] = at  # one checkpoint, at kill_after of the rounds
     path = tmp / "dpsgd.toml"
     path.write_text(tomli_w.dumps(sc))
@@ -175,6 +176,8 @@ def windowed(n: int, rounds: int, kill_after: float) -> None:
           f"final models {'yes' if same['models'] else 'NO'}")
     print(f"uninterrupted run {t_ref:.2f} s (its play {ref.summary['wall_time']:.2f} s); resume {t_res:.2f} s, "
           f"of which restore {t_restore:.2f} s and play {t_res - t_restore:.2f} s")
+    rest = t_res - t_restore
+    print(f"play after the checkpoint {rest:.2f} s = {rest / ref.summary['wall_time']:.3f} of the uninterrupted play")
     print(f"restore / uninterrupted = {t_restore / t_ref:.3f} (target <= 0.1); resume / uninterrupted = "
           f"{t_res / t_ref:.3f} (the rounds after the checkpoint, {1 - ck.step / rounds:.0%} of them, are played)")
 
