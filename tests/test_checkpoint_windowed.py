@@ -222,3 +222,22 @@ def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, mon
     assert len(r.output.strip().splitlines()) == 1
     assert hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest() == before
     assert not api.is_complete(out)
+
+
+def test_time_marks_checkpoint_after_the_round_that_reaches_them(tmp_path, monkeypatch):
+    """checkpoint_every = 0.5 s with a round every 0.1 s: a checkpoint after the round whose last event reaches
+    each mark (rounds 5, 10, ...: the k-th round's events end at k * 0.1 + 0.015 s)."""
+    seen = []
+    real = checkpoint.write
+
+    def spy(sim, folder, keep, kind, header):
+        seen.append((sim.steps, sim.env.now, kind))
+        return real(sim, folder, keep, kind, header)
+
+    monkeypatch.setattr(checkpoint, "write", spy)
+    sc = scenario(n=20, rounds=23)
+    del sc["run"]["checkpoint_every_rounds"]
+    sc["run"]["checkpoint_every"] = 0.5
+    api.run(scenario_from_dict(sc), out=tmp_path / "r", engine="windowed", interruptible=False)
+    assert [k for k, _, _ in seen] == [5, 10, 15, 20]
+    assert all(kind == "periodic" and 0.5 * k / 5 <= t < 0.5 * k / 5 + 0.1 for k, t, kind in seen)

@@ -307,6 +307,8 @@ class Simulation:
         if loop.runner is not None:
             with _lean_gc():
                 loop.runner(self)
+            if loop.stop_reason:  # played to the end: an interrupt in the last round came too late to stop it
+                loop.marks.interrupted = False
             loop.wall += time.perf_counter() - loop.t0
             loop.t0 = time.perf_counter()
             return
