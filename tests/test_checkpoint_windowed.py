@@ -241,3 +241,24 @@ def test_time_marks_checkpoint_after_the_round_that_reaches_them(tmp_path, monke
     api.run(scenario_from_dict(sc), out=tmp_path / "r", engine="windowed", interruptible=False)
     assert [k for k, _, _ in seen] == [5, 10, 15, 20]
     assert all(kind == "periodic" and 0.5 * k / 5 <= t < 0.5 * k / 5 + 0.1 for k, t, kind in seen)
+
+
+def test_a_capped_ledger_is_restored_and_runs_out_where_it_would_have(tmp_path):
+    """Muffliato with privacy.epsilon_cap: each ledger's running RDP curve is in the checkpoint (round 4), and the
+    restored run's agents run out of budget in round 5 as the uninterrupted run's do."""
+    import pyarrow.compute as pc
+
+    sc = scenario(n=20, rounds=12, every=2, network={"loss": 0.0})
+    sc["algorithm"] = {"name": "muffliato", "lr": 0.5, "batch": 8, "round_timeout": 0.02, "sigma": 2.0,
+                       "gossip_steps": 2}
+    sc["privacy"] = {"delta": 1e-5, "epsilon_cap": 5.0}
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.step == 4 and all(f"ledger.{i}.rdp" in ck.arrays for i in range(20))
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out)
+    t = read_trace(out).table
+    spent = t.filter(pc.equal(t["kind"], "budget_exhausted"))
+    assert spent.num_rows == 20 and set(spent["round"].to_pylist()) == {5}

@@ -167,7 +167,4 @@ def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
         led.noise.generator.set_state(torch.from_numpy(np.array(noise)))
     rdp = arrays.get(f"ledger.{key}.rdp")
     if rdp is not None:
-        from netsim.privacy.accountants import RunningRdp
-
-        led.rdp = RunningRdp()
-        led.rdp.rdp = np.array(rdp)
+        led.load_rdp(np.array(rdp))
