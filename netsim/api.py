@@ -274,7 +274,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         sim.start(progress)
         try:
             restore.restore(sim, ck)
-        except (KeyError, ValueError, TypeError, IndexError) as e:
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
             raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
         bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
         how = "restore"

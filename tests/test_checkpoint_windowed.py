@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from netsim import api
@@ -262,3 +264,42 @@ def test_a_capped_ledger_is_restored_and_runs_out_where_it_would_have(tmp_path):
     t = read_trace(out).table
     spent = t.filter(pc.equal(t["kind"], "budget_exhausted"))
     assert spent.num_rows == 20 and set(spent["round"].to_pylist()) == {5}
+
+
+@pytest.fixture(scope="module")
+def killed_windowed(tmp_path_factory) -> Path:
+    """A small lossy windowed DP-D-PSGD run stopped dead after its second checkpoint; tests work on copies."""
+    return killed_at(tmp_path_factory.mktemp("killed"), scenario("dp_dpsgd", n=16, rounds=12, every=3), 2)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6), anywhere=st.booleans(),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 70), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=6),
+                       st.dictionaries(st.sampled_from(["@", "list", "dict", "set", "x"]), st.integers(), max_size=2)))
+def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
+    """A windowed checkpoint's state.json changed (its windowed part, or anywhere) with its checksums fixed up:
+    resume refuses in one line (exit 2) and writes nothing, or goes on (a restore trusts a checkpoint whose
+    checksums verify: docs/checkpoints.md) and completes; never a traceback."""
+    import shutil
+    import tempfile
+
+    from tests.test_checkpoint import _mutate, _one_line_exit_2, _snapshot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        shutil.copytree(killed_windowed, out)
+        for ck in checkpoint.checkpoints(out):
+            meta = json.loads((ck / "state.json").read_text())
+            _mutate(meta if anywhere else meta["state"]["windowed"], path, value)
+            (ck / "state.json").write_text(json.dumps(meta))
+            sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+            (ck / "SHA256SUMS").write_text(json.dumps(sums))
+        before = _snapshot(out)
+        r = CliRunner().invoke(app, ["resume", str(out), "-q"])
+        assert "Traceback" not in r.output
+        if r.exit_code == 0:
+            assert api.is_complete(out)
+        else:
+            _one_line_exit_2(r, out)
+            assert _snapshot(out) == before

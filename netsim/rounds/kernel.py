@@ -359,27 +359,45 @@ def _plain(v: Any) -> Any:
 
 
 def _restored(saved: Any, have: Any) -> Any:
-    """The value ``saved`` (``_plain``'s) stands for, written into ``have`` where it is the same kind of container."""
+    """The value ``saved`` (``_plain``'s) stands for, written into ``have`` (the fresh state's value there, None where
+    the run added it) where it is the same kind of container. What ``have`` shows must match: a container of its
+    kind holding at least its keys (a list: its length), a value of its type; ValueError otherwise."""
+    def want(ok: bool) -> None:
+        if not ok:
+            raise ValueError(f"the kernel's state holds {str(saved)[:60]} where a fresh one holds {str(have)[:60]}")
+
     if not isinstance(saved, dict):
+        want(have is None or type(saved) is type(have))
         return saved
     if "kept" in saved:
+        want(have is not None and type(have).__name__ == saved["kept"])
         return have
     if "tuple" in saved:
-        return tuple(_restored(x, None) for x in saved["tuple"])
+        want(isinstance(saved["tuple"], list) and (have is None or isinstance(have, tuple) and len(have) == len(
+            saved["tuple"])))
+        return tuple(_restored(x, None if have is None else have[n]) for n, x in enumerate(saved["tuple"]))
     if "set" in saved:
+        want(isinstance(saved["set"], list) and (have is None or isinstance(have, set)))
         out = have if isinstance(have, set) else set()
+        items = [_restored(x, None) for x in saved["set"]]
         out.clear()
-        out.update(_restored(x, None) for x in saved["set"])
+        out.update(items)
         return out
     if "list" in saved:
+        want(isinstance(saved["list"], list) and (have is None or isinstance(have, list) and (
+            not have or len(have) == len(saved["list"]))))
         out = have if isinstance(have, list) else []
         old = list(out)
         out[:] = [_restored(x, old[n] if n < len(old) else None) for n, x in enumerate(saved["list"])]
         return out
+    want("dict" in saved and isinstance(saved["dict"], list) and (have is None or isinstance(have, dict))
+         and all(isinstance(p, list) and len(p) == 2 for p in saved["dict"]))
+    pairs = [(_restored(k, None), x) for k, x in saved["dict"]]
+    want(all(isinstance(k, (int, float, str, bool, tuple)) or k is None for k, _ in pairs)
+         and (have is None or set(have) <= {k for k, _ in pairs}))
     out = have if isinstance(have, dict) else {}
     old = dict(out)
+    values = {k: _restored(x, old.get(k)) for k, x in pairs}
     out.clear()
-    for k, x in saved["dict"]:
-        key = _restored(k, None)
-        out[key] = _restored(x, old.get(key))
+    out.update(values)
     return out

@@ -16,6 +16,7 @@ resumed by re-executing the run up to them (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import Counter
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from netsim.sim.loop import Between
-from netsim.sim.streams import Draws, DrawsAhead, set_state
+from netsim.sim.streams import BLOCK, Draws, DrawsAhead, set_state
 
 # the typecodes of a ReleaseLog's columns (sim/checkpoint.py stores them as numpy arrays)
 _LOG = {"t": "d", "round": "i", "to": "i", "skipped": "i", "run_start": "q", "run_spec": "i"}
@@ -79,10 +80,85 @@ def _unflat(x: Any, arrays: dict, tensor) -> Any:
     raise ValueError(f"a driver's state holds a {x.get('type', 'value')!r}, which cannot be restored")
 
 
+def _int(v: Any, low: int = 0, high: float = math.inf) -> bool:
+    return type(v) is int and low <= v < high
+
+
+def _number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _position(p: Any, used: int = BLOCK) -> bool:
+    """A draws position (``Draws.position``, or an agent's mini-batches with ``used`` their block's length)."""
+    return p is None or (isinstance(p, list) and len(p) == 4 and _int(p[0], 0, 2**128) and p[1] in (0, 1)
+                         and _int(p[2], 0, 2**32) and _int(p[3], 0, used + 1))
+
+
+# the trace's columns (trace/events.py COLUMNS): a number, a string or an int each
+def _id(v: Any) -> bool:
+    return _int(v, -1)  # -1: none (no peer, no message)
+
+
+_ROW = (_number, lambda v: type(v) is str, _id, _id, _id, _id, _number, _id, lambda v: type(v) is str)
+
+
+def _check(sim, st: dict, w: dict) -> None:
+    """What a restore reads must be what a run between two rounds holds (a state.json whose checksums were fixed
+    up after an edit is refused here, in one line, rather than crash the run); ValueError names the key."""
+    loop = sim.loop
+    n, agents = len(loop.agents), loop.agents
+    k = w.get("round")
+    checks = {
+        "round": _int(k, 1, sim.world.scenario.run.rounds) and st["step"] == k,
+        "order": isinstance(w.get("order"), list) and len(w["order"]) == n
+        and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
+        and len({o[0] for o in w["order"]}) == n,
+        "end": _number(w.get("end")),
+        "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
+        and all(type(m) in (int, float) for m in w["marks"][1:]),
+        "links": isinstance(w.get("links"), list) and all(
+            isinstance(x, list) and len(x) == 4 and _int(x[0], 0, n) and _int(x[1], 0, n)
+            and x[1] in agents[x[0]].neighbors and _position(x[2]) and _position(x[3]) for x in w["links"]),
+        "agents": isinstance(w.get("agents"), list) and len(w["agents"]) == n and all(
+            isinstance(x, list) and len(x) == 2 and _position(x[1]) and (x[0] is None or (
+                isinstance(x[0], list) and len(x[0]) == 5 and _int(x[0][4], 1, 2**31)
+                and _position(x[0][:4], max(1, 256 // x[0][4])))) for x in w["agents"]),
+        "pending": isinstance(w.get("pending"), list) and all(
+            isinstance(r, list) and len(r) == len(_ROW) and all(f(v) for f, v in zip(_ROW, r, strict=True))
+            for r in w["pending"]),
+        "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
+        "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
+        and all(isinstance(a, dict) and a.get("round") == k and a.get("finished") is False
+                and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+        "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
+        "state.gradients": isinstance(st.get("gradients"), dict)
+        and all(_int(st["gradients"].get(c)) for c in ("calls", "evaluated")),
+        "state.events": isinstance(st.get("events"), dict) and _int(st["events"].get("bytes_sent"))
+        and isinstance(st["events"].get("kinds"), dict) and all(map(_int, st["events"]["kinds"].values())),
+        "state.rng": isinstance(st.get("rng"), list) and all(isinstance(x, str) for x in st["rng"]),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{bad[0]} is not what a windowed run holds between two rounds")
+
+
+def _assign(obj: Any, values: dict, where: str) -> None:
+    """``obj``'s attributes from a checkpoint's plain values: each one ``obj`` has, of the type it has."""
+    for k, v in values.items():
+        if not hasattr(obj, k) or type(getattr(obj, k)) is not type(v):
+            raise ValueError(f"{where}.{k} is not a {type(getattr(obj, k, None)).__name__}")
+        setattr(obj, k, v)
+
+
 def restore(sim, ckpt) -> None:
     """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
-    its windowed runner chosen; the trace file itself is reopened by the caller."""
-    st, arrays, w = ckpt.meta["state"], ckpt.arrays, ckpt.meta["state"]["windowed"]
+    its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
+    says what in the checkpoint a run between two rounds cannot hold."""
+    st, arrays = ckpt.meta["state"], ckpt.arrays
+    w = st.get("windowed")
+    if not isinstance(w, dict):
+        raise ValueError("state.windowed is missing")
+    _check(sim, st, w)
     world, loop, rec = sim.world, sim.loop, sim.recorder
     bank = world.bank
     dtype, device = bank.W.dtype, bank.W.device
@@ -97,15 +173,10 @@ def restore(sim, ckpt) -> None:
         for draws, pos in ((link.latency, lat), (link.lost, lost)):
             if pos is not None:
                 draws.resume(pos)
-    for k, v in st["network"].items():
-        if k != "links":
-            setattr(net, k, v)
+    _assign(net, {k: v for k, v in st["network"].items() if k != "links"}, "state.network")
     for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
-        for k, v in plain.items():
-            if k != "schedule":
-                setattr(a, k, v)
-        for k, v in plain["schedule"].items():
-            setattr(a.schedule, k, v)
+        _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
+        _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
         if ahead is not None:
             set_state(a._batch_rng, ahead[:3])
             a._ahead = DrawsAhead(a._batch_rng, len(a.rows), ahead[4])
@@ -151,9 +222,7 @@ def restore(sim, ckpt) -> None:
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
     """An agent's privacy ledger as it stood: its totals, its release log's columns, its noise generator."""
     led = agent.ledger  # made now, with the scenario's settings, as the run made it
-    for k, v in saved.items():
-        if k not in ("releases", "to0", "specs"):
-            setattr(led, k, v)
+    _assign(led, {k: v for k, v in saved.items() if k not in ("releases", "to0", "specs")}, f"state.ledgers.{key}")
     log = led.releases
     for name, code in _LOG.items():
         col = arrays.get(f"ledger.{key}.{name}")
