@@ -2,10 +2,19 @@
 late in the run, resume, and compare (metrics, trace bytes) and time both, in one process.
 
 Prints whether the resumed run is identical and the ratio resume wall / uninterrupted wall, both in this
-process after a warm-up run (the resume rebuilds the run up to the checkpoint without evaluation or
-trace output, then runs the rest; docs/architecture.md).
+process after a warm-up run. The events engine's resume rebuilds the run up to the checkpoint without
+evaluation or trace output, then runs the rest (docs/checkpoints.md).
+
+``--engine windowed``: a D-PSGD job of ``--agents`` agents (benchmarks/bench_scale.py's scenario, ``--rounds``
+rounds) played by the windowed engine with one checkpoint at ``--kill-after`` of its rounds, killed after it
+and resumed: the checkpoint is restored, nothing before it is recomputed. Prints the uninterrupted run's wall
+time, the resume's, its restore part (from the resume's start until play goes on: building the simulation,
+loading and restoring the checkpoint, checking it), the ratios to the uninterrupted run, and whether the
+trace, metrics and final models are identical. The resume still plays the rounds after the checkpoint, so
+its total is about (1 - kill-after) of the run plus the restore part.
 
     python benchmarks/bench_resume.py [scenario.toml] [--set key=value ...] [--kill-after 0.7]
+    python benchmarks/bench_resume.py --engine windowed [--agents 10000] [--rounds 100] [--kill-after 0.8]
 """
 
 from __future__ import annotations
@@ -25,9 +34,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "quickstart.toml"))
     ap.add_argument("--set", dest="sets", action="append", default=[])
-    ap.add_argument("--kill-after", type=float, default=0.7, help="kill after the checkpoint past this fraction")
+    ap.add_argument("--kill-after", type=float, default=None,
+                    help="kill after the checkpoint past this fraction (default 0.7; --engine windowed: 0.8)")
     ap.add_argument("--every", type=float, default=None, help="run.checkpoint_every (default: until / 10)")
+    ap.add_argument("--engine", choices=("events", "windowed"), default="events")
+    ap.add_argument("--agents", type=int, default=10000, help="--engine windowed: the D-PSGD job's agents")
+    ap.add_argument("--rounds", type=int, default=100, help="--engine windowed: its rounds")
+    ap.add_argument("--device", default="auto", help="--engine windowed: run.device (auto, cpu, cuda)")
     a = ap.parse_args()
+    if a.engine == "windowed":
+        windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after, a.device)
+        return
+    kill_after = 0.7 if a.kill_after is None else a.kill_after
 
     from netsim import api
     from netsim.scenario import parse_override
@@ -52,7 +70,7 @@ def main() -> None:
     for s in sets:
         cmd += ["--set", s]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    target = a.kill_after * until
+    target = kill_after * until
     while True:
         cks = checkpoint.checkpoints(out)
         try:
@@ -79,6 +97,89 @@ def main() -> None:
           f"checkpoint {size:.2f} MB")
     print(f"identical final metrics: {same_metrics}; byte-identical trace: {same_trace}")
     print(f"uninterrupted run {t_ref:.2f} s; resume {t_res:.2f} s; ratio resume / run = {t_res / t_ref:.2f}")
+
+
+def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> None:
+    """Kill a windowed D-PSGD run after its checkpoint at ``kill_after`` of its rounds, restore it, compare."""
+    import os
+
+    import tomli_w
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_scale import scenario
+
+    from netsim import api
+    from netsim.sim import checkpoint
+    from netsim.sim.kernel import Simulation
+    from netsim.trace.io import TRACE_FILE
+
+    at = max(1, round(kill_after * rounds))
+    tmp = Path(tempfile.mkdtemp(prefix="bench_resume_windowed_"))
+    sc = scenario(n, 1, rounds, device=device)
+    sc["run"]["checkpoint_every_rounds"] = at  # one checkpoint, at kill_after of the rounds
+    path = tmp / "dpsgd.toml"
+    path.write_text(tomli_w.dumps(sc))
+    models: list = []
+    finish = Simulation.finish
+
+    def keep(self, interrupted=False):
+        if not interrupted:
+            models.append(self.world.bank.W.clone())
+        finish(self, interrupted)
+
+    Simulation.finish = keep
+    warm = scenario(200, 1, 3)
+    api.run(path, {"agents.count": 200, "data.samples": warm["data"]["samples"], "run.rounds": 3},
+            out=tmp / "warm", engine="windowed", interruptible=False)
+    models.clear()
+    written = []
+    write = checkpoint.write
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        p = write(*args, **kwargs)
+        written.append(time.perf_counter() - t)
+        return p
+
+    checkpoint.write = timed
+    t0 = time.perf_counter()
+    ref = api.run(path, out=tmp / "ref", engine="windowed", interruptible=False)
+    t_ref = time.perf_counter() - t0
+    checkpoint.write = write
+
+    out = tmp / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "netsim", "run", str(path), "--engine", "windowed", "--out",
+                             str(out), "-q"], stderr=subprocess.PIPE, text=True)
+    while not checkpoint.checkpoints(out):
+        if proc.poll() is not None:
+            sys.exit(f"run ended before its checkpoint at round {at}: {proc.stderr.read()}")
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    size = sum(f.stat().st_size for f in ck.path.iterdir()) / 1e6
+
+    t0 = time.perf_counter()
+    res = api.resume(out, interruptible=False)
+    t_res = time.perf_counter() - t0
+    t_restore = res.summary["resume_wall_time"]
+
+    same = {name: (out / name).read_bytes() == (ref.out / name).read_bytes() for name in (TRACE_FILE, "metrics.csv")}
+    same["models"] = len(models) == 2 and torch.equal(models[0], models[1])
+    load = os.getloadavg()
+    print(f"windowed D-PSGD, {n:,} agents, {rounds} rounds, device {res.summary['device']}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
+    print(f"checkpoint at round {ck.step} ({size:.1f} MB, written in {written[0]:.2f} s); killed after it; "
+          f"resumed by {res.summary['resumed_by']}")
+    print(f"identical: trace {'yes' if same[TRACE_FILE] else 'NO'}, metrics {'yes' if same['metrics.csv'] else 'NO'}, "
+          f"final models {'yes' if same['models'] else 'NO'}")
+    print(f"uninterrupted run {t_ref:.2f} s (its play {ref.summary['wall_time']:.2f} s); resume {t_res:.2f} s, "
+          f"of which restore {t_restore:.2f} s and play {t_res - t_restore:.2f} s")
+    rest = t_res - t_restore
+    print(f"play after the checkpoint {rest:.2f} s = {rest / ref.summary['wall_time']:.3f} of the uninterrupted play")
+    print(f"restore / uninterrupted = {t_restore / t_ref:.3f} (target <= 0.1); resume / uninterrupted = "
+          f"{t_res / t_ref:.3f} (the rounds after the checkpoint, {1 - ck.step / rounds:.0%} of them, are played)")
 
 
 if __name__ == "__main__":

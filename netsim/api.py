@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,11 @@ ENGINES = ("events", "windowed")  # how a run is executed; both write the same t
 def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
            warn: Callable[[str], None] = lambda line: None, interruptible: bool = True) -> RunResult:
     """Continue an interrupted or killed run from its newest checkpoint that verifies (older ones are
-    tried when the newest is corrupted; each rejection goes to ``warn``). The run is rebuilt up to the
-    checkpoint without output and checked against it exactly (netsim/sim/checkpoint.py says why), then
-    goes on writing: its trace after the checkpoint and its final metrics equal the uninterrupted run's."""
+    tried when the newest is corrupted; each rejection goes to ``warn``). A windowed run's checkpoint is
+    restored (its state between rounds is explicit: sim/restore.py); an events run's is reached by rebuilding
+    the run up to it without output (netsim/sim/checkpoint.py says why). Either way the state is checked
+    against the checkpoint exactly, then the run goes on writing: its trace after the checkpoint and its final
+    metrics equal the uninterrupted run's. ``summary["resumed_by"]`` says which ("restore" or "re-execution")."""
     folder = Path(folder)
     where = str(folder)
     if not folder.is_dir():
@@ -207,6 +210,7 @@ def resume(folder: str | Path, progress: Callable[[float], None] | None = None,
 def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible: bool) -> RunResult:
     from netsim.sim import checkpoint
 
+    t0 = time.perf_counter()
     folder, sc = run_folder.path, run_folder.scenario
     ck = checkpoint.latest(folder, warn)
     head = ck.meta
@@ -225,22 +229,36 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         raise InputError("", f"missing or shorter than the checkpoint's {trace['bytes']} bytes", str(trace_path))
     writer = run_folder.trace_writer(silent=True)  # the rebuild up to the checkpoint writes nothing
     sim = prepare(sc, writer, str(sc_path), counts=run_folder.counts, restored_metrics=head["metrics"])
-    sim.start(progress)
-    sim.advance(to_step=ck.step)
-    if sim.boundary_due():
-        sim.boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
-    bad = (f"the run stopped at event {sim.loop.steps}" if sim.loop.steps != ck.step
-           else f"trace position {writer.count}+{len(writer.buffer)} events"
-           if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))
-           else checkpoint.mismatch(ck, *checkpoint.capture(sim)))
+    if head.get("engine", "events") == "windowed":  # explicit state between rounds: restored, nothing recomputed
+        from netsim.sim import restore
+
+        _choose_engine(sim, "windowed", str(sc_path))
+        sim.start(progress)
+        try:
+            restore.restore(sim, ck)
+        except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
+            raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
+        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
+        how = "restore"
+    else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
+        sim.start(progress)
+        sim.advance(to_step=ck.step)
+        if sim.boundary_due():
+            sim.boundary()  # the checkpoint's own mark: flush as the original did (no checkpointer yet)
+        bad = (f"the run stopped at event {sim.loop.steps}" if sim.loop.steps != ck.step
+               else f"trace position {writer.count}+{len(writer.buffer)} events"
+               if (writer.count, len(writer.buffer)) != (trace["events"], trace.get("pending", 0))
+               else checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False)))
+        how = "re-execution"
     if bad:
-        raise InputError("", f"the rebuilt run differs from this checkpoint at {bad} (netsim, its data or the "
-                             "platform changed since it was written)", str(ck.path))
+        raise InputError("", f"the {'restored' if how == 'restore' else 'rebuilt'} run differs from this checkpoint "
+                             f"at {bad} (netsim, its data or the platform changed since it was written)", str(ck.path))
     if trace["file"]:
         try:
             writer.reopen(trace_path, trace["bytes"], trace["events"], trace["sha256"])
         except ValueError as e:
             raise InputError("", str(e), str(trace_path)) from None
+    sim.resumed(how, time.perf_counter() - t0)
     result = RunResult(folder, sc, *run_folder.run(sim, interruptible))
     result.summary.setdefault("resumed_at_step", ck.step)
     return result

@@ -240,7 +240,13 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
         _fail(e)
     except RunCrashed as e:
         _crashed(e)
-    typer.echo(f"resumed from event {result.summary['resumed_at_step']}", err=True)
+    s = result.summary
+    if s.get("resumed_by") == "restore":
+        typer.echo(f"resumed from round {s['resumed_at_step']} (restored, no recompute; "
+                   f"{s['resume_wall_time']:.2f} s)", err=True)
+    else:
+        typer.echo(f"resumed from event {s['resumed_at_step']} (re-executed up to it; "
+                   f"{s.get('resume_wall_time', 0.0):.2f} s)", err=True)
     _report(result, quiet)
 
 

@@ -83,7 +83,7 @@ def same_run(a: Path, b: Path) -> None:
     assert read_trace(a).table.equals(read_trace(b).table)
     assert (a / TRACE_FILE).read_bytes() == (b / TRACE_FILE).read_bytes()
     sa, sb = (json.loads((f / "summary.json").read_text()) for f in (a, b))
-    skip = {"wall_time", "events_per_s", "resumed_at_step"}
+    skip = {"wall_time", "events_per_s", "resumed_at_step", "resumed_by", "resume_wall_time"}
     assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
 
 
@@ -125,7 +125,8 @@ def test_sigkill_at_random_point_then_resume_is_identical(tmp_path, refs, case, 
     assert killed.equals(ref.slice(0, killed.num_rows))
     r = cli("resume", str(out), "-q")  # the command a user types, in-process
     assert r.exit_code == 0, r.output
-    assert f"resumed from event {ck.step}" in r.stderr
+    assert f"resumed from event {ck.step} (re-executed up to it" in r.stderr
+    assert json.loads((out / "summary.json").read_text())["resumed_by"] == "re-execution"
     same_run(out, refs[case])
     assert checkpoint.checkpoints(out) == []  # a complete run keeps none
 

@@ -74,6 +74,17 @@ class ParameterBank:
         return {"W": self.W, **{f"state.{k}": v for k, v in self.states.items()}}
 
     def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
+        """Take ``state_dict``'s tensors; a state tensor the bank already holds is written in place, so whoever
+        holds it (a round kernel's state, made before a checkpoint is restored) keeps reading the bank's."""
         self._waiting = []
         self._W.copy_(d["W"])
-        self.states = {k[len("state."):]: v.to(self._W.device).clone() for k, v in d.items() if k != "W"}
+        states = {}
+        for k, v in d.items():
+            if k != "W":
+                name = k[len("state."):]
+                have = self.states.get(name)
+                if have is not None and have.shape == v.shape:
+                    states[name] = have.copy_(v)
+                else:
+                    states[name] = v.to(self._W.device).clone()
+        self.states = states

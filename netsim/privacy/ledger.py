@@ -20,6 +20,8 @@ from netsim.privacy.mechanisms import MECHANISMS, NoiseSource, PrivacyError, che
 from netsim.trace.events import BudgetExhausted, Release, release_tag
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from netsim.sim.agent import Agent
 
 #: suffix of a release's ``what`` when an event trigger decided, earlier in the same activation, whether the
@@ -119,6 +121,13 @@ class AgentLedger:
         (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, a.round,
                                                        release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
         return True
+
+    def load_rdp(self, rdp: np.ndarray) -> None:
+        """Take a checkpoint's running RDP curve (a restored windowed run: sim/restore.py)."""
+        from netsim.privacy.accountants import RunningRdp
+
+        self.rdp = RunningRdp()
+        self.rdp.rdp = rdp
 
     def _check_cap_accountant(self, mechanism: str, sigma: float, sensitivity: float, q: float) -> None:
         from netsim.privacy.accountants import release_events, unsupported

@@ -20,6 +20,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+import numpy as np
 
 from netsim.sim.network import payload_size
 
@@ -341,6 +342,17 @@ class RoundKernel:
     def check(self, sim: Any, p: Any) -> None:
         """Checks that need the built simulation (agent count, graph), before the run."""
 
+    def save_state(self, state: Any) -> Any:
+        """What a windowed checkpoint keeps of the run's state (``init``'s value), as JSON data: its plain values
+        (dicts, lists, tuples and sets of numbers and strings). Tensors and other objects are not kept here:
+        their state must live in the bank or the streams, which the checkpoint keeps (a kernel is stateless).
+        Override this and ``load_state`` for a state of another kind."""
+        return _plain(state)
+
+    def load_state(self, state: Any, saved: Any) -> None:
+        """Put ``save_state``'s data back into a freshly made state (``init``'s), in place."""
+        _restored(saved, state)
+
     def state_of(self, agent: Any, p: Any) -> Any:
         """The run's state (``init``), made on first use and shared by every agent of the run."""
         return agent.service((type(self), "state"), lambda: self.init(agent.sim.loop.agents, p))
@@ -352,3 +364,62 @@ class RoundKernel:
     @property
     def __name__(self) -> str:  # the registry's and the CLI's name for a program
         return type(self).__name__
+
+
+def _plain(v: Any) -> Any:
+    """``save_state``'s JSON form of a kernel's state: containers tagged by kind (so keys keep their types),
+    anything not plain as ``{"kept": type}`` (its state is the bank's or a stream's)."""
+    if v is None or isinstance(v, (bool, int, float, str, np.generic)):
+        return v.item() if isinstance(v, np.generic) else v
+    if isinstance(v, dict):
+        return {"dict": [[_plain(k), _plain(x)] for k, x in v.items()]}
+    if isinstance(v, (list, tuple)):
+        return {"list" if isinstance(v, list) else "tuple": [_plain(x) for x in v]}
+    if isinstance(v, (set, frozenset)):
+        return {"set": sorted((_plain(x) for x in v), key=repr)}
+    return {"kept": type(v).__name__}
+
+
+def _restored(saved: Any, have: Any) -> Any:
+    """The value ``saved`` (``_plain``'s) stands for, written into ``have`` (the fresh state's value there, None where
+    the run added it) where it is the same kind of container. What ``have`` shows must match: a container of its
+    kind holding at least its keys (a list: its length), a value of its type; ValueError otherwise."""
+    def want(ok: bool) -> None:
+        if not ok:
+            raise ValueError(f"the kernel's state holds {str(saved)[:60]} where a fresh one holds {str(have)[:60]}")
+
+    if not isinstance(saved, dict):
+        want(have is None or type(saved) is type(have))
+        return saved
+    if "kept" in saved:
+        want(have is not None and type(have).__name__ == saved["kept"])
+        return have
+    if "tuple" in saved:
+        want(isinstance(saved["tuple"], list) and (have is None or isinstance(have, tuple) and len(have) == len(
+            saved["tuple"])))
+        return tuple(_restored(x, None if have is None else have[n]) for n, x in enumerate(saved["tuple"]))
+    if "set" in saved:
+        want(isinstance(saved["set"], list) and (have is None or isinstance(have, set)))
+        out = have if isinstance(have, set) else set()
+        items = [_restored(x, None) for x in saved["set"]]
+        out.clear()
+        out.update(items)
+        return out
+    if "list" in saved:
+        want(isinstance(saved["list"], list) and (have is None or isinstance(have, list) and (
+            not have or len(have) == len(saved["list"]))))
+        out = have if isinstance(have, list) else []
+        old = list(out)
+        out[:] = [_restored(x, old[n] if n < len(old) else None) for n, x in enumerate(saved["list"])]
+        return out
+    want("dict" in saved and isinstance(saved["dict"], list) and (have is None or isinstance(have, dict))
+         and all(isinstance(p, list) and len(p) == 2 for p in saved["dict"]))
+    pairs = [(_restored(k, None), x) for k, x in saved["dict"]]
+    want(all(isinstance(k, (int, float, str, bool, tuple)) or k is None for k, _ in pairs)
+         and (have is None or set(have) <= {k for k, _ in pairs}))
+    out = have if isinstance(have, dict) else {}
+    old = dict(out)
+    values = {k: _restored(x, old.get(k)) for k, x in pairs}
+    out.clear()
+    out.update(values)
+    return out

@@ -23,6 +23,7 @@ import attrs
 
 from netsim.comm.patterns import drain
 from netsim.rounds.kernel import Batch
+from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish
 from netsim.trace.events import row as event_row
@@ -95,7 +96,9 @@ class PushGossip:
 
         lookahead.play(self, sim, kernel)
 
-    def play(self, sim, kernel, wake) -> None:
+    def play(self, sim, kernel, rounds) -> None:
+        """Play the run round by round, from round 0 or from where a restored checkpoint stands (``rounds``:
+        windowed.Rounds; its ``held`` are the peers drawn ahead and the models that arrived)."""
         import torch
 
         world = sim.world
@@ -106,9 +109,12 @@ class PushGossip:
         mid = net.next_id
         tag = self.tag
         rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
-        picks: list[list[int]] = [[] for _ in agents]
-        inbox: list[list] = [[] for _ in agents]  # payloads in arrival order since the last activation
-        order = [(a.id, float(sim.loop.env.now)) for a in agents]
+        now0 = float(sim.loop.env.now)
+        start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0,
+                                     {"picks": [[] for _ in agents], "inbox": [[] for _ in agents]}))
+        k, order = start.k, start.order
+        picks: list[list[int]] = start.held["picks"]  # each agent's peers drawn ahead
+        inbox: list[list] = start.held["inbox"]  # payloads in arrival order since the last activation
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
             nonlocal mid
@@ -143,7 +149,7 @@ class PushGossip:
             xs = X.unbind(0)
             merged, ends = [], []  # ends: (agent, when its first gradient is back) in request order
             asks: dict[int, int] = {}  # agent: gradients it asks for this round
-            for t_act, _, i, at in wake(sim, order):
+            for t_act, _, i, at in rounds.wake(order):
                 a = agents[i]
                 rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
                 got, inbox[i] = inbox[i], []
@@ -212,6 +218,10 @@ class PushGossip:
                 inbox[j].append(x)
             writer.emit_rows(rows)
             order = woke
+            k += 1
+            net.next_id = mid
+            if rounds.between(Between(k, order, end, {"picks": picks, "inbox": inbox})):  # interrupted
+                return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
         net.next_id = mid

@@ -28,6 +28,7 @@ import attrs
 
 from netsim.rounds.kernel import Batch, drive
 from netsim.sim.activation import Periodic
+from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 
 if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
@@ -109,8 +110,9 @@ class SyncRounds:
         row((now[n], "compute_start", a.id, -1, -1, 0, ct, -1, ""))
         now[n] = now[n] + ct
 
-    def play(self, sim, kernel, wake) -> None:
-        """Play the run round by round (see the module docstring)."""
+    def play(self, sim, kernel, rounds) -> None:
+        """Play the run round by round (see the module docstring), from round 0 or from where a restored
+        checkpoint stands (``rounds``: windowed.Rounds)."""
         import torch
 
         from netsim.trace.events import Finish, Timeout
@@ -122,14 +124,15 @@ class SyncRounds:
         limit = sim.world.scenario.run.rounds
         expect = [len(a.in_neighbors) for a in agents]
         outs: list[list | None] = [None] * len(agents)  # agent: [(out-neighbour, link)] (the topology is static)
+        now0 = float(sim.loop.env.now)
+        start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0))
+        k, order = start.k, start.order  # order: (agent, when it called wake)
         mid = net.next_id
         tag = self.tag
-        order = [(a.id, float(sim.loop.env.now)) for a in agents]  # (agent, when it called wake)
-        k = 0
         while True:
             rows: list[tuple] = []
             row = rows.append
-            acts = wake(sim, order)
+            acts = rounds.wake(order)
             ids = [i for _, _, i, _ in acts]
             X = sim.world.bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.tensor(ids, device=X.device))
@@ -239,6 +242,9 @@ class SyncRounds:
             if last:
                 break
             k += 1
+            net.next_id = mid
+            if rounds.between(Between(k, order, end)):  # interrupted: the run stops here, between two rounds
+                return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
         net.next_id = mid

@@ -11,12 +11,18 @@ whose activations are not simultaneous as conservative lookahead windows (``Push
 rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
 the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
 windows, why those do not apply either.
+
+Between two rounds the run's state is explicit (the bank, the streams, the links, the ledgers, the kernel's
+state, the recorder, and the driver's ``Between``): ``Rounds`` is the driver's seam to the run around its rounds.
+A checkpoint written there (``run.checkpoint_every`` / ``checkpoint_every_rounds``) is restored by ``netsim resume``
+without recomputing anything (sim/restore.py).
 """
 
 from __future__ import annotations
 
 from netsim.rounds.kernel import RoundKernel
 from netsim.sim.activation import Periodic
+from netsim.sim.loop import Between
 
 # what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
 NEEDS = {
@@ -48,8 +54,6 @@ def scenario_refusal(sc) -> str | None:
     r = sc.run
     if r.rounds is None:
         return "run.rounds is not set (the windows stop at a round limit)"
-    if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
-        return "checkpoints cut the run between events"
     end = (r.rounds + 1) * ag.activation.period  # the run is over before this
     if r.until is not None and r.until <= end:
         return f"run.until = {r.until} may stop the run inside a round (give more than {end:g} s)"
@@ -106,9 +110,28 @@ def run(sim) -> None:
         raise ValueError(f"not a window-synchronous run: {why}")
     kernel = sim.program
     if rounds_refusal(sim, kernel) is None:
-        kernel.pattern.play(sim, kernel, wake)
+        kernel.pattern.play(sim, kernel, Rounds(sim))
     else:
         kernel.pattern.play_lookahead(sim, kernel)
+
+
+class Rounds:
+    """What a driver's ``play`` asks of the run around its rounds: where to ``begin`` (round 0, or where a
+    restored checkpoint stands), ``wake`` a round's agents, and ``between`` two rounds (a checkpoint when a mark
+    passed; True when the driver must stop, interrupted)."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def begin(self, fresh: Between) -> Between:
+        """The restored run's ``Between`` if there is one, else ``fresh`` (the run's start)."""
+        return self.sim.loop.programs.between or fresh
+
+    def wake(self, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
+        return wake(self.sim, order)
+
+    def between(self, state: Between) -> bool:
+        return self.sim.between_rounds(state)
 
 
 def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:

@@ -17,13 +17,14 @@ A checkpoint is a folder ``checkpoints/ckpt-<step>/`` in the run folder holding
 
 It is written into a hidden temporary folder, fsynced, then renamed (atomic on POSIX).
 
-Why resume re-executes (docs/checkpoints.md): an agent's program is a
-Python generator that reads like the paper's pseudo-code; its locals (a gradient computed before a
-barrier, a half-gathered round) cannot be serialized. ``netsim resume`` therefore rebuilds the run
-deterministically, without trace output or evaluation, up to the checkpoint's event step, then checks
-that the rebuilt state equals the checkpoint *exactly* (every tensor, stream state, pending event and
-message), cuts the trace at the checkpoint's byte offset, and continues writing. Everything after
-the checkpoint is then identical to the uninterrupted run.
+How resume gets back to a checkpoint (docs/checkpoints.md): a windowed run's checkpoint, taken between two rounds
+where a round kernel's state is explicit, is restored into a freshly built simulation (sim/restore.py), without
+recomputing anything. An events run's agents are Python generators that read like the paper's pseudo-code;
+their locals (a gradient computed before a barrier, a half-gathered round) cannot be serialized, so ``netsim
+resume`` rebuilds the run deterministically, without trace output or evaluation, up to the checkpoint's event
+step. Either way it checks that the state reached equals the checkpoint *exactly* (every tensor, stream state,
+pending event and message), cuts the trace at the checkpoint's byte offset, and continues writing. Everything
+after the checkpoint is then identical to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ import torch
 
 from netsim.errors import InputError
 
-FORMAT = 3  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API;
-# 3: a program's local that is a whole bank tensor (Agent.shared_state) is stored as a reference to it
+FORMAT = 4  # 2: mini-batch streams are saved as drawn ahead (DrawsAhead), agent state formats of the Agent API;
+# 3: a program's local that is a whole bank tensor (Agent.shared_state) is stored as a reference to it;
+# 4: "engine"; a windowed run's checkpoint holds its explicit state between rounds (sim/restore.py)
+READS = (3, 4)  # a format-3 checkpoint is an events engine's: resumed by re-execution, as before
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{12})$")
 _PLAIN = (bool, int, float, str)
@@ -144,12 +147,14 @@ def _streams(streams, arrays: Arrays) -> list[str]:
     return keys
 
 
-def capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares."""
+def capture(sim, normalise: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares (``normalise``:
+    as JSON reads it back, tuples as lists and keys as strings; a writer that dumps it as JSON needs not)."""
     enabled = gc.isenabled()
     gc.disable()  # it allocates only acyclic data; collections would rescan the whole simulation (10k agents: 2x)
     try:
-        return _capture(sim)
+        state, arrays = _capture(sim)
+        return json.loads(json.dumps(state)) if normalise else state, arrays
     finally:
         if enabled:
             gc.enable()
@@ -163,8 +168,8 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     arrays = Arrays(bank)
     for k, v in bank.items():
         arrays[f"bank.{k}"] = _array(v)
-    queue = []
-    for t, prio, eid, ev in sorted(loop.env.queue, key=lambda e: e[:3]):
+    queue = []  # a windowed driver plays the rounds itself: the queue's events (the programs' starts) never happen
+    for t, prio, eid, ev in sorted(loop.env.queue if loop.runner is None else (), key=lambda e: e[:3]):
         value = getattr(ev, "_value", None)
         queue.append([t, prio, eid, type(ev).__name__,
                       _message(value, f"queue.{eid}", arrays) if isinstance(value, Message)
@@ -199,7 +204,9 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "time": loop.env.now, "step": loop.steps, "finished": loop.finished, "stop_reason": loop.stop_reason,
         "rng": _streams(world.streams, arrays),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
-        "programs": [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
+        # a windowed driver plays the rounds itself: the programs never start (their frames say nothing)
+        "programs": [] if loop.runner is not None else
+        [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
         "network": {**_plain_vars(world.network),
                     "links": sorted([s, d, lk.busy_until] for (s, d), lk in world.network.links.items())},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
@@ -209,7 +216,11 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
                                             "samples": dict(sorted(stats.samples.items()))},
     }
-    return json.loads(json.dumps(state)), dict(arrays)  # normalised: tuples -> lists, int keys -> str
+    if loop.programs.between is not None:  # a windowed driver between two rounds: its explicit state, to restore
+        from netsim.sim import restore
+
+        state["windowed"] = restore.capture(sim, arrays)
+    return state, dict(arrays)
 
 
 # writing ------------------------------------------------------------------------------------------------
@@ -250,12 +261,15 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
     # The trace position is the last regular batch boundary; events buffered since (an interrupt falls
     # between boundaries) are written too, so the stopped run's trace is complete, but a resumed run cuts
     # them and writes them again in the uninterrupted run's batches: the files end up byte-identical.
+    # A windowed run's checkpoint keeps those buffered rows itself and leaves them buffered: the run's batches,
+    # and so its trace, are then the same bytes with checkpoints as without.
     trace = {"events": writer.count, "bytes": writer.bytes, "sha256": writer.sha.hexdigest(),
              "pending": len(writer.buffer), "file": writer.path is not None}
-    state, arrays = capture(sim)
-    writer.sync()
+    state, arrays = capture(sim, normalise=False)
+    writer.sync(buffered="windowed" not in state)
     meta = {
-        **header, "format": FORMAT, "kind": kind, "step": sim.loop.steps, "time": sim.loop.env.now,
+        **header, "format": FORMAT, "kind": kind, "engine": sim.loop.engine, "step": sim.loop.steps,
+        "time": sim.loop.env.now,
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
         "metrics": sim.recorder.metrics, "state": state,
     }
@@ -341,8 +355,9 @@ def load(path: Path) -> Checkpoint:
         meta = json.loads((path / "state.json").read_text())
         if not isinstance(meta, dict):
             raise CorruptCheckpoint("state.json is not an object")
-        if meta.get("format") != FORMAT:
-            raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads {FORMAT}")
+        if meta.get("format") not in READS:
+            raise CorruptCheckpoint(f"checkpoint format {meta.get('format')!r}; this netsim reads "
+                                    f"{', '.join(map(str, READS))}")
         _check_meta(meta)
         with np.load(path / "arrays.npz", allow_pickle=False) as z:
             arrays = _unpack({k: z[k] for k in z.files}, meta.get("pooled", {}))
@@ -410,10 +425,12 @@ def _diff(a: Any, b: Any, path: str) -> str | None:
 
 
 def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
-    """The first place where a rebuilt run differs from the checkpoint (None: identical)."""
-    d = _diff(ckpt.meta["state"], state, "state")
-    if d:
-        return d
+    """The first place where a rebuilt run differs from the checkpoint (None: identical). ``state`` may be
+    ``capture``'s without normalising: both are compared as the JSON text they make (the same text, in the same
+    key order, when they hold the same values), and only a difference is looked for key by key."""
+    if json.dumps(state) != json.dumps(ckpt.meta["state"]):
+        d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
+        return d  # None: the same values written otherwise (0.0 and -0.0)
     if set(ckpt.arrays) != set(arrays):
         return f"arrays {sorted(set(ckpt.arrays) ^ set(arrays))[:3]}"
     for k, v in ckpt.arrays.items():

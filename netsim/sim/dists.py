@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -74,11 +75,17 @@ def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Cal
 
 
 def draws(d: Dist, rng: np.random.Generator | None, key: str = "distribution") -> Callable[[], float]:
-    """One draw per call; constants skip the stream entirely."""
-    if checked(d, key).kind == "constant":
-        v = float(d.value)  # type: ignore[arg-type]
-        return lambda: v
-    return Draws(sampler(d, rng, key))
+    """One draw per call; constants skip the stream entirely (one callable per constant: a 10,000-agent run makes
+    tens of thousands of links, each of which would check the distribution again)."""
+    if d.kind == "constant":
+        return _constant(d, key)
+    return Draws(sampler(checked(d, key), rng, key), rng)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(d: Dist, key: str) -> Callable[[], float]:
+    v = float(checked(d, key).value)  # type: ignore[arg-type]
+    return lambda: v
 
 
 def scipy_dist(d: Dist):

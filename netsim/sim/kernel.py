@@ -24,7 +24,7 @@ from netsim.scenario.schema import Scenario
 from netsim.sim.agent import Agent
 from netsim.sim.dists import check_scenario, clocks, draws
 from netsim.sim.env import Environment
-from netsim.sim.loop import Marks, RunLoop
+from netsim.sim.loop import Between, Marks, RunLoop
 from netsim.sim.recorder import Recorder
 from netsim.sim.services import Completion, Services
 from netsim.sim.world import World
@@ -153,6 +153,10 @@ class Simulation:
         """Call ``checkpointer(sim, kind)`` at each checkpoint mark (sim/checkpoint.py writes one)."""
         self.loop.marks.checkpointer = checkpointer
 
+    def resumed(self, how: str, seconds: float) -> None:
+        """The run goes on from a checkpoint, reached by ``how`` ("restore" or "re-execution") in ``seconds``."""
+        self.recorder.resumed = (how, seconds)
+
     def crashed(self) -> None:
         """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
         its end-of-stream marker (it reads as partial)."""
@@ -165,6 +169,19 @@ class Simulation:
         for a in agents:
             a.round += 1
         self.loop.marks.activations += len(agents)
+
+    def between_rounds(self, between: Between) -> bool:
+        """A windowed driver finished a round but the last (``between``: where it stands): the clock goes to
+        the round's last event, a checkpoint is written when a mark passed, and the answer says whether the
+        driver must stop (an interrupt: the run folder then writes the interrupt's checkpoint)."""
+        loop = self.loop
+        loop.programs.between = between
+        loop.steps = between.k  # a windowed checkpoint's position: the rounds done
+        loop.env.advance_to(between.end)
+        marks = loop.marks
+        if marks.round_done(between.end) and marks.checkpointer is not None and not marks.interrupted:
+            marks.checkpointer(self, "periodic")
+        return marks.interrupted
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
@@ -279,6 +296,8 @@ class Simulation:
         if loop.runner is not None:
             with _lean_gc():
                 loop.runner(self)
+            if loop.stop_reason:  # played to the end: an interrupt in the last round came too late to stop it
+                loop.marks.interrupted = False
             loop.wall += time.perf_counter() - loop.t0
             loop.t0 = time.perf_counter()
             return

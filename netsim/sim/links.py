@@ -106,7 +106,7 @@ class GilbertElliott:
     def __init__(self, spec: BurstSpec, rng: np.random.Generator):
         self.spec = spec
         self.bad = False
-        self.u = Draws(rng.random)
+        self.u = Draws(rng.random, rng)
 
     def lost(self) -> bool:
         s = self.spec
@@ -135,7 +135,8 @@ class FullLink:
                         if getattr(o, k) is not None}
         self.latency = draws(over.get("latency", net.latency), streams.rng("latency", src, dst))
         self.p_loss = over.get("loss", net.loss)
-        self.u_loss = Draws(streams.rng("loss", src, dst).random)
+        u = streams.rng("loss", src, dst)
+        self.u_loss = Draws(u.random, u)
         self.burst = GilbertElliott(net.burst, streams.rng("burst", src, dst)) if net.burst else None
         self.bandwidth = over.get("bandwidth", net.bandwidth)
         self.busy_until = 0.0

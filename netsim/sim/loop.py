@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import simpy
 
 from netsim.sim.env import Environment
@@ -47,6 +48,18 @@ class Marks:
         q = env.queue
         return bool(q) and q[0][0] >= self.mark
 
+    def round_done(self, end: float) -> bool:
+        """A windowed driver finished a round whose last event is at ``end`` (every agent woke once more):
+        whether a checkpoint mark passed (a round mark, or a time mark at or before ``end``); the next marks
+        are set past it."""
+        due = self.activations >= self.round_mark
+        while self.activations >= self.round_mark:
+            self.round_mark += self.round_every
+        if end >= self.mark:
+            self.passed(end)
+            due = True
+        return due
+
     def passed(self, head: float) -> None:
         """The loop stopped at a mark; the next event is at ``head``: the next mark after it (marks with no
         event between merge)."""
@@ -54,15 +67,30 @@ class Marks:
         self.next_boundary = self.mark
 
 
+@attrs.define
+class Between:
+    """Where a windowed driver (netsim/rounds/) stands between two rounds, besides the world and the recorder:
+    ``k``, the next round's index; ``order``, each agent and when it called wake (the next round's order);
+    ``end``, the time of the round's last event; ``held``, the pattern's own (push gossip: the peers drawn
+    ahead, the models that arrived). A checkpoint keeps it, and a restored run's driver goes on from it."""
+
+    k: int
+    order: list
+    end: float
+    held: dict = attrs.Factory(dict)
+
+
 class Programs:
     """The agents' programs: made when the run is prepared (``made``: a program function may check before it
     returns its generator), started with the run; then each running (agent, process), its program and
-    ``Agent.spawn``'s (their locals go into checkpoints)."""
+    ``Agent.spawn``'s (their locals go into checkpoints). A windowed driver plays the rounds instead of them:
+    ``between`` is where it stands after its last round (what its checkpoints keep)."""
 
     def __init__(self, n: int):
         self.made: list = []
         self.running: list[tuple[int, simpy.Process]] = []
         self.limit = 4 * n + 64
+        self.between: Between | None = None  # a windowed driver's state after its last round, when one plays instead
 
     def start(self, env: Environment, agents: list) -> None:
         for a, prog in zip(agents, self.made, strict=True):

@@ -34,6 +34,7 @@ class Recorder:
         self.restored_metrics: list[dict[str, float]] = list(restored_metrics or [])
         self.mixing_log: Any = None
         self.progress: Callable[[float], None] | None = None  # the windowed drivers report each round through it
+        self.resumed: tuple[str, float] | None = None  # a resumed run: ("restore" or "re-execution", seconds it took)
 
     @property
     def events_emitted(self) -> int:

@@ -105,6 +105,17 @@ class Streams:
         """Every stream created so far as (spawn key, generator), sorted by key (what a checkpoint saves)."""
         return sorted(self._cache.items())
 
+    def restore(self, keys: list[tuple[int, ...]], states: list[tuple[int, int, int, int]]) -> None:
+        """Put every stream of ``keys`` (spawn keys, made now if not yet) at its (state, inc, has_uint32,
+        uinteger), in place: whoever holds a generator keeps it."""
+        for k, (s, inc, has, u) in zip(keys, states, strict=True):
+            g = self._cache.get(k)
+            if g is None:
+                g = self._cache[k] = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed,
+                                                                                                 spawn_key=k)))
+            g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
+                                     "has_uint32": int(has), "uinteger": int(u)}
+
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
         return int(self.rng(purpose, *key).integers(2**63 - 1))
@@ -117,22 +128,64 @@ class Draws:
     A block is held as ``array('d')`` (2 KiB), not a list of Python floats (8 KiB): a link keeps one
     block per stream it draws from, and a 10,000-agent run has tens of thousands of links. Iterating
     an array yields the same float64 values as ``tolist()``, as fast (measured).
+
+    With its ``rng`` given, it remembers the stream's state before the current block (one tuple per
+    block), so a checkpoint can store where it stands (``position``) and a restored run draw the same
+    block again and go on from the same value (``resume``).
     """
 
-    __slots__ = ("_fill", "_it")
+    __slots__ = ("_fill", "_it", "_rng", "_from")
 
-    def __init__(self, fill: Callable[[int], np.ndarray]):
+    def __init__(self, fill: Callable[[int], np.ndarray], rng: np.random.Generator | None = None):
         self._fill = fill
         self._it = iter(())
+        self._rng = rng
+        self._from: tuple[int, int, int] | None = None  # the stream's (state, has_uint32, uinteger) before the block
 
     def __call__(self) -> float:
         try:
             return next(self._it)
         except StopIteration:
-            block = array("d")
-            block.frombytes(np.ascontiguousarray(self._fill(BLOCK), dtype=np.float64).tobytes())
-            self._it = iter(block)
+            if self._rng is not None:
+                self._from = state_of(self._rng)
+            self._refill()
             return next(self._it)
+
+    def _refill(self) -> None:
+        block = array("d")
+        block.frombytes(np.ascontiguousarray(self._fill(BLOCK), dtype=np.float64).tobytes())
+        self._it = iter(block)
+
+    def position(self) -> list[int] | None:
+        """[state, has_uint32, uinteger, values used] of the current block (None: nothing drawn yet)."""
+        if self._from is None:
+            return None
+        red = self._it.__reduce__()  # (iter, (block,), index), or (iter, ((),)) once the block is used up
+        return [*self._from, red[2] if len(red) == 3 else BLOCK]
+
+    def resume(self, pos: list[int] | None) -> None:
+        """Stand where ``position`` said: the same block drawn again from the stream, ``pos[3]`` values used."""
+        if pos is None:
+            return
+        if self._rng is None:
+            raise ValueError("a Draws without its stream cannot be restored")
+        set_state(self._rng, pos[:3])
+        self._from = tuple(pos[:3])
+        self._refill()
+        self._it.__setstate__(pos[3])
+
+
+def state_of(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A PCG64 stream's position: (128-bit state, has_uint32, uinteger); its increment is fixed by its key."""
+    st = rng.bit_generator.state
+    return st["state"]["state"], st["has_uint32"], st["uinteger"]
+
+
+def set_state(rng: np.random.Generator, pos) -> None:
+    """Put a PCG64 stream at ``state_of``'s position."""
+    st = rng.bit_generator.state
+    st["state"]["state"], st["has_uint32"], st["uinteger"] = int(pos[0]), int(pos[1]), int(pos[2])
+    rng.bit_generator.state = st
 
 
 class DrawsAhead:

@@ -163,9 +163,11 @@ class TraceWriter:
             self._write(batch.serialize().to_pybytes())
             self._sink.flush()
 
-    def sync(self) -> None:
-        """Flush, and make what was written durable (a checkpoint points into the file)."""
-        self.flush()
+    def sync(self, buffered: bool = True) -> None:
+        """Flush (the rows not yet in a batch too, unless ``buffered`` is False), and make what was written
+        durable (a checkpoint points into the file)."""
+        if buffered:
+            self.flush()
         if self._sink is not None:
             os.fsync(self._sink.fileno())
 

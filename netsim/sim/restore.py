@@ -1,0 +1,239 @@
+"""Resume without recomputing: a windowed run's checkpoint put back into a freshly built simulation.
+
+Between two rounds of a windowed driver (netsim/rounds/) the run's whole state is data: the parameter bank,
+every stream's position and the blocks drawn ahead from them (a link's latency and loss draws, an agent's
+mini-batches), the links made so far and the next message id, the agents' rounds and schedules, the privacy
+ledgers (releases, noise generators), the kernel's state (``RoundKernel.save_state``), the gradient and
+communication counters, the recorder (trace position, the rows not yet in a batch, event counts, metrics rows)
+and the driver's own ``Between``. ``capture`` adds to a checkpoint what sim/checkpoint.py's capture does not hold;
+``restore`` puts it all into a simulation built from the same scenario, whose driver then plays on from the next
+round. The restored simulation is captured again and compared with the checkpoint before it goes on (api.resume),
+so a piece this module missed is refused in one line, never continued wrongly.
+
+A coroutine program's state is its generator frames, which cannot be rebuilt: the events engine's checkpoints are
+resumed by re-executing the run up to them (docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from netsim.sim.loop import Between
+from netsim.sim.streams import BLOCK, Draws, DrawsAhead, set_state
+
+# the typecodes of a ReleaseLog's columns (sim/checkpoint.py stores them as numpy arrays)
+_LOG = {"t": "d", "round": "i", "to": "i", "skipped": "i", "run_start": "q", "run_spec": "i"}
+
+
+def _pos(draws: Any) -> list[int] | None:
+    return draws.position() if isinstance(draws, Draws) else None
+
+
+def _ahead(ahead: DrawsAhead | None) -> list[int] | None:
+    """An agent's mini-batches drawn ahead: [stream state before the block, has_uint32, uinteger, used, batch]."""
+    if ahead is None:
+        return None
+    st = ahead.state
+    return [st["state"]["state"], st["has_uint32"], st["uinteger"], ahead.pos, ahead.batch]
+
+
+def capture(sim, arrays: dict) -> dict[str, Any]:
+    """The windowed part of a checkpoint's state (tensors go to ``arrays``)."""
+    from netsim.sim.checkpoint import _flat
+
+    world, loop, rec = sim.world, sim.loop, sim.recorder
+    b, marks = loop.programs.between, loop.marks
+    for n, (_, loss, acc) in enumerate(rec.agent_metrics):
+        arrays[f"agent_metrics.{n}.loss"], arrays[f"agent_metrics.{n}.accuracy"] = np.asarray(loss), np.asarray(acc)
+    for a in loop.agents:
+        led = a.existing_ledger
+        if led is not None and led.rdp is not None:
+            arrays[f"ledger.{a.id}.rdp"] = np.asarray(led.rdp.rdp)
+    kernel = sim.program
+    return {
+        "round": b.k, "order": b.order, "end": b.end, "held": _flat(b.held, "held", arrays),
+        "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
+        "marks": [marks.activations, marks.mark, marks.round_mark],
+        "links": [[s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()],
+        "agents": [[_ahead(a._ahead), _pos(a._compute)] for a in loop.agents],
+        "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
+        "agent_metrics": [t for t, *_ in rec.agent_metrics],
+    }
+
+
+def _unflat(x: Any, arrays: dict, tensor) -> Any:
+    """sim/checkpoint.py's ``_flat`` skeleton back as values (its tensors through ``tensor``)."""
+    if not isinstance(x, dict):
+        return x
+    if "@" in x:
+        return tensor(arrays[x["@"]])
+    if "list" in x:
+        return [_unflat(v, arrays, tensor) for v in x["list"]]
+    if "dict" in x:
+        return {_unflat(k, arrays, tensor): _unflat(v, arrays, tensor) for k, v in x["dict"]}
+    raise ValueError(f"a driver's state holds a {x.get('type', 'value')!r}, which cannot be restored")
+
+
+def _int(v: Any, low: int = 0, high: float = math.inf) -> bool:
+    return type(v) is int and low <= v < high
+
+
+def _number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _position(p: Any, used: int = BLOCK) -> bool:
+    """A draws position (``Draws.position``, or an agent's mini-batches with ``used`` their block's length)."""
+    return p is None or (isinstance(p, list) and len(p) == 4 and _int(p[0], 0, 2**128) and p[1] in (0, 1)
+                         and _int(p[2], 0, 2**32) and _int(p[3], 0, used + 1))
+
+
+# the trace's columns (trace/events.py COLUMNS): a number, a string or an int each
+def _id(v: Any) -> bool:
+    return _int(v, -1)  # -1: none (no peer, no message)
+
+
+_ROW = (_number, lambda v: type(v) is str, _id, _id, _id, _id, _number, _id, lambda v: type(v) is str)
+
+
+def _check(sim, st: dict, w: dict) -> None:
+    """What a restore reads must be what a run between two rounds holds (a state.json whose checksums were fixed
+    up after an edit is refused here, in one line, rather than crash the run); ValueError names the key."""
+    loop = sim.loop
+    n, agents = len(loop.agents), loop.agents
+    k = w.get("round")
+    checks = {
+        "round": _int(k, 1, sim.world.scenario.run.rounds) and st["step"] == k,
+        "order": isinstance(w.get("order"), list) and len(w["order"]) == n
+        and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
+        and len({o[0] for o in w["order"]}) == n,
+        "end": _number(w.get("end")),
+        "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
+        and all(type(m) in (int, float) for m in w["marks"][1:]),
+        "links": isinstance(w.get("links"), list) and all(
+            isinstance(x, list) and len(x) == 4 and _int(x[0], 0, n) and _int(x[1], 0, n)
+            and x[1] in agents[x[0]].neighbors and _position(x[2]) and _position(x[3]) for x in w["links"]),
+        "agents": isinstance(w.get("agents"), list) and len(w["agents"]) == n and all(
+            isinstance(x, list) and len(x) == 2 and _position(x[1]) and (x[0] is None or (
+                isinstance(x[0], list) and len(x[0]) == 5 and _int(x[0][4], 1, 2**31)
+                and _position(x[0][:4], max(1, 256 // x[0][4])))) for x in w["agents"]),
+        "pending": isinstance(w.get("pending"), list) and all(
+            isinstance(r, list) and len(r) == len(_ROW) and all(f(v) for f, v in zip(_ROW, r, strict=True))
+            for r in w["pending"]),
+        "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
+        "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
+        and all(isinstance(a, dict) and a.get("round") == k and a.get("finished") is False
+                and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+        "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
+        "state.gradients": isinstance(st.get("gradients"), dict)
+        and all(_int(st["gradients"].get(c)) for c in ("calls", "evaluated")),
+        "state.events": isinstance(st.get("events"), dict) and _int(st["events"].get("bytes_sent"))
+        and isinstance(st["events"].get("kinds"), dict) and all(map(_int, st["events"]["kinds"].values())),
+        "state.rng": isinstance(st.get("rng"), list) and all(isinstance(x, str) for x in st["rng"]),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{bad[0]} is not what a windowed run holds between two rounds")
+
+
+def _assign(obj: Any, values: dict, where: str) -> None:
+    """``obj``'s attributes from a checkpoint's plain values: each one ``obj`` has, of the type it has."""
+    for k, v in values.items():
+        if not hasattr(obj, k) or type(getattr(obj, k)) is not type(v):
+            raise ValueError(f"{where}.{k} is not a {type(getattr(obj, k, None)).__name__}")
+        setattr(obj, k, v)
+
+
+def restore(sim, ckpt) -> None:
+    """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
+    its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
+    says what in the checkpoint a run between two rounds cannot hold."""
+    st, arrays = ckpt.meta["state"], ckpt.arrays
+    w = st.get("windowed")
+    if not isinstance(w, dict):
+        raise ValueError("state.windowed is missing")
+    _check(sim, st, w)
+    world, loop, rec = sim.world, sim.loop, sim.recorder
+    bank = world.bank
+    dtype, device = bank.W.dtype, bank.W.device
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.array(a)).to(device=device, dtype=dtype)
+
+    bank.load_state_dict({k[len("bank."):]: tensor(v) for k, v in arrays.items() if k.startswith("bank.")})
+    net = world.network
+    for s, d, lat, lost in w["links"]:  # made in the order the run made them, standing where its draws stood
+        link = net.links.get((s, d)) or net.link(s, d)
+        for draws, pos in ((link.latency, lat), (link.lost, lost)):
+            if pos is not None:
+                draws.resume(pos)
+    _assign(net, {k: v for k, v in st["network"].items() if k != "links"}, "state.network")
+    for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
+        _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
+        _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
+        if ahead is not None:
+            set_state(a._batch_rng, ahead[:3])
+            a._ahead = DrawsAhead(a._batch_rng, len(a.rows), ahead[4])
+            a._ahead.pos = ahead[3]
+        if compute is not None:
+            a._compute.resume(compute)
+    for key, saved in st["ledgers"].items():
+        _ledger(loop.agents[int(key)], saved, arrays, key)
+    kernel = sim.program
+    kernel.load_state(kernel.state_of(loop.agents[0], sim.params), w["kernel"])
+    # every stream's position last: the draws above were taken from their streams
+    keys = [tuple(int(x) for x in k.split(",")) for k in st["rng"]]
+    rows = arrays["streams"].tolist()
+    world.streams.restore(keys, [((r[0] << 64) | r[1], (r[2] << 64) | r[3], r[4], r[5]) for r in rows])
+    g = world.gradients
+    g.calls, g.evaluated = st["gradients"]["calls"], st["gradients"]["evaluated"]
+    if st["comm"] is not None:
+        from netsim.sim.services import CommStats
+
+        stats = sim.services.get(CommStats)
+        stats.counts = Counter(st["comm"]["counts"])
+        stats.samples = {k: list(v) for k, v in st["comm"]["samples"].items()}
+    # the recorder: metrics rows, each agent's own, the trace's rows not yet in a batch and its counts
+    rec.metrics = [dict(r) for r in ckpt.meta["metrics"]]
+    rec.agent_metrics = [(t, arrays[f"agent_metrics.{n}.loss"], arrays[f"agent_metrics.{n}.accuracy"])
+                         for n, t in enumerate(w["agent_metrics"])]
+    rec.writer.buffer = [tuple(r) for r in w["pending"]]
+    rec.writer.count = ckpt.meta["trace"]["events"]
+    ev = st["events"]
+    if rec.counts is not None and ev["kinds"] is not None:
+        rec.counts.kinds = Counter(ev["kinds"])
+        rec.counts.bytes_sent = ev["bytes_sent"]
+    # the loop and the driver
+    marks = loop.marks
+    marks.activations, marks.mark, marks.round_mark = w["marks"]
+    marks.next_boundary = marks.mark
+    loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
+    loop.env.advance_to(st["time"])
+    held = _unflat(w["held"], arrays, tensor)
+    loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held)
+
+
+def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
+    """An agent's privacy ledger as it stood: its totals, its release log's columns, its noise generator."""
+    led = agent.ledger  # made now, with the scenario's settings, as the run made it
+    _assign(led, {k: v for k, v in saved.items() if k not in ("releases", "to0", "specs")}, f"state.ledgers.{key}")
+    log = led.releases
+    for name, code in _LOG.items():
+        col = arrays.get(f"ledger.{key}.{name}")
+        if col is not None:
+            setattr(log, name, array(code, col.tobytes()))
+    log.to0 = saved["to0"]
+    log.specs = [tuple(s) for s in saved["specs"]]
+    log._spec_ids = {s: n for n, s in enumerate(log.specs)}
+    noise = arrays.get(f"ledger.{key}.noise")
+    if noise is not None:
+        led.noise.generator.set_state(torch.from_numpy(np.array(noise)))
+    rdp = arrays.get(f"ledger.{key}.rdp")
+    if rdp is not None:
+        led.load_rdp(np.array(rdp))

@@ -1,0 +1,305 @@
+"""Checkpoints of the windowed engine: written between two rounds, restored by ``netsim resume`` without
+recomputing anything (sim/restore.py). A run killed (SIGKILL) at a random point and resumed writes the
+uninterrupted run's trace and metrics byte for byte and ends with the same models; the resume computes only
+the rounds after the checkpoint; a restore that misses a piece of the state is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from netsim import api
+from netsim.cli import app
+from netsim.scenario import scenario_from_dict
+from netsim.sim import checkpoint
+from netsim.sim.kernel import Simulation
+from netsim.trace.io import TRACE_FILE, read_trace
+
+ALGORITHMS = {
+    "dpsgd": {"name": "dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": 0.1},
+    # a ledger per agent (releases, a noise generator) and the kernel's own state
+    "dp_dpsgd": {"name": "dp_dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "clip": 1.0,
+                 "noise_multiplier": 1.0},
+    # public copies in the bank, rand-k drawn from each agent's compression stream
+    "choco": {"name": "choco", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "gamma": 0.4, "compressor": "randk",
+              "ratio": 0.3},
+}
+
+
+def scenario(alg: str = "dpsgd", n: int = 400, rounds: int = 60, every: int = 10, **changes) -> dict:
+    sc = {"name": f"windowed_{alg}", "run": {"seed": 5, "rounds": rounds, "until": 1.0e6, "trace_flush_every": 1000,
+                                             "checkpoint_every_rounds": every},
+          "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.01},
+                     "activation": {"kind": "periodic", "period": 0.1}},
+          "topology": {"kind": "random_regular", "degree": 4},
+          "network": {"latency": {"kind": "constant", "value": 0.005}, "loss": 0.05},
+          "data": {"kind": "synthetic", "samples": 40 * n, "features": 6, "partition": "iid"},
+          "model": {"kind": "logistic"},
+          "algorithm": dict(ALGORITHMS.get(alg, {})),
+          "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy", "agent_accuracy"]}}
+    if alg == "dp_dpsgd":
+        sc["privacy"] = {"delta": 1e-5}
+    if alg == "push_gossip":  # the push driver: peers drawn ahead and models in inboxes between rounds
+        sc["agents"]["activation"]["period"] = 1.0
+        sc["agents"]["compute_time"]["value"] = 0.001
+        sc["network"]["latency"] = {"kind": "uniform", "low": 0.01, "high": 0.5}
+        sc["algorithm"] = {"name": "push_gossip", "lr": 0.5, "batch": 4}
+    for key, value in changes.items():
+        sc[key] = {**sc[key], **value}
+    return sc
+
+
+@pytest.fixture
+def finals(monkeypatch) -> list[torch.Tensor]:
+    """The final models of every run that ends in this process (``Simulation.finish``)."""
+    got: list[torch.Tensor] = []
+    real = Simulation.finish
+
+    def finish(self, interrupted: bool = False) -> None:
+        if not interrupted:
+            got.append(self.world.bank.W.clone())
+        real(self, interrupted)
+
+    monkeypatch.setattr(Simulation, "finish", finish)
+    return got
+
+
+def write(tmp: Path, sc: dict) -> Path:
+    path = tmp / f"{sc['name']}.toml"
+    path.write_text(tomli_w.dumps(sc))
+    return path
+
+
+def same_outputs(a: Path, b: Path) -> None:
+    for name in (TRACE_FILE, "metrics.csv", "agent_metrics.csv"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    sa, sb = (json.loads((f / "summary.json").read_text()) for f in (a, b))
+    skip = {"wall_time", "events_per_s", "resumed_by", "resume_wall_time"}
+    assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
+
+
+@pytest.mark.parametrize(("alg", "seed"), [("dpsgd", 0), ("dp_dpsgd", 1),
+                                           pytest.param("choco", 2, marks=pytest.mark.slow),
+                                           pytest.param("push_gossip", 3, marks=pytest.mark.slow)])
+def test_sigkill_at_random_point_then_restore_is_identical(tmp_path, finals, alg, seed):
+    sc = write(tmp_path, scenario(alg))
+    ref = api.run(sc, out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "netsim", "run", str(sc), "--engine", "windowed", "--out", str(out),
+                             "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 300
+    while not checkpoint.checkpoints(out):
+        assert proc.poll() is None, f"run ended before a checkpoint: {proc.stderr.read()}"
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    time.sleep(np.random.default_rng(seed).uniform(0.0, 0.4))  # a random moment after the first checkpoint
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not api.is_complete(out), "the run ended before it was killed: make it longer"
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.meta["engine"] == "windowed" and ck.step % 10 == 0 and ck.meta["state"]["windowed"]["round"] == ck.step
+    killed = read_trace(out).table  # the killed run's trace reads up to its last flush: a prefix
+    whole = read_trace(ref.out).table
+    assert ck.meta["trace"]["events"] <= killed.num_rows and killed.equals(whole.slice(0, killed.num_rows))
+    r = CliRunner().invoke(app, ["resume", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"resumed from round {ck.step} (restored, no recompute" in r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_by"] == "restore" and summary["engine"] == "windowed"
+    same_outputs(out, ref.out)
+    assert torch.equal(finals[1], finals[0])  # the resumed run's final models are the uninterrupted run's
+    assert checkpoint.checkpoints(out) == []
+
+
+def killed_at(tmp_path: Path, sc: dict, nth: int, engine: str = "windowed") -> Path:
+    """``sc`` run here and stopped dead (no outputs, no flush) right after its nth checkpoint."""
+    real = checkpoint.write
+    seen = []
+
+    def write_then_die(*args, **kwargs):
+        path = real(*args, **kwargs)
+        seen.append(path)
+        if len(seen) == nth:
+            raise KeyboardInterrupt  # as a kill: nothing after the checkpoint is written
+        return path
+
+    out = tmp_path / f"killed_{engine}"
+    checkpoint.write = write_then_die
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            api.run(scenario_from_dict(sc), out=out, engine=engine, interruptible=False)
+    finally:
+        checkpoint.write = real
+    return out
+
+
+def test_a_restore_computes_only_the_rounds_after_the_checkpoint(tmp_path, monkeypatch):
+    """Resuming after round 40 of 60 evaluates 20 rounds of gradients, not 60 (an events engine's resume
+    re-executes the 40 first: it evaluates all 60)."""
+    from netsim.compute.gradients import GradientService
+
+    n, rounds = 50, 60
+    sc = scenario(n=n, rounds=rounds, every=20)
+    out = killed_at(tmp_path, sc, 2)
+    evaluated = []
+    real = GradientService.flush
+
+    def counting(self):
+        before = self.evaluated
+        real(self)
+        evaluated.append(self.evaluated - before)
+
+    monkeypatch.setattr(GradientService, "flush", counting)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore" and res.summary["resumed_at_step"] == 40
+    assert sum(evaluated) == (rounds - 40) * n
+    assert res.summary["gradients"] == rounds * n  # the run's counts are the whole run's
+    events = killed_at(tmp_path, sc, 2, engine="events")
+    evaluated.clear()
+    again = api.resume(events, interruptible=False)
+    assert again.summary["resumed_by"] == "re-execution" and sum(evaluated) == rounds * n
+
+
+def test_windowed_checkpoints_change_neither_rows_nor_batches(tmp_path):
+    """A windowed checkpoint keeps the rows not yet in a batch and flushes nothing: the trace has the same rows in
+    the same batches with checkpoints as without (only its header, the scenario text, differs)."""
+    import pyarrow as pa
+
+    with_ck = scenario(n=40, rounds=30, every=3)
+    without = {**with_ck, "run": {k: v for k, v in with_ck["run"].items() if k != "checkpoint_every_rounds"}}
+    a = api.run(scenario_from_dict(with_ck), out=tmp_path / "a", engine="windowed", interruptible=False)
+    b = api.run(scenario_from_dict(without), out=tmp_path / "b", engine="windowed", interruptible=False)
+    batches = []
+    for r in (a, b):
+        with pa.ipc.open_stream(r.out / TRACE_FILE) as reader:
+            batches.append([x.num_rows for x in reader])
+    assert batches[0] == batches[1] and len(batches[0]) > 10 and len(set(batches[0])) > 1  # cut inside rounds
+    assert read_trace(a.out).table.equals(read_trace(b.out).table)
+    assert (a.out / "metrics.csv").read_bytes() == (b.out / "metrics.csv").read_bytes()
+
+
+def test_an_interrupted_windowed_run_stops_between_rounds_and_resumes(tmp_path, finals):
+    """SIGINT stops a windowed run after the round it is in, with a checkpoint there; the resume restores it."""
+    sc = scenario(n=40, rounds=30, every=1000)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+
+    def progress(t: float) -> None:
+        if t > 1.0:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopped = api.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed", progress=progress)
+    assert stopped.summary["stop_reason"] == "interrupted"
+    ck = checkpoint.load(checkpoint.checkpoints(stopped.out)[-1])
+    assert ck.meta["kind"] == "interrupt" and 0 < ck.step < 30
+    res = api.resume(stopped.out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(res.out, ref.out)
+    assert torch.equal(finals[-1], finals[0])
+
+
+def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    """The restored run is captured again and compared with the checkpoint: a piece left out (here the links'
+    loss draws) is refused in one line naming it, exit 2, with the killed run's files untouched."""
+    from netsim.sim.streams import Draws
+
+    out = killed_at(tmp_path, scenario(n=30, rounds=20, every=5), 2)
+    before = hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest()
+    monkeypatch.setattr(Draws, "resume", lambda self, pos: None)
+    r = CliRunner().invoke(app, ["resume", str(out)])
+    assert r.exit_code == 2 and "restored run differs from this checkpoint at state.windowed.links" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest() == before
+    assert not api.is_complete(out)
+
+
+def test_time_marks_checkpoint_after_the_round_that_reaches_them(tmp_path, monkeypatch):
+    """checkpoint_every = 0.5 s with a round every 0.1 s: a checkpoint after the round whose last event reaches
+    each mark (rounds 5, 10, ...: the k-th round's events end at k * 0.1 + 0.015 s)."""
+    seen = []
+    real = checkpoint.write
+
+    def spy(sim, folder, keep, kind, header):
+        seen.append((sim.steps, sim.env.now, kind))
+        return real(sim, folder, keep, kind, header)
+
+    monkeypatch.setattr(checkpoint, "write", spy)
+    sc = scenario(n=20, rounds=23)
+    del sc["run"]["checkpoint_every_rounds"]
+    sc["run"]["checkpoint_every"] = 0.5
+    api.run(scenario_from_dict(sc), out=tmp_path / "r", engine="windowed", interruptible=False)
+    assert [k for k, _, _ in seen] == [5, 10, 15, 20]
+    assert all(kind == "periodic" and 0.5 * k / 5 <= t < 0.5 * k / 5 + 0.1 for k, t, kind in seen)
+
+
+def test_a_capped_ledger_is_restored_and_runs_out_where_it_would_have(tmp_path):
+    """Muffliato with privacy.epsilon_cap: each ledger's running RDP curve is in the checkpoint (round 4), and the
+    restored run's agents run out of budget in round 5 as the uninterrupted run's do."""
+    import pyarrow.compute as pc
+
+    sc = scenario(n=20, rounds=12, every=2, network={"loss": 0.0})
+    sc["algorithm"] = {"name": "muffliato", "lr": 0.5, "batch": 8, "round_timeout": 0.02, "sigma": 2.0,
+                       "gossip_steps": 2}
+    sc["privacy"] = {"delta": 1e-5, "epsilon_cap": 5.0}
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.step == 4 and all(f"ledger.{i}.rdp" in ck.arrays for i in range(20))
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out)
+    t = read_trace(out).table
+    spent = t.filter(pc.equal(t["kind"], "budget_exhausted"))
+    assert spent.num_rows == 20 and set(spent["round"].to_pylist()) == {5}
+
+
+@pytest.fixture(scope="module")
+def killed_windowed(tmp_path_factory) -> Path:
+    """A small lossy windowed DP-D-PSGD run stopped dead after its second checkpoint; tests work on copies."""
+    return killed_at(tmp_path_factory.mktemp("killed"), scenario("dp_dpsgd", n=16, rounds=12, every=3), 2)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6), anywhere=st.booleans(),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 70), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=6),
+                       st.dictionaries(st.sampled_from(["@", "list", "dict", "set", "x"]), st.integers(), max_size=2)))
+def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
+    """A windowed checkpoint's state.json changed (its windowed part, or anywhere) with its checksums fixed up:
+    resume refuses in one line (exit 2) and writes nothing, or goes on (a restore trusts a checkpoint whose
+    checksums verify: docs/checkpoints.md) and completes; never a traceback."""
+    import shutil
+    import tempfile
+
+    from tests.test_checkpoint import _mutate, _one_line_exit_2, _snapshot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        shutil.copytree(killed_windowed, out)
+        for ck in checkpoint.checkpoints(out):
+            meta = json.loads((ck / "state.json").read_text())
+            _mutate(meta if anywhere else meta["state"]["windowed"], path, value)
+            (ck / "state.json").write_text(json.dumps(meta))
+            sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+            (ck / "SHA256SUMS").write_text(json.dumps(sums))
+        before = _snapshot(out)
+        r = CliRunner().invoke(app, ["resume", str(out), "-q"])
+        assert "Traceback" not in r.output
+        if r.exit_code == 0:
+            assert api.is_complete(out)
+        else:
+            _one_line_exit_2(r, out)
+            assert _snapshot(out) == before
