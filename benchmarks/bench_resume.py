@@ -69,21 +69,9 @@ def main() -> None:
     cmd = [sys.executable, "-m", "netsim", "run", a.scenario, "--out", str(out), "-q"]
     for s in sets:
         cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     target = kill_after * until
-    while True:
-        cks = checkpoint.checkpoints(out)
-        try:
-            if cks and checkpoint.load(cks[-1]).meta["time"] >= target:
-                break
-        except checkpoint.CorruptCheckpoint:  # pruned while we read it
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"run ended before a checkpoint past t={target}: {proc.stderr.read()}")
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    ck = killed_after(cmd, out, lambda cks: checkpoint.load(cks[-1]).meta["time"] >= target,
+                      f"a checkpoint past t={target}")
     size = sum(f.stat().st_size for f in ck.path.iterdir()) / 1e6  # (a complete run deletes its checkpoints)
 
     t0 = time.perf_counter()
@@ -149,15 +137,8 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> No
     checkpoint.write = write
 
     out = tmp / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "netsim", "run", str(path), "--engine", "windowed", "--out",
-                             str(out), "-q"], stderr=subprocess.PIPE, text=True)
-    while not checkpoint.checkpoints(out):
-        if proc.poll() is not None:
-            sys.exit(f"run ended before its checkpoint at round {at}: {proc.stderr.read()}")
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    ck = killed_after([sys.executable, "-m", "netsim", "run", str(path), "--engine", "windowed", "--out", str(out),
+                       "-q"], out, lambda cks: True, f"its checkpoint at round {at}")
     size = sum(f.stat().st_size for f in ck.path.iterdir()) / 1e6
 
     t0 = time.perf_counter()
@@ -180,6 +161,26 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> No
     print(f"play after the checkpoint {rest:.2f} s = {rest / ref.summary['wall_time']:.3f} of the uninterrupted play")
     print(f"restore / uninterrupted = {t_restore / t_ref:.3f} (target <= 0.1); resume / uninterrupted = "
           f"{t_res / t_ref:.3f} (the rounds after the checkpoint, {1 - ck.step / rounds:.0%} of them, are played)")
+
+
+def killed_after(cmd: list[str], out: Path, ready, what: str):
+    """Run ``cmd`` (a run writing into ``out``), SIGKILL it once ``ready(checkpoints)`` holds; its last checkpoint."""
+    from netsim.sim import checkpoint
+
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    while True:
+        cks = checkpoint.checkpoints(out)
+        try:
+            if cks and ready(cks):
+                break
+        except checkpoint.CorruptCheckpoint:  # pruned while we read it
+            pass
+        if proc.poll() is not None:
+            sys.exit(f"run ended before {what}: {proc.stderr.read()}")
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return checkpoint.load(checkpoint.checkpoints(out)[-1])
 
 
 if __name__ == "__main__":
