@@ -100,6 +100,15 @@ def _summary_table(summary: dict):
             if key == "gradients":
                 v += f" ({fmt(summary['gradient_batches'])})"
             t.add_row(label, v)
+            if key == "engine" and isinstance(summary.get("windows"), dict):
+                w = summary["windows"]  # lookahead windows: why the run is as fast as it is
+                t.add_row("lookahead windows", f"{fmt(w['windows'])} of {fmt(w['lookahead_s'])} s")
+                t.add_row("events per window (mean, min)",
+                          f"{fmt(w['events_per_window_mean'])}, {fmt(w['events_per_window_min'])}")
+                t.add_row("time in batched tensor calls", f"{100 * w['tensor_share']:.0f}% (gradients "
+                                                          f"{100 * w['gradient_share']:.0f}%)")
+    if summary.get("resumed_by") is not None:
+        t.add_row("resumed by", f"{summary['resumed_by']} ({fmt(summary['resume_wall_time'])} s)")
     return t
 
 
