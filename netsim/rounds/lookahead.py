@@ -37,7 +37,6 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from netsim.compute.gradients import Ticket
 from netsim.rounds.kernel import Batch
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish
@@ -363,8 +362,8 @@ class _Driver:
                 still.append(f)
                 continue
             r = self.flushes[f]
-            tickets = [Ticket(ticket_of[tk][0], xs[ticket_of[tk][0]].clone(), ticket_of[tk][1]) for tk in r]
-            svc.pending = tickets  # the engine's batch, in its order: the same call, the same bits
+            # the engine's batch, in its order: the same call, the same bits
+            tickets = [svc.submit(ticket_of[tk][0], xs[ticket_of[tk][0]].clone(), ticket_of[tk][1]) for tk in r]
             svc.flush()
             for tk, t in zip(r, tickets, strict=True):
                 grads[tk] = t.result

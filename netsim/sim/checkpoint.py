@@ -430,7 +430,8 @@ def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarr
     key order, when they hold the same values), and only a difference is looked for key by key."""
     if json.dumps(state) != json.dumps(ckpt.meta["state"]):
         d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
-        return d  # None: the same values written otherwise (0.0 and -0.0)
+        if d:  # None: the same values written otherwise (0.0 and -0.0); the arrays are still compared
+            return d
     if set(ckpt.arrays) != set(arrays):
         return f"arrays {sorted(set(ckpt.arrays) ^ set(arrays))[:3]}"
     for k, v in ckpt.arrays.items():

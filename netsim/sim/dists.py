@@ -74,11 +74,15 @@ def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Cal
     raise ValueError(f"unknown distribution kind {d.kind!r}")
 
 
-def draws(d: Dist, rng: np.random.Generator | None, key: str = "distribution") -> Callable[[], float]:
+def draws(d: Dist, rng: np.random.Generator | Callable[[], np.random.Generator] | None,
+          key: str = "distribution") -> Callable[[], float]:
     """One draw per call; constants skip the stream entirely (one callable per constant: a 10,000-agent run makes
-    tens of thousands of links, each of which would check the distribution again)."""
+    tens of thousands of links, each of which would check the distribution again). ``rng`` may be a function that
+    makes the stream: a constant then never makes it (20,000 links' unused streams cost over a second)."""
     if d.kind == "constant":
         return _constant(d, key)
+    if callable(rng):
+        rng = rng()
     return Draws(sampler(checked(d, key), rng, key), rng)
 
 

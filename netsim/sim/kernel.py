@@ -185,8 +185,8 @@ class Simulation:
 
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
-        d = self.world.scenario.agents.compute_time  # a constant draws nothing: its stream is not even made
-        return draws(d, None if d.kind == "constant" else self.world.streams.rng("compute", i), "agents.compute_time")
+        return draws(self.world.scenario.agents.compute_time, lambda: self.world.streams.rng("compute", i),
+                     "agents.compute_time")
 
     def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
                          clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:

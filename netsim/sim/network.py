@@ -160,8 +160,7 @@ class Network:
     def link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
         if link is None:
-            d = self.spec.latency  # a constant draws nothing: its stream is not even made (20,000 links: 1.4 s)
-            lat = draws(d, None if d.kind == "constant" else self.streams.rng("latency", src, dst), "network.latency")
+            lat = draws(self.spec.latency, lambda: self.streams.rng("latency", src, dst), "network.latency")
             if self.p_loss > 0:
                 rng = self.streams.rng("loss", src, dst)
                 lost = Draws(rng.random, rng)
