@@ -9,11 +9,13 @@ trace is written (both write the same bytes: tests/test_windowed.py). Printed: s
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
 share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
 the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
-engine only, ``--device cuda`` puts the bank and the gradients on the GPU, ``--peer-python`` runs the same job in
-gossipy's asynchronous node mode right after netsim's (sizes up to mushrooms' rows), for the peer ratio.
+engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
+the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
+GPU, ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
+mushrooms' rows), for the peer ratio. Each run's peak resident memory is printed too.
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
-        [--engine events|windowed|both] [--device auto|cpu|cuda] [--peer-python PATH]
+        [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -30,7 +33,7 @@ from pathlib import Path
 MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most one agent per row
 
 
-def scenario(agents: int, seconds: float, seed: int, device: str = "auto") -> dict:
+def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False) -> dict:
     data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
     if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
         data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid"}
@@ -43,13 +46,14 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto") -> di
         "topology": {"kind": "random_regular", "degree": 4},
         "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
         "data": data,
-        "model": {"kind": "logistic"},
+        "model": {"kind": "logistic", "batch_invariant": invariant},
         "algorithm": {"name": "push_gossip", "lr": 1.0, "batch": 0, "update": "per_receipt"},
         "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]},
     }
 
 
-def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto") -> None:
+def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto",
+          invariant: bool = False) -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
     import torch
 
@@ -66,7 +70,7 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.enable()
-        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device)), out=tmp, engine=engine)
+        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device, invariant)), out=tmp, engine=engine)
         if prof is not None:
             prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -77,7 +81,8 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
     s = r.summary
     print(json.dumps({"wall": s["wall_time"], "total": total, "cpu": cpu, "events": s["events"],
                       "gradient_batches": s["gradient_batches"], "gradients": s["gradients"],
-                      "accuracy": s["accuracy"], "windows": s.get("windows")}))
+                      "accuracy": s["accuracy"], "windows": s.get("windows"),
+                      "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 
 
 def main() -> None:
@@ -87,6 +92,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", type=int, default=0, help="print this many cProfile entries of each run")
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="both")
+    ap.add_argument("--invariant", action="store_true",
+                    help="model.batch_invariant in both engines (windows batch each step's gradients)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
     ap.add_argument("--peer-python", help="a Python with gossipy-dfl installed: the same job in gossipy's "
@@ -96,21 +103,23 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     if args.child:
-        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device)
+        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device, args.invariant)
         return
     print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
-          f"{'accuracy':>8}")
+          f"{'accuracy':>8} {'peak GiB':>8}")
     for n in args.agents:
         got = {}
         for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
             cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
-                   "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device]
+                   "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device,
+                   *["--invariant"] * args.invariant]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             if args.profile:
                 print(f"--- {engine}, {n} agents: cProfile (tottime)\n" + done.stderr[-6000:], file=sys.stderr)
             s = got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
-                  f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f}", flush=True)
+                  f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f} "
+                  f"{s['peak_gib']:>8.2f}", flush=True)
         if args.peer_python and n <= MUSHROOMS_ROWS:
             peer(args.peer_python, n, args.seconds, args.seed, got)
         if len(got) < 2:

@@ -51,6 +51,14 @@ def clip_per_sample(G: torch.Tensor, clip: float, kind: str) -> torch.Tensor:
     return (G * s.unsqueeze(-1)).mean(1)
 
 
+def _sigmoid_each(z: torch.Tensor) -> torch.Tensor:
+    """``sigmoid(z)`` with every value through the same (scalar) loop: read through a strided view, which the
+    CPU kernel never vectorises, so no value's bits depend on its position or on the tensor's length."""
+    buf = torch.empty(2 * z.numel(), dtype=z.dtype, device=z.device)[::2]
+    buf.copy_(z.reshape(-1))
+    return torch.sigmoid(buf).view(z.shape)
+
+
 def _init_rows(n: int, row: torch.Tensor) -> torch.Tensor:
     return row.unsqueeze(0).repeat(n, 1)
 
@@ -66,13 +74,21 @@ class LogisticRegression:
     gradient in closed form, batched.
 
     loss_i = mean_b log(1 + exp(-s_b z_b)) + l2/2 ||w||^2 with z = x.w (+ b) and s = 2y - 1.
+
+    ``batch_invariant``: each request's gradient has the same bits whichever requests share its call (and in
+    whatever position). The default path does not: one request takes 2-D ops (``addmv``), a batch broadcast
+    products, and ``sigmoid``'s vectorised loop and its scalar tail round differently, so a value's bits depend
+    on where it falls in the batch. The invariant path takes the batched ops for every call and the sigmoid's
+    scalar loop for every value (``_sigmoid_each``); its products and reductions are per row. It is what lets
+    asynchronous windowed runs evaluate a window's gradients in one call (rounds/lookahead.py).
     """
 
-    def __init__(self, features: int, l2: float = 0.0, bias: bool = True):
+    def __init__(self, features: int, l2: float = 0.0, bias: bool = True, batch_invariant: bool = False):
         self.d = features
         self.l2 = l2
         self.bias = bias
         self.size = features + bias
+        self.batch_invariant = batch_invariant
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         return torch.zeros(n, self.size, dtype=dtype, device=device)
@@ -87,7 +103,7 @@ class LogisticRegression:
              clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
         B, d, one = X.shape[1], self.d, float(self.bias)
-        if W.shape[0] == 1 and clip_kind == "l2":  # one request (asynchronous runs): 2-D ops, ~2x faster
+        if W.shape[0] == 1 and clip_kind == "l2" and not self.batch_invariant:  # one request: 2-D ops, ~2x faster
             w, x = W[0], X[0]
             z = torch.addmv(w[d:], x, w[:d]) if self.bias else x @ w
             r = torch.sigmoid(z).sub_(y[0])
@@ -97,7 +113,8 @@ class LogisticRegression:
             if self.l2:
                 gw += self.l2 * w[:d]
             return (torch.cat([gw, r.mean().unsqueeze(0)]) if self.bias else gw).unsqueeze(0)
-        r = torch.sigmoid(self.logits(W, X)) - y  # dloss_b/dz_b; the sample-b gradient is r_b [x_b, 1]
+        z = self.logits(W, X)
+        r = (_sigmoid_each(z) if self.batch_invariant else torch.sigmoid(z)) - y  # dloss/dz_b; sample b: r_b [x_b, 1]
         g = torch.empty_like(W)
         if clip is not None and clip_kind == "coordinate":
             G = r.unsqueeze(-1) * X
@@ -558,7 +575,7 @@ def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[in
 def _logistic(args: None, data: ModelData) -> LogisticRegression:
     """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
     binary(data)
-    return LogisticRegression(data.features, data.spec.l2, data.spec.bias)
+    return LogisticRegression(data.features, data.spec.l2, data.spec.bias, data.spec.batch_invariant)
 
 
 def _multinomial(args: None, data: ModelData) -> MLP:

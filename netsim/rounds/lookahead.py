@@ -25,7 +25,10 @@ with it, push) in its program's order, all agents in lock step, each step's merg
 updates in one ``update`` call (row-wise operations: the same bits in any batch). Gradients are evaluated in
 the batches the engine evaluates them (the requests pending when one completes, in request order), by the
 gradient service itself: a logistic gradient's bits depend on which rows share its call, so only the engine's
-batches are exact, and ``gradient_batches`` is the engine's too.
+batches are exact, and ``gradient_batches`` is the engine's too. With a batch-invariant model
+(``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
+together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
+those calls.
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class _Driver:
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
         self.payloads: dict[int, torch.Tensor] = {}  # message id: the model it carries
         self.grads: dict[int, torch.Tensor] = {}
+        self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
         heapq.heappush(self.heap, (t, self.seq, kind, i, v))
@@ -242,7 +246,7 @@ class _Driver:
                 self.pos[i] = 0
                 self.go_on(i, t)
             elif kind == DONE:
-                if v >= self.pending_lo:  # the first completion of a batch: every pending request is evaluated
+                if v >= self.pending_lo and not self.free:  # a batch's first completion: all pending evaluated
                     self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
                     self.pending_lo = len(self.ticket_of)
                 rows.append((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
@@ -290,8 +294,9 @@ class _Driver:
         active = list(ops)
         blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
         waiting = self.evaluate_ready(left, waiting, blocked, active)
+        free = self.free
         while active:
-            mi, mp, ui, ug, pi, pm, nxt = [], [], [], [], [], [], []
+            mi, mp, ui, ug, pi, pm, nxt, ai, at = [], [], [], [], [], [], [], [], []
             progressed = False
             for i in active:
                 mine = ops[i]
@@ -312,9 +317,13 @@ class _Driver:
                         ui.append(i)
                         ug.append(g)
                     elif kind == ASK:
-                        f = flush_of.get(v)
-                        if f is not None:
-                            left[f] -= 1
+                        if free:
+                            ai.append(i)
+                            at.append(v)
+                        else:
+                            f = flush_of.get(v)
+                            if f is not None:
+                                left[f] -= 1
                     else:
                         pi.append(i)
                         pm.append(v)
@@ -335,6 +344,8 @@ class _Driver:
                 b, idx = self.batch(mi)
                 kernel.combine(b, p, torch.stack(mp))
                 X.index_copy_(0, idx, b.x)
+            if ai:
+                self.evaluate_step(ai, at)
             if pi:
                 idx = torch.tensor(pi, device=X.device)
                 sent = X.index_select(0, idx)
@@ -373,6 +384,18 @@ class _Driver:
                     woken.append(i)
         self.stats.gradient_s += time.perf_counter() - t0
         return still
+
+    def evaluate_step(self, who: list[int], tickets: list[int]) -> None:
+        """A batch-invariant model's requests of one step (after its merges), in one call."""
+        t0 = time.perf_counter()
+        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        P = self.X.index_select(0, torch.tensor(who, device=self.X.device))
+        made = [svc.submit(i, P[k], ticket_of[tk][1]) for k, (i, tk) in enumerate(zip(who, tickets, strict=True))]
+        svc.flush()
+        for tk, t in zip(tickets, made, strict=True):
+            grads[tk] = t.result
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
 
     # the run ----------------------------------------------------------------------------------------------
     def run(self) -> None:

@@ -513,6 +513,11 @@ class ModelSpec:
                      "a plugin's nn.Module starts the same way",
         when={"kind": ("mlp", "cnn", "vgg11", "resnet18")})
     dtype: Literal["float32", "float64"] = field("float32", doc="parameter and data precision")
+    batch_invariant: bool = field(
+        False, doc="gradients whose bits do not depend on which requests share a batched call: both engines give "
+                   "the same bits however they batch, so asynchronous windowed runs evaluate each step of a "
+                   "window in one call (faster); the default path rounds differently (shipped scenarios keep it)",
+        when={"kind": ("logistic",)})
     params: dict[str, Any] = attrs.field(factory=dict, metadata={
         "doc": "a plugin model's own arguments, written as keys of [model] itself (netsim models NAME)"})
 

@@ -1,0 +1,117 @@
+"""Batch-invariant logistic gradients (``model.batch_invariant``): a request's bits do not depend on which
+requests share its call, so asynchronous windowed runs batch a whole step of a window and still write the
+events engine's bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import netsim
+from netsim.compute.models import LogisticRegression
+from netsim.scenario import scenario_from_dict
+from tests.test_windowed import async_gossip, both_engines, identical
+
+
+def invariant_pair(tmp_path, sc: dict) -> tuple[dict, dict, dict | None]:
+    """Both engines; the events engine's summary after checking the bytes and models, the gradient calls of
+    each (how the gradients were batched: the one thing the engines may differ in), the windows' summary."""
+    got = both_engines(tmp_path, sc)
+    calls = {e: got[e]["summary"].pop("gradient_batches") for e in got}
+    for e in got:
+        got[e]["summary"].pop("mean_gradient_batch")
+    return identical(got), calls, got["windowed"]["windows"]
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().numpy().tobytes()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(R=st.sampled_from([1, 2, 3, 17, 130, 600]), B=st.sampled_from([1, 2, 5, 7, 33]),
+       d=st.sampled_from([1, 3, 16, 112, 123, 300]), dtype=st.sampled_from([torch.float32, torch.float64]),
+       threads=st.sampled_from([1, 2]), bias=st.booleans(), l2=st.sampled_from([0.0, 0.01]),
+       clip=st.sampled_from([None, ("l2", 0.5), ("coordinate", 0.1)]), seed=st.integers(0, 2**16))
+def test_each_requests_bits_are_its_own_in_any_batch(R, B, d, dtype, threads, bias, l2, clip, seed):
+    """Every row of a batched call equals the row evaluated alone and the row at another position (a permuted
+    batch), bit for bit, at 1 or 2 threads; sparse rows (exact zeros, signed zero products) included."""
+    g = torch.Generator().manual_seed(seed)
+    X = (torch.randn(R, B, d, generator=g) * (torch.rand(R, B, d, generator=g) < 0.3)).to(dtype)
+    W = (torch.randn(R, d + bias, generator=g) * 3).to(dtype)
+    y = (torch.rand(R, B, generator=g) < 0.5).to(dtype)
+    model = LogisticRegression(d, l2=l2, bias=bias, batch_invariant=True)
+    kw = {} if clip is None else {"clip": clip[1], "clip_kind": clip[0]}
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        G = model.grad(W, X, y, **kw)
+        perm = torch.randperm(R, generator=g)
+        assert _bits(model.grad(W[perm], X[perm], y[perm], **kw)) == _bits(G[perm])
+        for i in {0, R // 2, R - 1}:
+            assert _bits(model.grad(W[i:i + 1], X[i:i + 1], y[i:i + 1], **kw)[0]) == _bits(G[i])
+    finally:
+        torch.set_num_threads(old)
+    # and the same gradient as the default path, to round-off
+    ref = LogisticRegression(d, l2=l2, bias=bias).grad(W, X, y, **kw)
+    assert torch.allclose(G, ref, rtol=1e-4 if dtype == torch.float32 else 1e-10, atol=1e-6)
+
+
+def test_the_default_path_is_not_batch_invariant():
+    """Why the option exists: the same request alone and inside a batch rounds differently by default."""
+    g = torch.Generator().manual_seed(3)
+    R, B, d = 600, 5, 112
+    X, W = torch.randn(R, B, d, generator=g), torch.randn(R, d + 1, generator=g)
+    y = (torch.rand(R, B, generator=g) < 0.5).float()
+    model = LogisticRegression(d)
+    G = model.grad(W, X, y)
+    alone = torch.stack([model.grad(W[i:i + 1], X[i:i + 1], y[i:i + 1])[0] for i in range(R)])
+    assert not torch.equal(alone, G) and torch.allclose(alone, G, atol=1e-5)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=async_gossip())
+def test_lookahead_windows_with_batch_invariant_gradients_write_the_engines_bytes(tmp_path_factory, sc):
+    """Windows that evaluate every step's gradients in one call (not the engine's batches) still give the events
+    engine's trace, metrics and final models."""
+    from hypothesis import assume
+
+    from netsim.api import prepare
+    from netsim.errors import InputError
+
+    sc["model"]["batch_invariant"] = True
+    try:
+        prepare(scenario_from_dict(sc))
+    except InputError as e:
+        assume("topology" not in str(e))
+        raise
+    summary, calls, _ = invariant_pair(tmp_path_factory.mktemp("inv"), sc)
+    assert summary["gradients"] >= calls["events"]
+
+
+def test_the_benchmark_job_batches_whole_steps(tmp_path):
+    """The asynchronous benchmark's job, small: one gradient call per window step, far fewer than the engine's."""
+    sc = {"name": "inv", "run": {"seed": 2, "until": 4.0},
+          "agents": {"count": 300, "compute_time": {"kind": "constant", "value": 0.001},
+                     "activation": {"kind": "poisson", "rate": 1.0},
+                     "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
+          "topology": {"kind": "random_regular", "degree": 4},
+          "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
+          "data": {"kind": "synthetic", "samples": 1500, "features": 20, "partition": "iid"},
+          "model": {"kind": "logistic", "batch_invariant": True},
+          "algorithm": {"name": "push_gossip", "lr": 1.0, "batch": 0},
+          "evaluation": {"every": 2.0, "metrics": ["accuracy", "agent_accuracy"]}}
+    summary, calls, windows = invariant_pair(tmp_path, sc)
+    assert windows["windows"] > 0 and summary["gradients"] > 100
+    assert calls["windowed"] * 2 < calls["events"]
+
+
+def test_batch_invariant_is_a_logistic_option(tmp_path):
+    from netsim.errors import InputError
+
+    sc = {"name": "x", "agents": {"count": 4}, "data": {"kind": "synthetic", "samples": 40, "features": 3},
+          "model": {"kind": "mlp", "batch_invariant": True}}
+    with pytest.raises(InputError, match="batch_invariant"):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "run")
