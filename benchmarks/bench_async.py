@@ -4,7 +4,7 @@ The job of benchmarks/bench_gossip_learning.py with agents on their own clocks: 
 each local clock), clock drift uniform in [-0.01, 0.01], latency uniform in [0.05, 0.5] s, 10% loss, constant
 compute time 1 ms, mushrooms logistic regression, merge-then-update on every receipt. N agents run for T
 simulated seconds (``run.until``); beyond mushrooms' 6,499 training rows, synthetic data of its width (112
-features, 5 rows per agent). Both engines run in fresh subprocesses, back to back, for each size; the
+features, 5 rows per agent, 2,000 test rows). Both engines run in fresh subprocesses, back to back, for each size; the
 trace is written (both write the same bytes: tests/test_windowed.py). Printed: simulation wall time (the
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
 share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
@@ -36,7 +36,8 @@ MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most
 def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False) -> dict:
     data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
     if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
-        data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid"}
+        data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid",
+                "test_samples": 2000}  # every agent scored on 2,000 held-out rows, not on a fifth of 5N
     return {
         "name": f"async_gossip_{agents}",
         "run": {"seed": seed, "until": seconds, "device": device},
