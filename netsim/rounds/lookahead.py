@@ -34,6 +34,7 @@ those calls.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections.abc import Callable
 
@@ -135,7 +136,7 @@ class _Driver:
         self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
         # the control flow
         self.heap: list[tuple] = []
-        self.seq = 0
+        self.seq = itertools.count()  # insertion numbers: simpy's order of simultaneous events
         self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
         self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
         self.ticket_of: list[tuple[int, object]] = []  # ticket: (agent, rows)
@@ -154,120 +155,144 @@ class _Driver:
         self.payloads: dict[int, torch.Tensor] = {}  # message id: the model it carries
         self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
+        self._control()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
-        heapq.heappush(self.heap, (t, self.seq, kind, i, v))
-        self.seq += 1
+        heapq.heappush(self.heap, (t, next(self.seq), kind, i, v))
 
     # the control flow -------------------------------------------------------------------------------------
-    def wake(self, i: int, now: float) -> None:
-        """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
-        a = self.agents[i]
-        if self.limit is not None and a.round >= self.limit:
-            if not a.finished:
-                a.finished = True
-                self.rows.append(event_row(Finish(now, i, a.round)))
-                self.sim.agent_finished()
-                self.unfinished -= 1
-                if not self.unfinished:  # the stop event: processed after what is already due now
-                    self.push_event(now, STOP, -1, self.until is not None)
-            return
-        schedule = a.schedule
-        at = schedule.next(a.local_time(now))
-        if self.moves is not None and not schedule.fixed:
-            at = self.moves(a, at)
-        delay = max(0.0, a.global_time(at) - now)
-        if schedule.settles:
-            at, delay = schedule.settle(at, delay)
-        a.round += 1  # sim.count_wakes, for one agent
-        self.marks.activations += 1
-        heapq.heappush(self.heap, (now + delay, self.seq, ACT, i, at))
-        self.seq += 1
+    # ``wake`` and ``go_on`` are closures over the driver's state (made once, ``_control``): they run for every
+    # event, and reading locals is what keeps the per-event Python small.
+    def _control(self) -> None:
+        agents, heap, seq, ops_of = self.agents, self.heap, self.seq, self.ops
+        push, add_row, ticket_of, gots, pos = heapq.heappush, self.rows.append, self.ticket_of, self.got, self.pos
+        limit, moves, marks, asks_by = self.limit, self.moves, self.marks, self.asks
+        kernel, p, picks_of, rngs, net, tag, size = self.kernel, self.p, self.picks, self.rngs, self.net, \
+            self.tag, self.size
+        links, link_of, p_loss = net.links, net.link, net.p_loss
+        nbs = [a.neighbors for a in agents]  # fixed: a changing topology is refused
 
-    def go_on(self, i: int, now: float) -> None:
-        """The program from a merge on: merges until a gradient is asked for, else the push and the next wake."""
-        got, n = self.got[i], self.pos[i]
-        ops = self.ops.get(i)
-        if ops is None:
-            ops = self.ops[i] = []
-        a = self.agents[i]
-        asks = self.asks.get(len(got))
-        if asks is None:
-            asks = self.asks[len(got)] = [self.kernel.update_after(self.p, k, len(got)) for k in
-                                          range(1, len(got) + 1)]
-        while n < len(got):
-            ops.append((MERGE, got[n]))
-            req = asks[n]
-            n += 1
-            if req is not None:
-                self.pos[i] = n
-                ct = a._compute() * a.compute_scale
-                self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
-                tk = len(self.ticket_of)
-                self.ticket_of.append((i, a.sample_rows(req.batch)))
-                ops.append((ASK, tk))
-                heapq.heappush(self.heap, (now + ct, self.seq, DONE, i, tk))
-                self.seq += 1
+        def wake(i: int, now: float) -> None:
+            """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
+            a = agents[i]
+            if limit is not None and a.round >= limit:
+                self.finish(a, now)
                 return
-        self.pos[i] = n
-        nb = a.neighbors
-        if nb:
-            picks = self.picks[i]
-            if not picks:
-                picks.extend(self.rngs[i].integers(len(nb), size=256).tolist()[::-1])
-            j = nb[picks.pop()]
-            net = self.net
-            link = net.links.get((i, j)) or net.link(i, j)
-            mid = net.next_id
-            net.next_id = mid + 1
-            size = self.size
-            delay = now - now + link.latency()
-            self.rows.append((now, "send", i, j, mid, size, delay, a.round, self.tag))
-            if link.lost is not None and link.lost() < net.p_loss:
-                self.rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
-                ops.append((PUSH, -1))
-            else:
-                ops.append((PUSH, mid))
-                heapq.heappush(self.heap, (now + delay, self.seq, ARR, j, (mid, i, size, now, a.round)))
-                self.seq += 1
-        elif got:
-            ops.append((PUSH, -1))  # agent.params = x, with no one to push to
-        self.wake(i, now)
+            schedule = a.schedule
+            at = schedule.next(a.offset + a.rate * now)  # a.local_time(now)
+            if moves is not None and not schedule.fixed:
+                at = moves(a, at)
+            delay = max(0.0, (at - a.offset) / a.rate - now)  # a.global_time(at) - now
+            if schedule.settles:
+                at, delay = schedule.settle(at, delay)
+            a.round += 1  # sim.count_wakes, for one agent
+            marks.activations += 1
+            push(heap, (now + delay, next(seq), ACT, i, at))
+
+        def go_on(i: int, now: float) -> None:
+            """The program from a merge on: merges until a gradient is asked for, else the push and the next
+            wake."""
+            got, n = gots[i], pos[i]
+            ops = ops_of.get(i)
+            if ops is None:
+                ops = ops_of[i] = []
+            k = len(got)
+            if n < k:
+                asks = asks_by.get(k)
+                if asks is None:
+                    asks = asks_by[k] = [kernel.update_after(p, m, k) for m in range(1, k + 1)]
+                while n < k:
+                    ops.append((MERGE, got[n]))
+                    req = asks[n]
+                    n += 1
+                    if req is not None:
+                        pos[i] = n
+                        a = agents[i]
+                        ct = a._compute() * a.compute_scale
+                        add_row((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        tk = len(ticket_of)
+                        ticket_of.append((i, a.sample_rows(req.batch)))
+                        ops.append((ASK, tk))
+                        push(heap, (now + ct, next(seq), DONE, i, tk))
+                        return
+                pos[i] = n
+            nb = nbs[i]
+            if nb:
+                picks = picks_of[i]
+                if not picks:
+                    picks.extend(rngs[i].integers(len(nb), size=256).tolist()[::-1])
+                j = nb[picks.pop()]
+                link = links.get((i, j)) or link_of(i, j)
+                mid = net.next_id
+                net.next_id = mid + 1
+                delay = now - now + link.latency()
+                rnd = agents[i].round
+                add_row((now, "send", i, j, mid, size, delay, rnd, tag))
+                lost = link.lost
+                if lost is not None and lost() < p_loss:
+                    add_row((now, "drop", i, j, mid, size, delay, rnd, "loss"))
+                    ops.append((PUSH, -1))
+                else:
+                    ops.append((PUSH, mid))
+                    push(heap, (now + delay, next(seq), ARR, j, (mid, i, size, now, rnd)))
+            elif k:
+                ops.append((PUSH, -1))  # agent.params = x, with no one to push to
+            wake(i, now)
+
+        self.wake, self.go_on = wake, go_on
+
+    def finish(self, a, now: float) -> None:
+        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
+        if a.finished:
+            return
+        a.finished = True
+        self.rows.append(event_row(Finish(now, a.id, a.round)))
+        self.sim.agent_finished()
+        self.unfinished -= 1
+        if not self.unfinished:  # the stop event: processed after what is already due now
+            self.push_event(now, STOP, -1, self.until is not None)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, rows, agents = self.heap, self.rows, self.agents
-        pop = heapq.heappop
-        while heap and heap[0][0] < end:
-            t, _, kind, i, v = pop(heap)
-            if kind == ACT:
-                rows.append((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
-                self.got[i], self.inbox[i] = self.inbox[i], []
-                self.pos[i] = 0
-                self.go_on(i, t)
-            elif kind == DONE:
-                if v >= self.pending_lo and not self.free:  # a batch's first completion: all pending evaluated
-                    self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
-                    self.pending_lo = len(self.ticket_of)
-                rows.append((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-                self.ops.setdefault(i, []).append((UPDATE, v))
-                self.go_on(i, t)
-            elif kind == ARR:
-                mid, src, size, sent, rnd = v
-                rows.append((t, "deliver", i, src, mid, size, t - sent, rnd, self.tag))
-                self.inbox[i].append(mid)
-            elif kind == EVAL:  # the evaluator's timer: the window ends here, the models are scored after its work
-                self.now, self.evaluation = t, t
-                return
-            elif kind == UNTIL:
-                self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
-            else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
-                if v:
-                    self.push_event(t, STOP, -1, False)
-                    continue
-                self.now, self.ended = t, True
-                return
-            self.now = t
+        heap, add_row, agents, go_on, ops_of = self.heap, self.rows.append, self.agents, self.go_on, self.ops
+        gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
+            self.tag
+        pop, free, pending_lo, t = heapq.heappop, self.free, self.pending_lo, self.now
+        try:
+            while heap and heap[0][0] < end:
+                t, _, kind, i, v = pop(heap)
+                if kind == ACT:
+                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    gots[i], inbox[i] = inbox[i], []
+                    pos[i] = 0
+                    go_on(i, t)
+                elif kind == ARR:
+                    mid, src, size, sent, rnd = v
+                    add_row((t, "deliver", i, src, mid, size, t - sent, rnd, tag))
+                    inbox[i].append(mid)
+                elif kind == DONE:
+                    if v >= pending_lo and not free:  # a batch's first completion: every pending one evaluated
+                        flushes.append(range(pending_lo, len(ticket_of)))
+                        pending_lo = len(ticket_of)
+                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    ops = ops_of.get(i)
+                    if ops is None:
+                        ops = ops_of[i] = []
+                    ops.append((UPDATE, v))
+                    go_on(i, t)
+                elif kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
+                    self.evaluation = t
+                    return
+                elif kind == UNTIL:
+                    self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
+                else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
+                    if v:
+                        self.push_event(t, STOP, -1, False)
+                        continue
+                    self.ended = True
+                    return
+        finally:
+            self.now, self.pending_lo = t, pending_lo
 
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
@@ -356,10 +381,10 @@ class _Driver:
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
-        self.ops = {}
+        self.ops.clear()
         if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-        self.flushes = []
+        self.flushes.clear()
 
     def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
                        woken: list[int]) -> list[int]:
@@ -417,12 +442,12 @@ class _Driver:
             start = self.heap[0][0]
             first_ticket = len(self.ticket_of)
             self.events_until(start + L)
-            rows, self.rows = self.rows, []
-            stats.add(len(rows))
+            stats.add(len(self.rows))
             t1 = time.perf_counter()
             self.tensor_work(first_ticket)
             stats.tensor_s += time.perf_counter() - t1
-            self.writer.emit_rows(rows)
+            self.writer.emit_rows(self.rows)  # (copied there)
+            self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)

@@ -527,6 +527,8 @@ class ModelSpec:
             return key, f"unknown key for kind = {self.kind!r}; allowed keys here: {', '.join(_keys(ModelSpec))}"
         if not self.bias and self.kind in ("cnn", "vgg11", "resnet18"):
             return "bias", f"only logistic, multinomial and mlp models can drop their biases, not {self.kind!r}"
+        if self.batch_invariant and self.kind != "logistic":
+            return "batch_invariant", f"only the logistic model has a batch-invariant gradient, not {self.kind!r}"
         return None
 
 
