@@ -38,11 +38,11 @@ import attrs
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.sim.network import payload_size
-from netsim.trace.events import Finish
+from netsim.sim.network import ComposedLinks, payload_size
+from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
 
-ACT, DONE, ARR, STOP, UNTIL, EVAL = 0, 1, 2, 3, 4, 5  # heap entries (time, seq, kind, agent, value)
+ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # heap entries (time, seq, kind, agent, value)
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
 
 
@@ -80,20 +80,18 @@ def min_latency(lat) -> float | None:
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
     sc = sim.world.scenario
-    ag, net, r = sc.agents, sc.network, sc.run
+    net, r = sc.network, sc.run
     if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
         return "checkpoints cut the run between events"
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
         return "privacy.record: the mixing record is written by the events engine's agents"
-    if ag.offline or ag.churn or ag.availability:
-        return "agents go offline"
-    if net.burst or net.outages or net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
-        return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, bandwidth, per-link)"
+    if net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
+        return "links differ or take time to transmit (per-link settings, a link trace, bandwidth or uplinks)"
     if sc.topology.dynamic is not None:
         return "the topology changes over time"
-    moves = sim.world.activation_moves
-    if sim.world.network.model is not None or (moves is not None and getattr(moves, "churn", None) is not None):
-        return "a link model or churn is installed"
+    model = sim.world.network.model
+    if model is not None and type(model) is not ComposedLinks:
+        return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
     if r.until is None:
         return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
     lat = net.latency
@@ -144,6 +142,8 @@ class _Driver:
         self.ended = False
         self.evaluation = None  # the time of an evaluation that ends the window
         self.now = float(sim.loop.env.now)
+        self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
+        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
@@ -198,6 +198,8 @@ class _Driver:
             if req is not None:
                 self.pos[i] = n
                 ct = a._compute() * a.compute_scale
+                if self.churn is not None:  # requested while offline: starts when the agent is back
+                    ct += self.churn.wait(i, now)
                 self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
                 tk = len(self.ticket_of)
                 self.ticket_of.append((i, a.sample_rows(req.batch)))
@@ -213,14 +215,18 @@ class _Driver:
                 picks.extend(self.rngs[i].integers(len(nb), size=256).tolist()[::-1])
             j = nb[picks.pop()]
             net = self.net
-            link = net.links.get((i, j)) or net.link(i, j)
+            size = self.size
+            if self.model is None:
+                link = net.links.get((i, j)) or net.link(i, j)
+                delay = now - now + link.latency()
+                reason = "loss" if link.lost is not None and link.lost() < net.p_loss else ""
+            else:  # the engine's model decides (its streams, in send order; no transmission time: refused)
+                _, delay, reason = self.model.outcome(i, j, now, size)
             mid = net.next_id
             net.next_id = mid + 1
-            size = self.size
-            delay = now - now + link.latency()
             self.rows.append((now, "send", i, j, mid, size, delay, a.round, self.tag))
-            if link.lost is not None and link.lost() < net.p_loss:
-                self.rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+            if reason:
+                self.rows.append((now, "drop", i, j, mid, size, delay, a.round, reason))
                 ops.append((PUSH, -1))
             else:
                 ops.append((PUSH, mid))
@@ -229,6 +235,15 @@ class _Driver:
         elif got:
             ops.append((PUSH, -1))  # agent.params = x, with no one to push to
         self.wake(i, now)
+
+    def offline_next(self, i: int, now: float, after: float) -> None:
+        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
+        nxt = self.churn.next_interval(i, after)
+        if nxt is None:
+            self.sim.housekeeping_ended()
+            return
+        a, b = nxt
+        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -255,6 +270,9 @@ class _Driver:
             elif kind == EVAL:  # the evaluator's timer: the window ends here, the models are scored after its work
                 self.now, self.evaluation = t, t
                 return
+            elif kind == OFF:  # a churn recorder's timer: the interval starts
+                rows.append(event_row(Offline(t, i, v[0])))
+                self.offline_next(i, t, v[1])
             elif kind == UNTIL:
                 self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
             else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
@@ -384,6 +402,9 @@ class _Driver:
                 self.svc.keep_rows(a.rows)
         if self.until is not None:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
+        if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
+            for i in self.churn.sources:
+                self.offline_next(i, self.now, 0.0)
         for a in self.agents:  # each program's first wake, in agent order
             self.wake(a.id, self.now)
         every = sim.world.scenario.evaluation.every
