@@ -1,11 +1,18 @@
 """Asynchronous push gossip as conservative lookahead windows (``--engine windowed`` when activations are not
 simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, latencies
-with a positive lower bound, Bernoulli loss).
+with a positive lower bound, Bernoulli or Gilbert-Elliott loss, outages, agents going offline).
 
 The lookahead. A message sent at t arrives no earlier than t + L, L = the links' minimum latency (an agent with
 nothing to merge pushes at once, so the compute time before a send is 0 at least). An activation at a merges only
 what arrived before a, sent before a - L; so every activation of the window [T, T + L) reads payloads sent before
 T: the window's tensor work depends only on earlier windows, and all of it is done together, in batched calls.
+Offline time keeps that true: an activation moved out of an interval, a gradient that waits for the agent to be
+back and a drop decided when the message is sent (sender offline then, receiver offline when it would land, an
+outage, a burst's loss) change when things happen and what arrives, never how soon a message can land. What
+breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a replay's: no
+known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played here:
+bandwidth and uplinks (transmission times, link queues), per-link settings and link traces (per-link
+latencies), a topology that changes, checkpoints (they cut the run between events), no ``run.until``.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -13,12 +20,18 @@ window's events as the events engine's queue would, on a heap of (time, insertio
 simultaneous events in the order they were scheduled (a Timeout is scheduled when the event before it in its
 agent's program is processed); every row of one processed event together, as the engine writes them
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
-then what follows it; one ``deliver``). Each agent's streams are consumed in its own order by the same calls
-the engine makes (``Schedule.next``, the jitter of ``activation_moves``, ``compute_draws``, ``sample_rows``,
-the program's ``rng``), and each link's latency and loss from its own streams in send order; message ids
-are numbered in processing order. The run stops where the engine's does: at ``run.until`` (the events
-then due that were scheduled before it) or after the last agent's finish; the evaluator's timer ends a window
-where it falls, and the models are scored there after the window's work (only pushes write the bank).
+then what follows it; one ``deliver``; one ``offline``). Each agent's streams are consumed in its own order by
+the same calls the engine makes (``Schedule.next``, the jitter and churn of ``activation_moves``,
+``compute_draws`` plus ``Churn.wait``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
+and burst state from its own streams in send order (the lean path's draws, or the engine's installed
+``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
+processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
+whichever query grows them first. Each churn recorder (``Churn.recorder``: an ``offline`` row when an interval
+starts) is a heap timer, its first set after run.until's and before the programs' first wakes, where the
+engine's recorders, started with the network, set theirs. The run stops where the engine's does: at
+``run.until`` (the events then due that were scheduled before it) or after the last agent's finish; the
+evaluator's timer ends a window where it falls, and the models are scored there after the window's work (only
+pushes write the bank).
 
 Then the tensor work: each agent's operations in the window (merge a payload, ask for a gradient, update
 with it, push) in its program's order, all agents in lock step, each step's merges in one ``combine`` and its
