@@ -118,16 +118,18 @@ def test_every_offline_source_outages_and_bursts_together(tmp_path, activation):
 
 def test_an_interval_that_starts_on_the_first_tick_is_traced_before_its_activations(tmp_path):
     """The churn recorders start with the network, before the programs: an interval's ``offline`` row comes
-    before the activations it ties with, the first tick's as the later ones'."""
+    before the activations it ties with, the first tick's as the later ones', and one that starts at run.until
+    is traced (its timer was set before run.until's condition fired)."""
     sc = gossip(agents={"activation": {"kind": "periodic", "period": 0.5},
-                        "offline": [{"agent": 3, "start": 0.5, "end": 0.9}, {"agent": 0, "start": 1.0, "end": 2.5}]},
+                        "offline": [{"agent": 3, "start": 0.5, "end": 0.9}, {"agent": 0, "start": 1.0, "end": 2.5},
+                                    {"agent": 5, "start": 3.0, "end": 3.5}]},
                 run={"rounds": None, "until": 3.0})
     sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
     lookahead_run(tmp_path, sc)
     from netsim.trace.io import read_trace
 
     t = read_trace(tmp_path / "windowed").table.to_pandas()
-    for start, agent in ((0.5, 3), (1.0, 0)):
+    for start, agent in ((0.5, 3), (1.0, 0), (3.0, 5)):
         tie = t[t["t"] == start]
         assert tie["kind"].iloc[0] == "offline" and tie["agent"].iloc[0] == agent
         assert (tie["kind"] == "activate").sum() == 29  # everyone else, after it
