@@ -135,12 +135,11 @@ def test_an_interval_that_starts_on_the_first_tick_is_traced_before_its_activati
         assert (tie["kind"] == "activate").sum() == 29  # everyone else, after it
 
 
-# what still breaks the lookahead or the engine's exact order, refused with the reason ---------------------------
+# what the lookahead windows still refuse, with the reason ------------------------------------------------------
 def poisson(**network) -> dict:
-    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 1.0}, "churn": {"mean_online": 2.0,
-                                                                                  "mean_offline": 0.5}},
-                network=network)
-    return sc
+    """Churned Poisson gossip: out of synchronous rounds, so only the lookahead windows could play it."""
+    return gossip(agents={"activation": {"kind": "poisson", "rate": 1.0},
+                          "churn": {"mean_online": 2.0, "mean_offline": 0.5}}, network=network)
 
 
 @pytest.mark.parametrize(("network", "why"), [
