@@ -1,11 +1,18 @@
 """Asynchronous push gossip as conservative lookahead windows (``--engine windowed`` when activations are not
 simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, latencies
-with a positive lower bound, Bernoulli loss).
+with a positive lower bound, Bernoulli or Gilbert-Elliott loss, outages, agents going offline).
 
 The lookahead. A message sent at t arrives no earlier than t + L, L = the links' minimum latency (an agent with
 nothing to merge pushes at once, so the compute time before a send is 0 at least). An activation at a merges only
 what arrived before a, sent before a - L; so every activation of the window [T, T + L) reads payloads sent before
 T: the window's tensor work depends only on earlier windows, and all of it is done together, in batched calls.
+Offline time keeps that true: an activation moved out of an interval, a gradient that waits for the agent to be
+back and a drop decided when the message is sent (sender offline then, receiver offline when it would land, an
+outage, a burst's loss) change when things happen and what arrives, never how soon a message can land. What
+breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a replay's: no
+known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played here:
+bandwidth and uplinks (transmission times, link queues), per-link settings and link traces (per-link
+latencies), a topology that changes, checkpoints (they cut the run between events), no ``run.until``.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -13,12 +20,18 @@ window's events as the events engine's queue would, on a heap of (time, insertio
 simultaneous events in the order they were scheduled (a Timeout is scheduled when the event before it in its
 agent's program is processed); every row of one processed event together, as the engine writes them
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
-then what follows it; one ``deliver``). Each agent's streams are consumed in its own order by the same calls
-the engine makes (``Schedule.next``, the jitter of ``activation_moves``, ``compute_draws``, ``sample_rows``,
-the program's ``rng``), and each link's latency and loss from its own streams in send order; message ids
-are numbered in processing order. The run stops where the engine's does: at ``run.until`` (the events
-then due that were scheduled before it) or after the last agent's finish; the evaluator's timer ends a window
-where it falls, and the models are scored there after the window's work (only pushes write the bank).
+then what follows it; one ``deliver``; one ``offline``). Each agent's streams are consumed in its own order by
+the same calls the engine makes (``Schedule.next``, the jitter and churn of ``activation_moves``,
+``compute_draws`` plus ``Churn.wait``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
+and burst state from its own streams in send order (the lean path's draws, or the engine's installed
+``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
+processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
+whichever query grows them first. Each churn recorder (``Churn.recorder``: an ``offline`` row when an interval
+starts) is a heap timer, its first set after run.until's and before the programs' first wakes, where the
+engine's recorders, started with the network, set theirs. The run stops where the engine's does: at
+``run.until`` (the events then due that were scheduled before it) or after the last agent's finish; the
+evaluator's timer ends a window where it falls, and the models are scored there after the window's work (only
+pushes write the bank).
 
 Then the tensor work: each agent's operations in the window (merge a payload, ask for a gradient, update
 with it, push) in its program's order, all agents in lock step, each step's merges in one ``combine`` and its
@@ -42,11 +55,11 @@ import attrs
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.sim.network import payload_size
-from netsim.trace.events import Finish
+from netsim.sim.network import ComposedLinks, payload_size
+from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
 
-ACT, DONE, ARR, STOP, UNTIL, EVAL = 0, 1, 2, 3, 4, 5  # heap entries (time, seq, kind, agent, value)
+ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # heap entries (time, seq, kind, agent, value)
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
 
 
@@ -84,20 +97,18 @@ def min_latency(lat) -> float | None:
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
     sc = sim.world.scenario
-    ag, net, r = sc.agents, sc.network, sc.run
+    net, r = sc.network, sc.run
     if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
         return "checkpoints cut the run between events"
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
         return "privacy.record: the mixing record is written by the events engine's agents"
-    if ag.offline or ag.churn or ag.availability:
-        return "agents go offline"
-    if net.burst or net.outages or net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
-        return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, bandwidth, per-link)"
+    if net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
+        return "links differ or take time to transmit (per-link settings, a link trace, bandwidth or uplinks)"
     if sc.topology.dynamic is not None:
         return "the topology changes over time"
-    moves = sim.world.activation_moves
-    if sim.world.network.model is not None or (moves is not None and getattr(moves, "churn", None) is not None):
-        return "a link model or churn is installed"
+    model = sim.world.network.model
+    if model is not None and type(model) is not ComposedLinks:
+        return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
     if r.until is None:
         return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
     lat = net.latency
@@ -148,6 +159,8 @@ class _Driver:
         self.ended = False
         self.evaluation = None  # the time of an evaluation that ends the window
         self.now = float(sim.loop.env.now)
+        self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
+        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
@@ -170,6 +183,7 @@ class _Driver:
         kernel, p, picks_of, rngs, net, tag, size = self.kernel, self.p, self.picks, self.rngs, self.net, \
             self.tag, self.size
         links, link_of, p_loss = net.links, net.link, net.p_loss
+        churn, model = self.churn, self.model
         nbs = [a.neighbors for a in agents]  # fixed: a changing topology is refused
 
         def wake(i: int, now: float) -> None:
@@ -209,6 +223,8 @@ class _Driver:
                         pos[i] = n
                         a = agents[i]
                         ct = a._compute() * a.compute_scale
+                        if churn is not None:  # requested while offline: starts when the agent is back
+                            ct += churn.wait(i, now)
                         add_row((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
                         tk = len(ticket_of)
                         ticket_of.append((i, a.sample_rows(req.batch)))
@@ -222,15 +238,19 @@ class _Driver:
                 if not picks:
                     picks.extend(rngs[i].integers(len(nb), size=256).tolist()[::-1])
                 j = nb[picks.pop()]
-                link = links.get((i, j)) or link_of(i, j)
+                if model is None:
+                    link = links.get((i, j)) or link_of(i, j)
+                    delay = now - now + link.latency()
+                    lost = link.lost
+                    reason = "loss" if lost is not None and lost() < p_loss else ""
+                else:  # the engine's model decides (its streams, in send order; no transmission time: refused)
+                    _, delay, reason = model.outcome(i, j, now, size)
                 mid = net.next_id
                 net.next_id = mid + 1
-                delay = now - now + link.latency()
                 rnd = agents[i].round
                 add_row((now, "send", i, j, mid, size, delay, rnd, tag))
-                lost = link.lost
-                if lost is not None and lost() < p_loss:
-                    add_row((now, "drop", i, j, mid, size, delay, rnd, "loss"))
+                if reason:
+                    add_row((now, "drop", i, j, mid, size, delay, rnd, reason))
                     ops.append((PUSH, -1))
                 else:
                     ops.append((PUSH, mid))
@@ -251,6 +271,15 @@ class _Driver:
         self.unfinished -= 1
         if not self.unfinished:  # the stop event: processed after what is already due now
             self.push_event(now, STOP, -1, self.until is not None)
+
+    def offline_next(self, i: int, now: float, after: float) -> None:
+        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
+        nxt = self.churn.next_interval(i, after)
+        if nxt is None:
+            self.sim.housekeeping_ended()
+            return
+        a, b = nxt
+        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -283,6 +312,9 @@ class _Driver:
                 elif kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
                     self.evaluation = t
                     return
+                elif kind == OFF:  # a churn recorder's timer: the interval starts
+                    add_row(event_row(Offline(t, i, v[0])))
+                    self.offline_next(i, t, v[1])
                 elif kind == UNTIL:
                     self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
                 else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
@@ -432,6 +464,9 @@ class _Driver:
                 self.svc.keep_rows(a.rows)
         if self.until is not None:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
+        if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
+            for i in self.churn.sources:
+                self.offline_next(i, self.now, 0.0)
         for a in self.agents:  # each program's first wake, in agent order
             self.wake(a.id, self.now)
         every = sim.world.scenario.evaluation.every

@@ -1,0 +1,185 @@
+"""Lookahead windows (rounds/lookahead.py) with agents going offline, outages and bursty loss: the windowed engine
+against the events engine, byte for byte (trace.arrows, metrics.csv, final models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+import netsim
+from netsim.scenario import scenario_from_dict
+from tests.test_windowed import async_gossip, gossip, lookahead_run
+
+
+def availability(folder, repeating: bool) -> str:
+    """A FedScale-style trace of 12 clients, each online in two intervals of its own: repeating every 3 s, or
+    once (then online to the end of any run here)."""
+    path = folder / ("repeating.json" if repeating else "once.json")
+    if repeating:
+        data = {str(k): {"active": [0.2 * (k % 3), 1.4 + 0.1 * (k % 5)], "inactive": [1.0 + 0.1 * (k % 4), 2.8],
+                         "finish_time": 3.0} for k in range(12)}
+    else:
+        data = {str(k): {"active": [0.0, 2.0 + 0.3 * (k % 3)], "inactive": [0.6 + 0.2 * (k % 4), 1.0e9]}
+                for k in range(12)}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@st.composite
+def churned_gossip(draw) -> dict:
+    """A drawn asynchronous gossip scenario (tests/test_windowed.py's region) with at least one of: scheduled
+    offline intervals (some starting on a tick), random churn, an availability trace, outages, bursty loss."""
+    sc = draw(async_gossip())
+    n = sc["agents"]["count"]
+    kinds = draw(st.sets(st.sampled_from(["offline", "churn", "availability", "outages", "burst"]), min_size=1))
+    agents, net = sc["agents"], sc["network"]
+    if "offline" in kinds:
+        agents["offline"] = [{"agent": draw(st.integers(0, n - 1)), "start": s, "end": s + length}
+                             for s, length in draw(st.lists(st.tuples(
+                                 st.sampled_from([0.0, 0.5, 1.0, 1.25, 2.0, 3.3]),
+                                 st.sampled_from([0.1, 0.5, 1.0, 2.5])), min_size=1, max_size=3))]
+    if "churn" in kinds:
+        agents["churn"] = {"mean_online": draw(st.sampled_from([0.8, 3.0])),
+                           "mean_offline": draw(st.sampled_from([0.2, 1.0]))}
+    if "availability" in kinds:
+        agents["availability"] = draw(st.sampled_from(["repeating", "once"]))  # the test writes the file
+    if "outages" in kinds:
+        net["outages"] = [{"start": s, "end": s + length, **ends}
+                          for s, length, ends in draw(st.lists(st.tuples(
+                              st.sampled_from([0.0, 0.5, 1.0, 2.2]), st.sampled_from([0.3, 1.0, 2.0]),
+                              st.sampled_from([{}, {"src": 0}, {"dst": n - 1}, {"src": 1, "dst": 2}])),
+                              min_size=1, max_size=2))]
+    if "burst" in kinds:
+        net["burst"] = {"p_enter": draw(st.sampled_from([0.1, 0.4])), "p_exit": draw(st.sampled_from([0.3, 1.0])),
+                        "loss_good": draw(st.sampled_from([0.0, 0.05])),
+                        "loss_bad": draw(st.sampled_from([0.7, 1.0]))}
+    return sc
+
+
+def agree(folder, sc: dict) -> dict:
+    """Both engines on ``sc`` (its availability trace written to ``folder``): the same bytes and models."""
+    from netsim.api import prepare
+    from netsim.errors import InputError
+
+    if "availability" in sc["agents"]:
+        sc["agents"]["availability"] = availability(folder, sc["agents"]["availability"] == "repeating")
+    try:
+        prepare(scenario_from_dict(sc))
+    except InputError as e:  # a drawn graph that cannot be built (odd degree sum): not a scenario
+        assume("topology" not in str(e))
+        raise
+    return lookahead_run(folder, sc)  # churn, outages and bursts keep the run out of synchronous rounds
+
+
+@settings(max_examples=18, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=churned_gossip())
+def test_lookahead_windows_agree_with_the_engine_when_agents_go_offline_and_links_fail(tmp_path_factory, sc):
+    agree(tmp_path_factory.mktemp("churned"), sc)
+
+
+def kinds_of(folder) -> dict:
+    from netsim.trace.io import read_trace
+
+    t = read_trace(folder).table.to_pandas()
+    return {"offline": t[t["kind"] == "offline"], "drops": t[t["kind"] == "drop"]["tag"].value_counts().to_dict(),
+            "waits": t[t["kind"] == "compute_start"]["value"]}
+
+
+@pytest.mark.parametrize("activation", [{"kind": "periodic", "period": 0.5}, {"kind": "poisson", "rate": 3.0}])
+def test_every_offline_source_outages_and_bursts_together(tmp_path, activation):
+    """Scheduled intervals that start on a tick (their ``offline`` rows tie with activations, the first tick's
+    too: the recorders' timers are set before the programs' first wakes), random churn, an
+    availability trace, outages and Gilbert-Elliott bursts at once: every drop reason, gradients that wait for
+    the agent to be back, the engine's bytes."""
+    sc = gossip(agents={"activation": activation, "compute_time": {"kind": "constant", "value": 0.15},
+                        "offline": [{"agent": 0, "start": 1.0, "end": 2.5}, {"agent": 5, "start": 0.0, "end": 0.7},
+                                    {"agent": 7, "start": 2.0, "end": 2.02}, {"agent": 3, "start": 0.5, "end": 0.9}],
+                        "churn": {"mean_online": 1.5, "mean_offline": 0.4},
+                        "availability": availability(tmp_path, repeating=True), "count": 12},
+                network={"outages": [{"start": 1.0, "end": 1.6}, {"start": 0.5, "end": 3.0, "src": 2}],
+                         "burst": {"p_enter": 0.2, "p_exit": 0.5, "loss_bad": 0.9}},
+                algorithm={"batch": 3}, run={"rounds": None, "until": 6.0},
+                evaluation={"every": 1.0})
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    summary = lookahead_run(tmp_path, sc)
+    assert summary["stop_reason"] == "until" and summary["messages_delivered"] > 0
+    got = kinds_of(tmp_path / "windowed")
+    assert {"offline", "outage", "loss"} <= set(got["drops"])
+    off = got["offline"]
+    assert len(off) > 12 and set(off["agent"]) >= {0, 5, 7}
+    first = off[off["agent"] == 0]  # agent 0's scheduled interval, as its recorder traces it when it starts
+    assert ((first["t"] == 1.0) & (first["value"] == 1.5)).any()
+    assert (got["waits"] > 0.15 + 1e-9).any()  # a gradient asked for while offline starts when the agent is back
+
+
+def test_an_interval_that_starts_on_the_first_tick_is_traced_before_its_activations(tmp_path):
+    """The churn recorders start with the network, before the programs: an interval's ``offline`` row comes
+    before the activations it ties with, the first tick's as the later ones', and one that starts at run.until
+    is traced (its timer was set before run.until's condition fired)."""
+    sc = gossip(agents={"activation": {"kind": "periodic", "period": 0.5},
+                        "offline": [{"agent": 3, "start": 0.5, "end": 0.9}, {"agent": 0, "start": 1.0, "end": 2.5},
+                                    {"agent": 5, "start": 3.0, "end": 3.5}]},
+                run={"rounds": None, "until": 3.0})
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    lookahead_run(tmp_path, sc)
+    from netsim.trace.io import read_trace
+
+    t = read_trace(tmp_path / "windowed").table.to_pandas()
+    for start, agent in ((0.5, 3), (1.0, 0), (3.0, 5)):
+        tie = t[t["t"] == start]
+        assert tie["kind"].iloc[0] == "offline" and tie["agent"].iloc[0] == agent
+        assert (tie["kind"] == "activate").sum() == 29  # everyone else, after it
+
+
+# what the lookahead windows still refuse, with the reason ------------------------------------------------------
+def poisson(**network) -> dict:
+    """Churned Poisson gossip: out of synchronous rounds, so only the lookahead windows could play it."""
+    return gossip(agents={"activation": {"kind": "poisson", "rate": 1.0},
+                          "churn": {"mean_online": 2.0, "mean_offline": 0.5}}, network=network)
+
+
+@pytest.mark.parametrize(("network", "why"), [
+    ({"bandwidth": 1.0e5}, "lookahead windows: links differ or take time to transmit"),
+    ({"uplink": 1.0e5}, "lookahead windows: links differ or take time to transmit"),
+    ({"links": [{"src": 0, "dst": 1, "loss": 0.5}]}, "lookahead windows: links differ or take time to transmit"),
+])
+def test_lookahead_windows_refuse_what_they_cannot_play_exactly(tmp_path, network, why):
+    from netsim.errors import InputError
+
+    with pytest.raises(InputError, match=why):
+        netsim.run(scenario_from_dict(poisson(**network)), out=tmp_path / "run", engine="windowed")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_link_model_of_its_own_is_refused(tmp_path):
+    """A model installed by a plugin or a replay decides messages the driver cannot know of in advance."""
+    from netsim.errors import InputError
+
+    class Fixed:
+        def outcome(self, src, dst, now, size):
+            return now, 0.125, ""
+
+    with pytest.raises(InputError, match="lookahead windows: a link model of its own decides the messages "
+                                         r"\(Fixed: network.model or a replay\)"):
+        netsim.run(scenario_from_dict(poisson()), out=tmp_path / "run", engine="windowed",
+                   setup=lambda sim: sim.network.use(Fixed()))
+
+
+def test_the_cli_refuses_bandwidth_with_churn_with_exit_2(tmp_path):
+    import subprocess
+
+    import tomli_w
+
+    from tests.conftest import cli_env, netsim_cli
+
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(poisson(bandwidth=1.0e5)))
+    res = subprocess.run(netsim_cli("run", str(tmp_path / "s.toml"), "--engine", "windowed", "--out",
+                                    str(tmp_path / "cli")), capture_output=True, text=True, env=cli_env())
+    assert res.returncode == 2
+    assert "lookahead windows: links differ or take time to transmit" in res.stderr + res.stdout
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "cli").exists()
