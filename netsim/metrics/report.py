@@ -30,12 +30,14 @@ def write_metrics(rows: list[dict], path: Path, fmt: str) -> Path:
 
 
 AGENT_METRICS = "agent_metrics.csv"
+LINES_UP_TO = 200  # agent_accuracy.png draws each agent's line up to this many agents, quantile bands beyond
 
 
 def write_agent_metrics(rows: list, folder: Path, title: str) -> Path | None:
     """agent_metrics.csv (time, agent, loss, accuracy: each agent's own model on the test rows, one line per
-    agent and evaluation) and agent_accuracy.png (every agent's accuracy over time, with the mean and
-    the worst); nothing without evaluation.metrics "agent_accuracy"."""
+    agent and evaluation) and agent_accuracy.png (every agent's accuracy over time, or beyond
+    ``LINES_UP_TO`` agents its 5-95% and 25-75% bands, with the mean and the worst); nothing without
+    evaluation.metrics "agent_accuracy"."""
     if not rows:
         return None
     import numpy as np
@@ -58,14 +60,19 @@ def write_agent_metrics(rows: list, folder: Path, title: str) -> Path | None:
     t = np.array([r[0] for r in rows])
     A = np.stack([r[2] for r in rows])  # (evaluations, agents)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot(t, A, color="tab:blue", lw=0.6, alpha=max(0.05, min(0.6, 8 / n)))
+    if n <= LINES_UP_TO:
+        ax.plot(t, A, color="tab:blue", lw=0.6, alpha=max(0.05, min(0.6, 8 / n)))
+    else:  # thousands of lines draw as one blue mass and take minutes: the spread as bands instead
+        lo, q1, q3, hi = np.quantile(A, [0.05, 0.25, 0.75, 0.95], axis=1)
+        ax.fill_between(t, lo, hi, color="tab:blue", alpha=0.2, lw=0, label="agents, 5-95%")
+        ax.fill_between(t, q1, q3, color="tab:blue", alpha=0.4, lw=0, label="agents, 25-75%")
     ax.plot(t, A.mean(1), color="black", lw=1.8, label="mean over agents")
     ax.plot(t, A.min(1), color="tab:red", lw=1.2, ls="--", label="worst agent")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("test accuracy of the agent's own model")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")  # not "best": its search walks every line's points
     fig.tight_layout()
     fig.savefig(folder / "agent_accuracy.png", dpi=110)
     plt.close(fig)
