@@ -165,7 +165,10 @@ class _Driver:
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
-        self.payloads: dict[int, torch.Tensor] = {}  # message id: the model it carries
+        # the models in flight, one row each of ``slots`` (grown as needed): message id -> row; rows free to reuse
+        self.slots = torch.empty((len(self.agents), self.X.shape[1]), dtype=self.X.dtype, device=self.X.device)
+        self.slot_of: dict[int, int] = {}
+        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
         self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
         self._control()
@@ -338,7 +341,7 @@ class _Driver:
         the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
         requests are all in are evaluated."""
         kernel, p, X = self.kernel, self.p, self.X
-        payloads, grads = self.payloads, self.grads
+        slot_of, grads = self.slot_of, self.grads
         flushes = self.flushes
         flush_of = {}
         left = []
@@ -364,7 +367,7 @@ class _Driver:
                         break
                     if kind == MERGE:
                         mi.append(i)
-                        mp.append(payloads.pop(v))
+                        mp.append(slot_of.pop(v))
                     elif kind == UPDATE:
                         g = grads.pop(v, None)
                         if g is None:  # its gradient batch waits for a request still to come: woken then
@@ -399,17 +402,16 @@ class _Driver:
                 X.index_copy_(0, idx, b.x)
             if mi:
                 b, idx = self.batch(mi)
-                kernel.combine(b, p, torch.stack(mp))
+                kernel.combine(b, p, self.slots.index_select(0, torch.tensor(mp, device=X.device)))
                 X.index_copy_(0, idx, b.x)
+                self.free_slots.extend(mp)
             if ai:
                 self.evaluate_step(ai, at)
             if pi:
                 idx = torch.tensor(pi, device=X.device)
                 sent = X.index_select(0, idx)
                 self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
-                for m, row in zip(pm, sent.unbind(0), strict=True):
-                    if m >= 0:
-                        payloads[m] = row
+                self.keep_payloads(pm, sent)
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
@@ -442,15 +444,41 @@ class _Driver:
         self.stats.gradient_s += time.perf_counter() - t0
         return still
 
+    def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
+        """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) go to free slots."""
+        keep = [k for k, m in enumerate(mids) if m >= 0]
+        if not keep:
+            return
+        free = self.free_slots
+        if len(free) < len(keep):  # grow: twice the rows, the new ones free
+            old = self.slots
+            self.slots = torch.empty((2 * len(old) + len(keep), old.shape[1]), dtype=old.dtype, device=old.device)
+            self.slots[:len(old)] = old
+            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
+        rows = [free.pop() for _ in keep]
+        for k, r in zip(keep, rows, strict=True):
+            self.slot_of[mids[k]] = r
+        dev = sent.device
+        src = sent if len(keep) == len(mids) else sent.index_select(0, torch.tensor(keep, device=dev))
+        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
+
     def evaluate_step(self, who: list[int], tickets: list[int]) -> None:
         """A batch-invariant model's requests of one step (after its merges), in one call."""
         t0 = time.perf_counter()
         svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
         P = self.X.index_select(0, torch.tensor(who, device=self.X.device))
-        made = [svc.submit(i, P[k], ticket_of[tk][1]) for k, (i, tk) in enumerate(zip(who, tickets, strict=True))]
-        svc.flush()
-        for tk, t in zip(tickets, made, strict=True):
-            grads[tk] = t.result
+        rows = [ticket_of[tk][1] for tk in tickets]
+        m = len(rows[0])
+        if all(len(r) == m for r in rows):  # one block: no per-request tensors
+            block = svc.submit_block(who, P, rows)
+            svc.flush()
+            got = block.result.unbind(0)
+        else:
+            made = [svc.submit(i, P[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
+            svc.flush()
+            got = [t.result for t in made]
+        for tk, g in zip(tickets, got, strict=True):
+            grads[tk] = g
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
