@@ -15,10 +15,18 @@ from netsim.sim.streams import Draws
 def checked(d: Dist, key: str) -> Dist:
     """``d`` if its parameters are in range (finite, sigma and the uniform's width bounded), else an
     InputError naming ``key``: a scenario file is checked when read, a ``Dist`` built in code here."""
+    if _fine(d):
+        return d
     problem = d.problem()
     if problem is not None:
         raise InputError(f"{key}.{problem[0]}", problem[1])
     return d
+
+
+@functools.lru_cache(maxsize=1024)
+def _fine(d: Dist) -> bool:
+    """Whether ``d`` has no problem (remembered: every link of a large run draws from the same few)."""
+    return d.problem() is None
 
 
 def check_scenario(sc: Scenario) -> None:
