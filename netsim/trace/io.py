@@ -57,6 +57,22 @@ def record_batch(rows: list[tuple]) -> pa.RecordBatch:
     return pa.record_batch([_array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
 
 
+def columns_batch(cols: tuple) -> pa.RecordBatch:
+    """Rows given as columns (COLUMNS order: numpy arrays of the schema's types, the strings as object arrays) as
+    one record batch: the bytes ``record_batch`` makes of the same rows (no validity buffer without nulls)."""
+    return pa.record_batch([pa.array(c, f.type) for c, f in zip(cols, SCHEMA)], schema=SCHEMA)
+
+
+def column_rows(cols: tuple, lo: int, hi: int) -> list[tuple]:
+    """Rows lo..hi of columns (``columns_batch``'s) as row tuples of Python values."""
+    return list(zip(*(c[lo:hi].tolist() for c in cols)))
+
+
+def row_columns(rows: list[tuple]) -> tuple:
+    """Row tuples as columns (``columns_batch``'s)."""
+    return tuple(np.array(c, dtype=_NUMPY.get(f.type, object)) for c, f in zip(zip(*rows), SCHEMA))
+
+
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the stream format's end-of-stream marker
 
 
@@ -139,6 +155,31 @@ class TraceWriter:
                 self.flush()
                 buf = self.buffer
 
+    def emit_columns(self, cols: tuple) -> None:
+        """``emit_rows`` for rows given as columns (``columns_batch``'s): each full batch goes to Arrow column by
+        column, with no tuple per row; its bytes are those of the same rows emitted one by one (batches are cut
+        at the same rows). The rows left over, fewer than a batch, wait in the buffer as row tuples."""
+        n, i = len(cols[0]), 0
+        if not n:
+            return
+        every = self.flush_every
+        if every == math.inf:  # capturing: the rows go to the capturing list
+            self.buffer.extend(column_rows(cols, 0, n))
+            return
+        if self.buffer:  # the rows waiting come first: completed into a batch if the columns fill it
+            i = min(n, every - len(self.buffer))
+            if len(self.buffer) + i < every:
+                self.buffer.extend(column_rows(cols, 0, i))
+                return
+            head = row_columns(self.buffer)
+            self.buffer = []
+            self._write_batch(columns_batch(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols))))
+        while n - i >= every:
+            self._write_batch(columns_batch(tuple(c[i:i + every] for c in cols)))
+            i += every
+        if i < n:
+            self.buffer.extend(column_rows(cols, i, n))
+
     @contextlib.contextmanager
     def capturing(self, into: list):
         """Rows emitted inside the block go to ``into`` instead of the trace, for a driver that places them
@@ -154,8 +195,10 @@ class TraceWriter:
         if not self.buffer:
             return
         rows, self.buffer = self.buffer, []
-        self.count += len(rows)
-        batch = record_batch(rows)
+        self._write_batch(record_batch(rows))
+
+    def _write_batch(self, batch: pa.RecordBatch) -> None:
+        self.count += batch.num_rows
         if self.on_batch is not None:
             self.on_batch(batch)
         self._open()
