@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import Arrivals, Batch, drive
+from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
 from netsim.sim.activation import Periodic
+from netsim.sim.agent import RowsAhead
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 from netsim.sim.streams import Draws
@@ -124,6 +125,7 @@ class SyncRounds:
         state = kernel.state_of(agents[0], p)
         limit = sim.world.scenario.run.rounds
         net = Exchange(sim, self.tag, p.round_timeout)
+        sampler = RowsAhead(agents)
         now0 = float(sim.loop.env.now)
         start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0))
         k = start.k
@@ -142,14 +144,16 @@ class SyncRounds:
             hook = hook if hook[0] is not None else None
             released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
             pending = False  # every agent's gradient is out: their compute_end rows are due
-            xs = x.unbind(0)  # the rows of x: one unbind, no indexing per agent
+            xs = RowViews(x)  # the rows of x: one unbind if asked for, no indexing per agent
             g = None
             now = t_act.tolist()  # each agent's clock where its program runs on
             if hook is not None:  # activate, then the gradient request
-                ct = net.compute_times(woken)
+                ct = net.compute_times(woken, ids)
                 rows.add(activations(t_act, ids, at, woken, t_act, ct))
                 now = (t_act + ct).tolist()
-                asks = [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
+                batches = {req.batch for req in hook}
+                asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
+                    [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
                 g = _evaluate(svc, id_list, x, asks, hook)  # every request in one batched call (the first completion)
                 pending = True
 
@@ -279,16 +283,14 @@ class Exchange:
         self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
         self.links: list | None = None
         self.scales = np.array([a.compute_scale for a in agents], np.float64)
+        draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
+        self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) else None
 
-    def compute_times(self, woken) -> np.ndarray:
-        """Each agent's compute time as ``Agent.gradient`` draws it (``_compute() * compute_scale``): one call when
-        every agent has the same constant (no stream), else one draw per agent."""
-        draws = {a._compute for a in woken}
-        if len(draws) == 1:
-            f = draws.pop()
-            if not isinstance(f, Draws):
-                ids = np.fromiter((a.id for a in woken), np.int64, len(woken))
-                return f() * self.scales[ids]
+    def compute_times(self, woken, ids: np.ndarray) -> np.ndarray:
+        """Each agent's compute time as ``Agent.gradient`` draws it (``_compute() * compute_scale``): one call of
+        the constant every agent shares, else one draw per agent."""
+        if self.constant is not None:
+            return self.constant() * self.scales[ids]
         return np.array([a._compute() * a.compute_scale for a in woken], np.float64)
 
     def _made(self, senders: list[int]) -> None:
@@ -394,7 +396,8 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     request by request (the service groups them as it grouped the engine's)."""
     r0 = reqs[0]
     m = len(rows[0])
-    if all(r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and all(len(r) == m for r in rows):
+    if all(r is r0 or r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and (
+            isinstance(rows, np.ndarray) or all(len(r) == m for r in rows)):
         blk = svc.submit_block(ids, at, rows, r0.clip, r0.clip_kind)
         svc.flush()
         return blk.result

@@ -586,3 +586,37 @@ class Agent:
         """Start a helper program of this agent (a gossip server, say); its state goes into checkpoints
         like the main program's."""
         return self.sim.add_program(self.id, program)
+
+
+class RowsAhead:
+    """``Agent.sample_rows(batch)`` of many agents at once, as one (agents, batch) array of row indices: the
+    same rows, and the same draws from each agent's own ``batch`` stream, as one call per agent.
+
+    Where every agent draws i.i.d. mini-batches ahead (``DrawsAhead``; not ``without_replacement``, not a program
+    that took the stream itself), an agent's mini-batch is the next row of its block of drawn positions, refilled
+    as ``sample_rows`` refills it, and its rows are its part's at those positions: gathered for every agent by
+    one index into the parts laid end to end. Anywhere else, each agent's own ``sample_rows``."""
+
+    def __init__(self, agents: list[Agent]):
+        self.parts = [a.rows for a in agents]  # by agent id: the parts laid end to end, and where each starts
+        self.flat = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+        lengths = np.array([len(r) for r in self.parts], np.int64)
+        self.start = np.cumsum(lengths) - lengths
+
+    def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
+        parts = self.parts
+        if not batch or not all(
+                a._draw_ahead and not a._distinct_rows and a.rows is parts[a.id] for a in agents):
+            return [a.sample_rows(batch) for a in agents]
+        aheads = []
+        for a in agents:
+            ahead = a._ahead
+            if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
+                a._ahead = ahead = DrawsAhead.start(a._batch_rng, len(a.rows), batch, ahead)
+                if ahead is None:  # this numpy cannot draw ahead exactly: nothing was drawn, one call per agent
+                    return [a.sample_rows(batch) for a in agents]
+            aheads.append(ahead)
+        at = np.stack([h.block[h.pos] for h in aheads])
+        for h in aheads:
+            h.pos += 1
+        return self.flat[self.start[ids][:, None] + at]
