@@ -19,9 +19,9 @@ after the other in fresh subprocesses, and prints their ratio.
 release per agent and round in each agent's privacy ledger), the case where memory once grew per
 release; the summary's epsilon is then composed from the ledgers at the end.
 
-``--split`` (windowed): the time split per agent, as µs: set-up (``api.prepare``, building the simulation) per
-agent, and per agent-round the driver's ``play`` with the trace writing it does (``TraceWriter.flush``: rows to
-Arrow, the file) and without it.
+``--split`` (windowed): the time split per agent, as µs of CPU time: set-up (``api.prepare``, building the
+simulation) per agent, and per agent-round the driver's ``play`` with the trace writing it does
+(``TraceWriter.flush`` and ``emit_columns``: rows to Arrow, the file) and without it.
 
 ``--choco``: CHOCO-SGD instead (Koloskova et al. 2019: top-10% compressed differences and public copies,
 gamma 0.4), the case where compression, not mixing, is the per-agent tensor work. ``--muffliato`` (three gossip
@@ -102,17 +102,18 @@ def rss_sampler(every: float, samples: list):
 
 
 def timed(owner, name: str, into: dict, key: str) -> None:
-    """Wrap ``owner.name`` so that the seconds spent in it add up in ``into[key]``."""
+    """Wrap ``owner.name`` so that the wall and CPU seconds spent in it add up in ``into[key]`` (a pair)."""
     import time
 
     f = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             return f(*args, **kwargs)
         finally:
-            into[key] = into.get(key, 0.0) + time.perf_counter() - t
+            wall, cpu = into.get(key, (0.0, 0.0))
+            into[key] = (wall + time.perf_counter() - t, cpu + time.process_time() - c)
     setattr(owner, name, wrapper)
 
 
@@ -225,13 +226,14 @@ def main() -> None:
 
 
 def split_line(r: dict, rounds: int) -> str:
-    """µs per agent of set-up, per agent-round of play (with and without the trace writing inside it)."""
+    """µs of CPU time per agent of set-up, per agent-round of play (with and without the trace writing inside it);
+    wall seconds in brackets."""
     sp, n = r["split"], r["agents"]
-    play, flush = sp.get("play", 0.0), sp.get("flush", 0.0)
+    (sw, sc), (pw, pc), (fw, fc) = (sp.get(k, (0.0, 0.0)) for k in ("setup", "play", "flush"))
     per = 1e6 / (n * rounds)
-    return (f"{n:>7} split: set-up {sp.get('setup', 0.0):.2f} s = {1e6 * sp.get('setup', 0.0) / n:.1f} µs/agent; "
-            f"play {play:.2f} s = {play * per:.2f} µs/agent-round, of which trace writing {flush:.2f} s = "
-            f"{flush * per:.2f} µs; play without it {(play - flush) * per:.2f} µs/agent-round")
+    return (f"{n:>7} split (CPU): set-up {1e6 * sc / n:.1f} µs/agent [{sw:.2f} s wall]; play "
+            f"{pc * per:.2f} µs/agent-round [{pw:.2f} s], of which trace writing {fc * per:.2f} µs [{fw:.2f} s]; "
+            f"play without it {(pc - fc) * per:.2f} µs/agent-round")
 
 
 def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:

@@ -230,11 +230,17 @@ class RoundRows:
         self.parts.append(cols)
 
     def emit(self, writer) -> None:
-        for part in self.parts:
+        """Into the trace, in order: consecutive blocks of columns as one (the writer converts whole batches)."""
+        run: list[tuple] = []
+        for part in [*self.parts, []]:
             if isinstance(part, list):
-                writer.emit_rows(part)
+                if run:
+                    writer.emit_columns(run[0] if len(run) == 1 else tuple(np.concatenate(c) for c in zip(*run)))
+                    run = []
+                if part:
+                    writer.emit_rows(part)
             else:
-                writer.emit_columns(part)
+                run.append(part)
 
 
 def columns(n: int) -> list:
