@@ -33,7 +33,7 @@ from netsim.sim.agent import RowsAhead
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 from netsim.sim.streams import Draws
-from netsim.trace.io import row_columns
+from netsim.trace.io import Words, row_columns
 
 if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
     import torch
@@ -126,13 +126,14 @@ class SyncRounds:
         limit = sim.world.scenario.run.rounds
         net = Exchange(sim, self.tag, p.round_timeout)
         sampler = RowsAhead(agents)
+        words = net.words
         now0 = float(sim.loop.env.now)
         start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0))
         k = start.k
         who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
         when = np.array([t for _, t in start.order], np.float64)
         while True:
-            rows = RoundRows()
+            rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
             B = len(woken)
             id_list = ids.tolist()
@@ -149,7 +150,7 @@ class SyncRounds:
             now = t_act.tolist()  # each agent's clock where its program runs on
             if hook is not None:  # activate, then the gradient request
                 ct = net.compute_times(woken, ids)
-                rows.add(activations(t_act, ids, at, woken, t_act, ct))
+                rows.add(activations(words, t_act, ids, at, woken, t_act, ct))
                 now = (t_act + ct).tolist()
                 batches = {req.batch for req in hook}
                 asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
@@ -201,8 +202,8 @@ class SyncRounds:
             end = float(order_t[-1])
             last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))
-                rows.add(finishes(*late, agents))
+                rows.parts.insert(len(rows.parts) - 1, finishes(words, *done, agents))
+                rows.add(finishes(words, *late, agents))
                 for i in order_ids.tolist():
                     agents[i].finished = True
                     sim.agent_finished()
@@ -220,11 +221,12 @@ class SyncRounds:
 
 
 class RoundRows:
-    """A round's trace rows in the engine's order: blocks of columns (``trace.io.columns_batch``'s) and lists of
-    row tuples, emitted at the end of the round."""
+    """A round's trace rows in the engine's order: blocks of columns (``trace.io.columns_batch``'s, their strings as
+    codes of ``words``) and lists of row tuples, emitted at the end of the round."""
 
-    def __init__(self):
+    def __init__(self, words: Words):
         self.parts: list = []
+        self.words = words
 
     def add(self, cols: tuple) -> None:
         self.parts.append(cols)
@@ -235,7 +237,8 @@ class RoundRows:
         for part in [*self.parts, []]:
             if isinstance(part, list):
                 if run:
-                    writer.emit_columns(run[0] if len(run) == 1 else tuple(np.concatenate(c) for c in zip(*run)))
+                    writer.emit_columns(run[0] if len(run) == 1 else tuple(np.concatenate(c) for c in zip(*run)),
+                                        self.words)
                     run = []
                 if part:
                     writer.emit_rows(part)
@@ -243,32 +246,32 @@ class RoundRows:
                 run.append(part)
 
 
-def columns(n: int) -> list:
-    """n trace rows as columns (COLUMNS order) to fill: no peer, message, size, value, round or tag (-1, -1, 0,
-    0.0, -1, "") until set."""
-    return [np.empty(n), np.empty(n, object), np.empty(n, np.int32), np.full(n, -1, np.int32),
+def columns(n: int, words: Words) -> list:
+    """n trace rows as columns (COLUMNS order, strings as codes of ``words``) to fill: no peer, message, size,
+    value, round or tag (-1, -1, 0, 0.0, -1, "") until set."""
+    return [np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32), np.full(n, -1, np.int32),
             np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n), np.full(n, -1, np.int32),
-            np.full(n, "", object)]
+            np.full(n, words(""), np.int32)]
 
 
 def rounds_of(agents) -> np.ndarray:
     return np.fromiter((a.round for a in agents), np.int64, len(agents))
 
 
-def activations(t_act, ids, at, woken, t_start, ct) -> tuple:
+def activations(words: Words, t_act, ids, at, woken, t_start, ct) -> tuple:
     """Each agent's ``activate`` row (``Agent._activated``) followed by its ``compute_start`` (``Agent.gradient``),
     agent after agent in firing order."""
-    c = columns(2 * len(ids))
+    c = columns(2 * len(ids), words)
     a, r = slice(0, None, 2), slice(1, None, 2)
-    c[0][a], c[1][a], c[2][a], c[6][a], c[7][a] = t_act, "activate", ids, at, rounds_of(woken)
-    c[0][r], c[1][r], c[2][r], c[6][r] = t_start, "compute_start", ids, ct
+    c[0][a], c[1][a], c[2][a], c[6][a], c[7][a] = t_act, words("activate"), ids, at, rounds_of(woken)
+    c[0][r], c[1][r], c[2][r], c[6][r] = t_start, words("compute_start"), ids, ct
     return tuple(c)
 
 
-def finishes(ids, t, agents) -> tuple:
+def finishes(words: Words, ids, t, agents) -> tuple:
     """``finish`` rows (``Agent.finish``) of agents ``ids`` at times ``t``, in that order."""
-    c = columns(len(ids))
-    c[0][:], c[1][:], c[2][:], c[7][:] = t, "finish", ids, rounds_of([agents[i] for i in ids.tolist()])
+    c = columns(len(ids), words)
+    c[0][:], c[1][:], c[2][:], c[7][:] = t, words("finish"), ids, rounds_of([agents[i] for i in ids.tolist()])
     return tuple(c)
 
 
@@ -288,6 +291,7 @@ class Exchange:
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
         self.links: list | None = None
+        self.words = Words()
         self.scales = np.array([a.compute_scale for a in agents], np.float64)
         draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
         self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) else None
@@ -318,7 +322,7 @@ class Exchange:
         each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
         (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
         timed-out ones (agents, times)."""
-        net = self.net
+        net, words = self.net, self.words
         senders = ids[ready]
         if self.links is None:
             self._made(senders.tolist())
@@ -353,27 +357,27 @@ class Exchange:
         link_at = np.arange(E) + by + 1
         lens[head_at], lens[link_at] = head, 1 + lost
         starts = np.cumsum(lens) - lens
-        c = columns(int(lens.sum()))
+        c = columns(int(lens.sum()), words)
         h = starts[head_at]
         if computed:
-            c[0][h], c[1][h], c[2][h], c[6][h] = t_ready, "compute_end", senders, 0.0
+            c[0][h], c[1][h], c[2][h], c[6][h] = t_ready, words("compute_end"), senders, 0.0
         if rel and n_rel.any():
             flat = [r for rs in rel for r in rs]
             at = np.repeat(h + int(computed) - (np.cumsum(n_rel) - n_rel), n_rel) + np.arange(len(flat))
-            for col, values in zip(c, row_columns(flat), strict=True):
+            for col, values in zip(c, row_columns(flat, words), strict=True):
                 col[at] = values
         at = starts[link_at]
-        c[0][at], c[1][at], c[2][at], c[3][at], c[4][at] = t, "send", senders[by], dst, msg
-        c[5][at], c[6][at], c[7][at], c[8][at] = size, delay, rnd, self.tag
+        c[0][at], c[1][at], c[2][at], c[3][at], c[4][at] = t, words("send"), senders[by], dst, msg
+        c[5][at], c[6][at], c[7][at], c[8][at] = size, delay, rnd, words(self.tag)
         d = at[lost] + 1
-        c[0][d], c[1][d], c[2][d], c[3][d], c[4][d] = t[lost], "drop", senders[by][lost], dst[lost], msg[lost]
-        c[5][d], c[6][d], c[7][d], c[8][d] = size[lost], delay[lost], rnd, "loss"
+        c[0][d], c[1][d], c[2][d], c[3][d], c[4][d] = t[lost], words("drop"), senders[by][lost], dst[lost], msg[lost]
+        c[5][d], c[6][d], c[7][d], c[8][d] = size[lost], delay[lost], rnd, words("loss")
         rows.add(tuple(c))
         ok = ~lost  # deliveries, in send order
         arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
-        c = columns(len(arr))
-        c[0][:], c[1][:], c[2][:], c[3][:], c[4][:] = arr, "deliver", to, senders[src], msg[ok]
-        c[5][:], c[6][:], c[7][:], c[8][:] = size[ok], arr - sent, rnd, self.tag
+        c = columns(len(arr), words)
+        c[0][:], c[1][:], c[2][:], c[3][:], c[4][:] = arr, words("deliver"), to, senders[src], msg[ok]
+        c[5][:], c[6][:], c[7][:], c[8][:] = size[ok], arr - sent, rnd, words(self.tag)
         rows.add(tuple(c))
         # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
         count = np.bincount(to, minlength=len(self.agents))
@@ -386,8 +390,8 @@ class Exchange:
         complete[done[0]] = True
         out_ = ~complete[senders]  # the barriers, set in ready order, that time out
         late = (senders[out_], t_ready[out_] + self.timeout)
-        c = columns(int(out_.sum()))
-        c[0][:], c[1][:], c[2][:] = late[1], "timeout", late[0]
+        c = columns(int(out_.sum()), words)
+        c[0][:], c[1][:], c[2][:] = late[1], words("timeout"), late[0]
         c[6][:], c[7][:] = (self.expect[late[0]] - count[late[0]]).astype(np.float64), rnd
         rows.add(tuple(c))
         pos = np.empty(len(self.agents), np.int64)
