@@ -609,21 +609,24 @@ class RowsAhead:
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
         parts = self.parts
-        if not batch or not all(a._draw_ahead and not a._distinct_rows and a.rows is parts[a.id] for a in agents):
+        if not batch:
             return [a.sample_rows(batch) for a in agents]
-        aheads = []
-        blocks = self.blocks
-        laid = blocks is not None
-        for a in agents:
+        aheads: list = []
+        empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
+        for n, a in enumerate(agents):
+            if not a._draw_ahead or a._distinct_rows or a.rows is not parts[a.id]:
+                return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
             ahead = a._ahead
             if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
-                a._ahead = ahead = DrawsAhead.start(a._batch_rng, len(a.rows), batch, ahead)
-                if ahead is None:  # this numpy cannot draw ahead exactly: nothing was drawn, one call per agent
-                    return [a.sample_rows(batch) for a in agents]
-                laid = False
-            elif laid and ahead.block.base is not blocks:
-                laid = False
+                empty.append(n)
             aheads.append(ahead)
+        blocks = self.blocks
+        laid = not empty and blocks is not None and all(h.block.base is blocks for h in aheads)
+        for n in empty:
+            a = agents[n]
+            a._ahead = aheads[n] = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
+            if aheads[n] is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
+                return [a.sample_rows(batch) for a in agents]
         if not laid:
             self.blocks = blocks = np.stack([h.block for h in aheads])
             self.row[ids] = np.arange(len(ids))
