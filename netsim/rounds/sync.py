@@ -202,7 +202,7 @@ class SyncRounds:
             end = float(order_t[-1])
             last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                rows.parts.insert(len(rows.parts) - 1, finishes(words, *done, agents))
+                rows.parts.insert(len(rows.parts) - 1, finishes(words, *done, agents))  # the last part: the timeouts
                 rows.add(finishes(words, *late, agents))
                 for i in order_ids.tolist():
                     agents[i].finished = True
