@@ -29,14 +29,14 @@ import numpy as np
 
 from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
 from netsim.sim.activation import Periodic
-from netsim.sim.agent import RowsAhead
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 from netsim.sim.streams import Draws
-from netsim.trace.io import Words, row_columns
 
-if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
+if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kernel's module (its Params) loads without
     import torch
+
+    from netsim.trace.io import Words
 
 
 @attrs.frozen
@@ -119,6 +119,8 @@ class SyncRounds:
         checkpoint stands (``rounds``: windowed.Rounds). Each step works on arrays over the round's agents
         (``Exchange``, ``wake_all``); only the local steps of a kernel with its own gradients go agent by agent."""
         import torch
+
+        from netsim.sim.agent import RowsAhead
 
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
         svc = sim.world.gradients
@@ -290,6 +292,8 @@ class Exchange:
         # the weight each receiver gives the sender (``Agent.weights``; NaN where it has none: ``Batch`` then mixes
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
+        from netsim.trace.io import Words
+
         self.links: list | None = None
         self.words = Words()
         self.scales = np.array([a.compute_scale for a in agents], np.float64)
@@ -322,6 +326,8 @@ class Exchange:
         each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
         (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
         timed-out ones (agents, times)."""
+        from netsim.trace.io import row_columns
+
         net, words = self.net, self.words
         senders = ids[ready]
         if self.links is None:
