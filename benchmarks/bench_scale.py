@@ -19,6 +19,10 @@ after the other in fresh subprocesses, and prints their ratio.
 release per agent and round in each agent's privacy ledger), the case where memory once grew per
 release; the summary's epsilon is then composed from the ledgers at the end.
 
+``--split`` (windowed): the time split per agent, as µs of CPU time: set-up (``api.prepare``, building the
+simulation) per agent, and per agent-round the driver's ``play`` with the trace writing it does
+(``TraceWriter.flush`` and ``emit_columns``: rows to Arrow, the file) and without it.
+
 ``--choco``: CHOCO-SGD instead (Koloskova et al. 2019: top-10% compressed differences and public copies,
 gamma 0.4), the case where compression, not mixing, is the per-agent tensor work. ``--muffliato`` (three gossip
 exchanges a round after a noisy step) and ``--dfedavg`` (four local steps, then one exchange; period 0.2 s): two
@@ -26,7 +30,7 @@ more round kernels, each played by the same windowed driver.
 
     python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1]
         [--dp | --choco | --muffliato | --dfedavg]
-        [--engine events|windowed|both] [--device auto|cpu|cuda]
+        [--engine events|windowed|both] [--device auto|cpu|cuda] [--split]
 """
 
 from __future__ import annotations
@@ -97,9 +101,26 @@ def rss_sampler(every: float, samples: list):
     return setup
 
 
+def timed(owner, name: str, into: dict, key: str) -> None:
+    """Wrap ``owner.name`` so that the wall and CPU seconds spent in it add up in ``into[key]`` (a pair)."""
+    import time
+
+    f = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            wall, cpu = into.get(key, (0.0, 0.0))
+            into[key] = (wall + time.perf_counter() - t, cpu + time.process_time() - c)
+    setattr(owner, name, wrapper)
+
+
 def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine: str = "events",
         device: str = "auto", choco: bool = False, algorithm: str | None = None) -> dict:
-    """Run one size in this process; return its figures."""
+    """Run one size in this process; return its figures (``split``: seconds in building the simulation, in the
+    windowed driver's ``play`` and in trace writing)."""
     import resource
     import tempfile
     import time
@@ -108,7 +129,17 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
 
     torch.set_num_threads(threads)
     import netsim
+    from netsim import api
+    from netsim.rounds.sync import SyncRounds
     from netsim.scenario import scenario_from_dict
+    from netsim.trace.io import TraceWriter
+
+    split: dict = {}
+    timed(api, "prepare", split, "setup")
+    timed(SyncRounds, "play", split, "play")
+    timed(TraceWriter, "flush", split, "flush")
+    if hasattr(TraceWriter, "emit_columns"):  # rows handed over as columns (they call no flush)
+        timed(TraceWriter, "emit_columns", split, "flush")
 
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -130,7 +161,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
             "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
             "releases": s.get("privacy_releases", 0), "epsilon": s.get("privacy_epsilon_max"),
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1]}
+            "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1], "split": split}
 
 
 def main() -> None:
@@ -147,6 +178,8 @@ def main() -> None:
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="events")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
+    ap.add_argument("--split", action="store_true",
+                    help="print µs per agent of set-up and per agent-round of play, trace writing included and not")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -182,12 +215,25 @@ def main() -> None:
                   f"{mib(r['rss_setup']):>9} {mib(r['rss_mid']):>8} {mib(r['rss_end']):>8} "
                   f"{mib(r['rss_end'], r['rss_mid'], True):>8}"
                   + (f" {r['releases']:>10,} {r['epsilon'] or 0:>8.3g}" if args.dp else ""), flush=True)
+            if args.split:
+                print(split_line(r, args.rounds), flush=True)
         if len(sims) == 2:
             ev, win = sims["events"], sims["windowed"]
             same = all(ev[k] == win[k] for k in ("events", "accuracy", "steps"))
             print(f"{n:>7} windowed / events simulation time: {win['sim'] / ev['sim']:.3f} "
                   f"({ev['sim'] / win['sim']:.1f}x faster; events, gradients and accuracy "
                   f"{'equal' if same else 'DIFFER'})", flush=True)
+
+
+def split_line(r: dict, rounds: int) -> str:
+    """µs of CPU time per agent of set-up, per agent-round of play (with and without the trace writing inside it);
+    wall seconds in brackets."""
+    sp, n = r["split"], r["agents"]
+    (sw, sc), (pw, pc), (fw, fc) = (sp.get(k, (0.0, 0.0)) for k in ("setup", "play", "flush"))
+    per = 1e6 / (n * rounds)
+    return (f"{n:>7} split (CPU): set-up {1e6 * sc / n:.1f} µs/agent [{sw:.2f} s wall]; play "
+            f"{pc * per:.2f} µs/agent-round [{pw:.2f} s], of which trace writing {fc * per:.2f} µs [{fw:.2f} s]; "
+            f"play without it {(pc - fc) * per:.2f} µs/agent-round")
 
 
 def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:

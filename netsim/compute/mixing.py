@@ -50,29 +50,40 @@ def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence
     """The updates of ``evaluate`` as rows: row k is ``own[k] * keep[k] + sum_s weights[k][s] * models[k][s]``,
     then ``- lr * g`` for the rows ``ks`` of each ``steps[lr] = (ks, g)`` (g: their step rows)."""
     us = range(len(keep))
-    keep_t = torch.tensor(keep, dtype=torch.float64).to(dtype=dtype, device=own.device)
-    out = own * keep_t.unsqueeze(1)  # own * keep, the scalar rounded to the rows' dtype as a Python float is
+    keep_t = torch.tensor(keep, dtype=torch.float64)
     slots = max(len(w) for w in weights)
+    groups = []
     for s in range(slots):
-        groups: dict[float, list[int]] = {}
+        by: dict[float, list[int]] = {}
         for k in us:
             ws = weights[k]
             if len(ws) > s:
-                groups.setdefault(ws[s], []).append(k)
-        for w, ks in groups.items():
-            xs = torch.stack([models[k][s] for k in ks])
-            _apply(out, ks, len(us), lambda o, xs=xs, w=w: o.add_(xs, alpha=w))
+                by.setdefault(ws[s], []).append(k)
+        groups.append([(w, ks, lambda ks=ks, s=s: torch.stack([models[k][s] for k in ks])) for w, ks in by.items()])
+    return mix_rows(own, keep_t, groups, steps, dtype)
+
+
+def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tuple]],
+             steps: dict[float, tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
+    """``combine``'s float operations: ``own * keep`` (keep: float64, rounded to ``dtype`` as a Python float
+    is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks`` whose s-th
+    arrival has weight w; ``xs()`` their s-th models as rows) added with ``alpha=w``, then the steps."""
+    n = own.shape[0]
+    out = own * keep.to(dtype=dtype, device=own.device).unsqueeze(1)
+    for slot in groups:
+        for w, ks, xs in slot:
+            _apply(out, ks, n, lambda o, xs=xs(), w=w: o.add_(xs, alpha=w))
     for lr, (ks, g) in steps.items():
-        _apply(out, ks, len(us), lambda o, g=g, lr=lr: o - lr * g)
+        _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
     return out
 
 
-def _apply(out: torch.Tensor, ks: list[int], n: int, op) -> None:
-    """out[ks] = op(out[ks]), in place when ks is every row."""
+def _apply(out: torch.Tensor, ks: Sequence[int] | torch.Tensor, n: int, op) -> None:
+    """out[ks] = op(out[ks]), in place when ks is every row (ks: a list, or an index tensor)."""
     if len(ks) == n:
         got = op(out)
         if got is not out:
             out.copy_(got)
         return
-    idx = torch.tensor(ks, dtype=torch.long, device=out.device)
+    idx = ks.to(out.device) if isinstance(ks, torch.Tensor) else torch.tensor(ks, dtype=torch.long, device=out.device)
     out.index_copy_(0, idx, op(out.index_select(0, idx)))

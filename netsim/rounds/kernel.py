@@ -81,11 +81,12 @@ class Batch:
         # results): what the batch hands over where a kernel passes its x or g unchanged, with no views to make
         self._rows = None if rows is None else ((x, rows[0]), (g, rows[1]))
         self.out: list | None = None
+        self._sent: torch.Tensor | None = None  # the payloads of ``send`` when they are one tensor's rows
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
         self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
 
-    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows"})
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent"})
 
     def row(self, n: int) -> Batch:
         """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values
@@ -148,8 +149,10 @@ class Batch:
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
         import torch
 
+        self._sent = payloads if isinstance(payloads, torch.Tensor) else None
         if isinstance(payloads, torch.Tensor):
-            self.out = list(self._rowlist(payloads))
+            rows = self._rowlist(payloads)
+            self.out = rows if isinstance(rows, RowViews) else list(rows)
             if sizes is None and len(self.agents) > 1:  # rows of one tensor: one size (``payload_size``'s)
                 sizes = [payload_size(payloads[0])] * len(self.agents)
         else:
@@ -159,11 +162,19 @@ class Batch:
     def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
         """Each agent's sum_j W_ij x_j over what arrived, now (``Agent.mix``: a missing neighbour's weight stays
         on the agent's own row), as rows."""
-        from netsim.compute.mixing import combine
-
         if len(self.agents) == 1:
             return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
-        return combine(own, *self._gossip(got), {}, own.dtype)  # Agent.mix's float operations, every agent at once
+        return self._mixed(own, got, {})  # Agent.mix's float operations, every agent at once
+
+    def _mixed(self, own: torch.Tensor, got: Sequence[dict], steps: dict) -> torch.Tensor:
+        """``compute.mixing.combine`` of what arrived: from a windowed driver's arrays (``Arrivals.groups``) where
+        it can, else from each agent's dict (``_gossip``); the same operations on the same rows either way."""
+        from netsim.compute.mixing import combine, mix_rows
+
+        groups = got.groups() if isinstance(got, Arrivals) else None
+        if groups is not None:
+            return mix_rows(own, *groups, steps, own.dtype)
+        return combine(own, *self._gossip(got), steps, own.dtype)
 
     def _gossip(self, got: Sequence[dict]) -> tuple[list[float], list[list[float]], list[list[torch.Tensor]]]:
         """Each agent's (keep, weights, models) of ``Agent.mix`` over what arrived (``compute.mixing.combine``'s
@@ -176,8 +187,6 @@ class Batch:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
         import torch
-
-        from netsim.compute.mixing import combine
 
         if len(self.agents) == 1:  # the events engine's batch of one
             s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
@@ -192,9 +201,11 @@ class Batch:
             ks = [n for n, s in enumerate(step) if s is not None]
             by = {lr: (ks, torch.stack([step[n] for n in ks]))} if ks else {}
         # Agent.mix_into_params's float operations for every agent in one call (compute.mixing), written at once
-        values = combine(own, *self._gossip(got), by, own.dtype)
+        values = self._mixed(own, got, by)
         bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
+        if all(a._mixing is None for a in agents):
+            return
         for n, (a, g) in enumerate(zip(agents, got, strict=True)):
             if a._mixing is not None:  # the mixing record (pairwise privacy) of each agent's update
                 stepped = step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
@@ -290,6 +301,96 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
+
+
+class RowViews(Sequence):
+    """The rows of a (B, ...) tensor as a sequence, unbound on first use: a view per row costs ~1 µs, and a windowed
+    batch's rows are often never read one by one (its payloads go to ``Arrivals`` as one tensor)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+        self._rows: Sequence | None = None
+
+    def _made(self) -> Sequence:
+        if self._rows is None:
+            self._rows = self.t.unbind(0)
+        return self._rows
+
+    def __getitem__(self, n):
+        return self._made()[n]
+
+    def __len__(self) -> int:
+        return self.t.shape[0]
+
+    def __iter__(self):
+        return iter(self._made())
+
+
+# Python's float ``sum`` adds one term after the other before 3.12, and compensates the rounding from 3.12 on
+_PLAIN_SUM = sum([1e16, 1.0, -1e16]) == 0.0
+
+
+class Arrivals(Sequence):
+    """``combine``'s ``got`` as a windowed driver hands it over: ``got[n]`` = {sender: payload} of what reached
+    batch agent n in the exchange, in arrival order, made on first use. The deliveries themselves, in arrival
+    order, as arrays: ``recv`` and ``send`` (batch positions of receiver and sender) and ``w`` (the receiver's
+    weight of the sender, ``Agent.weights``; NaN where it has none), which ``Batch.mix`` and
+    ``mix_into_params`` read without a dict per agent (``groups``). ``sent``: the payloads as one tensor's rows
+    (``Batch.send`` of a tensor), else None."""
+
+    def __init__(self, ids: list[int], out: list, sent: torch.Tensor | None, recv: np.ndarray, send: np.ndarray,
+                 w: np.ndarray):
+        self.ids, self.out, self.sent, self.recv, self.send, self.w = ids, out, sent, recv, send, w
+        self._got: list[dict] | None = None
+
+    def _made(self) -> list[dict]:
+        if self._got is None:
+            got: list[dict] = [{} for _ in self.ids]
+            ids, out = self.ids, self.out
+            for r, s in zip(self.recv.tolist(), self.send.tolist(), strict=True):
+                got[r][ids[s]] = out[s]
+            self._got = got
+        return self._got
+
+    def __getitem__(self, n):
+        return self._made()[n]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(self._made())
+
+    def groups(self) -> tuple[torch.Tensor, list] | None:
+        """``compute.mixing.mix_rows``'s (keep, groups) for these arrivals, as ``combine`` forms them from the
+        dicts: each agent keeps ``1.0 - sum(its weights in arrival order)``; slot s groups the agents whose s-th
+        arrival has the same weight, their s-th models being the senders' rows of ``sent``. None where it cannot
+        (the payloads are not one tensor, a weight is missing, or Python's ``sum`` is not a plain running sum)."""
+        import torch
+
+        if self.sent is None or not _PLAIN_SUM or np.isnan(self.w).any():
+            return None
+        n = len(self.ids)
+        by = np.argsort(self.recv, kind="stable")  # by receiver, each one's arrivals in arrival order
+        recv, send, w = self.recv[by], self.send[by], self.w[by]
+        counts = np.bincount(recv, minlength=n)
+        slot = np.arange(len(recv)) - (np.cumsum(counts) - counts)[recv]
+        acc = np.zeros(n)
+        groups = []
+        dev = self.sent.device
+        for s in range(int(counts.max(initial=0))):
+            at = slot == s
+            r, snd, ws = recv[at], send[at], w[at]
+            acc[r] += ws  # the running sum, one term per slot (each receiver appears once in a slot)
+            values, first = np.unique(ws, return_index=True)
+            slot_groups = []
+            for v in values[np.argsort(first)].tolist():  # in order of first appearance, as the dicts' groups
+                sel = ws == v
+                src = torch.from_numpy(snd[sel]).to(dev)
+                slot_groups.append((v, torch.from_numpy(r[sel]),
+                                    lambda src=src: self.sent.index_select(0, src)))
+            groups.append(slot_groups)
+        return torch.from_numpy(1.0 - acc), groups
 
 
 class RoundKernel:

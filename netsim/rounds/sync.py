@@ -25,14 +25,18 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 
-from netsim.rounds.kernel import Batch, drive
+from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
+from netsim.sim.streams import Draws
 
-if TYPE_CHECKING:  # torch is imported where it is used: a kernel's module (its Params) loads without it
+if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kernel's module (its Params) loads without
     import torch
+
+    from netsim.trace.io import Words
 
 
 @attrs.frozen
@@ -112,143 +116,294 @@ class SyncRounds:
 
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round (see the module docstring), from round 0 or from where a restored
-        checkpoint stands (``rounds``: windowed.Rounds)."""
+        checkpoint stands (``rounds``: windowed.Rounds). Each step works on arrays over the round's agents
+        (``Exchange``, ``wake_all``); only the local steps of a kernel with its own gradients go agent by agent."""
         import torch
 
-        from netsim.trace.events import Finish, Timeout
-        from netsim.trace.events import row as event_row
+        from netsim.sim.agent import RowsAhead
 
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
-        net, svc = sim.world.network, sim.world.gradients
+        svc = sim.world.gradients
         state = kernel.state_of(agents[0], p)
         limit = sim.world.scenario.run.rounds
-        expect = [len(a.in_neighbors) for a in agents]
-        outs: list[list | None] = [None] * len(agents)  # agent: [(out-neighbour, link)] (the topology is static)
+        net = Exchange(sim, self.tag, p.round_timeout)
+        sampler = RowsAhead(agents)
+        words = net.words
         now0 = float(sim.loop.env.now)
         start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0))
-        k, order = start.k, start.order  # order: (agent, when it called wake)
-        mid = net.next_id
-        tag = self.tag
+        k = start.k
+        who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
+        when = np.array([t for _, t in start.order], np.float64)
         while True:
-            rows: list[tuple] = []
-            row = rows.append
-            acts = rounds.wake(order)
-            ids = [i for _, _, i, _ in acts]
+            rows = RoundRows(words)
+            t_act, ids, at, woken = rounds.wake_all(who, when)
+            B = len(woken)
+            id_list = ids.tolist()
             X = sim.world.bank.W  # each agent's params as the engine snapshots them at its activation
-            x = X.index_select(0, torch.tensor(ids, device=X.device))
-            now = [t for t, *_ in acts]  # each agent's clock where its program runs on
-            hook = [kernel.gradient(p, state, i) for i in ids]  # the gradient asked for before ``local``
+            x = X.index_select(0, torch.from_numpy(ids).to(X.device))
+            hook = [kernel.gradient(p, state, i) for i in id_list]  # the gradient asked for before ``local``
             if any(r is None for r in hook) and not all(r is None for r in hook):
                 raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
             hook = hook if hook[0] is not None else None
             released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
-            pending: set[int] = set()  # agents whose gradient is out: their compute_end row is due
-            xs = x.unbind(0)  # the rows of x: one unbind, no indexing per agent
+            pending = False  # every agent's gradient is out: their compute_end rows are due
+            xs = RowViews(x)  # the rows of x: one unbind if asked for, no indexing per agent
             g = None
+            now = t_act.tolist()  # each agent's clock where its program runs on
             if hook is not None:  # activate, then the gradient request
-                asks = []
-                for n, ((t_act, _, i, at_tick), req) in enumerate(zip(acts, hook, strict=True)):
-                    a = agents[i]
-                    row((t_act, "activate", i, -1, -1, 0, at_tick, a.round, ""))
-                    self._start(a, now, n, row)
-                    asks.append(a.sample_rows(req.batch))
-                g = _evaluate(svc, ids, x, asks, hook)  # every request in one batched call (the first completion)
-                pending = set(range(len(acts)))
+                ct = net.compute_times(woken, ids)
+                rows.add(activations(words, t_act, ids, at, woken, t_act, ct))
+                now = (t_act + ct).tolist()
+                batches = {req.batch for req in hook}
+                asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
+                    [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
+                g = _evaluate(svc, id_list, x, asks, hook)  # every request in one batched call (the first completion)
+                pending = True
 
-            def at(n: int, now=now, released=released):  # the agent's clock when its program runs on, its rows
+            def at_(n: int, now=now, released=released):  # the agent's clock when its program runs on, its rows
                 return now[n], released.setdefault(n, [])
 
-            b = Batch([agents[i] for i in ids], k, x, g, state, at, rows=(xs, None))
-            sim.loop.env.advance_to(acts[0][0])  # local starts at the activation (every agent's: one tick)
+            b = Batch(woken, k, x, g, state, at_, rows=(xs, None))
+            sim.loop.env.advance_to(float(t_act[0]))  # local starts at the activation (every agent's: one tick)
             local = kernel.local(b, p)
             if local is not None:
+                part: list[tuple] = []
+                rows.parts.append(part)
+                row = part.append
                 try:
                     w = next(local)
                     while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
-                        for n in range(len(acts)):
-                            i = ids[n]
-                            if n in pending:
+                        for n in range(B):
+                            i = id_list[n]
+                            if pending:
                                 row((now[n], "compute_end", i, -1, -1, 0, 0.0, -1, ""))
                             elif hook is None:  # the first wave: the activation that led to it
-                                t_act, _, _, at_tick = acts[n]
-                                row((t_act, "activate", i, -1, -1, 0, at_tick, agents[i].round, ""))
-                            rows += released.pop(n, ())
-                            self._start(agents[i], now, n, row)
-                        pending = set(range(len(acts)))
-                        w = local.send(_evaluate(svc, ids, w.at, w.rows, [w] * len(ids)))
+                                row((float(t_act[n]), "activate", i, -1, -1, 0, float(at[n]), woken[n].round, ""))
+                            part += released.pop(n, ())
+                            self._start(woken[n], now, n, row)
+                        pending = True
+                        w = local.send(_evaluate(svc, id_list, w.at, w.rows, [w] * B))
                 except StopIteration:
                     pass
             if hook is None and not pending:
                 raise ValueError("windowed rounds need a compute phase (a gradient) every round")
-            done_at = now
             steps = kernel.exchanges(p, state)
-            ready = [(n, t) for n, t in enumerate(done_at)]  # (batch position, when it sends), in the engine's order
+            ready, t_ready = np.arange(B), np.array(now)  # (batch position, when it sends), in the engine's order
             for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
                 rnd = b.k * steps + s
-                sends = []
-                for n, t_done in ready:  # compute_end and releases (first exchange), the sends
-                    i = ids[n]
-                    if s == 0:
-                        if n in pending:
-                            row((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-                        if released:
-                            rows += released.pop(n, ())
-                    size = payload_size(b.out[n]) if b.sizes is None else b.sizes[n]
-                    out = outs[i]
-                    if out is None:  # the agent's links, made at its first send as the engine makes them
-                        out = outs[i] = [(j, net.links.get((i, j)) or net.link(i, j)) for j in agents[i].neighbors]
-                    for j, link in out:
-                        delay = t_done - t_done + link.latency()
-                        row((t_done, "send", i, j, mid, size, delay, rnd, tag))
-                        if link.lost is not None and link.lost() < net.p_loss:
-                            row((t_done, "drop", i, j, mid, size, delay, rnd, "loss"))
-                        else:
-                            sends.append((t_done + delay, n, j, mid, size, t_done))
-                        mid += 1
-                got: list[dict] = [{} for _ in agents]
-                done = []
-                for t_arr, n, j, m, size, sent in sends:  # deliveries in send order; a barrier completes on its last
-                    i = ids[n]
-                    row((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, tag))
-                    gj = got[j]
-                    gj[i] = b.out[n]
-                    if len(gj) == expect[j]:
-                        done.append((j, t_arr))
-                complete = {j for j, _ in done}
-                late = []  # the barriers that time out, in the order their timers were set (the gathers' order)
-                for n, t_done in ready:
-                    i = ids[n]
-                    if i not in complete:
-                        t_out = t_done + p.round_timeout
-                        late.append((i, t_out))
-                        row(event_row(Timeout(t_out, i, rnd, float(expect[i] - len(got[i])))))
-                order = done + late  # who goes on first: the barriers done at the last arrival, then the timed-out
+                first = s == 0
+                got, done, late = net.exchange(b, rows, ids, ready, t_ready, rnd, pending and first,
+                                               released if first else None)
+                order_ids, order_t = np.concatenate([done[0], late[0]]), np.concatenate([done[1], late[1]])
                 b.s = s
                 if s + 1 < steps:
-                    kernel.combine(b, p, [got[i] for i in ids])
-                    pos = {i: n for n, i in enumerate(ids)}
-                    ready = [(pos[i], t) for i, t in order]
-            end = order[-1][1]
-            last = agents[order[0][0]].round >= limit  # every agent is at the limit together
+                    kernel.combine(b, p, got)
+                    pos = np.empty(len(agents), np.int64)
+                    pos[ids] = np.arange(B)
+                    ready, t_ready = pos[order_ids], order_t
+            end = float(order_t[-1])
+            last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                cut = len(rows) - len(late)
-                rows[cut:cut] = [event_row(Finish(w, i, agents[i].round)) for i, w in done]
-                rows += [event_row(Finish(w, i, agents[i].round)) for i, w in late]
-                for i, _ in order:
+                rows.parts.insert(len(rows.parts) - 1, finishes(words, *done, agents))  # the last part: the timeouts
+                rows.add(finishes(words, *late, agents))
+                for i in order_ids.tolist():
                     agents[i].finished = True
                     sim.agent_finished()
-            writer.emit_rows(rows)
-            kernel.combine(b, p, [got[i] for i in ids])
+            rows.emit(writer)
+            kernel.combine(b, p, got)
             if last:
                 break
             k += 1
-            net.next_id = mid
-            if rounds.between(Between(k, order, end)):  # interrupted: the run stops here, between two rounds
+            who, when = order_ids, order_t
+            if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):  # interrupted: between rounds
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
-        net.next_id = mid
         sim.loop.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
+
+
+class RoundRows:
+    """A round's trace rows in the engine's order: blocks of columns (``trace.io.columns_batch``'s, their strings as
+    codes of ``words``) and lists of row tuples, emitted at the end of the round."""
+
+    def __init__(self, words: Words):
+        self.parts: list = []
+        self.words = words
+
+    def add(self, cols: tuple) -> None:
+        self.parts.append(cols)
+
+    def emit(self, writer) -> None:
+        """Into the trace, in order: consecutive blocks of columns as one (the writer converts whole batches)."""
+        run: list[tuple] = []
+        for part in [*self.parts, []]:
+            if isinstance(part, list):
+                if run:
+                    writer.emit_columns(run[0] if len(run) == 1 else tuple(np.concatenate(c) for c in zip(*run)),
+                                        self.words)
+                    run = []
+                if part:
+                    writer.emit_rows(part)
+            else:
+                run.append(part)
+
+
+def columns(n: int, words: Words) -> list:
+    """n trace rows as columns (COLUMNS order, strings as codes of ``words``) to fill: no peer, message, size,
+    value, round or tag (-1, -1, 0, 0.0, -1, "") until set."""
+    return [np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32), np.full(n, -1, np.int32),
+            np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n), np.full(n, -1, np.int32),
+            np.full(n, words(""), np.int32)]
+
+
+def rounds_of(agents) -> np.ndarray:
+    return np.fromiter((a.round for a in agents), np.int64, len(agents))
+
+
+def activations(words: Words, t_act, ids, at, woken, t_start, ct) -> tuple:
+    """Each agent's ``activate`` row (``Agent._activated``) followed by its ``compute_start`` (``Agent.gradient``),
+    agent after agent in firing order."""
+    c = columns(2 * len(ids), words)
+    a, r = slice(0, None, 2), slice(1, None, 2)
+    c[0][a], c[1][a], c[2][a], c[6][a], c[7][a] = t_act, words("activate"), ids, at, rounds_of(woken)
+    c[0][r], c[1][r], c[2][r], c[6][r] = t_start, words("compute_start"), ids, ct
+    return tuple(c)
+
+
+def finishes(words: Words, ids, t, agents) -> tuple:
+    """``finish`` rows (``Agent.finish``) of agents ``ids`` at times ``t``, in that order."""
+    c = columns(len(ids), words)
+    c[0][:], c[1][:], c[2][:], c[7][:] = t, words("finish"), ids, rounds_of([agents[i] for i in ids.tolist()])
+    return tuple(c)
+
+
+class Exchange:
+    """A round's exchange over arrays: every agent sends to its out-neighbours, deliveries and barriers follow
+    (the rules of the module docstring). The out-links are the graph's (``Agent.neighbors``), made when the agents
+    first send, in send order, as ``Network.send`` makes them."""
+
+    def __init__(self, sim, tag: str, timeout: float):
+        agents = sim.loop.agents
+        self.sim, self.agents, self.tag, self.timeout, self.net = sim, agents, tag, timeout, sim.world.network
+        self.expect = np.array([len(a.in_neighbors) for a in agents], np.int64)
+        self.deg = np.array([len(a.neighbors) for a in agents], np.int64)
+        self.ptr = np.concatenate([[0], np.cumsum(self.deg)])  # agent i's out-links: ptr[i]..ptr[i + 1]
+        self.dst = np.array([j for a in agents for j in a.neighbors], np.int64)
+        # the weight each receiver gives the sender (``Agent.weights``; NaN where it has none: ``Batch`` then mixes
+        # from the dicts, which says so)
+        self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
+        from netsim.trace.io import Words
+
+        self.links: list | None = None
+        self.words = Words()
+        self.scales = np.array([a.compute_scale for a in agents], np.float64)
+        draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
+        self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) else None
+
+    def compute_times(self, woken, ids: np.ndarray) -> np.ndarray:
+        """Each agent's compute time as ``Agent.gradient`` draws it (``_compute() * compute_scale``): one call of
+        the constant every agent shares, else one draw per agent."""
+        if self.constant is not None:
+            return self.constant() * self.scales[ids]
+        return np.array([a._compute() * a.compute_scale for a in woken], np.float64)
+
+    def _made(self, senders: list[int]) -> None:
+        """Every out-link, made in send order where not made yet (``Network.link``)."""
+        net, agents = self.net, self.agents
+        links = [None] * len(self.dst)
+        for i in senders:
+            for e, j in zip(range(self.ptr[i], self.ptr[i + 1]), agents[i].neighbors, strict=True):
+                links[e] = net.links.get((i, j)) or net.link(i, j)
+        self.links = links
+        lat = list({link.latency for link in links})  # a constant latency: one callable shared by every link
+        self.latency = lat[0]() if len(lat) == 1 and not isinstance(lat[0], Draws) else None
+
+    def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
+                 computed: bool, released: dict | None):
+        """Exchange ``rnd``: the agents at batch positions ``ready`` send, in that order, at ``t_ready``; each one's
+        rows are its ``compute_end`` (``computed``) and its releases (``released``, first exchange), then per
+        out-link a ``send`` and, when lost, a ``drop``. Then the deliveries in send order, then the ``timeout`` of
+        each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
+        (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
+        timed-out ones (agents, times)."""
+        from netsim.trace.io import row_columns
+
+        net, words = self.net, self.words
+        senders = ids[ready]
+        if self.links is None:
+            self._made(senders.tolist())
+        B = len(ready)
+        deg = self.deg[senders]
+        E = int(deg.sum())
+        by = np.repeat(np.arange(B), deg)  # each link's sender, as an index into ready
+        first = np.cumsum(deg) - deg
+        edge = np.repeat(self.ptr[senders] - first, deg) + np.arange(E)  # the out-links in send order
+        dst = self.dst[edge]
+        t = t_ready[by]
+        if self.latency is not None:  # one constant: ``tx_end - now + latency()`` with tx_end = now
+            delay = (t - t) + self.latency
+        else:
+            links = self.links
+            delay = (t - t) + np.array([links[e].latency() for e in edge.tolist()], np.float64)
+        if net.p_loss > 0:  # each link's own loss stream, one draw per message in send order
+            links = self.links
+            lost = np.array([links[e].lost() for e in edge.tolist()], np.float64) < net.p_loss
+        else:
+            lost = np.zeros(E, bool)
+        mid = net.next_id
+        msg = mid + np.arange(E, dtype=np.int64)
+        net.next_id = mid + E
+        size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
+        # rows of each sender: a head (compute_end, releases), then per link send (and drop): offsets by one cumsum
+        rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
+        n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(B, np.int64)
+        head = n_rel + int(computed)
+        lens = np.empty(B + E, np.int64)
+        head_at = np.arange(B) + first  # the sender's head among the items, before its links
+        link_at = np.arange(E) + by + 1
+        lens[head_at], lens[link_at] = head, 1 + lost
+        starts = np.cumsum(lens) - lens
+        c = columns(int(lens.sum()), words)
+        h = starts[head_at]
+        if computed:
+            c[0][h], c[1][h], c[2][h], c[6][h] = t_ready, words("compute_end"), senders, 0.0
+        if rel and n_rel.any():
+            flat = [r for rs in rel for r in rs]
+            at = np.repeat(h + int(computed) - (np.cumsum(n_rel) - n_rel), n_rel) + np.arange(len(flat))
+            for col, values in zip(c, row_columns(flat, words), strict=True):
+                col[at] = values
+        at = starts[link_at]
+        c[0][at], c[1][at], c[2][at], c[3][at], c[4][at] = t, words("send"), senders[by], dst, msg
+        c[5][at], c[6][at], c[7][at], c[8][at] = size, delay, rnd, words(self.tag)
+        d = at[lost] + 1
+        c[0][d], c[1][d], c[2][d], c[3][d], c[4][d] = t[lost], words("drop"), senders[by][lost], dst[lost], msg[lost]
+        c[5][d], c[6][d], c[7][d], c[8][d] = size[lost], delay[lost], rnd, words("loss")
+        rows.add(tuple(c))
+        ok = ~lost  # deliveries, in send order
+        arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
+        c = columns(len(arr), words)
+        c[0][:], c[1][:], c[2][:], c[3][:], c[4][:] = arr, words("deliver"), to, senders[src], msg[ok]
+        c[5][:], c[6][:], c[7][:], c[8][:] = size[ok], arr - sent, rnd, words(self.tag)
+        rows.add(tuple(c))
+        # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
+        count = np.bincount(to, minlength=len(self.agents))
+        seq = np.argsort(to, kind="stable")
+        ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
+        last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
+        last = last[count[to[last]] == self.expect[to[last]]]
+        done = (to[last], arr[last])
+        complete = np.zeros(len(self.agents), bool)
+        complete[done[0]] = True
+        out_ = ~complete[senders]  # the barriers, set in ready order, that time out
+        late = (senders[out_], t_ready[out_] + self.timeout)
+        c = columns(int(out_.sum()), words)
+        c[0][:], c[1][:], c[2][:] = late[1], words("timeout"), late[0]
+        c[6][:], c[7][:] = (self.expect[late[0]] - count[late[0]]).astype(np.float64), rnd
+        rows.add(tuple(c))
+        pos = np.empty(len(self.agents), np.int64)
+        pos[ids] = np.arange(len(ids))
+        got = Arrivals(ids.tolist(), b.out, b._sent, pos[to], ready[src], self.w[edge][ok])
+        return got, done, late
 
 
 def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> torch.Tensor:
@@ -257,7 +412,8 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     request by request (the service groups them as it grouped the engine's)."""
     r0 = reqs[0]
     m = len(rows[0])
-    if all(r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and all(len(r) == m for r in rows):
+    if all(r is r0 or r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and (
+            isinstance(rows, np.ndarray) or all(len(r) == m for r in rows)):
         blk = svc.submit_block(ids, at, rows, r0.clip, r0.clip_kind)
         svc.flush()
         return blk.result

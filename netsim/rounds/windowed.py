@@ -130,6 +130,9 @@ class Rounds:
     def wake(self, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
         return wake(self.sim, order)
 
+    def wake_all(self, ids, when):
+        return wake_all(self.sim, ids, when)
+
     def between(self, state: Between) -> bool:
         return self.sim.between_rounds(state)
 
@@ -147,3 +150,32 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     sim.count_wakes(woken)
     acts.sort()
     return acts
+
+
+def wake_all(sim, ids, when):
+    """``wake`` for a whole round as arrays: ``ids`` (agents) and ``when`` (when each called wake), in call order,
+    give (activation times, agents, local tick times, the agents), sorted as simpy fires them.
+
+    Every agent's schedule is periodic on an identical clock (``rounds_refusal``), so an activation depends only
+    on (when, the schedule's tick before it): each distinct pair is planned once, by the first such agent's own
+    ``schedule.next`` as ``wake`` plans it, and every agent of the pair takes its tick and times. simpy fires by
+    time, then in the order the activations were set: a stable sort by time keeps the call order among equals."""
+    import numpy as np
+
+    agents = sim.loop.agents
+    woken = [agents[i] for i in ids.tolist()]
+    ticks = np.fromiter((a.schedule.tick for a in woken), np.int64, len(woken))
+    pairs = np.stack([when.view(np.int64), ticks], axis=1)  # the float's bits: equal pairs are the same float
+    _, first, which = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    act, at, tick = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), np.int64)
+    for u, n in enumerate(first.tolist()):
+        a, w = woken[n], float(when[n])
+        planned = a.schedule.next(a.local_time(w))
+        act[u], at[u], tick[u] = w + max(0.0, a.global_time(planned) - w), planned, a.schedule.tick
+    which = which.reshape(-1)
+    for a, t in zip(woken, tick[which].tolist(), strict=True):
+        a.schedule.tick = t
+    sim.count_wakes(woken)
+    times = act[which]
+    fire = np.argsort(times, kind="stable")
+    return times[fire], ids[fire], at[which][fire], [woken[n] for n in fire.tolist()]

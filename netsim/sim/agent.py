@@ -586,3 +586,53 @@ class Agent:
         """Start a helper program of this agent (a gossip server, say); its state goes into checkpoints
         like the main program's."""
         return self.sim.add_program(self.id, program)
+
+
+class RowsAhead:
+    """``Agent.sample_rows(batch)`` of many agents at once, as one (agents, batch) array of row indices: the
+    same rows, and the same draws from each agent's own ``batch`` stream, as one call per agent.
+
+    Where every agent draws i.i.d. mini-batches ahead (``DrawsAhead``; not ``without_replacement``, not a program
+    that took the stream itself), an agent's mini-batch is the next row of its block of drawn positions, refilled
+    as ``sample_rows`` refills it, and its rows are its part's at those positions: gathered for every agent by
+    one index into the parts laid end to end. The blocks are laid out as the rows of one array (each agent's block
+    a view of its row: the same values), so the positions are gathered by one index too. Anywhere else, each
+    agent's own ``sample_rows``."""
+
+    def __init__(self, agents: list[Agent]):
+        self.parts = [a.rows for a in agents]  # by agent id: the parts laid end to end, and where each starts
+        self.flat = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+        lengths = np.array([len(r) for r in self.parts], np.int64)
+        self.start = np.cumsum(lengths) - lengths
+        self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each
+        self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
+
+    def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
+        parts = self.parts
+        if not batch:
+            return [a.sample_rows(batch) for a in agents]
+        aheads: list = []
+        empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
+        for n, a in enumerate(agents):
+            if not a._draw_ahead or a._distinct_rows or a.rows is not parts[a.id]:
+                return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
+            ahead = a._ahead
+            if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
+                empty.append(n)
+            aheads.append(ahead)
+        blocks = self.blocks
+        laid = not empty and blocks is not None and all(h.block.base is blocks for h in aheads)
+        for n in empty:
+            a = agents[n]
+            a._ahead = aheads[n] = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
+            if aheads[n] is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
+                return [a.sample_rows(batch) for a in agents]
+        if not laid:
+            self.blocks = blocks = np.stack([h.block for h in aheads])
+            self.row[ids] = np.arange(len(ids))
+            for h, block in zip(aheads, blocks, strict=True):
+                h.block = block
+        pos = np.fromiter((h.pos for h in aheads), np.int64, len(aheads))
+        for h in aheads:
+            h.pos += 1
+        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], pos]]

@@ -1,0 +1,108 @@
+"""The windowed synchronous driver's array steps against what they replace, one agent or one row at a time:
+trace rows given as columns, every agent's mini-batch in one gather, a round's activations planned at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from netsim import api
+from netsim.rounds import windowed
+from netsim.scenario import scenario_from_dict
+from netsim.sim.agent import RowsAhead
+from netsim.trace.io import TraceWriter, Words, read_trace, row_columns
+
+
+def rows(n: int, seed: int = 0) -> list[tuple]:
+    """Trace rows of every column type, a release's long tag and repeated kinds among them."""
+    rng = np.random.default_rng(seed)
+    kinds = ["activate", "send", "deliver", "release", "timeout"]
+    tags = ["", "model", "gaussian gradient s=1.0 q=0.25 p=1.0 k=0"]
+    return [(float(rng.random()), kinds[int(rng.integers(5))], int(rng.integers(100)), int(rng.integers(-1, 100)),
+             int(rng.integers(-1, 10**6)), int(rng.integers(0, 10**4)), float(rng.normal()),
+             int(rng.integers(-1, 9)), tags[int(rng.integers(3))]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("every", [1, 3, 8, 1000])
+def test_columns_write_the_bytes_of_the_same_rows(tmp_path, every):
+    """Rows emitted as columns, between rows emitted one by one, give the file, the batches and the rows waiting
+    of the same rows emitted as tuples (batches cut at the same rows)."""
+    given = rows(200)
+    cuts = [0, 5, 6, 50, 51, 130, 200]  # row runs, emitted alternately as tuples and as columns
+    made = {}
+    for how in ("rows", "columns"):
+        path = tmp_path / f"{how}.arrows"
+        w = TraceWriter(path, {"a": "b"}, flush_every=every)
+        words = Words()
+        for n, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+            part = given[lo:hi]
+            if how == "columns" and n % 2:
+                w.emit_columns(row_columns(part, words), words)
+            else:
+                w.emit_rows(part)
+        pending, count = list(w.buffer), w.count
+        w.close()
+        made[how] = (path.read_bytes(), pending, count)
+    assert made["columns"] == made["rows"]
+    table = read_trace(tmp_path / "columns.arrows").table
+    assert table.num_rows == 200 and table.column("tag").to_pylist() == [r[8] for r in given]
+
+
+def sims(n: int = 6, **data) -> tuple:
+    sc = {"name": "arrays", "run": {"seed": 5, "rounds": 40, "until": 1.0e6},
+          "agents": {"count": n, "compute_time": {"kind": "constant", "value": 0.01},
+                     "activation": {"kind": "periodic", "period": 0.1}},
+          "topology": {"kind": "ring"}, "network": {"latency": {"kind": "constant", "value": 0.005}},
+          "data": {"kind": "synthetic", "samples": 30 * n, "features": 4, "partition": "dirichlet_classes",
+                   "alpha": 0.5, **data},
+          "model": {"kind": "logistic"}, "algorithm": {"name": "dpsgd", "batch": 5, "round_timeout": 0.05},
+          "evaluation": {"every": 1.0e6}}
+    return tuple(api.prepare(scenario_from_dict(sc)) for _ in range(2))
+
+
+def test_rows_ahead_draws_what_each_agent_draws():
+    """Every agent's mini-batches through ``RowsAhead`` (agents in a new order each round, blocks refilled, the
+    batch size changed midway, then a program taking the stream) are those of ``sample_rows``, with the streams
+    left in the same state."""
+    one, many = sims()
+    assert len({len(a.rows) for a in one.loop.agents}) > 1  # parts of different sizes, laid end to end
+    rng = np.random.default_rng(1)
+    ahead = RowsAhead(many.loop.agents)
+    for k in range(60):
+        batch = 16 if k < 40 else 7  # blocks of 16 mini-batches: refilled twice
+        order = rng.permutation(len(one.loop.agents))
+        if k == 50:
+            one.loop.agents[int(order[0])].rng("batch")
+            many.loop.agents[int(order[0])].rng("batch")
+        want = [one.loop.agents[i].sample_rows(batch) for i in order]
+        got = ahead.take([many.loop.agents[i] for i in order], order, batch)
+        assert np.array_equal(np.stack(want), np.stack(list(got)))
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert a._batch_rng.bit_generator.state == b._batch_rng.bit_generator.state
+        assert (a._ahead is None) == (b._ahead is None)
+        if a._ahead is not None:
+            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
+
+
+def test_rows_ahead_of_distinct_rows_is_each_agents_own():
+    one, many = sims(sampling="without_replacement")
+    order = np.arange(len(one.loop.agents))[::-1].copy()
+    for _ in range(3):
+        want = [one.loop.agents[i].sample_rows(5) for i in order]
+        got = RowsAhead(many.loop.agents).take([many.loop.agents[i] for i in order], order, 5)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
+
+
+def test_a_round_wakes_as_each_agent_wakes():
+    """``wake_all`` plans what ``wake`` plans agent by agent: times, order (ties in call order), ticks, rounds."""
+    one, many = sims(n=8)
+    order = [(3, 0.0), (0, 0.0), (5, 0.055), (1, 0.0), (2, 0.055), (7, 0.105), (4, 0.0), (6, 0.105)]
+    for _ in range(3):
+        want = windowed.wake(one, order)
+        t, ids, at, woken = windowed.wake_all(many, np.array([i for i, _ in order]),
+                                              np.array([w for _, w in order]))
+        assert [(a, i, b) for a, _, i, b in want] == list(zip(t.tolist(), ids.tolist(), at.tolist(), strict=True))
+        assert [a.id for a in woken] == ids.tolist()
+        order = [(i, a + 0.01 * (i % 2)) for a, _, i, _ in want]
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert (a.schedule.tick, a.round) == (b.schedule.tick, b.round)
