@@ -111,7 +111,8 @@ def test_the_benchmark_job_batches_whole_steps(tmp_path):
 def test_batch_invariant_is_a_logistic_option(tmp_path):
     from netsim.errors import InputError
 
-    sc = {"name": "x", "run": {"until": 1.0}, "agents": {"count": 4}, "data": {"kind": "synthetic", "samples": 40, "features": 3},
+    sc = {"name": "x", "run": {"until": 1.0}, "agents": {"count": 4},
+          "data": {"kind": "synthetic", "samples": 40, "features": 3},
           "model": {"kind": "mlp", "batch_invariant": True}, "algorithm": {"name": "push_gossip"}}
     with pytest.raises(InputError, match="batch_invariant"):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run")

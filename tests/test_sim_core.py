@@ -293,3 +293,13 @@ def test_spectral_gap_of_a_large_expander_converges():
     gap = spectral_gap(W)
     assert gap is not None
     assert 1 - (1 + 2 * 3**0.5) / 5 - 0.01 < gap < 1 - (1 + 2 * 3**0.5) / 5 + 0.002
+
+
+def test_a_negative_zero_scale_draws_zeros():
+    """-0.0 passes the schema's ">= 0" (it equals 0), and numpy refuses a scale whose sign bit is set: the samplers
+    draw it as 0."""
+    from netsim.sim.dists import sampler
+
+    rng = np.random.default_rng(0)
+    assert sampler(Dist(kind="exponential", mean=-0.0), rng)(3).tolist() == [0.0, 0.0, 0.0]
+    assert sampler(Dist(kind="normal", mean=2.0, sigma=-0.0), rng)(2).tolist() == [2.0, 2.0]

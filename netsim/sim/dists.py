@@ -70,10 +70,10 @@ def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Cal
         return lambda n: np.full(n, v)
     if d.kind == "uniform":
         return lambda n: rng.uniform(d.low, d.high, n)
-    if d.kind == "exponential":
-        return lambda n: rng.exponential(d.mean, n)
+    if d.kind == "exponential":  # + 0.0: a mean of -0.0 is 0 (numpy refuses a scale with its sign bit set)
+        return lambda n: rng.exponential(d.mean + 0.0, n)
     if d.kind == "normal":
-        return lambda n: rng.normal(d.mean, d.sigma, n)
+        return lambda n: rng.normal(d.mean, d.sigma + 0.0, n)
     if d.kind == "lognormal":
         if d.mean == 0:
             return lambda n: np.zeros(n)
