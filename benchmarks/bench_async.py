@@ -54,14 +54,14 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invar
 
 
 def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto",
-          invariant: bool = False) -> None:
+          invariant: bool = False, threads: int = 1) -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
     import torch
 
     import netsim
     from netsim.scenario import scenario_from_dict
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     prof = None
     if profile:
         import cProfile
@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="both")
     ap.add_argument("--invariant", action="store_true",
                     help="model.batch_invariant in both engines (windows batch each step's gradients)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each run (default 1: the engines "
+                    "compared on one core each; 2 uses both cores of a 2-core machine for the tensor work)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="run.device: where models and gradients live (auto: cuda when torch sees a GPU)")
     ap.add_argument("--peer-python", help="a Python with gossipy-dfl installed: the same job in gossipy's "
@@ -104,7 +106,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     if args.child:
-        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device, args.invariant)
+        child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device, args.invariant,
+              args.threads)
         return
     print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
           f"{'accuracy':>8} {'peak GiB':>8}")
@@ -113,7 +116,7 @@ def main() -> None:
         for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
             cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
                    "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device,
-                   *["--invariant"] * args.invariant]
+                   "--threads", str(args.threads), *["--invariant"] * args.invariant]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             if args.profile:
                 print(f"--- {engine}, {n} agents: cProfile (tottime)\n" + done.stderr[-6000:], file=sys.stderr)
