@@ -91,7 +91,7 @@ def draws(d: Dist, rng: np.random.Generator | Callable[[], np.random.Generator] 
         return _constant(d, key)
     if callable(rng):
         rng = rng()
-    return Draws(sampler(checked(d, key), rng, key), rng)
+    return Draws(sampler(d, rng, key), rng)  # (sampler checks d)
 
 
 @functools.lru_cache(maxsize=256)
