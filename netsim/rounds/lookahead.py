@@ -196,10 +196,10 @@ class _Driver:
                 self.finish(a, now)
                 return
             schedule = a.schedule
-            at = schedule.next(a.offset + a.rate * now)  # a.local_time(now)
+            at = schedule.next(a.local_time(now))
             if moves is not None and not schedule.fixed:
                 at = moves(a, at)
-            delay = max(0.0, (at - a.offset) / a.rate - now)  # a.global_time(at) - now
+            delay = max(0.0, a.global_time(at) - now)
             if schedule.settles:
                 at, delay = schedule.settle(at, delay)
             a.round += 1  # sim.count_wakes, for one agent

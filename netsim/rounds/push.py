@@ -20,6 +20,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import attrs
+import numpy as np
 
 from netsim.comm.patterns import drain
 from netsim.rounds.kernel import Batch
@@ -149,7 +150,9 @@ class PushGossip:
             xs = X.unbind(0)
             merged, ends = [], []  # ends: (agent, when its first gradient is back) in request order
             asks: dict[int, int] = {}  # agent: gradients it asks for this round
-            for t_act, _, i, at in rounds.wake(order):
+            t_acts, ids, ats, _ = rounds.wake_all(np.array([i for i, _ in order], np.int64),
+                                                  np.array([w for _, w in order], np.float64))
+            for t_act, i, at in zip(t_acts.tolist(), ids.tolist(), ats.tolist(), strict=True):
                 a = agents[i]
                 rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
                 got, inbox[i] = inbox[i], []

@@ -117,8 +117,8 @@ def run(sim) -> None:
 
 class Rounds:
     """What a driver's ``play`` asks of the run around its rounds: where to ``begin`` (round 0, or where a
-    restored checkpoint stands), ``wake`` a round's agents, and ``between`` two rounds (a checkpoint when a mark
-    passed; True when the driver must stop, interrupted)."""
+    restored checkpoint stands), wake a round's agents (``wake_all``), and ``between`` two rounds (a checkpoint
+    when a mark passed; True when the driver must stop, interrupted)."""
 
     def __init__(self, sim):
         self.sim = sim
@@ -126,9 +126,6 @@ class Rounds:
     def begin(self, fresh: Between) -> Between:
         """The restored run's ``Between`` if there is one, else ``fresh`` (the run's start)."""
         return self.sim.loop.programs.between or fresh
-
-    def wake(self, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
-        return wake(self.sim, order)
 
     def wake_all(self, ids, when):
         return wake_all(self.sim, ids, when)
@@ -138,9 +135,10 @@ class Rounds:
 
 
 def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
-    """Each agent of ``order`` ((agent, when it called wake), in call order) woken as ``Agent.wake`` does (its
-    round counted): (activation time, call order, agent, local tick time), sorted as simpy fires them: by
-    time, then by the order the activations were set."""
+    """The rule ``wake_all`` plays over arrays, agent by agent (what its test compares it with): each agent of
+    ``order`` ((agent, when it called wake), in call order) woken as ``Agent.wake`` does (its round counted):
+    (activation time, call order, agent, local tick time), sorted as simpy fires them: by time, then by the
+    order the activations were set."""
     acts, woken = [], []
     for seq, (i, w) in enumerate(order):
         a = sim.loop.agents[i]
