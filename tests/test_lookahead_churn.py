@@ -135,6 +135,77 @@ def test_an_interval_that_starts_on_the_first_tick_is_traced_before_its_activati
         assert (tie["kind"] == "activate").sum() == 29  # everyone else, after it
 
 
+# transmission times and per-link settings -----------------------------------------------------------------------
+def link_trace(folder, n: int, low: float) -> str:
+    """A measured link trace: some links' latency (one below the scenario's lower bound, so the lookahead is the
+    trace's), bandwidth and loss change at 1.5 s; empty cells fall back to the scenario's model."""
+    rows = ["time,src,dst,latency,bandwidth,loss"]
+    for src in range(0, n - 1, 2):
+        rows += [f"0.0,{src},{src + 1},{low / 2},,", f"1.5,{src},{src + 1},{3 * low},400.0,0.4",
+                 f"0.5,{src + 1},{src},,,0.9"]
+    path = folder / "links.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+@st.composite
+def linked_gossip(draw) -> dict:
+    """A drawn asynchronous gossip scenario with at least one of: per-link bandwidth (link queues), node uplinks,
+    per-link overrides (latency, loss, bandwidth; one-way or both ways), a measured link trace; sometimes churn or
+    bursts besides. A 24-byte model at 240 to 2,400 bytes/s takes 10 to 100 ms to transmit."""
+    sc = draw(st.one_of(async_gossip(), churned_gossip()))
+    n = sc["agents"]["count"]
+    net = sc["network"]
+    kinds = draw(st.sets(st.sampled_from(["bandwidth", "uplink", "links", "trace"]), min_size=1))
+    if "bandwidth" in kinds:
+        net["bandwidth"] = draw(st.sampled_from([240.0, 2400.0]))
+    if "uplink" in kinds:
+        net["uplink"] = draw(st.sampled_from([240.0, 1200.0]))
+    if "links" in kinds:
+        net["links"] = [{"src": 0, "dst": 1, "latency": draw(st.sampled_from([{"kind": "constant", "value": 0.015},
+                                                                              {"kind": "uniform", "low": 0.3,
+                                                                               "high": 0.6}])),
+                         "bandwidth": 480.0, "both": draw(st.booleans())},
+                        {"src": n - 1, "dst": 0, "loss": 0.5}]
+    if "trace" in kinds:
+        net["trace"] = "links.csv"  # the test writes the file
+    return sc
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=linked_gossip())
+def test_lookahead_windows_agree_with_the_engine_with_link_queues_and_per_link_settings(tmp_path_factory, sc):
+    folder = tmp_path_factory.mktemp("linked")
+    net = sc["network"]
+    low = net["latency"].get("low", net["latency"].get("value"))
+    if "trace" in net:
+        net["trace"] = link_trace(folder, sc["agents"]["count"], low)
+    agree(folder, sc)
+    summary = json.loads((folder / "windowed" / "summary.json").read_text())
+    bounds = [low] + [lk["latency"].get("low", lk["latency"].get("value")) for lk in net.get("links", ())
+                      if "latency" in lk] + ([low / 2] if "trace" in net else [])
+    assert summary["windows"]["lookahead_s"] == min(bounds)  # the smallest latency any link can give
+
+
+@pytest.mark.parametrize("network", [{"bandwidth": 240.0},  # the lean path
+                                     {"bandwidth": 240.0, "uplink": 480.0}])  # the composed models
+def test_link_queues_delay_arrivals_in_the_windows_as_in_the_engine(tmp_path, network):
+    """Bandwidth and uplinks queue a node's pushes: deliveries come later than the latency alone (the trace's
+    ``deliver`` value is the whole delay), byte for byte with the engine."""
+    from netsim.trace.io import read_trace
+
+    sc = poisson(**network)
+    sc["agents"].pop("churn")
+    sc["run"] = {"seed": 3, "until": 5.0}
+    lookahead_run(tmp_path, sc)
+    assert json.loads((tmp_path / "windowed" / "summary.json").read_text())["windows"]["lookahead_s"] == 0.01
+    t = read_trace(tmp_path / "windowed").table.to_pandas()
+    delays = t[t["kind"] == "deliver"]["value"]
+    assert (delays >= 0.1 + 0.01 - 1e-12).all()  # 24 bytes at 240 bytes/s, then at least the latency's 0.01 s
+    assert (delays > 0.5 + 0.1).any()  # a push queued behind another on its link or uplink
+
+
 # what the lookahead windows still refuse, with the reason ------------------------------------------------------
 def poisson(**network) -> dict:
     """Churned Poisson gossip: out of synchronous rounds, so only the lookahead windows could play it."""
@@ -143,13 +214,19 @@ def poisson(**network) -> dict:
 
 
 @pytest.mark.parametrize(("network", "why"), [
-    ({"bandwidth": 1.0e5}, "lookahead windows: links differ or take time to transmit"),
-    ({"uplink": 1.0e5}, "lookahead windows: links differ or take time to transmit"),
-    ({"links": [{"src": 0, "dst": 1, "loss": 0.5}]}, "lookahead windows: links differ or take time to transmit"),
+    ({"links": [{"src": 0, "dst": 1, "latency": {"kind": "exponential", "mean": 0.1}}]},
+     r"lookahead windows: network.links\[0\].latency 'exponential' has no positive lower bound: no lookahead"),
+    ({"links": [{"src": 0, "dst": 1}, {"src": 1, "dst": 2, "latency": {"kind": "uniform", "low": 0.0,
+                                                                        "high": 0.1}}]},
+     r"lookahead windows: the minimum network.links\[1\].latency is 0: no lookahead"),
+    ({"trace": "zero"}, "lookahead windows: network.trace measures a latency of 0: no lookahead"),
 ])
 def test_lookahead_windows_refuse_what_they_cannot_play_exactly(tmp_path, network, why):
     from netsim.errors import InputError
 
+    if network.get("trace") == "zero":
+        (tmp_path / "zero.csv").write_text("time,src,dst,latency,bandwidth,loss\n0.0,0,1,0.0,,\n")
+        network["trace"] = str(tmp_path / "zero.csv")
     with pytest.raises(InputError, match=why):
         netsim.run(scenario_from_dict(poisson(**network)), out=tmp_path / "run", engine="windowed")
     assert not (tmp_path / "run").exists()
@@ -169,17 +246,18 @@ def test_a_link_model_of_its_own_is_refused(tmp_path):
                    setup=lambda sim: sim.network.use(Fixed()))
 
 
-def test_the_cli_refuses_bandwidth_with_churn_with_exit_2(tmp_path):
+def test_the_cli_refuses_a_link_with_no_lookahead_with_exit_2(tmp_path):
     import subprocess
 
     import tomli_w
 
     from tests.conftest import cli_env, netsim_cli
 
-    (tmp_path / "s.toml").write_text(tomli_w.dumps(poisson(bandwidth=1.0e5)))
+    fast = {"src": 0, "dst": 1, "latency": {"kind": "exponential", "mean": 0.1}}
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(poisson(links=[fast])))
     res = subprocess.run(netsim_cli("run", str(tmp_path / "s.toml"), "--engine", "windowed", "--out",
                                     str(tmp_path / "cli")), capture_output=True, text=True, env=cli_env())
     assert res.returncode == 2
-    assert "lookahead windows: links differ or take time to transmit" in res.stderr + res.stdout
+    assert "lookahead windows: network.links[0].latency 'exponential' has no positive lower bound" in res.stderr
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "cli").exists()

@@ -1,18 +1,20 @@
 """Asynchronous push gossip as conservative lookahead windows (``--engine windowed`` when activations are not
 simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, latencies
-with a positive lower bound, Bernoulli or Gilbert-Elliott loss, outages, agents going offline).
+with a positive lower bound, per-link settings, link traces, bandwidth and uplinks, Bernoulli or Gilbert-Elliott
+loss, outages, agents going offline).
 
-The lookahead. A message sent at t arrives no earlier than t + L, L = the links' minimum latency (an agent with
-nothing to merge pushes at once, so the compute time before a send is 0 at least). An activation at a merges only
-what arrived before a, sent before a - L; so every activation of the window [T, T + L) reads payloads sent before
-T: the window's tensor work depends only on earlier windows, and all of it is done together, in batched calls.
-Offline time keeps that true: an activation moved out of an interval, a gradient that waits for the agent to be
-back and a drop decided when the message is sent (sender offline then, receiver offline when it would land, an
-outage, a burst's loss) change when things happen and what arrives, never how soon a message can land. What
-breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a replay's: no
-known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played here:
-bandwidth and uplinks (transmission times, link queues), per-link settings and link traces (per-link
-latencies), a topology that changes, checkpoints (they cut the run between events), no ``run.until``.
+The lookahead. A message sent at t arrives no earlier than t + L, L = the smallest latency any link can give (the
+scenario's distribution, the per-link overrides', a link trace's measurements; an agent with nothing to merge
+pushes at once, so the compute time before a send is 0 at least). An activation at a merges only what arrived
+before a, sent before a - L; so every activation of the window [T, T + L) reads payloads sent before T: the
+window's tensor work depends only on earlier windows, and all of it is done together, in batched calls.
+Transmission times and offline time keep that true: a link's or an uplink's queue only delays an arrival (a push
+does not wait for its transmission), and an activation moved out of an interval, a gradient that waits for the
+agent to be back and a drop decided when the message is sent (sender offline then, receiver offline when it
+would land, an outage, a burst's loss) change when things happen and what arrives, never how soon a message can
+land. What breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a
+replay's: no known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played
+here: a topology that changes, checkpoints (they cut the run between events), no ``run.until``.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -94,16 +96,35 @@ def min_latency(lat) -> float | None:
     return low if low is not None and low > 0 else None
 
 
+def lookahead(sim) -> tuple[float | None, str]:
+    """The run's lookahead L, the smallest latency any message can see: the scenario's distribution, every
+    per-link override's and every latency a link trace measured (its empty cells fall back to those). None, and
+    why, when there is no positive one."""
+    net = sim.world.scenario.network
+    lows = [(net.latency, "latency")] + [(o.latency, f"network.links[{k}].latency")
+                                         for k, o in enumerate(net.links or ()) if o.latency is not None]
+    bound = None
+    for lat, key in lows:
+        low = min_latency(lat)
+        if low is None:
+            what = f"{key} {lat.kind!r} has no positive lower bound" if lat.kind not in ("constant", "uniform") \
+                else f"the minimum {key} is 0"
+            return None, f"{what}: no lookahead (a message can arrive at once)"
+        bound = low if bound is None else min(bound, low)
+    measured = [v for s in getattr(sim.world.network, "series", {}).values() for v in s.latency if v is not None]
+    if measured and min(measured) <= 0:
+        return None, "network.trace measures a latency of 0: no lookahead (a message can arrive at once)"
+    return (min(bound, *measured) if measured else bound), ""
+
+
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
     sc = sim.world.scenario
-    net, r = sc.network, sc.run
+    r = sc.run
     if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
         return "checkpoints cut the run between events"
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
         return "privacy.record: the mixing record is written by the events engine's agents"
-    if net.links or net.trace or net.bandwidth is not None or net.uplink is not None:
-        return "links differ or take time to transmit (per-link settings, a link trace, bandwidth or uplinks)"
     if sc.topology.dynamic is not None:
         return "the topology changes over time"
     model = sim.world.network.model
@@ -111,11 +132,9 @@ def refusal(sim, kernel) -> str | None:
         return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
     if r.until is None:
         return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
-    lat = net.latency
-    if min_latency(lat) is None:
-        what = f"latency {lat.kind!r} has no positive lower bound" if lat.kind not in ("constant", "uniform") \
-            else "the minimum latency is 0"
-        return f"{what}: no lookahead (a message can arrive at once)"
+    L, why = lookahead(sim)
+    if L is None:
+        return why
     for a in sim.loop.agents:
         if a._listeners:
             return f"agent {a.id} has activation listeners"
@@ -142,7 +161,7 @@ class _Driver:
         self.rngs = [a.rng() for a in self.agents]  # the program's own stream, as the program takes it first
         self.picks: list[list[int]] = [[] for _ in self.agents]
         self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
-        self.stats = WindowStats(min_latency(world.scenario.network.latency))
+        self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
         self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
         # the control flow
@@ -185,7 +204,7 @@ class _Driver:
         limit, moves, marks, asks_by = self.limit, self.moves, self.marks, self.asks
         kernel, p, picks_of, rngs, net, tag, size = self.kernel, self.p, self.picks, self.rngs, self.net, \
             self.tag, self.size
-        links, link_of, p_loss = net.links, net.link, net.p_loss
+        links, link_of, p_loss, bandwidth = net.links, net.link, net.p_loss, net.bandwidth
         churn, model = self.churn, self.model
         nbs = [a.neighbors for a in agents]  # fixed: a changing topology is refused
 
@@ -243,10 +262,15 @@ class _Driver:
                 j = nb[picks.pop()]
                 if model is None:
                     link = links.get((i, j)) or link_of(i, j)
-                    delay = now - now + link.latency()
+                    if bandwidth is None:
+                        delay = now - now + link.latency()
+                    else:  # the link transmits one message at a time: a later arrival, never an earlier one
+                        tx_end = max(now, link.busy_until) + size / bandwidth
+                        link.busy_until = tx_end
+                        delay = tx_end - now + link.latency()
                     lost = link.lost
                     reason = "loss" if lost is not None and lost() < p_loss else ""
-                else:  # the engine's model decides (its streams, in send order; no transmission time: refused)
+                else:  # the engine's model decides (its streams and link queues, in send order)
                     _, delay, reason = model.outcome(i, j, now, size)
                 mid = net.next_id
                 net.next_id = mid + 1
