@@ -151,12 +151,21 @@ def link_trace(folder, n: int, low: float) -> str:
 @st.composite
 def linked_gossip(draw) -> dict:
     """A drawn asynchronous gossip scenario with at least one of: per-link bandwidth (link queues), node uplinks,
-    per-link overrides (latency, loss, bandwidth; one-way or both ways), a measured link trace; sometimes churn or
-    bursts besides. A 24-byte model at 240 to 2,400 bytes/s takes 10 to 100 ms to transmit."""
+    per-link overrides (latency, loss, bandwidth; one-way or both ways), a measured link trace, a time-varying
+    topology; sometimes churn or bursts besides. A 24-byte model at 240 to 2,400 bytes/s takes 10 to 100 ms to
+    transmit."""
     sc = draw(st.one_of(async_gossip(), churned_gossip()))
     n = sc["agents"]["count"]
     net = sc["network"]
-    kinds = draw(st.sets(st.sampled_from(["bandwidth", "uplink", "links", "trace"]), min_size=1))
+    kinds = draw(st.sets(st.sampled_from(["bandwidth", "uplink", "links", "trace", "dynamic"]), min_size=1))
+    if "dynamic" in kinds:  # each activation adopts its epoch's links
+        sc["topology"]["dynamic"] = draw(st.sampled_from([
+            {"kind": "one_peer_exponential"}, {"kind": "one_peer_exponential", "every": "period", "period": 0.7},
+            {"kind": "resample"}, {"kind": "schedule", "every": "period", "period": 1.0,
+                                   "graphs": [{"kind": "ring"}, {"kind": "complete"}]}]))
+        if sc["topology"]["dynamic"]["kind"] == "resample":  # dense enough that every epoch's draw is connected
+            sc["topology"].update(kind="erdos_renyi", p=0.7)
+            sc["topology"].pop("degree")
     if "bandwidth" in kinds:
         net["bandwidth"] = draw(st.sampled_from([240.0, 2400.0]))
     if "uplink" in kinds:
@@ -172,10 +181,11 @@ def linked_gossip(draw) -> dict:
     return sc
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=16, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=linked_gossip())
-def test_lookahead_windows_agree_with_the_engine_with_link_queues_and_per_link_settings(tmp_path_factory, sc):
+def test_lookahead_windows_agree_with_the_engine_on_link_queues_per_link_settings_changing_graphs(tmp_path_factory,
+                                                                                                   sc):
     folder = tmp_path_factory.mktemp("linked")
     net = sc["network"]
     low = net["latency"].get("low", net["latency"].get("value"))

@@ -102,3 +102,66 @@ def test_schedule_cycles_and_errors_name_the_graph(tmp_path):
     with pytest.raises(InputError, match="'resample' needs a random topology.kind"):
         ring = {"kind": "ring", "dynamic": {"kind": "resample"}}
         prepare(scenario_from_dict({**BASE, "topology": ring}))
+
+
+# asynchronous programs read the links of the current activation ---------------------------------------------------
+def asynchronous(algorithm: dict, topology: dict, n: int = 8) -> dict:
+    return {"run": {"seed": 4, "until": 6.0},
+            "agents": {"count": n, "activation": {"kind": "poisson", "rate": 2.0},
+                       "compute_time": {"kind": "constant", "value": 0.001}},
+            "topology": topology, "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.2}},
+            "data": {"samples": 40 * n, "features": 4}, "algorithm": algorithm,
+            "evaluation": {"every": 1.0e6, "metrics": ["accuracy"]}}
+
+
+def test_push_gossip_pushes_to_the_one_peer_of_each_epoch(tmp_path):
+    """Gossip learning on one-peer exponential graphs: each push goes to i + 2^((round - 1) mod 3), the peer of the
+    activation's epoch (a program that kept the links it started with would push to i + 1 forever)."""
+    sc = asynchronous({"name": "push_gossip", "lr": 0.5, "batch": 0},
+                      {"kind": "ring", "dynamic": {"kind": "one_peer_exponential"}})
+    res = netsim.run(scenario_from_dict(sc), out=tmp_path / "r")
+    sends = read_trace(res.trace_path).to_pandas().query("kind == 'send'")
+    assert len(sends) > 50 and set(sends["round"] % 3) == {0, 1, 2}
+    assert ((sends.agent + 2 ** ((sends["round"] - 1) % 3)) % 8 == sends.peer).all()
+
+
+@pytest.mark.parametrize("trigger", ["always", "absolute"])
+def test_event_triggered_mixes_and_sends_over_the_current_graph(tmp_path, trigger):
+    """Resampled Erdos-Renyi graphs: every send goes to an out-neighbour of the activation's epoch, and an agent
+    first met later is mixed at (and compared with) the common initial model instead of failing the run."""
+    topo = {"kind": "erdos_renyi", "p": 0.4, "dynamic": {"kind": "resample"}}
+    sc = asynchronous({"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": trigger, "threshold": 0.01},
+                      topo)
+    res = netsim.run(scenario_from_dict(sc), out=tmp_path / "r")
+    assert res.summary["stop_reason"] == "until" and res.summary["messages_delivered"] > 20
+    dyn = DynamicTopology(prepare(res.scenario))
+    sends = read_trace(res.trace_path).to_pandas().query("kind == 'send'")
+    # a send's round tag is the activation's count k from 0: its epoch
+    assert all(p in dyn.at(int(k))[a][0] for a, p, k in zip(sends.agent, sends.peer, sends["round"], strict=True))
+
+
+def test_mixing_with_copies_uses_the_current_weights_and_the_initial_model_for_a_new_neighbour():
+    """NeighborCopies against the formula: W_ii x + sum over the current in-neighbours of W_ij xhat_j, where an
+    in-neighbour that never sent (here one new to this agent) counts at the common initial model."""
+    import torch
+
+    from netsim.comm.patterns import NeighborCopies
+
+    class Fake:
+        def __init__(self):
+            self.weights, self.self_weight = {1: 0.25, 2: 0.25}, 0.5
+            self.bank = {0: torch.zeros(3), 1: torch.zeros(3), 2: torch.zeros(3), 3: torch.zeros(3)}
+
+        def params_of(self, j):
+            return self.bank[j].clone()
+
+        @property
+        def params(self):
+            return self.bank[0].clone()
+
+    a = Fake()
+    nc = NeighborCopies(a)
+    nc.copies[2] = torch.tensor([4.0, 4.0, 4.0])  # what 2 last sent
+    a.weights, a.self_weight = {2: 0.5, 3: 0.25}, 0.25  # a new epoch: 1 gone, 3 new (never sent)
+    x = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.equal(nc.mix(x), 0.25 * x + 0.5 * torch.tensor([4.0, 4.0, 4.0]))

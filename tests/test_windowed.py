@@ -145,8 +145,6 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
      "only periodic.*lookahead windows: latency 'lognormal' has no positive lower bound: no lookahead"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"until": None}},
      "lookahead windows: run.until is not set"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "topology": {"dynamic": {"kind": "resample"}}},
-     "lookahead windows: the topology changes over time"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"checkpoint_every": 3.0}},
      "lookahead windows: checkpoints"),
 ])

@@ -246,12 +246,15 @@ class NeighborCopies:
     x_i <- W_ii x_i + sum_j W_ij xhat_j (the receiver side of event-triggered communication).
 
     Copies start at the neighbours' initial models (read from the bank at construction, i.e. a
-    common, known initialisation), so a neighbour that never sends is mixed at its initial value."""
+    common, known initialisation), so a neighbour that never sends is mixed at its initial value; one first
+    met later (a time-varying topology) at the common initial model, this agent's own. ``mix`` mixes the
+    current in-neighbours (``agent.weights``), with the copies of those that are one no longer kept."""
 
     def __init__(self, agent, *, tag: str = "model"):
         self.agent = agent
         self.tag = tag
         self.copies: dict[int, torch.Tensor] = {j: agent.params_of(j) for j in agent.weights}
+        self.initial = agent.params
         self._round: dict[int, int] = {}
 
     def absorb(self) -> int:
@@ -266,6 +269,7 @@ class NeighborCopies:
     def mix(self, own: torch.Tensor) -> torch.Tensor:
         a = self.agent
         out = own * a.self_weight
-        for j in sorted(self.copies):
-            out.add_(self.copies[j], alpha=a.weights[j])
+        copies, initial = self.copies, self.initial
+        for j, w in sorted(a.weights.items()):
+            out.add_(copies.get(j, initial), alpha=w)
         return out

@@ -46,9 +46,10 @@ class EventTrigger:
             raise ValueError(f"trigger kind must be one of {TRIGGER_KINDS}, got {kind!r}")
         self.agent = agent
         self.kind, self.threshold, self.decay = kind, threshold, decay
-        # what each out-neighbour holds of us before any send: the common initial model
-        self.last: dict[int, torch.Tensor] = dict(initial) if initial is not None else {
-            j: agent.params for j in agent.neighbors}
+        # what each out-neighbour holds of us before any send: the common initial model (an out-neighbour first
+        # met later, with a time-varying topology, too)
+        self.initial = agent.params
+        self.last: dict[int, torch.Tensor] = dict(initial) if initial is not None else {}
         self.stats = agent.stats
 
     def tau(self, ref: torch.Tensor, k: int) -> float:
@@ -70,7 +71,7 @@ class EventTrigger:
         return float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
 
     def due(self, j: int, x: torch.Tensor, k: int) -> bool:
-        return self.fires(x, self.last[j], k)
+        return self.fires(x, self.last.get(j, self.initial), k)
 
     def count(self, sent: int, skipped: int, bytes_saved: int) -> None:
         self.stats.add("trigger_sent", sent)

@@ -14,7 +14,8 @@ agent to be back and a drop decided when the message is sent (sender offline the
 would land, an outage, a burst's loss) change when things happen and what arrives, never how soon a message can
 land. What breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a
 replay's: no known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played
-here: a topology that changes, checkpoints (they cut the run between events), no ``run.until``.
+here: checkpoints (they cut the run between events), no ``run.until``. A time-varying topology is played: each
+activation adopts its epoch's links, as the engine's activation listener does.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -57,6 +58,7 @@ import attrs
 import torch
 
 from netsim.rounds.kernel import Batch
+from netsim.rounds.push import Peers
 from netsim.sim.network import ComposedLinks, payload_size
 from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
@@ -125,8 +127,6 @@ def refusal(sim, kernel) -> str | None:
         return "checkpoints cut the run between events"
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
         return "privacy.record: the mixing record is written by the events engine's agents"
-    if sc.topology.dynamic is not None:
-        return "the topology changes over time"
     model = sim.world.network.model
     if model is not None and type(model) is not ComposedLinks:
         return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
@@ -135,8 +135,9 @@ def refusal(sim, kernel) -> str | None:
     L, why = lookahead(sim)
     if L is None:
         return why
+    dynamic = sim.world.network.dynamic
     for a in sim.loop.agents:
-        if a._listeners:
+        if any(getattr(f, "__self__", None) is not dynamic or dynamic is None for f in a._listeners):
             return f"agent {a.id} has activation listeners"
     return None
 
@@ -158,8 +159,8 @@ class _Driver:
         self.moves = world.activation_moves
         self.marks = sim.loop.marks
         self.tag = pattern.tag
-        self.rngs = [a.rng() for a in self.agents]  # the program's own stream, as the program takes it first
-        self.picks: list[list[int]] = [[] for _ in self.agents]
+        self.peers = [Peers(a.rng(), not a.links_change) for a in self.agents]  # as the program draws them
+        self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
@@ -202,11 +203,9 @@ class _Driver:
         agents, heap, seq, ops_of = self.agents, self.heap, self.seq, self.ops
         push, add_row, ticket_of, gots, pos = heapq.heappush, self.rows.append, self.ticket_of, self.got, self.pos
         limit, moves, marks, asks_by = self.limit, self.moves, self.marks, self.asks
-        kernel, p, picks_of, rngs, net, tag, size = self.kernel, self.p, self.picks, self.rngs, self.net, \
-            self.tag, self.size
+        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag, self.size
         links, link_of, p_loss, bandwidth = net.links, net.link, net.p_loss, net.bandwidth
         churn, model = self.churn, self.model
-        nbs = [a.neighbors for a in agents]  # fixed: a changing topology is refused
 
         def wake(i: int, now: float) -> None:
             """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
@@ -254,12 +253,9 @@ class _Driver:
                         push(heap, (now + ct, next(seq), DONE, i, tk))
                         return
                 pos[i] = n
-            nb = nbs[i]
+            nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
-                picks = picks_of[i]
-                if not picks:
-                    picks.extend(rngs[i].integers(len(nb), size=256).tolist()[::-1])
-                j = nb[picks.pop()]
+                j = peers[i](nb)
                 if model is None:
                     link = links.get((i, j)) or link_of(i, j)
                     if bandwidth is None:
@@ -314,10 +310,13 @@ class _Driver:
         gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
             self.tag
         pop, free, pending_lo, t = heapq.heappop, self.free, self.pending_lo, self.now
+        adopt = None if self.dynamic is None else self.dynamic.adopt
         try:
             while heap and heap[0][0] < end:
                 t, _, kind, i, v = pop(heap)
                 if kind == ACT:
+                    if adopt is not None:  # the engine's activation listener: the epoch's links, before the row
+                        adopt(agents[i], t)
                     add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
                     gots[i], inbox[i] = inbox[i], []
                     pos[i] = 0

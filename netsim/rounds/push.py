@@ -33,6 +33,27 @@ if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (
     import torch
 
 
+class Peers:
+    """An agent's random out-neighbours, from its own stream (``agent.rng()``), as both engines draw them: on a
+    fixed topology 256 indices at a time against its degree (one call, not 256); when a time-varying topology
+    changes the links at activations (``agent.links_change``), one index per push against that push's
+    neighbours. ``held``: the indices drawn ahead, next last (a windowed checkpoint keeps them)."""
+
+    __slots__ = ("rng", "fixed", "held")
+
+    def __init__(self, rng, fixed: bool, held: list[int] | None = None):
+        self.rng, self.fixed = rng, fixed
+        self.held: list[int] = [] if held is None else held
+
+    def __call__(self, nb: list[int]) -> int:
+        if not self.fixed:
+            return nb[int(self.rng.integers(len(nb)))]
+        held = self.held
+        if not held:
+            held.extend(self.rng.integers(len(nb), size=256).tolist()[::-1])
+        return nb[held.pop()]
+
+
 @attrs.frozen
 class PushGossip:
     """The pattern: models tagged ``tag``; the kernel's ``combine`` merges one received model into each row,
@@ -43,10 +64,8 @@ class PushGossip:
 
     def program(self, kernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
-        rng = agent.rng()
-        neighbors = agent.neighbors
+        peer = Peers(agent.rng(), not agent.links_change)
         one = [agent]
-        picks: list[int] = []  # peers drawn 256 at a time from the agent's own stream (one call, not 256)
         while True:
             yield agent.wake()
             got = drain(agent, self.tag)
@@ -60,10 +79,9 @@ class PushGossip:
                         g = yield agent.gradient(batch=req.batch, params=x)  # x is not written until g is back
                         kernel.update(b, p, g.unsqueeze(0))
                 agent.params = x
-            if neighbors:  # x is never written again: it can travel as the payload without a copy
-                if not picks:
-                    picks = rng.integers(len(neighbors), size=256).tolist()[::-1]
-                agent.send(neighbors[picks.pop()], x, tag=self.tag)
+            nb = agent.neighbors  # this activation's (a time-varying topology changes them)
+            if nb:  # x is never written again: it can travel as the payload without a copy
+                agent.send(peer(nb), x, tag=self.tag)
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, kernel) -> str | None:
@@ -114,15 +132,13 @@ class PushGossip:
         start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0,
                                      {"picks": [[] for _ in agents], "inbox": [[] for _ in agents]}))
         k, order = start.k, start.order
-        picks: list[list[int]] = start.held["picks"]  # each agent's peers drawn ahead
+        peers = [Peers(r, not a.links_change, held) for r, a, held in zip(rngs, agents, start.held["picks"],
+                                                                            strict=True)]
         inbox: list[list] = start.held["inbox"]  # payloads in arrival order since the last activation
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
             nonlocal mid
-            nb = a.neighbors
-            if not picks[i]:
-                picks[i] = rngs[i].integers(len(nb), size=256).tolist()[::-1]
-            j = nb[picks[i].pop()]
+            j = peers[i](a.neighbors)
             link = net.links.get((i, j)) or net.link(i, j)
             size = payload_size(x)
             delay = now - now + link.latency()
@@ -223,7 +239,8 @@ class PushGossip:
             order = woke
             k += 1
             net.next_id = mid
-            if rounds.between(Between(k, order, end, {"picks": picks, "inbox": inbox})):  # interrupted
+            held = {"picks": [pk.held for pk in peers], "inbox": inbox}
+            if rounds.between(Between(k, order, end, held)):  # interrupted
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)

@@ -148,7 +148,8 @@ class Agent:
     - ``id``: this agent's index, 0 .. agent_count - 1
     - ``round``: activations so far (``wake`` counts them); the default round tag of messages
     - ``finished``: whether ``finish`` was called (or ``run.rounds`` reached)
-    - ``neighbors`` / ``in_neighbors``: sorted out- and in-neighbours in the topology
+    - ``neighbors`` / ``in_neighbors``: sorted out- and in-neighbours in the topology (with a time-varying
+      topology, ``links_change``, those of the current activation: read them at each use, never keep them)
     - ``weights``: ``{j: W_ij}`` over in-neighbours j != i; ``self_weight``: W_ii
     - ``rows``: indices of this agent's training rows (``training_set``)
     - ``env``: the simpy environment (``simpy.AllOf(agent.env, events)`` waits for several)
@@ -246,6 +247,12 @@ class Agent:
             raise TypeError(f"an activation schedule must subclass netsim.sim.activation.Schedule, got "
                             f"{type(schedule).__name__}")
         self.schedule = schedule
+
+    @property
+    def links_change(self) -> bool:
+        """Whether a time-varying topology (``topology.dynamic``) gives this agent new ``neighbors``,
+        ``in_neighbors``, ``weights`` and ``self_weight`` at its activations (sim/dynamic.py)."""
+        return self.sim.world.scenario.topology.dynamic is not None
 
     def on_activation(self, listener: Callable[[Agent], None]) -> None:
         """Call ``listener(agent)`` at each activation, before it is traced and the program resumes (a

@@ -89,13 +89,15 @@ class DynamicTopology:
             self.cache[epoch] = got
         return got
 
-    def epoch(self, agent) -> int:
+    def epoch(self, agent, now: float | None = None) -> int:
         if self.spec.every == "round":
             return max(0, agent.round - 1)
-        return int(math.floor(agent.env.now / self.spec.period))
+        return int(math.floor((agent.env.now if now is None else now) / self.spec.period))
 
-    def adopt(self, agent) -> None:
-        lists = self.at(self.epoch(agent))[agent.id]
+    def adopt(self, agent, now: float | None = None) -> None:
+        """The agent takes the graph of its current epoch (at ``now``: a windowed driver's time; default the
+        environment's)."""
+        lists = self.at(self.epoch(agent, now))[agent.id]
         agent.adopt_links(*lists)
 
     def install(self) -> None:

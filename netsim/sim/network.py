@@ -147,6 +147,7 @@ class Network:
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
         self.model: LinkModel | None = None  # None: the lean default path, inline in send
+        self.dynamic = None  # the time-varying topology (sim/dynamic.py) once attached, if the scenario has one
 
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
@@ -219,7 +220,8 @@ class Network:
         if sc.topology.dynamic is not None:
             from netsim.sim.dynamic import DynamicTopology
 
-            DynamicTopology(sim).install()
+            self.dynamic = DynamicTopology(sim)
+            self.dynamic.install()
         self.churn = sim.churn
         if not (self.churn is not None or needs_full_path(self.spec)):
             return
