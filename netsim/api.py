@@ -126,12 +126,14 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=N
     ``counts``: the event counter the trace writer feeds; ``restored_metrics``: a checkpoint's metrics rows,
     reused while a resumed run is rebuilt up to it."""
     from netsim.algorithms import resolve
+    from netsim.algorithms.registry import check_topology
     from netsim.sim import footprint
     from netsim.sim.kernel import Simulation
 
     try:
         footprint.check(scenario)  # refuse what cannot fit before building it (a dense graph at scale)
         program, params = resolve(scenario.algorithm)
+        check_topology(scenario)
         check_closed_form(scenario, source)
         from netsim.privacy.ledger import new_ledger
         from netsim.privacy.views import mixing_log_for

@@ -57,7 +57,7 @@ _BUILD: Any = object()  # ``_unbuilt``'s answer when a check needs the built sim
 def _unbuilt(sc: Scenario, source: str | None) -> Any:
     """``api.prepare``'s checks in its order, for a scenario ``why_built`` passed: the gap, or ``_BUILD`` for the
     algorithms (or churn) whose checks need the built simulation."""
-    from netsim.algorithms.registry import checks_when_built, resolve, resolve_builtin
+    from netsim.algorithms.registry import check_topology, checks_when_built, resolve, resolve_builtin
     from netsim.compute.data import find_data_file, load_dataset
     from netsim.compute.model_checks import ModelData, check_flat
     from netsim.sim import footprint
@@ -73,6 +73,7 @@ def _unbuilt(sc: Scenario, source: str | None) -> Any:
     if resolved is None:
         resolve(sc.algorithm)  # an entry point's algorithm, or the one-line error naming the known ones
         return _BUILD
+    check_topology(sc)
     if checks_when_built(resolved[0]):
         return _BUILD
     note = closed_form_note(sc)  # printed once the checks passed here (a built scenario prints its own)

@@ -165,3 +165,33 @@ def test_mixing_with_copies_uses_the_current_weights_and_the_initial_model_for_a
     a.weights, a.self_weight = {2: 0.5, 3: 0.25}, 0.25  # a new epoch: 1 gone, 3 new (never sent)
     x = torch.tensor([1.0, 2.0, 3.0])
     assert torch.equal(nc.mix(x), 0.25 * x + 0.5 * torch.tensor([4.0, 4.0, 4.0]))
+
+
+@pytest.mark.parametrize("name", ["choco", "sparq", "do_adp", "cpgt"])
+def test_public_copy_methods_refuse_a_changing_topology_before_the_run(tmp_path, name):
+    """CHOCO public copies are sums of a neighbour's compressed differences since the start: a neighbour met later
+    has none. Refused with the key before anything is written (the run used to crash at its first new neighbour)."""
+    algorithm = {"name": name, **({"sigma": 0.1} if name == "do_adp" else {})}
+    sc = asynchronous(algorithm, {"kind": "erdos_renyi", "p": 0.5, "dynamic": {"kind": "resample"}})
+    why = rf"topology.dynamic: algorithm '{name}' keeps public copies .* needs a fixed topology"
+    with pytest.raises(InputError, match=why):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_cli_refuses_choco_on_a_changing_topology_with_exit_2(tmp_path):
+    import subprocess
+
+    import tomli_w
+
+    from tests.conftest import cli_env, netsim_cli
+
+    sc = asynchronous({"name": "choco"}, {"kind": "ring", "dynamic": {"kind": "one_peer_exponential"}})
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(sc))
+    for cmd in ("run", "validate"):
+        res = subprocess.run(netsim_cli(cmd, str(tmp_path / "s.toml"), *(["--out", str(tmp_path / "o")]
+                                                                        if cmd == "run" else [])),
+                             capture_output=True, text=True, env=cli_env())
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert "topology.dynamic: algorithm 'choco' keeps public copies" in res.stderr
+    assert not (tmp_path / "o").exists()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, CompressorKind, PublicCopyRows
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopyRows
 from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
@@ -37,7 +37,7 @@ class ChocoParams:
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
 
 
-@register("choco", ChocoParams)
+@register("choco", ChocoParams, fixed_topology=PUBLIC_COPIES)
 class Choco(RoundKernel):
     """Steps (a)-(e) of every agent of a batch at once; the public copies of all agents are the run's state
     (``comm.PublicCopyRows``): each row is compressed by its agent's own compressor and stream."""

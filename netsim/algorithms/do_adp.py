@@ -44,7 +44,7 @@ import attrs
 import torch
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, KRounding, PublicCopies, kept_count
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, kept_count
 from netsim.comm.patterns import drain, sync_round
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
@@ -121,7 +121,7 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
         raise InputError("algorithm.epsilon", e.message) from None
 
 
-@register("do_adp", DOADPParams)
+@register("do_adp", DOADPParams, fixed_topology=PUBLIC_COPIES)
 def do_adp(agent, p: DOADPParams):
     """Checks and calibrates before the run (a plain function returning the agent's program)."""
     if agent.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
@@ -315,7 +315,7 @@ class CPGTParams:
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
 
 
-@register("cpgt", CPGTParams)
+@register("cpgt", CPGTParams, fixed_topology=PUBLIC_COPIES)
 def cpgt(agent, p: CPGTParams):
     """CPGT [reconstructed] (Xie, Yi, Wang, Cao, Ren 2023, "Compressed differentially private distributed
     optimization with linear convergence"). Gradient tracking

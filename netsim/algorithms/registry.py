@@ -24,6 +24,7 @@ from netsim.scenario.structure import structure
 MAX_BATCH = 2**20  # the largest mini-batch an algorithm's ``batch`` parameter may ask for
 REGISTRY: dict[str, tuple[Callable, type]] = {}
 SOURCES: dict[str, Any] = {}  # name -> the class or function registered under it (for the clash rule)
+FIXED_TOPOLOGY: dict[str, str] = {}  # name -> why its state needs the same neighbours all run long
 
 
 @attrs.frozen
@@ -45,9 +46,12 @@ class Coroutine:
         return self.fn.__name__
 
 
-def register(name: str, params: type, check: Callable | None = None) -> Callable[[Callable], Callable]:
+def register(name: str, params: type, check: Callable | None = None,
+             fixed_topology: str | None = None) -> Callable[[Callable], Callable]:
     """Register an algorithm: a ``RoundKernel`` class (registered as its instance, the program both engines run)
-    or a coroutine program ``fn(agent, params)``, with ``check(sim, params)`` if it needs one."""
+    or a coroutine program ``fn(agent, params)``, with ``check(sim, params)`` if it needs one. ``fixed_topology``:
+    why the method needs the same neighbours all run long; a time-varying topology is then refused with it
+    (``check_topology``, from the scenario alone)."""
     if not attrs.has(params):
         raise TypeError(f"params of algorithm {name!r} must be an attrs class")
 
@@ -63,6 +67,8 @@ def register(name: str, params: type, check: Callable | None = None) -> Callable
         else:
             program = fn if check is None else Coroutine(fn, check)
         REGISTRY[name] = (program, params)
+        if fixed_topology is not None:
+            FIXED_TOPOLOGY[name] = fixed_topology
         return fn
 
     return deco
@@ -143,6 +149,14 @@ def resolve(spec: AlgorithmSpec) -> tuple[Callable, Any]:
         raise InputError("algorithm.name", f"unknown algorithm {spec.name!r}; registered: {', '.join(names())}")
     fn, params_cls = REGISTRY[spec.name]
     return fn, _params(spec, params_cls)
+
+
+def check_topology(scenario: Any) -> None:
+    """Refuse a time-varying topology for an algorithm registered with ``fixed_topology`` (after ``resolve``)."""
+    why = FIXED_TOPOLOGY.get(scenario.algorithm.name)
+    if why is not None and scenario.topology.dynamic is not None:
+        raise InputError("topology.dynamic", f"algorithm {scenario.algorithm.name!r} {why}: it needs a fixed "
+                                             "topology")
 
 
 def resolve_builtin(spec: AlgorithmSpec) -> tuple[Callable, Any] | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import Compressor, CompressorKind, PublicCopies
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopies
 from netsim.comm.patterns import drain
 from netsim.comm.triggers import EventTrigger, TriggerKind
 from netsim.scenario.structure import at_least, field, nonneg, positive
@@ -46,7 +46,7 @@ class SparqParams:
     decay: float = field(0.99, check=positive, doc="decaying: tau_k = threshold * decay**k")
 
 
-@register("sparq", SparqParams)
+@register("sparq", SparqParams, fixed_topology=PUBLIC_COPIES)
 def sparq(agent, p: SparqParams):
     comp = Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=agent.rng("compress"))
     pc = PublicCopies(comp, agent.params, agent.weights)

@@ -205,6 +205,11 @@ class ErrorFeedback:
         return c
 
 
+# why a method with public copies needs a fixed topology (``register(..., fixed_topology=PUBLIC_COPIES)``): a copy
+# xhat_j is the sum of every q_j since the start, which only an agent that was j's neighbour all along holds
+PUBLIC_COPIES = "keeps public copies of its neighbours, sums of their compressed differences since the start (CHOCO)"
+
+
 class PublicCopies:
     """CHOCO public copies (Koloskova, Stich, Jaggi, ICML 2019, CHOCO-GOSSIP Algorithm 1 and CHOCO-SGD
     Algorithm 2): every agent keeps xhat_j for itself and each neighbour, all starting at 0. It sends
