@@ -143,8 +143,8 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "network": {"latency": {"kind": "lognormal",
                                                                               "mean": 0.1, "sigma": 0.5}}},
      "only periodic.*lookahead windows: latency 'lognormal' has no positive lower bound: no lookahead"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"until": None}},
-     "lookahead windows: run.until is not set"),
+    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"checkpoint_every_rounds": 2}},
+     "lookahead windows: checkpoints"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"checkpoint_every": 3.0}},
      "lookahead windows: checkpoints"),
 ])
@@ -176,6 +176,8 @@ def lookahead_run(tmp_path, sc: dict, windows: bool = True) -> dict:
     {"agents": {"activation": {"kind": "poisson", "rate": 1.0},
                 "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
      "run": {"rounds": None, "until": 15.0}},  # the benchmark's job, small: the run stops at run.until
+    {"agents": {"activation": {"kind": "poisson", "rate": 2.0}}, "run": {"rounds": 9, "until": None},
+     "evaluation": {"every": 1.5, "metrics": ["loss", "accuracy"]}},  # no run.until: it stops at the last finish
     {"agents": {"activation": {"kind": "poisson", "rate": 2.0}}, "run": {"rounds": None, "until": 6.0},
      "evaluation": {"every": 1.5, "metrics": ["loss", "accuracy", "consensus", "agent_accuracy"]}},  # evaluations
 ])
@@ -312,7 +314,8 @@ def async_gossip(draw) -> dict:
     lat = draw(st.sampled_from([{"kind": "constant", "value": low},
                                 {**u, "low": low, "high": low + draw(st.sampled_from([0.05, 0.5]))}]))
     run = dict(draw(st.sampled_from([{"until": 4.0}, {"until": 7.5},
-                                     {"rounds": draw(st.integers(2, 6)), "until": 1.0e6}])))
+                                     {"rounds": draw(st.integers(2, 6)), "until": 1.0e6},
+                                     {"rounds": draw(st.integers(2, 6))}])))  # the run ends at the last finish
     run["trace_flush_every"] = draw(st.sampled_from([7, 1000]))  # trace batches cut inside windows, at the same rows
     return {"name": "async", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
             "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3, 4]))},

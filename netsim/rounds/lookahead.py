@@ -14,7 +14,7 @@ agent to be back and a drop decided when the message is sent (sender offline the
 would land, an outage, a burst's loss) change when things happen and what arrives, never how soon a message can
 land. What breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a
 replay's: no known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played
-here: checkpoints (they cut the run between events), no ``run.until``. A time-varying topology is played: each
+here: checkpoints (they cut the run between events). A time-varying topology is played: each
 activation adopts its epoch's links, as the engine's activation listener does.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
@@ -130,8 +130,6 @@ def refusal(sim, kernel) -> str | None:
     model = sim.world.network.model
     if model is not None and type(model) is not ComposedLinks:
         return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
-    if r.until is None:
-        return "run.until is not set (lookahead windows stop at run.until or after the last finish)"
     L, why = lookahead(sim)
     if L is None:
         return why
