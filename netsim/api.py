@@ -172,17 +172,21 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
 def _choose_engine(sim, engine: str, source: str | None) -> None:
     if engine not in ENGINES:
         raise InputError("--engine", f"unknown engine {engine!r}; one of: {', '.join(ENGINES)}")
-    if engine == "windowed":
+    if engine in ("windowed", "auto"):
         from netsim.rounds import windowed
 
         why = windowed.refusal(sim)
-        if why is not None:
+        if why is None:
+            sim.use_runner("windowed", windowed.run)
+        elif engine == "auto":  # the events engine, and the summary says why not the windows
+            sim.services.put("windowed_refused", why)
+        else:
             raise InputError("--engine", f"windowed cannot run this scenario exactly: {why}; use the default "
                                          "engine (events)", source)
-        sim.use_runner(engine, windowed.run)
 
 
-ENGINES = ("events", "windowed")  # how a run is executed; both write the same trace (netsim/rounds/)
+# how a run is executed; both engines write the same trace (netsim/rounds/); auto: windowed where it is exact
+ENGINES = ("events", "windowed", "auto")
 
 
 def resume(folder: str | Path, progress: Callable[[float], None] | None = None,

@@ -100,6 +100,8 @@ def _summary_table(summary: dict):
             if key == "gradients":
                 v += f" ({fmt(summary['gradient_batches'])})"
             t.add_row(label, v)
+            if key == "engine" and summary.get("windowed_refused"):
+                t.add_row("not windowed", summary["windowed_refused"])
             if key == "engine" and isinstance(summary.get("windows"), dict):
                 w = summary["windows"]  # lookahead windows: why the run is as fast as it is
                 t.add_row("lookahead windows", f"{fmt(w['windows'])} of {fmt(w['lookahead_s'])} s")
@@ -169,7 +171,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
                                    "windowed: a round-kernel algorithm's rounds played as batched windows "
                                    "(D-PSGD, DP-D-PSGD, CHOCO-SGD, gossip learning, Muffliato, DFedSAM/DFedAvg, "
                                    "kernel plugins; asynchronous gossip learning as lookahead windows), the same "
-                                   "trace, refused where it could differ")) -> None:
+                                   "trace, refused where it could differ; auto: windowed where it is exact, "
+                                   "else events (the summary says why)")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api

@@ -342,3 +342,19 @@ def test_lookahead_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios
         assume("topology" not in str(e))
         raise
     lookahead_run(tmp_path_factory.mktemp("drawn"), sc, windows=False)
+
+
+def test_engine_auto_takes_the_windows_where_they_are_exact_and_says_why_not_elsewhere(tmp_path):
+    """--engine auto: a scenario the windows play exactly runs windowed (the engine's bytes); one they refuse runs on
+    the events engine, its summary naming the reason (the windows' own refusal line)."""
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0}}, run={"rounds": None, "until": 4.0})
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    fast = netsim.run(scenario_from_dict(sc), out=tmp_path / "auto", engine="auto")
+    events = netsim.run(scenario_from_dict(sc), out=tmp_path / "events")
+    assert fast.summary["engine"] == "windowed" and fast.summary["windows"]["windows"] > 0
+    assert (tmp_path / "auto" / "trace.arrows").read_bytes() == (tmp_path / "events" / "trace.arrows").read_bytes()
+    sc["network"] = {**sc["network"], "latency": {"kind": "exponential", "mean": 0.1}}
+    slow = netsim.run(scenario_from_dict(sc), out=tmp_path / "slow", engine="auto")
+    assert slow.summary["engine"] == "events" and "windows" not in slow.summary
+    assert "latency 'exponential' has no positive lower bound" in slow.summary["windowed_refused"]
+    assert "windowed_refused" not in events.summary and "engine" not in events.summary
