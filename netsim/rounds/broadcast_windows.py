@@ -140,8 +140,10 @@ class _Driver:
             self.merge(i)
         if self.req is not None:
             self.ask(i, now)
-        else:
-            self.broadcast(i, now)
+            return
+        if not self.kernel.merge_first:
+            self.merge(i)
+        self.broadcast(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
         if not self.kernel.merge_first:
