@@ -287,9 +287,10 @@ class _Driver:
                     o = mine[k]
                     if o[0] <= last:
                         break
-                    if o[1] == UPDATE and o[2] not in grads:  # its gradient batch waits for a request: woken then
-                        blocked[o[2]] = i
-                        waits = True
+                    if o[1] == UPDATE and o[2] not in grads:  # asked for in this step, or its batch waits
+                        if not free:  # for a request still to come: woken when it is evaluated
+                            blocked[o[2]] = i
+                            waits = True
                         break
                     if o[1] == ASK and not free:
                         f = flush_of.get(o[2])
