@@ -148,6 +148,7 @@ class Broadcast:
     """The pattern: payloads tagged ``tag``, broadcast after every activation."""
 
     tag: str = "push"
+    reads: frozenset[str] = frozenset()
 
     def program(self, kernel: BroadcastKernel, agent, p) -> Generator:
         """The events engine's program: the kernel's operations on a batch of one."""
