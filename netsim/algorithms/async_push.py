@@ -18,6 +18,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
+from netsim.comm.patterns import latest_by_sender, staleness_weights
 from netsim.rounds import GradientRequest
 from netsim.rounds.broadcast import OWN, Broadcast, BroadcastKernel, Take
 from netsim.scenario.structure import at_least, field, nonneg
@@ -43,17 +44,7 @@ class AsyncPushSGD(BroadcastKernel):
         return GradientRequest.of(p.batch) if p.lr > 0 else None
 
     def choose(self, own, agent, p, got):
-        latest = {}
-        for m in got:
-            if m.src not in latest or m.round >= latest[m.src].round:
-                latest[m.src] = m
-        stats, takes = agent.stats, []
-        for j in sorted(latest):
-            m = latest[j]
-            s = max(0, agent.round - m.round - 1)  # pushed at the end of its last round: fresh
-            stats.observe("push_staleness", float(s))
-            takes.append(Take(m.handle, agent.weights.get(j, 0.0) * (1.0 + s) ** (-p.staleness_power), OWN))
-        return takes
+        return [Take(m.handle, w, OWN) for m, w in staleness_weights(agent, latest_by_sender(got), p.staleness_power)]
 
     def update(self, b, p, g):
         b.x = b.x - p.lr * g

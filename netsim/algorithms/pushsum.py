@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import RunningSumPayload
+from netsim.comm.patterns import RunningSumPayload, newer_sum
 from netsim.rounds import GradientRequest
 from netsim.rounds.broadcast import Broadcast, BroadcastKernel, Take
 from netsim.scenario.structure import at_least, field, nonneg
@@ -63,12 +63,11 @@ class SubgradientPush(BroadcastKernel):
     def choose(self, own, agent, p, got):
         takes = []
         for m in got:
-            last = own.rho.get(m.src)
-            if last is not None and m.round <= last[0]:
+            last = newer_sum(own.rho, m.src, m.round, m.handle, m.scalar)
+            if last is None:
                 continue  # overtaken: a later running sum already counted this mass
-            base, py = (last[1], last[2]) if last is not None else (None, 0.0)
+            base, py = last
             own.y += m.scalar - py
-            own.rho[m.src] = (m.round, m.handle, m.scalar)
             takes.append(Take(m.handle, 1.0, base))
         return takes
 
