@@ -60,6 +60,7 @@ class _Driver:
         # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
         self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
             {ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}
+        self.kinds = sorted(self.rank, key=self.rank.get)  # a lock step's batched calls, in that order
         # the control flow
         self.own = [kernel.start(a, self.p) for a in self.agents]
         self.inbox: list[list[Incoming]] = [[] for _ in self.agents]  # arrived, not yet merged (arrival order)
@@ -306,7 +307,7 @@ class _Driver:
                     nxt.append(i)
             if not progressed:
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            for kind in sorted((MERGE, ASK, UPDATE, PUSH), key=self.rank.get):
+            for kind in self.kinds:
                 if steps[kind]:
                     (self.merges, self.asks, self.updates, self.pushes)[kind](steps[kind])
             if waiting:
