@@ -150,11 +150,17 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
     assert held_y < n - 0.1  # mass really is in flight (its check is not vacuous)
 
 
-@pytest.mark.parametrize(("algorithm", "network", "why"), [
-    ({"name": "async_push"}, {"bandwidth": 1.0e6}, "bandwidth or uplinks"),
-    ({"name": "pushsum"}, {"latency": {"kind": "exponential", "mean": 0.05}}, "no positive lower bound"),
+@pytest.mark.parametrize(("algorithm", "changes", "why"), [
+    ({"name": "async_push"}, {"network": {"bandwidth": 1.0e6}},
+     "bandwidth or uplinks: a broadcast waits for its transmission"),
+    ({"name": "pushsum"}, {"network": {"links": [{"src": 0, "dst": 1,
+                                                  "latency": {"kind": "constant", "value": 0.001}}]}},
+     "per-link settings"),
+    ({"name": "async_push"}, {"topology": {"kind": "exponential", "dynamic": {"kind": "one_peer_exponential"}}},
+     "the topology changes over time"),
+    ({"name": "pushsum"}, {"network": {"latency": {"kind": "exponential", "mean": 0.05}}}, "no positive lower bound"),
 ])
-def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, algorithm, network, why):
+def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, algorithm, changes, why):
     import subprocess
 
     import tomli_w
@@ -162,7 +168,8 @@ def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, al
     from tests.conftest import cli_env, netsim_cli
 
     sc = poisson(algorithm)
-    sc["network"].update(network)
+    for key, value in changes.items():
+        sc[key] = value if key == "topology" else {**sc[key], **value}
     (tmp_path / "s.toml").write_text(tomli_w.dumps(sc))
     res = subprocess.run(netsim_cli("run", str(tmp_path / "s.toml"), "--engine", "windowed", "--out",
                                     str(tmp_path / "cli")), capture_output=True, text=True, env=cli_env())

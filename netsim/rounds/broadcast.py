@@ -200,9 +200,19 @@ class Broadcast:
         return "every agent broadcasts on its own clock: played as lookahead windows only"
 
     def lookahead_refusal(self, sim, kernel) -> str | None:
-        """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py)."""
+        """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py): push
+        gossip's reasons (rounds/lookahead.py), and what this driver does not play: a broadcast that takes time to
+        transmit (the program waits for it before its next wake), links of their own, a changing topology."""
         from netsim.rounds import lookahead
 
+        sc = sim.world.scenario
+        net = sc.network
+        if net.bandwidth is not None or net.uplink is not None:
+            return "bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows)"
+        if net.links or net.trace:
+            return "per-link settings or a link trace (not played by these windows)"
+        if sc.topology.dynamic is not None:
+            return "the topology changes over time (not played by these windows)"
         return lookahead.refusal(sim, kernel)
 
     def play_lookahead(self, sim, kernel) -> None:
