@@ -170,9 +170,9 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         engine: str = typer.Option("events", "--engine", help="events: one event per message (any scenario); "
                                    "windowed: a round-kernel algorithm's rounds played as batched windows "
                                    "(D-PSGD, DP-D-PSGD, CHOCO-SGD, gossip learning, Muffliato, DFedSAM/DFedAvg, "
-                                   "kernel plugins; asynchronous gossip learning as lookahead windows), the same "
-                                   "trace, refused where it could differ; auto: windowed where it is exact, "
-                                   "else events (the summary says why)")) -> None:
+                                   "kernel plugins; asynchronous gossip learning, push SGD and push-sum as lookahead "
+                                   "windows), the same trace, refused where it could differ; auto: windowed where it "
+                                   "is exact, else events (the summary says why)")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api

@@ -141,18 +141,32 @@ class AsyncPush:
 
     def merge(self, own: torch.Tensor) -> torch.Tensor:
         a = self.agent
-        latest: dict[int, Message] = {}
-        for m in drain(a, self.tag):
-            if m.src not in latest or m.round >= latest[m.src].round:
-                latest[m.src] = m
         out = own.clone()
-        for j in sorted(latest):
-            m = latest[j]
-            s = max(0, a.round - m.round - 1)  # pushed at the end of its last round: fresh
-            self.stats.observe("push_staleness", float(s))
-            w = a.weights.get(j, 0.0) * (1.0 + s) ** (-self.power)
+        for m, w in staleness_weights(a, latest_by_sender(drain(a, self.tag)), self.power):
             out.add_(m.payload - own, alpha=w)
         return out
+
+
+def latest_by_sender(msgs) -> dict[int, Any]:
+    """The latest of each sender's messages (by round; of equal rounds, the last to arrive), by sender."""
+    latest: dict[int, Any] = {}
+    for m in msgs:
+        if m.src not in latest or m.round >= latest[m.src].round:
+            latest[m.src] = m
+    return latest
+
+
+def staleness_weights(agent, latest: dict[int, Any], power: float) -> list[tuple[Any, float]]:
+    """(message, w'_ij) in sender order, w'_ij = W_ij (1 + s)^-power with s = the agent's round - 1 - the
+    message's round, clipped at 0 (``AsyncPush``); each s is observed as ``push_staleness``."""
+    out = []
+    stats = agent.stats
+    for j in sorted(latest):
+        m = latest[j]
+        s = max(0, agent.round - m.round - 1)  # pushed at the end of its last round: fresh
+        stats.observe("push_staleness", float(s))
+        out.append((m, agent.weights.get(j, 0.0) * (1.0 + s) ** (-power)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,13 +222,12 @@ class PushSum:
                 self.x.add_(m.payload.x)
                 self.y += m.payload.y
                 continue
-            last = self.rho.get(m.src)
-            if last is not None and m.round <= last[0]:
+            last = newer_sum(self.rho, m.src, m.round, m.payload.x, m.payload.y)
+            if last is None:
                 continue  # overtaken: a later running sum already counted this mass
-            px, py = (last[1], last[2]) if last is not None else (0.0, 0.0)
-            self.x.add_(m.payload.x - px)
+            px, py = last
+            self.x.add_(m.payload.x - (0.0 if px is None else px))
             self.y += m.payload.y - py
-            self.rho[m.src] = (m.round, m.payload.x, m.payload.y)
 
     @property
     def estimate(self) -> torch.Tensor:
@@ -238,6 +251,17 @@ class PushSum:
         else:
             payload = RunningSumPayload(self.x.clone(), self.y)
         return self.agent.broadcast(payload, tag=self.tag, round=self._seq)
+
+
+def newer_sum(rho: dict, src: int, rnd: int, x: Any, y: float) -> tuple[Any, float] | None:
+    """Push-sum's running-sum rule for a message of round ``rnd`` from ``src`` carrying the sums (x, y): None if a
+    later sum from ``src`` was already absorbed (overtaken); else the last absorbed (x or None, y, 0.0 at first),
+    whose difference to (x, y) is the mass to add, and (x, y) become the last absorbed (``rho``)."""
+    last = rho.get(src)
+    if last is not None and rnd <= last[0]:
+        return None
+    rho[src] = (rnd, x, y)
+    return (None, 0.0) if last is None else (last[1], last[2])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,457 @@
+"""The broadcast pattern (rounds/broadcast.py) as conservative lookahead windows: ``--engine windowed`` for
+asynchronous push gossip SGD and push-sum, byte for byte the events engine's trace, metrics and models.
+
+The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
+driver shares): a message sent at t lands no earlier than t + L, so whatever an activation of [T, T + L) merges,
+at its start (push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier
+window's tensor work. The driver plays the window's events on a heap in simpy's order, each agent's and each
+link's streams drawn by the engine's calls in the engine's order, the kernel's control (``choose``, ``scalars``,
+``pushed``) called at the event's time as the program calls it; every agent's tensor operations of the window are
+then done in lock step: in each step an agent goes as far as it can through one activation's operations (merge,
+ask, update, push, in its program's order), each kind in one batched kernel call. A gradient is taken where the
+kernel says when it is asked (``gradient_at``, kept until its batch is evaluated: asynchronous push merges before
+its update) and evaluated in the engine's batches, or per step for a batch-invariant model, as push gossip's
+driver does. A pushed payload is one row however many out-neighbours it goes to, freed when the last message
+carrying it is merged, or, for a kernel that ``keeps`` payloads (push-sum's last running sum per sender), when a
+later take names it as its base.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+
+import torch
+
+from netsim.rounds.broadcast import OWN, Incoming
+from netsim.rounds.kernel import Batch
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowStats, min_latency
+from netsim.sim.network import payload_size
+from netsim.trace.events import Finish, Offline
+from netsim.trace.events import row as event_row
+
+MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
+
+
+def play(pattern, sim, kernel) -> None:
+    """Play a started run to its end window by window (see the module docstring)."""
+    _Driver(pattern, sim, kernel).run()
+
+
+class _Driver:
+    def __init__(self, pattern, sim, kernel):
+        self.pattern, self.sim, self.kernel = pattern, sim, kernel
+        world = sim.world
+        self.p, self.agents = sim.params, sim.loop.agents
+        self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
+        self.state = kernel.state_of(self.agents[0], self.p)
+        self.req = kernel.request(self.p)
+        self.limit = world.scenario.run.rounds
+        self.until = world.scenario.run.until
+        self.moves = world.activation_moves
+        self.marks = sim.loop.marks
+        self.tag = pattern.tag
+        self.churn = world.churn
+        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
+        self.stats = WindowStats(min_latency(world.scenario.network.latency))
+        sim.services.put("windows", self.stats)
+        # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
+        self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
+            {ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}
+        self.kinds = sorted(self.rank, key=self.rank.get)  # a lock step's batched calls, in that order
+        # the control flow
+        self.own = [kernel.start(a, self.p) for a in self.agents]
+        self.inbox: list[list[Incoming]] = [[] for _ in self.agents]  # arrived, not yet merged (arrival order)
+        self.heap: list[tuple] = []
+        self.seq = itertools.count()  # insertion numbers: simpy's order of simultaneous events
+        self.pids = itertools.count()  # pushes: a payload's handle
+        self.ticket_of: list = []  # ticket: (agent, rows)
+        self.pending_lo = 0
+        self.flushes: list[range] = []
+        self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
+        self.rows: list[tuple] = []
+        self.unfinished = sum(not a.finished for a in self.agents)
+        self.ended = False
+        self.evaluation = None
+        self.now = float(sim.loop.env.now)
+        # the tensor work
+        self.X = self.bank.W.clone()  # each program's x between activations
+        self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
+        self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
+        self.slots = torch.empty_like(self.X)  # the payloads in flight or kept, one row each (grown as needed)
+        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
+        self.slot_of: dict[int, int] = {}  # payload handle -> row of ``slots``
+        self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
+        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
+        self.grads: dict[int, torch.Tensor] = {}
+        self.free = bool(getattr(self.svc.model, "batch_invariant", False))
+        self.nbs = [a.neighbors for a in self.agents]  # fixed: a changing topology is refused
+
+    def push_event(self, t: float, kind: int, i: int, v=None) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, i, v))
+
+    def op(self, i: int, kind: int, *v) -> None:
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append((self.rank[kind], kind, *v))
+
+    # the control flow -------------------------------------------------------------------------------------
+    def wake(self, i: int, now: float) -> None:
+        """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
+        a = self.agents[i]
+        if self.limit is not None and a.round >= self.limit:
+            self.finish(a, now)
+            return
+        schedule = a.schedule
+        at = schedule.next(a.local_time(now))
+        if self.moves is not None and not schedule.fixed:
+            at = self.moves(a, at)
+        delay = max(0.0, a.global_time(at) - now)
+        if schedule.settles:
+            at, delay = schedule.settle(at, delay)
+        a.round += 1  # sim.count_wakes, for one agent
+        self.marks.activations += 1
+        self.push_event(now + delay, ACT, i, at)
+
+    def finish(self, a, now: float) -> None:
+        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
+        if a.finished:
+            return
+        a.finished = True
+        self.rows.append(event_row(Finish(now, a.id, a.round)))
+        self.sim.agent_finished()
+        self.unfinished -= 1
+        if not self.unfinished:
+            self.push_event(now, STOP, -1, self.until is not None)
+
+    def offline_next(self, i: int, now: float, after: float) -> None:
+        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
+        nxt = self.churn.next_interval(i, after)
+        if nxt is None:
+            self.sim.housekeeping_ended()
+            return
+        a, b = nxt
+        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
+
+    def activated(self, i: int, now: float) -> None:
+        if self.kernel.merge_first:
+            self.merge(i)
+        if self.req is not None:
+            self.ask(i, now)
+            return
+        if not self.kernel.merge_first:
+            self.merge(i)
+        self.broadcast(i, now)
+
+    def completed(self, i: int, now: float, tk: int) -> None:
+        if not self.kernel.merge_first:
+            self.merge(i)
+        self.op(i, UPDATE, tk)
+        self.broadcast(i, now)
+
+    def merge(self, i: int) -> None:
+        """The program's merge: what arrived, taken from the inbox; the kernel chooses now."""
+        got = self.inbox[i]
+        if not got:
+            return
+        self.inbox[i] = []
+        takes = self.kernel.choose(self.own[i], self.agents[i], self.p, got)
+        self.op(i, MERGE, takes, [m.handle for m in got], self.kernel.scalars(self.own[i]) if takes else None)
+
+    def ask(self, i: int, now: float) -> None:
+        """``Agent.gradient``: the compute time (and a wait while offline), its row, the mini-batch."""
+        a = self.agents[i]
+        ct = a._compute() * a.compute_scale
+        if self.churn is not None:
+            ct += self.churn.wait(i, now)
+        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+        tk = len(self.ticket_of)
+        self.ticket_of.append((i, a.sample_rows(self.req.batch)))
+        self.op(i, ASK, tk, self.kernel.scalars(self.own[i]))
+        self.push_event(now + ct, DONE, i, tk)
+
+    def broadcast(self, i: int, now: float) -> None:
+        """The params written, the payload pushed to every out-neighbour (``Agent.broadcast``), the next wake."""
+        a, kernel = self.agents[i], self.kernel
+        scal = kernel.scalars(self.own[i])
+        scalar = kernel.pushed(self.own[i], a, self.p)
+        pid = next(self.pids)
+        net, size, tag, rnd, add_row = self.net, self.size, self.tag, a.round, self.rows.append
+        held = 0
+        for j in self.nbs[i]:
+            if self.model is None:
+                link = net.links.get((i, j)) or net.link(i, j)
+                delay = now - now + link.latency()
+                lost = link.lost
+                reason = "loss" if lost is not None and lost() < net.p_loss else ""
+            else:  # the engine's model decides (its streams, in send order; no transmission time: refused)
+                _, delay, reason = self.model.outcome(i, j, now, size)
+            mid = net.next_id
+            net.next_id = mid + 1
+            add_row((now, "send", i, j, mid, size, delay, rnd, tag))
+            if reason:
+                add_row((now, "drop", i, j, mid, size, delay, rnd, reason))
+            else:
+                held += 1
+                self.push_event(now + delay, ARR, j, (mid, i, size, now, rnd, scalar, pid))
+        self.op(i, PUSH, pid, held, scal)
+        self.wake(i, now)
+
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        heap, add_row, agents, inbox, tag = self.heap, self.rows.append, self.agents, self.inbox, self.tag
+        pop, t = heapq.heappop, self.now
+        try:
+            while heap and heap[0][0] < end:
+                t, _, kind, i, v = pop(heap)
+                if kind == ACT:
+                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    self.activated(i, t)
+                elif kind == ARR:
+                    mid, src, size, sent, rnd, scalar, pid = v
+                    add_row((t, "deliver", i, src, mid, size, t - sent, rnd, tag))
+                    inbox[i].append(Incoming(src, rnd, scalar, pid))
+                elif kind == DONE:
+                    if v >= self.pending_lo and not self.free:  # a batch's first completion: every pending one
+                        self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
+                        self.pending_lo = len(self.ticket_of)
+                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    self.completed(i, t, v)
+                elif kind == EVAL:
+                    self.evaluation = t
+                    return
+                elif kind == OFF:
+                    add_row(event_row(Offline(t, i, v[0])))
+                    self.offline_next(i, t, v[1])
+                elif kind == UNTIL:
+                    self.push_event(t, STOP, -1, False)
+                else:
+                    if v:
+                        self.push_event(t, STOP, -1, False)
+                        continue
+                    self.ended = True
+                    return
+        finally:
+            self.now = t
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def batch(self, who: list[int], scalars: list | None = None) -> tuple[Batch, torch.Tensor]:
+        idx = torch.tensor(who, device=self.X.device)
+        b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, self.X.index_select(0, idx), None,
+                  self.state)
+        b.rows = {name: m.index_select(0, idx) for name, m in self.extra.items()}
+        b.scalars = scalars
+        return b, idx
+
+    def store(self, b: Batch, idx: torch.Tensor) -> None:
+        self.X.index_copy_(0, idx, b.x)
+        for name, m in self.extra.items():
+            m.index_copy_(0, idx, b.rows[name])
+
+    def rows_of(self, handles: list) -> torch.Tensor:
+        slot_of = self.slot_of
+        return self.slots.index_select(0, torch.tensor([slot_of[h] for h in handles], device=self.X.device))
+
+    def release(self, pid: int) -> None:
+        n = self.refs[pid] - 1
+        if n:
+            self.refs[pid] = n
+        else:
+            del self.refs[pid]
+            self.free_slots.append(self.slot_of.pop(pid))
+
+    def tensor_work(self, first_ticket: int) -> None:
+        """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
+        once all its requests are made (those of earlier windows were)."""
+        flush_of, left = {}, []
+        for f, r in enumerate(self.flushes):
+            left.append(sum(tk >= first_ticket for tk in r))
+            for tk in r:
+                flush_of[tk] = f
+        waiting = list(range(len(self.flushes)))
+        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
+        active = list(ops)
+        blocked: dict[int, int] = {}
+        grads, free = self.grads, self.free
+        waiting = self.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
+        while active:
+            steps: list[list] = [[], [], [], []]  # by kind: (agent, op)
+            nxt = []
+            progressed = False
+            for i in active:
+                mine = ops[i]
+                k, n, last, waits = ptr[i], len(mine), -1, False
+                while k < n:
+                    o = mine[k]
+                    if o[0] <= last:
+                        break
+                    if o[1] == UPDATE and o[2] not in grads:  # asked for in this step, or its batch waits
+                        if not free:  # for a request still to come: woken when it is evaluated
+                            blocked[o[2]] = i
+                            waits = True
+                        break
+                    if o[1] == ASK and not free:
+                        f = flush_of.get(o[2])
+                        if f is not None:
+                            left[f] -= 1
+                    steps[o[1]].append((i, o))
+                    last = o[0]
+                    k += 1
+                if k > ptr[i]:
+                    progressed = True
+                    ptr[i] = k
+                if k < n and not waits:
+                    nxt.append(i)
+            if not progressed:
+                raise RuntimeError("lookahead windows: the window's operations wait on each other")
+            for kind in self.kinds:
+                if steps[kind]:
+                    (self.merges, self.asks, self.updates, self.pushes)[kind](steps[kind])
+            if waiting:
+                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
+            active = nxt
+        self.ops.clear()
+        if waiting or blocked:
+            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.flushes.clear()
+
+    def merges(self, step: list) -> None:
+        kernel = self.kernel
+        mathy = [(i, o) for i, o in step if o[2]]
+        if mathy:
+            b, idx = self.batch([i for i, _ in mathy], [o[4] for _, o in mathy])
+            kernel.merge(b, self.p, [o[2] for _, o in mathy], self.rows_of)
+            self.store(b, idx)
+        for _, o in step:
+            if kernel.keeps:
+                for t in o[2]:
+                    self.refs[t.handle] += 1
+            for pid in o[3]:
+                self.release(pid)
+            if kernel.keeps:
+                for t in o[2]:
+                    if t.base is not None and t.base is not OWN:
+                        self.release(t.base)
+
+    def asks(self, step: list) -> None:
+        who = [i for i, _ in step]
+        b, _ = self.batch(who, [o[3] for _, o in step])
+        at = self.kernel.gradient_at(b, self.p)
+        tickets = [o[2] for _, o in step]
+        if self.free:
+            self.evaluate_step(who, tickets, at)
+            return
+        for tk, row in zip(tickets, at.unbind(0), strict=True):
+            self.at_of[tk] = row
+
+    def updates(self, step: list) -> None:
+        b, idx = self.batch([i for i, _ in step])
+        self.kernel.update(b, self.p, torch.stack([self.grads.pop(o[2]) for _, o in step]))
+        self.store(b, idx)
+
+    def pushes(self, step: list) -> None:
+        b, idx = self.batch([i for i, _ in step], [o[4] for _, o in step])
+        self.bank.W.index_copy_(0, idx, self.kernel.params(b, self.p))  # agent.params = ...
+        sent = self.kernel.push(b, self.p)
+        self.store(b, idx)
+        keep = [k for k, (_, o) in enumerate(step) if o[3]]
+        if not keep:
+            return
+        free = self.free_slots
+        if len(free) < len(keep):  # grow: twice the rows, the new ones free
+            old = self.slots
+            self.slots = torch.empty((2 * len(old) + len(keep), old.shape[1]), dtype=old.dtype, device=old.device)
+            self.slots[:len(old)] = old
+            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
+        rows = [free.pop() for _ in keep]
+        for k, r in zip(keep, rows, strict=True):
+            _, o = step[k]
+            self.slot_of[o[2]] = r
+            self.refs[o[2]] = o[3]
+        dev = sent.device
+        src = sent if len(keep) == len(step) else sent.index_select(0, torch.tensor(keep, device=dev))
+        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
+
+    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
+                       woken: list[int]) -> list[int]:
+        """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order; the
+        agents ``blocked`` on one go to ``woken``; returns the batches still waiting."""
+        svc, ticket_of, grads, at_of = self.svc, self.ticket_of, self.grads, self.at_of
+        t0 = time.perf_counter()
+        still = []
+        for f in waiting:
+            if left[f]:
+                still.append(f)
+                continue
+            r = self.flushes[f]
+            tickets = [svc.submit(ticket_of[tk][0], at_of.pop(tk), ticket_of[tk][1]) for tk in r]
+            svc.flush()
+            for tk, t in zip(r, tickets, strict=True):
+                grads[tk] = t.result
+                ticket_of[tk] = None
+                i = blocked.pop(tk, None)
+                if i is not None:
+                    woken.append(i)
+        self.stats.gradient_s += time.perf_counter() - t0
+        return still
+
+    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+        """A batch-invariant model's requests of one step, in one call."""
+        t0 = time.perf_counter()
+        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        rows = [ticket_of[tk][1] for tk in tickets]
+        m = len(rows[0])
+        if all(len(r) == m for r in rows):
+            block = svc.submit_block(who, at, rows)
+            svc.flush()
+            got = block.result.unbind(0)
+        else:
+            made = [svc.submit(i, at[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
+            svc.flush()
+            got = [t.result for t in made]
+        for tk, g in zip(tickets, got, strict=True):
+            grads[tk] = g
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
+
+    # the run ----------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        sim, stats = self.sim, self.stats
+        t0 = time.perf_counter()
+        if self.req is not None and not self.req.batch:  # every gradient on the agent's whole part: gathered once
+            for a in self.agents:
+                self.svc.keep_rows(a.rows)
+        if self.until is not None:
+            self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
+        if self.churn is not None:
+            for i in self.churn.sources:
+                self.offline_next(i, self.now, 0.0)
+        for a in self.agents:
+            self.wake(a.id, self.now)
+        every = sim.world.scenario.evaluation.every
+        self.push_event(self.now + every, EVAL, -1)
+        L = stats.lookahead
+        progress: Callable | None = sim.recorder.progress
+        while not self.ended and self.heap:
+            start = self.heap[0][0]
+            first_ticket = len(self.ticket_of)
+            self.events_until(start + L)
+            stats.add(len(self.rows))
+            t1 = time.perf_counter()
+            self.tensor_work(first_ticket)
+            stats.tensor_s += time.perf_counter() - t1
+            self.writer.emit_rows(self.rows)
+            self.rows.clear()
+            if self.evaluation is not None:
+                t, self.evaluation = self.evaluation, None
+                sim.loop.env.advance_to(t)
+                if self.until is None or t < self.until:
+                    sim.evaluate()
+                self.push_event(t + every, EVAL, -1)
+            if progress is not None:
+                progress(self.now)
+        sim.loop.env.advance_to(self.now)
+        stats.wall_s = time.perf_counter() - t0

@@ -1,0 +1,194 @@
+"""The broadcast pattern (asynchronous push SGD, push-sum) as lookahead windows (rounds/broadcast_windows.py): the
+windowed engine against the events engine, byte for byte (trace.arrows, metrics.csv, final models)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+
+import netsim
+from netsim.scenario import scenario_from_dict
+from tests.test_windowed import VARY, async_gossip, gossip
+
+
+def spread(sim) -> None:
+    """Every agent starts from its own model (convex models start at 0 everywhere: merges would change nothing)."""
+    W = sim.bank.W
+    g = torch.Generator().manual_seed(sim.scenario.run.seed)
+    W.copy_(torch.randn(W.shape, generator=g, dtype=torch.float64).to(W.dtype))
+
+
+def both(tmp_path, sc: dict, keep=None) -> dict:
+    """Both engines on ``sc`` from spread models: the same bytes, summary and models; the events run's summary."""
+    out = {}
+    for engine in ("events", "windowed"):
+        built: list = []
+
+        def setup(sim, built=built):
+            spread(sim)
+            built.append(sim)
+
+        r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=setup, engine=engine)
+        folder = tmp_path / engine
+        out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
+                       "metrics": (folder / "metrics.csv").read_text(), "W": built[0].bank.W.clone(),
+                       "summary": {k: v for k, v in r.summary.items() if k not in VARY},
+                       "engine": r.summary.get("engine", "events"), "windows": r.summary.get("windows")}
+    ev, win = out["events"], out["windowed"]
+    if sc["model"].get("batch_invariant"):  # how the gradients were batched: the one thing the engines may differ in
+        for e in (ev, win):
+            e["summary"].pop("gradient_batches")
+            e["summary"].pop("mean_gradient_batch")
+    assert win["engine"] == "windowed" and win["windows"]["windows"] > 0 and ev["windows"] is None
+    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["summary"] == ev["summary"]
+    assert torch.equal(win["W"], ev["W"])
+    return {**ev["summary"], "W": ev["W"]}
+
+
+@st.composite
+def broadcasting(draw) -> dict:
+    """A scenario of the lookahead windows' admitted region (push gossip's: own clocks, drift, jitter, stragglers,
+    random compute times and latencies, loss), asynchronous push SGD or push-sum, a directed graph or not."""
+    sc = draw(async_gossip())
+    lr = draw(st.sampled_from([0.0, 0.5]))
+    if draw(st.booleans()):
+        sc["algorithm"] = {"name": "async_push", "lr": lr, "batch": draw(st.integers(0, 6)),
+                           "staleness_power": draw(st.sampled_from([0.0, 0.5, 2.0]))}
+    else:
+        sc["algorithm"] = {"name": "pushsum", "lr": lr, "batch": draw(st.integers(0, 6))}
+    if draw(st.booleans()):
+        sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
+    if draw(st.booleans()):
+        sc["model"]["batch_invariant"] = True
+    return sc
+
+
+@settings(max_examples=16, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=broadcasting())
+def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, sc):
+    from netsim.api import prepare
+    from netsim.errors import InputError
+
+    try:
+        prepare(scenario_from_dict(sc))
+    except InputError as e:  # a drawn graph that cannot be built (odd degree sum): not a scenario
+        assume("topology" not in str(e))
+        raise
+    both(tmp_path_factory.mktemp("drawn"), sc)
+
+
+def poisson(algorithm: dict, **changes) -> dict:
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 3.0},
+                        "clock_drift": {"kind": "uniform", "low": -0.02, "high": 0.02}},
+                run={"rounds": None, "until": 5.0}, **changes)
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    sc["algorithm"] = algorithm
+    sc["evaluation"] = {"every": 1.5, "metrics": ["loss", "accuracy", "consensus", "agent_accuracy"]}
+    return sc
+
+
+@pytest.mark.parametrize("churn", [
+    {"agents": {"churn": {"mean_online": 1.0, "mean_offline": 0.3}}},
+    {"network": {"burst": {"p_enter": 0.3, "p_exit": 0.5, "loss_good": 0.0, "loss_bad": 0.9},
+                 "outages": [{"start": 1.0, "end": 2.0, "src": 0}]}},
+])
+@pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}])
+def test_broadcast_windows_agree_when_agents_go_offline_and_links_fail(tmp_path, algorithm, churn):
+    sc = poisson(algorithm)
+    for key, value in churn.items():
+        sc.setdefault(key, {}).update(value)
+    summary = both(tmp_path, sc)
+    assert summary["messages_dropped"] > 0 and summary["gradients"] > 0
+
+
+def test_staleness_weights_are_applied_in_the_windows(tmp_path):
+    """With staleness_power > 0 the windows merge with the engine's down-weighted weights (same bytes), and the
+    models differ from the plain weights' run: the weights are applied, not dropped."""
+    alg = {"name": "async_push", "lr": 0.5, "batch": 4}
+    net = {"latency": {"kind": "uniform", "low": 0.05, "high": 0.8}}
+    weighted = both(tmp_path / "a", poisson({**alg, "staleness_power": 2.0}, network=net))
+    plain = both(tmp_path / "b", poisson({**alg, "staleness_power": 0.0}, network=net))
+    assert weighted["push_staleness_max"] >= 2 and weighted["push_staleness_samples"] > 50
+    assert weighted["push_staleness_samples"] == plain["push_staleness_samples"]  # the same messages and rounds
+    assert not torch.equal(weighted["W"], plain["W"])
+
+
+def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
+    """Pure push-sum averaging (lr = 0) under loss, played as windows: sum_i x_i plus the mass in flight (each
+    in-neighbour's running sum not yet absorbed, sigma_j - rho_ij) is the initial sum, for x and for y; the bank
+    holds x_i / y_i."""
+    from netsim.rounds import broadcast_windows
+
+    drivers = []
+    play = broadcast_windows._Driver.run
+    monkeypatch.setattr(broadcast_windows._Driver, "run", lambda self: (drivers.append(self), play(self))[1])
+    sc = poisson({"name": "pushsum", "lr": 0.0}, network={"loss": 0.3})
+    sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
+    sc["model"] = {"kind": "logistic", "dtype": "float64"}
+    summary = both(tmp_path, sc)
+    assert summary["messages_dropped"] > 0
+    d = drivers[0]
+    n = len(d.agents)
+    x0 = torch.randn(d.X.shape, generator=torch.Generator().manual_seed(sc["run"]["seed"]), dtype=torch.float64)
+    held_x, held_y = d.X.sum(0), sum(own.y for own in d.own)
+    flight_x, flight_y = torch.zeros_like(held_x), 0.0
+    for i, a in enumerate(d.agents):
+        for j in a.in_neighbors:
+            last = d.own[i].rho.get(j)
+            flight_x += d.extra["sigma"][j] - (0.0 if last is None else d.slots[d.slot_of[last[1]]])
+            flight_y += d.own[j].sigma_y - (0.0 if last is None else last[2])
+    assert torch.allclose(held_x + flight_x, x0.sum(0), rtol=0, atol=1e-11)
+    assert held_y + flight_y == pytest.approx(n, abs=1e-12)
+    y = torch.tensor([own.y for own in d.own], dtype=torch.float64).unsqueeze(1)
+    assert torch.allclose(summary["W"], d.X / y, rtol=1e-12, atol=0)  # z_i, written before the push's shares
+    assert held_y < n - 0.1  # mass really is in flight (its check is not vacuous)
+
+
+@pytest.mark.parametrize(("algorithm", "changes", "why"), [
+    ({"name": "async_push"}, {"network": {"bandwidth": 1.0e6}},
+     "bandwidth or uplinks: a broadcast waits for its transmission"),
+    ({"name": "pushsum"}, {"network": {"links": [{"src": 0, "dst": 1,
+                                                  "latency": {"kind": "constant", "value": 0.001}}]}},
+     "per-link settings"),
+    ({"name": "async_push"}, {"topology": {"kind": "exponential", "dynamic": {"kind": "one_peer_exponential"}}},
+     "the topology changes over time"),
+    ({"name": "pushsum"}, {"network": {"latency": {"kind": "exponential", "mean": 0.05}}}, "no positive lower bound"),
+])
+def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, algorithm, changes, why):
+    import subprocess
+
+    import tomli_w
+
+    from tests.conftest import cli_env, netsim_cli
+
+    sc = poisson(algorithm)
+    for key, value in changes.items():
+        sc[key] = value if key == "topology" else {**sc[key], **value}
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(sc))
+    res = subprocess.run(netsim_cli("run", str(tmp_path / "s.toml"), "--engine", "windowed", "--out",
+                                    str(tmp_path / "cli")), capture_output=True, text=True, env=cli_env())
+    out = (res.stderr + res.stdout).strip()
+    assert res.returncode == 2 and len(out.splitlines()) == 1
+    assert "nor as lookahead windows" in out and why in out
+    assert not (tmp_path / "cli").exists()
+
+
+def test_an_edit_to_the_kernel_changes_both_engines_identically(tmp_path, monkeypatch):
+    """One definition: halve asynchronous push's step in its kernel, and both engines run the edited algorithm."""
+    from netsim.algorithms.async_push import AsyncPushSGD
+
+    sc = poisson({"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0})
+    before = both(tmp_path / "before", sc)
+
+    def halved(self, b, p, g):
+        b.x = b.x - (0.5 * p.lr) * g
+
+    monkeypatch.setattr(AsyncPushSGD, "update", halved)
+    after = both(tmp_path / "after", sc)
+    assert not torch.equal(after["W"], before["W"])
