@@ -43,7 +43,9 @@ class Weights:
         self.rho: dict[int, tuple] = {}
 
 
-@register("pushsum", PushSumParams)
+@register("pushsum", PushSumParams, fixed_topology="sends each out-neighbour the running sum of every share it "
+                                                   "sent, which only a neighbour that was one all along can take the "
+                                                   "difference of, and keeps the share 1/(d + 1) of its out-degree d")
 class SubgradientPush(BroadcastKernel):
     """x_i += sigma_j - rho_ij (y likewise) per newer running sum; z_i = x_i / y_i; x_i -= alpha g(z_i);
     the bank holds z_i; keep the share of (x_i, y_i), add the rest to the running sums and broadcast them."""

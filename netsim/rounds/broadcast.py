@@ -202,17 +202,15 @@ class Broadcast:
     def lookahead_refusal(self, sim, kernel) -> str | None:
         """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py): push
         gossip's reasons (rounds/lookahead.py), and what this driver does not play: a broadcast that takes time to
-        transmit (the program waits for it before its next wake), links of their own, a changing topology."""
+        transmit (the program waits for it before its next wake)."""
         from netsim.rounds import lookahead
 
-        sc = sim.world.scenario
-        net = sc.network
-        if net.bandwidth is not None or net.uplink is not None:
+        net = sim.world.scenario.network
+        series = getattr(sim.world.network, "series", {}).values()
+        rates = [net.bandwidth, net.uplink, *(o.bandwidth for o in net.links or ()),
+                 *(b for s in series for b in s.bandwidth)]
+        if any(r is not None for r in rates):
             return "bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows)"
-        if net.links or net.trace:
-            return "per-link settings or a link trace (not played by these windows)"
-        if sc.topology.dynamic is not None:
-            return "the topology changes over time (not played by these windows)"
         return lookahead.refusal(sim, kernel)
 
     def play_lookahead(self, sim, kernel) -> None:

@@ -27,7 +27,7 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowStats, min_latency
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowStats, lookahead
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
@@ -55,7 +55,7 @@ class _Driver:
         self.tag = pattern.tag
         self.churn = world.churn
         self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
-        self.stats = WindowStats(min_latency(world.scenario.network.latency))
+        self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
         # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
         self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
@@ -87,7 +87,7 @@ class _Driver:
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
         self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))
-        self.nbs = [a.neighbors for a in self.agents]  # fixed: a changing topology is refused
+        self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, i, v))
@@ -181,7 +181,7 @@ class _Driver:
         pid = next(self.pids)
         net, size, tag, rnd, add_row = self.net, self.size, self.tag, a.round, self.rows.append
         held = 0
-        for j in self.nbs[i]:
+        for j in a.neighbors:  # this activation's (a time-varying topology changes them)
             if self.model is None:
                 link = net.links.get((i, j)) or net.link(i, j)
                 delay = now - now + link.latency()
@@ -208,6 +208,8 @@ class _Driver:
             while heap and heap[0][0] < end:
                 t, _, kind, i, v = pop(heap)
                 if kind == ACT:
+                    if self.dynamic is not None:  # the engine's activation listener: the epoch's links, first
+                        self.dynamic.adopt(agents[i], t)
                     add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
                     self.activated(i, t)
                 elif kind == ARR:
