@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import time
-from collections.abc import Callable
 
 import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowStats, lookahead
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish, Offline
-from netsim.trace.events import row as event_row
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
 
@@ -40,23 +36,12 @@ def play(pattern, sim, kernel) -> None:
     _Driver(pattern, sim, kernel).run()
 
 
-class _Driver:
+class _Driver(WindowDriver):
+    """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
+
     def __init__(self, pattern, sim, kernel):
-        self.pattern, self.sim, self.kernel = pattern, sim, kernel
-        world = sim.world
-        self.p, self.agents = sim.params, sim.loop.agents
-        self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
-        self.state = kernel.state_of(self.agents[0], self.p)
-        self.req = kernel.request(self.p)
-        self.limit = world.scenario.run.rounds
-        self.until = world.scenario.run.until
-        self.moves = world.activation_moves
-        self.marks = sim.loop.marks
-        self.tag = pattern.tag
-        self.churn = world.churn
-        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
-        self.stats = WindowStats(lookahead(sim)[0])
-        sim.services.put("windows", self.stats)
+        super().__init__(pattern, sim, kernel)
+        self.req = self.first = kernel.request(self.p)
         # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
         self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
             {ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}
@@ -64,18 +49,7 @@ class _Driver:
         # the control flow
         self.own = [kernel.start(a, self.p) for a in self.agents]
         self.inbox: list[list[Incoming]] = [[] for _ in self.agents]  # arrived, not yet merged (arrival order)
-        self.heap: list[tuple] = []
-        self.seq = itertools.count()  # insertion numbers: simpy's order of simultaneous events
         self.pids = itertools.count()  # pushes: a payload's handle
-        self.ticket_of: list = []  # ticket: (agent, rows)
-        self.pending_lo = 0
-        self.flushes: list[range] = []
-        self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
-        self.rows: list[tuple] = []
-        self.unfinished = sum(not a.finished for a in self.agents)
-        self.ended = False
-        self.evaluation = None
-        self.now = float(sim.loop.env.now)
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x between activations
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
@@ -85,12 +59,6 @@ class _Driver:
         self.slot_of: dict[int, int] = {}  # payload handle -> row of ``slots``
         self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
-        self.grads: dict[int, torch.Tensor] = {}
-        self.free = bool(getattr(self.svc.model, "batch_invariant", False))
-        self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
-
-    def push_event(self, t: float, kind: int, i: int, v=None) -> None:
-        heapq.heappush(self.heap, (t, next(self.seq), kind, i, v))
 
     def op(self, i: int, kind: int, *v) -> None:
         ops = self.ops.get(i)
@@ -99,43 +67,6 @@ class _Driver:
         ops.append((self.rank[kind], kind, *v))
 
     # the control flow -------------------------------------------------------------------------------------
-    def wake(self, i: int, now: float) -> None:
-        """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
-        a = self.agents[i]
-        if self.limit is not None and a.round >= self.limit:
-            self.finish(a, now)
-            return
-        schedule = a.schedule
-        at = schedule.next(a.local_time(now))
-        if self.moves is not None and not schedule.fixed:
-            at = self.moves(a, at)
-        delay = max(0.0, a.global_time(at) - now)
-        if schedule.settles:
-            at, delay = schedule.settle(at, delay)
-        a.round += 1  # sim.count_wakes, for one agent
-        self.marks.activations += 1
-        self.push_event(now + delay, ACT, i, at)
-
-    def finish(self, a, now: float) -> None:
-        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
-        if a.finished:
-            return
-        a.finished = True
-        self.rows.append(event_row(Finish(now, a.id, a.round)))
-        self.sim.agent_finished()
-        self.unfinished -= 1
-        if not self.unfinished:
-            self.push_event(now, STOP, -1, self.until is not None)
-
-    def offline_next(self, i: int, now: float, after: float) -> None:
-        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
-        nxt = self.churn.next_interval(i, after)
-        if nxt is None:
-            self.sim.housekeeping_ended()
-            return
-        a, b = nxt
-        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
-
     def activated(self, i: int, now: float) -> None:
         if self.kernel.merge_first:
             self.merge(i)
@@ -222,19 +153,7 @@ class _Driver:
                         self.pending_lo = len(self.ticket_of)
                     add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
                     self.completed(i, t, v)
-                elif kind == EVAL:
-                    self.evaluation = t
-                    return
-                elif kind == OFF:
-                    add_row(event_row(Offline(t, i, v[0])))
-                    self.offline_next(i, t, v[1])
-                elif kind == UNTIL:
-                    self.push_event(t, STOP, -1, False)
-                else:
-                    if v:
-                        self.push_event(t, STOP, -1, False)
-                        continue
-                    self.ended = True
+                elif self.housekeeping(t, kind, i, v):
                     return
         finally:
             self.now = t
@@ -377,83 +296,5 @@ class _Driver:
         src = sent if len(keep) == len(step) else sent.index_select(0, torch.tensor(keep, device=dev))
         self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
 
-    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
-                       woken: list[int]) -> list[int]:
-        """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order; the
-        agents ``blocked`` on one go to ``woken``; returns the batches still waiting."""
-        svc, ticket_of, grads, at_of = self.svc, self.ticket_of, self.grads, self.at_of
-        t0 = time.perf_counter()
-        still = []
-        for f in waiting:
-            if left[f]:
-                still.append(f)
-                continue
-            r = self.flushes[f]
-            tickets = [svc.submit(ticket_of[tk][0], at_of.pop(tk), ticket_of[tk][1]) for tk in r]
-            svc.flush()
-            for tk, t in zip(r, tickets, strict=True):
-                grads[tk] = t.result
-                ticket_of[tk] = None
-                i = blocked.pop(tk, None)
-                if i is not None:
-                    woken.append(i)
-        self.stats.gradient_s += time.perf_counter() - t0
-        return still
-
-    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
-        """A batch-invariant model's requests of one step, in one call."""
-        t0 = time.perf_counter()
-        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
-        rows = [ticket_of[tk][1] for tk in tickets]
-        m = len(rows[0])
-        if all(len(r) == m for r in rows):
-            block = svc.submit_block(who, at, rows)
-            svc.flush()
-            got = block.result.unbind(0)
-        else:
-            made = [svc.submit(i, at[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
-            svc.flush()
-            got = [t.result for t in made]
-        for tk, g in zip(tickets, got, strict=True):
-            grads[tk] = g
-            ticket_of[tk] = None
-        self.stats.gradient_s += time.perf_counter() - t0
-
-    # the run ----------------------------------------------------------------------------------------------
-    def run(self) -> None:
-        sim, stats = self.sim, self.stats
-        t0 = time.perf_counter()
-        if self.req is not None and not self.req.batch:  # every gradient on the agent's whole part: gathered once
-            for a in self.agents:
-                self.svc.keep_rows(a.rows)
-        if self.until is not None:
-            self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
-        if self.churn is not None:
-            for i in self.churn.sources:
-                self.offline_next(i, self.now, 0.0)
-        for a in self.agents:
-            self.wake(a.id, self.now)
-        every = sim.world.scenario.evaluation.every
-        self.push_event(self.now + every, EVAL, -1)
-        L = stats.lookahead
-        progress: Callable | None = sim.recorder.progress
-        while not self.ended and self.heap:
-            start = self.heap[0][0]
-            first_ticket = len(self.ticket_of)
-            self.events_until(start + L)
-            stats.add(len(self.rows))
-            t1 = time.perf_counter()
-            self.tensor_work(first_ticket)
-            stats.tensor_s += time.perf_counter() - t1
-            self.writer.emit_rows(self.rows)
-            self.rows.clear()
-            if self.evaluation is not None:
-                t, self.evaluation = self.evaluation, None
-                sim.loop.env.advance_to(t)
-                if self.until is None or t < self.until:
-                    sim.evaluate()
-                self.push_event(t + every, EVAL, -1)
-            if progress is not None:
-                progress(self.now)
-        sim.loop.env.advance_to(self.now)
-        stats.wall_s = time.perf_counter() - t0
+    def point(self, tk: int) -> torch.Tensor:
+        return self.at_of.pop(tk)  # kept when it was asked for

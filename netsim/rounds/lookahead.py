@@ -145,31 +145,35 @@ def play(pattern, sim, kernel) -> None:
     _Driver(pattern, sim, kernel).run()
 
 
-class _Driver:
+class WindowDriver:
+    """What a pattern's lookahead-window driver shares (push gossip's below, the broadcast pattern's in
+    rounds/broadcast_windows.py): the event heap in simpy's order, ``Agent.wake`` and the finish, the churn
+    recorders' timers, the run's own events (the evaluator's timer, run.until, the stop: ``housekeeping``), the
+    gradient batches (the engine's, or one call per lock step for a batch-invariant model) and the loop over
+    windows (``run``). A driver adds its control (``events_until``: what an activation, a delivery and a completed
+    gradient do), its tensor work (``tensor_work``), where a ticket's gradient is taken (``point``) and ``first``,
+    the request of an activation's first gradient (None: none)."""
+
+    first = None
+
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
         world = sim.world
         self.p, self.agents = sim.params, sim.loop.agents
         self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
         self.state = kernel.state_of(self.agents[0], self.p)
-        self.limit = world.scenario.run.rounds
-        self.until = world.scenario.run.until
-        self.moves = world.activation_moves
-        self.marks = sim.loop.marks
+        self.limit, self.until = world.scenario.run.rounds, world.scenario.run.until
+        self.moves, self.marks = world.activation_moves, sim.loop.marks
         self.tag = pattern.tag
-        self.peers = [Peers(a.rng(), not a.links_change) for a in self.agents]  # as the program draws them
+        self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
+        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
-        self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
-        self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
-        # the control flow
         self.heap: list[tuple] = []
         self.seq = itertools.count()  # insertion numbers: simpy's order of simultaneous events
-        self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
-        self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
-        self.ticket_of: list[tuple[int, object]] = []  # ticket: (agent, rows)
-        self.pending_lo = 0  # the first ticket not yet evaluated
+        self.ticket_of: list = []  # ticket: (agent, rows), None once evaluated
+        self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
         self.rows: list[tuple] = []
@@ -177,39 +181,24 @@ class _Driver:
         self.ended = False
         self.evaluation = None  # the time of an evaluation that ends the window
         self.now = float(sim.loop.env.now)
-        self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
-        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
-        # the tensor work
-        self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
-        self.xs = self.X.unbind(0)
-        self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
-        # the models in flight, one row each of ``slots`` (grown as needed): message id -> row; rows free to reuse
-        self.slots = torch.empty((len(self.agents), self.X.shape[1]), dtype=self.X.dtype, device=self.X.device)
-        self.slot_of: dict[int, int] = {}
-        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
         self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
-        self._control()
+        self.wake = self._waker()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), kind, i, v))
 
-    # the control flow -------------------------------------------------------------------------------------
-    # ``wake`` and ``go_on`` are closures over the driver's state (made once, ``_control``): they run for every
-    # event, and reading locals is what keeps the per-event Python small.
-    def _control(self) -> None:
-        agents, heap, seq, ops_of = self.agents, self.heap, self.seq, self.ops
-        push, add_row, ticket_of, gots, pos = heapq.heappush, self.rows.append, self.ticket_of, self.got, self.pos
-        limit, moves, marks, asks_by = self.limit, self.moves, self.marks, self.asks
-        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag, self.size
-        links, link_of, p_loss, bandwidth = net.links, net.link, net.p_loss, net.bandwidth
-        churn, model = self.churn, self.model
+    def _waker(self) -> Callable[[int, float], None]:
+        """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
+        keeps the per-event Python small."""
+        agents, heap, seq, push = self.agents, self.heap, self.seq, heapq.heappush
+        limit, moves, marks, finish = self.limit, self.moves, self.marks, self.finish
 
         def wake(i: int, now: float) -> None:
             """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
             a = agents[i]
             if limit is not None and a.round >= limit:
-                self.finish(a, now)
+                finish(a, now)
                 return
             schedule = a.schedule
             at = schedule.next(a.local_time(now))
@@ -221,6 +210,173 @@ class _Driver:
             a.round += 1  # sim.count_wakes, for one agent
             marks.activations += 1
             push(heap, (now + delay, next(seq), ACT, i, at))
+
+        return wake
+
+    def finish(self, a, now: float) -> None:
+        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
+        if a.finished:
+            return
+        a.finished = True
+        self.rows.append(event_row(Finish(now, a.id, a.round)))
+        self.sim.agent_finished()
+        self.unfinished -= 1
+        if not self.unfinished:  # the stop event: processed after what is already due now
+            self.push_event(now, STOP, -1, self.until is not None)
+
+    def offline_next(self, i: int, now: float, after: float) -> None:
+        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
+        nxt = self.churn.next_interval(i, after)
+        if nxt is None:
+            self.sim.housekeeping_ended()
+            return
+        a, b = nxt
+        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
+
+    def housekeeping(self, t: float, kind: int, i: int, v) -> bool:
+        """The run's own events, as ``events_until`` pops them; True when the window ends here."""
+        if kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
+            self.evaluation = t
+            return True
+        if kind == OFF:  # a churn recorder's timer: the interval starts
+            self.rows.append(event_row(Offline(t, i, v[0])))
+            self.offline_next(i, t, v[1])
+            return False
+        if kind == UNTIL:
+            self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
+            return False
+        if v:  # the run's stop event; with run.until, the condition that waits on it is processed next
+            self.push_event(t, STOP, -1, False)
+            return False
+        self.ended = True
+        return True
+
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        raise NotImplementedError
+
+    def tensor_work(self, first_ticket: int) -> None:
+        """Every agent's tensor operations of the window, in lock step."""
+        raise NotImplementedError
+
+    def point(self, tk: int) -> torch.Tensor:
+        """Where ticket ``tk``'s gradient is taken (for the engine's batches)."""
+        raise NotImplementedError
+
+    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
+                       woken: list[int]) -> list[int]:
+        """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order (the same
+        call, the same bits); the agents ``blocked`` on one of them go to ``woken``; the others, still waiting."""
+        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        t0 = time.perf_counter()
+        still = []
+        for f in waiting:
+            if left[f]:
+                still.append(f)
+                continue
+            r = self.flushes[f]
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), ticket_of[tk][1]) for tk in r]
+            svc.flush()
+            for tk, t in zip(r, tickets, strict=True):
+                grads[tk] = t.result
+                ticket_of[tk] = None
+                i = blocked.pop(tk, None)
+                if i is not None:
+                    woken.append(i)
+        self.stats.gradient_s += time.perf_counter() - t0
+        return still
+
+    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+        """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
+        t0 = time.perf_counter()
+        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        rows = [ticket_of[tk][1] for tk in tickets]
+        m = len(rows[0])
+        if all(len(r) == m for r in rows):  # one block: no per-request tensors
+            block = svc.submit_block(who, at, rows)
+            svc.flush()
+            got = block.result.unbind(0)
+        else:
+            made = [svc.submit(i, at[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
+            svc.flush()
+            got = [t.result for t in made]
+        for tk, g in zip(tickets, got, strict=True):
+            grads[tk] = g
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
+
+    def run(self) -> None:
+        """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
+        that ended it, if one did."""
+        sim, stats = self.sim, self.stats
+        t0 = time.perf_counter()
+        if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
+            for a in self.agents:
+                self.svc.keep_rows(a.rows)
+        if self.until is not None:
+            self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
+        if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
+            for i in self.churn.sources:
+                self.offline_next(i, self.now, 0.0)
+        for a in self.agents:  # each program's first wake, in agent order
+            self.wake(a.id, self.now)
+        every = sim.world.scenario.evaluation.every
+        self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
+        L = stats.lookahead
+        progress: Callable | None = sim.recorder.progress
+        while not self.ended and self.heap:
+            start = self.heap[0][0]
+            first_ticket = len(self.ticket_of)
+            self.events_until(start + L)
+            stats.add(len(self.rows))
+            t1 = time.perf_counter()
+            self.tensor_work(first_ticket)
+            stats.tensor_s += time.perf_counter() - t1
+            self.writer.emit_rows(self.rows)  # (copied there)
+            self.rows.clear()
+            if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
+                t, self.evaluation = self.evaluation, None
+                sim.loop.env.advance_to(t)
+                if self.until is None or t < self.until:
+                    sim.evaluate()
+                self.push_event(t + every, EVAL, -1)
+            if progress is not None:
+                progress(self.now)
+        sim.loop.env.advance_to(self.now)
+        stats.wall_s = time.perf_counter() - t0
+
+
+class _Driver(WindowDriver):
+    """Push gossip's control and tensor work (the module docstring)."""
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        self.first = kernel.update_after(self.p, 1, 1)
+        self.peers = [Peers(a.rng(), not a.links_change) for a in self.agents]  # as the program draws them
+        self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
+        self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
+        self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
+        self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
+        # the tensor work
+        self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
+        self.xs = self.X.unbind(0)
+        self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
+        # the models in flight, one row each of ``slots`` (grown as needed): message id -> row; rows free to reuse
+        self.slots = torch.empty((len(self.agents), self.X.shape[1]), dtype=self.X.dtype, device=self.X.device)
+        self.slot_of: dict[int, int] = {}
+        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
+        self._control()
+
+    # the control flow -------------------------------------------------------------------------------------
+    # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
+    # reading locals is what keeps the per-event Python small.
+    def _control(self) -> None:
+        agents, heap, seq, ops_of, wake = self.agents, self.heap, self.seq, self.ops, self.wake
+        push, add_row, ticket_of, gots, pos = heapq.heappush, self.rows.append, self.ticket_of, self.got, self.pos
+        asks_by = self.asks
+        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag, self.size
+        links, link_of, p_loss, bandwidth = net.links, net.link, net.p_loss, net.bandwidth
+        churn, model = self.churn, self.model
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -280,27 +436,7 @@ class _Driver:
                 ops.append((PUSH, -1))  # agent.params = x, with no one to push to
             wake(i, now)
 
-        self.wake, self.go_on = wake, go_on
-
-    def finish(self, a, now: float) -> None:
-        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
-        if a.finished:
-            return
-        a.finished = True
-        self.rows.append(event_row(Finish(now, a.id, a.round)))
-        self.sim.agent_finished()
-        self.unfinished -= 1
-        if not self.unfinished:  # the stop event: processed after what is already due now
-            self.push_event(now, STOP, -1, self.until is not None)
-
-    def offline_next(self, i: int, now: float, after: float) -> None:
-        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
-        nxt = self.churn.next_interval(i, after)
-        if nxt is None:
-            self.sim.housekeeping_ended()
-            return
-        a, b = nxt
-        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
+        self.go_on = go_on
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -333,19 +469,7 @@ class _Driver:
                         ops = ops_of[i] = []
                     ops.append((UPDATE, v))
                     go_on(i, t)
-                elif kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
-                    self.evaluation = t
-                    return
-                elif kind == OFF:  # a churn recorder's timer: the interval starts
-                    add_row(event_row(Offline(t, i, v[0])))
-                    self.offline_next(i, t, v[1])
-                elif kind == UNTIL:
-                    self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
-                else:  # the run's stop event (with run.until, the condition that waits on it is processed next)
-                    if v:
-                        self.push_event(t, STOP, -1, False)
-                        continue
-                    self.ended = True
+                elif self.housekeeping(t, kind, i, v):
                     return
         finally:
             self.now, self.pending_lo = t, pending_lo
@@ -426,8 +550,8 @@ class _Driver:
                 kernel.combine(b, p, self.slots.index_select(0, torch.tensor(mp, device=X.device)))
                 X.index_copy_(0, idx, b.x)
                 self.free_slots.extend(mp)
-            if ai:
-                self.evaluate_step(ai, at)
+            if ai:  # after the step's merges
+                self.evaluate_step(ai, at, X.index_select(0, torch.tensor(ai, device=X.device)))
             if pi:
                 idx = torch.tensor(pi, device=X.device)
                 sent = X.index_select(0, idx)
@@ -441,29 +565,8 @@ class _Driver:
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.flushes.clear()
 
-    def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
-                       woken: list[int]) -> list[int]:
-        """Evaluate the gradient batches of ``waiting`` whose requests are all in (the agents ``blocked`` on one of
-        them go to ``woken``); the others, still waiting."""
-        svc, xs, ticket_of, grads = self.svc, self.xs, self.ticket_of, self.grads
-        t0 = time.perf_counter()
-        still = []
-        for f in waiting:
-            if left[f]:
-                still.append(f)
-                continue
-            r = self.flushes[f]
-            # the engine's batch, in its order: the same call, the same bits
-            tickets = [svc.submit(ticket_of[tk][0], xs[ticket_of[tk][0]].clone(), ticket_of[tk][1]) for tk in r]
-            svc.flush()
-            for tk, t in zip(r, tickets, strict=True):
-                grads[tk] = t.result
-                ticket_of[tk] = None
-                i = blocked.pop(tk, None)
-                if i is not None:
-                    woken.append(i)
-        self.stats.gradient_s += time.perf_counter() - t0
-        return still
+    def point(self, tk: int) -> torch.Tensor:
+        return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
 
     def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
         """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) go to free slots."""
@@ -482,63 +585,3 @@ class _Driver:
         dev = sent.device
         src = sent if len(keep) == len(mids) else sent.index_select(0, torch.tensor(keep, device=dev))
         self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
-
-    def evaluate_step(self, who: list[int], tickets: list[int]) -> None:
-        """A batch-invariant model's requests of one step (after its merges), in one call."""
-        t0 = time.perf_counter()
-        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
-        P = self.X.index_select(0, torch.tensor(who, device=self.X.device))
-        rows = [ticket_of[tk][1] for tk in tickets]
-        m = len(rows[0])
-        if all(len(r) == m for r in rows):  # one block: no per-request tensors
-            block = svc.submit_block(who, P, rows)
-            svc.flush()
-            got = block.result.unbind(0)
-        else:
-            made = [svc.submit(i, P[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
-            svc.flush()
-            got = [t.result for t in made]
-        for tk, g in zip(tickets, got, strict=True):
-            grads[tk] = g
-            ticket_of[tk] = None
-        self.stats.gradient_s += time.perf_counter() - t0
-
-    # the run ----------------------------------------------------------------------------------------------
-    def run(self) -> None:
-        sim, stats = self.sim, self.stats
-        t0 = time.perf_counter()
-        first = self.kernel.update_after(self.p, 1, 1)
-        if first is not None and not first.batch:  # every gradient on the agent's whole part: gathered once
-            for a in self.agents:
-                self.svc.keep_rows(a.rows)
-        if self.until is not None:
-            self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
-        if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
-            for i in self.churn.sources:
-                self.offline_next(i, self.now, 0.0)
-        for a in self.agents:  # each program's first wake, in agent order
-            self.wake(a.id, self.now)
-        every = sim.world.scenario.evaluation.every
-        self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
-        L = stats.lookahead
-        progress: Callable | None = sim.recorder.progress
-        while not self.ended and self.heap:
-            start = self.heap[0][0]
-            first_ticket = len(self.ticket_of)
-            self.events_until(start + L)
-            stats.add(len(self.rows))
-            t1 = time.perf_counter()
-            self.tensor_work(first_ticket)
-            stats.tensor_s += time.perf_counter() - t1
-            self.writer.emit_rows(self.rows)  # (copied there)
-            self.rows.clear()
-            if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
-                t, self.evaluation = self.evaluation, None
-                sim.loop.env.advance_to(t)
-                if self.until is None or t < self.until:
-                    sim.evaluate()
-                self.push_event(t + every, EVAL, -1)
-            if progress is not None:
-                progress(self.now)
-        sim.loop.env.advance_to(self.now)
-        stats.wall_s = time.perf_counter() - t0
