@@ -54,9 +54,6 @@ class _Driver(WindowDriver):
         self.X = self.bank.W.clone()  # each program's x between activations
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
         self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
-        self.slots = torch.empty_like(self.X)  # the payloads in flight or kept, one row each (grown as needed)
-        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
-        self.slot_of: dict[int, int] = {}  # payload handle -> row of ``slots``
         self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
 
@@ -278,23 +275,12 @@ class _Driver(WindowDriver):
         self.bank.W.index_copy_(0, idx, self.kernel.params(b, self.p))  # agent.params = ...
         sent = self.kernel.push(b, self.p)
         self.store(b, idx)
-        keep = [k for k, (_, o) in enumerate(step) if o[3]]
-        if not keep:
-            return
-        free = self.free_slots
-        if len(free) < len(keep):  # grow: twice the rows, the new ones free
-            old = self.slots
-            self.slots = torch.empty((2 * len(old) + len(keep), old.shape[1]), dtype=old.dtype, device=old.device)
-            self.slots[:len(old)] = old
-            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
-        rows = [free.pop() for _ in keep]
-        for k, r in zip(keep, rows, strict=True):
-            _, o = step[k]
-            self.slot_of[o[2]] = r
-            self.refs[o[2]] = o[3]
-        dev = sent.device
-        src = sent if len(keep) == len(step) else sent.index_select(0, torch.tensor(keep, device=dev))
-        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
+        which = [k for k, (_, o) in enumerate(step) if o[3]]  # payloads in flight or kept, by their handles
+        if which:
+            self.keep([step[k][1][2] for k in which], sent, which)
+            for k in which:
+                _, o = step[k]
+                self.refs[o[2]] = o[3]
 
     def point(self, tk: int) -> torch.Tensor:
         return self.at_of.pop(tk)  # kept when it was asked for

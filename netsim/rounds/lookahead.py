@@ -183,6 +183,10 @@ class WindowDriver:
         self.now = float(sim.loop.env.now)
         self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
+        # the payloads in flight, one row each of ``slots`` (grown as needed): key -> row; rows free to reuse
+        self.slots = torch.empty_like(self.bank.W)
+        self.slot_of: dict[int, int] = {}
+        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
         self.wake = self._waker()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
@@ -250,6 +254,21 @@ class WindowDriver:
             return False
         self.ended = True
         return True
+
+    def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
+        """Rows ``which`` of ``sent`` (pushed payloads still in flight) into free rows of ``slots``, under ``keys``."""
+        free = self.free_slots
+        if len(free) < len(which):  # grow: twice the rows, the new ones free
+            old = self.slots
+            self.slots = torch.empty((2 * len(old) + len(which), old.shape[1]), dtype=old.dtype, device=old.device)
+            self.slots[:len(old)] = old
+            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
+        rows = [free.pop() for _ in which]
+        for key, r in zip(keys, rows, strict=True):
+            self.slot_of[key] = r
+        dev = sent.device
+        src = sent if len(which) == len(sent) else sent.index_select(0, torch.tensor(which, device=dev))
+        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -361,11 +380,7 @@ class _Driver(WindowDriver):
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
-        # the models in flight, one row each of ``slots`` (grown as needed): message id -> row; rows free to reuse
-        self.slots = torch.empty((len(self.agents), self.X.shape[1]), dtype=self.X.dtype, device=self.X.device)
-        self.slot_of: dict[int, int] = {}
-        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
-        self._control()
+        self._control()  # the models in flight are kept under their message ids
 
     # the control flow -------------------------------------------------------------------------------------
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
@@ -569,19 +584,7 @@ class _Driver(WindowDriver):
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
 
     def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
-        """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) go to free slots."""
-        keep = [k for k, m in enumerate(mids) if m >= 0]
-        if not keep:
-            return
-        free = self.free_slots
-        if len(free) < len(keep):  # grow: twice the rows, the new ones free
-            old = self.slots
-            self.slots = torch.empty((2 * len(old) + len(keep), old.shape[1]), dtype=old.dtype, device=old.device)
-            self.slots[:len(old)] = old
-            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
-        rows = [free.pop() for _ in keep]
-        for k, r in zip(keep, rows, strict=True):
-            self.slot_of[mids[k]] = r
-        dev = sent.device
-        src = sent if len(keep) == len(mids) else sent.index_select(0, torch.tensor(keep, device=dev))
-        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
+        """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) are kept."""
+        which = [k for k, m in enumerate(mids) if m >= 0]
+        if which:
+            self.keep([mids[k] for k in which], sent, which)
