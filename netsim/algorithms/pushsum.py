@@ -12,7 +12,9 @@ in-neighbour j, a message overtaken by a later one from the same sender ignored)
 broadcasts. The bank holds z_i, the de-biased estimate, which is what evaluation sees; sum_i x_i plus the
 mass in flight is conserved exactly. Use a directed topology with ``mixing = "column_stochastic"``; lr = 0
 is pure push-sum averaging. The weights y are floats decided by the messages' arrivals alone, so
-``--engine windowed`` plays it as lookahead windows (rounds/broadcast.py).
+``--engine windowed`` plays it as lookahead windows (rounds/broadcast.py). The topology must stay fixed (a
+time-varying one is refused): a running sum can be differenced only by a neighbour that got every earlier one's
+link, and the share is that of a fixed out-degree.
 """
 
 from __future__ import annotations
