@@ -81,6 +81,7 @@ class World:
             self.f_star = optimum(self.model, data.X[held], data.y[held])
         self.gradients = GradientService(self.model, X, y)
         self.network = Network(env, sc.network, self.streams, emit, deliver, emit_row)
+        self.network.seed_ahead(self.graph)
         # offline time (sim/churn.py): the network drops what an offline agent sends or would receive, its
         # activations and computations wait until it is back
         self.churn = build_churn(sc.agents, self.streams, find_data_file)
