@@ -33,3 +33,19 @@ def test_streams_seeded_ahead_draw_what_streams_seeded_one_by_one_draw():
     assert not ahead._ahead  # each seeded state used once, then dropped
     ahead.seed_ahead(("loss",), np.array([[-1, 2]]))  # out of range: left to numpy, one by one
     assert not ahead._ahead
+
+
+def test_the_network_seeds_its_links_ahead_up_to_a_bound(monkeypatch):
+    """A built run's links find their streams seeded (the same generators, as the test above shows); past
+    ``SEED_AHEAD_MAX`` streams none are, so a huge graph does not hold their states in memory."""
+    from netsim.api import prepare
+    from netsim.scenario import scenario_from_dict
+    from netsim.sim import network
+
+    sc = {"run": {"seed": 3, "until": 1.0}, "agents": {"count": 20},
+          "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.1}, "loss": 0.1},
+          "topology": {"kind": "random_regular", "degree": 4}, "algorithm": {"name": "push_gossip"}}
+    sim = prepare(scenario_from_dict(sc))
+    assert len(sim.world.streams._ahead) == 20 * 4 * 2  # latency and loss, every directed link
+    monkeypatch.setattr(network, "SEED_AHEAD_MAX", 159)
+    assert not prepare(scenario_from_dict(sc)).world.streams._ahead

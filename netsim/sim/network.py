@@ -124,6 +124,11 @@ def link_model(name: str) -> Callable[[Network], LinkModel]:
     return got
 
 
+# the most link streams seeded ahead (~250 bytes each until their link is first used: 0.5 GiB at most); a larger
+# graph's links seed their streams one by one, as they are first used
+SEED_AHEAD_MAX = 2_000_000
+
+
 class Network:
     def __init__(self, env: simpy.Environment, spec: NetworkSpec, streams: Streams, emit, deliver,
                  emit_row=None):
@@ -162,7 +167,8 @@ class Network:
         purposes = tuple(p for p, used in (("latency", full or spec.latency.kind != "constant"),
                                            ("loss", full or spec.loss > 0), ("burst", spec.burst is not None))
                          if used)
-        if purposes and graph.number_of_edges():
+        streams = graph.number_of_edges() * len(purposes)
+        if streams and streams <= SEED_AHEAD_MAX:
             self.streams.seed_ahead(purposes, np.array(graph.edges(), dtype=np.int64))
 
     def use(self, model: LinkModel | None) -> None:
