@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import attrs
 
-from netsim.algorithms.async_push import AsyncPushSGD
+from netsim.algorithms.async_push import AsyncPushParams, AsyncPushSGD
 from netsim.algorithms.registry import register
 from netsim.rounds.broadcast import Broadcast
-from netsim.scenario.structure import at_least, field, nonneg
+from netsim.scenario.structure import field, nonneg
 
 
 @attrs.frozen
-class MomentumPushParams:
-    lr: float = field(0.1, check=nonneg, doc="step size gamma")
-    batch: int = field(32, check=at_least(0), doc="mini-batch size (0 = full local batch)")
+class MomentumPushParams(AsyncPushParams):
+    """``async_push``'s parameters (lr, batch, staleness_power) and the heavy ball's."""
+
     momentum: float = field(0.9, check=nonneg, doc="mu, the heavy ball's weight on the last velocity")
-    staleness_power: float = field(0.0, check=nonneg, doc="a in w_ij (1 + staleness)^-a; 0 = plain mixing weights")
 
 
 @register("momentum_push", MomentumPushParams)

@@ -110,13 +110,7 @@ class _Driver(WindowDriver):
         net, size, tag, rnd, add_row = self.net, self.size, self.tag, a.round, self.rows.append
         held = 0
         for j in a.neighbors:  # this activation's (a time-varying topology changes them)
-            if self.model is None:
-                link = net.links.get((i, j)) or net.link(i, j)
-                delay = now - now + link.latency()
-                lost = link.lost
-                reason = "loss" if lost is not None and lost() < net.p_loss else ""
-            else:  # the engine's model decides (its streams, in send order; no transmission time: refused)
-                _, delay, reason = self.model.outcome(i, j, now, size)
+            _, delay, reason = self.outcome(i, j, now, size)  # no transmission time here: refused
             mid = net.next_id
             net.next_id = mid + 1
             add_row((now, "send", i, j, mid, size, delay, rnd, tag))

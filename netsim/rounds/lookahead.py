@@ -134,8 +134,9 @@ def refusal(sim, kernel) -> str | None:
     if L is None:
         return why
     dynamic = sim.world.network.dynamic
+    adopt = None if dynamic is None else dynamic.adopt  # the one listener the drivers play (at each activation)
     for a in sim.loop.agents:
-        if any(getattr(f, "__self__", None) is not dynamic or dynamic is None for f in a._listeners):
+        if any(f != adopt for f in a._listeners):
             return f"agent {a.id} has activation listeners"
     return None
 
@@ -166,7 +167,9 @@ class WindowDriver:
         self.moves, self.marks = world.activation_moves, sim.loop.marks
         self.tag = pattern.tag
         self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
-        self.model = world.network.model  # the full path (bursts, outages, churn's drops), else None: the lean one
+        # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
+        # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
+        self.outcome = (world.network.model or world.network.lean()).outcome
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
@@ -390,8 +393,7 @@ class _Driver(WindowDriver):
         push, add_row, ticket_of, gots, pos = heapq.heappush, self.rows.append, self.ticket_of, self.got, self.pos
         asks_by = self.asks
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag, self.size
-        links, link_of, p_loss, bandwidth = net.links, net.link, net.p_loss, net.bandwidth
-        churn, model = self.churn, self.model
+        churn, outcome = self.churn, self.outcome
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -425,18 +427,7 @@ class _Driver(WindowDriver):
             nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
                 j = peers[i](nb)
-                if model is None:
-                    link = links.get((i, j)) or link_of(i, j)
-                    if bandwidth is None:
-                        delay = now - now + link.latency()
-                    else:  # the link transmits one message at a time: a later arrival, never an earlier one
-                        tx_end = max(now, link.busy_until) + size / bandwidth
-                        link.busy_until = tx_end
-                        delay = tx_end - now + link.latency()
-                    lost = link.lost
-                    reason = "loss" if lost is not None and lost() < p_loss else ""
-                else:  # the engine's model decides (its streams and link queues, in send order)
-                    _, delay, reason = model.outcome(i, j, now, size)
+                _, delay, reason = outcome(i, j, now, size)
                 mid = net.next_id
                 net.next_id = mid + 1
                 rnd = agents[i].round
