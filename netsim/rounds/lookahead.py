@@ -78,6 +78,7 @@ class WindowStats:
     tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
     gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
     wall_s: float = 0.0
+    worker: str = ""  # why the tensor work stays in this process ("": a worker process did it, in parallel)
 
     def add(self, events: int) -> None:
         self.fewest = events if not self.windows else min(self.fewest, events)
@@ -89,7 +90,8 @@ class WindowStats:
                 "events_per_window_mean": self.events / max(1, self.windows),
                 "events_per_window_min": self.fewest,
                 "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
-                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12)}
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12),
+                "tensor_worker": not self.worker, **({"tensor_worker_why_not": self.worker} if self.worker else {})}
 
 
 def min_latency(lat) -> float | None:
@@ -153,9 +155,12 @@ class WindowDriver:
     gradient batches (the engine's, or one call per lock step for a batch-invariant model) and the loop over
     windows (``run``). A driver adds its control (``events_until``: what an activation, a delivery and a completed
     gradient do), its tensor work (``tensor_work``), where a ticket's gradient is taken (``point``) and ``first``,
-    the request of an activation's first gradient (None: none)."""
+    the request of an activation's first gradient (None: none). A driver whose tensor work reads nothing of its
+    control but what ``window_work`` hands over (``take_work`` in the worker) sets ``pipelines``: its tensor work
+    may run in a worker process (rounds/tensor_worker.py)."""
 
     first = None
+    pipelines = False
 
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
@@ -327,14 +332,38 @@ class WindowDriver:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
+    def window_work(self, first_ticket: int):
+        """What the window's tensor work needs of its control, for the worker (picklable)."""
+        raise NotImplementedError
+
+    def take_work(self, work) -> int:
+        """In the worker: the window's ``window_work`` in place; the window's first ticket."""
+        raise NotImplementedError
+
     def run(self) -> None:
-        """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
-        that ended it, if one did."""
+        """Play the run window by window: each window's events, then its tensor work (here, or in a worker process
+        while the next window's events are played), its rows, and the evaluation that ended it, if one did."""
+        from netsim.rounds import tensor_worker
+
         sim, stats = self.sim, self.stats
         t0 = time.perf_counter()
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
                 self.svc.keep_rows(a.rows)
+        stats.worker = (tensor_worker.reason_not(sim) if self.pipelines
+                        else "this driver's control and tensor work share state")
+        worker = tensor_worker.TensorWorker(self) if not stats.worker else None
+        try:
+            self._windows(worker)
+        except BaseException:
+            if worker is not None:
+                worker.stop()
+            raise
+        sim.loop.env.advance_to(self.now)
+        stats.wall_s = time.perf_counter() - t0
+
+    def _windows(self, worker) -> None:
+        sim, stats = self.sim, self.stats
         if self.until is not None:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
         if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
@@ -351,25 +380,32 @@ class WindowDriver:
             first_ticket = len(self.ticket_of)
             self.events_until(start + L)
             stats.add(len(self.rows))
-            t1 = time.perf_counter()
-            self.tensor_work(first_ticket)
-            stats.tensor_s += time.perf_counter() - t1
+            if worker is not None:
+                worker.send(self.window_work(first_ticket))
+            else:
+                t1 = time.perf_counter()
+                self.tensor_work(first_ticket)
+                stats.tensor_s += time.perf_counter() - t1
             self.writer.emit_rows(self.rows)  # (copied there)
             self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
                 if self.until is None or t < self.until:
+                    if worker is not None:
+                        worker.sync_bank()
                     sim.evaluate()
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
-        sim.loop.env.advance_to(self.now)
-        stats.wall_s = time.perf_counter() - t0
+        if worker is not None:
+            worker.finish()
 
 
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
+
+    pipelines = True
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -579,3 +615,27 @@ class _Driver(WindowDriver):
         which = [k for k, m in enumerate(mids) if m >= 0]
         if which:
             self.keep([mids[k] for k in which], sent, which)
+
+    def window_work(self, first_ticket: int) -> tuple:
+        """Each agent's operations, the window's gradient requests (an agent's whole part as None: the worker has
+        it), its gradient batches and the rounds of the agents that act (``Batch.round``)."""
+        ops, flushes = self.ops.copy(), self.flushes.copy()  # (the control's closures hold these very objects)
+        self.ops.clear()
+        self.flushes.clear()
+        agents, ticket_of = self.agents, self.ticket_of
+        new = ticket_of[first_ticket:]
+        ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
+        return (first_ticket, ops, [(i, None if r is agents[i].rows else r) for i, r in new], flushes,
+                [(i, agents[i].round) for i in ops])
+
+    def take_work(self, work: tuple) -> int:
+        first, ops, tickets, flushes, rounds = work
+        self.ops.update(ops)
+        self.flushes.extend(flushes)
+        agents = self.agents
+        if len(self.ticket_of) != first:
+            raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
+        self.ticket_of.extend((i, agents[i].rows if r is None else r) for i, r in tickets)
+        for i, r in rounds:
+            agents[i].round = r
+        return first
