@@ -24,7 +24,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import time
 import traceback
 
@@ -91,8 +90,6 @@ class TensorWorker:
     def __init__(self, driver):
         ctx = multiprocessing.get_context("fork")
         self.driver = driver
-        for stream in (sys.stdout, sys.stderr):  # what waits in them would be written again by the worker at its end
-            stream.flush()
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(driver, child), daemon=True, name="netsim-tensor-worker")
         self.proc.start()

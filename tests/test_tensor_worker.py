@@ -1,0 +1,124 @@
+"""The lookahead windows' tensor worker (rounds/tensor_worker.py): a run whose tensor work a forked worker does
+writes the bytes and ends with the models of the same run in one process (and of the events engine); a failure in
+the worker fails the run with the worker's traceback; the runs it must not take stay in one process, and say why."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import netsim
+from netsim.rounds import tensor_worker
+from netsim.scenario import scenario_from_dict
+from tests.test_windowed import gossip, identical
+
+VARY = ("wall_time", "events_per_s", "engine", "windows")
+
+
+def asynchronous(**changes) -> dict:
+    """The asynchronous gossip benchmark's job, small: Poisson clocks, drift, uniform latency, loss."""
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0},
+                        "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}},
+                run={"rounds": None, "until": 6.0})
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    for key, value in changes.items():
+        sc[key] = {**sc.get(key, {}), **value}
+    return sc
+
+
+def played(tmp_path, sc: dict, engine: str, worker: str | None, monkeypatch) -> dict:
+    import hashlib
+
+    if worker is not None:
+        monkeypatch.setenv(tensor_worker.ENV, worker)
+    built: list = []
+    folder = tmp_path / f"{engine}-{worker}"
+    r = netsim.run(scenario_from_dict(sc), out=folder, setup=built.append, engine=engine)
+    return {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
+            "metrics": (folder / "metrics.csv").read_text(),
+            "summary": {k: v for k, v in r.summary.items() if k not in VARY},
+            "W": built[0].bank.W.clone(), "engine": r.summary.get("engine", "events"),
+            "windows": r.summary.get("windows")}
+
+
+@pytest.mark.parametrize("changes", [
+    {"evaluation": {"every": 1.5, "metrics": ["loss", "accuracy", "consensus", "agent_accuracy"]}},  # bank synced
+    {"model": {"kind": "logistic", "batch_invariant": True},  # one gradient call per lock step
+     "agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}},
+    {"algorithm": {"batch": 3, "lr_decay": 0.2}, "model": {"dtype": "float64"},  # sampled rows cross the pipe
+     "network": {"latency": {"kind": "uniform", "low": 0.02, "high": 0.3}, "loss": 0.2, "bandwidth": 2.0e5}},
+])
+def test_the_worker_writes_the_same_bytes_and_models_as_one_process(tmp_path, monkeypatch, changes):
+    sc = asynchronous(**changes)
+    inline = played(tmp_path, sc, "windowed", "0", monkeypatch)
+    forked = played(tmp_path, sc, "windowed", "1", monkeypatch)
+    events = played(tmp_path, sc, "events", None, monkeypatch)
+    assert forked["windows"]["tensor_worker"] is True and "tensor_worker_why_not" not in forked["windows"]
+    assert inline["windows"]["tensor_worker"] is False
+    assert inline["windows"]["tensor_worker_why_not"] == f"{tensor_worker.ENV}=0"
+    assert forked["summary"] == inline["summary"]  # the gradient batches too: counted in the worker
+    if changes.get("model", {}).get("batch_invariant"):  # the windows batch a lock step's gradients, not the engine's
+        for run in (events, forked, inline):
+            for k in ("gradient_batches", "mean_gradient_batch"):
+                run["summary"].pop(k)
+    summary = identical({"events": events, "windowed": forked})
+    identical({"events": events, "windowed": inline})
+    assert summary["gradients"] > 0 and summary["messages_delivered"] > 0
+    assert torch.equal(forked["W"], inline["W"])
+    assert not multiprocessing.active_children()  # the worker ended with the run
+
+
+def test_a_failure_in_the_worker_fails_the_run_with_its_traceback(tmp_path, monkeypatch):
+    from netsim.errors import RunCrashed
+    from netsim.rounds import lookahead
+
+    def broken(self, first_ticket):
+        raise ValueError("a kernel that breaks in the worker")
+
+    monkeypatch.setattr(lookahead._Driver, "tensor_work", broken)  # in place before the fork: the worker's too
+    monkeypatch.setenv(tensor_worker.ENV, "1")
+    with pytest.raises(RunCrashed, match="tensor worker failed.*a kernel that breaks in the worker"):
+        netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "run", engine="windowed")
+    assert not multiprocessing.active_children()
+    assert (tmp_path / "run" / "summary.partial.json").exists()
+
+
+def test_runs_the_worker_must_not_take_stay_in_one_process(tmp_path, monkeypatch):
+    monkeypatch.setenv(tensor_worker.ENV, "1")
+    sc = asynchronous(privacy={"delta": 1e-5})  # a release is accounted where it is made
+    r = netsim.run(scenario_from_dict(sc), out=tmp_path / "private", engine="windowed")
+    assert r.summary["windows"]["tensor_worker"] is False
+    assert r.summary["windows"]["tensor_worker_why_not"].startswith("privacy")
+
+
+def test_the_cli_says_where_the_tensor_work_ran(tmp_path, monkeypatch):
+    import tomli_w
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(asynchronous()))
+    for setting, said in (("1", "a worker process, beside the control"),
+                          ("0", f"in this process: {tensor_worker.ENV}=0")):
+        monkeypatch.setenv(tensor_worker.ENV, setting)
+        res = CliRunner().invoke(app, ["run", str(tmp_path / "s.toml"), "--engine", "windowed", "--out",
+                                       str(tmp_path / setting)])
+        assert res.exit_code == 0 and said in " ".join(res.output.split()), res.output
+
+
+def test_what_was_printed_before_the_worker_is_printed_once(tmp_path):
+    """Output still buffered when the worker forks is not written again when the worker ends (multiprocessing
+    flushes the standard streams before it forks: a bare os.fork would not)."""
+    import json
+    import os
+
+    code = ("import json, sys, netsim; from netsim.scenario import scenario_from_dict; print('before the run'); "
+            f"netsim.run(scenario_from_dict(json.loads(sys.argv[1])), out={str(tmp_path / 'run')!r}, "
+            "engine='windowed'); print('after the run')")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(asynchronous())], capture_output=True, text=True,
+                          env={**os.environ, tensor_worker.ENV: "1"}, check=True)  # stdout a pipe: block-buffered
+    assert done.stdout.split("\n")[:2] == ["before the run", "after the run"], done.stdout
