@@ -12,7 +12,10 @@ the machine than wall time). ``--profile N`` prints the top N cProfile entries o
 engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
 the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
 GPU, ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
-mushrooms' rows), for the peer ratio. Each run's peak resident memory is printed too.
+mushrooms' rows), for the peer ratio. Each run's peak resident memory is printed too (with a tensor worker: its
+peak added, at most what both processes held at once). The windowed engine does its tensor work in a worker
+process beside the control where it can (rounds/tensor_worker.py: two cores); ``NETSIM_TENSOR_WORKER=0`` keeps it in
+one process.
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
@@ -80,10 +83,13 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
 
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
     s = r.summary
+    worker = resource.getrusage(resource.RUSAGE_CHILDREN)  # the windows' tensor worker, if one ran (joined by now)
     print(json.dumps({"wall": s["wall_time"], "total": total, "cpu": cpu, "events": s["events"],
                       "gradient_batches": s["gradient_batches"], "gradients": s["gradients"],
                       "accuracy": s["accuracy"], "windows": s.get("windows"),
-                      "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+                      "worker_cpu": worker.ru_utime + worker.ru_stime,
+                      # this process's peak plus the worker's: at most what both held at once
+                      "peak_gib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + worker.ru_maxrss) / 2**20}))
 
 
 def main() -> None:
@@ -131,10 +137,14 @@ def main() -> None:
         ev, win = got["events"], got["windowed"]
         w = win["windows"]
         print(f"  events/windowed = {ev['wall'] / win['wall']:.2f}x (whole call, setup included: wall "
-              f"{ev['total'] / win['total']:.2f}x, CPU {ev['cpu'] / win['cpu']:.2f}x); "
+              f"{ev['total'] / win['total']:.2f}x, CPU of both processes "
+              f"{(ev['cpu'] + ev['worker_cpu']) / (win['cpu'] + win['worker_cpu']):.2f}x); "
               f"lookahead {w['lookahead_s']:g} s, {w['windows']:,} windows, events per window mean "
               f"{w['events_per_window_mean']:.1f} min {w['events_per_window_min']}, batched tensor calls "
-              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
+              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%), "
+              + ("in a worker process beside the control (its CPU "
+                 f"{win['worker_cpu']:.1f} s); " if w.get("tensor_worker") else
+                 f"in the same process ({w.get('tensor_worker_why_not', '')}); ") +
               f"same accuracy: "
               f"{ev['accuracy'] == win['accuracy']}", flush=True)
 

@@ -135,7 +135,7 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
     for i, a in enumerate(d.agents):
         for j in a.in_neighbors:
             last = d.own[i].rho.get(j)
-            flight_x += d.extra["sigma"][j] - (0.0 if last is None else d.slots[d.slot_of[last[1]]])
+            flight_x += d.extra["sigma"][j] - (0.0 if last is None else d.payloads.peek([last[1]])[0])
             flight_y += d.own[j].sigma_y - (0.0 if last is None else last[2])
     assert torch.allclose(held_x + flight_x, x0.sum(0), rtol=0, atol=1e-11)
     assert held_y + flight_y == pytest.approx(n, abs=1e-12)

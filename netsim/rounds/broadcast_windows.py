@@ -164,8 +164,7 @@ class _Driver(WindowDriver):
             m.index_copy_(0, idx, b.rows[name])
 
     def rows_of(self, handles: list) -> torch.Tensor:
-        slot_of = self.slot_of
-        return self.slots.index_select(0, torch.tensor([slot_of[h] for h in handles], device=self.X.device))
+        return self.payloads.peek(handles)
 
     def release(self, pid: int) -> None:
         n = self.refs[pid] - 1
@@ -173,7 +172,7 @@ class _Driver(WindowDriver):
             self.refs[pid] = n
         else:
             del self.refs[pid]
-            self.free_slots.append(self.slot_of.pop(pid))
+            self.payloads.drop(pid)
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
@@ -261,7 +260,7 @@ class _Driver(WindowDriver):
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
-        self.kernel.update(b, self.p, torch.stack([self.grads.pop(o[2]) for _, o in step]))
+        self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
         self.store(b, idx)
 
     def pushes(self, step: list) -> None:

@@ -64,7 +64,8 @@ from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # heap entries (time, seq, kind, agent, value)
-UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them
+UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
+# on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple per operation, to make or to pickle)
 
 
 @attrs.define
@@ -143,6 +144,48 @@ def refusal(sim, kernel) -> str | None:
     return None
 
 
+class RowStore:
+    """Rows kept by key between lock steps (payloads in flight, gradients waiting for their update): one tensor
+    grown as needed and a free list, so keeping and taking are one ``index_copy_`` and one ``index_select`` per
+    step, with no tensor per row."""
+
+    __slots__ = ("rows", "row_of", "free")
+
+    def __init__(self, like: torch.Tensor):
+        self.rows = torch.empty_like(like)
+        self.row_of: dict[int, int] = {}
+        self.free = list(range(len(like) - 1, -1, -1))
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.row_of
+
+    def put(self, keys: list[int], src: torch.Tensor) -> None:
+        free = self.free
+        if len(free) < len(keys):  # grow: twice the rows, the new ones free
+            old = self.rows
+            self.rows = torch.empty((2 * len(old) + len(keys), old.shape[1]), dtype=old.dtype, device=old.device)
+            self.rows[:len(old)] = old
+            free.extend(range(len(self.rows) - 1, len(old) - 1, -1))
+        rows = [free.pop() for _ in keys]
+        self.row_of.update(zip(keys, rows))
+        self.rows.index_copy_(0, torch.tensor(rows, device=src.device), src)
+
+    def take(self, keys: list[int]) -> torch.Tensor:
+        """The rows of ``keys``, which are then forgotten."""
+        pop = self.row_of.pop
+        rows = [pop(k) for k in keys]
+        self.free.extend(rows)
+        return self.rows.index_select(0, torch.tensor(rows, device=self.rows.device))
+
+    def peek(self, keys: list[int]) -> torch.Tensor:
+        """The rows of ``keys``, still kept."""
+        row_of = self.row_of
+        return self.rows.index_select(0, torch.tensor([row_of[k] for k in keys], device=self.rows.device))
+
+    def drop(self, key: int) -> None:
+        self.free.append(self.row_of.pop(key))
+
+
 def play(pattern, sim, kernel) -> None:
     """Play a started run to its end window by window (see the module docstring)."""
     _Driver(pattern, sim, kernel).run()
@@ -161,6 +204,8 @@ class WindowDriver:
 
     first = None
     pipelines = False
+    gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
+    # a merge wait for a push of an earlier window in the same work)
 
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
@@ -189,12 +234,9 @@ class WindowDriver:
         self.ended = False
         self.evaluation = None  # the time of an evaluation that ends the window
         self.now = float(sim.loop.env.now)
-        self.grads: dict[int, torch.Tensor] = {}
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
-        # the payloads in flight, one row each of ``slots`` (grown as needed): key -> row; rows free to reuse
-        self.slots = torch.empty_like(self.bank.W)
-        self.slot_of: dict[int, int] = {}
-        self.free_slots = list(range(len(self.agents) - 1, -1, -1))
+        self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
+        self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.wake = self._waker()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
@@ -264,19 +306,9 @@ class WindowDriver:
         return True
 
     def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
-        """Rows ``which`` of ``sent`` (pushed payloads still in flight) into free rows of ``slots``, under ``keys``."""
-        free = self.free_slots
-        if len(free) < len(which):  # grow: twice the rows, the new ones free
-            old = self.slots
-            self.slots = torch.empty((2 * len(old) + len(which), old.shape[1]), dtype=old.dtype, device=old.device)
-            self.slots[:len(old)] = old
-            free.extend(range(len(self.slots) - 1, len(old) - 1, -1))
-        rows = [free.pop() for _ in which]
-        for key, r in zip(keys, rows, strict=True):
-            self.slot_of[key] = r
-        dev = sent.device
-        src = sent if len(which) == len(sent) else sent.index_select(0, torch.tensor(which, device=dev))
-        self.slots.index_copy_(0, torch.tensor(rows, device=dev), src)
+        """Rows ``which`` of ``sent`` (pushed payloads still in flight) kept under ``keys``."""
+        src = sent if len(which) == len(sent) else sent.index_select(0, torch.tensor(which, device=sent.device))
+        self.payloads.put(keys, src)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -294,7 +326,7 @@ class WindowDriver:
                        woken: list[int]) -> list[int]:
         """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order (the same
         call, the same bits); the agents ``blocked`` on one of them go to ``woken``; the others, still waiting."""
-        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        svc, ticket_of = self.svc, self.ticket_of
         t0 = time.perf_counter()
         still = []
         for f in waiting:
@@ -304,8 +336,8 @@ class WindowDriver:
             r = self.flushes[f]
             tickets = [svc.submit(ticket_of[tk][0], self.point(tk), ticket_of[tk][1]) for tk in r]
             svc.flush()
-            for tk, t in zip(r, tickets, strict=True):
-                grads[tk] = t.result
+            self.grads.put(r, torch.stack([t.result for t in tickets]))
+            for tk in r:
                 ticket_of[tk] = None
                 i = blocked.pop(tk, None)
                 if i is not None:
@@ -316,19 +348,18 @@ class WindowDriver:
     def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
-        svc, ticket_of, grads = self.svc, self.ticket_of, self.grads
+        svc, ticket_of = self.svc, self.ticket_of
         rows = [ticket_of[tk][1] for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows)
             svc.flush()
-            got = block.result.unbind(0)
+            self.grads.put(tickets, block.result)
         else:
             made = [svc.submit(i, at[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
             svc.flush()
-            got = [t.result for t in made]
-        for tk, g in zip(tickets, got, strict=True):
-            grads[tk] = g
+            self.grads.put(tickets, torch.stack([t.result for t in made]))
+        for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
@@ -375,17 +406,22 @@ class WindowDriver:
         self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
         L = stats.lookahead
         progress: Callable | None = sim.recorder.progress
+        gathered, first_ticket = 0, 0
         while not self.ended and self.heap:
             start = self.heap[0][0]
-            first_ticket = len(self.ticket_of)
+            if not gathered:
+                first_ticket = len(self.ticket_of)
             self.events_until(start + L)
             stats.add(len(self.rows))
-            if worker is not None:
-                worker.send(self.window_work(first_ticket))
-            else:
-                t1 = time.perf_counter()
-                self.tensor_work(first_ticket)
-                stats.tensor_s += time.perf_counter() - t1
+            gathered += 1
+            if gathered == self.gathers or self.evaluation is not None or self.ended or not self.heap:
+                gathered = 0
+                if worker is not None:
+                    worker.send(self.window_work(first_ticket))
+                else:
+                    t1 = time.perf_counter()
+                    self.tensor_work(first_ticket)
+                    stats.tensor_s += time.perf_counter() - t1
             self.writer.emit_rows(self.rows)  # (copied there)
             self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
@@ -406,6 +442,7 @@ class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
     pipelines = True
+    gathers = 8
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -444,7 +481,7 @@ class _Driver(WindowDriver):
                 if asks is None:
                     asks = asks_by[k] = [kernel.update_after(p, m, k) for m in range(1, k + 1)]
                 while n < k:
-                    ops.append((MERGE, got[n]))
+                    ops.append(got[n] << 2 | MERGE)
                     req = asks[n]
                     n += 1
                     if req is not None:
@@ -456,7 +493,7 @@ class _Driver(WindowDriver):
                         add_row((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
                         tk = len(ticket_of)
                         ticket_of.append((i, a.sample_rows(req.batch)))
-                        ops.append((ASK, tk))
+                        ops.append(tk << 2 | ASK)
                         push(heap, (now + ct, next(seq), DONE, i, tk))
                         return
                 pos[i] = n
@@ -470,12 +507,12 @@ class _Driver(WindowDriver):
                 add_row((now, "send", i, j, mid, size, delay, rnd, tag))
                 if reason:
                     add_row((now, "drop", i, j, mid, size, delay, rnd, reason))
-                    ops.append((PUSH, -1))
+                    ops.append(-1 << 2 | PUSH)
                 else:
-                    ops.append((PUSH, mid))
+                    ops.append(mid << 2 | PUSH)
                     push(heap, (now + delay, next(seq), ARR, j, (mid, i, size, now, rnd)))
             elif k:
-                ops.append((PUSH, -1))  # agent.params = x, with no one to push to
+                ops.append(-1 << 2 | PUSH)  # agent.params = x, with no one to push to
             wake(i, now)
 
         self.go_on = go_on
@@ -509,7 +546,7 @@ class _Driver(WindowDriver):
                     ops = ops_of.get(i)
                     if ops is None:
                         ops = ops_of[i] = []
-                    ops.append((UPDATE, v))
+                    ops.append(v << 2 | UPDATE)
                     go_on(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
@@ -528,7 +565,7 @@ class _Driver(WindowDriver):
         the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
         requests are all in are evaluated."""
         kernel, p, X = self.kernel, self.p, self.X
-        slot_of, grads = self.slot_of, self.grads
+        grads = self.grads
         flushes = self.flushes
         flush_of = {}
         left = []
@@ -540,6 +577,8 @@ class _Driver(WindowDriver):
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
+        unsent: dict[int, int] = {}  # message id: the agent whose merge waits for its push (an earlier window's)
+        payloads = self.payloads
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         free = self.free
         while active:
@@ -549,20 +588,25 @@ class _Driver(WindowDriver):
                 mine = ops[i]
                 k, n, last, waits = ptr[i], len(mine), -1, False
                 while k < n:
-                    kind, v = mine[k]
+                    op = mine[k]
+                    kind = op & 3
                     if kind <= last:
                         break
+                    v = op >> 2
                     if kind == MERGE:
+                        if v not in payloads:  # pushed in an earlier window of the same tensor work: woken then
+                            unsent[v] = i
+                            waits = True
+                            break
                         mi.append(i)
-                        mp.append(slot_of.pop(v))
+                        mp.append(v)
                     elif kind == UPDATE:
-                        g = grads.pop(v, None)
-                        if g is None:  # its gradient batch waits for a request still to come: woken then
+                        if v not in grads:  # its gradient batch waits for a request still to come: woken then
                             blocked[v] = i
                             waits = True
                             break
                         ui.append(i)
-                        ug.append(g)
+                        ug.append(v)
                     elif kind == ASK:
                         if free:
                             ai.append(i)
@@ -585,13 +629,12 @@ class _Driver(WindowDriver):
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
             if ui:
                 b, idx = self.batch(ui)
-                kernel.update(b, p, torch.stack(ug))
+                kernel.update(b, p, grads.take(ug))
                 X.index_copy_(0, idx, b.x)
             if mi:
                 b, idx = self.batch(mi)
-                kernel.combine(b, p, self.slots.index_select(0, torch.tensor(mp, device=X.device)))
+                kernel.combine(b, p, self.payloads.take(mp))
                 X.index_copy_(0, idx, b.x)
-                self.free_slots.extend(mp)
             if ai:  # after the step's merges
                 self.evaluate_step(ai, at, X.index_select(0, torch.tensor(ai, device=X.device)))
             if pi:
@@ -599,11 +642,13 @@ class _Driver(WindowDriver):
                 sent = X.index_select(0, idx)
                 self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
                 self.keep_payloads(pm, sent)
+                if unsent:
+                    nxt.extend(unsent.pop(m) for m in pm if m in unsent)
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
         self.ops.clear()
-        if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
+        if waiting or blocked or unsent:  # every batch of the window completes in it: its requests are all in
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.flushes.clear()
 
