@@ -384,17 +384,19 @@ class WindowDriver:
         stats.worker = (tensor_worker.reason_not(sim) if self.pipelines
                         else "this driver's control and tensor work share state")
         worker = tensor_worker.TensorWorker(self) if not stats.worker else None
+        rows: list = []  # with a worker: the trace rows made here since the last send (the worker writes the trace)
         try:
-            self._windows(worker)
+            self._windows(worker, rows)
         except BaseException:
             if worker is not None:
-                worker.stop()
+                worker.abandon(rows)
             raise
         sim.loop.env.advance_to(self.now)
         stats.wall_s = time.perf_counter() - t0
 
-    def _windows(self, worker) -> None:
+    def _windows(self, worker, shipped: list) -> None:
         sim, stats = self.sim, self.stats
+        emit = self.writer.emit_rows if worker is None else shipped.extend
         if self.until is not None:
             self.heap.append((self.until, -1, UNTIL, -1, None))  # scheduled at the start, before any activation
         if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
@@ -417,25 +419,28 @@ class WindowDriver:
             if gathered == self.gathers or self.evaluation is not None or self.ended or not self.heap:
                 gathered = 0
                 if worker is not None:
-                    worker.send(self.window_work(first_ticket))
+                    worker.send(self.window_work(first_ticket), shipped)
                 else:
                     t1 = time.perf_counter()
                     self.tensor_work(first_ticket)
                     stats.tensor_s += time.perf_counter() - t1
-            self.writer.emit_rows(self.rows)  # (copied there)
+            emit(self.rows)  # (copied there)
             self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
                 if self.until is None or t < self.until:
-                    if worker is not None:
+                    if worker is None:
+                        sim.evaluate()
+                    else:
                         worker.sync_bank()
-                    sim.evaluate()
+                        with self.writer.capturing(shipped):  # its trace row, in order, for the worker to write
+                            sim.evaluate()
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
         if worker is not None:
-            worker.finish()
+            worker.finish(shipped)
 
 
 class _Driver(WindowDriver):

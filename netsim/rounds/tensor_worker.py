@@ -55,11 +55,12 @@ def _serve(driver, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the run (and this worker)
     torch.set_num_threads(1)  # the other core plays the control
     driver.sim.new_ledger = _no_ledger
-    stats, svc = driver.stats, driver.svc
+    stats, svc, writer = driver.stats, driver.svc, driver.writer
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "work":
+                writer.emit_rows(msg[2])
                 first = driver.take_work(msg[1])
                 t1 = time.perf_counter()
                 driver.tensor_work(first)
@@ -67,10 +68,12 @@ def _serve(driver, conn) -> None:
             elif msg[0] == "bank":
                 conn.send(("bank", _bank(driver.bank)))
             else:
-                conn.send(("end", _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s, stats.gradient_s))
+                writer.emit_rows(msg[1])
+                conn.send(("end", writer.handoff(), _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s,
+                           stats.gradient_s))
                 return
     except BaseException:  # noqa: BLE001 - every failure goes back to the run, with its traceback
-        conn.send(("error", traceback.format_exc()))
+        conn.send(("error", writer.handoff(), traceback.format_exc()))
 
 
 def _no_ledger(agent):
@@ -85,7 +88,7 @@ def _bank(bank) -> tuple:
 
 class TensorWorker:
     """This process's end of the worker (``start``): ``send`` a window's work, ``sync_bank`` before an evaluation,
-    ``finish`` at the end; ``stop`` when the run fails."""
+    ``finish`` at the end; ``abandon`` when the run fails here."""
 
     def __init__(self, driver):
         ctx = multiprocessing.get_context("fork")
@@ -95,13 +98,15 @@ class TensorWorker:
         self.proc.start()
         child.close()
 
-    def send(self, work) -> None:
+    def send(self, work, rows: list) -> None:
+        """The work of the windows played since the last send, and the trace rows made here since (cleared)."""
         if self.conn.poll():  # a failure comes back at once
             self._expect("")
         try:
-            self.conn.send(("work", work))
+            self.conn.send(("work", work, rows))
         except (BrokenPipeError, EOFError, ConnectionResetError):
             self._died()
+        rows.clear()
 
     def _expect(self, what: str):
         try:
@@ -109,14 +114,16 @@ class TensorWorker:
         except (EOFError, ConnectionResetError):
             self._died()
         if msg[0] == "error":
-            self.stop()
-            raise RuntimeError(f"the windows' tensor worker failed:\n{msg[1]}")
+            self.driver.writer.adopt(msg[1])  # the trace as far as the worker wrote it
+            self.end()
+            raise RuntimeError(f"the windows' tensor worker failed:\n{msg[2]}")
         if msg[0] != what:
             raise RuntimeError(f"the windows' tensor worker answered {msg[0]!r}, not {what!r}")
         return msg
 
     def _died(self):
         self.proc.join(1.0)
+        self.driver.writer.buffer = []  # written by the worker, or lost with it: the trace ends where it stopped
         raise RuntimeError(f"the windows' tensor worker died (exit code {self.proc.exitcode})")
 
     def _restore(self, got: tuple) -> None:
@@ -133,19 +140,35 @@ class TensorWorker:
         self.conn.send(("bank",))
         self._restore(self._expect("bank")[1])
 
-    def finish(self) -> None:
-        """The bank, the gradient counts and the worker's tensor seconds, after the last window; the worker ends."""
-        self.conn.send(("end",))
-        _, bank, calls, evaluated, tensor_s, gradient_s = self._expect("end")
-        self._restore(bank)
+    def finish(self, rows: list) -> None:
+        """After the last window (``rows``: the trace rows made here since the last send): the trace writer's
+        state, the bank, the gradient counts and the worker's tensor seconds; the worker ends."""
+        self.conn.send(("end", rows))
+        rows.clear()
+        _, trace, bank, calls, evaluated, tensor_s, gradient_s = self._expect("end")
         d = self.driver
+        d.writer.adopt(trace)
+        self._restore(bank)
         d.svc.calls, d.svc.evaluated = calls, evaluated
         d.stats.tensor_s, d.stats.gradient_s = tensor_s, gradient_s
-        self.proc.join()
-        self.conn.close()
+        self.end()
 
-    def stop(self) -> None:
+    def abandon(self, rows: list) -> None:
+        """The run failed here: the trace as the worker wrote it (with ``rows``) if it still answers, then it ends."""
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("end", rows))
+                if self.conn.poll(60.0):
+                    msg = self.conn.recv()
+                    self.driver.writer.adopt(msg[1])
+            except (OSError, EOFError):
+                self.driver.writer.buffer = []
+        self.end()
+
+    def end(self) -> None:
+        if self.proc.is_alive():
+            self.proc.join(1.0)
         if self.proc.is_alive():
             self.proc.kill()
-        self.proc.join()
+            self.proc.join()
         self.conn.close()

@@ -57,6 +57,20 @@ def record_batch(rows: list[tuple]) -> pa.RecordBatch:
     return pa.record_batch([_array(col, f.type) for col, f in zip(cols, SCHEMA)], schema=SCHEMA)
 
 
+def _file_sha(path: Path, size: int):
+    """sha256 of the first ``size`` bytes of ``path`` (ValueError if it is shorter)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = size
+        while left:
+            chunk = f.read(min(left, 1 << 22))
+            if not chunk:
+                raise ValueError(f"shorter than the checkpoint's {size} bytes")
+            sha.update(chunk)
+            left -= len(chunk)
+    return sha
+
+
 class Words:
     """The strings of the ``kind`` and ``tag`` columns as small codes, for rows given as columns: converting a
     string per row to Arrow costs ~50 ns, a code ~1 ns (``columns_batch`` takes each string column as codes)."""
@@ -122,7 +136,7 @@ class TraceWriter:
         self.buffer: list = []
         self.count = 0  # events flushed so far
         self.bytes = 0  # bytes written to the file so far
-        self.sha = hashlib.sha256()
+        self._sha = hashlib.sha256()  # of the bytes written (None after ``adopt``: hashed from the file when asked)
         self.on_batch = on_batch
         self._sink = None
         self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), **metadata}
@@ -131,8 +145,16 @@ class TraceWriter:
 
     def _write(self, data: bytes) -> None:
         self._sink.write(data)
-        self.sha.update(data)
+        if self._sha is not None:
+            self._sha.update(data)
         self.bytes += len(data)
+
+    @property
+    def sha(self):
+        """sha256 of the file's bytes so far (a ``hashlib`` object a checkpoint reads the digest of)."""
+        if self._sha is None:
+            self._sha = _file_sha(self.path, self.bytes)
+        return self._sha
 
     def _open(self) -> None:
         """Create the file (lazily: on the first flush, so a run that fails validation writes nothing)."""
@@ -144,20 +166,29 @@ class TraceWriter:
         """Continue the file at ``path`` after its first ``offset`` bytes (``count`` events), which must
         hash to ``sha256``: the tail after a checkpoint is cut and will be written again, identically
         (the events in the buffer are the ones that follow ``offset``)."""
-        sha = hashlib.sha256()
+        sha = _file_sha(path, offset)
+        if sha.hexdigest() != sha256:
+            raise ValueError(f"its first {offset} bytes changed since the checkpoint (sha256 differs)")
         with open(path, "r+b") as f:
-            left = offset
-            while left:
-                chunk = f.read(min(left, 1 << 22))
-                if not chunk:
-                    raise ValueError(f"shorter than the checkpoint's {offset} bytes")
-                sha.update(chunk)
-                left -= len(chunk)
-            if sha.hexdigest() != sha256:
-                raise ValueError(f"its first {offset} bytes changed since the checkpoint (sha256 differs)")
             f.truncate(offset)
-        self.path, self.count, self.bytes, self.sha = path, count, offset, sha
+        self.path, self.count, self.bytes, self._sha = path, count, offset, sha
         self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
+
+    def handoff(self) -> tuple:
+        """What a fork of this process that wrote on in this writer hands back (``adopt``): the rows waiting, the
+        events and bytes written, whether the file is open, and the counts of ``on_batch``."""
+        return (self.buffer, self.count, self.bytes, self._sink is not None,
+                getattr(self.on_batch, "__dict__", None))
+
+    def adopt(self, state: tuple) -> None:
+        """Write on after a fork of this process wrote to the same file, from its ``handoff``: its rows waiting, its
+        counts; the file opened for appending if the fork opened it (an open one shares the fork's offset)."""
+        self.buffer, self.count, self.bytes, opened, counts = state
+        if opened and self._sink is None and self.path is not None:
+            self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        if counts is not None:
+            self.on_batch.__dict__.update(counts)
+        self._sha = None
 
     def emit(self, event) -> None:
         """Trace one event record (``netsim.trace.events``)."""
