@@ -4,6 +4,7 @@ the worker fails the run with the worker's traceback; the runs it must not take 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 import netsim
 from netsim.rounds import tensor_worker
 from netsim.scenario import scenario_from_dict
+from netsim.trace.io import read_trace
 from tests.test_windowed import gossip, identical
 
 VARY = ("wall_time", "events_per_s", "engine", "windows")
@@ -51,6 +53,8 @@ def played(tmp_path, sc: dict, engine: str, worker: str | None, monkeypatch) -> 
      "agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}},
     {"algorithm": {"batch": 3, "lr_decay": 0.2}, "model": {"dtype": "float64"},  # sampled rows cross the pipe
      "network": {"latency": {"kind": "uniform", "low": 0.02, "high": 0.3}, "loss": 0.2, "bandwidth": 2.0e5}},
+    {"run": {"until": 4.0, "trace_flush_every": 7},  # the trace file open before the fork, batches cut at 7 rows
+     "evaluation": {"every": 0.7, "metrics": ["accuracy"]}},
 ])
 def test_the_worker_writes_the_same_bytes_and_models_as_one_process(tmp_path, monkeypatch, changes):
     sc = asynchronous(**changes)
@@ -76,15 +80,29 @@ def test_a_failure_in_the_worker_fails_the_run_with_its_traceback(tmp_path, monk
     from netsim.errors import RunCrashed
     from netsim.rounds import lookahead
 
-    def broken(self, first_ticket):
-        raise ValueError("a kernel that breaks in the worker")
+    real = lookahead._Driver.tensor_work
+    calls = []
 
+    def broken(self, first_ticket):
+        calls.append(first_ticket)
+        if len(calls) == 5:
+            raise ValueError("a kernel that breaks in the worker")
+        real(self, first_ticket)
+
+    sc = asynchronous(run={"trace_flush_every": 50})
     monkeypatch.setattr(lookahead._Driver, "tensor_work", broken)  # in place before the fork: the worker's too
     monkeypatch.setenv(tensor_worker.ENV, "1")
     with pytest.raises(RunCrashed, match="tensor worker failed.*a kernel that breaks in the worker"):
-        netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "run", engine="windowed")
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
     assert not multiprocessing.active_children()
-    assert (tmp_path / "run" / "summary.partial.json").exists()
+    partial = json.loads((tmp_path / "run" / "summary.partial.json").read_text())
+    monkeypatch.setattr(lookahead._Driver, "tensor_work", real)
+    netsim.run(scenario_from_dict(sc), out=tmp_path / "whole", engine="windowed")
+    cut, whole = read_trace(tmp_path / "run"), read_trace(tmp_path / "whole")
+    # the trace the worker wrote up to the failure, every row handed to it: a partial trace, the whole run's start
+    assert not cut.complete and 0 < cut.table.num_rows < whole.table.num_rows
+    assert cut.table.equals(whole.table.slice(0, cut.table.num_rows))
+    assert partial["events"] == cut.table.num_rows  # the counts came back with the writer
 
 
 def test_runs_the_worker_must_not_take_stay_in_one_process(tmp_path, monkeypatch):
@@ -122,3 +140,33 @@ def test_what_was_printed_before_the_worker_is_printed_once(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, json.dumps(asynchronous())], capture_output=True, text=True,
                           env={**os.environ, tensor_worker.ENV: "1"}, check=True)  # stdout a pipe: block-buffered
     assert done.stdout.split("\n")[:2] == ["before the run", "after the run"], done.stdout
+
+
+def test_a_failure_in_the_control_takes_the_trace_back_from_the_worker(tmp_path, monkeypatch):
+    """The run fails in this process (its control) while the worker writes the trace: the worker writes what it
+    was handed and gives the writer back, so the partial trace is the whole run's start, and nothing is left."""
+    from netsim.errors import RunCrashed
+    from netsim.rounds import lookahead
+
+    real = lookahead._Driver.events_until
+    calls = []
+
+    def broken(self, end):
+        calls.append(end)
+        if len(calls) == 60:
+            raise ValueError("a control that breaks")
+        real(self, end)
+
+    sc = asynchronous(run={"trace_flush_every": 50})
+    monkeypatch.setattr(lookahead._Driver, "events_until", broken)
+    monkeypatch.setenv(tensor_worker.ENV, "1")
+    with pytest.raises(RunCrashed, match="a control that breaks"):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
+    assert not multiprocessing.active_children()
+    partial = json.loads((tmp_path / "run" / "summary.partial.json").read_text())
+    monkeypatch.setattr(lookahead._Driver, "events_until", real)
+    netsim.run(scenario_from_dict(sc), out=tmp_path / "whole", engine="windowed")
+    cut, whole = read_trace(tmp_path / "run"), read_trace(tmp_path / "whole")
+    assert not cut.complete and 0 < cut.table.num_rows < whole.table.num_rows
+    assert cut.table.equals(whole.table.slice(0, cut.table.num_rows))
+    assert partial["events"] == cut.table.num_rows
