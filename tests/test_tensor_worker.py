@@ -170,3 +170,21 @@ def test_a_failure_in_the_control_takes_the_trace_back_from_the_worker(tmp_path,
     assert not cut.complete and 0 < cut.table.num_rows < whole.table.num_rows
     assert cut.table.equals(whole.table.slice(0, cut.table.num_rows))
     assert partial["events"] == cut.table.num_rows
+
+
+def test_a_release_in_the_worker_fails_the_run_instead_of_going_unaccounted(tmp_path, monkeypatch):
+    from netsim.errors import RunCrashed
+    from netsim.rounds import lookahead
+
+    real = lookahead._Driver.tensor_work
+
+    def releasing(self, first_ticket):
+        real(self, first_ticket)
+        self.agents[0].ledger  # a kernel's first release makes the agent's ledger  # noqa: B018
+
+    monkeypatch.setattr(lookahead._Driver, "tensor_work", releasing)
+    monkeypatch.setenv(tensor_worker.ENV, "1")
+    with pytest.raises(RunCrashed, match="would not be accounted: run with NETSIM_TENSOR_WORKER=0"):
+        netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "run", engine="windowed")
+    monkeypatch.setenv(tensor_worker.ENV, "0")  # in one process, the release is accounted
+    netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "one", engine="windowed")

@@ -54,7 +54,7 @@ def _serve(driver, conn) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the run (and this worker)
     torch.set_num_threads(1)  # the other core plays the control
-    driver.sim.new_ledger = _no_ledger
+    driver.sim.refuse_ledgers(f"a release in the windows' tensor worker would not be accounted: run with {ENV}=0")
     stats, svc, writer = driver.stats, driver.svc, driver.writer
     try:
         while True:
@@ -74,11 +74,6 @@ def _serve(driver, conn) -> None:
                 return
     except BaseException:  # noqa: BLE001 - every failure goes back to the run, with its traceback
         conn.send(("error", writer.handoff(), traceback.format_exc()))
-
-
-def _no_ledger(agent):
-    raise RuntimeError(f"agent {agent.id} releases in the windows' tensor worker, where it would not be accounted: "
-                       f"run with {ENV}=0")
 
 
 def _bank(bank) -> tuple:
