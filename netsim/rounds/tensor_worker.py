@@ -72,8 +72,8 @@ def _serve(driver, conn) -> None:
                 conn.send(("end", writer.handoff(), _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s,
                            stats.gradient_s))
                 return
-    except BaseException:  # noqa: BLE001 - every failure goes back to the run, with its traceback
-        conn.send(("error", writer.handoff(), traceback.format_exc()))
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the run, with its traceback
+        conn.send(("error", writer.handoff(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
 def _bank(bank) -> tuple:
@@ -111,7 +111,7 @@ class TensorWorker:
         if msg[0] == "error":
             self.driver.writer.adopt(msg[1])  # the trace as far as the worker wrote it
             self.end()
-            raise RuntimeError(f"the windows' tensor worker failed:\n{msg[2]}")
+            raise RuntimeError(f"the windows' tensor worker failed: {msg[2]}")
         if msg[0] != what:
             raise RuntimeError(f"the windows' tensor worker answered {msg[0]!r}, not {what!r}")
         return msg
