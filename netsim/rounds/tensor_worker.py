@@ -1,15 +1,17 @@
-"""A lookahead driver's tensor work in a second process, one window behind its control.
+"""A lookahead driver's tensor work and trace writing in a second process, beside its control.
 
 Conservative windows exist so that work can run side by side: nothing in the window [T, T + L) depends on anything
 else in it. The drivers use that twice. Within a window, every agent's tensor operations are batched (one call per
-kind and lock step). Across windows, the control of window k + 1 (times, peers, latencies, losses: streams and
-Python, never a tensor) does not read the tensor work of window k. So, with a second core, a forked worker process
-does the tensor work of each window while this process plays the next window's events: the same driver code, the
-same operations in the same order, so the same bits. Trace, metrics and models are those of the run in one process.
+kind and lock step). Across windows, the control of the next windows (times, peers, latencies, losses: streams and
+Python, never a tensor) does not read the tensor work of the last ones. So, with a second core, a forked worker
+process does the tensor work while this process plays the next windows' events: the same driver code, the same
+operations in the same order, so the same bits. Trace, metrics and models are those of the run in one process.
 
-What crosses the pipe, per window: the driver's ``window_work`` (its control's output: each agent's operations, the
-new gradient requests, the gradient batches), pickled. Back, only when this process needs it: the bank's rows
-(``ParameterBank.W`` and its named states) before an evaluation and at the end, with the gradient service's counts
+What crosses the pipe, each time the driver's tensor work is due: its ``window_work`` (the control's output: each
+agent's operations, the new gradient requests, the gradient batches) and the trace rows made since, pickled; the
+worker writes the trace (turning rows into Arrow costs more than pickling them). Back, only when this process needs
+it: the bank's rows (``ParameterBank.W`` and its named states) before an evaluation and at the end, and at the end
+(or on a failure on either side) the trace writer's state (``TraceWriter.handoff``), the gradient service's counts
 and the worker's tensor seconds. A failure in the worker fails the run with the worker's traceback.
 
 Used when (``reason_not``): the bank is on the CPU (a CUDA context does not survive a fork), this process may use
@@ -23,7 +25,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
+import queue
 import signal
+import threading
 import time
 import traceback
 
@@ -76,6 +81,12 @@ def _serve(driver, conn) -> None:
         conn.send(("error", writer.handoff(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+def _dumps(msg: tuple) -> bytes:
+    """Plain pickle (rows, ints, numpy arrays): multiprocessing's own pickler looks every object's type up in a
+    Python mapping, ~3x slower."""
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _bank(bank) -> tuple:
     """The bank's rows and named states as numpy arrays (pickled by value, not as shared torch storage)."""
     return bank.W.numpy().copy(), {k: v.numpy().copy() for k, v in bank.states.items()}
@@ -92,15 +103,34 @@ class TensorWorker:
         self.proc = ctx.Process(target=_serve, args=(driver, child), daemon=True, name="netsim-tensor-worker")
         self.proc.start()
         child.close()
+        # the messages are pickled here and written by a thread: a full pipe (the worker busy with the last work)
+        # never stops the control, and the order of the messages is kept
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.broken: BaseException | None = None
+        self.writer = threading.Thread(target=self._write, daemon=True, name="netsim-tensor-worker-pipe")
+        self.writer.start()
+
+    def _write(self) -> None:
+        while True:
+            data = self.outbox.get()
+            if data is None:
+                return
+            try:
+                self.conn.send_bytes(data)
+            except (OSError, EOFError) as e:  # the worker is gone: said where the run next waits on it
+                self.broken = e
+                return
+
+    def _put(self, msg: tuple) -> None:
+        if self.broken is not None:
+            self._died()
+        self.outbox.put(_dumps(msg))
 
     def send(self, work, rows: list) -> None:
         """The work of the windows played since the last send, and the trace rows made here since (cleared)."""
         if self.conn.poll():  # a failure comes back at once
             self._expect("")
-        try:
-            self.conn.send(("work", work, rows))
-        except (BrokenPipeError, EOFError, ConnectionResetError):
-            self._died()
+        self._put(("work", work, rows))
         rows.clear()
 
     def _expect(self, what: str):
@@ -117,6 +147,7 @@ class TensorWorker:
         return msg
 
     def _died(self):
+        self.outbox.put(None)
         self.proc.join(1.0)
         self.driver.writer.buffer = []  # written by the worker, or lost with it: the trace ends where it stopped
         raise RuntimeError(f"the windows' tensor worker died (exit code {self.proc.exitcode})")
@@ -132,13 +163,13 @@ class TensorWorker:
 
     def sync_bank(self) -> None:
         """The bank as it stands after the windows sent so far (for an evaluation)."""
-        self.conn.send(("bank",))
+        self._put(("bank",))
         self._restore(self._expect("bank")[1])
 
     def finish(self, rows: list) -> None:
         """After the last window (``rows``: the trace rows made here since the last send): the trace writer's
         state, the bank, the gradient counts and the worker's tensor seconds; the worker ends."""
-        self.conn.send(("end", rows))
+        self._put(("end", rows))
         rows.clear()
         _, trace, bank, calls, evaluated, tensor_s, gradient_s = self._expect("end")
         d = self.driver
@@ -150,17 +181,23 @@ class TensorWorker:
 
     def abandon(self, rows: list) -> None:
         """The run failed here: the trace as the worker wrote it (with ``rows``) if it still answers, then it ends."""
-        if self.proc.is_alive():
+        if self.conn.closed:  # ended already (its failure handed the writer back)
+            return
+        if self.proc.is_alive() and self.broken is None:
             try:
-                self.conn.send(("end", rows))
+                self._put(("end", rows))
                 if self.conn.poll(60.0):
-                    msg = self.conn.recv()
-                    self.driver.writer.adopt(msg[1])
+                    self.driver.writer.adopt(self.conn.recv()[1])
+                    self.end()
+                    return
             except (OSError, EOFError):
-                self.driver.writer.buffer = []
+                pass
+        self.driver.writer.buffer = []  # what the worker wrote stands; what it held is lost with it
         self.end()
 
     def end(self) -> None:
+        self.outbox.put(None)
+        self.writer.join(1.0)
         if self.proc.is_alive():
             self.proc.join(1.0)
         if self.proc.is_alive():
