@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from netsim.errors import claim
+from netsim.sim.streams import Draws
 
 
 class Schedule:
@@ -110,19 +111,21 @@ class Poisson(Schedule):
 
     def __init__(self, rate: float, rng: np.random.Generator, start_local: float):
         self.rate, self.rng = rate, rng
-        self.upcoming = start_local + rng.exponential(1.0 / rate)
+        # the gaps drawn ahead in blocks (the stream is the schedule's alone): the values of one draw at a time
+        self.gap = Draws(lambda n: rng.exponential(1.0 / rate, n), rng)
+        self.upcoming = start_local + self.gap()
 
     def next(self, now_local: float) -> float:
         at = self.upcoming
         while at < now_local:
-            at += self.rng.exponential(1.0 / self.rate)
-        self.upcoming = at + self.rng.exponential(1.0 / self.rate)
+            at += self.gap()
+        self.upcoming = at + self.gap()
         return at
 
     def defer(self, at: float, back_local: float) -> float:
         while at < back_local:
-            at += self.rng.exponential(1.0 / self.rate)
-        self.upcoming = at + self.rng.exponential(1.0 / self.rate)
+            at += self.gap()
+        self.upcoming = at + self.gap()
         return at
 
 
