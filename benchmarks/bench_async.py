@@ -12,10 +12,11 @@ the machine than wall time). ``--profile N`` prints the top N cProfile entries o
 engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
 the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
 GPU, ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
-mushrooms' rows), for the peer ratio. Each run's peak resident memory is printed too (with a tensor worker: its
-peak added, at most what both processes held at once). The windowed engine does its tensor work in a worker
-process beside the control where it can (rounds/tensor_worker.py: two cores); ``NETSIM_TENSOR_WORKER=0`` keeps it in
-one process.
+mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set, plus the
+tensor worker's if one ran (``peak GiB``: at least what both held at once, their shared pages counted twice), and
+the largest proportional set size of both together (``PSS GiB``: shared pages counted once; sampled every 0.5 s).
+The windowed engine does its tensor work and writes the trace in a worker process beside the control where it can
+(rounds/tensor_worker.py: two cores); ``NETSIM_TENSOR_WORKER=0`` keeps one process.
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
@@ -56,6 +57,41 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invar
     }
 
 
+class PssPeak:
+    """The largest proportional set size of this process and its children together (a fork's shared pages
+    counted once), sampled every half second from /proc (Linux; 0 elsewhere), in KiB."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _pss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            return 0
+
+    def _sample(self) -> None:
+        me = os.getpid()
+        while not self.done.wait(0.5):
+            kids = []
+            for tid in os.listdir(f"/proc/{me}/task") if os.path.isdir(f"/proc/{me}/task") else ():
+                try:
+                    kids += open(f"/proc/{me}/task/{tid}/children").read().split()
+                except OSError:
+                    pass
+            self.peak = max(self.peak, self._pss(me) + sum(self._pss(int(k)) for k in kids))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto",
           invariant: bool = False, threads: int = 1) -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
@@ -70,6 +106,7 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
         import cProfile
 
         prof = cProfile.Profile()
+    pss = PssPeak()
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
@@ -78,6 +115,7 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
         if prof is not None:
             prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    pss.stop()
     if prof is not None:
         import pstats
 
@@ -89,7 +127,8 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
                       "accuracy": s["accuracy"], "windows": s.get("windows"),
                       "worker_cpu": worker.ru_utime + worker.ru_stime,
                       # this process's peak plus the worker's: at most what both held at once
-                      "peak_gib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + worker.ru_maxrss) / 2**20}))
+                      "peak_gib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + worker.ru_maxrss) / 2**20,
+                      "peak_pss_gib": pss.peak / 2**20}))
 
 
 def main() -> None:
@@ -116,7 +155,7 @@ def main() -> None:
               args.threads)
         return
     print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
-          f"{'accuracy':>8} {'peak GiB':>8}")
+          f"{'accuracy':>8} {'peak GiB':>8} {'PSS GiB':>8}")
     for n in args.agents:
         got = {}
         for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
@@ -129,7 +168,7 @@ def main() -> None:
             s = got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
                   f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f} "
-                  f"{s['peak_gib']:>8.2f}", flush=True)
+                  f"{s['peak_gib']:>8.2f} {s['peak_pss_gib']:>8.2f}", flush=True)
         if args.peer_python and n <= MUSHROOMS_ROWS:
             peer(args.peer_python, n, args.seconds, args.seed, got)
         if len(got) < 2:

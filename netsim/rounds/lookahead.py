@@ -44,7 +44,9 @@ gradient service itself: a logistic gradient's bits depend on which rows share i
 batches are exact, and ``gradient_batches`` is the engine's too. With a batch-invariant model
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
-those calls.
+those calls. Push gossip's tensor work is done for 8 windows at once (``gathers``: fewer, fuller lock steps; a
+merge then waits in lock step for a push of an earlier window of the same work), and, given a second core, in a
+forked worker process while this one plays the next windows (rounds/tensor_worker.py), which writes the trace too.
 """
 
 from __future__ import annotations
