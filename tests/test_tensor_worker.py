@@ -76,33 +76,44 @@ def test_the_worker_writes_the_same_bytes_and_models_as_one_process(tmp_path, mo
     assert not multiprocessing.active_children()  # the worker ended with the run
 
 
-def test_a_failure_in_the_worker_fails_the_run_with_its_traceback(tmp_path, monkeypatch):
+def fails_keeping_the_runs_start(tmp_path, monkeypatch, method: str, nth: int, what: str, said: str) -> None:
+    """The driver's ``method`` raises ``what`` at its ``nth`` call, with a worker: the run fails saying ``said``,
+    the worker is gone, and the partial trace is the start of the whole run (every row handed to the worker was
+    written, the writer came back with its counts)."""
     from netsim.errors import RunCrashed
     from netsim.rounds import lookahead
 
-    real = lookahead._Driver.tensor_work
-    calls = []
+    real, calls = getattr(lookahead._Driver, method), []
 
-    def broken(self, first_ticket):
-        calls.append(first_ticket)
-        if len(calls) == 5:
-            raise ValueError("a kernel that breaks in the worker")
-        real(self, first_ticket)
+    def broken(self, arg):
+        calls.append(arg)
+        if len(calls) == nth:
+            raise ValueError(what)
+        real(self, arg)
 
     sc = asynchronous(run={"trace_flush_every": 50})
-    monkeypatch.setattr(lookahead._Driver, "tensor_work", broken)  # in place before the fork: the worker's too
+    monkeypatch.setattr(lookahead._Driver, method, broken)  # in place before the fork: the worker's too
     monkeypatch.setenv(tensor_worker.ENV, "1")
-    with pytest.raises(RunCrashed, match="tensor worker failed.*a kernel that breaks in the worker"):
+    with pytest.raises(RunCrashed, match=said):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
     assert not multiprocessing.active_children()
     partial = json.loads((tmp_path / "run" / "summary.partial.json").read_text())
-    monkeypatch.setattr(lookahead._Driver, "tensor_work", real)
+    monkeypatch.setattr(lookahead._Driver, method, real)
     netsim.run(scenario_from_dict(sc), out=tmp_path / "whole", engine="windowed")
     cut, whole = read_trace(tmp_path / "run"), read_trace(tmp_path / "whole")
-    # the trace the worker wrote up to the failure, every row handed to it: a partial trace, the whole run's start
     assert not cut.complete and 0 < cut.table.num_rows < whole.table.num_rows
     assert cut.table.equals(whole.table.slice(0, cut.table.num_rows))
-    assert partial["events"] == cut.table.num_rows  # the counts came back with the writer
+    assert partial["events"] == cut.table.num_rows
+
+
+def test_a_failure_in_the_worker_fails_the_run_with_its_traceback(tmp_path, monkeypatch):
+    fails_keeping_the_runs_start(tmp_path, monkeypatch, "tensor_work", 5, "a kernel that breaks in the worker",
+                                 "tensor worker failed: ValueError: a kernel that breaks in the worker")
+
+
+def test_a_failure_in_the_control_takes_the_trace_back_from_the_worker(tmp_path, monkeypatch):
+    fails_keeping_the_runs_start(tmp_path, monkeypatch, "events_until", 60, "a control that breaks",
+                                 "a control that breaks")
 
 
 def test_runs_the_worker_must_not_take_stay_in_one_process(tmp_path, monkeypatch):
@@ -140,36 +151,6 @@ def test_what_was_printed_before_the_worker_is_printed_once(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, json.dumps(asynchronous())], capture_output=True, text=True,
                           env={**os.environ, tensor_worker.ENV: "1"}, check=True)  # stdout a pipe: block-buffered
     assert done.stdout.split("\n")[:2] == ["before the run", "after the run"], done.stdout
-
-
-def test_a_failure_in_the_control_takes_the_trace_back_from_the_worker(tmp_path, monkeypatch):
-    """The run fails in this process (its control) while the worker writes the trace: the worker writes what it
-    was handed and gives the writer back, so the partial trace is the whole run's start, and nothing is left."""
-    from netsim.errors import RunCrashed
-    from netsim.rounds import lookahead
-
-    real = lookahead._Driver.events_until
-    calls = []
-
-    def broken(self, end):
-        calls.append(end)
-        if len(calls) == 60:
-            raise ValueError("a control that breaks")
-        real(self, end)
-
-    sc = asynchronous(run={"trace_flush_every": 50})
-    monkeypatch.setattr(lookahead._Driver, "events_until", broken)
-    monkeypatch.setenv(tensor_worker.ENV, "1")
-    with pytest.raises(RunCrashed, match="a control that breaks"):
-        netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
-    assert not multiprocessing.active_children()
-    partial = json.loads((tmp_path / "run" / "summary.partial.json").read_text())
-    monkeypatch.setattr(lookahead._Driver, "events_until", real)
-    netsim.run(scenario_from_dict(sc), out=tmp_path / "whole", engine="windowed")
-    cut, whole = read_trace(tmp_path / "run"), read_trace(tmp_path / "whole")
-    assert not cut.complete and 0 < cut.table.num_rows < whole.table.num_rows
-    assert cut.table.equals(whole.table.slice(0, cut.table.num_rows))
-    assert partial["events"] == cut.table.num_rows
 
 
 def test_a_release_in_the_worker_fails_the_run_instead_of_going_unaccounted(tmp_path, monkeypatch):
