@@ -65,7 +65,7 @@ def _file_sha(path: Path, size: int):
         while left:
             chunk = f.read(min(left, 1 << 22))
             if not chunk:
-                raise ValueError(f"shorter than the checkpoint's {size} bytes")
+                raise ValueError(f"shorter than {size} bytes")
             sha.update(chunk)
             left -= len(chunk)
     return sha
@@ -137,6 +137,7 @@ class TraceWriter:
         self.count = 0  # events flushed so far
         self.bytes = 0  # bytes written to the file so far
         self._sha = hashlib.sha256()  # of the bytes written (None after ``adopt``: hashed from the file when asked)
+        self._adopted: Path | None = None  # the file ``adopt`` took over (where ``sha`` is hashed from)
         self.on_batch = on_batch
         self._sink = None
         self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), **metadata}
@@ -153,7 +154,7 @@ class TraceWriter:
     def sha(self):
         """sha256 of the file's bytes so far (a ``hashlib`` object a checkpoint reads the digest of)."""
         if self._sha is None:
-            self._sha = _file_sha(self.path, self.bytes)
+            self._sha = _file_sha(self._adopted, self.bytes)
         return self._sha
 
     def _open(self) -> None:
@@ -188,7 +189,7 @@ class TraceWriter:
             self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
         if counts is not None:
             self.on_batch.__dict__.update(counts)
-        self._sha = None
+        self._sha, self._adopted = None, self.path
 
     def emit(self, event) -> None:
         """Trace one event record (``netsim.trace.events``)."""
