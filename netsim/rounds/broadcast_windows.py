@@ -186,7 +186,7 @@ class _Driver(WindowDriver):
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        grads, free = self.grads, self.free
+        evaluated, free = self.grads.row_of, self.free
         waiting = self.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
         while active:
             steps: list[list] = [[], [], [], []]  # by kind: (agent, op)
@@ -199,7 +199,7 @@ class _Driver(WindowDriver):
                     o = mine[k]
                     if o[0] <= last:
                         break
-                    if o[1] == UPDATE and o[2] not in grads:  # asked for in this step, or its batch waits
+                    if o[1] == UPDATE and o[2] not in evaluated:  # asked for in this step, or its batch waits
                         if not free:  # for a request still to come: woken when it is evaluated
                             blocked[o[2]] = i
                             waits = True

@@ -151,15 +151,12 @@ class RowStore:
     grown as needed and a free list, so keeping and taking are one ``index_copy_`` and one ``index_select`` per
     step, with no tensor per row."""
 
-    __slots__ = ("rows", "row_of", "free")
+    __slots__ = ("rows", "row_of", "free")  # ``key in store.row_of``: whether a key is kept
 
     def __init__(self, like: torch.Tensor):
         self.rows = torch.empty_like(like)
         self.row_of: dict[int, int] = {}
         self.free = list(range(len(like) - 1, -1, -1))
-
-    def __contains__(self, key: int) -> bool:
-        return key in self.row_of
 
     def put(self, keys: list[int], src: torch.Tensor) -> None:
         free = self.free
@@ -572,7 +569,8 @@ class _Driver(WindowDriver):
         the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
         requests are all in are evaluated."""
         kernel, p, X = self.kernel, self.p, self.X
-        grads = self.grads
+        grads, payloads = self.grads, self.payloads
+        evaluated, in_flight = grads.row_of, payloads.row_of  # what is kept (a dict lookup per operation)
         flushes = self.flushes
         flush_of = {}
         left = []
@@ -585,7 +583,6 @@ class _Driver(WindowDriver):
         active = list(ops)
         blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
         unsent: dict[int, int] = {}  # message id: the agent whose merge waits for its push (an earlier window's)
-        payloads = self.payloads
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         free = self.free
         while active:
@@ -601,14 +598,14 @@ class _Driver(WindowDriver):
                         break
                     v = op >> 2
                     if kind == MERGE:
-                        if v not in payloads:  # pushed in an earlier window of the same tensor work: woken then
+                        if v not in in_flight:  # pushed in an earlier window of the same tensor work: woken then
                             unsent[v] = i
                             waits = True
                             break
                         mi.append(i)
                         mp.append(v)
                     elif kind == UPDATE:
-                        if v not in grads:  # its gradient batch waits for a request still to come: woken then
+                        if v not in evaluated:  # its gradient batch waits for a request still to come: woken then
                             blocked[v] = i
                             waits = True
                             break
@@ -640,7 +637,7 @@ class _Driver(WindowDriver):
                 X.index_copy_(0, idx, b.x)
             if mi:
                 b, idx = self.batch(mi)
-                kernel.combine(b, p, self.payloads.take(mp))
+                kernel.combine(b, p, payloads.take(mp))
                 X.index_copy_(0, idx, b.x)
             if ai:  # after the step's merges
                 self.evaluate_step(ai, at, X.index_select(0, torch.tensor(ai, device=X.device)))
@@ -655,8 +652,10 @@ class _Driver(WindowDriver):
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
         self.ops.clear()
-        if waiting or blocked or unsent:  # every batch of the window completes in it: its requests are all in
+        if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        if unsent:  # a merge's payload is pushed before it lands, so in this tensor work at the latest
+            raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
         self.flushes.clear()
 
     def point(self, tk: int) -> torch.Tensor:

@@ -110,7 +110,7 @@ class Poisson(Schedule):
     kind = "poisson"
 
     def __init__(self, rate: float, rng: np.random.Generator, start_local: float):
-        self.rate, self.rng = rate, rng
+        self.rate = rate
         # the gaps drawn ahead in blocks (the stream is the schedule's alone): the values of one draw at a time
         self.gap = Draws(lambda n: rng.exponential(1.0 / rate, n), rng)
         self.upcoming = start_local + self.gap()
