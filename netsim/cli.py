@@ -112,6 +112,8 @@ def _summary_table(summary: dict):
                 if "tensor_worker" in w:
                     t.add_row("tensor work", "a worker process, beside the control" if w["tensor_worker"]
                               else f"in this process: {w.get('tensor_worker_why_not', '')}")
+                if "control_cpu_s" in w:  # near the wall time: the control (per-event Python) bounds the run
+                    t.add_row("control CPU", f"{fmt(w['control_cpu_s'])} s")
     if summary.get("resumed_by") is not None:
         t.add_row("resumed by", f"{summary['resumed_by']} ({fmt(summary['resume_wall_time'])} s)")
     return t

@@ -200,6 +200,7 @@ def test_the_summary_says_how_the_windows_went(tmp_path):
     assert 1 <= w["events_per_window_min"] <= w["events_per_window_mean"]
     assert w["windows"] >= 8.0 / 0.5  # 60 agents' activations a second: windows of 0.01 s are often empty
     assert 0.0 < w["tensor_share"] < 1.0
+    assert 0.0 < w["control_cpu_s"] <= r.summary["wall_time"] * 1.1  # one thread's CPU: at most its wall time
     # the CLI's summary table shows them, so a user sees why the run is (or is not) fast
     from rich.console import Console
 
@@ -211,6 +212,7 @@ def test_the_summary_says_how_the_windows_went(tmp_path):
     assert f"{w['windows']:,} of 0.01 s" in text
     assert f"{w['events_per_window_min']:,}" in text.split("events per window (mean, min)")[1].splitlines()[0]
     assert f"{100 * w['tensor_share']:.0f}% (gradients" in text
+    assert "control CPU" in text
 
 
 @pytest.mark.parametrize("changes", [

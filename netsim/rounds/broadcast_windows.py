@@ -97,7 +97,8 @@ class _Driver(WindowDriver):
             ct += self.churn.wait(i, now)
         self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
         tk = len(self.ticket_of)
-        self.ticket_of.append((i, a.sample_rows(self.req.batch)))
+        rows = a.sample_rows(self.req.batch)
+        self.ticket_of.append((i, None if rows is a.rows else rows))
         self.op(i, ASK, tk, self.kernel.scalars(self.own[i]))
         self.push_event(now + ct, DONE, i, tk)
 

@@ -81,6 +81,7 @@ class WindowStats:
     tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
     gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
     wall_s: float = 0.0
+    control_cpu_s: float = 0.0  # CPU seconds of the thread that plays the events (with a worker: the control alone)
     worker: str = ""  # why the tensor work stays in this process ("": a worker process did it, in parallel)
 
     def add(self, events: int) -> None:
@@ -93,7 +94,7 @@ class WindowStats:
                 "events_per_window_mean": self.events / max(1, self.windows),
                 "events_per_window_min": self.fewest,
                 "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
-                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12),
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s,
                 "tensor_worker": not self.worker, **({"tensor_worker_why_not": self.worker} if self.worker else {})}
 
 
@@ -224,7 +225,7 @@ class WindowDriver:
         sim.services.put("windows", self.stats)
         self.heap: list[tuple] = []
         self.seq = itertools.count()  # insertion numbers: simpy's order of simultaneous events
-        self.ticket_of: list = []  # ticket: (agent, rows), None once evaluated
+        self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
@@ -333,7 +334,11 @@ class WindowDriver:
                 still.append(f)
                 continue
             r = self.flushes[f]
-            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), ticket_of[tk][1]) for tk in r]
+            agents = self.agents
+            tickets = []
+            for tk in r:
+                i, rows = ticket_of[tk]
+                tickets.append(svc.submit(i, self.point(tk), agents[i].rows if rows is None else rows))
             svc.flush()
             self.grads.put(r, torch.stack([t.result for t in tickets]))
             for tk in r:
@@ -348,7 +353,8 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        rows = [ticket_of[tk][1] for tk in tickets]
+        agents = self.agents
+        rows = [agents[i].rows if r is None else r for i, r in (ticket_of[tk] for tk in tickets)]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows)
@@ -376,7 +382,7 @@ class WindowDriver:
         from netsim.rounds import tensor_worker
 
         sim, stats = self.sim, self.stats
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
                 self.svc.keep_rows(a.rows)
@@ -391,7 +397,7 @@ class WindowDriver:
                 worker.abandon(rows)
             raise
         sim.loop.env.advance_to(self.now)
-        stats.wall_s = time.perf_counter() - t0
+        stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
 
     def _windows(self, worker, shipped: list) -> None:
         sim, stats = self.sim, self.stats
@@ -496,7 +502,8 @@ class _Driver(WindowDriver):
                             ct += churn.wait(i, now)
                         add_row((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
                         tk = len(ticket_of)
-                        ticket_of.append((i, a.sample_rows(req.batch)))
+                        rows = a.sample_rows(req.batch)
+                        ticket_of.append((i, None if rows is a.rows else rows))
                         ops.append(tk << 2 | ASK)
                         push(heap, (now + ct, next(seq), DONE, i, tk))
                         return
@@ -676,8 +683,7 @@ class _Driver(WindowDriver):
         agents, ticket_of = self.agents, self.ticket_of
         new = ticket_of[first_ticket:]
         ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
-        return (first_ticket, ops, [(i, None if r is agents[i].rows else r) for i, r in new], flushes,
-                [(i, agents[i].round) for i in ops])
+        return first_ticket, ops, new, flushes, [(i, agents[i].round) for i in ops]
 
     def take_work(self, work: tuple) -> int:
         first, ops, tickets, flushes, rounds = work
@@ -686,7 +692,7 @@ class _Driver(WindowDriver):
         agents = self.agents
         if len(self.ticket_of) != first:
             raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
-        self.ticket_of.extend((i, agents[i].rows if r is None else r) for i, r in tickets)
+        self.ticket_of.extend(tickets)
         for i, r in rounds:
             agents[i].round = r
         return first
