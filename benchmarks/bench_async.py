@@ -11,7 +11,9 @@ share of its wall time in batched tensor calls; the whole call's CPU seconds too
 the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
 engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
 the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
-GPU, ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
+GPU, ``--algorithm`` runs the same job with asynchronous push SGD (``async_push``: every activation asks for a
+gradient, merges what arrived, broadcasts to every out-neighbour) or push-sum (``pushsum``) instead of push gossip,
+``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
 mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set, plus the
 tensor worker's if one ran (``peak GiB``: at least what both held at once, their shared pages counted twice), and
 the largest proportional set size of both together (``PSS GiB``: shared pages counted once; sampled every 0.5 s).
@@ -20,6 +22,7 @@ The windowed engine does its tensor work and writes the trace in a worker proces
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
+        [--algorithm push_gossip|async_push|pushsum]
 """
 
 from __future__ import annotations
@@ -37,7 +40,13 @@ from pathlib import Path
 MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most one agent per row
 
 
-def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False) -> dict:
+ALGORITHMS = {"push_gossip": {"name": "push_gossip", "lr": 1.0, "batch": 0, "update": "per_receipt"},
+              "async_push": {"name": "async_push", "lr": 1.0, "batch": 0},
+              "pushsum": {"name": "pushsum", "lr": 1.0, "batch": 0}}
+
+
+def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False,
+             algorithm: str = "push_gossip") -> dict:
     data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
     if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
         data = {"kind": "synthetic", "samples": 5 * agents, "features": 112, "partition": "iid",
@@ -52,7 +61,7 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invar
         "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
         "data": data,
         "model": {"kind": "logistic", "batch_invariant": invariant},
-        "algorithm": {"name": "push_gossip", "lr": 1.0, "batch": 0, "update": "per_receipt"},
+        "algorithm": ALGORITHMS[algorithm],
         "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]},
     }
 
@@ -93,7 +102,7 @@ class PssPeak:
 
 
 def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto",
-          invariant: bool = False, threads: int = 1) -> None:
+          invariant: bool = False, threads: int = 1, algorithm: str = "push_gossip") -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
     import torch
 
@@ -111,7 +120,8 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.enable()
-        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device, invariant)), out=tmp, engine=engine)
+        r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device, invariant, algorithm)),
+                       out=tmp, engine=engine)
         if prof is not None:
             prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -138,6 +148,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", type=int, default=0, help="print this many cProfile entries of each run")
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="both")
+    ap.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="push_gossip",
+                    help="the job's algorithm (gossipy's peer job is push gossip: --peer-python runs with it only)")
     ap.add_argument("--invariant", action="store_true",
                     help="model.batch_invariant in both engines (windows batch each step's gradients)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each run (default 1: the engines "
@@ -152,7 +164,7 @@ def main() -> None:
     os.environ.setdefault("NETSIM_DATA", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     if args.child:
         child(args.child[0], int(args.child[1]), args.seconds, args.seed, args.profile, args.device, args.invariant,
-              args.threads)
+              args.threads, args.algorithm)
         return
     print(f"{'agents':>7} {'sim s':>6} {'engine':>8} {'wall s':>8} {'events':>10} {'events/s':>9} {'grad calls':>10} "
           f"{'accuracy':>8} {'peak GiB':>8} {'PSS GiB':>8}")
@@ -161,7 +173,8 @@ def main() -> None:
         for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
             cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
                    "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device,
-                   "--threads", str(args.threads), *["--invariant"] * args.invariant]
+                   "--threads", str(args.threads), *["--invariant"] * args.invariant,
+                   "--algorithm", args.algorithm]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             if args.profile:
                 print(f"--- {engine}, {n} agents: cProfile (tottime)\n" + done.stderr[-6000:], file=sys.stderr)
@@ -169,7 +182,7 @@ def main() -> None:
             print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
                   f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f} "
                   f"{s['peak_gib']:>8.2f} {s['peak_pss_gib']:>8.2f}", flush=True)
-        if args.peer_python and n <= MUSHROOMS_ROWS:
+        if args.peer_python and n <= MUSHROOMS_ROWS and args.algorithm == "push_gossip":
             peer(args.peer_python, n, args.seconds, args.seed, got)
         if len(got) < 2:
             continue

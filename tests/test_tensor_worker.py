@@ -59,6 +59,11 @@ def played(tmp_path, sc: dict, engine: str, worker: str | None, monkeypatch) -> 
      "network": {"latency": {"kind": "uniform", "low": 0.02, "high": 0.3}, "loss": 0.2, "bandwidth": 2.0e5}},
     {"run": {"until": 4.0, "trace_flush_every": 7},  # the trace file open before the fork, batches cut at 7 rows
      "evaluation": {"every": 0.7, "metrics": ["accuracy"]}},
+    # the broadcast pattern's driver: its operations carry the takes and scalars its control decided
+    {"algorithm": {"name": "async_push", "batch": 2, "staleness_power": 1.0},
+     "evaluation": {"every": 1.5, "metrics": ["loss", "consensus"]}},
+    {"algorithm": {"name": "pushsum", "lr": 0.3, "batch": 3}, "network": {"loss": 0.2},
+     "model": {"kind": "logistic", "batch_invariant": True}},
 ])
 def test_the_worker_writes_the_same_bytes_and_models_as_one_process(tmp_path, monkeypatch, changes):
     sc = asynchronous(**changes)

@@ -125,7 +125,7 @@ def add_differences(x: torch.Tensor, takes: Sequence[Sequence[Take]], rows_of: C
         for k, t in enumerate(takes):
             if len(t) > s:
                 base = t[s].base
-                groups.setdefault((t[s].weight, "own" if base is OWN else "zero" if base is None else "kept"),
+                groups.setdefault((t[s].weight, "own" if base == OWN else "zero" if base is None else "kept"),
                                   []).append(k)
         for (w, kind), ks in groups.items():
             got = rows_of([takes[k][s].handle for k in ks])

@@ -39,6 +39,8 @@ def play(pattern, sim, kernel) -> None:
 class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
+    pipelines = True  # the tensor work reads only the operations (their takes and scalars decided by the control)
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         self.req = self.first = kernel.request(self.p)
@@ -245,7 +247,7 @@ class _Driver(WindowDriver):
                 self.release(pid)
             if kernel.keeps:
                 for t in o[2]:
-                    if t.base is not None and t.base is not OWN:
+                    if t.base is not None and t.base != OWN:  # (a pickled OWN is equal, not the same object)
                         self.release(t.base)
 
     def asks(self, step: list) -> None:

@@ -368,13 +368,30 @@ class WindowDriver:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
-    def window_work(self, first_ticket: int):
-        """What the window's tensor work needs of its control, for the worker (picklable)."""
-        raise NotImplementedError
+    def window_work(self, first_ticket: int) -> tuple:
+        """What the window's tensor work needs of its control, for the worker (picklable): each agent's operations,
+        the window's gradient requests (an agent's whole part as None: the worker has it), its gradient batches and
+        the rounds of the agents that act (``Batch.round``)."""
+        ops, flushes = self.ops.copy(), self.flushes.copy()  # (the control's closures hold these very objects)
+        self.ops.clear()
+        self.flushes.clear()
+        agents, ticket_of = self.agents, self.ticket_of
+        new = ticket_of[first_ticket:]
+        ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
+        return first_ticket, ops, new, flushes, [(i, agents[i].round) for i in ops]
 
-    def take_work(self, work) -> int:
+    def take_work(self, work: tuple) -> int:
         """In the worker: the window's ``window_work`` in place; the window's first ticket."""
-        raise NotImplementedError
+        first, ops, tickets, flushes, rounds = work
+        self.ops.update(ops)
+        self.flushes.extend(flushes)
+        agents = self.agents
+        if len(self.ticket_of) != first:
+            raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
+        self.ticket_of.extend(tickets)
+        for i, r in rounds:
+            agents[i].round = r
+        return first
 
     def run(self) -> None:
         """Play the run window by window: each window's events, then its tensor work (here, or in a worker process
@@ -673,26 +690,3 @@ class _Driver(WindowDriver):
         which = [k for k, m in enumerate(mids) if m >= 0]
         if which:
             self.keep([mids[k] for k in which], sent, which)
-
-    def window_work(self, first_ticket: int) -> tuple:
-        """Each agent's operations, the window's gradient requests (an agent's whole part as None: the worker has
-        it), its gradient batches and the rounds of the agents that act (``Batch.round``)."""
-        ops, flushes = self.ops.copy(), self.flushes.copy()  # (the control's closures hold these very objects)
-        self.ops.clear()
-        self.flushes.clear()
-        agents, ticket_of = self.agents, self.ticket_of
-        new = ticket_of[first_ticket:]
-        ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
-        return first_ticket, ops, new, flushes, [(i, agents[i].round) for i in ops]
-
-    def take_work(self, work: tuple) -> int:
-        first, ops, tickets, flushes, rounds = work
-        self.ops.update(ops)
-        self.flushes.extend(flushes)
-        agents = self.agents
-        if len(self.ticket_of) != first:
-            raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
-        self.ticket_of.extend(tickets)
-        for i, r in rounds:
-            agents[i].round = r
-        return first
