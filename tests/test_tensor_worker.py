@@ -131,6 +131,11 @@ def test_runs_the_worker_must_not_take_stay_in_one_process(tmp_path, monkeypatch
     r = netsim.run(scenario_from_dict(sc), out=tmp_path / "private", engine="windowed")
     assert r.summary["windows"]["tensor_worker"] is False
     assert r.summary["windows"]["tensor_worker_why_not"].startswith("privacy")
+    monkeypatch.setenv(tensor_worker.ENV, "auto")  # the broadcast pattern's windows keep one process unless asked
+    sc = asynchronous(algorithm={"name": "async_push", "batch": 2})
+    r = netsim.run(scenario_from_dict(sc), out=tmp_path / "broadcast", engine="windowed")
+    assert r.summary["windows"]["tensor_worker"] is False
+    assert r.summary["windows"]["tensor_worker_why_not"].startswith("the broadcast control bounds the run")
 
 
 def test_the_cli_says_where_the_tensor_work_ran(tmp_path, monkeypatch):

@@ -17,7 +17,8 @@ and the worker's tensor seconds. A failure in the worker fails the run with the 
 Used when (``reason_not``): the bank is on the CPU (a CUDA context does not survive a fork), this process may use
 two cores, the platform forks, this process is not a worker itself (a parallel sweep's), the run keeps no privacy
 ledger (a release is accounted where it is made: in the worker it would not be; one there fails the run) and
-``NETSIM_TENSOR_WORKER`` is not ``0`` (``1``: a worker even on one core, as the tests use it). The run summary's
+``NETSIM_TENSOR_WORKER`` is not ``0`` (``1``: a worker even on one core, as the tests use it, or for a driver that
+keeps one process unless asked: the broadcast pattern's, whose control bounds its runs). The run summary's
 ``windows.tensor_worker`` says whether one was used, ``tensor_worker_why_not`` why not.
 """
 
@@ -35,8 +36,9 @@ import traceback
 ENV = "NETSIM_TENSOR_WORKER"
 
 
-def reason_not(sim) -> str | None:
-    """Why this run's windows keep their tensor work in this process (None: a worker takes it)."""
+def reason_not(sim, unasked: str | None = None) -> str | None:
+    """Why this run's windows keep their tensor work in this process (None: a worker takes it). ``unasked``: the
+    driver's reason to keep one process unless ``NETSIM_TENSOR_WORKER=1`` asks for a worker."""
     setting = os.environ.get(ENV, "auto").strip().lower()
     if setting in ("0", "off", "no", "false"):
         return f"{ENV}={setting}"
@@ -48,8 +50,11 @@ def reason_not(sim) -> str | None:
         return "a worker process already (a parallel sweep's: its cores run other runs)"
     if sim.world.scenario.privacy is not None or any(a.existing_ledger is not None for a in sim.loop.agents):
         return "privacy: a release is accounted where it is made"
-    if setting not in ("1", "on", "yes", "true") and len(os.sched_getaffinity(0)) < 2:
-        return "one core"
+    if setting not in ("1", "on", "yes", "true"):
+        if unasked:
+            return unasked
+        if len(os.sched_getaffinity(0)) < 2:
+            return "one core"
     return None
 
 
