@@ -49,3 +49,33 @@ def test_the_network_seeds_its_links_ahead_up_to_a_bound(monkeypatch):
     assert len(sim.world.streams._ahead) == 20 * 4 * 2  # latency and loss, every directed link
     monkeypatch.setattr(network, "SEED_AHEAD_MAX", 159)
     assert not prepare(scenario_from_dict(sc)).world.streams._ahead
+
+
+@pytest.mark.parametrize("kind", ["random", "uniform", "exponential", "normal"])
+def test_draws_give_the_streams_values_in_order_whatever_their_blocks_and_resume_where_they_stood(kind):
+    """A short first block, then full ones: the values are the stream's own, one after another (as one call for
+    all of them gives); a position taken inside the first block, at its end, or in a later block, resumed in a
+    stream made again, goes on with the very values that followed."""
+    from netsim.sim.streams import BLOCK, FIRST_BLOCK, Draws
+
+    def fill(rng):
+        return {"random": rng.random, "uniform": lambda n: rng.uniform(0.05, 0.5, n),
+                "exponential": lambda n: rng.exponential(2.0, n), "normal": lambda n: rng.normal(1.0, 3.0, n)}[kind]
+
+    n = FIRST_BLOCK + 2 * BLOCK + 5
+    whole = fill(np.random.default_rng(7))(n).tolist()
+    rng = np.random.default_rng(7)
+    d = Draws(fill(rng), rng)
+    got, positions = [], {}
+    for k in range(n):
+        if k in (5, FIRST_BLOCK, FIRST_BLOCK + 3, FIRST_BLOCK + BLOCK + 1):
+            positions[k] = d.position()
+        got.append(d())
+    assert got == whole
+    assert positions[FIRST_BLOCK][3] == FIRST_BLOCK  # the first block used up: it stands at its end
+    for k, pos in positions.items():
+        fresh = np.random.default_rng(7)  # the same stream (its key fixes its increment), standing elsewhere
+        fresh.random(3)
+        again = Draws(fill(fresh), fresh)
+        again.resume(pos)
+        assert [again() for _ in range(n - k)] == whole[k:]
