@@ -67,7 +67,7 @@ from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
-_NEVER = 1 << 62  # the bucket of an event at an infinite time
+_INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
 # on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple per operation, to make or to pickle)
 
@@ -259,10 +259,7 @@ class WindowDriver:
 
         def enqueue(t: float, kind: int, i: int, v) -> None:
             e = (t, next(seq), kind, i, v)
-            try:
-                b = int(t * inv)
-            except (OverflowError, ValueError):  # an infinite time: never due
-                b = _NEVER
+            b = int(t * inv) if t < _INF else _NEVER
             if b <= top[0]:
                 push(heap, e)
             else:
@@ -277,7 +274,7 @@ class WindowDriver:
     def load(self, end: float) -> None:
         """Every event due before ``end`` onto the heap: the buckets up to ``end``'s (an event before ``end`` is in
         one of them: ``int(t * inv)`` never decreases with t)."""
-        top, far, heap, push = int(end * self.inv), self.far, self.heap, heapq.heappush
+        top, far, heap, push = int(end * self.inv) if end < _INF else _NEVER, self.far, self.heap, heapq.heappush
         for b in sorted(b for b in far if b <= top):
             for e in far.pop(b):
                 push(heap, e)
@@ -373,6 +370,11 @@ class WindowDriver:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches)."""
         raise NotImplementedError
 
+    def rows_of_ticket(self, tk: int):
+        """The training rows of ticket ``tk``'s gradient (None in ``ticket_of``: the agent's whole part)."""
+        i, rows = self.ticket_of[tk]
+        return self.agents[i].rows if rows is None else rows
+
     def evaluate_ready(self, left: list[int], waiting: list[int], blocked: dict[int, int],
                        woken: list[int]) -> list[int]:
         """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order (the same
@@ -385,11 +387,7 @@ class WindowDriver:
                 still.append(f)
                 continue
             r = self.flushes[f]
-            agents = self.agents
-            tickets = []
-            for tk in r:
-                i, rows = ticket_of[tk]
-                tickets.append(svc.submit(i, self.point(tk), agents[i].rows if rows is None else rows))
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk)) for tk in r]
             svc.flush()
             self.grads.put(r, torch.stack([t.result for t in tickets]))
             for tk in r:
@@ -404,8 +402,7 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        agents = self.agents
-        rows = [agents[i].rows if r is None else r for i, r in (ticket_of[tk] for tk in tickets)]
+        rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows)

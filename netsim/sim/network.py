@@ -69,21 +69,14 @@ class LinkModel(Protocol):
 
 
 class LeanLinks:
-    """The default path as a model (what ``Network.send`` inlines): latency, per-link bandwidth, loss. Each
-    sender's links are kept in a dict of their own as well, by receiver: no tuple made and hashed per message."""
+    """The default path as a model (what ``Network.send`` inlines): latency, per-link bandwidth, loss."""
 
     def __init__(self, net: Network):
         self.net = net
-        self.out: dict[int, dict[int, Link]] = {}
 
     def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
         net = self.net
-        mine = self.out.get(src)
-        if mine is None:
-            mine = self.out[src] = {}
-        link = mine.get(dst)
-        if link is None:
-            link = mine[dst] = net.link(src, dst)
+        link = net.link(src, dst)
         tx_end = now
         if net.bandwidth is not None:
             tx_end = max(now, link.busy_until) + size / net.bandwidth
