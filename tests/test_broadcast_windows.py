@@ -1,5 +1,6 @@
-"""The broadcast pattern (asynchronous push SGD, push-sum) as lookahead windows (rounds/broadcast_windows.py): the
-windowed engine against the events engine, byte for byte (trace.arrows, metrics.csv, final models)."""
+"""The broadcast pattern (asynchronous push SGD, push-sum) and event-triggered sends (event-triggered D-PSGD) as
+lookahead windows (rounds/broadcast_windows.py, rounds/triggered_windows.py): the windowed engine against the events
+engine, byte for byte (trace.arrows, metrics.csv, final models)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 import netsim
@@ -53,14 +54,18 @@ def both(tmp_path, sc: dict, keep=None) -> dict:
 @st.composite
 def broadcasting(draw) -> dict:
     """A scenario of the lookahead windows' admitted region (push gossip's: own clocks, drift, jitter, stragglers,
-    random compute times and latencies, loss), asynchronous push SGD or push-sum, a directed graph or not."""
+    random compute times and latencies, loss), asynchronous push SGD, push-sum or event-triggered D-PSGD (each
+    trigger rule), a directed graph or not."""
     sc = draw(async_gossip())
     lr = draw(st.sampled_from([0.0, 0.5]))
-    if draw(st.booleans()):
-        sc["algorithm"] = {"name": "async_push", "lr": lr, "batch": draw(st.integers(0, 6)),
-                           "staleness_power": draw(st.sampled_from([0.0, 0.5, 2.0]))}
-    else:
-        sc["algorithm"] = {"name": "pushsum", "lr": lr, "batch": draw(st.integers(0, 6))}
+    name = draw(st.sampled_from(["async_push", "pushsum", "event_triggered"]))
+    sc["algorithm"] = {"name": name, "lr": lr, "batch": draw(st.integers(0, 6))}
+    if name == "async_push":
+        sc["algorithm"]["staleness_power"] = draw(st.sampled_from([0.0, 0.5, 2.0]))
+    elif name == "event_triggered":
+        trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
+        levels = [0.05, 0.3] if trigger == "relative" else [0.0, 0.1, 1.0]
+        sc["algorithm"] |= {"trigger": trigger, "decay": 0.9, "threshold": draw(st.sampled_from(levels))}
     if draw(st.booleans()):
         sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
     if draw(st.booleans()):
@@ -68,12 +73,16 @@ def broadcasting(draw) -> dict:
     return sc
 
 
-@settings(max_examples=16, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=24, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=broadcasting())
 def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, sc):
+    event(sc["algorithm"]["name"])
     buildable(sc)
     both(tmp_path_factory.mktemp("drawn"), sc)
+
+
+TRIGGERED = {"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": "relative", "threshold": 0.1}
 
 
 def poisson(algorithm: dict, **changes) -> dict:
@@ -92,7 +101,7 @@ def poisson(algorithm: dict, **changes) -> dict:
                  "outages": [{"start": 1.0, "end": 2.0, "src": 0}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED])
 def test_broadcast_windows_agree_when_agents_go_offline_and_links_fail(tmp_path, algorithm, churn):
     sc = poisson(algorithm)
     for key, value in churn.items():
@@ -154,6 +163,10 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
                                                      "latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}]}},
      r"the minimum network.links[0].latency is 0"),
     ({"name": "pushsum"}, {"network": {"latency": {"kind": "exponential", "mean": 0.05}}}, "no positive lower bound"),
+    ({"name": "event_triggered", "noise_multiplier": 1.0}, {},
+     "noise_multiplier > 0: the windows do not play DP-SGD's releases"),
+    ({"name": "event_triggered", "lazy": True}, {}, "lazy: LAG's gradient trigger decides which releases happen"),
+    ({"name": "event_triggered"}, {"network": {"uplink": 1.0e6}}, "bandwidth or uplinks"),
 ])
 def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, algorithm, changes, why):
     import subprocess
@@ -181,7 +194,7 @@ def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, al
                            {"src": 2, "dst": 3, "loss": 0.6}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED])
 def test_broadcast_windows_agree_on_changing_graphs_and_per_link_settings(tmp_path, algorithm, changes):
     """Each activation adopts its epoch's links (push SGD; push-sum refuses a changing graph before the run), and
     per-link latencies and losses come from the engine's link models; the lookahead is the smallest latency."""
@@ -244,3 +257,31 @@ def test_a_broadcast_kernel_plugin_runs_as_lookahead_windows_byte_for_byte(tmp_p
         runs[name] = ev
     assert runs["plain"]["W"] == runs["async"]["W"] and runs["plain"]["metrics"] == runs["async"]["metrics"]
     assert runs["heavy"]["W"] != runs["plain"]["W"]
+
+
+def test_event_triggered_windows_decide_each_send_as_the_engine(tmp_path, monkeypatch):
+    """Each (agent, out-neighbour) decision is the engine's: with a threshold no change reaches nothing is sent and
+    every skip is counted; with the batched norms alone (no second look near the threshold) and with every decision
+    taken again by the engine's call, the windows give the same bytes."""
+    from netsim.rounds import triggered_windows
+
+    silent = both(tmp_path / "silent", poisson({**TRIGGERED, "trigger": "absolute", "threshold": 1.0e9}))
+    assert silent["messages_sent"] == 0 and silent["trigger_sent"] == 0
+    assert silent["trigger_skipped"] == silent["activations"] * 4  # a random 4-regular graph
+    sc = poisson({**TRIGGERED, "trigger": "decaying", "threshold": 2.0, "decay": 0.8})
+    plain = both(tmp_path / "plain", sc)
+    assert 0 < plain["trigger_sent"] and 0 < plain["trigger_skipped"]
+    for close in (0.0, float("inf")):
+        monkeypatch.setattr(triggered_windows, "_CLOSE", close)
+        again = both(tmp_path / f"close{close}", sc)
+        assert torch.equal(again["W"], plain["W"]) and again["trigger_sent"] == plain["trigger_sent"]
+
+
+def test_an_edit_to_the_event_triggered_kernel_changes_both_engines_identically(tmp_path, monkeypatch):
+    from netsim.algorithms.event_triggered import EventTriggered
+
+    sc = poisson(TRIGGERED)
+    before = both(tmp_path / "before", sc)
+    monkeypatch.setattr(EventTriggered, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
+    after = both(tmp_path / "after", sc)
+    assert not torch.equal(before["W"], after["W"])

@@ -25,8 +25,9 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import NeighborCopies
-from netsim.comm.triggers import EventTrigger, TriggerKind
+from netsim.comm.triggers import Rule, TriggerKind
+from netsim.rounds.kernel import GradientRequest
+from netsim.rounds.triggered import Triggered, TriggeredKernel
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -44,36 +45,54 @@ class EventTriggeredParams:
 
 
 @register("event_triggered", EventTriggeredParams)
-def event_triggered(agent, p: EventTriggeredParams):
-    copies = NeighborCopies(agent)
-    trig = EventTrigger(agent, kind=p.trigger, threshold=p.threshold, decay=p.decay)
-    gtrig = EventTrigger(agent, kind=p.trigger, threshold=p.threshold, decay=p.decay, initial={}) \
-        if p.lazy else None
-    private = p.noise_multiplier > 0
-    b = p.batch or len(agent.rows)
-    q = min(1.0, b / len(agent.rows))
-    sens = p.clip / b
-    used = None  # the gradient last used (released, when private); False once the budget cap is reached
-    ref = None  # LAG: the raw gradient of the last fresh step, which the trigger compares with
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        g = None
-        if p.lr > 0 and used is not False:
-            g = yield agent.gradient(batch=p.batch, params=x, clip=p.clip if private else None)
-            if gtrig is not None and ref is not None and not gtrig.fires(g, ref, k):
-                g = used  # LAG: the change is below tau_k, reuse the last gradient (nothing released)
-            else:
-                ref = g
-                if private:
-                    g = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=q,
-                                        what="gradient")
-                used = False if g is None else g  # None: the budget cap is reached, no more steps
-        copies.absorb()
-        x = copies.mix(x)
-        if g is not None:
-            x = x - p.lr * g
-        agent.params = x
-        yield trig.send(x, k)
-        k += 1
+class EventTriggered(TriggeredKernel):
+    """After the mix with the neighbour copies: x <- x - gamma g, g the gradient at x as activated (DP-SGD's, LAG's
+    reused one); sent where the trigger fires. The run's state holds each agent's (gradient last used, LAG's
+    reference): ``used`` is False once its budget cap is reached (no more steps)."""
+
+    pattern = Triggered(tag="model")
+    reads = frozenset(f.name for f in attrs.fields(EventTriggeredParams))
+
+    def init(self, agents, p):
+        return {}
+
+    def gradient(self, p, state, i):
+        if p.lr > 0 and state.get(i, (None, None))[0] is not False:
+            return GradientRequest.of(p.batch, p.clip if p.noise_multiplier > 0 else None)
+        return None
+
+    def trigger(self, p):
+        return p.trigger, p.threshold, p.decay
+
+    def windows_refusal(self, p):
+        if p.noise_multiplier > 0:
+            return "noise_multiplier > 0: the windows do not play DP-SGD's releases"
+        if p.lazy:
+            return "lazy: LAG's gradient trigger decides which releases happen (not played by the windows)"
+        return None
+
+    def update(self, b, p, g):
+        if p.noise_multiplier > 0 or p.lazy:  # the events engine's batch of one (the windows refuse these)
+            g = self._released(b.agents[0], b.k, p, b.state, g[0])
+            if g is None:
+                return
+        b.x = b.x - p.lr * g
+
+    @staticmethod
+    def _released(agent, k, p, state, g):
+        """The gradient the step uses: LAG's last one when its change is below tau_k (nothing released), else the
+        fresh one, released through ``Agent.privatize`` when private (None: the budget cap is reached)."""
+        used, ref = state.get(agent.id, (None, None))
+        if p.lazy and ref is not None:
+            if p.trigger != "always":
+                agent.decided_by_data()  # (a data-dependent decision in this activation)
+            if not Rule(p.trigger, p.threshold, p.decay).fires(g, ref, k):
+                return used
+        ref = g
+        if p.noise_multiplier > 0:
+            b = p.batch or len(agent.rows)
+            sens = p.clip / b
+            g = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=min(1.0, b / len(agent.rows)),
+                                what="gradient")
+        state[agent.id] = (False if g is None else g, ref)
+        return g

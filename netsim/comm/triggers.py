@@ -36,21 +36,16 @@ TriggerKind = Literal["always", "absolute", "relative", "decaying"]
 TRIGGER_KINDS: tuple[str, ...] = ("always", "absolute", "relative", "decaying")
 
 
-class EventTrigger:
-    """Per-neighbour last-sent copies and the send rule; counts sends and skips for the summary
-    (``trigger_sent``, ``trigger_skipped``, ``trigger_bytes_saved``, ``trigger_saved_fraction``)."""
+class Rule:
+    """The send rule alone (no agent, no copies): ``fires(x, ref, k)`` iff ||x - ref|| > tau_k. The windowed
+    driver of event-triggered sends (rounds/triggered_windows.py) decides with it, as ``EventTrigger`` does."""
 
-    def __init__(self, agent, *, kind: TriggerKind = "absolute", threshold: float = 0.0,
-                 decay: float = 0.99, initial: dict[int, torch.Tensor] | None = None):
+    __slots__ = ("kind", "threshold", "decay")
+
+    def __init__(self, kind: TriggerKind = "absolute", threshold: float = 0.0, decay: float = 0.99):
         if kind not in TRIGGER_KINDS:
             raise ValueError(f"trigger kind must be one of {TRIGGER_KINDS}, got {kind!r}")
-        self.agent = agent
         self.kind, self.threshold, self.decay = kind, threshold, decay
-        # what each out-neighbour holds of us before any send: the common initial model (an out-neighbour first
-        # met later, with a time-varying topology, too)
-        self.initial = agent.params
-        self.last: dict[int, torch.Tensor] = dict(initial) if initial is not None else {}
-        self.stats = agent.stats
 
     def tau(self, ref: torch.Tensor, k: int) -> float:
         import torch
@@ -62,13 +57,31 @@ class EventTrigger:
         return self.threshold
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
-        """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
         import torch
 
-        if self.kind == "always":
+        return self.kind == "always" or float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
+
+
+class EventTrigger:
+    """Per-neighbour last-sent copies and the send rule; counts sends and skips for the summary
+    (``trigger_sent``, ``trigger_skipped``, ``trigger_bytes_saved``, ``trigger_saved_fraction``)."""
+
+    def __init__(self, agent, *, kind: TriggerKind = "absolute", threshold: float = 0.0,
+                 decay: float = 0.99, initial: dict[int, torch.Tensor] | None = None):
+        self.agent = agent
+        self.rule = Rule(kind, threshold, decay)
+        # what each out-neighbour holds of us before any send: the common initial model (an out-neighbour first
+        # met later, with a time-varying topology, too)
+        self.initial = agent.params
+        self.last: dict[int, torch.Tensor] = dict(initial) if initial is not None else {}
+        self.stats = agent.stats
+
+    def fires(self, x: torch.Tensor, ref: torch.Tensor, k: int) -> bool:
+        """The rule against any reference (per-neighbour copy here; a public copy in SPARQ-SGD)."""
+        if self.rule.kind == "always":
             return True
         self.agent.decided_by_data()  # a data-dependent decision in this activation
-        return float(torch.linalg.vector_norm(x - ref)) > self.tau(ref, k)
+        return self.rule.fires(x, ref, k)
 
     def due(self, j: int, x: torch.Tensor, k: int) -> bool:
         return self.fires(x, self.last.get(j, self.initial), k)

@@ -271,6 +271,15 @@ class WindowDriver:
 
         return enqueue
 
+    def enqueue_numbered(self, t: float, seq: int, kind: int, i: int, v) -> None:
+        """``enqueue`` with an insertion number taken earlier (``next(self.seq)`` where the engine schedules it)."""
+        e = (t, seq, kind, i, v)
+        b = int(t * self.inv) if t < _INF else _NEVER
+        if b <= self.top[0]:
+            heapq.heappush(self.heap, e)
+        else:
+            self.far.setdefault(b, []).append(e)
+
     def load(self, end: float) -> None:
         """Every event due before ``end`` onto the heap: the buckets up to ``end``'s (an event before ``end`` is in
         one of them: ``int(t * inv)`` never decreases with t)."""
@@ -365,6 +374,10 @@ class WindowDriver:
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's tensor operations of the window, in lock step."""
         raise NotImplementedError
+
+    def decide(self) -> None:
+        """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
+        depend on values plays them here)."""
 
     def point(self, tk: int) -> torch.Tensor:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches)."""
@@ -494,6 +507,7 @@ class WindowDriver:
                     t1 = time.perf_counter()
                     self.tensor_work(first_ticket)
                     stats.tensor_s += time.perf_counter() - t1
+                    self.decide()
             emit(self.rows)  # (copied there)
             self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time

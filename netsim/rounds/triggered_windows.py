@@ -1,0 +1,236 @@
+"""Event-triggered sends (rounds/triggered.py) as conservative lookahead windows: ``--engine windowed`` for
+event-triggered D-PSGD, byte for byte the events engine's trace, metrics and models.
+
+The lookahead is push gossip's (rounds/lookahead.py): a message sent at t lands no earlier than t + L, so what an
+activation of [T, T + L) absorbs was sent before T. What is new is that whether a message goes out depends on the
+model. So the control plays the window's events with each activation's sends left undecided: a placeholder among
+the window's rows, the simpy insertion numbers its messages' arrivals would take (one per out-neighbour, in
+neighbour order: an unused one only leaves a gap, and the order of the others is the engine's) and the payload's
+handle. The tensor work then runs every activation's operations in lock step (the gradient at the model as
+activated; once it is back, the mix with the neighbour copies in ``compute.mixing``'s float operations, the
+kernel's update; the send), and decides each (agent, out-neighbour) send by the trigger: the norms of a lock step
+in one batched call, and every one within a relative 1e-3 of its threshold again by the engine's own call on the
+two rows (``comm.triggers.Rule``), so no decision can differ from the engine's. After the tensor work the window's
+decided sends are played in processing order (``decide``): message ids, the links' outcomes from their streams in
+send order, the ``send``/``drop`` rows in the placeholders' places, the arrivals (all in later windows) and the
+trigger counts of the summary. A send takes no time (links with bandwidth are refused), so when anything happens
+never depends on a decision.
+
+Payload rows are counted by who holds them: messages in flight, receivers' copies and senders' last-sent
+references (``EventTrigger``'s); each agent's initial model is kept under the handle -1 - i (the copies of
+neighbours that never sent, the last-sent reference before the first send).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from netsim.comm.triggers import Rule
+from netsim.compute.mixing import mix_rows
+from netsim.rounds.broadcast_windows import MERGE, PUSH, UPDATE
+from netsim.rounds.broadcast_windows import _Driver as BroadcastDriver
+from netsim.rounds.lookahead import ARR
+
+_UNDECIDED = ("undecided sends",)  # a placeholder row (replaced before the rows are written)
+_CLOSE = 1e-3  # a batched norm this close (relative) to its threshold is decided again by the engine's call
+
+
+def play(pattern, sim, kernel) -> None:
+    """Play a started run to its end window by window (see the module docstring)."""
+    _Driver(pattern, sim, kernel).run()
+
+
+class _Driver(BroadcastDriver):
+    """The event-triggered pattern's control and tensor work; the rest is the broadcast driver's and
+    ``WindowDriver``'s."""
+
+    pipelines = False  # the control reads the tensor work's decisions
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        p, n = self.p, len(self.agents)
+        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG and DP)
+        self.rule = Rule(*kernel.trigger(p))
+        self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
+        self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
+        self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
+        self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
+        self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
+        self.undecided: list[list] = []  # the window's sends, in processing order
+        self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
+
+    # the control flow -------------------------------------------------------------------------------------
+    def activated(self, i: int, now: float) -> None:
+        if self.req is not None:
+            self.ask(i, now)
+            return
+        self.mix(i, MERGE)
+        self.send(i, now)
+
+    def completed(self, i: int, now: float, tk: int) -> None:
+        self.mix(i, UPDATE, tk)
+        self.send(i, now)
+
+    def mix(self, i: int, kind: int, *tk) -> None:
+        """``NeighborCopies.absorb`` (the latest round per sender wins), then the mix's weights and copies."""
+        got, copy = self.inbox[i], self.copy[i]
+        take, drop = [], []  # handles a copy now holds, holds given up (after the mix has read them)
+        if got:
+            self.inbox[i] = []
+            rounds = self.copy_round[i]
+            for m in got:
+                drop.append(m.handle)  # the message's own hold
+                if m.round >= rounds.get(m.src, -1):
+                    rounds[m.src] = m.round
+                    old = copy.get(m.src)
+                    copy[m.src] = m.handle
+                    take.append(m.handle)
+                    if old is not None and old >= 0:
+                        drop.append(old)
+        a, start = self.agents[i], self.start_in[i]
+        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in sorted(a.weights.items())]
+        self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
+
+    def send(self, i: int, now: float) -> None:
+        """``EventTrigger.send``, undecided: its place among the rows, its arrivals' insertion numbers."""
+        js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
+        pid, k = next(self.pids), self.k[i]
+        self.undecided.append([len(self.rows), now, i, js, [next(self.seq) for _ in js], pid, k, None])
+        self.rows.append(_UNDECIDED)
+        self.op(i, PUSH, pid, len(self.undecided) - 1, k)
+        self.k[i] = k + 1
+        self.wake(i, now)
+
+    def decide(self) -> None:
+        """The window's sends as decided by its tensor work, in processing order (module docstring)."""
+        if not self.undecided:
+            return
+        rows, out, prev = self.rows, [], 0
+        net, size, tag, outcome, stats = self.net, self.size, self.tag, self.outcome, self.agents[0].stats
+        enqueue = self.enqueue_numbered
+        for pos, now, i, js, seqs, pid, k, fired in self.undecided:
+            out.extend(rows[prev:pos])
+            prev = pos + 1
+            skipped = len(js) - len(fired)
+            stats.add("trigger_sent", len(fired))
+            if skipped:
+                stats.add("trigger_skipped", skipped)
+                stats.add("trigger_bytes_saved", skipped * size)
+            for n in fired:
+                j = js[n]
+                _, delay, reason = outcome(i, j, now, size)
+                mid = net.next_id
+                net.next_id = mid + 1
+                out.append((now, "send", i, j, mid, size, delay, k, tag))
+                if reason:
+                    out.append((now, "drop", i, j, mid, size, delay, k, reason))
+                    self.release(pid)
+                else:
+                    enqueue(now + delay, seqs[n], ARR, j, (mid, i, size, now, k, 0.0, pid))
+        out.extend(rows[prev:])
+        rows[:] = out
+        self.undecided.clear()
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def hold(self, handles: list[int]) -> None:
+        refs = self.refs
+        for h in handles:
+            refs[h] = refs.get(h, 0) + 1
+
+    def mixed(self, step: list, at: int):
+        """The mix of a step's agents (``NeighborCopies.mix``'s float operations, ``compute.mixing.mix_rows``):
+        a batch whose x are the mixed rows; the ops' weights and copies at ``at``, ``at + 1``."""
+        who = [i for i, _ in step]
+        b, idx = self.batch(who)
+        mixes = [o[at + 1] for _, o in step]
+        groups = []
+        for s in range(max(len(m) for m in mixes)):  # slot s: each agent's s-th in-neighbour (sorted)
+            by: dict[float, tuple[list[int], list[int]]] = {}
+            for n, m in enumerate(mixes):
+                if len(m) > s:
+                    w, h = m[s]
+                    g = by.get(w)
+                    if g is None:
+                        by[w] = ([n], [h])
+                    else:
+                        g[0].append(n)
+                        g[1].append(h)
+            groups.append([(w, ks, lambda hs=hs: self.payloads.peek(hs)) for w, (ks, hs) in by.items()])
+        keep = torch.tensor([o[at] for _, o in step], dtype=torch.float64)
+        b.x = mix_rows(b.x, keep, groups, {}, b.x.dtype)
+        return b, idx
+
+    def settle(self, step: list, at: int) -> None:
+        """The holds the step's absorbs took and gave up (after its mix has read the rows)."""
+        for _, o in step:
+            self.hold(o[at])
+        for _, o in step:
+            for h in o[at + 1]:
+                self.release(h)
+
+    def merges(self, step: list) -> None:  # no gradient: the mix alone
+        b, idx = self.mixed(step, 2)
+        self.store(b, idx)
+        self.settle(step, 4)
+
+    def updates(self, step: list) -> None:
+        b, idx = self.mixed(step, 3)
+        self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
+        self.store(b, idx)
+        self.settle(step, 5)
+
+    def pushes(self, step: list) -> None:
+        """``agent.params = x``, then each (agent, out-neighbour) send decided (module docstring)."""
+        who = [i for i, _ in step]
+        idx = torch.tensor(who, device=self.X.device)
+        rows = self.X.index_select(0, idx)
+        self.bank.W.index_copy_(0, idx, rows)
+        at, refs, ks = [], [], []  # per (agent, out-neighbour) pair: the row of the batch, its last-sent handle, k
+        for n, (i, o) in enumerate(step):
+            last = self.last[i]
+            for j in self.undecided[o[3]][3]:
+                at.append(n)
+                refs.append(last.get(j, -1 - i))
+                ks.append(o[4])
+        fire = self.fires(rows, at, refs, ks) if at else []
+        keep, kept, old = [], [], []
+        m = 0
+        for n, (i, o) in enumerate(step):
+            u = self.undecided[o[3]]
+            js, pid, last = u[3], o[2], self.last[i]
+            fired = [q for q in range(len(js)) if fire[m + q]]
+            m += len(js)
+            u[7] = fired
+            if fired:  # held by each last-sent reference and, until ``decide`` knows which are dropped, each message
+                keep.append(pid)
+                kept.append(n)
+                self.refs[pid] = 2 * len(fired)
+                for q in fired:
+                    h = last.get(js[q])
+                    if h is not None:
+                        old.append(h)
+                    last[js[q]] = pid
+        if keep:
+            self.keep(keep, rows, kept)
+        for h in old:
+            self.release(h)
+
+    def fires(self, rows: torch.Tensor, at: list[int], refs: list[int], ks: list[int]) -> list[bool]:
+        """The trigger of each pair: the row ``at`` against the payload ``refs`` at activation count ``ks``."""
+        rule = self.rule
+        if rule.kind == "always":
+            return [True] * len(at)
+        x = rows.index_select(0, torch.tensor(at, device=rows.device))
+        ref = self.payloads.peek(refs)
+        norm = torch.linalg.vector_norm(x - ref, dim=1).double()
+        if rule.kind == "relative":
+            tau = rule.threshold * torch.linalg.vector_norm(ref, dim=1).double()
+        elif rule.kind == "decaying":
+            tau = torch.tensor([rule.threshold * rule.decay ** k for k in ks], dtype=torch.float64)
+        else:
+            tau = torch.full_like(norm, rule.threshold)
+        fire = (norm > tau).tolist()
+        close = ((norm - tau).abs() <= _CLOSE * torch.maximum(norm.abs(), tau.abs())).nonzero().flatten().tolist()
+        for m in close:  # the engine's own call on the two rows
+            fire[m] = rule.fires(x[m], ref[m], ks[m])
+        return fire
