@@ -12,7 +12,8 @@ the machine than wall time). ``--profile N`` prints the top N cProfile entries o
 engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
 the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
 GPU, ``--algorithm`` runs the same job with asynchronous push SGD (``async_push``: every activation asks for a
-gradient, merges what arrived, broadcasts to every out-neighbour) or push-sum (``pushsum``) instead of push gossip,
+gradient, merges what arrived, broadcasts to every out-neighbour), push-sum (``pushsum``) or event-triggered D-PSGD
+(``event_triggered``: relative trigger, threshold 0.05) instead of push gossip,
 ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
 mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set, plus the
 tensor worker's if one ran (``peak GiB``: at least what both held at once, their shared pages counted twice), and
@@ -22,7 +23,7 @@ The windowed engine does its tensor work and writes the trace in a worker proces
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
-        [--algorithm push_gossip|async_push|pushsum]
+        [--algorithm push_gossip|async_push|pushsum|event_triggered]
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ MUSHROOMS_ROWS = 6499  # training rows of mushrooms (test fraction 0.2): at most
 
 ALGORITHMS = {"push_gossip": {"name": "push_gossip", "lr": 1.0, "batch": 0, "update": "per_receipt"},
               "async_push": {"name": "async_push", "lr": 1.0, "batch": 0},
-              "pushsum": {"name": "pushsum", "lr": 1.0, "batch": 0}}
+              "pushsum": {"name": "pushsum", "lr": 1.0, "batch": 0},
+              "event_triggered": {"name": "event_triggered", "lr": 1.0, "batch": 0, "trigger": "relative",
+                                  "threshold": 0.05}}
 
 
 def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False,

@@ -7,7 +7,9 @@ George & Gurram, "Distributed stochastic gradient descent with event-triggered c
 with xhat_j the last value received from j (``comm.NeighborCopies``), then x_i goes to each
 out-neighbour j with ||x_i - (what j last got)|| > tau_k (``comm.EventTrigger``). No barrier: an agent
 never waits for messages that its neighbours' triggers may never send. ``trigger = "always"`` is the
-same algorithm sending every round (the baseline for the saving reported in the summary).
+same algorithm sending every round (the baseline for the saving reported in the summary). Written as a kernel
+of the event-triggered pattern (rounds/triggered.py), so ``--engine windowed`` plays it as lookahead windows
+(without DP noise or LAG, which run on the events engine).
 
 Privacy (``noise_multiplier > 0``): the local gradient is the DP-SGD one (Abadi et al., "Deep Learning with
 Differential Privacy", CCS 2016, Alg. 1: per-example clipping to ``clip``, Gaussian noise of std z C / B),

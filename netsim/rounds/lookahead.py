@@ -207,6 +207,7 @@ class WindowDriver:
     first = None
     pipelines = False
     unasked: str | None = None  # why a driver that pipelines keeps one process unless NETSIM_TENSOR_WORKER=1 asks
+    one_process = "this driver's control and tensor work share state"  # why a driver that does not pipeline keeps one
     gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
     # a merge wait for a push of an earlier window in the same work)
 
@@ -464,8 +465,7 @@ class WindowDriver:
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
                 self.svc.keep_rows(a.rows)
-        stats.worker = (tensor_worker.reason_not(sim, self.unasked) if self.pipelines
-                        else "this driver's control and tensor work share state")
+        stats.worker = tensor_worker.reason_not(sim, self.unasked) if self.pipelines else self.one_process
         worker = tensor_worker.TensorWorker(self) if not stats.worker else None
         rows: list = []  # with a worker: the trace rows made here since the last send (the worker writes the trace)
         try:

@@ -46,7 +46,8 @@ class Triggered(Broadcast):
     def program(self, kernel: TriggeredKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
         copies = NeighborCopies(agent, tag=self.tag)
-        trig = EventTrigger(agent, **dict(zip(("kind", "threshold", "decay"), kernel.trigger(p), strict=True)))
+        kind, threshold, decay = kernel.trigger(p)
+        trig = EventTrigger(agent, kind=kind, threshold=threshold, decay=decay)
         one = [agent]
         k = 0  # the agent's activations so far (the trigger's k, the messages' round)
         while True:

@@ -44,7 +44,8 @@ class _Driver(BroadcastDriver):
     """The event-triggered pattern's control and tensor work; the rest is the broadcast driver's and
     ``WindowDriver``'s."""
 
-    pipelines = False  # the control reads the tensor work's decisions
+    pipelines = False
+    one_process = "the control plays the sends its tensor work decides"
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -55,6 +56,8 @@ class _Driver(BroadcastDriver):
         self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
         self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
         self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
+        # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
+        self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
         self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
         self.undecided: list[list] = []  # the window's sends, in processing order
         self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
@@ -88,7 +91,8 @@ class _Driver(BroadcastDriver):
                     if old is not None and old >= 0:
                         drop.append(old)
         a, start = self.agents[i], self.start_in[i]
-        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in sorted(a.weights.items())]
+        in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
+        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
         self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
 
     def send(self, i: int, now: float) -> None:
@@ -226,7 +230,7 @@ class _Driver(BroadcastDriver):
         if rule.kind == "relative":
             tau = rule.threshold * torch.linalg.vector_norm(ref, dim=1).double()
         elif rule.kind == "decaying":
-            tau = torch.tensor([rule.threshold * rule.decay ** k for k in ks], dtype=torch.float64)
+            tau = torch.tensor([rule.threshold * rule.decay ** k for k in ks], dtype=torch.float64, device=norm.device)
         else:
             tau = torch.full_like(norm, rule.threshold)
         fire = (norm > tau).tolist()
