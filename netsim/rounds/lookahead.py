@@ -497,7 +497,6 @@ class WindowDriver:
                 first_ticket = len(self.ticket_of)
             self.load(start + L)
             self.events_until(start + L)
-            stats.add(len(self.rows))
             gathered += 1
             if gathered == self.gathers or self.evaluation is not None or self.ended or self.first_due() is None:
                 gathered = 0
@@ -508,6 +507,7 @@ class WindowDriver:
                     self.tensor_work(first_ticket)
                     stats.tensor_s += time.perf_counter() - t1
                     self.decide()
+            stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
             emit(self.rows)  # (copied there)
             self.rows.clear()
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
