@@ -1,6 +1,7 @@
-"""The broadcast pattern (asynchronous push SGD, push-sum) and event-triggered sends (event-triggered D-PSGD) as
-lookahead windows (rounds/broadcast_windows.py, rounds/triggered_windows.py): the windowed engine against the events
-engine, byte for byte (trace.arrows, metrics.csv, final models)."""
+"""The broadcast pattern (asynchronous push SGD, push-sum), event-triggered sends (event-triggered D-PSGD) and
+pairwise exchanges with a lock (AD-PSGD) as lookahead windows (rounds/broadcast_windows.py, triggered_windows.py,
+pairwise_windows.py): the windowed engine against the events engine, byte for byte (trace.arrows, metrics.csv,
+final models)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import netsim
@@ -52,13 +53,13 @@ def both(tmp_path, sc: dict, keep=None) -> dict:
 
 
 @st.composite
-def broadcasting(draw) -> dict:
+def broadcasting(draw, name: str) -> dict:
     """A scenario of the lookahead windows' admitted region (push gossip's: own clocks, drift, jitter, stragglers,
-    random compute times and latencies, loss), asynchronous push SGD, push-sum or event-triggered D-PSGD (each
-    trigger rule), a directed graph or not."""
+    random compute times and latencies, loss), asynchronous push SGD, push-sum, event-triggered D-PSGD (each
+    trigger rule) or AD-PSGD (with or without its lock, replies within or after their timeout), a directed graph
+    or not."""
     sc = draw(async_gossip())
     lr = draw(st.sampled_from([0.0, 0.5]))
-    name = draw(st.sampled_from(["async_push", "pushsum", "event_triggered"]))
     sc["algorithm"] = {"name": name, "lr": lr, "batch": draw(st.integers(0, 6))}
     if name == "async_push":
         sc["algorithm"]["staleness_power"] = draw(st.sampled_from([0.0, 0.5, 2.0]))
@@ -66,6 +67,8 @@ def broadcasting(draw) -> dict:
         trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
         levels = [0.05, 0.3] if trigger == "relative" else [0.0, 0.1, 1.0]
         sc["algorithm"] |= {"trigger": trigger, "decay": 0.9, "threshold": draw(st.sampled_from(levels))}
+    elif name == "adpsgd":
+        sc["algorithm"] |= {"reply_timeout": draw(st.sampled_from([0.02, 0.3, 2.0])), "atomic": draw(st.booleans())}
     if draw(st.booleans()):
         sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
     if draw(st.booleans()):
@@ -73,16 +76,18 @@ def broadcasting(draw) -> dict:
     return sc
 
 
-@settings(max_examples=24, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "adpsgd"])
+@settings(max_examples=10, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sc=broadcasting())
-def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, sc):
-    event(sc["algorithm"]["name"])
+@given(data=st.data())
+def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, name, data):
+    sc = data.draw(broadcasting(name))
     buildable(sc)
     both(tmp_path_factory.mktemp("drawn"), sc)
 
 
 TRIGGERED = {"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": "relative", "threshold": 0.1}
+PAIRWISE = {"name": "adpsgd", "lr": 0.5, "batch": 4, "reply_timeout": 0.3}
 
 
 def poisson(algorithm: dict, **changes) -> dict:
@@ -101,7 +106,7 @@ def poisson(algorithm: dict, **changes) -> dict:
                  "outages": [{"start": 1.0, "end": 2.0, "src": 0}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, PAIRWISE])
 def test_broadcast_windows_agree_when_agents_go_offline_and_links_fail(tmp_path, algorithm, churn):
     sc = poisson(algorithm)
     for key, value in churn.items():
@@ -167,6 +172,8 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
      "noise_multiplier > 0: the windows do not play DP-SGD's releases"),
     ({"name": "event_triggered", "lazy": True}, {}, "lazy: LAG's gradient trigger decides which releases happen"),
     ({"name": "event_triggered"}, {"network": {"uplink": 1.0e6}}, "bandwidth or uplinks"),
+    ({"name": "adpsgd"}, {"network": {"bandwidth": 1.0e6}},
+     "bandwidth or uplinks: an exchange waits for its request's transmission"),
 ])
 def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, algorithm, changes, why):
     import subprocess
@@ -194,7 +201,7 @@ def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, al
                            {"src": 2, "dst": 3, "loss": 0.6}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, PAIRWISE])
 def test_broadcast_windows_agree_on_changing_graphs_and_per_link_settings(tmp_path, algorithm, changes):
     """Each activation adopts its epoch's links (push SGD; push-sum refuses a changing graph before the run), and
     per-link latencies and losses come from the engine's link models; the lookahead is the smallest latency."""
@@ -283,5 +290,34 @@ def test_an_edit_to_the_event_triggered_kernel_changes_both_engines_identically(
     sc = poisson(TRIGGERED)
     before = both(tmp_path / "before", sc)
     monkeypatch.setattr(EventTriggered, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
+    after = both(tmp_path / "after", sc)
+    assert not torch.equal(before["W"], after["W"])
+
+
+def test_adpsgd_windows_average_two_agents_to_their_mean(tmp_path):
+    """Pure pairwise averaging (lr = 0) of two agents without loss, the paper's bipartite split (agent 0 initiates):
+    the engine's bytes, and both models end at the mean of the two starting ones (each exchange leaves both at
+    (x_0 + x_1) / 2, and a later one changes nothing)."""
+    sc = poisson({"name": "adpsgd", "lr": 0.0, "reply_timeout": 2.0, "roles": "bipartite"},
+                 network={"loss": 0.0, "latency": {"kind": "uniform", "low": 0.05, "high": 0.3}})
+    sc["agents"]["count"] = 2
+    sc["topology"] = {"kind": "complete"}
+    sc["model"] = {"kind": "logistic", "dtype": "float64"}
+    summary = both(tmp_path, sc)
+    assert summary["gossip_exchanges"] >= 3
+    start = torch.randn(summary["W"].shape, generator=torch.Generator().manual_seed(sc["run"]["seed"]),
+                        dtype=torch.float64)
+    mean = start.mean(0)
+    assert (start[0] - mean).abs().max() > 0.1  # (not already there)
+    for row in summary["W"]:
+        assert torch.allclose(row, mean, rtol=0, atol=1e-12)
+
+
+def test_an_edit_to_the_adpsgd_kernel_changes_both_engines_identically(tmp_path, monkeypatch):
+    from netsim.algorithms.adpsgd import ADPSGD
+
+    sc = poisson(PAIRWISE)
+    before = both(tmp_path / "before", sc)
+    monkeypatch.setattr(ADPSGD, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
     after = both(tmp_path / "after", sc)
     assert not torch.equal(before["W"], after["W"])

@@ -7,7 +7,8 @@ Algorithm 1. On each activation agent i (steps (a)-(d) below, in the paper's ord
     (c) averages with one uniformly random neighbour j, atomically: x_i, x_j <- (x_i + x_j)/2,
     (d) applies x_i <- x_i - gamma g.
 The gradient is stale by the averagings other agents made with i during (b): that count is
-recorded per step (summary ``adpsgd_staleness_mean/max``). The exchange is ``comm.PairwiseGossip``.
+recorded per step (summary ``adpsgd_staleness_mean/max``). The exchange is ``comm.PairwiseGossip``. Written as a
+kernel of the pairwise pattern (rounds/pairwise.py), so ``--engine windowed`` plays it as lookahead windows.
 
 ``roles = "bipartite"`` is the paper's deadlock-free split of its implementation: on a
 bipartite graph only the agents of one side (the active ones) initiate averagings; the passive side
@@ -23,8 +24,9 @@ import attrs
 import networkx as nx
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import PairwiseGossip
 from netsim.errors import InputError
+from netsim.rounds.kernel import GradientRequest
+from netsim.rounds.pairwise import Pairwise, PairwiseKernel
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -39,31 +41,33 @@ class ADPSGDParams:
 
 
 @register("adpsgd", ADPSGDParams)
-def adpsgd(agent, p: ADPSGDParams):
-    """Checks the roles before the run starts (a plain function returning the agent's program)."""
-    active = True
-    if p.roles == "bipartite":
-        g = agent.graph.to_undirected()
-        if not nx.is_bipartite(g):
+class ADPSGD(PairwiseKernel):
+    """(a)-(d) above as a kernel of the pairwise pattern (rounds/pairwise.py, whose program reads like the
+    paper's steps): the exchange is the pattern's, the step (d) is ``update``."""
+
+    pattern = Pairwise(tag="gossip")
+    reads = frozenset({"lr", "batch", "reply_timeout", "atomic", "roles"})
+    staleness = "adpsgd_staleness"
+
+    def check(self, sim, p):
+        if p.roles == "bipartite" and not nx.is_bipartite(sim.world.graph.to_undirected()):
             raise InputError("algorithm.roles", "'bipartite' needs a bipartite topology "
                                                 "(e.g. a ring or torus of even size)")
-        active = nx.bipartite.color(g)[agent.id] == 0
-    return _adpsgd(agent, p, active)
 
+    def init(self, agents, p):
+        """The initiating side: everyone, or one colour of the bipartite graph (computed once)."""
+        if p.roles != "bipartite":
+            return None
+        return nx.bipartite.color(agents[0].graph.to_undirected())
 
-def _adpsgd(agent, p: ADPSGDParams, active: bool):
-    pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=p.atomic)
-    stats = agent.stats
-    rng = agent.rng()
-    while True:
-        yield agent.wake()
-        g = None
-        if p.lr > 0:
-            x = agent.params                                  # (a)
-            seen = pg.served
-            g = yield agent.gradient(batch=p.batch, params=x)  # (b)
-            stats.observe("adpsgd_staleness", float(pg.served - seen))
-        if active:
-            yield from pg.exchange(pg.random_neighbor(rng))   # (c)
-        if g is not None:
-            agent.params = agent.params - p.lr * g            # (d)
+    def initiates(self, state, i):
+        return state is None or state[i] == 0
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch) if p.lr > 0 else None
+
+    def exchange(self, p):
+        return p.reply_timeout, p.atomic
+
+    def update(self, b, p, g):
+        b.x = b.x - p.lr * g

@@ -1,0 +1,98 @@
+"""Pairwise exchanges with a lock (AD-PSGD's): each activation, the gradient at the model as activated; once it is
+back, an initiating agent averages with one random out-neighbour through ``comm.PairwiseGossip`` (request, reply or
+refusal, timeout; x_i, x_j <- (x_i + x_j) / 2), then applies the kernel's update with the gradient. Every agent
+serves requests on its own server program meanwhile; a request that finds it locked in its own exchange is
+refused (``atomic``).
+
+An algorithm of this pattern is a ``PairwiseKernel``, written once: ``program`` is the events engine's generator
+for one agent, ``play_lookahead`` the windowed driver (rounds/pairwise_windows.py). The lock protocol depends only
+on times and on who is locked, never on a tensor, and a reply carries the server's model as it is when the request
+lands, at least the lookahead L after it was sent: so the windows hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any, ClassVar
+
+import attrs
+
+from netsim.comm.patterns import PairwiseGossip
+from netsim.rounds.kernel import Batch, RoundKernel
+
+
+class PairwiseKernel(RoundKernel):
+    """An algorithm of the pairwise pattern (module docstring): ``gradient`` (per activation; None: no step),
+    ``exchange`` (the reply timeout and whether agents lock), ``initiates`` (whether agent i starts exchanges),
+    ``update`` (the step after the exchange, on ``b.x``). ``staleness``: the summary key of the averagings others
+    made with an agent while its gradient was computed."""
+
+    staleness: ClassVar[str] = "pairwise_staleness"
+
+    def exchange(self, p: Any) -> tuple[float, bool]:
+        raise NotImplementedError
+
+    def initiates(self, state: Any, i: int) -> bool:
+        return True
+
+    def update(self, b: Batch, p: Any, g: Any) -> None:
+        raise NotImplementedError
+
+
+@attrs.frozen
+class Pairwise:
+    """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s)."""
+
+    tag: str = "gossip"
+    reads: frozenset[str] = frozenset()
+
+    def program(self, kernel: PairwiseKernel, agent, p) -> Generator:
+        state = kernel.state_of(agent, p)
+        timeout, atomic = kernel.exchange(p)
+        pg = PairwiseGossip(agent, timeout=timeout, atomic=atomic, tag=self.tag)
+        stats = agent.stats
+        rng = agent.rng()
+        active = kernel.initiates(state, agent.id)
+        while True:
+            yield agent.wake()
+            req = kernel.gradient(p, state, agent.id)
+            g = None
+            if req is not None:
+                x = agent.params                                        # (a) the gradient's point
+                seen = pg.served
+                g = yield agent.gradient(batch=req.batch, params=x)     # (b) others may average with us meanwhile
+                stats.observe(kernel.staleness, float(pg.served - seen))
+            if active:
+                yield from pg.exchange(pg.random_neighbor(rng))         # (c)
+            if g is not None:
+                agent.params = _stepped(kernel, agent, p, state, g)     # (d)
+
+    # the windowed driver ------------------------------------------------------------------------------
+    def refusal(self, sim, kernel) -> str | None:
+        return "exchanges wait on replies and agents on their own clocks: played as lookahead windows only"
+
+    def lookahead_refusal(self, sim, kernel) -> str | None:
+        """Push gossip's reasons (rounds/lookahead.py), and a send that takes time to transmit (the exchange waits
+        for its request's transmission)."""
+        from netsim.rounds import lookahead
+
+        net = sim.world.scenario.network
+        series = getattr(sim.world.network, "series", {}).values()
+        rates = [net.bandwidth, net.uplink, *(o.bandwidth for o in net.links or ()),
+                 *(b for s in series for b in s.bandwidth)]
+        if any(r is not None for r in rates):
+            return ("bandwidth or uplinks: an exchange waits for its request's transmission (not played by these "
+                    "windows)")
+        return lookahead.refusal(sim, kernel)
+
+    def play_lookahead(self, sim, kernel) -> None:
+        from netsim.rounds import pairwise_windows
+
+        pairwise_windows.play(self, sim, kernel)
+
+
+def _stepped(kernel: PairwiseKernel, agent, p, state, g):
+    """The kernel's update of the agent's model as it is now (a batch of one)."""
+    b = Batch([agent], agent.round, agent.params.unsqueeze(0), None, state)
+    kernel.update(b, p, g.unsqueeze(0))
+    return b.x[0]

@@ -1,0 +1,334 @@
+"""Pairwise exchanges with a lock (rounds/pairwise.py: AD-PSGD) as conservative lookahead windows: ``--engine
+windowed``, byte for byte the events engine's trace, metrics and models.
+
+The lookahead is push gossip's (rounds/lookahead.py): a request sent at t lands at t + L at the earliest, and the
+reply the server sends then lands L later still; so whatever an operation of the window [T, T + L) reads of
+another agent (a request's model, a reply's) was sent before T, by an earlier window's tensor work. The lock
+protocol never reads a tensor: who is locked, served, refused or timed out follows from times alone.
+
+The control plays the engine's two programs per agent on the heap, in simpy's order: the main program (activated,
+the gradient asked for, on its completion the staleness observed and, for an initiating agent, the exchange: lock,
+peer from the program's stream, request, the stale replies still queued, the reply's timer) and the server (a
+request served, or refused while locked, then the next queued one). A program waiting on ``recv`` resumes in an
+event of its own, scheduled when the message (or the timer) resolves its wait, as simpy's ``succeed`` does; a
+message that finds no waiter is queued, as the inbox queues it. Each agent's tensor operations, in the order its
+programs make them (the gradient's point, the request's model, a serve: the reply's model and (x + x_req) / 2, a
+reply: x + (x_rep - x_mine) / 2, the step), are then done in lock step, one per agent and step, each kind in one
+batched call, on the bank's rows (``PairwiseGossip``'s float operations, row-wise: the same bits in any batch).
+A payload row (a request's model, a reply's) is kept while a message or the requester's exchange holds it, and
+dropped after the tensor work of the window whose control let go of it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+
+import torch
+
+from netsim.rounds.kernel import Batch
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver
+from netsim.sim.network import payload_size
+from netsim.trace.events import Stale
+from netsim.trace.events import row as event_row
+
+RESUME, SERVE_NEXT, TIMER = 7, 8, 9  # events of their own (after lookahead's): a program's wait resolved, a timer
+ASK, SEND, SERVE, REPLY, STEP = range(5)  # an agent's tensor operations
+
+
+class Arrived:
+    """A message on the heap and in an inbox: id, sender, bytes, when sent, round, tag, payload handle (None: a
+    refusal)."""
+
+    __slots__ = ("mid", "src", "size", "sent", "round", "tag", "pid")
+
+    def __init__(self, mid, src, size, sent, rnd, tag, pid):
+        self.mid, self.src, self.size, self.sent, self.round, self.tag, self.pid = mid, src, size, sent, rnd, tag, pid
+
+
+def play(pattern, sim, kernel) -> None:
+    """Play a started run to its end window by window (see the module docstring)."""
+    _Driver(pattern, sim, kernel).run()
+
+
+class _Driver(WindowDriver):
+    """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
+
+    one_process = "the exchanges' control and tensor work share the bank"
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        p, n = self.p, len(self.agents)
+        self.req = self.first = kernel.gradient(p, self.state, 0)  # the same for every activation
+        self.timeout, self.atomic = kernel.exchange(p)
+        self.initiates = [kernel.initiates(self.state, i) for i in range(n)]
+        self.rngs = [a.rng() for a in self.agents]  # the program's own stream: its peers
+        self.tags = (f"{pattern.tag}.req", f"{pattern.tag}.rep")
+        self.stat = self.agents[0].stats
+        self.X = self.bank.W  # every program's model (``agent.params``)
+        self.size = payload_size(self.X[0])
+        # the programs' control state
+        self.locked = [False] * n  # in its own exchange (``PairwiseGossip.busy``)
+        self.xround = [0] * n  # exchanges so far (a request's round)
+        self.served = [0] * n  # requests served (not refused)
+        self.seen = [0] * n  # ``served`` when the activation asked for its gradient
+        self.ticket: list = [None] * n  # the activation's gradient ticket
+        self.mine: list = [None] * n  # the exchange's own model (its request's payload)
+        self.waits = [0] * n  # the round of the reply the main program waits for (0: not waiting)
+        self.replies: list[list[Arrived]] = [[] for _ in range(n)]  # replies nobody waited for (stale later)
+        self.requests: list[deque] = [deque() for _ in range(n)]  # requests that came while the server resumes
+        self.serving = [False] * n  # the server's resume is scheduled (its wait is over)
+        self.pids = itertools.count()
+        self.holds: dict[int, int] = {}  # payload handle -> holders (messages, the requester's exchange)
+        self.gone: list[int] = []  # handles let go of in this window
+        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
+
+    def op(self, i: int, *o) -> None:
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append(o)
+
+    def let_go(self, h: int) -> None:
+        n = self.holds[h] - 1
+        if n:
+            self.holds[h] = n
+        else:
+            del self.holds[h]
+            self.gone.append(h)
+
+    # the control flow -------------------------------------------------------------------------------------
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        heap, add_row, agents, pop, t = self.heap, self.rows.append, self.agents, heapq.heappop, self.now
+        try:
+            while heap and heap[0][0] < end:
+                t, _, kind, i, v = pop(heap)
+                if kind == ACT:
+                    if self.dynamic is not None:
+                        self.dynamic.adopt(agents[i], t)
+                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    self.activated(i, t)
+                elif kind == ARR:
+                    add_row((t, "deliver", i, v.src, v.mid, v.size, t - v.sent, v.round, v.tag))
+                    self.arrived(i, t, v)
+                elif kind == DONE:
+                    if v >= self.pending_lo and not self.free:  # a batch's first completion: every pending one
+                        self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
+                        self.pending_lo = len(self.ticket_of)
+                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
+                    self.ticket[i] = v
+                    self.exchange_or_step(i, t)
+                elif kind == RESUME:
+                    self.resumed(i, t, v)
+                elif kind == SERVE_NEXT:
+                    self.serve(i, t, v)
+                elif kind == TIMER:
+                    if self.waits[i] == v:  # the wait it was set for is still open: it ends with nothing
+                        self.waits[i] = 0
+                        self.push_event(t, RESUME, i, None)
+                elif self.housekeeping(t, kind, i, v):
+                    return
+        finally:
+            self.now = t
+
+    def activated(self, i: int, now: float) -> None:
+        if self.req is None:
+            self.exchange_or_step(i, now)
+            return
+        a = self.agents[i]
+        self.seen[i] = self.served[i]
+        ct = a._compute() * a.compute_scale
+        if self.churn is not None:  # requested while offline: starts when the agent is back
+            ct += self.churn.wait(i, now)
+        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+        tk = len(self.ticket_of)
+        rows = a.sample_rows(self.req.batch)
+        self.ticket_of.append((i, None if rows is a.rows else rows))
+        self.op(i, ASK, tk)
+        self.push_event(now + ct, DONE, i, tk)
+
+    def exchange_or_step(self, i: int, now: float) -> None:
+        if self.initiates[i]:
+            self.exchange(i, now)
+        else:
+            self.step(i, now)
+
+    def exchange(self, i: int, now: float) -> None:
+        """``PairwiseGossip.exchange`` up to its wait: the lock, the request, the queued stale replies, the timer."""
+        self.locked[i] = True
+        r = self.xround[i] = self.xround[i] + 1
+        nb = self.agents[i].neighbors
+        j = nb[int(self.rngs[i].integers(len(nb)))]
+        pid = self.mine[i] = next(self.pids)
+        self.op(i, SEND, pid)
+        self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
+        self.send(i, j, now, pid, self.size, self.tags[0], r)
+        for m in self.replies[i]:  # an earlier exchange's reply (round < r): stale
+            self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
+            if m.pid is not None:
+                self.let_go(m.pid)
+        self.replies[i].clear()
+        self.waits[i] = r
+        self.push_event(now + self.timeout, TIMER, i, r)
+
+    def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> None:
+        _, delay, reason = self.outcome(i, j, now, size)
+        net = self.net
+        mid = net.next_id
+        net.next_id = mid + 1
+        self.rows.append((now, "send", i, j, mid, size, delay, rnd, tag))
+        if reason:
+            self.rows.append((now, "drop", i, j, mid, size, delay, rnd, reason))
+            return
+        if pid is not None:
+            self.holds[pid] = self.holds.get(pid, 0) + 1
+        self.push_event(now + delay, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+
+    def arrived(self, i: int, now: float, m: Arrived) -> None:
+        """``Inbox.put``: a waiting program's wait resolved (it resumes in an event of its own), else queued."""
+        if m.tag == self.tags[0]:
+            if self.serving[i]:
+                self.requests[i].append(m)
+            else:
+                self.serving[i] = True
+                self.push_event(now, SERVE_NEXT, i, m)
+            return
+        w = self.waits[i]
+        if not w:
+            self.replies[i].append(m)
+        elif m.round != w:  # an older exchange's reply (never a later one's): stale, taken and dropped
+            self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
+            if m.pid is not None:
+                self.let_go(m.pid)
+        else:
+            self.waits[i] = 0
+            self.push_event(now, RESUME, i, m)
+
+    def resumed(self, i: int, now: float, m: Arrived | None) -> None:
+        """The exchange after its wait: nothing (timed out), a refusal, or the reply averaged in; then the step."""
+        if m is None:
+            self.stat.add("gossip_timeouts")
+        elif m.pid is not None:
+            self.op(i, REPLY, m.pid, self.mine[i])
+            self.let_go(m.pid)
+            self.stat.add("gossip_exchanges")
+        self.let_go(self.mine[i])
+        self.locked[i] = False
+        self.step(i, now)
+
+    def step(self, i: int, now: float) -> None:
+        tk = self.ticket[i]
+        if tk is not None:
+            self.op(i, STEP, tk)
+            self.ticket[i] = None
+        self.wake(i, now)
+
+    def serve(self, j: int, now: float, m: Arrived) -> None:
+        """``PairwiseGossip._serve`` for one request, then its next wait (a queued request resumes it at once)."""
+        if self.atomic and self.locked[j]:
+            self.stat.add("gossip_refused")
+            self.send(j, m.src, now, None, 1, self.tags[1], m.round)
+        else:
+            pid = next(self.pids)
+            self.send(j, m.src, now, pid, self.size, self.tags[1], m.round)
+            self.op(j, SERVE, m.pid, pid, pid in self.holds)
+            self.served[j] += 1
+        self.let_go(m.pid)
+        q = self.requests[j]
+        if q:
+            self.push_event(now, SERVE_NEXT, j, q.popleft())
+        else:
+            self.serving[j] = False
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def tensor_work(self, first_ticket: int) -> None:
+        """Each agent's operations of the window in its order, one per agent and lock step, each kind of a step in
+        one batched call; a step waits for its gradient batch (evaluated once all its requests are made)."""
+        flush_of, left = {}, []
+        for f, r in enumerate(self.flushes):
+            left.append(sum(tk >= first_ticket for tk in r))
+            for tk in r:
+                flush_of[tk] = f
+        waiting = list(range(len(self.flushes)))
+        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
+        active = list(ops)
+        blocked: dict[int, int] = {}
+        evaluated, free = self.grads.row_of, self.free
+        waiting = self.evaluate_ready(left, waiting, blocked, active)
+        while active:
+            steps: list[list] = [[], [], [], [], []]
+            nxt = []
+            for i in active:
+                o = ops[i][ptr[i]]
+                if o[0] == STEP and o[1] not in evaluated:  # its batch waits for a request still to come
+                    blocked[o[1]] = i
+                    continue
+                if o[0] == ASK and not free:
+                    f = flush_of.get(o[1])
+                    if f is not None:
+                        left[f] -= 1
+                steps[o[0]].append((i, o))
+                ptr[i] += 1
+                if ptr[i] < len(ops[i]):
+                    nxt.append(i)
+            if not any(steps):
+                raise RuntimeError("lookahead windows: the window's operations wait on each other")
+            for kind, step in enumerate(steps):
+                if step:
+                    (self.asks, self.sends, self.serves, self.replies_in, self.steps)[kind](step)
+            if waiting:
+                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
+            active = nxt
+        self.ops.clear()
+        if waiting or blocked:
+            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.flushes.clear()
+        for h in self.gone:  # no later window reads them
+            if h in self.payloads.row_of:
+                self.payloads.drop(h)
+        self.gone.clear()
+
+    def rows_of(self, step: list) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        who = [i for i, _ in step]
+        idx = torch.tensor(who, device=self.X.device)
+        return who, idx, self.X.index_select(0, idx)
+
+    def asks(self, step: list) -> None:
+        who, _, at = self.rows_of(step)
+        tickets = [o[1] for _, o in step]
+        if self.free:
+            self.evaluate_step(who, tickets, at)
+            return
+        for tk, row in zip(tickets, at.unbind(0), strict=True):
+            self.at_of[tk] = row
+
+    def sends(self, step: list) -> None:
+        _, _, x = self.rows_of(step)
+        self.payloads.put([o[1] for _, o in step], x)
+
+    def serves(self, step: list) -> None:
+        """The reply's model (kept if the reply is under way), then (x + x_req) / 2."""
+        _, idx, x = self.rows_of(step)
+        kept = [k for k, (_, o) in enumerate(step) if o[3]]
+        if kept:
+            self.keep([step[k][1][2] for k in kept], x, kept)
+        self.X.index_copy_(0, idx, (x + self.payloads.peek([o[1] for _, o in step])) / 2)
+
+    def replies_in(self, step: list) -> None:
+        """x + (x_rep - x_mine) / 2 (``PairwiseGossip.exchange``'s delta form)."""
+        _, idx, x = self.rows_of(step)
+        rep = self.payloads.peek([o[1] for _, o in step])
+        mine = self.payloads.peek([o[2] for _, o in step])
+        self.X.index_copy_(0, idx, x + (rep - mine) / 2)
+
+    def steps(self, step: list) -> None:
+        who, idx, x = self.rows_of(step)
+        b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
+        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        self.X.index_copy_(0, idx, b.x)
+
+    def point(self, tk: int) -> torch.Tensor:
+        return self.at_of.pop(tk)
