@@ -56,8 +56,8 @@ def both(tmp_path, sc: dict, keep=None) -> dict:
 def broadcasting(draw, name: str) -> dict:
     """A scenario of the lookahead windows' admitted region (push gossip's: own clocks, drift, jitter, stragglers,
     random compute times and latencies, loss), asynchronous push SGD, push-sum, event-triggered D-PSGD (each
-    trigger rule) or AD-PSGD (with or without its lock, replies within or after their timeout), a directed graph
-    or not."""
+    trigger rule), SPARQ-SGD (each rule and compressor) or AD-PSGD (with or without its lock, replies within or
+    after their timeout), a directed graph or not."""
     sc = draw(async_gossip())
     lr = draw(st.sampled_from([0.0, 0.5]))
     sc["algorithm"] = {"name": name, "lr": lr, "batch": draw(st.integers(0, 6))}
@@ -67,6 +67,11 @@ def broadcasting(draw, name: str) -> dict:
         trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
         levels = [0.05, 0.3] if trigger == "relative" else [0.0, 0.1, 1.0]
         sc["algorithm"] |= {"trigger": trigger, "decay": 0.9, "threshold": draw(st.sampled_from(levels))}
+    elif name == "sparq":
+        trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
+        sc["algorithm"] |= {"trigger": trigger, "threshold": draw(st.sampled_from([0.0, 0.05, 0.5])),
+                            "compressor": draw(st.sampled_from(["none", "topk", "randk", "qsgd"])),
+                            "ratio": draw(st.sampled_from([0.1, 0.5])), "bits": 2}
     elif name == "adpsgd":
         sc["algorithm"] |= {"reply_timeout": draw(st.sampled_from([0.02, 0.3, 2.0])), "atomic": draw(st.booleans())}
     if draw(st.booleans()):
@@ -76,7 +81,7 @@ def broadcasting(draw, name: str) -> dict:
     return sc
 
 
-@pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "adpsgd"])
+@pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "sparq", "adpsgd"])
 @settings(max_examples=10, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -88,6 +93,7 @@ def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios
 
 TRIGGERED = {"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": "relative", "threshold": 0.1}
 PAIRWISE = {"name": "adpsgd", "lr": 0.5, "batch": 4, "reply_timeout": 0.3}
+DELTAS = {"name": "sparq", "lr": 0.5, "batch": 4, "compressor": "randk", "trigger": "absolute", "threshold": 0.05}
 
 
 def poisson(algorithm: dict, **changes) -> dict:
@@ -106,7 +112,7 @@ def poisson(algorithm: dict, **changes) -> dict:
                  "outages": [{"start": 1.0, "end": 2.0, "src": 0}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, PAIRWISE])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, DELTAS, PAIRWISE])
 def test_broadcast_windows_agree_when_agents_go_offline_and_links_fail(tmp_path, algorithm, churn):
     sc = poisson(algorithm)
     for key, value in churn.items():
@@ -201,7 +207,7 @@ def test_what_the_windows_cannot_play_is_refused_in_one_line_exit_2(tmp_path, al
                            {"src": 2, "dst": 3, "loss": 0.6}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, PAIRWISE])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, DELTAS, PAIRWISE])
 def test_broadcast_windows_agree_on_changing_graphs_and_per_link_settings(tmp_path, algorithm, changes):
     """Each activation adopts its epoch's links (push SGD; push-sum refuses a changing graph before the run), and
     per-link latencies and losses come from the engine's link models; the lookahead is the smallest latency."""
@@ -210,9 +216,9 @@ def test_broadcast_windows_agree_on_changing_graphs_and_per_link_settings(tmp_pa
     sc = poisson(algorithm)
     for key, value in changes.items():
         sc[key] = value if key == "topology" else {**sc[key], **value}
-    if algorithm["name"] == "pushsum" and "dynamic" in sc["topology"]:
-        with pytest.raises(InputError, match=r"topology.dynamic: algorithm 'pushsum' sends each out-neighbour the "
-                                             r"running sum .* needs a fixed topology"):
+    if algorithm["name"] in ("pushsum", "sparq") and "dynamic" in sc["topology"]:
+        with pytest.raises(InputError, match=rf"topology.dynamic: algorithm '{algorithm['name']}' .* needs a fixed "
+                                             r"topology"):
             netsim.run(scenario_from_dict(sc), out=tmp_path / "r", engine="windowed")
         return
     summary = both(tmp_path, sc)

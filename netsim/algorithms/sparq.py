@@ -13,7 +13,8 @@ waits for a neighbour whose trigger stayed silent. A lost q makes i's copy of xh
 CHOCO). The paper's threshold c_t eta_t^2 on the squared norm is ``trigger = "decaying"`` here.
 The consensus step must be small for strong compression (CHOCO's gamma scales with the compression
 quality delta): on a 4x4 torus with top-10% and gamma = 0.5 the agents drift apart exponentially,
-with gamma = 0.1 they do not (measured; hence the default).
+with gamma = 0.1 they do not (measured; hence the default). Written as a kernel of the event-triggered deltas
+pattern (rounds/triggered.py), so ``--engine windowed`` plays it as lookahead windows.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopies
-from netsim.comm.patterns import drain
-from netsim.comm.triggers import EventTrigger, TriggerKind
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopyRows
+from netsim.comm.triggers import TriggerKind
+from netsim.rounds.kernel import GradientRequest
+from netsim.rounds.triggered import DeltasKernel, TriggeredDeltas
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -47,30 +49,22 @@ class SparqParams:
 
 
 @register("sparq", SparqParams, fixed_topology=PUBLIC_COPIES)
-def sparq(agent, p: SparqParams):
-    comp = Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=agent.rng("compress"))
-    pc = PublicCopies(comp, agent.params, agent.weights)
-    trig = EventTrigger(agent, kind=p.trigger, threshold=p.threshold, decay=p.decay, initial={})
-    n_out = len(agent.neighbors)
-    k = 0
-    while True:
-        yield agent.wake()
-        for m in drain(agent, "sparq"):                                    # (a)
-            pc.receive(m.src, m.payload)
-        x = agent.params
-        if p.lr > 0:
-            g = yield agent.gradient(batch=p.batch, params=x)
-            x = x - p.lr * g                                               # (b)
-        for m in drain(agent, "sparq"):                                    # (a), what came meanwhile
-            pc.receive(m.src, m.payload)
-        send = None
-        if trig.fires(x, pc.own, k):                                       # (c)
-            q = pc.delta(x)
-            trig.count(n_out, 0, 0)
-            send = agent.broadcast(q, tag="sparq", round=k)
-        else:
-            trig.count(0, n_out, n_out * comp.encoded_size(x.numel(), x.element_size()))
-        agent.params = pc.consensus(x, agent.weights, p.gamma)             # (d)
-        k += 1
-        if send is not None:
-            yield send
+class Sparq(DeltasKernel):
+    """(a)-(d) above as a kernel of the event-triggered deltas pattern (rounds/triggered.py, whose program reads
+    like the steps): the copies are the run's ``PublicCopyRows``, (b) is ``update``."""
+
+    pattern = TriggeredDeltas(tag="sparq")
+    reads = frozenset(f.name for f in attrs.fields(SparqParams))
+
+    def init(self, agents, p):
+        comps = [Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=a.rng("compress")) for a in agents]
+        return PublicCopyRows(agents, comps, p.gamma)
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch) if p.lr > 0 else None
+
+    def trigger(self, p):
+        return p.trigger, p.threshold, p.decay
+
+    def update(self, b, p, g):
+        b.x = b.x - p.lr * g

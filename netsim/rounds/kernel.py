@@ -68,6 +68,14 @@ def drive(agent, local) -> Generator:
         return done.value
 
 
+def updated(kernel, agent, p: Any, state: Any, k: int, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``kernel.update`` of one agent's row ``x`` with its gradient ``g`` (a batch of one, round ``k``): the row after
+    it. The events engine's programs of the asynchronous patterns use it, so no batch outlives the call."""
+    b = Batch([agent], k, x.unsqueeze(0), None, state)
+    kernel.update(b, p, g.unsqueeze(0))
+    return b.x[0]
+
+
 class Batch:
     """Agents at the same step of round ``k``: one agent in the events engine, all those a round activates
     in the windowed driver, in the engine's order. ``x``: their parameter rows at activation (a (B, P) copy),

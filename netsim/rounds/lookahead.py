@@ -380,6 +380,51 @@ class WindowDriver:
         """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
         depend on values plays them here)."""
 
+    def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
+        """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
+        step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
+        value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
+        its requests are made (those of earlier windows were)."""
+        flush_of, left = {}, []
+        for f, r in enumerate(self.flushes):
+            left.append(sum(tk >= first_ticket for tk in r))
+            for tk in r:
+                flush_of[tk] = f
+        waiting = list(range(len(self.flushes)))
+        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
+        active = list(ops)
+        blocked: dict[int, int] = {}
+        evaluated, free = self.grads.row_of, self.free
+        waiting = self.evaluate_ready(left, waiting, blocked, active)
+        while active:
+            steps: list[list] = [[] for _ in handlers]
+            nxt = []
+            for i in active:
+                o = ops[i][ptr[i]]
+                if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
+                    blocked[o[1]] = i
+                    continue
+                if o[0] == ask and not free:
+                    f = flush_of.get(o[1])
+                    if f is not None:
+                        left[f] -= 1
+                steps[o[0]].append((i, o))
+                ptr[i] += 1
+                if ptr[i] < len(ops[i]):
+                    nxt.append(i)
+            if not any(steps):
+                raise RuntimeError("lookahead windows: the window's operations wait on each other")
+            for handle, step in zip(handlers, steps, strict=True):
+                if step:
+                    handle(step)
+            if waiting:
+                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
+            active = nxt
+        self.ops.clear()
+        if waiting or blocked:
+            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.flushes.clear()
+
     def point(self, tk: int) -> torch.Tensor:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches)."""
         raise NotImplementedError

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import attrs
 
 from netsim.comm.patterns import PairwiseGossip
-from netsim.rounds.kernel import Batch, RoundKernel
+from netsim.rounds.kernel import Batch, RoundKernel, updated
 
 
 class PairwiseKernel(RoundKernel):
@@ -65,7 +65,7 @@ class Pairwise:
             if active:
                 yield from pg.exchange(pg.random_neighbor(rng))         # (c)
             if g is not None:
-                agent.params = _stepped(kernel, agent, p, state, g)     # (d)
+                agent.params = updated(kernel, agent, p, state, agent.round, agent.params, g)  # (d)
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, kernel) -> str | None:
@@ -90,9 +90,3 @@ class Pairwise:
 
         pairwise_windows.play(self, sim, kernel)
 
-
-def _stepped(kernel: PairwiseKernel, agent, p, state, g):
-    """The kernel's update of the agent's model as it is now (a batch of one)."""
-    b = Batch([agent], agent.round, agent.params.unsqueeze(0), None, state)
-    kernel.update(b, p, g.unsqueeze(0))
-    return b.x[0]

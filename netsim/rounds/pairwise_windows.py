@@ -245,47 +245,9 @@ class _Driver(WindowDriver):
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
-        """Each agent's operations of the window in its order, one per agent and lock step, each kind of a step in
-        one batched call; a step waits for its gradient batch (evaluated once all its requests are made)."""
-        flush_of, left = {}, []
-        for f, r in enumerate(self.flushes):
-            left.append(sum(tk >= first_ticket for tk in r))
-            for tk in r:
-                flush_of[tk] = f
-        waiting = list(range(len(self.flushes)))
-        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
-        active = list(ops)
-        blocked: dict[int, int] = {}
-        evaluated, free = self.grads.row_of, self.free
-        waiting = self.evaluate_ready(left, waiting, blocked, active)
-        while active:
-            steps: list[list] = [[], [], [], [], []]
-            nxt = []
-            for i in active:
-                o = ops[i][ptr[i]]
-                if o[0] == STEP and o[1] not in evaluated:  # its batch waits for a request still to come
-                    blocked[o[1]] = i
-                    continue
-                if o[0] == ASK and not free:
-                    f = flush_of.get(o[1])
-                    if f is not None:
-                        left[f] -= 1
-                steps[o[0]].append((i, o))
-                ptr[i] += 1
-                if ptr[i] < len(ops[i]):
-                    nxt.append(i)
-            if not any(steps):
-                raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            for kind, step in enumerate(steps):
-                if step:
-                    (self.asks, self.sends, self.serves, self.replies_in, self.steps)[kind](step)
-            if waiting:
-                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
-            active = nxt
-        self.ops.clear()
-        if waiting or blocked:
-            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-        self.flushes.clear()
+        """Each agent's operations of the window in its order, one per agent and lock step (``in_order``); then the
+        payloads let go of are dropped."""
+        self.in_order(first_ticket, (self.asks, self.sends, self.serves, self.replies_in, self.steps), ASK, STEP)
         for h in self.gone:  # no later window reads them
             if h in self.payloads.row_of:
                 self.payloads.drop(h)

@@ -18,10 +18,10 @@ from typing import Any
 
 import attrs
 
-from netsim.comm.patterns import NeighborCopies
+from netsim.comm.patterns import NeighborCopies, drain
 from netsim.comm.triggers import EventTrigger, TriggerKind
 from netsim.rounds.broadcast import Broadcast, BroadcastKernel
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import updated
 
 
 class TriggeredKernel(BroadcastKernel):
@@ -48,7 +48,6 @@ class Triggered(Broadcast):
         copies = NeighborCopies(agent, tag=self.tag)
         kind, threshold, decay = kernel.trigger(p)
         trig = EventTrigger(agent, kind=kind, threshold=threshold, decay=decay)
-        one = [agent]
         k = 0  # the agent's activations so far (the trigger's k, the messages' round)
         while True:
             yield agent.wake()
@@ -57,10 +56,9 @@ class Triggered(Broadcast):
             if req is not None:
                 g = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
             copies.absorb()
-            b = Batch(one, k, copies.mix(x).unsqueeze(0), None, state)
+            x = copies.mix(x)
             if req is not None:
-                kernel.update(b, p, g.unsqueeze(0))
-            x = b.x[0]
+                x = updated(kernel, agent, p, state, k, x, g)
             agent.params = x
             yield trig.send(x, k, tag=self.tag)
             k += 1
@@ -73,3 +71,64 @@ class Triggered(Broadcast):
         from netsim.rounds import triggered_windows
 
         triggered_windows.play(self, sim, kernel)
+
+
+class DeltasKernel(TriggeredKernel):
+    """An algorithm of the event-triggered deltas pattern (``TriggeredDeltas``): ``gradient``, ``trigger``,
+    ``update`` (the local step, before the trigger) and ``init``, the run's ``comm.compression.PublicCopyRows``
+    (each agent's compressor and the consensus step gamma)."""
+
+
+@attrs.frozen
+class TriggeredDeltas(Triggered):
+    """Event-triggered compressed differences to CHOCO public copies (SPARQ-SGD's exchange): each activation,
+    (a) every compressed q that arrived added to the copy of its sender, xhat_j += q_j; (b) the gradient at the
+    model as activated and the kernel's update; (a) again, for what arrived meanwhile; (c) if ||x - xhat_i|| >
+    tau_k: q_i = C(x - xhat_i), xhat_i += q_i, q_i broadcast to every out-neighbour; (d) x_i = x + gamma sum_j
+    W_ij (xhat_j - xhat_i). The copies are the run's state (``PublicCopyRows``), so both engines do the same row
+    operations; the windowed driver decides (c) in its tensor work, as for ``Triggered``."""
+
+    tag: str = "sparq"
+
+    def program(self, kernel: DeltasKernel, agent, p) -> Generator:
+        kind, threshold, decay = kernel.trigger(p)
+        trig = EventTrigger(agent, kind=kind, threshold=threshold, decay=decay, initial={})
+        k = 0
+        while True:  # (the copies are read through ``state_of``: a local would hold every agent's in checkpoints)
+            yield agent.wake()
+            _absorb(kernel.state_of(agent, p), agent, self.tag)                 # (a)
+            x = agent.params
+            req = kernel.gradient(p, None, agent.id)
+            if req is not None:
+                g = yield agent.gradient(batch=req.batch, params=x)
+                x = updated(kernel, agent, p, None, k, x, g)                   # (b)
+            _absorb(kernel.state_of(agent, p), agent, self.tag)                 # (a), what came meanwhile
+            send = _triggered(kernel.state_of(agent, p), agent, trig, x, k, self.tag)  # (c)
+            agent.params = _consensus(kernel.state_of(agent, p), agent, x)     # (d)
+            k += 1
+            if send is not None:
+                yield send
+
+
+def _absorb(pc, agent, tag: str) -> None:
+    """xhat_j += q_j for each q that arrived, one message after the other (two from one sender add in turn)."""
+    for m in drain(agent, tag):
+        pc.receive([agent], [{m.src: m.payload}])
+
+
+def _triggered(pc, agent, trig: EventTrigger, x, k: int, tag: str):
+    """(c): q = C(x - xhat_i) broadcast (xhat_i += q) if the trigger fires on ||x - xhat_i||; the send's event."""
+    n_out, i = len(agent.neighbors), agent.id
+    if trig.fires(x, pc.own[i], k):
+        q, sizes = pc.delta([agent], x.unsqueeze(0))
+        trig.count(n_out, 0, 0)
+        return agent.broadcast(q[0], tag=tag, round=k, size=sizes[0])
+    trig.count(0, n_out, n_out * pc.comps[i].encoded_size(x.numel(), x.element_size()))
+    return None
+
+
+def _consensus(pc, agent, x):
+    """(d): x + gamma sum_j W_ij (xhat_j - xhat_i), in ``compute.mixing``'s operations."""
+    from netsim.compute.mixing import evaluate
+
+    return evaluate(pc.consensus([agent], x.unsqueeze(0)), x.dtype)[1][0]

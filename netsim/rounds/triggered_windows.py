@@ -1,5 +1,5 @@
 """Event-triggered sends (rounds/triggered.py) as conservative lookahead windows: ``--engine windowed`` for
-event-triggered D-PSGD, byte for byte the events engine's trace, metrics and models.
+event-triggered D-PSGD and SPARQ-SGD, byte for byte the events engine's trace, metrics and models.
 
 The lookahead is push gossip's (rounds/lookahead.py): a message sent at t lands no earlier than t + L, so what an
 activation of [T, T + L) absorbs was sent before T. What is new is that whether a message goes out depends on the
@@ -16,9 +16,13 @@ send order, the ``send``/``drop`` rows in the placeholders' places, the arrivals
 trigger counts of the summary. A send takes no time (links with bandwidth are refused), so when anything happens
 never depends on a decision.
 
-Payload rows are counted by who holds them: messages in flight, receivers' copies and senders' last-sent
-references (``EventTrigger``'s); each agent's initial model is kept under the handle -1 - i (the copies of
-neighbours that never sent, the last-sent reference before the first send).
+Event-triggered D-PSGD: payload rows are counted by who holds them: messages in flight, receivers' copies and
+senders' last-sent references (``EventTrigger``'s); each agent's initial model is kept under the handle -1 - i (the
+copies of neighbours that never sent, the last-sent reference before the first send). SPARQ-SGD: its copies are the
+run's ``PublicCopyRows`` (sums of the q's received, in arrival order), a q's row is held by its messages until
+added; an agent's operations (receive, gradient, step, receive, push) run one per lock step (``in_order``), the push
+deciding the trigger on ||x - xhat_i||, compressing where it fires (each agent's own stream) and taking the
+consensus step for all.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import torch
 
 from netsim.comm.triggers import Rule
 from netsim.compute.mixing import mix_rows
-from netsim.rounds.broadcast_windows import MERGE, PUSH, UPDATE
+from netsim.rounds.broadcast_windows import ASK, MERGE, PUSH, UPDATE
 from netsim.rounds.broadcast_windows import _Driver as BroadcastDriver
 from netsim.rounds.lookahead import ARR
+from netsim.rounds.triggered import TriggeredDeltas
 
 _UNDECIDED = ("undecided sends",)  # a placeholder row (replaced before the rows are written)
 _CLOSE = 1e-3  # a batched norm this close (relative) to its threshold is decided again by the engine's call
@@ -37,12 +42,12 @@ _CLOSE = 1e-3  # a batched norm this close (relative) to its threshold is decide
 
 def play(pattern, sim, kernel) -> None:
     """Play a started run to its end window by window (see the module docstring)."""
-    _Driver(pattern, sim, kernel).run()
+    (_DeltasDriver if isinstance(pattern, TriggeredDeltas) else _Driver)(pattern, sim, kernel).run()
 
 
-class _Driver(BroadcastDriver):
-    """The event-triggered pattern's control and tensor work; the rest is the broadcast driver's and
-    ``WindowDriver``'s."""
+class _Sends(BroadcastDriver):
+    """What both event-triggered drivers share: sends left undecided by the control (``send``), decided by the
+    tensor work (``fires``) and played after it (``decide``)."""
 
     pipelines = False
     one_process = "the control plays the sends its tensor work decides"
@@ -53,50 +58,11 @@ class _Driver(BroadcastDriver):
         self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG and DP)
         self.rule = Rule(*kernel.trigger(p))
         self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
-        self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
-        self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
-        self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
-        # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
-        self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
-        self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
         self.undecided: list[list] = []  # the window's sends, in processing order
-        self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
-
-    # the control flow -------------------------------------------------------------------------------------
-    def activated(self, i: int, now: float) -> None:
-        if self.req is not None:
-            self.ask(i, now)
-            return
-        self.mix(i, MERGE)
-        self.send(i, now)
-
-    def completed(self, i: int, now: float, tk: int) -> None:
-        self.mix(i, UPDATE, tk)
-        self.send(i, now)
-
-    def mix(self, i: int, kind: int, *tk) -> None:
-        """``NeighborCopies.absorb`` (the latest round per sender wins), then the mix's weights and copies."""
-        got, copy = self.inbox[i], self.copy[i]
-        take, drop = [], []  # handles a copy now holds, holds given up (after the mix has read them)
-        if got:
-            self.inbox[i] = []
-            rounds = self.copy_round[i]
-            for m in got:
-                drop.append(m.handle)  # the message's own hold
-                if m.round >= rounds.get(m.src, -1):
-                    rounds[m.src] = m.round
-                    old = copy.get(m.src)
-                    copy[m.src] = m.handle
-                    take.append(m.handle)
-                    if old is not None and old >= 0:
-                        drop.append(old)
-        a, start = self.agents[i], self.start_in[i]
-        in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
-        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
-        self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
 
     def send(self, i: int, now: float) -> None:
-        """``EventTrigger.send``, undecided: its place among the rows, its arrivals' insertion numbers."""
+        """``EventTrigger.send`` (or a broadcast that may not happen), undecided: its place among the rows, its
+        arrivals' insertion numbers."""
         js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
         pid, k = next(self.pids), self.k[i]
         self.undecided.append([len(self.rows), now, i, js, [next(self.seq) for _ in js], pid, k, None])
@@ -134,6 +100,73 @@ class _Driver(BroadcastDriver):
         out.extend(rows[prev:])
         rows[:] = out
         self.undecided.clear()
+
+    def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:
+        """The trigger of each row of ``x`` against the same row of ``ref`` at activation count ``ks``: one batched
+        norm, and the engine's own call on the two rows where it is within ``_CLOSE`` of the threshold."""
+        rule = self.rule
+        if rule.kind == "always":
+            return [True] * len(ks)
+        norm = torch.linalg.vector_norm(x - ref, dim=1).double()
+        if rule.kind == "relative":
+            tau = rule.threshold * torch.linalg.vector_norm(ref, dim=1).double()
+        elif rule.kind == "decaying":
+            tau = torch.tensor([rule.threshold * rule.decay ** k for k in ks], dtype=torch.float64, device=norm.device)
+        else:
+            tau = torch.full_like(norm, rule.threshold)
+        fire = (norm > tau).tolist()
+        close = ((norm - tau).abs() <= _CLOSE * torch.maximum(norm.abs(), tau.abs())).nonzero().flatten().tolist()
+        for m in close:  # the engine's own call on the two rows
+            fire[m] = rule.fires(x[m], ref[m], ks[m])
+        return fire
+
+
+class _Driver(_Sends):
+    """The event-triggered pattern's control and tensor work (the module docstring)."""
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        n = len(self.agents)
+        self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
+        self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
+        self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
+        # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
+        self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
+        self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
+        self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
+
+    # the control flow -------------------------------------------------------------------------------------
+    def activated(self, i: int, now: float) -> None:
+        if self.req is not None:
+            self.ask(i, now)
+            return
+        self.mix(i, MERGE)
+        self.send(i, now)
+
+    def completed(self, i: int, now: float, tk: int) -> None:
+        self.mix(i, UPDATE, tk)
+        self.send(i, now)
+
+    def mix(self, i: int, kind: int, *tk) -> None:
+        """``NeighborCopies.absorb`` (the latest round per sender wins), then the mix's weights and copies."""
+        got, copy = self.inbox[i], self.copy[i]
+        take, drop = [], []  # handles a copy now holds, holds given up (after the mix has read them)
+        if got:
+            self.inbox[i] = []
+            rounds = self.copy_round[i]
+            for m in got:
+                drop.append(m.handle)  # the message's own hold
+                if m.round >= rounds.get(m.src, -1):
+                    rounds[m.src] = m.round
+                    old = copy.get(m.src)
+                    copy[m.src] = m.handle
+                    take.append(m.handle)
+                    if old is not None and old >= 0:
+                        drop.append(old)
+        a, start = self.agents[i], self.start_in[i]
+        in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
+        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
+        self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
 
     # the tensor work --------------------------------------------------------------------------------------
     def hold(self, handles: list[int]) -> None:
@@ -196,7 +229,8 @@ class _Driver(BroadcastDriver):
                 at.append(n)
                 refs.append(last.get(j, -1 - i))
                 ks.append(o[4])
-        fire = self.fires(rows, at, refs, ks) if at else []
+        fire = self.fires(rows.index_select(0, torch.tensor(at, device=rows.device)), self.payloads.peek(refs), ks) \
+            if at else []
         keep, kept, old = [], [], []
         m = 0
         for n, (i, o) in enumerate(step):
@@ -219,22 +253,99 @@ class _Driver(BroadcastDriver):
         for h in old:
             self.release(h)
 
-    def fires(self, rows: torch.Tensor, at: list[int], refs: list[int], ks: list[int]) -> list[bool]:
-        """The trigger of each pair: the row ``at`` against the payload ``refs`` at activation count ``ks``."""
-        rule = self.rule
-        if rule.kind == "always":
-            return [True] * len(at)
-        x = rows.index_select(0, torch.tensor(at, device=rows.device))
-        ref = self.payloads.peek(refs)
-        norm = torch.linalg.vector_norm(x - ref, dim=1).double()
-        if rule.kind == "relative":
-            tau = rule.threshold * torch.linalg.vector_norm(ref, dim=1).double()
-        elif rule.kind == "decaying":
-            tau = torch.tensor([rule.threshold * rule.decay ** k for k in ks], dtype=torch.float64, device=norm.device)
-        else:
-            tau = torch.full_like(norm, rule.threshold)
-        fire = (norm > tau).tolist()
-        close = ((norm - tau).abs() <= _CLOSE * torch.maximum(norm.abs(), tau.abs())).nonzero().flatten().tolist()
-        for m in close:  # the engine's own call on the two rows
-            fire[m] = rule.fires(x[m], ref[m], ks[m])
-        return fire
+
+class _DeltasDriver(_Sends):
+    """The event-triggered deltas pattern's control and tensor work (SPARQ-SGD; rounds/triggered.py): each agent's
+    receives, gradient, step, receives again and push (the trigger, its compressed delta, the consensus step) in
+    its order, one per lock step (``in_order``), on the run's ``PublicCopyRows``."""
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        self.pc = self.state
+        self.size = self.pc.comps[0].encoded_size(self.X.shape[1], self.X.element_size())  # every q's bytes
+
+    def op(self, i: int, kind: int, *v) -> None:
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append((kind, *v))
+
+    # the control flow -------------------------------------------------------------------------------------
+    def activated(self, i: int, now: float) -> None:
+        self.receive(i)
+        if self.req is not None:
+            self.ask(i, now)
+            return
+        self.send(i, now)
+
+    def completed(self, i: int, now: float, tk: int) -> None:
+        self.op(i, UPDATE, tk)
+        self.receive(i)
+        self.send(i, now)
+
+    def receive(self, i: int) -> None:
+        """(a): what arrived, for its sender's copy (by slot), in arrival order."""
+        got = self.inbox[i]
+        if got:
+            self.inbox[i] = []
+            slot = self.pc.slot[i]
+            self.op(i, MERGE, [(slot[m.src], m.handle) for m in got])
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def tensor_work(self, first_ticket: int) -> None:
+        self.in_order(first_ticket, (self.receives, self.asks, self.updates, self.pushes), ASK, UPDATE)
+
+    def receives(self, step: list) -> None:
+        """xhat_j += q_j: each agent's n-th arrival of the step at once (one agent's arrivals add in turn)."""
+        copies, dev = self.pc.copies, self.X.device
+        got = [(i, o[1]) for i, o in step]
+        for n in range(max(len(g) for _, g in got)):
+            at = [(i, g[n]) for i, g in got if len(g) > n]
+            rows = torch.tensor([i for i, _ in at], device=dev)
+            slots = torch.tensor([s for _, (s, _) in at], device=dev)
+            pids = [h for _, (_, h) in at]
+            copies[rows, slots] = copies[rows, slots] + self.payloads.peek(pids)
+            for h in pids:
+                self.release(h)
+
+    def asks(self, step: list) -> None:
+        who = [i for i, _ in step]
+        at = self.X.index_select(0, torch.tensor(who, device=self.X.device))
+        tickets = [o[1] for _, o in step]
+        if self.free:
+            self.evaluate_step(who, tickets, at)
+            return
+        for tk, row in zip(tickets, at.unbind(0), strict=True):
+            self.at_of[tk] = row
+
+    def updates(self, step: list) -> None:
+        b, idx = self.batch([i for i, _ in step])
+        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        self.store(b, idx)
+
+    def pushes(self, step: list) -> None:
+        """(c) decided and, where it fires, the compressed delta (kept as the payload); (d) for every agent."""
+        from netsim.compute.mixing import evaluate
+
+        pc, dev = self.pc, self.X.device
+        who = [i for i, _ in step]
+        agents = [self.agents[i] for i in who]
+        idx = torch.tensor(who, device=dev)
+        x = self.X.index_select(0, idx)
+        fire = self.fires(x, pc.own.index_select(0, idx), [o[3] for _, o in step])
+        sel = [n for n, f in enumerate(fire) if f]
+        for n, (_, o) in enumerate(step):
+            u = self.undecided[o[2]]
+            u[7] = list(range(len(u[3]))) if fire[n] else []
+        if sel:
+            xs = x if len(sel) == len(who) else x.index_select(0, torch.tensor(sel, device=dev))
+            q, _ = pc.delta([agents[n] for n in sel], xs)
+            kept = [m for m, n in enumerate(sel) if self.undecided[step[n][1][2]][3]]
+            if kept:  # held by each message until ``decide`` knows which are dropped
+                keys = [step[sel[m]][1][1] for m in kept]
+                for m, key in zip(kept, keys, strict=True):
+                    self.refs[key] = len(self.undecided[step[sel[m]][1][2]][3])
+                self.keep(keys, q, kept)
+        rows, values = evaluate(pc.consensus(agents, x), x.dtype)
+        self.X.index_copy_(0, rows, values)
+        self.bank.W.index_copy_(0, rows, values)  # agent.params = ...
