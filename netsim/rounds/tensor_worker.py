@@ -24,7 +24,6 @@ keeps one process unless asked: the broadcast pattern's, whose control bounds it
 
 from __future__ import annotations
 
-import io
 import multiprocessing
 import os
 import pickle
@@ -89,15 +88,8 @@ def _serve(driver, conn) -> None:
 
 def _dumps(msg: tuple) -> bytes:
     """Plain pickle (rows, ints, numpy arrays): multiprocessing's own pickler looks every object's type up in a
-    Python mapping, ~3x slower. Without the memo (``Pickler.fast``) where the pickler has one: a message holds no
-    shared or recursive objects worth remembering, and the memo's entry for every row tuple was most of the
-    control's pickling time (200,000 rows: ~70-120 ms with it, ~30 ms without; what the worker loads is equal)."""
-    f = io.BytesIO()
-    p = pickle.Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
-    if hasattr(p, "fast"):
-        p.fast = True
-    p.dump(msg)
-    return f.getvalue()
+    Python mapping, ~3x slower."""
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _bank(bank) -> tuple:
