@@ -42,7 +42,7 @@ class ADPSGDParams:
 
 @register("adpsgd", ADPSGDParams)
 class ADPSGD(PairwiseKernel):
-    """(a)-(d) above as a kernel of the pairwise pattern (rounds/pairwise.py, whose program reads like the
+    """Steps (a)-(d) as a kernel of the pairwise pattern (rounds/pairwise.py, whose program reads like the
     paper's steps): the exchange is the pattern's, the step (d) is ``update``."""
 
     pattern = Pairwise(tag="gossip")

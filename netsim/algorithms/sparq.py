@@ -50,7 +50,7 @@ class SparqParams:
 
 @register("sparq", SparqParams, fixed_topology=PUBLIC_COPIES)
 class Sparq(DeltasKernel):
-    """(a)-(d) above as a kernel of the event-triggered deltas pattern (rounds/triggered.py, whose program reads
+    """Steps (a)-(d) as a kernel of the event-triggered deltas pattern (rounds/triggered.py, whose program reads
     like the steps): the copies are the run's ``PublicCopyRows``, (b) is ``update``."""
 
     pattern = TriggeredDeltas(tag="sparq")
