@@ -56,8 +56,8 @@ def both(tmp_path, sc: dict, keep=None) -> dict:
 def broadcasting(draw, name: str) -> dict:
     """A scenario of the lookahead windows' admitted region (push gossip's: own clocks, drift, jitter, stragglers,
     random compute times and latencies, loss), asynchronous push SGD, push-sum, event-triggered D-PSGD (each
-    trigger rule), SPARQ-SGD (each rule and compressor) or AD-PSGD (with or without its lock, replies within or
-    after their timeout), a directed graph or not."""
+    trigger rule), SPARQ-SGD (each rule and compressor), AD-PSGD (with or without its lock, replies within or
+    after their timeout) or randomized gossip (its step before the exchange, no lock), a directed graph or not."""
     sc = draw(async_gossip())
     lr = draw(st.sampled_from([0.0, 0.5]))
     sc["algorithm"] = {"name": name, "lr": lr, "batch": draw(st.integers(0, 6))}
@@ -74,6 +74,8 @@ def broadcasting(draw, name: str) -> dict:
                             "ratio": draw(st.sampled_from([0.1, 0.5])), "bits": 2}
     elif name == "adpsgd":
         sc["algorithm"] |= {"reply_timeout": draw(st.sampled_from([0.02, 0.3, 2.0])), "atomic": draw(st.booleans())}
+    elif name == "gossip":
+        sc["algorithm"] |= {"reply_timeout": draw(st.sampled_from([0.02, 0.3, 2.0]))}
     if draw(st.booleans()):
         sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
     if draw(st.booleans()):
@@ -81,7 +83,7 @@ def broadcasting(draw, name: str) -> dict:
     return sc
 
 
-@pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "sparq", "adpsgd"])
+@pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "sparq", "adpsgd", "gossip"])
 @settings(max_examples=10, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -93,6 +95,7 @@ def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios
 
 TRIGGERED = {"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": "relative", "threshold": 0.1}
 PAIRWISE = {"name": "adpsgd", "lr": 0.5, "batch": 4, "reply_timeout": 0.3}
+GOSSIP = {"name": "gossip", "lr": 0.5, "batch": 4, "reply_timeout": 0.3}
 DELTAS = {"name": "sparq", "lr": 0.5, "batch": 4, "compressor": "randk", "trigger": "absolute", "threshold": 0.05}
 
 
@@ -112,7 +115,8 @@ def poisson(algorithm: dict, **changes) -> dict:
                  "outages": [{"start": 1.0, "end": 2.0, "src": 0}]}},
 ])
 @pytest.mark.parametrize("algorithm", [{"name": "async_push", "lr": 0.5, "batch": 4, "staleness_power": 1.0},
-                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, DELTAS, PAIRWISE])
+                                       {"name": "pushsum", "lr": 0.3, "batch": 4}, TRIGGERED, DELTAS, PAIRWISE,
+                                       GOSSIP])
 def test_broadcast_windows_agree_when_agents_go_offline_and_links_fail(tmp_path, algorithm, churn):
     sc = poisson(algorithm)
     for key, value in churn.items():

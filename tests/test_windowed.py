@@ -83,7 +83,7 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "not simultaneous"),
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
     ({"evaluation": {"every": 0.3}}, "evaluations inside the run"),
-    ({"algorithm": {"name": "gossip", "lr": 0.5, "batch": 8, "round_timeout": None, "lr_decay": None}},
+    ({"algorithm": {"name": "dp_cga", "lr": 0.01, "batch": 8, "lr_decay": None}},
      "coroutine program, not a round kernel"),
     ({"algorithm": {"name": "choco", "lr": 0.0, "batch": 8, "round_timeout": 0.05, "lr_decay": None}},
      "takes no gradients"),

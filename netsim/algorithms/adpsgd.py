@@ -45,7 +45,7 @@ class ADPSGD(PairwiseKernel):
     """Steps (a)-(d) as a kernel of the pairwise pattern (rounds/pairwise.py, whose program reads like the
     paper's steps): the exchange is the pattern's, the step (d) is ``update``."""
 
-    pattern = Pairwise(tag="gossip")
+    pattern = Pairwise(tag="gossip")  # requests "gossip.req", replies "gossip.rep" (``PairwiseGossip``'s)
     reads = frozenset({"lr", "batch", "reply_timeout", "atomic", "roles"})
     staleness = "adpsgd_staleness"
 

@@ -6,7 +6,8 @@ local SGD step (as in AD-PSGD, Lian et al. 2018, Algorithm 1). The exchange cros
 i sends x_i ("pull"); j replies with the x_j it had and averages; i averages on the reply. A lost
 request or reply leaves i unchanged after ``reply_timeout`` (j may already have averaged: that is
 what a lossy network does to pairwise gossip). i applies the *change* j made, (x_j - x_i_sent)/2,
-so the sum of models is conserved even when i served other requests while waiting.
+so the sum of models is conserved even when i served other requests while waiting. Written as a kernel of the
+pairwise pattern (rounds/pairwise.py), so ``--engine windowed`` plays it as lookahead windows.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import PairwiseGossip
+from netsim.rounds.kernel import GradientRequest
+from netsim.rounds.pairwise import Pairwise, PairwiseKernel
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -26,13 +28,19 @@ class GossipParams:
 
 
 @register("gossip", GossipParams)
-def gossip(agent, p: GossipParams):
-    # not atomic: an agent waiting for its reply still serves others; the delta form keeps the sum exact
-    pg = PairwiseGossip(agent, timeout=p.reply_timeout, atomic=False, tags=("pull", "push"))
-    rng = agent.rng()
-    while True:
-        yield agent.wake()
-        if p.lr > 0:
-            g = yield agent.gradient(batch=p.batch)
-            agent.params = agent.params - p.lr * g
-        yield from pg.exchange(pg.random_neighbor(rng))
+class Gossip(PairwiseKernel):
+    """A local SGD step, then the exchange (``step_first``), as a kernel of the pairwise pattern without the lock:
+    an agent waiting for its reply still serves others; the delta form keeps the sum exact."""
+
+    pattern = Pairwise(tags=("pull", "push"))
+    reads = frozenset({"lr", "batch", "reply_timeout"})
+    step_first = True
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch) if p.lr > 0 else None
+
+    def exchange(self, p):
+        return p.reply_timeout, False
+
+    def update(self, b, p, g):
+        b.x = b.x - p.lr * g

@@ -24,10 +24,11 @@ from netsim.rounds.kernel import Batch, RoundKernel, updated
 class PairwiseKernel(RoundKernel):
     """An algorithm of the pairwise pattern (module docstring): ``gradient`` (per activation; None: no step),
     ``exchange`` (the reply timeout and whether agents lock), ``initiates`` (whether agent i starts exchanges),
-    ``update`` (the step after the exchange, on ``b.x``). ``staleness``: the summary key of the averagings others
-    made with an agent while its gradient was computed."""
+    ``update`` (the step, on ``b.x``: after the exchange, or before it with ``step_first``). ``staleness``: the
+    summary key of the averagings others made with an agent while its gradient was computed (None: not observed)."""
 
-    staleness: ClassVar[str] = "pairwise_staleness"
+    staleness: ClassVar[str | None] = None
+    step_first: ClassVar[bool] = False
 
     def exchange(self, p: Any) -> tuple[float, bool]:
         raise NotImplementedError
@@ -41,15 +42,21 @@ class PairwiseKernel(RoundKernel):
 
 @attrs.frozen
 class Pairwise:
-    """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s)."""
+    """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s), or ``tags``."""
 
     tag: str = "gossip"
+    tags: tuple[str, str] | None = None
     reads: frozenset[str] = frozenset()
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The (request, reply) tags."""
+        return self.tags if self.tags is not None else (f"{self.tag}.req", f"{self.tag}.rep")
 
     def program(self, kernel: PairwiseKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
         timeout, atomic = kernel.exchange(p)
-        pg = PairwiseGossip(agent, timeout=timeout, atomic=atomic, tag=self.tag)
+        pg = PairwiseGossip(agent, timeout=timeout, atomic=atomic, tags=self.names)
         stats = agent.stats
         rng = agent.rng()
         active = kernel.initiates(state, agent.id)
@@ -61,7 +68,11 @@ class Pairwise:
                 x = agent.params                                        # (a) the gradient's point
                 seen = pg.served
                 g = yield agent.gradient(batch=req.batch, params=x)     # (b) others may average with us meanwhile
-                stats.observe(kernel.staleness, float(pg.served - seen))
+                if kernel.staleness is not None:
+                    stats.observe(kernel.staleness, float(pg.served - seen))
+                if kernel.step_first:
+                    agent.params = updated(kernel, agent, p, state, agent.round, agent.params, g)
+                    g = None
             if active:
                 yield from pg.exchange(pg.random_neighbor(rng))         # (c)
             if g is not None:

@@ -64,7 +64,7 @@ class _Driver(WindowDriver):
         self.timeout, self.atomic = kernel.exchange(p)
         self.initiates = [kernel.initiates(self.state, i) for i in range(n)]
         self.rngs = [a.rng() for a in self.agents]  # the program's own stream: its peers
-        self.tags = (f"{pattern.tag}.req", f"{pattern.tag}.rep")
+        self.tags = pattern.names
         self.stat = self.agents[0].stats
         self.X = self.bank.W  # every program's model (``agent.params``)
         self.size = payload_size(self.X[0])
@@ -118,8 +118,12 @@ class _Driver(WindowDriver):
                         self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
                         self.pending_lo = len(self.ticket_of)
                     add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
-                    self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
-                    self.ticket[i] = v
+                    if self.kernel.staleness is not None:
+                        self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
+                    if self.kernel.step_first:
+                        self.op(i, STEP, v)
+                    else:
+                        self.ticket[i] = v
                     self.exchange_or_step(i, t)
                 elif kind == RESUME:
                     self.resumed(i, t, v)
