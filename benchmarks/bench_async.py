@@ -14,7 +14,8 @@ the windows evaluate each step's gradients in one call), ``--device cuda`` puts 
 GPU, ``--algorithm`` runs the same job with asynchronous push SGD (``async_push``: every activation asks for a
 gradient, merges what arrived, broadcasts to every out-neighbour), push-sum (``pushsum``) or event-triggered D-PSGD
 (``event_triggered``: relative trigger, threshold 0.05), SPARQ-SGD (``sparq``: its defaults, top-10%, decaying
-threshold) or AD-PSGD (``adpsgd``: reply timeout 1 s) instead of push gossip,
+threshold), AD-PSGD (``adpsgd``: reply timeout 1 s) or randomized gossip (``gossip``: the same) instead of push
+gossip,
 ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
 mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set, plus the
 tensor worker's if one ran (``peak GiB``: at least what both held at once, their shared pages counted twice), and
@@ -24,7 +25,7 @@ The windowed engine does its tensor work and writes the trace in a worker proces
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
-        [--algorithm push_gossip|async_push|pushsum|event_triggered|sparq|adpsgd]
+        [--algorithm push_gossip|async_push|pushsum|event_triggered|sparq|adpsgd|gossip]
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ ALGORITHMS = {"push_gossip": {"name": "push_gossip", "lr": 1.0, "batch": 0, "upd
               "event_triggered": {"name": "event_triggered", "lr": 1.0, "batch": 0, "trigger": "relative",
                                   "threshold": 0.05},
               "sparq": {"name": "sparq", "lr": 1.0, "batch": 0},
-              "adpsgd": {"name": "adpsgd", "lr": 1.0, "batch": 0, "reply_timeout": 1.0}}
+              "adpsgd": {"name": "adpsgd", "lr": 1.0, "batch": 0, "reply_timeout": 1.0},
+              "gossip": {"name": "gossip", "lr": 1.0, "batch": 0, "reply_timeout": 1.0}}
 
 
 def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False,
