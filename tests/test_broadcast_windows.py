@@ -294,15 +294,6 @@ def test_event_triggered_windows_decide_each_send_as_the_engine(tmp_path, monkey
         assert torch.equal(again["W"], plain["W"]) and again["trigger_sent"] == plain["trigger_sent"]
 
 
-def test_an_edit_to_the_event_triggered_kernel_changes_both_engines_identically(tmp_path, monkeypatch):
-    from netsim.algorithms.event_triggered import EventTriggered
-
-    sc = poisson(TRIGGERED)
-    before = both(tmp_path / "before", sc)
-    monkeypatch.setattr(EventTriggered, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
-    after = both(tmp_path / "after", sc)
-    assert not torch.equal(before["W"], after["W"])
-
 
 def test_adpsgd_windows_average_two_agents_to_their_mean(tmp_path):
     """Pure pairwise averaging (lr = 0) of two agents without loss, the paper's bipartite split (agent 0 initiates):
@@ -323,11 +314,16 @@ def test_adpsgd_windows_average_two_agents_to_their_mean(tmp_path):
         assert torch.allclose(row, mean, rtol=0, atol=1e-12)
 
 
-def test_an_edit_to_the_adpsgd_kernel_changes_both_engines_identically(tmp_path, monkeypatch):
-    from netsim.algorithms.adpsgd import ADPSGD
+@pytest.mark.parametrize(("algorithm", "kernel"), [(TRIGGERED, "event_triggered.EventTriggered"),
+                                                  (PAIRWISE, "adpsgd.ADPSGD")])
+def test_an_edit_to_an_asynchronous_kernel_changes_both_engines_identically(tmp_path, monkeypatch, algorithm, kernel):
+    """One definition for the event-triggered and pairwise patterns too: halve the step in the kernel."""
+    import importlib
 
-    sc = poisson(PAIRWISE)
+    module, name = kernel.split(".")
+    cls = getattr(importlib.import_module(f"netsim.algorithms.{module}"), name)
+    sc = poisson(algorithm)
     before = both(tmp_path / "before", sc)
-    monkeypatch.setattr(ADPSGD, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
+    monkeypatch.setattr(cls, "update", lambda self, b, p, g: setattr(b, "x", b.x - (0.5 * p.lr) * g))
     after = both(tmp_path / "after", sc)
     assert not torch.equal(before["W"], after["W"])

@@ -60,7 +60,6 @@ class _Driver(WindowDriver):
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
         self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
         self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
-        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
 
     def op(self, i: int, kind: int, *v) -> None:
         ops = self.ops.get(i)
@@ -183,12 +182,7 @@ class _Driver(WindowDriver):
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
         once all its requests are made (those of earlier windows were)."""
-        flush_of, left = {}, []
-        for f, r in enumerate(self.flushes):
-            left.append(sum(tk >= first_ticket for tk in r))
-            for tk in r:
-                flush_of[tk] = f
-        waiting = list(range(len(self.flushes)))
+        flush_of, left, waiting = self.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
@@ -256,13 +250,7 @@ class _Driver(WindowDriver):
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
         b, _ = self.batch(who, [o[3] for _, o in step])
-        at = self.kernel.gradient_at(b, self.p)
-        tickets = [o[2] for _, o in step]
-        if self.free:
-            self.evaluate_step(who, tickets, at)
-            return
-        for tk, row in zip(tickets, at.unbind(0), strict=True):
-            self.at_of[tk] = row
+        self.asked(who, [o[2] for _, o in step], self.kernel.gradient_at(b, self.p))
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
@@ -280,6 +268,3 @@ class _Driver(WindowDriver):
             for k in which:
                 _, o = step[k]
                 self.refs[o[2]] = o[3]
-
-    def point(self, tk: int) -> torch.Tensor:
-        return self.at_of.pop(tk)  # kept when it was asked for

@@ -249,6 +249,7 @@ class WindowDriver:
         self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
+        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
         self.wake = self._waker()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
@@ -380,17 +381,31 @@ class WindowDriver:
         """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
         depend on values plays them here)."""
 
-    def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
-        """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
-        step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
-        value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
-        its requests are made (those of earlier windows were)."""
+    def batches(self, first_ticket: int) -> tuple[dict[int, int], list[int], list[int]]:
+        """The window's gradient batches as its tensor work tracks them: each ticket's batch, each batch's requests
+        still to be made in this work (from ``first_ticket`` on; earlier ones were), every batch still waiting."""
         flush_of, left = {}, []
         for f, r in enumerate(self.flushes):
             left.append(sum(tk >= first_ticket for tk in r))
             for tk in r:
                 flush_of[tk] = f
-        waiting = list(range(len(self.flushes)))
+        return flush_of, left, list(range(len(self.flushes)))
+
+    def asked(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+        """A lock step's gradient requests at the rows ``at``: evaluated at once for a batch-invariant model, else
+        kept until their batch is (``point``)."""
+        if self.free:
+            self.evaluate_step(who, tickets, at)
+            return
+        for tk, row in zip(tickets, at.unbind(0), strict=True):
+            self.at_of[tk] = row
+
+    def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
+        """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
+        step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
+        value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
+        its requests are made (those of earlier windows were)."""
+        flush_of, left, waiting = self.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
@@ -426,8 +441,8 @@ class WindowDriver:
         self.flushes.clear()
 
     def point(self, tk: int) -> torch.Tensor:
-        """Where ticket ``tk``'s gradient is taken (for the engine's batches)."""
-        raise NotImplementedError
+        """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
+        return self.at_of.pop(tk)
 
     def rows_of_ticket(self, tk: int):
         """The training rows of ticket ``tk``'s gradient (None in ``ticket_of``: the agent's whole part)."""

@@ -82,7 +82,6 @@ class _Driver(WindowDriver):
         self.pids = itertools.count()
         self.holds: dict[int, int] = {}  # payload handle -> holders (messages, the requester's exchange)
         self.gone: list[int] = []  # handles let go of in this window
-        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken
 
     def op(self, i: int, *o) -> None:
         ops = self.ops.get(i)
@@ -264,12 +263,7 @@ class _Driver(WindowDriver):
 
     def asks(self, step: list) -> None:
         who, _, at = self.rows_of(step)
-        tickets = [o[1] for _, o in step]
-        if self.free:
-            self.evaluate_step(who, tickets, at)
-            return
-        for tk, row in zip(tickets, at.unbind(0), strict=True):
-            self.at_of[tk] = row
+        self.asked(who, [o[1] for _, o in step], at)
 
     def sends(self, step: list) -> None:
         _, _, x = self.rows_of(step)
@@ -295,6 +289,3 @@ class _Driver(WindowDriver):
         b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
         self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
         self.X.index_copy_(0, idx, b.x)
-
-    def point(self, tk: int) -> torch.Tensor:
-        return self.at_of.pop(tk)

@@ -310,13 +310,7 @@ class _DeltasDriver(_Sends):
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
-        at = self.X.index_select(0, torch.tensor(who, device=self.X.device))
-        tickets = [o[1] for _, o in step]
-        if self.free:
-            self.evaluate_step(who, tickets, at)
-            return
-        for tk, row in zip(tickets, at.unbind(0), strict=True):
-            self.at_of[tk] = row
+        self.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
