@@ -224,10 +224,7 @@ class _Driver(WindowDriver):
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
-        self.ops.clear()
-        if waiting or blocked:
-            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-        self.flushes.clear()
+        self.work_done(waiting, blocked)
 
     def merges(self, step: list) -> None:
         kernel = self.kernel

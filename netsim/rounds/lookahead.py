@@ -435,6 +435,11 @@ class WindowDriver:
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
+        self.work_done(waiting, blocked)
+
+    def work_done(self, waiting: list[int], blocked: dict[int, int]) -> None:
+        """The end of a window's tensor work: every gradient batch of it was evaluated (all its requests were made by
+        the window's end, since every batch of the window completes in it)."""
         self.ops.clear()
         if waiting or blocked:
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
