@@ -205,11 +205,7 @@ class Broadcast:
         transmit (the program waits for it before its next wake)."""
         from netsim.rounds import lookahead
 
-        net = sim.world.scenario.network
-        series = getattr(sim.world.network, "series", {}).values()
-        rates = [net.bandwidth, net.uplink, *(o.bandwidth for o in net.links or ()),
-                 *(b for s in series for b in s.bandwidth)]
-        if any(r is not None for r in rates):
+        if lookahead.transmits(sim):
             return "bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows)"
         return lookahead.refusal(sim, kernel)
 

@@ -94,17 +94,7 @@ class _Driver(WindowDriver):
         self.op(i, MERGE, takes, [m.handle for m in got], self.kernel.scalars(self.own[i]) if takes else None)
 
     def ask(self, i: int, now: float) -> None:
-        """``Agent.gradient``: the compute time (and a wait while offline), its row, the mini-batch."""
-        a = self.agents[i]
-        ct = a._compute() * a.compute_scale
-        if self.churn is not None:
-            ct += self.churn.wait(i, now)
-        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
-        tk = len(self.ticket_of)
-        rows = a.sample_rows(self.req.batch)
-        self.ticket_of.append((i, None if rows is a.rows else rows))
-        self.op(i, ASK, tk, self.kernel.scalars(self.own[i]))
-        self.push_event(now + ct, DONE, i, tk)
+        self.op(i, ASK, self.request(i, now, self.req.batch), self.kernel.scalars(self.own[i]))
 
     def broadcast(self, i: int, now: float) -> None:
         """The params written, the payload pushed to every out-neighbour (``Agent.broadcast``), the next wake."""
@@ -112,42 +102,32 @@ class _Driver(WindowDriver):
         scal = kernel.scalars(self.own[i])
         scalar = kernel.pushed(self.own[i], a, self.p)
         pid = next(self.pids)
-        net, size, tag, rnd, add_row = self.net, self.size, self.tag, a.round, self.rows.append
+        size, tag, rnd, rows = self.size, self.tag, a.round, self.rows
         held = 0
         for j in a.neighbors:  # this activation's (a time-varying topology changes them)
-            _, delay, reason = self.outcome(i, j, now, size)  # no transmission time here: refused
-            mid = net.next_id
-            net.next_id = mid + 1
-            add_row((now, "send", i, j, mid, size, delay, rnd, tag))
-            if reason:
-                add_row((now, "drop", i, j, mid, size, delay, rnd, reason))
-            else:
+            mid, at = self.message(i, j, now, size, rnd, tag, rows)  # no transmission time here: refused
+            if at is not None:
                 held += 1
-                self.push_event(now + delay, ARR, j, (mid, i, size, now, rnd, scalar, pid))
+                self.push_event(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))
         self.op(i, PUSH, pid, held, scal)
         self.wake(i, now)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, add_row, agents, inbox, tag = self.heap, self.rows.append, self.agents, self.inbox, self.tag
+        heap, add_row, inbox, tag = self.heap, self.rows.append, self.inbox, self.tag
         pop, t = heapq.heappop, self.now
         try:
             while heap and heap[0][0] < end:
                 t, _, kind, i, v = pop(heap)
                 if kind == ACT:
-                    if self.dynamic is not None:  # the engine's activation listener: the epoch's links, first
-                        self.dynamic.adopt(agents[i], t)
-                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    self.activate(i, t, v)
                     self.activated(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd, scalar, pid = v
                     add_row((t, "deliver", i, src, mid, size, t - sent, rnd, tag))
                     inbox[i].append(Incoming(src, rnd, scalar, pid))
                 elif kind == DONE:
-                    if v >= self.pending_lo and not self.free:  # a batch's first completion: every pending one
-                        self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
-                        self.pending_lo = len(self.ticket_of)
-                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    self.completion(i, t, v)
                     self.completed(i, t, v)
                 elif self.housekeeping(t, kind, i, v):
                     return

@@ -127,6 +127,16 @@ def lookahead(sim) -> tuple[float | None, str]:
     return (min(bound, *measured) if measured else bound), ""
 
 
+def transmits(sim) -> bool:
+    """Whether any send can take time to transmit (bandwidth or uplinks: the scenario's, a per-link override's, a link
+    trace's measured ones): what the drivers whose programs wait for a send do not play."""
+    net = sim.world.scenario.network
+    series = getattr(sim.world.network, "series", {}).values()
+    rates = [net.bandwidth, net.uplink, *(o.bandwidth for o in net.links or ()),
+             *(b for s in series for b in s.bandwidth)]
+    return any(r is not None for r in rates)
+
+
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
     sc = sim.world.scenario
@@ -325,6 +335,50 @@ class WindowDriver:
             enqueue(now + delay, ACT, i, at)
 
         return wake
+
+    # the control's shared steps (push gossip's closure inlines them: its per-event Python is the run's bound) -----
+    def activate(self, i: int, t: float, at: float) -> None:
+        """An activation's ``activate`` row, after the engine's activation listener (the epoch's links) if any."""
+        a = self.agents[i]
+        if self.dynamic is not None:
+            self.dynamic.adopt(a, t)
+        self.rows.append((t, "activate", i, -1, -1, 0, at, a.round, ""))
+
+    def request(self, i: int, now: float, batch: int) -> int:
+        """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
+        mini-batch, the completion event; returns the ticket."""
+        a = self.agents[i]
+        ct = a._compute() * a.compute_scale
+        if self.churn is not None:  # requested while offline: starts when the agent is back
+            ct += self.churn.wait(i, now)
+        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+        tk = len(self.ticket_of)
+        rows = a.sample_rows(batch)
+        self.ticket_of.append((i, None if rows is a.rows else rows))
+        self.push_event(now + ct, DONE, i, tk)
+        return tk
+
+    def completion(self, i: int, t: float, tk: int) -> None:
+        """A gradient's completion: a batch's first evaluates every pending request (the engine's batches), then
+        its ``compute_end`` row."""
+        if tk >= self.pending_lo and not self.free:
+            self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
+            self.pending_lo = len(self.ticket_of)
+        self.rows.append((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+
+    def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
+                rows: list) -> tuple[int, float | None]:
+        """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
+        row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped)."""
+        _, delay, reason = self.outcome(i, j, now, size)
+        net = self.net
+        mid = net.next_id
+        net.next_id = mid + 1
+        rows.append((now, "send", i, j, mid, size, delay, rnd, tag))
+        if reason:
+            rows.append((now, "drop", i, j, mid, size, delay, rnd, reason))
+            return mid, None
+        return mid, now + delay
 
     def finish(self, a, now: float) -> None:
         """An agent past the run's round limit finishes (once); the last one's finish stops the run."""

@@ -100,23 +100,18 @@ class _Driver(WindowDriver):
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, add_row, agents, pop, t = self.heap, self.rows.append, self.agents, heapq.heappop, self.now
+        heap, add_row, pop, t = self.heap, self.rows.append, heapq.heappop, self.now
         try:
             while heap and heap[0][0] < end:
                 t, _, kind, i, v = pop(heap)
                 if kind == ACT:
-                    if self.dynamic is not None:
-                        self.dynamic.adopt(agents[i], t)
-                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    self.activate(i, t, v)
                     self.activated(i, t)
                 elif kind == ARR:
                     add_row((t, "deliver", i, v.src, v.mid, v.size, t - v.sent, v.round, v.tag))
                     self.arrived(i, t, v)
                 elif kind == DONE:
-                    if v >= self.pending_lo and not self.free:  # a batch's first completion: every pending one
-                        self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
-                        self.pending_lo = len(self.ticket_of)
-                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    self.completion(i, t, v)
                     if self.kernel.staleness is not None:
                         self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
                     if self.kernel.step_first:
@@ -141,17 +136,8 @@ class _Driver(WindowDriver):
         if self.req is None:
             self.exchange_or_step(i, now)
             return
-        a = self.agents[i]
         self.seen[i] = self.served[i]
-        ct = a._compute() * a.compute_scale
-        if self.churn is not None:  # requested while offline: starts when the agent is back
-            ct += self.churn.wait(i, now)
-        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
-        tk = len(self.ticket_of)
-        rows = a.sample_rows(self.req.batch)
-        self.ticket_of.append((i, None if rows is a.rows else rows))
-        self.op(i, ASK, tk)
-        self.push_event(now + ct, DONE, i, tk)
+        self.op(i, ASK, self.request(i, now, self.req.batch))
 
     def exchange_or_step(self, i: int, now: float) -> None:
         if self.initiates[i]:
@@ -178,17 +164,12 @@ class _Driver(WindowDriver):
         self.push_event(now + self.timeout, TIMER, i, r)
 
     def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> None:
-        _, delay, reason = self.outcome(i, j, now, size)
-        net = self.net
-        mid = net.next_id
-        net.next_id = mid + 1
-        self.rows.append((now, "send", i, j, mid, size, delay, rnd, tag))
-        if reason:
-            self.rows.append((now, "drop", i, j, mid, size, delay, rnd, reason))
+        mid, at = self.message(i, j, now, size, rnd, tag, self.rows)
+        if at is None:
             return
         if pid is not None:
             self.holds[pid] = self.holds.get(pid, 0) + 1
-        self.push_event(now + delay, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+        self.push_event(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
 
     def arrived(self, i: int, now: float, m: Arrived) -> None:
         """``Inbox.put``: a waiting program's wait resolved (it resumes in an event of its own), else queued."""

@@ -76,8 +76,7 @@ class _Sends(BroadcastDriver):
         if not self.undecided:
             return
         rows, out, prev = self.rows, [], 0
-        net, size, tag, outcome, stats = self.net, self.size, self.tag, self.outcome, self.agents[0].stats
-        enqueue = self.enqueue_numbered
+        size, tag, stats, enqueue = self.size, self.tag, self.agents[0].stats, self.enqueue_numbered
         for pos, now, i, js, seqs, pid, k, fired in self.undecided:
             out.extend(rows[prev:pos])
             prev = pos + 1
@@ -87,16 +86,11 @@ class _Sends(BroadcastDriver):
                 stats.add("trigger_skipped", skipped)
                 stats.add("trigger_bytes_saved", skipped * size)
             for n in fired:
-                j = js[n]
-                _, delay, reason = outcome(i, j, now, size)
-                mid = net.next_id
-                net.next_id = mid + 1
-                out.append((now, "send", i, j, mid, size, delay, k, tag))
-                if reason:
-                    out.append((now, "drop", i, j, mid, size, delay, k, reason))
+                mid, at = self.message(i, js[n], now, size, k, tag, out)
+                if at is None:
                     self.release(pid)
                 else:
-                    enqueue(now + delay, seqs[n], ARR, j, (mid, i, size, now, k, 0.0, pid))
+                    enqueue(at, seqs[n], ARR, js[n], (mid, i, size, now, k, 0.0, pid))
         out.extend(rows[prev:])
         rows[:] = out
         self.undecided.clear()
