@@ -18,14 +18,13 @@ later take names it as its base.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 
 import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver
+from netsim.rounds.lookahead import ACT, ARR, DELIVER, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -114,17 +113,15 @@ class _Driver(WindowDriver):
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, add_row, inbox, tag = self.heap, self.rows.append, self.inbox, self.tag
-        pop, t = heapq.heappop, self.now
+        put, inbox, tag, t = self.rows.put, self.inbox, self.tag_code, self.now
         try:
-            while heap and heap[0][0] < end:
-                t, _, kind, i, v = pop(heap)
+            for t, _, kind, i, v in self.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd, scalar, pid = v
-                    add_row((t, "deliver", i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
                     inbox[i].append(Incoming(src, rnd, scalar, pid))
                 elif kind == DONE:
                     self.completion(i, t, v)

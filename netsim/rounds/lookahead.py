@@ -65,9 +65,14 @@ from netsim.rounds.push import Peers
 from netsim.sim.network import ComposedLinks, payload_size
 from netsim.trace.events import Finish, Offline
 from netsim.trace.events import row as event_row
+from netsim.trace.io import RECORD, PackedRows, Words
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
 _INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
+# the trace rows' strings as codes (``PackedRows``): the first words of every driver's ``Words``, in this order
+NO_TAG, ACTIVATE, COMPUTE_START, COMPUTE_END, SEND, DROP, DELIVER = range(7)
+_WORDS = ("", "activate", "compute_start", "compute_end", "send", "drop", "deliver")
+pack = RECORD.pack
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
 # on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple per operation, to make or to pickle)
 
@@ -234,16 +239,20 @@ class WindowDriver:
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
         self.outcome = (world.network.model or world.network.lean()).outcome
+        world.network.positions = False  # no checkpoint cuts these runs (``refusal``): links need not keep positions
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
-        # the pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value), in
-        # buckets of one lookahead (t in bucket int(t * inv)): a window moves the buckets up to its end onto the heap
-        # (``load``), so the heap holds ~2 windows' events, not every agent's next one (at 10,000 agents ~13,000
-        # entries, most far off: a pop took 1.4 to 1.9x as long, a sixth of the control's time)
-        self.heap: list[tuple] = []
+        # the pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value): those
+        # of later windows in buckets of one lookahead (t in bucket int(t * inv)); a window sorts the buckets up to
+        # its end into ``cur``, latest first, and pops from its end (``load``); an event scheduled during a window
+        # that falls in it joins ``soon``, a heap (a gradient's completion: few at once). One sort per window
+        # compares the times as floats in C, where a heap of ~2 windows' events (every event pushed and popped)
+        # cost a fifth of the control's time
+        self.cur: list[tuple] = []
+        self.soon: list[tuple] = []
         self.far: dict[int, list[tuple]] = {}
-        self.top = [-1]  # the last bucket loaded (a cell: ``enqueue`` reads it)
+        self.end = [-_INF]  # the current window's end (a cell: ``enqueue`` reads it)
         self.inv = 1.0 / self.stats.lookahead
         self.seq = itertools.count()
         self.enqueue = self._enqueuer()
@@ -251,7 +260,11 @@ class WindowDriver:
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
-        self.rows: list[tuple] = []
+        self.words = Words()
+        for w in _WORDS:
+            self.words(w)
+        self.tag_code = self.words(self.tag)
+        self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
         self.unfinished = sum(not a.finished for a in self.agents)
         self.ended = False
         self.evaluation = None  # the time of an evaluation that ends the window
@@ -266,50 +279,61 @@ class WindowDriver:
         self.enqueue(t, kind, i, v)
 
     def _enqueuer(self) -> Callable[[float, int, int, object], None]:
-        """``enqueue(t, kind, agent, value)``: an event onto the heap if its bucket is loaded, else into its bucket."""
-        heap, far, top, seq, push, inv = self.heap, self.far, self.top, self.seq, heapq.heappush, self.inv
+        """``enqueue(t, kind, agent, value)``: an event into ``soon`` if it falls in the current window, else into
+        its bucket."""
+        soon, far, end, seq, push, inv = self.soon, self.far, self.end, self.seq, heapq.heappush, self.inv
 
         def enqueue(t: float, kind: int, i: int, v) -> None:
             e = (t, next(seq), kind, i, v)
+            if t < end[0]:
+                push(soon, e)
+                return
             b = int(t * inv) if t < _INF else _NEVER
-            if b <= top[0]:
-                push(heap, e)
+            q = far.get(b)
+            if q is None:
+                far[b] = [e]
             else:
-                q = far.get(b)
-                if q is None:
-                    far[b] = [e]
-                else:
-                    q.append(e)
+                q.append(e)
 
         return enqueue
 
     def enqueue_numbered(self, t: float, seq: int, kind: int, i: int, v) -> None:
         """``enqueue`` with an insertion number taken earlier (``next(self.seq)`` where the engine schedules it)."""
         e = (t, seq, kind, i, v)
-        b = int(t * self.inv) if t < _INF else _NEVER
-        if b <= self.top[0]:
-            heapq.heappush(self.heap, e)
+        if t < self.end[0]:
+            heapq.heappush(self.soon, e)
         else:
-            self.far.setdefault(b, []).append(e)
+            self.far.setdefault(int(t * self.inv) if t < _INF else _NEVER, []).append(e)
 
     def load(self, end: float) -> None:
-        """Every event due before ``end`` onto the heap: the buckets up to ``end``'s (an event before ``end`` is in
-        one of them: ``int(t * inv)`` never decreases with t)."""
-        top, far, heap, push = int(end * self.inv) if end < _INF else _NEVER, self.far, self.heap, heapq.heappush
-        for b in sorted(b for b in far if b <= top):
-            for e in far.pop(b):
-                push(heap, e)
-        if top > self.top[0]:
-            self.top[0] = top
+        """The window ending at ``end`` begins: every event that may be due before it sorted into ``cur`` (what is
+        left there, ``soon``'s and the buckets' up to ``end``'s: ``int(t * inv)`` never decreases with t)."""
+        top, far, cur = int(end * self.inv) if end < _INF else _NEVER, self.far, self.cur
+        for b in [b for b in far if b <= top]:
+            cur.extend(far.pop(b))
+        cur.extend(self.soon)
+        self.soon.clear()
+        cur.sort(reverse=True)
+        self.end[0] = end
+
+    def due(self, end: float):
+        """The events due before ``end``, in simpy's order, as the window pops them (push gossip's loop inlines
+        this)."""
+        cur, soon, pop = self.cur, self.soon, heapq.heappop
+        while True:
+            if soon and (not cur or soon[0] < cur[-1]):
+                yield pop(soon)
+            elif cur and cur[-1][0] < end:
+                yield cur.pop()
+            else:
+                return
 
     def first_due(self) -> float | None:
-        """The time of the next event (None: none): the heap's first, else the nearest bucket's (the heap's events
-        are all earlier than the buckets')."""
-        if self.heap:
-            return self.heap[0][0]
-        if self.far:
-            return min(self.far[min(self.far)])[0]
-        return None
+        """The time of the next event (None: none): the earliest of ``cur``'s last, ``soon``'s first and the
+        nearest bucket's."""
+        firsts = [e[0] for e in (self.cur[-1] if self.cur else None, self.soon[0] if self.soon else None,
+                                 min(self.far[min(self.far)]) if self.far else None) if e is not None]
+        return min(firsts) if firsts else None
 
     def _waker(self) -> Callable[[int, float], None]:
         """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
@@ -342,7 +366,7 @@ class WindowDriver:
         a = self.agents[i]
         if self.dynamic is not None:
             self.dynamic.adopt(a, t)
-        self.rows.append((t, "activate", i, -1, -1, 0, at, a.round, ""))
+        self.rows.put(pack(t, ACTIVATE, i, -1, -1, 0, at, a.round, NO_TAG))
 
     def request(self, i: int, now: float, batch: int) -> int:
         """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
@@ -351,7 +375,7 @@ class WindowDriver:
         ct = a._compute() * a.compute_scale
         if self.churn is not None:  # requested while offline: starts when the agent is back
             ct += self.churn.wait(i, now)
-        self.rows.append((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+        self.rows.put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
         self.ticket_of.append((i, None if rows is a.rows else rows))
@@ -364,19 +388,20 @@ class WindowDriver:
         if tk >= self.pending_lo and not self.free:
             self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
             self.pending_lo = len(self.ticket_of)
-        self.rows.append((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+        self.rows.put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
 
     def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
-                rows: list) -> tuple[int, float | None]:
+                rows: PackedRows) -> tuple[int, float | None]:
         """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
         row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped)."""
         _, delay, reason = self.outcome(i, j, now, size)
         net = self.net
         mid = net.next_id
         net.next_id = mid + 1
-        rows.append((now, "send", i, j, mid, size, delay, rnd, tag))
+        words = self.words
+        rows.put(pack(now, SEND, i, j, mid, size, delay, rnd, words(tag)))
         if reason:
-            rows.append((now, "drop", i, j, mid, size, delay, rnd, reason))
+            rows.put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
             return mid, None
         return mid, now + delay
 
@@ -586,7 +611,7 @@ class WindowDriver:
                 self.svc.keep_rows(a.rows)
         stats.worker = tensor_worker.reason_not(sim, self.unasked) if self.pipelines else self.one_process
         worker = tensor_worker.TensorWorker(self) if not stats.worker else None
-        rows: list = []  # with a worker: the trace rows made here since the last send (the worker writes the trace)
+        rows = PackedRows(self.words)  # with a worker: the trace rows made here since the last send (it writes them)
         try:
             self._windows(worker, rows)
         except BaseException:
@@ -596,9 +621,10 @@ class WindowDriver:
         sim.loop.env.advance_to(self.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
 
-    def _windows(self, worker, shipped: list) -> None:
+    def _windows(self, worker, shipped: PackedRows) -> None:
         sim, stats = self.sim, self.stats
-        emit = self.writer.emit_rows if worker is None else shipped.extend
+        emit = (lambda rows: self.writer.emit_columns(rows.columns(), self.words)) if worker is None else \
+            shipped.extend
         if self.until is not None:
             self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
         if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
@@ -671,9 +697,9 @@ class _Driver(WindowDriver):
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
         agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
-        add_row, ticket_of, gots, pos = self.rows.append, self.ticket_of, self.got, self.pos
+        put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by = self.asks
-        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag, self.size
+        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         churn, outcome = self.churn, self.outcome
 
         def go_on(i: int, now: float) -> None:
@@ -698,7 +724,7 @@ class _Driver(WindowDriver):
                         ct = a._compute() * a.compute_scale
                         if churn is not None:  # requested while offline: starts when the agent is back
                             ct += churn.wait(i, now)
-                        add_row((now, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
                         ticket_of.append((i, None if rows is a.rows else rows))
@@ -713,9 +739,9 @@ class _Driver(WindowDriver):
                 mid = net.next_id
                 net.next_id = mid + 1
                 rnd = agents[i].round
-                add_row((now, "send", i, j, mid, size, delay, rnd, tag))
+                put(pack(now, SEND, i, j, mid, size, delay, rnd, tag))
                 if reason:
-                    add_row((now, "drop", i, j, mid, size, delay, rnd, reason))
+                    put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
                     ops.append(-1 << 2 | PUSH)
                 else:
                     ops.append(mid << 2 | PUSH)
@@ -728,30 +754,35 @@ class _Driver(WindowDriver):
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, add_row, agents, go_on, ops_of = self.heap, self.rows.append, self.agents, self.go_on, self.ops
+        cur, soon, put, agents, go_on, ops_of = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.ops
         gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
-            self.tag
-        pop, free, pending_lo, t = heapq.heappop, self.free, self.pending_lo, self.now
+            self.tag_code
+        pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
         adopt = None if self.dynamic is None else self.dynamic.adopt
         try:
-            while heap and heap[0][0] < end:
-                t, _, kind, i, v = pop(heap)
+            while True:  # ``due``, inlined
+                if soon and (not cur or soon[0] < cur[-1]):
+                    t, _, kind, i, v = pop(soon)
+                elif cur and cur[-1][0] < end:
+                    t, _, kind, i, v = take()
+                else:
+                    break
                 if kind == ACT:
                     if adopt is not None:  # the engine's activation listener: the epoch's links, before the row
                         adopt(agents[i], t)
-                    add_row((t, "activate", i, -1, -1, 0, v, agents[i].round, ""))
+                    put(pack(t, ACTIVATE, i, -1, -1, 0, v, agents[i].round, NO_TAG))
                     gots[i], inbox[i] = inbox[i], []
                     pos[i] = 0
                     go_on(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd = v
-                    add_row((t, "deliver", i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
                     inbox[i].append(mid)
                 elif kind == DONE:
                     if v >= pending_lo and not free:  # a batch's first completion: every pending one evaluated
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
-                    add_row((t, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
                     ops = ops_of.get(i)
                     if ops is None:
                         ops = ops_of[i] = []

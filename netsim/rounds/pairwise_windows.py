@@ -21,14 +21,13 @@ dropped after the tensor work of the window whose control let go of it.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
 
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver
+from netsim.rounds.lookahead import ACT, ARR, DELIVER, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -100,15 +99,14 @@ class _Driver(WindowDriver):
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        heap, add_row, pop, t = self.heap, self.rows.append, heapq.heappop, self.now
+        put, words, t = self.rows.put, self.words, self.now
         try:
-            while heap and heap[0][0] < end:
-                t, _, kind, i, v = pop(heap)
+            for t, _, kind, i, v in self.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t)
                 elif kind == ARR:
-                    add_row((t, "deliver", i, v.src, v.mid, v.size, t - v.sent, v.round, v.tag))
+                    put(pack(t, DELIVER, i, v.src, v.mid, v.size, t - v.sent, v.round, words(v.tag)))
                     self.arrived(i, t, v)
                 elif kind == DONE:
                     self.completion(i, t, v)

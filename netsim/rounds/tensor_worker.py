@@ -8,11 +8,12 @@ process does the tensor work while this process plays the next windows' events: 
 operations in the same order, so the same bits. Trace, metrics and models are those of the run in one process.
 
 What crosses the pipe, each time the driver's tensor work is due: its ``window_work`` (the control's output: each
-agent's operations, the new gradient requests, the gradient batches) and the trace rows made since, pickled; the
-worker writes the trace (turning rows into Arrow costs more than pickling them). Back, only when this process needs
-it: the bank's rows (``ParameterBank.W`` and its named states) before an evaluation and at the end, and at the end
-(or on a failure on either side) the trace writer's state (``TraceWriter.handoff``), the gradient service's counts
-and the worker's tensor seconds. A failure in the worker fails the run with the worker's traceback.
+agent's operations, the new gradient requests, the gradient batches), pickled, and the trace rows made since as
+packed records (``PackedRows``: bytes, columns at the other end); the worker writes the trace (turning rows into Arrow
+costs more than shipping them). Back, only when this process needs it: the bank's rows (``ParameterBank.W`` and its
+named states) before an evaluation and at the end, and at the end (or on a failure on either side) the trace
+writer's state (``TraceWriter.handoff``), the gradient service's counts and the worker's tensor seconds. A failure
+in the worker fails the run with the worker's traceback.
 
 Used when (``reason_not``): the bank is on the CPU (a CUDA context does not survive a fork), this process may use
 two cores, the platform forks, this process is not a worker itself (a parallel sweep's), the run keeps no privacy
@@ -70,7 +71,7 @@ def _serve(driver, conn) -> None:
         while True:
             msg = conn.recv()
             if msg[0] == "work":
-                writer.emit_rows(msg[2])
+                _emit(driver, msg[2])
                 first = driver.take_work(msg[1])
                 t1 = time.perf_counter()
                 driver.tensor_work(first)
@@ -78,7 +79,7 @@ def _serve(driver, conn) -> None:
             elif msg[0] == "bank":
                 conn.send(("bank", _bank(driver.bank)))
             else:
-                writer.emit_rows(msg[1])
+                _emit(driver, msg[1])
                 conn.send(("end", writer.handoff(), _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s,
                            stats.gradient_s))
                 return
@@ -86,9 +87,20 @@ def _serve(driver, conn) -> None:
         conn.send(("error", writer.handoff(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+def _emit(driver, rows: tuple) -> None:
+    """``PackedRows.ship``'s rows into the trace: the words their codes refer to, then the columns."""
+    from netsim.trace.io import Words, packed_columns
+
+    data, words = rows
+    codes = Words()  # the control's codes (the writer may add words of its own to it: rows it holds)
+    for w in words:
+        codes(w)
+    driver.writer.emit_columns(packed_columns(data), codes)
+
+
 def _dumps(msg: tuple) -> bytes:
-    """Plain pickle (rows, ints, numpy arrays): multiprocessing's own pickler looks every object's type up in a
-    Python mapping, ~3x slower."""
+    """Plain pickle (ints, lists, bytes, numpy arrays): multiprocessing's own pickler looks every object's type up in
+    a Python mapping, ~3x slower."""
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -131,12 +143,11 @@ class TensorWorker:
             self._died()
         self.outbox.put(_dumps(msg))
 
-    def send(self, work, rows: list) -> None:
+    def send(self, work, rows) -> None:
         """The work of the windows played since the last send, and the trace rows made here since (cleared)."""
         if self.conn.poll():  # a failure comes back at once
             self._expect("")
-        self._put(("work", work, rows))
-        rows.clear()
+        self._put(("work", work, rows.ship()))
 
     def _expect(self, what: str):
         try:
@@ -171,11 +182,10 @@ class TensorWorker:
         self._put(("bank",))
         self._restore(self._expect("bank")[1])
 
-    def finish(self, rows: list) -> None:
+    def finish(self, rows) -> None:
         """After the last window (``rows``: the trace rows made here since the last send): the trace writer's
         state, the bank, the gradient counts and the worker's tensor seconds; the worker ends."""
-        self._put(("end", rows))
-        rows.clear()
+        self._put(("end", rows.ship()))
         _, trace, bank, calls, evaluated, tensor_s, gradient_s = self._expect("end")
         d = self.driver
         d.writer.adopt(trace)
@@ -184,13 +194,13 @@ class TensorWorker:
         d.stats.tensor_s, d.stats.gradient_s = tensor_s, gradient_s
         self.end()
 
-    def abandon(self, rows: list) -> None:
+    def abandon(self, rows) -> None:
         """The run failed here: the trace as the worker wrote it (with ``rows``) if it still answers, then it ends."""
         if self.conn.closed:  # ended already (its failure handed the writer back)
             return
         if self.proc.is_alive() and self.broken is None:
             try:
-                self._put(("end", rows))
+                self._put(("end", rows.ship()))
                 if self.conn.poll(60.0):
                     self.driver.writer.adopt(self.conn.recv()[1])
                     self.end()

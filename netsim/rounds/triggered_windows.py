@@ -35,8 +35,9 @@ from netsim.rounds.broadcast_windows import ASK, MERGE, PUSH, UPDATE
 from netsim.rounds.broadcast_windows import _Driver as BroadcastDriver
 from netsim.rounds.lookahead import ARR
 from netsim.rounds.triggered import TriggeredDeltas
+from netsim.trace.io import RECORD, PackedRows
 
-_UNDECIDED = ("undecided sends",)  # a placeholder row (replaced before the rows are written)
+_UNDECIDED = bytes(RECORD.size)  # a placeholder row (replaced before the rows are written)
 _CLOSE = 1e-3  # a batched norm this close (relative) to its threshold is decided again by the engine's call
 
 
@@ -66,7 +67,7 @@ class _Sends(BroadcastDriver):
         js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
         pid, k = next(self.pids), self.k[i]
         self.undecided.append([len(self.rows), now, i, js, [next(self.seq) for _ in js], pid, k, None])
-        self.rows.append(_UNDECIDED)
+        self.rows.put(_UNDECIDED)
         self.op(i, PUSH, pid, len(self.undecided) - 1, k)
         self.k[i] = k + 1
         self.wake(i, now)
@@ -75,10 +76,10 @@ class _Sends(BroadcastDriver):
         """The window's sends as decided by its tensor work, in processing order (module docstring)."""
         if not self.undecided:
             return
-        rows, out, prev = self.rows, [], 0
+        rows, out, prev, r = self.rows.buf, PackedRows(self.words), 0, RECORD.size
         size, tag, stats, enqueue = self.size, self.tag, self.agents[0].stats, self.enqueue_numbered
         for pos, now, i, js, seqs, pid, k, fired in self.undecided:
-            out.extend(rows[prev:pos])
+            out.put(rows[prev * r:pos * r])
             prev = pos + 1
             skipped = len(js) - len(fired)
             stats.add("trigger_sent", len(fired))
@@ -91,8 +92,8 @@ class _Sends(BroadcastDriver):
                     self.release(pid)
                 else:
                     enqueue(at, seqs[n], ARR, js[n], (mid, i, size, now, k, 0.0, pid))
-        out.extend(rows[prev:])
-        rows[:] = out
+        out.put(rows[prev * r:])
+        rows[:] = out.buf
         self.undecided.clear()
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:

@@ -103,10 +103,10 @@ class GilbertElliott:
 
     __slots__ = ("spec", "bad", "u")
 
-    def __init__(self, spec: BurstSpec, rng: np.random.Generator):
+    def __init__(self, spec: BurstSpec, rng: np.random.Generator, positions: bool = True):
         self.spec = spec
         self.bad = False
-        self.u = Draws(rng.random, rng)
+        self.u = Draws(rng.random, rng if positions else None)
 
     def lost(self) -> bool:
         s = self.spec
@@ -127,17 +127,17 @@ class FullLink:
     __slots__ = ("latency", "p_loss", "u_loss", "burst", "bandwidth", "busy_until", "series", "outages")
 
     def __init__(self, net: NetworkSpec, streams: Streams, src: int, dst: int, series: LinkSeries | None,
-                 outages: list[tuple[float, float]]):
+                 outages: list[tuple[float, float]], positions: bool = True):
         over = {}
         for o in net.links or ():
             if (o.src, o.dst) == (src, dst) or (o.both and (o.dst, o.src) == (src, dst)):
                 over = {k: getattr(o, k) for k in ("latency", "loss", "bandwidth")
                         if getattr(o, k) is not None}
-        self.latency = draws(over.get("latency", net.latency), streams.rng("latency", src, dst))
+        self.latency = draws(over.get("latency", net.latency), streams.rng("latency", src, dst), positions=positions)
         self.p_loss = over.get("loss", net.loss)
         u = streams.rng("loss", src, dst)
-        self.u_loss = Draws(u.random, u)
-        self.burst = GilbertElliott(net.burst, streams.rng("burst", src, dst)) if net.burst else None
+        self.u_loss = Draws(u.random, u if positions else None)
+        self.burst = GilbertElliott(net.burst, streams.rng("burst", src, dst), positions) if net.burst else None
         self.bandwidth = over.get("bandwidth", net.bandwidth)
         self.busy_until = 0.0
         self.series = series

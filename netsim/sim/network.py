@@ -152,6 +152,9 @@ class Network:
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
         self.model: LinkModel | None = None  # None: the lean default path, inline in send
+        # whether the links' draws keep their streams' positions (``Draws``: what a checkpoint stores, a state read
+        # per block of draws); off where no checkpoint can cut the run (the lookahead windows refuse them)
+        self.positions = True
         self.dynamic = None  # the time-varying topology (sim/dynamic.py) once attached, if the scenario has one
 
     def seed_ahead(self, graph) -> None:
@@ -183,10 +186,11 @@ class Network:
     def link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
         if link is None:
-            lat = draws(self.spec.latency, lambda: self.streams.rng("latency", src, dst), "network.latency")
+            keep = self.positions
+            lat = draws(self.spec.latency, lambda: self.streams.rng("latency", src, dst), "network.latency", keep)
             if self.p_loss > 0:
                 rng = self.streams.rng("loss", src, dst)
-                lost = Draws(rng.random, rng)
+                lost = Draws(rng.random, rng if keep else None)
             else:
                 lost = None
             link = self.links[(src, dst)] = Link(lat, lost)
@@ -268,7 +272,7 @@ class Network:
         if link is None:
             outs = self.outages.get((src, dst), []) + self.all_outages
             link = self.full_links[(src, dst)] = FullLink(self.spec, self.streams, src, dst,
-                                                          self.series.get((src, dst)), outs)
+                                                          self.series.get((src, dst)), outs, self.positions)
         return link
 
     def transfer(self, link, src: int, now: float, size: int) -> float:
