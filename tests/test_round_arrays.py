@@ -10,7 +10,7 @@ from netsim import api
 from netsim.rounds import windowed
 from netsim.scenario import scenario_from_dict
 from netsim.sim.agent import RowsAhead
-from netsim.trace.io import TraceWriter, Words, read_trace, row_columns
+from netsim.trace.io import RECORD, PackedRows, TraceWriter, Words, packed_columns, read_trace, row_columns
 
 
 def rows(n: int, seed: int = 0) -> list[tuple]:
@@ -46,6 +46,55 @@ def test_columns_write_the_bytes_of_the_same_rows(tmp_path, every):
     assert made["columns"] == made["rows"]
     table = read_trace(tmp_path / "columns.arrows").table
     assert table.num_rows == 200 and table.column("tag").to_pylist() == [r[8] for r in given]
+
+
+def test_packed_rows_write_the_bytes_of_the_same_rows(tmp_path):
+    """Rows packed as they are made (``PackedRows``: the hot paths' ``put(RECORD.pack(...))`` and ``append`` of any
+    row, None in a float column and a float in an int column among them), shipped as bytes and read back as columns
+    with the words sent along, between rows emitted as tuples, give the file and the rows waiting of the same rows
+    emitted as tuples (``record_batch``'s values: None as NaN, the float truncated)."""
+    given = rows(300, seed=3)
+    given[7] = (given[7][0], "finish", 3, -1, -1, 0, None, 5, "")
+    given[8] = (given[8][0], "offline", 4, -1, -1, 0, 2.5, -1, "")
+    given[9] = (given[9][0], "send", 4, 2, 17, 452.0, 0.1, 3, "model")
+    cuts = [0, 4, 120, 121, 300]
+    made = {}
+    for how in ("rows", "packed"):
+        path = tmp_path / f"{how}.arrows"
+        w = TraceWriter(path, {"a": "b"}, flush_every=50)
+        for n, (lo, hi) in enumerate(zip(cuts, cuts[1:])):
+            part = given[lo:hi]
+            if how == "packed" and n % 2:
+                words = Words()
+                words("send")  # codes the control gave first (a driver's fixed words)
+                packed = PackedRows(words)
+                for k, r in enumerate(part):
+                    if k % 3 or r[1] != "send" or r[6] is None:
+                        packed.append(r)
+                    else:  # the hot path's packing, its codes from the same words
+                        packed.put(RECORD.pack(r[0], words(r[1]), *r[2:8], words(r[8])))
+                assert len(packed) == len(part)
+                if n == 1:  # shipped as bytes, columns at the other end
+                    data, sent = packed.ship()
+                    assert not len(packed)
+                    codes = Words()
+                    for word in sent:
+                        codes(word)
+                    w.emit_columns(packed_columns(data), codes)
+                else:  # whole batches (the rows that would not fill one wait, packed), then the rest
+                    packed.write_to(w)
+                    assert (len(w.buffer) + len(packed)) % 50 == 0 or not w.buffer
+                    assert len(packed) < 50 and w.count + len(w.buffer) + len(packed) == hi
+                    packed.write_to(w, final=True)
+                    assert not len(packed)
+            else:
+                w.emit_rows(part)
+        pending, count = list(w.buffer), w.count
+        w.close()
+        made[how] = (path.read_bytes(), pending, count)
+    assert made["packed"] == made["rows"]
+    table = read_trace(tmp_path / "packed.arrows").table
+    assert np.isnan(table.column("value")[7].as_py()) and table.column("size")[9].as_py() == 452
 
 
 def sims(n: int = 6, **data) -> tuple:

@@ -611,20 +611,22 @@ class WindowDriver:
                 self.svc.keep_rows(a.rows)
         stats.worker = tensor_worker.reason_not(sim, self.unasked) if self.pipelines else self.one_process
         worker = tensor_worker.TensorWorker(self) if not stats.worker else None
-        rows = PackedRows(self.words)  # with a worker: the trace rows made here since the last send (it writes them)
+        rows = PackedRows(self.words)  # the trace rows made since the last send to the worker (it writes them), or
+        # since the last write here (written a batch at a time: columns of fewer rows would wait in the writer as
+        # row tuples)
         try:
             self._windows(worker, rows)
         except BaseException:
             if worker is not None:
                 worker.abandon(rows)
+            else:
+                rows.write_to(self.writer, final=True)
             raise
         sim.loop.env.advance_to(self.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
 
     def _windows(self, worker, shipped: PackedRows) -> None:
         sim, stats = self.sim, self.stats
-        emit = (lambda rows: self.writer.emit_columns(rows.columns(), self.words)) if worker is None else \
-            shipped.extend
         if self.until is not None:
             self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
         if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
@@ -653,13 +655,16 @@ class WindowDriver:
                     stats.tensor_s += time.perf_counter() - t1
                     self.decide()
             stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
-            emit(self.rows)  # (copied there)
+            shipped.extend(self.rows)
             self.rows.clear()
+            if worker is None:
+                shipped.write_to(self.writer)  # (whole batches)
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
                 if self.until is None or t < self.until:
                     if worker is None:
+                        shipped.write_to(self.writer, final=True)  # the rows before its own
                         sim.evaluate()
                     else:
                         worker.sync_bank()
@@ -670,6 +675,8 @@ class WindowDriver:
                 progress(self.now)
         if worker is not None:
             worker.finish(shipped)
+        else:
+            shipped.write_to(self.writer, final=True)
 
 
 class _Driver(WindowDriver):

@@ -25,6 +25,7 @@ keeps one process unless asked: the broadcast pattern's, whose control bounds it
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -67,11 +68,12 @@ def _serve(driver, conn) -> None:
     torch.set_num_threads(1)  # the other core plays the control
     driver.sim.refuse_ledgers(f"a release in the windows' tensor worker would not be accounted: run with {ENV}=0")
     stats, svc, writer = driver.stats, driver.svc, driver.writer
+    rows = _Rows(writer)
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "work":
-                _emit(driver, msg[2])
+                rows.write(msg[2])
                 first = driver.take_work(msg[1])
                 t1 = time.perf_counter()
                 driver.tensor_work(first)
@@ -79,23 +81,33 @@ def _serve(driver, conn) -> None:
             elif msg[0] == "bank":
                 conn.send(("bank", _bank(driver.bank)))
             else:
-                _emit(driver, msg[1])
+                rows.write(msg[1], final=True)
                 conn.send(("end", writer.handoff(), _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s,
                            stats.gradient_s))
                 return
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the run, with its traceback
+        with contextlib.suppress(Exception):
+            rows.write(None, final=True)  # the rows it got, in the trace it hands back
         conn.send(("error", writer.handoff(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def _emit(driver, rows: tuple) -> None:
-    """``PackedRows.ship``'s rows into the trace: the words their codes refer to, then the columns."""
-    from netsim.trace.io import Words, packed_columns
+class _Rows:
+    """The control's packed rows (``PackedRows.ship``'s) into the worker's trace, a whole batch at a time (the rest
+    waits, packed, for the next rows)."""
 
-    data, words = rows
-    codes = Words()  # the control's codes (the writer may add words of its own to it: rows it holds)
-    for w in words:
-        codes(w)
-    driver.writer.emit_columns(packed_columns(data), codes)
+    def __init__(self, writer):
+        self.writer, self.pending, self.words = writer, bytearray(), []
+
+    def write(self, shipped: tuple | None, final: bool = False) -> None:
+        from netsim.trace.io import Words, write_packed
+
+        if shipped is not None:
+            self.pending += shipped[0]
+            self.words = shipped[1]  # (the control's words only grow: earlier rows' codes hold)
+        codes = Words()  # the control's codes (the writer may add words of its own to it: the rows it holds)
+        for w in self.words:
+            codes(w)
+        write_packed(self.writer, self.pending, codes, final)
 
 
 def _dumps(msg: tuple) -> bytes:
