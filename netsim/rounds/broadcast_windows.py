@@ -4,7 +4,7 @@ asynchronous push gossip SGD and push-sum, byte for byte the events engine's tra
 The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
 driver shares): a message sent at t lands no earlier than t + L, so whatever an activation of [T, T + L) merges,
 at its start (push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier
-window's tensor work. The driver plays the window's events on a heap in simpy's order, each agent's and each
+window's tensor work. The driver plays the window's events in simpy's order, each agent's and each
 link's streams drawn by the engine's calls in the engine's order, the kernel's control (``choose``, ``scalars``,
 ``pushed``) called at the event's time as the program calls it; every agent's tensor operations of the window are
 then done in lock step: in each step an agent goes as far as it can through one activation's operations (merge,

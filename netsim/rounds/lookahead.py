@@ -19,8 +19,9 @@ activation adopts its epoch's links, as the engine's activation listener does.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
-window's events as the events engine's queue would, on a heap of (time, insertion number) in simpy's order (the
-events of later windows wait in buckets of one lookahead until a window reaches them: a small heap pops faster):
+window's events as the events engine's queue would, in the order of (time, insertion number): simpy's (the
+events of later windows wait in buckets of one lookahead; a window sorts those it reaches once, and the events
+scheduled inside it join a small heap):
 simultaneous events in the order they were scheduled (a Timeout is scheduled when the event before it in its
 agent's program is processed); every row of one processed event together, as the engine writes them
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
@@ -31,7 +32,7 @@ and burst state from its own streams in send order (the lean path's draws, or th
 ``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
 processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
 whichever query grows them first. Each churn recorder (``Churn.recorder``: an ``offline`` row when an interval
-starts) is a heap timer, its first set after run.until's and before the programs' first wakes, where the
+starts) is a timer event, its first set after run.until's and before the programs' first wakes, where the
 engine's recorders, started with the network, set theirs. The run stops where the engine's does: at
 ``run.until`` (the events then due that were scheduled before it) or after the last agent's finish; the
 evaluator's timer ends a window where it falls, and the models are scored there after the window's work (only

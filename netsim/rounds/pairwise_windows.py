@@ -6,7 +6,7 @@ reply the server sends then lands L later still; so whatever an operation of the
 another agent (a request's model, a reply's) was sent before T, by an earlier window's tensor work. The lock
 protocol never reads a tensor: who is locked, served, refused or timed out follows from times alone.
 
-The control plays the engine's two programs per agent on the heap, in simpy's order: the main program (activated,
+The control plays the engine's two programs per agent in simpy's order: the main program (activated,
 the gradient asked for, on its completion the staleness observed and, for an initiating agent, the exchange: lock,
 peer from the program's stream, request, the stale replies still queued, the reply's timer) and the server (a
 request served, or refused while locked, then the next queued one). A program waiting on ``recv`` resumes in an
@@ -37,7 +37,7 @@ ASK, SEND, SERVE, REPLY, STEP = range(5)  # an agent's tensor operations
 
 
 class Arrived:
-    """A message on the heap and in an inbox: id, sender, bytes, when sent, round, tag, payload handle (None: a
+    """A message on its way and in an inbox: id, sender, bytes, when sent, round, tag, payload handle (None: a
     refusal)."""
 
     __slots__ = ("mid", "src", "size", "sent", "round", "tag", "pid")
