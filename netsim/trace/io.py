@@ -126,7 +126,7 @@ _RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMP
 class PackedRows:
     """Trace rows as fixed-size records in one bytearray (``RECORD``), for a driver that makes millions of them in
     Python and hands them on: a record is packed as the row is made (one C call, its values still in cache), and a
-    batch of them crosses a pipe as bytes and becomes columns with no per-row work (``columns``). A list of row
+    batch of them crosses a pipe as bytes and becomes columns with no per-row work (``write_packed``). A list of row
     tuples cost ~0.5 us a row more to pickle, most of it fetching the rows back into the cache. ``put(RECORD.pack(
     ...))`` on the hot paths (codes from ``words``); ``append(row)`` takes any row tuple, as ``TraceWriter.emit_row``
     does (None in a float column is NaN, a float in an int column is truncated: ``record_batch``'s values)."""
