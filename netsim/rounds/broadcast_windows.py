@@ -61,10 +61,8 @@ class _Driver(WindowDriver):
         self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
 
     def op(self, i: int, kind: int, *v) -> None:
-        ops = self.ops.get(i)
-        if ops is None:
-            ops = self.ops[i] = []
-        ops.append((self.rank[kind], kind, *v))
+        """``WindowDriver.op``, ranked first by the operation's place in an activation's order."""
+        WindowDriver.op(self, i, self.rank[kind], kind, *v)
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:

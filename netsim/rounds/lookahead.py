@@ -457,6 +457,14 @@ class WindowDriver:
         """Every agent's tensor operations of the window, in lock step."""
         raise NotImplementedError
 
+    def op(self, i: int, *o) -> None:
+        """Agent i's next tensor operation of the window, a tuple (``ops``; push gossip's closure packs its own as
+        ints)."""
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append(o)
+
     def decide(self) -> None:
         """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
         depend on values plays them here)."""
@@ -815,14 +823,7 @@ class _Driver(WindowDriver):
         kernel, p, X = self.kernel, self.p, self.X
         grads, payloads = self.grads, self.payloads
         evaluated, in_flight = grads.row_of, payloads.row_of  # what is kept (a dict lookup per operation)
-        flushes = self.flushes
-        flush_of = {}
-        left = []
-        for f, r in enumerate(flushes):
-            left.append(sum(tk >= first_ticket for tk in r))
-            for tk in r:
-                flush_of[tk] = f
-        waiting = list(range(len(flushes)))
+        flush_of, left, waiting = self.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
@@ -895,12 +896,9 @@ class _Driver(WindowDriver):
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
-        self.ops.clear()
-        if waiting or blocked:  # every batch of the window completes in it, so all its requests were made by its end
-            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.work_done(waiting, blocked)
         if unsent:  # a merge's payload is pushed before it lands, so in this tensor work at the latest
             raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
-        self.flushes.clear()
 
     def point(self, tk: int) -> torch.Tensor:
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch

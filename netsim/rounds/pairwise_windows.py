@@ -82,12 +82,6 @@ class _Driver(WindowDriver):
         self.holds: dict[int, int] = {}  # payload handle -> holders (messages, the requester's exchange)
         self.gone: list[int] = []  # handles let go of in this window
 
-    def op(self, i: int, *o) -> None:
-        ops = self.ops.get(i)
-        if ops is None:
-            ops = self.ops[i] = []
-        ops.append(o)
-
     def let_go(self, h: int) -> None:
         n = self.holds[h] - 1
         if n:

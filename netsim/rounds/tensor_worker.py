@@ -35,6 +35,8 @@ import threading
 import time
 import traceback
 
+from netsim.trace.io import PackedRows, Words
+
 ENV = "NETSIM_TENSOR_WORKER"
 
 
@@ -68,12 +70,13 @@ def _serve(driver, conn) -> None:
     torch.set_num_threads(1)  # the other core plays the control
     driver.sim.refuse_ledgers(f"a release in the windows' tensor worker would not be accounted: run with {ENV}=0")
     stats, svc, writer = driver.stats, driver.svc, driver.writer
-    rows = _Rows(writer)
+    rows = PackedRows(Words())  # the control's rows not yet in a whole batch
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "work":
-                rows.write(msg[2])
+                _take(rows, msg[2])
+                rows.write_to(writer)
                 first = driver.take_work(msg[1])
                 t1 = time.perf_counter()
                 driver.tensor_work(first)
@@ -81,33 +84,26 @@ def _serve(driver, conn) -> None:
             elif msg[0] == "bank":
                 conn.send(("bank", _bank(driver.bank)))
             else:
-                rows.write(msg[1], final=True)
+                _take(rows, msg[1])
+                rows.write_to(writer, final=True)
                 conn.send(("end", writer.handoff(), _bank(driver.bank), svc.calls, svc.evaluated, stats.tensor_s,
                            stats.gradient_s))
                 return
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the run, with its traceback
         with contextlib.suppress(Exception):
-            rows.write(None, final=True)  # the rows it got, in the trace it hands back
+            rows.write_to(writer, final=True)  # the rows it got, in the trace it hands back
         conn.send(("error", writer.handoff(), f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-class _Rows:
-    """The control's packed rows (``PackedRows.ship``'s) into the worker's trace, a whole batch at a time (the rest
-    waits, packed, for the next rows)."""
-
-    def __init__(self, writer):
-        self.writer, self.pending, self.words = writer, bytearray(), []
-
-    def write(self, shipped: tuple | None, final: bool = False) -> None:
-        from netsim.trace.io import Words, write_packed
-
-        if shipped is not None:
-            self.pending += shipped[0]
-            self.words = shipped[1]  # (the control's words only grow: earlier rows' codes hold)
-        codes = Words()  # the control's codes (the writer may add words of its own to it: the rows it holds)
-        for w in self.words:
-            codes(w)
-        write_packed(self.writer, self.pending, codes, final)
+def _take(rows: PackedRows, shipped: tuple) -> None:
+    """``PackedRows.ship``'s rows after ``rows``, all with the control's codes: its words only grow, so earlier rows'
+    codes hold (a fresh ``Words``: the writer may add words of its own to one, for the rows it holds)."""
+    data, words = shipped
+    codes = Words()
+    for w in words:
+        codes(w)
+    rows.put(data)
+    rows.words = codes
 
 
 def _dumps(msg: tuple) -> bytes:
@@ -155,7 +151,7 @@ class TensorWorker:
             self._died()
         self.outbox.put(_dumps(msg))
 
-    def send(self, work, rows) -> None:
+    def send(self, work, rows: PackedRows) -> None:
         """The work of the windows played since the last send, and the trace rows made here since (cleared)."""
         if self.conn.poll():  # a failure comes back at once
             self._expect("")
@@ -194,7 +190,7 @@ class TensorWorker:
         self._put(("bank",))
         self._restore(self._expect("bank")[1])
 
-    def finish(self, rows) -> None:
+    def finish(self, rows: PackedRows) -> None:
         """After the last window (``rows``: the trace rows made here since the last send): the trace writer's
         state, the bank, the gradient counts and the worker's tensor seconds; the worker ends."""
         self._put(("end", rows.ship()))
@@ -206,7 +202,7 @@ class TensorWorker:
         d.stats.tensor_s, d.stats.gradient_s = tensor_s, gradient_s
         self.end()
 
-    def abandon(self, rows) -> None:
+    def abandon(self, rows: PackedRows) -> None:
         """The run failed here: the trace as the worker wrote it (with ``rows``) if it still answers, then it ends."""
         if self.conn.closed:  # ended already (its failure handed the writer back)
             return

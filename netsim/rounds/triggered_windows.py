@@ -33,7 +33,7 @@ from netsim.comm.triggers import Rule
 from netsim.compute.mixing import mix_rows
 from netsim.rounds.broadcast_windows import ASK, MERGE, PUSH, UPDATE
 from netsim.rounds.broadcast_windows import _Driver as BroadcastDriver
-from netsim.rounds.lookahead import ARR
+from netsim.rounds.lookahead import ARR, WindowDriver
 from netsim.rounds.triggered import TriggeredDeltas
 from netsim.trace.io import RECORD, PackedRows
 
@@ -259,11 +259,7 @@ class _DeltasDriver(_Sends):
         self.pc = self.state
         self.size = self.pc.comps[0].encoded_size(self.X.shape[1], self.X.element_size())  # every q's bytes
 
-    def op(self, i: int, kind: int, *v) -> None:
-        ops = self.ops.get(i)
-        if ops is None:
-            ops = self.ops[i] = []
-        ops.append((kind, *v))
+    op = WindowDriver.op  # unranked: one operation per lock step (``in_order``)
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:

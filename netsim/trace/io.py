@@ -126,7 +126,7 @@ _RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMP
 class PackedRows:
     """Trace rows as fixed-size records in one bytearray (``RECORD``), for a driver that makes millions of them in
     Python and hands them on: a record is packed as the row is made (one C call, its values still in cache), and a
-    batch of them crosses a pipe as bytes and becomes columns with no per-row work (``write_packed``). A list of row
+    batch of them crosses a pipe as bytes and becomes columns with no per-row work (``write_to``). A list of row
     tuples cost ~0.5 us a row more to pickle, most of it fetching the rows back into the cache. ``put(RECORD.pack(
     ...))`` on the hot paths (codes from ``words``); ``append(row)`` takes any row tuple, as ``TraceWriter.emit_row``
     does (None in a float column is NaN, a float in an int column is truncated: ``record_batch``'s values)."""
@@ -163,8 +163,17 @@ class PackedRows:
         del self.buf[:]
 
     def write_to(self, writer: TraceWriter, final: bool = False) -> None:
-        """``write_packed`` of these rows."""
-        write_packed(writer, self.buf, self.words, final)
+        """These rows into ``writer`` as whole batches, the rows that would not fill one kept here (``final``: all of
+        them). ``emit_columns`` keeps a partial batch as row tuples, to convert them back when the next rows come:
+        ~2 us a row."""
+        buf = self.buf
+        n = len(buf) // RECORD.size
+        every = writer.flush_every
+        k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
+        if k > 0:
+            cut = k * RECORD.size
+            writer.emit_columns(packed_columns(bytes(buf[:cut])), self.words)
+            del buf[:cut]
 
     def ship(self) -> tuple[bytes, list[str]]:
         """The rows as bytes and the words their codes refer to, in code order (``packed_columns`` at the other end);
@@ -172,19 +181,6 @@ class PackedRows:
         data = bytes(self.buf)
         self.clear()
         return data, self.words.words.copy()
-
-
-def write_packed(writer: TraceWriter, buf: bytearray, words: Words, final: bool = False) -> None:
-    """The packed rows of ``buf`` (codes of ``words``) into ``writer`` as whole batches, the rows that would not fill
-    one left in ``buf`` (``final``: all of them). ``emit_columns`` keeps a partial batch as row tuples, to convert
-    them back when the next rows come: ~2 us a row."""
-    n = len(buf) // RECORD.size
-    every = writer.flush_every
-    k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
-    if k > 0:
-        cut = k * RECORD.size
-        writer.emit_columns(packed_columns(bytes(buf[:cut])), words)
-        del buf[:cut]
 
 
 def packed_columns(data) -> tuple:
