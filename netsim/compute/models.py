@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from netsim.compute.exact import row_mean, row_sum
 from netsim.compute.model_checks import IMAGE_SIDES, ModelData, binary, image
 from netsim.errors import InputError, claim
 from netsim.scenario.schema import ModelSpec
@@ -76,11 +77,13 @@ class LogisticRegression:
     loss_i = mean_b log(1 + exp(-s_b z_b)) + l2/2 ||w||^2 with z = x.w (+ b) and s = 2y - 1.
 
     ``batch_invariant``: each request's gradient has the same bits whichever requests share its call (and in
-    whatever position). The default path does not: one request takes 2-D ops (``addmv``), a batch broadcast
-    products, and ``sigmoid``'s vectorised loop and its scalar tail round differently, so a value's bits depend
-    on where it falls in the batch. The invariant path takes the batched ops for every call and the sigmoid's
-    scalar loop for every value (``_sigmoid_each``); its products and reductions are per row. It is what lets
-    asynchronous windowed runs evaluate a window's gradients in one call (rounds/lookahead.py).
+    whatever position), at any thread count and on any CPU kernel torch dispatches to. The default path does not:
+    one request takes 2-D ops (``addmv``), a batch broadcast products and a batched BLAS product whose blocking
+    depends on the batch's shape, and ``sigmoid``'s vectorised loop and its scalar tail round differently, so a
+    value's bits depend on where it falls in the batch. The invariant path uses only elementwise operations, the
+    sigmoid's scalar loop for every value (``_sigmoid_each``) and reductions in a fixed order per row
+    (``compute.exact.row_sum``). It is what lets asynchronous windowed runs evaluate a window's gradients in one
+    call (rounds/lookahead.py).
     """
 
     def __init__(self, features: int, l2: float = 0.0, bias: bool = True, batch_invariant: bool = False):
@@ -102,8 +105,10 @@ class LogisticRegression:
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
              clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
+        if self.batch_invariant:
+            return self._grad_each(W, X, y, clip, clip_kind)
         B, d, one = X.shape[1], self.d, float(self.bias)
-        if W.shape[0] == 1 and clip_kind == "l2" and not self.batch_invariant:  # one request: 2-D ops, ~2x faster
+        if W.shape[0] == 1 and clip_kind == "l2":  # one request: 2-D ops, ~2x faster
             w, x = W[0], X[0]
             z = torch.addmv(w[d:], x, w[:d]) if self.bias else x @ w
             r = torch.sigmoid(z).sub_(y[0])
@@ -114,7 +119,7 @@ class LogisticRegression:
                 gw += self.l2 * w[:d]
             return (torch.cat([gw, r.mean().unsqueeze(0)]) if self.bias else gw).unsqueeze(0)
         z = self.logits(W, X)
-        r = (_sigmoid_each(z) if self.batch_invariant else torch.sigmoid(z)) - y  # dloss/dz_b; sample b: r_b [x_b, 1]
+        r = torch.sigmoid(z) - y  # dloss/dz_b; sample b: r_b [x_b, 1]
         g = torch.empty_like(W)
         if clip is not None and clip_kind == "coordinate":
             G = r.unsqueeze(-1) * X
@@ -130,6 +135,33 @@ class LogisticRegression:
             g[:, :d] += self.l2 * W[:, :d]
         if self.bias:
             g[:, d] = r.mean(dim=1)
+        return g
+
+    def _grad_each(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None,
+                   clip_kind: str) -> torch.Tensor:
+        """``grad``'s batch-invariant path: the same formulas with elementwise operations and ``row_sum``, the
+        (R, B, d) products folded in one buffer."""
+        d, B = self.d, X.shape[1]
+        P = X * W[:, :d].unsqueeze(1)
+        z = row_sum(P, 2, inplace=True)
+        z = z + W[:, d:] if self.bias else z.clone()
+        r = _sigmoid_each(z) - y
+        g = torch.empty_like(W)
+        if clip is not None and clip_kind == "coordinate":
+            G = torch.mul(r.unsqueeze(-1), X, out=P)
+            if self.bias:
+                G = torch.cat([G, r.unsqueeze(-1)], dim=2)
+            g.copy_(row_sum(G.clamp_(-clip, clip), 1, inplace=True) / B)
+            g[:, :d] += self.l2 * W[:, :d]
+            return g
+        if clip is not None:
+            sq = row_sum(torch.mul(X, X, out=P), 2, inplace=True)
+            r = r * clip_factors(r.abs() * torch.sqrt(sq + float(self.bias)), clip)
+        torch.div(row_sum(torch.mul(r.unsqueeze(-1), X, out=P), 1, inplace=True), B, out=g[:, :d])
+        if self.l2:
+            g[:, :d] += self.l2 * W[:, :d]
+        if self.bias:
+            g[:, d] = row_mean(r, 1)
         return g
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
