@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from netsim import api
 from netsim.errors import InputError
 from netsim.sim import checkpoint
 from netsim.trace.io import TRACE_FILE, read_trace
+from tests.search import search
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -295,7 +296,7 @@ def _one_line_exit_2(r, folder: Path) -> None:
     assert "Traceback" not in r.output
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@search(40, suppress_health_check=list(HealthCheck))
 @given(damage=st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["cut", "flip", "junk", "delete"]),
                                  st.integers(0, 1 << 20), st.binary(max_size=64)), min_size=2, max_size=2))
 def test_fuzz_corrupted_checkpoints(killed_template, damage):
@@ -340,7 +341,7 @@ def _mutate(obj, path: list, value):
             return
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@search(12, suppress_health_check=list(HealthCheck))
 @given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6),
        value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.floats(allow_nan=True),
                        st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),

@@ -1,0 +1,22 @@
+"""Hypothesis settings of the property and differential tests: a fixed sample by default, a search on request.
+
+By default every run tries the same examples (``derandomize=True``), so CI time is bounded and a failure
+reproduces. ``NETSIM_FUZZ=N`` (N >= 1) searches instead: examples drawn afresh each run, ten times N the
+budget, the shrunk failure printed with its ``@example`` line to pin. docs/testing.md says when to run it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import settings
+
+FUZZ = int(os.environ.get("NETSIM_FUZZ", "0") or 0)
+
+
+def search(max_examples: int, **kw) -> settings:
+    """``settings`` for a property test of ``max_examples`` examples (``deadline`` off: runs vary in time)."""
+    if FUZZ > 0:
+        return settings(max_examples=max_examples * 10 * FUZZ, deadline=None, derandomize=False, database=None,
+                        print_blob=True, **kw)
+    return settings(max_examples=max_examples, deadline=None, derandomize=True, **kw)
