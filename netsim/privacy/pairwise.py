@@ -202,14 +202,16 @@ class LinearRun:
 def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing, delivered,
                      sends: dict[tuple[int, int], float], observers: Sequence[int], lr: float | None,
                      in_nbrs: dict[int, list[int]], source: str = "mixing.csv",
-                     chebyshev: tuple[int, float] | None = None) -> LinearRun:
+                     chebyshev: tuple[int, float] | None = None, unit: np.ndarray | None = None) -> LinearRun:
     """Play the run's linear system from its releases, its mixing record and its deliveries.
 
     ``releases``: agent -> list of Release records (trace order); ``mixing``: a MixingRecord;
     ``delivered``: (receiver, sender, round) of every delivered message of the form's tag; ``sends``:
     (sender, round) -> send time; ``lr``: the constant step size of ``release_at = "now"``; ``chebyshev``:
     (K, lambda) of Muffliato's accelerated gossip, x <- w_s (mix(x) - x_prev) + x_prev at the steps s > 0
-    of every K (Cyffers et al., Algorithm 1's recursion, as netsim's muffliato plays it)."""
+    of every K (Cyffers et al., Algorithm 1's recursion, as netsim's muffliato plays it); ``unit``: what one unit of
+    a slot's column is (default: the release's noise std, so columns are in noise-std units; ones: in the
+    release's own units, the coefficients of the released values)."""
     offsets, total = {}, 0
     slots: dict[int, np.ndarray] = {}
     for a in range(n):
@@ -226,6 +228,8 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
             s = offsets[a] + k
             sigma[s], rel_t[s] = r.scale, r.t
             scale[s] = r.sensitivity / r.scale if r.scale > 0 else math.inf
+    if unit is not None:
+        sigma = np.asarray(unit, dtype=np.float64)
     # mixing steps: agent -> step -> (self weight, {src: weight}, released, lr)
     steps: dict[int, dict[int, list]] = defaultdict(dict)
     for a, k, rel, src, w, slr in zip(mixing.agent.tolist(), mixing.step.tolist(), mixing.released.tolist(),
@@ -329,12 +333,40 @@ def _parse_agents(text: str | None, n: int, key: str) -> list[int]:
     return sorted(set(out))
 
 
-def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
-                    observers: str | None = None, plot: bool = True) -> dict[str, Any]:
-    """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
-    the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
-    cannot be accounted."""
-    import networkx as nx
+@attrs.frozen
+class RunInputs:
+    """What the exact linear view of a run is built from, read and checked once (``run_inputs``)."""
+
+    n: int
+    form: LinearForm
+    accelerated: bool
+    releases: dict[int, list]  # agent -> its Release records, trace order
+    n_slots: int
+    gated: int  # releases an event trigger decided from unreleased data
+    delivered: list[tuple[int, int, int]]  # (receiver, sender, round) of the form's delivered messages
+    sends: dict[tuple[int, int], float]
+    graph: Any
+    W: Any
+    in_nbrs: dict[int, list[int]]
+    lr: float
+    mixing: Any
+    mixing_path: Path
+    chebyshev: tuple[int, float] | None
+
+    def linear_run(self, observers: Sequence[int], unit: np.ndarray | None = None) -> LinearRun:
+        """The run's linear system with the views of ``observers`` (columns in noise-std units, or ``unit``)."""
+        return build_linear_run(self.n, self.form, self.releases, self.mixing, self.delivered, self.sends, observers,
+                                self.lr, self.in_nbrs, str(self.mixing_path), self.chebyshev, unit)
+
+    def hops(self) -> dict[int, dict[int, int]]:
+        import networkx as nx
+
+        return dict(nx.all_pairs_shortest_path_length(self.graph.to_undirected(as_view=True)))
+
+
+def run_inputs(folder: Path, trace, sc, flag: str = "--pairwise") -> RunInputs:
+    """Read and check what the exact view of a run needs: a linear Gaussian algorithm, a complete trace, the
+    mixing record, Gaussian releases within ``EXACT_LIMIT``. Raises InputError (key ``flag``) with the reason."""
     import pyarrow.compute as pc
 
     from netsim.privacy.ledger import decided_by_data, releases_from_table
@@ -343,35 +375,33 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     from netsim.sim.topology import weighted_graph
 
     if sc is None:
-        raise InputError("--pairwise", "the trace holds no scenario: the algorithm and graph are unknown")
+        raise InputError(flag, "the trace holds no scenario: the algorithm and graph are unknown")
     alg = sc.algorithm.name
     form = LINEAR.get(alg)
     if form is None:
-        raise InputError("--pairwise", f"algorithm {alg!r} is not a linear Gaussian algorithm netsim can account "
-                                       f"pairwise (exact only for: {', '.join(LINEAR)}); no pair figure is given")
+        raise InputError(flag, f"algorithm {alg!r} is not a linear Gaussian algorithm netsim can account "
+                               f"pairwise (exact only for: {', '.join(LINEAR)}); no pair figure is given")
     params = dict(sc.algorithm.params)
     accelerated = alg == "muffliato" and params.get("acceleration", "none") != "none"
     if not trace.complete:
-        raise InputError("--pairwise", "the trace is incomplete (cut or crashed run): pairwise figures need the "
-                                       "whole run; the figures are unknown", str(folder))
+        raise InputError(flag, "the trace is incomplete (cut or crashed run): pairwise figures need the "
+                               "whole run; the figures are unknown", str(folder))
     path = folder / MIXING_FILE
     if not path.is_file():
-        raise InputError("--pairwise", f"{path} is missing: pairwise accounting needs the mixing weights the run "
-                                       "applied; rerun with privacy.record = \"mixing\" "
-                                       "(--set 'privacy.record=\"mixing\"')")
+        raise InputError(flag, f"{path} is missing: pairwise accounting needs the mixing weights the run "
+                               "applied; rerun with privacy.record = \"mixing\" "
+                               "(--set 'privacy.record=\"mixing\"')")
     n = sc.agents.count
     rel = releases_from_table(trace.table, str(folder))
     mechs = {r.mechanism for rs in rel.values() for r in rs}
     if mechs - {"gaussian"}:
-        raise InputError("--pairwise", f"releases by {sorted(mechs - {'gaussian'})}: the exact view is computed "
-                                       "for Gaussian releases only")
+        raise InputError(flag, f"releases by {sorted(mechs - {'gaussian'})}: the exact view is computed "
+                               "for Gaussian releases only")
     n_slots = sum(len(rs) for rs in rel.values())
     if n_slots > EXACT_LIMIT:
-        raise InputError("--pairwise", f"{n_slots} releases: the exact computation takes at most {EXACT_LIMIT} "
-                                       "(one column per release); run fewer rounds or agents")
+        raise InputError(flag, f"{n_slots} releases: the exact computation takes at most {EXACT_LIMIT} "
+                               "(one column per release); run fewer rounds or agents")
     gated = sum(decided_by_data(r) for rs in rel.values() for r in rs)
-    vs = _parse_agents(victims, n, "--victims")
-    os_ = _parse_agents(observers, n, "--observers")
     tab = trace.table
     msgs = tab.filter(pc.equal(tab["tag"], form.tag))
     kind = msgs["kind"].to_pylist()
@@ -381,16 +411,10 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     for k, a, r, t in zip(kind, a_, r_, t_, strict=True):
         if k == "send":
             sends.setdefault((a, r), t)
-    chosen = set(os_)
-    need = 8 * n_slots * sum(1 for v, _, _ in delivered if v in chosen)
-    if need > VIEW_BYTES_LIMIT:
-        raise InputError("--observers", f"the chosen observers' views would take {need / 1024**3:.1f} GiB (messages "
-                                        f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
-                                        "GiB: choose fewer observers (--observers 0,3,5-7)")
     try:
         g, W = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
     except (InputError, OSError, ValueError) as e:
-        raise InputError("--pairwise", f"cannot rebuild the run's graph: {e}") from None
+        raise InputError(flag, f"cannot rebuild the run's graph: {e}") from None
     in_nbrs = {i: sorted(j for j in g.predecessors(i) if j != i) for i in range(n)}
     lr = float(params.get("lr", 0.001 if alg == "muffliato" else 0.1))
     mixing = read_mixing(path)
@@ -402,12 +426,32 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         ks = {(int(np.unique(mixing.step[mixing.agent == a]).size), int((acts == a).sum())) for a in range(n)}
         per = {m // k for m, k in ks if k and m % k == 0}
         if len(per) != 1 or any(not k or m % k for m, k in ks):
-            raise InputError("--pairwise", "muffliato with Chebyshev acceleration: the agents' gossip steps per "
-                                           "activation differ, so the recursion's steps cannot be placed")
+            raise InputError(flag, "muffliato with Chebyshev acceleration: the agents' gossip steps per "
+                                   "activation differ, so the recursion's steps cannot be placed")
         cheb = (per.pop(), 1.0 - (spectral_gap(W) or 0.0))
-    lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path), cheb)
+    return RunInputs(n, form, accelerated, rel, n_slots, gated, delivered, sends, g, W, in_nbrs, lr, mixing, path,
+                     cheb)
+
+
+def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
+                    observers: str | None = None, plot: bool = True) -> dict[str, Any]:
+    """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
+    the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
+    cannot be accounted."""
+    inp = run_inputs(folder, trace, sc)
+    n, form, alg, n_slots, gated = inp.n, inp.form, sc.algorithm.name, inp.n_slots, inp.gated
+    accelerated, delivered = inp.accelerated, inp.delivered
+    vs = _parse_agents(victims, n, "--victims")
+    os_ = _parse_agents(observers, n, "--observers")
+    chosen = set(os_)
+    need = 8 * n_slots * sum(1 for v, _, _ in delivered if v in chosen)
+    if need > VIEW_BYTES_LIMIT:
+        raise InputError("--observers", f"the chosen observers' views would take {need / 1024**3:.1f} GiB (messages "
+                                        f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
+                                        "GiB: choose fewer observers (--observers 0,3,5-7)")
+    lin = inp.linear_run(os_)
     fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato" and not accelerated
-    hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
+    hops = inp.hops()
     noiseless = bool(np.isinf(lin.scale).any())
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 

@@ -204,6 +204,9 @@ class Simulation:
         if ticket.result is None:
             self.world.gradients.flush()
         self.recorder.emit_row((self.loop.env.now, "compute_end", ticket.agent, -1, -1, 0, 0.0, -1, ""))  # ComputeEnd
+        views = self._views
+        if views is not None:  # an audit's input canaries join the victim's gradient (privacy/payloads.py)
+            return views.gradient(ticket.agent, ticket.result, len(ticket.rows), ticket.clip, ticket.clip_kind)
         return ticket.result
 
     def add_program(self, i: int, program: Any) -> simpy.Process:
@@ -226,7 +229,15 @@ class Simulation:
         return self.loop.wall + time.perf_counter() - self.loop.t0
 
     def _deliver(self, msg) -> None:
+        if self._views is not None:  # privacy.record = "payloads": what each observer received
+            self._views.deliver(msg, self.loop.env.now)
         self.loop.agents[msg.dst].inbox.put(msg)
+
+    @property
+    def _views(self):
+        """The privacy layer's payload record (privacy.record = "payloads"), else None."""
+        log = self.recorder.mixing_log
+        return None if log is None else log.views
 
     def agent_finished(self) -> None:
         self.loop.agent_finished()
