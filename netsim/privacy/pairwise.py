@@ -155,6 +155,18 @@ def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, obs
     return out
 
 
+def capped_mu(exact: tuple[float, str], ratios: np.ndarray, noiseless: bool) -> tuple[float, str, float]:
+    """(mu, method, mu_local) of a pair from ``exact_mu``'s (mu, method) and the victim's Delta_s / sigma_s: infinite
+    when a release of the run is noiseless, never above the victim's releases seen directly (post-processing)."""
+    mu, method = exact
+    if noiseless:
+        mu, method = math.inf, "noiseless release"
+    mu_local = math.sqrt(float(np.sum(np.square(ratios))))
+    if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
+        mu, method = mu_local, "local (post-processing)"
+    return mu, method, mu_local
+
+
 def per_message_bound(view: np.ndarray, idx: np.ndarray, scale: np.ndarray) -> float:
     """Muffliato's per-message composition on the run's own messages: each row of ``view`` (one message, all
     slots, the observer's own included, in noise-std units) a Gaussian mechanism of noise ||row|| and
@@ -197,6 +209,7 @@ class LinearRun:
     scale: np.ndarray  # per slot: Delta_s / sigma_s (inf for a noiseless release)
     views: dict[int, np.ndarray]  # observer -> (messages received x slots), in noise-std units
     lossless: bool  # every mixing step used every in-neighbour's message
+    received: dict[int, list[tuple[int, int]]] = attrs.field(factory=dict)  # observer -> (sender, round) per row
 
 
 def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing, delivered,
@@ -267,6 +280,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
     wk = np.ones(n)
     applied = np.zeros(n, dtype=np.int64)  # releases already in each agent's value
     rows: dict[int, list[np.ndarray]] = {v: [] for v in observers}
+    received: dict[int, list[tuple[int, int]]] = {v: [] for v in observers}
     for r in range(last + 1):
         if form.release_at == "now":
             for a in range(n):
@@ -284,6 +298,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
         P = X.copy()  # the round-r messages: every agent's value before its mixing step r
         for v, j in by_round.get(r, ()):
             rows[v].append(P[j])
+            received[v].append((j, r))
         for a in range(n):
             st = steps[a].get(r) if a in steps else None
             if st is None:
@@ -307,7 +322,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
     views = {}
     for v in observers:
         views[v] = np.array(rows[v]) if rows[v] else np.zeros((0, S))
-    return LinearRun(n, slots, scale, views, lossless)
+    return LinearRun(n, slots, scale, views, lossless, received)
 
 
 # --- the report -------------------------------------------------------------------------------------------
@@ -463,13 +478,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         for u in vs:
             if u == v:
                 continue
-            mu, method = per[u]
-            ratios = lin.scale[lin.slots[u]].tolist()
-            if noiseless:
-                mu, method = math.inf, "noiseless release"
-            mu_local = math.sqrt(sum(x * x for x in ratios))
-            if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
-                mu, method = mu_local, "local (post-processing)"
+            mu, method, mu_local = capped_mu(per[u], lin.scale[lin.slots[u]], noiseless)
             mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
             if gated:
                 method = "not a guarantee"
