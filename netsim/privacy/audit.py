@@ -194,6 +194,9 @@ def audit(run_folders: Sequence[str | Path], observers: str | None = None) -> li
     runs = []
     for folder in run_folders:
         folder, trace, sc = load_run(folder, "--audit")
+        if not trace.complete:
+            raise InputError("--audit", "the trace is incomplete (cut or crashed run): the audit needs the whole "
+                                        "run", str(folder))
         spec = sc.privacy.audit if sc.privacy is not None else None
         if spec is None:
             raise InputError("--audit", "the run inserted no canaries: audit a run whose scenario sets "

@@ -53,6 +53,22 @@ class ViewLog:
         if spec is not None:
             self.canaries = Canaries.draw(spec, sim.world.scenario.agents.count, self.P,
                                           sim.world.streams.rng(AUDIT_STREAM))
+            if spec.kind == "input":
+                self._join_gradients(sim.world.gradients)
+
+    def _join_gradients(self, service) -> None:
+        """Input canaries join each of a victim's gradients as the gradient service computes it: its ``flush``
+        (this run's service only) hands the victims' results through ``gradient`` (the events engine's
+        requests are one ``Ticket`` each; an audit refuses the windowed engine)."""
+        flush, victims = service.flush, set(self.canaries.victims)
+
+        def flush_with_canaries() -> None:
+            pending = [t for t in service.pending if getattr(t, "agent", None) in victims]
+            flush()
+            for t in pending:
+                t.result = self.gradient(t.agent, t.result, len(t.rows), t.clip, t.clip_kind)
+
+        service.flush = flush_with_canaries
 
     # hooks -----------------------------------------------------------------------------------------------------
     def deliver(self, msg, t: float) -> None:

@@ -204,9 +204,6 @@ class Simulation:
         if ticket.result is None:
             self.world.gradients.flush()
         self.recorder.emit_row((self.loop.env.now, "compute_end", ticket.agent, -1, -1, 0, 0.0, -1, ""))  # ComputeEnd
-        views = self._views
-        if views is not None:  # an audit's input canaries join the victim's gradient (privacy/payloads.py)
-            return views.gradient(ticket.agent, ticket.result, len(ticket.rows), ticket.clip, ticket.clip_kind)
         return ticket.result
 
     def add_program(self, i: int, program: Any) -> simpy.Process:
