@@ -71,20 +71,16 @@ def plot_attack(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 def plot_audit(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     """epsilon_lower (what the canary audit achieved) and epsilon_upper (the accounted pairwise epsilon) against
-    hops, every audited pair a point, violations circled."""
+    hops, every audited pair at its own place within its distance, violations in red."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    jit = np.linspace(-0.12, 0.12, max(2, len({r["victim"] for r in rows})))
-    vic = sorted({r["victim"] for r in rows})
+    groups: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["hops"] is None:
-            continue
-        x = r["hops"] + jit[vic.index(r["victim"]) % len(jit)]
-        up = r["epsilon_upper"] if math.isfinite(r["epsilon_upper"]) else np.nan
-        ax.plot([x, x], [r["epsilon_lower"], up], "-", color="lightgrey", lw=1, zorder=1)
-        ax.scatter([x], [up], marker="_", s=120, color="tab:blue", zorder=2)
-        ax.scatter([x], [r["epsilon_lower"]], marker="o", s=18, color="tab:red" if r["flag"] else "tab:green",
-                   zorder=3)
+        if r["hops"] is not None:
+            groups[r["hops"]].append(r)
+    for h, rs in groups.items():
+        for r, dx in zip(rs, np.linspace(-0.15, 0.15, len(rs)) if len(rs) > 1 else [0.0], strict=True):
+            _audit_pair(ax, r, h + dx)
     ax.scatter([], [], marker="_", s=120, color="tab:blue", label="epsilon_upper (accounted, pairwise)")
     ax.scatter([], [], marker="o", s=18, color="tab:green", label="epsilon_lower (audit)")
     if any(r["flag"] for r in rows):
@@ -99,3 +95,11 @@ def plot_audit(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     fig.savefig(folder / AUDIT_PLOT, dpi=110)
     plt.close(fig)
     return [folder / AUDIT_PLOT]
+
+
+def _audit_pair(ax, r: dict[str, Any], x: float) -> None:
+    """One audited pair at ``x``: its accounted epsilon (a bar) over its audit bound (a dot, red when above)."""
+    up = r["epsilon_upper"] if math.isfinite(r["epsilon_upper"]) else np.nan
+    ax.plot([x, x], [r["epsilon_lower"], up], "-", color="lightgrey", lw=1, zorder=1)
+    ax.scatter([x], [up], marker="_", s=120, color="tab:blue", zorder=2)
+    ax.scatter([x], [r["epsilon_lower"]], marker="o", s=18, color="tab:red" if r["flag"] else "tab:green", zorder=3)

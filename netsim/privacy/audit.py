@@ -304,13 +304,16 @@ def audit_lines(out: dict[str, Any], folder: str) -> list[str]:
     def f(x):
         return "inf" if not math.isfinite(x) else f"{x:.4g}"
 
-    head = ("hops", "pairs", "eps_lower max", "eps_upper min", "lower/upper max", "violated")
+    head = ("hops", "pairs", "eps_lower median", "eps_upper median", "lower/upper min", "lower/upper max",
+            "violated")
     table = [head]
     for h in sorted(by, key=lambda x: (x is None, x)):
         rs = by[h]
-        ratio = max((r["epsilon_lower"] / r["epsilon_upper"] for r in rs if r["epsilon_upper"] > 0), default=0.0)
-        table.append((str(h), str(len(rs)), f(max(r["epsilon_lower"] for r in rs)),
-                      f(min(r["epsilon_upper"] for r in rs)), f"{ratio:.3g}", str(sum(1 for r in rs if r["flag"]))))
+        ratios = [r["epsilon_lower"] / r["epsilon_upper"] for r in rs if 0 < r["epsilon_upper"] < math.inf]
+        table.append((str(h), str(len(rs)), f(float(np.median([r["epsilon_lower"] for r in rs]))),
+                      f(float(np.median([r["epsilon_upper"] for r in rs]))),
+                      f"{min(ratios):.3g}" if ratios else "-", f"{max(ratios):.3g}" if ratios else "-",
+                      str(sum(1 for r in rs if r["flag"]))))
     widths = [max(len(r[k]) for r in table) for k in range(len(head))]
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in table]
     if out["violated"]:
