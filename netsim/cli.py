@@ -462,11 +462,30 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             victims: Optional[str] = typer.Option(  # noqa: UP045
                 None, "--victims", help="--pairwise: only these victims, e.g. 0,3,5-7"),
             observers: Optional[str] = typer.Option(  # noqa: UP045
-                None, "--observers", help="--pairwise: only these observers, e.g. 0,3,5-7"),
+                None, "--observers", help="--pairwise, --audit: only these observers, e.g. 0,3,5-7; --attack: the "
+                                          "one set of colluding observers (default: every agent alone)"),
+            attack: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--attack", help="reconstruct: which releases the observers recover exactly from their "
+                                       "messages (El Mrini et al.; needs privacy.record): attack.csv"),
+            audit: bool = typer.Option(
+                False, "--audit", help="an empirical lower bound on epsilon from the run's canaries "
+                                       "(privacy.audit), beside the accounted pairwise epsilon: audit.csv"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
     """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form; --pairwise: per
-    (victim, observer) pair."""
+    (victim, observer) pair; --attack, --audit: what an attack achieves from the run's messages."""
     from netsim.errors import InputError
+
+    if attack is not None or audit:  # the attacks alone (netsim/privacy/attack.py, audit.py)
+        from netsim.privacy.attack import run_attacks
+
+        try:
+            _plugins(plugin)
+            lines = run_attacks(run_folder, attack, audit, observers)
+        except InputError as e:
+            _fail(e)
+        for line in lines:
+            typer.echo(line)
+        return
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
     from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
 
