@@ -649,9 +649,11 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
 
 
 def _print_result(table, limit: int) -> None:
-    """A query's result as a rich table (numbers right-aligned, 6 significant digits)."""
-    from rich.console import Console
+    """A query's result as a rich table (numbers right-aligned, 6 significant digits), every header whole
+    (``netsim.table_fit``: folded at its word breaks where the screen, or a pipe's 80 columns, is narrow)."""
     from rich.table import Table
+
+    from netsim.table_fit import print_fitted
 
     t = Table(show_edge=False, header_style="bold")
     cols = table.column_names
@@ -669,7 +671,7 @@ def _print_result(table, limit: int) -> None:
 
     for r in table.slice(0, limit).to_pylist():
         t.add_row(*(cell(r[c]) for c in cols))
-    Console().print(t)
+    print_fitted(t)
     more = table.num_rows - limit
     typer.echo(f"({table.num_rows} rows" + (f"; {more} not shown: --rows N, --csv or --parquet FILE)"
                                             if more > 0 else ")"))
@@ -842,27 +844,35 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
     except RunCrashed as e:  # a member's algorithm raised: its folder keeps the partial trace and summary
         _crashed(e)
     if not quiet:
-        from rich.table import Table
+        from netsim.table_fit import print_fitted
 
-        t = Table(title=f"{sweep_file.stem}: mean ± std over seeds")
-        rows = result.table.to_pylist()
-        shown = dict.fromkeys([sw.spec.metric, "loss", "messages_dropped"])
-        cols = sw.swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in result.table.column_names]
-        for c in cols:  # swept keys as written (network.loss), the runs' outputs as "final ..." (test loss)
-            t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
-                         justify="right")
-        for r in rows:
-            cells = []
-            for c in cols:
-                v = r[c]
-                if c.endswith("_mean"):
-                    s = r[c.removesuffix("_mean") + "_std"]
-                    v = "-" if v is None else f"{v:.4g}" + ("" if s is None else f" ± {s:.2g}")
-                cells.append(str(v))
-            t.add_row(*cells)
-        Console().print(t)
+        print_fitted(_sweep_table(sweep_file.stem, sw.swept, sw.spec.metric, result.table))
     typer.echo(f"ran {result.ran} of {len(sw.tasks)} runs; wrote {result.out}/ (sweep.csv, runs.csv, "
                f"{', '.join(p.name for p in result.plots)})")
+
+
+def _sweep_table(name: str, swept: list[str], metric: str, table):
+    """The sweep's table: the swept keys as written (``network.loss``), the seeds, and the final metric, loss
+    and drops as mean ±std (a narrow screen wraps the std under its mean)."""
+    from rich.table import Table, box
+
+    t = Table(title=f"{name}: mean ± std over seeds", box=box.SIMPLE_HEAD, show_edge=False,
+              pad_edge=False, collapse_padding=True)
+    shown = dict.fromkeys([metric, "loss", "messages_dropped"])
+    cols = swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in table.column_names]
+    for c in cols:  # the runs' outputs as "final ..." (test loss), never mistaken for a swept key
+        t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
+                     justify="right")
+    for r in table.to_pylist():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if c.endswith("_mean"):
+                s = r[c.removesuffix("_mean") + "_std"]
+                v = "-" if v is None else f"{v:.4g}" + ("" if s is None else f" ±{s:.2g}")
+            cells.append("-" if v is None else str(v))
+        t.add_row(*cells)
+    return t
 
 
 def main() -> None:

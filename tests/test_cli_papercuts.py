@@ -233,3 +233,63 @@ def test_run_explore_ends_with_the_runs_summary_table(tmp_path, monkeypatch, cap
     assert rc == 0
     assert "quickstart · dpsgd · 16 agents" in out and "messages sent" in out and "stopped by" in out
     assert out.index("wrote ") < out.index("messages sent")
+
+
+def _header_columns(text: str, sep: str = "┃") -> list[str]:
+    """The column headers of a printed table, each header's lines joined (rich folds a header downwards)."""
+    lines = text.splitlines()
+    head = lines[:next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("━"))]
+    parts = [[p.strip() for p in ln.split(sep)] for ln in head]
+    return ["".join(p[i] for p in parts) for i in range(len(parts[0]))]
+
+
+def test_a_piped_query_table_keeps_every_header_whole_at_80_columns(monkeypatch, capsys):
+    """Piped (not a terminal: 80 columns), rich once cut agent_accuracy_mean and agent_accuracy_min both to
+    ``agent_acc…``: a header folds at its own word breaks instead, and no number is cut."""
+    import pyarrow as pa
+
+    from netsim.cli import _print_result
+
+    monkeypatch.setenv("COLUMNS", "80")
+    cols = ["time", "round_mean", "loss", "accuracy", "agent_accuracy_mean", "agent_accuracy_min", "consensus"]
+    _print_result(pa.table({c: [0.0, 2.0, 0.123456] for c in cols}), 100)
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    assert _header_columns(out) == cols
+    assert out.count("0.123456") == len(cols)
+    _print_result(pa.table({"kind": ["send"], "n": [3]}), 100)  # a table that fits is left as it is
+    assert capsys.readouterr().out.splitlines()[0].split() == ["kind", "┃", "n"]
+
+
+def test_the_sweep_table_shows_every_swept_key_whole_at_80_columns():
+    """Three keys under [algorithm] once read ``algorith…`` three times, hiding which was epsilon."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from netsim.cli import _sweep_table
+    from netsim.table_fit import print_fitted
+
+    swept = ["algorithm.name", "algorithm.epsilon", "algorithm.calibration"]
+    table = pa.table({"algorithm.name": ["dp_dpsgd", "pdsl"], "algorithm.epsilon": [0.1, 3.0],
+                      "algorithm.calibration": ["null", "per_message_gaussian"], "seeds": [3, 3],
+                      **{f"{k}_{s}": [0.80712, 0.93] for k in ("accuracy", "loss", "messages_dropped")
+                         for s in ("mean", "std")}})
+    t = _sweep_table("privacy_utility_sweep", swept, "accuracy", table)
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115 - closed by the GC
+    print_fitted(t, console)
+    out = console.export_text()
+    assert max(map(len, out.splitlines())) <= 80 and "…" not in out
+    heads = [str(c.header) for c in t.columns]
+    assert [h.replace("\n", "") for h in heads[:3]] == swept  # whole, folded after the dot
+    for h in heads[:3]:
+        assert all(part in out for part in h.split("\n"))
+    assert "per_message_gaussian" in out and "0.1" in out and "3.0" in out and "0.8071" in out
+
+
+def test_fold_breaks_only_at_word_breaks():
+    from netsim.table_fit import fold
+
+    assert fold("agent_accuracy_mean", 8) == "agent_\naccuracy_\nmean"
+    assert fold("algorithm.epsilon", 10) == "algorithm.\nepsilon"
+    assert fold("final messages dropped", 14) == "final messages\ndropped"
+    assert fold("consensus", 3) == "consensus"
