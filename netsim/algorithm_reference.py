@@ -80,6 +80,19 @@ def listing(entries: dict[str, str], columns: int = 100) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _docs(fn: Callable, module) -> list[str]:
+    """The docstrings ``describe`` prints, what the method is first: the module's (the paper and the method)
+    then the program's own (how it is run) where the module holds this one method; the program's own first
+    where the module holds a family (``do_adp.py``: DO-ADP and its baselines), each method's own docstring
+    naming its paper."""
+    from netsim.algorithms.registry import REGISTRY, source_of
+
+    own = inspect.cleandoc(fn.__doc__) if fn.__doc__ else None  # a kernel class's own, never its base's
+    family = {source_of(p) for p, _ in REGISTRY.values() if inspect.getmodule(source_of(p)) is module}
+    docs = [inspect.getdoc(module), own] if len(family - {fn}) == 0 else [own, inspect.getdoc(module)]
+    return [d for d in docs if d and d.strip()]
+
+
 def describe(name: str, fn: Callable, params_cls: type) -> str:
     """``netsim algorithms NAME``: the summary, the program's and its module's whole docstrings (the paper,
     equations, choices), where it lives, and its parameters with type, default, allowed values and meaning."""
@@ -88,11 +101,14 @@ def describe(name: str, fn: Callable, params_cls: type) -> str:
     from netsim.scenario.reference import _allowed_by_check, _default, _type
 
     module = inspect.getmodule(fn)
-    lines = [f"{name}: {summary(name, fn)}"]
-    own = inspect.cleandoc(fn.__doc__) if fn.__doc__ else None  # a kernel class's own, never its base's
-    for doc in (own, inspect.getdoc(module)):
-        if doc and doc.strip():
-            lines += ["", doc.strip()]
+    head = summary(name, fn)
+    lines = [f"{name}: {head}"]
+    for doc in _docs(fn, module):
+        paragraphs = doc.strip().split("\n\n")
+        if " ".join(paragraphs[0].split()) == head:  # a plugin's summary is its docstring's first paragraph
+            paragraphs = paragraphs[1:]
+        if paragraphs:
+            lines += ["", "\n\n".join(paragraphs)]
     source = getattr(module, "__file__", None)
     if module is not None and module.__name__.startswith("netsim."):
         source = module.__name__.replace(".", "/") + ".py"

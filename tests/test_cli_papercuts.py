@@ -90,6 +90,52 @@ def test_describe_prints_the_whole_documentation(name):
         assert "L2 sensitivity C / B" in res.output and "sensitivity 2C" in res.output
 
 
+JARGON = ("kernel", "pattern", "program", "lock", "``", "rounds/", "bank", "returns", "calibrates", "service")
+
+
+def test_describe_says_what_the_method_is_before_how_it_is_run():
+    """``netsim algorithms gossip`` once opened with "as a kernel of the pairwise pattern without the lock":
+    for every built-in, the first paragraph under the summary is the method (its paper, its idea), the
+    implementer's notes come after."""
+    from netsim.algorithm_reference import describe
+    from netsim.algorithms import REGISTRY, names
+    from netsim.algorithms.registry import source_of
+
+    for name in names():
+        text = describe(name, source_of(REGISTRY[name][0]), REGISTRY[name][1])
+        first = text.split("\n\n")[1]
+        assert not [w for w in JARGON if w in first.lower()], (name, first)
+    res = runner.invoke(app, ["algorithms", "gossip"])
+    lines = res.output.splitlines()
+    assert lines[2] == "Asynchronous randomized pairwise gossip averaging with local SGD."
+    assert res.output.index("Boyd et al.") < res.output.index("pairwise pattern without the lock")
+
+
+def test_a_plugins_docstring_first_line_prints_once(tmp_path):
+    """The summary of a plugin's algorithm is its docstring's first paragraph: printed as the head line, not
+    again under it (the tutorial's my_algorithm.py)."""
+    plugin = tmp_path / "my_algorithm.py"
+    plugin.write_text(textwrap.dedent('''
+        """Local SGD with neighbour averaging (a plugin).
+
+        Each activation: x_i <- mix(x_i, received) - lr * grad F_i(x_i)."""
+        import attrs
+        from netsim.algorithms import register
+
+        @attrs.frozen
+        class P:
+            lr: float = 0.1
+
+        @register("my_sgd_once", P)
+        def my_sgd(agent, p):
+            yield agent.wake()
+    '''))
+    res = runner.invoke(app, ["algorithms", "my_sgd_once", "--plugin", str(plugin)])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("Local SGD with neighbour averaging") == 1
+    assert res.output.startswith("my_sgd_once: Local SGD with neighbour averaging (a plugin).\n\nEach activation")
+
+
 @pytest.mark.parametrize("key, says", [
     ("network.los", "network.los: unknown key; did you mean 'loss'? allowed keys here: latency"),
     ("netwrk.loss", "netwrk: unknown key; did you mean 'network'?"),

@@ -123,7 +123,11 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
 
 @register("do_adp", DOADPParams, fixed_topology=PUBLIC_COPIES)
 def do_adp(agent, p: DOADPParams):
-    """Checks and calibrates before the run (a plain function returning the agent's program)."""
+    """DO-ADP (Huo, Liu, Ding, Johansson, Shi, Algorithm 1 with eq. (5)): agents active with probability p
+    take a clipped, noised momentum step and send a top-k compressed difference to public copies; privacy is
+    amplified by the activation and the compression (Theorem 1).
+
+    A plain function returning the agent's program: it checks and calibrates before the run."""
     if agent.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
     kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)

@@ -211,7 +211,9 @@ def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> to
 # --- Algorithm 1 ------------------------------------------------------------------------------------
 @register("ldp_online", LDPOnlineParams, check=check_schedule)
 def ldp_online(agent, p: LDPOnlineParams):
-    """Algorithm 1 (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
+    """Locally private distributed online learning (Chen and Wang, Algorithm 1): each step, a
+    history-averaged gradient, a Laplace-noised broadcast of the state, a projected consensus and gradient
+    step (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     vs = varsigma(agent, p)
@@ -233,7 +235,8 @@ def ldp_online(agent, p: LDPOnlineParams):
 
 @register("ldp_dsgd", DSGDParams, check=check_schedule)
 def ldp_dsgd(agent, p: DSGDParams):
-    """B1: DSGD [55] in the Laplacian form of Alg 1 with gamma_t = 1 and the newest sample's gradient."""
+    """DSGD (Pu, Olshevsky, Paschalidis, IEEE TAC 2021; Chen and Wang's baseline B1, ref. [55]) with
+    Laplace-noised states: the Laplacian form of Alg. 1 with gamma_t = 1 and the newest sample's gradient."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     vs = varsigma(agent, p)
@@ -274,7 +277,9 @@ def dola_alpha(p: DOLAParams, s: int) -> float:
 
 @register("dola", DOLAParams)
 def dola(agent, p: DOLAParams):
-    """B2: DOLA [45], Alg. 1: mix the noisy states, then a projected gradient step at the mixed point."""
+    """DOLA (Li, Zhou, Xiong, Wang, Wang, "Differentially private distributed online learning", IEEE TKDE
+    2018, Alg. 1; Chen and Wang's baseline B2, ref. [45]): mix the noisy states, then a projected gradient
+    step at the mixed point."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     n = agent.params.numel()
@@ -296,7 +301,8 @@ def dola(agent, p: DOLAParams):
 
 @register("pdop", PDOPParams)
 def pdop(agent, p: PDOPParams):
-    """B3: PDOP [30]: noisy projected consensus, gradient at the mixed point."""
+    """PDOP (Huang, Mitra, Vaidya, "Differentially private distributed optimization", ICDCN 2015; Chen and
+    Wang's baseline B3, ref. [30]): noisy projected consensus, gradient at the mixed point."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     n = agent.params.numel()

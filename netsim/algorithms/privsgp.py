@@ -182,11 +182,15 @@ def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
 
 @register("privsgp_vr", PrivSGPParams)
 def privsgp_vr(agent, p: PrivSGPParams):
+    """PrivSGP-VR (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 1): a SAGA variance-reduced stochastic
+    gradient with Gaussian noise, then push-sum over a directed, possibly time-varying graph."""
     return _push_sum_sgp(agent, p, True, plan(agent, p))   # plan first: bad parameters fail before the run
 
 
 @register("privsgp", PrivSGPParams)
 def privsgp(agent, p: PrivSGPParams):
+    """PrivSGP (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 2): PrivSGP-VR without variance reduction, the
+    noisy stochastic gradient itself (eq. (4)), then push-sum."""
     return _push_sum_sgp(agent, p, False, plan(agent, p))
 
 
