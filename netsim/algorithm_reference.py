@@ -63,20 +63,26 @@ def summary(name: str, fn: Callable | None = None) -> str:
     """One line: the built-in's summary, else (a plugin's algorithm) its docstring's first sentence."""
     if name in SUMMARIES:
         return SUMMARIES[name]
+    return first_paragraph(fn)
+
+
+def first_paragraph(fn: Callable | None) -> str:
+    """The first paragraph of ``fn``'s docstring (else its module's) on one line: a plugin's summary."""
     doc = "" if fn is None else inspect.getdoc(fn) or inspect.getdoc(inspect.getmodule(fn)) or ""
-    first = " ".join(doc.split("\n\n")[0].split())
-    return first or "(no description)"
+    return " ".join(doc.split("\n\n")[0].split()) or "(no description)"
 
 
-def listing(entries: dict[str, str], columns: int = 100) -> str:
-    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns``."""
+def listing(entries: dict[str, str], columns: int = 100,
+            footer: str = "(netsim algorithms NAME: the paper, its equations and the parameters)") -> str:
+    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns`` (``netsim
+    algorithms``, ``netsim models``, ``netsim datasets``), then ``footer``."""
     import textwrap
 
     width = max(map(len, entries), default=0)
     pad = " " * (width + 2)
     lines = [textwrap.fill(s, max(columns, width + 40), initial_indent=f"{n:<{width}}  ", subsequent_indent=pad)
              for n, s in sorted(entries.items())]
-    lines.append("(netsim algorithms NAME: the paper, its equations and the parameters)")
+    lines.append(footer)
     return "\n".join(lines) + "\n"
 
 

@@ -184,6 +184,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     from netsim.errors import InputError, RunCrashed
 
     try:
+        api.check_engine(engine)  # before a plugin, the scenario or the data is read
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
         folder = api.output_dir(sc, out)
@@ -318,22 +319,26 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
         except InputError as e:
             _fail(e)
         from netsim.compute.data import DATASET_PARAMS
-        from netsim.compute.models import MODEL_PARAMS
+        from netsim.compute.model_registry import MODEL_PARAMS
 
         extra = {"model": plugin_rows("model", MODEL_PARAMS), "data": plugin_rows("data", DATASET_PARAMS)}
     typer.echo(text(section, extra), nl=False)
 
 
 def _registered(what: str, name: str | None, plugin: list[str] | None) -> None:
-    """``netsim models`` / ``netsim datasets``: the registered names with their own keys, or one described."""
+    """``netsim models`` / ``netsim datasets``: the registered names, each with its one-line summary (its
+    factory's docstring) and own keys, or one described; without torch (the registries are lean)."""
+    import shutil
+
+    from netsim.algorithm_reference import first_paragraph, listing
     from netsim.errors import InputError
-    from netsim.scenario.reference import describe
+    from netsim.scenario.reference import describe, kind_rows
 
     try:
         _plugins(plugin)
         if what == "model":
-            from netsim.compute.models import MODEL_PARAMS as params
-            from netsim.compute.models import MODELS as table
+            from netsim.compute.model_registry import MODEL_PARAMS as params
+            from netsim.compute.model_registry import MODELS as table
         else:
             from netsim.compute.data import DATASET_PARAMS as params
             from netsim.compute.data import DATASETS as table
@@ -341,14 +346,20 @@ def _registered(what: str, name: str | None, plugin: list[str] | None) -> None:
         _fail(e)
     section = "model" if what == "model" else "data"
     if name is None:
+        entries = {}
         for n in sorted(table):
             cls = params[n]
-            own = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(cls)) if cls is not None else ""
-            typer.echo(f"{n}: {own}" if own else n)
-        typer.echo(f"(netsim {what}s NAME describes one; netsim keys {section} lists the common keys)")
+            own = [r["key"].split(".", 1)[1] for r in kind_rows(section, n)]
+            own += [f"{f.name}={f.default!r}" for f in attrs.fields(cls)] if cls is not None else []
+            entries[n] = first_paragraph(table[n]) + (f" (own keys: {', '.join(own)})" if own else "")
+        columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10_000  # piped: one line each
+        typer.echo(listing(entries, columns, f"(netsim {what}s NAME describes one; netsim keys {section} lists "
+                                             "the common keys)"), nl=False)
         return
     if name not in table:
-        _fail(f"{what}s: unknown {what} {name!r}; registered: {', '.join(sorted(table))}")
+        from netsim.errors import unknown_name
+
+        _fail(f"{what}s: {unknown_name(what, name, table)}")
     typer.echo(describe(what, name, table[name], params[name], section), nl=False)
 
 
@@ -399,7 +410,9 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
         typer.echo(listing({n: summary(n, source_of(REGISTRY[n][0])) for n in registered}, columns), nl=False)
         return
     if name not in REGISTRY:
-        _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
+        from netsim.errors import unknown_name
+
+        _fail(f"algorithms: {unknown_name('algorithm', name, registered)}")
     typer.echo(describe(name, source_of(REGISTRY[name][0]), REGISTRY[name][1]), nl=False)
 
 

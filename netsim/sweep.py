@@ -181,6 +181,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         raise InputError("", "not valid TOML: nested too deeply", src) from None
     except ValueError as e:  # an integer of more than 4300 digits
         raise InputError("", f"not valid TOML: {e}", src) from None
+    _not_a_scenario(data, src)
     try:
         spec = structure(data, SweepSpec)
         configs = _configs(spec)
@@ -210,6 +211,15 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
             tasks.append(RunTask(i, label, seed, overrides, str(folder / label / f"seed={seed}"), text,
                                  scenario_hash(text), spec.threads))
     return Sweep(path, spec, folder, tuple(configs), tuple(tasks))
+
+
+def _not_a_scenario(data: dict[str, Any], src: str) -> None:
+    """Refuse a scenario file given as a sweep file in one line that says so (not "run: unknown key")."""
+    from netsim.scenario.schema import Scenario
+
+    if "scenario" not in data and set(data) & set(attrs.fields_dict(Scenario)):
+        raise InputError("", f"a scenario file, not a sweep file (a sweep names its base scenario: scenario = "
+                             f"\"...\", docs/sweeps.md); run it with: netsim run {src}", src)
 
 
 def is_done(task: RunTask) -> bool:

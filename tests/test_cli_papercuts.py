@@ -196,7 +196,8 @@ def test_a_sweep_over_network_loss_is_labelled_unmistakably(tmp_path):
     assert [t.label for t in sw.tasks] == ["c000_network.loss=0.0_lr=0.1", "c001_network.loss=0.2_lr=0.1"]
 
 
-QUICK = [["--help"], ["keys"], ["keys", "data"], ["algorithms"]]
+QUICK = [["--help"], ["keys"], ["keys", "data"], ["algorithms"], ["models"], ["models", "mlp"], ["datasets"],
+         ["datasets", "table"], ["algorithms", "gossip"], ["algorithms", "dp_dpsgd"], ["algorithms", "pdsl"]]
 
 
 @pytest.mark.parametrize("args", QUICK, ids=" ".join)
@@ -339,3 +340,70 @@ def test_fold_breaks_only_at_word_breaks():
     assert fold("algorithm.epsilon", 10) == "algorithm.\nepsilon"
     assert fold("final messages dropped", 14) == "final messages\ndropped"
     assert fold("consensus", 3) == "consensus"
+
+
+def test_datasets_and_models_list_a_summary_each():
+    """``netsim datasets`` once listed bare names: each now with its one-line summary and own keys."""
+    from netsim.scenario.schema import DATASETS, MODELS
+
+    for what, builtin in (("datasets", DATASETS), ("models", MODELS)):
+        res = runner.invoke(app, [what])
+        assert res.exit_code == 0
+        lines = {ln.split()[0]: ln for ln in res.output.splitlines()[:-1]}
+        assert set(builtin) <= set(lines)
+        summaries = [lines[n].split(None, 1)[1] for n in builtin]
+        assert all(len(s) > 30 for s in summaries) and len(set(summaries)) == len(summaries), summaries
+    res = runner.invoke(app, ["datasets"])
+    assert "(own keys: columns, label, group, test_fraction)" in res.output
+
+
+def test_a_builtin_dataset_lists_the_keys_only_it_takes():
+    """``netsim datasets table`` once said "no keys of its own": label, group and columns are exactly its own."""
+    res = runner.invoke(app, ["datasets", "table"])
+    assert res.exit_code == 0 and "no keys of its own" not in res.output
+    for key in ("data.columns  (list of string (optional), default none)", "data.label  (string, default 'label')",
+                "data.group  (string (optional), default none)"):
+        assert key in res.output
+    assert "data.samples" not in res.output  # synthetic's
+    res = runner.invoke(app, ["models", "mlp"])
+    assert "model.hidden  (list of integer, default [64])" in res.output and "model.batch_invariant" not in res.output
+    assert "no keys of its own" in runner.invoke(app, ["models", "multinomial"]).output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["validate", "scenarios/quickstart.toml", "--set", 'algorithm.name="dpsdg"'],
+     "algorithm.name: unknown algorithm 'dpsdg'; did you mean 'dpsgd'? registered: adp2_sgd, "),
+    (["algorithms", "dpsdg"], "algorithms: unknown algorithm 'dpsdg'; did you mean 'dpsgd'? registered: "),
+    (["models", "mpl"], "models: unknown model 'mpl'; did you mean 'mlp'? registered: cnn, "),
+    (["validate", "scenarios/quickstart.toml", "--set", 'model.kind="residual_mlp"'],
+     "model.kind: unknown model 'residual_mlp'; registered: cnn, logistic, mlp, multinomial, resnet18, vgg11; "
+     "a plugin's model needs --plugin FILE"),
+    (["validate", "scenarios/quickstart.toml", "--set", 'data.kind="stations"'],
+     "data.kind: unknown dataset 'stations'; registered: cifar10, libsvm, mnist, synthetic, table; a plugin's "
+     "dataset needs --plugin FILE"),
+])
+def test_an_unknown_name_suggests_the_likely_one_and_the_plugin(monkeypatch, args, says):
+    monkeypatch.chdir(ROOT)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and says in res.stderr, res.output
+    assert res.stderr.rstrip().endswith("needs --plugin FILE")
+
+
+def test_an_unknown_engine_is_refused_before_anything_is_read():
+    """``--engine turbo`` once took 2.9 s to refuse (torch, the data, the build): now the first check, in a fresh
+    interpreter that imports nothing heavy for it, with the likely intended engine."""
+    code = ("import sys\nfrom netsim.cli import app\n"
+            "try:\n    app(args=['run', 'scenarios/quickstart.toml', '--engine', 'windowd', '--out', 'nowhere'])\n"
+            "except SystemExit as e:\n    print('EXIT', e.code, file=sys.stderr)\n"
+            f"print('HEAVY', [m for m in {LEAN!r} if m in sys.modules], file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
+    assert "EXIT 2" in p.stderr and "HEAVY []" in p.stderr, p.stderr
+    assert "error: --engine: unknown engine 'windowd'; did you mean 'windowed'? one of: events, windowed, auto" \
+        in p.stderr and not (ROOT / "nowhere").exists()
+
+
+def test_a_sweep_given_a_scenario_file_says_so(tmp_path):
+    res = runner.invoke(app, ["sweep", str(ROOT / "scenarios" / "quickstart.toml"), "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert "quickstart.toml: a scenario file, not a sweep file" in res.stderr and "netsim run " in res.stderr
+    assert not (tmp_path / "s").exists()

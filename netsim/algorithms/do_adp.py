@@ -38,10 +38,9 @@ tracking with Laplace-perturbed public copies of x and y).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, kept_count
@@ -50,6 +49,9 @@ from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.scenario.schema import PrivacySpec
 from netsim.scenario.structure import at_least, field, nonneg, positive
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _unit(v: float) -> str | None:
@@ -282,6 +284,7 @@ def dp_dda(agent, p: DPDDAParams):
 
 
 def _dp_dda(agent, p: DPDDAParams, sigma: float):
+    import torch
     d = agent.params.numel()
     z = agent.state("dp_dda_dual")
     rng = agent.rng()

@@ -41,10 +41,9 @@ generator but it is not a ledger release (Lemma 2 sums from t = 1).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import drain
@@ -52,6 +51,9 @@ from netsim.compute.streaming import DataStreams, HistoryStream
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.streams import register_purpose
+
+if TYPE_CHECKING:
+    import torch
 
 TAG = "ldp"
 register_purpose("data_stream", 71)  # each learner's online data stream (its historical code)
@@ -123,6 +125,7 @@ class PDOPParams(Common):
 # --- shared pieces --------------------------------------------------------------------------------
 def project(x: torch.Tensor, radius: float) -> torch.Tensor:
     """Euclidean projection onto the ball ||x|| <= radius (step 7)."""
+    import torch
     nrm = float(torch.linalg.vector_norm(x))
     return x * (radius / nrm) if nrm > radius else x
 
@@ -152,6 +155,7 @@ def check_schedule(sim, p: LDPOnlineParams) -> None:
 
 
 def initialise(agent, p: Common) -> None:
+    import torch
     if p.init == "normal":  # D5: theta_0^i ~ N(0, I), the learner's own draw
         x = agent.params
         z = agent.rng("algorithm").normal(0.0, p.init_std, x.numel())
@@ -202,6 +206,7 @@ def _share(agent, p: LDPOnlineParams, theta: torch.Tensor, k: int, vs: float, se
 
 def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
     """sum_j w (y^j - theta) over the copies received (a missing neighbour's term is skipped)."""
+    import torch
     out = torch.zeros_like(theta)
     for j in sorted(got):
         out.add_(got[j] - theta, alpha=w)
