@@ -491,3 +491,15 @@ def test_a_2000_agent_pdsl_checkpoint_holds_the_bank_once(capsys):
               f"noise generators {noise:,}, programs' locals {size('program.'):,}; pdsl.u alone {u.nbytes:,}")
     assert u.nbytes > 0 and not any(v.shape == tuple(u.shape) for k, v in arrays.items() if k.startswith("program."))
     assert total <= 2 * (bank + streams + noise)
+
+
+def test_a_complete_run_leaves_no_checkpoints_folder(tmp_path):
+    """The checkpoints of a run that finished are removed, and their folder with them (it was left empty);
+    a folder holding something else is left as it is."""
+    res = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    assert res.summary["stop_reason"] != "interrupted" and api.is_complete(res.out)
+    assert not (res.out / checkpoint.FOLDER).exists()
+    (res.out / checkpoint.FOLDER).mkdir()
+    (res.out / checkpoint.FOLDER / "notes.txt").write_text("mine")
+    again = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    assert (again.out / checkpoint.FOLDER / "notes.txt").read_text() == "mine"

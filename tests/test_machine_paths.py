@@ -3,8 +3,8 @@
 torch picks its kernels for the CPU's instruction set once per process (``ATEN_CPU_CAPABILITY`` forces a lower
 one: ``default``, ``avx2``, ``avx512`` on x86-64) and MKL picks its own (``MKL_ENABLE_INSTRUCTIONS``,
 ``MKL_CBWR``). A row's bits must not depend on its batch on any of them, not only on the one this machine
-dispatches to (docs/architecture.md, "Determinism": the contract). A forced capability this CPU lacks falls back to a lower
-one: the path it names is then already covered and the case is skipped.
+dispatches to (the contract: docs/architecture.md, "Determinism"). A forced capability this CPU lacks falls back to
+a lower one: the path it names is then already covered and the case is skipped.
 """
 
 from __future__ import annotations

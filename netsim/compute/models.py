@@ -22,19 +22,26 @@ per-sample gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from netsim.compute import model_registry
 from netsim.compute.exact import row_mean, row_sum
-from netsim.compute.model_checks import IMAGE_SIDES, ModelData, binary, image
-from netsim.errors import InputError, claim
+from netsim.compute.model_checks import ModelData
+from netsim.compute.model_registry import (  # noqa: F401 - the registry's names, where plugins import them
+    MODEL_PARAMS,
+    MODELS,
+    ModelFactory,
+    model_args,
+    model_names,
+    register_model,
+)
+from netsim.errors import InputError
 from netsim.scenario.schema import ModelSpec
-from netsim.scenario.structure import plugin_keys
 
 CLIP_KINDS = ("l2", "coordinate")
 
@@ -538,58 +545,12 @@ class Model(Protocol):
         """Loss and accuracy of every row on one shared set ``X (n, d)`` -> (R,), (R,)."""
 
 
-ModelFactory = Callable[[Any, ModelData], "nn.Module | Model"]
-MODELS: dict[str, ModelFactory] = {}
-MODEL_PARAMS: dict[str, type | None] = {}
-
-
-def register_model(name: str, factory: ModelFactory, params: type | None = None) -> ModelFactory:
-    """Make ``model.kind = name`` build ``factory(args, data)``: ``args`` is the ``[model]`` table's own keys
-    structured into the attrs class ``params`` (checked like every scenario key; None without ``params``),
-    ``data`` a ``ModelData``. The factory returns a ``torch.nn.Module`` (trained through ``TorchModel``, the
-    generic batched path, with DP clipping by book-keeping where its layers allow) or an object of the
-    ``Model`` protocol. The registries' one rule: the same factory again is a no-op, another under a taken
-    name raises ValueError."""
-    if params is not None:
-        if not attrs.has(params):
-            raise TypeError(f"params of model {name!r} must be an attrs class")
-        shared = sorted(set(attrs.fields_dict(params)) & set(attrs.fields_dict(ModelSpec)))
-        if shared:
-            raise ValueError(f"params of model {name!r} reuse [model]'s own keys {shared}; "
-                             "read them from data.spec instead")
-    if MODELS.get(name) is factory and MODEL_PARAMS[name] is not params:
-        raise ValueError(f"model {name!r} is already registered with other params ({MODEL_PARAMS[name]})")
-    claim(MODELS, "model", name, factory)
-    MODEL_PARAMS[name] = params
-    return factory
-
-
-def _load_entry_points() -> None:
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="netsim.models"):
-        ep.load()
-
-
-def model_names() -> list[str]:
-    return sorted(MODELS)
-
-
-def model_args(spec: ModelSpec) -> Any:
-    """The ``[model]`` table's plugin keys structured into its model's params class (one-line errors)."""
-    if spec.kind not in MODELS:
-        _load_entry_points()
-    if spec.kind not in MODELS:
-        raise InputError("model.kind", f"unknown model {spec.kind!r}; registered: {', '.join(model_names())}")
-    return plugin_keys("model", "model", spec.kind, MODEL_PARAMS[spec.kind], ModelSpec, spec.params)
-
-
 def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[int] | None = None) -> Model:
     """The model of the scenario's ``[model]`` table for data of ``features`` columns and ``classes`` labels
     (``shape``: image data's (C, H, W)); built-in and plugin kinds alike go through the registry."""
-    args = model_args(spec)
+    args = model_registry.model_args(spec)
     data = ModelData(features, classes, tuple(shape) if shape else None, spec)
-    made = MODELS[spec.kind](args, data)
+    made = model_registry.MODELS[spec.kind](args, data)
     if isinstance(made, nn.Module):
         if not spec.bias:
             raise InputError("model.bias", f"only logistic, multinomial and mlp models can drop their biases, "
@@ -602,41 +563,3 @@ def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[in
         raise InputError("model.kind", f"the factory of model {spec.kind!r} returned {type(made).__name__}, "
                                        "neither a torch.nn.Module nor a model (size, init, grad, evaluate)")
     return made
-
-
-def _logistic(args: None, data: ModelData) -> LogisticRegression:
-    """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
-    binary(data)
-    return LogisticRegression(data.features, data.spec.l2, data.spec.bias, data.spec.batch_invariant)
-
-
-def _multinomial(args: None, data: ModelData) -> MLP:
-    """Multinomial logistic regression (softmax), closed-form batched gradients."""
-    return MLP(data.features, data.classes, (), data.spec.l2, data.spec.bias)
-
-
-def _mlp(args: None, data: ModelData) -> MLP:
-    """Fully connected ReLU network of model.hidden widths, hand-written batched backprop."""
-    s = data.spec
-    return MLP(data.features, data.classes, tuple(s.hidden), s.l2, s.bias, s.init)
-
-
-def _cnn(args: None, data: ModelData) -> nn.Module:
-    """MNIST CNN: conv5(16)-pool-conv5(32)-pool-linear, through TorchModel."""
-    c, h = image(data, "cnn", IMAGE_SIDES["cnn"])
-    return small_cnn(c, data.classes, h)
-
-
-def _vgg11(args: None, data: ModelData) -> nn.Module:
-    """VGG-11 for 32x32 images, GroupNorm after every conv, through TorchModel."""
-    return vgg11(image(data, "vgg11", IMAGE_SIDES["vgg11"])[0], data.classes)
-
-
-def _resnet18(args: None, data: ModelData) -> nn.Module:
-    """ResNet-18 in its CIFAR form, GroupNorm for BatchNorm, through TorchModel."""
-    return ResNet18(image(data, "resnet18", IMAGE_SIDES["resnet18"])[0], data.classes)
-
-
-for _name, _factory in (("logistic", _logistic), ("multinomial", _multinomial), ("mlp", _mlp), ("cnn", _cnn),
-                        ("vgg11", _vgg11), ("resnet18", _resnet18)):
-    register_model(_name, _factory)

@@ -251,7 +251,8 @@ class TopologySpec:
     p: float = field(0.3, check=probability, doc="edge probability (erdos_renyi)", when={"kind": ("erdos_renyi",)})
     degree: int = field(4, check=at_least(1), doc="degree (random_regular)", when={"kind": ("random_regular",)})
     rows: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
-                             doc="rows of a torus/grid (default: as square as possible)")
+                             doc="rows of a torus/grid (default: as square as possible; a prime agent count is "
+                                 "refused, rows = 1 makes it a line or ring)")
     path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
     generator: str | None = field(None, doc="kind = 'networkx': a graph generator of networkx.generators by "
                                             "name, e.g. 'complete_bipartite_graph', 'watts_strogatz_graph'")
