@@ -105,9 +105,10 @@ def check_run_folder(folder: str | Path) -> None:
         if isinstance(listed, dict):  # (a summary.json of a netsim before this check lists none)
             other = [name for name in ends if listed.get(name) != file_sha256(folder / name)]
             if other:
-                raise InputError("", f"holds files of different runs: {', '.join(other)} not the ones {SUMMARY_FILE} "
-                                     "lists (their sha256 differs); run the scenario again into this folder with "
-                                     "--force, or into another", where)
+                what = "is not the one" if len(other) == 1 else "are not the ones"
+                raise InputError("", f"holds files of different runs: {', '.join(other)} {what} {SUMMARY_FILE} lists "
+                                     "(sha256 differs); run the scenario again into this folder with --force, or into "
+                                     "another", where)
         trace = folder / TRACE_FILE
         if trace.is_file() and not has_end_marker(trace):
             raise InputError("", f"{SUMMARY_FILE} says the run completed, but {TRACE_FILE} does not record its end "
