@@ -2,10 +2,12 @@
 
 ``api.run`` and ``api.resume`` read as prepare -> run -> write: the API builds the simulation (every check,
 nothing written), then a ``RunFolder`` takes it from there: its lock (one writer per folder), the fresh start
-(a previous run's results and checkpoints removed, ``scenario.toml`` written), the trace writer and its event
+(every file of a previous run removed, its checkpoints too, before anything is written; then
+``scenario.toml``), the trace writer and its event
 counts, the checkpoints while the run goes, the SIGINT handler, the crash files when a program fails
 (``summary.partial.json`` naming the error), and the outputs at the end (metrics, plots, ``summary.json``
-last and atomically: its presence marks a complete run).
+last and atomically: its presence marks a complete run, its ``files`` the files the run wrote, which readers
+check: ``netsim.trace.folder``).
 """
 
 from __future__ import annotations

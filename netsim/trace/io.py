@@ -303,10 +303,10 @@ class TraceWriter:
     """Buffers events as rows and writes them as Arrow record batches; ``None`` path = count only.
     ``on_batch(batch)`` sees each ``pa.RecordBatch`` as it is flushed.
 
-    The stream is written as raw IPC messages (schema, then one message per batch, then EOS on close:
-    byte for byte what ``pa.ipc.new_stream`` writes), so the writer knows its byte offset and a running
-    sha256 of what it wrote: a checkpoint records both, and a resumed run truncates the file there and
-    appends (``reopen``)."""
+    The stream is written as raw IPC messages (schema, then one message per batch with its checksum, then EOS
+    on close: byte for byte what ``pa.ipc.new_stream`` writes given each batch's ``custom_metadata``), so the
+    writer knows its byte offset and a running sha256 of what it wrote: a checkpoint records both, and a
+    resumed run truncates the file there and appends (``reopen``)."""
 
     def __init__(self, path: Path | None, metadata: dict[str, str], flush_every: int = 8192,
                  on_batch=None, lazy: bool = False):
