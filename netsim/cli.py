@@ -38,6 +38,15 @@ def _fail(err) -> None:
     raise typer.Exit(2)
 
 
+def _warn_unchecked(path: Path) -> None:
+    """A trace written without batch checksums is read, unverified, with this warning (docs/traces.md)."""
+    from netsim.trace.io import unchecked_note
+
+    note = unchecked_note(path)
+    if note:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def _crashed(err) -> None:
     """A run that crashed inside the simulation (a program error, not bad input): one line, exit 1."""
     typer.echo(f"error: {err}", err=True)
@@ -507,6 +516,7 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
     try:
         _plugins(plugin)
+        _warn_unchecked(run_folder)
         warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
         if warned:  # first, whatever the report says next
             warn_partial()
@@ -656,6 +666,7 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
     try:
         if rows < 1:
             raise InputError("--rows", f"must be >= 1, got {rows}")
+        _warn_unchecked(run_folder)
         if resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder):  # a live or killed run
             typer.echo(f"warning: {read_trace(run_folder).partial_note()}", err=True)
         result = run_query(run_folder, sql)
@@ -734,6 +745,7 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
         _plugins(plugin)
         if window <= 0:
             raise InputError("--window", f"must be > 0, got {window}")
+        _warn_unchecked(trace)
         result = do_replay(trace, scenario, out, window, _overrides(set_), force=force)
     except InputError as e:
         _fail(e)
@@ -780,6 +792,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
         _plugins(plugin)
         if max_lanes < 1 or (group is not None and group < 1):
             raise InputError("--max-lanes" if max_lanes < 1 else "--group", "must be >= 1")
+        _warn_unchecked(trace)
         tl = Timeline(trace, agents, links, kinds, t_from, t_to)
         render(tl, Console(width=width) if width else Console(), max_lanes, group, not no_summary)
         if chrome is not None:
@@ -807,6 +820,8 @@ def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
         if len(runs) > 2:
             raise InputError("RUN", f"at most two runs (to compare), got {len(runs)}")
         run = runs[0]
+        for r in runs:
+            _warn_unchecked(r)
         from netsim.explore.model import RunData
         from netsim.explore.query import mask
 
@@ -816,6 +831,8 @@ def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
             from netsim.explore.export import export_view
 
             n = export_view(data, export, 0.0, data.t_max, None, m)
+            if data.partial:
+                typer.echo(f"warning: {data.partial}", err=True)
             typer.echo(f"wrote {export} ({n} trace events; open in ui.perfetto.dev or chrome://tracing)")
             return
         from netsim.explore.app import Explorer
