@@ -117,6 +117,8 @@ def check(name: str, kernel: RoundKernel, params: Any, probes: Sequence[Probe] =
         _unused(kernel, params, declared)
     except Violation as v:
         line = f"{name} ({v.hook}): {v.what}"
+    except Exception as e:  # the kernel does what this check cannot play (its line says what)
+        line = f"{name} ({type(kernel).__name__}): netsim check could not play it: {_said(e)}"
     return Outcome(name, type(kernel).__name__, tuple(hooks), tuple(compared), tuple(played), tuple(sorted(rec.log)),
                    tuple(sorted(declared)), tuple(sorted(getattr(kernel.pattern, "reads", ()))),
                    (time.perf_counter() - t0) * 1e3, line)
@@ -128,12 +130,9 @@ def refusal(sim) -> str | None:
     kernel = sim.program
     if not isinstance(kernel, RoundKernel) or type(kernel).__module__.startswith("netsim."):
         return None
-    dtype = str(sim.world.dtype).removeprefix("torch.")
+    dtype = str(sim.dtype).removeprefix("torch.")
     n = 4
-    try:
-        out = check(sim.world.scenario.algorithm.name, kernel, sim.params, (Probe(dtype, n, 3, n - 1),))
-    except Exception as e:  # the check itself failed: no evidence the batches are exact
-        return f"netsim check could not run on the kernel: {_said(e)}"
+    out = check(sim.scenario.algorithm.name, kernel, sim.params, (Probe(dtype, n, 3, n - 1),))
     return None if out.violation is None else f"the kernel fails netsim check: {out.violation}"
 
 
@@ -231,8 +230,8 @@ class Side:
         except Exception as e:
             raise Violation(rec.hook, f"refuses the check's probe ({pr.agents} agents on a ring, synthetic data, a "
                                       f"logistic model, {pr.dtype}): {_said(e)}") from e
-        self.agents = self.sim.loop.agents
-        self.bank = self.sim.world.bank
+        self.agents = self.sim.agents
+        self.bank = self.sim.bank
         self.bank.W.copy_(self.drawn("x", 0, shape=self.bank.W.shape))
         self.state = self.call("init", kernel.state_of, self.agents[0], rec.params)
         for s, (_, t) in enumerate(sorted(self.bank.states.items())):  # the kernel's named rows, drawn
@@ -304,8 +303,12 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
                 raise Violation(f"{type(kernel).__name__}.{(steps[0] or steps[1])[0]}",
                                 "runs in one engine's calls and not the other's")
             return pr
-        (hook, rows_b), (_, rows_1) = steps
+        (hook, rows_b), (hook_1, rows_1) = steps
         label = f"{type(kernel).__name__}.{hook}"
+        ids_b, ids_1 = ([r["agent"] for r in rows] for rows in (rows_b, rows_1))
+        if hook != hook_1 or ids_b != ids_1:
+            raise Violation(label, f"the calls part {sides[0].where()}: here {hook} of agents {ids_b}, against "
+                                   f"{hook_1} of {ids_1}")
         if hook.split(" ")[0] not in compared:
             compared.append(hook.split(" ")[0])
         for n, (rb, r1) in enumerate(zip(rows_b, rows_1, strict=True)):
@@ -335,10 +338,9 @@ def _one_rows(b: Batch, n: int, into: dict) -> dict:
         into["the payload"] = b.out[n]
         into["the payload's size"] = b.sizes[n] if b.sizes is not None else payload_size(b.out[n])
     into["b.k"] = b.k
-    for name, v in vars(b).items():
-        if name in Batch._OWN or name in ("rows", "scalars"):
-            continue
-        into[f"b.{name}"] = _cut(v, B, n)
+    for name, v in b.kept().items():
+        if name not in ("rows", "scalars"):  # a broadcast kernel's, which its pattern hands over
+            into[f"b.{name}"] = _cut(v, B, n)
     return into
 
 
@@ -397,6 +399,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
         for n, r in enumerate(rows):
             r["each local gradient's point and rows"] = points[n]
         yield "local", rows
+        if any(b.out is None for b in groups):
+            raise Violation(f"{type(kernel).__name__}.local", "sends nothing (b.send) for the round's exchange")
         steps = side.call("exchanges", kernel.exchanges, p, st)
         for s in range(steps):
             got = _arrivals(side, groups, who, pos, k, s)
@@ -422,7 +426,7 @@ def _arrivals(side: Side, groups: list[Batch], who: list[int], pos: dict, k: int
     if side.batched:
         b = groups[0]
         w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
-        return [Arrivals(list(who), b.out, b._sent, np.array([r for _, r in pairs], np.int64),
+        return [Arrivals(list(who), b.out, b.sent, np.array([r for _, r in pairs], np.int64),
                          np.array([snd for snd, _ in pairs], np.int64), w)]
     got: list[dict] = [{} for _ in who]
     for snd, r in pairs:
