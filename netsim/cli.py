@@ -924,6 +924,34 @@ def _sweep_table(name: str, swept: list[str], metric: str, table):
     return t
 
 
+@app.command()
+def check(name: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs Optional on 3.10
+              None, help="a round-kernel algorithm (default: every one the --plugin files register)"),
+          plugin: Optional[list[str]] = PluginOpt,  # noqa: UP045
+          set_: Optional[list[str]] = typer.Option(  # noqa: UP045
+              None, "--set", help="one of the algorithm's parameters for the check: --set momentum=0.5 "
+                                  "(default: its defaults; repeatable)")) -> None:
+    """Check a round kernel's exactness: each tensor hook on a batch of B rows and on B batches of one, with drawn
+    inputs (seeded; float32 and float64; a few sizes), must give every row the same bits, and every Params field a
+    hook reads must be declared in its reads. A violation is one line naming the hook, exit 1 (docs/extending.md)."""
+    from netsim.errors import InputError
+    from netsim.rounds.exactness import check_registered
+
+    try:
+        _plugins(plugin)
+        sets = {k.removeprefix("algorithm."): v for k, v in _overrides(set_).items()}
+        outcomes = check_registered(name, plugin or [], sets)
+    except InputError as e:
+        _fail(e)
+    for o in outcomes:
+        if o.violation is None:
+            typer.echo(o.summary())
+        else:
+            typer.echo(f"error: {o.violation}", err=True)
+    if any(o.violation is not None for o in outcomes):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app(args=_bare_ray(sys.argv[1:]))
