@@ -593,6 +593,10 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
     forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
     for n in sorted(forms)[:1]:
         say(f"note ({rep['closed_form_paper']}): {n}")
+    for b in rep.get("closed_form_blank", []):  # a bound that does not apply: its cells are '-', here is why
+        who = _agent_ranges(b["agents"])
+        say(f"- {' and '.join(b['columns'])} blank for agent{'s' if len(b['agents']) > 1 else ''} {who} "
+            f"(closed_form = {rep['closed_form']!r} does not apply): agent {b['agents'][0]}: {b['reason']}")
     if rep["over_time"]:
         typer.echo("epsilon over time (RDP observed, at the evaluations):")
         ot = rep["over_time"]
@@ -606,6 +610,18 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
 
         for line in pairwise_lines(rep["pairwise"], str(folder)):
             typer.echo(line)
+
+
+def _agent_ranges(agents: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, start = [], None
+    for k, a in enumerate(agents):
+        if start is None:
+            start = a
+        if k + 1 == len(agents) or agents[k + 1] != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)
 
 
 @app.command()
