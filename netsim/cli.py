@@ -271,15 +271,16 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
 def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
              set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt,
              quick: bool = typer.Option(False, "--quick", help="only the keys, types, ranges, the algorithm's name, "
-                                        "the topology and the memory estimate: no data read or generated, no "
-                                        "algorithm parameters")
+                                        "the topology and the memory estimate: no data read or generated (data "
+                                        "files looked for, a warning if absent), no model, no algorithm "
+                                        "parameters; its ok says so")
              ) -> None:
     """Check a scenario (keys, types, ranges, files, data, model, algorithm and its parameters, topology) as
     building it does, without running it; without torch (well under a second) unless it reads data files, loads a
     plugin or has checks that need the built simulation."""
     from netsim.errors import InputError
     from netsim.scenario import load_scenario
-    from netsim.validation import check, precheck
+    from netsim.validation import QUICK_SKIPS, check, data_absent, precheck
 
     try:
         _plugins(plugin)
@@ -288,7 +289,15 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     except InputError as e:
         _fail(e)
     gap = "n/a" if gap is None else f"{gap:.4f}"
-    typer.echo(f"ok: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
+    head = "ok"
+    if quick:  # what the keys alone cannot tell, said: and the data files that are not there, found without reading
+        head = f"ok (quick: {QUICK_SKIPS})"
+        absent = data_absent(sc)
+        if absent is not None:
+            typer.echo(f"warning: {absent.at(str(scenario))}; netsim validate without --quick, and netsim run, "
+                       "refuse it", err=True)
+            head = f"ok (quick: {QUICK_SKIPS}; data files absent)"
+    typer.echo(f"{head}: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
                f"spectral gap {gap}), algorithm {sc.algorithm.name}")
 
 
