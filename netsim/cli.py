@@ -560,6 +560,7 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
 
     say(f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"  # a line: a title wraps to the table
         + ("" if guarantee else " · NOT A GUARANTEE"))
+    say(f"per agent: every release seen directly (what its neighbours could learn at most); {rep['credits']}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     cols = _privacy_columns(rep)
     t.add_column("agent", justify="right")

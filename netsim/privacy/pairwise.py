@@ -59,8 +59,8 @@ PAIRWISE_FILE = "pairwise.csv"
 EXACT_LIMIT = 6000
 #: most bytes the observers' views (messages received x releases, float64) may take together
 VIEW_BYTES_LIMIT = 2 * 1024**3
-CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "mu_bound", "epsilon_bound",
-               "bound_below_exact", "mu_local", "epsilon_local")
+CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "subsampling", "mu_bound",
+               "epsilon_bound", "bound_below_exact", "mu_local", "epsilon_local")
 
 
 @attrs.frozen
@@ -116,17 +116,32 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
-def victim_mu(basis: np.ndarray, scale: np.ndarray) -> tuple[float, str]:
-    """(mu, method) of one victim from the rows of an orthonormal basis of the view's row space at the
+@attrs.frozen
+class VictimView:
+    """What one observer's view says about one victim: Gaussian-DP ``mu`` and how it was obtained (``method``);
+    ``separate``: where the victim's slots reach the view along orthogonal directions (the Gram matrix K is
+    diagonal, e.g. a single release), each slot's whitened sensitivity sqrt(K_ss): the view is then one
+    independent Gaussian mechanism per release, which subsampling amplifies exactly (else None)."""
+
+    mu: float
+    method: str
+    separate: np.ndarray | None = None
+
+
+def victim_mu(basis: np.ndarray, scale: np.ndarray) -> VictimView:
+    """The view of one victim from the rows of an orthonormal basis of the view's row space at the
     victim's slots (``basis``: rank x T) and their whitened sensitivities Delta_s / sigma_s (``scale``)."""
     B = basis * scale
     K = B.T @ B
-    if K.shape[0] == 1:
-        return math.sqrt(max(0.0, float(K[0, 0]))), "exact"
+    d = np.clip(np.diag(K), 0.0, None)
     top = float(np.abs(K).max(initial=0.0))
+    off = K - np.diag(np.diag(K))
+    separate = np.sqrt(d) if float(np.abs(off).max(initial=0.0)) <= 1e-9 * max(top, 1e-300) else None
+    if K.shape[0] == 1:
+        return VictimView(math.sqrt(float(d[0])), "exact", separate)
     if float(K.min(initial=0.0)) >= -1e-12 * max(top, 1e-300):
-        return math.sqrt(max(0.0, float(K.sum()))), "exact"
-    return math.sqrt(float(np.abs(K).sum())), "mf-bound"
+        return VictimView(math.sqrt(max(0.0, float(K.sum()))), "exact", separate)
+    return VictimView(math.sqrt(float(np.abs(K).sum())), "mf-bound")
 
 
 def row_space(M: np.ndarray) -> np.ndarray:
@@ -139,8 +154,8 @@ def row_space(M: np.ndarray) -> np.ndarray:
 
 
 def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, observer: int,
-             victims: Sequence[int]) -> dict[int, tuple[float, str]]:
-    """{victim: (mu, method)} for one observer's view ``M`` (messages x slots, in noise-std units; the
+             victims: Sequence[int]) -> dict[int, VictimView]:
+    """{victim: its view} for one observer's view ``M`` (messages x slots, in noise-std units; the
     observer's own slots are known to it and left out here)."""
     M = M.copy()
     M[:, slots.get(observer, [])] = 0.0
@@ -149,10 +164,22 @@ def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, obs
     for u in victims:
         idx = slots.get(u, np.zeros(0, dtype=np.int64))
         if u == observer or not len(idx):
-            out[u] = (0.0 if u != observer else math.nan, "exact")
+            out[u] = VictimView(0.0 if u != observer else math.nan, "exact", np.zeros(len(idx)))
             continue
         out[u] = victim_mu(V[:, idx], scale[idx])
     return out
+
+
+def subsampled_epsilon(sens: np.ndarray, rates: Sequence[float], delta: float, accountant: str = "rdp") -> float:
+    """epsilon(delta) of independent Gaussian mechanisms of whitened sensitivities ``sens`` (noise multiplier
+    1 / sens), the victim's record entering the s-th with probability ``rates[s]`` (Poisson sampling): each
+    dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(1 / sens))``, composed by the registered
+    ``accountant`` as the per-agent figures are (netsim/privacy/accountants.py)."""
+    from netsim.privacy.accountants import base_event, events_epsilon
+
+    groups = [(base_event("gaussian", 1.0 / float(c), float(q)), 1) for c, q in zip(sens, rates, strict=True)
+              if c > 0]
+    return events_epsilon(groups, delta, accountant) if groups else 0.0
 
 
 def per_message_bound(view: np.ndarray, idx: np.ndarray, scale: np.ndarray) -> float:
@@ -330,10 +357,11 @@ def _parse_agents(text: str | None, n: int, key: str) -> list[int]:
 
 
 def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
-                    observers: str | None = None, plot: bool = True) -> dict[str, Any]:
+                    observers: str | None = None, plot: bool = True, accountant: str = "rdp") -> dict[str, Any]:
     """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
     the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
-    cannot be accounted."""
+    cannot be accounted. ``accountant``: the one that composes subsampled mechanisms (the per-agent
+    report's recommended one)."""
     import networkx as nx
     import pyarrow.compute as pc
 
@@ -412,6 +440,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 
     scale = np.where(np.isinf(lin.scale), 0.0, lin.scale)
+    local = {u: local_figures(rel.get(u, []), delta, accountant, noiseless) for u in vs}
     rows = []
     for v in os_:
         with threadpool_limits(1):  # one SVD per observer, a few hundred rows: BLAS threads only contend (60x)
@@ -419,21 +448,20 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         for u in vs:
             if u == v:
                 continue
-            mu, method = per[u]
-            ratios = lin.scale[lin.slots[u]].tolist()
+            view = per[u]
+            mu_local, eps_local, _ = local[u]
+            mu = min(view.mu, mu_local)  # never above the releases themselves: the view is their post-processing
+            eps, method, credited = pair_epsilon(view, local[u], [r.q for r in rel.get(u, [])], delta, accountant)
             if noiseless:
-                mu, method = math.inf, "noiseless release"
-            mu_local = math.sqrt(sum(x * x for x in ratios))
-            if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
-                mu, method = mu_local, "local (post-processing)"
+                mu, eps, method, credited = math.inf, math.inf, "noiseless release", False
             mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
             if gated:
                 method = "not a guarantee"
             row = {"victim": u, "observer": v, "hops": hops.get(u, {}).get(v), "mu": mu,
-                   "epsilon": gdp_epsilon(mu, delta), "delta": delta, "method": method,
+                   "epsilon": eps, "delta": delta, "method": method,
                    "mu_bound": mu_b, "epsilon_bound": None if mu_b is None else gdp_epsilon(mu_b, delta),
                    "bound_below_exact": None if mu_b is None else bool(mu_b < mu * (1 - 1e-9)),
-                   "mu_local": mu_local, "epsilon_local": gdp_epsilon(mu_local, delta)}
+                   "mu_local": mu_local, "epsilon_local": eps_local, "subsampling": credited}
             rows.append(row)
     write_csv(rows, folder / PAIRWISE_FILE)
     by_hops = summarise_by_hops(rows)
@@ -448,10 +476,14 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         "by_hops": by_hops,
         "methods": sorted({r["method"] for r in rows}),
         "explain": ("mu: Gaussian-DP of everything the observer saw (delivered messages, its own releases, the "
-                    "common initial model) about the victim's clipped gradients, mixing weights as applied; "
-                    "exact: one Gaussian mechanism (single release, or the matrix-factorisation sensitivity "
-                    "attained by equal gradient differences); mf-bound: sum of |Gram| entries; "
-                    "mu_local: the victim's releases seen directly (local DP); no subsampling credited"),
+                    "common initial model) about the victim's clipped gradients, mixing weights as applied, no "
+                    "subsampling credited; epsilon: the smallest of the pair's valid figures, named by method: "
+                    "exact: the view as one Gaussian mechanism (single release, or the matrix-factorisation "
+                    "sensitivity attained by equal gradient differences); mf-bound: sum of |Gram| entries; "
+                    f"{SUBSAMPLED}: the victim's releases reach the view as independent Gaussian mechanisms, each "
+                    f"Poisson-subsampled at its q, composed by the {accountant.upper()} accountant; {LOCAL}: the "
+                    "victim's releases seen directly (mu_local, epsilon_local: the per-agent figure where q < 1)"),
+        "credits": credits_line(rows, accountant, any(r.q < 1 for rs in rel.values() for r in rs)),
     }
     if gated:
         section["note"] = (f"NOT a guarantee: {gated} release(s) were decided by an event trigger from unreleased "
@@ -461,6 +493,56 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
 
         section["plots"] = [p.name for p in plot_pairwise(rows, n, folder)]
     return section
+
+
+SUBSAMPLED = "exact, subsampled"
+LOCAL = "local (post-processing)"
+
+
+def local_figures(releases: Sequence, delta: float, accountant: str, noiseless: bool) -> tuple[float, float, bool]:
+    """(mu_local, epsilon_local, subsampling credited) of one victim's releases seen directly: Gaussian-DP of
+    the plain mechanisms, and epsilon the smaller of its conversion and, where a record enters a release
+    with probability q < 1, the per-agent figure (the releases composed by ``accountant`` at their q)."""
+    from netsim.privacy.accountants import epsilon
+
+    if noiseless:
+        return math.inf, math.inf, False
+    mu_local = math.sqrt(sum((r.sensitivity / r.scale) ** 2 for r in releases))
+    eps = gdp_epsilon(mu_local, delta)
+    if not any(r.q < 1 for r in releases):
+        return mu_local, eps, False
+    sub = epsilon(releases, delta, accountant, "observed")
+    return mu_local, eps if sub is None else min(eps, sub), sub is not None and sub < eps
+
+
+def pair_epsilon(view: VictimView, local: tuple[float, float, bool], rates: Sequence[float], delta: float,
+                 accountant: str) -> tuple[float, str, bool]:
+    """(epsilon, method, subsampling credited) of a pair: the smallest of the valid figures, each a guarantee
+    on its own: the view as one Gaussian mechanism (``exact`` or ``mf-bound``, no subsampling); where the
+    victim's releases reach the view as independent mechanisms (``view.separate``) and some q < 1, their
+    Poisson-subsampled composition (``exact, subsampled``); and the victim's releases themselves
+    (``local``: ``local_figures``), subsampling credited as the per-agent figures credit it
+    (``local (post-processing)``)."""
+    mu_local, eps_local, credited = local
+    figures = [(gdp_epsilon(min(view.mu, mu_local), delta), view.method if view.mu <= mu_local else LOCAL, False)]
+    if view.separate is not None and any(q < 1 for q in rates) and len(view.separate):
+        figures.append((subsampled_epsilon(view.separate, rates, delta, accountant), SUBSAMPLED, True))
+    figures.append((eps_local, LOCAL, credited))
+    return min(figures, key=lambda f: f[0])
+
+
+def credits_line(rows: list[dict[str, Any]], accountant: str, subsampled: bool) -> str:
+    """What the pair figures credit, in one line (the pairwise table's caption); ``subsampled``: some release
+    has q < 1."""
+    if not subsampled:
+        return "credits: no subsampling to credit (every release has q = 1)"
+    n = len(rows)
+    sub = sum(1 for r in rows if r["method"] == SUBSAMPLED)
+    loc = sum(1 for r in rows if r["method"] == LOCAL and r["subsampling"])
+    return (f"credits: subsampling (q) where it composes exactly: {sub} of {n} pairs as the view's independent "
+            f"Poisson-subsampled mechanisms ({SUBSAMPLED}), {loc} through the victim's own releases as the "
+            f"per-agent table composes them ({LOCAL}, {accountant.upper()}); the other {n - sub - loc}: the view "
+            "without it is smaller, or no q to credit; Muffliato's bound credits none")
 
 
 def _why_no_bound(form: LinearForm, sc, lin: LinearRun) -> str:
@@ -513,7 +595,11 @@ def pairwise_lines(section: dict[str, Any], folder: str) -> list[str]:
 
     out = [f"pairwise ({section['algorithm']}, delta = {section['delta']:g}, {section['pairs']} pairs, "
            f"{section['releases']} releases; methods: {', '.join(section['methods'])})"
-           + ("" if section["status"] == "guarantee" else " NOT A GUARANTEE")]
+           + ("" if section["status"] == "guarantee" else " NOT A GUARANTEE"),
+           "what an observer's view reveals about a victim (eps: the pair's smallest valid figure; local DP: the "
+           "victim's releases seen directly)"]
+    if section.get("credits"):
+        out.append(section["credits"])
     head = ("hops", "pairs", "eps min", "eps median", "eps max", "bound max", "local DP", "bound<exact")
     table = [head] + [(str(r["hops"]), str(r["pairs"]), f(r["epsilon_min"]), f(r["epsilon_median"]),
                        f(r["epsilon_max"]), f(r["epsilon_bound_max"]), f(r["epsilon_local_max"]),

@@ -266,6 +266,7 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
         "closed_form_paper": None if spec.closed_form == "none" else cf.lookup(spec.closed_form).paper,
         "closed_form_blank": blanks(rows),
+        "credits": credits(rel),
         "epsilon_cap": spec.epsilon_cap,
         "private": None if unknown else private,
         "guarantee": private and not gated,
@@ -293,11 +294,21 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     if pairwise:
         from netsim.privacy.pairwise import pairwise_report
 
-        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot)
+        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot,
+                                             accountant="pld" if pld else "rdp")
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE, spec,
                                                         sc.name if sc is not None else folder.name) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def credits(rel: dict[int, list[Release]]) -> str:
+    """What the recommended per-agent figures credit, in one line (the table's caption)."""
+    qs = {r.q for rs in rel.values() for r in rs}
+    sub = (f"each release at its sampling rate q (subsampling credited, q = {min(qs):.4g}"
+           + (f" to {max(qs):.4g})" if max(qs) > min(qs) else ")")) if qs and min(qs) < 1 else \
+        "no subsampling to credit (q = 1)"
+    return f"credits: {sub}; random activation not credited (observed accounting)"
 
 
 def blanks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
