@@ -24,8 +24,17 @@ Corollary 2.13). The model dimension does not enter: the mixing acts on every co
 
 The mixing weights are the ones applied, read from the run's mixing record (``RUN/mixing.csv``,
 netsim/privacy/views.py: ``privacy.record = "mixing"``); the message of round r from j is j's value before
-its mixing step r (both linear algorithms broadcast that value, then mix). Subsampling (q) is not credited:
-pairwise figures and the local-DP column are plain Gaussian mechanisms.
+its mixing step r (both linear algorithms broadcast that value, then mix).
+
+Subsampling (a record enters release s with probability q_s, Poisson sampling, as the per-agent figures take
+it) is credited where it composes exactly: when K is diagonal (the victim's slots reach the view along
+orthogonal directions: a single release, or releases the view never combines) the view is one independent
+Gaussian mechanism per slot, of whitened sensitivity sqrt(K_ss), each amplified by its own sampling: dp-accounting's
+``PoissonSampledDpEvent(q_s, GaussianDpEvent(1 / sqrt(K_ss)))``, composed by the per-agent report's accountant
+(``exact, subsampled``). Where the view combines the victim's slots, the subsampled mixture is no event an
+accountant composes; the view's figure is then the plain Gaussian one. Every pair figure is also at most the
+victim's releases seen directly (post-processing), composed as the per-agent figures are, subsampling
+credited (``local (post-processing)``); a pair's epsilon is the smallest of these valid figures.
 
 Muffliato's own pairwise bound (its theorem on gossip averaging, as restated by the matrix-factorisation
 paper): each message the observer receives, at gossip step s from in-neighbour w, treated as an independent
