@@ -73,6 +73,8 @@ def _summary_table(summary: dict):
             return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
         return f"{v:,}" if isinstance(v, int) else str(v)
 
+    if isinstance(summary.get("diverged"), dict):  # first: every figure below is of a diverged run
+        t.add_row("[bold red]DIVERGED", f"[bold red]{_diverged_line(summary['diverged'])}")
     head = summary.get("headline")
     if isinstance(head, dict) and head.get("value") is not None:
         t.add_row(f"headline: {head['metric']}", f"[bold green]{fmt(head['value'])}")
@@ -119,6 +121,13 @@ def _summary_table(summary: dict):
     return t
 
 
+def _diverged_line(d: dict) -> str:
+    """summary.json's ``diverged`` in words: when, in which agent, what."""
+    after = f" (sound at t = {d['after']:.6g} s)" if d.get("after") is not None else ""
+    many = f", {d['agents']} agents in all" if d.get("agents", 0) > 1 else ""
+    return f"at t = {d['t']:.6g} s{after}, agent {d['agent']}{many}: {d['what']}"
+
+
 def _progress(name: str, horizon: float | None, quiet: bool, work):
     """Run ``work(progress)`` under a rich progress bar on stderr (simulated time out of ``horizon``). The
     bar appears with the first progress report, so an error found while setting up prints one line only."""
@@ -159,6 +168,10 @@ def _report(result, quiet: bool) -> None:
         raise typer.Exit(130)
     if not quiet:
         Console().print(_summary_table(s))
+    if isinstance(s.get("diverged"), dict):  # one line, quiet or not: the run's figures are of diverged models
+        stop = ("stopped there (run.stop_on_divergence)" if s.get("stop_reason") == "diverged" else
+                "run.stop_on_divergence = true stops there")
+        typer.echo(f"warning: the run diverged {_diverged_line(s['diverged'])}; {stop}", err=True)
     extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
     typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
