@@ -29,12 +29,13 @@ its mixing step r (both linear algorithms broadcast that value, then mix).
 Subsampling (a record enters release s with probability q_s, Poisson sampling, as the per-agent figures take
 it) is credited where it composes exactly: when K is diagonal (the victim's slots reach the view along
 orthogonal directions: a single release, or releases the view never combines) the view is one independent
-Gaussian mechanism per slot, of whitened sensitivity sqrt(K_ss), each amplified by its own sampling: dp-accounting's
-``PoissonSampledDpEvent(q_s, GaussianDpEvent(1 / sqrt(K_ss)))``, composed by the per-agent report's accountant
-(``exact, subsampled``). Where the view combines the victim's slots, the subsampled mixture is no event an
-accountant composes; the view's figure is then the plain Gaussian one. Every pair figure is also at most the
-victim's releases seen directly (post-processing), composed as the per-agent figures are, subsampling
-credited (``local (post-processing)``); a pair's epsilon is the smallest of these valid figures.
+Gaussian mechanism per slot, of whitened sensitivity sqrt(K_ss), each amplified by its own sampling:
+dp-accounting's ``PoissonSampledDpEvent(q_s, GaussianDpEvent(1 / sqrt(K_ss)))``, composed by its RDP
+accountant (``exact, subsampled``; the PLD accountant takes some 0.5 s an event, and each pair's events are
+its own). Where the view combines the victim's slots, the subsampled mixture is no event an accountant
+composes; the view's figure is then the plain Gaussian one. Every pair figure is also at most the victim's
+releases seen directly (post-processing): the per-agent figure, subsampling credited (``local
+(post-processing)``); a pair's epsilon is the smallest of these valid figures.
 
 Muffliato's own pairwise bound (its theorem on gossip averaging, as restated by the matrix-factorisation
 paper): each message the observer receives, at gossip step s from in-neighbour w, treated as an independent
@@ -366,11 +367,12 @@ def _parse_agents(text: str | None, n: int, key: str) -> list[int]:
 
 
 def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
-                    observers: str | None = None, plot: bool = True, accountant: str = "rdp") -> dict[str, Any]:
+                    observers: str | None = None, plot: bool = True, accountant: str = "rdp",
+                    per_agent: dict[int, float | None] | None = None) -> dict[str, Any]:
     """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
     the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
-    cannot be accounted. ``accountant``: the one that composes subsampled mechanisms (the per-agent
-    report's recommended one)."""
+    cannot be accounted. ``per_agent``: each agent's per-agent epsilon at ``delta`` (the report's recommended
+    figure, by ``accountant``; computed here when not given): what its releases seen directly reveal."""
     import networkx as nx
     import pyarrow.compute as pc
 
@@ -449,7 +451,11 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 
     scale = np.where(np.isinf(lin.scale), 0.0, lin.scale)
-    local = {u: local_figures(rel.get(u, []), delta, accountant, noiseless) for u in vs}
+    if per_agent is None:
+        from netsim.privacy.accountants import epsilon
+
+        per_agent = {u: epsilon(rel.get(u, []), delta, accountant, "observed") for u in vs}
+    local = {u: local_figures(rel.get(u, []), delta, per_agent.get(u), noiseless) for u in vs}
     rows = []
     for v in os_:
         with threadpool_limits(1):  # one SVD per observer, a few hundred rows: BLAS threads only contend (60x)
@@ -460,7 +466,7 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
             view = per[u]
             mu_local, eps_local, _ = local[u]
             mu = min(view.mu, mu_local)  # never above the releases themselves: the view is their post-processing
-            eps, method, credited = pair_epsilon(view, local[u], [r.q for r in rel.get(u, [])], delta, accountant)
+            eps, method, credited = pair_epsilon(view, local[u], [r.q for r in rel.get(u, [])], delta)
             if noiseless:
                 mu, eps, method, credited = math.inf, math.inf, "noiseless release", False
             mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
@@ -490,8 +496,9 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
                     "exact: the view as one Gaussian mechanism (single release, or the matrix-factorisation "
                     "sensitivity attained by equal gradient differences); mf-bound: sum of |Gram| entries; "
                     f"{SUBSAMPLED}: the victim's releases reach the view as independent Gaussian mechanisms, each "
-                    f"Poisson-subsampled at its q, composed by the {accountant.upper()} accountant; {LOCAL}: the "
-                    "victim's releases seen directly (mu_local, epsilon_local: the per-agent figure where q < 1)"),
+                    "Poisson-subsampled at its q, composed by the RDP accountant; "
+                    f"{LOCAL}: the victim's releases seen directly (mu_local; epsilon_local: the per-agent "
+                    f"{accountant.upper()} figure where q < 1)"),
         "credits": credits_line(rows, accountant, any(r.q < 1 for rs in rel.values() for r in rs)),
     }
     if gated:
@@ -508,11 +515,12 @@ SUBSAMPLED = "exact, subsampled"
 LOCAL = "local (post-processing)"
 
 
-def local_figures(releases: Sequence, delta: float, accountant: str, noiseless: bool) -> tuple[float, float, bool]:
+def local_figures(releases: Sequence, delta: float, per_agent: float | None,
+                  noiseless: bool) -> tuple[float, float, bool]:
     """(mu_local, epsilon_local, subsampling credited) of one victim's releases seen directly: Gaussian-DP of
     the plain mechanisms, and epsilon the smaller of its conversion and, where a record enters a release
-    with probability q < 1, the per-agent figure (the releases composed by ``accountant`` at their q)."""
-    from netsim.privacy.accountants import epsilon
+    with probability q < 1, the per-agent figure ``per_agent`` (the releases composed at their q; None: not
+    computable)."""
 
     if noiseless:
         return math.inf, math.inf, False
@@ -520,12 +528,13 @@ def local_figures(releases: Sequence, delta: float, accountant: str, noiseless: 
     eps = gdp_epsilon(mu_local, delta)
     if not any(r.q < 1 for r in releases):
         return mu_local, eps, False
-    sub = epsilon(releases, delta, accountant, "observed")
-    return mu_local, eps if sub is None else min(eps, sub), sub is not None and sub < eps
+    if per_agent is None or per_agent >= eps:
+        return mu_local, eps, False
+    return mu_local, per_agent, True
 
 
-def pair_epsilon(view: VictimView, local: tuple[float, float, bool], rates: Sequence[float], delta: float,
-                 accountant: str) -> tuple[float, str, bool]:
+def pair_epsilon(view: VictimView, local: tuple[float, float, bool], rates: Sequence[float],
+                 delta: float) -> tuple[float, str, bool]:
     """(epsilon, method, subsampling credited) of a pair: the smallest of the valid figures, each a guarantee
     on its own: the view as one Gaussian mechanism (``exact`` or ``mf-bound``, no subsampling); where the
     victim's releases reach the view as independent mechanisms (``view.separate``) and some q < 1, their
@@ -535,7 +544,7 @@ def pair_epsilon(view: VictimView, local: tuple[float, float, bool], rates: Sequ
     mu_local, eps_local, credited = local
     figures = [(gdp_epsilon(min(view.mu, mu_local), delta), view.method if view.mu <= mu_local else LOCAL, False)]
     if view.separate is not None and any(q < 1 for q in rates) and len(view.separate):
-        figures.append((subsampled_epsilon(view.separate, rates, delta, accountant), SUBSAMPLED, True))
+        figures.append((subsampled_epsilon(view.separate, rates, delta), SUBSAMPLED, True))
     figures.append((eps_local, LOCAL, credited))
     return min(figures, key=lambda f: f[0])
 
@@ -549,7 +558,7 @@ def credits_line(rows: list[dict[str, Any]], accountant: str, subsampled: bool) 
     sub = sum(1 for r in rows if r["method"] == SUBSAMPLED)
     loc = sum(1 for r in rows if r["method"] == LOCAL and r["subsampling"])
     return (f"credits: subsampling (q) where it composes exactly: {sub} of {n} pairs as the view's independent "
-            f"Poisson-subsampled mechanisms ({SUBSAMPLED}), {loc} through the victim's own releases as the "
+            f"Poisson-subsampled mechanisms ({SUBSAMPLED}, RDP), {loc} through the victim's own releases as the "
             f"per-agent table composes them ({LOCAL}, {accountant.upper()}); the other {n - sub - loc}: the view "
             "without it is smaller, or no q to credit; Muffliato's bound credits none")
 

@@ -295,7 +295,8 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         from netsim.privacy.pairwise import pairwise_report
 
         report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot,
-                                             accountant="pld" if pld else "rdp")
+                                             accountant="pld" if pld else "rdp",
+                                             per_agent={r["agent"]: r["epsilon"] for r in rows})
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE, spec,
                                                         sc.name if sc is not None else folder.name) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
