@@ -63,21 +63,40 @@ def summary(name: str, fn: Callable | None = None) -> str:
     """One line: the built-in's summary, else (a plugin's algorithm) its docstring's first sentence."""
     if name in SUMMARIES:
         return SUMMARIES[name]
+    return first_paragraph(fn)
+
+
+def first_paragraph(fn: Callable | None) -> str:
+    """The first paragraph of ``fn``'s docstring (else its module's) on one line: a plugin's summary."""
     doc = "" if fn is None else inspect.getdoc(fn) or inspect.getdoc(inspect.getmodule(fn)) or ""
-    first = " ".join(doc.split("\n\n")[0].split())
-    return first or "(no description)"
+    return " ".join(doc.split("\n\n")[0].split()) or "(no description)"
 
 
-def listing(entries: dict[str, str], columns: int = 100) -> str:
-    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns``."""
+def listing(entries: dict[str, str], columns: int = 100,
+            footer: str = "(netsim algorithms NAME: the paper, its equations and the parameters)") -> str:
+    """``name  summary`` lines, names aligned, summaries wrapped under themselves to ``columns`` (``netsim
+    algorithms``, ``netsim models``, ``netsim datasets``), then ``footer``."""
     import textwrap
 
     width = max(map(len, entries), default=0)
     pad = " " * (width + 2)
     lines = [textwrap.fill(s, max(columns, width + 40), initial_indent=f"{n:<{width}}  ", subsequent_indent=pad)
              for n, s in sorted(entries.items())]
-    lines.append("(netsim algorithms NAME: the paper, its equations and the parameters)")
+    lines.append(footer)
     return "\n".join(lines) + "\n"
+
+
+def _docs(fn: Callable, module) -> list[str]:
+    """The docstrings ``describe`` prints, what the method is first: the module's (the paper and the method)
+    then the program's own (how it is run) where the module holds this one method; the program's own first
+    where the module holds a family (``do_adp.py``: DO-ADP and its baselines), each method's own docstring
+    naming its paper."""
+    from netsim.algorithms.registry import REGISTRY, source_of
+
+    own = inspect.cleandoc(fn.__doc__) if fn.__doc__ else None  # a kernel class's own, never its base's
+    family = {source_of(p) for p, _ in REGISTRY.values() if inspect.getmodule(source_of(p)) is module}
+    docs = [inspect.getdoc(module), own] if len(family - {fn}) == 0 else [own, inspect.getdoc(module)]
+    return [d for d in docs if d and d.strip()]
 
 
 def describe(name: str, fn: Callable, params_cls: type) -> str:
@@ -88,11 +107,14 @@ def describe(name: str, fn: Callable, params_cls: type) -> str:
     from netsim.scenario.reference import _allowed_by_check, _default, _type
 
     module = inspect.getmodule(fn)
-    lines = [f"{name}: {summary(name, fn)}"]
-    own = inspect.cleandoc(fn.__doc__) if fn.__doc__ else None  # a kernel class's own, never its base's
-    for doc in (own, inspect.getdoc(module)):
-        if doc and doc.strip():
-            lines += ["", doc.strip()]
+    head = summary(name, fn)
+    lines = [f"{name}: {head}"]
+    for doc in _docs(fn, module):
+        paragraphs = doc.strip().split("\n\n")
+        if " ".join(paragraphs[0].split()) == head:  # a plugin's summary is its docstring's first paragraph
+            paragraphs = paragraphs[1:]
+        if paragraphs:
+            lines += ["", "\n\n".join(paragraphs)]
     source = getattr(module, "__file__", None)
     if module is not None and module.__name__.startswith("netsim."):
         source = module.__name__.replace(".", "/") + ".py"

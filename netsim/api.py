@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from netsim.errors import InputError
+from netsim.errors import InputError, did_you_mean
 from netsim.run_folder import (  # noqa: F401 - the API's names for a run folder's files and checks
     LOCK_FILE,
     PARTIAL_SUMMARY,
@@ -154,6 +154,7 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
     With ``interruptible`` (in the main thread), SIGINT (Ctrl-C) stops the run at the next event
     boundary: the trace is flushed, a checkpoint and ``summary.partial.json`` are written, and the
     result's ``summary["stop_reason"]`` is ``"interrupted"``; ``resume(folder)`` continues it."""
+    check_engine(engine)  # before anything is read or built
     sc = resolve_scenario(scenario, overrides)
     text = to_toml(sc)
     folder = RunFolder(output_dir(sc, out), sc, text, scenario_hash(text), __version__, resumable=setup is None)
@@ -169,9 +170,15 @@ def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None
         return RunResult(folder.path, sc, *folder.run(sim, interruptible))
 
 
-def _choose_engine(sim, engine: str, source: str | None) -> None:
+def check_engine(engine: str) -> None:
+    """Refuse an engine name no engine has (``--engine turbo``), with the likely intended one."""
     if engine not in ENGINES:
-        raise InputError("--engine", f"unknown engine {engine!r}; one of: {', '.join(ENGINES)}")
+        raise InputError("--engine", f"unknown engine {engine!r}; {did_you_mean(engine, ENGINES)}one of: "
+                                     f"{', '.join(ENGINES)}")
+
+
+def _choose_engine(sim, engine: str, source: str | None) -> None:
+    check_engine(engine)
     if engine in ("windowed", "auto"):
         from netsim.rounds import windowed
 

@@ -197,6 +197,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     from netsim.errors import InputError, RunCrashed
 
     try:
+        api.check_engine(engine)  # before a plugin, the scenario or the data is read
         _plugins(plugin)
         sc = api.resolve_scenario(scenario, _overrides(set_))
         folder = api.output_dir(sc, out)
@@ -340,22 +341,26 @@ def keys(section: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs O
         except InputError as e:
             _fail(e)
         from netsim.compute.data import DATASET_PARAMS
-        from netsim.compute.models import MODEL_PARAMS
+        from netsim.compute.model_registry import MODEL_PARAMS
 
         extra = {"model": plugin_rows("model", MODEL_PARAMS), "data": plugin_rows("data", DATASET_PARAMS)}
     typer.echo(text(section, extra), nl=False)
 
 
 def _registered(what: str, name: str | None, plugin: list[str] | None) -> None:
-    """``netsim models`` / ``netsim datasets``: the registered names with their own keys, or one described."""
+    """``netsim models`` / ``netsim datasets``: the registered names, each with its one-line summary (its
+    factory's docstring) and own keys, or one described; without torch (the registries are lean)."""
+    import shutil
+
+    from netsim.algorithm_reference import first_paragraph, listing
     from netsim.errors import InputError
-    from netsim.scenario.reference import describe
+    from netsim.scenario.reference import describe, kind_rows
 
     try:
         _plugins(plugin)
         if what == "model":
-            from netsim.compute.models import MODEL_PARAMS as params
-            from netsim.compute.models import MODELS as table
+            from netsim.compute.model_registry import MODEL_PARAMS as params
+            from netsim.compute.model_registry import MODELS as table
         else:
             from netsim.compute.data import DATASET_PARAMS as params
             from netsim.compute.data import DATASETS as table
@@ -363,14 +368,20 @@ def _registered(what: str, name: str | None, plugin: list[str] | None) -> None:
         _fail(e)
     section = "model" if what == "model" else "data"
     if name is None:
+        entries = {}
         for n in sorted(table):
             cls = params[n]
-            own = ", ".join(f"{f.name}={f.default!r}" for f in attrs.fields(cls)) if cls is not None else ""
-            typer.echo(f"{n}: {own}" if own else n)
-        typer.echo(f"(netsim {what}s NAME describes one; netsim keys {section} lists the common keys)")
+            own = [r["key"].split(".", 1)[1] for r in kind_rows(section, n)]
+            own += [f"{f.name}={f.default!r}" for f in attrs.fields(cls)] if cls is not None else []
+            entries[n] = first_paragraph(table[n]) + (f" (own keys: {', '.join(own)})" if own else "")
+        columns = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10_000  # piped: one line each
+        typer.echo(listing(entries, columns, f"(netsim {what}s NAME describes one; netsim keys {section} lists "
+                                             "the common keys)"), nl=False)
         return
     if name not in table:
-        _fail(f"{what}s: unknown {what} {name!r}; registered: {', '.join(sorted(table))}")
+        from netsim.errors import unknown_name
+
+        _fail(f"{what}s: {unknown_name(what, name, table)}")
     typer.echo(describe(what, name, table[name], params[name], section), nl=False)
 
 
@@ -421,7 +432,9 @@ def algorithms(name: Optional[str] = typer.Argument(  # noqa: UP045
         typer.echo(listing({n: summary(n, source_of(REGISTRY[n][0])) for n in registered}, columns), nl=False)
         return
     if name not in REGISTRY:
-        _fail(f"algorithms: unknown algorithm {name!r}; registered: {', '.join(registered)}")
+        from netsim.errors import unknown_name
+
+        _fail(f"algorithms: {unknown_name('algorithm', name, registered)}")
     typer.echo(describe(name, source_of(REGISTRY[name][0]), REGISTRY[name][1]), nl=False)
 
 
@@ -484,11 +497,30 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
             victims: Optional[str] = typer.Option(  # noqa: UP045
                 None, "--victims", help="--pairwise: only these victims, e.g. 0,3,5-7"),
             observers: Optional[str] = typer.Option(  # noqa: UP045
-                None, "--observers", help="--pairwise: only these observers, e.g. 0,3,5-7"),
+                None, "--observers", help="--pairwise, --audit: only these observers, e.g. 0,3,5-7; --attack: the "
+                                          "one set of colluding observers (default: every agent alone)"),
+            attack: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--attack", help="reconstruct: which releases the observers recover exactly from their "
+                                       "messages (El Mrini et al.; needs privacy.record): attack.csv"),
+            audit: bool = typer.Option(
+                False, "--audit", help="an empirical lower bound on epsilon from the run's canaries "
+                                       "(privacy.audit), beside the accounted pairwise epsilon: audit.csv"),
             plugin: Optional[list[str]] = PluginOpt) -> None:  # noqa: UP045
     """Per-agent epsilon(delta) of a run's releases: RDP, PLD and the paper's closed form; --pairwise: per
-    (victim, observer) pair."""
+    (victim, observer) pair; --attack, --audit: what an attack achieves from the run's messages."""
     from netsim.errors import InputError
+
+    if attack is not None or audit:  # the attacks alone (netsim/privacy/attack.py, audit.py)
+        from netsim.privacy.attack import run_attacks
+
+        try:
+            _plugins(plugin)
+            lines = run_attacks(run_folder, attack, audit, observers)
+        except InputError as e:
+            _fail(e)
+        for line in lines:
+            typer.echo(line)
+        return
     from netsim.privacy.report import PLOT_FILE, REPORT_FILE, privacy_report
     from netsim.trace.io import has_end_marker, read_trace, resolve_trace_path
 
@@ -688,9 +720,11 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
 
 
 def _print_result(table, limit: int) -> None:
-    """A query's result as a rich table (numbers right-aligned, 6 significant digits)."""
-    from rich.console import Console
+    """A query's result as a rich table (numbers right-aligned, 6 significant digits), every header whole
+    (``netsim.table_fit``: folded at its word breaks where the screen, or a pipe's 80 columns, is narrow)."""
     from rich.table import Table
+
+    from netsim.table_fit import print_fitted
 
     t = Table(show_edge=False, header_style="bold")
     cols = table.column_names
@@ -708,7 +742,7 @@ def _print_result(table, limit: int) -> None:
 
     for r in table.slice(0, limit).to_pylist():
         t.add_row(*(cell(r[c]) for c in cols))
-    Console().print(t)
+    print_fitted(t)
     more = table.num_rows - limit
     typer.echo(f"({table.num_rows} rows" + (f"; {more} not shown: --rows N, --csv or --parquet FILE)"
                                             if more > 0 else ")"))
@@ -881,27 +915,35 @@ def sweep(sweep_file: Path = typer.Argument(..., help="sweep TOML file (docs/swe
     except RunCrashed as e:  # a member's algorithm raised: its folder keeps the partial trace and summary
         _crashed(e)
     if not quiet:
-        from rich.table import Table
+        from netsim.table_fit import print_fitted
 
-        t = Table(title=f"{sweep_file.stem}: mean ± std over seeds")
-        rows = result.table.to_pylist()
-        shown = dict.fromkeys([sw.spec.metric, "loss", "messages_dropped"])
-        cols = sw.swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in result.table.column_names]
-        for c in cols:  # swept keys as written (network.loss), the runs' outputs as "final ..." (test loss)
-            t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
-                         justify="right")
-        for r in rows:
-            cells = []
-            for c in cols:
-                v = r[c]
-                if c.endswith("_mean"):
-                    s = r[c.removesuffix("_mean") + "_std"]
-                    v = "-" if v is None else f"{v:.4g}" + ("" if s is None else f" ± {s:.2g}")
-                cells.append(str(v))
-            t.add_row(*cells)
-        Console().print(t)
+        print_fitted(_sweep_table(sweep_file.stem, sw.swept, sw.spec.metric, result.table))
     typer.echo(f"ran {result.ran} of {len(sw.tasks)} runs; wrote {result.out}/ (sweep.csv, runs.csv, "
                f"{', '.join(p.name for p in result.plots)})")
+
+
+def _sweep_table(name: str, swept: list[str], metric: str, table):
+    """The sweep's table: the swept keys as written (``network.loss``), the seeds, and the final metric, loss
+    and drops as mean ±std (a narrow screen wraps the std under its mean)."""
+    from rich.table import Table, box
+
+    t = Table(title=f"{name}: mean ± std over seeds", box=box.SIMPLE_HEAD, show_edge=False,
+              pad_edge=False, collapse_padding=True)
+    shown = dict.fromkeys([metric, "loss", "messages_dropped"])
+    cols = swept + ["seeds"] + [f"{k}_mean" for k in shown if f"{k}_mean" in table.column_names]
+    for c in cols:  # the runs' outputs as "final ..." (test loss), never mistaken for a swept key
+        t.add_column(c if not c.endswith("_mean") else "final " + c.removesuffix("_mean").replace("_", " "),
+                     justify="right")
+    for r in table.to_pylist():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if c.endswith("_mean"):
+                s = r[c.removesuffix("_mean") + "_std"]
+                v = "-" if v is None else f"{v:.4g}" + ("" if s is None else f" ±{s:.2g}")
+            cells.append("-" if v is None else str(v))
+        t.add_row(*cells)
+    return t
 
 
 def main() -> None:

@@ -54,3 +54,21 @@ def claim(table: dict, what: str, name: str, value) -> None:
     if have is not None and have is not value:
         raise ValueError(f"{what} {name!r} is already registered ({getattr(have, '__qualname__', have)})")
     table[name] = value
+
+
+def did_you_mean(name: str, names) -> str:
+    """``"did you mean 'dpsgd'? "`` for the registered or allowed name closest to a mistyped ``name`` (difflib's
+    ratio >= 0.6), else ``""``: the hint every "unknown ..." line starts with."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), list(names), n=1, cutoff=0.6)
+    return f"did you mean {near[0]!r}? " if near else ""
+
+
+def unknown_name(what: str, name: str, registered) -> str:
+    """The line for a name no registry holds: the likely intended one, every registered name, and that a
+    plugin's name needs the plugin loaded (``unknown model 'residual_mlp'; registered: cnn, ...; a plugin's
+    model needs --plugin FILE``)."""
+    names = sorted(registered)
+    return (f"unknown {what} {name!r}; {did_you_mean(name, names)}registered: {', '.join(names)}; "
+            f"a plugin's {what} needs --plugin FILE")

@@ -14,7 +14,7 @@ import os
 import platform
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +176,8 @@ class RunFolder:
         (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
         for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)
             shutil.rmtree(old, ignore_errors=True)
+        with suppress(OSError):  # nor their folder, once empty (anything else in it stays)
+            (folder / checkpoint.FOLDER).rmdir()
         return summary, rec.metrics
 
     def write_crash(self, sim, exc: Exception):

@@ -181,6 +181,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
         raise InputError("", "not valid TOML: nested too deeply", src) from None
     except ValueError as e:  # an integer of more than 4300 digits
         raise InputError("", f"not valid TOML: {e}", src) from None
+    _not_a_scenario(data, src)
     try:
         spec = structure(data, SweepSpec)
         configs = _configs(spec)
@@ -210,6 +211,15 @@ def load_sweep(path: str | Path, out: str | Path | None = None) -> Sweep:
             tasks.append(RunTask(i, label, seed, overrides, str(folder / label / f"seed={seed}"), text,
                                  scenario_hash(text), spec.threads))
     return Sweep(path, spec, folder, tuple(configs), tuple(tasks))
+
+
+def _not_a_scenario(data: dict[str, Any], src: str) -> None:
+    """Refuse a scenario file given as a sweep file in one line that says so (not "run: unknown key")."""
+    from netsim.scenario.schema import Scenario
+
+    if "scenario" not in data and set(data) & set(attrs.fields_dict(Scenario)):
+        raise InputError("", f"a scenario file, not a sweep file (a sweep names its base scenario: scenario = "
+                             f"\"...\", docs/sweeps.md); run it with: netsim run {src}", src)
 
 
 def is_done(task: RunTask) -> bool:
@@ -431,8 +441,8 @@ def read_table(path: str | Path):
 
 
 def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Path, ...]:
-    """``final_<metric>.png``: final metric (mean +- std over seeds) vs each swept parameter, one line
-    per combination of the others; ``curves_<metric>.png``: metric vs simulated time per configuration,
+    """``final_<metric>.png``: final metric (mean +- std over seeds) vs each swept parameter (``final_figure``);
+    ``curves_<metric>.png``: metric vs simulated time per configuration,
     mean over seeds with a +- std band (seeds' evaluations aligned by index)."""
     import matplotlib
 
@@ -462,37 +472,88 @@ def plot_sweep(sw: Sweep, table, curves: list[list[dict[str, Any]]]) -> tuple[Pa
     out.append(sw.out / f"curves_{metric}.png")
     fig.savefig(out[-1], dpi=110)
     plt.close(fig)
-    mean_key = f"{metric}_mean"
-    if mean_key not in table.column_names or len(sw.configs) < 2:
+    if f"{metric}_mean" not in table.column_names or len(sw.configs) < 2:
         return tuple(out)
-    rows = table.to_pylist()
-    swept = sw.swept
+    fig = final_figure(sw.swept, table.to_pylist(), metric)
+    out.append(sw.out / f"final_{metric}.png")
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    return tuple(out)
+
+
+def _numeric(values: list[Any]) -> bool:
+    return all(isinstance(x, int | float) and not isinstance(x, bool) for x in values)
+
+
+def _unset(v: Any) -> bool:
+    """A configuration that leaves the key to the scenario (None; ``null`` once a column mixes it with text)."""
+    return v is None or v == "null"
+
+
+def _categorical_groups(keys: list[str], rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The categorical swept keys, those that vary together in one group (``algorithm.name`` with the
+    ``algorithm.calibration`` only one of the methods sets): each value of one names one value of the other."""
+    groups: list[list[str]] = []
+    for k in keys:
+        for g in groups:
+            pairs = {(_hashable(r[g[0]]), _hashable(r[k])) for r in rows}
+            if len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs}):
+                g.append(k)
+                break
+        else:
+            groups.append([k])
+    return groups
+
+
+def final_figure(swept: list[str], rows: list[dict[str, Any]], metric: str):
+    """``final_<metric>.png``'s figure: the final metric (mean +- std over seeds) against each swept key. A
+    numeric key is an axis, one line per combination of the others; categorical keys (method names, switches,
+    keys only some configurations set; those that vary together in one panel) have one tick per category,
+    each combination of the other keys a point beside it (no line: categories have no order)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mean_key, std_key = f"{metric}_mean", f"{metric}_std"
+    numeric = [k for k in swept if _numeric([r[k] for r in rows])]
+    panels = [[k] for k in numeric] + _categorical_groups([k for k in swept if k not in numeric], rows)
     short = short_names(swept)
-    fig, axes = plt.subplots(1, len(swept), figsize=(4.6 * len(swept), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], swept, strict=True):
-        others = [k for k in swept if k != key]
-        groups: dict[str, list[dict[str, Any]]] = {}
+
+    def label(r: dict[str, Any], keys: list[str]) -> str:
+        return ", ".join(f"{short[k]}={r[k]}" for k in keys if not _unset(r[k]))
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), squeeze=False)
+    for ax, keys in zip(axes[0], panels, strict=True):
+        others = [k for k in swept if k not in keys]
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for r in rows:
-            groups.setdefault(", ".join(f"{short[k]}={r[k]}" for k in others), []).append(r)
-        for name, rs in groups.items():
-            xs = [r[key] for r in rs]
-            numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
-            pos = xs if numeric else list(range(len(xs)))
-            ys = [math.nan if r[mean_key] is None else r[mean_key] for r in rs]  # None: no finite value
-            ax.errorbar(pos, ys, yerr=[r[f"{metric}_std"] or 0.0 for r in rs],
-                        marker="o", capsize=3, label=name or None)
-            if not numeric:
-                ax.set_xticks(pos, [str(x) for x in xs])
-        ax.set_xlabel(key)
+            groups.setdefault(tuple(_hashable(r[k]) for k in others), []).append(r)
+        ys = {id(r): math.nan if r[mean_key] is None else r[mean_key] for r in rows}  # None: no finite value
+        if keys[0] in numeric:
+            for rs in groups.values():
+                ax.errorbar([r[keys[0]] for r in rs], [ys[id(r)] for r in rs],
+                            yerr=[r[std_key] or 0.0 for r in rs], marker="o", capsize=3,
+                            label=label(rs[0], others) or None)
+        else:
+            cats = list(dict.fromkeys(tuple(_hashable(r[k]) for k in keys) for r in rows))
+            first = {c: next(r for r in rows if tuple(_hashable(r[k]) for k in keys) == c) for c in cats}
+            step = min(0.15, 0.8 / max(len(groups), 1))
+            for j, rs in enumerate(groups.values()):
+                shift = (j - (len(groups) - 1) / 2) * step
+                ax.errorbar([cats.index(tuple(_hashable(r[k]) for k in keys)) + shift for r in rs],
+                            [ys[id(r)] for r in rs], yerr=[r[std_key] or 0.0 for r in rs], marker="o",
+                            linestyle="none", capsize=3, label=label(rs[0], others) or None)
+            ax.set_xticks(range(len(cats)), ["\n".join(str(first[c][k]) for k in keys if not _unset(first[c][k]))
+                                             or "(unset)" for c in cats])
+            ax.set_xlim(-0.6, len(cats) - 0.4)
+        ax.set_xlabel(" / ".join(keys))
         ax.set_ylabel(f"final {metric}")
         ax.grid(alpha=0.3)
         if others:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    out.append(sw.out / f"final_{metric}.png")
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
-    return tuple(out)
+    return fig
 
 
 PRIVACY_UTILITY = "privacy_utility"  # .png and .csv in the sweep folder

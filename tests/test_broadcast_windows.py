@@ -10,11 +10,12 @@ import json
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
 from netsim.scenario import scenario_from_dict
+from tests.search import search
 from tests.test_windowed import VARY, async_gossip, buildable, gossip
 
 
@@ -84,7 +85,7 @@ def broadcasting(draw, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ["async_push", "pushsum", "event_triggered", "sparq", "adpsgd", "gossip"])
-@settings(max_examples=10, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@search(10, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, name, data):

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from netsim import api
 from netsim.errors import InputError
 from netsim.sim import checkpoint
 from netsim.trace.io import TRACE_FILE, read_trace
+from tests.search import search
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -295,7 +296,7 @@ def _one_line_exit_2(r, folder: Path) -> None:
     assert "Traceback" not in r.output
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@search(40, suppress_health_check=list(HealthCheck))
 @given(damage=st.lists(st.tuples(st.sampled_from(FILES), st.sampled_from(["cut", "flip", "junk", "delete"]),
                                  st.integers(0, 1 << 20), st.binary(max_size=64)), min_size=2, max_size=2))
 def test_fuzz_corrupted_checkpoints(killed_template, damage):
@@ -340,7 +341,7 @@ def _mutate(obj, path: list, value):
             return
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@search(12, suppress_health_check=list(HealthCheck))
 @given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6),
        value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.floats(allow_nan=True),
                        st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
@@ -490,3 +491,15 @@ def test_a_2000_agent_pdsl_checkpoint_holds_the_bank_once(capsys):
               f"noise generators {noise:,}, programs' locals {size('program.'):,}; pdsl.u alone {u.nbytes:,}")
     assert u.nbytes > 0 and not any(v.shape == tuple(u.shape) for k, v in arrays.items() if k.startswith("program."))
     assert total <= 2 * (bank + streams + noise)
+
+
+def test_a_complete_run_leaves_no_checkpoints_folder(tmp_path):
+    """The checkpoints of a run that finished are removed, and their folder with them (it was left empty);
+    a folder holding something else is left as it is."""
+    res = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    assert res.summary["stop_reason"] != "interrupted" and api.is_complete(res.out)
+    assert not (res.out / checkpoint.FOLDER).exists()
+    (res.out / checkpoint.FOLDER).mkdir()
+    (res.out / checkpoint.FOLDER / "notes.txt").write_text("mine")
+    again = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    assert (again.out / checkpoint.FOLDER / "notes.txt").read_text() == "mine"

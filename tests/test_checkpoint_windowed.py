@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tomli_w
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -28,6 +28,7 @@ from netsim.scenario import scenario_from_dict
 from netsim.sim import checkpoint
 from netsim.sim.kernel import Simulation
 from netsim.trace.io import TRACE_FILE, read_trace
+from tests.search import search
 
 ALGORITHMS = {
     "dpsgd": {"name": "dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": 0.1},
@@ -272,7 +273,7 @@ def killed_windowed(tmp_path_factory) -> Path:
     return killed_at(tmp_path_factory.mktemp("killed"), scenario("dp_dpsgd", n=16, rounds=12, every=3), 2)
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@search(30, suppress_health_check=list(HealthCheck))
 @given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6), anywhere=st.booleans(),
        value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 70), st.floats(allow_nan=True),
                        st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=6),

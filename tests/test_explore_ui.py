@@ -204,7 +204,7 @@ def test_pivot_equals_a_pandas_recomputation():
     for t0, t1, agents in [(2.0, 9.5, [1, 2, 3]), (0.0, 30.0, list(range(8))), (5.0, 5.5, [6])]:
         got = pivot(run, t0, t1, agents)
         area = df[(df.t >= t0) & (df.t <= t1) & df.agent.isin(agents)]
-        kinds = area.kind.replace({"compute_start": "compute"}).value_counts().to_dict()
+        kinds = area.kind.value_counts().to_dict()  # the trace's own kind names (compute_start, not "compute")
         assert got["by_kind"] == kinds and got["events"] == len(area)
         assert got["bytes"] == int(area[area.kind == "send"]["size"].sum())
         assert got["drops"] == int((area.kind == "drop").sum())
@@ -227,8 +227,14 @@ def test_area_selection_opens_the_pivot_panel():
         want = pivot(run, v.t0 + c0 * cell, v.t0 + (c0 + 30) * cell + cell, [1, 2, 3])
         assert panel.figures == want and want["events"] > 50
         assert f"drops {want['drops']:,}" in str(panel.render())
+        assert "compute_start" in str(panel.render()) and "compute " not in str(panel.render())
+        assert "other corner" not in status(app)  # the area is closed: the status line no longer asks for it
         await pilot.press("escape")
         assert not panel.has_class("open")
+        await pilot.press("v")
+        assert "area: move to the other corner and press v" in status(app)
+        await pilot.press("escape")  # the first corner dropped: nothing left to ask
+        assert v.mark is None and "other corner" not in status(app)
     run_app(body)
 
 
@@ -251,6 +257,12 @@ def test_query_bar_results_jump_and_pin():
         assert v.pinned is not None and len(v.pinned[0]) == len(drops) and f"pinned {len(drops)}" in status(app)
         pins = next(x for x in screen_lines(app) if x.strip().startswith("pins|"))
         assert pins.count("◆") == len({v.time_col(float(t)) for t in run.t[drops]})
+        assert res.has_focus and res.size.height == 10  # the results stay, full height, and step on
+        await pilot.press("down", "enter")  # the fourth drop, with the pins shown
+        assert v.selected == drops[3] and v.pinned is not None
+        assert res.has_focus
+        await pilot.press("p")  # p again, from the results: unpinned
+        assert v.pinned is None and f"pinned {len(drops)}" not in status(app)
         await pilot.press("escape")  # the results panel closes
         assert not res.has_class("open")
         await pilot.press("colon", *"select nonsense from trace", "enter")
@@ -393,6 +405,33 @@ def test_query_bar_answers_the_docs_recipes():
                     assert a.tolist() == b.tolist(), (name, c)
             await pilot.press("escape")
     run_app(body)
+
+
+def test_the_help_scrolls_to_its_last_row():
+    """On a screen shorter than the keys table the help's body scrolls (its title says how, and stays), from
+    the first key to the last, by the keys at once."""
+    from textual.containers import VerticalScroll
+
+    from netsim.explore.help import HELP_TITLE
+
+    async def body(app, pilot):
+        await pilot.press("question_mark")
+        await pilot.pause()
+        scroll = app.screen.query_one("#help-body", VerticalScroll)
+        keys = app.screen.query_one("#help-keys")
+        assert scroll.has_focus and scroll.max_scroll_y > 10 and keys.size.height > scroll.size.height
+        assert "scroll" in HELP_TITLE and app.screen.query_one("#help-title").region.height >= 1
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert scroll.scroll_y > 0
+        await pilot.press("end")
+        await pilot.pause()
+        assert scroll.scroll_y == scroll.max_scroll_y
+        last = keys.region.y + keys.region.height  # the keys table's last row (q quit) is on screen
+        assert scroll.region.y <= last - 1 < scroll.region.y + scroll.region.height
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+    run_app(body, size=(110, 30))
 
 
 def test_snapshot_help(snap_compare):

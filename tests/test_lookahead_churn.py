@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
 from netsim.scenario import scenario_from_dict
+from tests.search import search
 from tests.test_windowed import async_gossip, buildable, gossip, lookahead_run
 
 
@@ -67,7 +68,7 @@ def agree(folder, sc: dict) -> dict:
     return lookahead_run(folder, sc)  # churn, outages and bursts keep the run out of synchronous rounds
 
 
-@settings(max_examples=18, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@search(18, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=churned_gossip())
 def test_lookahead_windows_agree_with_the_engine_when_agents_go_offline_and_links_fail(tmp_path_factory, sc):
@@ -174,7 +175,7 @@ def linked_gossip(draw) -> dict:
     return sc
 
 
-@settings(max_examples=16, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@search(16, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=linked_gossip())
 def test_lookahead_windows_agree_with_the_engine_on_link_queues_per_link_settings_changing_graphs(tmp_path_factory,

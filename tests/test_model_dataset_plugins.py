@@ -18,9 +18,9 @@ from tests.test_plugin_examples import PLUGINS, _plugin_module, netsim
 def own_registries(monkeypatch):
     """Model and dataset registries of this test only (a plugin module executed in-process registers into
     them, and is gone afterwards)."""
-    from netsim.compute import data, models
+    from netsim.compute import data, model_registry
 
-    for mod, names in ((models, ("MODELS", "MODEL_PARAMS")), (data, ("DATASETS", "DATASET_PARAMS"))):
+    for mod, names in ((model_registry, ("MODELS", "MODEL_PARAMS")), (data, ("DATASETS", "DATASET_PARAMS"))):
         for name in names:
             monkeypatch.setattr(mod, name, dict(getattr(mod, name)))
     before = set(sys.modules)
@@ -114,4 +114,5 @@ def test_model_and_dataset_plugins_run_dp_dpsgd_end_to_end(tmp_path, own_registr
     res = runner.invoke(app, ["datasets", "device_folder"])
     assert res.exit_code == 0 and "data.target  (string, default 'label')" in res.output
     res = runner.invoke(app, ["models"])
-    assert "residual_mlp: width=32, depth=2" in res.output
+    assert any(ln.startswith("residual_mlp ") and ln.endswith("(own keys: width=32, depth=2)")
+               for ln in res.output.splitlines()), res.output

@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given
 from hypothesis import strategies as st
 
 import netsim
@@ -26,6 +26,7 @@ from netsim.algorithms import registry
 from netsim.algorithms.dpsgd import DPSGD
 from netsim.rounds import RoundKernel
 from netsim.scenario import scenario_from_dict
+from tests.search import search
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,7 +140,7 @@ def gossip_scenarios(draw) -> dict:
     return sc
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@search(12, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=st.one_of(sync_scenarios(), gossip_scenarios()))
 def test_both_engines_agree_on_scenarios_drawn_from_the_admitted_region(tmp_path_factory, sc):

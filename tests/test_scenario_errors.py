@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from netsim.cli import app
 from netsim.errors import InputError
-from netsim.scenario import load_scenario
+from netsim.scenario import load_scenario, scenario_from_dict, to_toml
 from tests.conftest import BASE, merge
 
 runner = CliRunner()
@@ -131,7 +131,8 @@ def test_fuzzed_scenarios_fail_cleanly(tmp_path, edits):
         msg = str(e)
         assert msg.startswith(str(path)) and "\n" not in msg
         return
-    assert tomllib.loads(tomli_w.dumps(data))  # loaded: must also pass the deeper checks or fail cleanly
+    # loaded: the resolved scenario.toml a run folder keeps reads back as the same scenario
+    assert to_toml(scenario_from_dict(tomllib.loads(to_toml(sc)))) == to_toml(sc)
     from netsim.api import prepare
 
     small = sc.agents.count <= 64 and sc.data.samples <= 20000 and sc.data.samples >= sc.agents.count

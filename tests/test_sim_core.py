@@ -303,3 +303,38 @@ def test_a_negative_zero_scale_draws_zeros():
     rng = np.random.default_rng(0)
     assert sampler(Dist(kind="exponential", mean=-0.0), rng)(3).tolist() == [0.0, 0.0, 0.0]
     assert sampler(Dist(kind="normal", mean=2.0, sigma=-0.0), rng)(2).tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("kind, shape", [("grid", "line"), ("torus", "ring")])
+def test_a_grid_of_a_prime_count_is_refused_not_built_as_a_line(tmp_path, kind, shape):
+    """``topology.kind = "grid"`` with 7 agents once became a 1 x 7 line without a word: one line naming the key
+    and what is allowed, exit 2, nothing written; ``rows = 1`` still asks for the line on purpose."""
+    import tomli_w
+    import tomllib
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+    from netsim.errors import InputError
+    from netsim.sim.graph_arrays import fixed_edges
+    from tests.conftest import BASE, ROOT, merge
+
+    with pytest.raises(InputError, match=rf"topology.kind: a '{kind}' of 7 agents would be a single {shape} "
+                                         r"\(7 is prime.*allowed: an agents.count with a factor >= 2 \(such as 6 "
+                                         r"or 8\), or topology.rows = 1"):
+        build_graph(TopologySpec(kind=kind), 7, seed=1)
+    with pytest.raises(InputError, match="would be a single"):
+        fixed_edges(TopologySpec(kind=kind), 7)  # validate's own graph, without networkx: the same refusal
+    assert build_graph(TopologySpec(kind=kind, rows=1), 7, seed=1).number_of_nodes() == 7
+    assert build_graph(TopologySpec(kind=kind), 8, seed=1).number_of_edges() > 0
+    path = tmp_path / "s.toml"
+    path.write_text(tomli_w.dumps(merge(BASE, {"topology": {"kind": kind}, "agents": {"count": 7}})))
+    for args in (["validate", "--quick", str(path)], ["validate", str(path)],
+                 ["run", str(path), "--out", str(tmp_path / "out"), "-q"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "topology.kind: " in res.stderr, res.output
+    assert not (tmp_path / "out").exists()
+    for sc in sorted((ROOT / "scenarios").glob("*.toml")):  # no shipped scenario relies on the old line
+        data = tomllib.loads(sc.read_text())
+        if data.get("topology", {}).get("kind") in ("grid", "torus") and "rows" not in data["topology"]:
+            n = data.get("agents", {}).get("count", 16)
+            assert any(n % r == 0 for r in range(2, int(n**0.5) + 1)), sc.name

@@ -169,3 +169,36 @@ def test_cli_sweep_prints_the_table_and_writes_the_same_csv(tmp_path):
     res = CliRunner().invoke(app, ["sweep", str(p), "-q"])
     assert "ran 0 of 4 runs" in res.output
     assert (tmp_path / "out" / "sweep.csv").read_text() == first
+
+
+def test_final_plot_gives_categorical_keys_one_tick_per_category():
+    """A method's name (and the calibration only one method sets) is no number: one tick per category, each
+    noise level a point beside it, never every configuration stacked on one tick of a numeric axis."""
+    import matplotlib.pyplot as plt
+
+    from netsim.sweep import final_figure
+
+    rows = [{"algorithm.name": n, "algorithm.epsilon": e, "algorithm.calibration": c, "seeds": 3,
+             "accuracy_mean": acc, "accuracy_std": 0.01}
+            for (n, c), base in ((("dp_dpsgd", "null"), 0.8), (("pdsl", "per_message_gaussian"), 0.9))
+            for e, acc in ((0.1, base), (1.0, base + 0.05))]
+    fig = final_figure(["algorithm.name", "algorithm.epsilon", "algorithm.calibration"], rows, "accuracy")
+    try:
+        eps, cat = fig.axes  # the name and the calibration vary together: one panel
+        assert cat.get_xlabel() == "algorithm.name / algorithm.calibration"
+        assert list(cat.get_xticks()) == [0, 1]
+        assert [t.get_text() for t in cat.get_xticklabels()] == ["dp_dpsgd", "pdsl\nper_message_gaussian"]
+        points = sorted((x, y) for line in cat.get_lines() if line.get_marker() == "o"
+                        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True))
+        assert len(points) == 4 and len({round(x, 6) for x, _ in points}) == 4  # side by side, not stacked
+        for x, y in points:  # each point beside its own category's tick
+            assert abs(x - round(x)) < 0.4 and min(abs(y - v) for v in ((0.8, 0.85), (0.9, 0.95))[round(x)]) < 1e-9
+        assert all(line.get_linestyle() == "None" for line in cat.get_lines() if line.get_marker() == "o")
+        assert sorted(t.get_text() for t in cat.get_legend().get_texts()) == ["epsilon=0.1", "epsilon=1.0"]
+        assert eps.get_xlabel() == "algorithm.epsilon"  # a number stays an axis: one line per method
+        lines = [ln for ln in eps.get_lines() if ln.get_marker() == "o"]
+        assert sorted(list(ln.get_xdata()) for ln in lines) == [[0.1, 1.0], [0.1, 1.0]]
+        assert sorted(t.get_text() for t in eps.get_legend().get_texts()) == [
+            "name=dp_dpsgd", "name=pdsl, calibration=per_message_gaussian"]
+    finally:
+        plt.close(fig)

@@ -191,8 +191,10 @@ def test_model_and_dataset_registries_follow_the_one_rule(monkeypatch):
     import attrs
     import torch
 
-    monkeypatch.setattr(cmodels, "MODELS", dict(cmodels.MODELS))
-    monkeypatch.setattr(cmodels, "MODEL_PARAMS", dict(cmodels.MODEL_PARAMS))
+    from netsim.compute import model_registry
+
+    monkeypatch.setattr(model_registry, "MODELS", dict(model_registry.MODELS))
+    monkeypatch.setattr(model_registry, "MODEL_PARAMS", dict(model_registry.MODEL_PARAMS))
     monkeypatch.setattr(cdata, "DATASETS", dict(cdata.DATASETS))
     monkeypatch.setattr(cdata, "DATASET_PARAMS", dict(cdata.DATASET_PARAMS))
 

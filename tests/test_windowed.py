@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given
 from hypothesis import strategies as st
 
 import netsim
 from netsim.scenario import scenario_from_dict
+from tests.search import search
 
 
 def scenario(n: int = 12, rounds: int = 8) -> dict:
@@ -350,7 +351,7 @@ def buildable(sc: dict) -> None:
         raise
 
 
-@settings(max_examples=14, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+@search(14, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=async_gossip())
 def test_lookahead_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, sc):

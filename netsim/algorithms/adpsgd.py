@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Literal
 
 import attrs
-import networkx as nx
 
 from netsim.algorithms.registry import register
 from netsim.errors import InputError
@@ -50,6 +49,8 @@ class ADPSGD(PairwiseKernel):
     staleness = "adpsgd_staleness"
 
     def check(self, sim, p):
+        import networkx as nx
+
         if p.roles == "bipartite" and not nx.is_bipartite(sim.world.graph.to_undirected()):
             raise InputError("algorithm.roles", "'bipartite' needs a bipartite topology "
                                                 "(e.g. a ring or torus of even size)")
@@ -58,6 +59,8 @@ class ADPSGD(PairwiseKernel):
         """The initiating side: everyone, or one colour of the bipartite graph (computed once)."""
         if p.roles != "bipartite":
             return None
+        import networkx as nx
+
         return nx.bipartite.color(agents[0].graph.to_undirected())
 
     def initiates(self, state, i):

@@ -47,15 +47,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import numpy as np
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.rounds import RoundKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _unit_open(v: float) -> str | None:
@@ -117,6 +119,7 @@ def local_train(b, p: DFedSAMParams, x: torch.Tensor, t: int, spent: set) -> Gen
     """K local (SAM) steps from the rows ``x`` of batch ``b`` in round t (eq. (3); Algorithm 1 lines 3-8), a
     round kernel's local steps: each ``yield`` is a wave of gradients (every agent's at once); returns the
     rows y^{t,K}. ``spent``: agents out of privacy budget (ignored when noise_multiplier = 0); they stop."""
+    import torch
     eta = p.lr * p.lr_decay ** t
     private = p.noise_multiplier > 0
     clip = p.clip if private else None
@@ -251,6 +254,7 @@ class DFedSAM(RoundKernel):
         return outs[i], ins[i]
 
     def combine(self, b, p, got):
+        import torch
         if p.random_neighbors == 0:
             b.z = b.mix(b.z, got)                                       # sum_l w_il z_l (missing: own)
         else:

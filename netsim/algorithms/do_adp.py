@@ -38,10 +38,9 @@ tracking with Laplace-perturbed public copies of x and y).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, kept_count
@@ -50,6 +49,9 @@ from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.scenario.schema import PrivacySpec
 from netsim.scenario.structure import at_least, field, nonneg, positive
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _unit(v: float) -> str | None:
@@ -123,7 +125,11 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
 
 @register("do_adp", DOADPParams, fixed_topology=PUBLIC_COPIES)
 def do_adp(agent, p: DOADPParams):
-    """Checks and calibrates before the run (a plain function returning the agent's program)."""
+    """DO-ADP (Huo, Liu, Ding, Johansson, Shi, Algorithm 1 with eq. (5)): agents active with probability p
+    take a clipped, noised momentum step and send a top-k compressed difference to public copies; privacy is
+    amplified by the activation and the compression (Theorem 1).
+
+    A plain function returning the agent's program: it checks and calibrates before the run."""
     if agent.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
         raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
     kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
@@ -278,6 +284,7 @@ def dp_dda(agent, p: DPDDAParams):
 
 
 def _dp_dda(agent, p: DPDDAParams, sigma: float):
+    import torch
     d = agent.params.numel()
     z = agent.state("dp_dda_dual")
     rng = agent.rng()

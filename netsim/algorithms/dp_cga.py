@@ -18,9 +18,10 @@ code), mu = alpha of PDSL.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import numpy as np
-import torch
 
 from netsim.algorithms.pdsl import (
     DPGradientParams,
@@ -30,6 +31,9 @@ from netsim.algorithms.pdsl import (
 )
 from netsim.algorithms.registry import register
 from netsim.scenario.structure import field, nonneg, positive
+
+if TYPE_CHECKING:
+    import torch
 
 
 def parameter_slices(model) -> list[slice]:
@@ -76,6 +80,7 @@ class DPCGAParams(DPGradientParams):
 
 @register("dp_cga", DPCGAParams, check=check_setting)  # undirected graph, before the run
 def dp_cga(agent, p: DPCGAParams):
+    import torch
     i = agent.id
     sigma = resolve_sigma(agent, p)
     m_all = agent.shared_state("cga.m")
@@ -108,6 +113,7 @@ def dp_cga(agent, p: DPCGAParams):
 def project(G: torch.Tensor, g: torch.Tensor, slices: list[slice], margin: float, eps: float,
             last_v: dict[int, np.ndarray]) -> torch.Tensor:
     """g~ = g + G^T v* layer by layer (float64 solve); a failed layer reuses its previous v."""
+    import torch
     out = g.clone()
     for li, s in enumerate(slices):
         Gl = G[:, s].double().cpu().numpy()

@@ -17,8 +17,9 @@ Defaults K = 5 and eta = gamma.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import torch
 
 from netsim.algorithms.pdsl import (
     DPGradientParams,
@@ -30,6 +31,9 @@ from netsim.algorithms.pdsl import (
 from netsim.algorithms.registry import register
 from netsim.scenario.structure import at_least, field, positive
 
+if TYPE_CHECKING:
+    import torch
+
 
 @attrs.frozen
 class DPNetFleetParams(DPGradientParams):
@@ -40,6 +44,7 @@ class DPNetFleetParams(DPGradientParams):
 
 @register("dp_netfleet", DPNetFleetParams, check=check_setting)  # undirected graph, before the run
 def dp_netfleet(agent, p: DPNetFleetParams):
+    import torch
     i = agent.id
     sigma = resolve_sigma(agent, p)
     v_all = agent.shared_state("netfleet.v")

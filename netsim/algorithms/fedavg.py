@@ -21,15 +21,18 @@ model, the clients' rows are their last local models.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from netsim.algorithms.dfedsam import DFedSAMParams, local_train
 from netsim.algorithms.registry import register
 from netsim.rounds.kernel import Batch, drive
 from netsim.scenario.structure import field, nonneg
 from netsim.sim.network import payload_size
+
+if TYPE_CHECKING:
+    import torch
 
 SERVER = 0
 
@@ -59,6 +62,7 @@ class Update:
 
 def aggregate(x: torch.Tensor, updates: dict[int, Update], server_lr: float) -> torch.Tensor:
     """x + server_lr * sum_i n_i (y_i - x) / sum_i n_i (McMahan et al. Alg. 1, with a global lr)."""
+    import torch
     total = sum(u.n for u in updates.values())
     delta = torch.zeros_like(x)
     for j in sorted(updates):

@@ -41,10 +41,9 @@ generator but it is not a ledger release (Lemma 2 sums from t = 1).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import drain
@@ -52,6 +51,9 @@ from netsim.compute.streaming import DataStreams, HistoryStream
 from netsim.errors import InputError
 from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.streams import register_purpose
+
+if TYPE_CHECKING:
+    import torch
 
 TAG = "ldp"
 register_purpose("data_stream", 71)  # each learner's online data stream (its historical code)
@@ -123,6 +125,7 @@ class PDOPParams(Common):
 # --- shared pieces --------------------------------------------------------------------------------
 def project(x: torch.Tensor, radius: float) -> torch.Tensor:
     """Euclidean projection onto the ball ||x|| <= radius (step 7)."""
+    import torch
     nrm = float(torch.linalg.vector_norm(x))
     return x * (radius / nrm) if nrm > radius else x
 
@@ -152,6 +155,7 @@ def check_schedule(sim, p: LDPOnlineParams) -> None:
 
 
 def initialise(agent, p: Common) -> None:
+    import torch
     if p.init == "normal":  # D5: theta_0^i ~ N(0, I), the learner's own draw
         x = agent.params
         z = agent.rng("algorithm").normal(0.0, p.init_std, x.numel())
@@ -202,6 +206,7 @@ def _share(agent, p: LDPOnlineParams, theta: torch.Tensor, k: int, vs: float, se
 
 def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
     """sum_j w (y^j - theta) over the copies received (a missing neighbour's term is skipped)."""
+    import torch
     out = torch.zeros_like(theta)
     for j in sorted(got):
         out.add_(got[j] - theta, alpha=w)
@@ -211,7 +216,9 @@ def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> to
 # --- Algorithm 1 ------------------------------------------------------------------------------------
 @register("ldp_online", LDPOnlineParams, check=check_schedule)
 def ldp_online(agent, p: LDPOnlineParams):
-    """Algorithm 1 (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
+    """Locally private distributed online learning (Chen and Wang, Algorithm 1): each step, a
+    history-averaged gradient, a Laplace-noised broadcast of the state, a projected consensus and gradient
+    step (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     vs = varsigma(agent, p)
@@ -233,7 +240,8 @@ def ldp_online(agent, p: LDPOnlineParams):
 
 @register("ldp_dsgd", DSGDParams, check=check_schedule)
 def ldp_dsgd(agent, p: DSGDParams):
-    """B1: DSGD [55] in the Laplacian form of Alg 1 with gamma_t = 1 and the newest sample's gradient."""
+    """DSGD (Pu, Olshevsky, Paschalidis, IEEE TAC 2021; Chen and Wang's baseline B1, ref. [55]) with
+    Laplace-noised states: the Laplacian form of Alg. 1 with gamma_t = 1 and the newest sample's gradient."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     vs = varsigma(agent, p)
@@ -274,7 +282,9 @@ def dola_alpha(p: DOLAParams, s: int) -> float:
 
 @register("dola", DOLAParams)
 def dola(agent, p: DOLAParams):
-    """B2: DOLA [45], Alg. 1: mix the noisy states, then a projected gradient step at the mixed point."""
+    """DOLA (Li, Zhou, Xiong, Wang, Wang, "Differentially private distributed online learning", IEEE TKDE
+    2018, Alg. 1; Chen and Wang's baseline B2, ref. [45]): mix the noisy states, then a projected gradient
+    step at the mixed point."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     n = agent.params.numel()
@@ -296,7 +306,8 @@ def dola(agent, p: DOLAParams):
 
 @register("pdop", PDOPParams)
 def pdop(agent, p: PDOPParams):
-    """B3: PDOP [30]: noisy projected consensus, gradient at the mixed point."""
+    """PDOP (Huang, Mitra, Vaidya, "Differentially private distributed optimization", ICDCN 2015; Chen and
+    Wang's baseline B3, ref. [30]): noisy projected consensus, gradient at the mixed point."""
     initialise(agent, p)
     stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
     n = agent.params.numel()

@@ -17,7 +17,6 @@ import math
 from typing import Literal
 
 import attrs
-import torch
 
 from netsim.algorithms.pdsl import DPGradientParams, check_setting, resolve_sigma
 from netsim.algorithms.registry import register
@@ -60,6 +59,7 @@ class Muffliato(RoundKernel):
         return GradientRequest.of(p.batch, p.clip) if p.clip_mode == "per_example" else GradientRequest.of(p.batch)
 
     def local(self, b, p):
+        import torch
         batch_clip = p.clip_mode == "batch"                       # eqs. (10), (13): sensitivity 2C; else C/B
         g = b.clip(b.g, p.clip) if batch_clip else b.g
         sens = 2.0 * p.clip if batch_clip else p.clip / p.batch

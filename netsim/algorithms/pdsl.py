@@ -31,12 +31,11 @@ game; with none left the agent only gossips.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 import numpy as np
 import simpy
-import torch
 
 from netsim.algorithms.registry import register
 from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
@@ -45,6 +44,9 @@ from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.services import Lookahead
 from netsim.sim.streams import register_purpose
 from netsim.trace.events import EventRow, register_event_kind
+
+if TYPE_CHECKING:
+    import torch
 
 register_purpose("shapley", 81)  # Monte-Carlo Shapley permutations and evaluation times (historical code)
 
@@ -177,6 +179,7 @@ class CoalitionValues:
         self.models = 0  # candidate models valued
 
     def __call__(self, items: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        import torch
         if self.X is None:
             self.X, self.y = self.validation[0], self.validation[1].long()
         W = torch.cat(items)
@@ -242,6 +245,7 @@ def pdsl(agent, p: PDSLParams):
 
 
 def _pdsl(agent, p: PDSLParams, service: Lookahead):
+    import torch
     i = agent.id
     sigma = resolve_sigma(agent, p)
     u_all = agent.shared_state("pdsl.u")                   # momentum buffers, u^[0] = 0
@@ -278,6 +282,7 @@ def _weights(agent, p: PDSLParams, service: Lookahead, x: torch.Tensor, G: torch
              omega: np.ndarray, players: list[int], k: int, ct: float, rng: np.random.Generator):
     """Eqs. (15)-(20): Shapley values of the players' candidate steps, normalised, divided by w.
     Every coalition model is valued in the agent's one request to the batched service."""
+    import torch
     n = len(players)
     masks, perms = plan(n, exact_max=p.exact_max, R=p.permutations, rng=rng,
                         stratified=p.sampling == "stratified")

@@ -34,7 +34,6 @@ import math
 
 import attrs
 import numpy as np
-import torch
 
 from netsim.algorithms.do_adp import finish, privacy_spec
 from netsim.algorithms.registry import register
@@ -114,6 +113,7 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
     """Rough problem constants at x^0 for K*: G = max per-sample gradient norm, L = max
     ||grad_j(x) - grad_j(y)|| / ||x - y|| over random pairs near x^0, b^2 = max_i ||grad f_i - grad f||^2,
     F0 = f(x^0) (f* taken as 0). ``samples`` rows are used for G and L."""
+    import torch
     rng = np.random.default_rng(seed)
     model, X, y = sim.model, sim.X, sim.y.long()
     x0 = sim.bank.get(0)
@@ -133,6 +133,7 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
 
 def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
     """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
+    import torch
     i = agent.id
     b = p.block
     J = len(agent.rows)
@@ -182,11 +183,15 @@ def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
 
 @register("privsgp_vr", PrivSGPParams)
 def privsgp_vr(agent, p: PrivSGPParams):
+    """PrivSGP-VR (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 1): a SAGA variance-reduced stochastic
+    gradient with Gaussian noise, then push-sum over a directed, possibly time-varying graph."""
     return _push_sum_sgp(agent, p, True, plan(agent, p))   # plan first: bad parameters fail before the run
 
 
 @register("privsgp", PrivSGPParams)
 def privsgp(agent, p: PrivSGPParams):
+    """PrivSGP (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 2): PrivSGP-VR without variance reduction, the
+    noisy stochastic gradient itself (eq. (4)), then push-sum."""
     return _push_sum_sgp(agent, p, False, plan(agent, p))
 
 

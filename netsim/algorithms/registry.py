@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from netsim.errors import InputError, claim
+from netsim.errors import InputError, claim, unknown_name
 from netsim.scenario.schema import AlgorithmSpec
 from netsim.scenario.structure import structure
 
@@ -146,7 +146,7 @@ def resolve(spec: AlgorithmSpec) -> tuple[Callable, Any]:
     if spec.name not in REGISTRY:
         _load_entry_points()
     if spec.name not in REGISTRY:
-        raise InputError("algorithm.name", f"unknown algorithm {spec.name!r}; registered: {', '.join(names())}")
+        raise InputError("algorithm.name", unknown_name("algorithm", spec.name, names()))
     fn, params_cls = REGISTRY[spec.name]
     return fn, _params(spec, params_cls)
 

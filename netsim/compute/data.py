@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from netsim.errors import InputError, claim
+from netsim.errors import InputError, claim, unknown_name
 from netsim.scenario.schema import DATASETS as BUILTIN_DATASETS
 from netsim.scenario.schema import DataSpec
 
@@ -403,7 +403,7 @@ def dataset_args(spec: DataSpec) -> Any:
         for ep in entry_points(group="netsim.datasets"):
             ep.load()
     if spec.kind not in DATASETS:
-        raise InputError("data.kind", f"unknown dataset {spec.kind!r}; registered: {', '.join(dataset_names())}")
+        raise InputError("data.kind", unknown_name("dataset", spec.kind, dataset_names()))
     return plugin_keys("data", "dataset", spec.kind, DATASET_PARAMS[spec.kind], DataSpec, spec.params)
 
 
@@ -451,14 +451,14 @@ def _libsvm(args: None, src: DataSource) -> Rows:
     return Rows(X, y, None, X_test, y_test)
 
 
-def _images(default: str, load, shape: tuple[int, ...]):
+def _images(default: str, load, shape: tuple[int, ...], doc: str):
     def loader(args: None, src: DataSource) -> Rows:
-        """Images held flat, with their own test split (MNIST IDX files, CIFAR-10 binary batches)."""
         folder = find_data_dir(src.spec.path or default, "data.path")
         X, y, X_test, y_test = load(folder, "data.path")
         if X.shape[1] != int(np.prod(shape)):
             raise InputError("data.path", f"{folder}: images of {X.shape[1]} pixels, expected shape {shape}")
         return Rows(X, y, None, X_test, y_test, shape)
+    loader.__doc__ = doc
     return loader
 
 
@@ -479,8 +479,14 @@ def _table(args: None, src: DataSource) -> Rows:
 IMAGE_FOLDERS = {"mnist": "mnist", "cifar10": "cifar-10-batches-bin"}
 
 for _name, _loader in (("synthetic", _synthetic), ("libsvm", _libsvm),
-                       ("mnist", _images(IMAGE_FOLDERS["mnist"], load_mnist, (1, 28, 28))),
-                       ("cifar10", _images(IMAGE_FOLDERS["cifar10"], load_cifar10, (3, 32, 32))),
+                       ("mnist", _images(IMAGE_FOLDERS["mnist"], load_mnist, (1, 28, 28),
+                                         "MNIST handwritten digits: 28x28 grey images held flat, from the four "
+                                         "IDX files in data.path (default mnist/ under $NETSIM_DATA), with "
+                                         "their own test split.")),
+                       ("cifar10", _images(IMAGE_FOLDERS["cifar10"], load_cifar10, (3, 32, 32),
+                                           "CIFAR-10: 32x32 colour images held flat, from the binary batches in "
+                                           "data.path (default cifar-10-batches-bin/ under $NETSIM_DATA), with "
+                                           "their own test split.")),
                        ("table", _table)):
     register_dataset(_name, _loader)
 

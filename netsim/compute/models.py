@@ -22,18 +22,26 @@ per-sample gradients.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from netsim.compute.model_checks import IMAGE_SIDES, ModelData, binary, image
-from netsim.errors import InputError, claim
+from netsim.compute import model_registry
+from netsim.compute.exact import row_mean, row_sum
+from netsim.compute.model_checks import ModelData
+from netsim.compute.model_registry import (  # noqa: F401 - the registry's names, where plugins import them
+    MODEL_PARAMS,
+    MODELS,
+    ModelFactory,
+    model_args,
+    model_names,
+    register_model,
+)
+from netsim.errors import InputError
 from netsim.scenario.schema import ModelSpec
-from netsim.scenario.structure import plugin_keys
 
 CLIP_KINDS = ("l2", "coordinate")
 
@@ -76,11 +84,13 @@ class LogisticRegression:
     loss_i = mean_b log(1 + exp(-s_b z_b)) + l2/2 ||w||^2 with z = x.w (+ b) and s = 2y - 1.
 
     ``batch_invariant``: each request's gradient has the same bits whichever requests share its call (and in
-    whatever position). The default path does not: one request takes 2-D ops (``addmv``), a batch broadcast
-    products, and ``sigmoid``'s vectorised loop and its scalar tail round differently, so a value's bits depend
-    on where it falls in the batch. The invariant path takes the batched ops for every call and the sigmoid's
-    scalar loop for every value (``_sigmoid_each``); its products and reductions are per row. It is what lets
-    asynchronous windowed runs evaluate a window's gradients in one call (rounds/lookahead.py).
+    whatever position), at any thread count and on any CPU kernel torch dispatches to. The default path does not:
+    one request takes 2-D ops (``addmv``), a batch broadcast products and a batched BLAS product whose blocking
+    depends on the batch's shape, and ``sigmoid``'s vectorised loop and its scalar tail round differently, so a
+    value's bits depend on where it falls in the batch. The invariant path uses only elementwise operations, the
+    sigmoid's scalar loop for every value (``_sigmoid_each``) and reductions in a fixed order per row
+    (``compute.exact.row_sum``). It is what lets asynchronous windowed runs evaluate a window's gradients in one
+    call (rounds/lookahead.py).
     """
 
     def __init__(self, features: int, l2: float = 0.0, bias: bool = True, batch_invariant: bool = False):
@@ -102,8 +112,10 @@ class LogisticRegression:
     def grad(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None = None,
              clip_kind: str = "l2") -> torch.Tensor:
         """Mean gradient over each row's batch: W (R, P), X (R, B, d), y (R, B) in {0, 1} -> (R, P)."""
+        if self.batch_invariant:
+            return self._grad_each(W, X, y, clip, clip_kind)
         B, d, one = X.shape[1], self.d, float(self.bias)
-        if W.shape[0] == 1 and clip_kind == "l2" and not self.batch_invariant:  # one request: 2-D ops, ~2x faster
+        if W.shape[0] == 1 and clip_kind == "l2":  # one request: 2-D ops, ~2x faster
             w, x = W[0], X[0]
             z = torch.addmv(w[d:], x, w[:d]) if self.bias else x @ w
             r = torch.sigmoid(z).sub_(y[0])
@@ -114,7 +126,7 @@ class LogisticRegression:
                 gw += self.l2 * w[:d]
             return (torch.cat([gw, r.mean().unsqueeze(0)]) if self.bias else gw).unsqueeze(0)
         z = self.logits(W, X)
-        r = (_sigmoid_each(z) if self.batch_invariant else torch.sigmoid(z)) - y  # dloss/dz_b; sample b: r_b [x_b, 1]
+        r = torch.sigmoid(z) - y  # dloss/dz_b; sample b: r_b [x_b, 1]
         g = torch.empty_like(W)
         if clip is not None and clip_kind == "coordinate":
             G = r.unsqueeze(-1) * X
@@ -130,6 +142,33 @@ class LogisticRegression:
             g[:, :d] += self.l2 * W[:, :d]
         if self.bias:
             g[:, d] = r.mean(dim=1)
+        return g
+
+    def _grad_each(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, clip: float | None,
+                   clip_kind: str) -> torch.Tensor:
+        """``grad``'s batch-invariant path: the same formulas with elementwise operations and ``row_sum``, the
+        (R, B, d) products folded in one buffer."""
+        d, B = self.d, X.shape[1]
+        P = X * W[:, :d].unsqueeze(1)
+        z = row_sum(P, 2, inplace=True)
+        z = z + W[:, d:] if self.bias else z.clone()
+        r = _sigmoid_each(z) - y
+        g = torch.empty_like(W)
+        if clip is not None and clip_kind == "coordinate":
+            G = torch.mul(r.unsqueeze(-1), X, out=P)
+            if self.bias:
+                G = torch.cat([G, r.unsqueeze(-1)], dim=2)
+            g.copy_(row_sum(G.clamp_(-clip, clip), 1, inplace=True) / B)
+            g[:, :d] += self.l2 * W[:, :d]
+            return g
+        if clip is not None:
+            sq = row_sum(torch.mul(X, X, out=P), 2, inplace=True)
+            r = r * clip_factors(r.abs() * torch.sqrt(sq + float(self.bias)), clip)
+        torch.div(row_sum(torch.mul(r.unsqueeze(-1), X, out=P), 1, inplace=True), B, out=g[:, :d])
+        if self.l2:
+            g[:, :d] += self.l2 * W[:, :d]
+        if self.bias:
+            g[:, d] = row_mean(r, 1)
         return g
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -506,58 +545,12 @@ class Model(Protocol):
         """Loss and accuracy of every row on one shared set ``X (n, d)`` -> (R,), (R,)."""
 
 
-ModelFactory = Callable[[Any, ModelData], "nn.Module | Model"]
-MODELS: dict[str, ModelFactory] = {}
-MODEL_PARAMS: dict[str, type | None] = {}
-
-
-def register_model(name: str, factory: ModelFactory, params: type | None = None) -> ModelFactory:
-    """Make ``model.kind = name`` build ``factory(args, data)``: ``args`` is the ``[model]`` table's own keys
-    structured into the attrs class ``params`` (checked like every scenario key; None without ``params``),
-    ``data`` a ``ModelData``. The factory returns a ``torch.nn.Module`` (trained through ``TorchModel``, the
-    generic batched path, with DP clipping by book-keeping where its layers allow) or an object of the
-    ``Model`` protocol. The registries' one rule: the same factory again is a no-op, another under a taken
-    name raises ValueError."""
-    if params is not None:
-        if not attrs.has(params):
-            raise TypeError(f"params of model {name!r} must be an attrs class")
-        shared = sorted(set(attrs.fields_dict(params)) & set(attrs.fields_dict(ModelSpec)))
-        if shared:
-            raise ValueError(f"params of model {name!r} reuse [model]'s own keys {shared}; "
-                             "read them from data.spec instead")
-    if MODELS.get(name) is factory and MODEL_PARAMS[name] is not params:
-        raise ValueError(f"model {name!r} is already registered with other params ({MODEL_PARAMS[name]})")
-    claim(MODELS, "model", name, factory)
-    MODEL_PARAMS[name] = params
-    return factory
-
-
-def _load_entry_points() -> None:
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="netsim.models"):
-        ep.load()
-
-
-def model_names() -> list[str]:
-    return sorted(MODELS)
-
-
-def model_args(spec: ModelSpec) -> Any:
-    """The ``[model]`` table's plugin keys structured into its model's params class (one-line errors)."""
-    if spec.kind not in MODELS:
-        _load_entry_points()
-    if spec.kind not in MODELS:
-        raise InputError("model.kind", f"unknown model {spec.kind!r}; registered: {', '.join(model_names())}")
-    return plugin_keys("model", "model", spec.kind, MODEL_PARAMS[spec.kind], ModelSpec, spec.params)
-
-
 def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[int] | None = None) -> Model:
     """The model of the scenario's ``[model]`` table for data of ``features`` columns and ``classes`` labels
     (``shape``: image data's (C, H, W)); built-in and plugin kinds alike go through the registry."""
-    args = model_args(spec)
+    args = model_registry.model_args(spec)
     data = ModelData(features, classes, tuple(shape) if shape else None, spec)
-    made = MODELS[spec.kind](args, data)
+    made = model_registry.MODELS[spec.kind](args, data)
     if isinstance(made, nn.Module):
         if not spec.bias:
             raise InputError("model.bias", f"only logistic, multinomial and mlp models can drop their biases, "
@@ -570,41 +563,3 @@ def build_model(spec: ModelSpec, features: int, classes: int, shape: Sequence[in
         raise InputError("model.kind", f"the factory of model {spec.kind!r} returned {type(made).__name__}, "
                                        "neither a torch.nn.Module nor a model (size, init, grad, evaluate)")
     return made
-
-
-def _logistic(args: None, data: ModelData) -> LogisticRegression:
-    """Binary logistic regression, closed-form batched gradients (model.bias: the intercept)."""
-    binary(data)
-    return LogisticRegression(data.features, data.spec.l2, data.spec.bias, data.spec.batch_invariant)
-
-
-def _multinomial(args: None, data: ModelData) -> MLP:
-    """Multinomial logistic regression (softmax), closed-form batched gradients."""
-    return MLP(data.features, data.classes, (), data.spec.l2, data.spec.bias)
-
-
-def _mlp(args: None, data: ModelData) -> MLP:
-    """Fully connected ReLU network of model.hidden widths, hand-written batched backprop."""
-    s = data.spec
-    return MLP(data.features, data.classes, tuple(s.hidden), s.l2, s.bias, s.init)
-
-
-def _cnn(args: None, data: ModelData) -> nn.Module:
-    """MNIST CNN: conv5(16)-pool-conv5(32)-pool-linear, through TorchModel."""
-    c, h = image(data, "cnn", IMAGE_SIDES["cnn"])
-    return small_cnn(c, data.classes, h)
-
-
-def _vgg11(args: None, data: ModelData) -> nn.Module:
-    """VGG-11 for 32x32 images, GroupNorm after every conv, through TorchModel."""
-    return vgg11(image(data, "vgg11", IMAGE_SIDES["vgg11"])[0], data.classes)
-
-
-def _resnet18(args: None, data: ModelData) -> nn.Module:
-    """ResNet-18 in its CIFAR form, GroupNorm for BatchNorm, through TorchModel."""
-    return ResNet18(image(data, "resnet18", IMAGE_SIDES["resnet18"])[0], data.classes)
-
-
-for _name, _factory in (("logistic", _logistic), ("multinomial", _multinomial), ("mlp", _mlp), ("cnn", _cnn),
-                        ("vgg11", _vgg11), ("resnet18", _resnet18)):
-    register_model(_name, _factory)

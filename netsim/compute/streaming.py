@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from netsim.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class HistoryStream:
@@ -135,6 +138,7 @@ def tracking_metrics(streams: DataStreams | None, oracle: Callable[[], TrackingO
                      bank: torch.Tensor) -> dict[str, float]:
     """tracking_mse = mean_i ||theta_i - theta*_t||^2, tracking_avg = ||theta_bar - theta*_t||,
     regret = mean_i F_t(theta_i) - F_t(theta*_t); NaN before any agent has streamed data."""
+    import torch
     keys = ("tracking_mse", "tracking_avg", "regret")
     hist = streams.histories() if streams is not None else []
     if not any(len(h) for h in hist):

@@ -306,8 +306,7 @@ class LaneActions:
         cell = (self.t1 - self.t0) / self._geom[0]
         here = (self.t0 + self.col * cell, gi)
         if self.mark is None:
-            self.mark = here
-            self.note("area: move to the other corner and press v")
+            self.mark = here  # the status line's modes say what to do next, as long as the mark stands
             return
         (ta, ga), (tb, gb) = self.mark, here
         self.mark = None

@@ -135,13 +135,19 @@ class Explorer(App):
         self.query_one(PivotPanel).show(pivot(m.run, m.t0, m.t1, m.agents))
 
     def on_pin_request(self, m: PinRequest) -> None:
+        """p (the lanes' when nothing is pinned, the results panel's either way): pin the results' times as a
+        lane, or unpin them. The focus stays where it was: the results panel, still open at its height, steps on
+        (up, down, enter) with the pins beside the lanes."""
+        if self.lanes.pinned is not None:
+            self.lanes.pinned = None
+            self.query_one(StatusBar).note = "unpinned"
+            return
         t, agents = self.query_one(ResultsPanel).pins()
         if not len(t):
             self.query_one(StatusBar).note = "pin: run a query with a t column first (:)"
             return
         self.lanes.pinned = (t, agents)  # the status line's modes say "pinned N"
         self.query_one(StatusBar).note = "p again: unpin"
-        self.lanes.focus()
 
     # app keys ----------------------------------------------------------------------------------------
     def action_help(self) -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -132,13 +132,19 @@ def legend_table() -> Table:
     return t
 
 
+HELP_TITLE = "netsim explore keys (details: docs/explore.md) · ↑ ↓ PgUp PgDn End, wheel: scroll · escape closes"
+
+
 class HelpScreen(ModalScreen):
-    """``?``: every key grouped, and what the glyphs mean; escape, ``?`` or ``q`` closes it."""
+    """``?``: every key grouped, and what the glyphs mean, in a body that scrolls (the keys, the arrows, the
+    wheel) under a title that stays and says so; escape, ``?`` or ``q`` closes it."""
 
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 95%; max-width: 150; height: 90%; border: round $accent;
-                                  background: $surface; padding: 0 1; }
+    #help-box { width: 95%; max-width: 150; height: 90%; border: round $accent; background: $surface;
+                padding: 0 1; }
+    #help-title { height: auto; }
+    #help-body { height: 1fr; scrollbar-gutter: stable; }
     HelpScreen Horizontal { height: auto; }
     #help-keys { width: 1fr; }
     #help-legend { width: 44; margin-left: 2; }
@@ -146,11 +152,15 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,question_mark,q", "close", "close the help")]
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(Text("netsim explore: keys (docs/explore.md has the details); escape closes", style="bold"))
-            with Horizontal():
-                yield Static(keys_table(), id="help-keys")
-                yield Static(legend_table(), id="help-legend")
+        with Vertical(id="help-box"):
+            yield Static(Text(HELP_TITLE, style="bold"), id="help-title")
+            with VerticalScroll(id="help-body"):
+                with Horizontal():
+                    yield Static(keys_table(), id="help-keys")
+                    yield Static(legend_table(), id="help-legend")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-body").focus()  # the scroll keys act at once
 
     def action_close(self) -> None:
         self.dismiss()

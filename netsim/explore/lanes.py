@@ -117,7 +117,7 @@ class Lanes(LaneActions, Widget, can_focus=True):
         if self.pinned is not None:
             modes.append(f"pinned {len(self.pinned[0])}")
         if self.mark is not None:
-            modes.append("area: v at the other corner")
+            modes.append("area: move to the other corner and press v")
         return View(r, sel, agents, t, upto, (self.t0, self.t1), self._geom[3], self.filter_text,
                     self.search_text, "AB"[self.active_pane] if len(self.runs) > 1 else "", modes)
 

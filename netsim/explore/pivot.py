@@ -9,16 +9,20 @@ import math
 import numpy as np
 
 from netsim.explore.model import RunData, fmt_t
+from netsim.trace.timeline import KIND_OF
+
+TRACE_KIND = {lane: trace for trace, lane in KIND_OF.items()}  # the lanes' "compute" is the trace's compute_start
 
 
 def pivot(run: RunData, t0: float, t1: float, agents) -> dict:
-    """{events, by_kind {kind: count}, bytes (sizes of the sends), drops, mean_latency_s (of the
-    deliveries, NaN without any), releases, agents, t0, t1} of the area."""
+    """{events, by_kind {kind: count, by the trace's kind names, as SQL gives them}, bytes (sizes of the
+    sends), drops, mean_latency_s (of the deliveries, NaN without any), releases, agents, t0, t1} of the
+    area."""
     agents = np.asarray(sorted({int(a) for a in agents}), dtype=np.int64)
     rows = run.window(t0, t1, spans=False, agents=agents) if len(agents) else np.zeros(0, np.int64)
     k = run.kind[rows]
     counts = np.bincount(k, minlength=len(run.kind_names)) if len(k) else np.zeros(len(run.kind_names), int)
-    by_kind = {run.kind_names[c]: int(n) for c, n in enumerate(counts) if n}
+    by_kind = {TRACE_KIND.get(run.kind_names[c], run.kind_names[c]): int(n) for c, n in enumerate(counts) if n}
 
     def of(kind: str) -> np.ndarray:
         return rows[k == run.code[kind]] if kind in run.code else rows[:0]

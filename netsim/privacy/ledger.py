@@ -73,9 +73,14 @@ class AgentLedger:
                 q: float = 1.0, what: str = "gradient", to: int = -1) -> torch.Tensor | None:
         if not self.record(int(x.numel()), sigma, sensitivity, mechanism, q, what, to):
             return None
-        if sigma == 0:
-            return x.clone()
-        return self.noise.add(mechanism, x, sigma)
+        mixing = getattr(self.agent, "_mixing", None)  # the run's mixing record, when asked
+        views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
+        if views is not None:
+            x = views.before_noise(self.agent.id, x, sensitivity)  # an audit's gradient canaries
+        out = x.clone() if sigma == 0 else self.noise.add(mechanism, x, sigma)
+        if views is not None:
+            views.released(self.agent.id, self.agent.round, x, out)
+        return out
 
     def record(self, size: int, sigma: float, sensitivity: float, mechanism: str = "gaussian", q: float = 1.0,
                what: str = "gradient", to: int = -1, at: tuple[float, list] | None = None) -> bool:

@@ -71,6 +71,10 @@ EXACT_LIMIT = 6000
 VIEW_BYTES_LIMIT = 2 * 1024**3
 CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "subsampling", "mu_bound",
                "epsilon_bound", "bound_below_exact", "mu_local", "epsilon_local")
+#: the methods of the figures that credit subsampling: the view's independent subsampled releases; the
+#: victim's releases seen directly
+SUBSAMPLED = "exact, subsampled"
+LOCAL = "local (post-processing)"
 
 
 @attrs.frozen
@@ -180,6 +184,25 @@ def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, obs
     return out
 
 
+def local_mu(ratios: np.ndarray) -> float:
+    """Gaussian-DP of a victim's releases seen directly (the plain mechanisms, no subsampling), from their
+    Delta_s / sigma_s (inf for a noiseless one)."""
+    return math.sqrt(float(np.sum(np.square(ratios))))
+
+
+def capped_mu(view: VictimView, ratios: np.ndarray, noiseless: bool) -> tuple[float, str, float]:
+    """(mu, method, mu_local) of a pair from ``exact_mu``'s view of the victim and its Delta_s / sigma_s, no
+    subsampling credited: infinite when a release of the run is noiseless, never above the victim's releases
+    seen directly (post-processing)."""
+    mu, method = view.mu, view.method
+    if noiseless:
+        mu, method = math.inf, "noiseless release"
+    mu_local = local_mu(ratios)
+    if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
+        mu, method = mu_local, LOCAL
+    return mu, method, mu_local
+
+
 def subsampled_epsilon(sens: np.ndarray, rates: Sequence[float], delta: float, accountant: str = "rdp") -> float:
     """epsilon(delta) of independent Gaussian mechanisms of whitened sensitivities ``sens`` (noise multiplier
     1 / sens), the victim's record entering the s-th with probability ``rates[s]`` (Poisson sampling): each
@@ -234,19 +257,22 @@ class LinearRun:
     scale: np.ndarray  # per slot: Delta_s / sigma_s (inf for a noiseless release)
     views: dict[int, np.ndarray]  # observer -> (messages received x slots), in noise-std units
     lossless: bool  # every mixing step used every in-neighbour's message
+    received: dict[int, list[tuple[int, int]]] = attrs.field(factory=dict)  # observer -> (sender, round) per row
 
 
 def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing, delivered,
                      sends: dict[tuple[int, int], float], observers: Sequence[int], lr: float | None,
                      in_nbrs: dict[int, list[int]], source: str = "mixing.csv",
-                     chebyshev: tuple[int, float] | None = None) -> LinearRun:
+                     chebyshev: tuple[int, float] | None = None, unit: np.ndarray | None = None) -> LinearRun:
     """Play the run's linear system from its releases, its mixing record and its deliveries.
 
     ``releases``: agent -> list of Release records (trace order); ``mixing``: a MixingRecord;
     ``delivered``: (receiver, sender, round) of every delivered message of the form's tag; ``sends``:
     (sender, round) -> send time; ``lr``: the constant step size of ``release_at = "now"``; ``chebyshev``:
     (K, lambda) of Muffliato's accelerated gossip, x <- w_s (mix(x) - x_prev) + x_prev at the steps s > 0
-    of every K (Cyffers et al., Algorithm 1's recursion, as netsim's muffliato plays it)."""
+    of every K (Cyffers et al., Algorithm 1's recursion, as netsim's muffliato plays it); ``unit``: what one unit of
+    a slot's column is (default: the release's noise std, so columns are in noise-std units; ones: in the
+    release's own units, the coefficients of the released values)."""
     offsets, total = {}, 0
     slots: dict[int, np.ndarray] = {}
     for a in range(n):
@@ -263,6 +289,8 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
             s = offsets[a] + k
             sigma[s], rel_t[s] = r.scale, r.t
             scale[s] = r.sensitivity / r.scale if r.scale > 0 else math.inf
+    if unit is not None:
+        sigma = np.asarray(unit, dtype=np.float64)
     # mixing steps: agent -> step -> (self weight, {src: weight}, released, lr)
     steps: dict[int, dict[int, list]] = defaultdict(dict)
     for a, k, rel, src, w, slr in zip(mixing.agent.tolist(), mixing.step.tolist(), mixing.released.tolist(),
@@ -300,6 +328,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
     wk = np.ones(n)
     applied = np.zeros(n, dtype=np.int64)  # releases already in each agent's value
     rows: dict[int, list[np.ndarray]] = {v: [] for v in observers}
+    received: dict[int, list[tuple[int, int]]] = {v: [] for v in observers}
     for r in range(last + 1):
         if form.release_at == "now":
             for a in range(n):
@@ -317,6 +346,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
         P = X.copy()  # the round-r messages: every agent's value before its mixing step r
         for v, j in by_round.get(r, ()):
             rows[v].append(P[j])
+            received[v].append((j, r))
         for a in range(n):
             st = steps[a].get(r) if a in steps else None
             if st is None:
@@ -340,7 +370,7 @@ def build_linear_run(n: int, form: LinearForm, releases: dict[int, list], mixing
     views = {}
     for v in observers:
         views[v] = np.array(rows[v]) if rows[v] else np.zeros((0, S))
-    return LinearRun(n, slots, scale, views, lossless)
+    return LinearRun(n, slots, scale, views, lossless, received)
 
 
 # --- the report -------------------------------------------------------------------------------------------
@@ -366,14 +396,40 @@ def _parse_agents(text: str | None, n: int, key: str) -> list[int]:
     return sorted(set(out))
 
 
-def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
-                    observers: str | None = None, plot: bool = True, accountant: str = "rdp",
-                    per_agent: dict[int, float | None] | None = None) -> dict[str, Any]:
-    """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
-    the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
-    cannot be accounted. ``per_agent``: each agent's per-agent epsilon at ``delta`` (the report's recommended
-    figure, by ``accountant``; computed here when not given): what its releases seen directly reveal."""
-    import networkx as nx
+@attrs.frozen
+class RunInputs:
+    """What the exact linear view of a run is built from, read and checked once (``run_inputs``)."""
+
+    n: int
+    form: LinearForm
+    accelerated: bool
+    releases: dict[int, list]  # agent -> its Release records, trace order
+    n_slots: int
+    gated: int  # releases an event trigger decided from unreleased data
+    delivered: list[tuple[int, int, int]]  # (receiver, sender, round) of the form's delivered messages
+    sends: dict[tuple[int, int], float]
+    graph: Any
+    W: Any
+    in_nbrs: dict[int, list[int]]
+    lr: float
+    mixing: Any
+    mixing_path: Path
+    chebyshev: tuple[int, float] | None
+
+    def linear_run(self, observers: Sequence[int], unit: np.ndarray | None = None) -> LinearRun:
+        """The run's linear system with the views of ``observers`` (columns in noise-std units, or ``unit``)."""
+        return build_linear_run(self.n, self.form, self.releases, self.mixing, self.delivered, self.sends, observers,
+                                self.lr, self.in_nbrs, str(self.mixing_path), self.chebyshev, unit)
+
+    def hops(self) -> dict[int, dict[int, int]]:
+        import networkx as nx
+
+        return dict(nx.all_pairs_shortest_path_length(self.graph.to_undirected(as_view=True)))
+
+
+def run_inputs(folder: Path, trace, sc, flag: str = "--pairwise") -> RunInputs:
+    """Read and check what the exact view of a run needs: a linear Gaussian algorithm, a complete trace, the
+    mixing record, Gaussian releases within ``EXACT_LIMIT``. Raises InputError (key ``flag``) with the reason."""
     import pyarrow.compute as pc
 
     from netsim.privacy.ledger import decided_by_data, releases_from_table
@@ -382,35 +438,33 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     from netsim.sim.topology import weighted_graph
 
     if sc is None:
-        raise InputError("--pairwise", "the trace holds no scenario: the algorithm and graph are unknown")
+        raise InputError(flag, "the trace holds no scenario: the algorithm and graph are unknown")
     alg = sc.algorithm.name
     form = LINEAR.get(alg)
     if form is None:
-        raise InputError("--pairwise", f"algorithm {alg!r} is not a linear Gaussian algorithm netsim can account "
-                                       f"pairwise (exact only for: {', '.join(LINEAR)}); no pair figure is given")
+        raise InputError(flag, f"algorithm {alg!r} is not a linear Gaussian algorithm netsim can account "
+                               f"pairwise (exact only for: {', '.join(LINEAR)}); no pair figure is given")
     params = dict(sc.algorithm.params)
     accelerated = alg == "muffliato" and params.get("acceleration", "none") != "none"
     if not trace.complete:
-        raise InputError("--pairwise", "the trace is incomplete (cut or crashed run): pairwise figures need the "
-                                       "whole run; the figures are unknown", str(folder))
+        raise InputError(flag, "the trace is incomplete (cut or crashed run): pairwise figures need the "
+                               "whole run; the figures are unknown", str(folder))
     path = folder / MIXING_FILE
     if not path.is_file():
-        raise InputError("--pairwise", f"{path} is missing: pairwise accounting needs the mixing weights the run "
-                                       "applied; rerun with privacy.record = \"mixing\" "
-                                       "(--set 'privacy.record=\"mixing\"')")
+        raise InputError(flag, f"{path} is missing: pairwise accounting needs the mixing weights the run "
+                               "applied; rerun with privacy.record = \"mixing\" "
+                               "(--set 'privacy.record=\"mixing\"')")
     n = sc.agents.count
     rel = releases_from_table(trace.table, str(folder))
     mechs = {r.mechanism for rs in rel.values() for r in rs}
     if mechs - {"gaussian"}:
-        raise InputError("--pairwise", f"releases by {sorted(mechs - {'gaussian'})}: the exact view is computed "
-                                       "for Gaussian releases only")
+        raise InputError(flag, f"releases by {sorted(mechs - {'gaussian'})}: the exact view is computed "
+                               "for Gaussian releases only")
     n_slots = sum(len(rs) for rs in rel.values())
     if n_slots > EXACT_LIMIT:
-        raise InputError("--pairwise", f"{n_slots} releases: the exact computation takes at most {EXACT_LIMIT} "
-                                       "(one column per release); run fewer rounds or agents")
+        raise InputError(flag, f"{n_slots} releases: the exact computation takes at most {EXACT_LIMIT} "
+                               "(one column per release); run fewer rounds or agents")
     gated = sum(decided_by_data(r) for rs in rel.values() for r in rs)
-    vs = _parse_agents(victims, n, "--victims")
-    os_ = _parse_agents(observers, n, "--observers")
     tab = trace.table
     msgs = tab.filter(pc.equal(tab["tag"], form.tag))
     kind = msgs["kind"].to_pylist()
@@ -420,16 +474,10 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     for k, a, r, t in zip(kind, a_, r_, t_, strict=True):
         if k == "send":
             sends.setdefault((a, r), t)
-    chosen = set(os_)
-    need = 8 * n_slots * sum(1 for v, _, _ in delivered if v in chosen)
-    if need > VIEW_BYTES_LIMIT:
-        raise InputError("--observers", f"the chosen observers' views would take {need / 1024**3:.1f} GiB (messages "
-                                        f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
-                                        "GiB: choose fewer observers (--observers 0,3,5-7)")
     try:
         g, W = weighted_graph(sc.topology, n, Streams(sc.run.seed).seed_for("topology"))
     except (InputError, OSError, ValueError) as e:
-        raise InputError("--pairwise", f"cannot rebuild the run's graph: {e}") from None
+        raise InputError(flag, f"cannot rebuild the run's graph: {e}") from None
     in_nbrs = {i: sorted(j for j in g.predecessors(i) if j != i) for i in range(n)}
     lr = float(params.get("lr", 0.001 if alg == "muffliato" else 0.1))
     mixing = read_mixing(path)
@@ -441,12 +489,34 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         ks = {(int(np.unique(mixing.step[mixing.agent == a]).size), int((acts == a).sum())) for a in range(n)}
         per = {m // k for m, k in ks if k and m % k == 0}
         if len(per) != 1 or any(not k or m % k for m, k in ks):
-            raise InputError("--pairwise", "muffliato with Chebyshev acceleration: the agents' gossip steps per "
-                                           "activation differ, so the recursion's steps cannot be placed")
+            raise InputError(flag, "muffliato with Chebyshev acceleration: the agents' gossip steps per "
+                                   "activation differ, so the recursion's steps cannot be placed")
         cheb = (per.pop(), 1.0 - (spectral_gap(W) or 0.0))
-    lin = build_linear_run(n, form, rel, mixing, delivered, sends, os_, lr, in_nbrs, str(path), cheb)
+    return RunInputs(n, form, accelerated, rel, n_slots, gated, delivered, sends, g, W, in_nbrs, lr, mixing, path,
+                     cheb)
+
+
+def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
+                    observers: str | None = None, plot: bool = True, accountant: str = "rdp",
+                    per_agent: dict[int, float | None] | None = None) -> dict[str, Any]:
+    """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
+    the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
+    cannot be accounted. ``per_agent``: each agent's per-agent epsilon at ``delta`` (the report's recommended
+    figure, by ``accountant``; computed here when not given): what its releases seen directly reveal."""
+    inp = run_inputs(folder, trace, sc)
+    n, form, alg, n_slots, gated = inp.n, inp.form, sc.algorithm.name, inp.n_slots, inp.gated
+    accelerated, delivered, rel = inp.accelerated, inp.delivered, inp.releases
+    vs = _parse_agents(victims, n, "--victims")
+    os_ = _parse_agents(observers, n, "--observers")
+    chosen = set(os_)
+    need = 8 * n_slots * sum(1 for v, _, _ in delivered if v in chosen)
+    if need > VIEW_BYTES_LIMIT:
+        raise InputError("--observers", f"the chosen observers' views would take {need / 1024**3:.1f} GiB (messages "
+                                        f"received x {n_slots} releases); at most {VIEW_BYTES_LIMIT / 1024**3:.0f} "
+                                        "GiB: choose fewer observers (--observers 0,3,5-7)")
+    lin = inp.linear_run(os_)
     fixed = sc.topology.dynamic is None and lin.lossless and form.name == "muffliato" and not accelerated
-    hops = dict(nx.all_pairs_shortest_path_length(g.to_undirected(as_view=True)))
+    hops = inp.hops()
     noiseless = bool(np.isinf(lin.scale).any())
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 
@@ -455,7 +525,8 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         from netsim.privacy.accountants import epsilon
 
         per_agent = {u: epsilon(rel.get(u, []), delta, accountant, "observed") for u in vs}
-    local = {u: local_figures(rel.get(u, []), delta, per_agent.get(u), noiseless) for u in vs}
+    local = {u: local_epsilon(local_mu(lin.scale[lin.slots[u]]), [r.q for r in rel.get(u, [])], delta,
+                              per_agent.get(u)) for u in vs}
     rows = []
     for v in os_:
         with threadpool_limits(1):  # one SVD per observer, a few hundred rows: BLAS threads only contend (60x)
@@ -463,12 +534,10 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         for u in vs:
             if u == v:
                 continue
-            view = per[u]
-            mu_local, eps_local, _ = local[u]
-            mu = min(view.mu, mu_local)  # never above the releases themselves: the view is their post-processing
-            eps, method, credited = pair_epsilon(view, local[u], [r.q for r in rel.get(u, [])], delta)
-            if noiseless:
-                mu, eps, method, credited = math.inf, math.inf, "noiseless release", False
+            mu, method, mu_local = capped_mu(per[u], lin.scale[lin.slots[u]], noiseless)
+            eps, method, credited = pair_epsilon(per[u], (mu, method, mu_local), local[u],
+                                                 [r.q for r in rel.get(u, [])], delta, noiseless)
+            eps_local = local[u][0]
             mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
             if gated:
                 method = "not a guarantee"
@@ -511,39 +580,30 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     return section
 
 
-SUBSAMPLED = "exact, subsampled"
-LOCAL = "local (post-processing)"
-
-
-def local_figures(releases: Sequence, delta: float, per_agent: float | None,
-                  noiseless: bool) -> tuple[float, float, bool]:
-    """(mu_local, epsilon_local, subsampling credited) of one victim's releases seen directly: Gaussian-DP of
-    the plain mechanisms, and epsilon the smaller of its conversion and, where a record enters a release
-    with probability q < 1, the per-agent figure ``per_agent`` (the releases composed at their q; None: not
-    computable)."""
-
-    if noiseless:
-        return math.inf, math.inf, False
-    mu_local = math.sqrt(sum((r.sensitivity / r.scale) ** 2 for r in releases))
+def local_epsilon(mu_local: float, rates: Sequence[float], delta: float,
+                  per_agent: float | None) -> tuple[float, bool]:
+    """(epsilon_local, subsampling credited) of one victim's releases seen directly, ``mu_local`` their plain
+    Gaussian-DP (``local_mu``): the smaller of its conversion and, where a record enters a release with
+    probability q < 1 (``rates``), the per-agent figure ``per_agent`` (the releases composed at their q; None:
+    not computable)."""
     eps = gdp_epsilon(mu_local, delta)
-    if not any(r.q < 1 for r in releases):
-        return mu_local, eps, False
-    if per_agent is None or per_agent >= eps:
-        return mu_local, eps, False
-    return mu_local, per_agent, True
+    if not any(q < 1 for q in rates) or per_agent is None or per_agent >= eps:
+        return eps, False
+    return per_agent, True
 
 
-def pair_epsilon(view: VictimView, local: tuple[float, float, bool], rates: Sequence[float],
-                 delta: float) -> tuple[float, str, bool]:
+def pair_epsilon(view: VictimView, capped: tuple[float, str, float], local: tuple[float, bool],
+                 rates: Sequence[float], delta: float, noiseless: bool = False) -> tuple[float, str, bool]:
     """(epsilon, method, subsampling credited) of a pair: the smallest of the valid figures, each a guarantee
-    on its own: the view as one Gaussian mechanism (``exact`` or ``mf-bound``, no subsampling); where the
-    victim's releases reach the view as independent mechanisms (``view.separate``) and some q < 1, their
-    Poisson-subsampled composition (``exact, subsampled``); and the victim's releases themselves
-    (``local``: ``local_figures``), subsampling credited as the per-agent figures credit it
-    (``local (post-processing)``)."""
-    mu_local, eps_local, credited = local
-    figures = [(gdp_epsilon(min(view.mu, mu_local), delta), view.method if view.mu <= mu_local else LOCAL, False)]
-    if view.separate is not None and any(q < 1 for q in rates) and len(view.separate):
+    on its own: the view without subsampling, ``capped`` (``capped_mu``: ``exact``, ``mf-bound``, or the
+    victim's releases when smaller); where the victim's releases reach the view as independent mechanisms
+    (``view.separate``) and some q < 1, their Poisson-subsampled composition (``exact, subsampled``); and the
+    victim's releases themselves, ``local`` (``local_epsilon``), subsampling credited as the per-agent figures
+    credit it (``local (post-processing)``)."""
+    mu, method, _ = capped
+    eps_local, credited = local
+    figures = [(gdp_epsilon(mu, delta), method, False)]
+    if not noiseless and view.separate is not None and len(view.separate) and any(q < 1 for q in rates):
         figures.append((subsampled_epsilon(view.separate, rates, delta), SUBSAMPLED, True))
     figures.append((eps_local, LOCAL, credited))
     return min(figures, key=lambda f: f[0])

@@ -36,6 +36,7 @@ class MixingLog:
         self.steps: dict[int, int] = {}  # agent -> mixing steps so far
         self.agent, self.step, self.released, self.src = array("i"), array("i"), array("q"), array("i")
         self.t, self.weight, self.lr = array("d"), array("d"), array("d")
+        self.views = None  # the delivered payloads and release values (privacy.record = "payloads": payloads.py)
 
     def mix(self, agent: int, t: float, released: int, self_weight: float, srcs, weights, lr: float = 0.0) -> None:
         """One mixing step of ``agent`` at time ``t``: ``self_weight`` on its own value, ``weights`` on the
@@ -105,14 +106,27 @@ def read_mixing(path: Path) -> MixingRecord:
 
 
 def mixing_log_for(sim) -> MixingLog | None:
-    """The run's mixing log when its scenario asks for one (``privacy.record = "mixing"``), else None."""
+    """The run's mixing log when its scenario asks for one (``privacy.record = "mixing"``, or ``"payloads"``,
+    which also keeps the payloads: netsim/privacy/payloads.py), else None."""
     spec = getattr(sim.scenario, "privacy", None)
-    if spec is None or spec.record != "mixing":
+    if spec is None or spec.record is None:
         return None
-    return sim.services.get(MixingLog)
+    log = sim.services.get(MixingLog)
+    if spec.record == "payloads" and log.views is None:
+        from netsim.privacy.payloads import view_log_for
+
+        log.views = view_log_for(sim)
+    return log
 
 
 def write_mixing(sim, folder: Path) -> Path | None:
-    """Write ``mixing.csv`` into the run folder if the run recorded its mixing steps."""
+    """Write ``mixing.csv`` (and ``payloads.npz`` when asked) into the run folder if the run recorded its mixing
+    steps."""
     log = sim.services.find(MixingLog)
-    return None if log is None else log.write(Path(folder) / MIXING_FILE)
+    if log is None:
+        return None
+    if log.views is not None:
+        from netsim.privacy.payloads import PAYLOADS_FILE
+
+        log.views.write(Path(folder) / PAYLOADS_FILE)
+    return log.write(Path(folder) / MIXING_FILE)

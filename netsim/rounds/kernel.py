@@ -264,10 +264,26 @@ class Batch:
         accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
         is reached (rows as one (B, P) tensor when every agent released with noise). The noise of the batch is
         drawn in one call (the same bits as one release at a time)."""
-        from netsim.compute.noise import gaussian_noise_rows
-
         if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
+        mixing = self.agents[0]._mixing
+        views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
+        if views is None:
+            return self._privatize_rows(g, sigma, sensitivity, q, what)
+        import torch
+
+        g = torch.stack([views.before_noise(a.id, r, s)  # an audit's gradient canaries, before the noise
+                         for a, r, s in zip(self.agents, g.unbind(0), sensitivity, strict=True)])
+        out = self._privatize_rows(g, sigma, sensitivity, q, what)
+        for n, a in enumerate(self.agents):
+            if out[n] is not None:
+                views.released(a.id, a.round, g[n], out[n])
+        return out
+
+    def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
+                        q: Sequence[float], what: str) -> list[torch.Tensor | None]:
+        from netsim.compute.noise import gaussian_noise_rows
+
         out: list[torch.Tensor | None] = []
         noised = []
         size = g.shape[1]

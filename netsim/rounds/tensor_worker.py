@@ -64,10 +64,9 @@ def reason_not(sim, unasked: str | None = None) -> str | None:
 
 def _serve(driver, conn) -> None:
     """The worker: each window's work as it comes; the bank when asked; everything at the end."""
-    import torch
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the run (and this worker)
-    torch.set_num_threads(1)  # the other core plays the control
+    # the worker keeps this process's torch thread count (it forked with it): a BLAS product, and a reduction to one
+    # value, can round differently at another count, and the worker's bits must be the events engine's
     driver.sim.refuse_ledgers(f"a release in the windows' tensor worker would not be accounted: run with {ENV}=0")
     stats, svc, writer = driver.stats, driver.svc, driver.writer
     rows = PackedRows(Words())  # the control's rows not yet in a whole batch

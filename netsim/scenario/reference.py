@@ -164,15 +164,25 @@ def describe(what: str, name: str, fn: Any, params: type | None, section: str) -
     source = getattr(module, "__file__", None) or "(unknown)"
     lines = [f"{name}: {doc[0] if doc else '(no description)'}", *(["", *doc[1:]] if len(doc) > 1 else []),
              "", f"{what} of {section}.kind = {name!r}; source: {source}", ""]
-    own = plugin_rows(section, {name: params})
+    only = f"only when kind = {name!r}"
+    own = [{**r, "applies": "" if r["applies"] == only else r["applies"]} for r in kind_rows(section, name)]
+    own += [{**r, "applies": ""} for r in plugin_rows(section, {name: params})]
     if not own:
         lines.append(f"no keys of its own (the [{section}] keys: netsim keys {section})")
     else:
-        lines.append(f"its own keys (in [{section}], beside the common ones):")
+        lines.append(f"its own keys (in [{section}], beside the common ones: netsim keys {section}):")
     for r in own:
         lines.append(f"  {r['key']}  ({r['type']}, default {r['default']})")
-        lines += [f"      {x}" for x in (r["allowed"], r["doc"]) if x]
+        lines += [f"      {x}" for x in (r["allowed"], r["applies"], r["doc"]) if x]
     return "\n".join(lines) + "\n"
+
+
+def kind_rows(section: str, kind: str) -> list[dict[str, str]]:
+    """Rows of the ``[section]`` keys that apply to some kinds only, ``kind`` among them (``data.label`` of
+    ``kind = 'table'``, ``model.hidden`` of ``'mlp'``): a built-in kind's own keys."""
+    cls = _record(typing.get_type_hints(Scenario)[section])
+    own = {f.name for f in attrs.fields(cls) if kind in (f.metadata.get("when") or {}).get("kind", ())}
+    return [r for r in sections()[section] if r["key"].split(".", 1)[1] in own]
 
 
 def text(section: str | None = None, extra: dict[str, list[dict[str, str]]] | None = None) -> str:

@@ -255,7 +255,8 @@ class TopologySpec:
     p: float = field(0.3, check=probability, doc="edge probability (erdos_renyi)", when={"kind": ("erdos_renyi",)})
     degree: int = field(4, check=at_least(1), doc="degree (random_regular)", when={"kind": ("random_regular",)})
     rows: int | None = field(None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
-                             doc="rows of a torus/grid (default: as square as possible)")
+                             doc="rows of a torus/grid (default: as square as possible; a prime agent count is "
+                                 "refused, rows = 1 makes it a line or ring)")
     path: str | None = field(None, doc="edges file: one 'src dst [weight]' per line")
     generator: str | None = field(None, doc="kind = 'networkx': a graph generator of networkx.generators by "
                                             "name, e.g. 'complete_bipartite_graph', 'watts_strogatz_graph'")
@@ -609,9 +610,46 @@ class PrivacySpec:
     delta0: float = field(1e-5, check=_open_unit, doc="per-release delta of the classical Gaussian bound")
     c2: float = field(0.3724, check=positive, doc="PrivSGP-VR's unspecified constant c_2 (Zhu et al., Theorem 2)",
                       when={"closed_form": ("privsgp_vr", "seed004")})
-    record: Literal["mixing"] | None = field(
+    record: Literal["mixing", "payloads"] | None = field(
         None, doc="'mixing': write RUN/mixing.csv, the weights each agent applied to which messages, which "
-                  "pairwise accounting (netsim privacy RUN --pairwise) needs; default: nothing recorded")
+                  "pairwise accounting (netsim privacy RUN --pairwise) needs; 'payloads': also RUN/payloads.npz, "
+                  "every delivered payload and every release's value before and after its noise (what the "
+                  "attacks of netsim privacy RUN --attack/--audit read); default: nothing recorded")
+    audit: AuditSpec | None = field(None, doc="canaries for a privacy audit (netsim privacy RUN --audit)")
+
+    def __check__(self) -> tuple[str, str] | None:
+        if self.audit is not None and self.record != "payloads":
+            return "record", ("privacy.audit scores the canaries from what the observers received: set "
+                              "privacy.record = \"payloads\"")
+        return None
+
+
+def _victims(v: tuple[int, ...]) -> str | None:
+    if not v:
+        return "name at least one agent"
+    if any(a < 0 for a in v) or len(set(v)) != len(v):
+        return f"must be distinct agent ids >= 0, got {list(v)}"
+    return None
+
+
+@attrs.frozen
+class AuditSpec:
+    """Canaries a run inserts for a one-run privacy audit (Steinke, Nasr, Jagielski, "Privacy Auditing with One
+    (1) Training Run", NeurIPS 2023): each of a victim's canaries is included with probability 1/2 (the run's
+    ``audit`` stream) in every one of the victim's releases, each in its own coordinate (a Dirac canary); netsim
+    privacy RUN --audit guesses which were included from each observer's view."""
+
+    victims: tuple[int, ...] = field((0,), check=_victims, doc="agents whose releases carry canaries")
+    canaries: int = field(1000, check=at_least(1), doc="canaries per victim (each in its own model coordinate: "
+                                                        "victims x canaries <= the model's parameters)")
+    kind: Literal["gradient", "input"] = field(
+        "gradient", doc="'gradient': white-box Dirac gradients of norm the release's declared sensitivity, added "
+                        "to the released value before its noise; 'input': records whose per-example gradient is a "
+                        "Dirac of norm ``norm``, in the victim's batch before the algorithm clips (so a clipping "
+                        "or sensitivity bug shows)")
+    norm: float = field(100.0, check=positive, doc="an input canary's gradient norm (far above any clip bound)",
+                        when={"kind": ("input",)})
+    confidence: float = field(0.95, check=_open_unit, doc="confidence of the audit's lower bounds")
 
 
 @attrs.frozen

@@ -8,7 +8,6 @@ Range checks live in field metadata (``check``) and cross-field checks in ``__ch
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from typing import Any, Literal, Union
 
 import attrs
 
-from netsim.errors import InputError
+from netsim.errors import InputError, did_you_mean
 
 Check = Callable[[Any], "str | None"]
 
@@ -130,9 +129,8 @@ def structure(data: Any, cls: type, path: str = "") -> Any:
     for key in data:
         if key not in fields:
             names = [n for n in fields if not n.startswith("_")]
-            near = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            raise InputError(_join(path, key), f"unknown key; {hint}allowed keys here: {', '.join(names)}")
+            raise InputError(_join(path, key), f"unknown key; {did_you_mean(key, names)}allowed keys here: "
+                                               f"{', '.join(names)}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, f in fields.items():

@@ -18,10 +18,19 @@ from netsim.errors import InputError
 DENSE_GAP_MAX = 400  # agents up to which the gap is an eigenvalue solve of the dense matrix
 
 
-def grid_shape(n: int, rows: int | None) -> tuple[int, int]:
-    """(rows, cols) of a torus or grid of n agents: ``topology.rows``, else the squarest factorisation."""
+def grid_shape(n: int, rows: int | None, kind: str = "grid") -> tuple[int, int]:
+    """(rows, cols) of a torus or grid of n agents: ``topology.rows``, else the squarest factorisation. A prime
+    count has none but 1 x n: refused, not silently built as a line (a ring for a torus); ``rows = 1`` asks for
+    that shape on purpose."""
     if rows is None:
         rows = max(r for r in range(1, int(math.isqrt(n)) + 1) if n % r == 0)
+        if rows == 1 and n > 1:
+            shape = "line" if kind == "grid" else "ring"
+            near = [c for c in (n - 1, n + 1, n + 2) if c >= 4 and any(c % r == 0 for r in range(2, math.isqrt(c) + 1))]
+            raise InputError("topology.kind", f"a {kind!r} of {n} agents would be a single {shape} ({n} is prime: "
+                                              f"no rows x columns both >= 2); allowed: an agents.count with a "
+                                              f"factor >= 2 (such as {' or '.join(map(str, near[:2]))}), or "
+                                              f"topology.rows = 1 for a {shape} on purpose")
     if n % rows:
         raise InputError("topology.rows", f"{rows} rows do not divide {n} agents")
     return rows, n // rows
@@ -40,7 +49,7 @@ def fixed_edges(spec, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         hops = [2**i for i in range(int(math.log2(n - 1)) + 1)]
         pairs = {(i, (i + h) % n) for i in range(n) for h in hops if (i + h) % n != i}
     elif k in ("torus", "grid") and n >= 3:
-        rows, cols = grid_shape(n, spec.rows)
+        rows, cols = grid_shape(n, spec.rows, k)
         if k == "torus" and min(rows, cols) < 3:
             return None
         wrap = k == "torus"

@@ -115,7 +115,7 @@ def build_graph(spec: TopologySpec, n: int, seed: int) -> nx.DiGraph:
     if k == "ring":
         g = nx.cycle_graph(n, create_using=nx.DiGraph if spec.directed else nx.Graph)
     elif k in ("torus", "grid"):
-        rows, cols = grid_shape(n, spec.rows)
+        rows, cols = grid_shape(n, spec.rows, k)
         g = nx.grid_2d_graph(rows, cols, periodic=(k == "torus"))
         g = nx.relabel_nodes(g, {(r, c): r * cols + c for r, c in g.nodes})
     elif k == "complete":
