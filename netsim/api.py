@@ -180,9 +180,9 @@ def check_engine(engine: str) -> None:
 def _choose_engine(sim, engine: str, source: str | None) -> None:
     check_engine(engine)
     if engine in ("windowed", "auto"):
-        from netsim.rounds import windowed
+        from netsim.rounds import exactness, windowed
 
-        why = windowed.refusal(sim)
+        why = windowed.refusal(sim) or exactness.refusal(sim)  # a plugin kernel: checked before it is batched
         if why is None:
             sim.use_runner("windowed", windowed.run)
         elif engine == "auto":  # the events engine, and the summary says why not the windows

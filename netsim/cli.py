@@ -38,6 +38,15 @@ def _fail(err) -> None:
     raise typer.Exit(2)
 
 
+def _warn_unchecked(path: Path) -> None:
+    """A trace written without batch checksums is read, unverified, with this warning (docs/traces.md)."""
+    from netsim.trace.io import unchecked_note
+
+    note = unchecked_note(path)
+    if note:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def _crashed(err) -> None:
     """A run that crashed inside the simulation (a program error, not bad input): one line, exit 1."""
     typer.echo(f"error: {err}", err=True)
@@ -529,6 +538,7 @@ def privacy(run_folder: Path = typer.Argument(..., help="run folder (or its trac
 
     try:
         _plugins(plugin)
+        _warn_unchecked(run_folder)
         warned = resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder)
         if warned:  # first, whatever the report says next
             warn_partial()
@@ -695,6 +705,7 @@ def query(run_folder: Path = typer.Argument(..., help="run folder (or its trace.
     try:
         if rows < 1:
             raise InputError("--rows", f"must be >= 1, got {rows}")
+        _warn_unchecked(run_folder)
         if resolve_trace_path(run_folder).is_file() and not has_end_marker(run_folder):  # a live or killed run
             typer.echo(f"warning: {read_trace(run_folder).partial_note()}", err=True)
         result = run_query(run_folder, sql)
@@ -773,6 +784,7 @@ def replay(trace: Path = typer.Argument(..., help="run folder or trace.arrows to
         _plugins(plugin)
         if window <= 0:
             raise InputError("--window", f"must be > 0, got {window}")
+        _warn_unchecked(trace)
         result = do_replay(trace, scenario, out, window, _overrides(set_), force=force)
     except InputError as e:
         _fail(e)
@@ -819,6 +831,7 @@ def timeline(trace: Path = typer.Argument(..., help="run folder or trace.arrows"
         _plugins(plugin)
         if max_lanes < 1 or (group is not None and group < 1):
             raise InputError("--max-lanes" if max_lanes < 1 else "--group", "must be >= 1")
+        _warn_unchecked(trace)
         tl = Timeline(trace, agents, links, kinds, t_from, t_to)
         render(tl, Console(width=width) if width else Console(), max_lanes, group, not no_summary)
         if chrome is not None:
@@ -846,6 +859,8 @@ def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
         if len(runs) > 2:
             raise InputError("RUN", f"at most two runs (to compare), got {len(runs)}")
         run = runs[0]
+        for r in runs:
+            _warn_unchecked(r)
         from netsim.explore.model import RunData
         from netsim.explore.query import mask
 
@@ -855,6 +870,8 @@ def explore(runs: list[Path] = typer.Argument(..., metavar="RUN [RUN_B]",
             from netsim.explore.export import export_view
 
             n = export_view(data, export, 0.0, data.t_max, None, m)
+            if data.partial:
+                typer.echo(f"warning: {data.partial}", err=True)
             typer.echo(f"wrote {export} ({n} trace events; open in ui.perfetto.dev or chrome://tracing)")
             return
         from netsim.explore.app import Explorer
@@ -944,6 +961,34 @@ def _sweep_table(name: str, swept: list[str], metric: str, table):
             cells.append("-" if v is None else str(v))
         t.add_row(*cells)
     return t
+
+
+@app.command()
+def check(name: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs Optional on 3.10
+              None, help="a round-kernel algorithm (default: every one the --plugin files register)"),
+          plugin: Optional[list[str]] = PluginOpt,  # noqa: UP045
+          set_: Optional[list[str]] = typer.Option(  # noqa: UP045
+              None, "--set", help="one of the algorithm's parameters for the check: --set momentum=0.5 "
+                                  "(default: its defaults; repeatable)")) -> None:
+    """Check a round kernel's exactness: each tensor hook on a batch of B rows and on B batches of one, with drawn
+    inputs (seeded; float32 and float64; a few sizes), must give every row the same bits, and every Params field a
+    hook reads must be declared in its reads. A violation is one line naming the hook, exit 1 (docs/extending.md)."""
+    from netsim.errors import InputError
+    from netsim.rounds.exactness import check_registered
+
+    try:
+        _plugins(plugin)
+        sets = {k.removeprefix("algorithm."): v for k, v in _overrides(set_).items()}
+        outcomes = check_registered(name, plugin or [], sets)
+    except InputError as e:
+        _fail(e)
+    for o in outcomes:
+        if o.violation is None:
+            typer.echo(o.summary())
+        else:
+            typer.echo(f"error: {o.violation}", err=True)
+    if any(o.violation is not None for o in outcomes):
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -2,10 +2,12 @@
 
 ``api.run`` and ``api.resume`` read as prepare -> run -> write: the API builds the simulation (every check,
 nothing written), then a ``RunFolder`` takes it from there: its lock (one writer per folder), the fresh start
-(a previous run's results and checkpoints removed, ``scenario.toml`` written), the trace writer and its event
+(every file of a previous run removed, its checkpoints too, before anything is written; then
+``scenario.toml``), the trace writer and its event
 counts, the checkpoints while the run goes, the SIGINT handler, the crash files when a program fails
 (``summary.partial.json`` naming the error), and the outputs at the end (metrics, plots, ``summary.json``
-last and atomically: its presence marks a complete run).
+last and atomically: its presence marks a complete run, its ``files`` the files the run wrote, which readers
+check: ``netsim.trace.folder``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from netsim.errors import InputError
+from netsim.trace.folder import (  # noqa: F401 - the folder's names: defined where every reader can see them
+    END_FILES,
+    LOCK_FILE,
+    PARTIAL_SUMMARY,
+    RUN_FILES,
+    SCENARIO_FILE,
+    SUMMARY_FILE,
+    end_files,
+)
+from netsim.trace.folder import live_writer as _live_writer
 from netsim.trace.io import TRACE_FILE
 
-SUMMARY_FILE = "summary.json"  # written last, atomically: its presence marks a complete run folder
-PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted run's summary so far (netsim resume continues it)
-LOCK_FILE = ".netsim.lock"
-RESULT_FILES = (SUMMARY_FILE, PARTIAL_SUMMARY, TRACE_FILE, "metrics.csv", "metrics.parquet")
+RESULT_FILES = RUN_FILES  # a folder holding any of these holds a run's results: refused without --force
 
 
 def is_complete(folder: str | Path) -> bool:
@@ -53,25 +62,6 @@ def check_fresh(folder: str | Path) -> None:
         what = "a complete run" if is_complete(folder) else "a partial run (killed, interrupted or crashed)"
         raise InputError("", f"already holds {what} ({', '.join(held)}); choose another folder with --out, "
                              "or replace it with --force", str(folder))
-
-
-def _live_writer(folder: Path) -> int | None:
-    """The PID in the folder's lock if that process is alive and not this one."""
-    try:
-        other = int((folder / LOCK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if other == os.getpid():
-        return None
-    try:
-        os.kill(other, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    except OverflowError:
-        return None
-    return other
 
 
 class RunFolder:
@@ -121,15 +111,18 @@ class RunFolder:
                 from None
 
     def start_fresh(self) -> None:
-        """Inside the lock: the folder is incomplete until this run finishes, and a previous run's checkpoints
-        must never be resumed here."""
+        """Inside the lock, before anything of this run is written: every file of a previous run removed
+        (``RUN_FILES``: its summary first, so the folder never looks complete meanwhile, then its trace, metrics,
+        plots, reports and their temporary files), and its checkpoints, which must never be resumed here. So a
+        run stopped at any point (Ctrl-C, a kill) leaves only its own files beside ``scenario.toml``."""
         from netsim.sim import checkpoint
 
-        (self.path / SUMMARY_FILE).unlink(missing_ok=True)
-        (self.path / PARTIAL_SUMMARY).unlink(missing_ok=True)
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+            (self.path / (name + ".tmp")).unlink(missing_ok=True)
         for old in checkpoint.checkpoints(self.path):
             shutil.rmtree(old)
-        (self.path / "scenario.toml").write_text(self.text)
+        (self.path / SCENARIO_FILE).write_text(self.text)
 
     # the run ---------------------------------------------------------------------------------------------
     def run(self, sim, interruptible: bool) -> tuple[dict[str, Any], list]:
@@ -172,6 +165,7 @@ class RunFolder:
             from netsim.privacy.views import write_mixing
 
             write_mixing(sim, folder)
+        summary["files"] = end_files(folder)  # what this run wrote: readers refuse any other beside it
         write_summary(summary, folder / SUMMARY_FILE)  # last and atomic: a killed run never looks complete
         (folder / PARTIAL_SUMMARY).unlink(missing_ok=True)
         for old in checkpoint.checkpoints(folder):  # a complete run needs none (they hold whole parameter banks)

@@ -122,14 +122,22 @@ def _corrupt(whole, column: str, row: int, value):
 
 
 @pytest.mark.parametrize("column,value", [("t", -1.0), ("agent", 8), ("peer", -2), ("value", None)])
-def test_tail_reader_stops_where_read_trace_does(tmp_path, column, value):
-    """The incremental reader's vectorized checks end the readable part at the same batch as
-    ``read_trace``'s per-batch ones (time < 0, agent id past agents.count, peer < -1, a null)."""
+@pytest.mark.parametrize("checked", [True, False])
+def test_tail_reader_stops_where_read_trace_does(tmp_path, column, value, checked):
+    """The incremental reader's vectorized checks find the same batch as ``read_trace`` (time < 0, agent id
+    past agents.count, peer < -1, a null): with checksums (the batch's CRC sound, so the writer wrote it) both
+    refuse it in one line; in a trace without them, the readable part ends there for both."""
+    from netsim.errors import InputError
     from netsim.trace.io import TraceTail
 
     meta, whole = _whole()
     bad = _corrupt(whole.slice(700, 700), column, 123, value)
-    write_trace(tmp_path / "trace.arrows", meta, [whole.slice(0, 700), bad, whole.slice(1400)])
+    write_trace(tmp_path / "trace.arrows", meta, [whole.slice(0, 700), bad, whole.slice(1400)], checked=checked)
+    if checked:
+        for read in (lambda: read_trace(tmp_path), lambda: TraceTail(tmp_path).read()):
+            with pytest.raises(InputError, match=r"trace.arrows: batch 2 \(at byte [0-9,]+\) is damaged: it holds"):
+                read()
+        return
     tr = read_trace(tmp_path)
     tail = TraceTail(tmp_path)
     got = tail.read()
@@ -448,14 +456,14 @@ def test_live_mode_follows_batches_as_they_land(tmp_path):
     end of the run; the end marker ends live mode."""
     import pyarrow as pa
 
-    from netsim.trace.io import EOS, SCHEMA
+    from netsim.trace.io import EOS, SCHEMA, batch_message
 
     with pa.OSFile(str(TRACE / "trace.arrows")) as f:
         reader = pa.ipc.open_stream(f)
         meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
     batches = [whole.slice(0, 700), whole.slice(700, 700), whole.slice(1400)]  # three flushes
     live = tmp_path / "trace.arrows"
-    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + batches[0].serialize().to_pybytes())
+    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + batch_message(batches[0]))
 
     def append(*data: bytes) -> None:
         with open(live, "ab") as f:
@@ -471,11 +479,11 @@ def test_live_mode_follows_batches_as_they_land(tmp_path):
             await pilot.press("t")
             sel = v.selected
             assert not app.poll()  # nothing new
-            append(batches[1].serialize().to_pybytes())
+            append(batch_message(batches[1]))
             assert app.poll()
             assert len(v.run_data.t) == n0 + batches[1].num_rows and v.t1 > end0
             assert v.selected == sel and run_kind(app, sel) == "timeout"  # rows only append
-            append(*[b.serialize().to_pybytes() for b in batches[2:]], EOS)
+            append(*[batch_message(b) for b in batches[2:]], EOS)
             assert app.poll() and not app.follow and "run complete" in status(app)
             assert len(v.run_data.t) == sum(b.num_rows for b in batches)
     asyncio.run(main())
@@ -504,11 +512,11 @@ def test_refresh_reads_only_the_batches_appended_since(tmp_path, monkeypatch):
     """Live mode's refresh: a trace written in two halves, the second one first cut mid-batch, reads as the
     whole file does; each refresh reads the bytes after the last whole batch only, and a batch half
     written is left for the next one."""
-    from netsim.trace.io import EOS, SCHEMA, TraceTail
+    from netsim.trace.io import EOS, SCHEMA, TraceTail, batch_message
 
     meta, whole = _whole()
     header = SCHEMA.with_metadata(meta).serialize().to_pybytes()
-    first, second = (b.serialize().to_pybytes() for b in (whole.slice(0, 1100), whole.slice(1100)))
+    first, second = (batch_message(b) for b in (whole.slice(0, 1100), whole.slice(1100)))
     live = tmp_path / "trace.arrows"
     live.write_bytes(header + first)
     r = RunData(live)
@@ -536,11 +544,16 @@ def run_kind(app, row: int) -> str:
     return lanes(app).run_data.kind_of(row)
 
 
-def write_trace(path, meta, batches, end: bool = True) -> None:
-    from netsim.trace.io import EOS, SCHEMA
+def write_trace(path, meta, batches, end: bool = True, checked: bool = True) -> None:
+    """Batches as the trace writer writes them (``checked``: each with its checksum), or as a netsim before
+    checksums did."""
+    from netsim.trace.io import CHECKSUM_KEY, EOS, SCHEMA, batch_message
 
+    if not checked:
+        meta = {k: v for k, v in meta.items() if k != CHECKSUM_KEY.encode()}
     path.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes()
-                     + b"".join(b.serialize().to_pybytes() for b in batches) + (EOS if end else b""))
+                     + b"".join(batch_message(b) if checked else b.serialize().to_pybytes() for b in batches)
+                     + (EOS if end else b""))
 
 
 def test_two_runs_first_difference(tmp_path, run):

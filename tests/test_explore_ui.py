@@ -304,20 +304,20 @@ def test_live_worker_appends_batches_off_the_ui_thread(tmp_path, monkeypatch):
     import pyarrow as pa
 
     from netsim.explore import app as app_mod
-    from netsim.trace.io import EOS, SCHEMA
+    from netsim.trace.io import EOS, SCHEMA, batch_message
 
     monkeypatch.setattr(app_mod, "POLL_S", 0.05)
     with pa.OSFile(str(TRACE / "trace.arrows")) as f:
         reader = pa.ipc.open_stream(f)
         meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
     live = tmp_path / "trace.arrows"
-    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + whole.slice(0, 900).serialize().to_pybytes())
+    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + batch_message(whole.slice(0, 900)))
 
     async def body(app, pilot):
         r = lanes(app).run_data
         assert app.follow and len(r.t) == 900 and "LIVE" in status(app)
         with open(live, "ab") as f:
-            f.write(whole.slice(900).serialize().to_pybytes() + EOS)
+            f.write(batch_message(whole.slice(900)) + EOS)
         for _ in range(100):
             await pilot.pause(0.05)
             if not app.follow:
@@ -443,17 +443,17 @@ def test_query_bar_on_a_live_run_asks_the_rows_the_lanes_show(tmp_path):
     import pyarrow as pa
 
     from netsim.explore.panels import PromptBar
-    from netsim.trace.io import SCHEMA
+    from netsim.trace.io import SCHEMA, batch_message
 
     with pa.OSFile(str(TRACE / "trace.arrows")) as f:
         reader = pa.ipc.open_stream(f)
         meta, whole = reader.schema.metadata, reader.read_all().combine_chunks().to_batches()[0]
     live = tmp_path / "trace.arrows"
-    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + whole.slice(0, 900).serialize().to_pybytes())
+    live.write_bytes(SCHEMA.with_metadata(meta).serialize().to_pybytes() + batch_message(whole.slice(0, 900)))
 
     async def body(app, pilot):
         with open(live, "ab") as f:
-            f.write(whole.slice(900, 500).serialize().to_pybytes())  # written after the explorer read
+            f.write(batch_message(whole.slice(900, 500)))  # written after the explorer read
         await pilot.press("colon")
         app.query_one(PromptBar).value = "select count(*) as n, max(t) as t_max from trace"
         await pilot.press("enter")

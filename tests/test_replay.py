@@ -13,7 +13,7 @@ import netsim
 from netsim.errors import InputError
 from netsim.replay import replay
 from netsim.scenario.load import scenario_from_dict, to_toml
-from netsim.trace.io import TRACE_FILE, read_trace
+from netsim.trace.io import TRACE_FILE, read_trace, write_trace
 
 NET = {"latency": {"kind": "lognormal", "mean": 0.03, "sigma": 0.6}, "uplink": 2e5, "loss": 0.05,
        "burst": {"p_enter": 0.05, "p_exit": 0.3}, "outages": [{"start": 2.0, "end": 2.5, "src": 1}]}
@@ -48,13 +48,12 @@ def test_exact_replay_is_byte_identical(recorded, tmp_path):
 
 
 def _rewrite(src, dst, edit):
-    """Copy a trace, changing its table with ``edit(dict of columns)``; metadata kept."""
+    """Copy a trace, changing its table with ``edit(dict of columns)``; metadata kept (an edited recording,
+    written with its checksums)."""
     tr = read_trace(src)
     cols = tr.table.to_pydict()
     edit(cols)
-    table = pa.table(cols, schema=tr.table.schema)
-    with pa.OSFile(str(dst), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
-        w.write_table(table)
+    write_trace(pa.table(cols, schema=tr.table.schema), dst)
 
 
 def test_exact_replay_takes_delays_and_drops_from_the_trace_not_the_seed(recorded, tmp_path):

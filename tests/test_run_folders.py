@@ -296,10 +296,198 @@ def test_a_crash_through_the_api_raises_with_the_folder(tmp_path):
 
 
 def test_arrow_stream_written_by_pyarrow_is_complete(tmp_path):
-    """A trace rewritten with pyarrow's own stream writer (edited recordings) has its end."""
+    """A trace rewritten (an edited recording) with netsim's write_trace has its end and its checksums; with
+    pyarrow's own stream writer, it has its end, and batches without checksums: refused in one line that says
+    how to write it, read unverified once the schema no longer claims them."""
+    from netsim.trace.io import CHECKSUM_KEY, write_trace
+
     res = netsim.run(scenario_from_dict(merge(BASE, {"run": {"until": 2.0}})), out=tmp_path / "r")
     tr = read_trace(res.out)
+    edited = tr.table.set_column(6, "value", pa.compute.multiply(tr.table.column("value"), 2.0))
+    again = read_trace(write_trace(edited, tmp_path / "edited.arrows", flush_every=100))
+    assert again.complete and again.checked and again.table.equals(edited)
     dst = tmp_path / "copy.arrows"
     with pa.OSFile(str(dst), "wb") as f, pa.ipc.new_stream(f, tr.table.schema) as w:
         w.write_table(tr.table)
-    assert read_trace(dst).complete
+    with pytest.raises(InputError, match="batch 1 .*checksum is missing .*netsim.trace.io.write_trace"):
+        read_trace(dst)
+    schema = tr.table.schema.with_metadata({k: v for k, v in tr.table.schema.metadata.items()
+                                            if k.decode() != CHECKSUM_KEY})
+    with pa.OSFile(str(dst), "wb") as f, pa.ipc.new_stream(f, schema) as w:
+        w.write_table(tr.table)
+    assert read_trace(dst).complete and not read_trace(dst).checked
+
+
+# --- one run per folder ------------------------------------------------------------------------------
+
+def _interrupt_after_first_checkpoint(monkeypatch):
+    """Ctrl-C right after the run's first periodic checkpoint (what SIGINT does, deterministically)."""
+    from netsim.sim import checkpoint
+
+    real = checkpoint.write
+
+    def write_then_interrupt(sim, folder, keep, kind, header):
+        path = real(sim, folder, keep, kind, header)
+        if kind == "periodic":
+            sim.interrupt()
+        return path
+
+    monkeypatch.setattr(checkpoint, "write", write_then_interrupt)
+    return real
+
+
+AGENT_METRICS = {"evaluation": {"every": 1.0, "metrics": ["loss", "accuracy", "agent_accuracy"]}}
+
+
+def test_force_then_ctrl_c_leaves_only_the_new_runs_files_and_resume_finishes_it(tmp_path, monkeypatch):
+    """`netsim run --out DIR --force` into a complete run, stopped by Ctrl-C: none of the old run's outputs
+    (metrics, per-agent metrics, plots, summary, its privacy report) stays beside the new run's trace;
+    `netsim resume` then completes the new run and every reader reads it."""
+    from netsim.sim import checkpoint
+
+    folder = tmp_path / "ck"
+    old = tmp_path / "old.toml"
+    old.write_text(tomli_w.dumps(merge(BASE, {"run": {"until": 3.0}, **AGENT_METRICS})))
+    assert cli("run", old, "--out", folder, "-q").exit_code == 0
+    assert cli("privacy", folder).exit_code == 0  # its report, privacy.json, joins the folder
+    assert {"metrics.csv", "agent_metrics.csv", "plot.png", "agent_accuracy.png", "privacy.json",
+            SUMMARY_FILE} <= {p.name for p in folder.iterdir()}
+    new = tmp_path / "new.toml"
+    new.write_text(tomli_w.dumps(merge(BASE, {"run": {"until": 6.0, "seed": 8, "checkpoint_every": 2.0},
+                                              **AGENT_METRICS})))
+    real = _interrupt_after_first_checkpoint(monkeypatch)
+    stopped = cli("run", new, "--out", folder, "--force", "-q")
+    assert stopped.exit_code == 130, stopped.output
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", "scenario.toml", PARTIAL_SUMMARY, TRACE_FILE]
+    q = cli("query", folder, "SELECT (SELECT count(*) FROM metrics) AS m, (SELECT max(t) FROM trace) AS t")
+    assert q.exit_code == 0 and q.stderr.startswith("warning: partial run, up to t = "), q.output
+    assert " 0 " in q.stdout  # no metrics of another run
+    monkeypatch.setattr(checkpoint, "write", real)
+    resumed = cli("resume", folder, "-q")
+    assert resumed.exit_code == 0, resumed.output
+    s = json.loads((folder / SUMMARY_FILE).read_text())
+    assert s["seed"] == 8 and set(s["files"]) == {"metrics.csv", "agent_metrics.csv", "plot.png",
+                                                   "agent_accuracy.png"}
+    assert read_trace(folder).complete
+    q = cli("query", folder, "SELECT (SELECT max(time) FROM metrics) AS m, (SELECT max(time) FROM agent_metrics)"
+                             " AS a, (SELECT max(t) FROM trace) AS t", "--csv")
+    assert q.exit_code == 0 and q.stderr == "", q.output
+    m, a, t = map(float, q.stdout.splitlines()[1].split(","))
+    assert m == a == 6.0 and 5.0 < t <= 6.0  # one run: metrics and trace end together
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> dict[str, Path]:
+    """A complete run A (until 3 s) and B, the same scenario run longer, interrupted at its first checkpoint."""
+    from netsim import api
+    from netsim.sim import checkpoint
+
+    root = tmp_path_factory.mktemp("two")
+    a = netsim.run(scenario_from_dict(merge(BASE, {"run": {"until": 3.0}, **AGENT_METRICS})), out=root / "a").out
+    real = checkpoint.write
+
+    def write_then_interrupt(sim, folder, keep, kind, header):
+        path = real(sim, folder, keep, kind, header)
+        if kind == "periodic":
+            sim.interrupt()
+        return path
+
+    checkpoint.write = write_then_interrupt
+    try:
+        sc = scenario_from_dict(merge(BASE, {"run": {"until": 8.0, "checkpoint_every": 2.0}, **AGENT_METRICS}))
+        b = api.run(sc, out=root / "b", interruptible=False).out
+    finally:
+        checkpoint.write = real
+    c = netsim.run(scenario_from_dict(merge(BASE, {"run": {"until": 3.0, "seed": 11}, **AGENT_METRICS})),
+                   out=root / "c").out
+    return {"a": a, "b": b, "c": c}
+
+
+def _mixed(two_runs, tmp_path, how: str) -> tuple[Path, list[str]]:
+    """A folder holding files of two runs, and the files a refusal must name."""
+    import shutil
+
+    a, b, c = two_runs["a"], two_runs["b"], two_runs["c"]
+    folder = tmp_path / how
+    if how == "old metrics beside a partial run":  # the issue: an older --force into A, then Ctrl-C
+        shutil.copytree(b, folder)
+        for name in ("metrics.csv", "agent_metrics.csv", "plot.png", "agent_accuracy.png"):
+            shutil.copy(a / name, folder / name)
+        return folder, ["metrics.csv", "agent_metrics.csv"]
+    shutil.copytree(a, folder)
+    if how == "another scenario's trace":
+        shutil.copy(c / TRACE_FILE, folder / TRACE_FILE)
+        return folder, [TRACE_FILE, "scenario.toml", SUMMARY_FILE]
+    shutil.copy(c / "metrics.csv", folder / "metrics.csv")  # "metrics of another run"
+    return folder, ["metrics.csv"]
+
+
+MIXES = ["old metrics beside a partial run", "another scenario's trace", "metrics of another run"]
+READERS = {
+    "query": ["query", "{run}", "SELECT (SELECT max(time) FROM metrics), (SELECT max(t) FROM trace)"],
+    "privacy": ["privacy", "{run}", "--no-pld"],
+    "explore --export": ["explore", "{run}", "--export", "{out}"],
+    "compare": ["compare", "{run}", "--out", "{out}"],
+    "replay": ["replay", "{run}", "--out", "{out}", "-q"],
+    "timeline": ["timeline", "{run}", "--width", "80"],
+}
+
+
+@pytest.mark.parametrize("how", MIXES)
+def test_every_reader_refuses_a_folder_of_two_runs_in_one_line(two_runs, tmp_path, how):
+    from netsim.api import RunResult, read_metrics
+    from netsim.explore.model import RunData
+    from netsim.metrics.sql import query
+
+    folder, names = _mixed(two_runs, tmp_path, how)
+    for reader, args in READERS.items():
+        out = tmp_path / f"out-{reader.split()[0]}" / "x.png"
+        r = cli(*[a.format(run=folder, out=out) for a in args])
+        assert r.exit_code == 2 and one_line(r.stderr), (reader, r.output)
+        line = r.stderr
+        assert line.startswith(f"error: {folder}: holds files of different runs") or \
+            line.startswith(f"error: {folder}: summary.json"), (reader, line)
+        assert all(n in line for n in names), (reader, line)
+        assert not out.exists() and not out.parent.exists()
+    readers = [lambda: read_trace(folder), lambda: read_trace(folder / TRACE_FILE), lambda: RunData(folder),
+               lambda: query(folder, "SELECT 1"), lambda: read_metrics(folder)]
+    if how != "old metrics beside a partial run":
+        readers.append(lambda: RunResult.load(folder))
+    for read in readers:
+        with pytest.raises(InputError, match="holds files of different runs") as e:
+            read()
+        assert str(e.value).startswith(f"{folder}: ") and "\n" not in str(e.value)
+
+
+def test_a_complete_folder_whose_trace_lost_its_end_is_refused(two_runs, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(two_runs["a"], folder)
+    data = (folder / TRACE_FILE).read_bytes()
+    (folder / TRACE_FILE).write_bytes(data[:len(data) // 2])
+    r = cli("query", folder, "SELECT count(*) FROM trace")
+    assert r.exit_code == 2 and one_line(r.stderr)
+    assert r.stderr == (f"error: {folder}: summary.json says the run completed, but trace.arrows does not record "
+                        "its end (cut, damaged, or another run's); run the scenario again\n")
+
+
+def test_a_fresh_start_removes_every_file_of_the_run_before(tmp_path):
+    """Every file a run and `netsim privacy` write is one a fresh start removes (RUN_FILES), and nothing else."""
+    from netsim.run_folder import RUN_FILES
+
+    folder = tmp_path / "r"
+    sc = merge(BASE, {"run": {"until": 3.0, "checkpoint_every": 1.0}, "agents": {"count": 6},
+                      "algorithm": {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2, "clip": 1.0,
+                                    "noise_multiplier": 4.0},
+                      "privacy": {"delta": 1.0e-5, "record": "mixing"}, **AGENT_METRICS})
+    netsim.run(scenario_from_dict(sc), out=folder)
+    assert cli("privacy", folder, "--no-pld", "--pairwise").exit_code == 0
+    (folder / "notes.txt").write_text("mine")
+    written = {p.name for p in folder.iterdir()} - {"scenario.toml", "notes.txt", "checkpoints"}  # (emptied)
+    assert "pairwise.csv" in written and "mixing.csv" in written and set(RUN_FILES) >= written
+    netsim.run(scenario_from_dict(merge(sc, {"run": {"until": 1.0}})), out=folder)  # the API starts afresh too
+    s = json.loads((folder / SUMMARY_FILE).read_text())
+    assert {p.name for p in folder.iterdir()} - {"checkpoints"} == {"scenario.toml", "notes.txt", TRACE_FILE,
+                                                                   SUMMARY_FILE, *s["files"]}
+    assert (folder / "notes.txt").read_text() == "mine"

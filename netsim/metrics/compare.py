@@ -21,7 +21,9 @@ def time_to_target(rows: list[dict], target: float, key: str = "accuracy") -> fl
 def read_run(folder: Path) -> tuple[dict, list[dict]]:
     """(summary, metrics rows) of a run folder; errors name the folder or the malformed file."""
     from netsim.metrics.report import read_metrics, read_summary
+    from netsim.trace.folder import check_run_folder
 
+    check_run_folder(folder)
     if not (folder / "summary.json").is_file():
         raise InputError("RUN", f"{str(folder)!r} is not a run folder (no summary.json)")
     summary = read_summary(folder)

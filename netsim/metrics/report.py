@@ -90,7 +90,10 @@ def write_summary(summary: dict, path: Path) -> None:
 
 def read_summary(folder: str | Path) -> dict[str, Any]:
     """A run folder's summary.json as a dict; anything else (missing, not UTF-8, not JSON, not an
-    object) is an InputError naming the file."""
+    object) is an InputError naming the file; so is a folder whose files are not all one run's."""
+    from netsim.trace.folder import check_run_folder
+
+    check_run_folder(folder)
     path = Path(folder) / "summary.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -118,8 +121,12 @@ def _number(text: str) -> int | float | None:
 
 def read_metrics(folder: str | Path) -> list[dict[str, Any]]:
     """A run folder's metrics table (metrics.parquet, else metrics.csv) as rows of numbers (None for a
-    blank). Every row has a finite ``time``; any other shape is an InputError naming the file."""
+    blank). Every row has a finite ``time``; any other shape is an InputError naming the file, and so is a
+    folder whose files are not all one run's."""
+    from netsim.trace.folder import check_run_folder
+
     folder = Path(folder)
+    check_run_folder(folder)
     pq_path, csv_path = folder / "metrics.parquet", folder / "metrics.csv"
     if pq_path.is_file():
         import pyarrow as pa

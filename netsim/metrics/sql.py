@@ -142,6 +142,9 @@ def connect(run: str | Path | None = None, trace: Any = None):
             folder = folder.parent
         elif not folder.is_dir():
             raise InputError("", "not found (give a run folder or its trace.arrows)", str(run))
+        from netsim.trace.folder import check_run_folder
+
+        check_run_folder(folder)  # its tables all one run's
     source = str(run) if run is not None else "trace"
     con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                                  "threads": 2})

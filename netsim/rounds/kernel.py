@@ -108,15 +108,23 @@ class Batch:
         if self.out is not None:
             one.out = [self.out[n]]
             one.sizes = None if self.sizes is None else [self.sizes[n]]
-        for name, v in vars(self).items():
-            if name in self._OWN:
-                continue
+        for name, v in self.kept().items():
             if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == B:
                 v = v[n:n + 1]
             elif isinstance(v, list) and len(v) == B:
                 v = [v[n]]
             setattr(one, name, v)
         return one
+
+    def kept(self) -> dict[str, Any]:
+        """The kernel's own values kept on the batch between its hooks (``b.y = ...``): what ``row`` cuts to an
+        agent's part."""
+        return {name: v for name, v in vars(self).items() if name not in self._OWN}
+
+    @property
+    def sent(self) -> torch.Tensor | None:
+        """The payloads of ``send`` when they are one tensor's rows (else None)."""
+        return self._sent
 
     @property
     def ids(self) -> list[int]:

@@ -1,9 +1,17 @@
 """Trace files: Arrow IPC *stream* format, written in batches.
 
 The stream format needs no footer, so a run killed mid-way leaves a file readable up to its last
-flushed batch (``read_trace`` stops at the first incomplete batch). Only the end of a run writes the
+flushed batch (the readers stop at a batch cut off at the file's end). Only the end of a run writes the
 stream's end-of-stream marker, so a trace without it (killed, interrupted or crashed run) is partial.
 The schema metadata holds the schema version, the resolved scenario text and its sha256.
+
+Every record batch carries a CRC-32 of its decoded column values in its IPC custom metadata
+(``netsim.crc32``; the schema's ``netsim.batch_checksum = "crc32"`` says the trace has them), and every
+reader verifies it: a damaged batch is an InputError naming the file and the batch, never rows read as
+valid. The checksum covers the values as decoded (``batch_crc``), not the bytes of the message, so it holds
+whatever the IPC body's encoding (buffer compression included) and also catches a damaged message header
+(lengths, offsets) that would decode to other values. A trace without ``netsim.batch_checksum`` (written
+before netsim checked its traces) is read as before, its batches unverified (``TraceTail.checked`` False).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import hashlib
 import math
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import attrs
@@ -193,16 +202,111 @@ def packed_columns(data) -> tuple:
 
 
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the stream format's end-of-stream marker
+CHECKSUM_KEY, CHECKSUM = "netsim.batch_checksum", "crc32"  # schema metadata: every batch carries its CRC
+CRC_KEY = "netsim.crc32"  # a batch's custom metadata: ``batch_crc`` of its values, 8 hex digits
+
+
+def batch_crc(batch: pa.RecordBatch) -> int:
+    """CRC-32 (zlib) of a batch's decoded values: its row count, then column by column the values of a
+    fixed-width column (its data buffer over the batch's rows), or a string column's offsets (from 0) and
+    characters. Validity bitmaps are left out (a trace holds no nulls; the readers refuse one), as are padding
+    and any encoding of the message body, so a compressed body gives the same CRC. The batch must be
+    validated first (its offsets index its buffers)."""
+    crc = zlib.crc32(struct.pack("<q", batch.num_rows))
+    for col in batch.columns:
+        bufs, n, at = col.buffers(), len(col), col.offset
+        if len(bufs) == 3:  # string: offsets, characters
+            offsets = np.frombuffer(bufs[1], np.int32, n + 1, at * 4) if n else np.zeros(1, np.int32)
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            crc = zlib.crc32(offsets - lo if lo else offsets, crc)
+            if hi > lo:
+                crc = zlib.crc32(memoryview(bufs[2])[lo:hi], crc)
+        elif n:
+            w = col.type.bit_width // 8
+            crc = zlib.crc32(memoryview(bufs[1])[at * w:(at + n) * w], crc)
+    return crc
+
+
+_SCHEMA_BYTES = len(SCHEMA.serialize())  # what a stream writer writes before its first batch
+
+
+def batch_message(batch: pa.RecordBatch) -> bytes:
+    """The IPC message of a batch with its CRC in the custom metadata: what the trace writer writes (the bytes
+    of ``batch.serialize()`` but for the metadata; a stream writer is the only way pyarrow writes a batch's
+    custom metadata, its schema message cut off)."""
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, SCHEMA)
+    writer.write_batch(batch, custom_metadata={CRC_KEY: f"{batch_crc(batch):08x}"})
+    return sink.getvalue().slice(_SCHEMA_BYTES).to_pybytes()  # (not closed: no end-of-stream marker)
+
+
+def write_trace(table: pa.Table, path: str | Path, flush_every: int = 8192) -> Path:
+    """A trace table (an edited recording, say) written as netsim writes a trace: its schema's metadata (the
+    recorded scenario), each batch of ``flush_every`` rows with its checksum, the end-of-stream marker."""
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    meta[CHECKSUM_KEY] = CHECKSUM
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(SCHEMA.with_metadata(meta).serialize().to_pybytes())
+        for batch in table.cast(SCHEMA.with_metadata(meta)).to_batches(max_chunksize=flush_every):
+            f.write(batch_message(batch))
+        f.write(EOS)
+    return path
+
+
+def _custom_metadata(meta: pa.Buffer) -> dict[str, str] | None:
+    """The custom metadata of an IPC message from its flatbuffer (Arrow's Message.fbs: ``Message`` field 4,
+    ``custom_metadata: [KeyValue]``), which pyarrow reads only through a stream reader; None when it cannot be
+    read (pyarrow has verified the flatbuffer by then, so only a damaged one)."""
+    b = memoryview(meta)
+
+    def u32(at: int) -> int:
+        if at < 0:
+            raise ValueError(at)
+        return struct.unpack_from("<I", b, at)[0]
+
+    def field(table: int, i: int) -> int | None:  # where field i of a table is, None when absent
+        vt = table - struct.unpack_from("<i", b, table)[0]
+        if vt < 0 or 4 + 2 * i >= struct.unpack_from("<H", b, vt)[0]:
+            return None
+        off = struct.unpack_from("<H", b, vt + 4 + 2 * i)[0]
+        return table + off if off else None
+
+    def text(at: int) -> str:
+        at += u32(at)
+        n = u32(at)
+        if at + 4 + n > len(b):
+            raise ValueError(at)
+        return bytes(b[at + 4:at + 4 + n]).decode()
+
+    try:
+        vec = field(u32(0), 4)
+        if vec is None:
+            return {}
+        vec += u32(vec)
+        count = u32(vec)
+        if count > 64:
+            return None
+        out = {}
+        for j in range(count):
+            elem = vec + 4 + 4 * j
+            kv = elem + u32(elem)
+            k, v = field(kv, 0), field(kv, 1)
+            if k is not None and v is not None:
+                out[text(k)] = text(v)
+        return out
+    except (struct.error, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return None
 
 
 class TraceWriter:
     """Buffers events as rows and writes them as Arrow record batches; ``None`` path = count only.
     ``on_batch(batch)`` sees each ``pa.RecordBatch`` as it is flushed.
 
-    The stream is written as raw IPC messages (schema, then one message per batch, then EOS on close:
-    byte for byte what ``pa.ipc.new_stream`` writes), so the writer knows its byte offset and a running
-    sha256 of what it wrote: a checkpoint records both, and a resumed run truncates the file there and
-    appends (``reopen``)."""
+    The stream is written as raw IPC messages (schema, then one message per batch with its checksum, then EOS
+    on close: byte for byte what ``pa.ipc.new_stream`` writes given each batch's ``custom_metadata``), so the
+    writer knows its byte offset and a running sha256 of what it wrote: a checkpoint records both, and a
+    resumed run truncates the file there and appends (``reopen``)."""
 
     def __init__(self, path: Path | None, metadata: dict[str, str], flush_every: int = 8192,
                  on_batch=None, lazy: bool = False):
@@ -215,7 +319,7 @@ class TraceWriter:
         self._adopted: Path | None = None  # the file ``adopt`` took over (where ``sha`` is hashed from)
         self.on_batch = on_batch
         self._sink = None
-        self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), **metadata}
+        self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), CHECKSUM_KEY: CHECKSUM, **metadata}
         if not lazy:
             self._open()
 
@@ -341,7 +445,7 @@ class TraceWriter:
             self.on_batch(batch)
         self._open()
         if self._sink is not None:
-            self._write(batch.serialize().to_pybytes())
+            self._write(batch_message(batch))
             self._sink.flush()
 
     def sync(self, buffered: bool = True) -> None:
@@ -367,6 +471,7 @@ class Trace:
     table: pa.Table
     metadata: dict[str, str]
     complete: bool  # the run's end is recorded (end-of-stream marker) and every batch is sound
+    checked: bool = True  # every batch's checksum verified (False: a trace written without them)
 
     @property
     def t_end(self) -> float:
@@ -412,6 +517,21 @@ def has_end_marker(path: str | Path) -> bool:
         return False
 
 
+def unchecked_note(path: str | Path) -> str:
+    """One line for a trace written without batch checksums (by a netsim before them), whose batches are read
+    unverified; "" for one with them, or one whose header cannot be read (its reader says why)."""
+    p = resolve_trace_path(path)
+    try:
+        with pa.OSFile(str(p)) as f:
+            meta = pa.ipc.read_schema(pa.ipc.read_message(f)).metadata or {}
+    except (pa.ArrowException, OSError, EOFError, ValueError):
+        return ""
+    if b"netsim.schema_version" not in meta or CHECKSUM_KEY.encode() in meta:
+        return ""
+    return (f"{p}: written without batch checksums (by an older netsim): a damaged batch cannot be told from a "
+            "sound one; run the scenario again for a checked trace")
+
+
 def _agent_count(meta: dict[str, str], p: Path) -> int | None:
     """agents.count of the scenario in the metadata, after checking the text against its sha256 (a
     corrupted header is an InputError); None when the trace carries no scenario."""
@@ -431,29 +551,6 @@ def _agent_count(meta: dict[str, str], p: Path) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
-def _batch_ok(batch: pa.RecordBatch, n: int | None) -> bool:
-    """A batch the writer could have written: full Arrow validation (offsets, lengths, UTF-8), no nulls,
-    times finite and >= 0, agent and peer ids in [-1, n)."""
-    import pyarrow.compute as pc
-
-    try:
-        batch.validate(full=True)
-    except pa.ArrowException:
-        return False
-    if batch.num_rows == 0:
-        return True
-    if any(c.null_count for c in batch.columns):
-        return False
-    t = batch.column(0)
-    if not pc.all(pc.is_finite(t)).as_py() or pc.min(t).as_py() < 0:
-        return False
-    for name in ("agent", "peer"):
-        lo, hi = pc.min_max(batch.column(name)).values()
-        if lo.as_py() < -1 or (n is not None and hi.as_py() >= n):
-            return False
-    return True
-
-
 def _check_header(schema: pa.Schema, meta: dict[str, str], p: Path) -> int | None:
     """The schema of a netsim trace this netsim can read (else an InputError); agents.count, if known."""
     if "netsim.schema_version" not in meta:
@@ -464,6 +561,9 @@ def _check_header(schema: pa.Schema, meta: dict[str, str], p: Path) -> int | Non
     if int(version) > SCHEMA_VERSION:
         raise InputError("", f"trace schema v{version} is newer than this netsim "
                              f"(v{SCHEMA_VERSION}); upgrade netsim", str(p))
+    if meta.get(CHECKSUM_KEY, CHECKSUM) != CHECKSUM:
+        raise InputError("", f"batch checksums of kind {meta[CHECKSUM_KEY][:20]!r}: this netsim knows {CHECKSUM} "
+                             "(a newer netsim's trace, or a damaged header)", str(p))
     if not schema.remove_metadata().equals(SCHEMA):
         raise InputError("", "not a netsim trace: columns must be " + ", ".join(
             f"{f.name}: {f.type}" for f in SCHEMA), str(p))
@@ -473,57 +573,43 @@ def _check_header(schema: pa.Schema, meta: dict[str, str], p: Path) -> int | Non
 def read_trace(path: str | Path) -> Trace:
     """Read a trace file (or a run folder's trace) up to its last complete batch.
 
-    Every batch is checked before it is used (full Arrow validation, then ``_batch_ok``), so a
-    corrupted file is never handed to pandas or numpy: the first batch that is cut off or fails a check
-    ends the readable part. ``complete`` is True only when every batch is sound and the file ends with
-    the end-of-stream marker the writer writes when the run ends; a killed, interrupted or crashed run's
-    trace (whole batches, no marker) is partial. A file whose header or schema is not a netsim trace
-    (or whose scenario text does not match its sha256) is an InputError."""
-    p = resolve_trace_path(path)
-    if not p.exists():
-        raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(p))
-    batches = []
-    complete = True
-    with pa.OSFile(str(p)) as f:
-        try:
-            reader = pa.ipc.open_stream(f)
-            meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
-        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            msg = " ".join(str(e).split())[:200]
-            raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(p)) from None
-        n = _check_header(reader.schema, meta, p)
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except (pa.ArrowException, OSError):
-                complete = False
-                break
-            if not _batch_ok(batch, n):
-                complete = False
-                break
-            batches.append(batch)
-        if complete:  # the stream ended: at the writer's end-of-stream marker, or just at the file's end
-            size = f.size()
-            f.seek(max(0, size - len(EOS)))
-            complete = size >= len(EOS) and f.read(len(EOS)) == EOS
-    table = pa.Table.from_batches(batches, schema=reader.schema)
-    return Trace(table, meta, complete)
+    Every batch is checked before it is used (``TraceTail``: its checksum, full Arrow validation, no nulls,
+    times finite and >= 0, agent and peer ids in range), so a damaged file is never handed to pandas or numpy:
+    a damaged batch is an InputError naming it; a batch cut off at the end of the file (a killed run) ends the
+    readable part. ``complete`` is True only when the file ends with the end-of-stream marker the writer writes
+    when the run ends; a killed, interrupted or crashed run's trace (whole batches, no marker) is partial. A
+    file whose header or schema is not a netsim trace (or whose scenario text does not match its sha256) is an
+    InputError; so is a run folder whose files are not all one run's (``netsim.trace.folder``)."""
+    tail = TraceTail(path)
+    batches = tail.read()
+    return Trace(pa.Table.from_batches(batches, schema=tail.schema), tail.metadata, tail.complete, tail.checked)
+
+
+class _Damaged(Exception):
+    """A batch that is not what the writer wrote: (its number from 1, its byte offset, why)."""
 
 
 class TraceTail:
     """A trace read incrementally, message by message: each ``read()`` returns the whole record batches
     appended since the previous one and keeps the byte offset after the last one, so following a run
     being written costs the new bytes, not the file. A message cut off at the end of the file (being
-    written) is left for the next ``read()``; a batch that fails the checks of ``read_trace`` ends the
-    readable part for good (``sound`` False), as it does there.
+    written) is left for the next ``read()``; a damaged batch is an InputError naming the file and the
+    batch (in a trace written without checksums it ends the readable part for good, ``sound`` False).
+
+    A damaged batch is told from one cut off by a killed writer: the writer writes each message whole and the
+    end-of-stream marker last, so a message that cannot be read is a cut only when the file does not end with
+    the marker and no whole batch with a sound checksum follows it.
 
     ``memory_map`` maps the file instead of reading it (several times faster on a large trace); only for
-    files nobody truncates while they are read (a complete run's trace: a resumed run cuts a partial one)."""
+    files nobody truncates while they are read (a complete run's trace: a resumed run cuts a partial one).
+    A run folder (or its ``trace.arrows``) is checked first: all its files one run's (``netsim.trace.folder``)."""
 
     def __init__(self, path: str | Path, memory_map: bool = False):
+        from netsim.trace.folder import check_run_folder
+
         self.path = resolve_trace_path(path)
+        if self.path.name == TRACE_FILE:
+            check_run_folder(self.path.parent)
         if not self.path.exists():
             raise InputError("", "trace not found (give a run folder or its trace.arrows)", str(self.path))
         self.memory_map = memory_map
@@ -531,8 +617,10 @@ class TraceTail:
         self.schema: pa.Schema | None = None
         self.metadata: dict[str, str] = {}
         self.n: int | None = None
+        self.checked = False  # the header says every batch carries its checksum (verified as it is read)
+        self.batches = 0  # whole batches read so far
         self.ended = False  # the end-of-stream marker follows the last batch
-        self.sound = True  # no batch failed its checks
+        self.sound = True  # no batch failed its checks (a trace without checksums: it ends the readable part)
         self.size = 0  # the file's size at the last read
         self.columns: dict[str, np.ndarray] = {}  # t, agent, peer of the last read's batches, as numpy
 
@@ -557,8 +645,9 @@ class TraceTail:
             return []
         buf = self._bytes()
         self.size = self.offset + buf.size
-        src = pa.BufferReader(buf)
+        start = 0
         if self.schema is None:
+            src = pa.BufferReader(buf)
             try:
                 schema = pa.ipc.read_schema(pa.ipc.read_message(src))
                 meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
@@ -566,47 +655,115 @@ class TraceTail:
                 msg = " ".join(str(e).split())[:200]
                 raise InputError("", f"not a netsim trace (Arrow IPC stream): {msg}", str(self.path)) from None
             self.n = _check_header(schema, meta, self.path)
-            self.schema, self.metadata = schema, meta
-            self.offset += src.tell()
-            buf = buf.slice(src.tell())
-            src = pa.BufferReader(buf)
-        batches, ends = [], [0]
-        while True:
-            pos = src.tell()
-            try:
-                msg = pa.ipc.read_message(src)
-                batches.append(pa.ipc.read_record_batch(msg, self.schema))
-            except EOFError:  # the end-of-stream marker, or nothing more yet
-                self.ended = buf.size - pos >= len(EOS) and buf.slice(buf.size - len(EOS)).to_pybytes() == EOS
-                break
-            except (pa.ArrowException, OSError):  # a message cut off (or not yet whole): the next read
-                break
-            ends.append(src.tell())
+            self.schema, self.metadata = SCHEMA.with_metadata(schema.metadata), meta  # (the file's flags aside)
+            self.checked = meta.get(CHECKSUM_KEY) == CHECKSUM
+            start = src.tell()
+        batches, ends, self.ended, damage = self._messages(buf, start)
         good, self.columns = good_batches(batches, self.n)
         if good < len(batches):
-            self.sound, self.ended = False, False
+            damage = (self.batches + good + 1, self.offset + ends[good], "it holds rows no run writes (a time "
+                      "that is negative or not finite, or an agent id out of range)")
+        if damage is not None:
+            k, at, why = damage
+            if self.checked:
+                raise InputError("", f"batch {k} (at byte {at:,}) is damaged: {why}; its events cannot be "
+                                     "trusted", str(self.path))
+            self.sound, self.ended = False, False  # without checksums: the readable part ends there, as always
         self.offset += ends[good]
+        self.batches += good
         return batches[:good]
+
+    def _messages(self, buf: pa.Buffer, pos: int) -> tuple[list[pa.RecordBatch], list[int], bool, tuple | None]:
+        """The whole batches in ``buf`` from ``pos``, the offset after each (``ends[0]``: ``pos``), whether the
+        end-of-stream marker follows the last, and the first batch that is not what the writer wrote (its
+        number, its offset in the file, why; None when none), its checksum verified when the trace has them."""
+        src = pa.BufferReader(buf)
+        src.seek(pos)
+        batches, ends, size = [], [pos], buf.size
+        while pos < size:
+            k, at = self.batches + len(batches) + 1, self.offset + pos
+            try:
+                msg = pa.ipc.read_message(src)
+            except EOFError:  # an end-of-stream marker: the file's last bytes, or a damaged message
+                rest = buf.slice(pos, min(len(EOS) + 1, size - pos)).to_pybytes()
+                if rest == EOS:
+                    return batches, ends, True, None
+                if len(rest) < len(EOS) or self._cut(buf, ends[-2] if len(ends) > 1 else pos):
+                    break
+                return batches, ends, False, (k, at, "an end-of-stream marker before the end of the file")
+            except (pa.ArrowException, OSError):  # cut off by a killed writer (or being written), or damaged
+                if self._cut(buf, ends[-2] if len(ends) > 1 else pos):
+                    break
+                return batches, ends, False, (k, at, "its message cannot be read")
+            why = self._unsound(msg)
+            if isinstance(why, str):
+                return batches, ends, False, (k, at, why)
+            batches.append(why)
+            pos = src.tell()
+            ends.append(pos)
+        return batches, ends, False, None
+
+    def _unsound(self, msg) -> pa.RecordBatch | str:
+        """The batch a whole message holds, or why it is not one the writer wrote: it does not decode to the
+        trace's columns, holds nulls, or (a trace with checksums) its checksum is missing or differs."""
+        try:
+            if msg.type != "record batch":
+                return f"a {msg.type} message where a record batch belongs"
+            batch = pa.ipc.read_record_batch(msg, self.schema)
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, ValueError):
+            return "it does not decode to the trace's columns"
+        if any(c.null_count for c in batch.columns):
+            return "it holds nulls"
+        custom = _custom_metadata(msg.metadata)
+        if not self.checked:
+            if custom is None or CRC_KEY not in custom:
+                return batch  # a trace written without checksums
+            self.checked = True  # its batches carry them: it is the header's netsim.batch_checksum that is damaged
+            return f"the header does not say so ({CHECKSUM_KEY}), though its batches carry checksums"
+        crc = (custom or {}).get(CRC_KEY)
+        if crc is None:
+            return ("its checksum is missing (a trace rewritten by another writer, e.g. an edited recording: write it "
+                    "with netsim.trace.io.write_trace)")
+        if crc != f"{batch_crc(batch):08x}":
+            return "its checksum differs from its contents"
+        return batch
+
+    def _cut(self, buf: pa.Buffer, pos: int) -> bool:
+        """Whether an unreadable message is one a killed (or still running) writer cut off at the end of the
+        file: the file does not end with the end-of-stream marker, and no whole batch with a sound checksum lies
+        after ``pos`` (the start of the last batch read, which a damaged length may have made swallow the next;
+        messages start 8-byte aligned in the file). Without checksums, every unreadable message is. (So a damaged
+        message header in the last batch of a trace without its end reads as a cut.)"""
+        if not self.checked:
+            return True
+        size = buf.size
+        if size >= len(EOS) and buf.slice(size - len(EOS)).to_pybytes() == EOS:
+            return False
+        first = pos + 1 + (-(self.offset + pos + 1)) % 8  # the next 8-byte aligned offset of the file after pos
+        if first >= size:
+            return True
+        words = np.frombuffer(buf, "<u4", (size - first) // 8 * 2, first).reshape(-1, 2)
+        lengths = words[:, 1].astype(np.int64)
+        starts = first + 8 * np.flatnonzero((words[:, 0] == 0xFFFFFFFF) & (lengths >= 8) & (lengths % 8 == 0))
+        for q in starts.tolist():
+            try:
+                msg = pa.ipc.read_message(pa.BufferReader(buf.slice(q)))
+            except (pa.ArrowException, OSError, EOFError):
+                continue
+            if not isinstance(self._unsound(msg), str):
+                return False
+        return True
 
 
 def good_batches(batches: list[pa.RecordBatch], n: int | None) -> tuple[int, dict[str, np.ndarray]]:
-    """How many leading batches pass ``_batch_ok``'s checks (full Arrow validation, no nulls, times
-    finite and >= 0, agent and peer ids in [-1, n)), with the numeric checks done once over all rows in
-    numpy rather than per batch through pyarrow.compute; and the checked columns (t, agent, peer) of
-    those batches as numpy arrays, which a reader needs anyway."""
+    """How many leading batches hold rows a run writes (times finite and >= 0, agent and peer ids in [-1, n);
+    the batches are read, validated and checked for nulls already: ``TraceTail``), the checks done once over
+    all rows in numpy rather than per batch through pyarrow.compute; and the checked columns (t, agent, peer)
+    of those batches as numpy arrays, which a reader needs anyway."""
     good = len(batches)
-    for i, b in enumerate(batches):
-        try:
-            b.validate(full=True)
-        except pa.ArrowException:
-            good = i
-            break
-        if any(c.null_count for c in b.columns):
-            good = i
-            break
-    kept = batches[:good]
-    starts = np.cumsum([0] + [b.num_rows for b in kept])
-    cols = {name: concat_numbers([b.column(name) for b in kept], dtype)
+    starts = np.cumsum([0] + [b.num_rows for b in batches])
+    cols = {name: concat_numbers([b.column(name) for b in batches], dtype)
             for name, dtype in (("t", np.float64), ("agent", np.int32), ("peer", np.int32))}
     t = cols["t"]
     bad = ~np.isfinite(t) | (t < 0)
