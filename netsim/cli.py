@@ -82,6 +82,8 @@ def _summary_table(summary: dict):
             return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
         return f"{v:,}" if isinstance(v, int) else str(v)
 
+    if isinstance(summary.get("diverged"), dict):  # first: every figure below is of a diverged run
+        t.add_row("[bold red]DIVERGED", f"[bold red]{_diverged_line(summary['diverged'])}")
     head = summary.get("headline")
     if isinstance(head, dict) and head.get("value") is not None:
         t.add_row(f"headline: {head['metric']}", f"[bold green]{fmt(head['value'])}")
@@ -128,6 +130,13 @@ def _summary_table(summary: dict):
     return t
 
 
+def _diverged_line(d: dict) -> str:
+    """summary.json's ``diverged`` in words: when, in which agent, what."""
+    after = f" (sound at t = {d['after']:.6g} s)" if d.get("after") is not None else ""
+    many = f", {d['agents']} agents in all" if d.get("agents", 0) > 1 else ""
+    return f"at t = {d['t']:.6g} s{after}, agent {d['agent']}{many}: {d['what']}"
+
+
 def _progress(name: str, horizon: float | None, quiet: bool, work):
     """Run ``work(progress)`` under a rich progress bar on stderr (simulated time out of ``horizon``). The
     bar appears with the first progress report, so an error found while setting up prints one line only."""
@@ -168,6 +177,10 @@ def _report(result, quiet: bool) -> None:
         raise typer.Exit(130)
     if not quiet:
         Console().print(_summary_table(s))
+    if isinstance(s.get("diverged"), dict):  # one line, quiet or not: the run's figures are of diverged models
+        stop = ("stopped there (run.stop_on_divergence)" if s.get("stop_reason") == "diverged" else
+                "run.stop_on_divergence = true stops there")
+        typer.echo(f"warning: the run diverged {_diverged_line(s['diverged'])}; {stop}", err=True)
     extra = ", agent_metrics.csv, agent_accuracy.png" if (result.out / "agent_metrics.csv").is_file() else ""
     typer.echo(f"wrote {result.out}/ (trace.arrows, metrics, summary.json, plot.png{extra})")
 
@@ -281,15 +294,16 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
 def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
              set_: Optional[list[str]] = SetOpt, plugin: Optional[list[str]] = PluginOpt,
              quick: bool = typer.Option(False, "--quick", help="only the keys, types, ranges, the algorithm's name, "
-                                        "the topology and the memory estimate: no data read or generated, no "
-                                        "algorithm parameters")
+                                        "the topology and the memory estimate: no data read or generated (data "
+                                        "files looked for, a warning if absent), no model, no algorithm "
+                                        "parameters; its ok says so")
              ) -> None:
     """Check a scenario (keys, types, ranges, files, data, model, algorithm and its parameters, topology) as
     building it does, without running it; without torch (well under a second) unless it reads data files, loads a
     plugin or has checks that need the built simulation."""
     from netsim.errors import InputError
     from netsim.scenario import load_scenario
-    from netsim.validation import check, precheck
+    from netsim.validation import QUICK_SKIPS, check, data_absent, precheck
 
     try:
         _plugins(plugin)
@@ -298,7 +312,15 @@ def validate(scenario: Path = typer.Argument(..., help="scenario TOML file"),
     except InputError as e:
         _fail(e)
     gap = "n/a" if gap is None else f"{gap:.4f}"
-    typer.echo(f"ok: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
+    head = "ok"
+    if quick:  # what the keys alone cannot tell, said: and the data files that are not there, found without reading
+        head = f"ok (quick: {QUICK_SKIPS})"
+        absent = data_absent(sc)
+        if absent is not None:
+            typer.echo(f"warning: {absent.at(str(scenario))}; netsim validate without --quick, and netsim run, "
+                       "refuse it", err=True)
+            head = f"ok (quick: {QUICK_SKIPS}; data files absent)"
+    typer.echo(f"{head}: {sc.name}: {sc.agents.count} agents, {sc.topology.kind} ({sc.topology.mixing_kind}, "
                f"spectral gap {gap}), algorithm {sc.algorithm.name}")
 
 
@@ -593,6 +615,7 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
 
     say(f"privacy · delta = {rep['delta']:g} · recommended: {acc} observed"  # a line: a title wraps to the table
         + ("" if guarantee else " · NOT A GUARANTEE"))
+    say(f"per agent: every release seen directly (what its neighbours could learn at most); {rep['credits']}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     cols = _privacy_columns(rep)
     t.add_column("agent", justify="right")
@@ -635,6 +658,10 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
     forms = {r["closed_form"]["note"] for r in rep["agents"] if r.get("closed_form", {}).get("note")}
     for n in sorted(forms)[:1]:
         say(f"note ({rep['closed_form_paper']}): {n}")
+    for b in rep.get("closed_form_blank", []):  # a bound that does not apply: its cells are '-', here is why
+        who = _agent_ranges(b["agents"])
+        say(f"- {' and '.join(b['columns'])} blank for agent{'s' if len(b['agents']) > 1 else ''} {who} "
+            f"(closed_form = {rep['closed_form']!r} does not apply): agent {b['agents'][0]}: {b['reason']}")
     if rep["over_time"]:
         typer.echo("epsilon over time (RDP observed, at the evaluations):")
         ot = rep["over_time"]
@@ -648,6 +675,18 @@ def _print_privacy(rep: dict, folder: Path, report_file: str, plot_file: str) ->
 
         for line in pairwise_lines(rep["pairwise"], str(folder)):
             typer.echo(line)
+
+
+def _agent_ranges(agents: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, start = [], None
+    for k, a in enumerate(agents):
+        if start is None:
+            start = a
+        if k + 1 == len(agents) or agents[k + 1] != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)
 
 
 @app.command()

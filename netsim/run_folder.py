@@ -232,6 +232,8 @@ class RunFolder:
             windows = sim.services.find("windows")  # rounds/lookahead.py: why the run is as fast as it is
             if windows is not None:
                 summary["windows"] = windows.summary()
+        if sim.recorder.diverged is not None:  # when, where and what (sim/recorder.py ``watch``)
+            summary["diverged"] = sim.recorder.diverged
         if sim.recorder.resumed is not None:  # how the resumed run reached its checkpoint, and how long that took
             summary["resumed_by"], summary["resume_wall_time"] = sim.recorder.resumed
         head = sc.evaluation.headline

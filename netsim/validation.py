@@ -131,6 +131,23 @@ def precheck(scenario: Scenario, source: str | None = None) -> float | None:
         raise e.at(source) if source else e from None
 
 
+#: what ``precheck`` leaves to ``check`` (``netsim validate --quick`` says it after its ``ok``)
+QUICK_SKIPS = "data not read, model not built, algorithm parameters not checked"
+
+
+def data_absent(scenario: Scenario) -> InputError | None:
+    """The loader's own one-line error if the scenario's data files are not where it will look (found, never
+    read: ``--quick`` stays without torch); None when they are there, for generated data and for a plugin's
+    kind (its loader alone knows its files)."""
+    from netsim.compute.data import find_data
+
+    try:
+        find_data(scenario.data)
+    except InputError as e:
+        return e
+    return None
+
+
 def check_closed_form(scenario: Scenario, source: str | None) -> None:
     """``[privacy] closed_form`` must name a registered closed form (a plugin's is registered by now); an
     old name works and prints a one-line note."""

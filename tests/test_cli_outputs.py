@@ -144,3 +144,72 @@ def test_compare_answers_without_torch(two_runs, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=ROOT)
     assert p.returncode == 0 and "TORCH False" in p.stderr, p.stderr
     assert (tmp_path / "c.png").stat().st_size > 0 and "lossless: accuracy" in p.stdout
+
+
+# a diverged run says so: when, in which agent, what; it stops there if asked ---------------------------------
+def test_divergence_is_found_in_the_models_or_metrics_of_an_evaluation():
+    import torch
+
+    from netsim.compute.evaluate import divergence
+
+    W = torch.ones(5, 3)
+    assert divergence(W, {"loss": 0.3, "tracking_mse": math.nan}) is None  # tracking is NaN by design early on
+    W[3, 1], W[1, 0] = math.inf, math.nan
+    assert divergence(W, {"loss": 0.3}) == {"agent": 1, "agents": 2,
+                                            "what": "model parameters not finite (nan or inf)"}
+    W = torch.ones(5, 3)
+    W[2, 2] = 3e38
+    W[4, 0] = 2e38  # each finite, their sum is not (float32)
+    assert divergence(W, {}) == {"agent": 2, "agents": 0, "what": "model parameters too large to add up (the largest "
+                                                                  "here: |x| = 3e+38)"}
+    W = torch.ones(5, 3)
+    W[0, 1] = 1e30
+    assert divergence(W, {"loss": math.inf, "accuracy": 0.5}) == {
+        "agent": 0, "agents": 0, "what": "loss = inf (model parameters finite, the largest here: |x| = 1e+30)"}
+
+
+def test_a_diverged_run_says_when_and_in_which_agent_and_stops_if_asked(tmp_path):
+    """quickstart at lr = 1e6 (the l2 term multiplies the weights by 1 - lr l2 each step): summary.json and one
+    line of the CLI say when (and since when it was sound), in which agent, what; run.stop_on_divergence stops
+    the run at that evaluation (stop_reason 'diverged'); `netsim keys run` documents the key."""
+    import json
+
+    from tests.conftest import ROOT
+
+    qs = str(ROOT / "scenarios" / "quickstart.toml")
+    res = runner.invoke(app, ["run", qs, "--set", "algorithm.lr=1e6", "--set", "run.until=8", "--out",
+                              str(tmp_path / "a"), "-q"])
+    assert res.exit_code == 0, res.output
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    d = s["diverged"]
+    assert d["t"] == 4.0 and d["after"] == 2.0 and isinstance(d["agent"], int) and s["stop_reason"] == "until"
+    assert d["what"].startswith("loss = inf (model parameters finite")
+    rows = list(csv.DictReader((tmp_path / "a" / "metrics.csv").open()))
+    assert [float(r["time"]) for r in rows if not math.isfinite(float(r["loss"]))][0] == 4.0  # the first one seen
+    warn = [x for x in res.stderr.splitlines() if x.startswith("warning: the run diverged")]
+    assert warn == [f"warning: the run diverged at t = 4 s (sound at t = 2 s), agent {d['agent']}: {d['what']}; "
+                    "run.stop_on_divergence = true stops there"]
+    res = runner.invoke(app, ["run", qs, "--set", "algorithm.lr=1e6", "--set", "run.until=8", "--set",
+                              "run.stop_on_divergence=true", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s["stop_reason"] == "diverged" and s["simulated_time"] == 4.0 and s["diverged"] == d
+    assert "DIVERGED" in res.stdout and "stopped there (run.stop_on_divergence)" in res.stderr
+    assert float(list(csv.DictReader((tmp_path / "b" / "metrics.csv").open()))[-1]["time"]) == 4.0
+    keys = runner.invoke(app, ["keys", "run"])
+    assert "run.stop_on_divergence" in keys.stdout and "default false" in keys.stdout
+
+
+def test_a_sound_run_is_as_it_was_without_the_divergence_check(tmp_path, monkeypatch):
+    """The check only reads: a run that does not diverge writes the same bytes with it and without it, its
+    resolved scenario does not mention the switch left at its default (so its hash and trace are unchanged),
+    and its summary has no 'diverged'."""
+    from netsim.sim.recorder import Recorder
+
+    plain = netsim.run(scenario_from_dict(SMALL), out=tmp_path / "with")
+    assert "diverged" not in plain.summary
+    assert "stop_on_divergence" not in (tmp_path / "with" / "scenario.toml").read_text()
+    monkeypatch.setattr(Recorder, "watch", lambda *a: None)
+    netsim.run(scenario_from_dict(SMALL), out=tmp_path / "without")
+    for f in ("trace.arrows", "metrics.csv", "scenario.toml"):
+        assert (tmp_path / "with" / f).read_bytes() == (tmp_path / "without" / f).read_bytes(), f

@@ -184,9 +184,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
     plain = gossip_scenario(4, {"kind": "ring"}, K=1)
     plain.pop("privacy")
     run(scenario_from_dict(plain), out=tmp_path / "plain")
+    from netsim.trace.folder import END_FILES, SUMMARY_FILE
+
     shutil.copytree(tmp_path / "ok", tmp_path / "cut")
+    for name in (SUMMARY_FILE, *END_FILES):
+        (tmp_path / "cut" / name).unlink(missing_ok=True)  # a killed run writes none of these
     trace = tmp_path / "cut" / "trace.arrows"
     trace.write_bytes(trace.read_bytes()[:-8])  # without the end-of-stream marker: a cut run
+    shutil.copytree(tmp_path / "ok", tmp_path / "cut_complete")  # a complete run's files beside a cut trace
+    trace = tmp_path / "cut_complete" / "trace.arrows"
+    trace.write_bytes(trace.read_bytes()[:-8])
     cases = [
         (tmp_path / "ok", ["--attack", "reconstruct", "--observers", "0,7"], "--observers: agent ids must be in 0..3"),
         (tmp_path / "ok", ["--attack", "replay"], "--attack: unknown attack 'replay'"),
@@ -194,6 +201,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
         (tmp_path / "ok", ["--audit"], "the run inserted no canaries"),
         (tmp_path / "cut", ["--attack", "reconstruct"], "the trace is incomplete"),
         (tmp_path / "cut", ["--audit"], "the trace is incomplete"),
+        (tmp_path / "cut_complete", ["--attack", "reconstruct"], "trace.arrows does not record its end"),
     ]
     for folder, args, msg in cases:
         before = sorted(p.name for p in folder.iterdir())

@@ -133,6 +133,37 @@ def test_correct_code_is_never_flagged_and_a_neighbour_reaches_half_the_accounte
         assert r["epsilon_lower"] >= 0.5 * r["epsilon_upper"], r
 
 
+def test_the_audit_tests_the_view_without_subsampling_credit(tmp_path):
+    """The canaries join every release of the victim (not a batch drawn at q = 16/32), so the claim they test is
+    the pair's view as a plain Gaussian mechanism: epsilon_upper is --pairwise's mu at delta, while pairwise.csv's
+    epsilon credits q (the single release reaches every observer as one Poisson-subsampled Gaussian). A correct
+    run's scores, N(mu, 1) in and N(0, 1) out, prove more than the credited figure once there are enough canaries
+    (simulated here, 100,000 of them): scored against it, correct code would be flagged."""
+    from netsim.privacy.attack import load_run
+    from netsim.privacy.pairwise import gdp_epsilon, pairwise_report
+
+    rows = run_audit(tmp_path, audit_scenario("muffliato", "gradient"))
+    folder, trace, sc = load_run(tmp_path, "--audit")
+    pairwise_report(folder, trace, sc, sc.privacy.delta, victims="0", plot=False)
+    with (tmp_path / "pairwise.csv").open() as f:
+        pairs = {(int(r["victim"]), int(r["observer"])): r for r in csv.DictReader(f)}
+    credited = {}
+    for r in rows:
+        p = pairs[r["victim"], r["observer"]]
+        assert r["mu_upper"] == pytest.approx(float(p["mu"]), rel=1e-12)
+        assert r["epsilon_upper"] == pytest.approx(gdp_epsilon(float(p["mu"]), r["delta"]), rel=1e-12)
+        assert p["method"] == "exact, subsampled" and p["subsampling"] == "True", p
+        credited[r["hops"]] = float(p["epsilon"])
+        assert credited[r["hops"]] < 0.95 * r["epsilon_upper"], (p, r)
+        assert not r["flag"]
+    rng = np.random.default_rng(3)
+    m = 100_000
+    bits = rng.random(m) < 0.5
+    mu = next(r["mu_upper"] for r in rows if r["hops"] == 1)
+    lower = gdp_epsilon(A.audit_gdp(rng.normal(size=m) + mu * bits, bits, 0.025), rows[0]["delta"])
+    assert credited[1] < lower <= gdp_epsilon(mu, rows[0]["delta"])
+
+
 def _noise_halved(mp):
     import netsim.compute.noise as cn
     from netsim.privacy.mechanisms import NoiseSource

@@ -12,7 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.conftest import BASE, cli_env, merge, netsim_cli
+from tests.conftest import BASE, ROOT, cli_env, merge, netsim_cli
 
 RATIO = 0.5  # Delta / sigma of every release: batch clipping, Delta = 2 C = 2, sigma = 4
 
@@ -369,3 +369,138 @@ def test_chebyshev_accelerated_muffliato_matches_an_independent_computation(tmp_
             if u != v:
                 want = mu_from_covariance(view, [k * n + u for k in range(T)], [k * n + v for k in range(T)])
                 assert mu(rows, u, v) == pytest.approx(want, rel=1e-6, abs=1e-9), (u, v)
+
+
+# -- subsampling: credited where it composes exactly, and never a pair figure above the per-agent one ----------
+
+
+def _rdp(*events) -> float:
+    from dp_accounting.rdp import RdpAccountant
+
+    acc = RdpAccountant()
+    for ev in events:
+        acc.compose(ev)
+    return acc.get_epsilon(1e-5)
+
+
+def test_a_single_release_seen_through_the_view_is_a_poisson_subsampled_gaussian(tmp_path):
+    """One release per agent (q = 16/128 < 1): each observer's view of a victim is one Gaussian mechanism of
+    sensitivity mu; the victim's record enters it with probability q, so the pair's epsilon is dp-accounting's
+    PoissonSampledDpEvent(q, GaussianDpEvent(1/mu)), as the per-agent figure is for the release itself."""
+    import dp_accounting
+
+    rep, rows = run_pairs(tmp_path, pair_scenario(7, {"kind": "star"}, K=2))
+    q = _rates(tmp_path)
+    assert all(len(qs) == 1 and 0 < qs[0] < 0.2 for qs in q.values())  # 16 of ~91 training rows
+    for (u, v), r in rows.items():
+        assert r["subsampling"] == "True" and r["method"] == "exact, subsampled", r
+        if u and v:  # leaf to leaf, through the centre: mu = RATIO / sqrt(5)
+            leaf = _rdp(dp_accounting.PoissonSampledDpEvent(q[u][0], dp_accounting.GaussianDpEvent(
+                math.sqrt(5) / RATIO)))
+            assert float(r["epsilon"]) == pytest.approx(leaf, rel=1e-9)
+        elif not v:  # the centre hears every leaf's release itself: the per-agent figure
+            centre = _rdp(dp_accounting.PoissonSampledDpEvent(q[u][0], dp_accounting.GaussianDpEvent(1 / RATIO)))
+            assert float(r["epsilon"]) == pytest.approx(centre, rel=1e-9)
+            assert float(r["epsilon"]) == pytest.approx(rep["agents"][u]["epsilon"], rel=1e-9)
+        assert float(r["epsilon"]) < float(_gdp(float(r["mu"])))  # below the plain Gaussian figure of the view
+    assert "0 of 42 pairs" not in rep["pairwise"]["credits"] and "42 of 42 pairs" in rep["pairwise"]["credits"]
+
+
+def _gdp(mu: float) -> float:
+    from netsim.privacy.pairwise import gdp_epsilon
+
+    return gdp_epsilon(mu, 1e-5)
+
+
+def _rates(folder) -> dict[int, list[float]]:
+    from netsim.privacy.ledger import releases_from_table
+    from netsim.trace.io import read_trace
+
+    return {a: [r.q for r in rs] for a, rs in releases_from_table(read_trace(folder).table).items()}
+
+
+def test_pairwise_and_per_agent_figures_agree_on_screen(tmp_path):
+    """DP-D-PSGD with subsampling (scenarios/privacy_activation.toml, recording its mixing): no observer learns
+    more about a victim than the per-agent table says its neighbours could at most; pairs whose view cannot be
+    split into independent releases fall back on the victim's own releases, subsampling credited; both tables
+    say what they credit, the plots say which methods the figures come from."""
+    from netsim.api import run
+    from netsim.scenario import load_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "privacy_activation.toml",
+                       {"agents.count": 6, "run.until": 6.0, "privacy.record": "mixing"})
+    run(sc, out=tmp_path)
+    p = subprocess.run(netsim_cli("privacy", str(tmp_path), "--pairwise"), capture_output=True, text=True,
+                       env=cli_env())
+    assert p.returncode == 0, p.stderr
+    rep = json.loads((tmp_path / "privacy.json").read_text())
+    per_agent = {r["agent"]: r["epsilon"] for r in rep["agents"]}
+    with (tmp_path / "pairwise.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 30
+    for r in rows:
+        eps, local = float(r["epsilon"]), float(r["epsilon_local"])
+        assert eps <= per_agent[int(r["victim"])] * (1 + 1e-12) and local == pytest.approx(per_agent[int(r["victim"])])
+        assert eps <= _gdp(float(r["mu"])) * (1 + 1e-12)  # never above the view's plain figure either
+        if r["method"] == "local (post-processing)":
+            assert r["subsampling"] == "True" and eps == local
+    one_hop = [float(r["epsilon"]) for r in rows if r["hops"] == "1"]
+    assert max(one_hop) == pytest.approx(max(per_agent[int(r["victim"])] for r in rows if r["hops"] == "1"))
+    out = p.stdout
+    qs = {q for rs in _rates(tmp_path).values() for q in rs}
+    assert ("per agent: every release seen directly (what its neighbours could learn at most); credits: each "
+            f"release at its sampling rate q (subsampling credited, q = {min(qs):.4g} to {max(qs):.4g})") in out
+    assert "credits: subsampling (q) where it composes exactly: " in out and "Muffliato's bound credits none" in out
+    assert rep["pairwise"]["credits"] in out
+
+
+def test_pairwise_plots_are_titled_by_the_methods_of_their_figures(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from netsim.privacy import pairwise_plots
+
+    titles = []
+    real = plt.Axes.set_title
+
+    def keep(self, label, *a, **k):
+        titles.append(label)
+        return real(self, label, *a, **k)
+
+    rows = [{"victim": u, "observer": v, "hops": 1 + (u + v) % 2, "epsilon": 0.1 * (u + 1), "delta": 1e-5,
+             "epsilon_bound": None, "epsilon_local": 0.5, "method": m, "subsampling": m != "exact"}
+            for (u, v), m in zip([(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)],
+                                 ["exact", "mf-bound", "local (post-processing)", "exact, subsampled", "exact",
+                                  "exact"], strict=True)]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plt.Axes, "set_title", keep)
+        pairwise_plots.plot_pairwise(rows, 3, tmp_path)
+    assert len(titles) == 2 and not any("exact view" in t for t in titles)
+    for t in titles:
+        assert ("pairs by method: exact (3), exact, subsampled (1), local (post-processing) (1),\nmf-bound (1); "
+                "subsampling credited in 3") in t
+
+
+def test_the_documented_command_for_muffliatos_bound_shows_it(tmp_path):
+    """docs/privacy.md's command for the bound column (the shipped scenario, reliable and on time) really shows
+    it; loss = 0 alone, with the scenario's lognormal latency, does not (late messages), and says why."""
+    import shlex
+
+    from netsim.api import run
+    from netsim.privacy.report import privacy_report
+    from netsim.scenario import load_scenario
+    from netsim.scenario.load import parse_override
+
+    doc = (ROOT / "docs" / "privacy.md").read_text()
+    line = next(x for x in doc.splitlines() if x.startswith("netsim run scenarios/privacy_pairwise.toml --set"))
+    words = shlex.split(line)
+    sets = [words[k + 1] for k, w in enumerate(words) if w == "--set"]
+    small = {"run.rounds": 2}  # the shipped 16 agents, fewer rounds
+    for name, over in (("doc", dict(parse_override(x) for x in sets)), ("loss0", {"network.loss": 0.0})):
+        run(load_scenario(ROOT / words[2], {**over, **small}), out=tmp_path / name)
+    sec = privacy_report(tmp_path / "doc", pld=False, plot=False, pairwise=True)["pairwise"]
+    assert sec["bound"] is not None and sec["bound_below_exact"] > 0
+    sec = privacy_report(tmp_path / "loss0", pld=False, plot=False, pairwise=True)["pairwise"]
+    assert sec["bound"] is None and "lost or late" in sec["bound_note"]

@@ -14,7 +14,6 @@ import tomli_w
 import tomllib
 
 from netsim.api import run
-from netsim.privacy import closed_forms as cf
 from netsim.privacy.accountants import epsilon_curve
 from netsim.privacy.ledger import releases_from_table
 from netsim.privacy.report import closed_form, epsilon_figure, epsilon_series, privacy_report
@@ -52,9 +51,9 @@ def test_privacy_series_are_the_accountants_curves_and_the_closed_form(private_r
         k = max(j for j, r in enumerate(worst) if r.t == t)
         form = closed_form("do_adp", worst[:k + 1], sc.privacy, 1e-5)
         assert (paper, conservative) == (form["paper"], form["conservative"])
-    if closed["t"][-1] != worst[-1].t:  # the form stops where its own bound turns vacuous (delta_hat > 1)
-        with pytest.raises(cf.ClosedFormError, match="vacuous"):
-            closed_form("do_adp", worst, sc.privacy, 1e-5)
+    for t, paper in zip(closed["t"], closed["paper"], strict=True):  # the paper's curve stops where its bound
+        if paper is None:                                                # turns vacuous (delta_hat > 1)
+            assert closed["blank"]["t"] <= t and "vacuous" in closed["blank"]["reason"]
     assert s["cap"] == 5.0
     none = epsilon_series(rel, 1e-5, "observed", None)
     assert none["closed"] is None and none["cap"] is None
@@ -71,19 +70,29 @@ def test_privacy_figure_is_labelled_with_the_worst_agent_highlighted(private_run
         ax = fig.axes[0]
         assert ax.get_title().startswith("privacy_activation: privacy spent per agent")
         assert "RDP accountant, observed accounting" in ax.get_title()
-        assert ax.get_xlabel() == "simulated time (s)" and ax.get_ylabel() == "epsilon at delta = 1e-05"
+        # the paper's curve is at its own delta (delta_hat = sqrt(S), growing): the axis and legend say so
+        assert ax.get_xlabel() == "simulated time (s)"
+        assert ax.get_ylabel() == "epsilon at delta = 1e-05\n(dashed: at the delta in the legend)"
+        lo, hi = s["closed"]["delta_paper_range"]
+        assert 1e-5 < lo < hi < 1 and s["closed"]["delta_conservative_range"] == (1e-5, 1e-5)
         legend = [t.get_text() for t in ax.get_legend().get_texts()]
         worst_eps = s["curves"][s["worst"]][1][-1]
         assert legend[0] == "other agents (5)"
         assert f"worst agent: {s['worst']} (epsilon {worst_eps:.3g})" in legend
-        assert any(x.startswith(f"closed form (Huo et al.), agent {s['worst']}, at the paper's delta")
-                   for x in legend)
+        own = f"at the paper's own delta ({lo:.2g} to {hi:.2g})"
+        assert f"closed form (Huo et al.), agent {s['worst']}, {own}" in legend
+        assert "the same, conservative" in legend  # at the axis's delta: nothing to add
         assert "budget cap 5" in legend
         lines = {ln.get_label(): ln for ln in ax.get_lines()}
         red = lines[f"worst agent: {s['worst']} (epsilon {worst_eps:.3g})"]
         assert list(red.get_ydata()) == s["curves"][s["worst"]][1]
         assert red.get_linewidth() > max(ln.get_linewidth() for ln in ax.get_lines() if ln is not red)
         assert len(ax.get_lines()) == 6 + 2 + 1  # agents, closed form (paper, conservative), cap
+    finally:
+        plt.close(fig)
+    fig = epsilon_figure(epsilon_series(rel, 1e-5, "observed", None))
+    try:  # every curve at the axis's delta: the plain label
+        assert fig.axes[0].get_ylabel() == "epsilon at delta = 1e-05"
     finally:
         plt.close(fig)
     rep = privacy_report(folder, pld=False)

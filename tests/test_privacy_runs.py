@@ -185,11 +185,59 @@ def test_closed_form_condition_violated_exits_2(tmp_path):
     r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld", "--strict"])
     assert r.exit_code == 2 and r.output.startswith("error: closed form do_adp: agent 0: eps_t")
     assert r.output.count("\n") == 1
-    # Chen & Wang's Lemma 2 composes Laplace releases; Gaussian ones cannot be read by it
+    # Chen & Wang's Lemma 2 composes Laplace releases; Gaussian ones cannot be read by it: the form's columns
+    # are blank with the reason, the accountants' figures stand; --strict refuses in one line
     sc["privacy"]["closed_form"] = "ldp_online"
     run(scenario_from_dict(sc), out=tmp_path / "b")
     r = runner.invoke(app, ["privacy", str(tmp_path / "b"), "--no-pld"])
-    assert r.exit_code == 2 and "closed form ldp_online: Lemma 2 composes Laplace releases" in r.output
+    assert r.exit_code == 0, r.output
+    assert ("- paper and conservative blank for agents 0-5 (closed_form = 'ldp_online' does not apply): agent 0: "
+            "Lemma 2 composes Laplace releases; this agent released ['gaussian']") in r.output
+    r = runner.invoke(app, ["privacy", str(tmp_path / "b"), "--no-pld", "--strict"])
+    assert r.exit_code == 2 and r.output.startswith("error: closed form ldp_online: agent 0: Lemma 2 composes")
+    assert r.output.count("\n") == 1
+
+
+def test_a_vacuous_closed_form_blanks_its_column_and_the_report_stands(tmp_path):
+    """DO-ADP's paper figure takes delta_hat = sqrt(S); once S > 1 the bound says nothing (delta_hat > 1). Its
+    column is then blank with the reason, its plot curve stops there; the table, the accountants' epsilon and
+    the conservative figure stand (exit 0); --strict refuses in one line."""
+    from netsim.privacy import closed_forms as cf
+    from netsim.privacy.report import epsilon_series
+
+    sc = dp_scenario(1.0)
+    sc["algorithm"]["batch"] = 80  # q = 1/2 (160 training rows): S grows by (2 q eps_t)^2 = 0.65 per release
+    sc["run"]["until"] = 3.0
+    res = run(scenario_from_dict(sc), out=tmp_path)
+    assert res.summary["privacy_closed_form_blank"].startswith("agent 0: delta_hat = sqrt(S) = ")
+    assert "privacy_closed_form_epsilon_max" not in res.summary
+    r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "privacy.json").read_text())
+    rel = releases_from_table(read_trace(tmp_path).table)
+    for row in rep["agents"]:
+        rs = rel[row["agent"]]
+        assert {(x.p, x.q) for x in rs} == {(1.0, 0.5)}
+        eps_t = math.sqrt(2 * math.log(1.25e5)) / Z  # Lemma 1 at delta0 = 1e-5; Lemma 4 linear at rate p q
+        assert math.sqrt(len(rs) * (2 * 0.5 * eps_t) ** 2) > 1 and f"{math.sqrt(len(rs)) * eps_t:.4g}" in row[
+            "closed_form"]["blank"]
+        f = row["closed_form"]
+        assert f["paper"] is None and f["blank"].endswith("is not in (0, 1]: the paper's bound is vacuous")
+        assert f["conservative"] == pytest.approx(cf.do_adp_releases(
+            [(x.sensitivity, x.scale, x.p, x.q, x.skipped) for x in rs], 1e-5, 1e-5)["conservative"])
+        assert row["epsilon"] == pytest.approx(epsilon(rs, 1e-5, "rdp", "observed"))  # the accountant stands
+    assert rep["closed_form_blank"] == [{"columns": ["paper"], "agents": list(range(6)),
+                                         "reason": rep["agents"][0]["closed_form"]["blank"]}]
+    line = next(x for x in r.output.splitlines() if x.startswith("- paper blank"))
+    assert line.startswith("- paper blank for agents 0-5 (closed_form = 'do_adp' does not apply): agent 0: "
+                           "delta_hat = sqrt(S) = ")
+    assert "worst agent: " in r.output and "epsilon over time" in r.output
+    series = epsilon_series(rel, 1e-5, "observed", scenario_from_dict(sc).privacy)["closed"]
+    assert series["paper"][-1] is None and series["blank"]["reason"].endswith("vacuous")
+    assert (tmp_path / "privacy.png").stat().st_size > 1000
+    r = runner.invoke(app, ["privacy", str(tmp_path), "--no-pld", "--strict"])
+    assert r.exit_code == 2 and r.output.startswith("error: closed form do_adp: agent 0: delta_hat = sqrt(S)")
+    assert r.output.count("\n") == 1
 
 
 @pytest.mark.parametrize("patch, needle", [

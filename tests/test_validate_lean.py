@@ -138,7 +138,40 @@ def _imported(args: list[str]) -> str:
                                   ["validate", "--quick", "scenarios/quickstart.toml"]], ids=" ".join)
 def test_validate_imports_no_torch_scipy_networkx_or_pyarrow(args):
     out = _imported(args)
-    assert "HEAVY []" in out and out.startswith("ok: "), out
+    assert "HEAVY []" in out and out.startswith("ok: " if "--quick" not in args else "ok (quick: "), out
+
+
+def test_validate_quick_says_what_it_did_not_check_and_that_data_files_are_absent(tmp_path, monkeypatch):
+    """``--quick`` reads no data and builds no model: its ok says so, and data files that are not where the
+    loader looks (found by their paths, not read) get the loader's own line as a warning; the full check
+    refuses with that line."""
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    runner = CliRunner()
+    mnist = str(ROOT / "scenarios" / "mnist_mlp.toml")
+    line = "mnist_mlp: 16 agents, ring (metropolis_hastings, spectral gap 0.0507), algorithm dpsgd\n"
+    monkeypatch.setenv("NETSIM_DATA", str(tmp_path))  # an empty data folder: no mnist/ in it
+    quick = runner.invoke(app, ["validate", "--quick", mnist])
+    full = runner.invoke(app, ["validate", mnist])
+    assert full.exit_code == 2 and full.stderr.startswith("error: ")
+    assert quick.exit_code == 0 and quick.stdout == ("ok (quick: data not read, model not built, algorithm "
+                                                     "parameters not checked; data files absent): " + line)
+    assert quick.stderr == (full.stderr.replace("error: ", "warning: ", 1).rstrip("\n")
+                            + "; netsim validate without --quick, and netsim run, refuse it\n")
+    assert f"data.path: data folder 'mnist' not found or under NETSIM_DATA={tmp_path}" in quick.stderr
+    (tmp_path / "mnist").mkdir()  # there (not read: quick does not tell a good file from a bad one)
+    quick = runner.invoke(app, ["validate", "--quick", mnist])
+    assert quick.exit_code == 0 and quick.stderr == "" and quick.stdout == (
+        "ok (quick: data not read, model not built, algorithm parameters not checked): " + line)
+    # a file the loader reads, and a partition file: the same
+    bad = load_scenario(QUICKSTART, {"data.kind": "libsvm", "data.path": str(tmp_path / "a9a")})
+    assert str(validation.data_absent(bad)) == f"data.path: data file {str(tmp_path / 'a9a')!r} not found or under " \
+                                               f"NETSIM_DATA={tmp_path}"
+    part = load_scenario(QUICKSTART, {"data.partition": "file", "data.partition_file": "parts.csv"})
+    assert validation.data_absent(part).key == "data.partition_file"
+    assert validation.data_absent(load_scenario(QUICKSTART)) is None  # generated data
 
 
 def test_validate_says_the_builds_gap():

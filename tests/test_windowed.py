@@ -44,12 +44,18 @@ def both_engines(tmp_path, sc_dict: dict) -> dict:
     return out
 
 
+def nan_equal(a: dict, b: dict) -> bool:
+    """Equal summaries, a diverged run's NaN metrics equal to each other."""
+    same = {k for k in a if isinstance(a[k], float) and a[k] != a[k] and isinstance(b.get(k), float) and b[k] != b[k]}
+    return a.keys() == b.keys() and all(a[k] == b[k] for k in a if k not in same)
+
+
 def identical(got: dict) -> dict:
     """The engine's summary, after checking the windowed run wrote the same bytes and models."""
     ev, win = got["events"], got["windowed"]
     assert win["engine"] == "windowed"
-    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["summary"] == ev["summary"]
-    assert torch.equal(win["W"], ev["W"])
+    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and nan_equal(win["summary"], ev["summary"])
+    torch.testing.assert_close(win["W"], ev["W"], rtol=0, atol=0, equal_nan=True)  # bit for bit (a diverged run's nan)
     return ev["summary"]
 
 
@@ -367,3 +373,25 @@ def test_engine_auto_takes_the_windows_where_they_are_exact_and_says_why_not_els
     assert slow.summary["engine"] == "events" and "windows" not in slow.summary
     assert "latency 'exponential' has no positive lower bound" in slow.summary["windowed_refused"]
     assert "windowed_refused" not in events.summary and "engine" not in events.summary
+
+
+def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path, monkeypatch):
+    """lr l2 = 100 makes the weights grow a hundredfold a step: the evaluations of the lookahead windows (their
+    tensor work in a worker process, whose bank is synced for them) and the end's of synchronous rounds find the
+    run diverged where the engine does, with the same summary, trace and metrics; run.stop_on_divergence stops
+    both at that evaluation."""
+    monkeypatch.setenv("NETSIM_TENSOR_WORKER", "1")
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0}}, run={"rounds": None, "until": 6.0},
+                evaluation={"every": 1.5, "metrics": ["loss", "accuracy", "consensus"]}, algorithm={"lr": 1e4},
+                model={"l2": 0.01})
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    sc["run"]["stop_on_divergence"] = True
+    got = both_engines(tmp_path / "stop", sc)
+    stopped = identical(got)
+    assert got["windowed"]["windows"]["tensor_worker"] is True
+    d = stopped["diverged"]
+    assert (d["t"], d["after"]) == (3.0, 1.5) and 0 <= d["agent"] < 30
+    assert stopped["stop_reason"] == "diverged" and stopped["simulated_time"] == 3.0
+    sync = identical(both_engines(tmp_path / "sync", exact(algorithm={"lr": 1e6}, model={"kind": "logistic",
+                                                                                           "l2": 0.01})))
+    assert sync["diverged"]["t"] == sync["simulated_time"] and sync["diverged"]["after"] == 0.0

@@ -475,17 +475,40 @@ def _table(args: None, src: DataSource) -> Rows:
     return Rows(X, y, groups, X_test, y_test)
 
 
+#: the image datasets' folders under $NETSIM_DATA when data.path is not given
+IMAGE_FOLDERS = {"mnist": "mnist", "cifar10": "cifar-10-batches-bin"}
+
 for _name, _loader in (("synthetic", _synthetic), ("libsvm", _libsvm),
-                       ("mnist", _images("mnist", load_mnist, (1, 28, 28),
+                       ("mnist", _images(IMAGE_FOLDERS["mnist"], load_mnist, (1, 28, 28),
                                          "MNIST handwritten digits: 28x28 grey images held flat, from the four "
                                          "IDX files in data.path (default mnist/ under $NETSIM_DATA), with "
                                          "their own test split.")),
-                       ("cifar10", _images("cifar-10-batches-bin", load_cifar10, (3, 32, 32),
+                       ("cifar10", _images(IMAGE_FOLDERS["cifar10"], load_cifar10, (3, 32, 32),
                                            "CIFAR-10: 32x32 colour images held flat, from the binary batches in "
                                            "data.path (default cifar-10-batches-bin/ under $NETSIM_DATA), with "
                                            "their own test split.")),
                        ("table", _table)):
     register_dataset(_name, _loader)
+
+
+def find_data(spec: DataSpec) -> list[Path] | None:
+    """Where a built-in dataset's loader (and a partition file) will read, found as they find it, without
+    reading anything: the paths; InputError (the loader's own line) for the first one missing; None for a
+    plugin's kind, whose files only its loader knows."""
+    if spec.kind not in ("synthetic", "libsvm", "table", *IMAGE_FOLDERS):
+        return None
+    found = []
+    if spec.kind in IMAGE_FOLDERS:
+        found.append(find_data_dir(spec.path or IMAGE_FOLDERS[spec.kind], "data.path"))
+    elif spec.kind != "synthetic":
+        if not spec.path:
+            raise InputError("data.path", f"required for kind = {spec.kind!r}")
+        found.append(find_data_file(spec.path, "data.path"))
+        if spec.test_path:
+            found.append(find_data_file(spec.test_path, "data.test_path"))
+    if spec.partition == "file":
+        found.append(find_data_file(spec.partition_file, "data.partition_file"))
+    return found
 
 
 def load_dataset(spec: DataSpec, n_agents: int, streams) -> Dataset:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # the largest (test rows x agents) block one per-agent evaluation computes at once: 2^26 elements (0.5 GiB in
@@ -48,3 +50,32 @@ def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metr
     if "consensus" in metrics:
         out["consensus"] = float(((W - avg) ** 2).sum(1).mean())
     return out
+
+
+#: the metrics whose value is a function of the models alone: not finite means the models diverged (tracking
+#: metrics are NaN by design before any data streamed)
+MODEL_METRICS = ("loss", "accuracy", "train_loss", "suboptimality", "agent_accuracy_mean", "agent_accuracy_min",
+                 "consensus")
+
+
+def divergence(W: torch.Tensor, row: dict) -> dict | None:
+    """Whether the bank's models have diverged, from what an evaluation already has (None: they have not).
+    One reduction over the bank (its sum is finite unless some parameter is nan or inf, or they are too large
+    to add up); only when it is not, the rows are looked at: ``agent`` (a bank row: the first whose parameters
+    are not finite, else the one of largest magnitude), ``agents`` (how many rows are not finite) and
+    ``what``. A metric of ``row`` (``MODEL_METRICS``) that is not finite counts too."""
+    if bool(torch.isfinite(W.sum())):
+        bad = [k for k in MODEL_METRICS if k in row and not math.isfinite(row[k])]
+        if not bad:
+            return None
+        big = W.abs().amax(1)
+        i = int(big.argmax())
+        return {"agent": i, "agents": 0, "what": f"{bad[0]} = {row[bad[0]]} (model parameters finite, the "
+                                                  f"largest here: |x| = {float(big[i]):.3g})"}
+    rows = (~torch.isfinite(W)).any(1).nonzero().flatten()
+    if len(rows):
+        return {"agent": int(rows[0]), "agents": len(rows), "what": "model parameters not finite (nan or inf)"}
+    big = W.abs().amax(1)
+    i = int(big.argmax())
+    return {"agent": i, "agents": 0, "what": f"model parameters too large to add up (the largest here: "
+                                             f"|x| = {float(big[i]):.3g})"}

@@ -156,18 +156,23 @@ def epsilon(releases: Sequence[Release], delta: float, accountant: str = "rdp",
     if not releases:
         return 0.0
     try:
-        groups = grouped_events(releases, mode)
-        if accountant == "rdp":  # RdpAccountant's own sum (rdp += count * rdp(event)), per-event cached
-            run = RunningRdp()
-            for ev, n in groups:
-                run.add(ev, n)
-            return run.epsilon(delta)
-        acc = make_accountant(accountant)
-        for ev, n in groups:
-            acc.compose(ev, n)
-        return float(acc.get_epsilon(delta))
+        return events_epsilon(grouped_events(releases, mode), delta, accountant)
     except dp_accounting.UnsupportedEventError:
         return None
+
+
+def events_epsilon(groups: Iterable[tuple[dp_accounting.DpEvent, int]], delta: float, accountant: str = "rdp") -> float:
+    """epsilon(delta) of the composition of (event, count) pairs by the registered ``accountant`` (``epsilon``'s
+    composition, for events built elsewhere, e.g. a pairwise view's); raises UnsupportedEventError."""
+    if accountant == "rdp":  # RdpAccountant's own sum (rdp += count * rdp(event)), per-event cached
+        run = RunningRdp()
+        for ev, n in groups:
+            run.add(ev, n)
+        return run.epsilon(delta)
+    acc = make_accountant(accountant)
+    for ev, n in groups:
+        acc.compose(ev, n)
+    return float(acc.get_epsilon(delta))
 
 
 @functools.lru_cache(maxsize=4096)

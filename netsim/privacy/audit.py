@@ -36,7 +36,11 @@ N(mu, 1) in when the accounting is right, mu the pair's exact Gaussian-DP figure
   2.13). It treats the canaries as independent trials, which Dirac canaries in disjoint coordinates of a
   linear algorithm are (their noises are independent); it tests the accounted claim exactly, so it is tight.
 
-``flag = violated`` when epsilon_lower > epsilon_upper (the accounted pairwise epsilon, at the run's delta). An
+``flag = violated`` when epsilon_lower > epsilon_upper, the accounted pairwise epsilon at the run's delta of the claim
+the canaries test: the observer's view of the victim's releases as ``--pairwise`` accounts it without subsampling
+(``capped_mu``: pairwise.csv's ``mu``). The canaries join every release of the victim, not a batch drawn at the
+release's q, so the pairwise ``epsilon`` that credits q (``exact, subsampled``) is no claim about them: scored
+against it, a correct run's canaries would be flagged once there are enough of them. An
 epsilon_lower is what this attack achieved from the observer's view, not a guarantee: a larger true epsilon is
 always possible. Canaries from several runs of one scenario (different seeds) can be pooled (``audit``): the
 bounds then count every run's canaries.
@@ -232,6 +236,7 @@ def audit(run_folders: Sequence[str | Path], observers: str | None = None) -> li
             victims = [u for u in can.victims if u != v]
             exact = exact_mu(linw.views[v], linw.slots, linw.scale, v, victims)
             for u in victims:
+                # the view without subsampling credit: a canary is in every release, not drawn at q
                 mu_up, _, _ = capped_mu(exact[u], linw.scale[linw.slots[u]], False)
                 sc_ = pair_scores(lin, vals, can, u, v, sigma, sens)
                 bits = can.bits[can.row[u]]

@@ -1,8 +1,9 @@
 """Papers' own privacy formulas, each with its conditions checked, and the registry of closed forms.
 
 Every function checks the conditions its paper states. A violated *domain* condition (delta >= 1,
-sigma <= 0, a divergent parameter) raises ``ClosedFormError`` (one line naming the condition; the CLI
-exits 2). A violated *validity* condition of the paper's theorem (e.g. the classical Gaussian bound
+sigma <= 0, a divergent parameter) raises ``ClosedFormError`` (one line naming the condition; a calibration
+exits 2 with it, ``netsim privacy`` blanks the form's figures with it and exits 2 only under ``--strict``).
+A violated *validity* condition of the paper's theorem (e.g. the classical Gaussian bound
 needs epsilon < 1; DO-ADP's T-condition) raises too when ``strict=True`` (default) and is otherwise
 returned in the result's ``violations``, so a report shows it beside the number, never hides it.
 Where a paper's claim is weaker than stated, both numbers are computed (``paper`` and
@@ -320,7 +321,9 @@ def do_adp_releases(releases: Sequence[tuple[float, float, float, float, int]], 
     each at its own parameters: the paper's figure (Lemma 4 linear at rate p q for every activation tick,
     the skipped ones included, Lemma 5 at delta_hat = sqrt(S)) and the conservative one (exact
     amplification at rate q over the observed releases, delta_hat = delta). For one schedule it equals
-    ``do_adp_epsilon(.., amp="paper_linear")`` and ``(.., amp="exact", activation="observed")``."""
+    ``do_adp_epsilon(.., amp="paper_linear")`` and ``(.., amp="exact", activation="observed")``. Once
+    sqrt(S) > 1 the paper's figure is vacuous: ``paper`` is None and ``blank`` says why (the conservative
+    figure stands)."""
     name = "do_adp"
     _delta_ok(delta0, name, "delta0")
     _delta_ok(delta, name)
@@ -335,12 +338,17 @@ def do_adp_releases(releases: Sequence[tuple[float, float, float, float, int]], 
         S_obs += exact * exact
         v.update(do_adp_conditions(eps_t, lin, p))
     dh = math.sqrt(S_paper)
-    _need(0 < dh <= 1, name, f"delta_hat = sqrt(S) = {dh:.4g} is not in (0, 1]: the bound is vacuous")
-    return {"paper": kov_composition(S_paper, dh), "delta_paper": dh,
-            "conservative": kov_composition(S_obs, delta), "delta_conservative": delta,
-            "violations": sorted(v),
-            "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
-                    "conservative: exact amplification at rate q over observed releases, delta_hat = delta"}
+    out = {"paper": None, "delta_paper": None,
+           "conservative": kov_composition(S_obs, delta), "delta_conservative": delta,
+           "violations": sorted(v),
+           "note": "paper: Lemmas 1, 4 (linear, rate p q, every tick), 5 at delta_hat = sqrt(S); "
+                   "conservative: exact amplification at rate q over observed releases, delta_hat = delta"}
+    if 0 < dh <= 1:
+        out.update(paper=kov_composition(S_paper, dh), delta_paper=dh)
+    else:  # the paper's own choice of delta_hat makes its bound say nothing; the conservative one still holds
+        shown = next(txt for k in range(4, 18) if float(txt := f"{dh:.{k}g}") > 1 or k == 17)  # never "= 1"
+        out["blank"] = f"delta_hat = sqrt(S) = {shown} is not in (0, 1]: the paper's bound is vacuous"
+    return out
 
 
 @attrs.frozen
@@ -428,8 +436,10 @@ def privsgp_vr_validity(eps: float, K: int, J: int, c1: float | None) -> tuple[s
 @attrs.frozen
 class ClosedForm:
     """A registered closed form: ``evaluate(releases, spec, delta)`` gives one agent's numbers as a dict
-    with ``paper``, ``conservative`` (or None), ``violations`` (list of str) and optionally ``note`` and
-    ``delta_paper``/``delta_conservative``; ``spec`` is the scenario's ``[privacy]`` section."""
+    with ``paper``, ``conservative`` (or None), ``violations`` (list of str) and optionally ``note``,
+    ``delta_paper``/``delta_conservative`` and ``blank`` (why a figure that is None does not apply, e.g. a
+    vacuous bound); ``spec`` is the scenario's ``[privacy]`` section. Raising ``ClosedFormError`` says the
+    form does not apply to these releases at all: the report blanks both figures with its message."""
 
     name: str
     paper: str  # authors, "title"

@@ -24,8 +24,18 @@ Corollary 2.13). The model dimension does not enter: the mixing acts on every co
 
 The mixing weights are the ones applied, read from the run's mixing record (``RUN/mixing.csv``,
 netsim/privacy/views.py: ``privacy.record = "mixing"``); the message of round r from j is j's value before
-its mixing step r (both linear algorithms broadcast that value, then mix). Subsampling (q) is not credited:
-pairwise figures and the local-DP column are plain Gaussian mechanisms.
+its mixing step r (both linear algorithms broadcast that value, then mix).
+
+Subsampling (a record enters release s with probability q_s, Poisson sampling, as the per-agent figures take
+it) is credited where it composes exactly: when K is diagonal (the victim's slots reach the view along
+orthogonal directions: a single release, or releases the view never combines) the view is one independent
+Gaussian mechanism per slot, of whitened sensitivity sqrt(K_ss), each amplified by its own sampling:
+dp-accounting's ``PoissonSampledDpEvent(q_s, GaussianDpEvent(1 / sqrt(K_ss)))``, composed by its RDP
+accountant (``exact, subsampled``; the PLD accountant takes some 0.5 s an event, and each pair's events are
+its own). Where the view combines the victim's slots, the subsampled mixture is no event an accountant
+composes; the view's figure is then the plain Gaussian one. Every pair figure is also at most the victim's
+releases seen directly (post-processing): the per-agent figure, subsampling credited (``local
+(post-processing)``); a pair's epsilon is the smallest of these valid figures.
 
 Muffliato's own pairwise bound (its theorem on gossip averaging, as restated by the matrix-factorisation
 paper): each message the observer receives, at gossip step s from in-neighbour w, treated as an independent
@@ -59,8 +69,12 @@ PAIRWISE_FILE = "pairwise.csv"
 EXACT_LIMIT = 6000
 #: most bytes the observers' views (messages received x releases, float64) may take together
 VIEW_BYTES_LIMIT = 2 * 1024**3
-CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "mu_bound", "epsilon_bound",
-               "bound_below_exact", "mu_local", "epsilon_local")
+CSV_COLUMNS = ("victim", "observer", "hops", "mu", "epsilon", "delta", "method", "subsampling", "mu_bound",
+               "epsilon_bound", "bound_below_exact", "mu_local", "epsilon_local")
+#: the methods of the figures that credit subsampling: the view's independent subsampled releases; the
+#: victim's releases seen directly
+SUBSAMPLED = "exact, subsampled"
+LOCAL = "local (post-processing)"
 
 
 @attrs.frozen
@@ -116,17 +130,32 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return float(brentq(lambda e: gdp_delta(mu, e) - delta, 0.0, hi, xtol=1e-12, rtol=1e-12))
 
 
-def victim_mu(basis: np.ndarray, scale: np.ndarray) -> tuple[float, str]:
-    """(mu, method) of one victim from the rows of an orthonormal basis of the view's row space at the
+@attrs.frozen
+class VictimView:
+    """What one observer's view says about one victim: Gaussian-DP ``mu`` and how it was obtained (``method``);
+    ``separate``: where the victim's slots reach the view along orthogonal directions (the Gram matrix K is
+    diagonal, e.g. a single release), each slot's whitened sensitivity sqrt(K_ss): the view is then one
+    independent Gaussian mechanism per release, which subsampling amplifies exactly (else None)."""
+
+    mu: float
+    method: str
+    separate: np.ndarray | None = None
+
+
+def victim_mu(basis: np.ndarray, scale: np.ndarray) -> VictimView:
+    """The view of one victim from the rows of an orthonormal basis of the view's row space at the
     victim's slots (``basis``: rank x T) and their whitened sensitivities Delta_s / sigma_s (``scale``)."""
     B = basis * scale
     K = B.T @ B
-    if K.shape[0] == 1:
-        return math.sqrt(max(0.0, float(K[0, 0]))), "exact"
+    d = np.clip(np.diag(K), 0.0, None)
     top = float(np.abs(K).max(initial=0.0))
+    off = K - np.diag(np.diag(K))
+    separate = np.sqrt(d) if float(np.abs(off).max(initial=0.0)) <= 1e-9 * max(top, 1e-300) else None
+    if K.shape[0] == 1:
+        return VictimView(math.sqrt(float(d[0])), "exact", separate)
     if float(K.min(initial=0.0)) >= -1e-12 * max(top, 1e-300):
-        return math.sqrt(max(0.0, float(K.sum()))), "exact"
-    return math.sqrt(float(np.abs(K).sum())), "mf-bound"
+        return VictimView(math.sqrt(max(0.0, float(K.sum()))), "exact", separate)
+    return VictimView(math.sqrt(float(np.abs(K).sum())), "mf-bound")
 
 
 def row_space(M: np.ndarray) -> np.ndarray:
@@ -139,8 +168,8 @@ def row_space(M: np.ndarray) -> np.ndarray:
 
 
 def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, observer: int,
-             victims: Sequence[int]) -> dict[int, tuple[float, str]]:
-    """{victim: (mu, method)} for one observer's view ``M`` (messages x slots, in noise-std units; the
+             victims: Sequence[int]) -> dict[int, VictimView]:
+    """{victim: its view} for one observer's view ``M`` (messages x slots, in noise-std units; the
     observer's own slots are known to it and left out here)."""
     M = M.copy()
     M[:, slots.get(observer, [])] = 0.0
@@ -149,22 +178,41 @@ def exact_mu(M: np.ndarray, slots: dict[int, np.ndarray], scale: np.ndarray, obs
     for u in victims:
         idx = slots.get(u, np.zeros(0, dtype=np.int64))
         if u == observer or not len(idx):
-            out[u] = (0.0 if u != observer else math.nan, "exact")
+            out[u] = VictimView(0.0 if u != observer else math.nan, "exact", np.zeros(len(idx)))
             continue
         out[u] = victim_mu(V[:, idx], scale[idx])
     return out
 
 
-def capped_mu(exact: tuple[float, str], ratios: np.ndarray, noiseless: bool) -> tuple[float, str, float]:
-    """(mu, method, mu_local) of a pair from ``exact_mu``'s (mu, method) and the victim's Delta_s / sigma_s: infinite
-    when a release of the run is noiseless, never above the victim's releases seen directly (post-processing)."""
-    mu, method = exact
+def local_mu(ratios: np.ndarray) -> float:
+    """Gaussian-DP of a victim's releases seen directly (the plain mechanisms, no subsampling), from their
+    Delta_s / sigma_s (inf for a noiseless one)."""
+    return math.sqrt(float(np.sum(np.square(ratios))))
+
+
+def capped_mu(view: VictimView, ratios: np.ndarray, noiseless: bool) -> tuple[float, str, float]:
+    """(mu, method, mu_local) of a pair from ``exact_mu``'s view of the victim and its Delta_s / sigma_s, no
+    subsampling credited: infinite when a release of the run is noiseless, never above the victim's releases
+    seen directly (post-processing)."""
+    mu, method = view.mu, view.method
     if noiseless:
         mu, method = math.inf, "noiseless release"
-    mu_local = math.sqrt(float(np.sum(np.square(ratios))))
+    mu_local = local_mu(ratios)
     if mu > mu_local:  # a bound above the releases themselves: the view is their post-processing
-        mu, method = mu_local, "local (post-processing)"
+        mu, method = mu_local, LOCAL
     return mu, method, mu_local
+
+
+def subsampled_epsilon(sens: np.ndarray, rates: Sequence[float], delta: float, accountant: str = "rdp") -> float:
+    """epsilon(delta) of independent Gaussian mechanisms of whitened sensitivities ``sens`` (noise multiplier
+    1 / sens), the victim's record entering the s-th with probability ``rates[s]`` (Poisson sampling): each
+    dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(1 / sens))``, composed by the registered
+    ``accountant`` as the per-agent figures are (netsim/privacy/accountants.py)."""
+    from netsim.privacy.accountants import base_event, events_epsilon
+
+    groups = [(base_event("gaussian", 1.0 / float(c), float(q)), 1) for c, q in zip(sens, rates, strict=True)
+              if c > 0]
+    return events_epsilon(groups, delta, accountant) if groups else 0.0
 
 
 def per_message_bound(view: np.ndarray, idx: np.ndarray, scale: np.ndarray) -> float:
@@ -449,13 +497,15 @@ def run_inputs(folder: Path, trace, sc, flag: str = "--pairwise") -> RunInputs:
 
 
 def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None = None,
-                    observers: str | None = None, plot: bool = True) -> dict[str, Any]:
+                    observers: str | None = None, plot: bool = True, accountant: str = "rdp",
+                    per_agent: dict[int, float | None] | None = None) -> dict[str, Any]:
     """Compute every (victim, observer) pair's figures, write ``pairwise.csv`` (and the plots), and return
     the ``pairwise`` section of privacy.json. Raises InputError with the reason where the run's pairs
-    cannot be accounted."""
+    cannot be accounted. ``per_agent``: each agent's per-agent epsilon at ``delta`` (the report's recommended
+    figure, by ``accountant``; computed here when not given): what its releases seen directly reveal."""
     inp = run_inputs(folder, trace, sc)
     n, form, alg, n_slots, gated = inp.n, inp.form, sc.algorithm.name, inp.n_slots, inp.gated
-    accelerated, delivered = inp.accelerated, inp.delivered
+    accelerated, delivered, rel = inp.accelerated, inp.delivered, inp.releases
     vs = _parse_agents(victims, n, "--victims")
     os_ = _parse_agents(observers, n, "--observers")
     chosen = set(os_)
@@ -471,6 +521,12 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
     from threadpoolctl import threadpool_limits  # (scikit-learn's dependency)
 
     scale = np.where(np.isinf(lin.scale), 0.0, lin.scale)
+    if per_agent is None:
+        from netsim.privacy.accountants import epsilon
+
+        per_agent = {u: epsilon(rel.get(u, []), delta, accountant, "observed") for u in vs}
+    local = {u: local_epsilon(local_mu(lin.scale[lin.slots[u]]), [r.q for r in rel.get(u, [])], delta,
+                              per_agent.get(u)) for u in vs}
     rows = []
     for v in os_:
         with threadpool_limits(1):  # one SVD per observer, a few hundred rows: BLAS threads only contend (60x)
@@ -479,14 +535,17 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
             if u == v:
                 continue
             mu, method, mu_local = capped_mu(per[u], lin.scale[lin.slots[u]], noiseless)
+            eps, method, credited = pair_epsilon(per[u], (mu, method, mu_local), local[u],
+                                                 [r.q for r in rel.get(u, [])], delta, noiseless)
+            eps_local = local[u][0]
             mu_b = per_message_bound(lin.views[v], lin.slots[u], scale) if fixed else None
             if gated:
                 method = "not a guarantee"
             row = {"victim": u, "observer": v, "hops": hops.get(u, {}).get(v), "mu": mu,
-                   "epsilon": gdp_epsilon(mu, delta), "delta": delta, "method": method,
+                   "epsilon": eps, "delta": delta, "method": method,
                    "mu_bound": mu_b, "epsilon_bound": None if mu_b is None else gdp_epsilon(mu_b, delta),
                    "bound_below_exact": None if mu_b is None else bool(mu_b < mu * (1 - 1e-9)),
-                   "mu_local": mu_local, "epsilon_local": gdp_epsilon(mu_local, delta)}
+                   "mu_local": mu_local, "epsilon_local": eps_local, "subsampling": credited}
             rows.append(row)
     write_csv(rows, folder / PAIRWISE_FILE)
     by_hops = summarise_by_hops(rows)
@@ -501,10 +560,15 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
         "by_hops": by_hops,
         "methods": sorted({r["method"] for r in rows}),
         "explain": ("mu: Gaussian-DP of everything the observer saw (delivered messages, its own releases, the "
-                    "common initial model) about the victim's clipped gradients, mixing weights as applied; "
-                    "exact: one Gaussian mechanism (single release, or the matrix-factorisation sensitivity "
-                    "attained by equal gradient differences); mf-bound: sum of |Gram| entries; "
-                    "mu_local: the victim's releases seen directly (local DP); no subsampling credited"),
+                    "common initial model) about the victim's clipped gradients, mixing weights as applied, no "
+                    "subsampling credited; epsilon: the smallest of the pair's valid figures, named by method: "
+                    "exact: the view as one Gaussian mechanism (single release, or the matrix-factorisation "
+                    "sensitivity attained by equal gradient differences); mf-bound: sum of |Gram| entries; "
+                    f"{SUBSAMPLED}: the victim's releases reach the view as independent Gaussian mechanisms, each "
+                    "Poisson-subsampled at its q, composed by the RDP accountant; "
+                    f"{LOCAL}: the victim's releases seen directly (mu_local; epsilon_local: the per-agent "
+                    f"{accountant.upper()} figure where q < 1)"),
+        "credits": credits_line(rows, accountant, any(r.q < 1 for rs in rel.values() for r in rs)),
     }
     if gated:
         section["note"] = (f"NOT a guarantee: {gated} release(s) were decided by an event trigger from unreleased "
@@ -514,6 +578,49 @@ def pairwise_report(folder: Path, trace, sc, delta: float, victims: str | None =
 
         section["plots"] = [p.name for p in plot_pairwise(rows, n, folder)]
     return section
+
+
+def local_epsilon(mu_local: float, rates: Sequence[float], delta: float,
+                  per_agent: float | None) -> tuple[float, bool]:
+    """(epsilon_local, subsampling credited) of one victim's releases seen directly, ``mu_local`` their plain
+    Gaussian-DP (``local_mu``): the smaller of its conversion and, where a record enters a release with
+    probability q < 1 (``rates``), the per-agent figure ``per_agent`` (the releases composed at their q; None:
+    not computable)."""
+    eps = gdp_epsilon(mu_local, delta)
+    if not any(q < 1 for q in rates) or per_agent is None or per_agent >= eps:
+        return eps, False
+    return per_agent, True
+
+
+def pair_epsilon(view: VictimView, capped: tuple[float, str, float], local: tuple[float, bool],
+                 rates: Sequence[float], delta: float, noiseless: bool = False) -> tuple[float, str, bool]:
+    """(epsilon, method, subsampling credited) of a pair: the smallest of the valid figures, each a guarantee
+    on its own: the view without subsampling, ``capped`` (``capped_mu``: ``exact``, ``mf-bound``, or the
+    victim's releases when smaller); where the victim's releases reach the view as independent mechanisms
+    (``view.separate``) and some q < 1, their Poisson-subsampled composition (``exact, subsampled``); and the
+    victim's releases themselves, ``local`` (``local_epsilon``), subsampling credited as the per-agent figures
+    credit it (``local (post-processing)``)."""
+    mu, method, _ = capped
+    eps_local, credited = local
+    figures = [(gdp_epsilon(mu, delta), method, False)]
+    if not noiseless and view.separate is not None and len(view.separate) and any(q < 1 for q in rates):
+        figures.append((subsampled_epsilon(view.separate, rates, delta), SUBSAMPLED, True))
+    figures.append((eps_local, LOCAL, credited))
+    return min(figures, key=lambda f: f[0])
+
+
+def credits_line(rows: list[dict[str, Any]], accountant: str, subsampled: bool) -> str:
+    """What the pair figures credit, in one line (the pairwise table's caption); ``subsampled``: some release
+    has q < 1."""
+    if not subsampled:
+        return "credits: no subsampling to credit (every release has q = 1)"
+    n = len(rows)
+    sub = sum(1 for r in rows if r["method"] == SUBSAMPLED)
+    loc = sum(1 for r in rows if r["method"] == LOCAL and r["subsampling"])
+    return (f"credits: subsampling (q) where it composes exactly: {sub} of {n} pairs as the view's independent "
+            f"Poisson-subsampled mechanisms ({SUBSAMPLED}, RDP), {loc} through the victim's own releases as the "
+            f"per-agent table composes them ({LOCAL}, {accountant.upper()}); the other {n - sub - loc}: the view "
+            "without it is smaller, or no q to credit; Muffliato's bound credits none")
 
 
 def _why_no_bound(form: LinearForm, sc, lin: LinearRun) -> str:
@@ -566,7 +673,11 @@ def pairwise_lines(section: dict[str, Any], folder: str) -> list[str]:
 
     out = [f"pairwise ({section['algorithm']}, delta = {section['delta']:g}, {section['pairs']} pairs, "
            f"{section['releases']} releases; methods: {', '.join(section['methods'])})"
-           + ("" if section["status"] == "guarantee" else " NOT A GUARANTEE")]
+           + ("" if section["status"] == "guarantee" else " NOT A GUARANTEE"),
+           "what an observer's view reveals about a victim (eps: the pair's smallest valid figure; local DP: the "
+           "victim's releases seen directly)"]
+    if section.get("credits"):
+        out.append(section["credits"])
     head = ("hops", "pairs", "eps min", "eps median", "eps max", "bound max", "local DP", "bound<exact")
     table = [head] + [(str(r["hops"]), str(r["pairs"]), f(r["epsilon_min"]), f(r["epsilon_median"]),
                        f(r["epsilon_max"]), f(r["epsilon_bound_max"]), f(r["epsilon_local_max"]),

@@ -12,6 +12,7 @@ is shown beside it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,12 +45,19 @@ PAPERS = {
 
 def closed_form(name: str, releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[str, Any]:
     """The paper's own number(s) for one agent's releases, by the closed form registered as ``name`` (or an
-    old name of it); ``violations`` lists the paper's validity conditions that do not hold. Raises
-    ClosedFormError if the form cannot apply at all."""
+    old name of it); ``violations`` lists the paper's validity conditions that do not hold. A form that does
+    not apply (its ``ClosedFormError``, a vacuous bound, recorded values far outside its range) leaves the
+    figures it cannot give None and says why in ``blank``: the rest of a report stands without them."""
     form = cf.lookup(name)
     if not releases:
         return {"paper": 0.0, "conservative": 0.0, "violations": []}
-    return form.evaluate(releases, spec, delta)
+    try:
+        return form.evaluate(releases, spec, delta)
+    except cf.ClosedFormError as e:
+        why = e.message
+    except (OverflowError, ZeroDivisionError, ValueError) as e:
+        why = f"cannot be evaluated at the recorded values ({e})"
+    return {"paper": None, "conservative": None, "violations": [], "blank": why}
 
 
 def _gaussian_only(name: str, releases: Sequence[Release]) -> None:
@@ -78,7 +86,7 @@ def _pdsl(releases: Sequence[Release], spec: PrivacySpec, delta: float) -> dict[
     worst = max(p.eps_round for p in per)
     v = sorted({m for p in per for m in p.violations})
     return {"paper": worst, "conservative": sum(p.eps_round for p in per),
-            "delta_conservative": min(1.0, len(per) * spec.delta0), "violations": v,
+            "delta_paper": spec.delta0, "delta_conservative": min(1.0, len(per) * spec.delta0), "violations": v,
             "note": f"Thm 1: per-round (eps, {spec.delta0:g})-DP; conservative = basic composition over "
                     f"{len(per)} releases"}
 
@@ -221,14 +229,10 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
         row["data_dependent_releases"] = sum(decided_by_data(r) for r in rs)
         row["exhausted_at"] = exhausted.get(i)
         if spec.closed_form != "none" and private:
-            try:
-                form = closed_form(spec.closed_form, rs, spec, delta)
-            except (OverflowError, ZeroDivisionError) as e:  # recorded values far outside the form's range
+            form = closed_form(spec.closed_form, rs, spec, delta)
+            if strict and (form["violations"] or form.get("blank")):
                 raise cf.ClosedFormError(cf.canonical(spec.closed_form),
-                                         f"agent {i}: cannot be evaluated ({e})") from None
-            if strict and form["violations"]:
-                raise cf.ClosedFormError(cf.canonical(spec.closed_form),
-                                         f"agent {i}: " + "; ".join(form["violations"]))
+                                         f"agent {i}: " + "; ".join(form["violations"] or [form["blank"]]))
             row["closed_form"] = form
         rows.append(row)
     gated = [r for r in rows if r["data_dependent_releases"]]
@@ -261,6 +265,8 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     report = {
         "delta": delta, "accounting": mode, "closed_form": spec.closed_form,
         "closed_form_paper": None if spec.closed_form == "none" else cf.lookup(spec.closed_form).paper,
+        "closed_form_blank": blanks(rows),
+        "credits": credits(rel),
         "epsilon_cap": spec.epsilon_cap,
         "private": None if unknown else private,
         "guarantee": private and not gated,
@@ -288,11 +294,37 @@ def privacy_report(run: str | Path, delta: float | None = None, accounting: str 
     if pairwise:
         from netsim.privacy.pairwise import pairwise_report
 
-        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot)
+        report["pairwise"] = pairwise_report(folder, trace, sc, delta, victims, observers, plot,
+                                             accountant="pld" if pld else "rdp",
+                                             per_agent={r["agent"]: r["epsilon"] for r in rows})
     report["plot"] = PLOT_FILE if plot and plot_epsilon(rel, delta, mode, folder / PLOT_FILE, spec,
                                                         sc.name if sc is not None else folder.name) else None
     (folder / REPORT_FILE).write_text(json.dumps(_json_safe(report), indent=2, allow_nan=False) + "\n")
     return report
+
+
+def credits(rel: dict[int, list[Release]]) -> str:
+    """What the recommended per-agent figures credit, in one line (the table's caption)."""
+    qs = {r.q for rs in rel.values() for r in rs}
+    sub = (f"each release at its sampling rate q (subsampling credited, q = {min(qs):.4g}"
+           + (f" to {max(qs):.4g})" if max(qs) > min(qs) else ")")) if qs and min(qs) < 1 else \
+        "no subsampling to credit (q = 1)"
+    return f"credits: {sub}; random activation not credited (observed accounting)"
+
+
+def blanks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The closed form's figures left blank, grouped by reason: [{"columns", "agents", "reason"}] with the
+    reason of the first agent of each group (its numbers; the others' are in their rows' ``closed_form``)."""
+    groups: dict[tuple[tuple[str, ...], str], dict[str, Any]] = {}
+    for r in rows:
+        f = r.get("closed_form")
+        if not f or not f.get("blank"):
+            continue
+        cols = tuple(c for c in ("paper", "conservative") if f.get(c) is None)
+        kind = re.sub(r"\d[\d.e+-]*", "#", f["blank"])  # the same reason at other numbers
+        g = groups.setdefault((cols, kind), {"columns": list(cols), "agents": [], "reason": f["blank"]})
+        g["agents"].append(r["agent"])
+    return list(groups.values())
 
 
 def events_section(rel: dict[int, list[Release]], sc: Scenario | None, accountants: Sequence[str]) -> dict[str, Any]:
@@ -383,8 +415,9 @@ def epsilon_series(rel: dict[int, list[Release]], delta: float, mode: str, spec:
     """What privacy.png draws: every agent's RDP epsilon(delta) after each release (``curves``), the worst
     agent (largest final epsilon; an infinite one counts as largest), and where the scenario names a closed
     form, that form for the worst agent's releases up to each of ``points`` of its releases (``closed``: t,
-    paper, conservative, the paper, and the paper's own delta where its form sets one); ``cap``: the budget
-    cap, if any."""
+    paper, conservative (None where blank), the paper, the paper's own delta where its form sets one (the
+    last, and the range), and ``blank``: where a figure first went blank and why); ``cap``: the budget cap,
+    if any."""
     curves = {i: epsilon_curve(rs, delta, mode) for i, rs in sorted(rel.items()) if rs}
 
     def final(i: int) -> float:  # no point at all: the first release was already unsupported or noiseless
@@ -398,19 +431,21 @@ def epsilon_series(rel: dict[int, list[Release]], delta: float, mode: str, spec:
         rs = rel[worst]
         m = min(points, len(rs))
         idx = sorted({round(k * (len(rs) - 1) / max(1, m - 1)) for k in range(m)})
-        t, paper, conservative, own_delta = [], [], [], None
+        t, blank = [], None
+        fig: dict[str, list] = {"paper": [], "conservative": []}
+        own: dict[str, list] = {"paper": [], "conservative": []}  # the delta of each figure drawn
         for k in idx:
-            try:
-                form = closed_form(name, rs[:k + 1], spec, delta)
-            except (cf.ClosedFormError, OverflowError, ZeroDivisionError, ValueError):
-                continue  # the form does not apply to this prefix (a vacuous bound): no point there
+            form = closed_form(name, rs[:k + 1], spec, delta)  # a blank figure: no point there (None)
             t.append(rs[k].t)
-            own_delta = form.get("delta_paper", own_delta)
-            paper.append(form.get("paper"))
-            conservative.append(form.get("conservative"))
-        if t:
-            closed = {"name": name, "paper_name": cf.lookup(name).paper, "t": t, "paper": paper,
-                      "conservative": conservative, "delta_paper": own_delta}
+            for c in fig:
+                fig[c].append(form.get(c))
+                if form.get(c) is not None:
+                    own[c].append(form.get(f"delta_{c}", delta))
+            if blank is None and form.get("blank"):
+                blank = {"t": rs[k].t, "reason": form["blank"]}
+        closed = {"name": name, "paper_name": cf.lookup(name).paper, "t": t, **fig,
+                  "delta_paper": own["paper"][-1] if own["paper"] else None,
+                  **{f"delta_{c}_range": (min(d), max(d)) if d else None for c, d in own.items()}, "blank": blank}
     return {"curves": curves, "worst": worst, "closed": closed, "delta": delta, "mode": mode,
             "cap": spec.epsilon_cap if spec is not None else None}
 
@@ -438,18 +473,34 @@ def epsilon_figure(series: dict[str, Any], title: str = ""):
         end = f"{e[-1]:.3g}" if e else "inf"
         ax.plot(t, e, lw=2.2, color="tab:red", label=f"worst agent: {worst} (epsilon {end})")
     closed = series["closed"]
+    elsewhere = []  # the curves drawn at another delta than the axis's
+
+    def at(c: str, whose: str) -> str:
+        rng = closed.get(f"delta_{c}_range")
+        if rng is None or rng == (series["delta"], series["delta"]):
+            return ""
+        elsewhere.append({"paper": "dashed", "conservative": "dotted"}[c])
+        return (f", at {whose} delta = {rng[0]:.2g}" if rng[0] == rng[1] else
+                f", at {whose} delta ({rng[0]:.2g} to {rng[1]:.2g})")
+
     if closed is not None:
-        who = _short_paper(closed["paper_name"])
-        own = "" if closed["delta_paper"] is None else f", at the paper's delta = {closed['delta_paper']:.2g}"
-        ax.plot(closed["t"], [math.nan if v is None else v for v in closed["paper"]], lw=1.6, ls="--",
-                color="black", label=f"closed form ({who}), agent {worst}{own}")
+        who, own = _short_paper(closed["paper_name"]), at("paper", "the paper's own")
+        if any(v is not None for v in closed["paper"]):
+            ax.plot(closed["t"], [math.nan if v is None else v for v in closed["paper"]], lw=1.6, ls="--",
+                    color="black", label=f"closed form ({who}), agent {worst}{own}")
         if any(v is not None for v in closed["conservative"]):
             ax.plot(closed["t"], [math.nan if v is None else v for v in closed["conservative"]], lw=1.2, ls=":",
-                    color="black", label="the same, conservative")
+                    color="black", label=f"the same, conservative{at('conservative', 'its')}")
+        if closed.get("blank"):  # where the paper's figure stops applying, and why, on the figure itself
+            b = closed["blank"]
+            ax.axvline(b["t"], color="black", lw=0.6, ls=(0, (1, 3)))
+            ax.text(0.99, 0.02, f"closed form blank from t = {b['t']:.3g} s: {b['reason']}", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=6, wrap=True)
     if series["cap"] is not None:
         ax.axhline(series["cap"], color="grey", lw=1.0, ls="-.", label=f"budget cap {series['cap']:g}")
     ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel(f"epsilon at delta = {series['delta']:g}")
+    ax.set_ylabel(f"epsilon at delta = {series['delta']:g}"
+                  + (f"\n({' and '.join(elsewhere)}: at the delta in the legend)" if elsewhere else ""))
     head = f"{title}: " if title else ""
     ax.set_title(f"{head}privacy spent per agent\nRDP accountant, {series['mode']} accounting", fontsize=10)
     ax.grid(alpha=0.3)
@@ -506,12 +557,13 @@ def _closed_form_summary(rel, spec: PrivacySpec) -> dict[str, Any]:
     """The paper's own figure of the worst agent (its closed form), named, beside the accountant's."""
     name = cf.canonical(spec.closed_form)
     out: dict[str, Any] = {"privacy_closed_form": name, "privacy_closed_form_paper": cf.lookup(name).paper}
-    try:
-        forms = {i: closed_form(name, rs, spec, spec.delta) for i, rs in rel.items()}
-    except (cf.ClosedFormError, OverflowError, ZeroDivisionError) as e:
-        out["privacy_closed_form_error"] = str(e)
+    forms = {i: closed_form(name, rs, spec, spec.delta) for i, rs in rel.items()}
+    blank = sorted(i for i, f in forms.items() if f.get("paper") is None)
+    if blank:  # the paper's figure does not apply to some agents: no worst of it (the accountant's stands)
+        out["privacy_closed_form_blank"] = f"agent {blank[0]}: {forms[blank[0]]['blank']}" + (
+            f" ({len(blank)} agents)" if len(blank) > 1 else "")
         return out
-    worst = max(forms, key=lambda i: -1.0 if forms[i].get("paper") is None else forms[i]["paper"])
+    worst = max(forms, key=lambda i: forms[i]["paper"])
     f = forms[worst]
     out.update({"privacy_closed_form_epsilon_max": f.get("paper"), "privacy_closed_form_worst_agent": worst,
                 "privacy_closed_form_method": f.get("note", ""),

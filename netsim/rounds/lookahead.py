@@ -679,6 +679,8 @@ class WindowDriver:
                         worker.sync_bank()
                         with self.writer.capturing(shipped):  # its trace row, in order, for the worker to write
                             sim.evaluate()
+                    if sim.diverging_stop:  # run.stop_on_divergence: the run ends at this evaluation
+                        self.ended = True
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)

@@ -82,6 +82,8 @@ def _default(f: attrs.Attribute) -> str:
 
 def _when(f: attrs.Attribute) -> str:
     when = f.metadata.get("when")
+    if f.metadata.get("quiet_default"):
+        return "in a run's resolved scenario.toml only when changed"
     if not when:
         return ""
     return "only when " + " and ".join(

@@ -169,6 +169,10 @@ class RunSpec:
         None, check=lambda v: None if v is None or v >= 1 else "must be >= 1",
         doc="write a checkpoint each time the agents' mean activation count passes a multiple of this")
     checkpoint_keep: int = field(2, check=at_least(1), doc="checkpoints kept (the newest; older are deleted)")
+    stop_on_divergence: bool = field(
+        False, quiet_default=True,
+        doc="stop at the evaluation that finds the run diverged (model parameters or metrics not finite; "
+            "stop_reason 'diverged'); either way summary.json's 'diverged' says when and in which agent")
 
     def __check__(self) -> tuple[str, str] | None:
         if self.until is None and self.rounds is None:

@@ -21,17 +21,26 @@ Check = Callable[[Any], "str | None"]
 
 
 def field(default: Any = attrs.NOTHING, check: Check | None = None, doc: str = "",
-          when: dict[str, tuple[Any, ...]] | None = None, **kw: Any) -> Any:
+          when: dict[str, tuple[Any, ...]] | None = None, quiet_default: bool = False, **kw: Any) -> Any:
     """An attrs field with a range check, a one-line doc (shown in errors and the scenario reference) and
     ``when``: the sibling keys' values under which it applies (``{"kind": ("synthetic",)}``); a field that
-    does not apply is left out of the resolved scenario text while it holds its default."""
-    return attrs.field(default=default, metadata={"check": check, "doc": doc, "when": when}, **kw)
+    does not apply is left out of the resolved scenario text while it holds its default. ``quiet_default``: left
+    out of it while it holds its default whatever its siblings (a switch whose default changes nothing a run
+    records: runs that leave it alone keep the scenario text, hash and trace bytes they had before it)."""
+    return attrs.field(default=default, metadata={"check": check, "doc": doc, "when": when,
+                                                  "quiet_default": quiet_default}, **kw)
 
 
 def applies(obj: Any, f: attrs.Attribute) -> bool:
     """Whether field ``f`` of the record ``obj`` applies, given its siblings (``when`` metadata)."""
     when = f.metadata.get("when")
     return not when or all(getattr(obj, k) in v for k, v in when.items())
+
+
+def omitted(obj: Any, f: attrs.Attribute) -> bool:
+    """Whether field ``f`` of ``obj`` is left out of the resolved scenario text: it holds its default and does
+    not apply (``when``) or is a quiet default."""
+    return getattr(obj, f.name) == f.default and (f.metadata.get("quiet_default") or not applies(obj, f))
 
 
 def positive(v: float) -> str | None:
@@ -146,14 +155,13 @@ def structure(data: Any, cls: type, path: str = "") -> Any:
 
 def unstructure(obj: Any) -> Any:
     """attrs tree -> plain dict with ``None`` values dropped (TOML has no null), and the defaults of keys
-    that do not apply (``when`` metadata) left out."""
+    that do not apply (``when`` metadata) or are quiet (``quiet_default``) left out."""
     if attrs.has(type(obj)):
         out = {}
         for f in attrs.fields(type(obj)):
-            value = getattr(obj, f.name)
-            if not applies(obj, f) and value == f.default:  # e.g. data.samples of a libsvm run
+            if omitted(obj, f):  # e.g. data.samples of a libsvm run
                 continue
-            v = unstructure(value)
+            v = unstructure(getattr(obj, f.name))
             if v is not None:
                 out[f.name] = v
         return out

@@ -216,6 +216,8 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "comm": None if stats is None else {"counts": dict(sorted(stats.counts.items())),
                                             "samples": dict(sorted(stats.samples.items()))},
     }
+    if rec.diverged is not None:  # kept only when found: other runs' checkpoints are as they were
+        state["diverged"] = rec.diverged
     if loop.programs.between is not None:  # a windowed driver between two rounds: its explicit state, to restore
         from netsim.sim import restore
 

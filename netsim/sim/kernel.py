@@ -241,8 +241,21 @@ class Simulation:
 
     # evaluation ------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """The metrics row now (sim/recorder.py)."""
-        return self.recorder.evaluate(self.world, self.services, self.loop.agents, self.loop.env.now)
+        """The metrics row now (sim/recorder.py). If it finds the models diverged and the scenario asks
+        (``run.stop_on_divergence``), the run stops here: the events engine at its stop event, a windowed driver
+        when it sees ``diverging_stop`` after its evaluation."""
+        rec, loop = self.recorder, self.loop
+        row = rec.evaluate(self.world, self.services, loop.agents, loop.env.now)
+        if rec.diverged is not None and self.world.scenario.run.stop_on_divergence and not loop.stop_reason:
+            loop.stop_reason = "diverged"
+            if loop.runner is None and not loop.stop.triggered:
+                loop.stop.succeed()
+        return row
+
+    @property
+    def diverging_stop(self) -> bool:
+        """The run stops because its models diverged (``evaluate``): a windowed driver ends its windows."""
+        return self.loop.stop_reason == "diverged"
 
     def _evaluator(self):
         sc, loop = self.world.scenario, self.loop

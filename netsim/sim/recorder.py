@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from netsim.compute.evaluate import evaluate_bank
+from netsim.compute.evaluate import divergence, evaluate_bank
 from netsim.trace.events import Evaluation
 from netsim.trace.io import TraceWriter
 
@@ -35,6 +35,7 @@ class Recorder:
         self.mixing_log: Any = None
         self.progress: Callable[[float], None] | None = None  # the windowed drivers report each round through it
         self.resumed: tuple[str, float] | None = None  # a resumed run: ("restore" or "re-execution", seconds it took)
+        self.diverged: dict[str, Any] | None = None  # the first evaluation that found the models diverged (watch)
 
     @property
     def events_emitted(self) -> int:
@@ -59,6 +60,7 @@ class Recorder:
             if per_agent_wanted:  # the rebuilt bank is exact: its per-agent rows are the original run's
                 self._agent_metrics(world, now)
             self.metrics.append(row)
+            self.watch(world, row, now)
             self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
             return row
         row = {"time": float(now), "round_mean": float(np.mean([a.round for a in agents]))}
@@ -76,8 +78,20 @@ class Recorder:
                 data.X, data.y, m.l2, len(agents), m.bias))
             row.update(tracking_metrics(services.find(DataStreams), oracle, bank.W))
         self.metrics.append(row)
+        self.watch(world, row, now)
         self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
         return row
+
+    def watch(self, world, row: dict[str, float], now: float) -> None:
+        """At each evaluation (batched already: one reduction over the bank, nothing per agent), whether the
+        models diverged (compute/evaluate.py ``divergence``); the first time, ``diverged`` keeps when (``t``,
+        and ``after``: the last evaluation that found them sound), in which agent and what. Reads only."""
+        if self.diverged is not None:
+            return
+        found = divergence(world.bank.W, row)
+        if found is not None:
+            after = self.metrics[-2]["time"] if len(self.metrics) > 1 else None
+            self.diverged = {"t": float(now), "after": after, **found}
 
     def drop_at(self, now: float) -> None:
         """Forget the rows taken at ``now``: an evaluation at the stopping time saw part of its events (the

@@ -203,6 +203,7 @@ def restore(sim, ckpt) -> None:
     rec.metrics = [dict(r) for r in ckpt.meta["metrics"]]
     rec.agent_metrics = [(t, arrays[f"agent_metrics.{n}.loss"], arrays[f"agent_metrics.{n}.accuracy"])
                          for n, t in enumerate(w["agent_metrics"])]
+    rec.diverged = st.get("diverged") if isinstance(st.get("diverged"), dict) else None
     rec.writer.buffer = [tuple(r) for r in w["pending"]]
     rec.writer.count = ckpt.meta["trace"]["events"]
     ev = st["events"]
