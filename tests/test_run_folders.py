@@ -480,12 +480,13 @@ def test_a_fresh_start_removes_every_file_of_the_run_before(tmp_path):
     sc = merge(BASE, {"run": {"until": 3.0, "checkpoint_every": 1.0}, "agents": {"count": 6},
                       "algorithm": {"name": "dp_dpsgd", "lr": 0.5, "batch": 16, "round_timeout": 0.2, "clip": 1.0,
                                     "noise_multiplier": 4.0},
-                      "privacy": {"delta": 1.0e-5, "record": "mixing"}, **AGENT_METRICS})
+                      "privacy": {"delta": 1.0e-5, "record": "payloads"}, **AGENT_METRICS})
     netsim.run(scenario_from_dict(sc), out=folder)
     assert cli("privacy", folder, "--no-pld", "--pairwise").exit_code == 0
+    assert cli("privacy", folder, "--attack", "reconstruct", "--observers", "0").exit_code == 0
     (folder / "notes.txt").write_text("mine")
     written = {p.name for p in folder.iterdir()} - {"scenario.toml", "notes.txt", "checkpoints"}  # (emptied)
-    assert "pairwise.csv" in written and "mixing.csv" in written and set(RUN_FILES) >= written
+    assert {"pairwise.csv", "mixing.csv", "payloads.npz", "attack.csv"} <= written and set(RUN_FILES) >= written
     netsim.run(scenario_from_dict(merge(sc, {"run": {"until": 1.0}})), out=folder)  # the API starts afresh too
     s = json.loads((folder / SUMMARY_FILE).read_text())
     assert {p.name for p in folder.iterdir()} - {"checkpoints"} == {"scenario.toml", "notes.txt", TRACE_FILE,

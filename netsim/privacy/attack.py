@@ -202,20 +202,6 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "values": any(r["error"] is not None for r in rows)}
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    import csv
-
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow(["" if r[c] is None else (repr(r[c]) if isinstance(r[c], float) else r[c])
-                        for c in CSV_COLUMNS])
-    tmp.replace(path)
-    return path
-
-
 ATTACKS = ("reconstruct",)
 
 
@@ -236,7 +222,9 @@ def write_attack(folder: Path, rows: list[dict[str, Any]], sets: list, plot: boo
     out = summarise(rows)
     out["observer_sets"] = len(sets)
     out["file"] = ATTACK_FILE
-    write_csv(rows, folder / ATTACK_FILE)
+    from netsim.privacy.pairwise import write_csv
+
+    write_csv(rows, folder / ATTACK_FILE, CSV_COLUMNS)
     if plot and rows:
         from netsim.privacy.attack_plots import plot_attack
 

@@ -260,20 +260,6 @@ def audit(run_folders: Sequence[str | Path], observers: str | None = None) -> li
     return rows
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    import csv
-
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow(["" if r[c] is None else (repr(r[c]) if isinstance(r[c], float) else r[c])
-                        for c in CSV_COLUMNS])
-    tmp.replace(path)
-    return path
-
-
 def audit_report(run_folder: str | Path, observers: str | None = None, plot: bool = True) -> dict[str, Any]:
     """``netsim privacy RUN --audit``: the rows (``audit``), then ``audit.csv`` and ``audit.png`` in the run
     folder. Returns a summary with the rows."""
@@ -284,7 +270,9 @@ def audit_report(run_folder: str | Path, observers: str | None = None, plot: boo
 
 def write_audit(folder: Path, rows: list[dict[str, Any]], plot: bool = True) -> dict[str, Any]:
     """Write ``audit.csv`` (and ``audit.png``); the summary ``audit_lines`` prints."""
-    write_csv(rows, folder / AUDIT_FILE)
+    from netsim.privacy.pairwise import write_csv
+
+    write_csv(rows, folder / AUDIT_FILE, CSV_COLUMNS)
     out: dict[str, Any] = {"rows": rows, "file": AUDIT_FILE, "violated": sum(1 for r in rows if r["flag"])}
     if plot and rows:
         from netsim.privacy.attack_plots import plot_audit

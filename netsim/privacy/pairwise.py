@@ -651,16 +651,17 @@ def summarise_by_hops(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+def write_csv(rows: list[dict[str, Any]], path: Path, columns: Sequence[str] = CSV_COLUMNS) -> Path:
+    """``rows`` as a CSV of ``columns`` (floats exactly, ``None`` empty), written under a temporary name and
+    renamed in: pairwise.csv, and the attack's and the audit's files."""
     import csv
 
-    tmp = path.with_suffix(".csv.tmp")
+    tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
+        w.writerow(columns)
         for r in rows:
-            w.writerow(["" if r[c] is None else (repr(r[c]) if isinstance(r[c], float) else r[c])
-                        for c in CSV_COLUMNS])
+            w.writerow(["" if r[c] is None else (repr(r[c]) if isinstance(r[c], float) else r[c]) for c in columns])
     tmp.replace(path)
     return path
 

@@ -28,9 +28,11 @@ SUMMARY_FILE = "summary.json"  # written last, atomically: its presence marks a 
 PARTIAL_SUMMARY = "summary.partial.json"  # an interrupted or crashed run's summary so far
 LOCK_FILE = ".netsim.lock"
 # written when a run completes, before summary.json (which lists them with their sha256)
-END_FILES = ("metrics.csv", "metrics.parquet", "agent_metrics.csv", "plot.png", "agent_accuracy.png", "mixing.csv")
+END_FILES = ("metrics.csv", "metrics.parquet", "agent_metrics.csv", "plot.png", "agent_accuracy.png", "mixing.csv",
+             "payloads.npz")
 # written into a run folder later, by `netsim privacy`: derived from the run's files, so a fresh run removes them
-REPORT_FILES = ("privacy.json", "privacy.png", "pairwise.csv", "pairwise_hops.png", "pairwise_heatmap.png")
+REPORT_FILES = ("privacy.json", "privacy.png", "pairwise.csv", "pairwise_hops.png", "pairwise_heatmap.png",
+                "attack.csv", "attack.png", "audit.csv", "audit.png")
 # everything of a run's: a fresh start (`--force`) removes these (and the checkpoints) before it writes anything
 RUN_FILES = (SUMMARY_FILE, PARTIAL_SUMMARY, TRACE_FILE, *END_FILES, *REPORT_FILES)
 
