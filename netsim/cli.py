@@ -71,6 +71,7 @@ def _plugins(paths: list[str] | None) -> None:
 
 def _summary_table(summary: dict):
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=f"{summary['scenario']} · {summary['algorithm']} · {summary['agents']} agents · "
                     f"seed {summary['seed']}", show_header=False)
@@ -110,7 +111,7 @@ def _summary_table(summary: dict):
                 v += f" ({fmt(summary['gradient_batches'])})"
             t.add_row(label, v)
             if key == "engine" and summary.get("windowed_refused"):
-                t.add_row("why not windowed", summary["windowed_refused"])
+                t.add_row("why not windowed", Text(summary["windowed_refused"], justify="left"))  # prose: read it
             if key == "engine" and isinstance(summary.get("windows"), dict):
                 w = summary["windows"]  # lookahead windows: why the run is as fast as it is
                 t.add_row("lookahead windows", f"{fmt(w['windows'])} of {fmt(w['lookahead_s'])} s")

@@ -157,8 +157,9 @@ def refusal(sim, kernel) -> str | None:
                 "privacy.record for the fast path")
     model = sim.world.network.model
     if model is not None and type(model) is not ComposedLinks:
-        return (f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay) "
-                "— remove network.model (a replay always runs on the events engine)")
+        from netsim.rounds.windowed import link_model_refusal
+
+        return link_model_refusal(sim)
     L, why = lookahead(sim)
     if L is None:
         return why

@@ -119,13 +119,21 @@ def needs_refusal(sim, kernel) -> str | None:
     return None
 
 
+def link_model_refusal(sim) -> str:
+    """Why a link model of its own (``Network.use``) keeps the windows out, which draw each message from the scenario's
+    links: a plugin's (``network.model``: remove it) or a replay's recorded network (nothing to change)."""
+    name = type(sim.world.network.model).__name__
+    if sim.world.scenario.network.model is not None:
+        return f"a link model of its own decides the messages ({name}: network.model) — remove network.model"
+    return (f"a link model of its own decides the messages ({name}: a replay's recorded network or a setup hook's) "
+            "— nothing to change: a replay runs on the events engine")
+
+
 def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     """Why the run's rounds are not simultaneous windows (None: they are); ``alternative``: ``scenario_refusal``'s."""
     why = scenario_refusal(sim.world.scenario, alternative)
     if why is None and sim.world.network.model is not None:
-        why = (f"a link model of its own decides the messages ({type(sim.world.network.model).__name__}: "
-               "network.model or netsim replay's recorded network) — remove network.model (a replay always runs "
-               "on the events engine)")
+        why = link_model_refusal(sim)
     if why is None and sim.world.activation_moves is not None:
         why = "an activation hook is installed — leave the agents' wakes to agents.activation"
     for a in sim.loop.agents if why is None else ():
