@@ -260,6 +260,8 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
+        if isinstance(head.get("windowed_refused"), str):  # started by --engine auto: why not the windows, as it said
+            sim.services.put("windowed_refused", head["windowed_refused"])
         sim.start(progress)
         sim.advance(to_step=ck.step)
         if sim.boundary_due():
