@@ -147,9 +147,11 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=N
 def run(scenario: Scenario | str | Path, overrides: dict[str, Any] | None = None, out: str | Path | None = None,
         progress: Callable[[float], None] | None = None,
         setup: Callable[[Any], None] | None = None, interruptible: bool = True,
-        engine: str = "events") -> RunResult:
+        engine: str = "auto") -> RunResult:
     """Validate, build, run and write one run folder. ``setup(sim)`` may adjust the
-    built simulation before it runs (``netsim replay`` installs the recorded network this way).
+    built simulation before it runs (``netsim replay`` installs the recorded network this way). ``engine``: "auto"
+    (the windowed engine where it is exact, else the events engine; the summary's ``engine`` says which ran and
+    ``windowed_refused`` why not the windows), "events" (the reference) or "windowed" (refused where not exact).
 
     With ``interruptible`` (in the main thread), SIGINT (Ctrl-C) stops the run at the next event
     boundary: the trace is flushed, a checkpoint and ``summary.partial.json`` are written, and the
@@ -182,17 +184,21 @@ def _choose_engine(sim, engine: str, source: str | None) -> None:
     if engine in ("windowed", "auto"):
         from netsim.rounds import exactness, windowed
 
-        why = windowed.refusal(sim) or exactness.refusal(sim)  # a plugin kernel: checked before it is batched
-        if why is None:
-            sim.use_runner("windowed", windowed.run)
-        elif engine == "auto":  # the events engine, and the summary says why not the windows
-            sim.services.put("windowed_refused", why)
+        if engine == "auto":  # the events engine where the windows refuse, and the summary says why in one line
+            why = windowed.reason(sim) or exactness.refusal(sim)  # a plugin kernel: checked before it is batched
+            if why is not None:
+                sim.services.put("windowed_refused", why)
+                return
         else:
-            raise InputError("--engine", f"windowed cannot run this scenario exactly: {why}; use the default "
-                                         "engine (events)", source)
+            why = windowed.refusal(sim) or exactness.refusal(sim)
+            if why is not None:
+                raise InputError("--engine", f"windowed cannot run this scenario exactly: {why}; --engine auto (the "
+                                             "default) runs it on the events engine", source)
+        sim.use_runner("windowed", windowed.run)
 
 
-# how a run is executed; both engines write the same trace (netsim/rounds/); auto: windowed where it is exact
+# how a run is executed; both engines write the same trace (netsim/rounds/); auto (the default): windowed where it is
+# exact, else events
 ENGINES = ("events", "windowed", "auto")
 
 
@@ -254,6 +260,8 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
+        if isinstance(head.get("windowed_refused"), str):  # started by --engine auto: why not the windows, as it said
+            sim.services.put("windowed_refused", head["windowed_refused"])
         sim.start(progress)
         sim.advance(to_step=ck.step)
         if sim.boundary_due():

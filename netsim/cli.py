@@ -71,6 +71,7 @@ def _plugins(paths: list[str] | None) -> None:
 
 def _summary_table(summary: dict):
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=f"{summary['scenario']} · {summary['algorithm']} · {summary['agents']} agents · "
                     f"seed {summary['seed']}", show_header=False)
@@ -112,7 +113,7 @@ def _summary_table(summary: dict):
                 v += f" ({fmt(summary['gradient_batches'])})"
             t.add_row(label, v)
             if key == "engine" and summary.get("windowed_refused"):
-                t.add_row("not windowed", summary["windowed_refused"])
+                t.add_row("why not windowed", Text(summary["windowed_refused"], justify="left"))  # prose: read it
             if key == "engine" and isinstance(summary.get("windows"), dict):
                 w = summary["windows"]  # lookahead windows: why the run is as fast as it is
                 t.add_row("lookahead windows", f"{fmt(w['windows'])} of {fmt(w['lookahead_s'])} s")
@@ -194,12 +195,13 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or table"),
         explore: bool = typer.Option(False, "--explore", help="follow the run in netsim explore while it is "
                                                               "simulated (the run itself is unchanged)"),
-        engine: str = typer.Option("events", "--engine", help="events: one event per message (any scenario); "
-                                   "windowed: a round-kernel algorithm's rounds played as batched windows "
-                                   "(D-PSGD, DP-D-PSGD, CHOCO-SGD, gossip learning, Muffliato, DFedSAM/DFedAvg, "
-                                   "kernel plugins; asynchronous gossip learning, push SGD and push-sum as lookahead "
-                                   "windows), the same trace, refused where it could differ; auto: windowed where it "
-                                   "is exact, else events (the summary says why)")) -> None:
+        engine: str = typer.Option("auto", "--engine", help="auto (default): windowed where it is exact, else events "
+                                   "(the summary says which ran, and why not the windows: the rule and what to "
+                                   "change); events: one event per message (any scenario, the reference); windowed: "
+                                   "a round-kernel algorithm's rounds played as batched windows (D-PSGD, DP-D-PSGD, "
+                                   "CHOCO-SGD, gossip learning, Muffliato, DFedSAM/DFedAvg, kernel plugins; "
+                                   "asynchronous gossip, push SGD and push-sum as lookahead windows), the same trace, "
+                                   "refused where it could differ")) -> None:
     """Run a scenario; write trace, metrics, summary and plot to its output folder (refused if it already
     holds results, unless --force). Ctrl-C stops it cleanly with a checkpoint (netsim resume continues)."""
     from netsim import api
@@ -218,7 +220,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario TOML file"),
             typer.echo(f"warning: {folder} held an unfinished run with a checkpoint; starting over "
                        f"(netsim resume {folder} would have continued it)", err=True)
         if explore:
-            if engine != "events":
+            if engine == "windowed":
                 raise InputError("--engine", "--explore follows a run of the events engine; leave --engine out")
             if not sc.run.trace:
                 raise InputError("run.trace", "--explore follows the trace: run.trace must be true").at(str(scenario))

@@ -224,11 +224,11 @@ class RunFolder:
             "scenario_sha256": self.meta["netsim.scenario_sha256"], "python": platform.python_version(),
         }
         summary.update(_comm_fields(sim))
-        refused = sim.services.find("windowed_refused")  # --engine auto that fell back on the events engine
+        summary["engine"] = loop.engine  # the trace is the engine's either way; the wall time is not
+        refused = sim.services.find("windowed_refused")  # --engine auto that fell back on the events engine: why
         if refused is not None:
-            summary["engine"], summary["windowed_refused"] = loop.engine, refused
+            summary["windowed_refused"] = refused
         if loop.engine != "events":
-            summary["engine"] = loop.engine  # the trace is the engine's; the wall time is not
             windows = sim.services.find("windows")  # rounds/lookahead.py: why the run is as fast as it is
             if windows is not None:
                 summary["windows"] = windows.summary()

@@ -266,9 +266,11 @@ def test_a_plugins_violations_are_caught_by_check_and_refuse_the_windowed_engine
     assert lines[0].startswith("error: centered (Centered.local): the payload of agent ")
     assert lines[1] == "error: " + HEAVY
     code, text = got["windowed"]
+    fix = " — fix the hook it names (netsim check heavy_ball --plugin FILE)"
     assert code == 2 and text.endswith(f"--engine: windowed cannot run this scenario exactly: the kernel fails netsim "
-                                       f"check: {HEAVY}; use the default engine (events)\n")
+                                       f"check: {HEAVY}{fix}; --engine auto (the default) runs it on the events "
+                                       "engine\n")
     assert not (tmp_path / "w").exists()
     code, summary = got["auto"]
     assert code == 0 and summary["engine"] == "events" and summary["windowed_refused"] == \
-        "the kernel fails netsim check: " + HEAVY
+        "the kernel fails netsim check: " + HEAVY + fix

@@ -245,7 +245,8 @@ def test_a_link_model_of_its_own_is_refused(tmp_path):
             return now, 0.125, ""
 
     with pytest.raises(InputError, match="lookahead windows: a link model of its own decides the messages "
-                                         r"\(Fixed: network.model or a replay\)"):
+                                         r"\(Fixed: a replay's recorded network or a setup hook's\) — nothing to "
+                                         "change"):
         netsim.run(scenario_from_dict(poisson()), out=tmp_path / "run", engine="windowed",
                    setup=lambda sim: sim.network.use(Fixed()))
 

@@ -300,3 +300,23 @@ def test_an_unloaded_schedule_whose_ticks_the_ledger_read_is_refused_in_one_line
                                          "releases were accounted with its ticks"):
         replay(rec.out, out=tmp_path / "rep")
     assert "test_unloaded_bernoulli" not in SCHEDULES
+
+
+def test_replay_of_a_run_the_default_engine_played_as_windows_runs_on_events_and_says_why(tmp_path):
+    """The default engine (auto) plays an exact synchronous run as windows; its exact replay installs the recorded
+    network, which the windows cannot play: the events engine writes the recording's very bytes and the summary
+    says why in one line."""
+    sc = {"run": {"seed": 2, "rounds": 6, "until": 1.0e6},
+          "agents": {"count": 6, "compute_time": {"kind": "constant", "value": 0.01},
+                     "activation": {"kind": "periodic", "period": 0.1}},
+          "topology": {"kind": "ring"}, "network": {"latency": {"kind": "constant", "value": 0.005}, "loss": 0.1},
+          "data": {"samples": 240, "features": 4},
+          "algorithm": {"name": "dpsgd", "lr": 0.2, "batch": 8, "round_timeout": 0.05},
+          "evaluation": {"every": 1.0e6, "metrics": ["accuracy"]}}
+    rec = netsim.run(scenario_from_dict(sc), out=tmp_path / "run")
+    assert rec.summary["engine"] == "windowed"
+    res = replay(rec.out, out=tmp_path / "rep")
+    assert (tmp_path / "rep" / TRACE_FILE).read_bytes() == rec.trace_path.read_bytes()
+    assert res.summary["engine"] == "events" and res.summary["windowed_refused"] == (
+        "a link model of its own decides the messages (ReplayNetwork: a replay's recorded network or a setup hook's) "
+        "— nothing to change: a replay runs on the events engine")

@@ -4,6 +4,7 @@ writing nothing outside the tutorial's own scratch/ folder."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -56,6 +57,10 @@ def test_every_tutorial_command_runs(tmp_path, monkeypatch):
         assert "Traceback" not in res.output
     scratch = tmp_path / "scratch"
     assert (scratch / "quick" / "agent_metrics.csv").is_file()
+    gossip, fast = (json.loads((scratch / f / "summary.json").read_text()) for f in ("gossip", "gossip_fast"))
+    assert gossip["engine"] == "events" and " — remove network.bandwidth" in gossip["windowed_refused"]
+    assert f"```text\n{gossip['windowed_refused']}\n```" in TUTORIAL.read_text()  # the page shows the run's line
+    assert fast["engine"] == "windowed" and "windowed_refused" not in fast
     assert (scratch / "compare.png").is_file() and (scratch / "dp" / "privacy.json").is_file()
     assert len(list((scratch / "sweep").rglob("summary.json"))) == 4
     stations = (scratch / "stations" / "scenario.toml").read_text()

@@ -87,7 +87,7 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
 @pytest.mark.parametrize(("changes", "why"), [
     ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}}}, "only periodic"),
     ({"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}}, "one constant latency"),
-    ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "not simultaneous"),
+    ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "simultaneous wakes"),
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
     ({"evaluation": {"every": 0.3}}, "evaluations inside the run"),
     ({"algorithm": {"name": "dp_cga", "lr": 0.01, "batch": 8, "lr_decay": None}},
@@ -233,7 +233,7 @@ def test_lookahead_windows_keep_the_ties_of_synchronous_rounds(tmp_path, monkeyp
     round land together) give the engine's bytes too: simultaneous events keep simpy's order."""
     from netsim.rounds import windowed
 
-    monkeypatch.setattr(windowed, "rounds_refusal", lambda sim, kernel: "forced")
+    monkeypatch.setattr(windowed, "rounds_refusal", lambda sim, kernel, alternative=False: "forced")
     got = both_engines(tmp_path, gossip(**changes))
     identical(got)
 
@@ -365,14 +365,14 @@ def test_engine_auto_takes_the_windows_where_they_are_exact_and_says_why_not_els
     sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0}}, run={"rounds": None, "until": 4.0})
     sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
     fast = netsim.run(scenario_from_dict(sc), out=tmp_path / "auto", engine="auto")
-    events = netsim.run(scenario_from_dict(sc), out=tmp_path / "events")
+    events = netsim.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events")
     assert fast.summary["engine"] == "windowed" and fast.summary["windows"]["windows"] > 0
     assert (tmp_path / "auto" / "trace.arrows").read_bytes() == (tmp_path / "events" / "trace.arrows").read_bytes()
     sc["network"] = {**sc["network"], "latency": {"kind": "exponential", "mean": 0.1}}
     slow = netsim.run(scenario_from_dict(sc), out=tmp_path / "slow", engine="auto")
     assert slow.summary["engine"] == "events" and "windows" not in slow.summary
     assert "latency 'exponential' has no positive lower bound" in slow.summary["windowed_refused"]
-    assert "windowed_refused" not in events.summary and "engine" not in events.summary
+    assert "windowed_refused" not in events.summary and events.summary["engine"] == "events"
 
 
 def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path, monkeypatch):
@@ -395,3 +395,99 @@ def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path, mon
     sync = identical(both_engines(tmp_path / "sync", exact(algorithm={"lr": 1e6}, model={"kind": "logistic",
                                                                                            "l2": 0.01})))
     assert sync["diverged"]["t"] == sync["simulated_time"] and sync["diverged"]["after"] == 0.0
+
+
+# --engine auto, the default: which engine ran, and why not the windows in one line with what to change ----------
+DP = {"name": "dp_dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "clip": 1.0, "noise_multiplier": 1.0}
+
+
+def _async(**changes) -> dict:
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0}}, run={"rounds": None, "until": 4.0})
+    for key, value in changes.items():
+        sc[key] = {**sc.get(key, {}), **value}
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    return sc
+
+
+@pytest.mark.parametrize(("sc", "rule", "fix"), [
+    (exact(agents={"activation": {"kind": "bernoulli", "period": 0.1, "p": 0.5}}), "activation 'bernoulli'",
+     'set agents.activation.kind = "periodic", or use an asynchronous algorithm'),
+    (exact(agents={"clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.01}}), "clock offsets, drift or jitter",
+     "remove agents.clock_offset, clock_drift and clock_jitter, or use an asynchronous algorithm"),
+    (exact(agents={"compute_time": {"kind": "lognormal", "mean": 0.01, "sigma": 0.3}}), "compute times differ",
+     "set agents.compute_time to a constant"),
+    (exact(agents={"offline": [{"agent": 1, "start": 0.2, "end": 0.4}]}), "agents go offline",
+     "remove agents.offline"),
+    (exact(network={"burst": {"p_enter": 0.1, "p_exit": 0.5}}), "links are not Bernoulli-lossy",
+     "remove network.burst"),
+    (exact(network={"bandwidth": 1.0e6}), "bandwidth-limited links", "remove network.bandwidth and network.uplink"),
+    (exact(run={"rounds": None}), "run.rounds is not set", "set run.rounds"),
+    (exact(run={"until": 0.5}), "run.until = 0.5 may stop the run inside a round", "remove run.until"),
+    (exact(evaluation={"every": 0.3}), "evaluations inside the run", "set evaluation.every above 1 s"),
+    (exact(network={"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}), "one constant latency",
+     "set network.latency to a constant"),
+    (exact(agents={"compute_time": {"kind": "constant", "value": 0.06}}), "miss the barrier",
+     "raise algorithm.round_timeout above 0.065 s"),
+    (exact(algorithm={"name": "choco", "lr": 0.0, "lr_decay": None}), "takes no gradients", "algorithm.lr > 0"),
+    (exact(algorithm={"name": "dp_cga", "lr": 0.01, "round_timeout": None, "lr_decay": None}),
+     "algorithm 'dp_cga' is a coroutine program, not a round kernel: dp_cga has no fast path yet",
+     "written as a round kernel"),
+    (exact(algorithm=DP, privacy={"delta": 1e-5, "epsilon_cap": 5.0}), "privacy.epsilon_cap",
+     "remove privacy.epsilon_cap"),
+    (exact(algorithm=DP, privacy={"delta": 1e-5, "record": "mixing"}), "privacy.record", "remove privacy.record"),
+    (exact(algorithm={"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "random_neighbors": 2,
+                      "lr_decay": None}), "random in-neighbours", "set algorithm.random_neighbors = 0"),
+    # asynchronous algorithms: the lookahead windows' reason (they play any clock), not the rounds'
+    (_async(network={"latency": {"kind": "exponential", "mean": 0.1}}),
+     "latency 'exponential' has no positive lower bound", "a uniform latency with low > 0 (or a constant) runs fast"),
+    (_async(network={"latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}), "the minimum latency is 0",
+     "give latency a minimum > 0"),
+    (_async(run={"checkpoint_every": 2.0}), "checkpoints cut the run", "remove run.checkpoint_every"),
+    (_async(algorithm={"name": "gossip", "lr": 0.3, "batch": 8}, network={"bandwidth": 1.0e6}),
+     "an exchange waits for its request's transmission", "remove network.bandwidth"),
+    (_async(algorithm={"name": "event_triggered", "lr": 0.3, "batch": 8, "clip": 1.0, "noise_multiplier": 1.0},
+            privacy={"delta": 1e-5}), "noise_multiplier > 0", "set algorithm.noise_multiplier = 0"),
+])
+def test_engine_auto_refusals_name_the_rule_and_what_to_change(sc, rule, fix):
+    """Each reason the fast path is refused, as ``--engine auto`` reports it: one line, the rule, then after " — "
+    what to change. For an asynchronous algorithm it is the lookahead windows' reason."""
+    from netsim.api import prepare
+    from netsim.rounds import windowed
+
+    line = windowed.reason(prepare(scenario_from_dict(sc)))
+    assert line is not None and "\n" not in line and line.count(" — ") == 1, line
+    said, change = line.split(" — ")
+    assert rule in said and fix in change, line
+
+
+def test_engine_auto_is_the_default_and_says_which_engine_ran(tmp_path):
+    """No --engine (CLI) and no engine= (API): auto. An exact scenario runs windowed with the events engine's bytes
+    (trace.arrows, metrics.csv); a refused one runs on the events engine, its summary and table giving the reason."""
+    import json
+
+    import tomli_w
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from netsim.cli import _summary_table, app
+
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(exact()))
+    runner = CliRunner()
+    got = {}
+    for name, flags in (("default", []), ("events", ["--engine", "events"])):
+        res = runner.invoke(app, ["run", str(tmp_path / "s.toml"), "--out", str(tmp_path / name), *flags])
+        assert res.exit_code == 0, res.output
+        got[name] = (json.loads((tmp_path / name / "summary.json").read_text()), res.output)
+    assert got["default"][0]["engine"] == "windowed" and got["events"][0]["engine"] == "events"
+    assert "windowed_refused" not in got["default"][0] and "windowed_refused" not in got["events"][0]
+    for f in ("trace.arrows", "metrics.csv"):
+        assert (tmp_path / "default" / f).read_bytes() == (tmp_path / "events" / f).read_bytes()
+    slow = netsim.run(scenario_from_dict(exact(agents={"clock_drift": {"kind": "normal", "mean": 0.0,
+                                                                        "sigma": 0.001}})), out=tmp_path / "slow")
+    assert slow.summary["engine"] == "events"
+    assert slow.summary["windowed_refused"].startswith("clock offsets, drift or jitter: synchronous rounds need "
+                                                       "simultaneous wakes — remove agents.clock_offset")
+    console = Console(width=400, record=True)
+    console.print(_summary_table(slow.summary))
+    text = console.export_text()
+    assert "why not windowed" in text and slow.summary["windowed_refused"] in text

@@ -284,7 +284,9 @@ class DFedSAM(RoundKernel):
 
     def refusal(self, sim, p):
         if p.random_neighbors:
-            return "random in-neighbours per gossip step (the barriers wait for other senders each step)"
+            return ("random in-neighbours per gossip step (the barriers wait for other senders each step) — set "
+                    "algorithm.random_neighbors = 0")
         if p.local_epochs and len({len(a.rows) for a in sim.agents}) > 1:
-            return "local epochs over shards of different sizes (agents take different numbers of steps)"
+            return ("local epochs over shards of different sizes (agents take different numbers of steps) — use "
+                    "algorithm.local_steps instead of local_epochs")
         return None

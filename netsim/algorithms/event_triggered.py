@@ -68,9 +68,11 @@ class EventTriggered(TriggeredKernel):
 
     def windows_refusal(self, p):
         if p.noise_multiplier > 0:
-            return "noise_multiplier > 0: the windows do not play DP-SGD's releases"
+            return ("noise_multiplier > 0: the windows do not play DP-SGD's releases — set "
+                    "algorithm.noise_multiplier = 0")
         if p.lazy:
-            return "lazy: LAG's gradient trigger decides which releases happen (not played by the windows)"
+            return ("lazy: LAG's gradient trigger decides which releases happen (not played by the windows) — set "
+                    "algorithm.lazy = false")
         return None
 
     def update(self, b, p, g):

@@ -17,8 +17,9 @@ from netsim.errors import InputError
 
 
 def child_command(scenario: Path, sets: list[str], out: Path, plugins: list[str], force: bool) -> list[str]:
-    """The same run as a plain ``netsim run`` (quiet: the explorer owns the terminal)."""
-    cmd = [sys.executable, "-m", "netsim", "run", str(scenario), "--out", str(out), "--quiet"]
+    """The same run as a plain ``netsim run`` (quiet: the explorer owns the terminal), on the events engine, whose
+    trace grows event by event as the explorer follows it (the same bytes as any engine's)."""
+    cmd = [sys.executable, "-m", "netsim", "run", str(scenario), "--out", str(out), "--quiet", "--engine", "events"]
     for s in sets:
         cmd += ["--set", s]
     for p in plugins:

@@ -206,7 +206,8 @@ class Broadcast:
         from netsim.rounds import lookahead
 
         if lookahead.transmits(sim):
-            return "bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows)"
+            return ("bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows) — "
+                    "remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, kernel)
 
     def play_lookahead(self, sim, kernel) -> None:

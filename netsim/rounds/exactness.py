@@ -130,10 +130,12 @@ def refusal(sim) -> str | None:
     kernel = sim.program
     if not isinstance(kernel, RoundKernel) or type(kernel).__module__.startswith("netsim."):
         return None
-    dtype = str(sim.dtype).removeprefix("torch.")
+    dtype, name = str(sim.dtype).removeprefix("torch."), sim.scenario.algorithm.name
     n = 4
-    out = check(sim.scenario.algorithm.name, kernel, sim.params, (Probe(dtype, n, 3, n - 1),))
-    return None if out.violation is None else f"the kernel fails netsim check: {out.violation}"
+    out = check(name, kernel, sim.params, (Probe(dtype, n, 3, n - 1),))
+    if out.violation is None:
+        return None
+    return f"the kernel fails netsim check: {out.violation} — fix the hook it names (netsim check {name} --plugin FILE)"
 
 
 # Params, recorded ----------------------------------------------------------------------------------------------

@@ -123,13 +123,15 @@ def lookahead(sim) -> tuple[float | None, str]:
     for lat, key in lows:
         low = min_latency(lat)
         if low is None:
-            what = f"{key} {lat.kind!r} has no positive lower bound" if lat.kind not in ("constant", "uniform") \
-                else f"the minimum {key} is 0"
-            return None, f"{what}: no lookahead (a message can arrive at once)"
+            what, fix = (f"{key} {lat.kind!r} has no positive lower bound", f"a uniform {key} with low > 0 (or a "
+                         "constant) runs fast") if lat.kind not in ("constant", "uniform") \
+                else (f"the minimum {key} is 0", f"give {key} a minimum > 0")
+            return None, f"{what}: no lookahead (a message can arrive at once) — {fix}"
         bound = low if bound is None else min(bound, low)
     measured = [v for s in getattr(sim.world.network, "series", {}).values() for v in s.latency if v is not None]
     if measured and min(measured) <= 0:
-        return None, "network.trace measures a latency of 0: no lookahead (a message can arrive at once)"
+        return None, ("network.trace measures a latency of 0: no lookahead (a message can arrive at once) — a link "
+                      "trace whose latencies are all > 0 runs fast")
     return (min(bound, *measured) if measured else bound), ""
 
 
@@ -148,12 +150,16 @@ def refusal(sim, kernel) -> str | None:
     sc = sim.world.scenario
     r = sc.run
     if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
-        return "checkpoints cut the run between events"
+        return ("checkpoints cut the run between events — remove run.checkpoint_every and "
+                "run.checkpoint_every_rounds")
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
-        return "privacy.record: the mixing record is written by the events engine's agents"
+        return ("privacy.record: the mixing record is written by the events engine's agents — remove "
+                "privacy.record for the fast path")
     model = sim.world.network.model
     if model is not None and type(model) is not ComposedLinks:
-        return f"a link model of its own decides the messages ({type(model).__name__}: network.model or a replay)"
+        from netsim.rounds.windowed import link_model_refusal
+
+        return link_model_refusal(sim)
     L, why = lookahead(sim)
     if L is None:
         return why
@@ -161,7 +167,8 @@ def refusal(sim, kernel) -> str | None:
     adopt = None if dynamic is None else dynamic.adopt  # the one listener the drivers play (at each activation)
     for a in sim.loop.agents:
         if any(f != adopt for f in a._listeners):
-            return f"agent {a.id} has activation listeners"
+            return (f"agent {a.id} has activation listeners — leave its wakes to agents.activation (no setup hook "
+                    "or plugin listening to them)")
     return None
 
 

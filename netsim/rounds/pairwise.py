@@ -89,7 +89,7 @@ class Pairwise:
 
         if lookahead.transmits(sim):
             return ("bandwidth or uplinks: an exchange waits for its request's transmission (not played by these "
-                    "windows)")
+                    "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, kernel)
 
     def play_lookahead(self, sim, kernel) -> None:

@@ -90,17 +90,21 @@ class PushGossip:
         low, top = {"constant": (lat.value, lat.value),
                     "uniform": (lat.low, lat.high)}.get(lat.kind, (None, None))
         if top is None:
-            return f"latency {lat.kind!r} has no upper bound: a message could land in a later round"
+            return (f"latency {lat.kind!r} has no upper bound: a message could land in a later round — use a uniform "
+                    "or constant latency")
         ct = ag.compute_time.value
         if ct + top >= ag.activation.period:
-            return "a message can land after the next activation"
+            return ("a message can land after the next activation — make compute time + the largest latency "
+                    "shorter than agents.activation.period")
         if low <= ct:
-            return "a message can land before the round's gradients are back (latency <= compute time)"
+            return ("a message can land before the round's gradients are back (latency <= compute time) — make the "
+                    "smallest latency longer than agents.compute_time")
         most = max(len(a.in_neighbors) for a in sim.loop.agents)  # at most one push per in-neighbour a round
         chain = sum(kernel.update_after(p, n, most) is not None for n in range(1, most + 1)) * ct
         if chain > ct and (chain + top >= ag.activation.period or low <= chain):
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
-                    f"(latency {low:g} to {top:g} s) can interleave or cross a tick")
+                    f"(latency {low:g} to {top:g} s) can interleave or cross a tick — lengthen "
+                    "agents.activation.period or shorten agents.compute_time")
         return None
 
     def lookahead_refusal(self, sim, kernel) -> str | None:

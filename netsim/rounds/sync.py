@@ -90,19 +90,23 @@ class SyncRounds:
         sc, p = sim.world.scenario, sim.params
         lat = sc.network.latency
         if lat.kind != "constant":
-            return "links do not have one constant latency (the barrier orders agents by arrival)"
+            return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
+                    "agents by arrival) — set network.latency to a constant")
         state = kernel.state_of(sim.loop.agents[0], p)
         if any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents) and not _local_steps(kernel):
-            return f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute phase)"
+            return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
+                    "phase) — give it a learning rate (algorithm.lr > 0)")
         why = kernel.refusal(sim, p)
         if why is not None:
             return why
-        if sc.agents.compute_time.value + lat.value >= p.round_timeout:
-            return "a round's messages can miss the barrier's timeout"
+        took = sc.agents.compute_time.value + lat.value
+        if took >= p.round_timeout:
+            return (f"compute time + latency = {took:g} s >= algorithm.round_timeout: a round's messages can miss "
+                    f"the barrier's timeout — raise algorithm.round_timeout above {took:g} s")
         if sc.network.loss:
             if kernel.exchanges(p, state) > 1:
                 return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
-                        "different times")
+                        "different times — set network.loss = 0")
             return _round_times(sc, p.round_timeout)
         return None
 
@@ -441,7 +445,8 @@ def _round_times(sc, timeout: float) -> str | None:
         a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
         if at_d != at_t or a_d != a_t:
             return (f"round {r + 1}: agents woken by their last message and by the barrier's timeout would "
-                    f"activate at different float times ({a_d!r} / {a_t!r})")
+                    f"activate at different float times ({a_d!r} / {a_t!r}) — change agents.activation.period or "
+                    "algorithm.round_timeout, or set network.loss = 0")
         c = a_d + ct
         d, t = c + ((c - c) + lat), c + timeout
     return None

@@ -10,7 +10,8 @@ trace, metrics and final models are byte-identical (tests/test_windowed.py). A p
 whose activations are not simultaneous as conservative lookahead windows (``PushGossip.play_lookahead``,
 rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
 the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
-windows, why those do not apply either.
+windows, why those do not apply either. Each reason is one rule and, after " — ", what to change; ``reason`` is the
+one line ``--engine auto`` (the default) reports when it runs the events engine instead.
 
 Between two rounds the run's state is explicit (the bank, the streams, the links, the ledgers, the kernel's
 state, the recorder, and the driver's ``Between``): ``Rounds`` is the driver's seam to the run around its rounds.
@@ -27,53 +28,86 @@ from netsim.sim.loop import Between
 # what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
 NEEDS = {
     "no_budget_cap": lambda sim: None if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None
-    else "privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order",
+    else ("privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order — remove "
+          "privacy.epsilon_cap (the summary still reports each agent's epsilon)"),
 }
 
+# the other way onto the fast path, for what the lookahead windows play and synchronous rounds do not
+ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
 
-def scenario_refusal(sc) -> str | None:
-    """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds."""
+
+def scenario_refusal(sc, alternative: bool = True) -> str | None:
+    """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds. Each line names the
+    rule, then, after " — ", what to change; ``alternative``: also name the asynchronous algorithms' lookahead
+    windows where they play what the rounds cannot (not for an algorithm that has them: its own line says why not)."""
     ag, net = sc.agents, sc.network
+    alt = ASYNC if alternative else ""
     if ag.activation.kind != "periodic":
-        return f"activation {ag.activation.kind!r}: only periodic (simultaneous activations)"
+        return (f"activation {ag.activation.kind!r}: synchronous rounds need simultaneous wakes (only periodic) — set "
+                f"agents.activation.kind = \"periodic\"{alt}")
     same_clocks = all(d.kind == "constant" and d.value == 0.0 for d in (ag.clock_offset, ag.clock_drift))
     if not same_clocks or ag.clock_jitter is not None:
-        return "clock offsets, drift or jitter: activations are not simultaneous"
+        return ("clock offsets, drift or jitter: synchronous rounds need simultaneous wakes — remove "
+                f"agents.clock_offset, clock_drift and clock_jitter{alt}")
     if ag.compute_time.kind != "constant" or ag.stragglers:
-        return "compute times differ between agents"
+        return ("compute times differ between agents: synchronous rounds need one compute time — set "
+                f"agents.compute_time to a constant and remove agents.stragglers{alt}")
     if ag.offline or ag.churn or ag.availability:
-        return "agents go offline"
+        return ("agents go offline: synchronous rounds need every agent at every tick — remove agents.offline, "
+                f"churn and availability{alt}")
     if net.burst or net.outages or net.links or net.trace:
-        return "links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings)"
+        return ("links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings, "
+                f"link traces) — remove network.burst, outages, links and trace (network.loss: Bernoulli loss){alt}")
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
-        return "privacy.record: the mixing record is written by the events engine's agents"
+        return ("privacy.record: the mixing record is written by the events engine's agents — remove "
+                "privacy.record for the fast path")
     if net.bandwidth is not None or net.uplink is not None:
-        return "bandwidth-limited links (transmission times) are not modelled here"
+        return ("bandwidth-limited links: synchronous rounds do not model transmission times — remove "
+                f"network.bandwidth and network.uplink{alt}")
     if sc.topology.dynamic is not None:
-        return "the topology changes over time"
+        return f"the topology changes over time: synchronous rounds need one graph — remove topology.dynamic{alt}"
     r = sc.run
     if r.rounds is None:
-        return "run.rounds is not set (the windows stop at a round limit)"
+        return "run.rounds is not set: synchronous windows stop at a round limit — set run.rounds"
     end = (r.rounds + 1) * ag.activation.period  # the run is over before this
     if r.until is not None and r.until <= end:
-        return f"run.until = {r.until} may stop the run inside a round (give more than {end:g} s)"
+        return (f"run.until = {r.until} may stop the run inside a round — remove run.until (run.rounds ends the "
+                f"run) or give more than {end:g} s")
     if sc.evaluation.every <= end:
-        return (f"evaluations inside the run (evaluation.every = {sc.evaluation.every}; windows need more than "
-                f"{end:g} s: the start and the end are evaluated anyway)")
+        return (f"evaluations inside the run (evaluation.every = {sc.evaluation.every}): synchronous windows evaluate "
+                f"the start and the end only — set evaluation.every above {end:g} s (no learning curve)")
     return None
 
 
 def refusal(sim) -> str | None:
-    """Why this built simulation cannot run window by window with the engine's exact trace (None: it can)."""
+    """Why this built simulation cannot run window by window with the engine's exact trace (None: it can): the
+    synchronous rounds' reason and, for a pattern with lookahead windows, theirs after it."""
+    why, other = reasons(sim)
+    return why if other is None else f"{why}; nor as lookahead windows: {other}"
+
+
+def reason(sim) -> str | None:
+    """The one line ``--engine auto`` reports when it runs the events engine (None: the fast path runs): the rule of
+    the path that would otherwise run, and what to change. For a pattern with lookahead windows that is theirs: they
+    play any activation, clock and compute time, so fixing their reason is what puts the run on the fast path."""
+    why, other = reasons(sim)
+    return why if other is None else other
+
+
+def reasons(sim) -> tuple[str | None, str | None]:
+    """(why not as synchronous rounds, why not as lookahead windows either: None where the pattern has none or
+    they play the run); (None, None): the run is played window by window."""
     kernel = sim.program
     if not isinstance(kernel, RoundKernel):
-        return (f"algorithm {sim.world.scenario.algorithm.name!r} is a coroutine program, not a round kernel "
-                "(docs/extending.md)")
-    why = rounds_refusal(sim, kernel)
-    if why is None or not hasattr(kernel.pattern, "lookahead_refusal"):
-        return why
+        name = sim.world.scenario.algorithm.name
+        return (f"algorithm {name!r} is a coroutine program, not a round kernel: {name} has no fast path yet — "
+                "written as a round kernel (docs/extending.md) it would run fast"), None
+    lookahead = hasattr(kernel.pattern, "lookahead_refusal")
+    why = rounds_refusal(sim, kernel, alternative=not lookahead)
+    if why is None or not lookahead:
+        return why, None
     other = kernel.pattern.lookahead_refusal(sim, kernel) or needs_refusal(sim, kernel)
-    return None if other is None else f"{why}; nor as lookahead windows: {other}"
+    return (None, None) if other is None else (why, other)
 
 
 def needs_refusal(sim, kernel) -> str | None:
@@ -85,16 +119,30 @@ def needs_refusal(sim, kernel) -> str | None:
     return None
 
 
-def rounds_refusal(sim, kernel) -> str | None:
-    """Why the run's rounds are not simultaneous windows (None: they are)."""
-    why = scenario_refusal(sim.world.scenario)
-    if why is None and (sim.world.network.model is not None or sim.world.activation_moves is not None):
-        why = "a link model or an activation hook is installed"
+def link_model_refusal(sim) -> str:
+    """Why a link model of its own (``Network.use``) keeps the windows out, which draw each message from the scenario's
+    links: a plugin's (``network.model``: remove it) or a replay's recorded network (nothing to change)."""
+    name = type(sim.world.network.model).__name__
+    if sim.world.scenario.network.model is not None:
+        return f"a link model of its own decides the messages ({name}: network.model) — remove network.model"
+    return (f"a link model of its own decides the messages ({name}: a replay's recorded network or a setup hook's) "
+            "— nothing to change: a replay runs on the events engine")
+
+
+def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
+    """Why the run's rounds are not simultaneous windows (None: they are); ``alternative``: ``scenario_refusal``'s."""
+    why = scenario_refusal(sim.world.scenario, alternative)
+    if why is None and sim.world.network.model is not None:
+        why = link_model_refusal(sim)
+    if why is None and sim.world.activation_moves is not None:
+        why = "an activation hook is installed — leave the agents' wakes to agents.activation"
     for a in sim.loop.agents if why is None else ():
         if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
-            why = f"agent {a.id} has its own activation schedule or listeners"
+            why = (f"agent {a.id} has its own activation schedule or listeners — leave its wakes to "
+                   "agents.activation (no setup hook or plugin changing them)")
         elif not a.neighbors or not a.in_neighbors:
-            why = f"agent {a.id} has no out- or in-neighbours"
+            why = (f"agent {a.id} has no out- or in-neighbours: every round sends and receives — use a topology in "
+                   "which every agent has both")
         if why is not None:
             break
     if why is None:

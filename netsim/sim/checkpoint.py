@@ -275,6 +275,9 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
         "metrics": sim.recorder.metrics, "state": state,
     }
+    refused = sim.services.find("windowed_refused")  # --engine auto on the events engine: the resumed run says so too
+    if refused is not None:
+        meta["windowed_refused"] = refused
     root = Path(folder) / FOLDER
     root.mkdir(exist_ok=True)
     for stale in root.glob(".ckpt-*.tmp"):  # left by a run killed while writing one
