@@ -459,6 +459,25 @@ def test_every_reader_refuses_a_folder_of_two_runs_in_one_line(two_runs, tmp_pat
         assert str(e.value).startswith(f"{folder}: ") and "\n" not in str(e.value)
 
 
+def test_a_run_killed_while_writing_its_results_reads_as_its_own(two_runs, tmp_path):
+    """A run writes metrics and plots after its trace's end, summary.json last: killed in between, its folder holds
+    one run's files (a complete trace, no summary) and reads; with the trace cut as well it would be two runs."""
+    import shutil
+
+    from netsim.metrics.sql import query
+
+    folder = tmp_path / "killed"
+    shutil.copytree(two_runs["a"], folder)
+    (folder / SUMMARY_FILE).unlink()
+    assert read_trace(folder).complete and query(folder, "SELECT count(*) FROM metrics").num_rows == 1
+    r = cli("query", folder, "SELECT max(time) FROM metrics")
+    assert r.exit_code == 0, r.output
+    data = (folder / TRACE_FILE).read_bytes()
+    (folder / TRACE_FILE).write_bytes(data[:len(data) - len(EOS)])  # the end marker gone: a run cut earlier
+    with pytest.raises(InputError, match="holds files of different runs"):
+        read_trace(folder)
+
+
 def test_a_complete_folder_whose_trace_lost_its_end_is_refused(two_runs, tmp_path):
     import shutil
 

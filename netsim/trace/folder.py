@@ -98,7 +98,9 @@ def check_run_folder(folder: str | Path) -> None:
     ends = [name for name in END_FILES if (folder / name).is_file()]
     summary = _json(folder / SUMMARY_FILE)
     if summary is None and not (folder / SUMMARY_FILE).exists():
-        if ends:
+        trace = folder / TRACE_FILE
+        # a run writes its end files after its trace's end and before summary.json: killed in between, they are its own
+        if ends and not (trace.is_file() and has_end_marker(trace)):
             raise InputError("", f"holds files of different runs: {', '.join(ends)} of a run that completed, "
                                  f"beside one that did not (no {SUMMARY_FILE}; a run writes them when it completes); "
                                  "run the scenario again into this folder with --force, or into another", where)
