@@ -153,6 +153,30 @@ def test_the_cli_says_where_the_tensor_work_ran(tmp_path, monkeypatch):
         assert res.exit_code == 0 and said in " ".join(res.output.split()), res.output
 
 
+def test_a_worker_only_where_torch_runs_one_thread(tmp_path, monkeypatch):
+    """The worker computes at one thread (OpenMP's threads do not survive a fork): at more, it would not make the
+    events engine's products, so the windows keep their tensor work here; at one, a worker takes it (two cores)."""
+    import os
+
+    import torch
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: no worker either way")
+    monkeypatch.setenv(tensor_worker.ENV, "auto")
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        r = netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "two", engine="windowed")
+        assert r.summary["windows"]["tensor_worker"] is False
+        assert r.summary["windows"]["tensor_worker_why_not"].startswith("torch runs 2 threads here and the worker one")
+        torch.set_num_threads(1)
+        r1 = netsim.run(scenario_from_dict(asynchronous()), out=tmp_path / "one", engine="windowed")
+        assert r1.summary["windows"]["tensor_worker"] is True
+    finally:
+        torch.set_num_threads(old)
+    assert (tmp_path / "two" / "trace.arrows").read_bytes() == (tmp_path / "one" / "trace.arrows").read_bytes()
+
+
 def test_what_was_printed_before_the_worker_is_printed_once(tmp_path):
     """Output still buffered when the worker forks is not written again when the worker ends (multiprocessing
     flushes the standard streams before it forks: a bare os.fork would not)."""

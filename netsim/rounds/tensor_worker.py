@@ -16,11 +16,13 @@ writer's state (``TraceWriter.handoff``), the gradient service's counts and the 
 in the worker fails the run with the worker's traceback.
 
 Used when (``reason_not``): the bank is on the CPU (a CUDA context does not survive a fork), this process may use
-two cores, the platform forks, this process is not a worker itself (a parallel sweep's), the run keeps no privacy
-ledger (a release is accounted where it is made: in the worker it would not be; one there fails the run) and
-``NETSIM_TENSOR_WORKER`` is not ``0`` (``1``: a worker even on one core, as the tests use it, or for a driver that
-keeps one process unless asked: the broadcast pattern's, whose control bounds its runs). The run summary's
-``windows.tensor_worker`` says whether one was used, ``tensor_worker_why_not`` why not.
+two cores and runs torch at one thread (the worker computes at one: OpenMP's threads do not survive a fork, and a
+BLAS product or a reduction to one value can round differently at another thread count than the events engine's),
+the platform forks, this process is not a worker itself (a parallel sweep's), the run keeps no privacy ledger (a
+release is accounted where it is made: in the worker it would not be; one there fails the run) and
+``NETSIM_TENSOR_WORKER`` is not ``0`` (``1``: a worker even on one core or at more threads, as the tests use it, or
+for a driver that keeps one process unless asked: the broadcast pattern's, whose control bounds its runs). The run
+summary's ``windows.tensor_worker`` says whether one was used, ``tensor_worker_why_not`` why not.
 """
 
 from __future__ import annotations
@@ -59,14 +61,21 @@ def reason_not(sim, unasked: str | None = None) -> str | None:
             return unasked
         if len(os.sched_getaffinity(0)) < 2:
             return "one core"
+        import torch
+
+        if torch.get_num_threads() != 1:  # the worker computes at one thread: the engine's bits need the same count
+            return (f"torch runs {torch.get_num_threads()} threads here and the worker one (OpenMP does not survive "
+                    "a fork): a product can round differently at another thread count; OMP_NUM_THREADS=1 gives a "
+                    "worker")
     return None
 
 
 def _serve(driver, conn) -> None:
     """The worker: each window's work as it comes; the bank when asked; everything at the end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the run (and this worker)
-    # the worker keeps this process's torch thread count (it forked with it): a BLAS product, and a reduction to one
-    # value, can round differently at another count, and the worker's bits must be the events engine's
+    import torch
+
+    torch.set_num_threads(1)  # the other core plays the control; OpenMP's threads do not survive a fork
     driver.sim.refuse_ledgers(f"a release in the windows' tensor worker would not be accounted: run with {ENV}=0")
     stats, svc, writer = driver.stats, driver.svc, driver.writer
     rows = PackedRows(Words())  # the control's rows not yet in a whole batch
