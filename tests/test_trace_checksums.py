@@ -1,13 +1,15 @@
 """A damaged trace never reads as a valid one: every record batch carries a CRC-32 of its values and every
 reader verifies it, refusing a damaged batch in one line that names the file and the batch (exit 2); a trace
 cut at a batch boundary (a killed run) still reads as a partial run; a trace written without checksums (an
-older netsim) reads as before, with a warning; the checksum holds over a compressed IPC body."""
+older netsim) reads as before, with a warning; the writer compresses every batch body (zstd), and the CRC holds
+over it; plain traces (written before), compressed and mixed ones read alike."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
@@ -182,30 +184,129 @@ def test_a_header_that_lost_its_checksum_key_is_refused(run_dir, tmp_path):
         read_trace(bad)
 
 
-@pytest.mark.skipif(not pa.Codec.is_available("zstd"), reason="pyarrow without zstd")
-def test_the_checksum_holds_over_a_compressed_body(run_dir, tmp_path):
-    """Buffer compression (zstd) changes every body byte; the CRC is of the decoded values, so it still verifies,
-    and a damaged compressed batch is still refused."""
+def messages(data: bytes, compression=None) -> tuple[bytes, list[bytes]]:
+    """A trace's schema message and its batches as IPC messages with their checksums, written by pyarrow's own
+    stream writer with ``compression`` (None: bodies as netsim wrote them before it compressed its traces)."""
     from netsim.trace.io import CRC_KEY, SCHEMA, batch_crc
 
-    data = (run_dir / TRACE_FILE).read_bytes()
     reader = pa.ipc.open_stream(pa.py_buffer(data))
-    head = reader.schema.serialize().to_pybytes()
-    messages = []
+    out = []
     for b in reader:
         sink = pa.BufferOutputStream()
-        w = pa.ipc.new_stream(sink, SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd"))
+        w = pa.ipc.new_stream(sink, SCHEMA, options=pa.ipc.IpcWriteOptions(compression=compression))
         w.write_batch(b, custom_metadata={CRC_KEY: f"{batch_crc(b):08x}"})
-        messages.append(sink.getvalue().slice(len(SCHEMA.serialize())).to_pybytes())
-    assert messages[0] != reader.schema and len(messages[0]) != batches(data)[0][1] - batches(data)[0][0]
-    packed = tmp_path / "zstd.arrows"
-    packed.write_bytes(head + b"".join(messages) + EOS)
-    tr = read_trace(packed)
-    assert tr.complete and tr.table.equals(read_trace(run_dir).table)
-    at = len(head) + len(messages[0]) + len(messages[1]) // 2
-    packed.write_bytes(inverted(packed.read_bytes(), at, 16))
-    with pytest.raises(InputError, match=r"batch 2 \(at byte .*is damaged"):
-        read_trace(packed)
+        out.append(sink.getvalue().slice(len(SCHEMA.serialize())).to_pybytes())
+    return reader.schema.serialize().to_pybytes(), out
+
+
+def compressed(data: bytes) -> list[bool]:
+    """For each batch of a trace, whether its body is compressed (smaller than the same batch's plain body)."""
+    src, out = pa.BufferReader(pa.py_buffer(data)), []
+    schema = pa.ipc.read_schema(pa.ipc.read_message(src))
+    for _ in batches(data):
+        msg = pa.ipc.read_message(src)
+        plain = pa.ipc.read_message(pa.ipc.read_record_batch(msg, schema).serialize()).body.size
+        out.append(msg.body.size < plain)
+    return out
+
+
+@pytest.mark.skipif(not pa.Codec.is_available("zstd"), reason="pyarrow without zstd")
+def test_the_writer_compresses_every_batch_body_with_zstd(run_dir):
+    """Byte for byte what pyarrow's stream writer writes with zstd at level 3 and each batch's checksum; under
+    half the plain trace's size (64-row batches); the CRC, of the decoded values, verifies over the compressed
+    bodies (damaged ones: the tests above, on this trace)."""
+    data = (run_dir / TRACE_FILE).read_bytes()
+    head, zstd = messages(data, pa.Codec("zstd", compression_level=3))
+    assert data == head + b"".join(zstd) + EOS
+    _, plain = messages(data)
+    assert all(compressed(data)) and len(zstd) > 4 and len(data) < len(head) + sum(map(len, plain)) / 2
+    tr = read_trace(run_dir)
+    assert tr.complete and tr.checked
+
+
+@pytest.mark.parametrize("length", [2**62, 2**40, 10**6, 0, -5])
+def test_a_damaged_decompressed_length_is_refused_in_one_line(run_dir, tmp_path, length):
+    """A compressed buffer starts with its decompressed length (int64): damaged (huge, short, negative), the batch
+    is refused like any damaged one, not allocated."""
+    import struct
+
+    data = bytearray((run_dir / TRACE_FILE).read_bytes())
+    start, end = batches(bytes(data))[1]
+    body = pa.ipc.read_message(pa.py_buffer(bytes(data[start:end]))).body.size
+    at = end - body  # the body's first buffer: the t column's values (a column without nulls has no bitmap)
+    assert struct.unpack_from("<q", data, at)[0] == 8 * DP["run"]["trace_flush_every"]  # float64s of a whole batch
+    struct.pack_into("<q", data, at, length)
+    bad = tmp_path / "bad.arrows"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"batch 2 \(at byte {start:,}\) is damaged: it does not decode"):
+        read_trace(bad)
+
+
+def test_the_committed_plain_traces_still_read():
+    """The traces under tests/data were written before netsim compressed its traces: they read whole, as before."""
+    traces = sorted((Path(__file__).parent / "data").glob(f"*/{TRACE_FILE}"))
+    assert len(traces) >= 3
+    for path in traces:
+        data = path.read_bytes()
+        tr = read_trace(path)
+        assert not any(compressed(data)) and tr.complete and tr.table.num_rows > 500
+        assert tr.table.equals(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
+
+
+@pytest.mark.skipif(not pa.Codec.is_available("zstd"), reason="pyarrow without zstd")
+def test_plain_compressed_and_mixed_traces_read_alike_by_every_reader(run_dir, tmp_path):
+    """A trace netsim wrote before it compressed its bodies (plain), and one whose first batches are plain and the
+    rest compressed (a run started before, resumed after), read as the compressed one does: the same rows through
+    every Python reader and the same output from every command; replayed, each gives the recording's own bytes
+    (compressed); cut inside a batch, each reads as a partial run up to the batch before."""
+    from netsim.explore.model import RunData
+    from netsim.metrics.sql import query
+
+    data = (run_dir / TRACE_FILE).read_bytes()
+    head, plain = messages(data)
+    half = len(plain) // 2
+    _, zstd = messages(data, pa.Codec("zstd", compression_level=3))
+    variants = {"plain": plain, "mixed": plain[:half] + zstd[half:]}
+    assert not any(compressed(head + b"".join(plain) + EOS))
+    assert compressed(head + b"".join(variants["mixed"]) + EOS) == [False] * half + [True] * (len(plain) - half)
+    rows = sum(b.num_rows for b in list(pa.ipc.open_stream(pa.py_buffer(data)))[:half])  # in the first half
+    full = read_trace(run_dir)
+    model = RunData(run_dir)
+    sql = "SELECT kind, count(*) AS n, sum(size) AS bytes, max(t) AS t FROM trace GROUP BY kind ORDER BY kind"
+    commands = {"query": ["query", "{run}", sql], "privacy": ["privacy", "{run}", "--no-pld"],
+                "timeline": ["timeline", "{run}", "--width", "80"], "export": ["explore", "{run}", "--export", "{out}"]}
+
+    def outputs(folder: Path, tag: str) -> dict[str, str]:
+        out = {}
+        for name, args in commands.items():
+            target = tmp_path / "out" / f"{tag}-{name}.json"
+            r = CliRunner().invoke(app, [a.format(run=folder, out=target) for a in args])
+            assert r.exit_code == 0, (name, r.output)
+            text = r.stdout + (target.read_text() if target.exists() else "")
+            out[name] = text.replace(str(target), "OUT").replace(str(folder), "RUN")
+        return out
+
+    (tmp_path / "out").mkdir()
+    expected = outputs(run_dir, "zstd")
+    for name, msgs in variants.items():
+        folder = tmp_path / name
+        shutil.copytree(run_dir, folder)
+        (folder / TRACE_FILE).write_bytes(head + b"".join(msgs) + EOS)
+        tr = read_trace(folder)
+        assert tr.complete and tr.checked and tr.table.equals(full.table) and tr.metadata == full.metadata
+        assert RunResult.load(folder).events.equals(full.table)
+        assert query(folder, sql).equals(query(run_dir, sql))
+        other = RunData(folder)
+        assert all(np.array_equal(getattr(other, k), getattr(model, k)) for k in ("t", "agent", "peer", "msg", "value"))
+        assert other.complete and outputs(folder, name) == expected
+        r = CliRunner().invoke(app, ["replay", str(folder), "--out", str(tmp_path / f"{name}-replay"), "-q"])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / f"{name}-replay" / TRACE_FILE).read_bytes() == data
+        for gone in (SUMMARY_FILE, *END_FILES):  # what a killed run leaves: its trace cut inside a batch
+            (folder / gone).unlink(missing_ok=True)
+        (folder / TRACE_FILE).write_bytes(head + b"".join(msgs[:half]) + msgs[half][:len(msgs[half]) // 2])
+        part = read_trace(folder)
+        assert not part.complete and part.table.equals(full.table.slice(0, rows)) and rows > 0
 
 
 def test_batch_crc_is_of_the_values_not_of_their_buffers():
