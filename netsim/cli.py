@@ -975,7 +975,7 @@ def check(name: Optional[str] = typer.Argument(  # noqa: UP045 - typer needs Opt
     """Check a round kernel's exactness: each tensor hook on a batch of B rows and on B batches of one, with drawn
     inputs (seeded; float32 and float64; a few sizes), must give every row the same bits, and every Params field a
     hook reads must be declared in its reads. A violation is one line naming the hook, exit 1 (docs/extending.md)."""
-    from netsim.algorithms.check import check_registered
+    from netsim.algorithm_reference import check_registered
     from netsim.errors import InputError
 
     try:
