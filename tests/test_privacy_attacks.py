@@ -167,13 +167,13 @@ def test_cli_writes_attack_csv_and_plot_and_prints_the_fraction(tmp_path):
     r = runner.invoke(app, ["privacy", str(tmp_path), "--attack", "reconstruct"])
     assert r.exit_code == 0, r.output
     # each agent alone hears its two neighbours: 2 of 7 victims
-    assert "0.2857 of 56 victim releases reconstructed exactly (8 observer sets)" in r.stdout
+    assert "16 of 56 victim releases reconstructed exactly (fraction 0.2857; 8 observer sets)" in r.stdout
     with (tmp_path / "attack.csv").open() as f:
         got = list(csv.DictReader(f))
     assert list(got[0]) == ["victim", "round", "reconstructed", "x_uu", "hops", "error", "observers"]
     assert len(got) == 56 and (tmp_path / "attack.png").stat().st_size > 0
     r = runner.invoke(app, ["privacy", str(tmp_path), "--attack", "reconstruct", "--observers", "0,3"])
-    assert r.exit_code == 0 and "(1 observer set)" in r.stdout
+    assert r.exit_code == 0 and "; 1 observer set)" in r.stdout
 
 
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):

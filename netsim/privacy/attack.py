@@ -253,10 +253,11 @@ def run_attacks(run_folder: str | Path, attack: str | None, audit: bool, observe
 
 def attack_lines(out: dict[str, Any], folder: str) -> list[str]:
     """The terminal summary: the fraction reconstructed, then per distance."""
-    lines = [f"reconstruction attack (El Mrini et al.): {out['fraction_reconstructed']:.4g} of "
-             f"{out['releases']} victim releases reconstructed exactly ({out['observer_sets']} observer set"
+    done = round(out["fraction_reconstructed"] * out["releases"])
+    lines = [f"reconstruction attack (El Mrini et al.): {done} of {out['releases']} victim releases reconstructed "
+             f"exactly (fraction {out['fraction_reconstructed']:.4g}; {out['observer_sets']} observer set"
              f"{'s' if out['observer_sets'] != 1 else ''})"]
-    head = ("hops", "releases", "reconstructed") + (("median error",) if out["values"] else ())
+    head = ("hops", "releases", "fraction reconstructed") + (("median error",) if out["values"] else ())
     table = [head] + [(str(h["hops"]), str(h["releases"]), f"{h['fraction']:.4g}")
                       + ((("-" if h["median_error"] is None else f"{h['median_error']:.4g}"),) if out["values"] else ())
                       for h in out["by_hops"]]
