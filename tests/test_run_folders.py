@@ -4,6 +4,7 @@ in an algorithm keeps its partial trace and a summary naming the error."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -111,27 +112,17 @@ def test_privacy_of_a_killed_run_starts_with_a_partial_warning(killed, tmp_path)
     assert first.startswith("warning: partial run, up to t = ") and f"{t_end:.6g}" in first
 
 
-def test_an_interrupted_runs_trace_is_partial_until_resumed(tmp_path, monkeypatch):
+def test_an_interrupted_runs_trace_is_partial_until_resumed(tmp_path):
     """A run stopped at a checkpoint (as Ctrl-C stops it) has no end either; resuming it writes it."""
     from netsim import api
-    from netsim.sim import checkpoint
 
-    real = checkpoint.write
-
-    def write_then_interrupt(sim, folder, keep, kind, header):  # Ctrl-C right after the first checkpoint
-        path = real(sim, folder, keep, kind, header)
-        if kind == "periodic":
-            sim.interrupt()
-        return path
-
-    monkeypatch.setattr(checkpoint, "write", write_then_interrupt)
     sc = scenario_from_dict(merge(BASE, {"run": {"until": 6.0, "checkpoint_every": 2.0}}))
     folder = tmp_path / "r"
-    res = api.run(sc, out=folder, interruptible=False)
+    with _interrupt_after_first_checkpoint():
+        res = api.run(sc, out=folder, interruptible=False)
     assert res.summary["stop_reason"] == "interrupted"
     tr = read_trace(folder)
     assert not tr.complete and 0 < tr.t_end <= 2.0  # the events before the first checkpoint mark
-    monkeypatch.setattr(checkpoint, "write", real)
     api.resume(folder, interruptible=False)
     assert read_trace(folder).complete
 
@@ -320,7 +311,8 @@ def test_arrow_stream_written_by_pyarrow_is_complete(tmp_path):
 
 # --- one run per folder ------------------------------------------------------------------------------
 
-def _interrupt_after_first_checkpoint(monkeypatch):
+@contextlib.contextmanager
+def _interrupt_after_first_checkpoint():
     """Ctrl-C right after the run's first periodic checkpoint (what SIGINT does, deterministically)."""
     from netsim.sim import checkpoint
 
@@ -332,8 +324,11 @@ def _interrupt_after_first_checkpoint(monkeypatch):
             sim.interrupt()
         return path
 
-    monkeypatch.setattr(checkpoint, "write", write_then_interrupt)
-    return real
+    checkpoint.write = write_then_interrupt
+    try:
+        yield
+    finally:
+        checkpoint.write = real
 
 
 AGENT_METRICS = {"evaluation": {"every": 1.0, "metrics": ["loss", "accuracy", "agent_accuracy"]}}
@@ -343,7 +338,6 @@ def test_force_then_ctrl_c_leaves_only_the_new_runs_files_and_resume_finishes_it
     """`netsim run --out DIR --force` into a complete run, stopped by Ctrl-C: none of the old run's outputs
     (metrics, per-agent metrics, plots, summary, its privacy report) stays beside the new run's trace;
     `netsim resume` then completes the new run and every reader reads it."""
-    from netsim.sim import checkpoint
 
     folder = tmp_path / "ck"
     old = tmp_path / "old.toml"
@@ -355,14 +349,13 @@ def test_force_then_ctrl_c_leaves_only_the_new_runs_files_and_resume_finishes_it
     new = tmp_path / "new.toml"
     new.write_text(tomli_w.dumps(merge(BASE, {"run": {"until": 6.0, "seed": 8, "checkpoint_every": 2.0},
                                               **AGENT_METRICS})))
-    real = _interrupt_after_first_checkpoint(monkeypatch)
-    stopped = cli("run", new, "--out", folder, "--force", "-q")
+    with _interrupt_after_first_checkpoint():
+        stopped = cli("run", new, "--out", folder, "--force", "-q")
     assert stopped.exit_code == 130, stopped.output
     assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", "scenario.toml", PARTIAL_SUMMARY, TRACE_FILE]
     q = cli("query", folder, "SELECT (SELECT count(*) FROM metrics) AS m, (SELECT max(t) FROM trace) AS t")
     assert q.exit_code == 0 and q.stderr.startswith("warning: partial run, up to t = "), q.output
     assert " 0 " in q.stdout  # no metrics of another run
-    monkeypatch.setattr(checkpoint, "write", real)
     resumed = cli("resume", folder, "-q")
     assert resumed.exit_code == 0, resumed.output
     s = json.loads((folder / SUMMARY_FILE).read_text())
@@ -380,24 +373,12 @@ def test_force_then_ctrl_c_leaves_only_the_new_runs_files_and_resume_finishes_it
 def two_runs(tmp_path_factory) -> dict[str, Path]:
     """A complete run A (until 3 s) and B, the same scenario run longer, interrupted at its first checkpoint."""
     from netsim import api
-    from netsim.sim import checkpoint
 
     root = tmp_path_factory.mktemp("two")
     a = netsim.run(scenario_from_dict(merge(BASE, {"run": {"until": 3.0}, **AGENT_METRICS})), out=root / "a").out
-    real = checkpoint.write
-
-    def write_then_interrupt(sim, folder, keep, kind, header):
-        path = real(sim, folder, keep, kind, header)
-        if kind == "periodic":
-            sim.interrupt()
-        return path
-
-    checkpoint.write = write_then_interrupt
-    try:
-        sc = scenario_from_dict(merge(BASE, {"run": {"until": 8.0, "checkpoint_every": 2.0}, **AGENT_METRICS}))
+    sc = scenario_from_dict(merge(BASE, {"run": {"until": 8.0, "checkpoint_every": 2.0}, **AGENT_METRICS}))
+    with _interrupt_after_first_checkpoint():
         b = api.run(sc, out=root / "b", interruptible=False).out
-    finally:
-        checkpoint.write = real
     c = netsim.run(scenario_from_dict(merge(BASE, {"run": {"until": 3.0, "seed": 11}, **AGENT_METRICS})),
                    out=root / "c").out
     return {"a": a, "b": b, "c": c}

@@ -226,15 +226,10 @@ class Simulation:
         return self.loop.wall + time.perf_counter() - self.loop.t0
 
     def _deliver(self, msg) -> None:
-        if self._views is not None:  # privacy.record = "payloads": what each observer received
-            self._views.deliver(msg, self.loop.env.now)
+        log = self.recorder.mixing_log  # (every delivery: one attribute read when nothing is recorded)
+        if log is not None and log.views is not None:  # privacy.record = "payloads": what each observer received
+            log.views.deliver(msg, self.loop.env.now)
         self.loop.agents[msg.dst].inbox.put(msg)
-
-    @property
-    def _views(self):
-        """The privacy layer's payload record (privacy.record = "payloads"), else None."""
-        log = self.recorder.mixing_log
-        return None if log is None else log.views
 
     def agent_finished(self) -> None:
         self.loop.agent_finished()
