@@ -47,8 +47,7 @@ batches are exact, and ``gradient_batches`` is the engine's too. With a batch-in
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
 those calls. Push gossip's tensor work is done for 8 windows at once (``gathers``: fewer, fuller lock steps; a
-merge then waits in lock step for a push of an earlier window of the same work), and, given a second core, in a
-forked worker process while this one plays the next windows (rounds/tensor_worker.py), which writes the trace too.
+merge then waits in lock step for a push of an earlier window of the same work).
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ NO_TAG, ACTIVATE, COMPUTE_START, COMPUTE_END, SEND, DROP, DELIVER = range(7)
 _WORDS = ("", "activate", "compute_start", "compute_end", "send", "drop", "deliver")
 pack = RECORD.pack
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
-# on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple per operation, to make or to pickle)
+# on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple to make per operation)
 
 
 @attrs.define
@@ -89,8 +88,7 @@ class WindowStats:
     tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
     gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
     wall_s: float = 0.0
-    control_cpu_s: float = 0.0  # CPU seconds of the thread that plays the events (with a worker: the control alone)
-    worker: str = ""  # why the tensor work stays in this process ("": a worker process did it, in parallel)
+    control_cpu_s: float = 0.0  # CPU seconds of the thread that plays the events and does the tensor work
 
     def add(self, events: int) -> None:
         self.fewest = events if not self.windows else min(self.fewest, events)
@@ -102,8 +100,7 @@ class WindowStats:
                 "events_per_window_mean": self.events / max(1, self.windows),
                 "events_per_window_min": self.fewest,
                 "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
-                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s,
-                "tensor_worker": not self.worker, **({"tensor_worker_why_not": self.worker} if self.worker else {})}
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s}
 
 
 def min_latency(lat) -> float | None:
@@ -223,14 +220,9 @@ class WindowDriver:
     gradient batches (the engine's, or one call per lock step for a batch-invariant model) and the loop over
     windows (``run``). A driver adds its control (``events_until``: what an activation, a delivery and a completed
     gradient do), its tensor work (``tensor_work``), where a ticket's gradient is taken (``point``) and ``first``,
-    the request of an activation's first gradient (None: none). A driver whose tensor work reads nothing of its
-    control but what ``window_work`` hands over (``take_work`` in the worker) sets ``pipelines``: its tensor work
-    may run in a worker process (rounds/tensor_worker.py)."""
+    the request of an activation's first gradient (None: none)."""
 
     first = None
-    pipelines = False
-    unasked: str | None = None  # why a driver that pipelines keeps one process unless NETSIM_TENSOR_WORKER=1 asks
-    one_process = "this driver's control and tensor work share state"  # why a driver that does not pipeline keeps one
     gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
     # a merge wait for a push of an earlier window in the same work)
 
@@ -590,58 +582,25 @@ class WindowDriver:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
-    def window_work(self, first_ticket: int) -> tuple:
-        """What the window's tensor work needs of its control, for the worker (picklable): each agent's operations,
-        the window's gradient requests (an agent's whole part as None: the worker has it), its gradient batches and
-        the rounds of the agents that act (``Batch.round``)."""
-        ops, flushes = self.ops.copy(), self.flushes.copy()  # (the control's closures hold these very objects)
-        self.ops.clear()
-        self.flushes.clear()
-        agents, ticket_of = self.agents, self.ticket_of
-        new = ticket_of[first_ticket:]
-        ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
-        return first_ticket, ops, new, flushes, [(i, agents[i].round) for i in ops]
-
-    def take_work(self, work: tuple) -> int:
-        """In the worker: the window's ``window_work`` in place; the window's first ticket."""
-        first, ops, tickets, flushes, rounds = work
-        self.ops.update(ops)
-        self.flushes.extend(flushes)
-        agents = self.agents
-        if len(self.ticket_of) != first:
-            raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
-        self.ticket_of.extend(tickets)
-        for i, r in rounds:
-            agents[i].round = r
-        return first
-
     def run(self) -> None:
-        """Play the run window by window: each window's events, then its tensor work (here, or in a worker process
-        while the next window's events are played), its rows, and the evaluation that ended it, if one did."""
-        from netsim.rounds import tensor_worker
-
+        """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
+        that ended it, if one did."""
         sim, stats = self.sim, self.stats
         t0, c0 = time.perf_counter(), time.thread_time()
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
                 self.svc.keep_rows(a.rows)
-        stats.worker = tensor_worker.reason_not(sim, self.unasked) if self.pipelines else self.one_process
-        worker = tensor_worker.TensorWorker(self) if not stats.worker else None
-        rows = PackedRows(self.words)  # the trace rows made since the last send to the worker (it writes them), or
-        # since the last write here (written a batch at a time: columns of fewer rows would wait in the writer as
-        # row tuples)
+        rows = PackedRows(self.words)  # the trace rows made since the last write (written a batch at a time: columns
+        # of fewer rows would wait in the writer as row tuples)
         try:
-            self._windows(worker, rows)
+            self._windows(rows)
         except BaseException:
-            if worker is not None:
-                worker.abandon(rows)
-            else:
-                rows.write_to(self.writer, final=True)
+            rows.write_to(self.writer, final=True)
             raise
         sim.loop.env.advance_to(self.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
 
-    def _windows(self, worker, shipped: PackedRows) -> None:
+    def _windows(self, shipped: PackedRows) -> None:
         sim, stats = self.sim, self.stats
         if self.until is not None:
             self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
@@ -663,44 +622,31 @@ class WindowDriver:
             gathered += 1
             if gathered == self.gathers or self.evaluation is not None or self.ended or self.first_due() is None:
                 gathered = 0
-                if worker is not None:
-                    worker.send(self.window_work(first_ticket), shipped)
-                else:
-                    t1 = time.perf_counter()
-                    self.tensor_work(first_ticket)
-                    stats.tensor_s += time.perf_counter() - t1
-                    self.decide()
+                t1 = time.perf_counter()
+                self.tensor_work(first_ticket)
+                stats.tensor_s += time.perf_counter() - t1
+                self.decide()
             stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
             shipped.extend(self.rows)
             self.rows.clear()
-            if worker is None:
-                shipped.write_to(self.writer)  # (whole batches)
+            shipped.write_to(self.writer)  # (whole batches)
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
                 if self.until is None or t < self.until:
-                    if worker is None:
-                        shipped.write_to(self.writer, final=True)  # the rows before its own
-                        sim.evaluate()
-                    else:
-                        worker.sync_bank()
-                        with self.writer.capturing(shipped):  # its trace row, in order, for the worker to write
-                            sim.evaluate()
+                    shipped.write_to(self.writer, final=True)  # the rows before its own
+                    sim.evaluate()
                     if sim.diverging_stop:  # run.stop_on_divergence: the run ends at this evaluation
                         self.ended = True
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
-        if worker is not None:
-            worker.finish(shipped)
-        else:
-            shipped.write_to(self.writer, final=True)
+        shipped.write_to(self.writer, final=True)
 
 
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
-    pipelines = True
     gathers = 8
 
     def __init__(self, pattern, sim, kernel):

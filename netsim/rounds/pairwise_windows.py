@@ -54,8 +54,6 @@ def play(pattern, sim, kernel) -> None:
 class _Driver(WindowDriver):
     """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
 
-    one_process = "the exchanges' control and tensor work share the bank"
-
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, n = self.p, len(self.agents)

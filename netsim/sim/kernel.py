@@ -157,13 +157,6 @@ class Simulation:
         """The run goes on from a checkpoint, reached by ``how`` ("restore" or "re-execution") in ``seconds``."""
         self.recorder.resumed = (how, seconds)
 
-    def refuse_ledgers(self, why: str) -> None:
-        """From now on an agent's first privacy release fails, saying ``why`` (where it could not be accounted)."""
-        def refuse(agent):
-            raise RuntimeError(f"agent {agent.id}: {why}")
-
-        self.new_ledger = refuse
-
     def crashed(self) -> None:
         """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
         its end-of-stream marker (it reads as partial)."""
