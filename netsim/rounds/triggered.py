@@ -20,18 +20,19 @@ import attrs
 
 from netsim.comm.patterns import NeighborCopies, drain
 from netsim.comm.triggers import EventTrigger, TriggerKind
-from netsim.rounds.broadcast import Broadcast
-from netsim.rounds.kernel import LOOKAHEAD, Batch, Path, RoundKernel, updated
+from netsim.rounds.broadcast import Broadcast, BroadcastKernel
+from netsim.rounds.kernel import LOOKAHEAD, Batch, Path, updated
 
 if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
     import torch
 
 
-class TriggeredKernel(RoundKernel):
+class TriggeredKernel(BroadcastKernel):
     """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no
     step), ``trigger`` (the send rule's kind, threshold and decay) and ``update`` (the step after the mix, on
     ``b.x``). A batch's agents may be at different activations: agent n's count so far is ``b.rounds()[n] - 1`` (in
-    the events engine's batch of one, ``b.k`` too)."""
+    the events engine's batch of one, ``b.k`` too). Its windowed driver is the broadcast's with another control, so
+    it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults (no ``request``, ``extra_rows``, ...)."""
 
     def trigger(self, p: Any) -> tuple[TriggerKind, float, float]:
         raise NotImplementedError
