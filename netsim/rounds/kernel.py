@@ -1,9 +1,10 @@
 """Round kernels: an algorithm written once, as its per-round math over a batch of agents.
 
 A round-structured method (D-PSGD and its private and compressed variants, gossip learning) is a
-``RoundKernel``: ``local`` says what each agent of a batch sends, after the gradient it asked for with
-``gradient``; ``combine`` says what it does with what arrived; ``pattern`` names the exchange between the
-two, and the pattern owns everything else (waking, links, barriers, timeouts, the trace). In the events
+``RoundKernel`` of its pattern's class (``Pattern.kernel``: barrier rounds call a ``SyncKernel``'s ``local``, what
+each agent of a batch sends after the gradient it asked for with ``gradient``, and ``combine``, what it does with
+what arrived; push gossip a ``PushKernel``'s ``combine`` and ``update``; ...); ``pattern`` names the exchange, and the
+pattern owns everything else (waking, links, barriers, timeouts, the trace). In the events
 engine the pattern runs each agent as a generator over a batch of one; in the windowed engine its driver
 plays every agent of a round as one batch, with the events engine's exact trace. Because a batch's rows are
 computed by the same float operations whatever the batch (everything a kernel does goes through ``Batch``,
