@@ -17,13 +17,13 @@ slot by slot: every agent's s-th merge in one call, then their s-th update's gra
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
 from netsim.comm.patterns import drain
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import LOOKAHEAD, Batch, GradientRequest, Path, Pattern, RoundKernel
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
 from netsim.trace.events import Finish
@@ -54,11 +54,34 @@ class Peers:
         return nb[held.pop()]
 
 
+class PushKernel(RoundKernel):
+    """An algorithm of push gossip (``PushGossip``): per activation and received model, ``combine`` merges the model
+    into each row (``received``: the (B, P) rows of the models, row n agent n's), and ``update_after`` says whether a
+    gradient step follows receipt ``n`` of ``received``; ``update`` applies it (``g``: the (B, P) gradients at the
+    rows as they were asked for). Both work on ``b.x`` in place or by assigning it; a batch's agents may be at
+    different activations (``b.rounds()``)."""
+
+    def update_after(self, p: Any, n: int, received: int) -> GradientRequest | None:
+        """The gradient to take after merging receipt ``n`` (1-based) of the ``received`` models of an activation
+        (None: no update then)."""
+        return None
+
+    def combine(self, b: Batch, p: Any, received: torch.Tensor) -> None:
+        """Merge one received model into each row of ``b.x``."""
+        raise NotImplementedError
+
+    def update(self, b: Batch, p: Any, g: torch.Tensor) -> None:
+        """The gradient step of each row of ``b.x``."""
+        raise NotImplementedError
+
+
 @attrs.frozen
-class PushGossip:
+class PushGossip(Pattern):
     """The pattern: models tagged ``tag``; the kernel's ``combine`` merges one received model into each row,
     ``update_after`` says after which receipts an update (a gradient, then ``update``) follows."""
 
+    kernel: ClassVar[type] = PushKernel
+    lookahead: ClassVar[bool] = True
     tag: str = "gossip"
     reads: frozenset[str] = frozenset()
 
@@ -84,7 +107,14 @@ class PushGossip:
                 agent.send(peer(nb), x, tag=self.tag)
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
+    def refusal(self, sim, path: Path) -> str | None:
+        """Why the run is not exact synchronous ticks for ``play`` (``ROUNDS``) or lookahead windows
+        (``LOOKAHEAD``: rounds/lookahead.py); then the kernel's own reason."""
+        from netsim.rounds import lookahead
+
+        kernel = sim.program
+        if path == LOOKAHEAD:
+            return lookahead.refusal(sim, kernel) or kernel.refusal(sim, path)
         sc, p = sim.world.scenario, sim.params
         ag, lat = sc.agents, sc.network.latency
         low, top = {"constant": (lat.value, lat.value),
@@ -105,13 +135,7 @@ class PushGossip:
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
                     f"(latency {low:g} to {top:g} s) can interleave or cross a tick — lengthen "
                     "agents.activation.period or shorten agents.compute_time")
-        return None
-
-    def lookahead_refusal(self, sim, kernel) -> str | None:
-        """Why the run cannot be played as conservative lookahead windows (rounds/lookahead.py)."""
-        from netsim.rounds import lookahead
-
-        return lookahead.refusal(sim, kernel)
+        return kernel.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> None:
         """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""

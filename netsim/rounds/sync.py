@@ -21,13 +21,13 @@ The driver is exact only where these rules decide the order: ``refusal`` says wh
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
+from netsim.rounds.kernel import ROUNDS, Arrivals, Batch, GradientRequest, Path, Pattern, RoundKernel, RowViews, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
@@ -39,10 +39,45 @@ if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kerne
     from netsim.trace.io import Words
 
 
+class SyncKernel(RoundKernel):
+    """An algorithm of barrier rounds (``SyncRounds``): per round and agent, ``gradient`` (the request before
+    ``local``), ``local`` (what each agent sends, ``b.send``, after its gradient ``b.g``), then per exchange
+    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier. ``b.k`` is the round, one
+    for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges; ``batch_local``: the events
+    engine batches ``local`` over the agents whose gradients come back at one instant (``LocalAhead``)."""
+
+    batch_local: ClassVar[bool] = True
+
+    def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
+        """Agent ``i``'s gradient request of the round (None: none; a round's agents all ask, or none does)."""
+        return None
+
+    def exchanges(self, p: Any, state: Any) -> int:
+        """Barrier exchanges per round (default 1): after each but the last, ``combine`` sends the next payload
+        (``b.s``: the exchange just done)."""
+        return 1
+
+    def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
+        """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
+        ``b.k`` (None: the graph's); a kernel with its own routes refuses the windowed engine (``refusal``)."""
+        return None
+
+    def local(self, b: Batch, p: Any) -> Generator | None:
+        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
+        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
+        set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
+        raise NotImplementedError
+
+    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
+        """After exchange ``b.s``: each agent's update from ``got[n]`` = {sender: payload} of what arrived."""
+        raise NotImplementedError
+
+
 @attrs.frozen
-class SyncRounds:
+class SyncRounds(Pattern):
     """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
 
+    kernel: ClassVar[type] = SyncKernel
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -85,9 +120,12 @@ class SyncRounds:
             k += 1
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
-        """Why the rounds of this built simulation are not exact windows for this driver (None: they are)."""
-        sc, p = sim.world.scenario, sim.params
+    def refusal(self, sim, path: Path) -> str | None:
+        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); it plays
+        no lookahead windows."""
+        sc, p, kernel = sim.world.scenario, sim.params, sim.program
+        if path != ROUNDS:
+            return "barrier rounds wait for every in-neighbour: played as synchronous rounds only"
         lat = sc.network.latency
         if lat.kind != "constant":
             return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
@@ -96,7 +134,7 @@ class SyncRounds:
         if any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents) and not _local_steps(kernel):
             return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
                     "phase) — give it a learning rate (algorithm.lr > 0)")
-        why = kernel.refusal(sim, p)
+        why = kernel.refusal(sim, path)
         if why is not None:
             return why
         took = sc.agents.compute_time.value + lat.value
@@ -511,4 +549,4 @@ class LocalAhead:
         b = Batch(agents, k, x, g, self.state, at=lambda n: (now, rows[n]))
         self.kernel.local(b, self.p)
         for n, a in enumerate(agents):
-            self.done[a.id] = (b.row(n), rows[n])
+            self.done[a.id] = (b.row(n, self.kernel.per_row), rows[n])

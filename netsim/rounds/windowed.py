@@ -9,9 +9,10 @@ driver (``SyncRounds.play``, ``PushGossip.play``) then plays each round as one b
 trace, metrics and final models are byte-identical (tests/test_windowed.py). A pattern may also play runs
 whose activations are not simultaneous as conservative lookahead windows (``PushGossip.play_lookahead``,
 rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
-the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
-windows, why those do not apply either. Each reason is one rule and, after " — ", what to change; ``reason`` is the
-one line ``--engine auto`` (the default) reports when it runs the events engine instead.
+then the pattern's and the kernel's own (one hook for both, ``refusal(sim, path)``, path ``ROUNDS`` or
+``LOOKAHEAD``), and, for a pattern with lookahead windows, why those do not apply either. Each reason is one
+rule and, after " — ", what to change; ``reason`` is the one line ``--engine auto`` (the default) reports when it
+runs the events engine instead.
 
 Between two rounds the run's state is explicit (the bank, the streams, the links, the ledgers, the kernel's
 state, the recorder, and the driver's ``Between``): ``Rounds`` is the driver's seam to the run around its rounds.
@@ -21,16 +22,17 @@ without recomputing anything (sim/restore.py).
 
 from __future__ import annotations
 
-from netsim.rounds.kernel import RoundKernel
+from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, RoundKernel
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
 
-# what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
-NEEDS = {
-    "no_budget_cap": lambda sim: None if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None
-    else ("privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order — remove "
-          "privacy.epsilon_cap (the summary still reports each agent's epsilon)"),
-}
+
+def budget_cap_refusal(sim) -> str | None:
+    """A kernel's ``refusal`` where an agent out of budget would leave a round's order (DP-D-PSGD's)."""
+    if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None:
+        return None
+    return ("privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order — remove "
+            "privacy.epsilon_cap (the summary still reports each agent's epsilon)")
 
 # the other way onto the fast path, for what the lookahead windows play and synchronous rounds do not
 ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
@@ -102,21 +104,12 @@ def reasons(sim) -> tuple[str | None, str | None]:
         name = sim.world.scenario.algorithm.name
         return (f"algorithm {name!r} is a coroutine program, not a round kernel: {name} has no fast path yet — "
                 "written as a round kernel (docs/extending.md) it would run fast"), None
-    lookahead = hasattr(kernel.pattern, "lookahead_refusal")
+    lookahead = kernel.pattern.lookahead
     why = rounds_refusal(sim, kernel, alternative=not lookahead)
     if why is None or not lookahead:
         return why, None
-    other = kernel.pattern.lookahead_refusal(sim, kernel) or needs_refusal(sim, kernel)
+    other = kernel.pattern.refusal(sim, LOOKAHEAD)
     return (None, None) if other is None else (why, other)
-
-
-def needs_refusal(sim, kernel) -> str | None:
-    """What the kernel declares its exactness needs (``RoundKernel.needs``), if missing."""
-    for need in sorted(kernel.needs):
-        why = NEEDS[need](sim)
-        if why is not None:
-            return why
-    return None
 
 
 def link_model_refusal(sim) -> str:
@@ -145,9 +138,7 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
                    "which every agent has both")
         if why is not None:
             break
-    if why is None:
-        why = needs_refusal(sim, kernel)
-    return why if why is not None else kernel.pattern.refusal(sim, kernel)
+    return why if why is not None else kernel.pattern.refusal(sim, ROUNDS)
 
 
 def run(sim) -> None:
