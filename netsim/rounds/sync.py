@@ -435,7 +435,7 @@ def _round_times(sc, timeout: float) -> str | None:
                     f"activate at different float times ({a_d!r} / {a_t!r}) — change agents.activation.period or "
                     "algorithm.round_timeout, or set network.loss = 0")
         c = a_d + ct
-        d, t = c + ((c - c) + lat), c + timeout
+        d, t = c + link_delay(c, c, lat), c + timeout
     return None
 
 
