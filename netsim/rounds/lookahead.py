@@ -246,7 +246,7 @@ class WindowDriver:
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
         self.outcome = (world.network.model or world.network.lean()).outcome
-        world.network.positions = False  # no checkpoint cuts these runs (``refusal``): links need not keep positions
+        world.network.without_checkpoints()  # no checkpoint cuts these runs (``refusal``)
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)

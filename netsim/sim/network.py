@@ -181,6 +181,11 @@ class Network:
         if streams and streams <= SEED_AHEAD_MAX:
             self.streams.seed_ahead(purposes, np.array(graph.edges(), dtype=np.int64))
 
+    def without_checkpoints(self) -> None:
+        """No checkpoint can cut this run (a driver that refuses them): the links made from now on need not keep
+        their streams' positions (``Draws``), which costs a state read per block of draws."""
+        self.positions = False
+
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
         self.model = model
