@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 
 processed_event = Completion.done  # an event that is already over (a free send)
+_Timeout = simpy.events.Timeout
 
 
 class _Waiter:
@@ -219,7 +220,7 @@ class Agent:
             return self.finish()
         at, delay = self.plan_wake(self.env.now)
         sim.count_wakes(self._one)
-        ev = simpy.events.Timeout(self.env, delay, at)
+        ev = _Timeout(self.env, delay, at)
         ev.callbacks.append(self._activated)
         return ev
 
@@ -315,8 +316,9 @@ class Agent:
         With ``clip``: the mean of per-sample gradients clipped to L2 norm ``clip`` (``clip_kind="l2"``)
         or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here).
         With ``rows``: exactly these training rows (e.g. an online learner's history) instead of a batch."""
-        ct = self.compute_time(self.env.now)
-        self.emit_row(shapes.compute_start(self.env.now, self.id, ct))
+        now = self.env.now
+        ct = self.compute_time(now)
+        self.emit_row(shapes.compute_start(now, self.id, ct))
         p = self.sim.world.bank.get(self.id) if params is None else params
         r = self.sample_rows(batch) if rows is None else rows
         if clip is None:

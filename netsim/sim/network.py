@@ -40,6 +40,10 @@ class Message(NamedTuple):
     sent: float
 
 
+_new_message = tuple.__new__  # ``Message(...)`` without the named tuple's Python ``__new__``: one per send, hot
+_Timeout = simpy.events.Timeout
+
+
 class Link:
     __slots__ = ("latency", "lost", "busy_until")
 
@@ -228,8 +232,8 @@ class Network:
         if link.lost is not None and link.lost() < self.p_loss:
             emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
             return tx_end - now
-        msg = Message(mid, src, dst, tag, rnd, payload, size, now)
-        simpy.events.Timeout(env, d, msg).callbacks.append(self._on_arrival)
+        msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
+        _Timeout(env, d, msg).callbacks.append(self._on_arrival)
         return tx_end - now
 
     def take_ids(self, n: int) -> int:
