@@ -190,3 +190,36 @@ def test_the_scan_finds_a_planted_restatement(code):
 ])
 def test_the_scan_allows_the_one_definition(code, path):
     assert not violations(code, path)
+
+
+SHAPES = [  # a shape and one row's values, a tag (a string) last where the shape takes one
+    (shapes.activate, (1.5, 3, 2.25, 7)),
+    (shapes.compute_start, (1.5, 3, 0.125)),
+    (shapes.compute_end, (1.5, 3)),
+    (shapes.send, (1.5, 3, 4, 11, 80, 0.0625, 7, "model")),
+    (shapes.drop, (1.5, 3, 4, 11, 80, 0.0625, 7, "outage")),
+    (shapes.deliver, (1.75, 4, 3, 11, 80, 1.5, 7, "model")),
+    (shapes.timeout, (1.5, 3, 7, 2.0)),
+    (shapes.finish, (1.5, 3, 7)),
+]
+
+
+@pytest.mark.parametrize(("shape", "values"), SHAPES, ids=[s.__name__ for s, _ in SHAPES])
+def test_a_shape_makes_the_same_row_in_every_form(shape, values):
+    """The events engine's tuple, a driver's packed record and a driver's columns of one shape are the same row, and
+    that row is the one its trace record (netsim.trace.events) makes."""
+    import numpy as np
+
+    from netsim.rounds.sync import columns
+    from netsim.trace.events import record, row
+    from netsim.trace.io import RECORD, column_rows
+
+    text = shape(*values)
+    words = shapes.words()
+    coded = [words(v) if isinstance(v, str) else v for v in values]
+    rec = RECORD.unpack(RECORD.pack(*shape(*coded, shapes.CODES)))
+    packed = tuple(words.words[v] if n in (1, 8) else v for n, v in enumerate(rec))
+    cols = columns(2)
+    shapes.fill(cols, slice(None), shape(*[np.array([v, v]) for v in coded], shapes.CODES))
+    assert packed == text and column_rows(tuple(cols), 0, 2, words) == [text, text]
+    assert row(record(text)) == text  # what the kind's record makes: the same columns, the defaults where unused
