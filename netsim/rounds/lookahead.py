@@ -26,12 +26,12 @@ simultaneous events in the order they were scheduled (a Timeout is scheduled whe
 agent's program is processed); every row of one processed event together, as the engine writes them
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
 then what follows it; one ``deliver``; one ``offline``). Each agent's streams are consumed in its own order by
-the same calls the engine makes (``Agent.plan_wake``: ``Schedule.next``, the jitter and churn of
-``activation_moves``; ``Agent.compute_time``: a draw and ``Churn.wait``; ``sample_rows``; the program's ``rng``),
-and each link's latency, loss and burst state from its own streams in send order (the lean path's draws, or the
-engine's installed ``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids
-are numbered in processing order (``Network.take_ids``). A random churn's intervals are drawn lazily from the agent's
-``churn`` stream, the same ones whichever query grows them first. Each churn recorder (``Churn.recorder``: an ``offline`` row when an interval
+the same calls the engine makes (``Schedule.next``, the jitter and churn of ``activation_moves``,
+``Agent.compute_time``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
+and burst state from its own streams in send order (the lean path's draws, or the engine's installed
+``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
+processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
+whichever query grows them first. Each churn recorder (``Churn.recorder``: an ``offline`` row when an interval
 starts) is a timer event, its first set after run.until's and before the programs' first wakes, where the
 engine's recorders, started with the network, set theirs. The run stops where the engine's does: at
 ``run.until`` (the events then due that were scheduled before it) or after the last agent's finish; the
