@@ -328,7 +328,8 @@ class Agent:
     def compute_time(self, now: float) -> float:
         """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of
         ``agents.compute_time`` from this agent's stream times its ``compute_scale``, plus the wait until it is
-        back when it is offline (churn). What ``gradient`` and every fast driver take (``ComputeTimes``: many agents at once)."""
+        back when it is offline (churn). What ``gradient`` and every fast driver take (``ComputeTimes``: many
+        agents at once)."""
         ct = self._compute() * self.compute_scale
         churn = self.sim.world.churn
         if churn is not None:  # requested while offline: starts when the agent is back
