@@ -24,8 +24,9 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DELIVER, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
+from netsim.sim.rows import CODES, deliver
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
 
@@ -114,7 +115,7 @@ class _Driver(WindowDriver):
                     self.activated(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd, scalar, pid = v
-                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
                     inbox[i].append(Incoming(src, rnd, scalar, pid))
                 elif kind == DONE:
                     self.completion(i, t, v)

@@ -235,12 +235,12 @@ class Batch:
         values = self._mixed(own, got, by)
         bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
-        if all(a._mixing is None for a in agents):
+        if all(a.mixing_record is None for a in agents):
             return
         for n, (a, g) in enumerate(zip(agents, got, strict=True)):
-            if a._mixing is not None:  # the mixing record (pairwise privacy) of each agent's update
+            if a.mixing_record is not None:  # the mixing record (pairwise privacy) of each agent's update
                 stepped = step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
-                a._record_mix(g, lr if stepped else 0.0)
+                a.record_mix(g, lr if stepped else 0.0)
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
@@ -289,7 +289,7 @@ class Batch:
         drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
-        mixing = self.agents[0]._mixing
+        mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is None:
             return self._privatize_rows(g, sigma, sensitivity, q, what)

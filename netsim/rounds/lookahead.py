@@ -27,7 +27,7 @@ agent's program is processed); every row of one processed event together, as the
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
 then what follows it; one ``deliver``; one ``offline``). Each agent's streams are consumed in its own order by
 the same calls the engine makes (``Schedule.next``, the jitter and churn of ``activation_moves``,
-``compute_draws`` plus ``Churn.wait``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
+``Agent.compute_time``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
 and burst state from its own streams in send order (the lean path's draws, or the engine's installed
 ``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
 processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
@@ -62,16 +62,16 @@ import torch
 
 from netsim.rounds.kernel import Batch
 from netsim.rounds.push import Peers
+from netsim.sim import rows as shapes
 from netsim.sim.network import ComposedLinks, payload_size
-from netsim.trace.events import Finish, Offline
+from netsim.sim.rows import CODES
+from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
-from netsim.trace.io import RECORD, PackedRows, Words
+from netsim.trace.io import RECORD, PackedRows
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
 _INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
-# the trace rows' strings as codes (``PackedRows``): the first words of every driver's ``Words``, in this order
-NO_TAG, ACTIVATE, COMPUTE_START, COMPUTE_END, SEND, DROP, DELIVER = range(7)
-_WORDS = ("", "activate", "compute_start", "compute_end", "send", "drop", "deliver")
+# the trace rows' strings as codes (``PackedRows``): ``sim.rows.CODES``, the first words of every driver's ``Words``
 pack = RECORD.pack
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
 # on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple to make per operation)
@@ -163,7 +163,7 @@ def refusal(sim, kernel) -> str | None:
     dynamic = sim.world.network.dynamic
     adopt = None if dynamic is None else dynamic.adopt  # the one listener the drivers play (at each activation)
     for a in sim.loop.agents:
-        if any(f != adopt for f in a._listeners):
+        if any(f != adopt for f in a.activation_listeners):
             return (f"agent {a.id} has activation listeners — leave its wakes to agents.activation (no setup hook "
                     "or plugin listening to them)")
     return None
@@ -233,13 +233,12 @@ class WindowDriver:
         self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
         self.state = kernel.state_of(self.agents[0], self.p)
         self.limit, self.until = world.scenario.run.rounds, world.scenario.run.until
-        self.moves, self.marks = world.activation_moves, sim.loop.marks
         self.tag = pattern.tag
         self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
         self.outcome = (world.network.model or world.network.lean()).outcome
-        world.network.positions = False  # no checkpoint cuts these runs (``refusal``): links need not keep positions
+        world.network.without_checkpoints()  # no checkpoint cuts these runs (``refusal``)
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
@@ -260,9 +259,7 @@ class WindowDriver:
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
-        self.words = Words()
-        for w in _WORDS:
-            self.words(w)
+        self.words = shapes.words()
         self.tag_code = self.words(self.tag)
         self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
         self.unfinished = sum(not a.finished for a in self.agents)
@@ -339,23 +336,17 @@ class WindowDriver:
         """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
         keeps the per-event Python small."""
         agents, enqueue = self.agents, self.enqueue
-        limit, moves, marks, finish = self.limit, self.moves, self.marks, self.finish
+        limit, finish, count = self.limit, self.finish, self.sim.count_wakes
+        ones = [(a,) for a in agents]  # each agent as a batch of one, made once
 
         def wake(i: int, now: float) -> None:
-            """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
+            """``Agent.wake`` at ``now``: the next activation planned and counted (or the agent's finish)."""
             a = agents[i]
             if limit is not None and a.round >= limit:
                 finish(a, now)
                 return
-            schedule = a.schedule
-            at = schedule.next(a.local_time(now))
-            if moves is not None and not schedule.fixed:
-                at = moves(a, at)
-            delay = max(0.0, a.global_time(at) - now)
-            if schedule.settles:
-                at, delay = schedule.settle(at, delay)
-            a.round += 1  # sim.count_wakes, for one agent
-            marks.activations += 1
+            at, delay = a.plan_wake(now)
+            count(ones[i])
             enqueue(now + delay, ACT, i, at)
 
         return wake
@@ -366,16 +357,14 @@ class WindowDriver:
         a = self.agents[i]
         if self.dynamic is not None:
             self.dynamic.adopt(a, t)
-        self.rows.put(pack(t, ACTIVATE, i, -1, -1, 0, at, a.round, NO_TAG))
+        self.rows.put(pack(*shapes.activate(t, i, at, a.round, CODES)))
 
     def request(self, i: int, now: float, batch: int) -> int:
         """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
         mini-batch, the completion event; returns the ticket."""
         a = self.agents[i]
-        ct = a._compute() * a.compute_scale
-        if self.churn is not None:  # requested while offline: starts when the agent is back
-            ct += self.churn.wait(i, now)
-        self.rows.put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
+        ct = a.compute_time(now)
+        self.rows.put(pack(*shapes.compute_start(now, i, ct, CODES)))
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
         self.ticket_of.append((i, None if rows is a.rows else rows))
@@ -388,30 +377,26 @@ class WindowDriver:
         if tk >= self.pending_lo and not self.free:
             self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
             self.pending_lo = len(self.ticket_of)
-        self.rows.put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
+        self.rows.put(pack(*shapes.compute_end(t, i, CODES)))
 
     def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
                 rows: PackedRows) -> tuple[int, float | None]:
         """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
         row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped)."""
         _, delay, reason = self.outcome(i, j, now, size)
-        net = self.net
-        mid = net.next_id
-        net.next_id = mid + 1
+        mid = self.net.take_ids(1)
         words = self.words
-        rows.put(pack(now, SEND, i, j, mid, size, delay, rnd, words(tag)))
+        rows.put(pack(*shapes.send(now, i, j, mid, size, delay, rnd, words(tag), CODES)))
         if reason:
-            rows.put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
+            rows.put(pack(*shapes.drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
             return mid, None
         return mid, now + delay
 
     def finish(self, a, now: float) -> None:
         """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
-        if a.finished:
+        if not a.mark_finished():
             return
-        a.finished = True
-        self.rows.append(event_row(Finish(now, a.id, a.round)))
-        self.sim.agent_finished()
+        self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
         self.unfinished -= 1
         if not self.unfinished:  # the stop event: processed after what is already due now
             self.push_event(now, STOP, -1, self.until is not None)
@@ -671,7 +656,8 @@ class _Driver(WindowDriver):
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by = self.asks
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
-        churn, outcome = self.churn, self.outcome
+        outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
+                                                        shapes.drop)
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -692,10 +678,8 @@ class _Driver(WindowDriver):
                     if req is not None:
                         pos[i] = n
                         a = agents[i]
-                        ct = a._compute() * a.compute_scale
-                        if churn is not None:  # requested while offline: starts when the agent is back
-                            ct += churn.wait(i, now)
-                        put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
+                        ct = a.compute_time(now)
+                        put(pack(*compute_start(now, i, ct, CODES)))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
                         ticket_of.append((i, None if rows is a.rows else rows))
@@ -707,12 +691,11 @@ class _Driver(WindowDriver):
             if nb:
                 j = peers[i](nb)
                 _, delay, reason = outcome(i, j, now, size)
-                mid = net.next_id
-                net.next_id = mid + 1
+                mid = take_ids(1)
                 rnd = agents[i].round
-                put(pack(now, SEND, i, j, mid, size, delay, rnd, tag))
+                put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
                 if reason:
-                    put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
+                    put(pack(*drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
                     ops.append(-1 << 2 | PUSH)
                 else:
                     ops.append(mid << 2 | PUSH)
@@ -730,6 +713,7 @@ class _Driver(WindowDriver):
             self.tag_code
         pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
         adopt = None if self.dynamic is None else self.dynamic.adopt
+        activate, deliver, compute_end = shapes.activate, shapes.deliver, shapes.compute_end
         try:
             while True:  # ``due``, inlined
                 if soon and (not cur or soon[0] < cur[-1]):
@@ -741,19 +725,19 @@ class _Driver(WindowDriver):
                 if kind == ACT:
                     if adopt is not None:  # the engine's activation listener: the epoch's links, before the row
                         adopt(agents[i], t)
-                    put(pack(t, ACTIVATE, i, -1, -1, 0, v, agents[i].round, NO_TAG))
+                    put(pack(*activate(t, i, v, agents[i].round, CODES)))
                     gots[i], inbox[i] = inbox[i], []
                     pos[i] = 0
                     go_on(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd = v
-                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
                     inbox[i].append(mid)
                 elif kind == DONE:
                     if v >= pending_lo and not free:  # a batch's first completion: every pending one evaluated
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
-                    put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
+                    put(pack(*compute_end(t, i, CODES)))
                     ops = ops_of.get(i)
                     if ops is None:
                         ops = ops_of[i] = []

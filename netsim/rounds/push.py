@@ -24,10 +24,9 @@ import numpy as np
 
 from netsim.comm.patterns import drain
 from netsim.rounds.kernel import LOOKAHEAD, Batch, GradientRequest, Path, Pattern, RoundKernel
+from netsim.sim import rows as shapes
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish
-from netsim.trace.events import row as event_row
 
 if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
     import torch
@@ -153,7 +152,7 @@ class PushGossip(Pattern):
                                              world.bank, world.gradients)
         state = kernel.state_of(agents[0], p)
         limit = sim.world.scenario.run.rounds
-        mid = net.next_id
+        outcome = net.lean().outcome  # the lean path (the windows refuse link models): latency, loss, in send order
         tag = self.tag
         rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
         now0 = float(sim.loop.env.now)
@@ -165,22 +164,19 @@ class PushGossip(Pattern):
         inbox: list[list] = start.held["inbox"]  # payloads in arrival order since the last activation
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
-            nonlocal mid
             j = peers[i](a.neighbors)
-            link = net.links.get((i, j)) or net.link(i, j)
             size = payload_size(x)
-            delay = now - now + link.latency()
-            rows.append((now, "send", i, j, mid, size, delay, a.round, tag))
-            if link.lost is not None and link.lost() < net.p_loss:
-                rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+            _, delay, reason = outcome(i, j, now, size)
+            mid = net.take_ids(1)
+            rows.append(shapes.send(now, i, j, mid, size, delay, a.round, tag))
+            if reason:
+                rows.append(shapes.drop(now, i, j, mid, size, delay, a.round, reason))
             else:
                 arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
-            mid += 1
 
         def finish(i: int, t: float, rows: list) -> None:
-            agents[i].finished = True
-            rows.append(event_row(Finish(t, i, agents[i].round)))
-            sim.agent_finished()
+            if agents[i].mark_finished():
+                rows.append(shapes.finish(t, i, agents[i].round))
 
         def batch(who: list[int], X: torch.Tensor) -> tuple[Batch, torch.Tensor]:
             idx = torch.tensor(who, device=X.device)
@@ -198,14 +194,14 @@ class PushGossip(Pattern):
                                                   np.array([w for _, w in order], np.float64))
             for t_act, i, at in zip(t_acts.tolist(), ids.tolist(), ats.tolist(), strict=True):
                 a = agents[i]
-                rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+                rows.append(shapes.activate(t_act, i, at, a.round))
                 got, inbox[i] = inbox[i], []
                 if got:
                     merged.append((i, got))  # merged below, before anything reads x (the gradient, a receiver)
                     asks[i] = sum(kernel.update_after(p, n, len(got)) is not None for n in range(1, len(got) + 1))
                     if asks[i]:
-                        ct = a._compute() * a.compute_scale
-                        rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        ct = a.compute_time(t_act)
+                        rows.append(shapes.compute_start(t_act, i, ct))
                         ends.append((i, t_act + ct))
                         continue
                 push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
@@ -243,11 +239,11 @@ class PushGossip(Pattern):
                 nxt = []
                 for i, t_done in ends:
                     a = agents[i]
-                    rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    rows.append(shapes.compute_end(t_done, i))
                     if left[i]:
                         left[i] -= 1
-                        ct = a._compute() * a.compute_scale
-                        rows.append((t_done, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        ct = a.compute_time(t_done)
+                        rows.append(shapes.compute_start(t_done, i, ct))
                         nxt.append((i, t_done + ct))
                         continue
                     push(i, xs[i], t_done, rows, arrivals, a)
@@ -261,18 +257,16 @@ class PushGossip(Pattern):
                 break
             arrivals.sort(key=lambda e: (e[0], e[1]))  # by time, ties in send order
             for t_arr, m, i, j, size, sent, rnd, x in arrivals:
-                rows.append((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, tag))
+                rows.append(shapes.deliver(t_arr, j, i, m, size, sent, rnd, tag))
                 inbox[j].append(x)
             writer.emit_rows(rows)
             order = woke
             k += 1
-            net.next_id = mid
             held = {"picks": [pk.held for pk in peers], "inbox": inbox}
             if rounds.between(Between(k, order, end, held)):  # interrupted
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
-        net.next_id = mid
         sim.loop.env.advance_to(end)
 
 

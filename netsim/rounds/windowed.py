@@ -130,7 +130,7 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     if why is None and sim.world.activation_moves is not None:
         why = "an activation hook is installed — leave the agents' wakes to agents.activation"
     for a in sim.loop.agents if why is None else ():
-        if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
+        if type(a.schedule) is not Periodic or a.activation_listeners or a.offset != 0.0 or a.rate != 1.0:
             why = (f"agent {a.id} has its own activation schedule or listeners — leave its wakes to "
                    "agents.activation (no setup hook or plugin changing them)")
         elif not a.neighbors or not a.in_neighbors:
@@ -181,8 +181,8 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     acts, woken = [], []
     for seq, (i, w) in enumerate(order):
         a = sim.loop.agents[i]
-        at = a.schedule.next(a.local_time(w))
-        acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
+        at, delay = a.plan_wake(w)
+        acts.append((w + delay, seq, i, at))
         woken.append(a)
     sim.count_wakes(woken)
     acts.sort()
@@ -207,8 +207,8 @@ def wake_all(sim, ids, when):
     act, at, tick = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), np.int64)
     for u, n in enumerate(first.tolist()):
         a, w = woken[n], float(when[n])
-        planned = a.schedule.next(a.local_time(w))
-        act[u], at[u], tick[u] = w + max(0.0, a.global_time(planned) - w), planned, a.schedule.tick
+        planned, delay = a.plan_wake(w)
+        act[u], at[u], tick[u] = w + delay, planned, a.schedule.tick
     which = which.reshape(-1)
     for a, t in zip(woken, tick[which].tolist(), strict=True):
         a.schedule.tick = t
