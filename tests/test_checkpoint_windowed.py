@@ -85,11 +85,12 @@ def write(tmp: Path, sc: dict) -> Path:
     return path
 
 
-def same_outputs(a: Path, b: Path) -> None:
+def same_outputs(a: Path, b: Path, skip: set[str] = frozenset()) -> None:
+    """The files of two runs are the same bytes, and their summaries but for times and ``skip``."""
     for name in (TRACE_FILE, "metrics.csv", "agent_metrics.csv"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     sa, sb = (json.loads((f / "summary.json").read_text()) for f in (a, b))
-    skip = {"wall_time", "events_per_s", "resumed_by", "resume_wall_time"}
+    skip = {"wall_time", "events_per_s", "resumed_by", "resume_wall_time", *skip}
     assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
 
 

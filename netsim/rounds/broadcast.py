@@ -149,6 +149,7 @@ class Broadcast:
 
     tag: str = "push"
     reads: frozenset[str] = frozenset()
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/broadcast_windows.py)
 
     def program(self, kernel: BroadcastKernel, agent, p) -> Generator:
         """The events engine's program: the kernel's operations on a batch of one."""
@@ -210,7 +211,7 @@ class Broadcast:
                     "remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, kernel)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import broadcast_windows
 
-        broadcast_windows.play(self, sim, kernel)
+        return broadcast_windows.play(self, sim, kernel)

@@ -92,8 +92,8 @@ class Pairwise:
                     "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, kernel)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import pairwise_windows
 
-        pairwise_windows.play(self, sim, kernel)
+        return pairwise_windows.play(self, sim, kernel)
 

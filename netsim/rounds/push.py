@@ -17,7 +17,7 @@ slot by slot: every agent's s-th merge in one call, then their s-th update's gra
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 import numpy as np
@@ -61,6 +61,7 @@ class PushGossip:
 
     tag: str = "gossip"
     reads: frozenset[str] = frozenset()
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/lookahead.py)
 
     def program(self, kernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
@@ -113,11 +114,11 @@ class PushGossip:
 
         return lookahead.refusal(sim, kernel)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""
         from netsim.rounds import lookahead
 
-        lookahead.play(self, sim, kernel)
+        return lookahead.play(self, sim, kernel)
 
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round, from round 0 or from where a restored checkpoint stands (``rounds``:

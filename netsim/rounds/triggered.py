@@ -14,7 +14,7 @@ links with bandwidth are refused), which is what lets the lookahead hold.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -42,6 +42,7 @@ class Triggered(Broadcast):
     """The pattern: models tagged ``tag``, sent where the trigger fires (module docstring)."""
 
     tag: str = "model"
+    restores: ClassVar[bool] = False  # its windows' sends wait for their tensor work: not restored from a checkpoint
 
     def program(self, kernel: TriggeredKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
@@ -67,10 +68,10 @@ class Triggered(Broadcast):
     def lookahead_refusal(self, sim, kernel) -> str | None:
         return kernel.windows_refusal(sim.params) or super().lookahead_refusal(sim, kernel)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import triggered_windows
 
-        triggered_windows.play(self, sim, kernel)
+        return triggered_windows.play(self, sim, kernel)
 
 
 class DeltasKernel(TriggeredKernel):
