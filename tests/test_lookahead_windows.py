@@ -150,6 +150,22 @@ def test_a_lookahead_run_killed_after_a_checkpoint_resumes_by_restore_byte_ident
     held = json.loads(ck.meta["state"]["windowed"]["held"]["dict"][0][1])  # the driver's plain state
     assert ck.meta["engine"] == "windowed" and ck.meta["state"]["windowed"]["round"] == ck.step > 0
     assert held["events"] and held["payloads"] and held["shipped"]  # mid-run: in flight, rows not yet written
+    if alg == "push_gossip":  # killed again after the resumed run's first checkpoint: links it has not used since
+        real = checkpoint.write  # the first restore are kept as that restore left them
+
+        def write_then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            raise KeyboardInterrupt
+
+        checkpoint.write = write_then_die
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                api.resume(out, interruptible=False)
+        finally:
+            checkpoint.write = real
+        again = checkpoint.load(checkpoint.checkpoints(out)[-1])
+        assert again.step > ck.step and json.loads(again.meta["state"]["windowed"]["held"]["dict"][0][1])["events"]
+        ck = again
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore" and res.summary["resumed_at_step"] == ck.step
     same_outputs(out, ref.out, skip={"windows", "resumed_at_step"})

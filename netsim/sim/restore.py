@@ -21,6 +21,7 @@ resumed by re-executing the run up to them (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import gc
 import math
 from array import array
 from collections import Counter
@@ -65,7 +66,8 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "round": b.k, "order": b.order, "end": b.end, "held": _flat(b.held, "held", arrays),
         "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
         "marks": [marks.activations, marks.mark, marks.round_mark],
-        "links": [[s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()],
+        "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
+                  *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
         "agents": [[_ahead(a._ahead), _pos(a._compute)] for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
@@ -185,6 +187,16 @@ def restore(sim, ckpt) -> None:
     """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
     its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
     says what in the checkpoint a run between two rounds cannot hold."""
+    enabled = gc.isenabled()
+    gc.disable()  # it makes a stream per link (acyclic): collections would rescan the whole simulation each time
+    try:
+        _restore(sim, ckpt)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _restore(sim, ckpt) -> None:
     st, arrays = ckpt.meta["state"], ckpt.arrays
     w = st.get("windowed")
     if not isinstance(w, dict):
@@ -199,14 +211,13 @@ def restore(sim, ckpt) -> None:
 
     bank.load_state_dict({k[len("bank."):]: tensor(v) for k, v in arrays.items() if k.startswith("bank.")})
     net = world.network
-    for s, d, lat, lost in w["links"]:  # made in the order the run made them, standing where its draws stood
-        link = net.links.get((s, d)) or net.link(s, d)
-        for draws, pos in ((link.latency, lat), (link.lost, lost)):
-            if pos is not None:
-                draws.resume(pos)
     _assign(net, {k: v for k, v in st["network"].items() if k != "links"}, "state.network")
-    for s, d, busy in st["network"]["links"]:  # each link's transmission queue (bandwidth)
-        net.links[(s, d)].busy_until = busy
+    busy = {(s, d): b for s, d, b in st["network"]["links"]}  # each link's transmission queue (bandwidth)
+    if len(busy) != len(w["links"]):
+        raise ValueError("state.network.links are not the links of state.windowed.links")
+    # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
+    # the run made them (a stream per link: made now they would cost more than the rest of the restore)
+    net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
     for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
         _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
         _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
