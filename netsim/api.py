@@ -252,7 +252,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         from netsim.sim import restore
 
         _choose_engine(sim, "windowed", str(sc_path))
-        sim.start(progress)
+        sim.start(progress, evaluate=False)  # the recorder's rows are the checkpoint's
         try:
             restore.restore(sim, ck)
         except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:

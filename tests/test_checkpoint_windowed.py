@@ -214,15 +214,16 @@ def test_an_interrupted_windowed_run_stops_between_rounds_and_resumes(tmp_path, 
 
 
 def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch):
-    """The restored run is captured again and compared with the checkpoint: a piece left out (here the links'
-    loss draws) is refused in one line naming it, exit 2, with the killed run's files untouched."""
-    from netsim.sim.streams import Draws
+    """The restored run is captured again and compared with the checkpoint: a piece left out (here the streams'
+    states, the links' among them) is refused in one line naming it, exit 2, with the killed run's files
+    untouched."""
+    from netsim.sim.streams import Streams
 
     out = killed_at(tmp_path, scenario(n=30, rounds=20, every=5), 2)
     before = hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest()
-    monkeypatch.setattr(Draws, "resume", lambda self, pos: None)
+    monkeypatch.setattr(Streams, "restore", lambda self, keys, states: None)
     r = CliRunner().invoke(app, ["resume", str(out)])
-    assert r.exit_code == 2 and "restored run differs from this checkpoint at state.windowed.links" in r.output
+    assert r.exit_code == 2 and "restored run differs from this checkpoint at state.rng" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest() == before
     assert not api.is_complete(out)

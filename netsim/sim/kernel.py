@@ -279,14 +279,16 @@ class Simulation:
             progress(env.now)
 
     # running -----------------------------------------------------------------------------------------
-    def start(self, progress: Callable[[float], None] | None = None) -> None:
+    def start(self, progress: Callable[[float], None] | None = None, evaluate: bool = True) -> None:
         """Initial evaluation, the agents' programs and our timers (always the same ones, so a rebuilt
-        run schedules exactly the events the original did)."""
+        run schedules exactly the events the original did). ``evaluate``: False where a restore puts the
+        recorder back (its metrics rows, the first among them, and each agent's: sim/restore.py)."""
         sc, loop = self.world.scenario, self.loop
         env = loop.env
         loop.t0 = time.perf_counter()
         self.recorder.progress = progress  # the windowed runner reports each round through it (the ticker does here)
-        self.evaluate()
+        if evaluate:
+            self.evaluate()
         loop.programs.start(env, loop.agents)
         env.process(self._evaluator())
         stop = loop.stop
