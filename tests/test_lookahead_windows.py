@@ -220,3 +220,20 @@ def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path
     assert "remove run.checkpoint_every" in r.summary["windowed_refused"]
     with pytest.raises(InputError, match=said):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "windowed", engine="windowed")
+
+
+def test_a_checkpoint_before_the_first_trace_batch_resumes(tmp_path, finals):  # noqa: F811
+    """A window's checkpoint flushes nothing: one taken before the trace's first batch was written points at no
+    bytes of a file not made yet; the resume makes it at its first batch, and the trace is the uninterrupted one."""
+    from netsim import api
+    from netsim.sim import checkpoint
+
+    sc = checkpointed("push_gossip")
+    sc["run"]["trace_flush_every"] = 100_000
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 1)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.meta["trace"]["bytes"] == 0 and not (out / "trace.arrows").exists()
+    api.resume(out, interruptible=False)
+    same_outputs(out, ref.out, skip={"windows", "resumed_at_step"})
+    assert torch.equal(finals[-1], finals[0])

@@ -435,11 +435,14 @@ def _diff(a: Any, b: Any, path: str) -> str | None:
     return None if a == b and type(a) is type(b) else path
 
 
-def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
+def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray],
+             restored: bool = False) -> str | None:
     """The first place where a rebuilt run differs from the checkpoint (None: identical). ``state`` may be
     ``capture``'s without normalising: both are compared as the JSON text they make (the same text, in the same
-    key order, when they hold the same values), and only a difference is looked for key by key."""
-    if json.dumps(state) != json.dumps(ckpt.meta["state"]):
+    key order, when they hold the same values), and only a difference is looked for key by key. ``restored``: the
+    state was put back from this very checkpoint (sim/restore.py, which checks each value's type as it puts it
+    back), so equal values (``==``, one comparison in C) need no JSON text."""
+    if not (restored and state == ckpt.meta["state"]) and json.dumps(state) != json.dumps(ckpt.meta["state"]):
         d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
         if d:  # None: the same values written otherwise (0.0 and -0.0); the arrays are still compared
             return d

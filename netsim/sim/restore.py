@@ -63,7 +63,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
             arrays[f"ledger.{a.id}.rdp"] = np.asarray(led.rdp.rdp)
     kernel = sim.program
     out = {
-        "round": b.k, "order": b.order, "end": b.end, "held": _flat(b.held, "held", arrays),
+        "round": b.k, "order": [list(o) for o in b.order], "end": b.end, "held": _flat(b.held, "held", arrays),
         "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
         "marks": [marks.activations, marks.mark, marks.round_mark],
         "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
