@@ -99,6 +99,7 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", looka
              invariant: bool = False) -> None:
     """Kill a windowed run after its checkpoint at ``kill_after`` of it, restore it, compare: D-PSGD's rounds, or
     (``lookahead``: its simulated seconds) asynchronous gossip learning as lookahead windows."""
+    import gc
     import os
 
     import tomli_w
@@ -159,6 +160,7 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", looka
 
     checkpoint.write = timed
     started.clear()
+    gc.collect()  # each measured part starts from a collected heap, as in a fresh process
     t0 = time.perf_counter()
     ref = api.run(path, out=tmp / "ref", engine="windowed", interruptible=False)
     t_ref = time.perf_counter() - t0
@@ -173,6 +175,7 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", looka
     checkpoint.load(ck.path)  # what reading it costs (the resume reads it again)
     t_load = time.perf_counter() - t0
 
+    gc.collect()  # (the uninterrupted run's simulation, whose cycles only a collection frees)
     t0 = time.perf_counter()
     res = api.resume(out, interruptible=False)
     t_res = time.perf_counter() - t0
