@@ -7,14 +7,19 @@ evaluation or trace output, then runs the rest (docs/checkpoints.md).
 
 ``--engine windowed``: a D-PSGD job of ``--agents`` agents (benchmarks/bench_scale.py's scenario, ``--rounds``
 rounds) played by the windowed engine with one checkpoint at ``--kill-after`` of its rounds, killed after it
-and resumed: the checkpoint is restored, nothing before it is recomputed. Prints the uninterrupted run's wall
-time, the resume's, its restore part (from the resume's start until play goes on: building the simulation,
-loading and restoring the checkpoint, checking it), the ratios to the uninterrupted run, and whether the
-trace, metrics and final models are identical. The resume still plays the rounds after the checkpoint, so
-its total is about (1 - kill-after) of the run plus the restore part.
+and resumed: the checkpoint is restored, nothing before it is recomputed. ``--engine lookahead``: the same with
+asynchronous gossip learning played as lookahead windows (benchmarks/bench_async.py's job, ``--seconds``
+simulated seconds; ``--invariant``: batch-invariant gradients), its checkpoint at ``--kill-after`` of them,
+between two windows. Prints the uninterrupted run's wall time and its setup (from the call until play starts:
+building and starting the simulation), the time to read the checkpoint (``checkpoint.load``), the resume's wall
+time and its restore part (from the resume's start until play goes on: building the simulation, loading and
+restoring the checkpoint, checking it), restore / (setup + reading: the target is <= 1.3), the ratios to the
+uninterrupted run, and whether the trace, metrics and final models are identical. The resume still plays what
+comes after the checkpoint, so its total is about (1 - kill-after) of the run plus the restore part.
 
     python benchmarks/bench_resume.py [scenario.toml] [--set key=value ...] [--kill-after 0.7]
     python benchmarks/bench_resume.py --engine windowed [--agents 10000] [--rounds 100] [--kill-after 0.8]
+    python benchmarks/bench_resume.py --engine lookahead [--agents 10000] [--seconds 30] [--invariant]
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ def main() -> None:
     ap.add_argument("--kill-after", type=float, default=None,
                     help="kill after the checkpoint past this fraction (default 0.7; --engine windowed: 0.8)")
     ap.add_argument("--every", type=float, default=None, help="run.checkpoint_every (default: until / 10)")
-    ap.add_argument("--engine", choices=("events", "windowed"), default="events")
-    ap.add_argument("--agents", type=int, default=10000, help="--engine windowed: the D-PSGD job's agents")
+    ap.add_argument("--engine", choices=("events", "windowed", "lookahead"), default="events")
+    ap.add_argument("--agents", type=int, default=10000, help="--engine windowed, lookahead: the job's agents")
     ap.add_argument("--rounds", type=int, default=100, help="--engine windowed: its rounds")
-    ap.add_argument("--device", default="auto", help="--engine windowed: run.device (auto, cpu, cuda)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="--engine lookahead: its simulated seconds")
+    ap.add_argument("--invariant", action="store_true", help="--engine lookahead: model.batch_invariant")
+    ap.add_argument("--device", default="auto", help="--engine windowed, lookahead: run.device (auto, cpu, cuda)")
     a = ap.parse_args()
-    if a.engine == "windowed":
-        windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after, a.device)
+    if a.engine != "events":
+        windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after, a.device,
+                 lookahead=a.seconds if a.engine == "lookahead" else None, invariant=a.invariant)
         return
     kill_after = 0.7 if a.kill_after is None else a.kill_after
 
@@ -87,39 +95,59 @@ def main() -> None:
     print(f"uninterrupted run {t_ref:.2f} s; resume {t_res:.2f} s; ratio resume / run = {t_res / t_ref:.2f}")
 
 
-def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> None:
-    """Kill a windowed D-PSGD run after its checkpoint at ``kill_after`` of its rounds, restore it, compare."""
+def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", lookahead: float | None = None,
+             invariant: bool = False) -> None:
+    """Kill a windowed run after its checkpoint at ``kill_after`` of it, restore it, compare: D-PSGD's rounds, or
+    (``lookahead``: its simulated seconds) asynchronous gossip learning as lookahead windows."""
+    import gc
     import os
 
     import tomli_w
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_scale import scenario
-
     from netsim import api
     from netsim.sim import checkpoint
     from netsim.sim.kernel import Simulation
     from netsim.trace.io import TRACE_FILE
 
-    at = max(1, round(kill_after * rounds))
     tmp = Path(tempfile.mkdtemp(prefix="bench_resume_windowed_"))
-    sc = scenario(n, 1, rounds, device=device)
-    sc["run"]["checkpoint_every_rounds"] = at  # one checkpoint, at kill_after of the rounds
-    path = tmp / "dpsgd.toml"
+    if lookahead is None:
+        from bench_scale import scenario
+
+        at = max(1, round(kill_after * rounds))
+        sc = scenario(n, 1, rounds, device=device)
+        sc["run"]["checkpoint_every_rounds"] = at  # one checkpoint, at kill_after of the rounds
+        warm = scenario(200, 1, 3)
+        small = {"agents.count": 200, "data.samples": warm["data"]["samples"], "run.rounds": 3}
+        job, where = f"windowed D-PSGD, {n:,} agents, {rounds} rounds", f"its checkpoint at round {at}"
+    else:
+        from bench_async import scenario
+
+        at = kill_after * lookahead
+        sc = scenario(n, lookahead, 1, device, invariant)
+        sc["run"]["checkpoint_every"] = at  # one checkpoint, the first window boundary past kill_after of the time
+        small = {"agents.count": 200, "run.until": 2.0}
+        job = (f"lookahead windows, asynchronous gossip learning, {n:,} agents, {lookahead:g} s"
+               f"{', batch-invariant' if invariant else ''}")
+        where = f"its checkpoint at t = {at:g} s"
+    path = tmp / "job.toml"
     path.write_text(tomli_w.dumps(sc))
     models: list = []
-    finish = Simulation.finish
+    finish, advance = Simulation.finish, Simulation.advance
+    started: list[float] = []
 
     def keep(self, interrupted=False):
         if not interrupted:
             models.append(self.world.bank.W.clone())
         finish(self, interrupted)
 
-    Simulation.finish = keep
-    warm = scenario(200, 1, 3)
-    api.run(path, {"agents.count": 200, "data.samples": warm["data"]["samples"], "run.rounds": 3},
-            out=tmp / "warm", engine="windowed", interruptible=False)
+    def timed_advance(self, *args, **kwargs):  # where the run's setup ends and its play begins
+        started.append(time.perf_counter())
+        return advance(self, *args, **kwargs)
+
+    Simulation.finish, Simulation.advance = keep, timed_advance
+    api.run(path, small, out=tmp / "warm", engine="windowed", interruptible=False)
     models.clear()
     written = []
     write = checkpoint.write
@@ -131,16 +159,23 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> No
         return p
 
     checkpoint.write = timed
+    started.clear()
+    gc.collect()  # each measured part starts from a collected heap, as in a fresh process
     t0 = time.perf_counter()
     ref = api.run(path, out=tmp / "ref", engine="windowed", interruptible=False)
     t_ref = time.perf_counter() - t0
+    t_setup = started[0] - t0
     checkpoint.write = write
 
     out = tmp / "killed"
     ck = killed_after([sys.executable, "-m", "netsim", "run", str(path), "--engine", "windowed", "--out", str(out),
-                       "-q"], out, lambda cks: True, f"its checkpoint at round {at}")
+                       "-q"], out, lambda cks: True, where)
     size = sum(f.stat().st_size for f in ck.path.iterdir()) / 1e6
+    t0 = time.perf_counter()
+    checkpoint.load(ck.path)  # what reading it costs (the resume reads it again)
+    t_load = time.perf_counter() - t0
 
+    gc.collect()  # (the uninterrupted run's simulation, whose cycles only a collection frees)
     t0 = time.perf_counter()
     res = api.resume(out, interruptible=False)
     t_res = time.perf_counter() - t0
@@ -149,18 +184,18 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto") -> No
     same = {name: (out / name).read_bytes() == (ref.out / name).read_bytes() for name in (TRACE_FILE, "metrics.csv")}
     same["models"] = len(models) == 2 and torch.equal(models[0], models[1])
     load = os.getloadavg()
-    print(f"windowed D-PSGD, {n:,} agents, {rounds} rounds, device {res.summary['device']}; "
+    print(f"{job}, device {res.summary['device']}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
-    print(f"checkpoint at round {ck.step} ({size:.1f} MB, written in {written[0]:.2f} s); killed after it; "
-          f"resumed by {res.summary['resumed_by']}")
+    unit = "window" if lookahead is not None else "round"
+    print(f"checkpoint at {unit} {ck.step} (t = {ck.meta['state']['windowed']['end']:.4g} s, {size:.1f} MB, "
+          f"written in {written[0]:.2f} s); killed after it; resumed by {res.summary['resumed_by']}")
     print(f"identical: trace {'yes' if same[TRACE_FILE] else 'NO'}, metrics {'yes' if same['metrics.csv'] else 'NO'}, "
           f"final models {'yes' if same['models'] else 'NO'}")
-    print(f"uninterrupted run {t_ref:.2f} s (its play {ref.summary['wall_time']:.2f} s); resume {t_res:.2f} s, "
-          f"of which restore {t_restore:.2f} s and play {t_res - t_restore:.2f} s")
-    rest = t_res - t_restore
-    print(f"play after the checkpoint {rest:.2f} s = {rest / ref.summary['wall_time']:.3f} of the uninterrupted play")
-    print(f"restore / uninterrupted = {t_restore / t_ref:.3f} (target <= 0.1); resume / uninterrupted = "
-          f"{t_res / t_ref:.3f} (the rounds after the checkpoint, {1 - ck.step / rounds:.0%} of them, are played)")
+    print(f"uninterrupted run {t_ref:.2f} s (setup {t_setup:.2f} s, play {ref.summary['wall_time']:.2f} s); "
+          f"reading the checkpoint {t_load:.2f} s; resume {t_res:.2f} s, of which restore {t_restore:.2f} s and "
+          f"play {t_res - t_restore:.2f} s")
+    print(f"restore / (setup + reading) = {t_restore / (t_setup + t_load):.2f} (target <= 1.3); "
+          f"restore / uninterrupted = {t_restore / t_ref:.3f}; resume / uninterrupted = {t_res / t_ref:.3f}")
 
 
 def killed_after(cmd: list[str], out: Path, ready, what: str):

@@ -244,7 +244,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
              "is checked against it")
     trace = head["trace"]
     trace_path = folder / TRACE_FILE
-    if trace["file"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):
+    if trace["file"] and trace["bytes"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):
         raise InputError("", f"missing or shorter than the checkpoint's {trace['bytes']} bytes", str(trace_path))
     writer = run_folder.trace_writer(silent=True)  # the rebuild up to the checkpoint writes nothing
     sim = prepare(sc, writer, str(sc_path), counts=run_folder.counts, restored_metrics=head["metrics"])
@@ -252,12 +252,12 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
         from netsim.sim import restore
 
         _choose_engine(sim, "windowed", str(sc_path))
-        sim.start(progress)
+        sim.start(progress, evaluate=False)  # the recorder's rows are the checkpoint's
         try:
             restore.restore(sim, ck)
         except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
             raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
-        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False))  # captured again: the checkpoint
+        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False), restored=True)  # captured again
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
         if isinstance(head.get("windowed_refused"), str):  # started by --engine auto: why not the windows, as it said

@@ -281,7 +281,8 @@ def resume(run_folder: Path = typer.Argument(..., help="folder of an interrupted
         _crashed(e)
     s = result.summary
     if s.get("resumed_by") == "restore":
-        typer.echo(f"resumed from round {s['resumed_at_step']} (restored, no recompute; "
+        unit = "window" if isinstance(s.get("windows"), dict) else "round"
+        typer.echo(f"resumed from {unit} {s['resumed_at_step']} (restored, no recompute; "
                    f"{s['resume_wall_time']:.2f} s)", err=True)
     else:
         typer.echo(f"resumed from event {s['resumed_at_step']} (re-executed up to it; "

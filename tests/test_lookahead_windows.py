@@ -1,16 +1,22 @@
 """Lookahead windows end to end: runs of each asynchronous pattern the windows play (evaluations inside the run,
 churn, sampled rows, a trace cut in small batches, the broadcast pattern) write the events engine's bytes and end
-with its models; a failure in the control keeps the trace written so far, the start of the whole run."""
+with its models; a failure in the control keeps the trace written so far, the start of the whole run. Checkpoints
+are cut between two windows and restored by ``netsim resume``: a run killed or interrupted after one ends as the
+uninterrupted run, byte for byte."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
+import torch
 
 import netsim
 from netsim.scenario import scenario_from_dict
 from netsim.trace.io import read_trace
+from tests.test_checkpoint_windowed import finals, killed_at, same_outputs  # noqa: F401, F811 - finals: a fixture
 from tests.test_windowed import gossip, identical
 
 VARY = ("wall_time", "events_per_s", "engine", "windows")
@@ -106,3 +112,128 @@ def test_a_failure_in_the_tensor_work_keeps_the_trace_so_far(tmp_path, monkeypat
 def test_a_failure_in_the_control_keeps_the_trace_so_far(tmp_path, monkeypatch):
     fails_keeping_the_runs_start(tmp_path, monkeypatch, "events_until", 60, "a control that breaks",
                                  "a control that breaks")
+
+
+# checkpoints between two windows, restored ----------------------------------------------------------------------
+RESTORED = {  # each pattern whose windows restore, with what its state holds between windows
+    # push gossip: payloads in flight, activations waiting for their gradient (the engine's batches), peers drawn
+    "push_gossip": {"algorithm": {"batch": 3}, "network": {"bandwidth": 2.0e5}},  # bandwidth: links' queues
+    # the broadcast pattern: asynchronous push SGD's points kept for their batch, its staleness weights
+    "async_push": {"algorithm": {"name": "async_push", "batch": 2, "staleness_power": 1.0},
+                   "agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}},
+    # push-sum: running sums kept per sender, weights, one gradient call per lock step
+    "pushsum": {"algorithm": {"name": "pushsum", "lr": 0.3, "batch": 3}, "model": {"kind": "logistic",
+                                                                                     "batch_invariant": True}},
+}
+
+
+def checkpointed(alg: str) -> dict:
+    return asynchronous(run={"checkpoint_every": 1.0, "trace_flush_every": 37},
+                        evaluation={"every": 1.5, "metrics": ["loss", "accuracy", "agent_accuracy"]},
+                        **RESTORED[alg])
+
+
+@pytest.mark.parametrize("alg", sorted(RESTORED))
+def test_a_lookahead_run_killed_after_a_checkpoint_resumes_by_restore_byte_identical(tmp_path, finals, alg):  # noqa: F811
+    """Killed right after its second checkpoint (nothing after it written), the run resumes by restoring the
+    driver's state between two windows: trace, metrics and final models are the uninterrupted run's; both are the
+    events engine's rows, metrics and models."""
+    from netsim import api
+    from netsim.sim import checkpoint
+
+    sc = checkpointed(alg)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    assert ref.summary["engine"] == "windowed" and "windows" in ref.summary
+    events = api.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events", interruptible=False)
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    held = json.loads(ck.meta["state"]["windowed"]["held"]["dict"][0][1])  # the driver's plain state
+    assert ck.meta["engine"] == "windowed" and ck.meta["state"]["windowed"]["round"] == ck.step > 0
+    assert held["events"] and held["payloads"] and held["shipped"]  # mid-run: in flight, rows not yet written
+    if alg == "push_gossip":  # killed again after the resumed run's first checkpoint: links it has not used since
+        real = checkpoint.write  # the first restore are kept as that restore left them
+
+        def write_then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            raise KeyboardInterrupt
+
+        checkpoint.write = write_then_die
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                api.resume(out, interruptible=False)
+        finally:
+            checkpoint.write = real
+        again = checkpoint.load(checkpoint.checkpoints(out)[-1])
+        assert again.step > ck.step and json.loads(again.meta["state"]["windowed"]["held"]["dict"][0][1])["events"]
+        ck = again
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore" and res.summary["resumed_at_step"] == ck.step
+    same_outputs(out, ref.out, skip={"windows", "resumed_at_step"})
+    assert torch.equal(finals[-1], finals[0])  # the resumed run's models are the uninterrupted run's
+    assert torch.equal(finals[1], finals[0])  # and the events engine's
+    assert read_trace(events.out).table.equals(read_trace(ref.out).table)  # (a checkpoint there flushes a batch)
+    assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
+
+
+def test_ctrl_c_stops_lookahead_windows_between_two_windows_and_resume_restores(tmp_path, finals):  # noqa: F811
+    """SIGINT stops the windows after the window it is in, with a checkpoint there; the resume restores it. Without
+    checkpoints the windows keep no restorable state: the run plays to its end and is complete."""
+    from netsim import api
+    from netsim.sim import checkpoint
+
+    sc = checkpointed("push_gossip")
+    sc["run"]["checkpoint_every"] = 100.0  # no periodic one: the interrupt's
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+
+    sent = []
+
+    def progress(t: float) -> None:
+        if t > 2.0 and not sent:  # once (a second Ctrl-C aborts)
+            sent.append(t)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    stopped = api.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed", progress=progress)
+    assert stopped.summary["stop_reason"] == "interrupted"
+    ck = checkpoint.load(checkpoint.checkpoints(stopped.out)[-1])
+    assert ck.meta["kind"] == "interrupt" and 2.0 < ck.meta["state"]["windowed"]["end"] < 6.0
+    res = api.resume(stopped.out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(res.out, ref.out, skip={"windows", "resumed_at_step"})
+    assert torch.equal(finals[-1], finals[0])
+    plain = asynchronous()
+    sent.clear()
+    whole = api.run(scenario_from_dict(plain), out=tmp_path / "plain", engine="windowed", progress=progress)
+    assert whole.summary["stop_reason"] == "until" and api.is_complete(whole.out)
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"algorithm": {"name": "event_triggered", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
+    ({"agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}}, "churn or a time-varying topology"),
+])
+def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, changes, said):
+    """--engine auto runs them on the events engine and says why; --engine windowed refuses them."""
+    from netsim.errors import InputError
+
+    sc = asynchronous(run={"checkpoint_every": 1.0}, **changes)
+    r = netsim.run(scenario_from_dict(sc), out=tmp_path / "auto", engine="auto")
+    assert r.summary["engine"] == "events" and said in r.summary["windowed_refused"]
+    assert "remove run.checkpoint_every" in r.summary["windowed_refused"]
+    with pytest.raises(InputError, match=said):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "windowed", engine="windowed")
+
+
+def test_a_checkpoint_before_the_first_trace_batch_resumes(tmp_path, finals):  # noqa: F811
+    """A window's checkpoint flushes nothing: one taken before the trace's first batch was written points at no
+    bytes of a file not made yet; the resume makes it at its first batch, and the trace is the uninterrupted one."""
+    from netsim import api
+    from netsim.sim import checkpoint
+
+    sc = checkpointed("push_gossip")
+    sc["run"]["trace_flush_every"] = 100_000
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 1)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.meta["trace"]["bytes"] == 0 and not (out / "trace.arrows").exists()
+    api.resume(out, interruptible=False)
+    same_outputs(out, ref.out, skip={"windows", "resumed_at_step"})
+    assert torch.equal(finals[-1], finals[0])

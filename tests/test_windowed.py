@@ -150,10 +150,8 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "network": {"latency": {"kind": "lognormal",
                                                                               "mean": 0.1, "sigma": 0.5}}},
      "only periodic.*lookahead windows: latency 'lognormal' has no positive lower bound: no lookahead"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"checkpoint_every_rounds": 2}},
-     "lookahead windows: checkpoints"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "run": {"checkpoint_every": 3.0}},
-     "lookahead windows: checkpoints"),
+    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}, "churn": {"mean_online": 2.0, "mean_offline": 0.5}},
+      "run": {"checkpoint_every_rounds": 2}}, "lookahead windows: checkpoints with link models"),
 ])
 def test_windowed_push_gossip_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
     from netsim.errors import InputError
@@ -439,7 +437,8 @@ def _async(**changes) -> dict:
      "latency 'exponential' has no positive lower bound", "a uniform latency with low > 0 (or a constant) runs fast"),
     (_async(network={"latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}), "the minimum latency is 0",
      "give latency a minimum > 0"),
-    (_async(run={"checkpoint_every": 2.0}), "checkpoints cut the run", "remove run.checkpoint_every"),
+    (_async(run={"checkpoint_every": 2.0}, algorithm={"name": "gossip", "lr": 0.3, "batch": 8}),
+     "this pattern's lookahead windows cannot be restored", "remove run.checkpoint_every"),
     (_async(algorithm={"name": "gossip", "lr": 0.3, "batch": 8}, network={"bandwidth": 1.0e6}),
      "an exchange waits for its request's transmission", "remove network.bandwidth"),
     (_async(algorithm={"name": "event_triggered", "lr": 0.3, "batch": 8, "clip": 1.0, "noise_multiplier": 1.0},

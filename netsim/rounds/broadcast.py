@@ -151,6 +151,7 @@ class Broadcast(Pattern):
     lookahead: ClassVar[bool] = True
     tag: str = "push"
     reads: frozenset[str] = frozenset()
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/broadcast_windows.py)
 
     def program(self, kernel: BroadcastKernel, agent, p) -> Generator:
         """The events engine's program: the kernel's operations on a batch of one."""
@@ -211,7 +212,7 @@ class Broadcast(Pattern):
                     "remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import broadcast_windows
 
-        broadcast_windows.play(self, sim, kernel)
+        return broadcast_windows.play(self, sim, kernel)

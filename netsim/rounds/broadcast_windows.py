@@ -23,7 +23,7 @@ import itertools
 import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import Batch, _plain, _restored
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, deliver
@@ -31,9 +31,10 @@ from netsim.sim.rows import CODES, deliver
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
 
 
-def play(pattern, sim, kernel) -> None:
-    """Play a started run to its end window by window (see the module docstring)."""
-    _Driver(pattern, sim, kernel).run()
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two windows."""
+    return _Driver(pattern, sim, kernel).run()
 
 
 class _Driver(WindowDriver):
@@ -124,6 +125,29 @@ class _Driver(WindowDriver):
                     return
         finally:
             self.now = t
+
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        pid = next(self.pids)
+        self.pids = itertools.count(pid)  # (read, not taken)
+        return {"inbox": self.inbox, "own": [_plain(vars(o) if hasattr(o, "__dict__") else o) for o in self.own],
+                "refs": list(self.refs.items()), "pid": pid}, {"X": self.X, **{f"extra.{k}": m for k, m in
+                                                                          self.extra.items()}}
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        n = len(self.agents)
+        if len(own["inbox"]) != n or len(own["own"]) != n:
+            raise ValueError(f"held.own: not {n} agents' state")
+        self.inbox[:] = [[Incoming(*m) for m in box] for box in own["inbox"]]
+        for k, (o, saved) in enumerate(zip(self.own, own["own"], strict=True)):
+            if hasattr(o, "__dict__"):
+                _restored(saved, vars(o))
+            else:
+                self.own[k] = _restored(saved, o)
+        self.refs = dict((pid, count) for pid, count in own["refs"])
+        self.pids = itertools.count(own["pid"])
+        self.X.copy_(tensors["X"])
+        for k, m in self.extra.items():
+            m.copy_(tensors[f"extra.{k}"])
 
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int], scalars: list | None = None) -> tuple[Batch, torch.Tensor]:

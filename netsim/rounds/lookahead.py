@@ -13,9 +13,15 @@ does not wait for its transmission), and an activation moved out of an interval,
 agent to be back and a drop decided when the message is sent (sender offline then, receiver offline when it
 would land, an outage, a burst's loss) change when things happen and what arrives, never how soon a message can
 land. What breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a
-replay's: no known bound, outcomes not from the engine's streams). Refused besides (``refusal``), as not played
-here: checkpoints (they cut the run between events). A time-varying topology is played: each
+replay's: no known bound, outcomes not from the engine's streams). A time-varying topology is played: each
 activation adopts its epoch's links, as the engine's activation listener does.
+
+Checkpoints are cut between two windows, once their tensor work is done (``Simulation.between_windows``): the
+driver's state is then data (``held``: its event queue, the payloads in flight, the gradients waiting for their
+update and the requests waiting for their batch, each agent's place in its activation, the trace rows not yet
+written), and ``netsim resume`` restores it into a freshly built simulation (sim/restore.py) instead of
+recomputing. Push gossip's and the broadcast pattern's drivers restore; refused (``checkpoint_refusal``): the
+other patterns' drivers, and link models, churn and time-varying topologies, whose state is not restored.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -52,12 +58,16 @@ merge then waits in lock step for a push of an earlier window of the same work).
 
 from __future__ import annotations
 
+import base64
 import heapq
 import itertools
+import json
 import time
+from collections import deque
 from collections.abc import Callable
 
 import attrs
+import numpy as np
 import torch
 
 from netsim.rounds.kernel import Batch
@@ -103,6 +113,13 @@ class WindowStats:
                 "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s}
 
 
+def _plain_number(v):
+    """A numpy number in a checkpoint's JSON as the Python number it is."""
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"a {type(v).__name__} in the lookahead windows' state")
+
+
 def min_latency(lat) -> float | None:
     """The smallest latency a draw of ``lat`` can give (None: no positive lower bound)."""
     low = {"constant": lat.value, "uniform": lat.low}.get(lat.kind)
@@ -145,10 +162,10 @@ def transmits(sim) -> bool:
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
     sc = sim.world.scenario
-    r = sc.run
-    if r.checkpoint_every is not None or r.checkpoint_every_rounds is not None:
-        return ("checkpoints cut the run between events — remove run.checkpoint_every and "
-                "run.checkpoint_every_rounds")
+    if checkpoints(sim):
+        why = checkpoint_refusal(sim, kernel)
+        if why is not None:
+            return why
     if getattr(getattr(sc, "privacy", None), "record", None) is not None:
         return ("privacy.record: the mixing record is written by the events engine's agents — remove "
                 "privacy.record for the fast path")
@@ -166,6 +183,24 @@ def refusal(sim, kernel) -> str | None:
         if any(f != adopt for f in a.activation_listeners):
             return (f"agent {a.id} has activation listeners — leave its wakes to agents.activation (no setup hook "
                     "or plugin listening to them)")
+    return None
+
+
+def checkpoints(sim) -> bool:
+    """Whether the run writes checkpoints (``run.checkpoint_every``, ``run.checkpoint_every_rounds``)."""
+    r = sim.world.scenario.run
+    return r.checkpoint_every is not None or r.checkpoint_every_rounds is not None
+
+
+def checkpoint_refusal(sim, kernel) -> str | None:
+    """Why a checkpoint of these windows could not be restored (None: it can; the module docstring)."""
+    fix = "remove run.checkpoint_every and run.checkpoint_every_rounds (or run --engine events)"
+    if not getattr(kernel.pattern, "restores", False):
+        return f"checkpoints: this pattern's lookahead windows cannot be restored from one — {fix}"
+    world = sim.world
+    if world.network.model is not None or world.churn is not None or world.network.dynamic is not None:
+        return ("checkpoints with link models (bursts, outages, per-link settings, link traces), churn or a "
+                f"time-varying topology: their state is not restored by the lookahead windows — {fix}")
     return None
 
 
@@ -207,10 +242,21 @@ class RowStore:
     def drop(self, key: int) -> None:
         self.free.append(self.row_of.pop(key))
 
+    def save(self) -> tuple[list[int], torch.Tensor]:
+        """The keys kept and their rows (a checkpoint's)."""
+        keys = list(self.row_of)
+        return keys, self.peek(keys) if keys else self.rows[:0].clone()
 
-def play(pattern, sim, kernel) -> None:
-    """Play a started run to its end window by window (see the module docstring)."""
-    _Driver(pattern, sim, kernel).run()
+    def load(self, keys: list[int], rows: torch.Tensor) -> None:
+        """``save``'s rows kept again under their keys."""
+        if keys:
+            self.put(keys, rows)
+
+
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two windows."""
+    return _Driver(pattern, sim, kernel).run()
 
 
 class WindowDriver:
@@ -238,7 +284,9 @@ class WindowDriver:
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
         self.outcome = (world.network.model or world.network.lean()).outcome
-        world.network.without_checkpoints()  # no checkpoint cuts these runs (``refusal``)
+        self.checkpoints = checkpoints(sim)  # cut between windows (``between_windows``)
+        if not self.checkpoints:
+            world.network.without_checkpoints()  # links keep their draws' positions only for checkpoints
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
@@ -567,9 +615,10 @@ class WindowDriver:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
-    def run(self) -> None:
+    def run(self) -> bool:
         """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
-        that ended it, if one did."""
+        that ended it, if one did; True when an interrupt stopped it between two windows (taken only where
+        checkpoints are kept: elsewhere the run is played to its end)."""
         sim, stats = self.sim, self.stats
         t0, c0 = time.perf_counter(), time.thread_time()
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
@@ -577,25 +626,33 @@ class WindowDriver:
                 self.svc.keep_rows(a.rows)
         rows = PackedRows(self.words)  # the trace rows made since the last write (written a batch at a time: columns
         # of fewer rows would wait in the writer as row tuples)
+        restored = sim.loop.programs.between  # a checkpoint's state (netsim resume), or None
+        if restored is not None:
+            self.take(restored.held, rows)
         try:
-            self._windows(rows)
+            interrupted = self._windows(rows, restored is None)
         except BaseException:
             rows.write_to(self.writer, final=True)
             raise
-        sim.loop.env.advance_to(self.now)
+        if not interrupted:  # (interrupted: the clock stays where the checkpoint of this state has it)
+            sim.loop.env.advance_to(self.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+        return interrupted
 
-    def _windows(self, shipped: PackedRows) -> None:
+    def _windows(self, shipped: PackedRows, fresh: bool) -> bool:
+        """The window loop (``fresh``: from the run's start, else from a restored checkpoint); True when an
+        interrupt stopped it between two windows."""
         sim, stats = self.sim, self.stats
-        if self.until is not None:
-            self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
-        if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
-            for i in self.churn.sources:
-                self.offline_next(i, self.now, 0.0)
-        for a in self.agents:  # each program's first wake, in agent order
-            self.wake(a.id, self.now)
         every = sim.world.scenario.evaluation.every
-        self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
+        if fresh:
+            if self.until is not None:
+                self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
+            if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
+                for i in self.churn.sources:
+                    self.offline_next(i, self.now, 0.0)
+            for a in self.agents:  # each program's first wake, in agent order
+                self.wake(a.id, self.now)
+            self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
         L = stats.lookahead
         progress: Callable | None = sim.recorder.progress
         gathered, first_ticket = 0, 0
@@ -626,7 +683,75 @@ class WindowDriver:
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
+            if self.checkpoints and not gathered and not self.ended \
+                    and sim.between_windows(stats.windows, self.now, lambda: self.held(shipped)):
+                return True  # interrupted: the run folder writes the checkpoint of this state
         shipped.write_to(self.writer, final=True)
+        return False
+
+    # checkpoints ------------------------------------------------------------------------------------------
+    def held(self, shipped: PackedRows) -> dict:
+        """The driver's state between two windows, as a checkpoint keeps it (sim/restore.py): plain data as one JSON
+        text and the tensors (of the bank's dtype) beside it. Nothing of a window is pending then: its operations
+        and gradient batches are done; what is left is the event queue, the payloads in flight, the gradients
+        waiting for their update, the requests waiting for their batch (made after the last completion), the
+        trace rows not yet written (``shipped``) and the driver's own (``hold``)."""
+        events = [*self.cur, *self.soon, *(e for q in self.far.values() for e in q)]
+        seq = next(self.seq) + 1  # the next insertion number (this one is skipped: only the order counts)
+        tickets, lo = self.ticket_of, self.pending_lo
+        while lo < len(tickets) and tickets[lo] is None:  # evaluated (a batch-invariant model: as asked)
+            lo += 1
+        pending = [[i, None, ""] if rows is None else [i, rows.tolist(), rows.dtype.str]
+                   for i, rows in tickets[lo:]]
+        pay_keys, pay_rows = self.payloads.save()
+        grad_keys, grad_rows = self.grads.save()
+        at_keys = list(self.at_of)
+        at_rows = torch.stack([self.at_of[k] for k in at_keys]) if at_keys else self.bank.W[:0].clone()
+        own, tensors = self.hold()
+        st = self.stats
+        plain = {"now": self.now, "seq": seq, "events": events, "pending_lo": self.pending_lo,
+                 "tickets": [len(tickets), lo, pending], "payloads": pay_keys, "grads": grad_keys, "at": at_keys,
+                 "words": self.words.words, "stats": [st.windows, st.events, st.fewest],
+                 "shipped": base64.b64encode(bytes(shipped.buf)).decode("ascii"), "own": own}
+        return {"json": json.dumps(plain, default=_plain_number), "payloads": pay_rows, "grads": grad_rows,
+                "at": at_rows, **{f"own.{k}": v for k, v in tensors.items()}}
+
+    def take(self, held: dict, shipped: PackedRows) -> None:
+        """``held``'s state put back into this freshly made driver (``netsim resume``); ``shipped``: the trace rows
+        not yet written. ValueError, KeyError or TypeError when it is not such a state."""
+        plain = json.loads(held["json"])
+        self.now = float(plain["now"])
+        deque(itertools.islice(self.seq, plain["seq"]), maxlen=0)  # the enqueuers' counter, where it stood
+        inv = self.inv
+        for t, seq, kind, i, v in plain["events"]:  # into the buckets (the next window sorts what it reaches)
+            e = (t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
+            self.far.setdefault(int(t * inv) if t < _INF else _NEVER, []).append(e)
+        self.pending_lo = plain["pending_lo"]
+        n, lo, pending = plain["tickets"]
+        self.ticket_of[:] = [None] * lo + [(i, None if rows is None else np.array(rows, dtype=np.dtype(dt)))
+                                           for i, rows, dt in pending]
+        if len(self.ticket_of) != n:
+            raise ValueError(f"held.tickets: {len(self.ticket_of)} tickets where {n} were made")
+        self.payloads.load(plain["payloads"], held["payloads"])
+        self.grads.load(plain["grads"], held["grads"])
+        self.at_of.update(zip(plain["at"], held["at"].unbind(0)))
+        for k, w in enumerate(plain["words"]):
+            if self.words(w) != k:
+                raise ValueError(f"held.words: {w!r} is not word {k}")
+        st = self.stats
+        st.windows, st.events, st.fewest = plain["stats"]
+        shipped.clear()
+        shipped.put(base64.b64decode(plain["shipped"]))
+        self.unfinished = sum(not a.finished for a in self.agents)
+        self.take_hold(plain["own"], {k[4:]: v for k, v in held.items() if k.startswith("own.")})
+
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        """A driver's own state between two windows for ``held``: (JSON data, tensors by name)."""
+        raise NotImplementedError
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        """``hold``'s state back, into this freshly made driver's objects (in place: its closures hold them)."""
+        raise NotImplementedError
 
 
 class _Driver(WindowDriver):
@@ -747,6 +872,19 @@ class _Driver(WindowDriver):
                     return
         finally:
             self.now, self.pending_lo = t, pending_lo
+
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        return {"inbox": self.inbox, "got": self.got, "pos": self.pos,
+                "picks": [p.held for p in self.peers]}, {"X": self.X}
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        n = len(self.agents)
+        if any(len(own[k]) != n for k in ("inbox", "got", "pos", "picks")):
+            raise ValueError(f"held.own: not {n} agents' state")
+        self.inbox[:], self.got[:], self.pos[:] = own["inbox"], own["got"], own["pos"]
+        for p, picks in zip(self.peers, own["picks"], strict=True):
+            p.held[:] = picks
+        self.X.copy_(tensors["X"])  # (in place: ``xs`` are its rows)
 
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:

@@ -93,8 +93,8 @@ class Pairwise(Pattern):
                     "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import pairwise_windows
 
-        pairwise_windows.play(self, sim, kernel)
+        return pairwise_windows.play(self, sim, kernel)
 

@@ -47,9 +47,10 @@ class Arrived:
         self.mid, self.src, self.size, self.sent, self.round, self.tag, self.pid = mid, src, size, sent, rnd, tag, pid
 
 
-def play(pattern, sim, kernel) -> None:
-    """Play a started run to its end window by window (see the module docstring)."""
-    _Driver(pattern, sim, kernel).run()
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two windows."""
+    return _Driver(pattern, sim, kernel).run()
 
 
 class _Driver(WindowDriver):

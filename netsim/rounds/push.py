@@ -83,6 +83,7 @@ class PushGossip(Pattern):
     lookahead: ClassVar[bool] = True
     tag: str = "gossip"
     reads: frozenset[str] = frozenset()
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/lookahead.py)
 
     def program(self, kernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
@@ -136,11 +137,11 @@ class PushGossip(Pattern):
                     "agents.activation.period or shorten agents.compute_time")
         return kernel.refusal(sim, path)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""
         from netsim.rounds import lookahead
 
-        lookahead.play(self, sim, kernel)
+        return lookahead.play(self, sim, kernel)
 
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round, from round 0 or from where a restored checkpoint stands (``rounds``:

@@ -48,6 +48,7 @@ class Triggered(Broadcast):
 
     kernel: ClassVar[type] = TriggeredKernel
     tag: str = "model"
+    restores: ClassVar[bool] = False  # its windows' sends wait for their tensor work: not restored from a checkpoint
 
     def program(self, kernel: TriggeredKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
@@ -74,10 +75,10 @@ class Triggered(Broadcast):
         """The kernel's reason first (the parameters the windows do not play), then the broadcast's."""
         return (path == LOOKAHEAD and sim.program.refusal(sim, path)) or super().refusal(sim, path)
 
-    def play_lookahead(self, sim, kernel) -> None:
+    def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import triggered_windows
 
-        triggered_windows.play(self, sim, kernel)
+        return triggered_windows.play(self, sim, kernel)
 
 
 class DeltasKernel(TriggeredKernel):

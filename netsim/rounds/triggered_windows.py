@@ -41,9 +41,10 @@ _UNDECIDED = bytes(RECORD.size)  # a placeholder row (replaced before the rows a
 _CLOSE = 1e-3  # a batched norm this close (relative) to its threshold is decided again by the engine's call
 
 
-def play(pattern, sim, kernel) -> None:
-    """Play a started run to its end window by window (see the module docstring)."""
-    (_DeltasDriver if isinstance(pattern, TriggeredDeltas) else _Driver)(pattern, sim, kernel).run()
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two windows."""
+    return (_DeltasDriver if isinstance(pattern, TriggeredDeltas) else _Driver)(pattern, sim, kernel).run()
 
 
 class _Sends(BroadcastDriver):

@@ -141,17 +141,18 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     return why if why is not None else kernel.pattern.refusal(sim, ROUNDS)
 
 
-def run(sim) -> None:
+def run(sim) -> bool | None:
     """Play a started simulation to its end window by window; ``sim.finish`` then evaluates and closes the
-    trace as after the engine."""
+    trace as after the engine. Lookahead windows say whether an interrupt stopped them (False: played to the end,
+    an interrupt not taken); synchronous rounds say nothing (None: ``between_rounds`` took it)."""
     why = refusal(sim)
     if why is not None:
         raise ValueError(f"not a window-synchronous run: {why}")
     kernel = sim.program
     if rounds_refusal(sim, kernel) is None:
         kernel.pattern.play(sim, kernel, Rounds(sim))
-    else:
-        kernel.pattern.play_lookahead(sim, kernel)
+        return None
+    return kernel.pattern.play_lookahead(sim, kernel)
 
 
 class Rounds:

@@ -138,11 +138,9 @@ def _streams(streams, arrays: Arrays) -> list[str]:
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
     keys, rows = [], []
     mask = (1 << 64) - 1
-    for k, gen in streams.generators():
-        st = gen.bit_generator.state
-        s, inc = st["state"]["state"], st["state"]["inc"]
+    for k, (s, inc, has, u) in streams.states():
         keys.append(",".join(map(str, k)))
-        rows.append((s >> 64, s & mask, inc >> 64, inc & mask, st["has_uint32"], st["uinteger"]))
+        rows.append((s >> 64, s & mask, inc >> 64, inc & mask, has, u))
     arrays["streams"] = np.array(rows, dtype=np.uint64).reshape(-1, 6)
     return keys
 
@@ -208,7 +206,8 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "programs": [] if loop.runner is not None else
         [[i, _program(proc, f"program.{n}", arrays)] for n, (i, proc) in enumerate(loop.programs.running)],
         "network": {**_plain_vars(world.network),
-                    "links": sorted([s, d, lk.busy_until] for (s, d), lk in world.network.links.items())},
+                    "links": sorted([*([s, d, lk.busy_until] for (s, d), lk in world.network.links.items()),
+                                     *([s, d, r[2]] for (s, d), r in world.network.restored.items())])},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
         "events": {"emitted": rec.events_emitted,
                    "kinds": dict(sorted(counts.kinds.items())) if counts is not None else None,
@@ -357,7 +356,14 @@ def load(path: Path) -> Checkpoint:
         for n, h in sums.items():
             if _sha(path / n) != h:
                 raise CorruptCheckpoint(f"{n} does not match its sha256 (corrupted or torn)")
-        meta = json.loads((path / "state.json").read_text())
+        text = (path / "state.json").read_text()
+        enabled = gc.isenabled()
+        gc.disable()  # acyclic data: collections while it is made would rescan whatever the process holds
+        try:
+            meta = json.loads(text)
+        finally:
+            if enabled:
+                gc.enable()
         if not isinstance(meta, dict):
             raise CorruptCheckpoint("state.json is not an object")
         if meta.get("format") not in READS:
@@ -429,11 +435,14 @@ def _diff(a: Any, b: Any, path: str) -> str | None:
     return None if a == b and type(a) is type(b) else path
 
 
-def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray]) -> str | None:
+def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarray],
+             restored: bool = False) -> str | None:
     """The first place where a rebuilt run differs from the checkpoint (None: identical). ``state`` may be
     ``capture``'s without normalising: both are compared as the JSON text they make (the same text, in the same
-    key order, when they hold the same values), and only a difference is looked for key by key."""
-    if json.dumps(state) != json.dumps(ckpt.meta["state"]):
+    key order, when they hold the same values), and only a difference is looked for key by key. ``restored``: the
+    state was put back from this very checkpoint (sim/restore.py, which checks each value's type as it puts it
+    back), so equal values (``==``, one comparison in C) need no JSON text."""
+    if not (restored and state == ckpt.meta["state"]) and json.dumps(state) != json.dumps(ckpt.meta["state"]):
         d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
         if d:  # None: the same values written otherwise (0.0 and -0.0); the arrays are still compared
             return d

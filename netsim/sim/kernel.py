@@ -145,9 +145,10 @@ class Simulation:
         return self.loop.programs.running
 
     # how the run goes (set by the API before it starts) ----------------------------------------------
-    def use_runner(self, engine: str, runner: Callable[[Simulation], None]) -> None:
+    def use_runner(self, engine: str, runner: Callable[[Simulation], bool | None]) -> None:
         """Play the run with ``runner`` (a windowed driver, after ``rounds.windowed.refusal`` said none) instead
-        of the events; ``engine`` names it in the summary."""
+        of the events; ``engine`` names it in the summary. The runner returns whether an interrupt stopped it
+        (None: it stops through ``between_rounds``)."""
         self.loop.engine, self.loop.runner = engine, runner
 
     def checkpoint_with(self, checkpointer: Callable[[Simulation, str], None]) -> None:
@@ -186,6 +187,21 @@ class Simulation:
         marks = loop.marks
         if marks.round_done(between.end) and marks.checkpointer is not None and not marks.interrupted:
             marks.checkpointer(self, "periodic")
+        return marks.interrupted
+
+    def between_windows(self, k: int, now: float, held: Callable[[], dict]) -> bool:
+        """A lookahead-window driver finished its ``k``-th window and its tensor work (``now``: the time of its last
+        event): as ``between_rounds``, a checkpoint when a mark passed, and whether the driver must stop (an
+        interrupt); ``held()``, the driver's state, is made only then (a window costs no more without one)."""
+        loop = self.loop
+        marks = loop.marks
+        due = marks.round_done(now) and marks.checkpointer is not None
+        if due or marks.interrupted:
+            loop.steps = k  # the checkpoint's position: the windows played (the clock is left where the driver
+            # keeps it: the driver's own time is in its state)
+            loop.programs.between = Between(k, [], now, held(), windows=True)
+            if due and not marks.interrupted:
+                marks.checkpointer(self, "periodic")
         return marks.interrupted
 
     # services the agents call -----------------------------------------------------------------
@@ -268,14 +284,16 @@ class Simulation:
             progress(env.now)
 
     # running -----------------------------------------------------------------------------------------
-    def start(self, progress: Callable[[float], None] | None = None) -> None:
+    def start(self, progress: Callable[[float], None] | None = None, evaluate: bool = True) -> None:
         """Initial evaluation, the agents' programs and our timers (always the same ones, so a rebuilt
-        run schedules exactly the events the original did)."""
+        run schedules exactly the events the original did). ``evaluate``: False where a restore puts the
+        recorder back (its metrics rows, the first among them, and each agent's: sim/restore.py)."""
         sc, loop = self.world.scenario, self.loop
         env = loop.env
         loop.t0 = time.perf_counter()
         self.recorder.progress = progress  # the windowed runner reports each round through it (the ticker does here)
-        self.evaluate()
+        if evaluate:
+            self.evaluate()
         loop.programs.start(env, loop.agents)
         env.process(self._evaluator())
         stop = loop.stop
@@ -316,9 +334,9 @@ class Simulation:
         loop = self.loop
         if loop.runner is not None:
             with _lean_gc():
-                loop.runner(self)
-            if loop.stop_reason:  # played to the end: an interrupt in the last round came too late to stop it
-                loop.marks.interrupted = False
+                stopped = loop.runner(self)
+            if loop.stop_reason or stopped is False:  # played to the end: an interrupt in the last round came too
+                loop.marks.interrupted = False  # late to stop it (or lookahead windows without checkpoints took none)
             loop.wall += time.perf_counter() - loop.t0
             loop.t0 = time.perf_counter()
             return

@@ -72,12 +72,15 @@ class Between:
     """Where a windowed driver (netsim/rounds/) stands between two rounds, besides the world and the recorder:
     ``k``, the next round's index; ``order``, each agent and when it called wake (the next round's order);
     ``end``, the time of the round's last event; ``held``, the pattern's own (push gossip: the peers drawn
-    ahead, the models that arrived). A checkpoint keeps it, and a restored run's driver goes on from it."""
+    ahead, the models that arrived). A checkpoint keeps it, and a restored run's driver goes on from it.
+    ``windows``: a lookahead-window driver's (rounds/lookahead.py) between two windows: ``k`` the windows played,
+    ``end`` the time of the last event, ``order`` empty, ``held`` the driver's whole state (its event queue)."""
 
     k: int
     order: list
     end: float
     held: dict = attrs.Factory(dict)
+    windows: bool = False
 
 
 class Programs:
@@ -124,7 +127,7 @@ class RunLoop:
         self.done: list = []  # filled when the run's stop event (or run.until) fires
         self.steps = 0
         self.engine = "events"  # or "windowed" (``Simulation.use_runner``)
-        self.runner: Callable[[Any], None] | None = None
+        self.runner: Callable[[Any], bool | None] | None = None
         self.wall = 0.0
         self.t0 = 0.0
 

@@ -167,6 +167,9 @@ class Network:
         # per block of draws); off where no checkpoint can cut the run (the lookahead windows refuse them)
         self.positions = True
         self.dynamic = None  # the time-varying topology (sim/dynamic.py) once attached, if the scenario has one
+        # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (latency draws'
+        # position, loss draws' position, busy_until)
+        self.restored: dict[tuple[int, int], tuple] = {}
 
     def seed_ahead(self, graph) -> None:
         """Seed the streams every link of ``graph`` will draw from, all at once (``Streams.seed_ahead``): the same
@@ -210,6 +213,11 @@ class Network:
             else:
                 lost = None
             link = self.links[(src, dst)] = Link(lat, lost)
+            if self.restored and (src, dst) in self.restored:  # where a restored run's link stood (its streams are)
+                lat_pos, lost_pos, link.busy_until = self.restored.pop((src, dst))
+                for d, pos in ((lat, lat_pos), (lost, lost_pos)):
+                    if pos is not None:
+                        d.resume(pos, keep_stream=True)
         return link
 
     def send(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:

@@ -1,5 +1,10 @@
 """Resume without recomputing: a windowed run's checkpoint put back into a freshly built simulation.
 
+Lookahead windows (rounds/lookahead.py) are cut the same way, between two windows, once their tensor work is done:
+their ``Between`` holds the driver's whole state (its event queue, payloads in flight, gradients waiting, each
+agent's place in its activation, the trace rows not yet written), and this module adds where each agent's
+Poisson gaps and clock jitter stand and each link's transmission queue.
+
 Between two rounds of a windowed driver (netsim/rounds/) the run's whole state is data: the parameter bank,
 every stream's position and the blocks drawn ahead from them (a link's latency and loss draws, an agent's
 mini-batches), the links made so far and the next message id, the agents' rounds and schedules, the privacy
@@ -16,6 +21,7 @@ resumed by re-executing the run up to them (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import gc
 import math
 from array import array
 from collections import Counter
@@ -56,15 +62,22 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         if led is not None and led.rdp is not None:
             arrays[f"ledger.{a.id}.rdp"] = np.asarray(led.rdp.rdp)
     kernel = sim.program
-    return {
-        "round": b.k, "order": b.order, "end": b.end, "held": _flat(b.held, "held", arrays),
+    out = {
+        "round": b.k, "order": [list(o) for o in b.order], "end": b.end, "held": _flat(b.held, "held", arrays),
         "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
         "marks": [marks.activations, marks.mark, marks.round_mark],
-        "links": [[s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()],
+        "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
+                  *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
         "agents": [[_ahead(a._ahead), _pos(a._compute)] for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
+    if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
+        moves = world.activation_moves
+        jitter = None if moves is None else moves.jitter
+        out["windows"] = {"gaps": [_pos(getattr(a.schedule, "gap", None)) for a in loop.agents],
+                          "jitter": None if jitter is None else [_pos(d) for d in jitter]}
+    return out
 
 
 def _unflat(x: Any, arrays: dict, tensor) -> Any:
@@ -103,19 +116,13 @@ _ROW = (_number, lambda v: type(v) is str, _id, _id, _id, _id, _number, _id, lam
 
 
 def _check(sim, st: dict, w: dict) -> None:
-    """What a restore reads must be what a run between two rounds holds (a state.json whose checksums were fixed
-    up after an edit is refused here, in one line, rather than crash the run); ValueError names the key."""
+    """What a restore reads must be what a run between two rounds (or two lookahead windows) holds (a state.json
+    whose checksums were fixed up after an edit is refused here, in one line, rather than crash the run);
+    ValueError names the key."""
     loop = sim.loop
     n, agents = len(loop.agents), loop.agents
     k = w.get("round")
     checks = {
-        "round": _int(k, 1, sim.world.scenario.run.rounds) and st["step"] == k,
-        "order": isinstance(w.get("order"), list) and len(w["order"]) == n
-        and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
-        and len({o[0] for o in w["order"]}) == n,
-        "end": _number(w.get("end")),
-        "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
-        and all(type(m) in (int, float) for m in w["marks"][1:]),
         "links": isinstance(w.get("links"), list) and all(
             isinstance(x, list) and len(x) == 4 and _int(x[0], 0, n) and _int(x[1], 0, n)
             and x[1] in agents[x[0]].neighbors and _position(x[2]) and _position(x[3]) for x in w["links"]),
@@ -127,19 +134,45 @@ def _check(sim, st: dict, w: dict) -> None:
             isinstance(r, list) and len(r) == len(_ROW) and all(f(v) for f, v in zip(_ROW, r, strict=True))
             for r in w["pending"]),
         "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
-        "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
-        and all(isinstance(a, dict) and a.get("round") == k and a.get("finished") is False
-                and isinstance(a.get("schedule"), dict) for a in st["agents"]),
-        "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
+        "end": _number(w.get("end")),
         "state.gradients": isinstance(st.get("gradients"), dict)
         and all(_int(st["gradients"].get(c)) for c in ("calls", "evaluated")),
         "state.events": isinstance(st.get("events"), dict) and _int(st["events"].get("bytes_sent"))
         and isinstance(st["events"].get("kinds"), dict) and all(map(_int, st["events"]["kinds"].values())),
         "state.rng": isinstance(st.get("rng"), list) and all(isinstance(x, str) for x in st["rng"]),
     }
+    win = w.get("windows")
+    if win is None:  # between two synchronous rounds: every agent woke k times, none finished
+        checks.update({
+            "round": _int(k, 1, sim.world.scenario.run.rounds) and st["step"] == k,
+            "order": isinstance(w.get("order"), list) and len(w["order"]) == n
+            and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
+            and len({o[0] for o in w["order"]}) == n,
+            "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
+            and all(type(m) in (int, float) for m in w["marks"][1:]),
+            "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
+            and all(isinstance(a, dict) and a.get("round") == k and a.get("finished") is False
+                    and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+            "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
+        })
+    else:  # between two lookahead windows: each agent on its own clock
+        checks.update({
+            "round": _int(k, 1) and st["step"] == k,
+            "order": w.get("order") == [],
+            "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and _int(w["marks"][0])
+            and all(type(m) in (int, float) for m in w["marks"][1:]),
+            "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
+            and all(isinstance(a, dict) and _int(a.get("round")) and type(a.get("finished")) is bool
+                    and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+            "state.finished": _int(st.get("finished"), 0, n) and st.get("stop_reason") == "",
+            "windows": isinstance(win, dict) and isinstance(win.get("gaps"), list) and len(win["gaps"]) == n
+            and all(map(_position, win["gaps"])) and (win.get("jitter") is None or (
+                isinstance(win["jitter"], list) and len(win["jitter"]) == n and all(map(_position, win["jitter"])))),
+        })
     bad = [key for key, ok in checks.items() if not ok]
     if bad:
-        raise ValueError(f"{bad[0]} is not what a windowed run holds between two rounds")
+        raise ValueError(f"{bad[0]} is not what a windowed run holds between two "
+                         f"{'rounds' if win is None else 'windows'}")
 
 
 def _assign(obj: Any, values: dict, where: str) -> None:
@@ -154,6 +187,16 @@ def restore(sim, ckpt) -> None:
     """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
     its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
     says what in the checkpoint a run between two rounds cannot hold."""
+    enabled = gc.isenabled()
+    gc.disable()  # it makes a stream per link (acyclic): collections would rescan the whole simulation each time
+    try:
+        _restore(sim, ckpt)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _restore(sim, ckpt) -> None:
     st, arrays = ckpt.meta["state"], ckpt.arrays
     w = st.get("windowed")
     if not isinstance(w, dict):
@@ -168,12 +211,13 @@ def restore(sim, ckpt) -> None:
 
     bank.load_state_dict({k[len("bank."):]: tensor(v) for k, v in arrays.items() if k.startswith("bank.")})
     net = world.network
-    for s, d, lat, lost in w["links"]:  # made in the order the run made them, standing where its draws stood
-        link = net.links.get((s, d)) or net.link(s, d)
-        for draws, pos in ((link.latency, lat), (link.lost, lost)):
-            if pos is not None:
-                draws.resume(pos)
     _assign(net, {k: v for k, v in st["network"].items() if k != "links"}, "state.network")
+    busy = {(s, d): b for s, d, b in st["network"]["links"]}  # each link's transmission queue (bandwidth)
+    if len(busy) != len(w["links"]):
+        raise ValueError("state.network.links are not the links of state.windowed.links")
+    # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
+    # the run made them (a stream per link: made now they would cost more than the rest of the restore)
+    net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
     for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
         _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
         _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
@@ -183,6 +227,14 @@ def restore(sim, ckpt) -> None:
             a._ahead.pos = ahead[3]
         if compute is not None:
             a._compute.resume(compute)
+    win = w.get("windows")
+    if win is not None:  # lookahead windows: where each agent's Poisson gaps and clock jitter stand
+        for a, gap in zip(loop.agents, win["gaps"], strict=True):
+            if gap is not None:
+                a.schedule.gap.resume(gap)
+        if win["jitter"] is not None:
+            for d, pos in zip(world.activation_moves.jitter, win["jitter"], strict=True):
+                d.resume(pos)
     for key, saved in st["ledgers"].items():
         _ledger(loop.agents[int(key)], saved, arrays, key)
     kernel = sim.program
@@ -217,7 +269,7 @@ def restore(sim, ckpt) -> None:
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
-    loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held)
+    loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held, windows=win is not None)
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:

@@ -152,6 +152,7 @@ class Streams:
         self.seed = int(seed)
         self._cache: dict[tuple[int, ...], np.random.Generator] = {}
         self._ahead: dict[tuple[int, ...], np.ndarray] = {}  # spawn key -> its seed state, computed in bulk
+        self._pending: dict[tuple[int, ...], tuple] = {}  # a restored stream not made yet -> its state (``restore``)
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -161,6 +162,10 @@ class Streams:
             g = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed, spawn_key=k) if words is None
                                                     else _SeedState(words)))
             self._cache[k] = g
+            if self._pending:
+                state = self._pending.pop(k, None)
+                if state is not None:
+                    _put(g, state)
         return g
 
     def seed_ahead(self, purposes: tuple[str, ...], keys: np.ndarray) -> None:
@@ -182,20 +187,26 @@ class Streams:
         """The stream's seed sequence itself (uncached): for code that builds its own generator."""
         return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
 
-    def generators(self) -> list[tuple[tuple[int, ...], np.random.Generator]]:
-        """Every stream created so far as (spawn key, generator), sorted by key (what a checkpoint saves)."""
-        return sorted(self._cache.items())
+    def states(self) -> list[tuple[tuple[int, ...], tuple[int, int, int, int]]]:
+        """Every stream so far as (spawn key, (state, inc, has_uint32, uinteger)), sorted by key (what a checkpoint
+        saves): those made, and those a restore has not made yet."""
+        made = []
+        for k, g in self._cache.items():
+            st = g.bit_generator.state
+            made.append((k, (st["state"]["state"], st["state"]["inc"], st["has_uint32"], st["uinteger"])))
+        return sorted([*made, *self._pending.items()])
 
     def restore(self, keys: list[tuple[int, ...]], states: list[tuple[int, int, int, int]]) -> None:
-        """Put every stream of ``keys`` (spawn keys, made now if not yet) at its (state, inc, has_uint32,
-        uinteger), in place: whoever holds a generator keeps it."""
-        for k, (s, inc, has, u) in zip(keys, states, strict=True):
-            g = self._cache.get(k)
+        """Put every stream of ``keys`` (spawn keys) at its (state, inc, has_uint32, uinteger): a stream made
+        already in place (whoever holds its generator keeps it), any other when it is first asked for (a restored
+        run makes a link's streams when the link is next used, as the run made them)."""
+        cache, pending = self._cache, self._pending
+        for k, state in zip(keys, states, strict=True):
+            g = cache.get(k)
             if g is None:
-                g = self._cache[k] = np.random.Generator(np.random.PCG64(np.random.SeedSequence(self.seed,
-                                                                                                 spawn_key=k)))
-            g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
-                                     "has_uint32": int(has), "uinteger": int(u)}
+                pending[k] = state
+            else:
+                _put(g, state)
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
@@ -253,16 +264,26 @@ class Draws:
         red = self._it.__reduce__()  # (iter, (block,), index), or (iter, ((),)) once the block is used up
         return [*self._from, red[2] if len(red) == 3 else self._size]
 
-    def resume(self, pos: list[int] | None) -> None:
-        """Stand where ``position`` said: the same block drawn again from the stream, ``pos[3]`` values used."""
+    def resume(self, pos: list[int] | None, keep_stream: bool = False) -> None:
+        """Stand where ``position`` said: the same block drawn again from the stream, ``pos[3]`` values used
+        (``keep_stream``: the stream is then put back where it stands now, already restored)."""
         if pos is None:
             return
         if self._rng is None:
             raise ValueError("a Draws without its stream cannot be restored")
+        now = state_of(self._rng) if keep_stream else None
         set_state(self._rng, pos[:3])
         self._from = tuple(pos[:3])
         self._refill(BLOCK)  # the same values as the block it stood in, however long that was
         self._it.__setstate__(pos[3])
+        if now is not None:
+            set_state(self._rng, now)
+
+
+def _put(g: np.random.Generator, state: tuple[int, int, int, int]) -> None:
+    s, inc, has, u = state
+    g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
+                             "has_uint32": int(has), "uinteger": int(u)}
 
 
 def state_of(rng: np.random.Generator) -> tuple[int, int, int]:

@@ -344,7 +344,12 @@ class TraceWriter:
     def reopen(self, path: Path, offset: int, count: int, sha256: str) -> None:
         """Continue the file at ``path`` after its first ``offset`` bytes (``count`` events), which must
         hash to ``sha256``: the tail after a checkpoint is cut and will be written again, identically
-        (the events in the buffer are the ones that follow ``offset``)."""
+        (the events in the buffer are the ones that follow ``offset``). ``offset`` 0: nothing was written by the
+        checkpoint (a windowed run's first batch came after it): the file is made again at the first flush."""
+        if offset == 0:
+            path.unlink(missing_ok=True)
+            self.path, self.count, self.bytes, self._sha = path, count, 0, hashlib.sha256()
+            return
         sha = _file_sha(path, offset)
         if sha.hexdigest() != sha256:
             raise ValueError(f"its first {offset} bytes changed since the checkpoint (sha256 differs)")
