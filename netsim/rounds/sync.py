@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
+from netsim.rounds.kernel import Arrivals, Batch, RoundKernel, RowViews, drive
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
@@ -52,6 +52,9 @@ class SyncRounds:
         ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         one = [agent]
+        # the hooks a kernel leaves as RoundKernel's cost no call a round
+        own_routes = type(kernel).routes is not RoundKernel.routes
+        own_exchanges = type(kernel).exchanges is not RoundKernel.exchanges
         k = 0
         while True:
             yield agent.wake()
@@ -66,17 +69,17 @@ class SyncRounds:
                 g1 = None
                 if req is not None:
                     g1 = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
-                b = Batch(one, k, x.unsqueeze(0), None if g1 is None else g1.unsqueeze(0), state,
+                b = Batch(one, k, x[None], None if g1 is None else g1[None], state,  # [None]: unsqueeze(0), cheaper
                           rows=((x,), None if g1 is None else (g1,)))
                 local = kernel.local(b, p)
                 if local is not None:  # local steps: each wave of gradients is this agent's request
                     yield from drive(agent, local)
-            steps = kernel.exchanges(p, state)
+            steps = kernel.exchanges(p, state) if own_exchanges else 1
             for s in range(steps):  # the round's exchanges, each a barrier (messages tagged round k * steps + s)
                 b.s = s
                 size = None if b.sizes is None else b.sizes[0]
                 rnd = b.k * steps + s
-                route = kernel.routes(b, p)
+                route = kernel.routes(b, p) if own_routes else None
                 yield agent.broadcast(b.out[0], tag=self.tag, round=rnd, size=size,
                                       to=None if route is None else route[0])
                 got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
