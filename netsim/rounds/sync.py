@@ -149,7 +149,7 @@ class SyncRounds:
             X = sim.world.bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.from_numpy(ids).to(X.device))
             hook = [kernel.gradient(p, state, i) for i in id_list]  # the gradient asked for before ``local``
-            if any(r is None for r in hook) and not all(r is None for r in hook):
+            if 0 < hook.count(None) < len(hook):  # (count: one C loop)
                 raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
             hook = hook if hook[0] is not None else None
             released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
@@ -419,7 +419,7 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     request by request (the service groups them as it grouped the engine's)."""
     r0 = reqs[0]
     m = len(rows[0])
-    if all(r is r0 or r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs) and (
+    if (reqs.count(r0) == len(reqs) or all(r.clip == r0.clip and r.clip_kind == r0.clip_kind for r in reqs)) and (
             isinstance(rows, np.ndarray) or all(len(r) == m for r in rows)):
         blk = svc.submit_block(ids, at, rows, r0.clip, r0.clip_kind)
         svc.flush()
