@@ -209,13 +209,7 @@ def limit(n: int, rounds: int, threads: int, device: str = "auto", seed: int = 1
     t1, c1 = time.perf_counter(), time.process_time()
     for _ in range(rounds):
         rows = first + torch.randint(0, m, (n, batch), generator=gen, device=dev)  # each agent's mini-batch
-        Xb, yb = X[rows], y[rows]
-        r = torch.sigmoid((Xb * W[:, :d].unsqueeze(1)).sum(2) + W[:, d:]) - yb  # dloss/dz
-        g = torch.empty_like(W)
-        g[:, :d] = torch.bmm(r.unsqueeze(1), Xb).squeeze(1) / batch
-        g[:, d] = r.mean(1)
-        third = 1.0 / 3.0  # ring: W_ii = W_i,i+-1 = 1/3
-        W = (W * third).add_(W.roll(1, 0), alpha=third).add_(W.roll(-1, 0), alpha=third).sub_(g, alpha=lr)
+        W = limit_round(W, X, y, rows, lr)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     t2, c2 = time.perf_counter(), time.process_time()
@@ -225,6 +219,21 @@ def limit(n: int, rounds: int, threads: int, device: str = "auto", seed: int = 1
             "steps": n * rounds, "accuracy": accuracy, "stop": "rounds", "releases": 0, "epsilon": None,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_setup": None,
             "rss_mid": None, "rss_end": None, "split": {}, "netsim": None}
+
+
+def limit_round(W, X, y, rows, lr: float):
+    """One D-PSGD round of every agent as arrays (``limit``): agent i's gradient at W[i] on the rows ``rows[i]`` of
+    (X, y), then W[i] <- (W[i-1] + W[i] + W[i+1]) / 3 - lr * g_i (a ring's Metropolis weights)."""
+    import torch
+
+    d, batch = X.shape[1], rows.shape[1]
+    Xb, yb = X[rows], y[rows]
+    r = torch.sigmoid((Xb * W[:, :d].unsqueeze(1)).sum(2) + W[:, d:]) - yb  # dloss/dz
+    g = torch.empty_like(W)
+    g[:, :d] = torch.bmm(r.unsqueeze(1), Xb).squeeze(1) / batch
+    g[:, d] = r.mean(1)
+    third = 1.0 / 3.0
+    return (W * third).add_(W.roll(1, 0), alpha=third).add_(W.roll(-1, 0), alpha=third).sub_(g, alpha=lr)
 
 
 def checkout_label(folder: str | None) -> str:
