@@ -124,9 +124,16 @@ def column_rows(cols: tuple, lo: int, hi: int, words: Words) -> list[tuple]:
 
 
 def row_columns(rows: list[tuple], words: Words) -> tuple:
-    """Row tuples as columns (``columns_batch``'s)."""
-    return tuple(np.fromiter(map(words, c), np.int32, len(rows)) if n in _TEXT else np.array(c, dtype=_NUMPY[f.type])
-                 for n, (c, f) in enumerate(zip(zip(*rows), SCHEMA)))
+    """Row tuples as columns (``columns_batch``'s). A string column's distinct words are coded first, in order, and
+    its rows looked up in C (``dict.__getitem__``): a Python call per row cost most of a windowed round's leftover
+    rows."""
+    cols = list(zip(*rows))
+    for n in _TEXT:
+        for w in dict.fromkeys(cols[n]) if cols else ():
+            words(w)
+    code = words.codes.__getitem__
+    return tuple(np.fromiter(map(code, c), np.int32, len(rows)) if n in _TEXT else np.array(c, dtype=_NUMPY[f.type])
+                 for n, (c, f) in enumerate(zip(cols, SCHEMA)))
 
 
 RECORD = struct.Struct("<d3i2qd2i")  # a row as packed bytes (COLUMNS order, the strings as ``Words`` codes)
