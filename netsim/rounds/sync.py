@@ -90,9 +90,9 @@ class SyncRounds(Pattern):
         ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         one = [agent]
-        # the hooks a kernel leaves as RoundKernel's cost no call a round
-        own_routes = type(kernel).routes is not RoundKernel.routes
-        own_exchanges = type(kernel).exchanges is not RoundKernel.exchanges
+        # the hooks a kernel leaves as SyncKernel's cost no call a round
+        own_routes = type(kernel).routes is not SyncKernel.routes
+        own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
         k = 0
         while True:
             yield agent.wake()
