@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from netsim.compute import model_registry
-from netsim.compute.exact import row_mean, row_sum
+from netsim.compute.exact import fold, fold_plan, row_mean, row_sum
 from netsim.compute.model_checks import ModelData
 from netsim.compute.model_registry import (  # noqa: F401 - the registry's names, where plugins import them
     MODEL_PARAMS,
@@ -67,6 +67,22 @@ def _sigmoid_each(z: torch.Tensor) -> torch.Tensor:
     return torch.sigmoid(buf).view(z.shape)
 
 
+class _Workspace:
+    """The invariant gradient's buffers for one (R, B, d) shape, kept between calls: the products ``P`` with
+    ``row_sum``'s additions over d and over B planned on it, the logits in a strided buffer (``_sigmoid_each``'s) and
+    the residuals. A small call's cost is its Python calls, not its arithmetic: this halves them."""
+
+    __slots__ = ("P", "over_d", "over_b", "sig", "z", "r", "over_r")
+
+    def __init__(self, R: int, B: int, d: int, dtype: torch.dtype, device: torch.device):
+        self.P = torch.empty(R, B, d, dtype=dtype, device=device)
+        self.over_d, self.over_b = fold_plan(self.P, 2), fold_plan(self.P, 1)
+        self.sig = torch.empty(2 * R * B, dtype=dtype, device=device)[::2]  # read strided: the scalar loop
+        self.z = self.sig.view(R, B)
+        self.r = torch.empty(R, B, dtype=dtype, device=device)
+        self.over_r = fold_plan(self.r, 1)
+
+
 def _init_rows(n: int, row: torch.Tensor) -> torch.Tensor:
     return row.unsqueeze(0).repeat(n, 1)
 
@@ -99,6 +115,26 @@ class LogisticRegression:
         self.bias = bias
         self.size = features + bias
         self.batch_invariant = batch_invariant
+        self._work: dict[tuple, _Workspace] = {}  # the invariant path's buffers of small shapes
+
+    WORK_KEPT = 64  # shapes whose buffers are kept (each at most WORK_ELEMENTS products)
+    WORK_ELEMENTS = 1 << 16
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_work": {}}
+
+    def _workspace(self, R: int, B: int, dtype: torch.dtype, device: torch.device) -> _Workspace:
+        """The buffers of shape (R, B, d): kept for small shapes (called again and again: the engine's requests
+        one by one, the windows' steps), made afresh for large ones (their arithmetic dominates)."""
+        key = (R, B, dtype, device)
+        ws = self._work.get(key)
+        if ws is None:
+            ws = _Workspace(R, B, self.d, dtype, device)
+            if R * B * self.d <= self.WORK_ELEMENTS:
+                if len(self._work) >= self.WORK_KEPT:
+                    self._work.clear()
+                self._work[key] = ws
+        return ws
 
     def init(self, n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
         return torch.zeros(n, self.size, dtype=dtype, device=device)
@@ -148,11 +184,15 @@ class LogisticRegression:
                    clip_kind: str) -> torch.Tensor:
         """``grad``'s batch-invariant path: the same formulas with elementwise operations and ``row_sum``, the
         (R, B, d) products folded in one buffer."""
-        d, B = self.d, X.shape[1]
-        P = X * W[:, :d].unsqueeze(1)
-        z = row_sum(P, 2, inplace=True)
-        z = z + W[:, d:] if self.bias else z.clone()
-        r = _sigmoid_each(z) - y
+        d, (R, B) = self.d, X.shape[:2]
+        ws = self._workspace(R, B, X.dtype, X.device)
+        P = torch.mul(X, W[:, :d].unsqueeze(1), out=ws.P)
+        z = fold(ws.over_d)
+        if self.bias:
+            torch.add(z, W[:, d:], out=ws.z)
+        else:
+            ws.z.copy_(z)
+        r = torch.sub(torch.sigmoid(ws.sig).view(R, B), y, out=ws.r)  # ``_sigmoid_each``: every value alike
         g = torch.empty_like(W)
         if clip is not None and clip_kind == "coordinate":
             G = torch.mul(r.unsqueeze(-1), X, out=P)
@@ -162,13 +202,14 @@ class LogisticRegression:
             g[:, :d] += self.l2 * W[:, :d]
             return g
         if clip is not None:
-            sq = row_sum(torch.mul(X, X, out=P), 2, inplace=True)
-            r = r * clip_factors(r.abs() * torch.sqrt(sq + float(self.bias)), clip)
-        torch.div(row_sum(torch.mul(r.unsqueeze(-1), X, out=P), 1, inplace=True), B, out=g[:, :d])
+            torch.mul(X, X, out=P)
+            r = r * clip_factors(r.abs() * torch.sqrt(fold(ws.over_d) + float(self.bias)), clip)
+        torch.mul(r.unsqueeze(-1), X, out=P)
+        torch.div(fold(ws.over_b), B, out=g[:, :d])
         if self.l2:
             g[:, :d] += self.l2 * W[:, :d]
         if self.bias:
-            g[:, d] = row_mean(r, 1)
+            g[:, d] = fold(ws.over_r) / B if r is ws.r else row_mean(r, 1)
         return g
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
