@@ -162,7 +162,9 @@ def test_batch_invariant_is_a_logistic_option(tmp_path):
 @pytest.mark.parametrize("agents, model, resolved", [
     ({}, {}, False),  # periodic wakes on identical clocks: synchronous rounds batch every request already
     ({"activation": {"kind": "poisson", "rate": 1.0}}, {}, True),
-    ({"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5}}, {}, True),
+    ({"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5}}, {}, False),  # those that wake, together
+    ({"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5},
+      "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}}, {}, True),
     ({"clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}}, {}, True),
     ({"clock_offset": {"kind": "uniform", "low": 0.0, "high": 1.0}}, {}, True),
     ({"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.1}}, {}, True),

@@ -241,10 +241,11 @@ class AgentsSpec:
         return None
 
     def wake_together(self) -> bool:
-        """Whether every agent wakes at the same instants: periodic activation on identical clocks (no offset,
-        drift or jitter). Otherwise each activation, and the gradient it asks for, comes alone."""
+        """Whether the agents wake at shared instants: periodic or Bernoulli ticks (those that wake, together) on
+        identical clocks (no offset, drift or jitter). Otherwise each activation, and the gradient it asks for,
+        comes alone."""
         same_clocks = all(d.kind == "constant" and d.value == 0.0 for d in (self.clock_offset, self.clock_drift))
-        return self.activation.kind == "periodic" and same_clocks and self.clock_jitter is None
+        return self.activation.kind != "poisson" and same_clocks and self.clock_jitter is None
 
 
 TopologyKind = Literal[
@@ -527,10 +528,10 @@ class ModelSpec:
     batch_invariant: bool | Literal["auto"] = field(
         "auto", doc="gradients whose bits do not depend on which requests share a batched call: both engines give "
                     "the same bits however they batch, so asynchronous windowed runs evaluate each step of a "
-                    "window in one call (faster). 'auto': true when the agents' activations are not "
-                    "simultaneous (activation not periodic, or clock offsets, drift or jitter: each gradient is "
-                    "asked for alone), false otherwise (synchronous rounds batch every agent's request in one call "
-                    "already); the resolved scenario says which",
+                    "window in one call (faster). 'auto': true when the agents do not wake together (Poisson "
+                    "activation, or clock offsets, drift or jitter: each gradient is asked for alone), false when "
+                    "they do (periodic or Bernoulli ticks on identical clocks: every request of a tick is evaluated "
+                    "in one call already); the resolved scenario says which",
         when={"kind": ("logistic",)})
     params: dict[str, Any] = attrs.field(factory=dict, metadata={
         "doc": "a plugin model's own arguments, written as keys of [model] itself (netsim models NAME)"})
@@ -678,8 +679,8 @@ class Scenario:
         """``model.batch_invariant = "auto"`` resolved from the scenario (never from the engine: both engines must
         compute the same bits): the invariant gradient where the agents' requests come one by one (it batches
         freely in the asynchronous windows and costs about as much alone), the default where they wake together
-        (the synchronous rounds evaluate every request in one call, where the default path is faster for large
-        batches). The resolved scenario's text holds the value, so a synchronous scenario's text is unchanged."""
+        (both engines evaluate a tick's requests in one call, where the default path is faster for large local
+        batches). The resolved scenario's text holds the value, so such a scenario's text is unchanged."""
         if self.model.kind == "logistic" and self.model.batch_invariant == "auto":
             object.__setattr__(self, "model", attrs.evolve(self.model,
                                                            batch_invariant=not self.agents.wake_together()))
