@@ -74,7 +74,7 @@ def test_the_worker_writes_the_same_bytes_and_models_as_one_process(tmp_path, mo
     assert inline["windows"]["tensor_worker"] is False
     assert inline["windows"]["tensor_worker_why_not"] == f"{tensor_worker.ENV}=0"
     assert forked["summary"] == inline["summary"]  # the gradient batches too: counted in the worker
-    if changes.get("model", {}).get("batch_invariant"):  # the windows batch a lock step's gradients, not the engine's
+    if scenario_from_dict(sc).model.batch_invariant is True:  # the windows batch a lock step's gradients ("auto")
         for run in (events, forked, inline):
             for k in ("gradient_batches", "mean_gradient_batch"):
                 run["summary"].pop(k)
