@@ -186,7 +186,8 @@ class LogisticRegression:
         (R, B, d) products folded in one buffer."""
         d, (R, B) = self.d, X.shape[:2]
         ws = self._workspace(R, B, X.dtype, X.device)
-        P = torch.mul(X, W[:, :d].unsqueeze(1), out=ws.P)
+        w = W[:, :d]
+        P = torch.mul(X, w.unsqueeze(1), out=ws.P)
         z = fold(ws.over_d)
         if self.bias:
             torch.add(z, W[:, d:], out=ws.z)
@@ -194,20 +195,21 @@ class LogisticRegression:
             ws.z.copy_(z)
         r = torch.sub(torch.sigmoid(ws.sig).view(R, B), y, out=ws.r)  # ``_sigmoid_each``: every value alike
         g = torch.empty_like(W)
+        gw = g[:, :d]
         if clip is not None and clip_kind == "coordinate":
             G = torch.mul(r.unsqueeze(-1), X, out=P)
             if self.bias:
                 G = torch.cat([G, r.unsqueeze(-1)], dim=2)
             g.copy_(row_sum(G.clamp_(-clip, clip), 1, inplace=True) / B)
-            g[:, :d] += self.l2 * W[:, :d]
+            gw += self.l2 * w
             return g
         if clip is not None:
             torch.mul(X, X, out=P)
             r = r * clip_factors(r.abs() * torch.sqrt(fold(ws.over_d) + float(self.bias)), clip)
         torch.mul(r.unsqueeze(-1), X, out=P)
-        torch.div(fold(ws.over_b), B, out=g[:, :d])
+        torch.div(fold(ws.over_b), B, out=gw)
         if self.l2:
-            g[:, :d] += self.l2 * W[:, :d]
+            gw += self.l2 * w
         if self.bias:
             g[:, d] = fold(ws.over_r) / B if r is ws.r else row_mean(r, 1)
         return g
