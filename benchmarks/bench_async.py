@@ -19,11 +19,8 @@ gradient, merges what arrived, broadcasts to every out-neighbour), push-sum (``p
 threshold), AD-PSGD (``adpsgd``: reply timeout 1 s) or randomized gossip (``gossip``: the same) instead of push
 gossip,
 ``--peer-python`` runs the same job in gossipy's asynchronous node mode right after netsim's (sizes up to
-mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set, plus the
-tensor worker's if one ran (``peak GiB``: at least what both held at once, their shared pages counted twice), and
-the largest proportional set size of both together (``PSS GiB``: shared pages counted once; sampled every 0.5 s).
-The windowed engine does its tensor work and writes the trace in a worker process beside the control where it can
-(rounds/tensor_worker.py: two cores); ``NETSIM_TENSOR_WORKER=0`` keeps one process.
+mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its peak resident set (``peak GiB``)
+and its largest proportional set size (``PSS GiB``: shared pages counted once; sampled every 0.5 s).
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
         [--engine events|windowed|both] [--invariant | --default-gradient] [--device auto|cpu|cuda] [--peer-python PATH]
@@ -77,8 +74,8 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invar
 
 
 class PssPeak:
-    """The largest proportional set size of this process and its children together (a fork's shared pages
-    counted once), sampled every half second from /proc (Linux; 0 elsewhere), in KiB."""
+    """The largest proportional set size of this process and its children together (shared pages counted once),
+    sampled every half second from /proc (Linux; 0 elsewhere), in KiB."""
 
     def __init__(self):
         import threading
@@ -141,13 +138,10 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
 
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
     s = r.summary
-    worker = resource.getrusage(resource.RUSAGE_CHILDREN)  # the windows' tensor worker, if one ran (joined by now)
     print(json.dumps({"wall": s["wall_time"], "total": total, "cpu": cpu, "events": s["events"],
                       "gradient_batches": s["gradient_batches"], "gradients": s["gradients"],
                       "accuracy": s["accuracy"], "windows": s.get("windows"),
-                      "worker_cpu": worker.ru_utime + worker.ru_stime,
-                      # this process's peak plus the worker's: at most what both held at once
-                      "peak_gib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + worker.ru_maxrss) / 2**20,
+                      "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                       "peak_pss_gib": pss.peak / 2**20}))
 
 
@@ -203,14 +197,10 @@ def main() -> None:
         ev, win = got["events"], got["windowed"]
         w = win["windows"]
         print(f"  events/windowed = {ev['wall'] / win['wall']:.2f}x (whole call, setup included: wall "
-              f"{ev['total'] / win['total']:.2f}x, CPU of both processes "
-              f"{(ev['cpu'] + ev['worker_cpu']) / (win['cpu'] + win['worker_cpu']):.2f}x); "
+              f"{ev['total'] / win['total']:.2f}x, CPU {ev['cpu'] / win['cpu']:.2f}x); "
               f"lookahead {w['lookahead_s']:g} s, {w['windows']:,} windows, events per window mean "
               f"{w['events_per_window_mean']:.1f} min {w['events_per_window_min']}, batched tensor calls "
-              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%), "
-              + ("in a worker process beside the control (its CPU "
-                 f"{win['worker_cpu']:.1f} s); " if w.get("tensor_worker") else
-                 f"in the same process ({w.get('tensor_worker_why_not', '')}); ") +
+              f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
               f"same accuracy: "
               f"{ev['accuracy'] == win['accuracy']}", flush=True)
 

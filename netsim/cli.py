@@ -121,9 +121,6 @@ def _summary_table(summary: dict):
                           f"{fmt(w['events_per_window_mean'])}, {fmt(w['events_per_window_min'])}")
                 t.add_row("time in batched tensor calls", f"{100 * w['tensor_share']:.0f}% (gradients "
                                                           f"{100 * w['gradient_share']:.0f}%)")
-                if "tensor_worker" in w:
-                    t.add_row("tensor work", "a worker process, beside the control" if w["tensor_worker"]
-                              else f"in this process: {w.get('tensor_worker_why_not', '')}")
                 if "control_cpu_s" in w:  # near the wall time: the control (per-event Python) bounds the run
                     t.add_row("control CPU", f"{fmt(w['control_cpu_s'])} s")
     if summary.get("resumed_by") is not None:

@@ -140,9 +140,8 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
     """Pure push-sum averaging (lr = 0) under loss, played as windows: sum_i x_i plus the mass in flight (each
     in-neighbour's running sum not yet absorbed, sigma_j - rho_ij) is the initial sum, for x and for y; the bank
     holds x_i / y_i."""
-    from netsim.rounds import broadcast_windows, tensor_worker
+    from netsim.rounds import broadcast_windows
 
-    monkeypatch.setenv(tensor_worker.ENV, "0")  # the driver's rows are read here after the run: in this process
     drivers = []
     play = broadcast_windows._Driver.run
     monkeypatch.setattr(broadcast_windows._Driver, "run", lambda self: (drivers.append(self), play(self))[1])

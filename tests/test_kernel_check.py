@@ -233,6 +233,20 @@ class HeavyBall(AsyncPushSGD):
 class Centered(DPSGD):
     def local(self, b, p):
         b.send(b.x - b.x.mean(0))
+
+
+@register("velocity", DPSGDParams)
+class Velocity(DPSGD):  # b.v holds a row per agent, not declared in per_row
+    def init(self, agents, p):
+        return agents[0].shared_state("velocity")
+
+    def local(self, b, p):
+        b.v = b.state.index_select(0, b.index()) * 0.5 + b.g
+        b.state.index_copy_(0, b.index(), b.v)
+        b.send(b.x)
+
+    def combine(self, b, p, got):
+        b.mix_into_params(b.x, got, step=b.v, lr=p.lr)
 '''
 
 SCRIPT = """
@@ -241,7 +255,8 @@ from typer.testing import CliRunner
 from netsim.cli import app
 plugin, folder = sys.argv[1], sys.argv[2]
 r = CliRunner()
-out = {"check": r.invoke(app, ["check", "--plugin", plugin]).output}
+c = r.invoke(app, ["check", "--plugin", plugin])
+out = {"check": [c.exit_code, c.output]}
 base = ["run", "examples/momentum_push.toml", "--plugin", plugin, "-q", "--set", "algorithm.name=heavy_ball",
         "--set", "agents.count=12", "--set", "run.until=2.0"]
 w = r.invoke(app, base + ["--engine", "windowed", "--out", folder + "/w"])
@@ -262,9 +277,15 @@ def test_a_plugins_violations_are_caught_by_check_and_refuse_the_windowed_engine
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
-    lines = got["check"].splitlines()
+    code, text = got["check"]
+    lines = text.splitlines()
+    assert code == 1 and len(lines) == 3, text  # one line per kernel that breaks the rule
     assert lines[0].startswith("error: centered (Centered.local): the payload of agent ")
+    assert lines[0].endswith("a row's bits must not depend on the other rows")
     assert lines[1] == "error: " + HEAVY
+    assert lines[2].startswith("error: velocity (Velocity.local): b.v, kept on the batch, differs between a batch of ")
+    assert lines[2].endswith("a value with one row per agent must be named in Velocity.per_row (Batch.row cuts those "
+                             "to an agent's row; anything else is shared by the batch's rows)")
     code, text = got["windowed"]
     fix = " — fix the hook it names (netsim check heavy_ball --plugin FILE)"
     assert code == 2 and text.endswith(f"--engine: windowed cannot run this scenario exactly: the kernel fails netsim "

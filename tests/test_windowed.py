@@ -387,12 +387,10 @@ def test_engine_auto_takes_the_windows_where_they_are_exact_and_says_why_not_els
     assert "windowed_refused" not in events.summary and events.summary["engine"] == "events"
 
 
-def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path, monkeypatch):
-    """lr l2 = 100 makes the weights grow a hundredfold a step: the evaluations of the lookahead windows (their
-    tensor work in a worker process, whose bank is synced for them) and the end's of synchronous rounds find the
-    run diverged where the engine does, with the same summary, trace and metrics; run.stop_on_divergence stops
-    both at that evaluation."""
-    monkeypatch.setenv("NETSIM_TENSOR_WORKER", "1")
+def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path):
+    """lr l2 = 100 makes the weights grow a hundredfold a step: the evaluations of the lookahead windows and the
+    end's of synchronous rounds find the run diverged where the engine does, with the same summary, trace and
+    metrics; run.stop_on_divergence stops both at that evaluation."""
     sc = gossip(agents={"activation": {"kind": "poisson", "rate": 2.0}}, run={"rounds": None, "until": 6.0},
                 evaluation={"every": 1.5, "metrics": ["loss", "accuracy", "consensus"]}, algorithm={"lr": 1e4},
                 model={"l2": 0.01})
@@ -400,7 +398,6 @@ def test_a_diverged_run_is_found_and_stopped_alike_on_both_engines(tmp_path, mon
     sc["run"]["stop_on_divergence"] = True
     got = both_engines(tmp_path / "stop", sc)
     stopped = identical(got)
-    assert got["windowed"]["windows"]["tensor_worker"] is True
     d = stopped["diverged"]
     assert (d["t"], d["after"]) == (3.0, 1.5) and 0 <= d["agent"] < 30
     assert stopped["stop_reason"] == "diverged" and stopped["simulated_time"] == 3.0

@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from netsim.algorithms.registry import register
-from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, positive
 
 
@@ -34,11 +34,12 @@ class TrackingParams:
 
 
 @register("gradient_tracking", TrackingParams)
-class GradientTracking(RoundKernel):
+class GradientTracking(SyncKernel):
     """DIGing's two mixing steps, one round of messages carrying (x_i^k, y_i^k)."""
 
     pattern = SyncRounds(tag="model")
     reads = frozenset({"lr", "batch"})
+    per_row = frozenset({"y"})  # y_i^k, from ``local`` to ``combine``
 
     def init(self, agents, p):
         a = agents[0]  # sum_j W_ij y_j^{k-1} and g^{k-1} of every agent, kept in the bank

@@ -18,7 +18,7 @@ import attrs
 
 from netsim.algorithms.registry import register
 from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopyRows
-from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -38,13 +38,13 @@ class ChocoParams:
 
 
 @register("choco", ChocoParams, fixed_topology=PUBLIC_COPIES)
-class Choco(RoundKernel):
+class Choco(SyncKernel):
     """Steps (a)-(e) of every agent of a batch at once; the public copies of all agents are the run's state
     (``comm.PublicCopyRows``): each row is compressed by its agent's own compressor and stream."""
 
     pattern = SyncRounds(tag="model")
     reads = frozenset({"lr", "batch", "gamma", "compressor", "ratio", "unbiased", "bits"})
-    needs = frozenset()
+    per_row = frozenset({"half"})  # x^{k+1/2}, from ``local`` to ``combine``
 
     def init(self, agents, p):
         comps = [Compressor(p.compressor, p.ratio, p.unbiased, p.bits, rng=a.rng("compress")) for a in agents]

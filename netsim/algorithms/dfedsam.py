@@ -53,7 +53,7 @@ import attrs
 import numpy as np
 
 from netsim.algorithms.registry import register
-from netsim.rounds import RoundKernel, SyncRounds
+from netsim.rounds import SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class RandomInNeighbors:
 @register("dfedsam_mgs", DFedSAMMGSParams)
 @register("dfedavg", DFedAvgParams)
 @register("dfedavgm", DFedAvgMParams)
-class DFedSAM(RoundKernel):
+class DFedSAM(SyncKernel):
     """Algorithm 1: every round t, K local (SAM) steps, then Q gossip steps z^{q+1}_i = sum_l w_il z^q_l (each a
     barrier exchange); x^{t+1}(i) = z^{t,Q}(i)."""
 
@@ -226,6 +226,7 @@ class DFedSAM(RoundKernel):
                        "gossip_steps", "random_neighbors", "round_from", "noise_multiplier", "clip", "clip_kind",
                        # the centralized variants' (fedavg.py), which share these Params
                        "sample_fraction", "server_lr"})
+    per_row = frozenset({"z"})  # z^{t,q}(i), the gossip steps' rows
 
     def init(self, agents, p):
         return {"t": [0] * len(agents), "spent": set()}
@@ -282,7 +283,8 @@ class DFedSAM(RoundKernel):
             raise InputError("algorithm.local_epochs", "shuffled epochs are not Poisson-subsampled batches, "
                              "which the DP option's accounting assumes; use local_steps with noise_multiplier > 0")
 
-    def refusal(self, sim, p):
+    def refusal(self, sim, path):
+        p = sim.params
         if p.random_neighbors:
             return ("random in-neighbours per gossip step (the barriers wait for other senders each step) — set "
                     "algorithm.random_neighbors = 0")

@@ -41,7 +41,7 @@ import attrs
 
 from netsim.algorithms.registry import register
 from netsim.errors import InputError
-from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -116,7 +116,7 @@ def noise_std(agent, p: DPDPSGDParams, dim: int) -> float:
 
 
 @register("dp_dpsgd", DPDPSGDParams)
-class DPDPSGD(RoundKernel):
+class DPDPSGD(SyncKernel):
     """Round k of agent i: g~ = clip, then noise (its one release), send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k
     - gamma_k g~. An agent whose budget cap is reached (its release refused) stops taking gradients and only
     gossips."""
@@ -124,7 +124,7 @@ class DPDPSGD(RoundKernel):
     pattern = SyncRounds(tag="model")
     reads = frozenset({"lr", "batch", "clip", "clip_kind", "clip_mode", "noise_multiplier", "sigma", "epsilon",
                        "delta", "accountant", "rounds", "lr_decay"})
-    needs = frozenset({"no_budget_cap"})  # an agent out of budget leaves the round's order
+    per_row = frozenset({"step"})  # the noisy gradients ``local`` hands to ``combine``
 
     def init(self, agents, p):
         return {"spent": set(), "scale": {}}  # agents out of budget; agent: (sensitivity, sigma)
@@ -150,6 +150,11 @@ class DPDPSGD(RoundKernel):
     def combine(self, b, p, got):
         lr = p.lr / (1.0 + p.lr_decay * b.k)
         b.mix_into_params(b.x, got, step=b.step, lr=lr)              # Lian et al. Alg. 1, line 6 (batched)
+
+    def refusal(self, sim, path):
+        from netsim.rounds.windowed import budget_cap_refusal
+
+        return budget_cap_refusal(sim)  # an agent out of budget leaves the round's order
 
     def check(self, sim, p):
         """Before the run: an epsilon target needs the number of releases T."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -27,7 +27,7 @@ class DPSGDParams:
 
 
 @register("dpsgd", DPSGDParams)
-class DPSGD(RoundKernel):
+class DPSGD(SyncKernel):
     """Round k of every agent i: send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k - gamma_k grad F_i(x_i^k; xi_i^k)."""
 
     pattern = SyncRounds(tag="model")

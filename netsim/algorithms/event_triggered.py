@@ -66,7 +66,8 @@ class EventTriggered(TriggeredKernel):
     def trigger(self, p):
         return p.trigger, p.threshold, p.decay
 
-    def windows_refusal(self, p):
+    def refusal(self, sim, path):
+        p = sim.params
         if p.noise_multiplier > 0:
             return ("noise_multiplier > 0: the windows do not play DP-SGD's releases — set "
                     "algorithm.noise_multiplier = 0")
@@ -76,11 +77,15 @@ class EventTriggered(TriggeredKernel):
         return None
 
     def update(self, b, p, g):
-        if p.noise_multiplier > 0 or p.lazy:  # the events engine's batch of one (the windows refuse these)
-            g = self._released(b.agents[0], b.k, p, b.state, g[0])
-            if g is None:
-                return
-        b.x = b.x - p.lr * g
+        if not (p.noise_multiplier > 0 or p.lazy):
+            b.x = b.x - p.lr * g
+            return
+        # each agent's own step: the gradient it releases (or reuses) at its own activation count, none out of budget
+        import torch
+
+        ks = [r - 1 for r in b.rounds()]  # the activations before this one (the program's k)
+        used = [self._released(a, k, p, b.state, r) for a, k, r in zip(b.agents, ks, g.unbind(0), strict=True)]
+        b.x = torch.stack([x if u is None else x - p.lr * u for x, u in zip(b.x.unbind(0), used, strict=True)])
 
     @staticmethod
     def _released(agent, k, p, state, g):

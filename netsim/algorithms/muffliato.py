@@ -20,7 +20,7 @@ import attrs
 
 from netsim.algorithms.pdsl import DPGradientParams, check_setting, resolve_sigma
 from netsim.algorithms.registry import register
-from netsim.rounds import GradientRequest, RoundKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import field, positive
 
 
@@ -39,13 +39,14 @@ def default_gossip_steps(gap: float | None) -> int:
 
 
 @register("muffliato", MuffliatoParams)
-class Muffliato(RoundKernel):
+class Muffliato(SyncKernel):
     """Round t of agent i: x^{t+1/2} = x_i^t - gamma (clip_C(g_i) + n_i) (its one release), then K_g barrier
     exchanges, each x <- sum_j W_ij x_j (or Chebyshev's recursion on it); the last one is x_i^{t+1}."""
 
     pattern = SyncRounds(tag="muff")
     reads = frozenset({"lr", "gossip_steps", "acceleration", "clip", "clip_mode", "calibration", "sigma", "epsilon",
                        "delta", "sigma_per_eps", "phi_min", "batch"})
+    per_row = frozenset({"prev"})  # the previous gossip step's rows (``w``, Chebyshev's weight, is one for all)
 
     def init(self, agents, p):
         a = agents[0]  # sigma, K_g and lambda are the run's (the mixing matrix's), not an agent's

@@ -22,8 +22,8 @@ from typing import Literal
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.rounds import GradientRequest, RoundKernel
-from netsim.rounds.push import PushGossip
+from netsim.rounds import GradientRequest
+from netsim.rounds.push import PushGossip, PushKernel
 from netsim.scenario.structure import at_least, field, nonneg
 
 
@@ -37,7 +37,7 @@ class PushGossipParams:
 
 
 @register("push_gossip", PushGossipParams)
-class GossipLearning(RoundKernel):
+class GossipLearning(PushKernel):
     """Each receipt: x <- (x + x_received) / 2, then (per receipt, or after the round's last) x <- x - gamma_k
     grad F_i(x), k = the agent's updates so far; then push x to one random neighbour."""
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import attrs
 
 from netsim.comm.patterns import drain
-from netsim.rounds.kernel import Batch, GradientRequest, RoundKernel
+from netsim.rounds.kernel import LOOKAHEAD, Batch, GradientRequest, Path, Pattern, RoundKernel
 
 if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
     import torch
@@ -144,9 +144,11 @@ def add_differences(x: torch.Tensor, takes: Sequence[Sequence[Take]], rows_of: C
 
 
 @attrs.frozen
-class Broadcast:
+class Broadcast(Pattern):
     """The pattern: payloads tagged ``tag``, broadcast after every activation."""
 
+    kernel: ClassVar[type] = BroadcastKernel
+    lookahead: ClassVar[bool] = True
     tag: str = "push"
     reads: frozenset[str] = frozenset()
 
@@ -196,19 +198,18 @@ class Broadcast:
             kernel.merge(b, p, [takes], torch.stack)
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
-        return "every agent broadcasts on its own clock: played as lookahead windows only"
-
-    def lookahead_refusal(self, sim, kernel) -> str | None:
-        """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py): push
-        gossip's reasons (rounds/lookahead.py), and what this driver does not play: a broadcast that takes time to
-        transmit (the program waits for it before its next wake)."""
+    def refusal(self, sim, path: Path) -> str | None:
+        """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py): push gossip's
+        reasons (rounds/lookahead.py), what this driver does not play (a broadcast that takes time to transmit: the
+        program waits for it before its next wake), then the kernel's own reason. No synchronous rounds."""
         from netsim.rounds import lookahead
 
+        if path != LOOKAHEAD:
+            return "every agent broadcasts on its own clock: played as lookahead windows only"
         if lookahead.transmits(sim):
             return ("bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows) — "
                     "remove network.bandwidth, network.uplink and the links' bandwidth")
-        return lookahead.refusal(sim, kernel)
+        return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> None:
         from netsim.rounds import broadcast_windows

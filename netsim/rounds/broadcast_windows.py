@@ -24,8 +24,9 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DELIVER, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
+from netsim.sim.rows import CODES, deliver
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
 
@@ -37,11 +38,6 @@ def play(pattern, sim, kernel) -> None:
 
 class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
-
-    pipelines = True  # the tensor work reads only the operations (their takes and scalars decided by the control)
-    # its control, a send per out-neighbour, is ~70% of a run: measured at 10,000 agents (asynchronous push SGD,
-    # logistic regression), a worker gained nothing (30.26 s against 29.47 s in one process) and cost 0.4 GiB
-    unasked = "the broadcast control bounds the run (NETSIM_TENSOR_WORKER=1 asks for a worker)"
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -119,7 +115,7 @@ class _Driver(WindowDriver):
                     self.activated(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd, scalar, pid = v
-                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
                     inbox[i].append(Incoming(src, rnd, scalar, pid))
                 elif kind == DONE:
                     self.completion(i, t, v)
@@ -216,7 +212,7 @@ class _Driver(WindowDriver):
                 self.release(pid)
             if kernel.keeps:
                 for t in o[2]:
-                    if t.base is not None and t.base != OWN:  # (a pickled OWN is equal, not the same object)
+                    if t.base is not None and t.base != OWN:
                         self.release(t.base)
 
     def asks(self, step: list) -> None:

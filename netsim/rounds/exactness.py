@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import Arrivals, Batch, RoundKernel, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, Arrivals, Batch, RoundKernel, RowViews
 from netsim.sim.network import payload_size
 
 
@@ -277,15 +277,15 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
     differ; the probe as played."""
     from netsim.rounds.broadcast import BroadcastKernel
     from netsim.rounds.pairwise import PairwiseKernel
-    from netsim.rounds.push import PushGossip
-    from netsim.rounds.sync import SyncRounds
+    from netsim.rounds.push import PushKernel
+    from netsim.rounds.sync import SyncKernel
     from netsim.rounds.triggered import TriggeredKernel
 
     sides = [Side(name, kernel, rec, pr, seed, batched, hooks) for batched in (True, False)]
-    if isinstance(kernel.pattern, SyncRounds):
+    if isinstance(kernel, SyncKernel):
         play = _sync
         pr = attrs.evolve(pr, batch=pr.agents)
-    elif isinstance(kernel.pattern, PushGossip):
+    elif isinstance(kernel, PushKernel):
         play = _push
     elif isinstance(kernel, (PairwiseKernel, TriggeredKernel)):
         play = _updates
@@ -316,6 +316,11 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
         for n, (rb, r1) in enumerate(zip(rows_b, rows_1, strict=True)):
             for key in dict.fromkeys([*rb, *r1]):
                 d = _diff(rb.get(key, _MISSING), r1.get(key, _MISSING), key)
+                if d is not None and _kept_shared(kernel, key):
+                    raise Violation(label, f"{key}, kept on the batch, differs {sides[0].where()} ({d}): a value with "
+                                           f"one row per agent must be named in {type(kernel).__name__}.per_row "
+                                           "(Batch.row cuts those to an agent's row; anything else is shared by the "
+                                           "batch's rows)")
                 if d is not None:
                     raise Violation(label, f"{d} of agent {rb['agent']} (row {n}) differs {sides[0].where()}: a row's "
                                            "bits must not depend on the other rows")
@@ -328,10 +333,9 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
 Rows = list  # per batch position: {what: value}
 
 
-def _one_rows(b: Batch, n: int, into: dict) -> dict:
-    """Row n of batch b: its x, g, payload and the kernel's own values kept on it (row-indexed tensors and
-    per-agent lists cut to row n; anything else as it is)."""
-    B = len(b)
+def _one_rows(kernel, b: Batch, n: int, into: dict) -> dict:
+    """Row n of batch b: its x, g, payload and the kernel's own values kept on it (those it declares ``per_row`` cut
+    to row n, as ``Batch.row`` cuts them; anything else as it is)."""
     into["agent"] = b.agents[n].id
     into["b.x"] = b.x[n]
     if b.g is not None:
@@ -341,24 +345,22 @@ def _one_rows(b: Batch, n: int, into: dict) -> dict:
         into["the payload's size"] = b.sizes[n] if b.sizes is not None else payload_size(b.out[n])
     into["b.k"] = b.k
     for name, v in b.kept().items():
-        if name not in ("rows", "scalars"):  # a broadcast kernel's, which its pattern hands over
-            into[f"b.{name}"] = _cut(v, B, n)
+        try:
+            cut = b.cut(name, v, n, kernel.per_row)
+            into[f"b.{name}"] = cut[0] if name in kernel.per_row and cut is not None else cut  # agent n's item
+        except TypeError as e:
+            raise Violation(f"{type(kernel).__name__}.per_row", str(e)) from e
     return into
 
 
-def _cut(v: Any, B: int, n: int) -> Any:
-    import torch
-
-    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == B:
-        return v[n]
-    if isinstance(v, (list, tuple, RowViews)) and len(v) == B:
-        return v[n]
-    return v
-
-
-def _rows(groups: list[Batch]) -> Rows:
+def _rows(kernel, groups: list[Batch]) -> Rows:
     """Every row of a side's batches (one batch of B, or B of one), in batch order."""
-    return [_one_rows(b, n, {}) for b in groups for n in range(len(b))]
+    return [_one_rows(kernel, b, n, {}) for b in groups for n in range(len(b))]
+
+
+def _kept_shared(kernel, key: str) -> bool:
+    """Whether ``key`` names a value the kernel keeps on the batch without declaring it ``per_row``."""
+    return key.startswith("b.") and key[2:] not in ("x", "g", "k") and key[2:] not in kernel.per_row
 
 
 def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
@@ -368,7 +370,7 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
 
     agents = [side.agents[i] for i in who]
     pos = {i: n for n, i in enumerate(who)}
-    side.call("refusal", kernel.refusal, side.sim, p)
+    side.call("refusal", kernel.refusal, side.sim, ROUNDS)
     for k in range(ACTIVATIONS):
         st = side.state
         reqs = [side.call("gradient", kernel.gradient, p, st, i) for i in who]
@@ -397,7 +399,7 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
                     points[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
                 g = side.drawn("wave", k, wave, shape=side.bank.W.shape).index_select(0, torch.tensor(at))
                 w, wave = side.call("local", _send, local, g), wave + 1
-        rows = _rows(groups)
+        rows = _rows(kernel, groups)
         for n, r in enumerate(rows):
             r["each local gradient's point and rows"] = points[n]
         yield "local", rows
@@ -409,7 +411,7 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
             for b, g in zip(groups, got, strict=True):
                 b.s = s
                 side.call("combine", kernel.combine, b, p, g)
-            yield "combine" if steps == 1 else f"combine (exchange {s} of {steps})", _rows(groups)
+            yield "combine" if steps == 1 else f"combine (exchange {s} of {steps})", _rows(kernel, groups)
 
 
 def _send(gen: Generator, value: Any) -> Any:
@@ -656,7 +658,7 @@ def _updates(side: Side, kernel, p, who: list[int]) -> Generator:
             side.call("initiates", kernel.initiates, side.state, i)
     else:
         side.call("trigger", kernel.trigger, p)
-        side.call("windows_refusal", kernel.windows_refusal, p)
+        side.call("refusal", kernel.refusal, side.sim, LOOKAHEAD)
     deltas = isinstance(kernel.pattern, TriggeredDeltas)  # the events engine's update sees no state there
     for k in range(ACTIVATIONS):
         reqs = [side.call("gradient", kernel.gradient, p, None if deltas else side.state, i) for i in who]

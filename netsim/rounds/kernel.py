@@ -1,9 +1,10 @@
 """Round kernels: an algorithm written once, as its per-round math over a batch of agents.
 
 A round-structured method (D-PSGD and its private and compressed variants, gossip learning) is a
-``RoundKernel``: ``local`` says what each agent of a batch sends, after the gradient it asked for with
-``gradient``; ``combine`` says what it does with what arrived; ``pattern`` names the exchange between the
-two, and the pattern owns everything else (waking, links, barriers, timeouts, the trace). In the events
+``RoundKernel`` of its pattern's class (``Pattern.kernel``: barrier rounds call a ``SyncKernel``'s ``local``, what
+each agent of a batch sends after the gradient it asked for with ``gradient``, and ``combine``, what it does with
+what arrived; push gossip a ``PushKernel``'s ``combine`` and ``update``; ...); ``pattern`` names the exchange, and the
+pattern owns everything else (waking, links, barriers, timeouts, the trace). In the events
 engine the pattern runs each agent as a generator over a batch of one; in the windowed engine its driver
 plays every agent of a round as one batch, with the events engine's exact trace. Because a batch's rows are
 computed by the same float operations whatever the batch (everything a kernel does goes through ``Batch``,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 import numpy as np
@@ -94,32 +95,46 @@ class Batch:
         self.sizes: list[int] | None = None
         self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
 
-    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent"})
+    # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "rows",
+                      "scalars"})
 
-    def row(self, n: int) -> Batch:
-        """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values
-        kept on the batch (row-indexed tensors and per-agent lists are cut to agent n; anything else is shared)."""
+    def row(self, n: int, per_row: frozenset[str] = frozenset()) -> Batch:
+        """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values kept on
+        the batch: those its kernel declares ``per_row`` cut to agent n's row (a tensor's row n, a sequence's item n;
+        None stays None), anything else shared as it is."""
         one = Batch([self.agents[n]], self.k, self.x[n:n + 1], None if self.g is None else self.g[n:n + 1],
                     self.state)
-        import torch
-
         one.s = self.s
-        B = len(self.agents)
         if self.out is not None:
             one.out = [self.out[n]]
             one.sizes = None if self.sizes is None else [self.sizes[n]]
         for name, v in self.kept().items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == B:
-                v = v[n:n + 1]
-            elif isinstance(v, list) and len(v) == B:
-                v = [v[n]]
-            setattr(one, name, v)
+            setattr(one, name, self.cut(name, v, n, per_row))
         return one
 
+    def cut(self, name: str, v: Any, n: int, per_row: frozenset[str]) -> Any:
+        """Kept value ``name`` of agent n: row n of a value declared ``per_row`` (kept as a batch of one's: a (1, ...)
+        tensor, a one-item list), else ``v`` itself. TypeError for a declared value with no row per agent."""
+        if name not in per_row or v is None:
+            return v
+        import torch
+
+        if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(self):
+            return v[n:n + 1]
+        if isinstance(v, (list, tuple, RowViews)) and len(v) == len(self):
+            return [v[n]]
+        raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
+                        f"{len(self)}")
+
     def kept(self) -> dict[str, Any]:
-        """The kernel's own values kept on the batch between its hooks (``b.y = ...``): what ``row`` cuts to an
-        agent's part."""
+        """The kernel's own values kept on the batch between its hooks (``b.y = ...``)."""
         return {name: v for name, v in vars(self).items() if name not in self._OWN}
+
+    def rounds(self) -> list[int]:
+        """Each agent's activations so far, this one included (``Agent.round``): an asynchronous pattern's batch holds
+        agents at different counts, where ``k`` is the first agent's."""
+        return [a.round for a in self.agents]
 
     @property
     def sent(self) -> torch.Tensor | None:
@@ -220,12 +235,12 @@ class Batch:
         values = self._mixed(own, got, by)
         bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
-        if all(a._mixing is None for a in agents):
+        if all(a.mixing_record is None for a in agents):
             return
         for n, (a, g) in enumerate(zip(agents, got, strict=True)):
-            if a._mixing is not None:  # the mixing record (pairwise privacy) of each agent's update
+            if a.mixing_record is not None:  # the mixing record (pairwise privacy) of each agent's update
                 stepped = step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
-                a._record_mix(g, lr if stepped else 0.0)
+                a.record_mix(g, lr if stepped else 0.0)
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
@@ -274,7 +289,7 @@ class Batch:
         drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
-        mixing = self.agents[0]._mixing
+        mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is None:
             return self._privatize_rows(g, sigma, sensitivity, q, what)
@@ -333,6 +348,11 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
+
+
+def _what(v: Any) -> str:
+    shape = getattr(v, "shape", None)
+    return f"a {type(v).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"
 
 
 class RowViews(Sequence):
@@ -425,52 +445,89 @@ class Arrivals(Sequence):
         return torch.from_numpy(1.0 - acc), groups
 
 
+# the windowed engine's two ways of playing a run, which a kernel's or pattern's ``refusal`` answers for
+Path = Literal["rounds", "lookahead"]
+ROUNDS: Path = "rounds"  # synchronous windows, round by round (``Pattern.play``)
+LOOKAHEAD: Path = "lookahead"  # conservative lookahead windows on the agents' own clocks (``Pattern.play_lookahead``)
+
+_OLD_REFUSALS = ("needs", "windows_refusal", "lookahead_refusal")
+
+
+class Pattern:
+    """A communication pattern: how a round (or an activation) of a kernel exchanges messages. A pattern is a frozen
+    attrs record (its tags) whose class names ``kernel``, the kernel class whose hooks its program and drivers call
+    (a kernel of the pattern derives from it), and says ``lookahead``: whether it plays runs on the agents' own clocks
+    as lookahead windows. ``reads``: the Params fields the pattern itself reads (e.g. ``round_timeout``)."""
+
+    kernel: ClassVar[type]
+    lookahead: ClassVar[bool] = False
+
+    def program(self, kernel: Any, agent: Any, p: Any) -> Generator:
+        """The events engine's program of one agent: the kernel's hooks on batches of one."""
+        raise NotImplementedError
+
+    def refusal(self, sim: Any, path: Path) -> str | None:
+        """Why the windowed engine cannot play this built simulation (kernel: ``sim.program``, its parameters:
+        ``sim.params``) on ``path`` with the events engine's exact trace (None: it can). One line: the rule, then
+        after " — " what to change. The default is the kernel's own ``refusal``; a pattern adds its conditions."""
+        return sim.program.refusal(sim, path)
+
+    def play(self, sim: Any, kernel: Any, rounds: Any) -> None:
+        """The synchronous windows' driver (``ROUNDS``), where ``refusal`` said none."""
+        raise NotImplementedError
+
+    def play_lookahead(self, sim: Any, kernel: Any) -> None:
+        """The lookahead windows' driver (``LOOKAHEAD``, for a pattern with ``lookahead``), where ``refusal`` said
+        none."""
+        raise NotImplementedError
+
+
 class RoundKernel:
-    """An algorithm's per-round math over a batch of agents (see the module docstring). Subclasses set
-    ``pattern`` (how a round exchanges messages), ``reads`` (the Params fields the kernel itself reads; the
-    pattern reads its own) and ``needs`` (what the windowed driver's exactness needs beyond the pattern's
-    own conditions: ``"gradient"``, every round takes one; ``"no_budget_cap"``, no agent stops releasing),
-    and implement ``gradient``, ``local`` and ``combine``.
+    """An algorithm's per-round math over a batch of agents (see the module docstring): the hooks every pattern
+    calls. A kernel derives from its pattern's kernel class (``SyncKernel``, ``PushKernel``, ``BroadcastKernel``,
+    ``TriggeredKernel``, ``DeltasKernel``, ``PairwiseKernel``), which adds the hooks that pattern calls, and sets
+
+    - ``pattern``: how a round exchanges messages (an instance of a ``Pattern``);
+    - ``reads``: the Params fields the kernel itself reads (the pattern reads its own; ``netsim check`` compares);
+    - ``per_row``: the names of the values it keeps on a batch between hooks (``b.y = ...``) that hold one row (or
+      item) per agent of the batch: ``Batch.row`` cuts those to an agent's part, anything else kept is shared;
+    - ``refusal(sim, path)``: why the windowed engine cannot play it exactly with the run's parameters.
 
     Registered with ``@register(name, Params)`` on the class; the registry keeps an instance, which is the
     program the events engine runs for every agent (``kernel(agent, params)``)."""
 
     pattern: ClassVar[Any]
     reads: ClassVar[frozenset[str]] = frozenset()
-    needs: ClassVar[frozenset[str]] = frozenset()
-    batch_local: ClassVar[bool] = True  # the events engine batches ``local`` over agents done at one instant
+    per_row: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """A kernel speaks its pattern's protocol, and refuses the windows through ``refusal`` alone."""
+        super().__init_subclass__(**kw)
+        old = [name for name in _OLD_REFUSALS if name in vars(cls)]
+        if old:
+            raise TypeError(f"{cls.__name__}.{old[0]}: a kernel says why the windowed engine cannot play it in one "
+                            "hook, refusal(self, sim, path) -> str | None (path: 'rounds' or 'lookahead'; its "
+                            "parameters: sim.params)")
+        pattern = vars(cls).get("pattern")
+        want = getattr(type(pattern), "kernel", None)
+        if want is not None and not issubclass(cls, want):
+            raise TypeError(f"{cls.__name__}: its pattern {type(pattern).__name__} calls the hooks of a "
+                            f"{want.__name__} — derive it from {want.__module__}.{want.__name__}")
+        if isinstance(cls.per_row, str) or not all(isinstance(n, str) for n in cls.per_row):
+            raise TypeError(f"{cls.__name__}.per_row: a set of names, e.g. frozenset({{'y'}})")
 
     def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
-        """What agent ``i`` asks the gradient service for this round (None: no gradient)."""
+        """What agent ``i`` asks the gradient service for this round or activation (None: no gradient)."""
         return None
 
-    def exchanges(self, p: Any, state: Any) -> int:
-        """Barrier exchanges per round (``SyncRounds``; default 1): after each but the last, ``combine`` sends
-        the next payload (``b.s``: the exchange just done)."""
-        return 1
-
-    def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
-        """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
-        ``b.k`` (None: the graph's); a kernel with its own routes refuses the windowed engine (``refusal``)."""
-        return None
-
-    def refusal(self, sim: Any, p: Any) -> str | None:
-        """Why the windowed engine cannot run this kernel's rounds exactly with these parameters (None: it can)."""
+    def refusal(self, sim: Any, path: Path) -> str | None:
+        """Why the windowed engine cannot play this kernel exactly on ``path`` (``ROUNDS`` or ``LOOKAHEAD``) with the
+        run's parameters (``sim.params``), in one line: the rule, then after " — " what to change (None: it can)."""
         return None
 
     def init(self, agents: Sequence, p: Any) -> Any:
         """The run's state, made once before the first round (default: none)."""
         return None
-
-    def local(self, b: Batch, p: Any) -> Generator | None:
-        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
-        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
-        set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
-        raise NotImplementedError
-
-    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
-        """After the exchange: each agent's update from ``got[n]`` = {sender: payload} of what arrived."""
-        raise NotImplementedError
 
     def check(self, sim: Any, p: Any) -> None:
         """Checks that need the built simulation (agent count, graph), before the run."""

@@ -27,7 +27,7 @@ agent's program is processed); every row of one processed event together, as the
 (``activate`` then ``compute_start``, or ``send`` and its ``drop`` and the agent's ``finish``; ``compute_end``
 then what follows it; one ``deliver``; one ``offline``). Each agent's streams are consumed in its own order by
 the same calls the engine makes (``Schedule.next``, the jitter and churn of ``activation_moves``,
-``compute_draws`` plus ``Churn.wait``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
+``Agent.compute_time``, ``sample_rows``, the program's ``rng``), and each link's latency, loss
 and burst state from its own streams in send order (the lean path's draws, or the engine's installed
 ``ComposedLinks.outcome`` with its drop reasons ``loss``, ``outage``, ``offline``); message ids are numbered in
 processing order. A random churn's intervals are drawn lazily from the agent's ``churn`` stream, the same ones
@@ -47,8 +47,7 @@ batches are exact, and ``gradient_batches`` is the engine's too. With a batch-in
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
 those calls. Push gossip's tensor work is done for 8 windows at once (``gathers``: fewer, fuller lock steps; a
-merge then waits in lock step for a push of an earlier window of the same work), and, given a second core, in a
-forked worker process while this one plays the next windows (rounds/tensor_worker.py), which writes the trace too.
+merge then waits in lock step for a push of an earlier window of the same work).
 """
 
 from __future__ import annotations
@@ -63,19 +62,19 @@ import torch
 
 from netsim.rounds.kernel import Batch
 from netsim.rounds.push import Peers
+from netsim.sim import rows as shapes
 from netsim.sim.network import ComposedLinks, payload_size
-from netsim.trace.events import Finish, Offline
+from netsim.sim.rows import CODES
+from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
-from netsim.trace.io import RECORD, PackedRows, Words
+from netsim.trace.io import RECORD, PackedRows
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
 _INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
-# the trace rows' strings as codes (``PackedRows``): the first words of every driver's ``Words``, in this order
-NO_TAG, ACTIVATE, COMPUTE_START, COMPUTE_END, SEND, DROP, DELIVER = range(7)
-_WORDS = ("", "activate", "compute_start", "compute_end", "send", "drop", "deliver")
+# the trace rows' strings as codes (``PackedRows``): ``sim.rows.CODES``, the first words of every driver's ``Words``
 pack = RECORD.pack
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
-# on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple per operation, to make or to pickle)
+# on v (a ticket, a message id, -1: none) is the int v << 2 | kind (no tuple to make per operation)
 
 
 @attrs.define
@@ -89,8 +88,7 @@ class WindowStats:
     tensor_s: float = 0.0  # wall seconds in the batched tensor work (merges, updates, gradient batches)
     gradient_s: float = 0.0  # of which in the gradient batches (the engine's own)
     wall_s: float = 0.0
-    control_cpu_s: float = 0.0  # CPU seconds of the thread that plays the events (with a worker: the control alone)
-    worker: str = ""  # why the tensor work stays in this process ("": a worker process did it, in parallel)
+    control_cpu_s: float = 0.0  # CPU seconds of the thread that plays the events and does the tensor work
 
     def add(self, events: int) -> None:
         self.fewest = events if not self.windows else min(self.fewest, events)
@@ -102,8 +100,7 @@ class WindowStats:
                 "events_per_window_mean": self.events / max(1, self.windows),
                 "events_per_window_min": self.fewest,
                 "tensor_share": self.tensor_s / max(self.wall_s, 1e-12),
-                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s,
-                "tensor_worker": not self.worker, **({"tensor_worker_why_not": self.worker} if self.worker else {})}
+                "gradient_share": self.gradient_s / max(self.wall_s, 1e-12), "control_cpu_s": self.control_cpu_s}
 
 
 def min_latency(lat) -> float | None:
@@ -166,7 +163,7 @@ def refusal(sim, kernel) -> str | None:
     dynamic = sim.world.network.dynamic
     adopt = None if dynamic is None else dynamic.adopt  # the one listener the drivers play (at each activation)
     for a in sim.loop.agents:
-        if any(f != adopt for f in a._listeners):
+        if any(f != adopt for f in a.activation_listeners):
             return (f"agent {a.id} has activation listeners — leave its wakes to agents.activation (no setup hook "
                     "or plugin listening to them)")
     return None
@@ -223,14 +220,9 @@ class WindowDriver:
     gradient batches (the engine's, or one call per lock step for a batch-invariant model) and the loop over
     windows (``run``). A driver adds its control (``events_until``: what an activation, a delivery and a completed
     gradient do), its tensor work (``tensor_work``), where a ticket's gradient is taken (``point``) and ``first``,
-    the request of an activation's first gradient (None: none). A driver whose tensor work reads nothing of its
-    control but what ``window_work`` hands over (``take_work`` in the worker) sets ``pipelines``: its tensor work
-    may run in a worker process (rounds/tensor_worker.py)."""
+    the request of an activation's first gradient (None: none)."""
 
     first = None
-    pipelines = False
-    unasked: str | None = None  # why a driver that pipelines keeps one process unless NETSIM_TENSOR_WORKER=1 asks
-    one_process = "this driver's control and tensor work share state"  # why a driver that does not pipeline keeps one
     gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
     # a merge wait for a push of an earlier window in the same work)
 
@@ -241,13 +233,12 @@ class WindowDriver:
         self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
         self.state = kernel.state_of(self.agents[0], self.p)
         self.limit, self.until = world.scenario.run.rounds, world.scenario.run.until
-        self.moves, self.marks = world.activation_moves, sim.loop.marks
         self.tag = pattern.tag
         self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
         self.outcome = (world.network.model or world.network.lean()).outcome
-        world.network.positions = False  # no checkpoint cuts these runs (``refusal``): links need not keep positions
+        world.network.without_checkpoints()  # no checkpoint cuts these runs (``refusal``)
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
         self.stats = WindowStats(lookahead(sim)[0])
         sim.services.put("windows", self.stats)
@@ -268,9 +259,7 @@ class WindowDriver:
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
-        self.words = Words()
-        for w in _WORDS:
-            self.words(w)
+        self.words = shapes.words()
         self.tag_code = self.words(self.tag)
         self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
         self.unfinished = sum(not a.finished for a in self.agents)
@@ -347,23 +336,17 @@ class WindowDriver:
         """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
         keeps the per-event Python small."""
         agents, enqueue = self.agents, self.enqueue
-        limit, moves, marks, finish = self.limit, self.moves, self.marks, self.finish
+        limit, finish, count = self.limit, self.finish, self.sim.count_wakes
+        ones = [(a,) for a in agents]  # each agent as a batch of one, made once
 
         def wake(i: int, now: float) -> None:
-            """``Agent.wake`` at ``now``: the next activation planned (or the agent's finish)."""
+            """``Agent.wake`` at ``now``: the next activation planned and counted (or the agent's finish)."""
             a = agents[i]
             if limit is not None and a.round >= limit:
                 finish(a, now)
                 return
-            schedule = a.schedule
-            at = schedule.next(a.local_time(now))
-            if moves is not None and not schedule.fixed:
-                at = moves(a, at)
-            delay = max(0.0, a.global_time(at) - now)
-            if schedule.settles:
-                at, delay = schedule.settle(at, delay)
-            a.round += 1  # sim.count_wakes, for one agent
-            marks.activations += 1
+            at, delay = a.plan_wake(now)
+            count(ones[i])
             enqueue(now + delay, ACT, i, at)
 
         return wake
@@ -374,16 +357,14 @@ class WindowDriver:
         a = self.agents[i]
         if self.dynamic is not None:
             self.dynamic.adopt(a, t)
-        self.rows.put(pack(t, ACTIVATE, i, -1, -1, 0, at, a.round, NO_TAG))
+        self.rows.put(pack(*shapes.activate(t, i, at, a.round, CODES)))
 
     def request(self, i: int, now: float, batch: int) -> int:
         """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
         mini-batch, the completion event; returns the ticket."""
         a = self.agents[i]
-        ct = a._compute() * a.compute_scale
-        if self.churn is not None:  # requested while offline: starts when the agent is back
-            ct += self.churn.wait(i, now)
-        self.rows.put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
+        ct = a.compute_time(now)
+        self.rows.put(pack(*shapes.compute_start(now, i, ct, CODES)))
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
         self.ticket_of.append((i, None if rows is a.rows else rows))
@@ -396,30 +377,26 @@ class WindowDriver:
         if tk >= self.pending_lo and not self.free:
             self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
             self.pending_lo = len(self.ticket_of)
-        self.rows.put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
+        self.rows.put(pack(*shapes.compute_end(t, i, CODES)))
 
     def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
                 rows: PackedRows) -> tuple[int, float | None]:
         """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
         row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped)."""
         _, delay, reason = self.outcome(i, j, now, size)
-        net = self.net
-        mid = net.next_id
-        net.next_id = mid + 1
+        mid = self.net.take_ids(1)
         words = self.words
-        rows.put(pack(now, SEND, i, j, mid, size, delay, rnd, words(tag)))
+        rows.put(pack(*shapes.send(now, i, j, mid, size, delay, rnd, words(tag), CODES)))
         if reason:
-            rows.put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
+            rows.put(pack(*shapes.drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
             return mid, None
         return mid, now + delay
 
     def finish(self, a, now: float) -> None:
         """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
-        if a.finished:
+        if not a.mark_finished():
             return
-        a.finished = True
-        self.rows.append(event_row(Finish(now, a.id, a.round)))
-        self.sim.agent_finished()
+        self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
         self.unfinished -= 1
         if not self.unfinished:  # the stop event: processed after what is already due now
             self.push_event(now, STOP, -1, self.until is not None)
@@ -595,58 +572,25 @@ class WindowDriver:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
 
-    def window_work(self, first_ticket: int) -> tuple:
-        """What the window's tensor work needs of its control, for the worker (picklable): each agent's operations,
-        the window's gradient requests (an agent's whole part as None: the worker has it), its gradient batches and
-        the rounds of the agents that act (``Batch.round``)."""
-        ops, flushes = self.ops.copy(), self.flushes.copy()  # (the control's closures hold these very objects)
-        self.ops.clear()
-        self.flushes.clear()
-        agents, ticket_of = self.agents, self.ticket_of
-        new = ticket_of[first_ticket:]
-        ticket_of[first_ticket:] = [None] * len(new)  # the rows are the worker's now
-        return first_ticket, ops, new, flushes, [(i, agents[i].round) for i in ops]
-
-    def take_work(self, work: tuple) -> int:
-        """In the worker: the window's ``window_work`` in place; the window's first ticket."""
-        first, ops, tickets, flushes, rounds = work
-        self.ops.update(ops)
-        self.flushes.extend(flushes)
-        agents = self.agents
-        if len(self.ticket_of) != first:
-            raise RuntimeError(f"tensor worker: ticket {first} expected, {len(self.ticket_of)} held")
-        self.ticket_of.extend(tickets)
-        for i, r in rounds:
-            agents[i].round = r
-        return first
-
     def run(self) -> None:
-        """Play the run window by window: each window's events, then its tensor work (here, or in a worker process
-        while the next window's events are played), its rows, and the evaluation that ended it, if one did."""
-        from netsim.rounds import tensor_worker
-
+        """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
+        that ended it, if one did."""
         sim, stats = self.sim, self.stats
         t0, c0 = time.perf_counter(), time.thread_time()
         if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
             for a in self.agents:
                 self.svc.keep_rows(a.rows)
-        stats.worker = tensor_worker.reason_not(sim, self.unasked) if self.pipelines else self.one_process
-        worker = tensor_worker.TensorWorker(self) if not stats.worker else None
-        rows = PackedRows(self.words)  # the trace rows made since the last send to the worker (it writes them), or
-        # since the last write here (written a batch at a time: columns of fewer rows would wait in the writer as
-        # row tuples)
+        rows = PackedRows(self.words)  # the trace rows made since the last write (written a batch at a time: columns
+        # of fewer rows would wait in the writer as row tuples)
         try:
-            self._windows(worker, rows)
+            self._windows(rows)
         except BaseException:
-            if worker is not None:
-                worker.abandon(rows)
-            else:
-                rows.write_to(self.writer, final=True)
+            rows.write_to(self.writer, final=True)
             raise
         sim.loop.env.advance_to(self.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
 
-    def _windows(self, worker, shipped: PackedRows) -> None:
+    def _windows(self, shipped: PackedRows) -> None:
         sim, stats = self.sim, self.stats
         if self.until is not None:
             self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
@@ -668,44 +612,31 @@ class WindowDriver:
             gathered += 1
             if gathered == self.gathers or self.evaluation is not None or self.ended or self.first_due() is None:
                 gathered = 0
-                if worker is not None:
-                    worker.send(self.window_work(first_ticket), shipped)
-                else:
-                    t1 = time.perf_counter()
-                    self.tensor_work(first_ticket)
-                    stats.tensor_s += time.perf_counter() - t1
-                    self.decide()
+                t1 = time.perf_counter()
+                self.tensor_work(first_ticket)
+                stats.tensor_s += time.perf_counter() - t1
+                self.decide()
             stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
             shipped.extend(self.rows)
             self.rows.clear()
-            if worker is None:
-                shipped.write_to(self.writer)  # (whole batches)
+            shipped.write_to(self.writer)  # (whole batches)
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
                 if self.until is None or t < self.until:
-                    if worker is None:
-                        shipped.write_to(self.writer, final=True)  # the rows before its own
-                        sim.evaluate()
-                    else:
-                        worker.sync_bank()
-                        with self.writer.capturing(shipped):  # its trace row, in order, for the worker to write
-                            sim.evaluate()
+                    shipped.write_to(self.writer, final=True)  # the rows before its own
+                    sim.evaluate()
                     if sim.diverging_stop:  # run.stop_on_divergence: the run ends at this evaluation
                         self.ended = True
                 self.push_event(t + every, EVAL, -1)
             if progress is not None:
                 progress(self.now)
-        if worker is not None:
-            worker.finish(shipped)
-        else:
-            shipped.write_to(self.writer, final=True)
+        shipped.write_to(self.writer, final=True)
 
 
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
-    pipelines = True
     gathers = 8
 
     def __init__(self, pattern, sim, kernel):
@@ -730,7 +661,8 @@ class _Driver(WindowDriver):
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by = self.asks
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
-        churn, outcome = self.churn, self.outcome
+        outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
+                                                        shapes.drop)
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -751,10 +683,8 @@ class _Driver(WindowDriver):
                     if req is not None:
                         pos[i] = n
                         a = agents[i]
-                        ct = a._compute() * a.compute_scale
-                        if churn is not None:  # requested while offline: starts when the agent is back
-                            ct += churn.wait(i, now)
-                        put(pack(now, COMPUTE_START, i, -1, -1, 0, ct, -1, NO_TAG))
+                        ct = a.compute_time(now)
+                        put(pack(*compute_start(now, i, ct, CODES)))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
                         ticket_of.append((i, None if rows is a.rows else rows))
@@ -766,12 +696,11 @@ class _Driver(WindowDriver):
             if nb:
                 j = peers[i](nb)
                 _, delay, reason = outcome(i, j, now, size)
-                mid = net.next_id
-                net.next_id = mid + 1
+                mid = take_ids(1)
                 rnd = agents[i].round
-                put(pack(now, SEND, i, j, mid, size, delay, rnd, tag))
+                put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
                 if reason:
-                    put(pack(now, DROP, i, j, mid, size, delay, rnd, words(reason)))
+                    put(pack(*drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
                     ops.append(-1 << 2 | PUSH)
                 else:
                     ops.append(mid << 2 | PUSH)
@@ -789,6 +718,7 @@ class _Driver(WindowDriver):
             self.tag_code
         pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
         adopt = None if self.dynamic is None else self.dynamic.adopt
+        activate, deliver, compute_end = shapes.activate, shapes.deliver, shapes.compute_end
         try:
             while True:  # ``due``, inlined
                 if soon and (not cur or soon[0] < cur[-1]):
@@ -800,19 +730,19 @@ class _Driver(WindowDriver):
                 if kind == ACT:
                     if adopt is not None:  # the engine's activation listener: the epoch's links, before the row
                         adopt(agents[i], t)
-                    put(pack(t, ACTIVATE, i, -1, -1, 0, v, agents[i].round, NO_TAG))
+                    put(pack(*activate(t, i, v, agents[i].round, CODES)))
                     gots[i], inbox[i] = inbox[i], []
                     pos[i] = 0
                     go_on(i, t)
                 elif kind == ARR:
                     mid, src, size, sent, rnd = v
-                    put(pack(t, DELIVER, i, src, mid, size, t - sent, rnd, tag))
+                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
                     inbox[i].append(mid)
                 elif kind == DONE:
                     if v >= pending_lo and not free:  # a batch's first completion: every pending one evaluated
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
-                    put(pack(t, COMPUTE_END, i, -1, -1, 0, 0.0, -1, NO_TAG))
+                    put(pack(*compute_end(t, i, CODES)))
                     ops = ops_of.get(i)
                     if ops is None:
                         ops = ops_of[i] = []

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import attrs
 
 from netsim.comm.patterns import PairwiseGossip
-from netsim.rounds.kernel import Batch, RoundKernel, updated
+from netsim.rounds.kernel import LOOKAHEAD, Batch, Path, Pattern, RoundKernel, updated
 
 
 class PairwiseKernel(RoundKernel):
@@ -41,9 +41,11 @@ class PairwiseKernel(RoundKernel):
 
 
 @attrs.frozen
-class Pairwise:
+class Pairwise(Pattern):
     """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s), or ``tags``."""
 
+    kernel: ClassVar[type] = PairwiseKernel
+    lookahead: ClassVar[bool] = True
     tag: str = "gossip"
     tags: tuple[str, str] | None = None
     reads: frozenset[str] = frozenset()
@@ -79,18 +81,17 @@ class Pairwise:
                 agent.params = updated(kernel, agent, p, state, agent.round, agent.params, g)  # (d)
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
-        return "exchanges wait on replies and agents on their own clocks: played as lookahead windows only"
-
-    def lookahead_refusal(self, sim, kernel) -> str | None:
-        """Push gossip's reasons (rounds/lookahead.py), and a send that takes time to transmit (the exchange waits
-        for its request's transmission)."""
+    def refusal(self, sim, path: Path) -> str | None:
+        """Push gossip's reasons (rounds/lookahead.py), a send that takes time to transmit (the exchange waits for its
+        request's transmission), then the kernel's own reason. No synchronous rounds."""
         from netsim.rounds import lookahead
 
+        if path != LOOKAHEAD:
+            return "exchanges wait on replies and agents on their own clocks: played as lookahead windows only"
         if lookahead.transmits(sim):
             return ("bandwidth or uplinks: an exchange waits for its request's transmission (not played by these "
                     "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
-        return lookahead.refusal(sim, kernel)
+        return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> None:
         from netsim.rounds import pairwise_windows

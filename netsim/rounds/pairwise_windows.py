@@ -27,8 +27,9 @@ from collections import deque
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DELIVER, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
+from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 
@@ -53,8 +54,6 @@ def play(pattern, sim, kernel) -> None:
 
 class _Driver(WindowDriver):
     """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
-
-    one_process = "the exchanges' control and tensor work share the bank"
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -100,7 +99,7 @@ class _Driver(WindowDriver):
                     self.activate(i, t, v)
                     self.activated(i, t)
                 elif kind == ARR:
-                    put(pack(t, DELIVER, i, v.src, v.mid, v.size, t - v.sent, v.round, words(v.tag)))
+                    put(pack(*deliver(t, i, v.src, v.mid, v.size, v.sent, v.round, words(v.tag), CODES)))
                     self.arrived(i, t, v)
                 elif kind == DONE:
                     self.completion(i, t, v)

@@ -17,17 +17,16 @@ slot by slot: every agent's s-th merge in one call, then their s-th update's gra
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
 from netsim.comm.patterns import drain
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import LOOKAHEAD, Batch, GradientRequest, Path, Pattern, RoundKernel
+from netsim.sim import rows as shapes
 from netsim.sim.loop import Between
 from netsim.sim.network import payload_size
-from netsim.trace.events import Finish
-from netsim.trace.events import row as event_row
 
 if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
     import torch
@@ -54,11 +53,34 @@ class Peers:
         return nb[held.pop()]
 
 
+class PushKernel(RoundKernel):
+    """An algorithm of push gossip (``PushGossip``): per activation and received model, ``combine`` merges the model
+    into each row (``received``: the (B, P) rows of the models, row n agent n's), and ``update_after`` says whether a
+    gradient step follows receipt ``n`` of ``received``; ``update`` applies it (``g``: the (B, P) gradients at the
+    rows as they were asked for). Both work on ``b.x`` in place or by assigning it; a batch's agents may be at
+    different activations (``b.rounds()``)."""
+
+    def update_after(self, p: Any, n: int, received: int) -> GradientRequest | None:
+        """The gradient to take after merging receipt ``n`` (1-based) of the ``received`` models of an activation
+        (None: no update then)."""
+        return None
+
+    def combine(self, b: Batch, p: Any, received: torch.Tensor) -> None:
+        """Merge one received model into each row of ``b.x``."""
+        raise NotImplementedError
+
+    def update(self, b: Batch, p: Any, g: torch.Tensor) -> None:
+        """The gradient step of each row of ``b.x``."""
+        raise NotImplementedError
+
+
 @attrs.frozen
-class PushGossip:
+class PushGossip(Pattern):
     """The pattern: models tagged ``tag``; the kernel's ``combine`` merges one received model into each row,
     ``update_after`` says after which receipts an update (a gradient, then ``update``) follows."""
 
+    kernel: ClassVar[type] = PushKernel
+    lookahead: ClassVar[bool] = True
     tag: str = "gossip"
     reads: frozenset[str] = frozenset()
 
@@ -84,7 +106,14 @@ class PushGossip:
                 agent.send(peer(nb), x, tag=self.tag)
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
+    def refusal(self, sim, path: Path) -> str | None:
+        """Why the run is not exact synchronous ticks for ``play`` (``ROUNDS``) or lookahead windows
+        (``LOOKAHEAD``: rounds/lookahead.py); then the kernel's own reason."""
+        from netsim.rounds import lookahead
+
+        kernel = sim.program
+        if path == LOOKAHEAD:
+            return lookahead.refusal(sim, kernel) or kernel.refusal(sim, path)
         sc, p = sim.world.scenario, sim.params
         ag, lat = sc.agents, sc.network.latency
         low, top = {"constant": (lat.value, lat.value),
@@ -105,13 +134,7 @@ class PushGossip:
             return (f"an agent's gradients (one per receipt, up to {chain:g} s a round) and the pushes "
                     f"(latency {low:g} to {top:g} s) can interleave or cross a tick — lengthen "
                     "agents.activation.period or shorten agents.compute_time")
-        return None
-
-    def lookahead_refusal(self, sim, kernel) -> str | None:
-        """Why the run cannot be played as conservative lookahead windows (rounds/lookahead.py)."""
-        from netsim.rounds import lookahead
-
-        return lookahead.refusal(sim, kernel)
+        return kernel.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> None:
         """Asynchronous runs (Poisson, Bernoulli, drifting clocks): conservative lookahead windows."""
@@ -129,7 +152,7 @@ class PushGossip:
                                              world.bank, world.gradients)
         state = kernel.state_of(agents[0], p)
         limit = sim.world.scenario.run.rounds
-        mid = net.next_id
+        outcome = net.lean().outcome  # the lean path (the windows refuse link models): latency, loss, in send order
         tag = self.tag
         rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
         now0 = float(sim.loop.env.now)
@@ -141,22 +164,19 @@ class PushGossip:
         inbox: list[list] = start.held["inbox"]  # payloads in arrival order since the last activation
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
-            nonlocal mid
             j = peers[i](a.neighbors)
-            link = net.links.get((i, j)) or net.link(i, j)
             size = payload_size(x)
-            delay = now - now + link.latency()
-            rows.append((now, "send", i, j, mid, size, delay, a.round, tag))
-            if link.lost is not None and link.lost() < net.p_loss:
-                rows.append((now, "drop", i, j, mid, size, delay, a.round, "loss"))
+            _, delay, reason = outcome(i, j, now, size)
+            mid = net.take_ids(1)
+            rows.append(shapes.send(now, i, j, mid, size, delay, a.round, tag))
+            if reason:
+                rows.append(shapes.drop(now, i, j, mid, size, delay, a.round, reason))
             else:
                 arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
-            mid += 1
 
         def finish(i: int, t: float, rows: list) -> None:
-            agents[i].finished = True
-            rows.append(event_row(Finish(t, i, agents[i].round)))
-            sim.agent_finished()
+            if agents[i].mark_finished():
+                rows.append(shapes.finish(t, i, agents[i].round))
 
         def batch(who: list[int], X: torch.Tensor) -> tuple[Batch, torch.Tensor]:
             idx = torch.tensor(who, device=X.device)
@@ -174,14 +194,14 @@ class PushGossip:
                                                   np.array([w for _, w in order], np.float64))
             for t_act, i, at in zip(t_acts.tolist(), ids.tolist(), ats.tolist(), strict=True):
                 a = agents[i]
-                rows.append((t_act, "activate", i, -1, -1, 0, at, a.round, ""))
+                rows.append(shapes.activate(t_act, i, at, a.round))
                 got, inbox[i] = inbox[i], []
                 if got:
                     merged.append((i, got))  # merged below, before anything reads x (the gradient, a receiver)
                     asks[i] = sum(kernel.update_after(p, n, len(got)) is not None for n in range(1, len(got) + 1))
                     if asks[i]:
-                        ct = a._compute() * a.compute_scale
-                        rows.append((t_act, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        ct = a.compute_time(t_act)
+                        rows.append(shapes.compute_start(t_act, i, ct))
                         ends.append((i, t_act + ct))
                         continue
                 push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
@@ -219,11 +239,11 @@ class PushGossip:
                 nxt = []
                 for i, t_done in ends:
                     a = agents[i]
-                    rows.append((t_done, "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                    rows.append(shapes.compute_end(t_done, i))
                     if left[i]:
                         left[i] -= 1
-                        ct = a._compute() * a.compute_scale
-                        rows.append((t_done, "compute_start", i, -1, -1, 0, ct, -1, ""))
+                        ct = a.compute_time(t_done)
+                        rows.append(shapes.compute_start(t_done, i, ct))
                         nxt.append((i, t_done + ct))
                         continue
                     push(i, xs[i], t_done, rows, arrivals, a)
@@ -237,18 +257,16 @@ class PushGossip:
                 break
             arrivals.sort(key=lambda e: (e[0], e[1]))  # by time, ties in send order
             for t_arr, m, i, j, size, sent, rnd, x in arrivals:
-                rows.append((t_arr, "deliver", j, i, m, size, t_arr - sent, rnd, tag))
+                rows.append(shapes.deliver(t_arr, j, i, m, size, sent, rnd, tag))
                 inbox[j].append(x)
             writer.emit_rows(rows)
             order = woke
             k += 1
-            net.next_id = mid
             held = {"picks": [pk.held for pk in peers], "inbox": inbox}
             if rounds.between(Between(k, order, end, held)):  # interrupted
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
-        net.next_id = mid
         sim.loop.env.advance_to(end)
 
 

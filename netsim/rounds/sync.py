@@ -21,16 +21,19 @@ The driver is exact only where these rules decide the order: ``refusal`` says wh
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import Arrivals, Batch, RowViews, drive
+from netsim.rounds.kernel import ROUNDS, Arrivals, Batch, GradientRequest, Path, Pattern, RoundKernel, RowViews, drive
+from netsim.sim import rows as shapes
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
+from netsim.sim.network import delay as link_delay
 from netsim.sim.network import payload_size
+from netsim.sim.rows import CODES, fill
 from netsim.sim.streams import Draws
 
 if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kernel's module (its Params) loads without
@@ -39,10 +42,45 @@ if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kerne
     from netsim.trace.io import Words
 
 
+class SyncKernel(RoundKernel):
+    """An algorithm of barrier rounds (``SyncRounds``): per round and agent, ``gradient`` (the request before
+    ``local``), ``local`` (what each agent sends, ``b.send``, after its gradient ``b.g``), then per exchange
+    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier. ``b.k`` is the round, one
+    for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges; ``batch_local``: the events
+    engine batches ``local`` over the agents whose gradients come back at one instant (``LocalAhead``)."""
+
+    batch_local: ClassVar[bool] = True
+
+    def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
+        """Agent ``i``'s gradient request of the round (None: none; a round's agents all ask, or none does)."""
+        return None
+
+    def exchanges(self, p: Any, state: Any) -> int:
+        """Barrier exchanges per round (default 1): after each but the last, ``combine`` sends the next payload
+        (``b.s``: the exchange just done)."""
+        return 1
+
+    def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
+        """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
+        ``b.k`` (None: the graph's); a kernel with its own routes refuses the windowed engine (``refusal``)."""
+        return None
+
+    def local(self, b: Batch, p: Any) -> Generator | None:
+        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
+        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
+        set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
+        raise NotImplementedError
+
+    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
+        """After exchange ``b.s``: each agent's update from ``got[n]`` = {sender: payload} of what arrived."""
+        raise NotImplementedError
+
+
 @attrs.frozen
-class SyncRounds:
+class SyncRounds(Pattern):
     """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
 
+    kernel: ClassVar[type] = SyncKernel
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -85,9 +123,12 @@ class SyncRounds:
             k += 1
 
     # the windowed driver ------------------------------------------------------------------------------
-    def refusal(self, sim, kernel) -> str | None:
-        """Why the rounds of this built simulation are not exact windows for this driver (None: they are)."""
-        sc, p = sim.world.scenario, sim.params
+    def refusal(self, sim, path: Path) -> str | None:
+        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); it plays
+        no lookahead windows."""
+        sc, p, kernel = sim.world.scenario, sim.params, sim.program
+        if path != ROUNDS:
+            return "barrier rounds wait for every in-neighbour: played as synchronous rounds only"
         lat = sc.network.latency
         if lat.kind != "constant":
             return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
@@ -96,7 +137,7 @@ class SyncRounds:
         if any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents) and not _local_steps(kernel):
             return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
                     "phase) — give it a learning rate (algorithm.lr > 0)")
-        why = kernel.refusal(sim, p)
+        why = kernel.refusal(sim, path)
         if why is not None:
             return why
         took = sc.agents.compute_time.value + lat.value
@@ -114,8 +155,8 @@ class SyncRounds:
     def _start(a, now: list, n: int, row) -> None:
         """Agent ``a``'s gradient request as ``Agent.gradient`` makes it (compute time, ``compute_start`` row), its
         clock moved to the completion."""
-        ct = a._compute() * a.compute_scale
-        row((now[n], "compute_start", a.id, -1, -1, 0, ct, -1, ""))
+        ct = a.compute_time(now[n])
+        row(shapes.compute_start(now[n], a.id, ct))
         now[n] = now[n] + ct
 
     def play(self, sim, kernel, rounds) -> None:
@@ -155,8 +196,8 @@ class SyncRounds:
             g = None
             now = t_act.tolist()  # each agent's clock where its program runs on
             if hook is not None:  # activate, then the gradient request
-                ct = net.compute_times(woken, ids)
-                rows.add(activations(words, t_act, ids, at, woken, t_act, ct))
+                ct = net.compute_times(woken, ids, t_act)
+                rows.add(activations(t_act, ids, at, woken, t_act, ct))
                 now = (t_act + ct).tolist()
                 batches = {req.batch for req in hook}
                 asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
@@ -180,9 +221,9 @@ class SyncRounds:
                         for n in range(B):
                             i = id_list[n]
                             if pending:
-                                row((now[n], "compute_end", i, -1, -1, 0, 0.0, -1, ""))
+                                row(shapes.compute_end(now[n], i))
                             elif hook is None:  # the first wave: the activation that led to it
-                                row((float(t_act[n]), "activate", i, -1, -1, 0, float(at[n]), woken[n].round, ""))
+                                row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
                             self._start(woken[n], now, n, row)
                         pending = True
@@ -208,11 +249,10 @@ class SyncRounds:
             end = float(order_t[-1])
             last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                rows.parts.insert(len(rows.parts) - 1, finishes(words, *done, agents))  # the last part: the timeouts
-                rows.add(finishes(words, *late, agents))
+                rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
+                rows.add(finishes(*late, agents))
                 for i in order_ids.tolist():
-                    agents[i].finished = True
-                    sim.agent_finished()
+                    agents[i].mark_finished()
             rows.emit(writer)
             kernel.combine(b, p, got)
             if last:
@@ -252,32 +292,29 @@ class RoundRows:
                 run.append(part)
 
 
-def columns(n: int, words: Words) -> list:
-    """n trace rows as columns (COLUMNS order, strings as codes of ``words``) to fill: no peer, message, size,
-    value, round or tag (-1, -1, 0, 0.0, -1, "") until set."""
-    return [np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32), np.full(n, -1, np.int32),
-            np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n), np.full(n, -1, np.int32),
-            np.full(n, words(""), np.int32)]
+def columns(n: int) -> list:
+    """n trace rows as columns (COLUMNS order, strings as ``sim.rows.CODES``) to fill with ``sim.rows.fill``."""
+    return [np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int64),
+            np.empty(n, np.int64), np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32)]
 
 
 def rounds_of(agents) -> np.ndarray:
     return np.fromiter((a.round for a in agents), np.int64, len(agents))
 
 
-def activations(words: Words, t_act, ids, at, woken, t_start, ct) -> tuple:
+def activations(t_act, ids, at, woken, t_start, ct) -> tuple:
     """Each agent's ``activate`` row (``Agent._activated``) followed by its ``compute_start`` (``Agent.gradient``),
     agent after agent in firing order."""
-    c = columns(2 * len(ids), words)
-    a, r = slice(0, None, 2), slice(1, None, 2)
-    c[0][a], c[1][a], c[2][a], c[6][a], c[7][a] = t_act, words("activate"), ids, at, rounds_of(woken)
-    c[0][r], c[1][r], c[2][r], c[6][r] = t_start, words("compute_start"), ids, ct
+    c = columns(2 * len(ids))
+    fill(c, slice(0, None, 2), shapes.activate(t_act, ids, at, rounds_of(woken), CODES))
+    fill(c, slice(1, None, 2), shapes.compute_start(t_start, ids, ct, CODES))
     return tuple(c)
 
 
-def finishes(words: Words, ids, t, agents) -> tuple:
+def finishes(ids, t, agents) -> tuple:
     """``finish`` rows (``Agent.finish``) of agents ``ids`` at times ``t``, in that order."""
-    c = columns(len(ids), words)
-    c[0][:], c[1][:], c[2][:], c[7][:] = t, words("finish"), ids, rounds_of([agents[i] for i in ids.tolist()])
+    c = columns(len(ids))
+    fill(c, slice(None), shapes.finish(t, ids, rounds_of([agents[i] for i in ids.tolist()]), CODES))
     return tuple(c)
 
 
@@ -296,20 +333,11 @@ class Exchange:
         # the weight each receiver gives the sender (``Agent.weights``; NaN where it has none: ``Batch`` then mixes
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
-        from netsim.trace.io import Words
+        from netsim.sim.agent import ComputeTimes
 
         self.links: list | None = None
-        self.words = Words()
-        self.scales = np.array([a.compute_scale for a in agents], np.float64)
-        draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
-        self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) else None
-
-    def compute_times(self, woken, ids: np.ndarray) -> np.ndarray:
-        """Each agent's compute time as ``Agent.gradient`` draws it (``_compute() * compute_scale``): one call of
-        the constant every agent shares, else one draw per agent."""
-        if self.constant is not None:
-            return self.constant() * self.scales[ids]
-        return np.array([a._compute() * a.compute_scale for a in woken], np.float64)
+        self.words = shapes.words()
+        self.compute_times = ComputeTimes(agents)  # (woken, ids, when) -> each one's ``Agent.compute_time``
 
     def _made(self, senders: list[int]) -> None:
         """Every out-link, made in send order where not made yet (``Network.link``)."""
@@ -344,19 +372,17 @@ class Exchange:
         edge = np.repeat(self.ptr[senders] - first, deg) + np.arange(E)  # the out-links in send order
         dst = self.dst[edge]
         t = t_ready[by]
-        if self.latency is not None:  # one constant: ``tx_end - now + latency()`` with tx_end = now
-            delay = (t - t) + self.latency
+        if self.latency is not None:  # one constant: ``network.delay`` with nothing to transmit (tx_end = now)
+            delay = link_delay(t, t, self.latency)
         else:
             links = self.links
-            delay = (t - t) + np.array([links[e].latency() for e in edge.tolist()], np.float64)
+            delay = link_delay(t, t, np.array([links[e].latency() for e in edge.tolist()], np.float64))
         if net.p_loss > 0:  # each link's own loss stream, one draw per message in send order
             links = self.links
             lost = np.array([links[e].lost() for e in edge.tolist()], np.float64) < net.p_loss
         else:
             lost = np.zeros(E, bool)
-        mid = net.next_id
-        msg = mid + np.arange(E, dtype=np.int64)
-        net.next_id = mid + E
+        msg = net.take_ids(E) + np.arange(E, dtype=np.int64)
         size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
         # rows of each sender: a head (compute_end, releases), then per link send (and drop): offsets by one cumsum
         rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
@@ -367,27 +393,26 @@ class Exchange:
         link_at = np.arange(E) + by + 1
         lens[head_at], lens[link_at] = head, 1 + lost
         starts = np.cumsum(lens) - lens
-        c = columns(int(lens.sum()), words)
+        c = columns(int(lens.sum()))
         h = starts[head_at]
         if computed:
-            c[0][h], c[1][h], c[2][h], c[6][h] = t_ready, words("compute_end"), senders, 0.0
+            fill(c, h, shapes.compute_end(t_ready, senders, CODES))
         if rel and n_rel.any():
             flat = [r for rs in rel for r in rs]
             at = np.repeat(h + int(computed) - (np.cumsum(n_rel) - n_rel), n_rel) + np.arange(len(flat))
             for col, values in zip(c, row_columns(flat, words), strict=True):
                 col[at] = values
         at = starts[link_at]
-        c[0][at], c[1][at], c[2][at], c[3][at], c[4][at] = t, words("send"), senders[by], dst, msg
-        c[5][at], c[6][at], c[7][at], c[8][at] = size, delay, rnd, words(self.tag)
+        tag = words(self.tag)
+        fill(c, at, shapes.send(t, senders[by], dst, msg, size, delay, rnd, tag, CODES))
         d = at[lost] + 1
-        c[0][d], c[1][d], c[2][d], c[3][d], c[4][d] = t[lost], words("drop"), senders[by][lost], dst[lost], msg[lost]
-        c[5][d], c[6][d], c[7][d], c[8][d] = size[lost], delay[lost], rnd, words("loss")
+        fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
+                               CODES.loss, CODES))
         rows.add(tuple(c))
         ok = ~lost  # deliveries, in send order
         arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
-        c = columns(len(arr), words)
-        c[0][:], c[1][:], c[2][:], c[3][:], c[4][:] = arr, words("deliver"), to, senders[src], msg[ok]
-        c[5][:], c[6][:], c[7][:], c[8][:] = size[ok], arr - sent, rnd, words(self.tag)
+        c = columns(len(arr))
+        fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd, tag, CODES))
         rows.add(tuple(c))
         # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
         count = np.bincount(to, minlength=len(self.agents))
@@ -400,13 +425,13 @@ class Exchange:
         complete[done[0]] = True
         out_ = ~complete[senders]  # the barriers, set in ready order, that time out
         late = (senders[out_], t_ready[out_] + self.timeout)
-        c = columns(int(out_.sum()), words)
-        c[0][:], c[1][:], c[2][:] = late[1], words("timeout"), late[0]
-        c[6][:], c[7][:] = (self.expect[late[0]] - count[late[0]]).astype(np.float64), rnd
+        c = columns(int(out_.sum()))
+        fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, (self.expect[late[0]] - count[late[0]]).astype(
+            np.float64), CODES))
         rows.add(tuple(c))
         pos = np.empty(len(self.agents), np.int64)
         pos[ids] = np.arange(len(ids))
-        got = Arrivals(ids.tolist(), b.out, b._sent, pos[to], ready[src], self.w[edge][ok])
+        got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
         return got, done, late
 
 
@@ -448,7 +473,7 @@ def _round_times(sc, timeout: float) -> str | None:
                     f"activate at different float times ({a_d!r} / {a_t!r}) — change agents.activation.period or "
                     "algorithm.round_timeout, or set network.loss = 0")
         c = a_d + ct
-        d, t = c + ((c - c) + lat), c + timeout
+        d, t = c + link_delay(c, c, lat), c + timeout
     return None
 
 
@@ -511,4 +536,4 @@ class LocalAhead:
         b = Batch(agents, k, x, g, self.state, at=lambda n: (now, rows[n]))
         self.kernel.local(b, self.p)
         for n, a in enumerate(agents):
-            self.done[a.id] = (b.row(n), rows[n])
+            self.done[a.id] = (b.row(n, self.kernel.per_row), rows[n])

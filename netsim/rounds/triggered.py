@@ -14,33 +14,39 @@ links with bandwidth are refused), which is what lets the lookahead hold.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from netsim.comm.patterns import NeighborCopies, drain
 from netsim.comm.triggers import EventTrigger, TriggerKind
 from netsim.rounds.broadcast import Broadcast, BroadcastKernel
-from netsim.rounds.kernel import updated
+from netsim.rounds.kernel import LOOKAHEAD, Batch, Path, updated
+
+if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
+    import torch
 
 
 class TriggeredKernel(BroadcastKernel):
     """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no
-    step), ``trigger`` (the send rule's kind, threshold and decay), ``update`` (the step after the mix, on
-    ``b.x``; ``b.k`` is the agent's activation count) and ``windows_refusal`` (what of its parameters the windowed
-    driver cannot play)."""
+    step), ``trigger`` (the send rule's kind, threshold and decay) and ``update`` (the step after the mix, on
+    ``b.x``). A batch's agents may be at different activations: agent n's count so far is ``b.rounds()[n] - 1`` (in
+    the events engine's batch of one, ``b.k`` too). Its windowed driver is the broadcast's with another control, so
+    it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults (no ``request``, ``extra_rows``, ...)."""
 
     def trigger(self, p: Any) -> tuple[TriggerKind, float, float]:
         raise NotImplementedError
 
-    def windows_refusal(self, p: Any) -> str | None:
-        return None
+    def update(self, b: Batch, p: Any, g: torch.Tensor) -> None:
+        """The step of each row of ``b.x`` with its gradient ``g`` (rows), after the mix with the copies."""
+        raise NotImplementedError
 
 
 @attrs.frozen
 class Triggered(Broadcast):
     """The pattern: models tagged ``tag``, sent where the trigger fires (module docstring)."""
 
+    kernel: ClassVar[type] = TriggeredKernel
     tag: str = "model"
 
     def program(self, kernel: TriggeredKernel, agent, p) -> Generator:
@@ -64,8 +70,9 @@ class Triggered(Broadcast):
             k += 1
 
     # the windowed driver ------------------------------------------------------------------------------
-    def lookahead_refusal(self, sim, kernel) -> str | None:
-        return kernel.windows_refusal(sim.params) or super().lookahead_refusal(sim, kernel)
+    def refusal(self, sim, path: Path) -> str | None:
+        """The kernel's reason first (the parameters the windows do not play), then the broadcast's."""
+        return (path == LOOKAHEAD and sim.program.refusal(sim, path)) or super().refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> None:
         from netsim.rounds import triggered_windows
@@ -88,6 +95,7 @@ class TriggeredDeltas(Triggered):
     W_ij (xhat_j - xhat_i). The copies are the run's state (``PublicCopyRows``), so both engines do the same row
     operations; the windowed driver decides (c) in its tensor work, as for ``Triggered``."""
 
+    kernel: ClassVar[type] = DeltasKernel
     tag: str = "sparq"
 
     def program(self, kernel: DeltasKernel, agent, p) -> Generator:

@@ -50,9 +50,6 @@ class _Sends(BroadcastDriver):
     """What both event-triggered drivers share: sends left undecided by the control (``send``), decided by the
     tensor work (``fires``) and played after it (``decide``)."""
 
-    pipelines = False
-    one_process = "the control plays the sends its tensor work decides"
-
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, n = self.p, len(self.agents)

@@ -9,9 +9,10 @@ driver (``SyncRounds.play``, ``PushGossip.play``) then plays each round as one b
 trace, metrics and final models are byte-identical (tests/test_windowed.py). A pattern may also play runs
 whose activations are not simultaneous as conservative lookahead windows (``PushGossip.play_lookahead``,
 rounds/lookahead.py). ``refusal`` names what keeps a scenario out: the conditions every pattern needs (here),
-the pattern's own, what the kernel declares (``RoundKernel.needs``), and, for a pattern with lookahead
-windows, why those do not apply either. Each reason is one rule and, after " — ", what to change; ``reason`` is the
-one line ``--engine auto`` (the default) reports when it runs the events engine instead.
+then the pattern's and the kernel's own (one hook for both, ``refusal(sim, path)``, path ``ROUNDS`` or
+``LOOKAHEAD``), and, for a pattern with lookahead windows, why those do not apply either. Each reason is one
+rule and, after " — ", what to change; ``reason`` is the one line ``--engine auto`` (the default) reports when it
+runs the events engine instead.
 
 Between two rounds the run's state is explicit (the bank, the streams, the links, the ledgers, the kernel's
 state, the recorder, and the driver's ``Between``): ``Rounds`` is the driver's seam to the run around its rounds.
@@ -21,16 +22,17 @@ without recomputing anything (sim/restore.py).
 
 from __future__ import annotations
 
-from netsim.rounds.kernel import RoundKernel
+from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, RoundKernel
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
 
-# what a kernel may declare its exactness needs (``RoundKernel.needs``), and how to tell it is missing
-NEEDS = {
-    "no_budget_cap": lambda sim: None if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None
-    else ("privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order — remove "
-          "privacy.epsilon_cap (the summary still reports each agent's epsilon)"),
-}
+
+def budget_cap_refusal(sim) -> str | None:
+    """A kernel's ``refusal`` where an agent out of budget would leave a round's order (DP-D-PSGD's)."""
+    if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is None:
+        return None
+    return ("privacy.epsilon_cap: an agent out of budget skips its gradient and leaves the round's order — remove "
+            "privacy.epsilon_cap (the summary still reports each agent's epsilon)")
 
 # the other way onto the fast path, for what the lookahead windows play and synchronous rounds do not
 ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
@@ -102,21 +104,12 @@ def reasons(sim) -> tuple[str | None, str | None]:
         name = sim.world.scenario.algorithm.name
         return (f"algorithm {name!r} is a coroutine program, not a round kernel: {name} has no fast path yet — "
                 "written as a round kernel (docs/extending.md) it would run fast"), None
-    lookahead = hasattr(kernel.pattern, "lookahead_refusal")
+    lookahead = kernel.pattern.lookahead
     why = rounds_refusal(sim, kernel, alternative=not lookahead)
     if why is None or not lookahead:
         return why, None
-    other = kernel.pattern.lookahead_refusal(sim, kernel) or needs_refusal(sim, kernel)
+    other = kernel.pattern.refusal(sim, LOOKAHEAD)
     return (None, None) if other is None else (why, other)
-
-
-def needs_refusal(sim, kernel) -> str | None:
-    """What the kernel declares its exactness needs (``RoundKernel.needs``), if missing."""
-    for need in sorted(kernel.needs):
-        why = NEEDS[need](sim)
-        if why is not None:
-            return why
-    return None
 
 
 def link_model_refusal(sim) -> str:
@@ -137,7 +130,7 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     if why is None and sim.world.activation_moves is not None:
         why = "an activation hook is installed — leave the agents' wakes to agents.activation"
     for a in sim.loop.agents if why is None else ():
-        if type(a.schedule) is not Periodic or a._listeners or a.offset != 0.0 or a.rate != 1.0:
+        if type(a.schedule) is not Periodic or a.activation_listeners or a.offset != 0.0 or a.rate != 1.0:
             why = (f"agent {a.id} has its own activation schedule or listeners — leave its wakes to "
                    "agents.activation (no setup hook or plugin changing them)")
         elif not a.neighbors or not a.in_neighbors:
@@ -145,9 +138,7 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
                    "which every agent has both")
         if why is not None:
             break
-    if why is None:
-        why = needs_refusal(sim, kernel)
-    return why if why is not None else kernel.pattern.refusal(sim, kernel)
+    return why if why is not None else kernel.pattern.refusal(sim, ROUNDS)
 
 
 def run(sim) -> None:
@@ -190,8 +181,8 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     acts, woken = [], []
     for seq, (i, w) in enumerate(order):
         a = sim.loop.agents[i]
-        at = a.schedule.next(a.local_time(w))
-        acts.append((w + max(0.0, a.global_time(at) - w), seq, i, at))
+        at, delay = a.plan_wake(w)
+        acts.append((w + delay, seq, i, at))
         woken.append(a)
     sim.count_wakes(woken)
     acts.sort()
@@ -216,8 +207,8 @@ def wake_all(sim, ids, when):
     act, at, tick = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), np.int64)
     for u, n in enumerate(first.tolist()):
         a, w = woken[n], float(when[n])
-        planned = a.schedule.next(a.local_time(w))
-        act[u], at[u], tick[u] = w + max(0.0, a.global_time(planned) - w), planned, a.schedule.tick
+        planned, delay = a.plan_wake(w)
+        act[u], at[u], tick[u] = w + delay, planned, a.schedule.tick
     which = which.reshape(-1)
     for a, t in zip(woken, tick[which].tolist(), strict=True):
         a.schedule.tick = t

@@ -22,17 +22,19 @@ import simpy
 import torch
 
 from netsim.compute.mixing import MixUpdate
+from netsim.sim import rows as shapes
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Completion, Lookahead
 from netsim.sim.streams import DrawsAhead
-from netsim.trace.events import Finish, Stale, Timeout
+from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
     from netsim.sim.kernel import Simulation
 
 
 processed_event = Completion.done  # an event that is already over (a free send)
+_Timeout = simpy.events.Timeout
 
 
 class _Waiter:
@@ -100,7 +102,7 @@ class _Gather(_Waiter):
 
     def expire(self) -> None:
         a = self.inbox.agent
-        a.emit(Timeout(a.env.now, a.id, self.round, float(len(self.expect) - len(self.got))))
+        a.emit_row(shapes.timeout(a.env.now, a.id, self.round, float(len(self.expect) - len(self.got))))
         self.finish(self.got)
 
 
@@ -198,6 +200,7 @@ class Agent:
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
         self._mixing = sim.recorder.mixing_log  # the weights applied to which messages, when asked (privacy)
+        self._one = (self,)  # this agent as a batch of one (``Simulation.count_wakes``), made once
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -211,33 +214,36 @@ class Agent:
     # activation ---------------------------------------------------------------------------------
     def wake(self) -> simpy.Event:
         """The next activation on this agent's own clock (never after the run's round limit)."""
-        limit = self.sim.world.scenario.run.rounds
+        sim = self.sim
+        limit = sim.world.scenario.run.rounds
         if limit is not None and self.round >= limit:
             return self.finish()
-        # The schedule never depends on what the agent does: an activation that falls while it is
-        # busy is missed.
+        at, delay = self.plan_wake(self.env.now)
+        sim.count_wakes(self._one)
+        ev = _Timeout(self.env, delay, at)
+        ev.callbacks.append(self._activated)
+        return ev
+
+    def plan_wake(self, now: float) -> tuple[float, float]:
+        """The next activation of a ``wake`` at ``now``, as (its local tick time, the delay until it): by the
+        schedule, moved by clock jitter and churn, settled by a recorded schedule. Not counted: a driver that plans
+        activations itself counts them with ``Simulation.count_wakes``, as ``wake`` does."""
+        # The schedule never depends on what the agent does: an activation that falls while it is busy is missed.
         schedule = self.schedule
-        at = schedule.next(self.local_time())
+        at = schedule.next(self.local_time(now))
         moves = self.sim.world.activation_moves
         if moves is not None and not schedule.fixed:
             at = moves(self, at)  # clock jitter, churn: the activation moves (activation.Moves)
-        delay = max(0.0, self.global_time(at) - self.env.now)
+        delay = max(0.0, self.global_time(at) - now)
         if schedule.settles:  # a recorded schedule fixes the global time too
             at, delay = schedule.settle(at, delay)
-        self.round += 1
-        marks = self.sim.loop.marks
-        marks.activations += 1
-        if marks.activations >= marks.round_mark:
-            marks.round_passed()
-        ev = simpy.events.Timeout(self.env, delay, at)
-        ev.callbacks.append(self._activated)
-        return ev
+        return at, delay
 
     def _activated(self, ev) -> None:
         if self._listeners:
             for listener in self._listeners:
                 listener(self)
-        self.emit_row((self.env.now, "activate", self.id, -1, -1, 0, ev.value, self.round, ""))  # Activate
+        self.emit_row(shapes.activate(self.env.now, self.id, ev.value, self.round))
 
     def use_schedule(self, schedule: Schedule) -> None:
         """Wake by ``schedule`` from the next ``wake`` on (a ``Schedule``: ``next``, ``defer``, ``tick``,
@@ -253,6 +259,11 @@ class Agent:
         """Whether a time-varying topology (``topology.dynamic``) gives this agent new ``neighbors``,
         ``in_neighbors``, ``weights`` and ``self_weight`` at its activations (sim/dynamic.py)."""
         return self.sim.world.scenario.topology.dynamic is not None
+
+    @property
+    def activation_listeners(self) -> tuple[Callable[[Agent], None], ...]:
+        """What ``on_activation`` installed, in call order."""
+        return tuple(self._listeners)
 
     def on_activation(self, listener: Callable[[Agent], None]) -> None:
         """Call ``listener(agent)`` at each activation, before it is traced and the program resumes (a
@@ -305,16 +316,25 @@ class Agent:
         With ``clip``: the mean of per-sample gradients clipped to L2 norm ``clip`` (``clip_kind="l2"``)
         or to [-clip, clip] per coordinate (``"coordinate"``), as DP-SGD needs (no noise added here).
         With ``rows``: exactly these training rows (e.g. an online learner's history) instead of a batch."""
-        ct = self._compute() * self.compute_scale
-        churn = self.sim.world.churn
-        if churn is not None:  # requested while offline: starts when the agent is back
-            ct += churn.wait(self.id, self.env.now)
-        self.emit_row((self.env.now, "compute_start", self.id, -1, -1, 0, ct, -1, ""))  # ComputeStart
+        now = self.env.now
+        ct = self.compute_time(now)
+        self.emit_row(shapes.compute_start(now, self.id, ct))
         p = self.sim.world.bank.get(self.id) if params is None else params
         r = self.sample_rows(batch) if rows is None else rows
         if clip is None:
             return self.sim.request_gradient(self.id, p, r, ct)
         return self.sim.request_gradient(self.id, p, r, ct, clip, clip_kind)
+
+    def compute_time(self, now: float) -> float:
+        """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of
+        ``agents.compute_time`` from this agent's stream times its ``compute_scale``, plus the wait until it is
+        back when it is offline (churn). What ``gradient`` and every fast driver take (``ComputeTimes``: many
+        agents at once)."""
+        ct = self._compute() * self.compute_scale
+        churn = self.sim.world.churn
+        if churn is not None:  # requested while offline: starts when the agent is back
+            ct += churn.wait(self.id, now)
+        return ct
 
     # communication ------------------------------------------------------------------------------
     def send(self, dst: int, payload: Any, tag: str = "model", round: int | None = None,
@@ -357,10 +377,18 @@ class Agent:
         for j, x in received.items():
             out.add_(x, alpha=self.weights[j])
         if self._mixing is not None:
-            self._record_mix(received, 0.0)
+            self.record_mix(received, 0.0)
         return out
 
-    def _record_mix(self, received, lr: float) -> None:
+    @property
+    def mixing_record(self):
+        """The run's record of which weights were applied to which messages (``privacy.record``), or None: what
+        ``mix`` and ``mix_into_params`` write to (``record_mix``) when it is kept."""
+        return self._mixing
+
+    def record_mix(self, received, lr: float) -> None:
+        """Into ``mixing_record`` (which must be kept): this agent's weights on ``received`` applied now, then a
+        step of size ``lr`` (0: none); what ``mix`` and ``mix_into_params`` do, for a batch that mixes rows itself."""
         ws = [self.weights[j] for j in received]
         n = len(self._privacy.releases) if self._privacy is not None else 0
         self._mixing.mix(self.id, self.env.now, n, 1.0 - sum(ws), list(received), ws, lr)
@@ -375,7 +403,7 @@ class Agent:
         ws = [w[j] for j in received]
         self.sim.world.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
         if self._mixing is not None:
-            self._record_mix(received, 0.0 if step is None else lr)
+            self.record_mix(received, 0.0 if step is None else lr)
 
     # privacy ------------------------------------------------------------------------------------
     def privatize(self, x: torch.Tensor, sigma: float, sensitivity: float, mechanism: str = "gaussian",
@@ -522,11 +550,18 @@ class Agent:
         """End this agent's program (``yield agent.finish()``): trace its ``finish`` and let the run stop
         once every agent has finished. The returned event never fires. Also what ``wake`` does after
         ``run.rounds`` activations."""
-        if not self.finished:
-            self.finished = True
-            self.emit(Finish(self.env.now, self.id, self.round))
-            self.sim.agent_finished()
+        if self.mark_finished():
+            self.emit_row(shapes.finish(self.env.now, self.id, self.round))
         return self.env.event()  # never fires
+
+    def mark_finished(self) -> bool:
+        """``finish`` without its row (a driver traces it where its rows go): whether this call finished the agent
+        (False: it had finished already); the run learns of it (``Simulation.agent_finished``)."""
+        if self.finished:
+            return False
+        self.finished = True
+        self.sim.agent_finished()
+        return True
 
     # state, statistics and shared services --------------------------------------------------------
     def state(self, name: str, shape: tuple[int, ...] | None = None, fill: float = 0.0) -> torch.Tensor:
@@ -556,7 +591,7 @@ class Agent:
         whose value is the item's result after the compute time; the first completion evaluates every
         pending item in one call ``evaluate(items) -> results`` (exact: each request was made at or
         before then). ``evaluate`` is used when the service is first made (one per run and name)."""
-        return self.sim.services.get(("lookahead", name), lambda: Lookahead(self.env, self.emit, evaluate))
+        return self.sim.services.get(("lookahead", name), lambda: Lookahead(self.env, self.emit_row, evaluate))
 
     # random streams and helper programs ------------------------------------------------------------
     def rng(self, purpose: str = "algorithm", *key: int) -> np.random.Generator:
@@ -593,6 +628,26 @@ class Agent:
         """Start a helper program of this agent (a gossip server, say); its state goes into checkpoints
         like the main program's."""
         return self.sim.add_program(self.id, program)
+
+
+class ComputeTimes:
+    """``Agent.compute_time`` of many agents at once (a fast driver's round of requests): where every agent's compute
+    time is one constant shared by all and no agent can be offline, one call of it times each agent's scale (the
+    same product, so the same bits); else each agent's own ``compute_time``."""
+
+    def __init__(self, agents: list[Agent]):
+        from netsim.sim.streams import Draws
+
+        self.scales = np.array([a.compute_scale for a in agents], np.float64)
+        draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
+        churn = agents[0].sim.world.churn if agents else None
+        self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) and churn is None else None
+
+    def __call__(self, agents: list[Agent], ids: np.ndarray, now: np.ndarray) -> np.ndarray:
+        """The compute times of ``agents`` (ids ``ids``) asking at ``now`` (one time each), in that order."""
+        if self.constant is not None:
+            return self.constant() * self.scales[ids]
+        return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
 
 
 class RowsAhead:

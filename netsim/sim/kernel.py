@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
@@ -21,6 +21,7 @@ import torch
 
 from netsim.compute.gradients import Ticket
 from netsim.scenario.schema import Scenario
+from netsim.sim import rows as shapes
 from netsim.sim.agent import Agent
 from netsim.sim.dists import check_scenario, clocks, draws
 from netsim.sim.env import Environment
@@ -157,25 +158,22 @@ class Simulation:
         """The run goes on from a checkpoint, reached by ``how`` ("restore" or "re-execution") in ``seconds``."""
         self.recorder.resumed = (how, seconds)
 
-    def refuse_ledgers(self, why: str) -> None:
-        """From now on an agent's first privacy release fails, saying ``why`` (where it could not be accounted)."""
-        def refuse(agent):
-            raise RuntimeError(f"agent {agent.id}: {why}")
-
-        self.new_ledger = refuse
-
     def crashed(self) -> None:
         """A program raised: the run stops with reason "error" and the trace keeps every event so far, without
         its end-of-stream marker (it reads as partial)."""
         self.loop.stop_reason = "error"
         self.recorder.writer.sync()
 
-    def count_wakes(self, agents: list[Agent]) -> None:
-        """One activation of each of ``agents``, counted as ``Agent.wake`` counts it: for a driver that plans
-        the activations itself (rounds/windowed.py)."""
+    def count_wakes(self, agents: Sequence[Agent]) -> None:
+        """One activation of each of ``agents`` counted (the wake rule: ``Agent.wake`` calls it with a batch of one,
+        a driver that plans activations itself with its batch): each agent's ``round``, the run's activations, and
+        the round mark of ``run.checkpoint_every_rounds`` when they pass it."""
         for a in agents:
             a.round += 1
-        self.loop.marks.activations += len(agents)
+        marks = self.loop.marks
+        marks.activations += len(agents)
+        if marks.activations >= marks.round_mark:
+            marks.round_passed()
 
     def between_rounds(self, between: Between) -> bool:
         """A windowed driver finished a round but the last (``between``: where it stands): the clock goes to
@@ -203,7 +201,7 @@ class Simulation:
     def _gradient_ready(self, ticket: Ticket) -> torch.Tensor:
         if ticket.result is None:
             self.world.gradients.flush()
-        self.recorder.emit_row((self.loop.env.now, "compute_end", ticket.agent, -1, -1, 0, 0.0, -1, ""))  # ComputeEnd
+        self.recorder.emit_row(shapes.compute_end(self.loop.env.now, ticket.agent))
         return ticket.result
 
     def add_program(self, i: int, program: Any) -> simpy.Process:

@@ -22,6 +22,7 @@ import simpy
 
 from netsim.errors import InputError, claim
 from netsim.scenario.schema import NetworkSpec
+from netsim.sim import rows as shapes
 from netsim.sim.dists import draws
 from netsim.sim.streams import Draws, Streams
 
@@ -37,6 +38,10 @@ class Message(NamedTuple):
     payload: Any
     size: int
     sent: float
+
+
+_new_message = tuple.__new__  # ``Message(...)`` without the named tuple's Python ``__new__``: one per send, hot
+_Timeout = simpy.events.Timeout
 
 
 class Link:
@@ -60,6 +65,12 @@ def payload_size(payload: Any) -> int:
     return 8
 
 
+def delay(tx_end, now, latency):
+    """A message's delay from its send at ``now`` to its arrival: the rest of its transmission (ending at ``tx_end``),
+    then the link's ``latency`` (floats or arrays: the same expression, so the same bits, in every engine)."""
+    return tx_end - now + latency
+
+
 class LinkModel(Protocol):
     """What decides a message's fate: ``outcome(src, dst, now, size)`` returns (the time its transmission
     ends, so the sender is busy until then; its delay from ``now`` to arrival; a drop reason, "" if it
@@ -81,9 +92,9 @@ class LeanLinks:
         if net.bandwidth is not None:
             tx_end = max(now, link.busy_until) + size / net.bandwidth
             link.busy_until = tx_end
-        delay = tx_end - now + link.latency()
+        d = delay(tx_end, now, link.latency())
         lost = link.lost is not None and link.lost() < net.p_loss
-        return tx_end, delay, "loss" if lost else ""
+        return tx_end, d, shapes.TEXT.loss if lost else shapes.TEXT.none
 
 
 class ComposedLinks:
@@ -100,10 +111,10 @@ class ComposedLinks:
         if churn is not None and churn.offline(src, now):
             return now, lat, "offline"
         tx_end = net.transfer(link, src, now, size)
-        delay = tx_end - now + lat
-        if not reason and churn is not None and churn.offline(dst, now + delay):
+        d = delay(tx_end, now, lat)
+        if not reason and churn is not None and churn.offline(dst, now + d):
             reason = "offline"
-        return tx_end, delay, reason
+        return tx_end, d, reason
 
 
 LINK_MODELS: dict[str, Callable[[Network], LinkModel]] = {}
@@ -174,6 +185,11 @@ class Network:
         if streams and streams <= SEED_AHEAD_MAX:
             self.streams.seed_ahead(purposes, np.array(graph.edges(), dtype=np.int64))
 
+    def without_checkpoints(self) -> None:
+        """No checkpoint can cut this run (a driver that refuses them): the links made from now on need not keep
+        their streams' positions (``Draws``), which costs a state read per block of draws."""
+        self.positions = False
+
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
         self.model = model
@@ -205,26 +221,31 @@ class Network:
         link = self.links.get((src, dst)) or self.link(src, dst)
         if size is None:
             size = payload_size(payload)
-        mid = self.next_id
-        self.next_id = mid + 1
+        mid = self.take_ids(1)
         tx_end = now
         if self.bandwidth is not None:
             tx_end = max(now, link.busy_until) + size / self.bandwidth
             link.busy_until = tx_end
-        delay = tx_end - now + link.latency()
+        d = delay(tx_end, now, link.latency())
         emit_row = self.emit_row
-        emit_row((now, "send", src, dst, mid, size, delay, rnd, tag))  # Send
+        emit_row(shapes.send(now, src, dst, mid, size, d, rnd, tag))
         if link.lost is not None and link.lost() < self.p_loss:
-            emit_row((now, "drop", src, dst, mid, size, delay, rnd, "loss"))  # Drop
+            emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
             return tx_end - now
-        msg = Message(mid, src, dst, tag, rnd, payload, size, now)
-        simpy.events.Timeout(env, delay, msg).callbacks.append(self._on_arrival)
+        msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
+        _Timeout(env, d, msg).callbacks.append(self._on_arrival)
         return tx_end - now
+
+    def take_ids(self, n: int) -> int:
+        """Ids for ``n`` messages, in send order: the first of them (the next n are taken). The one place message ids
+        are numbered, by every engine."""
+        mid = self.next_id
+        self.next_id = mid + n
+        return mid
 
     def _arrive(self, ev) -> None:
         msg: Message = ev.value
-        now = self.env.now
-        self.emit_row((now, "deliver", msg.dst, msg.src, msg.id, msg.size, now - msg.sent, msg.round, msg.tag))
+        self.emit_row(shapes.deliver(self.env.now, msg.dst, msg.src, msg.id, msg.size, msg.sent, msg.round, msg.tag))
         self.deliver_to(msg)
 
     # the full path ----------------------------------------------------------------------------------
@@ -304,13 +325,10 @@ class Network:
                  delay: float, reason: str) -> None:
         """A message whose outcome is decided: trace it, then drop it (``reason``) or schedule its arrival.
         Every model's path; the lean ``send`` inlines the same steps (hot path)."""
-        from netsim.trace.events import Drop, Send
-
-        mid = self.next_id
-        self.next_id = mid + 1
-        self.emit(Send(now, src, dst, mid, size, delay, rnd, tag))
+        mid = self.take_ids(1)
+        self.emit_row(shapes.send(now, src, dst, mid, size, delay, rnd, tag))
         if reason:
-            self.emit(Drop(now, src, dst, mid, size, delay, rnd, reason))
+            self.emit_row(shapes.drop(now, src, dst, mid, size, delay, rnd, reason))
         else:
             ev = simpy.events.Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
             ev.callbacks.append(self._arrive)

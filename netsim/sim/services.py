@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import attrs
 import simpy
 
-from netsim.trace.events import ComputeEnd, ComputeStart
+from netsim.sim import rows as shapes
 
 T = TypeVar("T")
 
@@ -96,9 +96,9 @@ class Lookahead:
     completes after compute time ``ct`` (traced as compute_start/compute_end) with that item's result;
     the first completion evaluates every pending item in one call ``evaluate(items) -> results``."""
 
-    def __init__(self, env: simpy.Environment, emit: Callable[[Any], None],
+    def __init__(self, env: simpy.Environment, emit_row: Callable[[tuple], None],
                  evaluate: Callable[[list[Any]], list[Any]]):
-        self.env, self.emit, self.evaluate = env, emit, evaluate
+        self.env, self.emit_row, self.evaluate = env, emit_row, evaluate
         self.pending: list[_Ticket] = []
         self.calls = 0  # batched evaluations so far
         self.items = 0  # items evaluated so far
@@ -106,13 +106,13 @@ class Lookahead:
     def request(self, agent: int, item: Any, ct: float) -> simpy.Event:
         t = _Ticket(agent, item)
         self.pending.append(t)
-        self.emit(ComputeStart(self.env.now, agent, ct))
+        self.emit_row(shapes.compute_start(self.env.now, agent, ct))
         return Completion(self.env, ct, t, self._ready)
 
     def _ready(self, t: _Ticket) -> Any:
         if t.result is None:
             self.flush()
-        self.emit(ComputeEnd(self.env.now, t.agent))
+        self.emit_row(shapes.compute_end(self.env.now, t.agent))
         return t.result
 
     def flush(self) -> None:

@@ -136,9 +136,8 @@ _RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMP
 
 class PackedRows:
     """Trace rows as fixed-size records in one bytearray (``RECORD``), for a driver that makes millions of them in
-    Python and hands them on: a record is packed as the row is made (one C call, its values still in cache), and a
-    batch of them crosses a pipe as bytes and becomes columns with no per-row work (``write_to``). A list of row
-    tuples cost ~0.5 us a row more to pickle, most of it fetching the rows back into the cache. ``put(RECORD.pack(
+    Python: a record is packed as the row is made (one C call, its values still in cache), and a batch of them
+    becomes columns with no per-row work (``write_to``). ``put(RECORD.pack(
     ...))`` on the hot paths (codes from ``words``); ``append(row)`` takes any row tuple, as ``TraceWriter.emit_row``
     does (None in a float column is NaN, a float in an int column is truncated: ``record_batch``'s values)."""
 
@@ -186,13 +185,6 @@ class PackedRows:
             writer.emit_columns(packed_columns(bytes(buf[:cut])), self.words)
             del buf[:cut]
 
-    def ship(self) -> tuple[bytes, list[str]]:
-        """The rows as bytes and the words their codes refer to, in code order (``packed_columns`` at the other end);
-        emptied."""
-        data = bytes(self.buf)
-        self.clear()
-        return data, self.words.words.copy()
-
 
 def packed_columns(data) -> tuple:
     """Packed records (``PackedRows``) as columns of their own arrays."""
@@ -235,7 +227,7 @@ COMPRESSION = ("zstd", 3)  # IPC buffer compression of every batch body written 
 # zstd at its own default level 3: on the 10,000-agent D-PSGD trace 40 bytes an agent-round instead of 439
 # (lz4: 95), for ~70 ns of CPU a row (lz4: ~25); level 1 costs as much and is 12% larger, levels 5 and up
 # cost more for < 4%. Each buffer is compressed on the calling thread: a batch's buffers are too small for
-# the pool's hand-offs to pay, and a forked tensor worker writes batches too. A pyarrow built without zstd
+# the pool's hand-offs to pay. A pyarrow built without zstd
 # writes the bodies uncompressed (readers read both).
 WRITE_OPTIONS = pa.ipc.IpcWriteOptions(
     compression=pa.Codec(*COMPRESSION) if pa.Codec.is_available(COMPRESSION[0]) else None, use_threads=False)
@@ -326,8 +318,7 @@ class TraceWriter:
         self.buffer: list = []
         self.count = 0  # events flushed so far
         self.bytes = 0  # bytes written to the file so far
-        self._sha = hashlib.sha256()  # of the bytes written (None after ``adopt``: hashed from the file when asked)
-        self._adopted: Path | None = None  # the file ``adopt`` took over (where ``sha`` is hashed from)
+        self._sha = hashlib.sha256()  # of the bytes written
         self.on_batch = on_batch
         self._sink = None
         self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), CHECKSUM_KEY: CHECKSUM, **metadata}
@@ -336,15 +327,12 @@ class TraceWriter:
 
     def _write(self, data: bytes) -> None:
         self._sink.write(data)
-        if self._sha is not None:
-            self._sha.update(data)
+        self._sha.update(data)
         self.bytes += len(data)
 
     @property
     def sha(self):
         """sha256 of the file's bytes so far (a ``hashlib`` object a checkpoint reads the digest of)."""
-        if self._sha is None:
-            self._sha = _file_sha(self._adopted, self.bytes)
         return self._sha
 
     def _open(self) -> None:
@@ -364,22 +352,6 @@ class TraceWriter:
             f.truncate(offset)
         self.path, self.count, self.bytes, self._sha = path, count, offset, sha
         self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
-
-    def handoff(self) -> tuple:
-        """What a fork of this process that wrote on in this writer hands back (``adopt``): the rows waiting, the
-        events and bytes written, whether the file is open, and the counts of ``on_batch``."""
-        return (self.buffer, self.count, self.bytes, self._sink is not None,
-                getattr(self.on_batch, "__dict__", None))
-
-    def adopt(self, state: tuple) -> None:
-        """Write on after a fork of this process wrote to the same file, from its ``handoff``: its rows waiting, its
-        counts; the file opened for appending if the fork opened it (an open one shares the fork's offset)."""
-        self.buffer, self.count, self.bytes, opened, counts = state
-        if opened and self._sink is None and self.path is not None:
-            self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
-        if counts is not None:
-            self.on_batch.__dict__.update(counts)
-        self._sha, self._adopted = None, self.path
 
     def emit(self, event) -> None:
         """Trace one event record (``netsim.trace.events``)."""
