@@ -9,8 +9,10 @@ trace is written (both write the same bytes: tests/test_windowed.py). Printed: s
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
 share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
 the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
-engine only, ``--invariant`` sets ``model.batch_invariant`` (both engines: the same bits in any gradient batch, so
-the windows evaluate each step's gradients in one call), ``--device cuda`` puts the bank and the gradients on the
+engine only; the job leaves ``model.batch_invariant`` at its default ("auto": true for these agents on their own
+clocks, so the windows evaluate each step's gradients in one call, in both engines the same bits in any batch),
+``--invariant`` sets it true, ``--default-gradient`` false (the windows then replay the engine's gradient batches),
+``--device cuda`` puts the bank and the gradients on the
 GPU, ``--algorithm`` runs the same job with asynchronous push SGD (``async_push``: every activation asks for a
 gradient, merges what arrived, broadcasts to every out-neighbour), push-sum (``pushsum``) or event-triggered D-PSGD
 (``event_triggered``: relative trigger, threshold 0.05), SPARQ-SGD (``sparq``: its defaults, top-10%, decaying
@@ -21,7 +23,7 @@ mushrooms' rows), for the peer ratio. Each run's peak memory is printed too: its
 and its largest proportional set size (``PSS GiB``: shared pages counted once; sampled every 0.5 s).
 
     NETSIM_DATA=../shared/data python benchmarks/bench_async.py [--agents 2000] [--seconds 30] [--profile 15]
-        [--engine events|windowed|both] [--invariant] [--device auto|cpu|cuda] [--peer-python PATH]
+        [--engine events|windowed|both] [--invariant | --default-gradient] [--device auto|cpu|cuda] [--peer-python PATH]
         [--algorithm push_gossip|async_push|pushsum|event_triggered|sparq|adpsgd|gossip]
 """
 
@@ -50,7 +52,7 @@ ALGORITHMS = {"push_gossip": {"name": "push_gossip", "lr": 1.0, "batch": 0, "upd
               "gossip": {"name": "gossip", "lr": 1.0, "batch": 0, "reply_timeout": 1.0}}
 
 
-def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool = False,
+def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invariant: bool | None = None,
              algorithm: str = "push_gossip") -> dict:
     data = {"kind": "libsvm", "path": "mushrooms/mushrooms.libsvm", "test_fraction": 0.2, "partition": "iid"}
     if agents > MUSHROOMS_ROWS:  # synthetic rows of mushrooms' width, ~4 per agent as mushrooms gives 2,000 agents
@@ -65,7 +67,7 @@ def scenario(agents: int, seconds: float, seed: int, device: str = "auto", invar
         "topology": {"kind": "random_regular", "degree": 4},
         "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
         "data": data,
-        "model": {"kind": "logistic", "batch_invariant": invariant},
+        "model": {"kind": "logistic", **({} if invariant is None else {"batch_invariant": invariant})},
         "algorithm": ALGORITHMS[algorithm],
         "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]},
     }
@@ -107,7 +109,7 @@ class PssPeak:
 
 
 def child(engine: str, agents: int, seconds: float, seed: int, profile: int, device: str = "auto",
-          invariant: bool = False, threads: int = 1, algorithm: str = "push_gossip") -> None:
+          invariant: bool | None = None, threads: int = 1, algorithm: str = "push_gossip") -> None:
     """One run in this (fresh) process; its summary as the last line of JSON, the profile before it."""
     import torch
 
@@ -152,8 +154,11 @@ def main() -> None:
     ap.add_argument("--engine", choices=["events", "windowed", "both"], default="both")
     ap.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="push_gossip",
                     help="the job's algorithm (gossipy's peer job is push gossip: --peer-python runs with it only)")
-    ap.add_argument("--invariant", action="store_true",
-                    help="model.batch_invariant in both engines (windows batch each step's gradients)")
+    ap.add_argument("--invariant", dest="invariant", action="store_const", const=True, default=None,
+                    help="model.batch_invariant = true in both engines (windows batch each step's gradients; the "
+                    "default 'auto' resolves to it for this job)")
+    ap.add_argument("--default-gradient", dest="invariant", action="store_const", const=False,
+                    help="model.batch_invariant = false (the windows replay the engine's gradient batches)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each run (default 1: the engines "
                     "compared on one core each; 2 uses both cores of a 2-core machine for the tensor work)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -175,7 +180,8 @@ def main() -> None:
         for engine in ("events", "windowed") if args.engine == "both" else (args.engine,):
             cmd = [sys.executable, __file__, "--child", engine, str(n), "--seconds", str(args.seconds),
                    "--seed", str(args.seed), "--profile", str(args.profile), "--device", args.device,
-                   "--threads", str(args.threads), *["--invariant"] * args.invariant,
+                   "--threads", str(args.threads),
+                   *{True: ["--invariant"], False: ["--default-gradient"], None: []}[args.invariant],
                    "--algorithm", args.algorithm]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             if args.profile:

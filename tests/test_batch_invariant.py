@@ -20,10 +20,7 @@ def invariant_pair(tmp_path, sc: dict) -> tuple[dict, dict, dict | None]:
     """Both engines; the events engine's summary after checking the bytes and models, the gradient calls of
     each (how the gradients were batched: the one thing the engines may differ in), the windows' summary."""
     got = both_engines(tmp_path, sc)
-    calls = {e: got[e]["summary"].pop("gradient_batches") for e in got}
-    for e in got:
-        got[e]["summary"].pop("mean_gradient_batch")
-    return identical(got), calls, got["windowed"]["windows"]
+    return identical(got), {e: got[e]["calls"] for e in got}, got["windowed"]["windows"]
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -133,7 +130,9 @@ def test_lookahead_windows_with_batch_invariant_gradients_write_the_engines_byte
 
 
 def test_the_benchmark_job_batches_whole_steps(tmp_path):
-    """The asynchronous benchmark's job, small: one gradient call per window step, far fewer than the engine's."""
+    """The asynchronous benchmark's job, small, as a user writes it (no model option: "auto" resolves to the
+    invariant gradient for agents on their own clocks): one gradient call per window step, far fewer than the
+    engine's."""
     sc = {"name": "inv", "run": {"seed": 2, "until": 4.0},
           "agents": {"count": 300, "compute_time": {"kind": "constant", "value": 0.001},
                      "activation": {"kind": "poisson", "rate": 1.0},
@@ -141,9 +140,10 @@ def test_the_benchmark_job_batches_whole_steps(tmp_path):
           "topology": {"kind": "random_regular", "degree": 4},
           "network": {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.1},
           "data": {"kind": "synthetic", "samples": 1500, "features": 20, "partition": "iid"},
-          "model": {"kind": "logistic", "batch_invariant": True},
+          "model": {"kind": "logistic"},
           "algorithm": {"name": "push_gossip", "lr": 1.0, "batch": 0},
           "evaluation": {"every": 2.0, "metrics": ["accuracy", "agent_accuracy"]}}
+    assert scenario_from_dict(sc).model.batch_invariant is True
     summary, calls, windows = invariant_pair(tmp_path, sc)
     assert windows["windows"] > 0 and summary["gradients"] > 100
     assert calls["windowed"] * 2 < calls["events"]
@@ -157,3 +157,67 @@ def test_batch_invariant_is_a_logistic_option(tmp_path):
           "model": {"kind": "mlp", "batch_invariant": True}, "algorithm": {"name": "push_gossip"}}
     with pytest.raises(InputError, match="batch_invariant"):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run")
+
+
+@pytest.mark.parametrize("agents, model, resolved", [
+    ({}, {}, False),  # periodic wakes on identical clocks: synchronous rounds batch every request already
+    ({"activation": {"kind": "poisson", "rate": 1.0}}, {}, True),
+    ({"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5}}, {}, False),  # those that wake, together
+    ({"activation": {"kind": "bernoulli", "period": 1.0, "p": 0.5},
+      "clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}}, {}, True),
+    ({"clock_drift": {"kind": "uniform", "low": -0.01, "high": 0.01}}, {}, True),
+    ({"clock_offset": {"kind": "uniform", "low": 0.0, "high": 1.0}}, {}, True),
+    ({"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.1}}, {}, True),
+    ({"compute_time": {"kind": "uniform", "low": 0.0, "high": 0.1}}, {}, False),  # asked for together all the same
+    ({"activation": {"kind": "poisson", "rate": 1.0}}, {"batch_invariant": False}, False),  # what a user sets stays
+    ({}, {"batch_invariant": True}, True),
+    ({"activation": {"kind": "poisson", "rate": 1.0}}, {"kind": "mlp"}, "auto"),  # no invariant path: not resolved
+])
+def test_auto_is_resolved_from_how_the_agents_wake_and_written_in_the_resolved_text(agents, model, resolved):
+    """``model.batch_invariant = "auto"`` (the default) is decided by the scenario, never by the engine: both
+    engines build the same model. The resolved text says the value, and a synchronous scenario's text is what it
+    was before "auto" (``batch_invariant = false``), so its sha256 and run folders are unchanged."""
+    from netsim.scenario.load import to_toml
+
+    sc = scenario_from_dict({"name": "x", "run": {"until": 1.0}, "agents": {"count": 4, **agents},
+                             "data": {"kind": "synthetic", "samples": 40, "features": 3},
+                             "model": {"kind": "logistic", **model}, "algorithm": {"name": "push_gossip"}})
+    assert sc.model.batch_invariant == resolved and type(sc.model.batch_invariant) is type(resolved)
+    text = to_toml(sc)
+    if resolved != "auto":
+        assert f"batch_invariant = {str(resolved).lower()}" in text
+    else:
+        assert "batch_invariant" not in text
+    import tomllib
+
+    assert scenario_from_dict(tomllib.loads(text)) == sc
+
+
+def test_the_kept_buffers_give_each_call_its_own_bits():
+    """The invariant path keeps its buffers between calls of one shape (its additions planned once): a call after
+    others of the same and other shapes gives the bits of a fresh model's first call."""
+    g = torch.Generator().manual_seed(4)
+    model = LogisticRegression(7, l2=0.01, batch_invariant=True)
+    for R, B in [(3, 2), (1, 5), (3, 2), (2, 3), (3, 2)]:
+        X, W = torch.randn(R, B, 7, generator=g), torch.randn(R, 8, generator=g)
+        y = (torch.rand(R, B, generator=g) < 0.5).float()
+        for kw in ({}, {"clip": 0.5}):
+            fresh = LogisticRegression(7, l2=0.01, batch_invariant=True).grad(W, X, y, **kw)
+            assert _bits(model.grad(W, X, y, **kw)) == _bits(fresh)
+    assert (3, 2, torch.float32, X.device) in model._work
+
+
+def test_a_long_request_is_evaluated_alone_with_the_one_request_ops():
+    """A request of at least ``ALONE_ELEMENTS`` values takes the 2-D ops a lone request takes by default (BLAS: ~4x
+    faster than the fold there), alone whatever shares its call: the default's bits for it, in any batch."""
+    g = torch.Generator().manual_seed(5)
+    d, B = 64, LogisticRegression.ALONE_ELEMENTS // 64
+    X, W = torch.randn(3, B, d, generator=g), torch.randn(3, d + 1, generator=g)
+    y = (torch.rand(3, B, generator=g) < 0.5).float()
+    inv, default = LogisticRegression(d, l2=0.01, batch_invariant=True), LogisticRegression(d, l2=0.01)
+    for kw in ({}, {"clip": 0.5}):
+        G = inv.grad(W, X, y, **kw)
+        for i in range(3):
+            assert _bits(G[i]) == _bits(default.grad(W[i:i + 1], X[i:i + 1], y[i:i + 1], **kw)[0])
+    short = inv.grad(W[:, :], X[:, :B - 1], y[:, :B - 1])  # one row less: the fold, as close as round-off
+    torch.testing.assert_close(short, default.grad(W, X[:, :B - 1], y[:, :B - 1]), rtol=1e-4, atol=1e-6)

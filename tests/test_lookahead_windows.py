@@ -69,7 +69,7 @@ def test_the_windows_write_the_engines_bytes_and_models(tmp_path, changes):
     windowed = played(tmp_path, sc, "windowed")
     events = played(tmp_path, sc, "events")
     assert "tensor_worker" not in windowed["windows"]
-    if changes.get("model", {}).get("batch_invariant"):  # the windows batch a lock step's gradients, not the engine's
+    if scenario_from_dict(sc).model.batch_invariant is True:  # the windows batch a lock step's gradients ("auto")
         for run in (events, windowed):
             for k in ("gradient_batches", "mean_gradient_batch"):
                 run["summary"].pop(k)

@@ -27,6 +27,15 @@ def scenario(n: int = 12, rounds: int = 8) -> dict:
 
 # the exact windowed runner (``netsim run --engine windowed``) against the engine: same bytes --------------
 VARY = ("wall_time", "events_per_s", "engine", "windows")  # what a summary says of how the run was played
+BATCHING = ("gradient_batches", "mean_gradient_batch")  # how a batch-invariant model's gradients were batched
+
+
+def played_alike(sc_dict: dict) -> tuple[str, ...]:
+    """The summary keys that say how a run was played: with a batch-invariant model (``model.batch_invariant``
+    resolved: "auto" is true for agents that do not wake together) the lookahead windows batch the gradients their
+    own way, the one thing the engines may differ in, so the gradient calls are left out too."""
+    return VARY + BATCHING if scenario_from_dict(sc_dict).model.batch_invariant is True else VARY
+
 def both_engines(tmp_path, sc_dict: dict) -> dict:
     import hashlib
 
@@ -38,9 +47,9 @@ def both_engines(tmp_path, sc_dict: dict) -> dict:
         out[engine] = {
             "trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
             "metrics": (folder / "metrics.csv").read_text(),
-            "summary": {k: v for k, v in r.summary.items() if k not in VARY},
+            "summary": {k: v for k, v in r.summary.items() if k not in played_alike(sc_dict)},
             "W": built[0].bank.W.clone(), "engine": r.summary.get("engine", "events"),
-            "windows": r.summary.get("windows")}
+            "windows": r.summary.get("windows"), "calls": r.summary["gradient_batches"]}
     return out
 
 
@@ -328,7 +337,10 @@ def async_gossip(draw) -> dict:
             "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3, 4]))},
             "network": {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.1, 0.3]))},
             "data": {"kind": "synthetic", "samples": 40 * n, "features": 5, "partition": "iid"},
-            "model": {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"]))},
+            "model": {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"])),
+                      # "auto" (true where agents do not wake together: each step's gradients in one call) or the
+                      # default gradient, which the windows evaluate in the engine's own batches
+                      "batch_invariant": draw(st.sampled_from(["auto", False]))},
             "algorithm": {"name": "push_gossip", "lr": draw(st.sampled_from([0.0, 0.5])),
                           "batch": draw(st.integers(0, 6)), "lr_decay": draw(st.sampled_from([0.0, 0.2])),
                           "update": draw(st.sampled_from(["per_receipt", "per_round"]))},

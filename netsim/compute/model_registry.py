@@ -68,7 +68,8 @@ def _logistic(args: None, data: ModelData):
     from netsim.compute.models import LogisticRegression
 
     binary(data)
-    return LogisticRegression(data.features, data.spec.l2, data.spec.bias, data.spec.batch_invariant)
+    return LogisticRegression(data.features, data.spec.l2, data.spec.bias,
+                              data.spec.batch_invariant is True)  # 'auto' outside a scenario: the default path
 
 
 def _multinomial(args: None, data: ModelData):

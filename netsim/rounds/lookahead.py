@@ -607,10 +607,15 @@ class WindowDriver:
             block = svc.submit_block(who, at, rows)
             svc.flush()
             self.grads.put(tickets, block.result)
-        else:
-            made = [svc.submit(i, at[k], r) for k, (i, r) in enumerate(zip(who, rows, strict=True))]
+        else:  # one block per mini-batch length (an agent's whole part: lengths differ by a row or two)
+            by_len: dict[int, list[int]] = {}
+            for k, r in enumerate(rows):
+                by_len.setdefault(len(r), []).append(k)
+            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks]))
+                      for ks in by_len.values()]
             svc.flush()
-            self.grads.put(tickets, torch.stack([t.result for t in made]))
+            for ks, block in blocks:
+                self.grads.put([tickets[k] for k in ks], block.result)
         for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0

@@ -21,8 +21,8 @@ def _type(tp: Any) -> tuple[str, str]:
     if origin is Literal:
         return "string", ", ".join(repr(a) for a in args)
     if origin in (Union, type(int | None)):
-        inner = [a for a in args if a is not type(None)]
-        name, allowed = _type(inner[0])
+        parts = [_type(a) for a in args if a is not type(None)]  # e.g. ``bool | Literal["auto"]``: both named
+        name, allowed = " or ".join(dict.fromkeys(p[0] for p in parts)), ", ".join(p[1] for p in parts if p[1])
         return name + (" (optional)" if type(None) in args else ""), allowed
     if origin in (tuple, list):
         name, allowed = _type(args[0]) if args else ("value", "")

@@ -240,6 +240,13 @@ class AgentsSpec:
             return "stragglers", f"agent ids must be in [0, {self.count - 1}], got {bad}"
         return None
 
+    def wake_together(self) -> bool:
+        """Whether the agents wake at shared instants: periodic or Bernoulli ticks (those that wake, together) on
+        identical clocks (no offset, drift or jitter). Otherwise each activation, and the gradient it asks for,
+        comes alone."""
+        same_clocks = all(d.kind == "constant" and d.value == 0.0 for d in (self.clock_offset, self.clock_drift))
+        return self.activation.kind != "poisson" and same_clocks and self.clock_jitter is None
+
 
 TopologyKind = Literal[
     "ring", "torus", "grid", "complete", "star", "erdos_renyi", "random_regular", "exponential", "edges_file",
@@ -518,10 +525,13 @@ class ModelSpec:
                      "a plugin's nn.Module starts the same way",
         when={"kind": ("mlp", "cnn", "vgg11", "resnet18")})
     dtype: Literal["float32", "float64"] = field("float32", doc="parameter and data precision")
-    batch_invariant: bool = field(
-        False, doc="gradients whose bits do not depend on which requests share a batched call: both engines give "
-                   "the same bits however they batch, so asynchronous windowed runs evaluate each step of a "
-                   "window in one call (faster); the default path rounds differently (shipped scenarios keep it)",
+    batch_invariant: bool | Literal["auto"] = field(
+        "auto", doc="gradients whose bits do not depend on which requests share a batched call: both engines give "
+                    "the same bits however they batch, so asynchronous windowed runs evaluate each step of a "
+                    "window in one call (faster). 'auto': true when the agents do not wake together (Poisson "
+                    "activation, or clock offsets, drift or jitter: each gradient is asked for alone), false when "
+                    "they do (periodic or Bernoulli ticks on identical clocks: every request of a tick is evaluated "
+                    "in one call already); the resolved scenario says which",
         when={"kind": ("logistic",)})
     params: dict[str, Any] = attrs.field(factory=dict, metadata={
         "doc": "a plugin model's own arguments, written as keys of [model] itself (netsim models NAME)"})
@@ -532,7 +542,7 @@ class ModelSpec:
             return key, f"unknown key for kind = {self.kind!r}; allowed keys here: {', '.join(_keys(ModelSpec))}"
         if not self.bias and self.kind in ("cnn", "vgg11", "resnet18"):
             return "bias", f"only logistic, multinomial and mlp models can drop their biases, not {self.kind!r}"
-        if self.batch_invariant and self.kind != "logistic":
+        if self.batch_invariant is True and self.kind != "logistic":
             return "batch_invariant", f"only the logistic model has a batch-invariant gradient, not {self.kind!r}"
         return None
 
@@ -664,3 +674,13 @@ class Scenario:
     evaluation: EvaluationSpec = EvaluationSpec()
     privacy: PrivacySpec | None = None
     name: str = "scenario"
+
+    def __attrs_post_init__(self) -> None:
+        """``model.batch_invariant = "auto"`` resolved from the scenario (never from the engine: both engines must
+        compute the same bits): the invariant gradient where the agents' requests come one by one (it batches
+        freely in the asynchronous windows and costs about as much alone), the default where they wake together
+        (both engines evaluate a tick's requests in one call, where the default path is faster for large local
+        batches). The resolved scenario's text holds the value, so such a scenario's text is unchanged."""
+        if self.model.kind == "logistic" and self.model.batch_invariant == "auto":
+            object.__setattr__(self, "model", attrs.evolve(self.model,
+                                                           batch_invariant=not self.agents.wake_together()))
