@@ -40,6 +40,11 @@ class ReleaseLog(Sequence[Release]):
         self.run_start = array("q")  # index of the first release of each run
         self.run_spec = array("i")  # the run's spec id
 
+    def load_specs(self, specs: list[Spec]) -> None:
+        """Put back a saved log's distinct specs, in their order (their ids), as ``append`` made them."""
+        self.specs = list(specs)
+        self._spec_ids = {s: n for n, s in enumerate(self.specs)}
+
     def append(self, r: Release) -> None:
         self.append_fields(r.t, r.round, r.peer, r.skipped, (r.size, r.mechanism, r.what, r.scale, r.sensitivity,
                                                              r.q, r.p))

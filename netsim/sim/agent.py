@@ -26,7 +26,7 @@ from netsim.sim import rows as shapes
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Completion, Lookahead
-from netsim.sim.streams import DrawsAhead
+from netsim.sim.streams import DrawsAhead, set_state
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -324,6 +324,28 @@ class Agent:
         if clip is None:
             return self.sim.request_gradient(self.id, p, r, ct)
         return self.sim.request_gradient(self.id, p, r, ct, clip, clip_kind)
+
+    @property
+    def batches_ahead(self) -> DrawsAhead | None:
+        """The mini-batches drawn ahead from the ``batch`` stream and not yet all handed out (``sample_rows``);
+        a checkpoint saves where they stand."""
+        return self._ahead
+
+    @property
+    def compute_sampler(self) -> Callable[[], float]:
+        """The sampler ``compute_time`` draws from (``sim.compute_draws``); a checkpoint saves its position."""
+        return self._compute
+
+    def resume_draws(self, ahead: list | None, compute: list | None) -> None:
+        """Stand the mini-batches drawn ahead and the compute-time sampler where a checkpoint saved them
+        (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
+        ``compute``: ``Draws.position``); None leaves that one as it is."""
+        if ahead is not None:
+            set_state(self._batch_rng, ahead[:3])
+            self._ahead = DrawsAhead(self._batch_rng, len(self.rows), ahead[4])
+            self._ahead.pos = ahead[3]
+        if compute is not None:
+            self._compute.resume(compute)
 
     def compute_time(self, now: float) -> float:
         """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from netsim.sim.loop import Between
-from netsim.sim.streams import BLOCK, Draws, DrawsAhead, set_state
+from netsim.sim.streams import BLOCK, Draws, DrawsAhead
 
 # the typecodes of a ReleaseLog's columns (sim/checkpoint.py stores them as numpy arrays)
 _LOG = {"t": "d", "round": "i", "to": "i", "skipped": "i", "run_start": "q", "run_spec": "i"}
@@ -68,7 +68,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "marks": [marks.activations, marks.mark, marks.round_mark],
         "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
                   *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
-        "agents": [[_ahead(a._ahead), _pos(a._compute)] for a in loop.agents],
+        "agents": [[_ahead(a.batches_ahead), _pos(a.compute_sampler)] for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
@@ -221,12 +221,7 @@ def _restore(sim, ckpt) -> None:
     for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
         _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
         _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
-        if ahead is not None:
-            set_state(a._batch_rng, ahead[:3])
-            a._ahead = DrawsAhead(a._batch_rng, len(a.rows), ahead[4])
-            a._ahead.pos = ahead[3]
-        if compute is not None:
-            a._compute.resume(compute)
+        a.resume_draws(ahead, compute)
     win = w.get("windows")
     if win is not None:  # lookahead windows: where each agent's Poisson gaps and clock jitter stand
         for a, gap in zip(loop.agents, win["gaps"], strict=True):
@@ -282,8 +277,7 @@ def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
         if col is not None:
             setattr(log, name, array(code, col.tobytes()))
     log.to0 = saved["to0"]
-    log.specs = [tuple(s) for s in saved["specs"]]
-    log._spec_ids = {s: n for n, s in enumerate(log.specs)}
+    log.load_specs([tuple(s) for s in saved["specs"]])
     noise = arrays.get(f"ledger.{key}.noise")
     if noise is not None:
         led.noise.generator.set_state(torch.from_numpy(np.array(noise)))
