@@ -98,8 +98,21 @@ class ViewLog:
 
     def deliver_rows(self, dst, src, rnd: int, t, tag: str, payloads) -> None:
         """Messages that reached their receivers, in delivery order, as a windowed driver plays them: receivers
-        ``dst``, senders ``src``, arrival times ``t`` (arrays), one round and tag, ``payloads`` (a sequence: what
-        ``deliver`` keeps of each, the same rows)."""
+        ``dst``, senders ``src``, arrival times ``t`` (arrays), one round and tag, ``payloads`` (rows of one tensor, or
+        a sequence): what ``deliver`` keeps of each, the same rows."""
+        import torch
+
+        if isinstance(payloads, torch.Tensor):  # rows of one tensor: one conversion, the same values as row by row
+            n = payloads.shape[0]
+            if n == 0 or payloads[0].numel() != self.P:
+                return
+            self.d_dst += np.asarray(dst).tolist()
+            self.d_src += np.asarray(src).tolist()
+            self.d_round += [rnd] * n
+            self.d_t += np.asarray(t).tolist()
+            self.d_tag += [tag] * n
+            self.d_value += list(payloads.detach().reshape(n, -1).cpu().double().numpy())
+            return
         keep = [n for n, v in enumerate(payloads) if getattr(v, "numel", None) is not None and v.numel() == self.P]
         if not keep:
             return

@@ -428,6 +428,15 @@ class Arrivals(Sequence):
     def __iter__(self):
         return iter(self._made())
 
+    def payloads(self) -> torch.Tensor | list:
+        """Each delivery's payload, in arrival order: rows of one tensor where the payloads are (``sent``), else a
+        list."""
+        import torch
+
+        if self.sent is not None:
+            return self.sent.index_select(0, torch.from_numpy(self.send).to(self.sent.device))
+        return [self.out[s] for s in self.send.tolist()]
+
     def groups(self) -> tuple[torch.Tensor, list] | None:
         """``compute.mixing.mix_rows``'s (keep, groups) for these arrivals, as ``combine`` forms them from the
         dicts: each agent keeps ``1.0 - sum(its weights in arrival order)``; slot s groups the agents whose s-th

@@ -438,7 +438,7 @@ class Exchange:
         pos[ids] = np.arange(len(ids))
         got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
         if self.views is not None:  # what each receiver got, in delivery order
-            self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, [b.out[n] for n in ready[src].tolist()])
+            self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
         return got, done, late
 
 
