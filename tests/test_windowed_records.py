@@ -68,6 +68,9 @@ def same_records(got: dict, record: str) -> None:
     # input canaries joined to the victims' gradients in the windowed driver's gradient block (per-example clipping)
     {"algorithm": {**MUFF, "clip_mode": "per_example", "gossip_steps": 1}, "network": {"loss": 0.2},
      "privacy": {"audit": {"victims": [0, 5], "canaries": 4, "kind": "input", "norm": 5.0}}},
+    # local steps with their own releases, then Batch.mix in two gossip exchanges (DFedSAM with its DP option)
+    {"algorithm": {"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "gossip_steps": 2,
+                   "round_timeout": 0.05, "noise_multiplier": 1.0, "clip": 1.0, "lr_decay": 0.9}},
 ])
 def test_synchronous_windows_write_the_engines_privacy_records(tmp_path, changes):
     record = changes.pop("record", "payloads")
