@@ -441,7 +441,6 @@ def _async(**changes) -> dict:
      "written as a round kernel"),
     (exact(algorithm=DP, privacy={"delta": 1e-5, "epsilon_cap": 5.0}), "privacy.epsilon_cap",
      "remove privacy.epsilon_cap"),
-    (exact(algorithm=DP, privacy={"delta": 1e-5, "record": "mixing"}), "privacy.record", "remove privacy.record"),
     (exact(algorithm={"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "random_neighbors": 2,
                       "lr_decay": None}), "random in-neighbours", "set algorithm.random_neighbors = 0"),
     # asynchronous algorithms: the lookahead windows' reason (they play any clock), not the rounds'
@@ -449,6 +448,9 @@ def _async(**changes) -> dict:
      "latency 'exponential' has no positive lower bound", "a uniform latency with low > 0 (or a constant) runs fast"),
     (_async(network={"latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}), "the minimum latency is 0",
      "give latency a minimum > 0"),
+    (_async(privacy={"delta": 1e-5, "record": "mixing"}),
+     "privacy.record = 'mixing': push_gossip's lookahead windows do not write the mixing record",
+     "remove privacy.record, or use an algorithm of barrier rounds"),
     (_async(run={"checkpoint_every": 2.0}, algorithm={"name": "gossip", "lr": 0.3, "batch": 8}),
      "this pattern's lookahead windows cannot be restored", "remove run.checkpoint_every"),
     (_async(algorithm={"name": "gossip", "lr": 0.3, "batch": 8}, network={"bandwidth": 1.0e6}),

@@ -58,15 +58,27 @@ class ViewLog:
 
     def _join_gradients(self, service) -> None:
         """Input canaries join each of a victim's gradients as the gradient service computes it: its ``flush``
-        (this run's service only) hands the victims' results through ``gradient`` (the events engine's
-        requests are one ``Ticket`` each; an audit refuses the windowed engine)."""
+        (this run's service only) hands the victims' results through ``gradient``: a ``Ticket``'s (the events
+        engine's requests), or a victim's row of a ``Block`` (a windowed driver's requests of several agents)."""
+        import torch
+
+        from netsim.compute.gradients import Block
+
         flush, victims = service.flush, set(self.canaries.victims)
 
         def flush_with_canaries() -> None:
-            pending = [t for t in service.pending if getattr(t, "agent", None) in victims]
+            pending = [t for t in service.pending
+                       if (type(t) is Block and victims.intersection(t.agents)) or getattr(t, "agent", None) in victims]
             flush()
             for t in pending:
-                t.result = self.gradient(t.agent, t.result, len(t.rows), t.clip, t.clip_kind)
+                if type(t) is not Block:
+                    t.result = self.gradient(t.agent, t.result, len(t.rows), t.clip, t.clip_kind)
+                    continue
+                rows = list(t.result.unbind(0))
+                for n, a in enumerate(t.agents):
+                    if a in victims:
+                        rows[n] = self.gradient(a, rows[n], len(t.rows[n]), t.clip, t.clip_kind)
+                t.result = torch.stack(rows)
 
         service.flush = flush_with_canaries
 
@@ -83,6 +95,34 @@ class ViewLog:
         self.d_t.append(t)
         self.d_tag.append(msg.tag)
         self.d_value.append(self._row(v))
+
+    def deliver_rows(self, dst, src, rnd: int, t, tag: str, payloads) -> None:
+        """Messages that reached their receivers, in delivery order, as a windowed driver plays them: receivers
+        ``dst``, senders ``src``, arrival times ``t`` (arrays), one round and tag, ``payloads`` (rows of one tensor, or
+        a sequence): what ``deliver`` keeps of each, the same rows."""
+        import torch
+
+        if isinstance(payloads, torch.Tensor):  # rows of one tensor: one conversion, the same values as row by row
+            n = payloads.shape[0]
+            if n == 0 or payloads[0].numel() != self.P:
+                return
+            self.d_dst += np.asarray(dst).tolist()
+            self.d_src += np.asarray(src).tolist()
+            self.d_round += [rnd] * n
+            self.d_t += np.asarray(t).tolist()
+            self.d_tag += [tag] * n
+            self.d_value += list(payloads.detach().reshape(n, -1).cpu().double().numpy())
+            return
+        keep = [n for n, v in enumerate(payloads) if getattr(v, "numel", None) is not None and v.numel() == self.P]
+        if not keep:
+            return
+        dst, src, t = np.asarray(dst)[keep].tolist(), np.asarray(src)[keep].tolist(), np.asarray(t)[keep].tolist()
+        self.d_dst += dst
+        self.d_src += src
+        self.d_round += [rnd] * len(keep)
+        self.d_t += t
+        self.d_tag += [tag] * len(keep)
+        self.d_value += [self._row(payloads[n]) for n in keep]
 
     def gradient(self, agent: int, g, rows: int, clip: float | None, clip_kind: str):
         """The gradient an agent asked for, with its input canaries in (a victim's); ``g`` itself otherwise."""

@@ -4,7 +4,8 @@ for it (``privacy.record = "mixing"``) as ``RUN/mixing.csv``.
 Pairwise accounting (``netsim privacy RUN --pairwise``, netsim/privacy/pairwise.py) needs what the trace
 does not hold: the weights of the mixing steps as applied (a missing or late neighbour's weight stays on
 the receiver's own value; a time-varying graph changes them). ``Agent.mix`` and ``Agent.mix_into_params``
-report each step here; nothing is recorded, and no file written, unless the scenario asks.
+report each step here (a synchronous window's batch after its ``combine``, each agent at its own time and in the
+engine's order: ``Batch.record_mixes``); nothing is recorded, and no file written, unless the scenario asks.
 
 One row per (mixing step, weight): ``agent, step, t, released, src, weight, lr``. ``step`` counts the
 agent's mixing steps from 0; ``released`` is how many releases (``Agent.privatize``) the agent had made

@@ -94,10 +94,11 @@ class Batch:
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
         self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
+        self._mixes: list[tuple[Sequence[dict], list[float]]] = []  # mixing steps to record (``record_mixes``)
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
-    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "rows",
-                      "scalars"})
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "_mixes",
+                      "rows", "scalars"})
 
     def row(self, n: int, per_row: frozenset[str] = frozenset()) -> Batch:
         """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values kept on
@@ -196,6 +197,8 @@ class Batch:
         on the agent's own row), as rows."""
         if len(self.agents) == 1:
             return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
+        if self.agents[0].mixing_record is not None:
+            self._mixes.append((got, [0.0] * len(self.agents)))
         return self._mixed(own, got, {})  # Agent.mix's float operations, every agent at once
 
     def _mixed(self, own: torch.Tensor, got: Sequence[dict], steps: dict) -> torch.Tensor:
@@ -236,12 +239,24 @@ class Batch:
         values = self._mixed(own, got, by)
         bank = agents[0].sim.world.bank
         bank.W.index_copy_(0, self.index(), values)
-        if all(a.mixing_record is None for a in agents):
+        if agents[0].mixing_record is not None:  # the mixing record (pairwise privacy) of each agent's update
+            self._mixes.append((got, [lr if step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
+                                      else 0.0 for n in range(len(agents))]))
+
+    def record_mixes(self, ids: np.ndarray, t: np.ndarray) -> None:
+        """Write the mixing steps this batch made since the last call (``mix``, ``mix_into_params`` of a windowed
+        batch) into the mixing record (``privacy.record``), as the events engine's agents make them: agent ``ids[m]``
+        at its time ``t[m]`` (a windowed driver's: when its barrier completed, in that order), each agent's steps in
+        the order it made them. Every agent's releases come before its steps (the patterns release in ``local``)."""
+        mixes, self._mixes = self._mixes, []
+        if not mixes:
             return
-        for n, (a, g) in enumerate(zip(agents, got, strict=True)):
-            if a.mixing_record is not None:  # the mixing record (pairwise privacy) of each agent's update
-                stepped = step is not None and (isinstance(step, torch.Tensor) or step[n] is not None)
-                a.record_mix(g, lr if stepped else 0.0)
+        at = {a.id: n for n, a in enumerate(self.agents)}
+        for i, when in zip(ids.tolist(), t.tolist(), strict=True):
+            n = at[i]
+            a = self.agents[n]
+            for got, lrs in mixes:
+                a.record_mix(got[n], lrs[n], t=when)
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
@@ -414,6 +429,15 @@ class Arrivals(Sequence):
     def __iter__(self):
         return iter(self._made())
 
+    def payloads(self) -> torch.Tensor | list:
+        """Each delivery's payload, in arrival order: rows of one tensor where the payloads are (``sent``), else a
+        list."""
+        import torch
+
+        if self.sent is not None:
+            return self.sent.index_select(0, torch.from_numpy(self.send).to(self.sent.device))
+        return [self.out[s] for s in self.send.tolist()]
+
     def groups(self) -> tuple[torch.Tensor, list] | None:
         """``compute.mixing.mix_rows``'s (keep, groups) for these arrivals, as ``combine`` forms them from the
         dicts: each agent keeps ``1.0 - sum(its weights in arrival order)``; slot s groups the agents whose s-th
@@ -458,10 +482,13 @@ class Pattern:
     """A communication pattern: how a round (or an activation) of a kernel exchanges messages. A pattern is a frozen
     attrs record (its tags) whose class names ``kernel``, the kernel class whose hooks its program and drivers call
     (a kernel of the pattern derives from it), and says ``lookahead``: whether it plays runs on the agents' own clocks
-    as lookahead windows. ``reads``: the Params fields the pattern itself reads (e.g. ``round_timeout``)."""
+    as lookahead windows. ``reads``: the Params fields the pattern itself reads (e.g. ``round_timeout``); ``records``:
+    the paths whose driver writes the privacy records (``privacy.record``: the mixing record and the payloads, as
+    the events engine's agents write them; ``Batch.record_mixes``, ``ViewLog.deliver_rows``)."""
 
     kernel: ClassVar[type]
     lookahead: ClassVar[bool] = False
+    records: ClassVar[frozenset[str]] = frozenset()
 
     def program(self, kernel: Any, agent: Any, p: Any) -> Generator:
         """The events engine's program of one agent: the kernel's hooks on batches of one."""

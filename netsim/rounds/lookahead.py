@@ -161,14 +161,10 @@ def transmits(sim) -> bool:
 
 def refusal(sim, kernel) -> str | None:
     """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
-    sc = sim.world.scenario
     if checkpoints(sim):
         why = checkpoint_refusal(sim, kernel)
         if why is not None:
             return why
-    if getattr(getattr(sc, "privacy", None), "record", None) is not None:
-        return ("privacy.record: the mixing record is written by the events engine's agents — remove "
-                "privacy.record for the fast path")
     model = sim.world.network.model
     if model is not None and type(model) is not ComposedLinks:
         from netsim.rounds.windowed import link_model_refusal

@@ -81,6 +81,7 @@ class SyncRounds(Pattern):
     """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
 
     kernel: ClassVar[type] = SyncKernel
+    records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -246,6 +247,7 @@ class SyncRounds(Pattern):
                 b.s = s
                 if s + 1 < steps:
                     kernel.combine(b, p, got)
+                    b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
                     pos = np.empty(len(agents), np.int64)
                     pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
@@ -258,6 +260,7 @@ class SyncRounds(Pattern):
                     agents[i].mark_finished()
             rows.emit(writer)
             kernel.combine(b, p, got)
+            b.record_mixes(order_ids, order_t)
             if last:
                 break
             k += 1
@@ -341,6 +344,8 @@ class Exchange:
         self.links: list | None = None
         self.words = shapes.words()
         self.compute_times = ComputeTimes(agents)  # (woken, ids, when) -> each one's ``Agent.compute_time``
+        log = sim.recorder.mixing_log  # privacy.record = "payloads": the delivered payloads (privacy/payloads.py)
+        self.views = None if log is None else log.views
 
     def _made(self, senders: list[int]) -> None:
         """Every out-link, made in send order where not made yet (``Network.link``)."""
@@ -435,6 +440,8 @@ class Exchange:
         pos = np.empty(len(self.agents), np.int64)
         pos[ids] = np.arange(len(ids))
         got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
+        if self.views is not None:  # what each receiver got, in delivery order
+            self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
         return got, done, late
 
 

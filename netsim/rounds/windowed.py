@@ -60,9 +60,6 @@ def scenario_refusal(sc, alternative: bool = True) -> str | None:
     if net.burst or net.outages or net.links or net.trace:
         return ("links are not Bernoulli-lossy with one latency distribution (bursts, outages, per-link settings, "
                 f"link traces) — remove network.burst, outages, links and trace (network.loss: Bernoulli loss){alt}")
-    if getattr(getattr(sc, "privacy", None), "record", None) is not None:
-        return ("privacy.record: the mixing record is written by the events engine's agents — remove "
-                "privacy.record for the fast path")
     if net.bandwidth is not None or net.uplink is not None:
         return ("bandwidth-limited links: synchronous rounds do not model transmission times — remove "
                 f"network.bandwidth and network.uplink{alt}")
@@ -108,8 +105,28 @@ def reasons(sim) -> tuple[str | None, str | None]:
     why = rounds_refusal(sim, kernel, alternative=not lookahead)
     if why is None or not lookahead:
         return why, None
-    other = kernel.pattern.refusal(sim, LOOKAHEAD)
+    other = record_refusal(sim, kernel, LOOKAHEAD) or kernel.pattern.refusal(sim, LOOKAHEAD)
     return (None, None) if other is None else (why, other)
+
+
+def record_refusal(sim, kernel, path: str) -> str | None:
+    """Why the privacy records the scenario asks for (``privacy.record``) are not written on ``path`` exactly as the
+    events engine's agents write them (None: none asked for, or this pattern's driver writes them)."""
+    from netsim.rounds.lookahead import checkpoints
+
+    record = getattr(getattr(sim.world.scenario, "privacy", None), "record", None)
+    if record is None:
+        return None
+    if checkpoints(sim):
+        return (f"privacy.record = {record!r} with checkpoints: a windowed checkpoint keeps no privacy record (a "
+                "resumed run's would miss the steps before it) — remove run.checkpoint_every and "
+                "run.checkpoint_every_rounds, or privacy.record")
+    if path in kernel.pattern.records:
+        return None
+    name = sim.world.scenario.algorithm.name
+    played = "synchronous rounds" if path == ROUNDS else "lookahead windows"
+    return (f"privacy.record = {record!r}: {name}'s {played} do not write the mixing record and payloads — remove "
+            "privacy.record, or use an algorithm of barrier rounds (dpsgd, dp_dpsgd, muffliato, dfedsam)")
 
 
 def link_model_refusal(sim) -> str:
@@ -138,7 +155,7 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
                    "which every agent has both")
         if why is not None:
             break
-    return why if why is not None else kernel.pattern.refusal(sim, ROUNDS)
+    return why if why is not None else record_refusal(sim, kernel, ROUNDS) or kernel.pattern.refusal(sim, ROUNDS)
 
 
 def run(sim) -> bool | None:
