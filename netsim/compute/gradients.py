@@ -16,6 +16,11 @@ import torch
 from netsim.compute import tune_cpu_allocator
 from netsim.compute.models import CLIP_KINDS
 
+# requests per model call in a flush: bounds the gathered rows and the model's temporaries at 10^5-10^6 agents. A
+# power of two (a multiple of any vector width), so a request's rows keep their place in the kernels' vector loops
+# as in one call over every request: the same bits (tests/test_scale_memory.py)
+CHUNK = 1 << 16
+
 
 def _check_clip(clip: float | None, clip_kind: str) -> None:
     if clip is not None:
@@ -103,6 +108,21 @@ class GradientService:
         idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         return idx if self._cpu else idx.to(self.device, non_blocking=True)
 
+    def _grad_rows(self, W: torch.Tensor, rows: np.ndarray, m: int, clip: float | None, kind: str) -> torch.Tensor:
+        """The gradients of the R = len(W) requests whose ``m`` rows each are ``rows`` laid end to end: one model call
+        over at most ``CHUNK`` requests at a time, so the gathered rows and the model's temporaries stay bounded
+        (10^6 agents at batch 16: 1.3 GB of gathered features, as much again in each temporary). A chunk is a
+        power of two (``CHUNK``)."""
+        R = W.shape[0]
+        out = []
+        for s in range(0, R, CHUNK):
+            e = min(R, s + CHUNK)
+            idx = self._index(rows[s * m:e * m])
+            X, y = self.X.index_select(0, idx), self.y.index_select(0, idx)  # index_select: 6x faster than X[idx]
+            out.append(self.model.grad(W[s:e], X.view(e - s, m, -1), y.view(e - s, m), clip, kind))
+            del X, y, idx
+        return out[0] if len(out) == 1 else torch.cat(out)
+
     def flush(self) -> None:
         pending, self.pending = self.pending, []
         if len(pending) == 1 and type(pending[0]) is Ticket:  # the lean path
@@ -127,11 +147,10 @@ class GradientService:
             if rows is None:  # the rows kept (``keep_rows``) or gathered, one request after the other
                 got = [self._gather(t.rows) for t in group]
                 X, y = torch.cat([g[0] for g in got]), torch.cat([g[1] for g in got])
+                shape = (W.shape[0], m)
+                G = self.model.grad(W, X.view(*shape, -1), y.view(shape), clip, kind)
             else:
-                idx = self._index(rows)
-                X, y = self.X.index_select(0, idx), self.y.index_select(0, idx)  # index_select: 6x faster than X[idx]
-            shape = (W.shape[0], m)
-            G = self.model.grad(W, X.view(*shape, -1), y.view(shape), clip, kind)
+                G = self._grad_rows(W, rows, m, clip, kind)
             if not blocks:
                 for t, g in zip(group, G.unbind(0), strict=True):
                     t.result = g

@@ -612,6 +612,9 @@ class RowsAhead:
         lengths = np.array([len(r) for r in self.parts], np.int64)
         self.start = np.cumsum(lengths) - lengths
         self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each
+        # positions within a part, kept as int32 where every part is shorter than 2^31 (the same values: half the
+        # memory of the blocks, 1 KiB an agent at batch 16)
+        self.position = np.int32 if len(lengths) == 0 or int(lengths.max()) < 2**31 else np.int64
         self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
@@ -629,13 +632,27 @@ class RowsAhead:
             aheads.append(ahead)
         blocks = self.blocks
         laid = not empty and blocks is not None and all(h.block.base is blocks for h in aheads)
+        if len(empty) == len(agents) > 1:  # every block drawn anew: each laid into the new array as it is drawn,
+            self.blocks = blocks = None  # so the agents' own blocks and the old array never all coexist
+            for n, a in enumerate(agents):
+                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
+                if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
+                    return [a.sample_rows(batch) for a in agents]
+                if blocks is None:
+                    blocks = np.empty((len(agents), *h.block.shape), self.position)
+                blocks[n] = h.block
+                h.block = blocks[n]
+                a._ahead = aheads[n] = h
+            self.blocks = blocks
+            self.row[ids] = np.arange(len(ids))
+            empty, laid = [], True
         for n in empty:
             a = agents[n]
             a._ahead = aheads[n] = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
             if aheads[n] is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                 return [a.sample_rows(batch) for a in agents]
         if not laid:
-            self.blocks = blocks = np.stack([h.block for h in aheads])
+            self.blocks = blocks = np.stack([h.block for h in aheads]).astype(self.position, copy=False)
             self.row[ids] = np.arange(len(ids))
             for h, block in zip(aheads, blocks, strict=True):
                 h.block = block
