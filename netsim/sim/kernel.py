@@ -81,6 +81,8 @@ class Simulation:
         rec.mixing_log = None if mixing is None else mixing(self)
         offsets, drifts = clocks(sc.agents, world.streams.rng("clock"))
         slow = set(sc.agents.stragglers)
+        # every agent's mini-batch stream (Agent.__init__ makes each), seeded at once: the same generators, ~10x faster
+        world.streams.seed_ahead(("batch",), np.arange(n, dtype=np.int64)[:, None])
         loop.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
         world.network.attach(self)  # link models beyond the lean default (sim/network.py)
