@@ -52,3 +52,33 @@ def test_a_flush_in_chunks_gives_the_bits_of_one_call(monkeypatch, model, clip):
     chunked, calls = flush()
     assert calls == 1 and chunked.shape == whole.shape
     assert torch.equal(chunked, whole)
+
+
+@pytest.mark.parametrize("kind", ["ring", "exponential", "torus", "grid", "complete", "star", "erdos_renyi"])
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("mixing", [None, "uniform", "max_degree", "column_stochastic"])
+def test_topology_arrays_are_the_graphs(kind, directed, mixing):
+    """``Topology`` without networkx (a fixed kind's edges) gives the matrix of ``weighted_graph`` byte for byte and
+    each agent's neighbours as sorted successors and predecessors; its lazily built graph is that graph."""
+    from netsim.scenario.schema import TopologySpec
+    from netsim.sim.graph_arrays import fixed_edges
+    from netsim.sim.topology import Topology, weighted_graph
+
+    if directed and kind in ("torus", "grid", "complete", "star"):
+        pytest.skip("undirected kinds")
+    for n in (4, 9, 12, 36) if kind in ("torus", "grid") else (3, 4, 12, 37):
+        spec = TopologySpec(kind=kind, directed=directed, mixing=mixing, p=0.5)
+        g, W = weighted_graph(spec, n, 7)
+        t = Topology(spec, n, 7)
+        fixed = fixed_edges(spec, n) is not None  # all but the random kind, and tori under 3 x 3
+        assert fixed == (kind != "erdos_renyi") or n < 9
+        assert (t._graph is None) == fixed  # from the arrays: no graph until asked for
+        for a, b in ((t.W.indptr, W.indptr), (t.W.indices, W.indices), (t.W.data, W.data)):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        assert t.edges == g.number_of_edges()
+        assert sorted(map(tuple, t.edge_array().tolist())) == sorted(g.edges)
+        for i in range(n):
+            assert t.neighbors(i) == sorted(g.successors(i))
+            assert t.in_neighbors(i) == sorted(g.predecessors(i))
+        lazy = t.graph
+        assert list(lazy.edges(data=True)) == list(g.edges(data=True))

@@ -170,9 +170,9 @@ class Agent:
         self.round = 0  # activations so far
         self.finished = False
         self.inbox = Inbox(self)
-        g = sim.world.graph
-        self.neighbors: list[int] = sorted(g.successors(i))
-        self.in_neighbors: list[int] = sorted(g.predecessors(i))
+        topology = sim.world.topology  # arrays: the networkx graph is made only if someone reads it
+        self.neighbors: list[int] = topology.neighbors(i)
+        self.in_neighbors: list[int] = topology.in_neighbors(i)
         W = sim.world.W  # CSR: row i is indices/data[indptr[i]:indptr[i + 1]], in stored order (as W.getrow(i))
         lo, hi = W.indptr[i], W.indptr[i + 1]
         cols, vals = W.indices[lo:hi].tolist(), W.data[lo:hi].tolist()

@@ -157,10 +157,10 @@ class Network:
         self.positions = True
         self.dynamic = None  # the time-varying topology (sim/dynamic.py) once attached, if the scenario has one
 
-    def seed_ahead(self, graph) -> None:
-        """Seed the streams every link of ``graph`` will draw from, all at once (``Streams.seed_ahead``): the same
-        generators as the ones each link's first message would make one by one, ~10x faster (a run at scale uses
-        hundreds of thousands of links)."""
+    def seed_ahead(self, edges) -> None:
+        """Seed the streams every link of ``edges`` (rows u, v) will draw from, all at once (``Streams.seed_ahead``):
+        the same generators as the ones each link's first message would make one by one, ~10x faster (a run at
+        scale uses hundreds of thousands of links)."""
         import numpy as np
 
         from netsim.sim.links import needs_full_path
@@ -170,9 +170,9 @@ class Network:
         purposes = tuple(p for p, used in (("latency", full or spec.latency.kind != "constant"),
                                            ("loss", full or spec.loss > 0), ("burst", spec.burst is not None))
                          if used)
-        streams = graph.number_of_edges() * len(purposes)
+        streams = len(edges) * len(purposes)
         if streams and streams <= SEED_AHEAD_MAX:
-            self.streams.seed_ahead(purposes, np.array(graph.edges(), dtype=np.int64))
+            self.streams.seed_ahead(purposes, np.asarray(edges, dtype=np.int64))
 
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
