@@ -612,9 +612,9 @@ class RowsAhead:
         lengths = np.array([len(r) for r in self.parts], np.int64)
         self.start = np.cumsum(lengths) - lengths
         self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each
-        # positions within a part, kept as int32 where every part is shorter than 2^31 (the same values: half the
-        # memory of the blocks, 1 KiB an agent at batch 16)
-        self.position = np.int32 if len(lengths) == 0 or int(lengths.max()) < 2**31 else np.int64
+        # positions within a part in the smallest integer type that holds every part's (the same values: an eighth of
+        # the blocks' memory for parts under 128 rows, 256 B an agent at batch 16)
+        self.position = np.min_scalar_type(-int(lengths.max(initial=1)))
         self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:

@@ -273,7 +273,10 @@ class Simulation:
         loop.t0 = time.perf_counter()
         self.recorder.progress = progress  # the windowed runner reports each round through it (the ticker does here)
         self.evaluate()
-        loop.programs.start(env, loop.agents)
+        if loop.runner is None:
+            loop.programs.start(env, loop.agents)
+        else:  # a windowed driver plays the rounds: the programs never start (a generator and a process an agent)
+            loop.programs.made = []
         env.process(self._evaluator())
         stop = loop.stop
         if sc.run.until is not None:
