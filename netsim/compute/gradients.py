@@ -140,7 +140,7 @@ class GradientService:
             blocks = any(type(t) is Block for t in group)
             if blocks:  # their rows where their requests would stand (one cat, no per-row tensors)
                 W = torch.cat([t.params if type(t) is Block else t.params.unsqueeze(0) for t in group])
-                rows = np.concatenate([np.concatenate(t.rows) if type(t) is Block else t.rows for t in group])
+                rows = np.concatenate([_flat(t.rows) if type(t) is Block else t.rows for t in group])
             else:
                 W = torch.stack([t.params for t in group])
                 rows = None if self._kept else np.concatenate([t.rows for t in group])
@@ -165,3 +165,8 @@ class GradientService:
                         at += 1
             self.calls += 1
             self.evaluated += W.shape[0]
+
+
+def _flat(rows) -> np.ndarray:
+    """A block's rows laid end to end: an (agents, batch) array's as one reshape, not one view per agent."""
+    return rows.reshape(-1) if isinstance(rows, np.ndarray) else np.concatenate(rows)

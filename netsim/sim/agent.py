@@ -622,16 +622,23 @@ class RowsAhead:
         if not batch:
             return [a.sample_rows(batch) for a in agents]
         aheads: list = []
+        at: list[int] = []  # each agent's position in its block (0 in a block drawn now)
         empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
+        blocks = self.blocks
+        laid = blocks is not None  # every block a row of ``blocks`` (one pass: a round's per-agent Python)
         for n, a in enumerate(agents):
             if not a._draw_ahead or a._distinct_rows or a.rows is not parts[a.id]:
                 return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
             ahead = a._ahead
             if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
                 empty.append(n)
+                at.append(0)
+            else:
+                at.append(ahead.pos)
+                if laid and ahead.block.base is not blocks:
+                    laid = False
             aheads.append(ahead)
-        blocks = self.blocks
-        laid = not empty and blocks is not None and all(h.block.base is blocks for h in aheads)
+        laid = laid and not empty
         if len(empty) == len(agents) > 1:  # every block drawn anew: each laid into the new array as it is drawn,
             self.blocks = blocks = None  # so the agents' own blocks and the old array never all coexist
             for n, a in enumerate(agents):
@@ -656,7 +663,6 @@ class RowsAhead:
             self.row[ids] = np.arange(len(ids))
             for h, block in zip(aheads, blocks, strict=True):
                 h.block = block
-        pos = np.fromiter((h.pos for h in aheads), np.int64, len(aheads))
         for h in aheads:
             h.pos += 1
-        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], pos]]
+        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], np.array(at, np.int64)]]
