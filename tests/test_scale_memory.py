@@ -82,3 +82,27 @@ def test_topology_arrays_are_the_graphs(kind, directed, mixing):
             assert t.in_neighbors(i) == sorted(g.predecessors(i))
         lazy = t.graph
         assert list(lazy.edges(data=True)) == list(g.edges(data=True))
+
+
+def test_a_windowed_ring_run_builds_no_networkx_graph_and_starts_no_program(tmp_path):
+    """What a 10^6-agent synchronous run is spared: the networkx graph (its arrays suffice) and the agents' programs
+    (the driver plays the rounds); an events run of the same scenario starts one program an agent."""
+    import netsim
+    from netsim.scenario import scenario_from_dict
+
+    sc = {"name": "lean", "run": {"seed": 3, "rounds": 4, "until": 100.0},
+          "agents": {"count": 12, "compute_time": {"kind": "constant", "value": 0.01},
+                     "activation": {"kind": "periodic", "period": 0.1}},
+          "topology": {"kind": "ring"}, "network": {"latency": {"kind": "constant", "value": 0.005}},
+          "data": {"kind": "synthetic", "samples": 600, "features": 5}, "model": {"kind": "logistic"},
+          "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 4, "round_timeout": 0.05},
+          "evaluation": {"every": 1.0e6}}
+    sims = {}
+    for engine in ("windowed", "events"):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / engine, engine=engine,
+                   setup=lambda s, e=engine: sims.update({e: s}))
+    w, e = sims["windowed"], sims["events"]
+    assert w.loop.engine == "windowed" and w.world.topology._graph is None and w.loop.programs.running == []
+    assert len(e.loop.programs.running) == 12
+    assert (tmp_path / "windowed" / "trace.arrows").read_bytes() == (tmp_path / "events" / "trace.arrows").read_bytes()
+    assert sorted(w.graph.edges) == sorted(e.graph.edges)  # built when read
