@@ -35,5 +35,5 @@ def test_the_estimate_counts_edges_agents_and_data():
     ring = load_scenario(ROOT / "scenarios/quickstart.toml", {"agents.count": 100_000})
     footprint.check(ring, memory=8 * 2**30)  # the 100,000-agent ring runs in 8 GiB (measured: 2.7 GiB)
     with pytest.raises(InputError, match="agents.count: this scenario needs about"):
-        footprint.check(ring, memory=2**30)
+        footprint.check(ring, memory=2**29)
     assert footprint.edges(ring.topology, 100_000) == 200_000

@@ -144,7 +144,28 @@ def synthetic_logistic(spec: DataSpec, rng: np.random.Generator) -> tuple[np.nda
     w *= 3.0 / np.linalg.norm(w)
     X = rng.normal(size=(spec.samples, spec.features))
     y = (X @ w + spec.noise * rng.normal(size=spec.samples) * 3.0 > 0).astype(np.int64)
-    return X.astype(np.float32), y
+    return float32_in_place(X), y
+
+
+def float32_in_place(X: np.ndarray) -> np.ndarray:
+    """``X.astype(np.float32)`` (the same cast, the same values) written into the front half of float64 ``X``'s own
+    buffer, which is then shrunk: the two copies never coexist (10^6 agents' synthetic rows: 8 GB at most, not 12).
+    An array that does not own its memory is copied as ``astype`` copies it."""
+    if X.dtype != np.float64 or not X.flags.c_contiguous or not X.flags.owndata or X.size < 2:
+        return X.astype(np.float32)
+    shape, size = X.shape, X.size
+    flat = X.reshape(-1)
+    out = flat.view(np.float32)[:size]
+    step = 1 << 20
+    a = min(step, size)
+    out[:a] = flat[:a]  # overlapping: numpy reads the source before it writes
+    while a < size:  # out[a:b] (bytes 4a..4b) lies before flat[a:b] (8a..8b) whenever b <= 2a: no overlap
+        b = min(a + min(a, step), size)
+        out[a:b] = flat[a:b]
+        a = b
+    del flat, out
+    X.resize((size + 1) // 2, refcheck=False)  # the float32 half stays; realloc gives the other half back
+    return X.view(np.float32)[:size].reshape(shape)
 
 
 def sign_linear(n: int, d: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -172,9 +172,9 @@ class Agent:
         self.round = 0  # activations so far
         self.finished = False
         self.inbox = Inbox(self)
-        g = sim.world.graph
-        self.neighbors: list[int] = sorted(g.successors(i))
-        self.in_neighbors: list[int] = sorted(g.predecessors(i))
+        topology = sim.world.topology  # arrays: the networkx graph is made only if someone reads it
+        self.neighbors: list[int] = topology.neighbors(i)
+        self.in_neighbors: list[int] = topology.in_neighbors(i)
         W = sim.world.W  # CSR: row i is indices/data[indptr[i]:indptr[i + 1]], in stored order (as W.getrow(i))
         lo, hi = W.indptr[i], W.indptr[i + 1]
         cols, vals = W.indices[lo:hi].tolist(), W.data[lo:hi].tolist()
@@ -690,6 +690,9 @@ class RowsAhead:
         lengths = np.array([len(r) for r in self.parts], np.int64)
         self.start = np.cumsum(lengths) - lengths
         self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each
+        # positions within a part in the smallest integer type that holds every part's (the same values: an eighth of
+        # the blocks' memory for parts under 128 rows, 256 B an agent at batch 16)
+        self.position = np.min_scalar_type(-int(lengths.max(initial=1)))
         self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
@@ -697,27 +700,47 @@ class RowsAhead:
         if not batch:
             return [a.sample_rows(batch) for a in agents]
         aheads: list = []
+        at: list[int] = []  # each agent's position in its block (0 in a block drawn now)
         empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
+        blocks = self.blocks
+        laid = blocks is not None  # every block a row of ``blocks`` (one pass: a round's per-agent Python)
         for n, a in enumerate(agents):
             if not a._draw_ahead or a._distinct_rows or a.rows is not parts[a.id]:
                 return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
             ahead = a._ahead
             if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
                 empty.append(n)
+                at.append(0)
+            else:
+                at.append(ahead.pos)
+                if laid and ahead.block.base is not blocks:
+                    laid = False
             aheads.append(ahead)
-        blocks = self.blocks
-        laid = not empty and blocks is not None and all(h.block.base is blocks for h in aheads)
+        laid = laid and not empty
+        if len(empty) == len(agents) > 1:  # every block drawn anew: each laid into the new array as it is drawn,
+            self.blocks = blocks = None  # so the agents' own blocks and the old array never all coexist
+            for n, a in enumerate(agents):
+                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
+                if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
+                    return [a.sample_rows(batch) for a in agents]
+                if blocks is None:
+                    blocks = np.empty((len(agents), *h.block.shape), self.position)
+                blocks[n] = h.block
+                h.block = blocks[n]
+                a._ahead = aheads[n] = h
+            self.blocks = blocks
+            self.row[ids] = np.arange(len(ids))
+            empty, laid = [], True
         for n in empty:
             a = agents[n]
             a._ahead = aheads[n] = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
             if aheads[n] is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                 return [a.sample_rows(batch) for a in agents]
         if not laid:
-            self.blocks = blocks = np.stack([h.block for h in aheads])
+            self.blocks = blocks = np.stack([h.block for h in aheads]).astype(self.position, copy=False)
             self.row[ids] = np.arange(len(ids))
             for h, block in zip(aheads, blocks, strict=True):
                 h.block = block
-        pos = np.fromiter((h.pos for h in aheads), np.int64, len(aheads))
         for h in aheads:
             h.pos += 1
-        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], pos]]
+        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], np.array(at, np.int64)]]

@@ -3,8 +3,10 @@ is refused in one line instead of exhausting the machine (a complete graph of 10
 
 The figures are upper-side estimates per item, measured on CPython 3.11: a directed edge of the networkx graph
 (successor and predecessor dicts and its attribute dict) with its CSR weight and the agents' weight tables; an
-agent (its object, streams and inbox); a parameter row of the bank (held twice while the windowed engine or a
-checkpoint copies it); a training value (features, as float32, with the partitions' indexes).
+agent (its object, streams, inbox, mini-batch blocks and its share of a round's arrays and trace rows: 10^5 to
+10^6 agents of ``bench_scale`` D-PSGD peaked at ~11 KB an agent, ~5.5 KB of it beyond its data and edges); a
+parameter row of the bank (held twice while the windowed engine or a checkpoint copies it); a training value
+(generated as float64, then float32 in the same buffer: ``compute.data.float32_in_place``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import os
 from netsim.errors import InputError
 
 EDGE_BYTES = 600
-AGENT_BYTES = 12_000
-VALUE_BYTES = 12
+AGENT_BYTES = 6_000
+VALUE_BYTES = 8
 
 
 def edges(spec, n: int) -> float | None:

@@ -171,10 +171,10 @@ class Network:
         # position, loss draws' position, busy_until)
         self.restored: dict[tuple[int, int], tuple] = {}
 
-    def seed_ahead(self, graph) -> None:
-        """Seed the streams every link of ``graph`` will draw from, all at once (``Streams.seed_ahead``): the same
-        generators as the ones each link's first message would make one by one, ~10x faster (a run at scale uses
-        hundreds of thousands of links)."""
+    def seed_ahead(self, edges) -> None:
+        """Seed the streams every link of ``edges`` (rows u, v) will draw from, all at once (``Streams.seed_ahead``):
+        the same generators as the ones each link's first message would make one by one, ~10x faster (a run at
+        scale uses hundreds of thousands of links)."""
         import numpy as np
 
         from netsim.sim.links import needs_full_path
@@ -184,9 +184,9 @@ class Network:
         purposes = tuple(p for p, used in (("latency", full or spec.latency.kind != "constant"),
                                            ("loss", full or spec.loss > 0), ("burst", spec.burst is not None))
                          if used)
-        streams = graph.number_of_edges() * len(purposes)
+        streams = len(edges) * len(purposes)
         if streams and streams <= SEED_AHEAD_MAX:
-            self.streams.seed_ahead(purposes, np.array(graph.edges(), dtype=np.int64))
+            self.streams.seed_ahead(purposes, np.asarray(edges, dtype=np.int64))
 
     def without_checkpoints(self) -> None:
         """No checkpoint can cut this run (a driver that refuses them): the links made from now on need not keep

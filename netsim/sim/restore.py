@@ -45,8 +45,7 @@ def _ahead(ahead: DrawsAhead | None) -> list[int] | None:
     """An agent's mini-batches drawn ahead: [stream state before the block, has_uint32, uinteger, used, batch]."""
     if ahead is None:
         return None
-    st = ahead.state
-    return [st["state"]["state"], st["has_uint32"], st["uinteger"], ahead.pos, ahead.batch]
+    return [*ahead.state, ahead.pos, ahead.batch]
 
 
 def capture(sim, arrays: dict) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from scipy import sparse
 
 from netsim.errors import InputError
 from netsim.scenario.schema import TopologySpec
-from netsim.sim.graph_arrays import DENSE_GAP_MAX, dense_gap, edge_weights, grid_shape
+from netsim.sim.graph_arrays import DENSE_GAP_MAX, dense_gap, edge_weights, fixed_edges, grid_shape
 
 
 def _read_edges(path: str, n: int) -> nx.DiGraph:
@@ -160,7 +160,16 @@ def mixing_matrix(g: nx.DiGraph, kind: str) -> sparse.csr_matrix:
     indeg = np.array([g.in_degree(i) for i in range(n)], dtype=float)
     outdeg = np.array([g.out_degree(i) for i in range(n)], dtype=float)
     edges = np.array(list(g.edges), dtype=np.int64).reshape(-1, 2)
-    u, v = edges[:, 0], edges[:, 1]
+    return mixing_of_edges(n, edges[:, 0], edges[:, 1], kind, indeg, outdeg)
+
+
+def mixing_of_edges(n: int, u: np.ndarray, v: np.ndarray, kind: str, indeg: np.ndarray | None = None,
+                    outdeg: np.ndarray | None = None) -> sparse.csr_matrix:
+    """``mixing_matrix`` of the graph with edges u -> v (in any order: the matrix is canonical CSR, its rows summed
+    in column order)."""
+    if indeg is None or outdeg is None:
+        indeg = np.bincount(v, minlength=n).astype(float)
+        outdeg = np.bincount(u, minlength=n).astype(float)
     w = edge_weights(indeg, outdeg, u, v, kind)
     off = sparse.csr_matrix((w, (v, u)), shape=(n, n))
     if kind == "column_stochastic":
@@ -236,6 +245,59 @@ def _circulant_row(W: sparse.csr_matrix) -> tuple[np.ndarray, np.ndarray] | None
     if (offsets != offsets[0]).any() or (values != values[0]).any():
         return None
     return offsets[0].astype(np.float64), values[0]
+
+
+class Topology:
+    """A run's static communication graph as arrays: each agent's sorted out- and in-neighbours and the mixing matrix
+    ``W``. The networkx graph (``weighted_graph``'s, ``weight`` edges) is built on first use of ``graph`` only: a
+    fixed topology's arrays come from ``graph_arrays.fixed_edges`` (the same edges, so the same ``W``), and a run
+    that reads no graph (the synchronous drivers, the agents' neighbour lists) never pays for one (a ring of 10^6
+    agents: ~1 KiB an agent and a minute of set-up)."""
+
+    def __init__(self, spec: TopologySpec, n: int, seed: int):
+        self.spec, self.n, self.seed = spec, n, seed
+        self._graph: nx.DiGraph | None = None
+        edges = fixed_edges(spec, n)
+        if edges is None:
+            self._graph, self.W = weighted_graph(spec, n, seed)
+            e = np.array(list(self._graph.edges), dtype=np.int64).reshape(-1, 2)
+            edges = e[:, 0], e[:, 1]
+        else:
+            self.W = mixing_of_edges(n, *edges, spec.mixing_kind)
+        u, v = edges
+        self.edges = len(u)
+        self._out = _adjacency(n, u, v)
+        self._in = _adjacency(n, v, u)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The networkx DiGraph with ``weight`` edge attributes (built now if not yet: ``weighted_graph``)."""
+        if self._graph is None:
+            self._graph, _ = weighted_graph(self.spec, self.n, self.seed)
+        return self._graph
+
+    def neighbors(self, i: int) -> list[int]:
+        """Agent i's out-neighbours, sorted (``sorted(graph.successors(i))``)."""
+        ptr, to = self._out
+        return to[ptr[i]:ptr[i + 1]].tolist()
+
+    def in_neighbors(self, i: int) -> list[int]:
+        """Agent i's in-neighbours, sorted (``sorted(graph.predecessors(i))``)."""
+        ptr, fr = self._in
+        return fr[ptr[i]:ptr[i + 1]].tolist()
+
+    def edge_array(self) -> np.ndarray:
+        """Every edge u -> v as rows (u, v), sorted."""
+        ptr, to = self._out
+        return np.column_stack([np.repeat(np.arange(self.n, dtype=np.int64), np.diff(ptr)), to])
+
+
+def _adjacency(n: int, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pointers, targets): b of the edges a -> b grouped by a, each group sorted."""
+    order = np.lexsort((b, a))
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(a, minlength=n), out=ptr[1:])
+    return ptr, np.ascontiguousarray(b[order], dtype=np.int64)
 
 
 def weighted_graph(spec: TopologySpec, n: int, seed: int) -> tuple[nx.DiGraph, sparse.csr_matrix]:

@@ -26,7 +26,7 @@ from netsim.sim.churn import build_churn
 from netsim.sim.env import Environment
 from netsim.sim.network import Network
 from netsim.sim.streams import Streams
-from netsim.sim.topology import spectral_gap, weighted_graph
+from netsim.sim.topology import Topology, spectral_gap
 
 
 @attrs.frozen
@@ -52,7 +52,7 @@ class World:
         self.scenario = sc = scenario
         self.streams = Streams(sc.run.seed)
         n = sc.agents.count
-        self.graph, self.W = weighted_graph(sc.topology, n, self.streams.seed_for("topology"))
+        self.topology = Topology(sc.topology, n, self.streams.seed_for("topology"))  # its graph made when read
         self.gap = spectral_gap(self.W)
         self.device = resolve_device(device or sc.run.device)
         dtype = self.dtype
@@ -81,11 +81,21 @@ class World:
             self.f_star = optimum(self.model, data.X[held], data.y[held])
         self.gradients = GradientService(self.model, X, y)
         self.network = Network(env, sc.network, self.streams, emit, deliver, emit_row)
-        self.network.seed_ahead(self.graph)
+        self.network.seed_ahead(self.topology.edge_array())
         # offline time (sim/churn.py): the network drops what an offline agent sends or would receive, its
         # activations and computations wait until it is back
         self.churn = build_churn(sc.agents, self.streams, find_data_file)
         self.activation_moves = moves_for(sc.agents, self.streams, self.churn)  # jitter, churn (activation.py)
+
+    @property
+    def graph(self):
+        """The topology as a networkx DiGraph with ``weight`` edges (built on first use: ``Topology``)."""
+        return self.topology.graph
+
+    @property
+    def W(self):
+        """The mixing matrix (scipy CSR)."""
+        return self.topology.W
 
     @property
     def dtype(self) -> torch.dtype:
