@@ -10,7 +10,7 @@ from netsim import api
 from netsim.rounds import windowed
 from netsim.scenario import scenario_from_dict
 from netsim.sim.agent import RowsAhead
-from netsim.trace.io import RECORD, PackedRows, TraceWriter, Words, packed_columns, read_trace, row_columns
+from netsim.trace.io import RECORD, PackedRows, TraceWriter, Words, read_trace, row_columns
 
 
 def rows(n: int, seed: int = 0) -> list[tuple]:
@@ -50,9 +50,9 @@ def test_columns_write_the_bytes_of_the_same_rows(tmp_path, every):
 
 def test_packed_rows_write_the_bytes_of_the_same_rows(tmp_path):
     """Rows packed as they are made (``PackedRows``: the hot paths' ``put(RECORD.pack(...))`` and ``append`` of any
-    row, None in a float column and a float in an int column among them), shipped as bytes and read back as columns
-    with the words sent along, between rows emitted as tuples, give the file and the rows waiting of the same rows
-    emitted as tuples (``record_batch``'s values: None as NaN, the float truncated)."""
+    row, None in a float column and a float in an int column among them), written a batch at a time between rows
+    emitted as tuples, give the file and the rows waiting of the same rows emitted as tuples (``record_batch``'s
+    values: None as NaN, the float truncated)."""
     given = rows(300, seed=3)
     given[7] = (given[7][0], "finish", 3, -1, -1, 0, None, 5, "")
     given[8] = (given[8][0], "offline", 4, -1, -1, 0, 2.5, -1, "")
@@ -74,19 +74,12 @@ def test_packed_rows_write_the_bytes_of_the_same_rows(tmp_path):
                     else:  # the hot path's packing, its codes from the same words
                         packed.put(RECORD.pack(r[0], words(r[1]), *r[2:8], words(r[8])))
                 assert len(packed) == len(part)
-                if n == 1:  # shipped as bytes, columns at the other end
-                    data, sent = packed.ship()
-                    assert not len(packed)
-                    codes = Words()
-                    for word in sent:
-                        codes(word)
-                    w.emit_columns(packed_columns(data), codes)
-                else:  # whole batches (the rows that would not fill one wait, packed), then the rest
-                    packed.write_to(w)
-                    assert (len(w.buffer) + len(packed)) % 50 == 0 or not w.buffer
-                    assert len(packed) < 50 and w.count + len(w.buffer) + len(packed) == hi
-                    packed.write_to(w, final=True)
-                    assert not len(packed)
+                # whole batches (the rows that would not fill one wait, packed), then the rest
+                packed.write_to(w)
+                assert (len(w.buffer) + len(packed)) % 50 == 0 or not w.buffer
+                assert len(packed) < 50 and w.count + len(w.buffer) + len(packed) == hi
+                packed.write_to(w, final=True)
+                assert not len(packed)
             else:
                 w.emit_rows(part)
         pending, count = list(w.buffer), w.count
