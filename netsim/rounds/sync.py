@@ -526,7 +526,8 @@ class LocalAhead:
             del self.pending[now]
         if len(group) == 1:  # alone at this instant: its own batch of one, its rows made where it runs
             _, x, ev, _ = group[0]
-            b = Batch([first], k, x.unsqueeze(0), ev.ticket.result.unsqueeze(0), self.state)
+            g = ev.ticket.result
+            b = Batch([first], k, x[None], g[None], self.state, rows=((x,), (g,)))  # [None]: unsqueeze(0), cheaper
             self.kernel.local(b, self.p)
             self.done[first.id] = (b, [])
             return
