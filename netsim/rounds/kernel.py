@@ -99,6 +99,21 @@ class Batch:
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "rows",
                       "scalars"})
 
+    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
+        """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
+        what the last round left (the kernel's kept values, payloads, exchange) dropped. The events engine keeps one
+        batch per agent, so a round allocates no batch."""
+        d = self.__dict__
+        if len(d) > _N_OWN:  # the kernel's kept values of the last round
+            for name in [name for name in d if name not in self._OWN]:
+                del d[name]
+        self.k = k
+        self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
+        self.g = gm = None if g is None else g[None]
+        self._rows = ((xm, (x,)), (gm, None if g is None else (g,)))
+        self.out = self._sent = self.sizes = None
+        self.s = 0
+
     def row(self, n: int, per_row: frozenset[str] = frozenset()) -> Batch:
         """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values kept on
         the batch: those its kernel declares ``per_row`` cut to agent n's row (a tensor's row n, a sequence's item n;
@@ -360,6 +375,9 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
+
+
+_N_OWN = 11  # the attributes ``Batch.__init__`` sets
 
 
 def _what(v: Any) -> str:
