@@ -191,3 +191,24 @@ def test_the_heavy_ball_example_runs_both_engines_byte_for_byte_and_is_dpsgd_at_
     assert mu0["trace"] != dpsgd["trace"] and win["W"] != mu0["W"]  # and the momentum moves the models
     assert hashlib.sha256(json.dumps(win["W"]).encode()).hexdigest() != hashlib.sha256(
         json.dumps(mu0["W"]).encode()).hexdigest()
+
+
+def test_batch_renew_is_a_fresh_batch_of_one_without_views():
+    """The events engine's one batch per agent: ``renew`` drops what the last round kept and hands the agent's own
+    rows back where the kernel passes its x or g on unchanged (no view per round)."""
+    import torch
+
+    from netsim.rounds.kernel import Batch
+
+    b = Batch([object()], 0, None, None, None)
+    x, g = torch.arange(3.0), torch.ones(3)
+    b.renew(4, x, g)
+    assert b.k == 4 and b.x.shape == (1, 3) and b.g.shape == (1, 3) and b.out is None and b.s == 0
+    assert torch.equal(b.x[0], x) and b.x.data_ptr() == x.data_ptr()  # a view of the agent's row, not a copy
+    b.y = b.x * 2  # a kernel's kept value
+    b.send(b.x)
+    b.s = 1
+    assert b.out[0] is x and b.sent is b.x and b.sizes is None
+    assert b._row(b.g) is g and torch.equal(b._row(b.y), x * 2)
+    b.renew(5, x, None)
+    assert b.kept() == {} and b.g is None and b.out is None and b.s == 0 and b.k == 5 and b.sent is None

@@ -100,6 +100,21 @@ class Batch:
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "_mixes",
                       "rows", "scalars"})
 
+    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
+        """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
+        what the last round left (the kernel's kept values, payloads, exchange) dropped. The events engine keeps one
+        batch per agent, so a round allocates no batch."""
+        d = self.__dict__
+        if len(d) > _N_OWN:  # the kernel's kept values of the last round
+            for name in [name for name in d if name not in self._OWN]:
+                del d[name]
+        self.k = k
+        self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
+        self.g = gm = None if g is None else g[None]
+        self._rows = ((xm, (x,)), (gm, None if g is None else (g,)))
+        self.out = self._sent = self.sizes = None
+        self.s = 0
+
     def row(self, n: int, per_row: frozenset[str] = frozenset()) -> Batch:
         """Agent n's part of this batch as a batch of one: its rows, its payload, and the kernel's own values kept on
         the batch: those its kernel declares ``per_row`` cut to agent n's row (a tensor's row n, a sequence's item n;
@@ -165,7 +180,13 @@ class Batch:
 
     def _row(self, t: torch.Tensor) -> torch.Tensor:
         """Row 0 of a batch of one's tensor."""
-        return self._rowlist(t)[0]
+        made = self._rows
+        if made is not None:  # its x or g: the row it was made from (the common case, no loop)
+            if t is made[0][0] and made[0][1] is not None:
+                return made[0][1][0]
+            if t is made[1][0] and made[1][1] is not None:
+                return made[1][1][0]
+        return t[0]
 
     # what a kernel does ---------------------------------------------------------------------------------
     def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
@@ -179,6 +200,11 @@ class Batch:
     def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
         the wire when a payload is carried decoded, e.g. a compressed vector)."""
+        if len(self.agents) == 1 and not isinstance(payloads, (list, tuple)) and hasattr(payloads, "unbind"):
+            self._sent = payloads  # a batch of one's row: no sequence of views to make
+            self.out = [self._row(payloads)]
+            self.sizes = None if sizes is None else list(sizes)
+            return
         import torch
 
         if isinstance(payloads, torch.Tensor):
@@ -221,12 +247,12 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
-        import torch
-
         if len(self.agents) == 1:  # the events engine's batch of one
-            s = self._row(step) if isinstance(step, torch.Tensor) else None if step is None else step[0]
+            s = None if step is None else step[0] if isinstance(step, (list, tuple)) else self._row(step)
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
+        import torch
+
         agents = self.agents
         if step is None:
             by = {}
@@ -364,6 +390,9 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
+
+
+_N_OWN = 11  # the attributes ``Batch.__init__`` sets
 
 
 def _what(v: Any) -> str:

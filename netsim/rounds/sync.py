@@ -90,7 +90,7 @@ class SyncRounds(Pattern):
         state = kernel.state_of(agent, p)
         ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
-        one = [agent]
+        own = Batch([agent], 0, None, None, state)  # the agent's batch of one, renewed each round
         # the hooks a kernel leaves as SyncKernel's cost no call a round
         own_routes = type(kernel).routes is not SyncKernel.routes
         own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
@@ -108,8 +108,8 @@ class SyncRounds(Pattern):
                 g1 = None
                 if req is not None:
                     g1 = yield agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
-                b = Batch(one, k, x[None], None if g1 is None else g1[None], state,  # [None]: unsqueeze(0), cheaper
-                          rows=((x,), None if g1 is None else (g1,)))
+                b = own
+                b.renew(k, x, g1)
                 local = kernel.local(b, p)
                 if local is not None:  # local steps: each wave of gradients is this agent's request
                     yield from drive(agent, local)
@@ -533,7 +533,8 @@ class LocalAhead:
             del self.pending[now]
         if len(group) == 1:  # alone at this instant: its own batch of one, its rows made where it runs
             _, x, ev, _ = group[0]
-            b = Batch([first], k, x.unsqueeze(0), ev.ticket.result.unsqueeze(0), self.state)
+            g = ev.ticket.result
+            b = Batch([first], k, x[None], g[None], self.state, rows=((x,), (g,)))  # [None]: unsqueeze(0), cheaper
             self.kernel.local(b, self.p)
             self.done[first.id] = (b, [])
             return
