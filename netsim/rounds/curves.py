@@ -129,8 +129,8 @@ class Round:
             last = len(self.levels) - 1
             send = lambda n: self.chain(last, n)  # noqa: E731 (the last completion)
         else:
-            w = self.resumed[s - 1]
-            send = lambda n: (float(w[n]), float(w[n]))  # noqa: E731 (the barrier before)
+            before = self.resumed[s - 1]
+            send = lambda n: (float(before[n]), float(before[n]))  # noqa: E731 (the barrier before)
         self.sends.append(send)
         self.add(t_ready, per_sender, lambda k: send(int(ready[k])))
         self.add(arr, 1, lambda i: (float(arr[i]), *send(int(ready[src[i]]))))
@@ -139,9 +139,9 @@ class Round:
         self.add(done[1], int(finishes), zero(done[1]))
         self.add(late[1], 1, lambda i: (float(late[1][i]), *send(int(lpos[i]))))
         self.add(late[1], int(finishes), zero(late[1]))
-        w = np.empty(self.B)
-        w[dpos], w[lpos] = done[1], late[1]
-        self.resumed.append(w)
+        resumed = np.empty(self.B)
+        resumed[dpos], resumed[lpos] = done[1], late[1]
+        self.resumed.append(resumed)
 
     # the evaluations at a write -------------------------------------------------------------------------
     def before_write(self, t: np.ndarray, chain: Callable[[int], tuple], bank: Any, rounds: Any = None) -> None:
