@@ -95,8 +95,7 @@ class Round:
 
     def __init__(self, curves: Curves, ids: np.ndarray, t_act: np.ndarray, woke: np.ndarray, fresh: bool):
         self.curves, self.ids, self.B = curves, ids, len(ids)
-        # the parents of each agent's activation: its program's start, or its last barrier's completion (zero delay)
-        self.parent = [(AGENT_START,) for _ in range(self.B)] if fresh else [(w, w) for w in woke.tolist()]
+        self.woke, self.fresh = woke, fresh  # each agent's wake call: its last barrier's completion, or its start
         self.levels: list[np.ndarray] = [np.asarray(t_act, np.float64)]  # the activation, then each completion
         self.groups: list[tuple[np.ndarray, np.ndarray, Callable[[int], tuple]]] = []  # (times, rows, chain)
         self.sends: list[Callable[[int], tuple]] = []  # per exchange: the chain of agent n's send event
@@ -106,7 +105,9 @@ class Round:
     # the events -----------------------------------------------------------------------------------------
     def chain(self, level: int, n: int) -> tuple:
         """The chain of agent n's event at ``level`` (0: its activation, m: its m-th gradient's completion)."""
-        return tuple(float(self.levels[m][n]) for m in range(level, -1, -1)) + self.parent[n]
+        w = float(self.woke[n])  # the activation's parents: its program's start, or a barrier's completion (zero delay)
+        parents = (AGENT_START,) if self.fresh else (w, w)
+        return tuple(float(self.levels[m][n]) for m in range(level, -1, -1)) + parents
 
     def completed(self, now: Sequence[float]) -> None:
         """Each agent's newest gradient request completes at ``now[n]`` (a new level)."""
