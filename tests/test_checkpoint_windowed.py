@@ -306,13 +306,13 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
             assert _snapshot(out) == before
 
 
-@pytest.mark.parametrize("every", [0.1, 0.035])
-def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path, every):
+def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
     """Evaluations inside the run (learning curves): those made before the checkpoint are in it (its metrics rows),
-    the restored run makes the others where the uninterrupted run and the events engine make them (0.1: at the
-    rounds' ticks, just after a checkpoint; 0.035: inside rounds, among their events)."""
+    the restored run makes the others where the uninterrupted run and the events engine make them (every 0.05 s
+    with a round every 0.1 s: at the rounds' ticks, just after a checkpoint, and inside rounds, between the barriers
+    completed by their last message and those timing out)."""
     sc = scenario(n=20, rounds=12, every=3)
-    sc["evaluation"]["every"] = every
+    sc["evaluation"]["every"] = 0.05
     plain = {**sc, "run": {k: v for k, v in sc["run"].items() if k != "checkpoint_every_rounds"}}
     events = api.run(scenario_from_dict(plain), out=tmp_path / "events", engine="events", interruptible=False)
     ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)

@@ -156,7 +156,7 @@ def curve_scenarios(draw) -> dict:
     return sc
 
 
-@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=curve_scenarios())
 def test_learning_curves_agree_with_the_engine_ties_included(tmp_path_factory, sc):
     """Evaluations inside a run of synchronous rounds, at every kind of the rounds' event times: the same trace
