@@ -306,3 +306,24 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
         else:
             _one_line_exit_2(r, out)
             assert _snapshot(out) == before
+
+
+def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
+    """Evaluations inside the run (learning curves): those made before the checkpoint are in it (its metrics rows),
+    the restored run makes the others where the uninterrupted run and the events engine make them (every 0.05 s
+    with a round every 0.1 s: at the rounds' ticks, just after a checkpoint, and inside rounds, between the barriers
+    completed by their last message and those timing out)."""
+    sc = scenario(n=20, rounds=12, every=3)
+    sc["evaluation"]["every"] = 0.05
+    plain = {**sc, "run": {k: v for k, v in sc["run"].items() if k != "checkpoint_every_rounds"}}
+    events = api.run(scenario_from_dict(plain), out=tmp_path / "events", engine="events", interruptible=False)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    assert read_trace(ref.out).table.equals(read_trace(events.out).table)  # (the headers: each its scenario's)
+    for name in ("metrics.csv", "agent_metrics.csv"):
+        assert (ref.out / name).read_bytes() == (events.out / name).read_bytes(), name
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert ck.step == 6 and 1 < len(ck.meta["metrics"]) < len(ref.metrics)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out)

@@ -49,15 +49,19 @@ def run_both(tmp_path: Path, sc: dict) -> dict:
         built: list = []
         r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
         folder = tmp_path / engine
+        per_agent = folder / "agent_metrics.csv"
         out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
                        "metrics": (folder / "metrics.csv").read_text(), "W": built[0].bank.W.clone(),
-                       "loss": r.summary.get("loss")}
+                       "agent_metrics": per_agent.read_text() if per_agent.exists() else None,
+                       "loss": r.summary.get("loss"), "engine": r.summary.get("engine")}
     return out
 
 
 def assert_identical(got: dict) -> None:
     ev, win = got["events"], got["windowed"]
+    assert win["engine"] == "windowed"
     assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"]
+    assert win["agent_metrics"] == ev["agent_metrics"]
     assert torch.equal(win["W"], ev["W"])
 
 
@@ -121,7 +125,43 @@ def sync_scenarios(draw) -> dict:
     sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "erdos_renyi", "p": 0.6},
                                            {"kind": "complete"}]))
     sc["model"] = {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"]))}
+    # evaluations inside the run (learning curves) or only at its start and end; some at a compute end's time
+    sc["evaluation"]["every"] = draw(st.sampled_from([1.0e6, 0.05, 0.13, ct, round(0.1 + ct, 6)]))
     return sc
+
+
+@st.composite
+def curve_scenarios(draw) -> dict:
+    """Synchronous rounds whose times are dyadic fractions, so that evaluations fall at the very times of the rounds'
+    activations, gradient completions, deliveries, barrier completions and timeouts (the ties simpy breaks by the
+    order the events were set); every kernel of the pattern: one exchange or several, local steps, releases."""
+    ct, lat = draw(st.sampled_from([1 / 32, 1 / 16])), draw(st.sampled_from([1 / 64, 1 / 32]))
+    timeout = ct + lat + draw(st.sampled_from([1 / 32, 1 / 8]))
+    name = draw(st.sampled_from(["dpsgd", "dp_dpsgd", "choco", "muffliato", "dfedsam"]))
+    alg = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)), "round_timeout": timeout}
+    loss = draw(st.sampled_from([0.0, 0.3]))
+    if name == "muffliato":
+        alg.update(sigma=0.01, gossip_steps=draw(st.integers(1, 3)), clip_mode="batch")
+        loss = 0.0 if alg["gossip_steps"] > 1 else loss
+    if name == "dfedsam":
+        alg.update(local_steps=draw(st.integers(1, 2)), rho=0.05)
+        ct = 1 / 64  # two gradients a local step
+    sc = base(n=draw(st.integers(3, 7)), rounds=draw(st.integers(2, 4)))
+    sc["agents"]["compute_time"]["value"] = ct
+    sc["agents"]["activation"]["period"] = 0.25
+    sc["algorithm"] = alg
+    sc["network"] = {"latency": {"kind": "constant", "value": lat}, "loss": loss}
+    sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "complete"}]))
+    sc["evaluation"]["every"] = draw(st.sampled_from([ct, lat, ct + lat, 1 / 64, 0.125, 0.25, timeout, 0.375]))
+    return sc
+
+
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=curve_scenarios())
+def test_learning_curves_agree_with_the_engine_ties_included(tmp_path_factory, sc):
+    """Evaluations inside a run of synchronous rounds, at every kind of the rounds' event times: the same trace
+    (each evaluation's row among the round's rows), metrics.csv, agent_metrics.csv and final models as the engine."""
+    assert_identical(run_both(tmp_path_factory.mktemp("curves"), sc))
 
 
 @st.composite

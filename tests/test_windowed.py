@@ -85,6 +85,7 @@ def exact(rounds: int = 9, n: int = 14, **changes) -> dict:
     {"network": {"loss": 0.4}, "topology": {"kind": "ring"}, "run": {"rounds": 12}},
     {"model": {"kind": "mlp", "hidden": [6]}, "algorithm": {"batch": 5},
      "network": {"latency": {"kind": "constant", "value": 0.0301}}},
+    {"network": {"loss": 0.15}, "evaluation": {"every": 0.03}},  # learning curves: evaluations inside rounds
 ])
 def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     summary = identical(both_engines(tmp_path, exact(**changes)))
@@ -98,7 +99,7 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     ({"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}}, "one constant latency"),
     ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "simultaneous wakes"),
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
-    ({"evaluation": {"every": 0.3}}, "evaluations inside the run"),
+    ({"evaluation": {"every": 0.3}, "run": {"stop_on_divergence": True}}, "stop_on_divergence with evaluations"),
     ({"algorithm": {"name": "dp_cga", "lr": 0.01, "batch": 8, "lr_decay": None}},
      "coroutine program, not a round kernel"),
     ({"algorithm": {"name": "choco", "lr": 0.0, "batch": 8, "round_timeout": 0.05, "lr_decay": None}},
@@ -430,7 +431,8 @@ def _async(**changes) -> dict:
     (exact(network={"bandwidth": 1.0e6}), "bandwidth-limited links", "remove network.bandwidth and network.uplink"),
     (exact(run={"rounds": None}), "run.rounds is not set", "set run.rounds"),
     (exact(run={"until": 0.5}), "run.until = 0.5 may stop the run inside a round", "remove run.until"),
-    (exact(evaluation={"every": 0.3}), "evaluations inside the run", "set evaluation.every above 1 s"),
+    (exact(evaluation={"every": 0.3}, run={"stop_on_divergence": True}),
+     "run.stop_on_divergence with evaluations inside the run", "remove run.stop_on_divergence"),
     (exact(network={"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}), "one constant latency",
      "set network.latency to a constant"),
     (exact(agents={"compute_time": {"kind": "constant", "value": 0.06}}), "miss the barrier",

@@ -511,12 +511,14 @@ class Pattern:
     """A communication pattern: how a round (or an activation) of a kernel exchanges messages. A pattern is a frozen
     attrs record (its tags) whose class names ``kernel``, the kernel class whose hooks its program and drivers call
     (a kernel of the pattern derives from it), and says ``lookahead``: whether it plays runs on the agents' own clocks
-    as lookahead windows. ``reads``: the Params fields the pattern itself reads (e.g. ``round_timeout``); ``records``:
+    as lookahead windows, and ``curves``: whether its synchronous windows evaluate at the evaluator's times inside the
+    run (learning curves). ``reads``: the Params fields the pattern itself reads (e.g. ``round_timeout``); ``records``:
     the paths whose driver writes the privacy records (``privacy.record``: the mixing record and the payloads, as
     the events engine's agents write them; ``Batch.record_mixes``, ``ViewLog.deliver_rows``)."""
 
     kernel: ClassVar[type]
     lookahead: ClassVar[bool] = False
+    curves: ClassVar[bool] = False
     records: ClassVar[frozenset[str]] = frozenset()
 
     def program(self, kernel: Any, agent: Any, p: Any) -> Generator:

@@ -82,6 +82,7 @@ class SyncRounds(Pattern):
 
     kernel: ClassVar[type] = SyncKernel
     records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
+    curves: ClassVar[bool] = True
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -144,6 +145,11 @@ class SyncRounds(Pattern):
         why = kernel.refusal(sim, path)
         if why is not None:
             return why
+        r = sc.run
+        if r.stop_on_divergence and sc.evaluation.every <= (r.rounds + 1) * sc.agents.activation.period:
+            return ("run.stop_on_divergence with evaluations inside the run: the events engine stops inside a round, "
+                    "after the events already due then — remove run.stop_on_divergence (summary.json's 'diverged' "
+                    "still says when)")
         took = sc.agents.compute_time.value + lat.value
         if took >= p.round_timeout:
             return (f"compute time + latency = {took:g} s >= algorithm.round_timeout: a round's messages can miss "
@@ -166,29 +172,39 @@ class SyncRounds(Pattern):
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round (see the module docstring), from round 0 or from where a restored
         checkpoint stands (``rounds``: windowed.Rounds). Each step works on arrays over the round's agents
-        (``Exchange``, ``wake_all``); only the local steps of a kernel with its own gradients go agent by agent."""
+        (``Exchange``, ``wake_all``); only the local steps of a kernel with its own gradients go agent by agent.
+        The evaluations inside the run are made where the engine's evaluator makes them (rounds/curves.py)."""
         import torch
 
+        from netsim.rounds.curves import Curves, Round
         from netsim.sim.agent import RowsAhead
 
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
-        svc = sim.world.gradients
+        svc, bank = sim.world.gradients, sim.world.bank
         state = kernel.state_of(agents[0], p)
         limit = sim.world.scenario.run.rounds
         net = Exchange(sim, self.tag, p.round_timeout)
         sampler = RowsAhead(agents)
         words = net.words
         now0 = float(sim.loop.env.now)
-        start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0))
+        fresh = Between(0, [(a.id, now0) for a in agents], now0)
+        start = rounds.begin(fresh)
         k = start.k
         who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
         when = np.array([t for _, t in start.order], np.float64)
+        curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
+        batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
             B = len(woken)
             id_list = ids.tolist()
-            X = sim.world.bank.W  # each agent's params as the engine snapshots them at its activation
+            woke = np.empty(len(agents))
+            woke[who] = when
+            ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k)
+            while curves.first(curves.j, ev.chain(0, 0)):  # evaluations before the round's first activation
+                writer.emit_rows(curves.evaluate())
+            X = bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.from_numpy(ids).to(X.device))
             hook = [kernel.gradient(p, state, i) for i in id_list]  # the gradient asked for before ``local``
             if 0 < hook.count(None) < len(hook):  # (count: one C loop)
@@ -202,7 +218,9 @@ class SyncRounds(Pattern):
             if hook is not None:  # activate, then the gradient request
                 ct = net.compute_times(woken, ids, t_act)
                 rows.add(activations(t_act, ids, at, woken, t_act, ct))
+                ev.level_events(0, 2)
                 now = (t_act + ct).tolist()
+                ev.completed(now)
                 batches = {req.batch for req in hook}
                 asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
                     [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
@@ -214,53 +232,92 @@ class SyncRounds(Pattern):
 
             b = Batch(woken, k, x, g, state, at_, rows=(xs, None))
             sim.loop.env.advance_to(float(t_act[0]))  # local starts at the activation (every agent's: one tick)
+            gen = _local_steps(kernel)
+            if not gen and hook is not None:  # ``local``'s writes at each agent's gradient completion
+                ev.before_level(bank, one=batch_local)  # ``LocalAhead``: every agent's at the first completion
             local = kernel.local(b, p)
+            if not gen:
+                ev.after_write(bank)
             if local is not None:
                 part: list[tuple] = []
                 rows.parts.append(part)
                 row = part.append
                 try:
+                    ev.before_level(bank)  # its first part
                     w = next(local)
+                    ev.after_write(bank)
                     while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
+                        level = len(ev.levels) - 1
+                        counts = np.empty(B, np.int64)
                         for n in range(B):
                             i = id_list[n]
+                            was = len(part)
                             if pending:
                                 row(shapes.compute_end(now[n], i))
                             elif hook is None:  # the first wave: the activation that led to it
                                 row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
                             self._start(woken[n], now, n, row)
+                            counts[n] = len(part) - was
+                        ev.level_events(level, counts)
+                        ev.completed(now)
                         pending = True
+                        ev.before_level(bank)
                         w = local.send(_evaluate(svc, id_list, w.at, w.rows, [w] * B))
+                        ev.after_write(bank)
                 except StopIteration:
-                    pass
+                    ev.after_write(bank)
             if hook is None and not pending:
                 raise ValueError("windowed rounds need a compute phase (a gradient) every round")
             steps = kernel.exchanges(p, state)
             ready, t_ready = np.arange(B), np.array(now)  # (batch position, when it sends), in the engine's order
+            last = False
             for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
                 rnd = b.k * steps + s
                 first = s == 0
                 got, done, late = net.exchange(b, rows, ids, ready, t_ready, rnd, pending and first,
                                                released if first else None)
                 order_ids, order_t = np.concatenate([done[0], late[0]]), np.concatenate([done[1], late[1]])
+                if s + 1 == steps:
+                    last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
+                per_sender, arr, src, pos = net.made
+                ev.exchange(s, ready, t_ready, per_sender, arr, src, done, late, pos, last)
                 b.s = s
                 if s + 1 < steps:
+                    ev.before_barriers(s, bank)
                     kernel.combine(b, p, got)
                     b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+                    ev.after_write(bank)
                     pos = np.empty(len(agents), np.int64)
                     pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
             end = float(order_t[-1])
-            last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
                 rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
                 rows.add(finishes(*late, agents))
                 for i in order_ids.tolist():
                     agents[i].mark_finished()
-            rows.emit(writer)
-            kernel.combine(b, p, got)
-            b.record_mixes(order_ids, order_t)
+            ev.before_barriers(steps - 1, bank)
+            if not curves.made and not ev.pending:
+                rows.emit(writer)
+                kernel.combine(b, p, got)
+                b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+            else:  # the round's evaluations among its rows: the last combine first, its rows (if any) where they were
+                w_last = ev.resumed[-1]
+
+                def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
+                    """Each agent's activations at evaluation j: its next wake is called at its barrier's completion."""
+                    out = rounds_of(agents)
+                    if not last:
+                        out[ids] += curves.T(j) > w_last
+                    return out
+
+                with writer.capturing([]) as made:
+                    kernel.combine(b, p, got)
+                b.record_mixes(order_ids, order_t)
+                rows.parts.append(made)
+                ev.after_write(bank, counts_at)
+                rows.emit_placed(writer, ev.offsets())
             if last:
                 break
             k += 1
@@ -282,6 +339,27 @@ class RoundRows:
 
     def add(self, cols: tuple) -> None:
         self.parts.append(cols)
+
+    def emit_placed(self, writer, placed: list[tuple[int, list]]) -> None:
+        """``emit``, with the rows of ``placed`` ((rows of the round before them, rows), in order) among them."""
+        parts, self.parts = self.parts, []
+        done = 0
+        for at, made in [*placed, (None, [])]:
+            while parts and (at is None or done < at):
+                part = parts.pop(0)
+                n = len(part) if isinstance(part, list) else len(part[0])
+                if at is not None and done + n > at:  # the evaluation falls inside this part: cut it there
+                    cut = at - done
+                    head, tail = (part[:cut], part[cut:]) if isinstance(part, list) else \
+                        (tuple(c[:cut] for c in part), tuple(c[cut:] for c in part))
+                    parts.insert(0, tail)
+                    part, n = head, cut
+                self.parts.append(part)
+                done += n
+            self.emit(writer)
+            self.parts = []
+            if made:
+                writer.emit_rows(made)
 
     def emit(self, writer) -> None:
         """Into the trace, in order: consecutive blocks of columns as one (the writer converts whole batches)."""
@@ -442,6 +520,8 @@ class Exchange:
         got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
         if self.views is not None:  # what each receiver got, in delivery order
             self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
+        # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
+        self.made = (head + deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
         return got, done, late
 
 

@@ -38,10 +38,11 @@ def budget_cap_refusal(sim) -> str | None:
 ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
 
 
-def scenario_refusal(sc, alternative: bool = True) -> str | None:
+def scenario_refusal(sc, alternative: bool = True, curves: bool = False) -> str | None:
     """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds. Each line names the
     rule, then, after " — ", what to change; ``alternative``: also name the asynchronous algorithms' lookahead
-    windows where they play what the rounds cannot (not for an algorithm that has them: its own line says why not)."""
+    windows where they play what the rounds cannot (not for an algorithm that has them: its own line says why not);
+    ``curves``: the pattern's driver evaluates at the evaluator's times inside the run (``Pattern.curves``)."""
     ag, net = sc.agents, sc.network
     alt = ASYNC if alternative else ""
     if ag.activation.kind != "periodic":
@@ -72,7 +73,7 @@ def scenario_refusal(sc, alternative: bool = True) -> str | None:
     if r.until is not None and r.until <= end:
         return (f"run.until = {r.until} may stop the run inside a round — remove run.until (run.rounds ends the "
                 f"run) or give more than {end:g} s")
-    if sc.evaluation.every <= end:
+    if sc.evaluation.every <= end and not curves:
         return (f"evaluations inside the run (evaluation.every = {sc.evaluation.every}): synchronous windows evaluate "
                 f"the start and the end only — set evaluation.every above {end:g} s (no learning curve)")
     return None
@@ -141,7 +142,7 @@ def link_model_refusal(sim) -> str:
 
 def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     """Why the run's rounds are not simultaneous windows (None: they are); ``alternative``: ``scenario_refusal``'s."""
-    why = scenario_refusal(sim.world.scenario, alternative)
+    why = scenario_refusal(sim.world.scenario, alternative, kernel.pattern.curves)
     if why is None and sim.world.network.model is not None:
         why = link_model_refusal(sim)
     if why is None and sim.world.activation_moves is not None:

@@ -251,12 +251,14 @@ class Simulation:
         self.loop.agent_finished()
 
     # evaluation ------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, params: torch.Tensor | None = None, rounds: Sequence[int] | None = None) -> dict[str, float]:
         """The metrics row now (sim/recorder.py). If it finds the models diverged and the scenario asks
         (``run.stop_on_divergence``), the run stops here: the events engine at its stop event, a windowed driver
-        when it sees ``diverging_stop`` after its evaluation."""
+        when it sees ``diverging_stop`` after its evaluation. ``params``, ``rounds``: a windowed driver's every
+        parameter row and activation count as they stand now, when it has played the bank and the agents past now
+        (the evaluator's seam: ``Recorder.evaluate``)."""
         rec, loop = self.recorder, self.loop
-        row = rec.evaluate(self.world, self.services, loop.agents, loop.env.now)
+        row = rec.evaluate(self.world, self.services, loop.agents, loop.env.now, params, rounds)
         if rec.diverged is not None and self.world.scenario.run.stop_on_divergence and not loop.stop_reason:
             loop.stop_reason = "diverged"
             if loop.runner is None and not loop.stop.triggered:

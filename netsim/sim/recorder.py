@@ -41,31 +41,36 @@ class Recorder:
     def events_emitted(self) -> int:
         return self.writer.count + len(self.writer.buffer)
 
-    def _agent_metrics(self, world, now: float, per_agent: dict | None = None) -> None:
+    def _agent_metrics(self, world, now: float, per_agent: dict | None = None, params: Any = None) -> None:
         """Every agent's own model on the test rows (evaluation.metrics "agent_accuracy"): one batched call,
         kept as (time, loss per agent, accuracy per agent) for agent_metrics.csv."""
         if per_agent is None:
             s = world.splits
-            loss, acc = world.model.evaluate(world.bank.W, s.X_test, s.y_test)
+            loss, acc = world.model.evaluate(world.bank.W if params is None else params, s.X_test, s.y_test)
             per_agent = {"loss": loss.detach().double().cpu().numpy(), "accuracy": acc.detach().double().cpu().numpy()}
         self.agent_metrics.append((float(now), per_agent["loss"], per_agent["accuracy"]))
 
-    def evaluate(self, world, services, agents: list, now: float) -> dict[str, float]:
+    def evaluate(self, world, services, agents: list, now: float, params: Any = None,
+                 rounds: Any = None) -> dict[str, float]:
         """The metrics row at ``now`` (kept and traced): the mean model (or ``eval_rows``' models) scored on the
-        scenario's metrics."""
+        scenario's metrics. ``params`` and ``rounds``: every agent's parameter row and activation count as they
+        stand at ``now`` where a windowed driver has moved the bank and the agents past it (default: the bank's
+        rows and ``Agent.round``)."""
         metrics = world.scenario.evaluation.metrics
         per_agent_wanted = "agent_accuracy" in metrics
+        all_W = world.bank.W if params is None else params
         if len(self.metrics) < len(self.restored_metrics):  # rebuilding up to a checkpoint: rows are known
             row = self.restored_metrics[len(self.metrics)]
             if per_agent_wanted:  # the rebuilt bank is exact: its per-agent rows are the original run's
-                self._agent_metrics(world, now)
+                self._agent_metrics(world, now, params=all_W)
             self.metrics.append(row)
-            self.watch(world, row, now)
+            self.watch(world, row, now, all_W)
             self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
             return row
-        row = {"time": float(now), "round_mean": float(np.mean([a.round for a in agents]))}
-        bank, s = world.bank, world.splits
-        W = bank.W if self.eval_rows is None else bank.W[self.eval_rows]
+        counts = [a.round for a in agents] if rounds is None else rounds
+        row = {"time": float(now), "round_mean": float(np.mean(counts))}
+        s = world.splits
+        W = all_W if self.eval_rows is None else all_W[self.eval_rows]
         per_agent: dict | None = {} if per_agent_wanted and self.eval_rows is None else None
         row.update(evaluate_bank(world.model, W, s.X_test, s.y_test, metrics, s.train_rows, world.f_star, per_agent))
         if per_agent_wanted:
@@ -76,19 +81,19 @@ class Recorder:
             m, data = world.scenario.model, world.data
             oracle = lambda: services.get(TrackingOracle, lambda: TrackingOracle(  # noqa: E731
                 data.X, data.y, m.l2, len(agents), m.bias))
-            row.update(tracking_metrics(services.find(DataStreams), oracle, bank.W))
+            row.update(tracking_metrics(services.find(DataStreams), oracle, all_W))
         self.metrics.append(row)
-        self.watch(world, row, now)
+        self.watch(world, row, now, all_W)
         self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
         return row
 
-    def watch(self, world, row: dict[str, float], now: float) -> None:
+    def watch(self, world, row: dict[str, float], now: float, params: Any = None) -> None:
         """At each evaluation (batched already: one reduction over the bank, nothing per agent), whether the
         models diverged (compute/evaluate.py ``divergence``); the first time, ``diverged`` keeps when (``t``,
         and ``after``: the last evaluation that found them sound), in which agent and what. Reads only."""
         if self.diverged is not None:
             return
-        found = divergence(world.bank.W, row)
+        found = divergence(world.bank.W if params is None else params, row)
         if found is not None:
             after = self.metrics[-2]["time"] if len(self.metrics) > 1 else None
             self.diverged = {"t": float(now), "after": after, **found}
