@@ -314,10 +314,6 @@ class Simulation:
         """Stop at the next event boundary (a signal handler may call this: it only sets flags)."""
         self.loop.marks.interrupt()
 
-    def round_passed(self) -> None:
-        """Agent.wake: the agents' mean activation count passed a multiple of checkpoint_every_rounds."""
-        self.loop.marks.round_passed()
-
     def boundary_due(self) -> bool:
         return self.loop.marks.due(self.loop.env)
 
