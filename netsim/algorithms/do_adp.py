@@ -47,6 +47,7 @@ from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, Public
 from netsim.comm.patterns import drain, sync_round
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
+from netsim.rounds import SyncKernel, SyncRounds
 from netsim.scenario.schema import PrivacySpec
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
@@ -226,35 +227,56 @@ class DPDOParams:
 
 
 @register("dpdo", DPDOParams)
-def dpdo(agent, p: DPDOParams):
+class DPDO(SyncKernel):
     """DPDO [reconstructed] (Huang, Mitra, Vaidya 2015): broadcast y = x + Lap(b_t),
     v_i = sum_j w_ij y_j (own y included), x = v - a_t grad(v). a_t = c rho_s^t, b_t = 2 C sqrt(d) c
     rho_n^t / (eps (rho_n - rho_s)); the release's L1 sensitivity is 2 C sqrt(d) a_t, so
-    the per-round epsilons sum to rho_n eps < eps (Huang et al.'s own constant may differ by rho_n)."""
-    if not p.rho_s < p.rho_n:
-        raise InputError("algorithm.rho_n", f"needs rho_s < rho_n, got {p.rho_s} >= {p.rho_n}")
-    return _dpdo(agent, p)
+    the per-round epsilons sum to rho_n eps < eps (Huang et al.'s own constant may differ by rho_n).
 
+    Round t of agent i as barrier rounds whose gradient comes after the exchange, at the mixed point
+    (``combine`` yields it): an agent whose budget cap is reached sends nothing more and takes its step
+    from its own state (y = x, nothing received)."""
 
-def _dpdo(agent, p: DPDOParams):
-    d = agent.params.numel()
-    k = 0
-    while True:
-        yield agent.wake()
-        x = agent.params
-        a_t = p.lr * p.rho_s**k
-        b_t = 2 * p.clip * math.sqrt(d) * p.lr * p.rho_n**k / (p.epsilon * (p.rho_n - p.rho_s))
-        y = agent.privatize(x, sigma=b_t, sensitivity=2 * p.clip * math.sqrt(d) * a_t, mechanism="laplace",
-                            q=1.0, what="state")
-        if y is None:
-            y = x          # budget cap: nothing more leaves the agent
-            got = {}
-        else:
-            got = yield from sync_round(agent, y, k, timeout=p.round_timeout)
-        v = agent.mix(y, got)
-        g = yield agent.gradient(batch=p.batch, params=v, clip=p.clip / math.sqrt(d), clip_kind="coordinate")
-        agent.params = v - a_t * g
-        k += 1
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"epsilon", "lr", "rho_s", "rho_n", "clip", "batch"})
+    per_row = frozenset({"y"})  # each agent's released state, from local to combine
+
+    def init(self, agents, p):
+        return {"spent": set()}  # agents out of budget: they exchange nothing more
+
+    def check(self, sim, p):
+        if not p.rho_s < p.rho_n:
+            raise InputError("algorithm.rho_n", f"needs rho_s < rho_n, got {p.rho_s} >= {p.rho_n}")
+
+    def local(self, b, p):
+        d, B = b.x.shape[1], len(b)
+        a_t = p.lr * p.rho_s**b.k
+        b_t = 2 * p.clip * math.sqrt(d) * p.lr * p.rho_n**b.k / (p.epsilon * (p.rho_n - p.rho_s))
+        y = b.privatize(b.x, [b_t] * B, [2 * p.clip * math.sqrt(d) * a_t] * B, [1.0] * B, what="state",
+                        mechanism="laplace")                         # y_i = x_i + Lap(b_t)
+        out = b.refused(y)
+        if out:                                                      # budget cap: nothing more leaves the agent
+            b.state["spent"].update(out)
+            y = [x if r is None else r for x, r in zip(b.x.unbind(0), y, strict=True)]
+        b.y = b.stack(y)
+        b.send(b.y)
+
+    def routes(self, b, p):
+        if b.agents[0].id in b.state["spent"]:
+            return [], []                                            # no exchange: v = y = x
+        return None
+
+    def combine(self, b, p, got):
+        d = b.x.shape[1]
+        a_t = p.lr * p.rho_s**b.k
+        v = b.mix(b.y, got)                                          # v_i = sum_j w_ij y_j
+        g = yield b.gradients(v, b.sample_rows(p.batch), clip=p.clip / math.sqrt(d), clip_kind="coordinate")
+        b.set_params(v - a_t * g)                                    # x_i = v_i - a_t grad f_i(v_i)
+
+    def refusal(self, sim, path):
+        from netsim.rounds.windowed import budget_cap_refusal
+
+        return budget_cap_refusal(sim)  # an agent out of budget leaves the round's exchange
 
 
 # --------------------------------------------------------------------------------------------------

@@ -93,9 +93,11 @@ class Round:
     """One round's events as the driver plays them (see the module docstring): enough to give every event its chain
     and its trace rows, and to place the round's evaluations."""
 
-    def __init__(self, curves: Curves, ids: np.ndarray, t_act: np.ndarray, woke: np.ndarray, fresh: bool):
+    def __init__(self, curves: Curves, ids: np.ndarray, t_act: np.ndarray, woke: np.ndarray, fresh: bool,
+                 parent: np.ndarray | None = None):
         self.curves, self.ids, self.B = curves, ids, len(ids)
         self.woke, self.fresh = woke, fresh  # each agent's wake call: its last barrier's completion, or its start
+        self.parent = parent  # where the wake was called at a gradient's completion: the barrier's that asked for it
         self.levels: list[np.ndarray] = [np.asarray(t_act, np.float64)]  # the activation, then each completion
         self.groups: list[tuple[np.ndarray, np.ndarray, Callable[[int], tuple]]] = []  # (times, rows, chain)
         self.sends: list[Callable[[int], tuple]] = []  # per exchange: the chain of agent n's send event
@@ -106,7 +108,12 @@ class Round:
     def chain(self, level: int, n: int) -> tuple:
         """The chain of agent n's event at ``level`` (0: its activation, m: its m-th gradient's completion)."""
         w = float(self.woke[n])  # the activation's parents: its program's start, or a barrier's completion (zero delay)
-        parents = (AGENT_START,) if self.fresh else (w, w)
+        if self.fresh:
+            parents: tuple = (AGENT_START,)
+        elif self.parent is None:
+            parents = (w, w)
+        else:  # a gradient's completion, asked for at a barrier's completion
+            parents = (w, float(self.parent[n]), float(self.parent[n]))
         return tuple(float(self.levels[m][n]) for m in range(level, -1, -1)) + parents
 
     def completed(self, now: Sequence[float]) -> None:

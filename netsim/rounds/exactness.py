@@ -408,10 +408,21 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
         steps = side.call("exchanges", kernel.exchanges, p, st)
         for s in range(steps):
             got = _arrivals(side, groups, who, pos, k, s)
+            after: list[list] = [[] for _ in who]  # a combine's gradients after the exchange: their points, rows
             for b, g in zip(groups, got, strict=True):
                 b.s = s
-                side.call("combine", kernel.combine, b, p, g)
-            yield "combine" if steps == 1 else f"combine (exchange {s} of {steps})", _rows(kernel, groups)
+                comb = side.call("combine", kernel.combine, b, p, g)
+                w, wave = None if comb is None else side.call("combine", next, comb, None), 0
+                while w is not None:
+                    at = [int(a.id) for a in b.agents]
+                    for n, i in enumerate(at):
+                        after[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
+                    g = side.drawn("after", k, s, wave, shape=side.bank.W.shape).index_select(0, torch.tensor(at))
+                    w, wave = side.call("combine", _send, comb, g), wave + 1
+            rows = _rows(kernel, groups)
+            for n, r in enumerate(rows):
+                r["each gradient's point and rows after the exchange"] = after[n]
+            yield "combine" if steps == 1 else f"combine (exchange {s} of {steps})", rows
 
 
 def _send(gen: Generator, value: Any) -> Any:

@@ -45,9 +45,11 @@ if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kerne
 class SyncKernel(RoundKernel):
     """An algorithm of barrier rounds (``SyncRounds``): per round and agent, ``gradient`` (the request before
     ``local``), ``local`` (what each agent sends, ``b.send``, after its gradient ``b.g``), then per exchange
-    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier. ``b.k`` is the round, one
-    for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges; ``batch_local``: the events
-    engine batches ``local`` over the agents whose gradients come back at one instant (``LocalAhead``)."""
+    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier (a ``combine`` that takes
+    gradients at the mixed point, after the exchange, is a generator yielding waves of them, as ``local`` may).
+    ``b.k`` is the round, one for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges;
+    ``batch_local``: the events engine batches ``local`` over the agents whose gradients come back at one instant
+    (``LocalAhead``)."""
 
     batch_local: ClassVar[bool] = True
 
@@ -71,8 +73,11 @@ class SyncKernel(RoundKernel):
         set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
         raise NotImplementedError
 
-    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
-        """After exchange ``b.s``: each agent's update from ``got[n]`` = {sender: payload} of what arrived."""
+    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> Generator | None:
+        """After exchange ``b.s``: each agent's update from ``got[n]`` = {sender: payload} of what arrived. It may be
+        a generator that yields waves of gradients (``b.gradients``, e.g. at the mixed models), each answered with the
+        gradient rows: each agent asks when its barrier completes (or times out) and calls its next ``wake`` after its
+        last gradient (the windowed driver plays it after the round's last exchange only)."""
         raise NotImplementedError
 
 
@@ -83,6 +88,7 @@ class SyncRounds(Pattern):
     kernel: ClassVar[type] = SyncKernel
     records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
     curves: ClassVar[bool] = True
+    until: ClassVar[bool] = True
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -124,7 +130,9 @@ class SyncRounds(Pattern):
                                       to=None if route is None else route[0])
                 got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
                                          senders=None if route is None else route[1])
-                kernel.combine(b, p, [got])
+                after = kernel.combine(b, p, [got])
+                if after is not None:  # gradients at the mixed point: each wave is this agent's request
+                    yield from drive(agent, after)
             k += 1
 
     # the windowed driver ------------------------------------------------------------------------------
@@ -139,14 +147,23 @@ class SyncRounds(Pattern):
             return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
                     "agents by arrival) — set network.latency to a constant")
         state = kernel.state_of(sim.loop.agents[0], p)
-        if any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents) and not _local_steps(kernel):
+        after = _combine_steps(kernel)
+        before = not any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents)
+        if not before and not _local_steps(kernel) and not after:
             return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
                     "phase) — give it a learning rate (algorithm.lr > 0)")
         why = kernel.refusal(sim, path)
         if why is not None:
             return why
+        if after and kernel.exchanges(p, state) > 1:
+            return (f"{sc.algorithm.name} takes gradients after each of several exchanges a round: synchronous "
+                    "windows play them after the last only — nothing to change: it runs on the events engine")
+        if after and sc.privacy is not None and sc.privacy.record is not None:
+            return (f"privacy.record with gradients after the exchange: {sc.algorithm.name}'s synchronous windows do "
+                    "not write the records of its mixes — remove privacy.record")
         r = sc.run
-        if r.stop_on_divergence and sc.evaluation.every <= (r.rounds + 1) * sc.agents.activation.period:
+        last_t = r.until if r.rounds is None else (r.rounds + 1) * sc.agents.activation.period
+        if r.stop_on_divergence and sc.evaluation.every <= last_t:
             return ("run.stop_on_divergence with evaluations inside the run: the events engine stops inside a round, "
                     "after the events already due then — remove run.stop_on_divergence (summary.json's 'diverged' "
                     "still says when)")
@@ -154,11 +171,18 @@ class SyncRounds(Pattern):
         if took >= p.round_timeout:
             return (f"compute time + latency = {took:g} s >= algorithm.round_timeout: a round's messages can miss "
                     f"the barrier's timeout — raise algorithm.round_timeout above {took:g} s")
-        if sc.network.loss:
-            if kernel.exchanges(p, state) > 1:
-                return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
-                        "different times — set network.loss = 0")
-            return _round_times(sc, p.round_timeout)
+        if sc.network.loss and kernel.exchanges(p, state) > 1:
+            return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
+                    "different times — set network.loss = 0")
+        if sc.network.loss and not after:
+            why = _round_times(sc, p.round_timeout)
+            if why is not None:
+                return why
+        if r.rounds is None and _local_steps(kernel):
+            return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps leave a round's end unknown "
+                    "before the run — set run.rounds")
+        if after or r.rounds is None:
+            return _timeline(sc, p.round_timeout, before, after)
         return None
 
     @staticmethod
@@ -168,6 +192,104 @@ class SyncRounds(Pattern):
         ct = a.compute_time(now[n])
         row(shapes.compute_start(now[n], a.id, ct))
         now[n] = now[n] + ct
+
+    def _stop_at(self, sim, kernel, net, rows, b_args, t_act, ids, at, until: float, curves) -> None:
+        """The run stops at ``run.until`` (a round activated after it: nothing of it; activated at it: what the engine
+        processes before its stop, the events set before until's instant: the activations, and each agent's gradient
+        request, or its ``local`` and sends)."""
+        import torch
+
+        at_until = t_act == until
+        if at_until.any():
+            if not at_until.all():
+                raise RuntimeError("synchronous windows: run.until falls among a round's activations (refusal should "
+                                   "have said so)")
+            woken, k, state = b_args
+            p, bank, B = sim.params, sim.world.bank, len(ids)
+            hook = kernel.gradient(p, state, int(ids[0]))
+            if hook is not None:  # the gradient requests: their completions come after the stop
+                rows.add(activations(t_act, ids, at, woken, t_act, net.compute_times(woken, ids, t_act)))
+            else:  # ``local`` at the activation and the sends; their deliveries come after the stop
+                released = {n: [shapes.activate(until, i, float(at[n]), woken[n].round)]
+                            for n, i in enumerate(ids.tolist())}
+                x = bank.W.index_select(0, torch.from_numpy(ids).to(bank.W.device))
+                b = Batch(woken, k, x, None, state, lambda n: (until, released.setdefault(n, [])),
+                          rows=(RowViews(x), None))
+                sim.loop.env.advance_to(until)
+                kernel.local(b, p)
+                steps = kernel.exchanges(p, state)
+                net.exchange(b, rows, ids, np.arange(B), t_act, b.k * steps, False, released)
+                del rows.parts[-2:]  # the deliveries and the timeouts
+            rows.emit(sim.recorder.writer)
+        sim.loop.env.advance_to(until)
+
+    def _waves(self, sim, kernel, b, p, got, rows, ids, done, late, last: bool, net, now: list,
+               released: dict) -> tuple:
+        """The round's last ``combine`` with its gradients after the exchange (``SyncKernel.combine``): each agent asks
+        when its barrier completes (those completed, in completion order, at their last delivery; then the timed-out
+        ones, after every timeout row of that instant), the gradient service evaluates each of these two groups at its
+        first completion (one batched call, the engine's flush), and each agent calls its next ``wake`` (or finishes)
+        at its last gradient's completion. Returns the next round's order (agents, when each called wake), each
+        agent's barrier completion (by id) and the round's last event time."""
+        import torch
+
+        agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
+        B = len(ids)
+        pos = np.empty(len(agents), np.int64)
+        pos[ids] = np.arange(B)
+        groups = [(done[0], pos[done[0]], done[1].astype(np.float64)),
+                  (late[0], pos[late[0]], late[1].astype(np.float64))]
+        for _, gp, t in groups:
+            for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
+                now[n] = tn  # the agent's clock for what ``combine`` records (its releases)
+        made: list[list] = [[], []]  # each group's rows, in the engine's order
+        cts: list = [None, None]  # each group's compute times of its newest wave
+        comb = kernel.combine(b, p, got)
+        waves = 0
+        try:
+            w = next(comb)
+            while True:
+                g = None
+                for gi, (gids, gp, t) in enumerate(groups):
+                    if not len(gids):
+                        continue
+                    ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
+                    made[gi].append(_group_rows(words, gids, gp, t, released, cts[gi], ct, None))
+                    done_at = t + ct
+                    if len(t) > 1 and t.max() >= done_at.min():
+                        raise RuntimeError("synchronous windows: an agent asks for its gradient after another's "
+                                           "completes in one group (refusal should have said so)")
+                    sel = torch.from_numpy(gp)
+                    res = _evaluate(svc, gids.tolist(), w.at.index_select(0, sel.to(w.at.device)),
+                                    [w.rows[n] for n in gp.tolist()], [w] * len(gids))
+                    if g is None:
+                        g = torch.empty((B, *res.shape[1:]), dtype=res.dtype, device=res.device)
+                    g.index_copy_(0, sel.to(res.device), res)
+                    groups[gi] = (gids, gp, done_at)
+                    cts[gi] = ct
+                    for n, tn in zip(gp.tolist(), done_at.tolist(), strict=True):
+                        now[n] = tn
+                waves += 1
+                w = comb.send(g)
+        except StopIteration:
+            pass
+        for gi, (gids, gp, t) in enumerate(groups):
+            if len(gids):
+                fin = rounds_of([agents[i] for i in gids.tolist()]) if last else None
+                made[gi].append(_group_rows(words, gids, gp, t, released, cts[gi], None, fin))
+        if len(groups[0][0]) and len(groups[1][0]) and groups[0][2].max() >= late[1].min():
+            raise RuntimeError("synchronous windows: a completed barrier's gradients end after the others' timeouts "
+                               "(refusal should have said so)")
+        rows.parts[len(rows.parts) - 1:len(rows.parts) - 1] = made[0]  # before the last part: the timeouts
+        rows.parts.extend(made[1])
+        who = np.concatenate([done[0], late[0]])
+        when = np.concatenate([groups[0][2], groups[1][2]])
+        parent = np.empty(len(agents))
+        parent[who] = np.concatenate([done[1], late[1]])
+        if last:
+            for i in who.tolist():
+                agents[i].mark_finished()
+        return who, when, parent, float(when.max())
 
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round (see the module docstring), from round 0 or from where a restored
@@ -194,6 +316,9 @@ class SyncRounds(Pattern):
         when = np.array([t for _, t in start.order], np.float64)
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
+        until = sim.world.scenario.run.until if limit is None else None  # the run stops at run.until (``refusal``)
+        parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
@@ -201,9 +326,15 @@ class SyncRounds(Pattern):
             id_list = ids.tolist()
             woke = np.empty(len(agents))
             woke[who] = when
-            ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k)
-            while curves.first(curves.j, ev.chain(0, 0)):  # evaluations before the round's first activation
-                writer.emit_rows(curves.evaluate())
+            ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k,
+                       None if parent is None else parent[ids])
+            while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
+                writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
+            if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
+                self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
+                              until=until, curves=curves)
+                end = until
+                break
             X = bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.from_numpy(ids).to(X.device))
             hook = [kernel.gradient(p, state, i) for i in id_list]  # the gradient asked for before ``local``
@@ -235,6 +366,10 @@ class SyncRounds(Pattern):
             gen = _local_steps(kernel)
             if not gen and hook is not None:  # ``local``'s writes at each agent's gradient completion
                 ev.before_level(bank, one=batch_local)  # ``LocalAhead``: every agent's at the first completion
+            elif not gen:  # no compute phase before the exchange: ``local`` runs at the activation, after its row
+                for n in range(B):
+                    released[n] = [shapes.activate(float(t_act[n]), id_list[n], float(at[n]), woken[n].round)]
+                ev.before_level(bank)
             local = kernel.local(b, p)
             if not gen:
                 ev.after_write(bank)
@@ -267,7 +402,7 @@ class SyncRounds(Pattern):
                         ev.after_write(bank)
                 except StopIteration:
                     ev.after_write(bank)
-            if hook is None and not pending:
+            if hook is None and not pending and not after:
                 raise ValueError("windowed rounds need a compute phase (a gradient) every round")
             steps = kernel.exchanges(p, state)
             ready, t_ready = np.arange(B), np.array(now)  # (batch position, when it sends), in the engine's order
@@ -279,7 +414,7 @@ class SyncRounds(Pattern):
                                                released if first else None)
                 order_ids, order_t = np.concatenate([done[0], late[0]]), np.concatenate([done[1], late[1]])
                 if s + 1 == steps:
-                    last = agents[int(order_ids[0])].round >= limit  # every agent is at the limit together
+                    last = limit is not None and agents[int(order_ids[0])].round >= limit  # all at it together
                 per_sender, arr, src, pos = net.made
                 ev.exchange(s, ready, t_ready, per_sender, arr, src, done, late, pos, last)
                 b.s = s
@@ -291,6 +426,22 @@ class SyncRounds(Pattern):
                     pos = np.empty(len(agents), np.int64)
                     pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
+            if after:  # the last combine's gradients, each agent's from its barrier's completion (or timeout)
+                if curves.made or ev.pending:
+                    raise RuntimeError("synchronous windows: an evaluation falls inside a round whose gradients come "
+                                       "after the exchange (refusal should have said so)")
+                who, when, parent, end = self._waves(sim, kernel, b, p, got, rows, ids, done, late, last, net, now,
+                                                     released)
+                rows.emit(writer)
+                b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+                if last:
+                    break
+                k += 1
+                if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):
+                    return
+                if sim.recorder.progress is not None:
+                    sim.recorder.progress(end)
+                continue
             end = float(order_t[-1])
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
                 rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
@@ -374,6 +525,40 @@ class RoundRows:
                     writer.emit_rows(part)
             else:
                 run.append(part)
+
+
+def _group_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, ended, ct,
+                finished) -> tuple | list:
+    """A group's rows at one of its events (agents ``ids`` at batch positions ``pos``, each at ``t``), agent by agent:
+    its gradient's ``compute_end`` (``ended``: the wave's compute times, None before the first wave), the rows its
+    ``combine`` made (``released``), then its next request's ``compute_start`` (``ct``: its compute times) or its
+    ``finish`` (``finished``: the agents' rounds). Columns where no agent made rows of its own, else row tuples."""
+    own = [released.pop(n, ()) for n in pos.tolist()] if released else None
+    if own is not None and any(own):
+        out: list[tuple] = []
+        for m, (i, tn) in enumerate(zip(ids.tolist(), t.tolist(), strict=True)):
+            if ended is not None:
+                out.append(shapes.compute_end(tn, i))
+            out += own[m]
+            if ct is not None:
+                out.append(shapes.compute_start(tn, i, float(ct[m])))
+            if finished is not None:
+                out.append(shapes.finish(tn, i, int(finished[m])))
+        return out
+    kinds = int(ended is not None) + int(ct is not None) + int(finished is not None)
+    if not kinds:
+        return []
+    c = columns(kinds * len(ids))
+    j = 0
+    if ended is not None:
+        fill(c, slice(j, None, kinds), shapes.compute_end(t, ids, CODES))
+        j += 1
+    if ct is not None:
+        fill(c, slice(j, None, kinds), shapes.compute_start(t, ids, ct, CODES))
+        j += 1
+    if finished is not None:
+        fill(c, slice(j, None, kinds), shapes.finish(t, ids, finished, CODES))
+    return tuple(c)
 
 
 def columns(n: int) -> list:
@@ -564,6 +749,57 @@ def _round_times(sc, timeout: float) -> str | None:
                     "algorithm.round_timeout, or set network.loss = 0")
         c = a_d + ct
         d, t = c + link_delay(c, c, lat), c + timeout
+    return None
+
+
+def _combine_steps(kernel) -> bool:
+    """Whether the kernel's ``combine`` is a generator (gradients after the exchange)."""
+    import inspect
+
+    return inspect.isgeneratorfunction(type(kernel).combine)
+
+
+def _timeline(sc, timeout: float, before: bool, after: bool) -> str | None:
+    """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
+    (after a compute time when the kernel takes its gradient ``before`` the exchange), barrier completion by the
+    last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
+    ``after`` it. None if the driver's rules decide the engine's order: with lossy links, D and T lead to the same
+    float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds) falls at a
+    round's activation or between two rounds. Else the one line of the first that does not hold."""
+    ag, r = sc.agents, sc.run
+    period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
+    lat, lossy = float(sc.network.latency.value), bool(sc.network.loss)
+    until = r.until if r.rounds is None else None
+    n = r.rounds if r.rounds is not None else int(until / period) + 2
+    every = float(sc.evaluation.every)
+    T_prev, T = 0.0, every  # the evaluator's previous and next times
+    from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
+    d = t = 0.0  # where the agents call wake (D: their barrier completed, T: it timed out)
+    end = -1.0  # the last round's last event
+    for k in range(n):
+        at_d, at_t = from_d.next(0.0 + 1.0 * d), from_t.next(0.0 + 1.0 * t)
+        a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
+        if lossy and (at_d != at_t or a_d != a_t):
+            return (f"round {k}: agents waking after a completed and after a timed-out barrier would activate at "
+                    f"different float times ({a_d!r} / {a_t!r}) — change agents.activation.period or "
+                    "algorithm.round_timeout, or set network.loss = 0")
+        if until is not None and a_d >= until:
+            if end >= until:
+                return (f"run.until = {until:g} falls inside round {k - 1} (its last event at {end!r}) — give "
+                        "run.until at an activation tick or between two rounds, or set run.rounds")
+            break
+        woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
+        s = a_d + ct if before else a_d
+        d, t = s + link_delay(s, s, lat), s + timeout
+        if after:
+            d, t = d + ct, t + ct
+        end = max(d, t) if lossy else d
+        while after and T <= end and (until is None or T < until):  # the evaluations up to the round's end
+            if T > a_d or T == a_d and not (k > 0 and T_prev < woke):  # (at the activation: first by its parent)
+                return (f"evaluation.every = {every:g}: the evaluation at {T!r} falls inside round {k}, whose "
+                        "gradients come after the exchange — give evaluation.every a multiple of "
+                        "agents.activation.period")
+            T_prev, T = T, T + every
     return None
 
 

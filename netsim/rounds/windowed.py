@@ -38,11 +38,12 @@ def budget_cap_refusal(sim) -> str | None:
 ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
 
 
-def scenario_refusal(sc, alternative: bool = True, curves: bool = False) -> str | None:
+def scenario_refusal(sc, alternative: bool = True, curves: bool = False, until: bool = False) -> str | None:
     """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds. Each line names the
     rule, then, after " — ", what to change; ``alternative``: also name the asynchronous algorithms' lookahead
     windows where they play what the rounds cannot (not for an algorithm that has them: its own line says why not);
-    ``curves``: the pattern's driver evaluates at the evaluator's times inside the run (``Pattern.curves``)."""
+    ``curves``: the pattern's driver evaluates at the evaluator's times inside the run (``Pattern.curves``); ``until``:
+    it stops at run.until without run.rounds (``Pattern.until``: its own refusal says where until may fall)."""
     ag, net = sc.agents, sc.network
     alt = ASYNC if alternative else ""
     if ag.activation.kind != "periodic":
@@ -67,10 +68,10 @@ def scenario_refusal(sc, alternative: bool = True, curves: bool = False) -> str 
     if sc.topology.dynamic is not None:
         return f"the topology changes over time: synchronous rounds need one graph — remove topology.dynamic{alt}"
     r = sc.run
-    if r.rounds is None:
+    if r.rounds is None and (r.until is None or not until):
         return "run.rounds is not set: synchronous windows stop at a round limit — set run.rounds"
-    end = (r.rounds + 1) * ag.activation.period  # the run is over before this
-    if r.until is not None and r.until <= end:
+    end = r.until if r.rounds is None else (r.rounds + 1) * ag.activation.period  # the run is over before this
+    if r.rounds is not None and r.until is not None and r.until <= end:
         return (f"run.until = {r.until} may stop the run inside a round — remove run.until (run.rounds ends the "
                 f"run) or give more than {end:g} s")
     if sc.evaluation.every <= end and not curves:
@@ -142,7 +143,7 @@ def link_model_refusal(sim) -> str:
 
 def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     """Why the run's rounds are not simultaneous windows (None: they are); ``alternative``: ``scenario_refusal``'s."""
-    why = scenario_refusal(sim.world.scenario, alternative, kernel.pattern.curves)
+    why = scenario_refusal(sim.world.scenario, alternative, kernel.pattern.curves, kernel.pattern.until)
     if why is None and sim.world.network.model is not None:
         why = link_model_refusal(sim)
     if why is None and sim.world.activation_moves is not None:

@@ -1,0 +1,181 @@
+"""Barrier rounds whose gradients come after the exchange (``SyncKernel.combine`` as a generator of gradient waves):
+both engines write the same trace, metrics.csv and final models (DPDO, and a kernel with gradients before and after
+the exchange), runs stopped by run.until, and the refusals of what the synchronous windows do not play."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
+
+from netsim.algorithms.registry import register
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
+from netsim.scenario import scenario_from_dict
+from netsim.scenario.structure import at_least, field, positive
+from netsim.trace.events import records
+from netsim.trace.io import TraceWriter
+from tests.search import search
+from tests.test_round_kernels import assert_identical, base, run_both
+
+
+@attrs.frozen
+class MixedPointParams:
+    lr: float = field(0.3, check=positive, doc="step size")
+    batch: int = field(4, check=at_least(1), doc="mini-batch size")
+    waves: int = field(1, check=at_least(1), doc="gradients at the mixed point per round")
+    round_timeout: float = field(0.05, check=positive, doc="seconds to wait for neighbours each round")
+
+
+@register("test_mixed_point", MixedPointParams)
+class MixedPoint(SyncKernel):
+    """D-PSGD with gradients before the exchange and ``waves`` more at the mixed point, each released with Gaussian
+    noise: x <- v - lr (g(x) + sum_w g_w(v_w)) / (1 + waves), v_{w+1} = v_w - lr g_w(v_w) (a test kernel)."""
+
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"lr", "batch", "waves"})
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch)
+
+    def local(self, b, p):
+        b.send(b.x)
+
+    def combine(self, b, p, got):
+        v = b.mix(b.x, got)
+        total = b.g.clone()
+        for _ in range(p.waves):
+            g = yield b.gradients(v, b.sample_rows(p.batch))
+            noisy = b.stack(b.privatize(g, [0.01] * len(b), [1.0] * len(b), [1.0] * len(b), what="mixed"))
+            total = total + noisy
+            v = v - p.lr * noisy
+        b.set_params(v - p.lr * total / (1 + p.waves))
+
+
+def dpdo(n: int = 6, rounds: int = 4, **alg) -> dict:
+    sc = base(n=n, rounds=rounds)
+    sc["algorithm"] = {"name": "dpdo", "epsilon": 1.0, "lr": 0.1, "batch": 4, "round_timeout": 0.05, **alg}
+    return sc
+
+
+@st.composite
+def after_scenarios(draw) -> dict:
+    """DPDO and the test kernel on drawn graphs, latencies, compute times, lossy links (timeouts), evaluations
+    between the rounds and run.until at an activation or between two rounds."""
+    ct = draw(st.sampled_from([0.001, 0.01, 0.02]))
+    lat = draw(st.sampled_from([0.001, 0.005, 0.0301]))
+    name = draw(st.sampled_from(["dpdo", "test_mixed_point"]))
+    sc = base(n=draw(st.integers(3, 8)), rounds=draw(st.integers(2, 6)))
+    timeout = round(ct + lat + draw(st.sampled_from([0.005, 0.02])), 6)  # > compute time + latency
+    if name == "dpdo":
+        sc["algorithm"] = {"name": "dpdo", "epsilon": draw(st.sampled_from([0.5, 5.0])), "lr": 0.1,
+                           "batch": draw(st.integers(1, 6)), "round_timeout": timeout}
+    else:
+        sc["algorithm"] = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)), "round_timeout": timeout,
+                           "waves": draw(st.integers(1, 2))}
+    loss = draw(st.sampled_from([0.0, 0.1, 0.3]))
+    if name == "test_mixed_point" and sc["algorithm"]["waves"] > 1:  # both waves before the timeouts, in the period
+        ct = min(ct, 0.01)
+        sc["algorithm"]["round_timeout"] = round(3 * ct + lat + 0.005, 6)
+    sc["agents"]["compute_time"]["value"] = ct
+    sc["network"] = {"latency": {"kind": "constant", "value": lat}, "loss": loss}
+    sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "erdos_renyi", "p": 0.6},
+                                           {"kind": "complete"}]))
+    sc["model"] = {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"]))}
+    sc["evaluation"]["every"] = draw(st.sampled_from([1.0e6, 0.2, 0.3]))  # at an activation (before it) or between
+    if draw(st.booleans()):  # run.until, at an activation or between two rounds
+        del sc["run"]["rounds"]
+        sc["run"]["until"] = draw(st.sampled_from([0.3, 0.5, 0.395, 0.595]))
+    return sc
+
+
+@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=after_scenarios())
+def test_gradients_after_the_exchange_agree_with_the_engine(tmp_path_factory, sc):
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
+    assert_identical(run_both(tmp_path_factory.mktemp("after"), sc))
+
+
+def test_the_mixed_point_gradient_is_asked_at_the_barrier_and_the_next_wake_after_it(tmp_path):
+    """Lossy ring: each agent's post-exchange compute_start is at its barrier's completion (its last delivery) or
+    its timeout, its compute_end a compute time later, and its next activation at the next tick after that."""
+    sc = dpdo(n=5, rounds=5)
+    sc["network"]["loss"] = 0.3
+    got = run_both(tmp_path, sc)
+    assert_identical(got)
+    events: list = []
+    from netsim import api
+
+    sim = api.prepare(scenario_from_dict(sc), TraceWriter(None, {}, on_batch=lambda c: events.extend(records(c))))
+    sim.run()
+    ct, lat, timeout = 0.01, 0.005, 0.05
+    starts = [e for e in events if e.kind == "compute_start"]
+    timeouts = {(e.agent, e.round) for e in events if e.kind == "timeout"}
+    acts = [e for e in events if e.kind == "activate"]
+    assert timeouts and len(starts) == 5 * 5
+    for e in starts:
+        k = math.floor(e.t / 0.1 + 1e-9) - 1  # round k activates at (k + 1) * period
+        sent = (k + 1) * 0.1
+        assert e.t == pytest.approx(sent + (timeout if (e.agent, k) in timeouts else lat), abs=1e-12)
+    ends = sorted((e.agent, e.t) for e in events if e.kind == "compute_end")
+    assert [t for _, t in ends] == pytest.approx(sorted_starts_plus(starts, ct), abs=1e-12)
+    for a in range(5):  # each next activation after the agent's compute end
+        mine_acts = [e.t for e in acts if e.agent == a]
+        mine_ends = [t for i, t in ends if i == a]
+        assert all(end < nxt for end, nxt in zip(mine_ends, mine_acts[1:], strict=False))
+
+
+def sorted_starts_plus(starts, ct):
+    return [t + ct for _, t in sorted((e.agent, e.t) for e in starts)]
+
+
+def test_run_until_at_an_activation_stops_after_its_sends(tmp_path):
+    """run.until at an activation tick: both engines write the round's activations, releases and sends, no
+    delivery (DPDO's shipped scenarios end so)."""
+    sc = dpdo(n=4, rounds=4)
+    del sc["run"]["rounds"]
+    sc["run"]["until"] = 0.4
+    got = run_both(tmp_path, sc)
+    assert_identical(got)
+    from netsim.trace.io import read_trace
+
+    t = read_trace(tmp_path / "windowed" / "trace.arrows").to_pandas()
+    last = t[t.t == 0.4]
+    assert set(last.kind) == {"activate", "release", "send", "eval"} and (last.kind == "activate").sum() == 4
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"evaluation": {"every": 0.25}}, "evaluation.every = 0.25: the evaluation at 0.25 falls inside round 1"),
+    ({"run": {"seed": 5, "until": 0.205}}, "run.until = 0.205 falls inside round 1"),
+    ({"privacy": {"record": "mixing"}}, "privacy.record with gradients after the exchange"),
+])
+def test_what_the_windows_do_not_play_is_refused_in_one_line(change, says):
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    sc = dpdo()
+    for key, value in change.items():
+        sc[key] = {**sc.get(key, {}), **value} if key != "run" else value
+    assert says in reason(api.prepare(scenario_from_dict(sc)))
+
+
+def test_a_budget_cap_stops_dpdo_exchanging_on_the_events_engine():
+    """An agent out of budget sends nothing more (no send rows after its refused release) and keeps stepping from
+    its own state; the windows refuse the cap."""
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    events: list = []
+    sc = dpdo(n=4, rounds=6, epsilon=0.5)
+    sc["privacy"] = {"epsilon_cap": 0.2}
+    sim = api.prepare(scenario_from_dict(sc), TraceWriter(None, {}, on_batch=lambda c: events.extend(records(c))))
+    assert "privacy.epsilon_cap" in reason(sim)
+    sim.run()
+    out = {e.agent: e.t for e in events if e.kind == "budget_exhausted"}
+    assert out and len([e for e in events if e.kind == "compute_end"]) == 4 * 6
+    assert not [e for e in events if e.kind == "send" and e.agent in out and e.t >= out[e.agent]]
+    assert torch.isfinite(sim.bank.W).all()
