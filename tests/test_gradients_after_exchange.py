@@ -181,3 +181,14 @@ def test_a_budget_cap_stops_dpdo_exchanging_on_the_events_engine():
     assert out and len([e for e in events if e.kind == "compute_end"]) == 4 * 6
     assert not [e for e in events if e.kind == "send" and e.agent in out and e.t >= out[e.agent]]
     assert torch.isfinite(sim.bank.W).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_laplace_noise_rows_are_each_generators_own_draws_bit_for_bit(dtype):
+    """A batch's Laplace releases (``Batch.privatize``, mechanism "laplace"): each row its agent's own release."""
+    from netsim.compute.noise import laplace_noise, laplace_noise_rows, noise_generator
+
+    scales = [0.3, 848.528137, 1e-3]
+    rows = laplace_noise_rows((41,), scales, [noise_generator(s) for s in (1, 2, 3)], dtype)
+    one = torch.stack([laplace_noise((41,), b, noise_generator(s), dtype) for s, b in zip((1, 2, 3), scales)])
+    assert rows.dtype == dtype and torch.equal(rows, one)

@@ -36,3 +36,14 @@ def laplace_noise(shape, scale: float, generator: torch.Generator,
     e = torch.empty((2, *torch.Size(shape)), dtype=dtype, device=generator.device)
     e.exponential_(generator=generator)
     return (e[0] - e[1]).mul_(scale)
+
+
+def laplace_noise_rows(shape, scales: list[float], generators: list[torch.Generator],
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row k is ``laplace_noise(shape, scales[k], generators[k], dtype)``, bit for bit: each row's two Exp(1) draws
+    from its own generator, then every difference and scale in one operation (many agents' releases as one batch)."""
+    device = generators[0].device
+    e = torch.empty((len(generators), 2, *torch.Size(shape)), dtype=dtype, device=device)
+    for row, gen in zip(e.unbind(0), generators, strict=True):
+        row.exponential_(generator=gen)
+    return (e[:, 0] - e[:, 1]).mul_(torch.tensor(scales, dtype=dtype, device=device).view(-1, *([1] * len(shape))))

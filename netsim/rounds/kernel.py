@@ -347,7 +347,7 @@ class Batch:
 
     def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
                         q: Sequence[float], what: str, mechanism: str = "gaussian") -> list[torch.Tensor | None]:
-        from netsim.compute.noise import gaussian_noise_rows
+        from netsim.compute.noise import gaussian_noise_rows, laplace_noise_rows
 
         out: list[torch.Tensor | None] = []
         noised = []
@@ -366,14 +366,15 @@ class Batch:
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
                 noised.append(n)
-        if noised and mechanism != "gaussian":  # each row's release as the ledger's own (``NoiseSource.add``)
+        if noised and mechanism not in ("gaussian", "laplace"):  # each row's release as the ledger's own
             for n in noised:
                 out[n] = self.agents[n].ledger.noise.add(mechanism, g[n], sigma[n])
             return out if len(noised) < len(self) else self.stack(out)
         if noised:
             rows = g[noised] if len(noised) < len(self) else g
-            z = gaussian_noise_rows(g.shape[1:], [sigma[n] for n in noised],
-                                    [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
+            z = (gaussian_noise_rows if mechanism == "gaussian" else laplace_noise_rows)(
+                g.shape[1:], [sigma[n] for n in noised], [self.agents[n].ledger.noise.generator for n in noised],
+                g.dtype)
             if len(noised) == len(self):  # every agent released: the rows as one tensor
                 return rows + z
             for n, r in zip(noised, (rows + z).unbind(0), strict=True):

@@ -178,9 +178,9 @@ class SyncRounds(Pattern):
             why = _round_times(sc, p.round_timeout)
             if why is not None:
                 return why
-        if r.rounds is None and _local_steps(kernel):
-            return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps leave a round's end unknown "
-                    "before the run — set run.rounds")
+        if r.rounds is None and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
+            return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
+                    "end unknown before the run — set run.rounds")
         if after or r.rounds is None:
             return _timeline(sc, p.round_timeout, before, after)
         return None
