@@ -44,7 +44,7 @@ import attrs
 
 from netsim.algorithms.registry import register
 from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, kept_count
-from netsim.comm.patterns import drain, sync_round
+from netsim.comm.patterns import drain
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.rounds import SyncKernel, SyncRounds
@@ -292,41 +292,71 @@ class DPDDAParams:
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
 
 
+def dp_dda_sigma(agent, p: DPDDAParams) -> float:
+    """The noise std of agent's releases: p.sigma, else eq. (7) with k = d at p = max(1/2, p_s), scaled down to p_s
+    below 1/2 (eq. (7) needs p >= 1/2: p^2 becomes p_s^2)."""
+    sigma = _eq7_sigma(agent, p, 1.0, max(0.5, p.sample_p))  # k = d
+    if p.sigma is None and p.sample_p < 0.5:
+        sigma *= p.sample_p / 0.5
+    return sigma
+
+
 @register("dp_dda", DPDDAParams)
-def dp_dda(agent, p: DPDDAParams):
+class DPDDA(SyncKernel):
     """DP-DDA [reconstructed] (Liu, Johansson, Shi, Automatica 2024): each round an agent
     is sampled with probability p_s and perturbs one single-sample gradient (else g = 0); dual averaging
     z_{t+1} = sum_j w_ij z_j + g, x_{t+1} = -z_{t+1} / (A_t lam + kappa_t). Every agent sends its dense z
     every round (100% communication). Releases are recorded at rate B/q (the sampling is visible in z:
-    no amplification credited)."""
-    sigma = _eq7_sigma(agent, p, 1.0, max(0.5, p.sample_p))  # k = d
-    if p.sigma is None and p.sample_p < 0.5:  # eq. (7) needs p >= 1/2: scale p^2 down to p_s^2
-        sigma *= p.sample_p / 0.5
-    return _dp_dda(agent, p, sigma)
+    no amplification credited).
 
+    Round t of agent i as barrier rounds: the sampling draw at activation, z_t sent at once (it does not depend
+    on g_t), then after the exchange the sampled agent's gradient at x_t (the same point and value as before
+    it: ``combine`` yields it), its release, and the update. The agent finishes at its activation after
+    ``rounds`` rounds (T)."""
 
-def _dp_dda(agent, p: DPDDAParams, sigma: float):
-    import torch
-    d = agent.params.numel()
-    z = agent.state("dp_dda_dual")
-    rng = agent.rng()
-    q = 1.0 / len(agent.rows)
-    k = 0
-    while True:
-        yield agent.wake()
-        if k >= p.rounds:
-            yield from finish(agent)
-        x = agent.params
-        g = torch.zeros_like(x)
-        if rng.random() < p.sample_p:
-            raw = yield agent.gradient(batch=1, params=x, clip=p.clip / math.sqrt(d), clip_kind="coordinate")
-            noisy = agent.privatize(raw, sigma=sigma, sensitivity=2 * p.clip, q=q, what="gradient")
-            if noisy is not None:
-                g = noisy
-        got = yield from sync_round(agent, z.clone(), k, timeout=p.round_timeout)
-        z.copy_(agent.mix(z.clone(), got) + g)
-        agent.params = -z / ((k + 1) * p.lam + p.kappa0 * math.sqrt(k + 1))
-        k += 1
+    pattern = SyncRounds(tag="model")
+    reads = frozenset({"rounds", "sample_p", "kappa0", "lam", "clip", "sigma", "epsilon"})
+    per_row = frozenset({"z", "sampled"})  # each agent's z_t as sent, and whether it is sampled this round
+
+    def init(self, agents, p):  # z_i of every agent (the bank's rows) and each one's noise std
+        return {"z": agents[0].shared_state("dp_dda_dual"), "sigma": {a.id: dp_dda_sigma(a, p) for a in agents}}
+
+    def check(self, sim, p):
+        for a in sim.loop.agents:  # the calibration's checks, before the run
+            dp_dda_sigma(a, p)
+
+    def horizon(self, p):
+        return p.rounds
+
+    def local(self, b, p):
+        b.sampled = [a.rng().random() < p.sample_p for a in b.agents]   # node sampling, p_s
+        b.z = b.state["z"].index_select(0, b.index())                   # z_t (a copy)
+        b.send(b.z)
+
+    def combine(self, b, p, got):
+        import torch
+
+        d, k = b.x.shape[1], b.k
+        g = torch.zeros_like(b.x)
+        ns = [n for n, s in enumerate(b.sampled) if s]
+        if ns:
+            rows = [a.sample_rows(1) if s else None for a, s in zip(b.agents, b.sampled, strict=True)]
+            raw = yield b.gradients(b.x, rows, clip=p.clip / math.sqrt(d), clip_kind="coordinate")  # at x_t
+            part = b.part(ns)
+            sig = [b.state["sigma"][a.id] for a in part.agents]
+            noisy = part.privatize(raw[ns] if len(ns) < len(b) else raw, sig, [2 * p.clip] * len(ns),
+                                   [1.0 / len(a.rows) for a in part.agents], what="gradient")
+            for n, r in zip(ns, noisy, strict=True):
+                if r is not None:                                         # (else budget cap: g = 0)
+                    g[n] = r
+        z = b.mix(b.z, got) + g                                           # z_{t+1} = sum_j w_ij z_j + g
+        b.state["z"].index_copy_(0, b.index(), z)
+        b.set_params(-z / ((k + 1) * p.lam + p.kappa0 * math.sqrt(k + 1)))  # x_{t+1}
+
+    def refusal(self, sim, path):
+        from netsim.rounds.windowed import budget_cap_refusal
+
+        return budget_cap_refusal(sim)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class Round:
         w = float(self.woke[n])  # the activation's parents: its program's start, or a barrier's completion (zero delay)
         if self.fresh:
             parents: tuple = (AGENT_START,)
-        elif self.parent is None:
+        elif self.parent is None or self.parent[n] != self.parent[n]:  # (NaN: it asked for none)
             parents = (w, w)
         else:  # a gradient's completion, asked for at a barrier's completion
             parents = (w, float(self.parent[n]), float(self.parent[n]))

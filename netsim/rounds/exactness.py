@@ -416,7 +416,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
                 while w is not None:
                     at = [int(a.id) for a in b.agents]
                     for n, i in enumerate(at):
-                        after[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
+                        if w.rows[n] is not None:  # (None: this agent asks for no gradient)
+                            after[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
                     g = side.drawn("after", k, s, wave, shape=side.bank.W.shape).index_select(0, torch.tensor(at))
                     w, wave = side.call("combine", _send, comb, g), wave + 1
             rows = _rows(kernel, groups)

@@ -49,7 +49,8 @@ class GradientRequest:
 class Wave:
     """A local step's gradients, one per agent of a batch: at the rows ``at``, on each agent's ``rows`` (a kernel's
     ``local`` yields it and receives the gradient rows; agents of a batch ask at the same time, so the gradient
-    service evaluates a wave in one batched call in both engines)."""
+    service evaluates a wave in one batched call in both engines). After the exchange (``combine``) an agent may ask
+    for none (its ``rows`` None: its answer row is zeros), and then for none in a later wave of the round either."""
 
     at: torch.Tensor
     rows: list
@@ -63,6 +64,9 @@ def drive(agent, local) -> Generator:
     try:
         w = next(local)
         while True:
+            if w.rows[0] is None:  # this agent asks for no gradient
+                w = local.send(w.at.new_zeros(w.at.shape))
+                continue
             g = yield agent.gradient(params=w.at[0], rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)
             w = local.send(g.unsqueeze(0))
     except StopIteration as done:
@@ -142,6 +146,21 @@ class Batch:
             return [v[n]]
         raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
                         f"{len(self)}")
+
+    def part(self, ns: Sequence[int]) -> Batch:
+        """The agents at batch positions ``ns`` as a batch of their own (their rows, round and exchange; a driver's
+        clock and rows of each agent kept): for what only some agents do, e.g. the releases of those sampled."""
+        import torch
+
+        if len(ns) == len(self) and list(ns) == list(range(len(self))):
+            return self
+        at = self._at
+        idx = torch.tensor(list(ns), dtype=torch.long, device=self.x.device)
+        sub = Batch([self.agents[n] for n in ns], self.k, self.x.index_select(0, idx),
+                    None if self.g is None else self.g.index_select(0, idx), self.state,
+                    None if at is None else (lambda m: at(ns[m])))
+        sub.s = self.s
+        return sub
 
     def kept(self) -> dict[str, Any]:
         """The kernel's own values kept on the batch between its hooks (``b.y = ...``)."""

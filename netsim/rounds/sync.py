@@ -57,6 +57,11 @@ class SyncKernel(RoundKernel):
         """Agent ``i``'s gradient request of the round (None: none; a round's agents all ask, or none does)."""
         return None
 
+    def horizon(self, p: Any) -> int | None:
+        """The method's own number of rounds: each agent finishes at its activation after this many (None: at
+        ``run.rounds``, as it wakes)."""
+        return None
+
     def exchanges(self, p: Any, state: Any) -> int:
         """Barrier exchanges per round (default 1): after each but the last, ``combine`` sends the next payload
         (``b.s``: the exchange just done)."""
@@ -101,9 +106,12 @@ class SyncRounds(Pattern):
         # the hooks a kernel leaves as SyncKernel's cost no call a round
         own_routes = type(kernel).routes is not SyncKernel.routes
         own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
+        horizon = kernel.horizon(p)
         k = 0
         while True:
             yield agent.wake()
+            if horizon is not None and k >= horizon:  # the method's own T: it finishes at this activation
+                yield agent.finish()
             x = agent.params
             req = kernel.gradient(p, state, agent.id)
             if req is not None and ahead is not None:  # ``local`` batched with the agents done at the same time
@@ -182,7 +190,7 @@ class SyncRounds(Pattern):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
         if after or r.rounds is None:
-            return _timeline(sc, p.round_timeout, before, after)
+            return _timeline(sc, p.round_timeout, before, after, kernel.horizon(p))
         return None
 
     @staticmethod
@@ -227,65 +235,79 @@ class SyncRounds(Pattern):
                released: dict) -> tuple:
         """The round's last ``combine`` with its gradients after the exchange (``SyncKernel.combine``): each agent asks
         when its barrier completes (those completed, in completion order, at their last delivery; then the timed-out
-        ones, after every timeout row of that instant), the gradient service evaluates each of these two groups at its
-        first completion (one batched call, the engine's flush), and each agent calls its next ``wake`` (or finishes)
-        at its last gradient's completion. Returns the next round's order (agents, when each called wake), each
-        agent's barrier completion (by id) and the round's last event time."""
+        ones, after every timeout row of that instant), the gradient service evaluates each of these two groups' wave
+        at its first completion (one batched call, the engine's flush), and each agent calls its next ``wake`` (or
+        finishes) after its last gradient (at its barrier if it asks for none). Returns the next round's order (agents,
+        when each called wake), where each asked its first gradient (by id; NaN: none) and the round's last event."""
         import torch
 
         agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
         B = len(ids)
         pos = np.empty(len(agents), np.int64)
         pos[ids] = np.arange(B)
-        groups = [(done[0], pos[done[0]], done[1].astype(np.float64)),
-                  (late[0], pos[late[0]], late[1].astype(np.float64))]
-        for _, gp, t in groups:
-            for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
+        parent = np.full(len(agents), np.nan)
+        groups = []  # per group (completed, timed out): its agents, positions, clocks, who still asks, rows, wakes
+        for gids, t in (done, late):
+            t = np.array(t, np.float64)
+            for n, tn in zip(pos[gids].tolist(), t.tolist(), strict=True):
                 now[n] = tn  # the agent's clock for what ``combine`` records (its releases)
-        made: list[list] = [[], []]  # each group's rows, in the engine's order
-        cts: list = [None, None]  # each group's compute times of its newest wave
+            groups.append({"ids": gids, "pos": pos[gids], "t": t, "on": np.ones(len(gids), bool), "ct": None,
+                           "made": [], "who": [], "when": []})
         comb = kernel.combine(b, p, got)
-        waves = 0
         try:
             w = next(comb)
             while True:
                 g = None
-                for gi, (gids, gp, t) in enumerate(groups):
-                    if not len(gids):
+                for grp in groups:
+                    gids, gp, t, on = grp["ids"], grp["pos"], grp["t"], grp["on"]
+                    asks = np.array([w.rows[n] is not None for n in gp.tolist()], bool) if len(gp) else on
+                    if (asks & ~on).any():
+                        raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it asked "
+                                           "none in")
+                    stop = on & ~asks
+                    aid, ap = gids[asks], gp[asks]
+                    ct = np.zeros(len(gids))
+                    if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
+                        ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
+                    grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                   agents, ct))
+                    grp["who"].append(gids[stop])
+                    grp["when"].append(t[stop])
+                    grp["on"] = on = asks
+                    if not on.any():
                         continue
-                    ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
-                    made[gi].append(_group_rows(words, gids, gp, t, released, cts[gi], ct, None))
-                    done_at = t + ct
-                    if len(t) > 1 and t.max() >= done_at.min():
+                    if grp["ct"] is None:
+                        parent[aid] = t[on]
+                    end = t + ct
+                    if on.sum() > 1 and t[on].max() >= end[on].min():
                         raise RuntimeError("synchronous windows: an agent asks for its gradient after another's "
                                            "completes in one group (refusal should have said so)")
-                    sel = torch.from_numpy(gp)
-                    res = _evaluate(svc, gids.tolist(), w.at.index_select(0, sel.to(w.at.device)),
-                                    [w.rows[n] for n in gp.tolist()], [w] * len(gids))
+                    sel = torch.from_numpy(ap)
+                    res = _evaluate(svc, aid.tolist(), w.at.index_select(0, sel.to(w.at.device)),
+                                    [w.rows[n] for n in ap.tolist()], [w] * len(aid))
                     if g is None:
-                        g = torch.empty((B, *res.shape[1:]), dtype=res.dtype, device=res.device)
+                        g = w.at.new_zeros((B, *res.shape[1:]), dtype=res.dtype)
                     g.index_copy_(0, sel.to(res.device), res)
-                    groups[gi] = (gids, gp, done_at)
-                    cts[gi] = ct
-                    for n, tn in zip(gp.tolist(), done_at.tolist(), strict=True):
+                    grp["t"], grp["ct"] = end, ct
+                    for n, tn in zip(ap.tolist(), end[on].tolist(), strict=True):
                         now[n] = tn
-                waves += 1
-                w = comb.send(g)
+                w = comb.send(g if g is not None else w.at.new_zeros(w.at.shape))
         except StopIteration:
             pass
-        for gi, (gids, gp, t) in enumerate(groups):
-            if len(gids):
-                fin = rounds_of([agents[i] for i in gids.tolist()]) if last else None
-                made[gi].append(_group_rows(words, gids, gp, t, released, cts[gi], None, fin))
-        if len(groups[0][0]) and len(groups[1][0]) and groups[0][2].max() >= late[1].min():
+        for grp in groups:
+            on = grp["on"]
+            grp["made"].append(_level_rows(words, grp["ids"], grp["pos"], grp["t"], released, on, grp["ct"],
+                                           np.zeros(len(on), bool), on, last, agents, None))
+            grp["who"].append(grp["ids"][on])
+            grp["when"].append(grp["t"][on])
+        d_when, l_when = (np.concatenate(grp["when"]) for grp in groups)
+        if len(d_when) and len(l_when) and d_when.max() >= late[1].min():
             raise RuntimeError("synchronous windows: a completed barrier's gradients end after the others' timeouts "
                                "(refusal should have said so)")
-        rows.parts[len(rows.parts) - 1:len(rows.parts) - 1] = made[0]  # before the last part: the timeouts
-        rows.parts.extend(made[1])
-        who = np.concatenate([done[0], late[0]])
-        when = np.concatenate([groups[0][2], groups[1][2]])
-        parent = np.empty(len(agents))
-        parent[who] = np.concatenate([done[1], late[1]])
+        rows.parts[len(rows.parts) - 1:len(rows.parts) - 1] = groups[0]["made"]  # before the last part: the timeouts
+        rows.parts.extend(groups[1]["made"])
+        who = np.concatenate(groups[0]["who"] + groups[1]["who"]).astype(np.int64)
+        when = np.concatenate([d_when, l_when])
         if last:
             for i in who.tolist():
                 agents[i].mark_finished()
@@ -318,6 +340,7 @@ class SyncRounds(Pattern):
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
         until = sim.world.scenario.run.until if limit is None else None  # the run stops at run.until (``refusal``)
+        horizon = kernel.horizon(p)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
         while True:
             rows = RoundRows(words)
@@ -330,6 +353,16 @@ class SyncRounds(Pattern):
                        None if parent is None else parent[ids])
             while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
+            if horizon is not None and k >= horizon and (until is None or float(t_act[-1]) <= until):
+                c = columns(2 * B)  # the method's own T: each agent finishes at this activation
+                fill(c, slice(0, None, 2), shapes.activate(t_act, ids, at, rounds_of(woken), CODES))
+                fill(c, slice(1, None, 2), shapes.finish(t_act, ids, rounds_of(woken), CODES))
+                rows.add(tuple(c))
+                rows.emit(writer)
+                for a in woken:
+                    a.mark_finished()
+                end = float(t_act[-1])
+                break
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
                 self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
                               until=until, curves=curves)
@@ -527,37 +560,42 @@ class RoundRows:
                 run.append(part)
 
 
-def _group_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, ended, ct,
-                finished) -> tuple | list:
-    """A group's rows at one of its events (agents ``ids`` at batch positions ``pos``, each at ``t``), agent by agent:
-    its gradient's ``compute_end`` (``ended``: the wave's compute times, None before the first wave), the rows its
-    ``combine`` made (``released``), then its next request's ``compute_start`` (``ct``: its compute times) or its
-    ``finish`` (``finished``: the agents' rounds). Columns where no agent made rows of its own, else row tuples."""
+def _level_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, on: np.ndarray, ended,
+                asks: np.ndarray, stop: np.ndarray, last: bool, agents, ct) -> tuple | list:
+    """A group's rows at one level of its gradients (agents ``ids`` at batch positions ``pos``, each at ``t``),
+    agent by agent, of those still asking (``on``): the ``compute_end`` of its last gradient (``ended``: None before
+    the first), the rows its ``combine`` made (``released``), then its next request's ``compute_start`` (``asks``;
+    ``ct``: its compute times) or, where it stops (``stop``) in the run's last round, its ``finish``. Columns where
+    every agent of the group makes the same rows, else row tuples."""
     own = [released.pop(n, ()) for n in pos.tolist()] if released else None
-    if own is not None and any(own):
+    fin = last and bool(stop.any())
+    if (own is not None and any(own)) or not (on.all() and (asks.all() or stop.all())):
         out: list[tuple] = []
         for m, (i, tn) in enumerate(zip(ids.tolist(), t.tolist(), strict=True)):
+            if not on[m]:
+                continue
             if ended is not None:
                 out.append(shapes.compute_end(tn, i))
-            out += own[m]
-            if ct is not None:
+            if own is not None:
+                out += own[m]
+            if asks[m]:
                 out.append(shapes.compute_start(tn, i, float(ct[m])))
-            if finished is not None:
-                out.append(shapes.finish(tn, i, int(finished[m])))
+            elif last:
+                out.append(shapes.finish(tn, i, agents[i].round))
         return out
-    kinds = int(ended is not None) + int(ct is not None) + int(finished is not None)
-    if not kinds:
+    kinds = int(ended is not None) + int(bool(asks.all())) + int(fin)
+    if not len(ids) or not kinds:
         return []
     c = columns(kinds * len(ids))
     j = 0
     if ended is not None:
         fill(c, slice(j, None, kinds), shapes.compute_end(t, ids, CODES))
         j += 1
-    if ct is not None:
+    if asks.all():
         fill(c, slice(j, None, kinds), shapes.compute_start(t, ids, ct, CODES))
         j += 1
-    if finished is not None:
-        fill(c, slice(j, None, kinds), shapes.finish(t, ids, finished, CODES))
+    if fin:
+        fill(c, slice(j, None, kinds), shapes.finish(t, ids, rounds_of([agents[i] for i in ids.tolist()]), CODES))
     return tuple(c)
 
 
@@ -759,7 +797,7 @@ def _combine_steps(kernel) -> bool:
     return inspect.isgeneratorfunction(type(kernel).combine)
 
 
-def _timeline(sc, timeout: float, before: bool, after: bool) -> str | None:
+def _timeline(sc, timeout: float, before: bool, after: bool, horizon: int | None = None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
     (after a compute time when the kernel takes its gradient ``before`` the exchange), barrier completion by the
     last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
@@ -771,6 +809,7 @@ def _timeline(sc, timeout: float, before: bool, after: bool) -> str | None:
     lat, lossy = float(sc.network.latency.value), bool(sc.network.loss)
     until = r.until if r.rounds is None else None
     n = r.rounds if r.rounds is not None else int(until / period) + 2
+    n = n if horizon is None else min(n, horizon + 1)
     every = float(sc.evaluation.every)
     T_prev, T = 0.0, every  # the evaluator's previous and next times
     from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
@@ -787,6 +826,8 @@ def _timeline(sc, timeout: float, before: bool, after: bool) -> str | None:
             if end >= until:
                 return (f"run.until = {until:g} falls inside round {k - 1} (its last event at {end!r}) — give "
                         "run.until at an activation tick or between two rounds, or set run.rounds")
+            break
+        if horizon is not None and k >= horizon:  # the method's own T: every agent finishes at this activation
             break
         woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
         s = a_d + ct if before else a_d
