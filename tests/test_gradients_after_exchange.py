@@ -1,6 +1,6 @@
 """Barrier rounds whose gradients come after the exchange (``SyncKernel.combine`` as a generator of gradient waves):
-both engines write the same trace, metrics.csv and final models (DPDO, and a kernel with gradients before and after
-the exchange), runs stopped by run.until, and the refusals of what the synchronous windows do not play."""
+both engines write the same trace, metrics.csv and final models (DPDO, DP-DDA, and a kernel with gradients before
+and after the exchange), runs stopped by run.until, and the refusals of what the synchronous windows do not play."""
 
 from __future__ import annotations
 
@@ -63,16 +63,20 @@ def dpdo(n: int = 6, rounds: int = 4, **alg) -> dict:
 
 @st.composite
 def after_scenarios(draw) -> dict:
-    """DPDO and the test kernel on drawn graphs, latencies, compute times, lossy links (timeouts), evaluations
+    """DPDO, DP-DDA and the test kernel on drawn graphs, latencies, compute times, lossy links (timeouts), evaluations
     between the rounds and run.until at an activation or between two rounds."""
     ct = draw(st.sampled_from([0.001, 0.01, 0.02]))
     lat = draw(st.sampled_from([0.001, 0.005, 0.0301]))
-    name = draw(st.sampled_from(["dpdo", "test_mixed_point"]))
+    name = draw(st.sampled_from(["dpdo", "dp_dda", "test_mixed_point"]))
     sc = base(n=draw(st.integers(3, 7)), rounds=draw(st.integers(2, 5)))
     timeout = round(ct + lat + draw(st.sampled_from([0.005, 0.02])), 6)  # > compute time + latency
     if name == "dpdo":
         sc["algorithm"] = {"name": "dpdo", "epsilon": draw(st.sampled_from([0.5, 5.0])), "lr": 0.1,
                            "batch": draw(st.integers(1, 6)), "round_timeout": timeout}
+    elif name == "dp_dda":  # node sampling: only some agents ask for a gradient; T its own horizon
+        sc["algorithm"] = {"name": name, "rounds": draw(st.integers(2, 7)),
+                           "sample_p": draw(st.sampled_from([0.4, 1.0])), "sigma": draw(st.sampled_from([0.0, 0.5])),
+                           "lam": draw(st.sampled_from([0.0, 0.1])), "round_timeout": timeout}
     else:
         sc["algorithm"] = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)), "round_timeout": timeout,
                            "waves": draw(st.integers(1, 2))}
@@ -92,7 +96,7 @@ def after_scenarios(draw) -> dict:
     return sc
 
 
-@search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=after_scenarios())
 def test_gradients_after_the_exchange_agree_with_the_engine(tmp_path_factory, sc):
     from netsim import api
