@@ -196,3 +196,14 @@ def test_laplace_noise_rows_are_each_generators_own_draws_bit_for_bit(dtype):
     rows = laplace_noise_rows((41,), scales, [noise_generator(s) for s in (1, 2, 3)], dtype)
     one = torch.stack([laplace_noise((41,), b, noise_generator(s), dtype) for s, b in zip((1, 2, 3), scales)])
     assert rows.dtype == dtype and torch.equal(rows, one)
+
+
+@pytest.mark.parametrize("until", [0.4, 0.45])
+def test_dpsgd_stops_at_run_until_on_the_fast_path_byte_for_byte(tmp_path, until):
+    """A kernel with its gradient before the exchange and no run.rounds: until at an activation (the round's
+    activations and gradient requests only) or between two rounds, with evaluations inside the run."""
+    sc = base(n=5, rounds=4)
+    del sc["run"]["rounds"]
+    sc["run"]["until"] = until
+    sc["evaluation"]["every"] = 0.13
+    assert_identical(run_both(tmp_path, sc))

@@ -797,6 +797,9 @@ def _combine_steps(kernel) -> bool:
     return inspect.isgeneratorfunction(type(kernel).combine)
 
 
+_TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the run)
+
+
 def _timeline(sc, timeout: float, before: bool, after: bool, horizon: int | None = None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
     (after a compute time when the kernel takes its gradient ``before`` the exchange), barrier completion by the
@@ -810,6 +813,9 @@ def _timeline(sc, timeout: float, before: bool, after: bool, horizon: int | None
     until = r.until if r.rounds is None else None
     n = r.rounds if r.rounds is not None else int(until / period) + 2
     n = n if horizon is None else min(n, horizon + 1)
+    if until is not None and n > _TIMELINE_ROUNDS:
+        return (f"run.rounds is not set and run.until = {until:g} spans {n} rounds, more than the {_TIMELINE_ROUNDS} "
+                "whose times are checked before the run — set run.rounds")
     every = float(sc.evaluation.every)
     T_prev, T = 0.0, every  # the evaluator's previous and next times
     from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
