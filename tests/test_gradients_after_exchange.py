@@ -207,3 +207,22 @@ def test_dpsgd_stops_at_run_until_on_the_fast_path_byte_for_byte(tmp_path, until
     sc["run"]["until"] = until
     sc["evaluation"]["every"] = 0.13
     assert_identical(run_both(tmp_path, sc))
+
+
+@pytest.mark.parametrize("alg", [{"name": "dpdo", "epsilon": 1.0, "lr": 0.1, "batch": 4, "round_timeout": 0.05},
+                                 {"name": "dp_dda", "rounds": 30, "sample_p": 0.4, "sigma": 0.5,
+                                  "round_timeout": 0.05}])
+def test_a_windowed_checkpoint_of_gradients_after_the_exchange_resumes_by_restore(tmp_path, alg):
+    """Killed after a checkpoint between two rounds, the run resumes by restore, byte-identical to one not killed
+    (agents that woke from their gradients' completions, DP-DDA's sampling and its dual variables in the bank)."""
+    from netsim import api
+    from tests.test_checkpoint_windowed import killed_at, same_outputs, scenario
+
+    sc = scenario(n=30, rounds=30, every=10, algorithm=alg)
+    sc["algorithm"] = alg
+    sc["privacy"] = {"delta": 1e-5}
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 2)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore" and res.summary["resumed_at_step"] == 20
+    same_outputs(out, ref.out)
