@@ -248,17 +248,17 @@ class SyncRounds(Pattern):
                     ev.after_write(bank)
                     while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
                         level = len(ev.levels) - 1
-                        counts = np.empty(B, np.int64)
+                        counts = np.full(B, 2, np.int64)  # each agent's rows: one before its releases, one after
+                        for n, made in released.items():
+                            counts[n] += len(made)
                         for n in range(B):
                             i = id_list[n]
-                            was = len(part)
                             if pending:
                                 row(shapes.compute_end(now[n], i))
                             elif hook is None:  # the first wave: the activation that led to it
                                 row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
                             self._start(woken[n], now, n, row)
-                            counts[n] = len(part) - was
                         ev.level_events(level, counts)
                         ev.completed(now)
                         pending = True
