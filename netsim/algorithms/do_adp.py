@@ -150,8 +150,7 @@ class DOADP(TickKernel):
     def init(self, agents, p: DOADPParams) -> _State:
         comps = [Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
                  for kd in (realised_k_over_d(a.params.numel(), p.ratio, p.k_rounding) for a in agents)]
-        return _State(PublicCopyRows(agents, comps, p.gamma), agents[0].shared_state("do_adp_momentum"),
-                      [_release(a, p) for a in agents])
+        return _State(PublicCopyRows(agents, comps, p.gamma), agents[0].shared_state("do_adp_momentum"), {})
 
     def request(self, state: _State, p: DOADPParams) -> GradientRequest:
         """B samples, the per-sample gradients clipped to +-G/sqrt(d) (or to L2 norm G)."""
@@ -163,7 +162,10 @@ class DOADP(TickKernel):
         return p.rounds
 
     def noise(self, state: _State, agent, p: DOADPParams) -> tuple[float, float, float]:
-        return state.release[agent.id]
+        r = state.release.get(agent.id)
+        if r is None:
+            r = state.release[agent.id] = _release(agent, p)
+        return r
 
     def copies(self, state: _State) -> PublicCopyRows:
         return state.pc
@@ -187,7 +189,7 @@ class DOADP(TickKernel):
 class _State:
     pc: PublicCopyRows
     m: torch.Tensor  # the momentum rows, in the bank (checkpoints)
-    release: list[tuple[float, float, float]]  # each agent's (sigma, sensitivity, q)
+    release: dict[int, tuple[float, float, float]]  # each agent's (sigma, sensitivity, q), made when first asked
 
 
 def _release(agent, p: DOADPParams) -> tuple[float, float, float]:
