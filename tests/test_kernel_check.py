@@ -27,6 +27,7 @@ from netsim.rounds.exactness import CHECK, Probe, Recording, check
 from netsim.rounds.pairwise import PairwiseKernel
 from netsim.rounds.push import PushGossip
 from netsim.rounds.sync import SyncRounds
+from netsim.rounds.ticks import TickKernel
 from netsim.rounds.triggered import TriggeredKernel
 from netsim.scenario.structure import field, nonneg
 from tests.conftest import ROOT, cli_env
@@ -48,13 +49,18 @@ def tensor_hooks(kernel: RoundKernel) -> set[str]:
         return {"combine", "update"}
     if isinstance(kernel, (TriggeredKernel, PairwiseKernel)):
         return {"update"}
+    if isinstance(kernel, TickKernel):
+        return {"sleep", "step"}
     assert isinstance(kernel, BroadcastKernel)
     return {"merge", "gradient_at", "update", "params", "push"}
 
 
+NEEDS = {"do_adp": {"sigma": 0.5}}  # parameters a kernel requires (DO-ADP: sigma, or epsilon for eq. (7))
+
+
 @pytest.mark.parametrize(("name", "kernel", "params"), builtin_kernels(), ids=[k[0] for k in builtin_kernels()])
 def test_every_builtin_kernel_passes_the_check(name, kernel, params):
-    out = check(name, kernel, params())
+    out = check(name, kernel, params(**NEEDS.get(name, {})))
     assert out.violation is None, out.violation
     assert tensor_hooks(kernel) <= set(out.compared)
     assert {p.dtype for p in out.probes} == {"float32", "float64"} and len({p.batch for p in out.probes}) > 1

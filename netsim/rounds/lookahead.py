@@ -561,6 +561,11 @@ class WindowDriver:
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.flushes.clear()
 
+    def clipping(self) -> tuple:
+        """The per-sample clipping of the gradients asked for (``first``'s clip and kind; none without one)."""
+        first = self.first
+        return () if first is None or first.clip is None else (first.clip, first.clip_kind)
+
     def point(self, tk: int) -> torch.Tensor:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
         return self.at_of.pop(tk)
@@ -582,7 +587,8 @@ class WindowDriver:
                 still.append(f)
                 continue
             r = self.flushes[f]
-            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk)) for tk in r]
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping())
+                       for tk in r]
             svc.flush()
             self.grads.put(r, torch.stack([t.result for t in tickets]))
             for tk in r:
@@ -600,15 +606,15 @@ class WindowDriver:
         rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
-            block = svc.submit_block(who, at, rows)
+            block = svc.submit_block(who, at, rows, *self.clipping())
             svc.flush()
             self.grads.put(tickets, block.result)
         else:  # one block per mini-batch length (an agent's whole part: lengths differ by a row or two)
             by_len: dict[int, list[int]] = {}
             for k, r in enumerate(rows):
                 by_len.setdefault(len(r), []).append(k)
-            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks]))
-                      for ks in by_len.values()]
+            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks],
+                                            *self.clipping())) for ks in by_len.values()]
             svc.flush()
             for ks, block in blocks:
                 self.grads.put([tickets[k] for k in ks], block.result)
@@ -977,6 +983,11 @@ class _Driver(WindowDriver):
         self.work_done(waiting, blocked)
         if unsent:  # a merge's payload is pushed before it lands, so in this tensor work at the latest
             raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
+
+    def clipping(self) -> tuple:
+        """The per-sample clipping of the gradients asked for (``first``'s clip and kind; none without one)."""
+        first = self.first
+        return () if first is None or first.clip is None else (first.clip, first.clip_kind)
 
     def point(self, tk: int) -> torch.Tensor:
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
