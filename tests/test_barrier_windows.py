@@ -131,3 +131,24 @@ def test_auto_runs_the_quickstart_clocks_on_the_windows(tmp_path):
     r = netsim.run(scenario_from_dict(jittery()), out=tmp_path / "auto")
     assert r.summary["engine"] == "windowed" and r.summary["windows"]["windows"] > 0
     assert "windowed_refused" not in r.summary or r.summary["windowed_refused"] is None
+
+
+@pytest.mark.parametrize("changes", [
+    {"agents": {"activation": {"kind": "poisson", "rate": 10.0}}},
+    {"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}},
+    {"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}, "network": {"loss": 0.2}},
+    {"agents": {"compute_time": {"kind": "constant", "value": 0.06}}},  # messages miss the barrier: stale
+    {"evaluation": {"every": 0.3}, "run": {"stop_on_divergence": True}},
+])
+def test_barrier_windows_play_what_synchronous_rounds_refuse(tmp_path, changes):
+    """The synchronous rounds' refusals of tests/test_windowed.py, played by the lookahead windows: the engine's
+    bytes, and the synchronous rounds still say why not them."""
+    from netsim.api import prepare
+    from netsim.rounds import windowed
+    from tests.test_windowed import exact
+
+    sc = exact(**changes)
+    sim = prepare(scenario_from_dict(sc))
+    assert windowed.rounds_refusal(sim, sim.program) is not None and windowed.reason(sim) is None
+    summary = both(tmp_path, sc)
+    assert summary["stop_reason"] == "rounds" and summary["messages_delivered"] > 0

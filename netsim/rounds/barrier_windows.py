@@ -73,6 +73,9 @@ def refusal(sim) -> str | None:
     if sim.world.network.dynamic is not None:
         return ("the topology changes over time: a barrier waits for the in-neighbours of its round (not played by "
                 "these windows) — remove topology.dynamic")
+    why = kernel.refusal(sim, LOOKAHEAD)
+    if why is not None:
+        return why
     sync = ("; synchronous rounds play it: periodic activation on identical clocks, one compute time and a "
             "constant latency")
     state = kernel.state_of(agents[0], p)
@@ -92,7 +95,7 @@ def refusal(sim) -> str | None:
     if len(reqs) > 1:
         return (f"{name}'s agents ask for different gradients (batch sizes or clipping): the windows evaluate one "
                 f"kind of request — {sync[2:]}")
-    return kernel.refusal(sim, LOOKAHEAD)
+    return None
 
 
 def play(pattern, sim, kernel) -> bool:
