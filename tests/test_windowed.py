@@ -504,10 +504,12 @@ def test_engine_auto_is_the_default_and_says_which_engine_ran(tmp_path):
     for f in ("trace.arrows", "metrics.csv"):
         assert (tmp_path / "default" / f).read_bytes() == (tmp_path / "events" / f).read_bytes()
     slow = netsim.run(scenario_from_dict(exact(agents={"clock_drift": {"kind": "normal", "mean": 0.0,
-                                                                        "sigma": 0.001}})), out=tmp_path / "slow")
+                                                                        "sigma": 0.001}},
+                                               network={"latency": {"kind": "exponential", "mean": 0.005}})),
+                      out=tmp_path / "slow")
     assert slow.summary["engine"] == "events"
-    assert slow.summary["windowed_refused"].startswith("clock offsets, drift or jitter: synchronous rounds need "
-                                                       "simultaneous wakes — remove agents.clock_offset")
+    assert slow.summary["windowed_refused"].startswith("latency 'exponential' has no positive lower bound: no "
+                                                       "lookahead (a message can arrive at once) — a uniform latency")
     console = Console(width=400, record=True)
     console.print(_summary_table(slow.summary))
     text = console.export_text()
