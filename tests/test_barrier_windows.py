@@ -26,9 +26,10 @@ def barriers(draw) -> dict:
     u = {"kind": "uniform"}
     act = draw(st.sampled_from([{"kind": "periodic", "period": 0.5}, {"kind": "bernoulli", "period": 0.5, "p": 0.6},
                                 {"kind": "poisson", "rate": 2.0}]))
+    zero = {"kind": "constant", "value": 0.0}
     agents = {"count": n, "activation": act,
-              "clock_offset": draw(st.sampled_from([{"kind": "constant", "value": 0.0}, {**u, "low": 0.0, "high": 0.3}])),
-              "clock_drift": draw(st.sampled_from([{"kind": "constant", "value": 0.0}, {**u, "low": -0.02, "high": 0.02}])),
+              "clock_offset": draw(st.sampled_from([zero, {**u, "low": 0.0, "high": 0.3}])),
+              "clock_drift": draw(st.sampled_from([zero, {**u, "low": -0.02, "high": 0.02}])),
               "compute_time": draw(st.sampled_from([{"kind": "constant", "value": 0.05},
                                                     {**u, "low": 0.01, "high": 0.2}]))}
     if draw(st.booleans()):
