@@ -62,7 +62,7 @@ def barriers(draw) -> dict:
                                                                                      "agent_accuracy"]}}
 
 
-@search(12, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=barriers())
 def test_barrier_windows_agree_with_the_engine_on_drawn_scenarios(tmp_path_factory, sc):
     buildable(sc)
