@@ -161,25 +161,36 @@ def test_run_until_at_an_activation_stops_after_its_sends(tmp_path):
 ])
 def test_what_the_windows_do_not_play_is_refused_in_one_line(change, says):
     from netsim import api
-    from netsim.rounds.windowed import reason
+    from netsim.rounds.windowed import refusal
 
     sc = dpdo()
     for key, value in change.items():
         sc[key] = {**sc.get(key, {}), **value} if key != "run" else value
-    assert says in reason(api.prepare(scenario_from_dict(sc)))
+    line = refusal(api.prepare(scenario_from_dict(sc)))  # the synchronous rounds', then the lookahead windows'
+    assert says in line and "; nor as lookahead windows: " in line and "\n" not in line
+
+
+def test_the_lookahead_windows_refuse_gradients_after_the_exchange():
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    sc = dpdo()
+    sc["agents"]["compute_time"] = {"kind": "uniform", "low": 0.005, "high": 0.01}  # not synchronous rounds
+    assert reason(api.prepare(scenario_from_dict(sc))).startswith(
+        "dpdo takes gradients after the exchange or ends at its own round count (not played by the lookahead windows)")
 
 
 def test_a_budget_cap_stops_dpdo_exchanging_on_the_events_engine():
     """An agent out of budget sends nothing more (no send rows after its refused release) and keeps stepping from
     its own state; the windows refuse the cap."""
     from netsim import api
-    from netsim.rounds.windowed import reason
+    from netsim.rounds.windowed import refusal
 
     events: list = []
     sc = dpdo(n=4, rounds=6, epsilon=1.0, rho_s=0.5, rho_n=0.9)
     sc["privacy"] = {"epsilon_cap": 0.5}
     sim = api.prepare(scenario_from_dict(sc), TraceWriter(None, {}, on_batch=lambda c: events.extend(records(c))))
-    assert "privacy.epsilon_cap" in reason(sim)
+    assert "privacy.epsilon_cap" in refusal(sim)
     sim.run()
     out = {e.agent: e.t for e in events if e.kind == "budget_exhausted"}
     assert out and len([e for e in events if e.kind == "compute_end"]) == 4 * 6

@@ -27,6 +27,7 @@ from netsim.rounds.exactness import CHECK, Probe, Recording, check
 from netsim.rounds.pairwise import PairwiseKernel
 from netsim.rounds.push import PushGossip
 from netsim.rounds.sync import SyncRounds
+from netsim.rounds.ticks import TickKernel
 from netsim.rounds.triggered import TriggeredKernel
 from netsim.scenario.structure import field, nonneg
 from tests.conftest import ROOT, cli_env
@@ -48,11 +49,13 @@ def tensor_hooks(kernel: RoundKernel) -> set[str]:
         return {"combine", "update"}
     if isinstance(kernel, (TriggeredKernel, PairwiseKernel)):
         return {"update"}
+    if isinstance(kernel, TickKernel):
+        return {"sleep", "step"}
     assert isinstance(kernel, BroadcastKernel)
     return {"merge", "gradient_at", "update", "params", "push"}
 
 
-NEEDS = {"dp_dda": {"sigma": 0.5}}  # parameters a kernel requires (no default noise)
+NEEDS = {"do_adp": {"sigma": 0.5}, "dp_dda": {"sigma": 0.5}}  # parameters a kernel requires (sigma, or epsilon)
 
 
 @pytest.mark.parametrize(("name", "kernel", "params"), builtin_kernels(), ids=[k[0] for k in builtin_kernels()])

@@ -15,12 +15,13 @@ The gradient is clipped coordinate-wise to +-G/sqrt(d) (Assumption 2; this gives
 with the ``comm.Compressor`` top-k (Koloskova et al. 2019), no extra error-feedback buffer: the residual
 x - xhat is the memory.
 
-Execution. The kernel's Bernoulli activation wakes an agent only on its active ticks; the rounds it
-slept through are replayed when it wakes (their consensus steps and momentum decay, with the copies as
-they were then: neighbours' messages are bucketed by round and applied in round order). A message that
-arrives after its round was replayed is late: it is dropped and counted (``do_adp_late``), and that
-replica then differs from the sender's (the paper assumes reliable, round-synchronous links, Sec. II).
-Silence is read as inactivity. The agent finishes after ``rounds`` ticks (T).
+Execution (a round kernel of the ticked-rounds pattern, rounds/ticks.py, so both engines run it and
+``--engine windowed`` plays it as lookahead windows). The scenario's Bernoulli activation wakes an agent only
+on its active ticks; the rounds it slept through are replayed when it wakes (their consensus steps and
+momentum decay, with the copies as they were then: neighbours' messages are bucketed by round and applied in
+round order). A message that arrives after its round was replayed is late: it is dropped and counted
+(``do_adp_late``), and that replica then differs from the sender's (the paper assumes reliable,
+round-synchronous links, Sec. II). Silence is read as inactivity. The agent finishes after ``rounds`` ticks (T).
 
 Privacy. Each active round releases the noisy gradient through ``Agent.privatize`` with sampling rate
 B/q and the scenario's activation p (the ledger). Recorded sensitivity: ``sensitivity = "topk"`` is the
@@ -43,11 +44,12 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, kept_count
-from netsim.comm.patterns import drain
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, PublicCopyRows, kept_count
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.rounds import SyncKernel, SyncRounds
+from netsim.rounds.kernel import GradientRequest
+from netsim.rounds.ticks import TickKernel, Ticks
 from netsim.scenario.schema import PrivacySpec
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
@@ -125,93 +127,91 @@ def _eq7_sigma(agent, p: DOADPParams | DPDDAParams, k_over_d: float, p_act: floa
 
 
 @register("do_adp", DOADPParams, fixed_topology=PUBLIC_COPIES)
-def do_adp(agent, p: DOADPParams):
+class DOADP(TickKernel):
     """DO-ADP (Huo, Liu, Ding, Johansson, Shi, Algorithm 1 with eq. (5)): agents active with probability p
     take a clipped, noised momentum step and send a top-k compressed difference to public copies; privacy is
     amplified by the activation and the compression (Theorem 1).
 
-    A plain function returning the agent's program: it checks and calibrates before the run."""
-    if agent.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
-        raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
+    A kernel of the ticked-rounds pattern (rounds/ticks.py: the activation, the rounds slept through, the
+    messages bucketed by round, the release, the finish at T), so ``--engine windowed`` plays it as lookahead
+    windows. Its state: the public copies (``comm.PublicCopyRows``), the momentum rows and each agent's release."""
+
+    pattern = Ticks(tag="do_adp", late="do_adp_late")
+    reads = frozenset(f.name for f in attrs.fields(DOADPParams))
+
+    def check(self, sim, p: DOADPParams) -> None:
+        """Before the run: ticks to count rounds by, and eq. (7)'s calibration (every agent's sigma)."""
+        for a in sim.loop.agents:
+            if a.activation_period is None:  # its schedule has no ticks (Poisson, or a plugin's without a period)
+                raise InputError("agents.activation.kind", "do_adp runs in rounds: use 'bernoulli' or 'periodic'")
+        for a in sim.loop.agents:
+            _release(a, p)
+
+    def init(self, agents, p: DOADPParams) -> _State:
+        comps = [Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
+                 for kd in (realised_k_over_d(a.params.numel(), p.ratio, p.k_rounding) for a in agents)]
+        return _State(PublicCopyRows(agents, comps, p.gamma), agents[0].shared_state("do_adp_momentum"), {})
+
+    def request(self, state: _State, p: DOADPParams) -> GradientRequest:
+        """B samples, the per-sample gradients clipped to +-G/sqrt(d) (or to L2 norm G)."""
+        d = state.m.shape[1]
+        clip = None if p.clip == 0 else p.clip / math.sqrt(d) if p.clip_kind == "coordinate" else p.clip
+        return GradientRequest.of(p.batch, clip, p.clip_kind)
+
+    def horizon(self, p: DOADPParams) -> int:
+        return p.rounds
+
+    def noise(self, state: _State, agent, p: DOADPParams) -> tuple[float, float, float]:
+        r = state.release.get(agent.id)
+        if r is None:
+            r = state.release[agent.id] = _release(agent, p)
+        return r
+
+    def copies(self, state: _State) -> PublicCopyRows:
+        return state.pc
+
+    def sleep(self, b, p: DOADPParams) -> None:
+        """An inactive round (Alg. 1, lines 11-12): m <- beta m; x <- x + gamma sum_j w_ij (xhat_j - xhat_i)."""
+        st, idx = b.state, b.index()
+        st.m.index_copy_(0, idx, st.m.index_select(0, idx).mul_(p.beta))
+        b.x = _consensus(st.pc, b.agents, b.x)
+
+    def step(self, b, p: DOADPParams, noisy):
+        """An active round with the noisy gradients g + theta (5a-5c); the copies as at the start of the round."""
+        st, idx = b.state, b.index()
+        m = st.m.index_select(0, idx).mul_(p.beta).add_(noisy)             # (5a)
+        st.m.index_copy_(0, idx, m)
+        b.x = _consensus(st.pc, b.agents, b.x) - p.lr * m                  # (5b)
+        return st.pc.delta(b.agents, b.x)                                  # (5c), own copies updated
+
+
+@attrs.frozen
+class _State:
+    pc: PublicCopyRows
+    m: torch.Tensor  # the momentum rows, in the bank (checkpoints)
+    release: dict[int, tuple[float, float, float]]  # each agent's (sigma, sensitivity, q), made when first asked
+
+
+def _release(agent, p: DOADPParams) -> tuple[float, float, float]:
+    """The agent's gradient release: sigma (given, or eq. (7)), the recorded sensitivity (eq. (6) or 2G) and the
+    sampling rate B/q."""
     kd = realised_k_over_d(agent.params.numel(), p.ratio, p.k_rounding)
-    sigma = _eq7_sigma(agent, p, kd, activation_p(agent), p.batch or len(agent.rows), p.noise_scaling)
-    return _do_adp(agent, p, sigma, kd)
+    B = p.batch or len(agent.rows)
+    sigma = _eq7_sigma(agent, p, kd, activation_p(agent), B, p.noise_scaling)
+    G = p.clip
+    return sigma, cf.do_adp_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B), min(1.0, B / len(agent.rows))
+
+
+def _consensus(pc: PublicCopyRows, agents, x):
+    """x + gamma sum_j w_ij (xhat_j - xhat_i) of each row, in ``compute.mixing``'s operations."""
+    from netsim.compute.mixing import evaluate
+
+    return evaluate(pc.consensus(agents, x), x.dtype)[1]
 
 
 def realised_k_over_d(d: int, ratio: float, rounding: str) -> float:
     """The realised k/d of top-k with k = ratio * d rounded to an integer (eqs. (6), (7) take this k)."""
     return kept_count(d, ratio, rounding) / d
-
-
-def _do_adp(agent, p: DOADPParams, sigma: float, kd: float):
-    x = agent.params
-    d = x.numel()
-    G = p.clip
-    clip = None if G == 0 else (G / math.sqrt(d) if p.clip_kind == "coordinate" else G)
-    B = p.batch or len(agent.rows)
-    sens = cf.do_adp_sensitivity(G if G > 0 else 1.0, kd, p.sensitivity, B)
-    q = min(1.0, B / len(agent.rows))
-    comp = Compressor("none" if kd >= 1 else "topk", p.ratio, rounding=p.k_rounding)
-    pc = PublicCopies(comp, x, agent.weights)
-    m = agent.state("do_adp_momentum")   # a view: lives in the bank (checkpoints)
-    stats = agent.stats
-    pending: dict[int, list] = {}
-    done = -1            # last round whose own update has been applied
-    applied = -1         # last round whose neighbours' messages have been applied
-
-    def absorb(upto: int) -> None:
-        """Apply neighbours' messages of rounds applied+1 .. upto (5d), in round order."""
-        nonlocal applied
-        for msg in drain(agent, "do_adp"):
-            if msg.round <= applied:
-                stats.add("do_adp_late")      # its round is over here: this replica now differs
-            else:
-                pending.setdefault(msg.round, []).append(msg)
-        for r in sorted(k for k in pending if k <= upto):
-            for msg in sorted(pending.pop(r), key=lambda mm: mm.src):
-                pc.receive(msg.src, msg.payload)
-        applied = max(applied, upto)
-
-    def cons(x: torch.Tensor) -> torch.Tensor:
-        return pc.consensus(x, agent.weights, p.gamma)    # x + gamma sum_j w_ij (xhat_j - xhat_i)
-
-    def sleep_through(upto: int) -> torch.Tensor:
-        """Inactive rounds done+1 .. upto-1 (Alg. 1, lines 11-12)."""
-        nonlocal done
-        x = agent.params
-        for s in range(done + 1, upto):
-            absorb(s - 1)
-            x = cons(x)
-            m.mul_(p.beta)
-            done = s
-        agent.params = x
-        return x
-
-    spent = False
-    while True:
-        at = yield agent.wake()
-        t = tick_of(agent, at)
-        if t >= p.rounds:
-            sleep_through(p.rounds)
-            yield from finish(agent)
-        x = sleep_through(t)
-        absorb(t - 1)
-        step = None
-        if not spent:
-            g = yield agent.gradient(batch=p.batch, params=x, clip=clip, clip_kind=p.clip_kind)
-            step = agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what="gradient")   # g + theta
-            spent = step is None
-        if step is None:                                    # budget cap reached: behave as inactive
-            m.mul_(p.beta)
-            agent.params = cons(x)
-            done = t
-            continue
-        m.mul_(p.beta).add_(step)                           # (5a)
-        x = cons(x) - p.lr * m                              # (5b), copies as at the start of round t
-        s = pc.delta(x)                                     # (5c), own copy updated
-        agent.params = x
-        done = t
-        yield agent.broadcast(s, tag="do_adp", round=t)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -279,6 +279,7 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
     from netsim.rounds.pairwise import PairwiseKernel
     from netsim.rounds.push import PushKernel
     from netsim.rounds.sync import SyncKernel
+    from netsim.rounds.ticks import TickKernel
     from netsim.rounds.triggered import TriggeredKernel
 
     sides = [Side(name, kernel, rec, pr, seed, batched, hooks) for batched in (True, False)]
@@ -291,6 +292,8 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
         play = _updates
     elif isinstance(kernel, BroadcastKernel):
         play = _broadcast
+    elif isinstance(kernel, TickKernel):
+        play = _ticks
     else:
         raise Violation(f"{type(kernel).__name__}.pattern", f"{type(kernel.pattern).__name__} is not a pattern "
                                                             "this check plays")
@@ -693,6 +696,36 @@ def _updates(side: Side, kernel, p, who: list[int]) -> Generator:
                 side.call("update", kernel.update, b, p, G[a.id].unsqueeze(0))
                 a.params = b.x[0]
         yield "update", [{"agent": who[n], "the row after it": side.bank.W[who[n]].clone()} for n in ns]
+
+
+def _ticks(side: Side, kernel, p, who: list[int]) -> Generator:
+    """``TickKernel``s: rounds slept through (``sleep``) and active rounds (``step``, with drawn noisy gradients), on
+    one batch of the rows or one agent at a time (the arrivals, releases and sends are the pattern's own)."""
+    import torch
+
+    agents = [side.agents[i] for i in who]
+    side.call("request", kernel.request, side.state, p)
+    side.call("horizon", kernel.horizon, p)
+    W, idx = side.bank.W, torch.tensor(who)
+    for k in range(ACTIVATIONS):
+        for hook in ("sleep", "step"):
+            G = side.drawn("g", k, shape=W.shape)
+            sent = []
+            if side.batched:
+                b = Batch(agents, k, W.index_select(0, idx), None, side.state)
+                noisy = () if hook == "sleep" else (G.index_select(0, idx),)
+                out = side.call(hook, getattr(kernel, hook), b, p, *noisy)
+                W.index_copy_(0, idx, b.x)
+                sent = [] if out is None else list(out[0].unbind(0))
+            else:
+                for a in agents:
+                    b = Batch([a], k, a.params.unsqueeze(0), None, side.state)
+                    out = side.call(hook, getattr(kernel, hook), b, p, *(() if hook == "sleep" else (G[a.id][None],)))
+                    a.params = b.x[0]
+                    if out is not None:
+                        sent.append(out[0][0])
+            yield hook, [{"agent": i, "the row after it": W[i].clone(),
+                          **({"the differences": sent[n]} if sent else {})} for n, i in enumerate(who)]
 
 
 # bits ---------------------------------------------------------------------------------------------------------------

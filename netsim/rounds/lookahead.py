@@ -412,7 +412,8 @@ class WindowDriver:
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
         self.ticket_of.append((i, None if rows is a.rows else rows))
-        self.push_event(now + ct, DONE, i, tk)
+        self.done_at = now + ct  # when it completes (a driver that groups completions reads it)
+        self.push_event(self.done_at, DONE, i, tk)
         return tk
 
     def completion(self, i: int, t: float, tk: int) -> None:
@@ -561,6 +562,11 @@ class WindowDriver:
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.flushes.clear()
 
+    def clipping(self) -> tuple:
+        """The per-sample clipping of the gradients asked for (``first``'s clip and kind; none without one)."""
+        first = self.first
+        return () if first is None or first.clip is None else (first.clip, first.clip_kind)
+
     def point(self, tk: int) -> torch.Tensor:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
         return self.at_of.pop(tk)
@@ -582,7 +588,8 @@ class WindowDriver:
                 still.append(f)
                 continue
             r = self.flushes[f]
-            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk)) for tk in r]
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping())
+                       for tk in r]
             svc.flush()
             self.grads.put(r, torch.stack([t.result for t in tickets]))
             for tk in r:
@@ -600,15 +607,15 @@ class WindowDriver:
         rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
-            block = svc.submit_block(who, at, rows)
+            block = svc.submit_block(who, at, rows, *self.clipping())
             svc.flush()
             self.grads.put(tickets, block.result)
         else:  # one block per mini-batch length (an agent's whole part: lengths differ by a row or two)
             by_len: dict[int, list[int]] = {}
             for k, r in enumerate(rows):
                 by_len.setdefault(len(r), []).append(k)
-            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks]))
-                      for ks in by_len.values()]
+            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks],
+                                            *self.clipping())) for ks in by_len.values()]
             svc.flush()
             for ks, block in blocks:
                 self.grads.put([tickets[k] for k in ks], block.result)

@@ -94,6 +94,7 @@ class SyncRounds(Pattern):
     records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
     curves: ClassVar[bool] = True
     until: ClassVar[bool] = True
+    lookahead: ClassVar[bool] = True  # agents on their own clocks: lookahead windows (rounds/barrier_windows.py)
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -145,11 +146,13 @@ class SyncRounds(Pattern):
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
-        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); it plays
-        no lookahead windows."""
+        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); on the
+        lookahead path, why rounds/barrier_windows.py cannot play them."""
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
         if path != ROUNDS:
-            return "barrier rounds wait for every in-neighbour: played as synchronous rounds only"
+            from netsim.rounds import barrier_windows
+
+            return barrier_windows.refusal(sim)
         lat = sc.network.latency
         if lat.kind != "constant":
             return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
@@ -192,6 +195,12 @@ class SyncRounds(Pattern):
         if after or r.rounds is None:
             return _timeline(sc, p.round_timeout, before, after, kernel.horizon(p))
         return None
+
+    def play_lookahead(self, sim, kernel) -> bool:
+        """Agents on their own clocks, compute times of their own: conservative lookahead windows."""
+        from netsim.rounds import barrier_windows
+
+        return barrier_windows.play(self, sim, kernel)
 
     @staticmethod
     def _start(a, now: list, n: int, row) -> None:
@@ -416,17 +425,17 @@ class SyncRounds(Pattern):
                     ev.after_write(bank)
                     while True:  # a wave: per agent, its compute_end (or activation), its releases, its request
                         level = len(ev.levels) - 1
-                        counts = np.empty(B, np.int64)
+                        counts = np.full(B, 2, np.int64)  # each agent's rows: one before its releases, one after
+                        for n, made in released.items():
+                            counts[n] += len(made)
                         for n in range(B):
                             i = id_list[n]
-                            was = len(part)
                             if pending:
                                 row(shapes.compute_end(now[n], i))
                             elif hook is None:  # the first wave: the activation that led to it
                                 row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
                             self._start(woken[n], now, n, row)
-                            counts[n] = len(part) - was
                         ev.level_events(level, counts)
                         ev.completed(now)
                         pending = True

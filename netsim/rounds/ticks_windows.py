@@ -1,0 +1,166 @@
+"""Rounds on activation ticks (rounds/ticks.py) as conservative lookahead windows: ``--engine windowed`` for DO-ADP,
+byte for byte the events engine's trace, metrics and models.
+
+The lookahead is push gossip's (rounds/lookahead.py): a message sent at t lands no earlier than t + L, so what an
+activation of [T, T + L) adds to its copies was sent before T, by an earlier window's tensor work. The control plays
+the window's events in simpy's order with the engine's calls (wakes, gradient requests and their batches, links),
+and decides at each activation what the program decides there (``Replay``: the rounds replayed, which arrivals are
+added when, which are late, the finish at the horizon), at each completion the release (the ledger's record, its
+row after ``compute_end``) and the sends of the round's differences. The tensor work then runs each agent's
+operations in its order, one per lock step (``WindowDriver.in_order``): arrivals added to the copies (each agent's
+n-th of a step at once), replayed rounds (``sleep``), gradient requests at the rows as they then are, and active
+rounds (the noise from each agent's own generator, ``step``, the differences kept until their last message is
+added). The bank holds each agent's model after every operation, as the program writes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from netsim.compute.noise import gaussian_noise_rows
+from netsim.rounds.kernel import Batch
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.ticks import SLEEP, Replay
+from netsim.sim.rows import CODES, deliver
+
+RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
+
+
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (module docstring)."""
+    return _Driver(pattern, sim, kernel).run()
+
+
+class _Driver(WindowDriver):
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        p = self.p
+        self.req = self.first = kernel.request(self.state, p)
+        self.horizon = kernel.horizon(p)
+        self.pc = kernel.copies(self.state)
+        self.ctl = [Replay() for _ in self.agents]
+        self.inbox: list[list] = [[] for _ in self.agents]  # (sender, round, payload handle), in arrival order
+        self.round = [0] * len(self.agents)  # each agent's round being played
+        self.noise = [kernel.noise(self.state, a, p) for a in self.agents]
+        self.pids = itertools.count()
+        self.refs: dict[int, int] = {}  # payload handle -> messages still holding it
+        W = self.bank.W
+        self.size = self.pc.comps[0].encoded_size(W.shape[1], W.element_size())  # every difference's bytes
+
+    # the control flow -------------------------------------------------------------------------------------
+    def events_until(self, end: float) -> None:
+        put, inbox, tag, t = self.rows.put, self.inbox, self.tag_code, self.now
+        try:
+            for t, _, kind, i, v in self.due(end):
+                if kind == ACT:
+                    self.activate(i, t, v)
+                    self.activated(i, t, v)
+                elif kind == ARR:
+                    mid, src, size, sent, rnd, pid = v
+                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
+                    inbox[i].append((src, rnd, pid))
+                elif kind == DONE:
+                    self.completion(i, t, v)
+                    self.completed(i, t, v)
+                elif self.housekeeping(t, kind, i, v):
+                    return
+        finally:
+            self.now = t
+
+    def activated(self, i: int, now: float, at: float) -> None:
+        a, ctl = self.agents[i], self.ctl[i]
+        t = a.tick(at) - 1
+        got, self.inbox[i] = self.inbox[i], []
+        late = ctl.arrived(got)
+        if late:
+            a.stats.add(self.pattern.late, late)
+        slot = self.pc.slot[i]
+        for op in ctl.wake(t, self.horizon):
+            if op is SLEEP:
+                self.op(i, REPLAY)
+            else:
+                self.op(i, RECV, [(slot[src], h) for src, h in op])
+        if self.horizon is not None and t >= self.horizon:
+            self.finish(a, now)
+            return
+        if ctl.spent:  # (refused with a budget cap: never here)
+            raise RuntimeError("ticked rounds: a budget cap in lookahead windows")
+        self.round[i] = t
+        self.op(i, ASK, self.request(i, now, self.req.batch))
+
+    def completed(self, i: int, now: float, tk: int) -> None:
+        """The release (its row after ``compute_end``), the round's differences sent, the next wake."""
+        a = self.agents[i]
+        sigma, sens, q = self.noise[i]
+        a.ledger.record(self.bank.W.shape[1], sigma, sens, q=q, what="gradient", at=(now, self.rows))
+        pid, t, held = next(self.pids), self.round[i], 0
+        for j in a.neighbors:
+            mid, arrives = self.message(i, j, now, self.size, t, self.tag, self.rows)
+            if arrives is not None:
+                held += 1
+                self.push_event(arrives, ARR, j, (mid, i, self.size, now, t, pid))
+        self.op(i, STEP, tk, pid, held)
+        self.wake(i, now)
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def tensor_work(self, first_ticket: int) -> None:
+        self.in_order(first_ticket, (self.receives, self.replays, self.asks, self.steps), ASK, STEP)
+
+    def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
+        idx = torch.tensor(who, device=self.bank.W.device)
+        agents = [self.agents[i] for i in who]
+        return Batch(agents, self.round[who[0]], self.bank.W.index_select(0, idx), None, self.state), idx
+
+    def receives(self, step: list) -> None:
+        """x_hat_j += d_j: each agent's n-th arrival of the step at once (one agent's arrivals add in turn)."""
+        copies, dev = self.pc.copies, self.bank.W.device
+        got = [(i, o[1]) for i, o in step]
+        for n in range(max(len(g) for _, g in got)):
+            at = [(i, g[n]) for i, g in got if len(g) > n]
+            rows = torch.tensor([i for i, _ in at], device=dev)
+            slots = torch.tensor([s for _, (s, _) in at], device=dev)
+            pids = [h for _, (_, h) in at]
+            copies[rows, slots] = copies[rows, slots] + self.payloads.peek(pids)
+            for h in pids:
+                n_left = self.refs[h] - 1
+                if n_left:
+                    self.refs[h] = n_left
+                else:
+                    del self.refs[h]
+                    self.payloads.drop(h)
+
+    def replays(self, step: list) -> None:
+        b, idx = self.batch([i for i, _ in step])
+        self.kernel.sleep(b, self.p)
+        self.bank.W.index_copy_(0, idx, b.x)
+
+    def asks(self, step: list) -> None:
+        who = [i for i, _ in step]
+        W = self.bank.W
+        self.asked(who, [o[1] for _, o in step], W.index_select(0, torch.tensor(who, device=W.device)))
+
+    def steps(self, step: list) -> None:
+        """The releases' noise (each agent's own generator), the kernel's step, the differences kept for their
+        messages."""
+        who = [i for i, _ in step]
+        g = self.grads.take([o[1] for _, o in step])
+        noised = [n for n, i in enumerate(who) if self.noise[i][0]]
+        if noised:
+            z = gaussian_noise_rows(g.shape[1:], [self.noise[who[n]][0] for n in noised],
+                                    [self.agents[who[n]].ledger.noise.generator for n in noised], g.dtype)
+            if len(noised) == len(who):
+                g = g + z
+            else:
+                idx = torch.tensor(noised, device=g.device)
+                g = g.index_copy(0, idx, g.index_select(0, idx) + z)
+        b, idx = self.batch(who)
+        sent, _ = self.kernel.step(b, self.p, g)
+        self.bank.W.index_copy_(0, idx, b.x)
+        which = [n for n, (_, o) in enumerate(step) if o[3]]
+        if which:
+            self.keep([step[n][1][2] for n in which], sent, which)
+            for n in which:
+                _, o = step[n]
+                self.refs[o[2]] = o[3]
