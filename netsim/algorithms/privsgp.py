@@ -8,12 +8,16 @@ with Tight Utility Bounds" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteratio
     x_i^{k+1/2} = x_i^k - gamma g~
     x_i^{k+1} = sum_j P^k_ij x_j^{k+1/2},  w_i^{k+1} = sum_j P^k_ij w_j^k,  z = x / w   (push-sum)
 The table starts with a full pass at x^0 (J gradients per node, not counted in K). Push-sum is
-``comm.PushSum`` (sender-chosen column-stochastic shares, Kempe et al. 2003) with plain shares (not
-running sums: on a time-varying graph the out-neighbour changes every round); each round ends with a
-barrier on the round's in-neighbours (``Agent.gather``). Use ``[topology.dynamic] kind =
-"one_peer_exponential"`` for the paper's time-varying directed exponential graph (P^k = (I + Pi_k)/2,
-App. D) or any directed topology with ``mixing = "column_stochastic"``. The bank holds z_i (what is
-evaluated); the SAGA table, its average and the push-sum weights live in bank state.
+Kempe et al.'s (FOCS 2003) with sender-chosen column-stochastic shares: agent i keeps 1/(d_i^k + 1) of (x_i, w_i)
+and sends one such share to each of its d_i^k out-neighbours of round k (plain shares, not ``comm.PushSum``'s
+running sums: on a time-varying graph the out-neighbour changes every round). Both methods are round kernels of
+barrier rounds (``rounds.SyncRounds``: each round ends with a barrier on the round's in-neighbours), so they run on
+both engines with the same bits. Use ``[topology.dynamic] kind = "one_peer_exponential"`` for the paper's
+time-varying directed exponential graph (P^k = (I + Pi_k)/2, App. D) or any directed topology with ``mixing =
+"column_stochastic"``. The bank holds z_i (what is evaluated); the numerators x_i, the SAGA table and its average
+live in bank state (``push_numerator``, ``saga_table``, ``saga_average``), the weights w_i in the kernel's state (as
+doubles; ``push_weight`` in bank state is their copy in the bank's dtype). Every node finishes after its K rounds
+(``horizon``).
 
 Noise and K (``netsim.privacy.closed_forms``): sigma_i by eq. (11) (c_2 = ``[privacy] c2``) for the run's
 K; ``iterations = 0`` means K = k_scale * K* with K* from eq. (12), A = 13 F^0 + 6 L ||x^0||^2 + 18 L b^2
@@ -31,15 +35,17 @@ Baselines: ``privsgp`` (Algorithm 2: the same without variance reduction, eq. (4
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 import numpy as np
 
 from netsim.algorithms.do_adp import finish, privacy_spec
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import PairwiseGossip, PushSum, sync_round
+from netsim.comm.patterns import PairwiseGossip, RunningSumPayload, sync_round
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
+from netsim.rounds import SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -131,68 +137,138 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
     return {"G": G, "L": L, "b2": b2, "F0": F0}
 
 
-def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
-    """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
-    import torch
-    i = agent.id
-    b = p.block
-    J = len(agent.rows)
-    nb = max(1, J // b)                                   # table entries (blocks of b rows)
-    blocks = agent.rows[:nb * b].reshape(nb, -1)
-    x0 = agent.params
-    clip = p.G if p.clip else None
-    weight = agent.shared_state("push_weight", shape=())  # w_i (push-sum weights), all agents
-    numer = agent.shared_state("push_numerator")          # x_i (push-sum numerators)
-    if vr:
-        nmax = max(max(1, len(part) // b) for part in agent.partition)
-        table = agent.state("saga_table", shape=(nmax, x0.numel()))
-        avg = agent.state("saga_average")
-        X, y = agent.training_set
-        idx = torch.as_tensor(blocks.ravel())
-        table[:nb] = agent.model.grad(x0.expand(nb, -1), X[idx].view(nb, blocks.shape[1], -1),
-                                      y.long()[idx].view(nb, -1), clip)   # full pass at x^0 (phi^0 = x^0)
-        avg.copy_(table[:nb].mean(0))
-    ps = PushSum(agent, x0, tag="privsgp", running_sums=False)
-    rng = agent.rng()
-    q = min(1.0, blocks.shape[1] / J)
-    sens = p.sens_mult * p.G / blocks.shape[1]                        # noise on a mean of b clipped gradients
-    for _ in range(pl.K):
-        yield agent.wake()
-        z = ps.estimate
-        xi = int(rng.integers(nb))
-        h = yield agent.gradient(params=z, rows=blocks[xi], clip=clip)
-        if vr:
-            g = h - table[xi] + avg                                   # eq. (6), old table
-            avg.add_(h - table[xi], alpha=1.0 / nb)                   # eq. (5)
-            table[xi] = h
+class PushSumSGP(SyncKernel):
+    """Algorithm 1 (``vr``) or Algorithm 2, iteration k at node i: draw xi, the per-sample gradient at z_i^k, the
+    SAGA-corrected gradient (Alg. 1), its noisy release, the half step x^{k+1/2}, then push-sum: keep one share
+    of (x, w), push one to each out-neighbour of round k, add what arrived (sorted by sender), z = x / w."""
+
+    pattern = SyncRounds(tag="privsgp")
+    reads = frozenset({"iterations", "k_scale", "lr", "lr_max", "epsilon", "delta", "sigma", "G", "clip", "sens_mult",
+                       "L", "F0", "b2", "batch", "block"})  # (batch: the baselines')
+    per_row = frozenset({"xh", "yh"})  # each agent's kept share (x, w), from ``local`` to ``combine``
+    vr: ClassVar[bool] = True
+
+    def init(self, agents, p):
+        """Each node's plan (K, sigma_i, gamma), its table entries (blocks of ``block`` rows), w_i^0 = 1, x_i^0 the
+        bank's row, and (Alg. 1) the table's full pass at x^0 (phi^0 = x^0), node by node as the paper's init."""
+        plans = [plan(a, p) for a in agents]
+        blocks = []
+        for a in agents:
+            nb = max(1, len(a.rows) // p.block)                           # table entries (blocks of b rows)
+            blocks.append(a.rows[:nb * p.block].reshape(nb, -1))
+        numer = agents[0].shared_state("push_numerator")                  # x_i (push-sum numerators)
+        weight = agents[0].shared_state("push_weight", shape=())          # w_i in the bank's dtype (a copy)
+        for a in agents:
+            numer[a.id] = a.params
+            weight[a.id] = 1.0
+        if self.vr:
+            x0 = agents[0].params
+            clip = p.G if p.clip else None
+            table = agents[0].shared_state("saga_table", shape=(max(len(bl) for bl in blocks), x0.numel()))
+            avg = agents[0].shared_state("saga_average")
+            X, y = agents[0].training_set
+            import torch
+            for a, bl in zip(agents, blocks, strict=True):
+                nb = len(bl)
+                idx = torch.as_tensor(bl.ravel())
+                table[a.id, :nb] = a.model.grad(a.params.expand(nb, -1), X[idx].view(nb, bl.shape[1], -1),
+                                                y.long()[idx].view(nb, -1), clip)   # full pass at x^0
+                avg[a.id] = table[a.id, :nb].mean(0)
+        return {"plan": plans, "blocks": blocks, "w": [1.0] * len(agents)}
+
+    def horizon(self, p, state):
+        return state["plan"][0].K                                         # K iterations (K* of eq. (12), or given)
+
+    def local(self, b, p):
+        import torch
+        st = b.state
+        ids = b.ids
+        blocks = [st["blocks"][i] for i in ids]
+        plans = [st["plan"][i] for i in ids]
+        xi = [int(a.rng().integers(len(bl))) for a, bl in zip(b.agents, blocks, strict=True)]  # xi ~ U{1..J}
+        clip = p.G if p.clip else None
+        h = yield b.gradients(b.x, [bl[j] for bl, j in zip(blocks, xi, strict=True)], clip)  # grad f_i(z_i^k; xi)
+        if self.vr:
+            table, avg = b.agents[0].shared_state("saga_table"), b.agents[0].shared_state("saga_average")
+            idx, at = b.index(), torch.tensor(xi, device=h.device)
+            old, mean = table[idx, at], avg.index_select(0, idx)
+            g = h - old + mean                                            # eq. (6), old table
+            step = h - old
+            for nb, ns in _by([len(bl) for bl in blocks]).items():        # eq. (5): the average, then T_i[xi] = h
+                rows = torch.tensor(ns, device=h.device)
+                avg[idx[rows]] = mean.index_select(0, rows).add_(step.index_select(0, rows), alpha=1.0 / nb)
+            table[idx, at] = h
         else:
-            g = h
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=sens, q=q, what="gradient")  # eq. (7)
-        if noisy is not None:
-            ps.x.sub_(noisy, alpha=pl.lr)                             # x^{k+1/2}
-        yield ps.push()                                               # keep P_ii share, push P_ji shares
-        got = yield agent.gather(tag=ps.tag, round=ps.seq, timeout=p.round_timeout)
-        for j in sorted(got):                                         # x^{k+1}, w^{k+1}
-            ps.x.add_(got[j].x)
-            ps.y += got[j].y
-        weight[i] = ps.y
-        numer[i] = ps.x
-        agent.params = ps.estimate                                    # z^{k+1}
-    yield from finish(agent)
+            g = h                                                         # eq. (4)
+        b_rows = [bl.shape[1] for bl in blocks]
+        noisy = b.privatize(g, [pl.sigma for pl in plans], [p.sens_mult * p.G / m for m in b_rows],
+                            [min(1.0, m / len(a.rows)) for m, a in zip(b_rows, b.agents, strict=True)])  # eq. (7)
+        x = b.agents[0].shared_state("push_numerator").index_select(0, b.index())
+        refused = b.refused(noisy)
+        if not refused:
+            x.sub_(b.stack(noisy), alpha=plans[0].lr)                     # x^{k+1/2} = x^k - gamma g~
+        else:                                                             # out of budget: no step
+            for n, z in enumerate(noisy):
+                if z is not None:
+                    x[n].sub_(z, alpha=plans[n].lr)
+        shares = [1.0 / (len(a.neighbors) + 1) for a in b.agents]        # P^k's column i: 1/(d_i^k + 1)
+        if shares.count(shares[0]) == len(shares):
+            x.mul_(shares[0])
+        else:
+            x.mul_(torch.tensor(shares, dtype=x.dtype, device=x.device)[:, None])
+        b.xh, b.yh = x, [st["w"][i] * s for i, s in zip(ids, shares, strict=True)]
+        size = x[0].numel() * x.element_size() + 8                        # (RunningSumPayload.size_bytes)
+        b.send([RunningSumPayload(r, y) for r, y in zip(x.unbind(0), b.yh, strict=True)], [size] * len(b))
+        b.k += 1                                                          # message round: pushes so far (1..K)
+
+    def combine(self, b, p, got):
+        import torch
+        x, y = b.xh.clone(), list(b.yh)                                   # the kept shares
+        senders = [sorted(g) for g in got]
+        for s in range(max(map(len, senders), default=0)):                # x^{k+1} = sum_j P^k_ij x_j^{k+1/2}, w
+            ns = [n for n, js in enumerate(senders) if len(js) > s]       # alike: arrivals in sender order
+            rows = torch.stack([got[n][senders[n][s]].x for n in ns])
+            if len(ns) == len(b):
+                x.add_(rows)
+            else:
+                at = torch.tensor(ns, device=x.device)
+                x.index_copy_(0, at, x.index_select(0, at).add_(rows))
+            for n in ns:
+                y[n] += got[n][senders[n][s]].y
+        a0, idx = b.agents[0], b.index()
+        a0.shared_state("push_numerator").index_copy_(0, idx, x)
+        a0.shared_state("push_weight", shape=()).index_copy_(0, idx, torch.tensor(y, dtype=x.dtype, device=x.device))
+        for i, w in zip(b.ids, y, strict=True):
+            b.state["w"][i] = w
+        b.set_params(x / torch.tensor(y, dtype=x.dtype, device=x.device)[:, None])   # z^{k+1} = x / w
+
+    def check(self, sim, p):
+        """Before the run: K, K* and sigma_i need valid parameters (eqs. (11), (12))."""
+        plan(sim.agents[0], p)
+
+
+def _by(values: list) -> dict:
+    """Positions grouped by value, in order of first appearance."""
+    out: dict = {}
+    for n, v in enumerate(values):
+        out.setdefault(v, []).append(n)
+    return out
 
 
 @register("privsgp_vr", PrivSGPParams)
-def privsgp_vr(agent, p: PrivSGPParams):
+class PrivSGPVR(PushSumSGP):
     """PrivSGP-VR (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 1): a SAGA variance-reduced stochastic
     gradient with Gaussian noise, then push-sum over a directed, possibly time-varying graph."""
-    return _push_sum_sgp(agent, p, True, plan(agent, p))   # plan first: bad parameters fail before the run
+
+    vr = True
 
 
 @register("privsgp", PrivSGPParams)
-def privsgp(agent, p: PrivSGPParams):
+class PrivSGP(PushSumSGP):
     """PrivSGP (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 2): PrivSGP-VR without variance reduction, the
     noisy stochastic gradient itself (eq. (4)), then push-sum."""
-    return _push_sum_sgp(agent, p, False, plan(agent, p))
+
+    vr = False
 
 
 @register("dp2_sgd", PrivSGPParams)
