@@ -141,6 +141,8 @@ class SyncRounds(Pattern):
     def refusal(self, sim, path: Path) -> str | None:
         """Why the rounds of this built simulation are not exact windows for this driver (None: they are); it plays
         no lookahead windows."""
+        from netsim.rounds.windowed import round_limit
+
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
         if path != ROUNDS:
             return "barrier rounds wait for every in-neighbour: played as synchronous rounds only"
@@ -156,7 +158,8 @@ class SyncRounds(Pattern):
         if why is not None:
             return why
         r = sc.run
-        if r.stop_on_divergence and sc.evaluation.every <= (r.rounds + 1) * sc.agents.activation.period:
+        limit = round_limit(sim)  # run.rounds, or the kernel's own horizon
+        if r.stop_on_divergence and sc.evaluation.every <= (limit + 1) * sc.agents.activation.period:
             return ("run.stop_on_divergence with evaluations inside the run: the events engine stops inside a round, "
                     "after the events already due then — remove run.stop_on_divergence (summary.json's 'diverged' "
                     "still says when)")
@@ -168,7 +171,7 @@ class SyncRounds(Pattern):
             if kernel.exchanges(p, state) > 1:
                 return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
                         "different times — set network.loss = 0")
-            return _round_times(sc, p.round_timeout)
+            return _round_times(sc, p.round_timeout, limit)
         return None
 
     @staticmethod
@@ -599,7 +602,7 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     return torch.stack([t.result for t in tickets])
 
 
-def _round_times(sc, timeout: float) -> str | None:
+def _round_times(sc, timeout: float, rounds: int) -> str | None:
     """With lossy links an agent wakes from its barrier either when its last message arrives (D) or when the
     barrier times out (T); the engine orders the next round by time first, so both must give the very same
     float activation time in every round (and so the same compute end, arrivals and timeout). Checked on
@@ -610,7 +613,7 @@ def _round_times(sc, timeout: float) -> str | None:
     lat = float(sc.network.latency.value)
     from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
     d = t = 0.0
-    for r in range(sc.run.rounds):
+    for r in range(rounds):
         at_d, at_t = from_d.next(0.0 + 1.0 * d), from_t.next(0.0 + 1.0 * t)
         a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
         if at_d != at_t or a_d != a_t:
