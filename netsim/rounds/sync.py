@@ -479,8 +479,8 @@ class Exchange:
         want = {(i, j) for j, got in enumerate(ins) for i in got}
         stray = next(((i, j) for i, out in enumerate(outs) for j in out if (i, j) not in want), None)
         if stray is not None:
-            raise ValueError(f"{type(kernel).__name__}.routes: agent {stray[0]} sends to {stray[1]}, which does not wait "
-                             "for it (the message would stay queued): routes must agree")
+            raise ValueError(f"{type(kernel).__name__}.routes: agent {stray[0]} sends to {stray[1]}, which does not "
+                             "wait for it (the message would stay queued): routes must agree")
         self._use(outs, ins)
 
     def _made(self, senders: list[int]) -> None:

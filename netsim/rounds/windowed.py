@@ -71,9 +71,9 @@ def scenario_refusal(sc, alternative: bool = True, curves: bool = False, rounds:
     if dyn is not None and not dynamic:
         return f"the topology changes over time: synchronous rounds need one graph — remove topology.dynamic{alt}"
     if dyn is not None and dyn.kind != "one_peer_exponential":
-        return (f"topology.dynamic kind {dyn.kind!r}: a drawn or scheduled graph may leave an agent without in-neighbours "
-                "in a round (its barrier completes at once: not played by synchronous windows) — use kind = "
-                "\"one_peer_exponential\"")
+        return (f"topology.dynamic kind {dyn.kind!r}: a drawn or scheduled graph may leave an agent without "
+                "in-neighbours in a round (its barrier completes at once: not played by synchronous windows) — use "
+                "kind = \"one_peer_exponential\"")
     r = sc.run
     rounds = r.rounds if rounds is None else rounds
     if rounds is None:
