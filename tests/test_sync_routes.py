@@ -175,3 +175,22 @@ def test_privsgp_runs_windowed_byte_for_byte_with_drawn_parameters(tmp_path_fact
         assume("topology" not in str(e))
         raise
     assert_identical(run_both(tmp_path_factory.mktemp("privsgp"), sc))
+
+
+def test_privsgp_vr_killed_after_a_checkpoint_resumes_by_restore_byte_for_byte(tmp_path):
+    """A windowed run on the one-peer graph cut after its second checkpoint (round 4): the restore (push-sum weights
+    in the kernel's state, numerators and the SAGA table in the bank, the epoch's links adopted again at the next
+    activation) continues to the uninterrupted run's bytes."""
+    from netsim import api
+    from tests.test_checkpoint_windowed import killed_at, same_outputs
+
+    sc = base(n=6, rounds=4)
+    del sc["run"]["rounds"]
+    sc["run"].update(until=100.0, checkpoint_every_rounds=2)
+    sc["topology"] = ONE_PEER
+    sc["algorithm"] = {"name": "privsgp_vr", "iterations": 7, "lr": 0.2, "sigma": 0.1, "round_timeout": 0.05}
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 2)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore" and res.summary["engine"] == "windowed"
+    same_outputs(res.out, ref.out)
