@@ -88,10 +88,11 @@ class Plan:
     J: int
 
 
-def plan(agent, p: PrivSGPParams) -> Plan:
-    """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i)."""
+def plan(agent, p: PrivSGPParams, J: int | None = None) -> Plan:
+    """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i); ``J``: the
+    smallest local dataset (computed here when not given)."""
     n = agent.agent_count
-    J = min(len(part) for part in agent.partition)
+    J = min(len(part) for part in agent.partition) if J is None else J
     c2 = privacy_spec(agent).c2
     K_star = None
     K = p.iterations
@@ -151,7 +152,8 @@ class PushSumSGP(SyncKernel):
     def init(self, agents, p):
         """Each node's plan (K, sigma_i, gamma), its table entries (blocks of ``block`` rows), w_i^0 = 1, x_i^0 the
         bank's row, and (Alg. 1) the table's full pass at x^0 (phi^0 = x^0), node by node as the paper's init."""
-        plans = [plan(a, p) for a in agents]
+        J = min(len(part) for part in agents[0].partition)
+        plans = [plan(a, p, J) for a in agents]
         blocks = []
         for a in agents:
             nb = max(1, len(a.rows) // p.block)                           # table entries (blocks of b rows)
