@@ -53,7 +53,7 @@ def tensor_hooks(kernel: RoundKernel) -> set[str]:
 
 
 # what a kernel's defaults leave to the scenario (PrivSGP's K = K* of eq. (12) needs the problem's constants)
-GIVEN = {"privsgp": {"iterations": 3}, "privsgp_vr": {"iterations": 3}}
+GIVEN = {"privsgp": {"iterations": 3}, "privsgp_vr": {"iterations": 3}, "dp2_sgd": {"iterations": 3}}
 
 
 @pytest.mark.parametrize(("name", "kernel", "params"), builtin_kernels(), ids=[k[0] for k in builtin_kernels()])

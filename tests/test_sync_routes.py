@@ -139,7 +139,7 @@ def test_routes_that_do_not_agree_are_named(tmp_path):
         del registry.REGISTRY["test_one_way"]
 
 
-# PrivSGP-VR and PrivSGP: push-sum on the one-peer exponential graph, SAGA, DP releases, their own K -------------------
+# PrivSGP-VR and PrivSGP (push-sum on the one-peer exponential graph, SAGA), DP^2-SGD: DP releases, their own K ------
 @st.composite
 def privsgp(draw) -> dict:
     n = draw(st.integers(3, 9))
@@ -148,8 +148,11 @@ def privsgp(draw) -> dict:
     sc["run"]["until"] = 100.0
     sc["data"] = {"kind": "synthetic", "samples": draw(st.sampled_from([12, 20])) * n, "features": 4,
                   "partition": draw(st.sampled_from(["iid", "quantity"]))}
-    sc["topology"] = draw(st.sampled_from([ONE_PEER, {"kind": "erdos_renyi", "p": 0.5, "directed": True}]))
-    alg = {"name": draw(st.sampled_from(["privsgp_vr", "privsgp"])), "iterations": draw(st.integers(2, 5)),
+    name = draw(st.sampled_from(["privsgp_vr", "privsgp", "dp2_sgd"]))
+    undirected = [{"kind": "ring"}, {"kind": "erdos_renyi", "p": 0.6}]  # DP^2-SGD: a symmetric mixing
+    directed = [ONE_PEER, {"kind": "erdos_renyi", "p": 0.5, "directed": True}]
+    sc["topology"] = draw(st.sampled_from(undirected if name == "dp2_sgd" else directed))
+    alg = {"name": name, "iterations": draw(st.integers(2, 5)), "batch": draw(st.integers(1, 4)),
            "lr": draw(st.sampled_from([0.0, 0.2])), "block": draw(st.integers(1, 3)), "clip": draw(st.booleans()),
            "G": draw(st.sampled_from([0.5, 1.0])), "round_timeout": 0.05}
     if draw(st.booleans()):
@@ -161,7 +164,7 @@ def privsgp(draw) -> dict:
     return sc
 
 
-@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=privsgp())
 def test_privsgp_runs_windowed_byte_for_byte_with_drawn_parameters(tmp_path_factory, sc):
     from hypothesis import assume

@@ -28,7 +28,7 @@ sensitivity 3G and rate 1/J, so ``closed_form = "privsgp_vr"`` inverts eq. (11) 
 the rigorous epsilon (far larger).
 
 Baselines: ``privsgp`` (Algorithm 2: the same without variance reduction, eq. (4)); ``dp2_sgd``
-(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N));
+(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N), a round kernel too);
 ``adp2_sgd`` (A(DP)^2SGD [reconstructed], Xu et al. 2021: AD-PSGD with gradient noise).
 """
 
@@ -42,10 +42,10 @@ import numpy as np
 
 from netsim.algorithms.do_adp import finish, privacy_spec
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import PairwiseGossip, RunningSumPayload, sync_round
+from netsim.comm.patterns import PairwiseGossip, RunningSumPayload
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
-from netsim.rounds import SyncKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -274,25 +274,36 @@ class PrivSGP(PushSumSGP):
 
 
 @register("dp2_sgd", PrivSGPParams)
-def dp2_sgd(agent, p: PrivSGPParams):
+class DP2SGD(SyncKernel):
     """DP^2-SGD [reconstructed]: x_i^{k+1} = sum_j W_ij x_j^k - gamma (grad f_i(x_i^k; B) + N(0, sigma^2 I))
     on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR."""
-    return _dp2_sgd(agent, p, plan(agent, p))
 
+    pattern = SyncRounds(tag="model")
+    reads = PushSumSGP.reads
+    per_row = frozenset({"step"})  # the noisy gradients ``local`` hands to ``combine``
 
-def _dp2_sgd(agent, p: PrivSGPParams, pl: Plan):
-    clip = p.G if p.clip else None
-    q = min(1.0, p.batch / len(agent.rows))
-    for k in range(pl.K):
-        yield agent.wake()
-        x = agent.params
-        g = yield agent.gradient(batch=p.batch, params=x, clip=clip)
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q,
-                                what="gradient")
-        got = yield from sync_round(agent, x, k, timeout=p.round_timeout)
-        x = agent.mix(x, got)
-        agent.params = x if noisy is None else x - pl.lr * noisy
-    yield from finish(agent)
+    def init(self, agents, p):
+        J = min(len(part) for part in agents[0].partition)
+        return {"plan": [plan(a, p, J) for a in agents]}
+
+    def horizon(self, p, state):
+        return state["plan"][0].K
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch, p.G if p.clip else None)          # per-sample clipped to G, averaged
+
+    def local(self, b, p):
+        plans = [b.state["plan"][i] for i in b.ids]
+        b.step = b.privatize(b.g, [pl.sigma for pl in plans], [p.sens_mult * p.G / p.batch] * len(b),
+                             [min(1.0, p.batch / len(a.rows)) for a in b.agents])   # grad + N(0, sigma_i^2 I)
+        b.send(b.x)                                                           # x_i^k (post-processing)
+
+    def combine(self, b, p, got):
+        lr = b.state["plan"][b.ids[0]].lr
+        b.mix_into_params(b.x, got, step=b.step, lr=lr)   # sum_j W_ij x_j^k - gamma g~ (out of budget: no step)
+
+    def check(self, sim, p):
+        plan(sim.agents[0], p)
 
 
 @register("adp2_sgd", PrivSGPParams)
