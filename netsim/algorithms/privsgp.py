@@ -163,6 +163,10 @@ class PushSumSGP(SyncKernel):
         for a in agents:
             numer[a.id] = a.params
             weight[a.id] = 1.0
+        st = {"plan": plans, "blocks": blocks, "w": [1.0] * len(agents), "numer": numer, "weight": weight,
+              # per node: sensitivity of its release (a mean of b clipped gradients), sampling rate b / J_i
+              "sens": [p.sens_mult * p.G / bl.shape[1] for bl in blocks],
+              "q": [min(1.0, bl.shape[1] / len(a.rows)) for a, bl in zip(agents, blocks, strict=True)]}
         if self.vr:
             x0 = agents[0].params
             clip = p.G if p.clip else None
@@ -176,43 +180,49 @@ class PushSumSGP(SyncKernel):
                 table[a.id, :nb] = a.model.grad(a.params.expand(nb, -1), X[idx].view(nb, bl.shape[1], -1),
                                                 y.long()[idx].view(nb, -1), clip)   # full pass at x^0
                 avg[a.id] = table[a.id, :nb].mean(0)
-        return {"plan": plans, "blocks": blocks, "w": [1.0] * len(agents)}
+            st.update(table=table, avg=avg)
+        return st  # (the tensors are the bank's states: a restored checkpoint writes them in place)
 
     def horizon(self, p, state):
         return state["plan"][0].K                                         # K iterations (K* of eq. (12), or given)
 
     def local(self, b, p):
         import torch
-        st = b.state
-        ids = b.ids
+        st, ids = b.state, b.ids
+        one = len(b) == 1
+        sel = slice(ids[0], ids[0] + 1) if one else b.index()            # the batch's rows of the states
         blocks = [st["blocks"][i] for i in ids]
-        plans = [st["plan"][i] for i in ids]
         xi = [int(a.rng().integers(len(bl))) for a, bl in zip(b.agents, blocks, strict=True)]  # xi ~ U{1..J}
         clip = p.G if p.clip else None
         h = yield b.gradients(b.x, [bl[j] for bl, j in zip(blocks, xi, strict=True)], clip)  # grad f_i(z_i^k; xi)
         if self.vr:
-            table, avg = b.agents[0].shared_state("saga_table"), b.agents[0].shared_state("saga_average")
-            idx, at = b.index(), torch.tensor(xi, device=h.device)
-            old, mean = table[idx, at], avg.index_select(0, idx)
+            table, avg = st["table"], st["avg"]
+            at = (ids[0], slice(xi[0], xi[0] + 1)) if one else (sel, torch.tensor(xi, device=h.device))
+            old, mean = table[at], avg[sel]
             g = h - old + mean                                            # eq. (6), old table
             step = h - old
-            for nb, ns in _by([len(bl) for bl in blocks]).items():        # eq. (5): the average, then T_i[xi] = h
-                rows = torch.tensor(ns, device=h.device)
-                avg[idx[rows]] = mean.index_select(0, rows).add_(step.index_select(0, rows), alpha=1.0 / nb)
-            table[idx, at] = h
+            nbs = [len(bl) for bl in blocks]                              # eq. (5): the average, then T_i[xi] = h
+            if nbs.count(nbs[0]) == len(nbs):
+                avg[sel] = mean.add_(step, alpha=1.0 / nbs[0])
+            else:
+                for nb, ns in _by(nbs).items():
+                    rows = torch.tensor(ns, device=h.device)
+                    avg[sel[rows]] = mean.index_select(0, rows).add_(step.index_select(0, rows), alpha=1.0 / nb)
+            table[at] = h
         else:
             g = h                                                         # eq. (4)
-        b_rows = [bl.shape[1] for bl in blocks]
-        noisy = b.privatize(g, [pl.sigma for pl in plans], [p.sens_mult * p.G / m for m in b_rows],
-                            [min(1.0, m / len(a.rows)) for m, a in zip(b_rows, b.agents, strict=True)])  # eq. (7)
-        x = b.agents[0].shared_state("push_numerator").index_select(0, b.index())
-        refused = b.refused(noisy)
-        if not refused:
-            x.sub_(b.stack(noisy), alpha=plans[0].lr)                     # x^{k+1/2} = x^k - gamma g~
+        noisy = b.privatize(g, [st["plan"][i].sigma for i in ids], [st["sens"][i] for i in ids],
+                            [st["q"][i] for i in ids])                    # eq. (7): g + N(0, sigma_i^2 I)
+        x = st["numer"][sel]
+        if one:
+            x = x.clone()
+        lr = st["plan"][ids[0]].lr                                        # (gamma: the same at every node)
+        if not b.refused(noisy):
+            x.sub_(b.stack(noisy), alpha=lr)                              # x^{k+1/2} = x^k - gamma g~
         else:                                                             # out of budget: no step
             for n, z in enumerate(noisy):
                 if z is not None:
-                    x[n].sub_(z, alpha=plans[n].lr)
+                    x[n].sub_(z, alpha=lr)
         shares = [1.0 / (len(a.neighbors) + 1) for a in b.agents]        # P^k's column i: 1/(d_i^k + 1)
         if shares.count(shares[0]) == len(shares):
             x.mul_(shares[0])
@@ -225,24 +235,26 @@ class PushSumSGP(SyncKernel):
 
     def combine(self, b, p, got):
         import torch
+        st, ids = b.state, b.ids
         x, y = b.xh.clone(), list(b.yh)                                   # the kept shares
         senders = [sorted(g) for g in got]
         for s in range(max(map(len, senders), default=0)):                # x^{k+1} = sum_j P^k_ij x_j^{k+1/2}, w
             ns = [n for n, js in enumerate(senders) if len(js) > s]       # alike: arrivals in sender order
-            rows = torch.stack([got[n][senders[n][s]].x for n in ns])
             if len(ns) == len(b):
-                x.add_(rows)
+                x.add_(torch.stack([got[n][js[s]].x for n, js in enumerate(senders)]) if len(b) > 1 else
+                       got[0][senders[0][s]].x)
             else:
                 at = torch.tensor(ns, device=x.device)
-                x.index_copy_(0, at, x.index_select(0, at).add_(rows))
+                x.index_copy_(0, at, x.index_select(0, at).add_(torch.stack([got[n][senders[n][s]].x for n in ns])))
             for n in ns:
                 y[n] += got[n][senders[n][s]].y
-        a0, idx = b.agents[0], b.index()
-        a0.shared_state("push_numerator").index_copy_(0, idx, x)
-        a0.shared_state("push_weight", shape=()).index_copy_(0, idx, torch.tensor(y, dtype=x.dtype, device=x.device))
-        for i, w in zip(b.ids, y, strict=True):
-            b.state["w"][i] = w
-        b.set_params(x / torch.tensor(y, dtype=x.dtype, device=x.device)[:, None])   # z^{k+1} = x / w
+        sel = slice(ids[0], ids[0] + 1) if len(b) == 1 else b.index()
+        w = torch.tensor(y, dtype=x.dtype, device=x.device)
+        st["numer"][sel] = x
+        st["weight"][sel] = w
+        for i, v in zip(ids, y, strict=True):
+            st["w"][i] = v
+        b.set_params(x / w[:, None])                                      # z^{k+1} = x / w
 
     def check(self, sim, p):
         """Before the run: K, K* and sigma_i need valid parameters (eqs. (11), (12))."""
