@@ -529,6 +529,7 @@ class Pattern:
     kernel: ClassVar[type]
     lookahead: ClassVar[bool] = False
     curves: ClassVar[bool] = False
+    dynamic: ClassVar[bool] = False  # its synchronous windows play a time-varying topology (``topology.dynamic``)
     records: ClassVar[frozenset[str]] = frozenset()
 
     def program(self, kernel: Any, agent: Any, p: Any) -> Generator:
