@@ -179,8 +179,10 @@ def round_limit(sim) -> int | None:
     """The round after which every agent finishes: ``run.rounds``, or the kernel's own ``horizon`` (a barrier-rounds
     algorithm's K), the smaller of the two."""
     r = sim.world.scenario.run.rounds
+    from netsim.rounds.sync import SyncKernel
+
     kernel = sim.program
-    own = getattr(kernel, "horizon", None)
+    own = kernel.horizon if isinstance(kernel, SyncKernel) else None  # (a ticked kernel's horizon counts ticks)
     k = None if own is None else own(sim.params, kernel.state_of(sim.loop.agents[0], sim.params))
     return r if k is None else k if r is None else min(r, k)
 
