@@ -37,6 +37,13 @@ class TriggeredKernel(BroadcastKernel):
     def trigger(self, p: Any) -> tuple[TriggerKind, float, float]:
         raise NotImplementedError
 
+    def noise(self, state: Any, agent: Any, p: Any) -> tuple[float, float, float] | None:
+        """The Gaussian release of the agent's gradient at each step, made by ``update`` through ``b.privatize``:
+        (sigma, sensitivity, sampling rate q); None (the default): no release. The windows record each one where
+        the engine makes it (its ledger entry and row at the gradient's completion, a budget cap's refusal) and
+        ``b.privatize`` then draws only its noise (``Batch.recorded``)."""
+        return None
+
     def update(self, b: Batch, p: Any, g: torch.Tensor) -> None:
         """The step of each row of ``b.x`` with its gradient ``g`` (rows), after the mix with the copies."""
         raise NotImplementedError

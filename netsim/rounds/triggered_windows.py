@@ -54,7 +54,7 @@ class _Sends(BroadcastDriver):
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG and DP)
+        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG)
         self.rule = Rule(*kernel.trigger(p))
         self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
         self.undecided: list[list] = []  # the window's sends, in processing order
@@ -127,16 +127,26 @@ class _Driver(_Sends):
         self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
         self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
         self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
+        self.noise = [kernel.noise(self.state, a, self.p) for a in self.agents]  # each agent's release (None: none)
+        self.recorded: dict[int, bool] = {}  # ticket -> its release made (False: the budget cap refused it)
+        self.spent: set[int] = set()  # agents whose cap refused a release: no gradient from then on
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
-        if self.req is not None:
+        if self.req is not None and i not in self.spent:
             self.ask(i, now)
             return
         self.mix(i, MERGE)
         self.send(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
+        noise = self.noise[i]
+        if noise is not None:  # the release, as the engine's update makes it: its row right after ``compute_end``
+            sigma, sens, q = noise
+            ok = self.recorded[tk] = self.agents[i].ledger.record(self.X.shape[1], sigma, sens, q=q,
+                                                                  what="gradient", at=(now, self.rows))
+            if not ok:
+                self.spent.add(i)
         self.mix(i, UPDATE, tk)
         self.send(i, now)
 
@@ -205,6 +215,8 @@ class _Driver(_Sends):
 
     def updates(self, step: list) -> None:
         b, idx = self.mixed(step, 3)
+        if self.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
+            b.recorded = [self.recorded.pop(o[2]) for _, o in step]
         self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
         self.store(b, idx)
         self.settle(step, 5)
