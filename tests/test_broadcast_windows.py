@@ -75,6 +75,8 @@ def broadcasting(draw, name: str) -> dict:
             cap = draw(st.sampled_from([None, 2.0, 20.0]))
             sc["privacy"] = {"delta": 1e-5} if cap is None or sc["agents"]["activation"]["kind"] == "bernoulli" \
                 else {"delta": 1e-5, "epsilon_cap": cap}
+        else:  # or LAG: a fresh gradient only where the trigger fires on its change (else the last one, reused)
+            sc["algorithm"]["lazy"] = draw(st.booleans())
     elif name == "sparq":
         trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
         sc["algorithm"] |= {"trigger": trigger, "threshold": draw(st.sampled_from([0.0, 0.05, 0.5])),
@@ -185,7 +187,8 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
                                                      "latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}]}},
      r"the minimum network.links[0].latency is 0"),
     ({"name": "pushsum"}, {"network": {"latency": {"kind": "exponential", "mean": 0.05}}}, "no positive lower bound"),
-    ({"name": "event_triggered", "lazy": True}, {}, "lazy: LAG's gradient trigger decides which releases happen"),
+    ({"name": "event_triggered", "lazy": True, "noise_multiplier": 1.0}, {},
+     "lazy with noise_multiplier > 0: LAG's trigger decides from the gradient"),
     ({"name": "event_triggered"}, {"network": {"uplink": 1.0e6}}, "bandwidth or uplinks"),
     ({"name": "adpsgd"}, {"network": {"bandwidth": 1.0e6}},
      "bandwidth or uplinks: an exchange waits for its request's transmission"),
@@ -329,6 +332,15 @@ def test_event_triggered_windows_release_dp_sgd_gradients_as_the_engine(tmp_path
         assert r.exit_code == 0, r.output
         reports.append((tmp_path / engine / "privacy.json").read_text())
     assert reports[0] == reports[1] and json.loads(reports[0])["guarantee"] is True
+
+def test_event_triggered_windows_play_lag_gradient_reuse(tmp_path):
+    """LAG (lazy = true, no DP): the trigger on each fresh gradient's change, decided in the tensor work at the
+    activation count of its completion, gives the engine's bytes; the reuse changes the models."""
+    sc = poisson({**TRIGGERED, "trigger": "absolute", "threshold": 0.5})
+    sc["run"]["until"] = 3.0
+    fresh = both(tmp_path / "fresh", sc)
+    lazy = both(tmp_path / "lazy", {**sc, "algorithm": {**sc["algorithm"], "lazy": True}})
+    assert lazy["gradients"] == fresh["gradients"] and not torch.equal(lazy["W"], fresh["W"])
 
 def test_adpsgd_windows_average_two_agents_to_their_mean(tmp_path):
     """Pure pairwise averaging (lr = 0) of two agents without loss, the paper's bipartite split (agent 0 initiates):

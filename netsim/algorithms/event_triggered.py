@@ -9,7 +9,7 @@ out-neighbour j with ||x_i - (what j last got)|| > tau_k (``comm.EventTrigger``)
 never waits for messages that its neighbours' triggers may never send. ``trigger = "always"`` is the
 same algorithm sending every round (the baseline for the saving reported in the summary). Written as a kernel
 of the event-triggered pattern (rounds/triggered.py), so ``--engine windowed`` plays it as lookahead windows,
-DP-SGD's releases included (LAG runs on the events engine).
+DP-SGD's releases and LAG included (LAG with DP-SGD's releases runs on the events engine).
 
 Privacy (``noise_multiplier > 0``): the local gradient is the DP-SGD one (Abadi et al., "Deep Learning with
 Differential Privacy", CCS 2016, Alg. 1: per-example clipping to ``clip``, Gaussian noise of std z C / B),
@@ -68,9 +68,10 @@ class EventTriggered(TriggeredKernel):
 
     def refusal(self, sim, path):
         p = sim.params
-        if p.lazy:
-            return ("lazy: LAG's gradient trigger decides which releases happen (not played by the windows) — set "
-                    "algorithm.lazy = false")
+        if p.lazy and p.noise_multiplier > 0:
+            return ("lazy with noise_multiplier > 0: LAG's trigger decides from the gradient, in the windows' tensor "
+                    "work, whether a release happens, whose ledger entry and row belong at the gradient's completion, "
+                    "in their control — set algorithm.lazy = false or algorithm.noise_multiplier = 0")
         return None
 
     def noise(self, state, agent, p):

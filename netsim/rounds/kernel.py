@@ -98,10 +98,11 @@ class Batch:
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "_mixes",
-                      "rows", "scalars", "recorded"})
+                      "rows", "scalars", "recorded", "counts"})
     # a lookahead-window driver's batch: each agent's release already recorded by the ledger where the engine makes
     # it (its completion: time, row, a cap's refusal; False: refused), so ``privatize`` only draws the noise
     recorded: Sequence[bool] | None = None
+    counts: Sequence[int] | None = None  # ... and each agent's activation count there (``rounds``)
 
     def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
         """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
@@ -152,8 +153,9 @@ class Batch:
 
     def rounds(self) -> list[int]:
         """Each agent's activations so far, this one included (``Agent.round``): an asynchronous pattern's batch holds
-        agents at different counts, where ``k`` is the first agent's."""
-        return [a.round for a in self.agents]
+        agents at different counts, where ``k`` is the first agent's; a lookahead window's, the counts where its
+        control made each operation (its agents have moved on by its tensor work)."""
+        return [a.round for a in self.agents] if self.counts is None else list(self.counts)
 
     @property
     def sent(self) -> torch.Tensor | None:

@@ -129,6 +129,7 @@ class _Driver(_Sends):
         self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
         self.noise = [kernel.noise(self.state, a, self.p) for a in self.agents]  # each agent's release (None: none)
         self.recorded: dict[int, bool] = {}  # ticket -> its release made (False: the budget cap refused it)
+        self.count_of: dict[int, int] = {}  # ticket -> its agent's activation count (``Batch.rounds``)
         self.spent: set[int] = set()  # agents whose cap refused a release: no gradient from then on
 
     # the control flow -------------------------------------------------------------------------------------
@@ -147,6 +148,7 @@ class _Driver(_Sends):
                                                                   what="gradient", at=(now, self.rows))
             if not ok:
                 self.spent.add(i)
+        self.count_of[tk] = self.k[i] + 1
         self.mix(i, UPDATE, tk)
         self.send(i, now)
 
@@ -217,6 +219,7 @@ class _Driver(_Sends):
         b, idx = self.mixed(step, 3)
         if self.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
             b.recorded = [self.recorded.pop(o[2]) for _, o in step]
+        b.counts = [self.count_of.pop(o[2]) for _, o in step]
         self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
         self.store(b, idx)
         self.settle(step, 5)
