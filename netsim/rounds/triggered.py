@@ -28,11 +28,12 @@ if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (
 
 
 class TriggeredKernel(BroadcastKernel):
-    """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no
-    step), ``trigger`` (the send rule's kind, threshold and decay), ``noise`` (the release of each gradient, if any)
-    and ``update`` (the step after the mix, on ``b.x``). A batch's agents may be at different activations: agent n's count so far is ``b.rounds()[n] - 1`` (in
-    the events engine's batch of one, ``b.k`` too). Its windowed driver is the broadcast's with another control, so
-    it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults (no ``request``, ``extra_rows``, ...)."""
+    """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no step),
+    ``trigger`` (the send rule's kind, threshold and decay), ``noise`` (the release of each gradient, if any) and
+    ``update`` (the step after the mix, on ``b.x``). A batch's agents may be at different activations: agent n's
+    count so far is ``b.rounds()[n] - 1`` (in the events engine's batch of one, ``b.k`` too). Its windowed driver is
+    the broadcast's with another control, so it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults
+    (no ``request``, ``extra_rows``, ...)."""
 
     def trigger(self, p: Any) -> tuple[TriggerKind, float, float]:
         raise NotImplementedError

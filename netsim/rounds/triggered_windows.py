@@ -18,11 +18,16 @@ never depends on a decision.
 
 Event-triggered D-PSGD: payload rows are counted by who holds them: messages in flight, receivers' copies and
 senders' last-sent references (``EventTrigger``'s); each agent's initial model is kept under the handle -1 - i (the
-copies of neighbours that never sent, the last-sent reference before the first send). SPARQ-SGD: its copies are the
-run's ``PublicCopyRows`` (sums of the q's received, in arrival order), a q's row is held by its messages until
-added; an agent's operations (receive, gradient, step, receive, push) run one per lock step (``in_order``), the push
-deciding the trigger on ||x - xhat_i||, compressing where it fires (each agent's own stream) and taking the
-consensus step for all.
+copies of neighbours that never sent, the last-sent reference before the first send). A private kernel's release
+(``TriggeredKernel.noise``, DP-SGD's) is recorded by the control at the gradient's completion, as the engine's update
+makes it: its ledger entry and row right after ``compute_end`` (``AgentLedger.record`` with ``at``; a budget cap's
+refusal traced there, and the agent asks for no gradient from then on); the kernel's ``b.privatize`` in the tensor
+work then only draws the noise, each agent's from its own generator in its order (``Batch.recorded``). An update's
+batch gives each agent's activation count at its completion (``Batch.counts``: LAG's decaying threshold).
+SPARQ-SGD: its copies are the run's ``PublicCopyRows`` (sums of the q's received, in arrival order), a q's row is
+held by its messages until added; an agent's operations (receive, gradient, step, receive, push) run one per lock
+step (``in_order``), the push deciding the trigger on ||x - xhat_i||, compressing where it fires (each agent's own
+stream) and taking the consensus step for all.
 """
 
 from __future__ import annotations
