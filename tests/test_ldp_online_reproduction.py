@@ -200,15 +200,15 @@ def test_broadcast_noise_is_laplace_with_the_recorded_scale(monkeypatch):
     from netsim.algorithms import ldp_online as mod
 
     seen = []
-    real = mod.release
+    real = mod.release_rows
 
-    def spy(agent, x, k, scale, sens):
-        out = real(agent, x, k, scale, sens)
-        if k >= 1:
-            seen.append(((out - x) / scale).cpu().numpy())
+    def spy(b, x, scales, sens):
+        out = real(b, x, scales, sens)
+        if b.k >= 1:
+            seen.append(((b.stack(out) - x) / torch.tensor(scales, dtype=x.dtype)[:, None]).cpu().numpy().ravel())
         return out
 
-    monkeypatch.setattr(mod, "release", spy)
+    monkeypatch.setattr(mod, "release_rows", spy)
     run_params(scen({"sigma": 2.0}))
     z = np.concatenate(seen)
     assert stats.kstest(z, stats.laplace.cdf).pvalue > 1e-3

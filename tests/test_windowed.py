@@ -95,11 +95,17 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
 
 
 @pytest.mark.parametrize(("changes", "why"), [
-    ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}}}, "only periodic"),
-    ({"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}}, "one constant latency"),
-    ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}}, "simultaneous wakes"),
-    ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}}, "miss the barrier"),
-    ({"evaluation": {"every": 0.3}, "run": {"stop_on_divergence": True}}, "stop_on_divergence with evaluations"),
+    # what synchronous rounds refuse is played by the lookahead windows (tests/test_barrier_windows.py) unless they
+    # refuse it too
+    ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}},
+      "network": {"latency": {"kind": "lognormal", "mean": 0.002, "sigma": 0.5}}},
+     "nor as lookahead windows: latency 'lognormal' has no positive lower bound"),
+    ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.004}}},
+     "nor as lookahead windows: the minimum latency is 0"),
+    ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}, "network": {"bandwidth": 1.0e6}},
+     "nor as lookahead windows: bandwidth or uplinks"),
+    ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}, "run": {"checkpoint_every_rounds": 3}},
+     "nor as lookahead windows: checkpoints"),
     ({"algorithm": {"name": "dp_cga", "lr": 0.01, "batch": 8, "lr_decay": None}},
      "coroutine program, not a round kernel"),
     ({"algorithm": {"name": "choco", "lr": 0.0, "batch": 8, "round_timeout": 0.05, "lr_decay": None}},
@@ -419,16 +425,17 @@ def _async(**changes) -> dict:
 
 @pytest.mark.parametrize(("sc", "rule", "fix"), [
     (exact(agents={"activation": {"kind": "bernoulli", "period": 0.1, "p": 0.5}}), "activation 'bernoulli'",
-     'set agents.activation.kind = "periodic", or use an asynchronous algorithm'),
+     'set agents.activation.kind = "periodic"'),
     (exact(agents={"clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.01}}), "clock offsets, drift or jitter",
-     "remove agents.clock_offset, clock_drift and clock_jitter, or use an asynchronous algorithm"),
+     "remove agents.clock_offset, clock_drift and clock_jitter"),
     (exact(agents={"compute_time": {"kind": "lognormal", "mean": 0.01, "sigma": 0.3}}), "compute times differ",
      "set agents.compute_time to a constant"),
     (exact(agents={"offline": [{"agent": 1, "start": 0.2, "end": 0.4}]}), "agents go offline",
      "remove agents.offline"),
     (exact(network={"burst": {"p_enter": 0.1, "p_exit": 0.5}}), "links are not Bernoulli-lossy",
      "remove network.burst"),
-    (exact(network={"bandwidth": 1.0e6}), "bandwidth-limited links", "remove network.bandwidth and network.uplink"),
+    (exact(network={"bandwidth": 1.0e6}), "bandwidth or uplinks: a barrier round's broadcast waits",
+     "remove network.bandwidth, network.uplink"),
     (exact(run={"rounds": None}), "run.rounds is not set", "set run.rounds"),
     (exact(run={"until": 0.5}), "run.until = 0.5 may stop the run inside a round", "remove run.until"),
     (exact(evaluation={"every": 0.3}, run={"stop_on_divergence": True}),
@@ -463,11 +470,13 @@ def _async(**changes) -> dict:
 ])
 def test_engine_auto_refusals_name_the_rule_and_what_to_change(sc, rule, fix):
     """Each reason the fast path is refused, as ``--engine auto`` reports it: one line, the rule, then after " — "
-    what to change. For an asynchronous algorithm it is the lookahead windows' reason."""
+    what to change. It is the lookahead windows' reason (they play any clock); where they play the run (barrier
+    rounds on jittery clocks), the synchronous rounds' reason, which ``--engine windowed`` no longer needs."""
     from netsim.api import prepare
     from netsim.rounds import windowed
 
-    line = windowed.reason(prepare(scenario_from_dict(sc)))
+    sim = prepare(scenario_from_dict(sc))
+    line = windowed.reason(sim) or windowed.rounds_refusal(sim, sim.program)
     assert line is not None and "\n" not in line and line.count(" — ") == 1, line
     said, change = line.split(" — ")
     assert rule in said and fix in change, line
@@ -496,10 +505,12 @@ def test_engine_auto_is_the_default_and_says_which_engine_ran(tmp_path):
     for f in ("trace.arrows", "metrics.csv"):
         assert (tmp_path / "default" / f).read_bytes() == (tmp_path / "events" / f).read_bytes()
     slow = netsim.run(scenario_from_dict(exact(agents={"clock_drift": {"kind": "normal", "mean": 0.0,
-                                                                        "sigma": 0.001}})), out=tmp_path / "slow")
+                                                                        "sigma": 0.001}},
+                                               network={"latency": {"kind": "exponential", "mean": 0.005}})),
+                      out=tmp_path / "slow")
     assert slow.summary["engine"] == "events"
-    assert slow.summary["windowed_refused"].startswith("clock offsets, drift or jitter: synchronous rounds need "
-                                                       "simultaneous wakes — remove agents.clock_offset")
+    assert slow.summary["windowed_refused"].startswith("latency 'exponential' has no positive lower bound: no "
+                                                       "lookahead (a message can arrive at once) — a uniform latency")
     console = Console(width=400, record=True)
     console.print(_summary_table(slow.summary))
     text = console.export_text()

@@ -35,7 +35,14 @@ missing neighbour's term is skipped (Alg 1: y_j taken as theta_i; baselines: its
 own noisy copy). ``exchange="async"`` never waits: it mixes with the latest copy heard from each
 neighbour (received values are fixed external input in Def. 2, so the accounting is unchanged).
 Round 0's state theta_0 is data independent (Delta_0 = 0, D6): its noise is drawn from the same
-generator but it is not a ledger release (Lemma 2 sums from t = 1).
+generator but it is not a ledger release (Lemma 2 sums from t = 1); theta_0 itself is drawn at the
+learner's first step.
+
+``ldp_online`` and ``ldp_dsgd`` take their gradient before the exchange, so they are written once as
+barrier-round kernels (``OnlineLearner``: each step's rows for every learner of a batch; releases through
+``Batch.privatize`` with the Laplace mechanism), which both engines run; with ``exchange="async"`` the
+same steps run as each learner's barrier-free loop on the events engine. ``dola`` and ``pdop`` take it at
+the mixed point, after the exchange, and stay coroutine programs.
 """
 
 from __future__ import annotations
@@ -44,11 +51,14 @@ import math
 from typing import TYPE_CHECKING, Literal
 
 import attrs
+import numpy as np
 
 from netsim.algorithms.registry import register
 from netsim.comm.patterns import drain
 from netsim.compute.streaming import DataStreams, HistoryStream
 from netsim.errors import InputError
+from netsim.rounds import Batch, SyncKernel, SyncRounds
+from netsim.rounds.kernel import drive
 from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.streams import register_purpose
 
@@ -196,69 +206,174 @@ def _grad_kw(p: Common) -> dict:
     return {"clip": p.C / 2, "clip_kind": "l2"} if p.clip else {}
 
 
-def _share(agent, p: LDPOnlineParams, theta: torch.Tensor, k: int, vs: float, sens: float) -> torch.Tensor | None:
-    """Step 3: y_t = theta_t + Lap(rho_t), rho_t = sigma / sqrt(2) (t+1)^varsigma_i (eq. 3); theta_t itself
-    with noise off."""
-    if not p.noise:
-        return theta.clone()
-    return release(agent, theta, k, p.sigma / math.sqrt(2) * (k + 1) ** vs, sens)
+def release_rows(b, x: torch.Tensor, scales: list[float], sens: list[float]) -> torch.Tensor | list:
+    """``release`` for every agent of a batch at its step ``b.k`` (rows; None where a budget cap refused): y = x +
+    Lap(scale), a public ledger release for k >= 1 (one draw per learner and step, shared by its copies); step 0's state
+    is data independent, so its noise is drawn but not released (D6, Lemma 2 sums from t = 1)."""
+    if b.k == 0 or all(s <= 0 for s in sens):
+        return x if all(c <= 0 for c in scales) else b.add_noise(x, scales, "laplace")
+    if any(s <= 0 for s in sens):
+        raise ValueError("a batch whose learners release and do not release in one step")
+    return b.privatize(x, scales, sens, [1.0] * len(b), what="model", mechanism="laplace")
 
 
-def _coupling(theta: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
-    """sum_j w (y^j - theta) over the copies received (a missing neighbour's term is skipped)."""
+def coupling_rows(theta: torch.Tensor, got, w: float) -> torch.Tensor:
+    """sum_j w (y^j - theta) of each row over the copies it received, in sender order (a missing neighbour's term is
+    skipped): row by row the float operations of one learner's sum."""
     import torch
+
     out = torch.zeros_like(theta)
-    for j in sorted(got):
-        out.add_(got[j] - theta, alpha=w)
+    order = [sorted(g) for g in got]
+    for s in range(max(map(len, order), default=0)):
+        ns = [n for n, o in enumerate(order) if len(o) > s]
+        ys = torch.stack([got[n][order[n][s]] for n in ns])
+        if len(ns) == len(order):
+            out.add_(ys - theta, alpha=w)
+        else:
+            at = torch.tensor(ns, device=theta.device)
+            out.index_copy_(0, at, out.index_select(0, at).add_(ys - theta.index_select(0, at), alpha=w))
     return out
 
 
+def project_rows(x: torch.Tensor, radius: float) -> torch.Tensor:
+    """``project`` of each row (step 7). The batch's norms, computed at once, only screen: a row near or past the
+    radius is decided and scaled by its own norm, as one learner's projection."""
+    import torch
+
+    near = (torch.linalg.vector_norm(x, dim=1) > radius * (1 - 1e-3)).nonzero().flatten().tolist()
+    out = x
+    for n in near:
+        r = x[n]
+        row = project(r, radius)
+        if row is not r:
+            out = x.clone() if out is x else out
+            out[n] = row
+    return out
+
+
+class OnlineLearner(SyncKernel):
+    """What Algorithm 1 and DSGD share: each learner's data stream, its noisy broadcast of the state and the projected
+    update, in barrier rounds (``exchange = "sync"``) or on the latest copies (``"async"``, the events engine)."""
+
+    pattern = SyncRounds(tag=TAG)
+    reads = frozenset(f.name for f in attrs.fields(LDPOnlineParams)) - {"round_timeout"}
+    per_row = frozenset({"d"})  # each learner's gradient, from ``local`` to ``combine``
+
+    def init(self, agents, p):
+        """Each learner's stream (opened in agent order: the ``tracking`` metric pools them in that order) and its
+        sensitivity state (Phi_t, or Psi_t)."""
+        return {"streams": [stream_of(a, p.per_round) for a in agents], "sens": [0.0] * len(agents)}
+
+    def check(self, sim, p):
+        check_schedule(sim, p)
+
+    def rows(self, stream: HistoryStream) -> np.ndarray:
+        """Step 1-2: acquire xi_t; the rows the step's gradient is taken on."""
+        raise NotImplementedError
+
+    def local(self, b, p):
+        st = b.state
+        if b.k == 0 and p.init == "normal":  # D5: theta_0^i ~ N(0, init_std^2 I), each learner's own draw
+            b.x = initial_rows(b, p)
+            b.set_params(b.x)
+        rows = [self.rows(st["streams"][a.id]) for a in b.agents]
+        b.d = yield b.gradients(b.x, rows, *((p.C / 2, "l2") if p.clip else ()))  # 2: grad at theta_t
+        if not p.noise:
+            b.send(b.x.clone())
+            return
+        n = b.x.shape[1]  # 3: y_t = theta_t + Lap(rho_t), rho_t = sigma / sqrt(2) (t+1)^varsigma_i (eq. 3)
+        y = release_rows(b, b.x, [p.sigma / math.sqrt(2) * (b.k + 1) ** varsigma(a, p) for a in b.agents],
+                         [math.sqrt(n) * st["sens"][a.id] for a in b.agents])
+        b.send(y)  # 4 (a learner out of budget sends nothing: ``routes``)
+
+    def routes(self, b, p):
+        return ([], None) if b.out[0] is None else None
+
+    def refusal(self, sim, path):
+        from netsim.rounds.lookahead import checkpoints
+        from netsim.rounds.windowed import budget_cap_refusal
+
+        p, sc = sim.params, sim.world.scenario
+        if p.exchange == "async":
+            return ("exchange 'async' mixes the latest copies with no barrier: only barrier rounds (exchange 'sync') "
+                    "have a fast path — set algorithm.exchange = \"sync\"")
+        if checkpoints(sim):
+            return ("checkpoints: the learners' data histories are not kept in a windowed checkpoint — remove "
+                    "run.checkpoint_every and run.checkpoint_every_rounds (or run --engine events)")
+        if "tracking" in sc.evaluation.metrics and sc.evaluation.every < sc.agents.activation.period:
+            return ("the 'tracking' metric with evaluations closer than a round: a round's data streams advance "
+                    "together in the windows — set evaluation.every >= agents.activation.period")
+        return budget_cap_refusal(sim)
+
+    def __call__(self, agent, p):
+        """Barrier rounds (the pattern's program), or with ``exchange = "async"`` each step on the latest copies."""
+        return self.pattern.program(self, agent, p) if p.exchange == "sync" else self.latest_copies(agent, p)
+
+    def latest_copies(self, agent, p):
+        """``exchange = "async"``: each step broadcasts, then mixes the latest copy heard from each neighbour (received
+        values are fixed external input in Def. 2, so the accounting is unchanged); the same steps as the rounds."""
+        state = self.state_of(agent, p)
+        b = Batch([agent], 0, None, None, state)
+        copies: dict[int, torch.Tensor] = {}
+        heard: dict[int, int] = {}
+        k = 0
+        while True:
+            yield agent.wake()
+            b.renew(k, agent.params, None)
+            yield from drive(agent, self.local(b, p))
+            if b.out[0] is not None:
+                yield agent.broadcast(b.out[0], tag=TAG, round=k)
+            for m in drain(agent, TAG):
+                if m.round >= heard.get(m.src, -1):
+                    heard[m.src], copies[m.src] = m.round, m.payload
+            self.combine(b, p, [dict(copies)])
+            k += 1
+
+
+def initial_rows(b, p: Common) -> torch.Tensor:
+    """theta_0 of each learner of a batch: N(0, init_std^2 I) from its ``algorithm`` stream (D5)."""
+    import torch
+
+    z = np.stack([a.rng("algorithm").normal(0.0, p.init_std, b.x.shape[1]) for a in b.agents])
+    return torch.as_tensor(z, dtype=b.x.dtype, device=b.x.device)
+
+
 # --- Algorithm 1 ------------------------------------------------------------------------------------
-@register("ldp_online", LDPOnlineParams, check=check_schedule)
-def ldp_online(agent, p: LDPOnlineParams):
+@register("ldp_online", LDPOnlineParams)
+class LDPOnline(OnlineLearner):
     """Locally private distributed online learning (Chen and Wang, Algorithm 1): each step, a
     history-averaged gradient, a Laplace-noised broadcast of the state, a projected consensus and gradient
     step (steps 1-7; eqs. 3-4 schedules, Thm 5 eq. 22 sensitivity)."""
-    initialise(agent, p)
-    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
-    vs = varsigma(agent, p)
-    n = agent.params.numel()
-    phi, k = 0.0, 0  # Phi_t: L2 gap after one differing sample (Thm 5 proof)
-    while True:
-        yield agent.wake()
+
+    def rows(self, stream):
         stream.next()                                                          # 1: xi_t into D_t
-        theta = agent.params
-        d = yield agent.gradient(rows=stream.history, params=theta, **_grad_kw(p))  # 2: grad f_t at theta_t
-        y = _share(agent, p, theta, k, vs, math.sqrt(n) * phi)                  # 3
-        got = yield from ex(y, k)                                              # 4-5
+        return stream.history                                                  # 2: f_t's gradient over D_t
+
+    def combine(self, b, p, got):
+        k = b.k
         lam, gam = p.lam0 / (k + 1) ** p.v, p.gam0 / (k + 1) ** p.u
-        agent.params = project(theta + gam * _coupling(theta, got, p.w) - lam * d, p.radius)  # 6-7
-        w_ii = p.w * len(got)  # |w_ii| this step: a missing neighbour's term was skipped
-        phi = max(0.0, 1 - w_ii * gam + p.L_acc * lam) * phi + p.C * lam / (k + 1)  # eq. (22)
-        k += 1
+        b.set_params(project_rows(b.x + gam * coupling_rows(b.x, got, p.w) - lam * b.d, p.radius))  # 5-7
+        sens = b.state["sens"]  # Phi_t: L2 gap after one differing sample (Thm 5 proof)
+        for a, g in zip(b.agents, got, strict=True):
+            w_ii = p.w * len(g)  # |w_ii| this step: a missing neighbour's term was skipped
+            sens[a.id] = max(0.0, 1 - w_ii * gam + p.L_acc * lam) * sens[a.id] + p.C * lam / (k + 1)  # eq. (22)
 
 
-@register("ldp_dsgd", DSGDParams, check=check_schedule)
-def ldp_dsgd(agent, p: DSGDParams):
+@register("ldp_dsgd", DSGDParams)
+class LDPDSGD(OnlineLearner):
     """DSGD (Pu, Olshevsky, Paschalidis, IEEE TAC 2021; Chen and Wang's baseline B1, ref. [55]) with
     Laplace-noised states: the Laplacian form of Alg. 1 with gamma_t = 1 and the newest sample's gradient."""
-    initialise(agent, p)
-    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
-    vs = varsigma(agent, p)
-    n = agent.params.numel()
-    psi, k = 0.0, 0  # worst gap over the position of the differing sample
-    while True:
-        yield agent.wake()
-        new = stream.next()
-        theta = agent.params
-        g = yield agent.gradient(rows=new, params=theta, **_grad_kw(p))
-        y = _share(agent, p, theta, k, vs, math.sqrt(n) * psi)
-        got = yield from ex(y, k)
-        lam = p.lam0 / (k + 1) ** p.v
-        agent.params = project(theta + _coupling(theta, got, p.w) - lam * g, p.radius)
-        a = max(0.0, 1 - p.w * len(got) + p.L_acc * lam)
-        psi = max(a * psi, p.C * lam)
-        k += 1
+
+    def rows(self, stream):
+        return stream.next()  # the newest sample only
+
+    def combine(self, b, p, got):
+        lam = p.lam0 / (b.k + 1) ** p.v
+        b.set_params(project_rows(b.x + coupling_rows(b.x, got, p.w) - lam * b.d, p.radius))
+        sens = b.state["sens"]  # Psi_t: the worst gap over the position of the differing sample
+        for a, g in zip(b.agents, got, strict=True):
+            c = max(0.0, 1 - p.w * len(g) + p.L_acc * lam)
+            sens[a.id] = max(c * sens[a.id], p.C * lam)
 
 
 def _mix_noisy(own_y: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:

@@ -36,3 +36,25 @@ def laplace_noise(shape, scale: float, generator: torch.Generator,
     e = torch.empty((2, *torch.Size(shape)), dtype=dtype, device=generator.device)
     e.exponential_(generator=generator)
     return (e[0] - e[1]).mul_(scale)
+
+
+def laplace_noise_rows(shape, scales: list[float], generators: list[torch.Generator],
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row k is ``laplace_noise(shape, scales[k], generators[k], dtype)``, bit for bit: each row's pair of Exp(1)
+    draws from its own generator, then every difference scaled in one operation."""
+    device = generators[0].device
+    e = torch.empty((len(generators), 2, *torch.Size(shape)), dtype=dtype, device=device)
+    for row, gen in zip(e.unbind(0), generators, strict=True):
+        row.exponential_(generator=gen)
+    return (e[:, 0] - e[:, 1]).mul_(torch.tensor(scales, dtype=dtype, device=device).view(-1, *([1] * len(shape))))
+
+
+def noise_rows(mechanism: str, shape, scales: list[float], generators: list[torch.Generator],
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The noise rows of an additive mechanism (``gaussian``: std ``scales[k]``; ``laplace``: scale ``scales[k]``),
+    row k from ``generators[k]``, bit for bit the draws of one release at a time."""
+    if mechanism == "gaussian":
+        return gaussian_noise_rows(shape, scales, generators, dtype)
+    if mechanism == "laplace":
+        return laplace_noise_rows(shape, scales, generators, dtype)
+    raise ValueError(f"mechanism {mechanism!r}: no batched noise rows (gaussian, laplace)")

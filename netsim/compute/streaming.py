@@ -36,14 +36,14 @@ class HistoryStream:
         if len(pool) == 0:
             raise ValueError("an agent without training rows cannot stream data")
         self.pool, self.rng, self.per_round = pool, rng, int(per_round)
-        self._buf = np.empty(max(64, 4 * self.per_round), dtype=np.int64)
+        self._buf = np.zeros(max(64, 4 * self.per_round), dtype=np.int64)  # zeros: two equal streams compare equal
         self.n = 0
 
     def next(self) -> np.ndarray:
         """Acquire xi_t (``per_round`` rows) and append it to the history; returns the new rows."""
         new = self.pool[self.rng.integers(0, len(self.pool), self.per_round)]
         if self.n + len(new) > len(self._buf):
-            grown = np.empty(2 * (self.n + len(new)), dtype=np.int64)
+            grown = np.zeros(2 * (self.n + len(new)), dtype=np.int64)
             grown[:self.n] = self._buf[:self.n]
             self._buf = grown  # earlier views stay valid: rows are only ever appended
         self._buf[self.n:self.n + len(new)] = new

@@ -60,11 +60,12 @@ class AgentLedger:
             self._noise = NoiseSource(int(a.rng("noise").integers(2**63 - 1)), a.device)
         return self._noise
 
-    def _skipped(self) -> int:
-        """Activation ticks since the previous release that saw no release (Bernoulli activation)."""
+    def _skipped(self, tick: int | None = None) -> int:
+        """Activation ticks since the previous release that saw no release (Bernoulli activation); ``tick``: the
+        agent's latest tick as its runner placed the release (default: now)."""
         if self.p >= 1.0:
             return 0
-        tick = self.agent.last_tick
+        tick = self.agent.last_tick if tick is None else tick
         skipped = max(0, tick - self._last_tick - 1)
         self._last_tick = max(self._last_tick, tick)
         return skipped
@@ -83,14 +84,15 @@ class AgentLedger:
         return out
 
     def record(self, size: int, sigma: float, sensitivity: float, mechanism: str = "gaussian", q: float = 1.0,
-               what: str = "gradient", to: int = -1, at: tuple[float, list] | None = None) -> bool:
+               what: str = "gradient", to: int = -1, at: tuple | None = None) -> bool:
         """``release`` without the noise: check, account and trace one release of ``size`` coordinates, and
         say whether it may happen (False once the cap would be exceeded). The caller then adds the noise
         from ``self.noise`` itself, in this agent's release order; a runner that noises many agents'
         releases in one batch uses this (each agent's generator is its own, so the batch draws the same
         noise as one release at a time). ``at`` = (time, rows): a batch's runner places the rows itself (the
         release at that time, its row appended to ``rows``; with a cap, the agent's clock set to that time and the
-        release's or the refusal's row appended)."""
+        release's or the refusal's row appended). A runner that noises a release after the agent moved on (lookahead
+        windows) adds the agent's round and latest tick then: ``at`` = (time, rows, round, tick)."""
         if at is not None and self.cap is not None:  # the refusal is traced by the agent: at its clock, in ``rows``
             sim = self.agent.sim
             sim.loop.env.advance_to(at[0])
@@ -110,8 +112,10 @@ class AgentLedger:
         a = self.agent
         if a.data_decided_this_activation and not what.endswith(TRIGGERED):
             what += TRIGGERED  # a trigger decided in this activation whether this release happens
+        placed = at is not None and len(at) > 2  # (time, rows, round, tick): where the runner placed it
         t, to, sigma, sensitivity, q, skipped = float(a.env.now if at is None else at[0]), int(to), float(sigma), \
-            float(sensitivity), float(q), self._skipped()
+            float(sensitivity), float(q), self._skipped(at[3] if placed else None)
+        rnd = at[2] if placed else a.round
         if self.cap is not None:  # the running RDP curve is only needed to enforce a cap
             # imported here: dp-accounting is a heavy import a run without caps need not pay mid-run
             from netsim.privacy.accountants import RunningRdp, release_events
@@ -129,8 +133,8 @@ class AgentLedger:
             self.rdp.rdp = self.rdp.rdp + extra
             self.spent = after
         # the Release record's row and log entry, made without the record (a run makes millions)
-        self.releases.append_fields(t, a.round, to, skipped, (size, mechanism, what, sigma, sensitivity, q, self.p))
-        (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, a.round,
+        self.releases.append_fields(t, rnd, to, skipped, (size, mechanism, what, sigma, sensitivity, q, self.p))
+        (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, rnd,
                                                        release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
         return True
 

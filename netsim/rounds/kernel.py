@@ -329,30 +329,30 @@ class Batch:
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
 
     def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                  q: Sequence[float], what: str = "gradient") -> list[torch.Tensor | None]:
-        """Row n plus Gaussian noise of std ``sigma[n]`` from agent n's own noise generator, each release
-        accounted and traced by the agent's ledger (``Agent.privatize``); None for an agent whose budget cap
-        is reached (rows as one (B, P) tensor when every agent released with noise). The noise of the batch is
-        drawn in one call (the same bits as one release at a time)."""
+                  q: Sequence[float], what: str = "gradient", mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+        """Row n plus noise of scale ``sigma[n]`` (Gaussian std, or ``mechanism = "laplace"``'s scale) from agent n's
+        own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``, a public
+        release); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent released
+        with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None and self.recorded is None:  # the ledger's own release
-            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], q=q[0], what=what)]
+            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what)]
         mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is None:
-            return self._privatize_rows(g, sigma, sensitivity, q, what)
+            return self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
         import torch
 
         g = torch.stack([views.before_noise(a.id, r, s)  # an audit's gradient canaries, before the noise
                          for a, r, s in zip(self.agents, g.unbind(0), sensitivity, strict=True)])
-        out = self._privatize_rows(g, sigma, sensitivity, q, what)
+        out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
         for n, a in enumerate(self.agents):
             if out[n] is not None:
                 views.released(a.id, a.round, g[n], out[n])
         return out
 
     def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                        q: Sequence[float], what: str) -> list[torch.Tensor | None]:
-        from netsim.compute.noise import gaussian_noise_rows
+                        q: Sequence[float], what: str, mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+        from netsim.compute.noise import noise_rows
 
         out: list[torch.Tensor | None] = []
         noised = []
@@ -362,20 +362,30 @@ class Batch:
             if recorded is not None:
                 ok = recorded[n]
             else:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
-                ok = a.ledger.record(size, sigma[n], sensitivity[n], q=q[n], what=what,
+                ok = a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
                                      at=None if self._at is None else self._at(n))
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
                 noised.append(n)
         if noised:
             rows = g[noised] if len(noised) < len(self) else g
-            z = gaussian_noise_rows(g.shape[1:], [sigma[n] for n in noised],
-                                    [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
+            z = noise_rows(mechanism, g.shape[1:], [sigma[n] for n in noised],
+                           [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
             if len(noised) == len(self):  # every agent released: the rows as one tensor
                 return rows + z
             for n, r in zip(noised, (rows + z).unbind(0), strict=True):
                 out[n] = r
         return out
+
+    def add_noise(self, x: torch.Tensor, scales: Sequence[float], mechanism: str = "gaussian") -> torch.Tensor:
+        """Row n plus noise of scale ``scales[n]`` from agent n's own noise generator, recorded nowhere
+        (``Agent.add_noise``: only for values that depend on no private data, e.g. an initial state), as rows."""
+        if len(self.agents) == 1:
+            return self.agents[0].add_noise(self._row(x), scales[0], mechanism).unsqueeze(0)
+        from netsim.compute.noise import noise_rows
+
+        return x + noise_rows(mechanism, x.shape[1:], list(scales), [a.ledger.noise.generator for a in self.agents],
+                              x.dtype)
 
     @staticmethod
     def stack(rows: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:

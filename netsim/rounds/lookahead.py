@@ -412,7 +412,8 @@ class WindowDriver:
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
         self.ticket_of.append((i, None if rows is a.rows else rows))
-        self.push_event(now + ct, DONE, i, tk)
+        self.done_at = now + ct  # when it completes (a driver that groups completions reads it)
+        self.push_event(self.done_at, DONE, i, tk)
         return tk
 
     def completion(self, i: int, t: float, tk: int) -> None:
@@ -983,11 +984,6 @@ class _Driver(WindowDriver):
         self.work_done(waiting, blocked)
         if unsent:  # a merge's payload is pushed before it lands, so in this tensor work at the latest
             raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
-
-    def clipping(self) -> tuple:
-        """The per-sample clipping of the gradients asked for (``first``'s clip and kind; none without one)."""
-        first = self.first
-        return () if first is None or first.clip is None else (first.clip, first.clip_kind)
 
     def point(self, tk: int) -> torch.Tensor:
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch

@@ -83,6 +83,7 @@ class SyncRounds(Pattern):
     kernel: ClassVar[type] = SyncKernel
     records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
     curves: ClassVar[bool] = True
+    lookahead: ClassVar[bool] = True  # agents on their own clocks: lookahead windows (rounds/barrier_windows.py)
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -129,11 +130,13 @@ class SyncRounds(Pattern):
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
-        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); it plays
-        no lookahead windows."""
+        """Why the rounds of this built simulation are not exact windows for this driver (None: they are); on the
+        lookahead path, why rounds/barrier_windows.py cannot play them."""
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
         if path != ROUNDS:
-            return "barrier rounds wait for every in-neighbour: played as synchronous rounds only"
+            from netsim.rounds import barrier_windows
+
+            return barrier_windows.refusal(sim)
         lat = sc.network.latency
         if lat.kind != "constant":
             return (f"latency {lat.kind!r}: barrier rounds need links of one constant latency (the barrier orders "
@@ -160,6 +163,12 @@ class SyncRounds(Pattern):
                         "different times — set network.loss = 0")
             return _round_times(sc, p.round_timeout)
         return None
+
+    def play_lookahead(self, sim, kernel) -> bool:
+        """Agents on their own clocks, compute times of their own: conservative lookahead windows."""
+        from netsim.rounds import barrier_windows
+
+        return barrier_windows.play(self, sim, kernel)
 
     @staticmethod
     def _start(a, now: list, n: int, row) -> None:

@@ -126,8 +126,11 @@ def record_refusal(sim, kernel, path: str) -> str | None:
         return None
     name = sim.world.scenario.algorithm.name
     played = "synchronous rounds" if path == ROUNDS else "lookahead windows"
+    other = ("run it as synchronous rounds (periodic activation on identical clocks, one compute time, a constant "
+             "latency)") if ROUNDS in kernel.pattern.records else \
+        "use an algorithm of barrier rounds (dpsgd, dp_dpsgd, muffliato, dfedsam)"
     return (f"privacy.record = {record!r}: {name}'s {played} do not write the mixing record and payloads — remove "
-            "privacy.record, or use an algorithm of barrier rounds (dpsgd, dp_dpsgd, muffliato, dfedsam)")
+            f"privacy.record, or {other}")
 
 
 def link_model_refusal(sim) -> str:

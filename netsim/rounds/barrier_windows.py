@@ -1,0 +1,403 @@
+"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative
+lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
+activation), per-agent compute times and stragglers, lossy links whose barriers time out, latencies with a positive
+minimum, churn and link models of the scenario. Byte for byte the events engine's trace, metrics and models.
+
+The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
+driver shares): a message sent at t lands no earlier than t + L. A barrier completes on a delivery, or times out
+with what was delivered, and its ``combine`` reads only delivered payloads; so whatever an agent combines in the
+window [T, T + L) was sent, and made by its sender's ``local``, before T, by an earlier window's tensor work.
+
+The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
+activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the
+engine's batches; ``compute_end``, the agent's releases, a ``send`` and maybe a ``drop`` per out-neighbour, then the
+barrier: the messages already queued offered in arrival order, older rounds' discarded as ``stale``, its timer set
+unless it completed), each delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a
+``timeout`` row with the missing count) and the barrier's completion (an event of its own, as ``succeed`` schedules
+it: ``combine``, then the next wake or the finish). Every stream is drawn by the engine's calls in the engine's
+order (``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+
+The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock
+step (``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
+gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine``
+with the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are
+row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose
+gradients complete at the same instant, at the first one's completion. Two things the control writes before the
+tensor work has them: a message's bytes (``b.sizes`` or the payload's), patched into the window's ``send`` and
+``drop`` rows after the work (its deliveries land in later windows), and an agent's releases (``Batch.privatize``
+through its ledger, placed at the agent's completion time, round and tick), spliced in after its ``compute_end``.
+
+Refused (``refusal``): what push gossip's windows refuse (no positive minimum latency, a link model of its own,
+checkpoints), transmission times (a broadcast waits for its transmission), a time-varying topology, several
+exchanges a round, a kernel's own routes or local steps with their own gradients, agents that take no gradient or
+ask for different ones, and the kernel's own reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections import deque
+
+import torch
+
+from netsim.rounds.kernel import LOOKAHEAD, Batch
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.sim import rows as shapes
+from netsim.sim.network import payload_size
+from netsim.sim.rows import CODES
+from netsim.trace.events import Stale
+from netsim.trace.events import row as event_row
+from netsim.trace.io import RECORD, PackedRows
+
+TIMER, BARRIER = 7, 8  # a barrier's timeout timer, its completion (the other kinds: rounds/lookahead.py's)
+COMBINE, ASK, LOCAL = 0, 1, 2  # an agent's tensor operations (a lock step calls them in this order)
+_SIZE_AT = struct.calcsize("<d3iq")  # the byte offset of a packed row's size (``RECORD``: t, kind, agent, peer, msg)
+_pack_size = struct.Struct("<q").pack_into
+
+
+def refusal(sim) -> str | None:
+    """Why this run's barrier rounds cannot be played as lookahead windows with the engine's exact trace (None: they
+    can; the module docstring)."""
+    from netsim.rounds import lookahead
+    from netsim.rounds.sync import SyncKernel, _local_steps
+
+    kernel, p, agents = sim.program, sim.params, sim.loop.agents
+    name = sim.world.scenario.algorithm.name
+    why = lookahead.refusal(sim, kernel)
+    if why is not None:
+        return why
+    if lookahead.transmits(sim):
+        return ("bandwidth or uplinks: a barrier round's broadcast waits for its transmission (not played by these "
+                "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
+    if sim.world.network.dynamic is not None:
+        return ("the topology changes over time: a barrier waits for the in-neighbours of its round (not played by "
+                "these windows) — remove topology.dynamic")
+    why = kernel.refusal(sim, LOOKAHEAD)
+    if why is not None:
+        return why
+    sync = ("; synchronous rounds play it: periodic activation on identical clocks, one compute time and a "
+            "constant latency")
+    state = kernel.state_of(agents[0], p)
+    steps = kernel.exchanges(p, state)
+    if steps > 1:
+        return (f"{name} exchanges {steps} times a round: the lookahead windows play one barrier a round — "
+                f"run it with one exchange a round{sync}")
+    if type(kernel).routes is not SyncKernel.routes:
+        return f"{name} chooses its own routes each exchange (not played by the lookahead windows) — {sync[2:]}"
+    if _local_steps(kernel):
+        return (f"{name} takes local steps with gradients of their own (not played by the lookahead windows) — "
+                f"{sync[2:]}")
+    reqs = {kernel.gradient(p, state, a.id) for a in agents}
+    if None in reqs:
+        return (f"{name} takes no gradients with these parameters (its rounds have no compute phase) — give it a "
+                "learning rate (algorithm.lr > 0)")
+    if len(reqs) > 1:
+        return (f"{name}'s agents ask for different gradients (batch sizes or clipping): the windows evaluate one "
+                f"kind of request — {sync[2:]}")
+    return None
+
+
+def play(pattern, sim, kernel) -> bool:
+    """Play a started run to its end window by window (see the module docstring); False (checkpoints are refused,
+    so no interrupt is taken between windows)."""
+    return _Driver(pattern, sim, kernel).run()
+
+
+class _Gather:
+    """An agent's open barrier (``Agent.gather``): its round, the senders it waits for, what arrived ({sender:
+    the payload's round record}, in arrival order) and its number (its timer's)."""
+
+    __slots__ = ("round", "expect", "got", "gid")
+
+    def __init__(self, rnd: int, expect: frozenset, gid: int):
+        self.round, self.expect, self.got, self.gid = rnd, expect, {}, gid
+
+
+class _Driver(WindowDriver):
+    """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        p, agents = self.p, self.agents
+        self.req = self.first = kernel.gradient(p, self.state, agents[0].id)
+        if self.req.clip is not None:  # clipped per example (``clipping``): the engine's batches, whatever the model
+            self.free = False
+        self.timeout = p.round_timeout
+        from netsim.rounds.sync import _local_steps
+
+        self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        n = len(agents)
+        self.k = [0] * n  # each program's round
+        self.rid = [-1] * n  # its current round's record
+        self.waiter: list[_Gather | None] = [None] * n
+        self.queue: list[deque] = [deque() for _ in agents]  # arrived and not taken: (id, sender, record, round)
+        self.gids = itertools.count()
+        self.rids = itertools.count()
+        # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
+        self.recs: dict[int, list] = {}
+        self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
+        self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
+        self.flushed = 0  # the tickets the engine's gradient batches have evaluated so far
+        self.slots: list[tuple[int, int]] = []  # (row of this window, rid): the round's releases go there
+        self.patches: list[tuple[int, int]] = []  # (row of this window, rid): a send or drop of the round's payload
+        self.sizes: dict[int, int] = {}  # rid -> its payload's bytes (once its ``local`` ran)
+        self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
+        self.refs: dict[int, int] = {}  # rid -> messages in flight or queued that carry its payload
+        self.payload: dict[int, object] = {}  # rid -> the payload its agent sent
+        self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
+        self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
+        self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
+
+    # the control flow -------------------------------------------------------------------------------------
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        t = self.now
+        try:
+            for t, _, kind, i, v in self.due(end):
+                if kind == ARR:
+                    self.arrived(i, t, v)
+                elif kind == DONE:
+                    self.completed(i, t, v)
+                elif kind == ACT:
+                    self.activated(i, t, v)
+                elif kind == TIMER:
+                    w = self.waiter[i]
+                    if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
+                        self.rows.put(pack(*shapes.timeout(t, i, w.round, float(len(w.expect) - len(w.got)), CODES)))
+                        self.close(i, w, t)
+                elif kind == BARRIER:
+                    self.op(i, COMBINE, self.rid[i], v)
+                    self.k[i] += 1
+                    self.wake(i, t)
+                elif self.housekeeping(t, kind, i, v):
+                    return
+        finally:
+            self.now = t
+
+    def activated(self, i: int, t: float, at: float) -> None:
+        """The activation: its row, the round's gradient request (the point: the parameters now)."""
+        self.activate(i, t, at)
+        req = self.kernel.gradient(self.p, self.state, i)
+        if req is not self.req and req != self.req:
+            raise RuntimeError(f"barrier windows: agent {i} asks for another gradient ({req}) than {self.req}")
+        rid = next(self.rids)
+        self.rid[i] = rid
+        a = self.agents[i]
+        tk = self.request(i, t, req.batch)
+        self.recs[rid] = [i, self.k[i], 0.0, a.round, a.schedule.tick]
+        self.op(i, ASK, tk, rid)
+        if self.ahead:
+            self.pend.setdefault(self.done_at, {})[i] = (self.k[i], tk, rid)
+
+    def completed(self, i: int, t: float, tk: int) -> None:
+        """The gradient is back: ``compute_end`` (a batch's first evaluates every pending request), ``local`` (with
+        the agents done at this instant, ``LocalAhead``), the releases, the sends, the barrier."""
+        if tk >= self.flushed:
+            self.flushed = len(self.ticket_of)
+        self.completion(i, t, tk)
+        rid, k, recs = self.rid[i], self.k[i], self.recs
+        if not self.ahead:
+            recs[rid][2] = t
+            self.op(i, LOCAL, tk, rid)
+        elif rid in self.localed:
+            self.localed.discard(rid)
+        else:  # the first of its instant: every agent of this round index done now runs ``local`` with it
+            group = self.pend[t]
+            for j, (kj, tj, rj) in list(group.items()):
+                if kj == k and tj < self.flushed:
+                    del group[j]
+                    recs[rj][2] = t
+                    self.op(j, LOCAL, tj, rj)
+                    if rj != rid:
+                        self.localed.add(rj)
+            if not group:
+                del self.pend[t]
+        rows = self.rows
+        made = self.released.pop(rid, None)
+        if made is None:
+            self.slots.append((len(rows), rid))
+        else:  # its ``local`` ran in an earlier window's work (with an agent done at this instant before it)
+            rows.extend(made)
+        size = self.sizes.get(rid)
+        held = 0
+        for j in self.agents[i].neighbors:
+            at = len(rows)
+            mid, land = self.message(i, j, t, self.guess if size is None else size, k, self.tag, rows)
+            if size is None:
+                self.patches.append((at, rid))
+                if land is None:
+                    self.patches.append((at + 1, rid))
+            if land is not None:
+                held += 1
+                self.push_event(land, ARR, j, (mid, i, rid, t, k))
+        if held or rid not in self.payload:  # (0 until its ``local`` runs: it keeps no payload then)
+            self.refs[rid] = held
+        else:
+            del self.payload[rid]
+        self.gather(i, t, k)
+
+    def gather(self, i: int, t: float, k: int) -> None:
+        """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless done."""
+        expect = self.agents[i].in_neighbors
+        w = _Gather(k, frozenset(expect), next(self.gids))
+        if not expect:
+            self.push_event(t, BARRIER, i, w.got)
+            return
+        self.waiter[i] = w
+        q = self.queue[i]
+        if q:
+            keep: deque = deque()
+            while q and self.waiter[i] is w:
+                m = q.popleft()
+                if not self.offer(i, w, m, t):
+                    keep.append(m)
+            keep.extend(q)
+            self.queue[i] = keep
+        if self.waiter[i] is w:
+            self.push_event(t + self.timeout, TIMER, i, w.gid)
+
+    def offer(self, i: int, w: _Gather, m: tuple, t: float) -> bool:
+        """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
+        completes it), one of an earlier round discarded as stale; False: left queued."""
+        mid, src, rid, rnd = m
+        if rnd == w.round and src in w.expect:
+            w.got[src] = rid
+            if len(w.got) == len(w.expect):
+                self.close(i, w, t)
+            return True
+        if rnd < w.round:
+            self.rows.append(event_row(Stale(t, i, src, mid, rnd)))
+            self.unref(rid)
+            return True
+        return False
+
+    def close(self, i: int, w: _Gather, t: float) -> None:
+        """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
+        self.waiter[i] = None
+        self.push_event(t, BARRIER, i, w.got)
+
+    def arrived(self, i: int, t: float, v: tuple) -> None:
+        """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
+        mid, src, rid, sent, rnd = v
+        self.rows.put(pack(*shapes.deliver(t, i, src, mid, self.sizes[rid], sent, rnd, self.tag_code, CODES)))
+        m = (mid, src, rid, rnd)
+        w = self.waiter[i]
+        if w is None or not self.offer(i, w, m, t):
+            self.queue[i].append(m)
+
+    def unref(self, rid: int) -> None:
+        n = self.refs[rid] - 1
+        if n:
+            self.refs[rid] = n
+        else:
+            del self.refs[rid]
+            self.payload.pop(rid, None)
+
+    def decide(self) -> None:
+        """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows, its releases after
+        their agents' ``compute_end``."""
+        buf, R, sizes, guess = self.rows.buf, RECORD.size, self.sizes, self.guess
+        for at, rid in self.patches:
+            if sizes[rid] != guess:
+                _pack_size(buf, at * R + _SIZE_AT, sizes[rid])
+        self.patches.clear()
+        if not self.slots:
+            return
+        out, last = bytearray(), 0
+        made = PackedRows(self.words)
+        for at, rid in self.slots:
+            rows = self.released.pop(rid)
+            if rows:
+                made.clear()
+                made.extend(rows)
+                out += buf[last:at * R]
+                out += made.buf
+                last = at * R
+        self.slots.clear()
+        if last:
+            out += buf[last:]
+            self.rows.clear()
+            self.rows.put(out)
+
+    # the tensor work --------------------------------------------------------------------------------------
+    def tensor_work(self, first_ticket: int) -> None:
+        self.in_order(first_ticket, (self.combines, self.asks, self.locals), ASK, LOCAL)
+
+    def by_round(self, step: list, at: int) -> dict[int, list]:
+        """A lock step's operations by their round index (a batch has one ``b.k``)."""
+        groups: dict[int, list] = {}
+        recs = self.recs
+        for i, o in step:
+            groups.setdefault(recs[o[at]][1], []).append((i, o))
+        return groups
+
+    def asks(self, step: list) -> None:
+        """The gradients' points: each agent's parameters at its activation (``agent.params``)."""
+        who = [i for i, _ in step]
+        x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
+        for (_, o), row in zip(step, x.unbind(0), strict=True):
+            self.x_at[o[2]] = row
+        self.asked(who, [o[1] for _, o in step], x)
+
+    def locals(self, step: list) -> None:
+        """``local`` of the agents whose gradients are evaluated, one call per round index."""
+        kernel, p, recs, per_row = self.kernel, self.p, self.recs, self.kernel.per_row
+        for k, ops in self.by_round(step, 2).items():
+            rids = [o[2] for _, o in ops]
+            x = torch.stack([self.x_at.pop(r) for r in rids])
+            g = self.grads.take([o[1] for _, o in ops])
+            made: list[list] = [[] for _ in ops]
+
+            def at(n: int, rids=rids, made=made) -> tuple:
+                rec = recs[rids[n]]
+                return rec[2], made[n], rec[3], rec[4]
+
+            b = Batch([self.agents[i] for i, _ in ops], k, x, g, self.state, at)
+            if kernel.local(b, p) is not None:
+                raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
+            if b.k != k:
+                raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
+            for n, rid in enumerate(rids):
+                payload = b.out[n]
+                self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+                held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
+                if held is None or held:
+                    self.payload[rid] = payload
+                else:  # sent nowhere, or every message lost
+                    del self.refs[rid]
+                self.parts[rid] = b.row(n, per_row)
+                self.released[rid] = made[n]
+
+    def combines(self, step: list) -> None:
+        """``combine`` with what each barrier took, in arrival order, one call per round index."""
+        kernel, p, payload = self.kernel, self.p, self.payload
+        for _, ops in self.by_round(step, 1).items():
+            parts = [self.parts.pop(o[1]) for _, o in ops]
+            b = parts[0] if len(parts) == 1 else self.joined(parts)
+            got = [{src: payload[r] for src, r in o[2].items()} for _, o in ops]
+            kernel.combine(b, p, got)
+            for _, o in ops:
+                for r in o[2].values():
+                    self.unref(r)
+                del self.recs[o[1]]
+
+    def joined(self, parts: list[Batch]) -> Batch:
+        """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it
+        declares ``per_row`` joined row by row, the others shared)."""
+        first = parts[0]
+        b = Batch([q.agents[0] for q in parts], first.k, torch.cat([q.x for q in parts]),
+                  None if first.g is None else torch.cat([q.g for q in parts]), self.state)
+        b.out = [q.out[0] for q in parts]
+        if any(q.sizes is not None for q in parts):
+            b.sizes = [payload_size(q.out[0]) if q.sizes is None else q.sizes[0] for q in parts]
+        per_row = self.kernel.per_row
+        for name, v in first.kept().items():
+            if name in per_row:
+                vs = [getattr(q, name) for q in parts]
+                if all(isinstance(u, torch.Tensor) for u in vs):
+                    v = torch.cat(vs)
+                else:
+                    v = [None if u is None else u[0] for u in vs]
+            setattr(b, name, v)
+        return b

@@ -1,0 +1,155 @@
+"""Barrier rounds (D-PSGD, DP-D-PSGD, CHOCO-SGD) as lookahead windows (rounds/barrier_windows.py): agents on their
+own clocks, compute times of their own, Bernoulli and Poisson activation, lossy links, barriers that time out and
+discard stale rounds, churn. The windowed engine against the events engine, byte for byte (trace.arrows,
+metrics.csv, final models)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
+
+import netsim
+from netsim.scenario import scenario_from_dict
+from tests.search import search
+from tests.test_broadcast_windows import both
+from tests.test_windowed import buildable
+
+
+@st.composite
+def barriers(draw) -> dict:
+    """A scenario of barrier rounds the synchronous rounds refuse and the lookahead windows play: own clocks (offsets,
+    drift, jitter), Bernoulli, Poisson or periodic activation, random or straggling compute times, a constant or
+    uniform latency, loss, a round timeout from shorter than a round trip to longer than a period (stale rounds, full
+    barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger) or CHOCO-SGD."""
+    n = draw(st.integers(4, 9))
+    u = {"kind": "uniform"}
+    act = draw(st.sampled_from([{"kind": "periodic", "period": 0.5}, {"kind": "bernoulli", "period": 0.5, "p": 0.6},
+                                {"kind": "poisson", "rate": 2.0}]))
+    zero = {"kind": "constant", "value": 0.0}
+    agents = {"count": n, "activation": act,
+              "clock_offset": draw(st.sampled_from([zero, {**u, "low": 0.0, "high": 0.3}])),
+              "clock_drift": draw(st.sampled_from([zero, {**u, "low": -0.02, "high": 0.02}])),
+              "compute_time": draw(st.sampled_from([{"kind": "constant", "value": 0.05},
+                                                    {**u, "low": 0.01, "high": 0.2}]))}
+    if draw(st.booleans()):
+        agents["clock_jitter"] = {**u, "low": 0.0, "high": 0.05}
+    elif act["kind"] == "periodic" and agents["clock_drift"]["kind"] == "constant":  # (simultaneous wakes: the
+        agents["clock_offset"] = {**u, "low": 0.0, "high": 0.3}  # synchronous rounds may play it)
+    if draw(st.booleans()):
+        agents.update(stragglers=[0], straggler_factor=4.0)
+    low = draw(st.sampled_from([0.02, 0.1]))
+    lat = draw(st.sampled_from([{"kind": "constant", "value": low}, {**u, "low": low, "high": low + 0.3}]))
+    name = draw(st.sampled_from(["dpsgd", "dp_dpsgd", "choco"]))
+    alg = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)),
+           "round_timeout": draw(st.sampled_from([0.05, 0.3, 2.0]))}
+    if name == "dpsgd":
+        alg["lr_decay"] = draw(st.sampled_from([0.0, 0.5]))
+    elif name == "dp_dpsgd":
+        alg |= {"clip": 1.0, "noise_multiplier": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"]))}
+    else:
+        alg |= {"compressor": draw(st.sampled_from(["topk", "randk"])), "ratio": 0.5, "gamma": 0.5}
+    run = dict(draw(st.sampled_from([{"until": 3.0}, {"rounds": draw(st.integers(2, 5))}])))
+    run["trace_flush_every"] = draw(st.sampled_from([7, 1000]))
+    return {"name": "barrier", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
+            "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3]))},
+            "network": {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.2]))},
+            "data": {"kind": "synthetic", "samples": 40 * n, "features": 5, "partition": "iid"},
+            "model": {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"])),
+                      "batch_invariant": draw(st.sampled_from(["auto", False]))},
+            "algorithm": alg,
+            "evaluation": {"every": draw(st.sampled_from([1.0e6, 0.7])), "metrics": ["loss", "accuracy",
+                                                                                     "agent_accuracy"]}}
+
+
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=barriers())
+def test_barrier_windows_agree_with_the_engine_on_drawn_scenarios(tmp_path_factory, sc):
+    buildable(sc)
+    both(tmp_path_factory.mktemp("drawn"), sc)
+
+
+def jittery(**alg) -> dict:
+    """Offsets, drift and jitter on a ring, random compute times, lossy uniform links."""
+    return {"name": "jittery", "run": {"seed": 5, "until": 6.0},
+            "agents": {"count": 8, "activation": {"kind": "periodic", "period": 0.25},
+                       "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.05},
+                       "clock_drift": {"kind": "normal", "mean": 0.0, "sigma": 0.001},
+                       "clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.02},
+                       "compute_time": {"kind": "lognormal", "mean": 0.05, "sigma": 0.3}},
+            "topology": {"kind": "ring"},
+            "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.04}, "loss": 0.1},
+            "data": {"kind": "synthetic", "samples": 800, "features": 10, "partition": "iid"},
+            "model": {"kind": "logistic"},
+            "algorithm": {"name": "dpsgd", "lr": 0.5, "batch": 8, "round_timeout": 0.15, **alg},
+            "evaluation": {"every": 1.0, "metrics": ["loss", "accuracy", "consensus"]}}
+
+
+def test_barriers_time_out_discard_stale_rounds_and_release_on_the_windows(tmp_path):
+    """The quickstart's clocks and compute times with lossy links and a short timeout: barriers time out (missing
+    counts), late messages are discarded as stale, DP-D-PSGD's releases are traced where the engine traces them; all
+    of it the events engine's bytes, and the run is played as windows."""
+    sc = jittery(name="dp_dpsgd", noise_multiplier=1.0, clip=1.0, round_timeout=0.03)
+    summary = both(tmp_path, sc)
+    from netsim.trace.io import read_trace
+
+    kinds = read_trace(tmp_path / "windowed" / "trace.arrows").table.column("kind").to_pylist()
+    assert kinds.count("timeout") > 10 and kinds.count("stale") > 10 and kinds.count("release") > 100
+    assert summary["messages_dropped"] > 0
+
+
+def test_churn_on_barrier_windows(tmp_path):
+    """Agents going offline (their activations moved, their gradients waiting, their messages dropped) on the
+    barrier windows: the engine's bytes."""
+    sc = jittery()
+    sc["agents"]["churn"] = {"mean_online": 1.0, "mean_offline": 0.3}
+    both(tmp_path, sc)
+
+
+@pytest.mark.parametrize(("changes", "why"), [
+    ({"network": {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}}},
+     "latency 'lognormal' has no positive lower bound: no lookahead .* — a uniform latency with low > 0"),
+    ({"network": {"bandwidth": 1.0e6}}, "bandwidth or uplinks: a barrier round's broadcast waits"),
+    ({"algorithm": {"name": "muffliato", "gossip_steps": 2, "round_timeout": 0.15}},
+     "muffliato exchanges 2 times a round"),
+    ({"run": {"until": 6.0, "checkpoint_every": 2.0}}, "checkpoints: this pattern's lookahead windows cannot"),
+])
+def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, changes, why):
+    from netsim.errors import InputError
+
+    sc = jittery()
+    for key, value in changes.items():
+        sc[key] = {**sc[key], **value}
+    if sc["algorithm"]["name"] == "muffliato":
+        sc["algorithm"] = {"name": "muffliato", "lr": 0.5, "batch": 8, "gossip_steps": 2, "round_timeout": 0.15}
+    with pytest.raises(InputError, match="nor as lookahead windows: " + why) as e:
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_auto_runs_the_quickstart_clocks_on_the_windows(tmp_path):
+    """--engine auto (the default) takes the lookahead windows for barrier rounds on jittery clocks and says so."""
+    r = netsim.run(scenario_from_dict(jittery()), out=tmp_path / "auto")
+    assert r.summary["engine"] == "windowed" and r.summary["windows"]["windows"] > 0
+    assert "windowed_refused" not in r.summary or r.summary["windowed_refused"] is None
+
+
+@pytest.mark.parametrize("changes", [
+    {"agents": {"activation": {"kind": "poisson", "rate": 10.0}}},
+    {"network": {"latency": {"kind": "uniform", "low": 0.001, "high": 0.004}}},
+    {"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}, "network": {"loss": 0.2}},
+    {"agents": {"compute_time": {"kind": "constant", "value": 0.06}}},  # messages miss the barrier: stale
+    {"evaluation": {"every": 0.3}, "run": {"stop_on_divergence": True}},
+])
+def test_barrier_windows_play_what_synchronous_rounds_refuse(tmp_path, changes):
+    """The synchronous rounds' refusals of tests/test_windowed.py, played by the lookahead windows: the engine's
+    bytes, and the synchronous rounds still say why not them."""
+    from netsim.api import prepare
+    from netsim.rounds import windowed
+    from tests.test_windowed import exact
+
+    sc = exact(**changes)
+    sim = prepare(scenario_from_dict(sc))
+    assert windowed.rounds_refusal(sim, sim.program) is not None and windowed.reason(sim) is None
+    summary = both(tmp_path, sc)
+    assert summary["stop_reason"] == "rounds" and summary["messages_delivered"] > 0

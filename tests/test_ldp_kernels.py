@@ -1,0 +1,120 @@
+"""Chen & Wang's Algorithm 1 and its DSGD baseline as barrier-round kernels: both engines give the same bytes.
+
+``ldp_online`` and ``ldp_dsgd`` stream each learner's data, release a Laplace-noised state (a ledger release from
+step 1 on, noise only at step 0) and take a projected consensus and gradient step. The windowed engine plays every
+learner of a round as one batch; these tests hold it to the events engine on scenarios drawn from the region it
+admits (trace, metrics.csv, final models), and check the lines that keep the rest on the events engine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
+
+import netsim
+from netsim.compute.noise import laplace_noise, laplace_noise_rows
+from netsim.scenario import scenario_from_dict
+from tests.search import search
+from tests.test_round_kernels import assert_identical, run_both
+
+
+def online(n: int = 5, rounds: int = 4, **algorithm) -> dict:
+    return {"name": "ldp", "run": {"seed": 3, "rounds": rounds, "until": 1.0e6},
+            "agents": {"count": n, "compute_time": {"kind": "constant", "value": 1 / 32},
+                       "activation": {"kind": "periodic", "period": 0.25}},
+            "topology": {"kind": "ring"},
+            "network": {"latency": {"kind": "constant", "value": 1 / 64}},
+            "data": {"kind": "synthetic", "samples": 40 * n, "features": 4, "partition": "label"},
+            "model": {"kind": "logistic", "l2": 1.0, "dtype": "float64"},
+            "algorithm": {"name": "ldp_online", "C": 2.0, "round_timeout": 0.125, "check_conditions": False,
+                          **algorithm},
+            "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy", "tracking"]}}
+
+
+@st.composite
+def online_scenarios(draw) -> dict:
+    """Both methods over the parameters that move their rows and releases: noise on or off, clipping, samples per
+    step, projection (a radius the iterates reach), theta_0 drawn or the model's, self-weights shrunk by lost
+    messages, float32 and float64, odd row widths; evaluations (the tracking metric too) at round and dyadic times."""
+    name = draw(st.sampled_from(["ldp_online", "ldp_dsgd"]))
+    alg = {"name": name, "noise": draw(st.booleans()), "clip": draw(st.booleans()),
+           "per_round": draw(st.integers(1, 3)), "radius": draw(st.sampled_from([1e5, 1.5, 0.4])),
+           "init": draw(st.sampled_from(["normal", "model"])), "sigma": draw(st.sampled_from([0.5, 2.0])),
+           "varsigma0": draw(st.sampled_from([0.05, 0.1])), "L_acc": draw(st.sampled_from([0.0, 0.5])),
+           "w": draw(st.sampled_from([0.3, 0.2])), "lam0": draw(st.sampled_from([0.5, 1.0]))}
+    sc = online(n=draw(st.integers(3, 7)), rounds=draw(st.integers(2, 5)), **alg)
+    sc["network"]["loss"] = draw(st.sampled_from([0.0, 0.3]))
+    sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "complete"}]))
+    sc["model"]["dtype"] = draw(st.sampled_from(["float32", "float64"]))
+    sc["data"]["features"] = draw(st.sampled_from([4, 9]))
+    sc["evaluation"]["every"] = draw(st.sampled_from([1.0e6, 0.25, 0.5, 0.375]))
+    if sc["topology"]["kind"] == "complete":
+        sc["algorithm"]["w"] = 0.1  # self-weight 1 - w (n - 1) > 0
+    return sc
+
+
+@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=online_scenarios())
+def test_both_engines_agree_on_drawn_online_learning_runs(tmp_path_factory, sc):
+    assert_identical(run_both(tmp_path_factory.mktemp("ldp"), sc))
+
+
+@pytest.mark.parametrize("name", ["ldp_online", "ldp_dsgd"])
+def test_each_method_runs_windowed_byte_for_byte_with_releases_and_projection(tmp_path, name):
+    sc = online(n=6, rounds=6, name=name, radius=1.0, sigma=1.0)
+    sc["network"]["loss"] = 0.2
+    sc["evaluation"]["every"] = 0.5
+    got = run_both(tmp_path, sc)
+    assert_identical(got)
+    from netsim.privacy.ledger import releases_from_table
+    from netsim.trace.io import read_trace
+
+    rel = releases_from_table(read_trace(tmp_path / "windowed").table)
+    assert {len(r) for r in rel.values()} == {5} and {x.mechanism for r in rel.values() for x in r} == {"laplace"}
+    assert float(got["windowed"]["W"].norm(dim=1).max()) <= 1.0 + 1e-12  # projected
+
+
+def test_laplace_rows_are_each_generators_own_draws():
+    """Row k of the batched draw is laplace_noise from generator k, bit for bit (odd widths, both dtypes)."""
+    for dtype in (torch.float32, torch.float64):
+        for width in (1, 7, 113):
+            scales = [0.5, 2.0, 1e-3]
+            gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+            rows = laplace_noise_rows((width,), scales, gens, dtype)
+            again = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+            one = torch.stack([laplace_noise((width,), c, g, dtype) for c, g in zip(scales, again, strict=True)])
+            assert torch.equal(rows, one)
+
+
+def test_async_exchange_runs_on_the_events_engine_and_says_why(tmp_path):
+    """The same algorithm with exchange = "async": its barrier-free loop on the events engine, and the windowed engine
+    refused in one line that says what to change."""
+    from netsim.errors import InputError
+
+    sc = online(rounds=5, exchange="async")
+    with pytest.raises(InputError, match="exchange 'async' mixes the latest copies with no barrier: .* — set "
+                                         "algorithm.exchange = \"sync\""):
+        netsim.run(scenario_from_dict(sc), out=tmp_path / "w", engine="windowed")
+    r = netsim.run(scenario_from_dict(sc), out=tmp_path / "a")
+    assert r.summary["engine"] == "events" and r.summary["windowed_refused"].startswith("exchange 'async'")
+    assert r.summary["privacy_releases"] == 5 * 4
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"privacy": {"epsilon_cap": 50.0}}, "privacy.epsilon_cap"),
+    ({"run": {"checkpoint_every_rounds": 2}}, "checkpoints: the learners' data histories"),
+    ({"evaluation": {"every": 0.125, "metrics": ["loss", "tracking"]}}, "the 'tracking' metric with evaluations"),
+])
+def test_what_keeps_a_synchronous_run_on_the_events_engine(tmp_path, change, why):
+    from netsim.api import prepare
+    from netsim.rounds import windowed
+
+    sc = online(rounds=3)
+    for key, value in change.items():
+        sc[key] = {**sc.get(key, {}), **value}
+    sim = prepare(scenario_from_dict(sc))
+    assert windowed.reason(sim).startswith(why) and " — " in windowed.reason(sim)
+    sc["run"]["until"] = 1.0e6
+    assert windowed.reason(prepare(scenario_from_dict(online(rounds=3)))) is None
