@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
+from netsim.privacy.ledger import ledgers
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_windowed import VARY, async_gossip, buildable, gossip, played_alike
@@ -41,14 +42,16 @@ def both(tmp_path, sc: dict, keep=None) -> dict:
         out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
                        "metrics": (folder / "metrics.csv").read_text(), "W": built[0].bank.W.clone(),
                        "summary": {k: v for k, v in r.summary.items() if k not in VARY},
-                       "engine": r.summary.get("engine", "events"), "windows": r.summary.get("windows")}
+                       "engine": r.summary.get("engine", "events"), "windows": r.summary.get("windows"),
+                       "ledgers": ledgers(built[0])}
     ev, win = out["events"], out["windowed"]
     for e in (ev, win):  # how the gradients were batched: the one thing the engines may differ in
         e["summary"] = {k: v for k, v in e["summary"].items() if k not in played_alike(sc)}
     assert win["engine"] == "windowed" and win["windows"]["windows"] > 0 and ev["windows"] is None
     assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["summary"] == ev["summary"]
     assert torch.equal(win["W"], ev["W"])
-    return {**ev["summary"], "W": ev["W"]}
+    assert win["ledgers"] == ev["ledgers"]  # every agent's releases (time, round, noise, sampling), in order
+    return {**ev["summary"], "W": ev["W"], "ledgers": ev["ledgers"]}
 
 
 @st.composite
@@ -66,6 +69,14 @@ def broadcasting(draw, name: str) -> dict:
         trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
         levels = [0.05, 0.3] if trigger == "relative" else [0.0, 0.1, 1.0]
         sc["algorithm"] |= {"trigger": trigger, "decay": 0.9, "threshold": draw(st.sampled_from(levels))}
+        if draw(st.booleans()):  # DP-SGD's releases (per-example clipping, each agent's noise), a budget cap or not
+            sc["algorithm"] |= {"lr": 0.5, "noise_multiplier": draw(st.sampled_from([0.5, 2.0])),  # (lr 0: no step)
+                                "clip": draw(st.sampled_from([0.1, 1.0]))}
+            cap = draw(st.sampled_from([None, 2.0, 20.0]))
+            sc["privacy"] = {"delta": 1e-5} if cap is None or sc["agents"]["activation"]["kind"] == "bernoulli" \
+                else {"delta": 1e-5, "epsilon_cap": cap}
+        else:  # or LAG: a fresh gradient only where the trigger fires on its change (else the last one, reused)
+            sc["algorithm"]["lazy"] = draw(st.booleans())
     elif name == "sparq":
         trigger = draw(st.sampled_from(["always", "absolute", "relative", "decaying"]))
         sc["algorithm"] |= {"trigger": trigger, "threshold": draw(st.sampled_from([0.0, 0.05, 0.5])),
@@ -176,9 +187,8 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
                                                      "latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}]}},
      r"the minimum network.links[0].latency is 0"),
     ({"name": "pushsum"}, {"network": {"latency": {"kind": "exponential", "mean": 0.05}}}, "no positive lower bound"),
-    ({"name": "event_triggered", "noise_multiplier": 1.0}, {},
-     "noise_multiplier > 0: the windows do not play DP-SGD's releases"),
-    ({"name": "event_triggered", "lazy": True}, {}, "lazy: LAG's gradient trigger decides which releases happen"),
+    ({"name": "event_triggered", "lazy": True, "noise_multiplier": 1.0}, {},
+     "lazy with noise_multiplier > 0: LAG's trigger decides from the gradient"),
     ({"name": "event_triggered"}, {"network": {"uplink": 1.0e6}}, "bandwidth or uplinks"),
     ({"name": "adpsgd"}, {"network": {"bandwidth": 1.0e6}},
      "bandwidth or uplinks: an exchange waits for its request's transmission"),
@@ -292,6 +302,45 @@ def test_event_triggered_windows_decide_each_send_as_the_engine(tmp_path, monkey
         assert torch.equal(again["W"], plain["W"]) and again["trigger_sent"] == plain["trigger_sent"]
 
 
+
+@pytest.mark.parametrize("cap", [None, 5.0])
+def test_event_triggered_windows_release_dp_sgd_gradients_as_the_engine(tmp_path, cap):
+    """DP-SGD's releases (Abadi et al.: per-example clipping, each agent's noise from its own generator) in the
+    event-triggered windows: the engine's ledgers (each release's time, round, noise and sampling rate, in order),
+    rows, models and ``netsim privacy`` report; with a budget cap reached mid-run, an agent's refusal at the same
+    completion (its ``budget_exhausted`` row), after which it takes no gradient and only mixes and sends."""
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+
+    sc = poisson({**TRIGGERED, "noise_multiplier": 1.0, "clip": 0.5})
+    sc["run"]["until"] = 3.0
+    sc["privacy"] = {"delta": 1e-5} if cap is None else {"delta": 1e-5, "epsilon_cap": cap}
+    s = both(tmp_path, sc)
+    released = sum(len(r) for r in s["ledgers"].values())
+    assert released == s["privacy_releases"] > 0
+    # std z C / B, sampling rate B / |D_i| (4 of each agent's 16 training rows)
+    assert {(r.scale, r.q) for rs in s["ledgers"].values() for r in rs} == {(1.0 * 0.5 / 4, 0.25)}
+    if cap is None:
+        assert released == s["gradients"] == s["activations"] and s["privacy_exhausted"] == 0
+    else:  # an agent refuses once (the release that would pass the cap), then stops asking
+        assert 0 < s["privacy_exhausted"] and released + s["privacy_exhausted"] == s["gradients"]
+        assert s["gradients"] < s["activations"] and s["privacy_epsilon_max"] <= cap
+    reports = []
+    for engine in ("events", "windowed"):
+        r = CliRunner().invoke(app, ["privacy", str(tmp_path / engine)], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        reports.append((tmp_path / engine / "privacy.json").read_text())
+    assert reports[0] == reports[1] and json.loads(reports[0])["guarantee"] is True
+
+def test_event_triggered_windows_play_lag_gradient_reuse(tmp_path):
+    """LAG (lazy = true, no DP): the trigger on each fresh gradient's change, decided in the tensor work at the
+    activation count of its completion, gives the engine's bytes; the reuse changes the models."""
+    sc = poisson({**TRIGGERED, "trigger": "absolute", "threshold": 0.5})
+    sc["run"]["until"] = 3.0
+    fresh = both(tmp_path / "fresh", sc)
+    lazy = both(tmp_path / "lazy", {**sc, "algorithm": {**sc["algorithm"], "lazy": True}})
+    assert lazy["gradients"] == fresh["gradients"] and not torch.equal(lazy["W"], fresh["W"])
 
 def test_adpsgd_windows_average_two_agents_to_their_mean(tmp_path):
     """Pure pairwise averaging (lr = 0) of two agents without loss, the paper's bipartite split (agent 0 initiates):

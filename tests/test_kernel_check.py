@@ -55,12 +55,15 @@ def tensor_hooks(kernel: RoundKernel) -> set[str]:
     return {"merge", "gradient_at", "update", "params", "push"}
 
 
-NEEDS = {"do_adp": {"sigma": 0.5}, "dp_dda": {"sigma": 0.5}}  # parameters a kernel requires (sigma, or epsilon)
+# what a kernel's defaults leave to the scenario (DO-ADP, DP-DDA: sigma, or epsilon for eq. (7); PrivSGP's K = K*
+# of eq. (12) needs the problem's constants)
+GIVEN = {"do_adp": {"sigma": 0.5}, "dp_dda": {"sigma": 0.5}, "privsgp": {"iterations": 3},
+         "privsgp_vr": {"iterations": 3}, "dp2_sgd": {"iterations": 3}}
 
 
 @pytest.mark.parametrize(("name", "kernel", "params"), builtin_kernels(), ids=[k[0] for k in builtin_kernels()])
 def test_every_builtin_kernel_passes_the_check(name, kernel, params):
-    out = check(name, kernel, params(**NEEDS.get(name, {})))
+    out = check(name, kernel, params(**GIVEN.get(name, {})))
     assert out.violation is None, out.violation
     assert tensor_hooks(kernel) <= set(out.compared)
     assert {p.dtype for p in out.probes} == {"float32", "float64"} and len({p.batch for p in out.probes}) > 1

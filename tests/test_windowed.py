@@ -464,8 +464,9 @@ def _async(**changes) -> dict:
      "this pattern's lookahead windows cannot be restored", "remove run.checkpoint_every"),
     (_async(algorithm={"name": "gossip", "lr": 0.3, "batch": 8}, network={"bandwidth": 1.0e6}),
      "an exchange waits for its request's transmission", "remove network.bandwidth"),
-    (_async(algorithm={"name": "event_triggered", "lr": 0.3, "batch": 8, "clip": 1.0, "noise_multiplier": 1.0},
-            privacy={"delta": 1e-5}), "noise_multiplier > 0", "set algorithm.noise_multiplier = 0"),
+    (_async(algorithm={"name": "event_triggered", "lr": 0.3, "batch": 8, "clip": 1.0, "noise_multiplier": 1.0,
+                       "lazy": True}, privacy={"delta": 1e-5}), "lazy with noise_multiplier > 0: LAG's trigger",
+     "set algorithm.lazy = false or algorithm.noise_multiplier = 0"),
 ])
 def test_engine_auto_refusals_name_the_rule_and_what_to_change(sc, rule, fix):
     """Each reason the fast path is refused, as ``--engine auto`` reports it: one line, the rule, then after " — "

@@ -261,11 +261,6 @@ class DPDO(SyncKernel):
         b.y = b.stack(y)
         b.send(b.y)
 
-    def routes(self, b, p):
-        if b.agents[0].id in b.state["spent"]:
-            return [], []                                            # no exchange: v = y = x
-        return None
-
     def combine(self, b, p, got):
         d = b.x.shape[1]
         a_t = p.lr * p.rho_s**b.k
@@ -277,6 +272,24 @@ class DPDO(SyncKernel):
         from netsim.rounds.windowed import budget_cap_refusal
 
         return budget_cap_refusal(sim)  # an agent out of budget leaves the round's exchange
+
+    def __call__(self, agent, p):
+        """The events engine's program; under a budget cap, that of the variant whose agents out of budget
+        exchange nothing more (its own routes: asked each round, which the windows need not pay for)."""
+        kernel = self if privacy_spec(agent).epsilon_cap is None else _CAPPED
+        return self.pattern.program(kernel, agent, p)
+
+
+class _DPDOCapped(DPDO):
+    """DPDO under a budget cap (events engine only): an agent out of budget sends nothing and waits for no one."""
+
+    def routes(self, b, p):
+        if b.agents[0].id in b.state["spent"]:
+            return [], []                                            # no exchange: v = y = x
+        return None
+
+
+_CAPPED = _DPDOCapped()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -311,8 +324,7 @@ class DPDDA(SyncKernel):
 
     Round t of agent i as barrier rounds: the sampling draw at activation, z_t sent at once (it does not depend
     on g_t), then after the exchange the sampled agent's gradient at x_t (the same point and value as before
-    it: ``combine`` yields it), its release, and the update. The agent finishes at its activation after
-    ``rounds`` rounds (T)."""
+    it: ``combine`` yields it), its release, and the update. The agent finishes after ``rounds`` rounds (T)."""
 
     pattern = SyncRounds(tag="model")
     reads = frozenset({"rounds", "sample_p", "kappa0", "lam", "clip", "sigma", "epsilon"})
@@ -325,8 +337,8 @@ class DPDDA(SyncKernel):
         for a in sim.loop.agents:  # the calibration's checks, before the run
             dp_dda_sigma(a, p)
 
-    def horizon(self, p):
-        return p.rounds
+    def horizon(self, p, state):
+        return p.rounds                                                  # T rounds, then the agent finishes
 
     def local(self, b, p):
         b.sampled = [a.rng().random() < p.sample_p for a in b.agents]   # node sampling, p_s

@@ -8,8 +8,8 @@ with xhat_j the last value received from j (``comm.NeighborCopies``), then x_i g
 out-neighbour j with ||x_i - (what j last got)|| > tau_k (``comm.EventTrigger``). No barrier: an agent
 never waits for messages that its neighbours' triggers may never send. ``trigger = "always"`` is the
 same algorithm sending every round (the baseline for the saving reported in the summary). Written as a kernel
-of the event-triggered pattern (rounds/triggered.py), so ``--engine windowed`` plays it as lookahead windows
-(without DP noise or LAG, which run on the events engine).
+of the event-triggered pattern (rounds/triggered.py), so ``--engine windowed`` plays it as lookahead windows,
+DP-SGD's releases and LAG included (LAG with DP-SGD's releases runs on the events engine).
 
 Privacy (``noise_multiplier > 0``): the local gradient is the DP-SGD one (Abadi et al., "Deep Learning with
 Differential Privacy", CCS 2016, Alg. 1: per-example clipping to ``clip``, Gaussian noise of std z C / B),
@@ -68,18 +68,38 @@ class EventTriggered(TriggeredKernel):
 
     def refusal(self, sim, path):
         p = sim.params
-        if p.noise_multiplier > 0:
-            return ("noise_multiplier > 0: the windows do not play DP-SGD's releases — set "
-                    "algorithm.noise_multiplier = 0")
-        if p.lazy:
-            return ("lazy: LAG's gradient trigger decides which releases happen (not played by the windows) — set "
-                    "algorithm.lazy = false")
+        if p.lazy and p.noise_multiplier > 0:
+            return ("lazy with noise_multiplier > 0: LAG's trigger decides from the gradient, in the windows' tensor "
+                    "work, whether a release happens, whose ledger entry and row belong at the gradient's completion, "
+                    "in their control — set algorithm.lazy = false or algorithm.noise_multiplier = 0")
         return None
 
+    def noise(self, state, agent, p):
+        if p.noise_multiplier <= 0:
+            return None
+        b = p.batch or len(agent.rows)
+        sens = p.clip / b  # Abadi et al. Alg. 1: the mean of B per-example gradients clipped to C
+        return p.noise_multiplier * sens, sens, min(1.0, b / len(agent.rows))
+
     def update(self, b, p, g):
-        if not (p.noise_multiplier > 0 or p.lazy):
-            b.x = b.x - p.lr * g
+        if p.lazy:
+            self._lazy(b, p, g)
             return
+        if p.noise_multiplier > 0:  # g~ = g + N(0, (z C / B)^2 I), each agent's release (Abadi et al. Alg. 1)
+            sigma, sens, q = zip(*(self.noise(b.state, a, p) for a in b.agents), strict=True)
+            g = b.privatize(g, sigma, sens, q, what="gradient")
+            spent = b.refused(g)
+            if spent:  # out of budget: no step now, and no gradient asked for from now on
+                import torch
+
+                for i in spent:
+                    b.state[i] = (False, None)
+                b.x = torch.stack([x if r is None else x - p.lr * r for x, r in zip(b.x.unbind(0), g, strict=True)])
+                return
+            g = b.stack(g)
+        b.x = b.x - p.lr * g   # George & Gurram: x_i <- (the mix with the copies) - gamma g_i
+
+    def _lazy(self, b, p, g):
         # each agent's own step: the gradient it releases (or reuses) at its own activation count, none out of budget
         import torch
 
@@ -87,8 +107,7 @@ class EventTriggered(TriggeredKernel):
         used = [self._released(a, k, p, b.state, r) for a, k, r in zip(b.agents, ks, g.unbind(0), strict=True)]
         b.x = torch.stack([x if u is None else x - p.lr * u for x, u in zip(b.x.unbind(0), used, strict=True)])
 
-    @staticmethod
-    def _released(agent, k, p, state, g):
+    def _released(self, agent, k, p, state, g):
         """The gradient the step uses: LAG's last one when its change is below tau_k (nothing released), else the
         fresh one, released through ``Agent.privatize`` when private (None: the budget cap is reached)."""
         used, ref = state.get(agent.id, (None, None))
@@ -98,10 +117,9 @@ class EventTriggered(TriggeredKernel):
             if not Rule(p.trigger, p.threshold, p.decay).fires(g, ref, k):
                 return used
         ref = g
-        if p.noise_multiplier > 0:
-            b = p.batch or len(agent.rows)
-            sens = p.clip / b
-            g = agent.privatize(g, sigma=p.noise_multiplier * sens, sensitivity=sens, q=min(1.0, b / len(agent.rows)),
-                                what="gradient")
+        noise = self.noise(state, agent, p)
+        if noise is not None:
+            sigma, sens, q = noise
+            g = agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what="gradient")
         state[agent.id] = (False if g is None else g, ref)
         return g

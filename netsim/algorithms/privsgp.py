@@ -8,12 +8,16 @@ with Tight Utility Bounds" (IJCAI 2024, arXiv 2405.02638), Algorithm 1, iteratio
     x_i^{k+1/2} = x_i^k - gamma g~
     x_i^{k+1} = sum_j P^k_ij x_j^{k+1/2},  w_i^{k+1} = sum_j P^k_ij w_j^k,  z = x / w   (push-sum)
 The table starts with a full pass at x^0 (J gradients per node, not counted in K). Push-sum is
-``comm.PushSum`` (sender-chosen column-stochastic shares, Kempe et al. 2003) with plain shares (not
-running sums: on a time-varying graph the out-neighbour changes every round); each round ends with a
-barrier on the round's in-neighbours (``Agent.gather``). Use ``[topology.dynamic] kind =
-"one_peer_exponential"`` for the paper's time-varying directed exponential graph (P^k = (I + Pi_k)/2,
-App. D) or any directed topology with ``mixing = "column_stochastic"``. The bank holds z_i (what is
-evaluated); the SAGA table, its average and the push-sum weights live in bank state.
+Kempe et al.'s (FOCS 2003) with sender-chosen column-stochastic shares: agent i keeps 1/(d_i^k + 1) of (x_i, w_i)
+and sends one such share to each of its d_i^k out-neighbours of round k (plain shares, not ``comm.PushSum``'s
+running sums: on a time-varying graph the out-neighbour changes every round). Both methods are round kernels of
+barrier rounds (``rounds.SyncRounds``: each round ends with a barrier on the round's in-neighbours), so they run on
+both engines with the same bits. Use ``[topology.dynamic] kind = "one_peer_exponential"`` for the paper's
+time-varying directed exponential graph (P^k = (I + Pi_k)/2, App. D) or any directed topology with ``mixing =
+"column_stochastic"``. The bank holds z_i (what is evaluated); the numerators x_i, the SAGA table and its average
+live in bank state (``push_numerator``, ``saga_table``, ``saga_average``), the weights w_i in the kernel's state (as
+doubles; ``push_weight`` in bank state is their copy in the bank's dtype). Every node finishes after its K rounds
+(``horizon``).
 
 Noise and K (``netsim.privacy.closed_forms``): sigma_i by eq. (11) (c_2 = ``[privacy] c2``) for the run's
 K; ``iterations = 0`` means K = k_scale * K* with K* from eq. (12), A = 13 F^0 + 6 L ||x^0||^2 + 18 L b^2
@@ -24,22 +28,24 @@ sensitivity 3G and rate 1/J, so ``closed_form = "privsgp_vr"`` inverts eq. (11) 
 the rigorous epsilon (far larger).
 
 Baselines: ``privsgp`` (Algorithm 2: the same without variance reduction, eq. (4)); ``dp2_sgd``
-(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N));
+(DP^2-SGD [reconstructed], Yu et al. 2021: D-PSGD, x_i = sum_j W_ij x_j - gamma(grad + N), a round kernel too);
 ``adp2_sgd`` (A(DP)^2SGD [reconstructed], Xu et al. 2021: AD-PSGD with gradient noise).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 import numpy as np
 
 from netsim.algorithms.do_adp import finish, privacy_spec
 from netsim.algorithms.registry import register
-from netsim.comm.patterns import PairwiseGossip, PushSum, sync_round
+from netsim.comm.patterns import PairwiseGossip, RunningSumPayload
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
+from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -82,10 +88,11 @@ class Plan:
     J: int
 
 
-def plan(agent, p: PrivSGPParams) -> Plan:
-    """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i)."""
+def plan(agent, p: PrivSGPParams, J: int | None = None) -> Plan:
+    """K, K*, sigma_i and gamma of this run (identical at every node but sigma_i, which uses J_i); ``J``: the
+    smallest local dataset (computed here when not given)."""
     n = agent.agent_count
-    J = min(len(part) for part in agent.partition)
+    J = min(len(part) for part in agent.partition) if J is None else J
     c2 = privacy_spec(agent).c2
     K_star = None
     K = p.iterations
@@ -131,90 +138,184 @@ def estimate_constants(sim, samples: int = 2000, seed: int = 0) -> dict[str, flo
     return {"G": G, "L": L, "b2": b2, "F0": F0}
 
 
-def _push_sum_sgp(agent, p: PrivSGPParams, vr: bool, pl: Plan):
-    """Algorithm 1 (vr) or Algorithm 2 (no vr)."""
-    import torch
-    i = agent.id
-    b = p.block
-    J = len(agent.rows)
-    nb = max(1, J // b)                                   # table entries (blocks of b rows)
-    blocks = agent.rows[:nb * b].reshape(nb, -1)
-    x0 = agent.params
-    clip = p.G if p.clip else None
-    weight = agent.shared_state("push_weight", shape=())  # w_i (push-sum weights), all agents
-    numer = agent.shared_state("push_numerator")          # x_i (push-sum numerators)
-    if vr:
-        nmax = max(max(1, len(part) // b) for part in agent.partition)
-        table = agent.state("saga_table", shape=(nmax, x0.numel()))
-        avg = agent.state("saga_average")
-        X, y = agent.training_set
-        idx = torch.as_tensor(blocks.ravel())
-        table[:nb] = agent.model.grad(x0.expand(nb, -1), X[idx].view(nb, blocks.shape[1], -1),
-                                      y.long()[idx].view(nb, -1), clip)   # full pass at x^0 (phi^0 = x^0)
-        avg.copy_(table[:nb].mean(0))
-    ps = PushSum(agent, x0, tag="privsgp", running_sums=False)
-    rng = agent.rng()
-    q = min(1.0, blocks.shape[1] / J)
-    sens = p.sens_mult * p.G / blocks.shape[1]                        # noise on a mean of b clipped gradients
-    for _ in range(pl.K):
-        yield agent.wake()
-        z = ps.estimate
-        xi = int(rng.integers(nb))
-        h = yield agent.gradient(params=z, rows=blocks[xi], clip=clip)
-        if vr:
-            g = h - table[xi] + avg                                   # eq. (6), old table
-            avg.add_(h - table[xi], alpha=1.0 / nb)                   # eq. (5)
-            table[xi] = h
+class PushSumSGP(SyncKernel):
+    """Algorithm 1 (``vr``) or Algorithm 2, iteration k at node i: draw xi, the per-sample gradient at z_i^k, the
+    SAGA-corrected gradient (Alg. 1), its noisy release, the half step x^{k+1/2}, then push-sum: keep one share
+    of (x, w), push one to each out-neighbour of round k, add what arrived (sorted by sender), z = x / w."""
+
+    pattern = SyncRounds(tag="privsgp")
+    reads = frozenset({"iterations", "k_scale", "lr", "lr_max", "epsilon", "delta", "sigma", "G", "clip", "sens_mult",
+                       "L", "F0", "b2", "batch", "block"})  # (batch: the baselines')
+    per_row = frozenset({"xh", "yh"})  # each agent's kept share (x, w), from ``local`` to ``combine``
+    vr: ClassVar[bool] = True
+
+    def init(self, agents, p):
+        """Each node's plan (K, sigma_i, gamma), its table entries (blocks of ``block`` rows), w_i^0 = 1, x_i^0 the
+        bank's row, and (Alg. 1) the table's full pass at x^0 (phi^0 = x^0), node by node as the paper's init."""
+        J = min(len(part) for part in agents[0].partition)
+        plans = [plan(a, p, J) for a in agents]
+        blocks = []
+        for a in agents:
+            nb = max(1, len(a.rows) // p.block)                           # table entries (blocks of b rows)
+            blocks.append(a.rows[:nb * p.block].reshape(nb, -1))
+        numer = agents[0].shared_state("push_numerator")                  # x_i (push-sum numerators)
+        weight = agents[0].shared_state("push_weight", shape=())          # w_i in the bank's dtype (a copy)
+        for a in agents:
+            numer[a.id] = a.params
+            weight[a.id] = 1.0
+        st = {"plan": plans, "blocks": blocks, "w": [1.0] * len(agents), "numer": numer, "weight": weight,
+              # per node: sensitivity of its release (a mean of b clipped gradients), sampling rate b / J_i
+              "sens": [p.sens_mult * p.G / bl.shape[1] for bl in blocks],
+              "q": [min(1.0, bl.shape[1] / len(a.rows)) for a, bl in zip(agents, blocks, strict=True)]}
+        if self.vr:
+            x0 = agents[0].params
+            clip = p.G if p.clip else None
+            table = agents[0].shared_state("saga_table", shape=(max(len(bl) for bl in blocks), x0.numel()))
+            avg = agents[0].shared_state("saga_average")
+            X, y = agents[0].training_set
+            import torch
+            for a, bl in zip(agents, blocks, strict=True):
+                nb = len(bl)
+                idx = torch.as_tensor(bl.ravel())
+                table[a.id, :nb] = a.model.grad(a.params.expand(nb, -1), X[idx].view(nb, bl.shape[1], -1),
+                                                y.long()[idx].view(nb, -1), clip)   # full pass at x^0
+                avg[a.id] = table[a.id, :nb].mean(0)
+            st.update(table=table, avg=avg)
+        return st  # (the tensors are the bank's states: a restored checkpoint writes them in place)
+
+    def horizon(self, p, state):
+        return state["plan"][0].K                                         # K iterations (K* of eq. (12), or given)
+
+    def local(self, b, p):
+        import torch
+        st, ids = b.state, b.ids
+        one = len(b) == 1
+        sel = slice(ids[0], ids[0] + 1) if one else b.index()            # the batch's rows of the states
+        blocks = [st["blocks"][i] for i in ids]
+        xi = [int(a.rng().integers(len(bl))) for a, bl in zip(b.agents, blocks, strict=True)]  # xi ~ U{1..J}
+        clip = p.G if p.clip else None
+        h = yield b.gradients(b.x, [bl[j] for bl, j in zip(blocks, xi, strict=True)], clip)  # grad f_i(z_i^k; xi)
+        if self.vr:
+            table, avg = st["table"], st["avg"]
+            at = (ids[0], slice(xi[0], xi[0] + 1)) if one else (sel, torch.tensor(xi, device=h.device))
+            old, mean = table[at], avg[sel]
+            g = h - old + mean                                            # eq. (6), old table
+            step = h - old
+            nbs = [len(bl) for bl in blocks]                              # eq. (5): the average, then T_i[xi] = h
+            if nbs.count(nbs[0]) == len(nbs):
+                avg[sel] = mean.add_(step, alpha=1.0 / nbs[0])
+            else:
+                for nb, ns in _by(nbs).items():
+                    rows = torch.tensor(ns, device=h.device)
+                    avg[sel[rows]] = mean.index_select(0, rows).add_(step.index_select(0, rows), alpha=1.0 / nb)
+            table[at] = h
         else:
-            g = h
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=sens, q=q, what="gradient")  # eq. (7)
-        if noisy is not None:
-            ps.x.sub_(noisy, alpha=pl.lr)                             # x^{k+1/2}
-        yield ps.push()                                               # keep P_ii share, push P_ji shares
-        got = yield agent.gather(tag=ps.tag, round=ps.seq, timeout=p.round_timeout)
-        for j in sorted(got):                                         # x^{k+1}, w^{k+1}
-            ps.x.add_(got[j].x)
-            ps.y += got[j].y
-        weight[i] = ps.y
-        numer[i] = ps.x
-        agent.params = ps.estimate                                    # z^{k+1}
-    yield from finish(agent)
+            g = h                                                         # eq. (4)
+        noisy = b.privatize(g, [st["plan"][i].sigma for i in ids], [st["sens"][i] for i in ids],
+                            [st["q"][i] for i in ids])                    # eq. (7): g + N(0, sigma_i^2 I)
+        x = st["numer"][sel]
+        if one:
+            x = x.clone()
+        lr = st["plan"][ids[0]].lr                                        # (gamma: the same at every node)
+        if not b.refused(noisy):
+            x.sub_(b.stack(noisy), alpha=lr)                              # x^{k+1/2} = x^k - gamma g~
+        else:                                                             # out of budget: no step
+            for n, z in enumerate(noisy):
+                if z is not None:
+                    x[n].sub_(z, alpha=lr)
+        shares = [1.0 / (len(a.neighbors) + 1) for a in b.agents]        # P^k's column i: 1/(d_i^k + 1)
+        if shares.count(shares[0]) == len(shares):
+            x.mul_(shares[0])
+        else:
+            x.mul_(torch.tensor(shares, dtype=x.dtype, device=x.device)[:, None])
+        b.xh, b.yh = x, [st["w"][i] * s for i, s in zip(ids, shares, strict=True)]
+        size = x[0].numel() * x.element_size() + 8                        # (RunningSumPayload.size_bytes)
+        b.send([RunningSumPayload(r, y) for r, y in zip(x.unbind(0), b.yh, strict=True)], [size] * len(b))
+        b.k += 1                                                          # message round: pushes so far (1..K)
+
+    def combine(self, b, p, got):
+        import torch
+        st, ids = b.state, b.ids
+        x, y = b.xh.clone(), list(b.yh)                                   # the kept shares
+        senders = [sorted(g) for g in got]
+        for s in range(max(map(len, senders), default=0)):                # x^{k+1} = sum_j P^k_ij x_j^{k+1/2}, w
+            ns = [n for n, js in enumerate(senders) if len(js) > s]       # alike: arrivals in sender order
+            if len(ns) == len(b):
+                x.add_(torch.stack([got[n][js[s]].x for n, js in enumerate(senders)]) if len(b) > 1 else
+                       got[0][senders[0][s]].x)
+            else:
+                at = torch.tensor(ns, device=x.device)
+                x.index_copy_(0, at, x.index_select(0, at).add_(torch.stack([got[n][senders[n][s]].x for n in ns])))
+            for n in ns:
+                y[n] += got[n][senders[n][s]].y
+        sel = slice(ids[0], ids[0] + 1) if len(b) == 1 else b.index()
+        w = torch.tensor(y, dtype=x.dtype, device=x.device)
+        st["numer"][sel] = x
+        st["weight"][sel] = w
+        for i, v in zip(ids, y, strict=True):
+            st["w"][i] = v
+        b.set_params(x / w[:, None])                                      # z^{k+1} = x / w
+
+    def check(self, sim, p):
+        """Before the run: K, K* and sigma_i need valid parameters (eqs. (11), (12))."""
+        plan(sim.agents[0], p)
+
+
+def _by(values: list) -> dict:
+    """Positions grouped by value, in order of first appearance."""
+    out: dict = {}
+    for n, v in enumerate(values):
+        out.setdefault(v, []).append(n)
+    return out
 
 
 @register("privsgp_vr", PrivSGPParams)
-def privsgp_vr(agent, p: PrivSGPParams):
+class PrivSGPVR(PushSumSGP):
     """PrivSGP-VR (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 1): a SAGA variance-reduced stochastic
     gradient with Gaussian noise, then push-sum over a directed, possibly time-varying graph."""
-    return _push_sum_sgp(agent, p, True, plan(agent, p))   # plan first: bad parameters fail before the run
+
+    vr = True
 
 
 @register("privsgp", PrivSGPParams)
-def privsgp(agent, p: PrivSGPParams):
+class PrivSGP(PushSumSGP):
     """PrivSGP (Zhu, Huang, Wang, Xu, IJCAI 2024, Algorithm 2): PrivSGP-VR without variance reduction, the
     noisy stochastic gradient itself (eq. (4)), then push-sum."""
-    return _push_sum_sgp(agent, p, False, plan(agent, p))
+
+    vr = False
 
 
 @register("dp2_sgd", PrivSGPParams)
-def dp2_sgd(agent, p: PrivSGPParams):
+class DP2SGD(SyncKernel):
     """DP^2-SGD [reconstructed]: x_i^{k+1} = sum_j W_ij x_j^k - gamma (grad f_i(x_i^k; B) + N(0, sigma^2 I))
     on a fixed undirected graph (use a symmetric mixing), same K and sigma_i as PrivSGP-VR."""
-    return _dp2_sgd(agent, p, plan(agent, p))
 
+    pattern = SyncRounds(tag="model")
+    reads = PushSumSGP.reads
+    per_row = frozenset({"step"})  # the noisy gradients ``local`` hands to ``combine``
 
-def _dp2_sgd(agent, p: PrivSGPParams, pl: Plan):
-    clip = p.G if p.clip else None
-    q = min(1.0, p.batch / len(agent.rows))
-    for k in range(pl.K):
-        yield agent.wake()
-        x = agent.params
-        g = yield agent.gradient(batch=p.batch, params=x, clip=clip)
-        noisy = agent.privatize(g, sigma=pl.sigma, sensitivity=p.sens_mult * p.G / p.batch, q=q,
-                                what="gradient")
-        got = yield from sync_round(agent, x, k, timeout=p.round_timeout)
-        x = agent.mix(x, got)
-        agent.params = x if noisy is None else x - pl.lr * noisy
-    yield from finish(agent)
+    def init(self, agents, p):
+        J = min(len(part) for part in agents[0].partition)
+        return {"plan": [plan(a, p, J) for a in agents]}
+
+    def horizon(self, p, state):
+        return state["plan"][0].K
+
+    def gradient(self, p, state, i):
+        return GradientRequest.of(p.batch, p.G if p.clip else None)          # per-sample clipped to G, averaged
+
+    def local(self, b, p):
+        plans = [b.state["plan"][i] for i in b.ids]
+        b.step = b.privatize(b.g, [pl.sigma for pl in plans], [p.sens_mult * p.G / p.batch] * len(b),
+                             [min(1.0, p.batch / len(a.rows)) for a in b.agents])   # grad + N(0, sigma_i^2 I)
+        b.send(b.x)                                                           # x_i^k (post-processing)
+
+    def combine(self, b, p, got):
+        lr = b.state["plan"][b.ids[0]].lr
+        b.mix_into_params(b.x, got, step=b.step, lr=lr)   # sum_j W_ij x_j^k - gamma g~ (out of budget: no step)
+
+    def check(self, sim, p):
+        plan(sim.agents[0], p)
 
 
 @register("adp2_sgd", PrivSGPParams)

@@ -89,12 +89,18 @@ class AgentLedger:
         say whether it may happen (False once the cap would be exceeded). The caller then adds the noise
         from ``self.noise`` itself, in this agent's release order; a runner that noises many agents'
         releases in one batch uses this (each agent's generator is its own, so the batch draws the same
-        noise as one release at a time). ``at`` = (time, rows): a batch's runner places the row itself (the
-        release at that time, its row appended to ``rows``); only without a cap (whose refusal is traced). A runner
-        that noises a release after the agent moved on (lookahead windows) adds the agent's round and latest tick
-        then: ``at`` = (time, rows, round, tick)."""
-        if at is not None and self.cap is not None:
-            raise ValueError("a release placed by its runner (at=) cannot have a budget cap")
+        noise as one release at a time). ``at`` = (time, rows): a batch's runner places the rows itself (the
+        release at that time, its row appended to ``rows``; with a cap, the agent's clock set to that time and the
+        release's or the refusal's row appended). A runner that noises a release after the agent moved on (lookahead
+        windows) adds the agent's round and latest tick then: ``at`` = (time, rows, round, tick)."""
+        if at is not None and self.cap is not None:  # the refusal is traced by the agent: at its clock, in ``rows``
+            sim = self.agent.sim
+            sim.loop.env.advance_to(at[0])
+            into: list = []
+            with sim.recorder.writer.capturing(into):
+                ok = self.record(size, sigma, sensitivity, mechanism, q, what, to)
+            at[1].extend(into)
+            return ok
         key = (mechanism, sigma, sensitivity, q)
         if key not in self._checked:  # the arguments of a run's releases rarely vary: check each once
             check_release_args(mechanism, sigma, sensitivity, q, self.p)

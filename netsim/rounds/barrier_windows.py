@@ -83,7 +83,7 @@ def refusal(sim) -> str | None:
     if steps > 1:
         return (f"{name} exchanges {steps} times a round: the lookahead windows play one barrier a round — "
                 f"run it with one exchange a round{sync}")
-    if _combine_steps(kernel) or kernel.horizon(p) is not None:
+    if _combine_steps(kernel) or kernel.horizon(p, state) is not None:
         return (f"{name} takes gradients after the exchange or ends at its own round count (not played by the "
                 f"lookahead windows) — {sync[2:]}")
     if type(kernel).routes is not SyncKernel.routes:

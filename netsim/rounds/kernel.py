@@ -102,7 +102,11 @@ class Batch:
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "_mixes",
-                      "rows", "scalars"})
+                      "rows", "scalars", "recorded", "counts"})
+    # a lookahead-window driver's batch: each agent's release already recorded by the ledger where the engine makes
+    # it (its completion: time, row, a cap's refusal; False: refused), so ``privatize`` only draws the noise
+    recorded: Sequence[bool] | None = None
+    counts: Sequence[int] | None = None  # ... and each agent's activation count there (``rounds``)
 
     def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
         """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
@@ -168,8 +172,9 @@ class Batch:
 
     def rounds(self) -> list[int]:
         """Each agent's activations so far, this one included (``Agent.round``): an asynchronous pattern's batch holds
-        agents at different counts, where ``k`` is the first agent's."""
-        return [a.round for a in self.agents]
+        agents at different counts, where ``k`` is the first agent's; a lookahead window's, the counts where its
+        control made each operation (its agents have moved on by its tensor work)."""
+        return [a.round for a in self.agents] if self.counts is None else list(self.counts)
 
     @property
     def sent(self) -> torch.Tensor | None:
@@ -348,7 +353,7 @@ class Batch:
         own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``, a public
         release); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent released
         with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
-        if len(self.agents) == 1 and self._at is None:  # a batch of one: the ledger's own release, the same bits
+        if len(self.agents) == 1 and self._at is None and self.recorded is None:  # the ledger's own release
             return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what)]
         mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
@@ -371,17 +376,13 @@ class Batch:
         out: list[torch.Tensor | None] = []
         noised = []
         size = g.shape[1]
+        recorded = self.recorded
         for n, a in enumerate(self.agents):
-            led = a.ledger
-            if self._at is None:
-                ok = led.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what)
-            elif led.cap is None:  # the release at the agent's own clock, its row where its program makes it
-                ok = led.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what, at=self._at(n))
-            else:  # a cap's refusal is traced by the ledger itself: at the agent's clock, among its rows
-                t, into = self._at(n)
-                a.sim.loop.env.advance_to(t)
-                with a.sim.recorder.writer.capturing(into):
-                    ok = led.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what)
+            if recorded is not None:
+                ok = recorded[n]
+            else:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
+                ok = a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
+                                     at=None if self._at is None else self._at(n))
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
                 noised.append(n)
@@ -549,6 +550,7 @@ class Pattern:
     lookahead: ClassVar[bool] = False
     curves: ClassVar[bool] = False
     until: ClassVar[bool] = False  # its synchronous windows stop at run.until (no run.rounds), where its refusal says
+    dynamic: ClassVar[bool] = False  # its synchronous windows play a time-varying topology (``topology.dynamic``)
     records: ClassVar[frozenset[str]] = frozenset()
 
     def program(self, kernel: Any, agent: Any, p: Any) -> Generator:

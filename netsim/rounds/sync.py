@@ -57,11 +57,6 @@ class SyncKernel(RoundKernel):
         """Agent ``i``'s gradient request of the round (None: none; a round's agents all ask, or none does)."""
         return None
 
-    def horizon(self, p: Any) -> int | None:
-        """The method's own number of rounds: each agent finishes at its activation after this many (None: at
-        ``run.rounds``, as it wakes)."""
-        return None
-
     def exchanges(self, p: Any, state: Any) -> int:
         """Barrier exchanges per round (default 1): after each but the last, ``combine`` sends the next payload
         (``b.s``: the exchange just done)."""
@@ -69,7 +64,13 @@ class SyncKernel(RoundKernel):
 
     def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
         """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
-        ``b.k`` (None: the graph's); a kernel with its own routes refuses the windowed engine (``refusal``)."""
+        ``b.k`` (None: the graph's, a time-varying topology's of this activation). They must agree: j waits for i
+        only if i sends to j (a message nobody waits for would stay queued), and every agent waits for someone."""
+        return None
+
+    def horizon(self, p: Any, state: Any) -> int | None:
+        """The algorithm's own number of rounds (its paper's K), after which every agent finishes as after
+        ``run.rounds`` (None: ``run.rounds`` alone; the smaller of the two ends the run)."""
         return None
 
     def local(self, b: Batch, p: Any) -> Generator | None:
@@ -95,6 +96,7 @@ class SyncRounds(Pattern):
     curves: ClassVar[bool] = True
     until: ClassVar[bool] = True
     lookahead: ClassVar[bool] = True  # agents on their own clocks: lookahead windows (rounds/barrier_windows.py)
+    dynamic: ClassVar[bool] = True  # each activation adopts its epoch's links (``Exchange.adopt``)
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
 
@@ -107,12 +109,12 @@ class SyncRounds(Pattern):
         # the hooks a kernel leaves as SyncKernel's cost no call a round
         own_routes = type(kernel).routes is not SyncKernel.routes
         own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
-        horizon = kernel.horizon(p)
+        horizon = kernel.horizon(p, state)
         k = 0
         while True:
-            yield agent.wake()
-            if horizon is not None and k >= horizon:  # the method's own T: it finishes at this activation
+            if k == horizon:  # the algorithm's own K rounds done: finish as ``wake`` does at run.rounds
                 yield agent.finish()
+            yield agent.wake()
             x = agent.params
             req = kernel.gradient(p, state, agent.id)
             if req is not None and ahead is not None:  # ``local`` batched with the agents done at the same time
@@ -148,6 +150,8 @@ class SyncRounds(Pattern):
     def refusal(self, sim, path: Path) -> str | None:
         """Why the rounds of this built simulation are not exact windows for this driver (None: they are); on the
         lookahead path, why rounds/barrier_windows.py cannot play them."""
+        from netsim.rounds.windowed import round_limit
+
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
         if path != ROUNDS:
             from netsim.rounds import barrier_windows
@@ -173,7 +177,8 @@ class SyncRounds(Pattern):
             return (f"privacy.record with gradients after the exchange: {sc.algorithm.name}'s synchronous windows do "
                     "not write the records of its mixes — remove privacy.record")
         r = sc.run
-        last_t = r.until if r.rounds is None else (r.rounds + 1) * sc.agents.activation.period
+        limit = round_limit(sim)  # run.rounds, or the kernel's own horizon
+        last_t = r.until if limit is None else (limit + 1) * sc.agents.activation.period
         if r.stop_on_divergence and sc.evaluation.every <= last_t:
             return ("run.stop_on_divergence with evaluations inside the run: the events engine stops inside a round, "
                     "after the events already due then — remove run.stop_on_divergence (summary.json's 'diverged' "
@@ -186,14 +191,14 @@ class SyncRounds(Pattern):
             return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
                     "different times — set network.loss = 0")
         if sc.network.loss and not after:
-            why = _round_times(sc, p.round_timeout)
+            why = _round_times(sc, p.round_timeout, limit)
             if why is not None:
                 return why
         if r.rounds is None and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
-        if after or r.rounds is None:
-            return _timeline(sc, p.round_timeout, before, after, kernel.horizon(p))
+        if after or r.rounds is None and r.until is not None:
+            return _timeline(sc, p.round_timeout, before, after, limit)
         return None
 
     def play_lookahead(self, sim, kernel) -> bool:
@@ -330,12 +335,13 @@ class SyncRounds(Pattern):
         import torch
 
         from netsim.rounds.curves import Curves, Round
+        from netsim.rounds.windowed import round_limit
         from netsim.sim.agent import RowsAhead
 
         p, agents, writer = sim.params, sim.loop.agents, sim.recorder.writer
         svc, bank = sim.world.gradients, sim.world.bank
         state = kernel.state_of(agents[0], p)
-        limit = sim.world.scenario.run.rounds
+        limit = round_limit(sim)  # run.rounds, or the kernel's own horizon
         net = Exchange(sim, self.tag, p.round_timeout)
         sampler = RowsAhead(agents)
         words = net.words
@@ -348,12 +354,13 @@ class SyncRounds(Pattern):
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
-        until = sim.world.scenario.run.until if limit is None else None  # the run stops at run.until (``refusal``)
-        horizon = kernel.horizon(p)
+        r = sim.world.scenario.run
+        until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
+            net.adopt(woken, t_act)  # a time-varying topology: the epoch's links, as the engine's listener adopts them
             B = len(woken)
             id_list = ids.tolist()
             woke = np.empty(len(agents))
@@ -362,16 +369,6 @@ class SyncRounds(Pattern):
                        None if parent is None else parent[ids])
             while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
-            if horizon is not None and k >= horizon and (until is None or float(t_act[-1]) <= until):
-                c = columns(2 * B)  # the method's own T: each agent finishes at this activation
-                fill(c, slice(0, None, 2), shapes.activate(t_act, ids, at, rounds_of(woken), CODES))
-                fill(c, slice(1, None, 2), shapes.finish(t_act, ids, rounds_of(woken), CODES))
-                rows.add(tuple(c))
-                rows.emit(writer)
-                for a in woken:
-                    a.mark_finished()
-                end = float(t_act[-1])
-                break
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
                 self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
                               until=until, curves=curves)
@@ -447,11 +444,14 @@ class SyncRounds(Pattern):
             if hook is None and not pending and not after:
                 raise ValueError("windowed rounds need a compute phase (a gradient) every round")
             steps = kernel.exchanges(p, state)
+            own_routes = type(kernel).routes is not SyncKernel.routes
             ready, t_ready = np.arange(B), np.array(now)  # (batch position, when it sends), in the engine's order
             last = False
             for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
                 rnd = b.k * steps + s
                 first = s == 0
+                if own_routes:  # the kernel's routes of this exchange, agent by agent as the engine asks for them
+                    net.route(kernel, b, p, s)
                 got, done, late = net.exchange(b, rows, ids, ready, t_ready, rnd, pending and first,
                                                released if first else None)
                 order_ids, order_t = np.concatenate([done[0], late[0]]), np.concatenate([done[1], late[1]])
@@ -636,33 +636,73 @@ def finishes(ids, t, agents) -> tuple:
 
 class Exchange:
     """A round's exchange over arrays: every agent sends to its out-neighbours, deliveries and barriers follow
-    (the rules of the module docstring). The out-links are the graph's (``Agent.neighbors``), made when the agents
-    first send, in send order, as ``Network.send`` makes them."""
+    (the rules of the module docstring). The out-links are the graph's (``Agent.neighbors``: a time-varying
+    topology's of the round, ``adopt``; or the kernel's ``routes``, ``route``), made when the agents first send on
+    them, in send order, as ``Network.send`` makes them."""
 
     def __init__(self, sim, tag: str, timeout: float):
         agents = sim.loop.agents
         self.sim, self.agents, self.tag, self.timeout, self.net = sim, agents, tag, timeout, sim.world.network
-        self.expect = np.array([len(a.in_neighbors) for a in agents], np.int64)
-        self.deg = np.array([len(a.neighbors) for a in agents], np.int64)
-        self.ptr = np.concatenate([[0], np.cumsum(self.deg)])  # agent i's out-links: ptr[i]..ptr[i + 1]
-        self.dst = np.array([j for a in agents for j in a.neighbors], np.int64)
-        # the weight each receiver gives the sender (``Agent.weights``; NaN where it has none: ``Batch`` then mixes
-        # from the dicts, which says so)
-        self.w = np.array([agents[j].weights.get(a.id, np.nan) for a in agents for j in a.neighbors], np.float64)
+        self.dynamic = sim.world.network.dynamic  # a time-varying topology (sim/dynamic.py), adopted at activations
+        self._use([a.neighbors for a in agents], [a.in_neighbors for a in agents])
         from netsim.sim.agent import ComputeTimes
 
-        self.links: list | None = None
         self.words = shapes.words()
         self.compute_times = ComputeTimes(agents)  # (woken, ids, when) -> each one's ``Agent.compute_time``
         log = sim.recorder.mixing_log  # privacy.record = "payloads": the delivered payloads (privacy/payloads.py)
         self.views = None if log is None else log.views
 
+    def _use(self, outs: Sequence[list[int]], ins: Sequence[list[int]]) -> None:
+        """Agent i sends to ``outs[i]`` and its barrier waits for ``ins[i]`` (the exchanges from now on)."""
+        agents = self.agents
+        if not all(ins):
+            i = next(i for i, got in enumerate(ins) if not got)
+            raise ValueError(f"agent {i} waits for no in-neighbour in a round (its barrier completes at once): not "
+                             "played by synchronous windows — run --engine events")
+        self.outs = outs
+        self.expect = np.array([len(got) for got in ins], np.int64)
+        self.deg = np.array([len(out) for out in outs], np.int64)
+        self.ptr = np.concatenate([[0], np.cumsum(self.deg)])  # agent i's out-links: ptr[i]..ptr[i + 1]
+        self.dst = np.array([j for out in outs for j in out], np.int64)
+        # the weight each receiver gives the sender (``Agent.weights``; NaN where it has none: ``Batch`` then mixes
+        # from the dicts, which says so)
+        self.w = np.array([agents[j].weights.get(i, np.nan) for i, out in enumerate(outs) for j in out], np.float64)
+        self.links: list | None = None
+
+    def adopt(self, woken: Sequence, t: np.ndarray) -> None:
+        """The engine's activation listener of a time-varying topology: each agent woken at ``t`` takes its epoch's
+        links (``DynamicTopology.adopt`` at its activation time), which the round's exchanges then use."""
+        if self.dynamic is None:
+            return
+        adopt = self.dynamic.adopt
+        for a, when in zip(woken, t.tolist(), strict=True):
+            adopt(a, when)
+        agents = self.agents
+        self._use([a.neighbors for a in agents], [a.in_neighbors for a in agents])
+
+    def route(self, kernel, b, p, s: int) -> None:
+        """Exchange ``s``'s links by the kernel's ``routes``, asked agent by agent on its batch of one as the
+        engine's program asks (None: the agent's graph links)."""
+        agents = self.agents
+        outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
+        b.s = s
+        for n, a in enumerate(b.agents):
+            r = kernel.routes(b.row(n, kernel.per_row), p)
+            if r is not None:
+                outs[a.id], ins[a.id] = list(r[0]), list(r[1])
+        want = {(i, j) for j, got in enumerate(ins) for i in got}
+        stray = next(((i, j) for i, out in enumerate(outs) for j in out if (i, j) not in want), None)
+        if stray is not None:
+            raise ValueError(f"{type(kernel).__name__}.routes: agent {stray[0]} sends to {stray[1]}, which does not "
+                             "wait for it (the message would stay queued): routes must agree")
+        self._use(outs, ins)
+
     def _made(self, senders: list[int]) -> None:
         """Every out-link, made in send order where not made yet (``Network.link``)."""
-        net, agents = self.net, self.agents
+        net, outs = self.net, self.outs
         links = [None] * len(self.dst)
         for i in senders:
-            for e, j in zip(range(self.ptr[i], self.ptr[i + 1]), agents[i].neighbors, strict=True):
+            for e, j in zip(range(self.ptr[i], self.ptr[i + 1]), outs[i], strict=True):
                 links[e] = net.links.get((i, j)) or net.link(i, j)
         self.links = links
         lat = list({link.latency for link in links})  # a constant latency: one callable shared by every link
@@ -776,7 +816,7 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     return torch.stack([t.result for t in tickets])
 
 
-def _round_times(sc, timeout: float) -> str | None:
+def _round_times(sc, timeout: float, rounds: int) -> str | None:
     """With lossy links an agent wakes from its barrier either when its last message arrives (D) or when the
     barrier times out (T); the engine orders the next round by time first, so both must give the very same
     float activation time in every round (and so the same compute end, arrivals and timeout). Checked on
@@ -787,7 +827,7 @@ def _round_times(sc, timeout: float) -> str | None:
     lat = float(sc.network.latency.value)
     from_d, from_t = Periodic(period, 0.0), Periodic(period, 0.0)
     d = t = 0.0
-    for r in range(sc.run.rounds):
+    for r in range(rounds):
         at_d, at_t = from_d.next(0.0 + 1.0 * d), from_t.next(0.0 + 1.0 * t)
         a_d, a_t = d + max(0.0, (at_d - 0.0) / 1.0 - d), t + max(0.0, (at_t - 0.0) / 1.0 - t)
         if at_d != at_t or a_d != a_t:
@@ -809,19 +849,20 @@ def _combine_steps(kernel) -> bool:
 _TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the run)
 
 
-def _timeline(sc, timeout: float, before: bool, after: bool, horizon: int | None = None) -> str | None:
+def _timeline(sc, timeout: float, before: bool, after: bool, limit: int | None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
     (after a compute time when the kernel takes its gradient ``before`` the exchange), barrier completion by the
     last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
     ``after`` it. None if the driver's rules decide the engine's order: with lossy links, D and T lead to the same
     float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds) falls at a
-    round's activation or between two rounds. Else the one line of the first that does not hold."""
+    round's activation or between two rounds. ``limit``: the round limit (``round_limit``; None: run.until ends the
+    run). Else the one line of the first that does not hold."""
     ag, r = sc.agents, sc.run
     period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
     lat, lossy = float(sc.network.latency.value), bool(sc.network.loss)
     until = r.until if r.rounds is None else None
-    n = r.rounds if r.rounds is not None else int(until / period) + 2
-    n = n if horizon is None else min(n, horizon + 1)
+    n = limit if limit is not None else int(until / period) + 2
+    n = n if until is None else min(n, int(until / period) + 2)
     if until is not None and n > _TIMELINE_ROUNDS:
         return (f"run.rounds is not set and run.until = {until:g} spans {n} rounds, more than the {_TIMELINE_ROUNDS} "
                 "whose times are checked before the run — set run.rounds")
@@ -841,8 +882,6 @@ def _timeline(sc, timeout: float, before: bool, after: bool, horizon: int | None
             if end >= until:
                 return (f"run.until = {until:g} falls inside round {k - 1} (its last event at {end!r}) — give "
                         "run.until at an activation tick or between two rounds, or set run.rounds")
-            break
-        if horizon is not None and k >= horizon:  # the method's own T: every agent finishes at this activation
             break
         woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
         s = a_d + ct if before else a_d

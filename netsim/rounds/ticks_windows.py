@@ -19,7 +19,6 @@ import itertools
 
 import torch
 
-from netsim.compute.noise import gaussian_noise_rows
 from netsim.rounds.kernel import Batch
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.rounds.ticks import SLEEP, Replay
@@ -145,18 +144,11 @@ class _Driver(WindowDriver):
         """The releases' noise (each agent's own generator), the kernel's step, the differences kept for their
         messages."""
         who = [i for i, _ in step]
-        g = self.grads.take([o[1] for _, o in step])
-        noised = [n for n, i in enumerate(who) if self.noise[i][0]]
-        if noised:
-            z = gaussian_noise_rows(g.shape[1:], [self.noise[who[n]][0] for n in noised],
-                                    [self.agents[who[n]].ledger.noise.generator for n in noised], g.dtype)
-            if len(noised) == len(who):
-                g = g + z
-            else:
-                idx = torch.tensor(noised, device=g.device)
-                g = g.index_copy(0, idx, g.index_select(0, idx) + z)
         b, idx = self.batch(who)
-        sent, _ = self.kernel.step(b, self.p, g)
+        b.recorded = [True] * len(who)  # at their completions (``completed``)
+        sigma, sens, q = zip(*(self.noise[i] for i in who), strict=True)
+        noisy = b.stack(b.privatize(self.grads.take([o[1] for _, o in step]), sigma, sens, q))
+        sent, _ = self.kernel.step(b, self.p, noisy)
         self.bank.W.index_copy_(0, idx, b.x)
         which = [n for n, (_, o) in enumerate(step) if o[3]]
         if which:

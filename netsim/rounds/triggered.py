@@ -28,14 +28,22 @@ if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (
 
 
 class TriggeredKernel(BroadcastKernel):
-    """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no
-    step), ``trigger`` (the send rule's kind, threshold and decay) and ``update`` (the step after the mix, on
-    ``b.x``). A batch's agents may be at different activations: agent n's count so far is ``b.rounds()[n] - 1`` (in
-    the events engine's batch of one, ``b.k`` too). Its windowed driver is the broadcast's with another control, so
-    it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults (no ``request``, ``extra_rows``, ...)."""
+    """An algorithm of the event-triggered pattern (module docstring): ``gradient`` (per activation; None: no step),
+    ``trigger`` (the send rule's kind, threshold and decay), ``noise`` (the release of each gradient, if any) and
+    ``update`` (the step after the mix, on ``b.x``). A batch's agents may be at different activations: agent n's
+    count so far is ``b.rounds()[n] - 1`` (in the events engine's batch of one, ``b.k`` too). Its windowed driver is
+    the broadcast's with another control, so it is a ``BroadcastKernel`` whose broadcast hooks keep their defaults
+    (no ``request``, ``extra_rows``, ...)."""
 
     def trigger(self, p: Any) -> tuple[TriggerKind, float, float]:
         raise NotImplementedError
+
+    def noise(self, state: Any, agent: Any, p: Any) -> tuple[float, float, float] | None:
+        """The Gaussian release of the agent's gradient at each step, made by ``update`` through ``b.privatize``:
+        (sigma, sensitivity, sampling rate q); None (the default): no release. The windows record each one where
+        the engine makes it (its ledger entry and row at the gradient's completion, a budget cap's refusal) and
+        ``b.privatize`` then draws only its noise (``Batch.recorded``)."""
+        return None
 
     def update(self, b: Batch, p: Any, g: torch.Tensor) -> None:
         """The step of each row of ``b.x`` with its gradient ``g`` (rows), after the mix with the copies."""

@@ -18,11 +18,16 @@ never depends on a decision.
 
 Event-triggered D-PSGD: payload rows are counted by who holds them: messages in flight, receivers' copies and
 senders' last-sent references (``EventTrigger``'s); each agent's initial model is kept under the handle -1 - i (the
-copies of neighbours that never sent, the last-sent reference before the first send). SPARQ-SGD: its copies are the
-run's ``PublicCopyRows`` (sums of the q's received, in arrival order), a q's row is held by its messages until
-added; an agent's operations (receive, gradient, step, receive, push) run one per lock step (``in_order``), the push
-deciding the trigger on ||x - xhat_i||, compressing where it fires (each agent's own stream) and taking the
-consensus step for all.
+copies of neighbours that never sent, the last-sent reference before the first send). A private kernel's release
+(``TriggeredKernel.noise``, DP-SGD's) is recorded by the control at the gradient's completion, as the engine's update
+makes it: its ledger entry and row right after ``compute_end`` (``AgentLedger.record`` with ``at``; a budget cap's
+refusal traced there, and the agent asks for no gradient from then on); the kernel's ``b.privatize`` in the tensor
+work then only draws the noise, each agent's from its own generator in its order (``Batch.recorded``). An update's
+batch gives each agent's activation count at its completion (``Batch.counts``: LAG's decaying threshold).
+SPARQ-SGD: its copies are the run's ``PublicCopyRows`` (sums of the q's received, in arrival order), a q's row is
+held by its messages until added; an agent's operations (receive, gradient, step, receive, push) run one per lock
+step (``in_order``), the push deciding the trigger on ||x - xhat_i||, compressing where it fires (each agent's own
+stream) and taking the consensus step for all.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class _Sends(BroadcastDriver):
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG and DP)
+        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG)
         self.rule = Rule(*kernel.trigger(p))
         self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
         self.undecided: list[list] = []  # the window's sends, in processing order
@@ -127,16 +132,28 @@ class _Driver(_Sends):
         self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
         self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
         self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
+        self.noise = [kernel.noise(self.state, a, self.p) for a in self.agents]  # each agent's release (None: none)
+        self.recorded: dict[int, bool] = {}  # ticket -> its release made (False: the budget cap refused it)
+        self.count_of: dict[int, int] = {}  # ticket -> its agent's activation count (``Batch.rounds``)
+        self.spent: set[int] = set()  # agents whose cap refused a release: no gradient from then on
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
-        if self.req is not None:
+        if self.req is not None and i not in self.spent:
             self.ask(i, now)
             return
         self.mix(i, MERGE)
         self.send(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
+        noise = self.noise[i]
+        if noise is not None:  # the release, as the engine's update makes it: its row right after ``compute_end``
+            sigma, sens, q = noise
+            ok = self.recorded[tk] = self.agents[i].ledger.record(self.X.shape[1], sigma, sens, q=q,
+                                                                  what="gradient", at=(now, self.rows))
+            if not ok:
+                self.spent.add(i)
+        self.count_of[tk] = self.k[i] + 1
         self.mix(i, UPDATE, tk)
         self.send(i, now)
 
@@ -205,6 +222,9 @@ class _Driver(_Sends):
 
     def updates(self, step: list) -> None:
         b, idx = self.mixed(step, 3)
+        if self.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
+            b.recorded = [self.recorded.pop(o[2]) for _, o in step]
+        b.counts = [self.count_of.pop(o[2]) for _, o in step]
         self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
         self.store(b, idx)
         self.settle(step, 5)

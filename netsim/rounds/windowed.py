@@ -38,12 +38,16 @@ def budget_cap_refusal(sim) -> str | None:
 ASYNC = ", or use an asynchronous algorithm (push_gossip: lookahead windows)"
 
 
-def scenario_refusal(sc, alternative: bool = True, curves: bool = False, until: bool = False) -> str | None:
+def scenario_refusal(sc, alternative: bool = True, curves: bool = False, rounds: int | None = None,
+                     dynamic: bool = False, until: bool = False) -> str | None:
     """What every driver needs of the scenario: simultaneous, identical, reliable-enough rounds. Each line names the
     rule, then, after " — ", what to change; ``alternative``: also name the asynchronous algorithms' lookahead
     windows where they play what the rounds cannot (not for an algorithm that has them: its own line says why not);
-    ``curves``: the pattern's driver evaluates at the evaluator's times inside the run (``Pattern.curves``); ``until``:
-    it stops at run.until without run.rounds (``Pattern.until``: its own refusal says where until may fall)."""
+    ``curves``: the pattern's driver evaluates at the evaluator's times inside the run (``Pattern.curves``);
+    ``rounds``: the round limit when the algorithm sets its own (``round_limit``; default ``run.rounds``);
+    ``dynamic``: the pattern's driver plays a one-peer exponential time-varying topology (``Pattern.dynamic``);
+    ``until``: it stops at run.until without a round limit (``Pattern.until``: its own refusal says where until may
+    fall)."""
     ag, net = sc.agents, sc.network
     alt = ASYNC if alternative else ""
     if ag.activation.kind != "periodic":
@@ -65,13 +69,19 @@ def scenario_refusal(sc, alternative: bool = True, curves: bool = False, until: 
     if net.bandwidth is not None or net.uplink is not None:
         return ("bandwidth-limited links: synchronous rounds do not model transmission times — remove "
                 f"network.bandwidth and network.uplink{alt}")
-    if sc.topology.dynamic is not None:
+    dyn = sc.topology.dynamic
+    if dyn is not None and not dynamic:
         return f"the topology changes over time: synchronous rounds need one graph — remove topology.dynamic{alt}"
+    if dyn is not None and dyn.kind != "one_peer_exponential":
+        return (f"topology.dynamic kind {dyn.kind!r}: a drawn or scheduled graph may leave an agent without "
+                "in-neighbours in a round (its barrier completes at once: not played by synchronous windows) — use "
+                "kind = \"one_peer_exponential\"")
     r = sc.run
-    if r.rounds is None and (r.until is None or not until):
+    rounds = r.rounds if rounds is None else rounds
+    if rounds is None and (r.until is None or not until):
         return "run.rounds is not set: synchronous windows stop at a round limit — set run.rounds"
-    end = r.until if r.rounds is None else (r.rounds + 1) * ag.activation.period  # the run is over before this
-    if r.rounds is not None and r.until is not None and r.until <= end:
+    end = r.until if rounds is None else (rounds + 1) * ag.activation.period  # the run is over before this
+    if rounds is not None and r.until is not None and r.until <= end and (r.rounds is not None or not until):
         return (f"run.until = {r.until} may stop the run inside a round — remove run.until (run.rounds ends the "
                 f"run) or give more than {end:g} s")
     if sc.evaluation.every <= end and not curves:
@@ -146,13 +156,18 @@ def link_model_refusal(sim) -> str:
 
 def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
     """Why the run's rounds are not simultaneous windows (None: they are); ``alternative``: ``scenario_refusal``'s."""
-    why = scenario_refusal(sim.world.scenario, alternative, kernel.pattern.curves, kernel.pattern.until)
+    pattern = kernel.pattern
+    why = scenario_refusal(sim.world.scenario, alternative, pattern.curves, round_limit(sim), pattern.dynamic,
+                           pattern.until)
     if why is None and sim.world.network.model is not None:
         why = link_model_refusal(sim)
     if why is None and sim.world.activation_moves is not None:
         why = "an activation hook is installed — leave the agents' wakes to agents.activation"
+    dynamic = sim.world.network.dynamic
+    adopt = None if dynamic is None else dynamic.adopt  # the one listener the driver plays (``Exchange.adopt``)
     for a in sim.loop.agents if why is None else ():
-        if type(a.schedule) is not Periodic or a.activation_listeners or a.offset != 0.0 or a.rate != 1.0:
+        if type(a.schedule) is not Periodic or any(f != adopt for f in a.activation_listeners) or a.offset != 0.0 \
+                or a.rate != 1.0:
             why = (f"agent {a.id} has its own activation schedule or listeners — leave its wakes to "
                    "agents.activation (no setup hook or plugin changing them)")
         elif not a.neighbors or not a.in_neighbors:
@@ -161,6 +176,18 @@ def rounds_refusal(sim, kernel, alternative: bool = False) -> str | None:
         if why is not None:
             break
     return why if why is not None else record_refusal(sim, kernel, ROUNDS) or kernel.pattern.refusal(sim, ROUNDS)
+
+
+def round_limit(sim) -> int | None:
+    """The round after which every agent finishes: ``run.rounds``, or the kernel's own ``horizon`` (a barrier-rounds
+    algorithm's K), the smaller of the two."""
+    r = sim.world.scenario.run.rounds
+    from netsim.rounds.sync import SyncKernel
+
+    kernel = sim.program
+    own = kernel.horizon if isinstance(kernel, SyncKernel) else None  # (a ticked kernel's horizon counts ticks)
+    k = None if own is None else own(sim.params, kernel.state_of(sim.loop.agents[0], sim.params))
+    return r if k is None else k if r is None else min(r, k)
 
 
 def run(sim) -> bool | None:

@@ -121,10 +121,12 @@ def _check(sim, st: dict, w: dict) -> None:
     loop = sim.loop
     n, agents = len(loop.agents), loop.agents
     k = w.get("round")
+    changing = sim.world.network.dynamic is not None  # links of every epoch so far, not only the current graph's
     checks = {
         "links": isinstance(w.get("links"), list) and all(
             isinstance(x, list) and len(x) == 4 and _int(x[0], 0, n) and _int(x[1], 0, n)
-            and x[1] in agents[x[0]].neighbors and _position(x[2]) and _position(x[3]) for x in w["links"]),
+            and (changing or x[1] in agents[x[0]].neighbors) and _position(x[2]) and _position(x[3])
+            for x in w["links"]),
         "agents": isinstance(w.get("agents"), list) and len(w["agents"]) == n and all(
             isinstance(x, list) and len(x) == 2 and _position(x[1]) and (x[0] is None or (
                 isinstance(x[0], list) and len(x[0]) == 5 and _int(x[0][4], 1, 2**31)
@@ -143,7 +145,7 @@ def _check(sim, st: dict, w: dict) -> None:
     win = w.get("windows")
     if win is None:  # between two synchronous rounds: every agent woke k times, none finished
         checks.update({
-            "round": _int(k, 1, sim.world.scenario.run.rounds) and st["step"] == k,
+            "round": _int(k, 1, sim.world.scenario.run.rounds or math.inf) and st["step"] == k,
             "order": isinstance(w.get("order"), list) and len(w["order"]) == n
             and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
             and len({o[0] for o in w["order"]}) == n,
