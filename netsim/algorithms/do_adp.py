@@ -342,7 +342,8 @@ class DPDDA(SyncKernel):
 
     def local(self, b, p):
         b.sampled = [a.rng().random() < p.sample_p for a in b.agents]   # node sampling, p_s
-        b.z = b.state["z"].index_select(0, b.index())                   # z_t (a copy)
+        z = b.state["z"]                                                 # z_t (a copy)
+        b.z = z[b.agents[0].id].unsqueeze(0).clone() if len(b) == 1 else z.index_select(0, b.index())
         b.send(b.z)
 
     def combine(self, b, p, got):
@@ -362,7 +363,10 @@ class DPDDA(SyncKernel):
                 if r is not None:                                         # (else budget cap: g = 0)
                     g[n] = r
         z = b.mix(b.z, got) + g                                           # z_{t+1} = sum_j w_ij z_j + g
-        b.state["z"].index_copy_(0, b.index(), z)
+        if len(b) == 1:
+            b.state["z"][b.agents[0].id].copy_(z[0])
+        else:
+            b.state["z"].index_copy_(0, b.index(), z)
         b.set_params(-z / ((k + 1) * p.lam + p.kappa0 * math.sqrt(k + 1)))  # x_{t+1}
 
     def refusal(self, sim, path):
