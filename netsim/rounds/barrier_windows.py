@@ -117,6 +117,9 @@ class _Gather:
 class _Driver(WindowDriver):
     """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
+    gathers = 8
+    holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, agents = self.p, self.agents
@@ -148,6 +151,8 @@ class _Driver(WindowDriver):
         self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
         self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
+        self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
+        self.waits = self.wait
 
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
@@ -280,7 +285,11 @@ class _Driver(WindowDriver):
     def arrived(self, i: int, t: float, v: tuple) -> None:
         """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
         mid, src, rid, sent, rnd = v
-        self.rows.put(pack(*shapes.deliver(t, i, src, mid, self.sizes[rid], sent, rnd, self.tag_code, CODES)))
+        size = self.sizes.get(rid)
+        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
+            self.patches.append((len(self.rows), rid))
+            size = self.guess
+        self.rows.put(pack(*shapes.deliver(t, i, src, mid, size, sent, rnd, self.tag_code, CODES)))
         m = (mid, src, rid, rnd)
         w = self.waiter[i]
         if w is None or not self.offer(i, w, m, t):
@@ -288,7 +297,7 @@ class _Driver(WindowDriver):
 
     def unref(self, rid: int) -> None:
         n = self.refs[rid] - 1
-        if n:
+        if n or rid not in self.sizes:  # (0 before its ``local`` ran: ``locals`` keeps no payload then)
             self.refs[rid] = n
         else:
             del self.refs[rid]
@@ -323,6 +332,20 @@ class _Driver(WindowDriver):
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
         self.in_order(first_ticket, (self.combines, self.asks, self.locals), ASK, LOCAL)
+        if self.unmade:  # a payload is made before it is delivered, so in this work at the latest
+            raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
+
+    def wait(self, i: int, o: tuple) -> bool:
+        """Whether agent i's operation ``o`` is a ``combine`` that reads a payload not made yet (its sender's ``local``
+        is later in this work's lock steps): it waits, and that ``local`` wakes it."""
+        if o[0] != COMBINE:
+            return False
+        payload = self.payload
+        for r in o[2].values():
+            if r not in payload:
+                self.unmade.setdefault(r, []).append(i)
+                return True
+        return False
 
     def by_round(self, step: list, at: int) -> dict[int, list]:
         """A lock step's operations by their round index (a batch has one ``b.k``)."""
@@ -364,7 +387,10 @@ class _Driver(WindowDriver):
                 held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
                 if held is None or held:
                     self.payload[rid] = payload
-                else:  # sent nowhere, or every message lost
+                    woken = self.unmade.pop(rid, None)
+                    if woken is not None:
+                        self.woken.extend(woken)
+                else:  # sent nowhere, every message lost, or discarded as stale before this work
                     del self.refs[rid]
                 self.parts[rid] = b.row(n, per_row)
                 self.released[rid] = made[n]

@@ -267,6 +267,10 @@ class WindowDriver:
     first = None
     gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
     # a merge wait for a push of an earlier window in the same work)
+    holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
+    # them: values the control wrote before the tensor work made them)
+    waits: Callable[[int, tuple], bool] | None = None  # ``in_order``: whether agent i's next operation must wait
+    # for one to come in this work (the driver wakes it: ``woken``)
 
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
@@ -314,6 +318,7 @@ class WindowDriver:
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
+        self.woken: list[int] = []  # agents whose waiting operation (``waits``) can go on, from the next lock step
         self.wake = self._waker()
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
@@ -526,7 +531,7 @@ class WindowDriver:
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free = self.grads.row_of, self.free
+        evaluated, free, wait, woken = self.grads.row_of, self.free, self.waits, self.woken
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         while active:
             steps: list[list] = [[] for _ in handlers]
@@ -535,6 +540,8 @@ class WindowDriver:
                 o = ops[i][ptr[i]]
                 if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
                     blocked[o[1]] = i
+                    continue
+                if wait is not None and wait(i, o):  # woken by the operation it waits for (``woken``)
                     continue
                 if o[0] == ask and not free:
                     f = flush_of.get(o[1])
@@ -549,6 +556,9 @@ class WindowDriver:
             for handle, step in zip(handlers, steps, strict=True):
                 if step:
                     handle(step)
+            if woken:
+                nxt.extend(woken)
+                woken.clear()
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
@@ -667,6 +677,7 @@ class WindowDriver:
         while not self.ended and (start := self.first_due()) is not None:
             if not gathered:
                 first_ticket = len(self.ticket_of)
+            held = len(self.rows)  # (rows of the gather's earlier windows, ``holds_rows``)
             self.load(start + L)
             self.events_until(start + L)
             gathered += 1
@@ -676,10 +687,11 @@ class WindowDriver:
                 self.tensor_work(first_ticket)
                 stats.tensor_s += time.perf_counter() - t1
                 self.decide()
-            stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
-            shipped.extend(self.rows)
-            self.rows.clear()
-            shipped.write_to(self.writer)  # (whole batches)
+            stats.add(len(self.rows) - held)  # (the window's sends played by ``decide`` too)
+            if not (gathered and self.holds_rows):
+                shipped.extend(self.rows)
+                self.rows.clear()
+                shipped.write_to(self.writer)  # (whole batches)
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
