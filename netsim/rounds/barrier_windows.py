@@ -64,7 +64,7 @@ def refusal(sim) -> str | None:
 
     kernel, p, agents = sim.program, sim.params, sim.loop.agents
     name = sim.world.scenario.algorithm.name
-    why = lookahead.refusal(sim, kernel)
+    why = lookahead.refusal(sim, kernel, bound=False)  # (any latency: the tensor work is in dependency order)
     if why is not None:
         return why
     if lookahead.transmits(sim):
@@ -98,6 +98,30 @@ def refusal(sim) -> str | None:
     return None
 
 
+def window(sim) -> float:
+    """A window's length: the smallest latency where there is a positive one (the lookahead), else the smallest
+    typical one (a distribution's mean, a uniform's midpoint) of the scenario's and the per-link overrides', else
+    ``FALLBACK``. Any length is exact (the tensor work is in dependency order); it only sizes the control's buckets
+    and, with ``gathers``, the tensor work's lock steps."""
+    from netsim.rounds.lookahead import lookahead
+
+    L = lookahead(sim)[0]
+    if L is not None:
+        return L
+    net = sim.world.scenario.network
+    lats = [net.latency, *(o.latency for o in net.links or () if o.latency is not None)]
+    typical = [t for lat in lats if (t := _typical(lat)) > 0]
+    return min(typical) if typical else FALLBACK
+
+
+FALLBACK = 0.01  # seconds: a window where no latency is positive on average
+
+
+def _typical(lat) -> float:
+    return {"constant": lat.value, "uniform": None if lat.low is None else (lat.low + lat.high) / 2}.get(
+        lat.kind, lat.mean) or 0.0
+
+
 def play(pattern, sim, kernel) -> bool:
     """Play a started run to its end window by window (see the module docstring); False (checkpoints are refused,
     so no interrupt is taken between windows)."""
@@ -119,6 +143,10 @@ class _Driver(WindowDriver):
 
     gathers = 8
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
+
+    def window(self, sim) -> float:
+        """The lookahead where the latencies have a positive minimum, else a typical latency (``window``)."""
+        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

@@ -159,8 +159,9 @@ def transmits(sim) -> bool:
     return any(r is not None for r in rates)
 
 
-def refusal(sim, kernel) -> str | None:
-    """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
+def refusal(sim, kernel, bound: bool = True) -> str | None:
+    """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can); ``bound``:
+    whether the driver needs a positive lookahead (one whose tensor work is done in dependency order does not)."""
     if checkpoints(sim):
         why = checkpoint_refusal(sim, kernel)
         if why is not None:
@@ -170,7 +171,7 @@ def refusal(sim, kernel) -> str | None:
         from netsim.rounds.windowed import link_model_refusal
 
         return link_model_refusal(sim)
-    L, why = lookahead(sim)
+    L, why = lookahead(sim) if bound else (0.0, "")
     if L is None:
         return why
     dynamic = sim.world.network.dynamic
@@ -288,7 +289,7 @@ class WindowDriver:
         if not self.checkpoints:
             world.network.without_checkpoints()  # links keep their draws' positions only for checkpoints
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
-        self.stats = WindowStats(lookahead(sim)[0])
+        self.stats = WindowStats(self.window(sim))
         sim.services.put("windows", self.stats)
         # the pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value): those
         # of later windows in buckets of one lookahead (t in bucket int(t * inv)); a window sorts the buckets up to
@@ -320,6 +321,10 @@ class WindowDriver:
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
         self.woken: list[int] = []  # agents whose waiting operation (``waits``) can go on, from the next lock step
         self.wake = self._waker()
+
+    def window(self, sim) -> float:
+        """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
+        return lookahead(sim)[0]
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
         self.enqueue(t, kind, i, v)
