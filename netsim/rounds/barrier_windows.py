@@ -409,6 +409,7 @@ class _Driver(WindowDriver):
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
             if b.k != k:
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
+            plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
                 self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
@@ -420,7 +421,7 @@ class _Driver(WindowDriver):
                         self.woken.extend(woken)
                 else:  # sent nowhere, every message lost, or discarded as stale before this work
                     del self.refs[rid]
-                self.parts[rid] = b.row(n, per_row)
+                self.parts[rid] = (b, n) if plain else b.row(n, per_row)
                 self.released[rid] = made[n]
 
     def combines(self, step: list) -> None:
@@ -428,13 +429,27 @@ class _Driver(WindowDriver):
         kernel, p, payload = self.kernel, self.p, self.payload
         for _, ops in self.by_round(step, 1).items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
-            b = parts[0] if len(parts) == 1 else self.joined(parts)
+            b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
+                [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
             got = [{src: payload[r] for src, r in o[2].items()} for _, o in ops]
             kernel.combine(b, p, got)
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
                 del self.recs[o[1]]
+
+    def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
+        """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
+        first = parts[0][0]
+        if len(parts) == 1:
+            return first.row(parts[0][1])
+        b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
+                  None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
+        b.s = first.s
+        b.out = [q.out[n] for q, n in parts]
+        if any(q.sizes is not None for q, _ in parts):
+            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
+        return b
 
     def joined(self, parts: list[Batch]) -> Batch:
         """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it
