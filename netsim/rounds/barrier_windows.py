@@ -180,7 +180,7 @@ class _Driver(WindowDriver):
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
         self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
         self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
-        self.waits = self.wait
+        self.op_waits = self.wait
 
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:

@@ -270,7 +270,7 @@ class WindowDriver:
     # a merge wait for a push of an earlier window in the same work)
     holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
     # them: values the control wrote before the tensor work made them)
-    waits: Callable[[int, tuple], bool] | None = None  # ``in_order``: whether agent i's next operation must wait
+    op_waits: Callable[[int, tuple], bool] | None = None  # ``in_order``: whether agent i's next operation must wait
     # for one to come in this work (the driver wakes it: ``woken``)
 
     def __init__(self, pattern, sim, kernel):
@@ -319,7 +319,7 @@ class WindowDriver:
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
-        self.woken: list[int] = []  # agents whose waiting operation (``waits``) can go on, from the next lock step
+        self.woken: list[int] = []  # agents whose waiting operation (``op_waits``) can go on, from the next lock step
         self.wake = self._waker()
 
     def window(self, sim) -> float:
@@ -536,7 +536,7 @@ class WindowDriver:
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free, wait, woken = self.grads.row_of, self.free, self.waits, self.woken
+        evaluated, free, wait, woken = self.grads.row_of, self.free, self.op_waits, self.woken
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         while active:
             steps: list[list] = [[] for _ in handlers]
