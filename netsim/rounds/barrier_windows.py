@@ -1,12 +1,16 @@
 """Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative
 lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
-activation), per-agent compute times and stragglers, lossy links whose barriers time out, latencies with a positive
-minimum, churn and link models of the scenario. Byte for byte the events engine's trace, metrics and models.
+activation), per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution
+(lognormal and exponential too), churn and link models of the scenario. Byte for byte the events engine's trace,
+metrics and models.
 
-The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
-driver shares): a message sent at t lands no earlier than t + L. A barrier completes on a delivery, or times out
-with what was delivered, and its ``combine`` reads only delivered payloads; so whatever an agent combines in the
-window [T, T + L) was sent, and made by its sender's ``local``, before T, by an earlier window's tensor work.
+The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
+driver shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered,
+and its ``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control
+never reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine``
+waiting in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a
+message may be sent and delivered inside one window. A window's length (``window``: the smallest latency where it
+is positive, else a typical one) only sizes the control's buckets and the lock steps.
 
 The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
 activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the
@@ -24,11 +28,12 @@ with the payloads in arrival order; each kind's agents of one round index in one
 row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose
 gradients complete at the same instant, at the first one's completion. Two things the control writes before the
 tensor work has them: a message's bytes (``b.sizes`` or the payload's), patched into the window's ``send`` and
-``drop`` rows after the work (its deliveries land in later windows), and an agent's releases (``Batch.privatize``
+``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``), and an
+agent's releases (``Batch.privatize``
 through its ledger, placed at the agent's completion time, round and tick), spliced in after its ``compute_end``.
 
-Refused (``refusal``): what push gossip's windows refuse (no positive minimum latency, a link model of its own,
-checkpoints), transmission times (a broadcast waits for its transmission), a time-varying topology, several
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with
+no positive minimum), transmission times (a broadcast waits for its transmission), a time-varying topology, several
 exchanges a round, a kernel's own routes or local steps with their own gradients, agents that take no gradient or
 ask for different ones, and the kernel's own reason.
 """
