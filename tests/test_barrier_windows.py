@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
+from netsim.rounds import barrier_windows
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_broadcast_windows import both
@@ -19,8 +20,9 @@ from tests.test_windowed import buildable
 @st.composite
 def barriers(draw) -> dict:
     """A scenario of barrier rounds the synchronous rounds refuse and the lookahead windows play: own clocks (offsets,
-    drift, jitter), Bernoulli, Poisson or periodic activation, random or straggling compute times, a constant or
-    uniform latency, loss, a round timeout from shorter than a round trip to longer than a period (stale rounds, full
+    drift, jitter), Bernoulli, Poisson or periodic activation, random or straggling compute times, a constant,
+    uniform, lognormal or exponential latency (no positive minimum: sent and delivered in one window), loss, a round
+    timeout from shorter than a round trip to longer than a period (stale rounds, full
     barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger) or CHOCO-SGD."""
     n = draw(st.integers(4, 9))
     u = {"kind": "uniform"}
@@ -39,7 +41,9 @@ def barriers(draw) -> dict:
     if draw(st.booleans()):
         agents.update(stragglers=[0], straggler_factor=4.0)
     low = draw(st.sampled_from([0.02, 0.1]))
-    lat = draw(st.sampled_from([{"kind": "constant", "value": low}, {**u, "low": low, "high": low + 0.3}]))
+    lat = draw(st.sampled_from([{"kind": "constant", "value": low}, {**u, "low": low, "high": low + 0.3},
+                                {"kind": "lognormal", "mean": low, "sigma": 1.0},
+                                {"kind": "exponential", "mean": low}]))
     name = draw(st.sampled_from(["dpsgd", "dp_dpsgd", "choco"]))
     alg = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)),
            "round_timeout": draw(st.sampled_from([0.05, 0.3, 2.0]))}
@@ -63,10 +67,14 @@ def barriers(draw) -> dict:
 
 
 @search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sc=barriers())
-def test_barrier_windows_agree_with_the_engine_on_drawn_scenarios(tmp_path_factory, sc):
+@given(sc=barriers(), gathers=st.sampled_from([1, 3, 8, 40]))
+def test_barrier_windows_agree_with_the_engine_on_drawn_scenarios(tmp_path_factory, sc, gathers):
+    """... with the tensor work of 1 to 40 windows done together (a combine waits in lock step for a payload made in
+    the same work)."""
     buildable(sc)
-    both(tmp_path_factory.mktemp("drawn"), sc)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows._Driver, "gathers", gathers)
+        both(tmp_path_factory.mktemp("drawn"), sc)
 
 
 def jittery(**alg) -> dict:
@@ -107,8 +115,6 @@ def test_churn_on_barrier_windows(tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "why"), [
-    ({"network": {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}}},
-     "latency 'lognormal' has no positive lower bound: no lookahead .* — a uniform latency with low > 0"),
     ({"network": {"bandwidth": 1.0e6}}, "bandwidth or uplinks: a barrier round's broadcast waits"),
     ({"algorithm": {"name": "muffliato", "gossip_steps": 2, "round_timeout": 0.15}},
      "muffliato exchanges 2 times a round"),
@@ -125,6 +131,20 @@ def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, chan
     with pytest.raises(InputError, match="nor as lookahead windows: " + why) as e:
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("latency", [{"kind": "lognormal", "mean": 0.02, "sigma": 0.5},
+                                     {"kind": "exponential", "mean": 0.02}])
+def test_latencies_with_no_positive_minimum_on_barrier_windows(tmp_path, latency):
+    """The quickstart's lognormal latency (and an exponential one): messages sent and delivered inside one window, the
+    combine after the send in lock step; the engine's bytes, on windows of the mean latency."""
+    sc = jittery()
+    sc["network"] = {**sc["network"], "latency": latency}
+    summary = both(tmp_path, sc)
+    assert summary["messages_delivered"] > 0
+    from netsim.api import prepare
+
+    assert barrier_windows.window(prepare(scenario_from_dict(sc))) == 0.02
 
 
 def test_auto_runs_the_quickstart_clocks_on_the_windows(tmp_path):

@@ -1,12 +1,16 @@
 """Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative
 lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
-activation), per-agent compute times and stragglers, lossy links whose barriers time out, latencies with a positive
-minimum, churn and link models of the scenario. Byte for byte the events engine's trace, metrics and models.
+activation), per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution
+(lognormal and exponential too), churn and link models of the scenario. Byte for byte the events engine's trace,
+metrics and models.
 
-The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
-driver shares): a message sent at t lands no earlier than t + L. A barrier completes on a delivery, or times out
-with what was delivered, and its ``combine`` reads only delivered payloads; so whatever an agent combines in the
-window [T, T + L) was sent, and made by its sender's ``local``, before T, by an earlier window's tensor work.
+The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
+driver shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered,
+and its ``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control
+never reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine``
+waiting in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a
+message may be sent and delivered inside one window. A window's length (``window``: the smallest latency where it
+is positive, else a typical one) only sizes the control's buckets and the lock steps.
 
 The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
 activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the
@@ -24,11 +28,12 @@ with the payloads in arrival order; each kind's agents of one round index in one
 row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose
 gradients complete at the same instant, at the first one's completion. Two things the control writes before the
 tensor work has them: a message's bytes (``b.sizes`` or the payload's), patched into the window's ``send`` and
-``drop`` rows after the work (its deliveries land in later windows), and an agent's releases (``Batch.privatize``
+``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``), and an
+agent's releases (``Batch.privatize``
 through its ledger, placed at the agent's completion time, round and tick), spliced in after its ``compute_end``.
 
-Refused (``refusal``): what push gossip's windows refuse (no positive minimum latency, a link model of its own,
-checkpoints), transmission times (a broadcast waits for its transmission), a time-varying topology, several
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with
+no positive minimum), transmission times (a broadcast waits for its transmission), a time-varying topology, several
 exchanges a round, a kernel's own routes or local steps with their own gradients, agents that take no gradient or
 ask for different ones, and the kernel's own reason.
 """
@@ -64,7 +69,7 @@ def refusal(sim) -> str | None:
 
     kernel, p, agents = sim.program, sim.params, sim.loop.agents
     name = sim.world.scenario.algorithm.name
-    why = lookahead.refusal(sim, kernel)
+    why = lookahead.refusal(sim, kernel, bound=False)  # (any latency: the tensor work is in dependency order)
     if why is not None:
         return why
     if lookahead.transmits(sim):
@@ -101,6 +106,30 @@ def refusal(sim) -> str | None:
     return None
 
 
+def window(sim) -> float:
+    """A window's length: the smallest latency where there is a positive one (the lookahead), else the smallest
+    typical one (a distribution's mean, a uniform's midpoint) of the scenario's and the per-link overrides', else
+    ``FALLBACK``. Any length is exact (the tensor work is in dependency order); it only sizes the control's buckets
+    and, with ``gathers``, the tensor work's lock steps."""
+    from netsim.rounds.lookahead import lookahead
+
+    L = lookahead(sim)[0]
+    if L is not None:
+        return L
+    net = sim.world.scenario.network
+    lats = [net.latency, *(o.latency for o in net.links or () if o.latency is not None)]
+    typical = [t for lat in lats if (t := _typical(lat)) > 0]
+    return min(typical) if typical else FALLBACK
+
+
+FALLBACK = 0.01  # seconds: a window where no latency is positive on average
+
+
+def _typical(lat) -> float:
+    return {"constant": lat.value, "uniform": None if lat.low is None else (lat.low + lat.high) / 2}.get(
+        lat.kind, lat.mean) or 0.0
+
+
 def play(pattern, sim, kernel) -> bool:
     """Play a started run to its end window by window (see the module docstring); False (checkpoints are refused,
     so no interrupt is taken between windows)."""
@@ -119,6 +148,13 @@ class _Gather:
 
 class _Driver(WindowDriver):
     """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
+
+    gathers = 8
+    holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
+
+    def window(self, sim) -> float:
+        """The lookahead where the latencies have a positive minimum, else a typical latency (``window``)."""
+        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -151,6 +187,8 @@ class _Driver(WindowDriver):
         self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
         self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
+        self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
+        self.op_waits = self.wait
 
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
@@ -283,7 +321,11 @@ class _Driver(WindowDriver):
     def arrived(self, i: int, t: float, v: tuple) -> None:
         """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
         mid, src, rid, sent, rnd = v
-        self.rows.put(pack(*shapes.deliver(t, i, src, mid, self.sizes[rid], sent, rnd, self.tag_code, CODES)))
+        size = self.sizes.get(rid)
+        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
+            self.patches.append((len(self.rows), rid))
+            size = self.guess
+        self.rows.put(pack(*shapes.deliver(t, i, src, mid, size, sent, rnd, self.tag_code, CODES)))
         m = (mid, src, rid, rnd)
         w = self.waiter[i]
         if w is None or not self.offer(i, w, m, t):
@@ -291,7 +333,7 @@ class _Driver(WindowDriver):
 
     def unref(self, rid: int) -> None:
         n = self.refs[rid] - 1
-        if n:
+        if n or rid not in self.sizes:  # (0 before its ``local`` ran: ``locals`` keeps no payload then)
             self.refs[rid] = n
         else:
             del self.refs[rid]
@@ -326,6 +368,20 @@ class _Driver(WindowDriver):
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
         self.in_order(first_ticket, (self.combines, self.asks, self.locals), ASK, LOCAL)
+        if self.unmade:  # a payload is made before it is delivered, so in this work at the latest
+            raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
+
+    def wait(self, i: int, o: tuple) -> bool:
+        """Whether agent i's operation ``o`` is a ``combine`` that reads a payload not made yet (its sender's ``local``
+        is later in this work's lock steps): it waits, and that ``local`` wakes it."""
+        if o[0] != COMBINE:
+            return False
+        payload = self.payload
+        for r in o[2].values():
+            if r not in payload:
+                self.unmade.setdefault(r, []).append(i)
+                return True
+        return False
 
     def by_round(self, step: list, at: int) -> dict[int, list]:
         """A lock step's operations by their round index (a batch has one ``b.k``)."""
@@ -361,15 +417,19 @@ class _Driver(WindowDriver):
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
             if b.k != k:
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
+            plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
                 self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
                 held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
                 if held is None or held:
                     self.payload[rid] = payload
-                else:  # sent nowhere, or every message lost
+                    woken = self.unmade.pop(rid, None)
+                    if woken is not None:
+                        self.woken.extend(woken)
+                else:  # sent nowhere, every message lost, or discarded as stale before this work
                     del self.refs[rid]
-                self.parts[rid] = b.row(n, per_row)
+                self.parts[rid] = (b, n) if plain else b.row(n, per_row)
                 self.released[rid] = made[n]
 
     def combines(self, step: list) -> None:
@@ -377,13 +437,27 @@ class _Driver(WindowDriver):
         kernel, p, payload = self.kernel, self.p, self.payload
         for _, ops in self.by_round(step, 1).items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
-            b = parts[0] if len(parts) == 1 else self.joined(parts)
+            b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
+                [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
             got = [{src: payload[r] for src, r in o[2].items()} for _, o in ops]
             kernel.combine(b, p, got)
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
                 del self.recs[o[1]]
+
+    def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
+        """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
+        first = parts[0][0]
+        if len(parts) == 1:
+            return first.row(parts[0][1])
+        b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
+                  None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
+        b.s = first.s
+        b.out = [q.out[n] for q, n in parts]
+        if any(q.sizes is not None for q, _ in parts):
+            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
+        return b
 
     def joined(self, parts: list[Batch]) -> Batch:
         """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it

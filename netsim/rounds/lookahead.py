@@ -159,8 +159,9 @@ def transmits(sim) -> bool:
     return any(r is not None for r in rates)
 
 
-def refusal(sim, kernel) -> str | None:
-    """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can)."""
+def refusal(sim, kernel, bound: bool = True) -> str | None:
+    """Why this run cannot be played as lookahead windows with the engine's exact trace (None: it can); ``bound``:
+    whether the driver needs a positive lookahead (one whose tensor work is done in dependency order does not)."""
     if checkpoints(sim):
         why = checkpoint_refusal(sim, kernel)
         if why is not None:
@@ -170,7 +171,7 @@ def refusal(sim, kernel) -> str | None:
         from netsim.rounds.windowed import link_model_refusal
 
         return link_model_refusal(sim)
-    L, why = lookahead(sim)
+    L, why = lookahead(sim) if bound else (0.0, "")
     if L is None:
         return why
     dynamic = sim.world.network.dynamic
@@ -267,6 +268,10 @@ class WindowDriver:
     first = None
     gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
     # a merge wait for a push of an earlier window in the same work)
+    holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
+    # them: values the control wrote before the tensor work made them)
+    op_waits: Callable[[int, tuple], bool] | None = None  # ``in_order``: whether agent i's next operation must wait
+    # for one to come in this work (the driver wakes it: ``woken``)
 
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
@@ -284,7 +289,7 @@ class WindowDriver:
         if not self.checkpoints:
             world.network.without_checkpoints()  # links keep their draws' positions only for checkpoints
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
-        self.stats = WindowStats(lookahead(sim)[0])
+        self.stats = WindowStats(self.window(sim))
         sim.services.put("windows", self.stats)
         # the pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value): those
         # of later windows in buckets of one lookahead (t in bucket int(t * inv)); a window sorts the buckets up to
@@ -314,7 +319,12 @@ class WindowDriver:
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
+        self.woken: list[int] = []  # agents whose waiting operation (``op_waits``) can go on, from the next lock step
         self.wake = self._waker()
+
+    def window(self, sim) -> float:
+        """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
+        return lookahead(sim)[0]
 
     def push_event(self, t: float, kind: int, i: int, v=None) -> None:
         self.enqueue(t, kind, i, v)
@@ -526,7 +536,7 @@ class WindowDriver:
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free = self.grads.row_of, self.free
+        evaluated, free, wait, woken = self.grads.row_of, self.free, self.op_waits, self.woken
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         while active:
             steps: list[list] = [[] for _ in handlers]
@@ -535,6 +545,8 @@ class WindowDriver:
                 o = ops[i][ptr[i]]
                 if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
                     blocked[o[1]] = i
+                    continue
+                if wait is not None and wait(i, o):  # woken by the operation it waits for (``woken``)
                     continue
                 if o[0] == ask and not free:
                     f = flush_of.get(o[1])
@@ -549,6 +561,9 @@ class WindowDriver:
             for handle, step in zip(handlers, steps, strict=True):
                 if step:
                     handle(step)
+            if woken:
+                nxt.extend(woken)
+                woken.clear()
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
@@ -667,6 +682,7 @@ class WindowDriver:
         while not self.ended and (start := self.first_due()) is not None:
             if not gathered:
                 first_ticket = len(self.ticket_of)
+            held = len(self.rows)  # (rows of the gather's earlier windows, ``holds_rows``)
             self.load(start + L)
             self.events_until(start + L)
             gathered += 1
@@ -676,10 +692,11 @@ class WindowDriver:
                 self.tensor_work(first_ticket)
                 stats.tensor_s += time.perf_counter() - t1
                 self.decide()
-            stats.add(len(self.rows))  # (the window's sends played by ``decide`` too)
-            shipped.extend(self.rows)
-            self.rows.clear()
-            shipped.write_to(self.writer)  # (whole batches)
+            stats.add(len(self.rows) - held)  # (the window's sends played by ``decide`` too)
+            if not (gathered and self.holds_rows):
+                shipped.extend(self.rows)
+                self.rows.clear()
+                shipped.write_to(self.writer)  # (whole batches)
             if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
                 t, self.evaluation = self.evaluation, None
                 sim.loop.env.advance_to(t)
