@@ -21,6 +21,7 @@ from netsim.rounds.broadcast import Broadcast, BroadcastKernel
 from netsim.rounds.exactness import CHECK, check
 from netsim.rounds.pairwise import Pairwise, PairwiseKernel
 from netsim.rounds.push import PushGossip, PushKernel
+from netsim.rounds.ticks import TickKernel, Ticks
 from netsim.rounds.triggered import DeltasKernel, Triggered, TriggeredDeltas, TriggeredKernel
 from tests.conftest import ROOT, cli_env
 
@@ -28,9 +29,9 @@ from tests.conftest import ROOT, cli_env
 # one kernel class per pattern -----------------------------------------------------------------------------------
 def test_each_pattern_names_its_kernel_class_and_every_builtin_kernel_derives_from_it():
     assert {SyncRounds: SyncKernel, PushGossip: PushKernel, Broadcast: BroadcastKernel, Triggered: TriggeredKernel,
-            TriggeredDeltas: DeltasKernel, Pairwise: PairwiseKernel} == {
-        p: p.kernel for p in (SyncRounds, PushGossip, Broadcast, Triggered, TriggeredDeltas, Pairwise)}
-    assert [p.lookahead for p in (SyncRounds, PushGossip, Broadcast, Pairwise)] == [False, True, True, True]
+            TriggeredDeltas: DeltasKernel, Pairwise: PairwiseKernel, Ticks: TickKernel} == {
+        p: p.kernel for p in (SyncRounds, PushGossip, Broadcast, Triggered, TriggeredDeltas, Pairwise, Ticks)}
+    assert [p.lookahead for p in (SyncRounds, PushGossip, Broadcast, Pairwise, Ticks)] == [True] * 5
     registry.names()
     kernels = [k for k, _ in registry.REGISTRY.values() if isinstance(k, RoundKernel)]
     assert len(kernels) >= 15

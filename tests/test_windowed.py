@@ -98,10 +98,13 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     # what synchronous rounds refuse is played by the lookahead windows (tests/test_barrier_windows.py) unless they
     # refuse it too
     ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}},
-      "network": {"latency": {"kind": "lognormal", "mean": 0.002, "sigma": 0.5}}},
-     "nor as lookahead windows: latency 'lognormal' has no positive lower bound"),
-    ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.004}}},
-     "nor as lookahead windows: the minimum latency is 0"),
+      "algorithm": {"name": "muffliato", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": None,
+                    "sigma": 0.01, "gossip_steps": 3}},
+     "nor as lookahead windows: muffliato exchanges 3 times a round"),
+    ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.004}},
+      "algorithm": {"name": "dfedsam", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": None,
+                    "local_steps": 2}},
+     "nor as lookahead windows: dfedsam chooses its own routes"),
     ({"agents": {"clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01}}, "network": {"bandwidth": 1.0e6}},
      "nor as lookahead windows: bandwidth or uplinks"),
     ({"agents": {"compute_time": {"kind": "constant", "value": 0.06}}, "run": {"checkpoint_every_rounds": 3}},
@@ -506,11 +509,13 @@ def test_engine_auto_is_the_default_and_says_which_engine_ran(tmp_path):
         assert (tmp_path / "default" / f).read_bytes() == (tmp_path / "events" / f).read_bytes()
     slow = netsim.run(scenario_from_dict(exact(agents={"clock_drift": {"kind": "normal", "mean": 0.0,
                                                                         "sigma": 0.001}},
-                                               network={"latency": {"kind": "exponential", "mean": 0.005}})),
+                                               algorithm={"name": "dfedsam", "lr": 0.5, "batch": 8,
+                                                          "round_timeout": 0.05, "lr_decay": None,
+                                                          "local_steps": 2})),
                       out=tmp_path / "slow")
     assert slow.summary["engine"] == "events"
-    assert slow.summary["windowed_refused"].startswith("latency 'exponential' has no positive lower bound: no "
-                                                       "lookahead (a message can arrive at once) — a uniform latency")
+    assert slow.summary["windowed_refused"].startswith("dfedsam chooses its own routes each exchange (not played by "
+                                                       "the lookahead windows) — synchronous rounds play it")
     console = Console(width=400, record=True)
     console.print(_summary_table(slow.summary))
     text = console.export_text()
