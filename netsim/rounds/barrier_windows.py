@@ -55,7 +55,8 @@ from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 from netsim.trace.io import RECORD, PackedRows
 
-TIMER, BARRIER = 7, 8  # a barrier's timeout timer, its completion (the other kinds: rounds/lookahead.py's)
+TIMER, BARRIER, SENT = 7, 8, 9  # a barrier's timeout timer, its completion, the end of a broadcast's transmission
+# (the other kinds: rounds/lookahead.py's)
 COMBINE, ASK, LOCAL = 0, 1, 2  # an agent's tensor operations (a lock step calls them in this order)
 _SIZE_AT = struct.calcsize("<d3iq")  # the byte offset of a packed row's size (``RECORD``: t, kind, agent, peer, msg)
 _pack_size = struct.Struct("<q").pack_into
@@ -72,9 +73,11 @@ def refusal(sim) -> str | None:
     why = lookahead.refusal(sim, kernel, bound=False)  # (any latency: the tensor work is in dependency order)
     if why is not None:
         return why
-    if lookahead.transmits(sim):
-        return ("bandwidth or uplinks: a barrier round's broadcast waits for its transmission (not played by these "
-                "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
+    if lookahead.transmits(sim) and kernel.payload_bytes(p, kernel.state_of(agents[0], p),
+                                                         sim.world.bank.W[0]) is None:
+        return (f"bandwidth or uplinks with {name}: a payload's size depends on its values (compression) or is not "
+                "declared (SyncKernel.payload_bytes), and a barrier round's send waits for its transmission — remove "
+                "network.bandwidth, network.uplink and the links' bandwidth")
     if sim.world.network.dynamic is not None:
         return ("the topology changes over time: a barrier waits for the in-neighbours of its round (not played by "
                 "these windows) — remove topology.dynamic")
@@ -183,7 +186,10 @@ class _Driver(WindowDriver):
         self.payload: dict[int, object] = {}  # rid -> the payload its agent sent
         self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
-        self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
+        # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
+        # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
+        self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
+        self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
         self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
         self.op_waits = self.wait
 
@@ -204,6 +210,8 @@ class _Driver(WindowDriver):
                     if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
                         self.rows.put(pack(*shapes.timeout(t, i, w.round, float(len(w.expect) - len(w.got)), CODES)))
                         self.close(i, w, t)
+                elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
+                    self.gather(i, t, v)
                 elif kind == BARRIER:
                     self.op(i, COMBINE, self.rid[i], v)
                     self.k[i] += 1
@@ -257,11 +265,12 @@ class _Driver(WindowDriver):
             self.slots.append((len(rows), rid))
         else:  # its ``local`` ran in an earlier window's work (with an agent done at this instant before it)
             rows.extend(made)
-        size = self.sizes.get(rid)
-        held = 0
-        for j in self.agents[i].neighbors:
+        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
+        held, tx = 0, 0.0
+        for j in self.agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
             at = len(rows)
             mid, land = self.message(i, j, t, self.guess if size is None else size, k, self.tag, rows)
+            tx = max(tx, self.tx_end - t)
             if size is None:
                 self.patches.append((at, rid))
                 if land is None:
@@ -273,7 +282,10 @@ class _Driver(WindowDriver):
             self.refs[rid] = held
         else:
             del self.payload[rid]
-        self.gather(i, t, k)
+        if tx <= 0:  # nothing to transmit: the barrier at once
+            self.gather(i, t, k)
+        else:  # the program waits for its longest transmission (a Timeout of ``tx``, set after the arrivals)
+            self.push_event(t + tx, SENT, i, k)
 
     def gather(self, i: int, t: float, k: int) -> None:
         """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless done."""
@@ -318,7 +330,7 @@ class _Driver(WindowDriver):
     def arrived(self, i: int, t: float, v: tuple) -> None:
         """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
         mid, src, rid, sent, rnd = v
-        size = self.sizes.get(rid)
+        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
         if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
             self.patches.append((len(self.rows), rid))
             size = self.guess
@@ -417,7 +429,10 @@ class _Driver(WindowDriver):
             plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
-                self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+                size = self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+                if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
+                    raise RuntimeError(f"barrier windows: {type(kernel).__name__}.payload_bytes says {self.fixed} "
+                                       f"bytes, and agent {self.agents[ops[n][0]].id} sent a payload of {size}")
                 held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
                 if held is None or held:
                     self.payload[rid] = payload
