@@ -1,41 +1,44 @@
-"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative
-lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
-activation), per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution
-(lognormal and exponential too), churn and link models of the scenario. Byte for byte the events engine's trace,
-metrics and models.
+"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative lookahead
+windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson activation),
+per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution (lognormal and
+exponential too), transmission times (bandwidth, node uplinks, per-link bandwidth, link traces), churn and link
+models of the scenario. Byte for byte the events engine's trace, metrics and models.
 
-The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
-driver shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered,
-and its ``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control
-never reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine``
-waiting in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a
-message may be sent and delivered inside one window. A window's length (``window``: the smallest latency where it
-is positive, else a typical one) only sizes the control's buckets and the lock steps.
+The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
+shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
+``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control never
+reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` waiting
+in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a message may
+be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
+a typical one) only sizes the control's buckets and the lock steps.
 
 The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
-activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the
-engine's batches; ``compute_end``, the agent's releases, a ``send`` and maybe a ``drop`` per out-neighbour, then the
-barrier: the messages already queued offered in arrival order, older rounds' discarded as ``stale``, its timer set
-unless it completed), each delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a
-``timeout`` row with the missing count) and the barrier's completion (an event of its own, as ``succeed`` schedules
-it: ``combine``, then the next wake or the finish). Every stream is drawn by the engine's calls in the engine's
-order (``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the engine's
+batches; ``compute_end``, the agent's releases, a ``send`` and maybe a ``drop`` per out-neighbour, then the barrier, or
+first the end of the broadcast's transmission where it takes time (``Agent.broadcast``'s Timeout of the longest
+``tx_end - now`` of its links, set after their arrivals: an event of its own, then the barrier): the messages already
+queued offered in arrival order, older rounds' discarded as ``stale``, its timer set unless it completed), each
+delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a ``timeout`` row with the missing
+count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next wake
+or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
+``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
 
-The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock
-step (``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
-gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine``
-with the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are
-row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose
-gradients complete at the same instant, at the first one's completion. Two things the control writes before the
-tensor work has them: a message's bytes (``b.sizes`` or the payload's), patched into the window's ``send`` and
-``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``), and an
-agent's releases (``Batch.privatize``
-through its ledger, placed at the agent's completion time, round and tick), spliced in after its ``compute_end``.
+The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
+(``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
+gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine`` with
+the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are row-wise:
+``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients complete
+at the same instant, at the first one's completion. Two things the control writes before the tensor work has them: a
+message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
+``SyncKernel.payload_bytes``, those, checked after its ``local``, and nothing to patch), patched into the window's
+``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then:
+``holds_rows``), and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion
+time, round and tick), spliced in after its ``compute_end``.
 
-Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with
-no positive minimum), transmission times (a broadcast waits for its transmission), a time-varying topology, several
-exchanges a round, a kernel's own routes or local steps with their own gradients, agents that take no gradient or
-ask for different ones, and the kernel's own reason.
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
+positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
+the bytes: compression), a time-varying topology, several exchanges a round, a kernel's own routes or local steps with
+their own gradients, agents that take no gradient or ask for different ones, and the kernel's own reason.
 """
 
 from __future__ import annotations
