@@ -1,9 +1,12 @@
 """Barrier rounds (D-PSGD, DP-D-PSGD, CHOCO-SGD) as lookahead windows (rounds/barrier_windows.py): agents on their
 own clocks, compute times of their own, Bernoulli and Poisson activation, lossy links, barriers that time out and
-discard stale rounds, churn. The windowed engine against the events engine, byte for byte (trace.arrows,
+discard stale rounds, churn, transmission times (bandwidth, node uplinks, per-link bandwidth, link traces). The
+windowed engine against the events engine, byte for byte (trace.arrows,
 metrics.csv, final models)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given
@@ -23,7 +26,9 @@ def barriers(draw) -> dict:
     drift, jitter), Bernoulli, Poisson or periodic activation, random or straggling compute times, a constant,
     uniform, lognormal or exponential latency (no positive minimum: sent and delivered in one window), loss, a round
     timeout from shorter than a round trip to longer than a period (stale rounds, full
-    barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger) or CHOCO-SGD."""
+    barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger) or CHOCO-SGD;
+    for D-PSGD and DP-D-PSGD transmission times of about a tenth of a period to more than one (link bandwidth, node
+    uplinks whose FIFO queue serializes a broadcast's sends, a per-link bandwidth): the sender waits for them."""
     n = draw(st.integers(4, 9))
     u = {"kind": "uniform"}
     act = draw(st.sampled_from([{"kind": "periodic", "period": 0.5}, {"kind": "bernoulli", "period": 0.5, "p": 0.6},
@@ -53,11 +58,18 @@ def barriers(draw) -> dict:
         alg |= {"clip": 1.0, "noise_multiplier": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"]))}
     else:
         alg |= {"compressor": draw(st.sampled_from(["topk", "randk"])), "ratio": 0.5, "gamma": 0.5}
+    net = {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.2]))}
+    if name != "choco" and draw(st.booleans()):  # a payload of 24 or 48 bytes: 0.01 s to 0.7 s on the wire
+        net["bandwidth"] = draw(st.sampled_from([None, 300.0, 3000.0]))
+        net["uplink"] = draw(st.sampled_from([None, 150.0, 2000.0]))
+        if draw(st.booleans()):
+            net["links"] = [{"src": 0, "dst": 1, "bandwidth": 100.0, "both": True}]
+        net = {k: v for k, v in net.items() if v is not None}
     run = dict(draw(st.sampled_from([{"until": 3.0}, {"rounds": draw(st.integers(2, 5))}])))
     run["trace_flush_every"] = draw(st.sampled_from([7, 1000]))
     return {"name": "barrier", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
             "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3]))},
-            "network": {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.2]))},
+            "network": net,
             "data": {"kind": "synthetic", "samples": 40 * n, "features": 5, "partition": "iid"},
             "model": {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"])),
                       "batch_invariant": draw(st.sampled_from(["auto", False]))},
@@ -114,8 +126,42 @@ def test_churn_on_barrier_windows(tmp_path):
     both(tmp_path, sc)
 
 
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+@pytest.mark.parametrize(("network", "wait"), [
+    ({"bandwidth": 400.0}, 44 / 400.0),  # 44 bytes: 0.11 s on the wire, before the barrier and its timer
+    ({"uplink": 150.0, "links": [{"src": 0, "dst": 1, "bandwidth": 60.0, "both": True}]}, None),  # serialized sends
+    # dpsgd_bursty's network: a link trace's latencies, bandwidths and losses, bursts, node uplinks, and churn
+    ({"trace": str(TRACES / "links_example.csv"), "burst": {"p_enter": 0.1, "p_exit": 0.3}, "uplink": 300.0,
+      "latency": {"kind": "lognormal", "mean": 0.03, "sigma": 0.5}}, None),
+])
+def test_transmission_times_on_barrier_windows(tmp_path, network, wait):
+    """A barrier round's sender waits for its broadcast's transmission (the longest of its links', FIFO per link and
+    per node uplink) before its barrier: the engine's bytes, with transmissions long enough to delay the barriers
+    (a barrier's timer runs out ``wait`` + round_timeout after its agent's ``compute_end``)."""
+    sc = jittery(name="dp_dpsgd", noise_multiplier=1.0, clip=1.0)
+    sc["network"] = {**sc["network"], **network}
+    if "trace" in network:
+        sc["agents"]["availability"] = str(TRACES / "availability_example.json")
+    summary = both(tmp_path, sc)
+    assert summary["messages_delivered"] > 0 and summary["round_timeouts"] > 0
+    if wait is not None:
+        from netsim.trace.io import read_trace
+
+        t = read_trace(tmp_path / "windowed" / "trace.arrows").table.to_pydict()
+        last: dict[int, float] = {}
+        for when, kind, i in zip(t["t"], t["kind"], t["agent"], strict=True):
+            if kind == "compute_end":
+                last[i] = when
+            elif kind == "timeout":
+                assert when == pytest.approx(last[i] + wait + 0.15, abs=1e-9)
+
+
 @pytest.mark.parametrize(("changes", "why"), [
-    ({"network": {"bandwidth": 1.0e6}}, "bandwidth or uplinks: a barrier round's broadcast waits"),
+    ({"network": {"bandwidth": 1.0e6}, "algorithm": {"name": "choco", "lr": 0.5, "batch": 8, "round_timeout": 0.15,
+                                                    "compressor": "topk", "ratio": 0.5, "gamma": 0.5}},
+     "bandwidth or uplinks with choco: a payload's size depends on its values \\(compression\\)"),
     ({"algorithm": {"name": "muffliato", "gossip_steps": 2, "round_timeout": 0.15}},
      "muffliato exchanges 2 times a round"),
     ({"run": {"until": 6.0, "checkpoint_every": 2.0}}, "checkpoints: this pattern's lookahead windows cannot"),
@@ -125,7 +171,7 @@ def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, chan
 
     sc = jittery()
     for key, value in changes.items():
-        sc[key] = {**sc[key], **value}
+        sc[key] = value if key == "algorithm" else {**sc[key], **value}
     if sc["algorithm"]["name"] == "muffliato":
         sc["algorithm"] = {"name": "muffliato", "lr": 0.5, "batch": 8, "gossip_steps": 2, "round_timeout": 0.15}
     with pytest.raises(InputError, match="nor as lookahead windows: " + why) as e:

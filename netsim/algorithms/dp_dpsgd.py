@@ -43,6 +43,7 @@ from netsim.algorithms.registry import register
 from netsim.errors import InputError
 from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.sim.network import payload_size
 
 
 def _opt_nonneg(v: float | None) -> str | None:
@@ -135,6 +136,9 @@ class DPDPSGD(SyncKernel):
         if p.clip_mode == "per_example":  # Abadi et al. Alg. 1: clip each example, average
             return GradientRequest.of(p.batch, p.clip, p.clip_kind)
         return GradientRequest.of(p.batch)   # the batch mean gradient, clipped as one vector in ``local``
+
+    def payload_bytes(self, p, state, params):
+        return payload_size(params)                                  # x_i^k: a row of x
 
     def local(self, b, p):
         b.step = None

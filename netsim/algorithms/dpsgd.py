@@ -15,6 +15,7 @@ import attrs
 from netsim.algorithms.registry import register
 from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.sim.network import payload_size
 
 
 @attrs.frozen
@@ -36,6 +37,9 @@ class DPSGD(SyncKernel):
 
     def gradient(self, p, state, i):
         return GradientRequest.of(p.batch)                              # grad F_i(x_i^k), batched
+
+    def payload_bytes(self, p, state, params):
+        return payload_size(params)                                  # x_i^k: a row of x
 
     def local(self, b, p):
         b.send(b.x)                                                  # x_i^k to the out-neighbours

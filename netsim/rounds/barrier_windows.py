@@ -1,41 +1,44 @@
-"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative
-lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
-activation), per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution
-(lognormal and exponential too), churn and link models of the scenario. Byte for byte the events engine's trace,
-metrics and models.
+"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative lookahead
+windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson activation),
+per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution (lognormal and
+exponential too), transmission times (bandwidth, node uplinks, per-link bandwidth, link traces), churn and link
+models of the scenario. Byte for byte the events engine's trace, metrics and models.
 
-The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
-driver shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered,
-and its ``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control
-never reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine``
-waiting in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a
-message may be sent and delivered inside one window. A window's length (``window``: the smallest latency where it
-is positive, else a typical one) only sizes the control's buckets and the lock steps.
+The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
+shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
+``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control never
+reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` waiting
+in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a message may
+be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
+a typical one) only sizes the control's buckets and the lock steps.
 
 The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
-activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the
-engine's batches; ``compute_end``, the agent's releases, a ``send`` and maybe a ``drop`` per out-neighbour, then the
-barrier: the messages already queued offered in arrival order, older rounds' discarded as ``stale``, its timer set
-unless it completed), each delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a
-``timeout`` row with the missing count) and the barrier's completion (an event of its own, as ``succeed`` schedules
-it: ``combine``, then the next wake or the finish). Every stream is drawn by the engine's calls in the engine's
-order (``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the engine's
+batches; ``compute_end``, the agent's releases, a ``send`` and maybe a ``drop`` per out-neighbour, then the barrier, or
+first the end of the broadcast's transmission where it takes time (``Agent.broadcast``'s Timeout of the longest
+``tx_end - now`` of its links, set after their arrivals: an event of its own, then the barrier): the messages already
+queued offered in arrival order, older rounds' discarded as ``stale``, its timer set unless it completed), each
+delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a ``timeout`` row with the missing
+count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next wake
+or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
+``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
 
-The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock
-step (``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
-gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine``
-with the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are
-row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose
-gradients complete at the same instant, at the first one's completion. Two things the control writes before the
-tensor work has them: a message's bytes (``b.sizes`` or the payload's), patched into the window's ``send`` and
-``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``), and an
-agent's releases (``Batch.privatize``
-through its ledger, placed at the agent's completion time, round and tick), spliced in after its ``compute_end``.
+The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
+(``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
+gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine`` with
+the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are row-wise:
+``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients complete
+at the same instant, at the first one's completion. Two things the control writes before the tensor work has them: a
+message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
+``SyncKernel.payload_bytes``, those, checked after its ``local``, and nothing to patch), patched into the window's
+``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then:
+``holds_rows``), and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion
+time, round and tick), spliced in after its ``compute_end``.
 
-Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with
-no positive minimum), transmission times (a broadcast waits for its transmission), a time-varying topology, several
-exchanges a round, a kernel's own routes or local steps with their own gradients, agents that take no gradient or
-ask for different ones, and the kernel's own reason.
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
+positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
+the bytes: compression), a time-varying topology, several exchanges a round, a kernel's own routes or local steps with
+their own gradients, agents that take no gradient or ask for different ones, and the kernel's own reason.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 from netsim.trace.io import RECORD, PackedRows
 
-TIMER, BARRIER = 7, 8  # a barrier's timeout timer, its completion (the other kinds: rounds/lookahead.py's)
+TIMER, BARRIER, SENT = 7, 8, 9  # a barrier's timeout timer, its completion, the end of a broadcast's transmission
+# (the other kinds: rounds/lookahead.py's)
 COMBINE, ASK, LOCAL = 0, 1, 2  # an agent's tensor operations (a lock step calls them in this order)
 _SIZE_AT = struct.calcsize("<d3iq")  # the byte offset of a packed row's size (``RECORD``: t, kind, agent, peer, msg)
 _pack_size = struct.Struct("<q").pack_into
@@ -72,9 +76,11 @@ def refusal(sim) -> str | None:
     why = lookahead.refusal(sim, kernel, bound=False)  # (any latency: the tensor work is in dependency order)
     if why is not None:
         return why
-    if lookahead.transmits(sim):
-        return ("bandwidth or uplinks: a barrier round's broadcast waits for its transmission (not played by these "
-                "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
+    if lookahead.transmits(sim) and kernel.payload_bytes(p, kernel.state_of(agents[0], p),
+                                                         sim.world.bank.W[0]) is None:
+        return (f"bandwidth or uplinks with {name}: a payload's size depends on its values (compression) or is not "
+                "declared (SyncKernel.payload_bytes), and a barrier round's send waits for its transmission — remove "
+                "network.bandwidth, network.uplink and the links' bandwidth")
     if sim.world.network.dynamic is not None:
         return ("the topology changes over time: a barrier waits for the in-neighbours of its round (not played by "
                 "these windows) — remove topology.dynamic")
@@ -186,7 +192,10 @@ class _Driver(WindowDriver):
         self.payload: dict[int, object] = {}  # rid -> the payload its agent sent
         self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
-        self.guess = payload_size(self.bank.W[0])  # a payload's bytes before its ``local`` ran (patched if not)
+        # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
+        # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
+        self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
+        self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
         self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
         self.op_waits = self.wait
 
@@ -207,6 +216,8 @@ class _Driver(WindowDriver):
                     if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
                         self.rows.put(pack(*shapes.timeout(t, i, w.round, float(len(w.expect) - len(w.got)), CODES)))
                         self.close(i, w, t)
+                elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
+                    self.gather(i, t, v)
                 elif kind == BARRIER:
                     self.op(i, COMBINE, self.rid[i], v)
                     self.k[i] += 1
@@ -260,11 +271,12 @@ class _Driver(WindowDriver):
             self.slots.append((len(rows), rid))
         else:  # its ``local`` ran in an earlier window's work (with an agent done at this instant before it)
             rows.extend(made)
-        size = self.sizes.get(rid)
-        held = 0
-        for j in self.agents[i].neighbors:
+        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
+        held, tx = 0, 0.0
+        for j in self.agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
             at = len(rows)
             mid, land = self.message(i, j, t, self.guess if size is None else size, k, self.tag, rows)
+            tx = max(tx, self.tx_end - t)
             if size is None:
                 self.patches.append((at, rid))
                 if land is None:
@@ -276,7 +288,10 @@ class _Driver(WindowDriver):
             self.refs[rid] = held
         else:
             del self.payload[rid]
-        self.gather(i, t, k)
+        if tx <= 0:  # nothing to transmit: the barrier at once
+            self.gather(i, t, k)
+        else:  # the program waits for its longest transmission (a Timeout of ``tx``, set after the arrivals)
+            self.push_event(t + tx, SENT, i, k)
 
     def gather(self, i: int, t: float, k: int) -> None:
         """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless done."""
@@ -321,7 +336,7 @@ class _Driver(WindowDriver):
     def arrived(self, i: int, t: float, v: tuple) -> None:
         """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
         mid, src, rid, sent, rnd = v
-        size = self.sizes.get(rid)
+        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
         if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
             self.patches.append((len(self.rows), rid))
             size = self.guess
@@ -420,7 +435,10 @@ class _Driver(WindowDriver):
             plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
-                self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+                size = self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+                if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
+                    raise RuntimeError(f"barrier windows: {type(kernel).__name__}.payload_bytes says {self.fixed} "
+                                       f"bytes, and agent {self.agents[ops[n][0]].id} sent a payload of {size}")
                 held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
                 if held is None or held:
                     self.payload[rid] = payload

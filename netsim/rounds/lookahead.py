@@ -437,8 +437,9 @@ class WindowDriver:
     def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
                 rows: PackedRows) -> tuple[int, float | None]:
         """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
-        row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped)."""
-        _, delay, reason = self.outcome(i, j, now, size)
+        row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped). Its transmission's
+        end is left in ``tx_end`` (a driver whose sender waits for it reads it)."""
+        self.tx_end, delay, reason = self.outcome(i, j, now, size)
         mid = self.net.take_ids(1)
         words = self.words
         rows.put(pack(*shapes.send(now, i, j, mid, size, delay, rnd, words(tag), CODES)))

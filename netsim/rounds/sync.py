@@ -73,6 +73,13 @@ class SyncKernel(RoundKernel):
         ``run.rounds`` (None: ``run.rounds`` alone; the smaller of the two ends the run)."""
         return None
 
+    def payload_bytes(self, p: Any, state: Any, params: torch.Tensor) -> int | None:
+        """The bytes on the wire of every payload ``local`` sends, when they are known before it is made (``params``:
+        an agent's parameter row, for its shape and dtype); None (the default): the payload's values decide them
+        (compression) or the kernel does not say. The lookahead windows time a send's transmission (bandwidth,
+        uplinks) before their tensor work makes the payload, so they play transmission times only where it is known."""
+        return None
+
     def local(self, b: Batch, p: Any) -> Generator | None:
         """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
         local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
