@@ -1,0 +1,97 @@
+"""DP-NET-FLEET (PDSL's baseline) and CPGT (DO-ADP's) as barrier-round kernels: on scenarios drawn from the fast
+path's admitted region both engines write the same trace, metrics.csv and final models, and keep the same
+method state (trackers) in the parameter bank."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
+
+import netsim
+from netsim.scenario import scenario_from_dict
+from tests.search import search
+from tests.test_round_kernels import base
+
+STATE = {"dp_netfleet": ("netfleet.v", "netfleet.gprev"), "cpgt": ("cpgt_tracker",)}
+
+
+def run_both(tmp_path, sc: dict) -> dict:
+    out = {}
+    for engine in ("events", "windowed"):
+        built: list = []
+        r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
+        folder, bank = tmp_path / engine, built[0].bank
+        out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
+                       "metrics": (folder / "metrics.csv").read_text(), "W": bank.W.clone(),
+                       "state": [bank.state(s).clone() for s in STATE[sc["algorithm"]["name"]]],
+                       "engine": r.summary.get("engine")}
+    return out
+
+
+def assert_identical(got: dict) -> None:
+    ev, win = got["events"], got["windowed"]
+    assert win["engine"] == "windowed" and ev["engine"] == "events"
+    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"]
+    assert torch.equal(win["W"], ev["W"])
+    assert all(torch.equal(a, b) for a, b in zip(win["state"], ev["state"], strict=True))
+
+
+@st.composite
+def netfleet_scenarios(draw) -> dict:
+    """DP-NET-FLEET's K + 1 gradients after the exchange on drawn graphs, latencies, compute times, lossy links
+    (timeouts), clippings, evaluations between the rounds and run.until at an activation or between two rounds."""
+    ct = draw(st.sampled_from([0.001, 0.005]))
+    lat = draw(st.sampled_from([0.001, 0.005, 0.0301]))
+    K = draw(st.integers(1, 3))
+    sc = base(n=draw(st.integers(3, 7)), rounds=draw(st.integers(2, 5)))
+    sc["agents"]["compute_time"]["value"] = ct
+    timeout = round(lat + (K + 1) * ct + draw(st.sampled_from([0.002, 0.01])), 6)  # the waves end before it
+    sc["algorithm"] = {"name": "dp_netfleet", "lr": draw(st.sampled_from([0.05, 0.3])), "local_steps": K,
+                       "batch": draw(st.integers(1, 6)), "clip": draw(st.sampled_from([0.5, 5.0])),
+                       "clip_mode": draw(st.sampled_from(["batch", "per_example"])),
+                       "sigma": draw(st.sampled_from([None, 0.0, 0.05])), "round_timeout": timeout}
+    sc["network"] = {"latency": {"kind": "constant", "value": lat}, "loss": draw(st.sampled_from([0.0, 0.1, 0.3]))}
+    sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "erdos_renyi", "p": 0.6},
+                                           {"kind": "complete"}]))
+    sc["model"] = {"kind": "logistic", "dtype": draw(st.sampled_from(["float32", "float64"]))}
+    sc["evaluation"]["every"] = draw(st.sampled_from([1.0e6, 0.2, 0.3]))
+    if draw(st.booleans()):
+        del sc["run"]["rounds"]
+        sc["run"]["until"] = draw(st.sampled_from([0.3, 0.5, 0.395]))
+    return sc
+
+
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=netfleet_scenarios())
+def test_dp_netfleet_runs_fast_byte_for_byte(tmp_path_factory, sc):
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
+    assert_identical(run_both(tmp_path_factory.mktemp("fleet"), sc))
+
+
+def test_dp_netfleet_releases_k_plus_one_gradients_a_round_and_stops_at_its_budget_cap(tmp_path):
+    """K + 1 releases per agent and round (each gradient evaluation, none of x or v); under a budget cap the windows
+    refuse and the events engine's agents stop releasing once refused (no step that round)."""
+    from netsim import api
+    from netsim.rounds.windowed import refusal
+    from netsim.trace.io import read_trace
+
+    sc = base(n=4, rounds=3)
+    sc["algorithm"] = {"name": "dp_netfleet", "lr": 0.1, "local_steps": 2, "batch": 4, "sigma": 0.05,
+                       "round_timeout": 0.05}
+    netsim.run(scenario_from_dict(sc), out=tmp_path / "a")
+    t = read_trace(tmp_path / "a" / "trace.arrows").to_pandas()
+    assert (t.kind == "release").sum() == 4 * 3 * 3 and (t.kind == "compute_start").sum() == 4 * 3 * 3
+    sc["privacy"] = {"epsilon_cap": 2.0, "delta": 1e-5}
+    assert "privacy.epsilon_cap" in refusal(api.prepare(scenario_from_dict(sc)))
+    netsim.run(scenario_from_dict(sc), out=tmp_path / "b", engine="events")
+    t = read_trace(tmp_path / "b" / "trace.arrows").to_pandas()
+    out = t[t.kind == "budget_exhausted"]
+    assert len(out) > 0
+    for a, at in out.groupby("agent").t.min().items():
+        assert not ((t.kind == "release") & (t.agent == a) & (t.t > at)).any()
