@@ -104,6 +104,11 @@ class Round:
         self.resumed: list[np.ndarray] = []  # per exchange: each agent's barrier completion (batch positions)
         self.pending: list[tuple[int, np.ndarray, Any]] = []  # evaluations among a write's events: (j, first, copy)
 
+    def close(self) -> None:
+        """The round is written: drop its events. Their chains are closures over this round (a reference cycle that
+        only the cyclic collector frees, late: at 10^5 agents a run's memory grew ~0.5 GiB over 50 rounds)."""
+        self.groups, self.sends, self.levels, self.resumed = [], [], [], []
+
     # the events -----------------------------------------------------------------------------------------
     def chain(self, level: int, n: int) -> tuple:
         """The chain of agent n's event at ``level`` (0: its activation, m: its m-th gradient's completion)."""

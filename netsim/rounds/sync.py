@@ -518,6 +518,7 @@ class SyncRounds(Pattern):
                 rows.parts.append(made)
                 ev.after_write(bank, counts_at)
                 rows.emit_placed(writer, ev.offsets())
+            ev.close()
             if last:
                 break
             k += 1
