@@ -283,7 +283,9 @@ class OnlineLearner(SyncKernel):
         while True:
             yield agent.wake()
             b.renew(k, agent.params, None)
-            yield from drive(agent, self.local(b, p))
+            local = self.local(b, p)
+            if local is not None:  # a gradient before the exchange (Algorithm 1, DSGD)
+                yield from drive(agent, local)
             if b.out[0] is not None:
                 yield agent.broadcast(b.out[0], tag=TAG, round=k)
             for m in drain(agent, TAG):
