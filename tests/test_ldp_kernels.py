@@ -21,7 +21,6 @@ from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_round_kernels import assert_identical, run_both
 
-
 ALG1 = {"check_conditions": False}  # Algorithm 1's and DSGD's own keys: schedules off the paper's A4
 
 

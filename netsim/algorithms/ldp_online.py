@@ -38,11 +38,11 @@ Round 0's state theta_0 is data independent (Delta_0 = 0, D6): its noise is draw
 generator but it is not a ledger release (Lemma 2 sums from t = 1); theta_0 itself is drawn at the
 learner's first step.
 
-``ldp_online`` and ``ldp_dsgd`` take their gradient before the exchange, so they are written once as
-barrier-round kernels (``OnlineLearner``: each step's rows for every learner of a batch; releases through
-``Batch.privatize`` with the Laplace mechanism), which both engines run; with ``exchange="async"`` the
-same steps run as each learner's barrier-free loop on the events engine. ``dola`` and ``pdop`` take it at
-the mixed point, after the exchange, and stay coroutine programs.
+All four are written once as barrier-round kernels (``OnlineLearner``: each step's rows for every learner of a
+batch; releases through ``Batch.privatize`` with the Laplace mechanism), which both engines run; with
+``exchange="async"`` the same steps run as each learner's barrier-free loop on the events engine. ``ldp_online`` and
+``ldp_dsgd`` take their gradient before the exchange (in ``local``); ``dola`` and ``pdop`` (``MixedPointLearner``)
+take it at the mixed point, after the exchange (``combine`` yields it).
 """
 
 from __future__ import annotations
