@@ -1,7 +1,9 @@
-"""Chen & Wang's Algorithm 1 and its DSGD baseline as barrier-round kernels: both engines give the same bytes.
+"""Chen & Wang's Algorithm 1 and its baselines (DSGD, DOLA, PDOP) as barrier-round kernels: both engines give the
+same bytes.
 
 ``ldp_online`` and ``ldp_dsgd`` stream each learner's data, release a Laplace-noised state (a ledger release from
-step 1 on, noise only at step 0) and take a projected consensus and gradient step. The windowed engine plays every
+step 1 on, noise only at step 0) and take a projected consensus and gradient step; ``dola`` and ``pdop`` mix the noisy
+copies and take their gradient at the mixed point, after the exchange. The windowed engine plays every
 learner of a round as one batch; these tests hold it to the events engine on scenarios drawn from the region it
 admits (trace, metrics.csv, final models), and check the lines that keep the rest on the events engine.
 """
@@ -19,8 +21,12 @@ from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_round_kernels import assert_identical, run_both
 
+ALG1 = {"check_conditions": False}  # Algorithm 1's and DSGD's own keys: schedules off the paper's A4
+
 
 def online(n: int = 5, rounds: int = 4, **algorithm) -> dict:
+    if algorithm.get("name", "ldp_online") in ("ldp_online", "ldp_dsgd"):
+        algorithm = {**ALG1, **algorithm}
     return {"name": "ldp", "run": {"seed": 3, "rounds": rounds, "until": 1.0e6},
             "agents": {"count": n, "compute_time": {"kind": "constant", "value": 1 / 32},
                        "activation": {"kind": "periodic", "period": 0.25}},
@@ -28,42 +34,60 @@ def online(n: int = 5, rounds: int = 4, **algorithm) -> dict:
             "network": {"latency": {"kind": "constant", "value": 1 / 64}},
             "data": {"kind": "synthetic", "samples": 40 * n, "features": 4, "partition": "label"},
             "model": {"kind": "logistic", "l2": 1.0, "dtype": "float64"},
-            "algorithm": {"name": "ldp_online", "C": 2.0, "round_timeout": 0.125, "check_conditions": False,
-                          **algorithm},
+            "algorithm": {"name": "ldp_online", "C": 2.0, "round_timeout": 0.125, **algorithm},
             "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy", "tracking"]}}
 
 
 @st.composite
-def online_scenarios(draw) -> dict:
-    """Both methods over the parameters that move their rows and releases: noise on or off, clipping, samples per
+def online_scenarios(draw, name: str) -> dict:
+    """The four methods over the parameters that move their rows and releases: noise on or off, clipping, samples per
     step, projection (a radius the iterates reach), theta_0 drawn or the model's, self-weights shrunk by lost
-    messages, float32 and float64, odd row widths; evaluations (the tracking metric too) at round and dyadic times."""
-    name = draw(st.sampled_from(["ldp_online", "ldp_dsgd"]))
-    alg = {"name": name, "noise": draw(st.booleans()), "clip": draw(st.booleans()),
-           "per_round": draw(st.integers(1, 3)), "radius": draw(st.sampled_from([1e5, 1.5, 0.4])),
-           "init": draw(st.sampled_from(["normal", "model"])), "sigma": draw(st.sampled_from([0.5, 2.0])),
-           "varsigma0": draw(st.sampled_from([0.05, 0.1])), "L_acc": draw(st.sampled_from([0.0, 0.5])),
-           "w": draw(st.sampled_from([0.3, 0.2])), "lam0": draw(st.sampled_from([0.5, 1.0]))}
+    messages, DOLA's stepsize index, PDOP's polynomial and geometric steps, float32 and float64, odd row widths, no
+    compute time and no delay (the papers' steps); evaluations (the tracking metric too) at round and dyadic times."""
+    alg = {"name": name, "clip": draw(st.booleans()), "per_round": draw(st.integers(1, 3)),
+           "radius": draw(st.sampled_from([1e5, 1.5, 0.4])), "init": draw(st.sampled_from(["normal", "model"])),
+           "w": draw(st.sampled_from([0.3, 0.2]))}
+    if name == "dola":  # noise on or off, DOLA's two stepsize indices
+        alg |= {"noise0": draw(st.sampled_from([0.0, 0.35, 2.0])), "step_index": draw(st.sampled_from(["t+1", "t"])),
+                "alpha0": draw(st.sampled_from([0.5, 1.0]))}
+    elif name == "pdop":  # noise on or off, polynomial and geometric stepsizes
+        alg |= {"M": draw(st.sampled_from([0.0, 0.5])), "p": draw(st.sampled_from([0.9, 0.98])),
+                "step": draw(st.sampled_from(["polynomial", "geometric"])), "c": draw(st.sampled_from([0.5, 1.0])),
+                "q": 0.8, "q_exp": draw(st.sampled_from([0.77, 0.5]))}
+    else:
+        alg |= {"noise": draw(st.booleans()), "sigma": draw(st.sampled_from([0.5, 2.0])),
+                "varsigma0": draw(st.sampled_from([0.05, 0.1])), "L_acc": draw(st.sampled_from([0.0, 0.5])),
+                "lam0": draw(st.sampled_from([0.5, 1.0]))}
     sc = online(n=draw(st.integers(3, 7)), rounds=draw(st.integers(2, 5)), **alg)
     sc["network"]["loss"] = draw(st.sampled_from([0.0, 0.3]))
+    if draw(st.booleans()):  # the papers' synchronous steps: no compute time, no delay (one instant per step)
+        sc["agents"]["compute_time"]["value"] = 0.0
+        sc["network"]["latency"]["value"] = draw(st.sampled_from([0.0, 1 / 64]))
     sc["topology"] = draw(st.sampled_from([{"kind": "ring"}, {"kind": "complete"}]))
     sc["model"]["dtype"] = draw(st.sampled_from(["float32", "float64"]))
     sc["data"]["features"] = draw(st.sampled_from([4, 9]))
-    sc["evaluation"]["every"] = draw(st.sampled_from([1.0e6, 0.25, 0.5, 0.375]))
+    # (gradients after the exchange: evaluations between the steps, after the first)
+    every = [1.0e6, 0.5, 1.0] if name in ("dola", "pdop") else [1.0e6, 0.25, 0.5, 0.375]
+    sc["evaluation"]["every"] = draw(st.sampled_from(every))
     if sc["topology"]["kind"] == "complete":
         sc["algorithm"]["w"] = 0.1  # self-weight 1 - w (n - 1) > 0
     return sc
 
 
-@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sc=online_scenarios())
-def test_both_engines_agree_on_drawn_online_learning_runs(tmp_path_factory, sc):
+@pytest.mark.parametrize("name", ["ldp_online", "ldp_dsgd", "dola", "pdop"])
+@search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_both_engines_agree_on_drawn_online_learning_runs(tmp_path_factory, name, data):
+    sc = data.draw(online_scenarios(name))
     assert_identical(run_both(tmp_path_factory.mktemp("ldp"), sc))
 
 
-@pytest.mark.parametrize("name", ["ldp_online", "ldp_dsgd"])
+NOISE = {"ldp_online": {"sigma": 1.0}, "ldp_dsgd": {"sigma": 1.0}, "dola": {"noise0": 1.0}, "pdop": {"M": 1.0}}
+
+
+@pytest.mark.parametrize("name", list(NOISE))
 def test_each_method_runs_windowed_byte_for_byte_with_releases_and_projection(tmp_path, name):
-    sc = online(n=6, rounds=6, name=name, radius=1.0, sigma=1.0)
+    sc = online(n=6, rounds=6, name=name, radius=1.0, **NOISE[name])
     sc["network"]["loss"] = 0.2
     sc["evaluation"]["every"] = 0.5
     got = run_both(tmp_path, sc)
@@ -88,12 +112,13 @@ def test_laplace_rows_are_each_generators_own_draws():
             assert torch.equal(rows, one)
 
 
-def test_async_exchange_runs_on_the_events_engine_and_says_why(tmp_path):
+@pytest.mark.parametrize("name", list(NOISE))
+def test_async_exchange_runs_on_the_events_engine_and_says_why(tmp_path, name):
     """The same algorithm with exchange = "async": its barrier-free loop on the events engine, and the windowed engine
     refused in one line that says what to change."""
     from netsim.errors import InputError
 
-    sc = online(rounds=5, exchange="async")
+    sc = online(rounds=5, exchange="async", name=name)
     with pytest.raises(InputError, match="exchange 'async' mixes the latest copies with no barrier: .* — set "
                                          "algorithm.exchange = \"sync\""):
         netsim.run(scenario_from_dict(sc), out=tmp_path / "w", engine="windowed")

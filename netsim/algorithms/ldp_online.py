@@ -38,11 +38,11 @@ Round 0's state theta_0 is data independent (Delta_0 = 0, D6): its noise is draw
 generator but it is not a ledger release (Lemma 2 sums from t = 1); theta_0 itself is drawn at the
 learner's first step.
 
-``ldp_online`` and ``ldp_dsgd`` take their gradient before the exchange, so they are written once as
-barrier-round kernels (``OnlineLearner``: each step's rows for every learner of a batch; releases through
-``Batch.privatize`` with the Laplace mechanism), which both engines run; with ``exchange="async"`` the
-same steps run as each learner's barrier-free loop on the events engine. ``dola`` and ``pdop`` take it at
-the mixed point, after the exchange, and stay coroutine programs.
+All four are written once as barrier-round kernels (``OnlineLearner``: each step's rows for every learner of a
+batch; releases through ``Batch.privatize`` with the Laplace mechanism), which both engines run; with
+``exchange="async"`` the same steps run as each learner's barrier-free loop on the events engine. ``ldp_online`` and
+``ldp_dsgd`` take their gradient before the exchange (in ``local``); ``dola`` and ``pdop`` (``MixedPointLearner``)
+take it at the mixed point, after the exchange (``combine`` yields it).
 """
 
 from __future__ import annotations
@@ -164,48 +164,6 @@ def check_schedule(sim, p: LDPOnlineParams) -> None:
                                                 "(set check_conditions = false to run anyway)")
 
 
-def initialise(agent, p: Common) -> None:
-    import torch
-    if p.init == "normal":  # D5: theta_0^i ~ N(0, I), the learner's own draw
-        x = agent.params
-        z = agent.rng("algorithm").normal(0.0, p.init_std, x.numel())
-        agent.params = torch.as_tensor(z, dtype=x.dtype, device=x.device).reshape(x.shape)
-
-
-def release(agent, x: torch.Tensor, k: int, scale: float, sens: float) -> torch.Tensor | None:
-    """y = x + Lap(scale): a ledger release for k >= 1; round 0 (data independent) only draws noise."""
-    if scale <= 0:
-        return x if k == 0 else agent.privatize(x, 0.0, sens, mechanism="laplace", what="model", to=-1)
-    if k == 0 or sens <= 0:
-        return agent.add_noise(x, scale, "laplace")
-    return agent.privatize(x, sigma=scale, sensitivity=sens, mechanism="laplace", what="model", to=-1)
-
-
-class Exchange:
-    """Send y_t, then return {j: y^j} for the mixing step (sync barrier or latest copies)."""
-
-    def __init__(self, agent, p: Common):
-        self.agent, self.p = agent, p
-        self.copies: dict[int, torch.Tensor] = {}
-        self._round: dict[int, int] = {}
-
-    def __call__(self, y: torch.Tensor | None, k: int):
-        a, p = self.agent, self.p
-        if y is not None:
-            yield a.broadcast(y, tag=TAG, round=k)
-        if p.exchange == "sync":
-            got = yield a.gather(tag=TAG, round=k, timeout=p.round_timeout)
-            return got
-        for m in drain(a, TAG):
-            if m.round >= self._round.get(m.src, -1):
-                self._round[m.src], self.copies[m.src] = m.round, m.payload
-        return dict(self.copies)
-
-
-def _grad_kw(p: Common) -> dict:
-    return {"clip": p.C / 2, "clip_kind": "l2"} if p.clip else {}
-
-
 def release_rows(b, x: torch.Tensor, scales: list[float], sens: list[float]) -> torch.Tensor | list:
     """``release`` for every agent of a batch at its step ``b.k`` (rows; None where a budget cap refused): y = x +
     Lap(scale), a public ledger release for k >= 1 (one draw per learner and step, shared by its copies); step 0's state
@@ -217,12 +175,13 @@ def release_rows(b, x: torch.Tensor, scales: list[float], sens: list[float]) -> 
     return b.privatize(x, scales, sens, [1.0] * len(b), what="model", mechanism="laplace")
 
 
-def coupling_rows(theta: torch.Tensor, got, w: float) -> torch.Tensor:
-    """sum_j w (y^j - theta) of each row over the copies it received, in sender order (a missing neighbour's term is
-    skipped): row by row the float operations of one learner's sum."""
+def coupling_rows(theta: torch.Tensor, got, w: float, start: torch.Tensor | None = None) -> torch.Tensor:
+    """start + sum_j w (y^j - theta) of each row over the copies it received (start: zeros, or e.g. theta itself for
+    sum_j A_ij y_j with A = I + W), in sender order (a missing neighbour's term is skipped, its weight staying on the
+    own row): row by row the float operations of one learner's sum."""
     import torch
 
-    out = torch.zeros_like(theta)
+    out = torch.zeros_like(theta) if start is None else start.clone()
     order = [sorted(g) for g in got]
     for s in range(max(map(len, order), default=0)):
         ns = [n for n, o in enumerate(order) if len(o) > s]
@@ -271,11 +230,15 @@ class OnlineLearner(SyncKernel):
         """Step 1-2: acquire xi_t; the rows the step's gradient is taken on."""
         raise NotImplementedError
 
-    def local(self, b, p):
-        st = b.state
-        if b.k == 0 and p.init == "normal":  # D5: theta_0^i ~ N(0, init_std^2 I), each learner's own draw
+    def begin(self, b, p):
+        """Step 0: theta_0^i ~ N(0, init_std^2 I), each learner's own draw (D5), or the model's."""
+        if b.k == 0 and p.init == "normal":
             b.x = initial_rows(b, p)
             b.set_params(b.x)
+
+    def local(self, b, p):
+        st = b.state
+        self.begin(b, p)
         rows = [self.rows(st["streams"][a.id]) for a in b.agents]
         b.d = yield b.gradients(b.x, rows, *((p.C / 2, "l2") if p.clip else ()))  # 2: grad at theta_t
         if not p.noise:
@@ -320,13 +283,17 @@ class OnlineLearner(SyncKernel):
         while True:
             yield agent.wake()
             b.renew(k, agent.params, None)
-            yield from drive(agent, self.local(b, p))
+            local = self.local(b, p)
+            if local is not None:  # a gradient before the exchange (Algorithm 1, DSGD)
+                yield from drive(agent, local)
             if b.out[0] is not None:
                 yield agent.broadcast(b.out[0], tag=TAG, round=k)
             for m in drain(agent, TAG):
                 if m.round >= heard.get(m.src, -1):
                     heard[m.src], copies[m.src] = m.round, m.payload
-            self.combine(b, p, [dict(copies)])
+            after = self.combine(b, p, [dict(copies)])
+            if after is not None:  # the gradient at the mixed point (DOLA, PDOP)
+                yield from drive(agent, after)
             k += 1
 
 
@@ -376,13 +343,43 @@ class LDPDSGD(OnlineLearner):
             sens[a.id] = max(c * sens[a.id], p.C * lam)
 
 
-def _mix_noisy(own_y: torch.Tensor, got: dict[int, torch.Tensor], w: float) -> torch.Tensor:
-    """sum_j A_ij y_j with A = I + W (own noisy copy included); a missing neighbour's weight stays
-    on the own copy."""
-    out = own_y.clone()
-    for j in sorted(got):
-        out.add_(got[j] - own_y, alpha=w)
-    return out
+class MixedPointLearner(OnlineLearner):
+    """What DOLA and PDOP share: each step acquires xi_t and releases its state y_t = x_t + Lap(scale_t) (``local``),
+    mixes the noisy copies v_t = sum_j A_ij y_t^j with A = I + W, its own noisy copy included (a missing neighbour's
+    weight stays on it), and takes a projected step on the newest sample's gradient at the mixed point
+    x_{t+1} = Proj(v_t - a_t grad l(v_t, xi_t)) (``combine``, its gradient asked after the exchange). The release of
+    x_t records the L1 sensitivity sqrt(n) C a_{t-1} of the step that produced it (v_{t-1} is post-processing of
+    releases, so only xi_{t-1} moves x_t)."""
+
+    per_row = frozenset({"y", "new"})  # each learner's noisy copy and newest sample, from ``local`` to ``combine``
+
+    def check(self, sim, p):
+        """No schedule conditions (those of A4 are Algorithm 1's)."""
+
+    def scale(self, p, k: int) -> float:
+        """The Laplace scale of step k's release."""
+        raise NotImplementedError
+
+    def step(self, p, k: int) -> float:
+        """a_k, the stepsize of step k."""
+        raise NotImplementedError
+
+    def local(self, b, p):
+        st = b.state
+        self.begin(b, p)
+        b.new = [st["streams"][a.id].next() for a in b.agents]  # acquire xi_t
+        k, n, B = b.k, b.x.shape[1], len(b)
+        sens = math.sqrt(n) * p.C * self.step(p, k - 1) if k else 0.0  # the step that made x_k
+        y = release_rows(b, b.x, [self.scale(p, k)] * B, [sens] * B)  # y_t = x_t + Lap(scale_t)
+        # a learner out of budget sends nothing (``routes``) and mixes its own clean state
+        b.y = y if not isinstance(y, list) else b.stack([x if r is None else r for x, r in zip(b.x.unbind(0), y,
+                                                                                                strict=True)])
+        b.send(y)
+
+    def combine(self, b, p, got):
+        v = coupling_rows(b.y, got, p.w, start=b.y)  # v_t = sum_j A_ij y_t^j, A = I + W
+        g = yield b.gradients(v, b.new, *((p.C / 2, "l2") if p.clip else ()))  # grad l(v_t, xi_t)
+        b.set_params(project_rows(v - self.step(p, b.k) * g, p.radius))  # x_{t+1} = Proj(v_t - a_t grad)
 
 
 def dola_step_shift(p: DOLAParams) -> int:
@@ -396,49 +393,31 @@ def dola_alpha(p: DOLAParams, s: int) -> float:
 
 
 @register("dola", DOLAParams)
-def dola(agent, p: DOLAParams):
+class DOLA(MixedPointLearner):
     """DOLA (Li, Zhou, Xiong, Wang, Wang, "Differentially private distributed online learning", IEEE TKDE
-    2018, Alg. 1; Chen and Wang's baseline B2, ref. [45]): mix the noisy states, then a projected gradient
-    step at the mixed point."""
-    initialise(agent, p)
-    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
-    n = agent.params.numel()
-    shift = dola_step_shift(p)
-    k = 0
-    while True:
-        yield agent.wake()
-        new = stream.next()
-        x = agent.params
-        scale = p.noise0 / (k + 1)
-        sens = math.sqrt(n) * p.C * dola_alpha(p, k - 1 + shift) if k else 0.0  # the step that made w_k
-        y = release(agent, x, k, scale, sens)
-        got = yield from ex(y, k)  # y None: budget cap reached, nothing more is released
-        b = _mix_noisy(x if y is None else y, got, p.w)
-        g = yield agent.gradient(rows=new, params=b, **_grad_kw(p))
-        agent.params = project(b - dola_alpha(p, k + shift) * g, p.radius)  # alpha_{t+1} or alpha_t
-        k += 1
+    2018, Alg. 1; Chen and Wang's baseline B2, ref. [45]): mix the noisy states, b_t = sum_j A_ij (w_t^j +
+    noise_j), then a projected gradient step at the mixed point, w_{t+1} = Proj(b_t - alpha_{t+1} grad l(b_t, xi_t))
+    (``step_index`` "t+1"; "t": alpha_t); noise Lap(noise0/(t+1))."""
+
+    reads = frozenset(f.name for f in attrs.fields(DOLAParams)) - {"round_timeout"}
+
+    def scale(self, p, k):
+        return p.noise0 / (k + 1)
+
+    def step(self, p, k):
+        return dola_alpha(p, k + dola_step_shift(p))  # alpha_{t+1} or alpha_t
 
 
 @register("pdop", PDOPParams)
-def pdop(agent, p: PDOPParams):
+class PDOP(MixedPointLearner):
     """PDOP (Huang, Mitra, Vaidya, "Differentially private distributed optimization", ICDCN 2015; Chen and
-    Wang's baseline B3, ref. [30]): noisy projected consensus, gradient at the mixed point."""
-    initialise(agent, p)
-    stream, ex = stream_of(agent, p.per_round), Exchange(agent, p)
-    n = agent.params.numel()
+    Wang's baseline B3, ref. [30]): y = x + Lap(M p^t); v = sum_j A_ij y_j; x_{t+1} = Proj(v - gamma_t grad l(v,
+    xi_t)), gamma_t = c/(t+1)^q_exp or c q^t."""
 
-    def gamma(t: int) -> float:
-        return p.c / (t + 1) ** p.q_exp if p.step == "polynomial" else p.c * p.q ** t
+    reads = frozenset(f.name for f in attrs.fields(PDOPParams)) - {"round_timeout"}
 
-    k = 0
-    while True:
-        yield agent.wake()
-        new = stream.next()
-        x = agent.params
-        scale = p.M * p.p ** k
-        y = release(agent, x, k, scale, math.sqrt(n) * p.C * gamma(k - 1) if k else 0.0)
-        got = yield from ex(y, k)
-        v = _mix_noisy(x if y is None else y, got, p.w)
-        g = yield agent.gradient(rows=new, params=v, **_grad_kw(p))
-        agent.params = project(v - gamma(k) * g, p.radius)
-        k += 1
+    def scale(self, p, k):
+        return p.M * p.p ** k
+
+    def step(self, p, k):
+        return p.c / (k + 1) ** p.q_exp if p.step == "polynomial" else p.c * p.q ** k
