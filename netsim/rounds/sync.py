@@ -201,7 +201,8 @@ class SyncRounds(Pattern):
             why = _round_times(sc, p.round_timeout, limit)
             if why is not None:
                 return why
-        if r.rounds is None and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
+        cut = limit is None or r.until is not None and r.until <= last_t  # run.until may end the run inside a round
+        if r.rounds is None and cut and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
         if after or r.rounds is None and r.until is not None:
