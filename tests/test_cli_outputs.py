@@ -83,7 +83,8 @@ def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
 
     sc = scenario_from_dict(merge(SMALL, {"run": {"checkpoint_every": 2.5},
                                           "evaluation": {"every": 1.0, "metrics": ["accuracy", "agent_accuracy"]}}))
-    ref = api.run(sc, out=tmp_path / "ref", interruptible=False).out
+    # the events engine's interrupt at an event boundary (the windows': tests/test_checkpoint_windowed.py)
+    ref = api.run(sc, out=tmp_path / "ref", interruptible=False, engine="events").out
     original = Simulation.boundary
 
     def stop_after_first_checkpoint(self):  # like Ctrl-C at t = 2.5
@@ -92,7 +93,7 @@ def test_a_resumed_run_has_the_same_per_agent_metrics(tmp_path, monkeypatch):
             self.interrupt()
 
     monkeypatch.setattr(Simulation, "boundary", stop_after_first_checkpoint)
-    stopped = api.run(sc, out=tmp_path / "cut", interruptible=False)
+    stopped = api.run(sc, out=tmp_path / "cut", interruptible=False, engine="events")
     assert stopped.summary["stop_reason"] == "interrupted" and not (stopped.out / "agent_metrics.csv").exists()
     monkeypatch.setattr(Simulation, "boundary", original)
     api.resume(stopped.out, interruptible=False)

@@ -118,8 +118,8 @@ def test_an_interrupted_runs_trace_is_partial_until_resumed(tmp_path):
 
     sc = scenario_from_dict(merge(BASE, {"run": {"until": 6.0, "checkpoint_every": 2.0}}))
     folder = tmp_path / "r"
-    with _interrupt_after_first_checkpoint():
-        res = api.run(sc, out=folder, interruptible=False)
+    with _interrupt_after_first_checkpoint():  # (the events engine's checkpoint at an event boundary)
+        res = api.run(sc, out=folder, interruptible=False, engine="events")
     assert res.summary["stop_reason"] == "interrupted"
     tr = read_trace(folder)
     assert not tr.complete and 0 < tr.t_end <= 2.0  # the events before the first checkpoint mark

@@ -1,5 +1,6 @@
-"""Which engine ``--engine auto`` runs each shipped scenario on: the fast path wherever it is exact (docs/architecture.md,
-"Which engine runs"). A scenario that leaves the fast path, or one that joins it, changes this table on purpose."""
+"""Which engine ``--engine auto`` runs each shipped scenario on: the fast path wherever it is exact
+(docs/architecture.md, "Which engine runs"). A scenario that leaves the fast path, or one that joins it, changes
+this table on purpose."""
 
 from __future__ import annotations
 

@@ -197,8 +197,9 @@ class SyncRounds(Pattern):
         if sc.network.loss and kernel.exchanges(p, state) > 1:
             return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
                     "different times — set network.loss = 0")
-        if sc.network.loss and not after:
-            why = _round_times(sc, p.round_timeout, limit)
+        if sc.network.loss and not after:  # (the rounds run.until reaches when nothing else ends the run)
+            rounds = limit if limit is not None else min(200_000, int(r.until / sc.agents.activation.period) + 1)
+            why = _round_times(sc, p.round_timeout, rounds)
             if why is not None:
                 return why
         cut = limit is None or r.until is not None and r.until <= last_t  # run.until may end the run inside a round
