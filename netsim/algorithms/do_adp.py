@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopies, PublicCopyRows, kept_count
+from netsim.comm.compression import PUBLIC_COPIES, Compressor, KRounding, PublicCopyRows, kept_count
 from netsim.errors import InputError
 from netsim.privacy import closed_forms as cf
 from netsim.rounds import SyncKernel, SyncRounds
@@ -391,7 +391,7 @@ class CPGTParams:
 
 
 @register("cpgt", CPGTParams, fixed_topology=PUBLIC_COPIES)
-def cpgt(agent, p: CPGTParams):
+class CPGT(SyncKernel):
     """CPGT [reconstructed] (Xie, Yi, Wang, Cao, Ren 2023, "Compressed differentially private distributed
     optimization with linear convergence"). Gradient tracking
     with x and the tracker y both exchanged as CHOCO compressed differences against public copies:
@@ -407,12 +407,96 @@ def cpgt(agent, p: CPGTParams):
     clipped gradient moves by at most 2 C sqrt(d) in L1. Given the same released copies, y_t - y'_t =
     g_t - g'_t (telescoping with y_0 = g_0), so Delta^y = 2 C sqrt(d); x_t - x'_t = -eta sum_{s<t}
     (g_s - g'_s), so Delta^x_t = 2 C sqrt(d) eta max(t, 1). The Laplace scale is b = Delta 2T / eps per
-    release; the x noise grows linearly in t because the step is constant. No amplification (q = 1)."""
-    if p.sigma is None and p.epsilon is None:
-        raise InputError("algorithm.epsilon", "give epsilon (pure-DP calibration) or sigma")
-    if p.sigma is None and p.clip <= 0:
-        raise InputError("algorithm.clip", "the epsilon calibration needs a clip bound C > 0")
-    return _cpgt(agent, p)
+    release; the x noise grows linearly in t because the step is constant. No amplification (q = 1).
+
+    Round t of agent i as barrier rounds: g(x_0) before round 0's releases (``first_gradient``), the two releases
+    and the two compressed differences sent at once (tags ``cpgt_x`` then ``cpgt_y``, one exchange of two messages
+    gathered tag by tag), then after the exchange the update of x, the gradient g(x_{t+1}) at the new point
+    (``combine`` yields it) and the tracker's update. An agent whose budget cap is reached sends nothing more and
+    mixes what still arrives. The agent finishes after ``rounds`` rounds (T)."""
+
+    pattern = SyncRounds(tag="cpgt_x", more=("cpgt_y",))
+    reads = frozenset({"rounds", "lr", "gamma", "ratio", "k_rounding", "batch", "clip", "epsilon", "sigma"})
+    first_gradient = True  # y_0 = g(x_0)
+
+    def check(self, sim, p: CPGTParams) -> None:
+        if p.sigma is None and p.epsilon is None:
+            raise InputError("algorithm.epsilon", "give epsilon (pure-DP calibration) or sigma")
+        if p.sigma is None and p.clip <= 0:
+            raise InputError("algorithm.clip", "the epsilon calibration needs a clip bound C > 0")
+
+    def init(self, agents, p: CPGTParams) -> _CPGTState:
+        comps = [Compressor("none" if p.ratio >= 1 else "topk", p.ratio, rounding=p.k_rounding)] * len(agents)
+        a0 = agents[0]
+        return _CPGTState(PublicCopyRows(agents, comps, p.gamma, name="cpgt.x"),
+                          PublicCopyRows(agents, comps, p.gamma, name="cpgt.y"),
+                          a0.shared_state("cpgt_tracker"), a0.shared_state("cpgt_gradient"))
+
+    def _clip(self, p: CPGTParams, d: int) -> float | None:
+        return None if p.clip == 0 else p.clip / math.sqrt(d)  # coordinates to +-C/sqrt(d)
+
+    def gradient(self, p: CPGTParams, state: _CPGTState, i: int) -> GradientRequest:
+        return GradientRequest.of(p.batch, self._clip(p, state.y.shape[1]), "coordinate")  # g(x_0), round 0
+
+    def horizon(self, p: CPGTParams, state) -> int:
+        return p.rounds
+
+    def refusal(self, sim, path):
+        from netsim.rounds.windowed import budget_cap_refusal
+
+        return budget_cap_refusal(sim)  # an agent out of budget sends nothing more
+
+    def local(self, b, p: CPGTParams) -> None:
+        st, idx, B = b.state, b.index(), len(b)
+        if b.g is not None:                                              # y_0 = g(x_0)
+            st.y.index_copy_(0, idx, b.g)
+            st.g.index_copy_(0, idx, b.g)
+        bx, dx, by, dy = cpgt_scales(p, b.x.shape[1], b.k)
+        xs = b.privatize(b.x, [bx] * B, [dx] * B, [1.0] * B, what="state", mechanism="laplace")     # x + xi^x
+        ys = b.privatize(st.y.index_select(0, idx), [by] * B, [dy] * B, [1.0] * B, what="tracker",
+                         mechanism="laplace")                                                     # y + xi^y
+        out = set(b.refused(xs)) | set(b.refused(ys))
+        if not out:
+            qx, zx = st.px.delta(b.agents, b.stack(xs))                 # xhat += C(x + xi^x - xhat)
+            qy, zy = st.py.delta(b.agents, b.stack(ys))                 # yhat += C(y + xi^y - yhat)
+            b.send(qx, zx)
+            b.send(qy, zy, message=1)
+            return
+        # budget cap (events engine): nothing more leaves those agents, their own copies stay
+        ns = [n for n, a in enumerate(b.agents) if a.id not in out]
+        sends: list[list] = [[None] * B, [None] * B]
+        sizes: list[list[int]] = [[0] * B, [0] * B]
+        if ns:
+            part = b.part(ns)
+            for m, (pc, rel) in enumerate(((st.px, xs), (st.py, ys))):
+                q, z = pc.delta(part.agents, b.stack([rel[n] for n in ns]))
+                for n, qn, zn in zip(ns, q.unbind(0), z, strict=True):
+                    sends[m][n], sizes[m][n] = qn, zn
+        b.send(sends[0], sizes[0])
+        b.send(sends[1], sizes[1], message=1)
+
+    def combine(self, b, p: CPGTParams, got):
+        st, idx = b.state, b.index()
+        stats = b.agents[0].stats
+        for pc, arrived in ((st.px, got[0]), (st.py, got[1])):
+            stats.add("cpgt_missing", sum(len(a.in_neighbors) - len(g) for a, g in zip(b.agents, arrived,
+                                                                                          strict=True)))
+            pc.receive(b.agents, arrived)                               # xhat_j += q_j, yhat_j += q_j
+        y = st.y.index_select(0, idx)
+        x_new = _consensus(st.px, b.agents, b.x) - p.lr * y             # x_{t+1} = x_t + gamma sum (..) - eta y_t
+        g = yield b.gradients(x_new, b.sample_rows(p.batch), clip=self._clip(p, b.x.shape[1]),
+                              clip_kind="coordinate")                   # g(x_{t+1})
+        st.y.index_copy_(0, idx, _consensus(st.py, b.agents, y) + g - st.g.index_select(0, idx))  # y_{t+1}
+        st.g.index_copy_(0, idx, g)
+        b.set_params(x_new)
+
+
+@attrs.frozen
+class _CPGTState:
+    px: PublicCopyRows  # the public copies of x
+    py: PublicCopyRows  # ... and of the tracker y
+    y: torch.Tensor  # the trackers y_t (bank rows: checkpoints)
+    g: torch.Tensor  # each agent's last gradient g(x_t)
 
 
 def cpgt_scales(p: CPGTParams, d: int, t: int) -> tuple[float, float, float, float]:
@@ -423,40 +507,3 @@ def cpgt_scales(p: CPGTParams, d: int, t: int) -> tuple[float, float, float, flo
         return p.sigma, dx, p.sigma, dy
     share = p.epsilon / (2 * p.rounds)
     return dx / share, dx, dy / share, dy
-
-
-def _cpgt(agent, p: CPGTParams):
-    d = agent.params.numel()
-    clip = None if p.clip == 0 else p.clip / math.sqrt(d)
-    comp = Compressor("none" if p.ratio >= 1 else "topk", p.ratio, rounding=p.k_rounding)
-    px = PublicCopies(comp, agent.params, agent.weights)
-    py = PublicCopies(comp, agent.params, agent.weights)
-    y = agent.state("cpgt_tracker")    # a view: lives in the bank (checkpoints)
-    stats = agent.stats
-    g_old = None
-    k = 0
-    while True:
-        yield agent.wake()
-        if k >= p.rounds:
-            yield from finish(agent)
-        x = agent.params
-        if g_old is None:                                   # y_0 = g(x_0)
-            g_old = yield agent.gradient(batch=p.batch, params=x, clip=clip, clip_kind="coordinate")
-            y.copy_(g_old)
-        bx, dx, by, dy = cpgt_scales(p, d, k)
-        xs = agent.privatize(x, sigma=bx, sensitivity=dx, mechanism="laplace", q=1.0, what="state")
-        ys = agent.privatize(y.clone(), sigma=by, sensitivity=dy, mechanism="laplace", q=1.0, what="tracker")
-        if xs is not None and ys is not None:               # else budget cap: nothing more leaves the agent
-            yield agent.broadcast(px.delta(xs), tag="cpgt_x", round=k)
-            yield agent.broadcast(py.delta(ys), tag="cpgt_y", round=k)
-        for tag, pc in (("cpgt_x", px), ("cpgt_y", py)):
-            got = yield agent.gather(tag=tag, round=k, timeout=p.round_timeout)
-            stats.add("cpgt_missing", len(agent.in_neighbors) - len(got))   # that replica now differs
-            for j in sorted(got):
-                pc.receive(j, got[j])
-        x_new = px.consensus(x, agent.weights, p.gamma) - p.lr * y
-        g_new = yield agent.gradient(batch=p.batch, params=x_new, clip=clip, clip_kind="coordinate")
-        y.copy_(py.consensus(y.clone(), agent.weights, p.gamma) + g_new - g_old)
-        agent.params = x_new
-        g_old = g_new
-        k += 1

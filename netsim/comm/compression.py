@@ -247,14 +247,14 @@ class PublicCopyRows:
     parameter bank (``Agent.shared_state``: checkpointed). Every step is ``PublicCopies``' own float operation on
     each row, so a batch of one and a batch of all agents give the same bits."""
 
-    def __init__(self, agents, compressors: list[Compressor], gamma: float):
+    def __init__(self, agents, compressors: list[Compressor], gamma: float, name: str = "choco"):
         self.comps = compressors
         self.nbrs = [sorted(a.weights) for a in agents]
         self.alphas = [[gamma * a.weights[j] for j in nb] for a, nb in zip(agents, self.nbrs, strict=True)]
         self.slot = [{j: s for s, j in enumerate(nb)} for nb in self.nbrs]
         p = agents[0].params.numel()
-        self.own = agents[0].shared_state("choco.own", (p,))
-        self.copies = agents[0].shared_state("choco.copies", (max(map(len, self.nbrs), default=0), p))
+        self.own = agents[0].shared_state(f"{name}.own", (p,))  # (``name``: a kernel with copies of several variables)
+        self.copies = agents[0].shared_state(f"{name}.copies", (max(map(len, self.nbrs), default=0), p))
 
     def delta(self, agents, x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """q_n = C(x_n - xhat_n) of each agent n of ``agents`` (rows of ``x``), already added to its own copy:

@@ -97,11 +97,12 @@ class Batch:
         self._sent: torch.Tensor | None = None  # the payloads of ``send`` when they are one tensor's rows
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
         self.sizes: list[int] | None = None
+        self.more: list[tuple[list, list[int] | None]] | None = None  # ``send``'s further messages (``message`` >= 1)
         self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
         self._mixes: list[tuple[Sequence[dict], list[float]]] = []  # mixing steps to record (``record_mixes``)
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
-    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "s", "_at", "_rows", "_sent", "_mixes",
+    _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "more", "s", "_at", "_rows", "_sent", "_mixes",
                       "rows", "scalars", "recorded", "counts"})
     # a lookahead-window driver's batch: each agent's release already recorded by the ledger where the engine makes
     # it (its completion: time, row, a cap's refusal; False: refused), so ``privatize`` only draws the noise
@@ -120,7 +121,7 @@ class Batch:
         self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
         self.g = gm = None if g is None else g[None]
         self._rows = ((xm, (x,)), (gm, None if g is None else (g,)))
-        self.out = self._sent = self.sizes = None
+        self.out = self._sent = self.sizes = self.more = None
         self.s = 0
 
     def row(self, n: int, per_row: frozenset[str] = frozenset()) -> Batch:
@@ -133,6 +134,8 @@ class Batch:
         if self.out is not None:
             one.out = [self.out[n]]
             one.sizes = None if self.sizes is None else [self.sizes[n]]
+        if self.more is not None:
+            one.more = [([out[n]], None if sizes is None else [sizes[n]]) for out, sizes in self.more]
         for name, v in self.kept().items():
             setattr(one, name, self.cut(name, v, n, per_row))
         return one
@@ -221,9 +224,18 @@ class Batch:
         """Each agent's mini-batch (``Agent.sample_rows``, its own stream)."""
         return [a.sample_rows(batch) for a in self.agents]
 
-    def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None) -> None:
+    def send(self, payloads: torch.Tensor | Sequence, sizes: Sequence[int] | None = None, message: int = 0) -> None:
         """Send row (or payload) n to agent n's out-neighbours, as the pattern sends (``sizes``: the bytes on
-        the wire when a payload is carried decoded, e.g. a compressed vector)."""
+        the wire when a payload is carried decoded, e.g. a compressed vector). ``message``: which of the exchange's
+        messages (a pattern whose exchange carries several, each its own tag: ``SyncRounds.more``), sent after
+        message 0 in this order; a payload None: the agent sends nothing (the events engine's budget cap)."""
+        if message:
+            more = self.more = self.more or []
+            if len(more) != message - 1:
+                raise ValueError(f"Batch.send: message {message} sent before message {len(more) + 1}")
+            rows = list(payloads) if isinstance(payloads, (list, tuple)) else self._rowlist(payloads)
+            more.append((rows, None if sizes is None else list(sizes)))
+            return
         if len(self.agents) == 1 and not isinstance(payloads, (list, tuple)) and hasattr(payloads, "unbind"):
             self._sent = payloads  # a batch of one's row: no sequence of views to make
             self.out = [self._row(payloads)]
@@ -422,7 +434,7 @@ class Batch:
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
 
 
-_N_OWN = 11  # the attributes ``Batch.__init__`` sets
+_N_OWN = 13  # the attributes ``Batch.__init__`` sets
 
 
 def _what(v: Any) -> str:

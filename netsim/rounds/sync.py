@@ -52,10 +52,16 @@ class SyncKernel(RoundKernel):
     (``LocalAhead``)."""
 
     batch_local: ClassVar[bool] = True
+    # ``gradient`` is asked in the first round only (an initial value, e.g. a tracker's y_0 = grad f(x_0))
+    first_gradient: ClassVar[bool] = False
 
     def gradient(self, p: Any, state: Any, i: int) -> GradientRequest | None:
         """Agent ``i``'s gradient request of the round (None: none; a round's agents all ask, or none does)."""
         return None
+
+    def asks(self, p: Any, state: Any, i: int, k: int) -> GradientRequest | None:
+        """``gradient``'s request of agent ``i`` in round ``k`` (none after round 0 with ``first_gradient``)."""
+        return None if k and self.first_gradient else self.gradient(p, state, i)
 
     def exchanges(self, p: Any, state: Any) -> int:
         """Barrier exchanges per round (default 1): after each but the last, ``combine`` sends the next payload
@@ -106,6 +112,11 @@ class SyncRounds(Pattern):
     dynamic: ClassVar[bool] = True  # each activation adopts its epoch's links (``Exchange.adopt``)
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})
+    # the tags of the further messages an exchange carries (``b.send(..., message=m)``, m = 1, 2, ...): each agent
+    # sends them right after its first, to the same neighbours, then gathers tag after tag (each gather its own
+    # barrier and timeout, as a program of back-to-back broadcasts and gathers); ``combine``'s ``got`` is then one
+    # per tag, (got of ``tag``, got of more[0], ...)
+    more: tuple[str, ...] = ()
 
     def program(self, kernel, agent, p) -> Generator:
         """One agent's rounds in the events engine (a batch of one)."""
@@ -123,7 +134,7 @@ class SyncRounds(Pattern):
                 yield agent.finish()
             yield agent.wake()
             x = agent.params
-            req = kernel.gradient(p, state, agent.id)
+            req = kernel.asks(p, state, agent.id, k)
             if req is not None and ahead is not None:  # ``local`` batched with the agents done at the same time
                 ev = agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
                 ahead.ask(agent, x, ev, k)
@@ -144,11 +155,24 @@ class SyncRounds(Pattern):
                 size = None if b.sizes is None else b.sizes[0]
                 rnd = b.k * steps + s
                 route = kernel.routes(b, p) if own_routes else None
-                yield agent.broadcast(b.out[0], tag=self.tag, round=rnd, size=size,
-                                      to=None if route is None else route[0])
-                got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
-                                         senders=None if route is None else route[1])
-                after = kernel.combine(b, p, [got])
+                to = None if route is None else route[0]
+                if not self.more:
+                    yield agent.broadcast(b.out[0], tag=self.tag, round=rnd, size=size, to=to)
+                    got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
+                                             senders=None if route is None else route[1])
+                    after = kernel.combine(b, p, [got])
+                else:  # several messages: sent back to back (none where the payload is None), gathered tag by tag
+                    msgs = [(self.tag, b.out, b.sizes), *((t, o, z) for t, (o, z) in zip(self.more, b.more,
+                                                                                        strict=True))]
+                    for tag, out, sizes in msgs:
+                        if out[0] is not None:
+                            yield agent.broadcast(out[0], tag=tag, round=rnd, size=None if sizes is None else sizes[0],
+                                                  to=to)
+                    gots = []
+                    for tag, _, _ in msgs:
+                        gots.append([(yield agent.gather(tag=tag, round=rnd, timeout=p.round_timeout,
+                                                         senders=None if route is None else route[1]))])
+                    after = kernel.combine(b, p, tuple(gots))
                 if after is not None:  # gradients at the mixed point: each wave is this agent's request
                     yield from drive(agent, after)
             k += 1
@@ -160,6 +184,11 @@ class SyncRounds(Pattern):
         from netsim.rounds.windowed import round_limit
 
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
+        if (self.more or kernel.first_gradient) and path != ROUNDS:
+            what = f"sends {len(self.more) + 1} messages an exchange" if self.more else \
+                "takes a gradient in round 0 only"
+            return (f"{sc.algorithm.name} {what}: the lookahead windows do not play it — give every agent the same "
+                    "clock and compute time (synchronous windows play it)")
         if path != ROUNDS:
             from netsim.rounds import barrier_windows
 
@@ -170,7 +199,7 @@ class SyncRounds(Pattern):
                     "agents by arrival) — set network.latency to a constant")
         state = kernel.state_of(sim.loop.agents[0], p)
         after = _combine_steps(kernel)
-        before = not any(kernel.gradient(p, state, a.id) is None for a in sim.loop.agents)
+        before = not any(kernel.asks(p, state, a.id, 0) is None for a in sim.loop.agents)
         if not before and not _local_steps(kernel) and not after:
             return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
                     "phase) — give it a learning rate (algorithm.lr > 0)")
@@ -194,6 +223,12 @@ class SyncRounds(Pattern):
         if took >= p.round_timeout:
             return (f"compute time + latency = {took:g} s >= algorithm.round_timeout: a round's messages can miss "
                     f"the barrier's timeout — raise algorithm.round_timeout above {took:g} s")
+        if self.more and sc.network.loss:
+            return (f"{sc.algorithm.name} sends {len(self.more) + 1} messages an exchange with lossy links: a barrier "
+                    "gathers them one after the other, each with its own timeout — set network.loss = 0")
+        if self.more and sc.privacy is not None and sc.privacy.record is not None:
+            return (f"privacy.record with {len(self.more) + 1} messages an exchange: synchronous windows record one — "
+                    "remove privacy.record")
         if sc.network.loss and kernel.exchanges(p, state) > 1:
             return ("several exchanges a round with lossy links: the barriers of one exchange would time out at "
                     "different times — set network.loss = 0")
@@ -207,7 +242,7 @@ class SyncRounds(Pattern):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
         if after or r.rounds is None and r.until is not None:
-            return _timeline(sc, p.round_timeout, before, after, limit)
+            return _timeline(sc, p.round_timeout, 1 if kernel.first_gradient and before else before, after, limit)
         return None
 
     def play_lookahead(self, sim, kernel) -> bool:
@@ -237,7 +272,7 @@ class SyncRounds(Pattern):
                                    "have said so)")
             woken, k, state = b_args
             p, bank, B = sim.params, sim.world.bank, len(ids)
-            hook = kernel.gradient(p, state, int(ids[0]))
+            hook = kernel.asks(p, state, int(ids[0]), k)
             if hook is not None:  # the gradient requests: their completions come after the stop
                 rows.add(activations(t_act, ids, at, woken, t_act, net.compute_times(woken, ids, t_act)))
             else:  # ``local`` at the activation and the sends; their deliveries come after the stop
@@ -354,7 +389,7 @@ class SyncRounds(Pattern):
         svc, bank = sim.world.gradients, sim.world.bank
         state = kernel.state_of(agents[0], p)
         limit = round_limit(sim)  # run.rounds, or the kernel's own horizon
-        net = Exchange(sim, self.tag, p.round_timeout)
+        net = Exchange(sim, self.tag, p.round_timeout, self.more)
         sampler = RowsAhead(agents)
         words = net.words
         now0 = float(sim.loop.env.now)
@@ -388,7 +423,7 @@ class SyncRounds(Pattern):
                 break
             X = bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.from_numpy(ids).to(X.device))
-            hook = [kernel.gradient(p, state, i) for i in id_list]  # the gradient asked for before ``local``
+            hook = [kernel.asks(p, state, i, k) for i in id_list]  # the gradient asked for before ``local``
             if 0 < hook.count(None) < len(hook):  # (count: one C loop)
                 raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
             hook = hook if hook[0] is not None else None
@@ -653,9 +688,10 @@ class Exchange:
     topology's of the round, ``adopt``; or the kernel's ``routes``, ``route``), made when the agents first send on
     them, in send order, as ``Network.send`` makes them."""
 
-    def __init__(self, sim, tag: str, timeout: float):
+    def __init__(self, sim, tag: str, timeout: float, more: tuple[str, ...] = ()):
         agents = sim.loop.agents
         self.sim, self.agents, self.tag, self.timeout, self.net = sim, agents, tag, timeout, sim.world.network
+        self.tags = (tag, *more)  # the messages of an exchange (``SyncRounds.more``), in send order
         self.dynamic = sim.world.network.dynamic  # a time-varying topology (sim/dynamic.py), adopted at activations
         self._use([a.neighbors for a in agents], [a.in_neighbors for a in agents])
         from netsim.sim.agent import ComputeTimes
@@ -736,11 +772,18 @@ class Exchange:
         if self.links is None:
             self._made(senders.tolist())
         B = len(ready)
+        M = len(self.tags)  # messages per out-link: sender by sender, message by message, link by link
         deg = self.deg[senders]
-        E = int(deg.sum())
-        by = np.repeat(np.arange(B), deg)  # each link's sender, as an index into ready
-        first = np.cumsum(deg) - deg
-        edge = np.repeat(self.ptr[senders] - first, deg) + np.arange(E)  # the out-links in send order
+        E = int(deg.sum()) * M  # the sends
+        by = np.repeat(np.arange(B), M * deg)  # each send's sender, as an index into ready
+        first = np.cumsum(M * deg) - M * deg
+        if M == 1:
+            edge = np.repeat(self.ptr[senders] - first, deg) + np.arange(E)  # the out-links in send order
+            mi = None
+        else:
+            at_s = np.arange(E) - first[by]
+            mi = at_s // deg[by]  # each send's message
+            edge = self.ptr[senders][by] + at_s - mi * deg[by]
         dst = self.dst[edge]
         t = t_ready[by]
         if self.latency is not None:  # one constant: ``network.delay`` with nothing to transmit (tx_end = now)
@@ -754,8 +797,17 @@ class Exchange:
         else:
             lost = np.zeros(E, bool)
         msg = net.take_ids(E) + np.arange(E, dtype=np.int64)
-        size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
-        # rows of each sender: a head (compute_end, releases), then per link send (and drop): offsets by one cumsum
+        outs = [(b.out, b.sizes), *(b.more or ())]
+        if len(outs) != M:
+            raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
+        sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
+        if M == 1:
+            size = sized[0][ready[by]]
+            tag = words(self.tag)
+        else:
+            size = np.stack(sized)[mi, ready[by]]
+            tag = np.array([words(x) for x in self.tags], np.int32)[mi]
+        # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
         rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
         n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(B, np.int64)
         head = n_rel + int(computed)
@@ -774,7 +826,6 @@ class Exchange:
             for col, values in zip(c, row_columns(flat, words), strict=True):
                 col[at] = values
         at = starts[link_at]
-        tag = words(self.tag)
         fill(c, at, shapes.send(t, senders[by], dst, msg, size, delay, rnd, tag, CODES))
         d = at[lost] + 1
         fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
@@ -783,18 +834,22 @@ class Exchange:
         ok = ~lost  # deliveries, in send order
         arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
         c = columns(len(arr))
-        fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd, tag, CODES))
+        fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd,
+                                            tag if M == 1 else tag[ok], CODES))
         rows.add(tuple(c))
         # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
         count = np.bincount(to, minlength=len(self.agents))
         seq = np.argsort(to, kind="stable")
         ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
         last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
-        last = last[count[to[last]] == self.expect[to[last]]]
+        last = last[count[to[last]] == M * self.expect[to[last]]]
         done = (to[last], arr[last])
         complete = np.zeros(len(self.agents), bool)
         complete[done[0]] = True
         out_ = ~complete[senders]  # the barriers, set in ready order, that time out
+        if M > 1 and out_.any():
+            raise RuntimeError("synchronous windows: a barrier of several messages times out (refusal should have "
+                               "said so)")
         late = (senders[out_], t_ready[out_] + self.timeout)
         c = columns(int(out_.sum()))
         fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, (self.expect[late[0]] - count[late[0]]).astype(
@@ -802,11 +857,19 @@ class Exchange:
         rows.add(tuple(c))
         pos = np.empty(len(self.agents), np.int64)
         pos[ids] = np.arange(len(ids))
-        got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
+        if M == 1:
+            got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
+        else:  # one ``got`` per message
+            m_ok, w_ok = mi[ok], self.w[edge][ok]
+            got = tuple(Arrivals(ids.tolist(), out, b.sent if m == 0 else None, pos[to[m_ok == m]],
+                                 ready[src[m_ok == m]], w_ok[m_ok == m]) for m, (out, _) in enumerate(outs))
         if self.views is not None:  # what each receiver got, in delivery order
+            if M > 1:
+                raise RuntimeError("synchronous windows: privacy.record with several messages an exchange (refusal "
+                                   "should have said so)")
             self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
-        self.made = (head + deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
+        self.made = (head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
         return got, done, late
 
 
@@ -862,9 +925,10 @@ def _combine_steps(kernel) -> bool:
 _TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the run)
 
 
-def _timeline(sc, timeout: float, before: bool, after: bool, limit: int | None) -> str | None:
+def _timeline(sc, timeout: float, before: bool | int, after: bool, limit: int | None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
-    (after a compute time when the kernel takes its gradient ``before`` the exchange), barrier completion by the
+    (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int,
+    the first rounds only), barrier completion by the
     last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
     ``after`` it. None if the driver's rules decide the engine's order: with lossy links, D and T lead to the same
     float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds) falls at a
@@ -897,7 +961,7 @@ def _timeline(sc, timeout: float, before: bool, after: bool, limit: int | None) 
                         "run.until at an activation tick or between two rounds, or set run.rounds")
             break
         woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
-        s = a_d + ct if before else a_d
+        s = a_d + ct if before is True or before > k else a_d
         d, t = s + link_delay(s, s, lat), s + timeout
         if after:
             d, t = d + ct, t + ct
