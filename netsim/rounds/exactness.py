@@ -376,7 +376,7 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
     side.call("refusal", kernel.refusal, side.sim, ROUNDS)
     for k in range(ACTIVATIONS):
         st = side.state
-        reqs = [side.call("gradient", kernel.gradient, p, st, i) for i in who]
+        reqs = [side.call("gradient", kernel.asks, p, st, i, k) for i in who]
         if any(r is None for r in reqs) and not all(r is None for r in reqs):
             raise Violation(f"{type(kernel).__name__}.gradient", "some agents of a round ask for its first gradient "
                                                                  "and others do not (the windowed driver needs all)")
@@ -442,15 +442,20 @@ def _arrivals(side: Side, groups: list[Batch], who: list[int], pos: dict, k: int
     rng = side.rng(1, k, s)
     pairs = [(pos[j], pos[i]) for i in who for j in side.agents[i].in_neighbors if j in pos]
     pairs = [pairs[e] for e in rng.permutation(len(pairs)) if rng.random() < 0.75]  # (sender, receiver) positions
+    several = bool(getattr(side.kernel.pattern, "more", ()))  # one ``got`` per message of the exchange
     if side.batched:
         b = groups[0]
         w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
-        return [Arrivals(list(who), b.out, b.sent, np.array([r for _, r in pairs], np.int64),
-                         np.array([snd for snd, _ in pairs], np.int64), w)]
-    got: list[dict] = [{} for _ in who]
+        recv, send = np.array([r for _, r in pairs], np.int64), np.array([snd for snd, _ in pairs], np.int64)
+        got_b = [Arrivals(list(who), out, b.sent if m == 0 else None, recv, send, w)
+                 for m, (out, _) in enumerate([(b.out, None), *(b.more or ())])]
+        return [tuple(got_b) if several else got_b[0]]
+    outs = [[(b.out[0], *(o[0] for o, _ in (b.more or ())))] for b in groups]
+    got: list[list[dict]] = [[{} for _ in outs[0][0]] for _ in who]
     for snd, r in pairs:
-        got[r][who[snd]] = groups[snd].out[0]
-    return [[g] for g in got]
+        for m, payload in enumerate(outs[snd][0]):
+            got[r][m][who[snd]] = payload
+    return [tuple([g] for g in gs) if several else [gs[0]] for gs in got]
 
 
 def _push(side: Side, kernel, p, who: list[int]) -> Generator:
