@@ -51,7 +51,7 @@ from collections import deque
 import torch
 
 from netsim.rounds.kernel import LOOKAHEAD, Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
@@ -217,7 +217,8 @@ class _Driver(WindowDriver):
         gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
         outcome, take_ids, unref, gradient = self.outcome, self.net.take_ids, self.unref, kernel.gradient
         adopt = None if self.dynamic is None else self.dynamic.adopt
-        pop, take = heapq.heappop, cur.pop
+        pop, take, push, seq, far, end_of, inv = heapq.heappop, cur.pop, heapq.heappush, self.seq, self.far, self.end, \
+            self.inv  # (``enqueue``'s, inlined where an event is pushed per delivery and per activation)
         C = CODES
         c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
             C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
@@ -342,7 +343,17 @@ class _Driver(WindowDriver):
                                 put(pack(t, c_drop, i, j, mid, s, delay, k, words(reason)))
                             else:
                                 held += 1
-                                enqueue(t + delay, ARR, j, (mid, i, rid, t, k))
+                                at = t + delay  # ``enqueue``
+                                e = (at, next(seq), ARR, j, (mid, i, rid, t, k))
+                                if at < end_of[0]:
+                                    push(soon, e)
+                                else:
+                                    b = int(at * inv) if at < _INF else _NEVER
+                                    q = far.get(b)
+                                    if q is None:
+                                        far[b] = [e]
+                                    else:
+                                        q.append(e)
                         if held or rid not in payload:  # (0 until its ``local`` runs: it keeps no payload then)
                             refs[rid] = held
                         else:
@@ -368,7 +379,16 @@ class _Driver(WindowDriver):
                         got = a.sample_rows(batch)
                         ticket_of.append((i, None if got is a.rows else got))
                         done = t + ct
-                        enqueue(done, DONE, i, tk)
+                        e = (done, next(seq), DONE, i, tk)  # ``enqueue``
+                        if done < end_of[0]:
+                            push(soon, e)
+                        else:
+                            b = int(done * inv) if done < _INF else _NEVER
+                            q = far.get(b)
+                            if q is None:
+                                far[b] = [e]
+                            else:
+                                q.append(e)
                         k = ks[i]
                         recs[rid] = [i, k, 0.0, a.round, a.schedule.tick]
                         ops = ops_of.get(i)
