@@ -45,12 +45,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import struct
 from collections import deque
 
+import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, Batch
+from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch
 from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES
@@ -527,17 +529,38 @@ class _Driver(WindowDriver):
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index."""
-        kernel, p, payload = self.kernel, self.p, self.payload
+        kernel, p = self.kernel, self.p
         for _, ops in self.by_round(step, 1).items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
                 [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
-            got = [{src: payload[r] for src, r in o[2].items()} for _, o in ops]
-            kernel.combine(b, p, got)
+            kernel.combine(b, p, self.arrivals([i for i, _ in ops], [o[2] for _, o in ops]))
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
                 del self.recs[o[1]]
+
+    def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
+        """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
+        delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
+        weight as arrays (``Arrivals``: no dict per agent)."""
+        payload, agents, nan = self.payload, self.agents, math.nan
+        at: dict[int, int] = {}  # round record -> its payload's position
+        ids, out, recv, send, w = [], [], [], [], []
+        for n, (i, got) in enumerate(zip(who, took, strict=True)):
+            weights = agents[i].weights
+            for src, r in got.items():
+                s = at.get(r)
+                if s is None:
+                    s = at[r] = len(out)
+                    ids.append(src)
+                    out.append(payload[r])
+                recv.append(n)
+                send.append(s)
+                w.append(weights.get(src, nan))
+        sent = torch.stack(out) if out and all(type(x) is torch.Tensor for x in out) else None
+        return Arrivals(ids, out, sent, np.array(recv, dtype=np.int64), np.array(send, dtype=np.int64),
+                        np.array(w, dtype=np.float64), receivers=len(who))
 
     def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
         """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
