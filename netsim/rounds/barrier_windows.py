@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import struct
 from collections import deque
 
@@ -544,23 +543,18 @@ class _Driver(WindowDriver):
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
         delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
         weight as arrays (``Arrivals``: no dict per agent)."""
-        payload, agents, nan = self.payload, self.agents, math.nan
-        at: dict[int, int] = {}  # round record -> its payload's position
-        ids, out, recv, send, w = [], [], [], [], []
-        for n, (i, got) in enumerate(zip(who, took, strict=True)):
-            weights = agents[i].weights
-            for src, r in got.items():
-                s = at.get(r)
-                if s is None:
-                    s = at[r] = len(out)
-                    ids.append(src)
-                    out.append(payload[r])
-                recv.append(n)
-                send.append(s)
-                w.append(weights.get(src, nan))
-        sent = torch.stack(out) if out and all(type(x) is torch.Tensor for x in out) else None
-        return Arrivals(ids, out, sent, np.array(recv, dtype=np.int64), np.array(send, dtype=np.int64),
-                        np.array(w, dtype=np.float64), receivers=len(who))
+        payload, agents, chain = self.payload, self.agents, itertools.chain.from_iterable
+        rids = np.fromiter(chain(g.values() for g in took), np.int64)
+        if not len(rids):
+            return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
+        srcs = np.fromiter(chain(took), np.int64)  # (a dict's keys, in arrival order)
+        # each delivery's weight (None, NaN in the array: the receiver has none for that sender)
+        w = np.array(list(chain(map(agents[i].weights.get, g) for i, g in zip(who, took, strict=True))), np.float64)
+        made, first, send = np.unique(rids, return_index=True, return_inverse=True)  # each payload once
+        out = [payload[r] for r in made.tolist()]
+        sent = torch.stack(out) if all(type(x) is torch.Tensor for x in out) else None
+        recv = np.repeat(np.arange(len(who)), [len(g) for g in took])
+        return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
         """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
