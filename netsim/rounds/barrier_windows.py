@@ -221,6 +221,7 @@ class _Driver(WindowDriver):
         pop, take, push, seq, far, end_of, inv = heapq.heappop, cur.pop, heapq.heappush, self.seq, self.far, self.end, \
             self.inv  # (``enqueue``'s, inlined where an event is pushed per delivery and per activation)
         C = CODES
+        expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
         c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
             C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
 
@@ -249,7 +250,10 @@ class _Driver(WindowDriver):
             """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless
             done."""
             expect = agents[i].in_neighbors
-            w = _Gather(k, frozenset(expect), next(gids))
+            made = expects[i]  # (the set made once per list of in-neighbours)
+            if made[0] is not expect:
+                made = expects[i] = (expect, frozenset(expect))
+            w = _Gather(k, made[1], next(gids))
             if not expect:
                 enqueue(t, BARRIER, i, w.got)
                 return
