@@ -156,7 +156,7 @@ class _Gather:
 class _Driver(WindowDriver):
     """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
-    gathers = 8
+    gathers = 64  # (a window is one latency, often a small part of a round: 64 of them fill the lock steps)
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
 
     def window(self, sim) -> float:
