@@ -129,6 +129,7 @@ def window(sim) -> float:
     return min(typical) if typical else FALLBACK
 
 
+SMALL = 4096  # parameters: a model up to this size has its payloads handed to ``combine`` as one tensor (``Arrivals``)
 FALLBACK = 0.01  # seconds: a window where no latency is positive on average
 
 
@@ -199,6 +200,11 @@ class _Driver(WindowDriver):
         self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
         self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
         self.op_waits = self.wait
+        # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
+        # those, the dicts per agent and 8 windows are faster
+        self.small = self.bank.W.shape[1] <= SMALL
+        if not self.small:
+            self.gathers = 8
         self._control()
 
     # the control flow -------------------------------------------------------------------------------------
@@ -556,7 +562,11 @@ class _Driver(WindowDriver):
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
                 [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
-            kernel.combine(b, p, self.arrivals([i for i, _ in ops], [o[2] for _, o in ops]))
+            if self.small:
+                got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
+            else:
+                got = [{src: self.payload[r] for src, r in o[2].items()} for _, o in ops]
+            kernel.combine(b, p, got)
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
