@@ -43,15 +43,16 @@ their own gradients, agents that take no gradient or ask for different ones, and
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import struct
 from collections import deque
 
+import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
-from netsim.sim import rows as shapes
+from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch
+from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
@@ -128,6 +129,7 @@ def window(sim) -> float:
     return min(typical) if typical else FALLBACK
 
 
+SMALL = 4096  # parameters: a model up to this size has its payloads handed to ``combine`` as one tensor (``Arrivals``)
 FALLBACK = 0.01  # seconds: a window where no latency is positive on average
 
 
@@ -155,7 +157,7 @@ class _Gather:
 class _Driver(WindowDriver):
     """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
-    gathers = 8
+    gathers = 64  # (a window is one latency, often a small part of a round: 64 of them fill the lock steps)
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
 
     def window(self, sim) -> float:
@@ -198,153 +200,256 @@ class _Driver(WindowDriver):
         self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
         self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
         self.op_waits = self.wait
+        # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
+        # those, the dicts per agent and 8 windows are faster
+        self.small = self.bank.W.shape[1] <= SMALL
+        if not self.small:
+            self.gathers = 8
+        self._control()
 
     # the control flow -------------------------------------------------------------------------------------
-    def events_until(self, end: float) -> None:
-        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        t = self.now
-        try:
-            for t, _, kind, i, v in self.due(end):
-                if kind == ARR:
-                    self.arrived(i, t, v)
-                elif kind == DONE:
-                    self.completed(i, t, v)
-                elif kind == ACT:
-                    self.activated(i, t, v)
-                elif kind == TIMER:
-                    w = self.waiter[i]
-                    if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
-                        self.rows.put(pack(*shapes.timeout(t, i, w.round, float(len(w.expect) - len(w.got)), CODES)))
-                        self.close(i, w, t)
-                elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
-                    self.gather(i, t, v)
-                elif kind == BARRIER:
-                    self.op(i, COMBINE, self.rid[i], v)
-                    self.k[i] += 1
-                    self.wake(i, t)
-                elif self.housekeeping(t, kind, i, v):
-                    return
-        finally:
-            self.now = t
+    # ``events_until`` is a closure over the driver's state (made once, ``_control``), as push gossip's is: it runs
+    # for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps the
+    # per-event Python small.
+    def _control(self) -> None:
+        agents, enqueue, wake, ops_of, housekeeping = self.agents, self.enqueue, self.wake, self.ops, self.housekeeping
+        rows, cur, soon = self.rows, self.cur, self.soon
+        put, buf, R = rows.put, rows.buf, RECORD.size
+        kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
+        batch, ahead, free, timeout = self.req.batch, self.ahead, self.free, self.timeout
+        ks, rid_of, waiter, queue = self.k, self.rid, self.waiter, self.queue
+        recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
+        sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
+        ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
+        gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
+        outcome, take_ids, unref, gradient = self.outcome, self.net.take_ids, self.unref, kernel.gradient
+        adopt = None if self.dynamic is None else self.dynamic.adopt
+        pop, take, push, seq, far, end_of, inv = heapq.heappop, cur.pop, heapq.heappush, self.seq, self.far, self.end, \
+            self.inv  # (``enqueue``'s, inlined where an event is pushed per delivery and per activation)
+        C = CODES
+        expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
+        c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
+            C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
 
-    def activated(self, i: int, t: float, at: float) -> None:
-        """The activation: its row, the round's gradient request (the point: the parameters now)."""
-        self.activate(i, t, at)
-        req = self.kernel.gradient(self.p, self.state, i)
-        if req is not self.req and req != self.req:
-            raise RuntimeError(f"barrier windows: agent {i} asks for another gradient ({req}) than {self.req}")
-        rid = next(self.rids)
-        self.rid[i] = rid
-        a = self.agents[i]
-        tk = self.request(i, t, req.batch)
-        self.recs[rid] = [i, self.k[i], 0.0, a.round, a.schedule.tick]
-        self.op(i, ASK, tk, rid)
-        if self.ahead:
-            self.pend.setdefault(self.done_at, {})[i] = (self.k[i], tk, rid)
+        def close(i: int, w: _Gather, t: float) -> None:
+            """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
+            waiter[i] = None
+            e = (t, next(seq), BARRIER, i, w.got)  # ``enqueue``, inlined
+            if t < end_of[0]:
+                push(soon, e)
+            else:
+                b = int(t * inv) if t < _INF else _NEVER
+                q = far.get(b)
+                if q is None:
+                    far[b] = [e]
+                else:
+                    q.append(e)
 
-    def completed(self, i: int, t: float, tk: int) -> None:
-        """The gradient is back: ``compute_end`` (a batch's first evaluates every pending request), ``local`` (with
-        the agents done at this instant, ``LocalAhead``), the releases, the sends, the barrier."""
-        if tk >= self.flushed:
-            self.flushed = len(self.ticket_of)
-        self.completion(i, t, tk)
-        rid, k, recs = self.rid[i], self.k[i], self.recs
-        if not self.ahead:
-            recs[rid][2] = t
-            self.op(i, LOCAL, tk, rid)
-        elif rid in self.localed:
-            self.localed.discard(rid)
-        else:  # the first of its instant: every agent of this round index done now runs ``local`` with it
-            group = self.pend[t]
-            for j, (kj, tj, rj) in list(group.items()):
-                if kj == k and tj < self.flushed:
-                    del group[j]
-                    recs[rj][2] = t
-                    self.op(j, LOCAL, tj, rj)
-                    if rj != rid:
-                        self.localed.add(rj)
-            if not group:
-                del self.pend[t]
-        rows = self.rows
-        made = self.released.pop(rid, None)
-        if made is None:
-            self.slots.append((len(rows), rid))
-        else:  # its ``local`` ran in an earlier window's work (with an agent done at this instant before it)
-            rows.extend(made)
-        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
-        held, tx = 0, 0.0
-        for j in self.agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
-            at = len(rows)
-            mid, land = self.message(i, j, t, self.guess if size is None else size, k, self.tag, rows)
-            tx = max(tx, self.tx_end - t)
-            if size is None:
-                self.patches.append((at, rid))
-                if land is None:
-                    self.patches.append((at + 1, rid))
-            if land is not None:
-                held += 1
-                self.push_event(land, ARR, j, (mid, i, rid, t, k))
-        if held or rid not in self.payload:  # (0 until its ``local`` runs: it keeps no payload then)
-            self.refs[rid] = held
-        else:
-            del self.payload[rid]
-        if tx <= 0:  # nothing to transmit: the barrier at once
-            self.gather(i, t, k)
-        else:  # the program waits for its longest transmission (a Timeout of ``tx``, set after the arrivals)
-            self.push_event(t + tx, SENT, i, k)
+        def offer(i: int, w: _Gather, m: tuple, t: float) -> bool:
+            """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
+            completes it), one of an earlier round discarded as stale; False: left queued."""
+            mid, src, rid, rnd = m
+            if rnd == w.round and src in w.expect:
+                got = w.got
+                got[src] = rid
+                if len(got) == len(w.expect):
+                    close(i, w, t)
+                return True
+            if rnd < w.round:
+                rows.append(event_row(Stale(t, i, src, mid, rnd)))
+                unref(rid)
+                return True
+            return False
 
-    def gather(self, i: int, t: float, k: int) -> None:
-        """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless done."""
-        expect = self.agents[i].in_neighbors
-        w = _Gather(k, frozenset(expect), next(self.gids))
-        if not expect:
-            self.push_event(t, BARRIER, i, w.got)
-            return
-        self.waiter[i] = w
-        q = self.queue[i]
-        if q:
-            keep: deque = deque()
-            while q and self.waiter[i] is w:
-                m = q.popleft()
-                if not self.offer(i, w, m, t):
-                    keep.append(m)
-            keep.extend(q)
-            self.queue[i] = keep
-        if self.waiter[i] is w:
-            self.push_event(t + self.timeout, TIMER, i, w.gid)
+        def gather(i: int, t: float, k: int) -> None:
+            """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless
+            done."""
+            expect = agents[i].in_neighbors
+            made = expects[i]  # (the set made once per list of in-neighbours)
+            if made[0] is not expect:
+                made = expects[i] = (expect, frozenset(expect))
+            w = _Gather(k, made[1], next(gids))
+            if not expect:
+                enqueue(t, BARRIER, i, w.got)
+                return
+            waiter[i] = w
+            q = queue[i]
+            if q:
+                keep: deque = deque()
+                while q and waiter[i] is w:
+                    m = q.popleft()
+                    if not offer(i, w, m, t):
+                        keep.append(m)
+                keep.extend(q)
+                queue[i] = keep
+            if waiter[i] is w:
+                at = t + timeout
+                e = (at, next(seq), TIMER, i, w.gid)  # ``enqueue``, inlined
+                if at < end_of[0]:
+                    push(soon, e)
+                else:
+                    b = int(at * inv) if at < _INF else _NEVER
+                    q = far.get(b)
+                    if q is None:
+                        far[b] = [e]
+                    else:
+                        q.append(e)
 
-    def offer(self, i: int, w: _Gather, m: tuple, t: float) -> bool:
-        """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
-        completes it), one of an earlier round discarded as stale; False: left queued."""
-        mid, src, rid, rnd = m
-        if rnd == w.round and src in w.expect:
-            w.got[src] = rid
-            if len(w.got) == len(w.expect):
-                self.close(i, w, t)
-            return True
-        if rnd < w.round:
-            self.rows.append(event_row(Stale(t, i, src, mid, rnd)))
-            self.unref(rid)
-            return True
-        return False
+        def events_until(end: float) -> None:
+            """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+            t, pending_lo, flushed = self.now, self.pending_lo, self.flushed
+            try:
+                while True:  # ``due``, inlined
+                    if soon and (not cur or soon[0] < cur[-1]):
+                        t, _, kind, i, v = pop(soon)
+                    elif cur and cur[-1][0] < end:
+                        t, _, kind, i, v = take()
+                    else:
+                        break
+                    if kind == ARR:  # a delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)
+                        mid, src, rid, sent, rnd = v
+                        size = fixed if fixed is not None else sizes.get(rid)
+                        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
+                            patches.append((len(buf) // R, rid))
+                            size = guess
+                        put(pack(t, c_deliver, i, src, mid, size, t - sent, rnd, tag))
+                        m = (mid, src, rid, rnd)
+                        w = waiter[i]
+                        if w is None or not offer(i, w, m, t):
+                            queue[i].append(m)
+                    elif kind == DONE:
+                        # the gradient is back: ``compute_end`` (a batch's first evaluates every pending request),
+                        # ``local`` (with the agents done at this instant, ``LocalAhead``), the releases, the sends,
+                        # the barrier
+                        if v >= flushed:
+                            flushed = len(ticket_of)
+                        if v >= pending_lo and not free:
+                            flushes.append(range(pending_lo, len(ticket_of)))
+                            pending_lo = len(ticket_of)
+                        put(pack(t, c_end, i, -1, -1, 0, 0.0, -1, c_none))
+                        rid, k = rid_of[i], ks[i]
+                        if not ahead:
+                            recs[rid][2] = t
+                            ops = ops_of.get(i)
+                            if ops is None:
+                                ops = ops_of[i] = []
+                            ops.append((LOCAL, v, rid))
+                        elif rid in localed:
+                            localed.discard(rid)
+                        else:  # the first of its instant: every agent of this round index done now runs ``local``
+                            group = pend[t]
+                            for j, (kj, tj, rj) in list(group.items()):
+                                if kj == k and tj < flushed:
+                                    del group[j]
+                                    recs[rj][2] = t
+                                    ops = ops_of.get(j)
+                                    if ops is None:
+                                        ops = ops_of[j] = []
+                                    ops.append((LOCAL, tj, rj))
+                                    if rj != rid:
+                                        localed.add(rj)
+                            if not group:
+                                del pend[t]
+                        made = released.pop(rid, None)
+                        if made is None:
+                            slots.append((len(buf) // R, rid))
+                        else:  # its ``local`` ran in an earlier window's work (an agent done at this instant first)
+                            rows.extend(made)
+                        size = fixed if fixed is not None else sizes.get(rid)
+                        s = guess if size is None else size
+                        held, tx = 0, 0.0
+                        for j in agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
+                            # ``Network.send``: the link's outcome from its streams, the next id, the rows
+                            tx_end, delay, reason = outcome(i, j, t, s)
+                            mid = take_ids(1)
+                            if size is None:
+                                patches.append((len(buf) // R, rid))
+                            put(pack(t, c_send, i, j, mid, s, delay, k, tag))
+                            if tx_end - t > tx:
+                                tx = tx_end - t
+                            if reason:
+                                if size is None:
+                                    patches.append((len(buf) // R, rid))
+                                put(pack(t, c_drop, i, j, mid, s, delay, k, words(reason)))
+                            else:
+                                held += 1
+                                at = t + delay  # ``enqueue``
+                                e = (at, next(seq), ARR, j, (mid, i, rid, t, k))
+                                if at < end_of[0]:
+                                    push(soon, e)
+                                else:
+                                    b = int(at * inv) if at < _INF else _NEVER
+                                    q = far.get(b)
+                                    if q is None:
+                                        far[b] = [e]
+                                    else:
+                                        q.append(e)
+                        if held or rid not in payload:  # (0 until its ``local`` runs: it keeps no payload then)
+                            refs[rid] = held
+                        else:
+                            del payload[rid]
+                        if tx <= 0:  # nothing to transmit: the barrier at once
+                            gather(i, t, k)
+                        else:  # the program waits for its longest transmission (a Timeout, set after the arrivals)
+                            enqueue(t + tx, SENT, i, k)
+                    elif kind == ACT:  # the activation: its row, the round's gradient request (the parameters now)
+                        a = agents[i]
+                        if adopt is not None:
+                            adopt(a, t)
+                        put(pack(t, c_act, i, -1, -1, 0, v, a.round, c_none))
+                        req = gradient(p, state, i)
+                        if req is not req0 and req != req0:
+                            raise RuntimeError(f"barrier windows: agent {i} asks for another gradient ({req}) than "
+                                               f"{req0}")
+                        rid = next(rids)
+                        rid_of[i] = rid
+                        ct = a.compute_time(t)  # ``Agent.gradient``
+                        put(pack(t, c_start, i, -1, -1, 0, ct, -1, c_none))
+                        tk = len(ticket_of)
+                        got = a.sample_rows(batch)
+                        ticket_of.append((i, None if got is a.rows else got))
+                        done = t + ct
+                        e = (done, next(seq), DONE, i, tk)  # ``enqueue``
+                        if done < end_of[0]:
+                            push(soon, e)
+                        else:
+                            b = int(done * inv) if done < _INF else _NEVER
+                            q = far.get(b)
+                            if q is None:
+                                far[b] = [e]
+                            else:
+                                q.append(e)
+                        k = ks[i]
+                        recs[rid] = [i, k, 0.0, a.round, a.schedule.tick]
+                        ops = ops_of.get(i)
+                        if ops is None:
+                            ops = ops_of[i] = []
+                        ops.append((ASK, tk, rid))
+                        if ahead:
+                            group = pend.get(done)
+                            if group is None:
+                                group = pend[done] = {}
+                            group[i] = (k, tk, rid)
+                    elif kind == BARRIER:  # its completion: ``combine``, then the next wake or the finish
+                        ops = ops_of.get(i)
+                        if ops is None:
+                            ops = ops_of[i] = []
+                        ops.append((COMBINE, rid_of[i], v))
+                        ks[i] += 1
+                        wake(i, t)
+                    elif kind == TIMER:
+                        w = waiter[i]
+                        if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
+                            put(pack(t, c_timeout, i, -1, -1, 0, float(len(w.expect) - len(w.got)), w.round, c_none))
+                            close(i, w, t)
+                    elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
+                        gather(i, t, v)
+                    elif housekeeping(t, kind, i, v):
+                        return
+            finally:
+                self.now, self.pending_lo, self.flushed = t, pending_lo, flushed
 
-    def close(self, i: int, w: _Gather, t: float) -> None:
-        """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
-        self.waiter[i] = None
-        self.push_event(t, BARRIER, i, w.got)
-
-    def arrived(self, i: int, t: float, v: tuple) -> None:
-        """A delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)."""
-        mid, src, rid, sent, rnd = v
-        size = self.fixed if self.fixed is not None else self.sizes.get(rid)
-        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
-            self.patches.append((len(self.rows), rid))
-            size = self.guess
-        self.rows.put(pack(*shapes.deliver(t, i, src, mid, size, sent, rnd, self.tag_code, CODES)))
-        m = (mid, src, rid, rnd)
-        w = self.waiter[i]
-        if w is None or not self.offer(i, w, m, t):
-            self.queue[i].append(m)
+        self.events_until = events_until
 
     def unref(self, rid: int) -> None:
         n = self.refs[rid] - 1
@@ -452,17 +557,37 @@ class _Driver(WindowDriver):
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index."""
-        kernel, p, payload = self.kernel, self.p, self.payload
+        kernel, p = self.kernel, self.p
         for _, ops in self.by_round(step, 1).items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
                 [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
-            got = [{src: payload[r] for src, r in o[2].items()} for _, o in ops]
+            if self.small:
+                got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
+            else:
+                got = [{src: self.payload[r] for src, r in o[2].items()} for _, o in ops]
             kernel.combine(b, p, got)
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
                 del self.recs[o[1]]
+
+    def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
+        """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
+        delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
+        weight as arrays (``Arrivals``: no dict per agent)."""
+        payload, agents, chain = self.payload, self.agents, itertools.chain.from_iterable
+        rids = np.fromiter(chain(g.values() for g in took), np.int64)
+        if not len(rids):
+            return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
+        srcs = np.fromiter(chain(took), np.int64)  # (a dict's keys, in arrival order)
+        # each delivery's weight (None, NaN in the array: the receiver has none for that sender)
+        w = np.array(list(chain(map(agents[i].weights.get, g) for i, g in zip(who, took, strict=True))), np.float64)
+        made, first, send = np.unique(rids, return_index=True, return_inverse=True)  # each payload once
+        out = [payload[r] for r in made.tolist()]
+        sent = torch.stack(out) if all(type(x) is torch.Tensor for x in out) else None
+        recv = np.repeat(np.arange(len(who)), [len(g) for g in took])
+        return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
         """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""

@@ -475,16 +475,18 @@ class Arrivals(Sequence):
     order, as arrays: ``recv`` and ``send`` (batch positions of receiver and sender) and ``w`` (the receiver's
     weight of the sender, ``Agent.weights``; NaN where it has none), which ``Batch.mix`` and
     ``mix_into_params`` read without a dict per agent (``groups``). ``sent``: the payloads as one tensor's rows
-    (``Batch.send`` of a tensor), else None."""
+    (``Batch.send`` of a tensor), else None. ``receivers``: the batch's agents, where the senders are not the batch
+    (``send`` then indexes ``ids``, ``out`` and ``sent``, the payloads delivered; default: the senders are)."""
 
     def __init__(self, ids: list[int], out: list, sent: torch.Tensor | None, recv: np.ndarray, send: np.ndarray,
-                 w: np.ndarray):
+                 w: np.ndarray, receivers: int | None = None):
         self.ids, self.out, self.sent, self.recv, self.send, self.w = ids, out, sent, recv, send, w
+        self.n = len(ids) if receivers is None else receivers
         self._got: list[dict] | None = None
 
     def _made(self) -> list[dict]:
         if self._got is None:
-            got: list[dict] = [{} for _ in self.ids]
+            got: list[dict] = [{} for _ in range(self.n)]
             ids, out = self.ids, self.out
             for r, s in zip(self.recv.tolist(), self.send.tolist(), strict=True):
                 got[r][ids[s]] = out[s]
@@ -495,7 +497,7 @@ class Arrivals(Sequence):
         return self._made()[n]
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.n
 
     def __iter__(self):
         return iter(self._made())
@@ -518,7 +520,7 @@ class Arrivals(Sequence):
 
         if self.sent is None or not _PLAIN_SUM or np.isnan(self.w).any():
             return None
-        n = len(self.ids)
+        n = self.n
         by = np.argsort(self.recv, kind="stable")  # by receiver, each one's arrivals in arrival order
         recv, send, w = self.recv[by], self.send[by], self.w[by]
         counts = np.bincount(recv, minlength=n)
