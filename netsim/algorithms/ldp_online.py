@@ -397,7 +397,7 @@ class DOLA(MixedPointLearner):
     """DOLA (Li, Zhou, Xiong, Wang, Wang, "Differentially private distributed online learning", IEEE TKDE
     2018, Alg. 1; Chen and Wang's baseline B2, ref. [45]): mix the noisy states, b_t = sum_j A_ij (w_t^j +
     noise_j), then a projected gradient step at the mixed point, w_{t+1} = Proj(b_t - alpha_{t+1} grad l(b_t, xi_t))
-    (``step_index`` "t+1"; "t": alpha_t); noise Lap(noise0/(t+1))."""
+    (step_index "t+1"; "t": alpha_t); noise Lap(noise0/(t+1))."""
 
     reads = frozenset(f.name for f in attrs.fields(DOLAParams)) - {"round_timeout"}
 
