@@ -69,8 +69,9 @@ class SyncKernel(RoundKernel):
         return 1
 
     def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
-        """For a batch of one: (out-neighbours to send to, in-neighbours to wait for) in exchange ``b.s`` of round
-        ``b.k`` (None: the graph's, a time-varying topology's of this activation). They must agree: j waits for i
+        """For a batch of one (the agent, its row ``x``, its payload ``out``, the round ``b.k``, the exchange ``b.s``
+        and the kernel's state): (out-neighbours to send to, in-neighbours to wait for) in that exchange (None: the
+        graph's, a time-varying topology's of this activation). They must agree: j waits for i
         only if i sends to j (a message nobody waits for would stay queued), and every agent waits for someone."""
         return None
 
@@ -703,6 +704,7 @@ class Exchange:
 
     def _use(self, outs: Sequence[list[int]], ins: Sequence[list[int]]) -> None:
         """Agent i sends to ``outs[i]`` and its barrier waits for ``ins[i]`` (the exchanges from now on)."""
+        self.graph_links = False  # (``route`` says when these are the graph's own)
         agents = self.agents
         if not all(ins):
             i = next(i for i, got in enumerate(ins) if not got)
@@ -735,16 +737,23 @@ class Exchange:
         agents = self.agents
         outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
         b.s = s
-        for n, a in enumerate(b.agents):
-            r = kernel.routes(b.row(n, kernel.per_row), p)
+        own = False
+        for n, a in enumerate(b.agents):  # (its batch of one: the agent, its row and payload, the round, the exchange)
+            one = Batch([a], b.k, b.x[n:n + 1], None, b.state)
+            one.s, one.out = s, None if b.out is None else [b.out[n]]
+            r = kernel.routes(one, p)
             if r is not None:
                 outs[a.id], ins[a.id] = list(r[0]), list(r[1])
+                own = True
+        if not own and self.graph_links:  # every agent on the graph's links, as in the exchange before
+            return
         want = {(i, j) for j, got in enumerate(ins) for i in got}
         stray = next(((i, j) for i, out in enumerate(outs) for j in out if (i, j) not in want), None)
         if stray is not None:
             raise ValueError(f"{type(kernel).__name__}.routes: agent {stray[0]} sends to {stray[1]}, which does not "
                              "wait for it (the message would stay queued): routes must agree")
         self._use(outs, ins)
+        self.graph_links = not own
 
     def _made(self, senders: list[int]) -> None:
         """Every out-link, made in send order where not made yet (``Network.link``)."""
