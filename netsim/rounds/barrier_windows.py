@@ -234,16 +234,7 @@ class _Driver(WindowDriver):
         def close(i: int, w: _Gather, t: float) -> None:
             """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
             waiter[i] = None
-            e = (t, next(seq), BARRIER, i, w.got)  # ``enqueue``, inlined
-            if t < end_of[0]:
-                push(soon, e)
-            else:
-                b = int(t * inv) if t < _INF else _NEVER
-                q = far.get(b)
-                if q is None:
-                    far[b] = [e]
-                else:
-                    q.append(e)
+            enqueue(t, BARRIER, i, w.got)
 
         def offer(i: int, w: _Gather, m: tuple, t: float) -> bool:
             """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
@@ -283,17 +274,7 @@ class _Driver(WindowDriver):
                 keep.extend(q)
                 queue[i] = keep
             if waiter[i] is w:
-                at = t + timeout
-                e = (at, next(seq), TIMER, i, w.gid)  # ``enqueue``, inlined
-                if at < end_of[0]:
-                    push(soon, e)
-                else:
-                    b = int(at * inv) if at < _INF else _NEVER
-                    q = far.get(b)
-                    if q is None:
-                        far[b] = [e]
-                    else:
-                        q.append(e)
+                enqueue(t + timeout, TIMER, i, w.gid)
 
         def events_until(end: float) -> None:
             """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
