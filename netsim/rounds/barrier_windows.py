@@ -91,10 +91,6 @@ def refusal(sim) -> str | None:
     sync = ("; synchronous rounds play it: periodic activation on identical clocks, one compute time and a "
             "constant latency")
     state = kernel.state_of(agents[0], p)
-    steps = kernel.exchanges(p, state)
-    if steps > 1:
-        return (f"{name} exchanges {steps} times a round: the lookahead windows play one barrier a round — "
-                f"run it with one exchange a round{sync}")
     if _combine_steps(kernel) or kernel.horizon(p, state) is not None:
         return (f"{name} takes gradients after the exchange or ends at its own round count (not played by the "
                 f"lookahead windows) — {sync[2:]}")
@@ -175,30 +171,43 @@ class _Driver(WindowDriver):
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         n = len(agents)
+        self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
+        self.s = [0] * n  # its exchange in the round
         self.rid = [-1] * n  # its current round's record
         self.waiter: list[_Gather | None] = [None] * n
         self.queue: list[deque] = [deque() for _ in agents]  # arrived and not taken: (id, sender, record, round)
         self.gids = itertools.count()
-        self.rids = itertools.count()
+        self.rids = itertools.count()  # round records and payloads (a round's first payload has its record's number)
         # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
         self.recs: dict[int, list] = {}
         self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
         self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
         self.flushed = 0  # the tickets the engine's gradient batches have evaluated so far
         self.slots: list[tuple[int, int]] = []  # (row of this window, rid): the round's releases go there
-        self.patches: list[tuple[int, int]] = []  # (row of this window, rid): a send or drop of the round's payload
-        self.sizes: dict[int, int] = {}  # rid -> its payload's bytes (once its ``local`` ran)
+        self.patches: list[tuple[int, int]] = []  # (row of this window, pid): a send or drop of the payload
+        # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
+        # of the exchange before
+        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made)
         self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
-        self.refs: dict[int, int] = {}  # rid -> messages in flight or queued that carry its payload
-        self.payload: dict[int, object] = {}  # rid -> the payload its agent sent
-        self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (for ``combine``)
+        self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
+        self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
+        self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (and each ``combine``)
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
         # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
         self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
         self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
-        self.unmade: dict[int, list[int]] = {}  # rid -> agents whose ``combine`` waits for its ``local`` (this work's)
+        self.unmade: dict[int, list[int]] = {}  # pid -> agents whose ``combine`` waits for it to be made (this work)
+        # the privacy records (``privacy.record``), written after each work in the engine's order: ``order`` numbers
+        # each ``local`` and ``combine`` where the control meets it (the engine makes its releases and mixing steps
+        # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
+        log = sim.recorder.mixing_log
+        self.mixing, self.views = log is not None, None if log is None else log.views
+        self.order = itertools.count()
+        self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
+        self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
+        self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
         self.op_waits = self.wait
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
@@ -217,7 +226,8 @@ class _Driver(WindowDriver):
         put, buf, R = rows.put, rows.buf, RECORD.size
         kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
         batch, ahead, free, timeout = self.req.batch, self.ahead, self.free, self.timeout
-        ks, rid_of, waiter, queue = self.k, self.rid, self.waiter, self.queue
+        ks, ss, rid_of, waiter, queue, steps = self.k, self.s, self.rid, self.waiter, self.queue, self.steps
+        order, views, viewed = self.order, self.views, self.viewed
         recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
         sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
         ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
@@ -252,14 +262,14 @@ class _Driver(WindowDriver):
                 return True
             return False
 
-        def gather(i: int, t: float, k: int) -> None:
-            """``Agent.gather`` of round k: the queued messages offered in arrival order, then the timer unless
-            done."""
+        def gather(i: int, t: float, rnd: int) -> None:
+            """``Agent.gather`` of message round ``rnd``: the queued messages offered in arrival order, then the timer
+            unless done."""
             expect = agents[i].in_neighbors
             made = expects[i]  # (the set made once per list of in-neighbours)
             if made[0] is not expect:
                 made = expects[i] = (expect, frozenset(expect))
-            w = _Gather(k, made[1], next(gids))
+            w = _Gather(rnd, made[1], next(gids))
             if not expect:
                 enqueue(t, BARRIER, i, w.got)
                 return
@@ -275,6 +285,47 @@ class _Driver(WindowDriver):
                 queue[i] = keep
             if waiter[i] is w:
                 enqueue(t + timeout, TIMER, i, w.gid)
+
+        def broadcast(i: int, t: float, pid: int, rnd: int) -> None:
+            """``Agent.broadcast`` of payload ``pid`` with message round ``rnd``, then the gather of that round (or
+            first the end of the broadcast's transmission)."""
+            size = fixed if fixed is not None else sizes.get(pid)
+            s = guess if size is None else size
+            held, tx = 0, 0.0
+            for j in agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
+                # ``Network.send``: the link's outcome from its streams, the next id, the rows
+                tx_end, delay, reason = outcome(i, j, t, s)
+                mid = take_ids(1)
+                if size is None:
+                    patches.append((len(buf) // R, pid))
+                put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
+                if tx_end - t > tx:
+                    tx = tx_end - t
+                if reason:
+                    if size is None:
+                        patches.append((len(buf) // R, pid))
+                    put(pack(t, c_drop, i, j, mid, s, delay, rnd, words(reason)))
+                else:
+                    held += 1
+                    at = t + delay  # ``enqueue``
+                    e = (at, next(seq), ARR, j, (mid, i, pid, t, rnd))
+                    if at < end_of[0]:
+                        push(soon, e)
+                    else:
+                        b = int(at * inv) if at < _INF else _NEVER
+                        q = far.get(b)
+                        if q is None:
+                            far[b] = [e]
+                        else:
+                            q.append(e)
+            if held or pid not in payload:  # (0 until it is made: no payload is kept then)
+                refs[pid] = held
+            else:
+                del payload[pid]
+            if tx <= 0:  # nothing to transmit: the barrier at once
+                gather(i, t, rnd)
+            else:  # the program waits for its longest transmission (a Timeout, set after the arrivals)
+                enqueue(t + tx, SENT, i, rnd)
 
         def events_until(end: float) -> None:
             """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -294,6 +345,9 @@ class _Driver(WindowDriver):
                             patches.append((len(buf) // R, rid))
                             size = guess
                         put(pack(t, c_deliver, i, src, mid, size, t - sent, rnd, tag))
+                        if views is not None:  # ``ViewLog.deliver``: written after the work, its payload kept till then
+                            viewed.append((i, src, rnd, t, rid))
+                            refs[rid] += 1
                         m = (mid, src, rid, rnd)
                         w = waiter[i]
                         if w is None or not offer(i, w, m, t):
@@ -314,7 +368,7 @@ class _Driver(WindowDriver):
                             ops = ops_of.get(i)
                             if ops is None:
                                 ops = ops_of[i] = []
-                            ops.append((LOCAL, v, rid))
+                            ops.append((LOCAL, v, rid, next(order)))
                         elif rid in localed:
                             localed.discard(rid)
                         else:  # the first of its instant: every agent of this round index done now runs ``local``
@@ -326,7 +380,7 @@ class _Driver(WindowDriver):
                                     ops = ops_of.get(j)
                                     if ops is None:
                                         ops = ops_of[j] = []
-                                    ops.append((LOCAL, tj, rj))
+                                    ops.append((LOCAL, tj, rj, next(order)))
                                     if rj != rid:
                                         localed.add(rj)
                             if not group:
@@ -336,43 +390,7 @@ class _Driver(WindowDriver):
                             slots.append((len(buf) // R, rid))
                         else:  # its ``local`` ran in an earlier window's work (an agent done at this instant first)
                             rows.extend(made)
-                        size = fixed if fixed is not None else sizes.get(rid)
-                        s = guess if size is None else size
-                        held, tx = 0, 0.0
-                        for j in agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
-                            # ``Network.send``: the link's outcome from its streams, the next id, the rows
-                            tx_end, delay, reason = outcome(i, j, t, s)
-                            mid = take_ids(1)
-                            if size is None:
-                                patches.append((len(buf) // R, rid))
-                            put(pack(t, c_send, i, j, mid, s, delay, k, tag))
-                            if tx_end - t > tx:
-                                tx = tx_end - t
-                            if reason:
-                                if size is None:
-                                    patches.append((len(buf) // R, rid))
-                                put(pack(t, c_drop, i, j, mid, s, delay, k, words(reason)))
-                            else:
-                                held += 1
-                                at = t + delay  # ``enqueue``
-                                e = (at, next(seq), ARR, j, (mid, i, rid, t, k))
-                                if at < end_of[0]:
-                                    push(soon, e)
-                                else:
-                                    b = int(at * inv) if at < _INF else _NEVER
-                                    q = far.get(b)
-                                    if q is None:
-                                        far[b] = [e]
-                                    else:
-                                        q.append(e)
-                        if held or rid not in payload:  # (0 until its ``local`` runs: it keeps no payload then)
-                            refs[rid] = held
-                        else:
-                            del payload[rid]
-                        if tx <= 0:  # nothing to transmit: the barrier at once
-                            gather(i, t, k)
-                        else:  # the program waits for its longest transmission (a Timeout, set after the arrivals)
-                            enqueue(t + tx, SENT, i, k)
+                        broadcast(i, t, rid, k * steps)
                     elif kind == ACT:  # the activation: its row, the round's gradient request (the parameters now)
                         a = agents[i]
                         if adopt is not None:
@@ -415,9 +433,17 @@ class _Driver(WindowDriver):
                         ops = ops_of.get(i)
                         if ops is None:
                             ops = ops_of[i] = []
-                        ops.append((COMBINE, rid_of[i], v))
-                        ks[i] += 1
-                        wake(i, t)
+                        s = ss[i]
+                        if s + 1 < steps:  # ``combine`` sends the next exchange's payload, then its gather
+                            pid = next(rids)
+                            ops.append((COMBINE, rid_of[i], v, s, pid, next(order), t))
+                            ss[i] = s + 1
+                            broadcast(i, t, pid, ks[i] * steps + s + 1)
+                        else:  # the round's last: the next wake or the finish
+                            ops.append((COMBINE, rid_of[i], v, s, None, next(order), t))
+                            ss[i] = 0
+                            ks[i] += 1
+                            wake(i, t)
                     elif kind == TIMER:
                         w = waiter[i]
                         if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
@@ -443,6 +469,7 @@ class _Driver(WindowDriver):
     def decide(self) -> None:
         """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows, its releases after
         their agents' ``compute_end``."""
+        self.write_records()
         buf, R, sizes, guess = self.rows.buf, RECORD.size, self.sizes, self.guess
         for at, rid in self.patches:
             if sizes[rid] != guess:
@@ -465,6 +492,36 @@ class _Driver(WindowDriver):
             out += buf[last:]
             self.rows.clear()
             self.rows.put(out)
+
+    def write_records(self) -> None:
+        """The privacy records this work made, as the events engine's agents write them: the deliveries in delivery
+        order (``ViewLog.deliver_rows``), the release values and the mixing steps (``Agent.record_mix``, each at its
+        barrier's completion) in the order the control met their ``local`` and ``combine``."""
+        views = self.views
+        if self.viewed:
+            seen, self.viewed = self.viewed, []
+            n = 0
+            while n < len(seen):  # runs of one message round: one call each
+                m = n + 1
+                while m < len(seen) and seen[m][2] == seen[n][2]:
+                    m += 1
+                run = seen[n:m]
+                views.deliver_rows([e[0] for e in run], [e[1] for e in run], run[0][2], [e[3] for e in run],
+                                   self.tag, [self.payload[e[4]] for e in run])
+                n = m
+            for e in seen:
+                self.unref(e[4])
+        if self.values:
+            self.values.sort(key=lambda e: e[0])
+            for _, i, rnd, clean, value in self.values:
+                views.released(i, rnd, clean, value)
+            self.values.clear()
+        if self.mixes:
+            self.mixes.sort(key=lambda e: e[0])
+            for _, a, t, released, steps in self.mixes:
+                for got, lr in steps:
+                    a.record_mix(got, lr, t=t, released=released)
+            self.mixes.clear()
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -502,7 +559,7 @@ class _Driver(WindowDriver):
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
-        kernel, p, recs, per_row = self.kernel, self.p, self.recs, self.kernel.per_row
+        kernel, p, recs = self.kernel, self.p, self.recs
         for k, ops in self.by_round(step, 2).items():
             rids = [o[2] for _, o in ops]
             x = torch.stack([self.x_at.pop(r) for r in rids])
@@ -514,44 +571,70 @@ class _Driver(WindowDriver):
                 return rec[2], made[n], rec[3], rec[4]
 
             b = Batch([self.agents[i] for i, _ in ops], k, x, g, self.state, at)
+            if self.views is not None:
+                b.held = []
             if kernel.local(b, p) is not None:
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
             if b.k != k:
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
-            plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
+            self.made(b, ops, rids)
             for n, rid in enumerate(rids):
-                payload = b.out[n]
-                size = self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
-                if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
-                    raise RuntimeError(f"barrier windows: {type(kernel).__name__}.payload_bytes says {self.fixed} "
-                                       f"bytes, and agent {self.agents[ops[n][0]].id} sent a payload of {size}")
-                held = self.refs.get(rid)  # (None: its sends come later, at its own completion)
-                if held is None or held:
-                    self.payload[rid] = payload
-                    woken = self.unmade.pop(rid, None)
-                    if woken is not None:
-                        self.woken.extend(woken)
-                else:  # sent nowhere, every message lost, or discarded as stale before this work
-                    del self.refs[rid]
-                self.parts[rid] = (b, n) if plain else b.row(n, per_row)
                 self.released[rid] = made[n]
+            for n, clean, value in b.held or ():  # the release values, written in the engine's order
+                self.values.append((ops[n][1][3], b.agents[n].id, recs[rids[n]][3], clean, value))
+
+    def made(self, b: Batch, ops: list, pids: list) -> None:
+        """The payloads batch ``b`` sent (``local``'s, or ``combine``'s for the next exchange) as payloads ``pids``,
+        kept while a message carries them, and each agent's part of the batch for its next ``combine``."""
+        plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
+        per_row, refs = self.kernel.per_row, self.refs
+        for n, pid in enumerate(pids):
+            payload = b.out[n]
+            size = self.sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+            if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
+                raise RuntimeError(f"barrier windows: {type(self.kernel).__name__}.payload_bytes says {self.fixed} "
+                                   f"bytes, and agent {b.agents[n].id} sent a payload of {size}")
+            held = refs.get(pid)  # (None: its sends come later, at its own completion)
+            if held is None or held:
+                self.payload[pid] = payload
+                woken = self.unmade.pop(pid, None)
+                if woken is not None:
+                    self.woken.extend(woken)
+            else:  # sent nowhere, every message lost, or discarded as stale before this work
+                del refs[pid]
+            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n) if plain else b.row(n, per_row)
 
     def combines(self, step: list) -> None:
-        """``combine`` with what each barrier took, in arrival order, one call per round index."""
+        """``combine`` with what each barrier took, in arrival order, one call per round index and exchange; before
+        the round's last exchange it sends the next payloads."""
         kernel, p = self.kernel, self.p
-        for _, ops in self.by_round(step, 1).items():
+        groups: dict[tuple[int, int], list] = {}
+        for i, o in step:
+            groups.setdefault((self.recs[o[1]][1], o[3]), []).append((i, o))
+        for (_, s), ops in groups.items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
                 [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
+            b.s = s
+            if self.mixing:
+                b.held = []
             if self.small:
                 got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
             else:
                 got = [{src: self.payload[r] for src, r in o[2].items()} for _, o in ops]
-            kernel.combine(b, p, got)
+            if kernel.combine(b, p, got) is not None:
+                raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
+                                   "refused)")
+            if self.mixing:  # each agent's mixing steps, written in the engine's order with its releases so far
+                for (_, o), a, steps in zip(ops, b.agents, b.take_mixes() or [()] * len(ops), strict=True):
+                    self.mixes.append((o[5], a, o[6], a.releases_made, steps))
+            if s + 1 < self.steps:
+                self.made(b, ops, [o[4] for _, o in ops])
             for _, o in ops:
                 for r in o[2].values():
                     self.unref(r)
-                del self.recs[o[1]]
+                if s + 1 == self.steps:
+                    del self.recs[o[1]]
 
     def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads

@@ -103,11 +103,15 @@ class Batch:
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "more", "s", "_at", "_rows", "_sent", "_mixes",
-                      "rows", "scalars", "recorded", "counts"})
+                      "rows", "scalars", "recorded", "counts", "held"})
     # a lookahead-window driver's batch: each agent's release already recorded by the ledger where the engine makes
     # it (its completion: time, row, a cap's refusal; False: refused), so ``privatize`` only draws the noise
     recorded: Sequence[bool] | None = None
     counts: Sequence[int] | None = None  # ... and each agent's activation count there (``rounds``)
+    # a lookahead-window driver's batch with privacy records (``privacy.record``): its agents have moved on by its
+    # tensor work, so the driver writes the records in the engine's order: the mixing steps as a batch's, even of one
+    # agent (``take_mixes``), and each release's value before and after its noise, (batch position, clean, value) here
+    held: list | None = None
 
     def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
         """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
@@ -257,7 +261,7 @@ class Batch:
     def mix(self, own: torch.Tensor, got: Sequence[dict]) -> torch.Tensor:
         """Each agent's sum_j W_ij x_j over what arrived, now (``Agent.mix``: a missing neighbour's weight stays
         on the agent's own row), as rows."""
-        if len(self.agents) == 1:
+        if len(self.agents) == 1 and self.held is None:
             return self.agents[0].mix(self._row(own), got[0]).unsqueeze(0)
         if self.agents[0].mixing_record is not None:
             self._mixes.append((got, [0.0] * len(self.agents)))
@@ -283,7 +287,7 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
-        if len(self.agents) == 1:  # the events engine's batch of one
+        if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one
             s = None if step is None else step[0] if isinstance(step, (list, tuple)) else self._row(step)
             self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
@@ -310,15 +314,23 @@ class Batch:
         batch) into the mixing record (``privacy.record``), as the events engine's agents make them: agent ``ids[m]``
         at its time ``t[m]`` (a windowed driver's: when its barrier completed, in that order), each agent's steps in
         the order it made them. Every agent's releases come before its steps (the patterns release in ``local``)."""
-        mixes, self._mixes = self._mixes, []
+        mixes = self.take_mixes()
         if not mixes:
             return
         at = {a.id: n for n, a in enumerate(self.agents)}
         for i, when in zip(ids.tolist(), t.tolist(), strict=True):
             n = at[i]
             a = self.agents[n]
-            for got, lrs in mixes:
-                a.record_mix(got[n], lrs[n], t=when)
+            for got, lr in mixes[n]:
+                a.record_mix(got, lr, t=when)
+
+    def take_mixes(self) -> list[list[tuple[dict, float]]]:
+        """The mixing steps this batch made since the last call, agent by agent: each one's (what it mixed, {sender:
+        payload} in arrival order; the step size) in the order it made them ([]: none, or no mixing record)."""
+        mixes, self._mixes = self._mixes, []
+        if not mixes:
+            return []
+        return [[(got[n], lrs[n]) for got, lrs in mixes] for n in range(len(self.agents))]
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
@@ -378,7 +390,10 @@ class Batch:
         out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
         for n, a in enumerate(self.agents):
             if out[n] is not None:
-                views.released(a.id, a.round, g[n], out[n])
+                if self.held is None:
+                    views.released(a.id, a.round, g[n], out[n])
+                else:  # (the driver's, written in the engine's order)
+                    self.held.append((n, g[n], out[n]))
         return out
 
     def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],

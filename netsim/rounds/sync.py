@@ -27,7 +27,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import ROUNDS, Arrivals, Batch, GradientRequest, Path, Pattern, RoundKernel, RowViews, drive
+from netsim.rounds.kernel import (
+    LOOKAHEAD,
+    ROUNDS,
+    Arrivals,
+    Batch,
+    GradientRequest,
+    Path,
+    Pattern,
+    RoundKernel,
+    RowViews,
+    drive,
+)
 from netsim.sim import rows as shapes
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
@@ -106,7 +117,7 @@ class SyncRounds(Pattern):
     """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
 
     kernel: ClassVar[type] = SyncKernel
-    records: ClassVar[frozenset[str]] = frozenset({ROUNDS})
+    records: ClassVar[frozenset[str]] = frozenset({ROUNDS, LOOKAHEAD})
     curves: ClassVar[bool] = True
     until: ClassVar[bool] = True
     lookahead: ClassVar[bool] = True  # agents on their own clocks: lookahead windows (rounds/barrier_windows.py)

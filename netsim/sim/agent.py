@@ -408,13 +408,19 @@ class Agent:
         ``mix`` and ``mix_into_params`` write to (``record_mix``) when it is kept."""
         return self._mixing
 
-    def record_mix(self, received, lr: float, t: float | None = None) -> None:
+    def record_mix(self, received, lr: float, t: float | None = None, released: int | None = None) -> None:
         """Into ``mixing_record`` (which must be kept): this agent's weights on ``received`` applied at ``t`` (None:
         now), then a step of size ``lr`` (0: none); what ``mix`` and ``mix_into_params`` do, for a batch that mixes
-        rows itself (a windowed driver records a round's steps after it, each at its agent's own time)."""
+        rows itself (a windowed driver records a round's steps after it, each at its agent's own time; ``released``:
+        ``releases_made`` when it mixed, None: now)."""
         ws = [self.weights[j] for j in received]
-        n = len(self._privacy.releases) if self._privacy is not None else 0
+        n = self.releases_made if released is None else released
         self._mixing.mix(self.id, self.env.now if t is None else t, n, 1.0 - sum(ws), list(received), ws, lr)
+
+    @property
+    def releases_made(self) -> int:
+        """How many releases this agent has made so far (its ledger's; 0 without one)."""
+        return len(self._privacy.releases) if self._privacy is not None else 0
 
     def mix_into_params(self, own: torch.Tensor, received: dict[int, torch.Tensor], step: torch.Tensor | None = None,
                         lr: float = 1.0) -> None:
