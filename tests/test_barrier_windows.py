@@ -21,14 +21,17 @@ from tests.test_windowed import buildable
 
 
 @st.composite
-def barriers(draw) -> dict:
+def barriers(draw, names=("dpsgd", "dp_dpsgd", "choco", "muffliato"), records=(None, "mixing", "payloads")) -> dict:
     """A scenario of barrier rounds the synchronous rounds refuse and the lookahead windows play: own clocks (offsets,
     drift, jitter), Bernoulli, Poisson or periodic activation, random or straggling compute times, a constant,
     uniform, lognormal or exponential latency (no positive minimum: sent and delivered in one window), loss, a round
     timeout from shorter than a round trip to longer than a period (stale rounds, full
-    barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger) or CHOCO-SGD;
-    for D-PSGD and DP-D-PSGD transmission times of about a tenth of a period to more than one (link bandwidth, node
-    uplinks whose FIFO queue serializes a broadcast's sends, a per-link bandwidth): the sender waits for them."""
+    barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger), CHOCO-SGD or
+    Muffliato (one to three barrier exchanges a round, each with its own timeout and stale rounds; plain or Chebyshev
+    gossip); for D-PSGD and DP-D-PSGD transmission times of about a tenth of a period to more than one (link
+    bandwidth, node uplinks whose FIFO queue serializes a broadcast's sends, a per-link bandwidth): the sender waits
+    for them. Half of them keep a privacy record: the mixing steps, or the delivered payloads and release values
+    (with an audit's gradient or input canaries)."""
     n = draw(st.integers(4, 9))
     u = {"kind": "uniform"}
     act = draw(st.sampled_from([{"kind": "periodic", "period": 0.5}, {"kind": "bernoulli", "period": 0.5, "p": 0.6},
@@ -49,17 +52,21 @@ def barriers(draw) -> dict:
     lat = draw(st.sampled_from([{"kind": "constant", "value": low}, {**u, "low": low, "high": low + 0.3},
                                 {"kind": "lognormal", "mean": low, "sigma": 1.0},
                                 {"kind": "exponential", "mean": low}]))
-    name = draw(st.sampled_from(["dpsgd", "dp_dpsgd", "choco"]))
+    name = draw(st.sampled_from(names))
     alg = {"name": name, "lr": 0.3, "batch": draw(st.integers(1, 6)),
            "round_timeout": draw(st.sampled_from([0.05, 0.3, 2.0]))}
     if name == "dpsgd":
         alg["lr_decay"] = draw(st.sampled_from([0.0, 0.5]))
     elif name == "dp_dpsgd":
         alg |= {"clip": 1.0, "noise_multiplier": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"]))}
-    else:
+    elif name == "choco":
         alg |= {"compressor": draw(st.sampled_from(["topk", "randk"])), "ratio": 0.5, "gamma": 0.5}
+    else:
+        alg |= {"clip": 1.0, "sigma": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"])),
+                "gossip_steps": draw(st.integers(1, 3)), "acceleration": draw(st.sampled_from(["none", "chebyshev"]))}
     net = {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.2]))}
-    if name != "choco" and draw(st.booleans()):  # a payload of 24 or 48 bytes: 0.01 s to 0.7 s on the wire
+    # a payload of 24 or 48 bytes: 0.01 s to 0.7 s on the wire (for the kernels that declare their payloads' bytes)
+    if name not in ("choco", "muffliato") and draw(st.booleans()):
         net["bandwidth"] = draw(st.sampled_from([None, 300.0, 3000.0]))
         net["uplink"] = draw(st.sampled_from([None, 150.0, 2000.0]))
         if draw(st.booleans()):
@@ -67,7 +74,12 @@ def barriers(draw) -> dict:
         net = {k: v for k, v in net.items() if v is not None}
     run = dict(draw(st.sampled_from([{"until": 3.0}, {"rounds": draw(st.integers(2, 5))}])))
     run["trace_flush_every"] = draw(st.sampled_from([7, 1000]))
-    return {"name": "barrier", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
+    record = draw(st.sampled_from(records))
+    privacy = {} if record is None else {"privacy": {"delta": 1e-5, "record": record}}
+    if record == "payloads" and draw(st.booleans()):
+        privacy["privacy"]["audit"] = {"victims": [draw(st.integers(0, n - 1))], "canaries": 3,
+                                       "kind": draw(st.sampled_from(["gradient", "input"])), "norm": 4.0}
+    return {**privacy, "name": "barrier", "run": {"seed": draw(st.integers(0, 50)), **run}, "agents": agents,
             "topology": {"kind": "random_regular", "degree": draw(st.sampled_from([2, 3]))},
             "network": net,
             "data": {"kind": "synthetic", "samples": 40 * n, "features": 5, "partition": "iid"},
@@ -84,9 +96,39 @@ def test_barrier_windows_agree_with_the_engine_on_drawn_scenarios(tmp_path_facto
     """... with the tensor work of 1 to 40 windows done together (a combine waits in lock step for a payload made in
     the same work)."""
     buildable(sc)
+    tmp = tmp_path_factory.mktemp("drawn")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(barrier_windows._Driver, "gathers", gathers)
-        both(tmp_path_factory.mktemp("drawn"), sc)
+        both(tmp, sc)
+    same_records(tmp, sc)
+
+
+@search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=barriers(names=("muffliato",), records=("mixing", "payloads")), gathers=st.sampled_from([1, 8, 64]))
+def test_several_exchanges_and_privacy_records_on_barrier_windows(tmp_path_factory, sc, gathers):
+    """Muffliato's gossip steps, each a barrier exchange with its own timeout (a payload made by the ``combine`` of the
+    exchange before, in the same work or an earlier one), with the mixing record or the payloads record: the engine's
+    trace, metrics, models, ledgers, ``mixing.csv`` and ``payloads.npz``."""
+    buildable(sc)
+    tmp = tmp_path_factory.mktemp("records")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows._Driver, "gathers", gathers)
+        both(tmp, sc)
+    same_records(tmp, sc)
+
+
+RECORDS = ("mixing.csv", "payloads.npz")
+
+
+def same_records(tmp: Path, sc: dict) -> None:
+    """The privacy records a run keeps (``privacy.record``), the same bytes from both engines (none without it)."""
+    record = sc.get("privacy", {}).get("record")
+    for f in RECORDS:
+        kept = record == "payloads" or record == "mixing" and f == "mixing.csv"
+        ev, win = tmp / "events" / f, tmp / "windowed" / f
+        assert ev.exists() == win.exists() == kept
+        if kept:
+            assert win.read_bytes() == ev.read_bytes(), f
 
 
 def jittery(**alg) -> dict:
@@ -162,8 +204,9 @@ def test_transmission_times_on_barrier_windows(tmp_path, network, wait):
     ({"network": {"bandwidth": 1.0e6}, "algorithm": {"name": "choco", "lr": 0.5, "batch": 8, "round_timeout": 0.15,
                                                     "compressor": "topk", "ratio": 0.5, "gamma": 0.5}},
      "bandwidth or uplinks with choco: a payload's size depends on its values \\(compression\\)"),
-    ({"algorithm": {"name": "muffliato", "gossip_steps": 2, "round_timeout": 0.15}},
-     "muffliato exchanges 2 times a round"),
+    ({"algorithm": {"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "gossip_steps": 2,
+                    "round_timeout": 0.15}},
+     "dfedsam chooses its own routes each exchange"),
     ({"run": {"until": 6.0, "checkpoint_every": 2.0}}, "checkpoints: this pattern's lookahead windows cannot"),
 ])
 def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, changes, why):
@@ -172,8 +215,6 @@ def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, chan
     sc = jittery()
     for key, value in changes.items():
         sc[key] = value if key == "algorithm" else {**sc[key], **value}
-    if sc["algorithm"]["name"] == "muffliato":
-        sc["algorithm"] = {"name": "muffliato", "lr": 0.5, "batch": 8, "gossip_steps": 2, "round_timeout": 0.15}
     with pytest.raises(InputError, match="nor as lookahead windows: " + why) as e:
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()

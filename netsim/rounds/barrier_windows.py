@@ -499,7 +499,8 @@ class _Driver(WindowDriver):
         barrier's completion) in the order the control met their ``local`` and ``combine``."""
         views = self.views
         if self.viewed:
-            seen, self.viewed = self.viewed, []
+            seen = self.viewed.copy()  # (the control's closure holds the list)
+            self.viewed.clear()
             n = 0
             while n < len(seen):  # runs of one message round: one call each
                 m = n + 1
