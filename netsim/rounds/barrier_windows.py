@@ -1,12 +1,13 @@
-"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, a plugin's ``SyncKernel``) as conservative lookahead
-windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson activation),
-per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution (lognormal and
-exponential too), transmission times (bandwidth, node uplinks, per-link bandwidth, link traces), churn and link
-models of the scenario. Byte for byte the events engine's trace, metrics and models.
+"""Barrier rounds (rounds/sync.py: D-PSGD, DP-D-PSGD, CHOCO-SGD, Muffliato, a plugin's ``SyncKernel``) as conservative
+lookahead windows: the fast path for agents on their own clocks (offsets, drift, jitter; Bernoulli or Poisson
+activation), per-agent compute times and stragglers, lossy links whose barriers time out, any latency distribution
+(lognormal and exponential too), transmission times (bandwidth, node uplinks, per-link bandwidth, link traces), churn
+and link models of the scenario. Byte for byte the events engine's trace, metrics and models.
 
 The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
 shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
-``combine`` reads only delivered payloads, each made by its sender's ``local`` before it was sent. The control never
+``combine`` reads only delivered payloads, each made by its sender's ``local`` (or, in a later exchange of the round,
+its ``combine`` of the exchange before) before it was sent. The control never
 reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` waiting
 in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a message may
 be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
@@ -19,8 +20,9 @@ first the end of the broadcast's transmission where it takes time (``Agent.broad
 ``tx_end - now`` of its links, set after their arrivals: an event of its own, then the barrier): the messages already
 queued offered in arrival order, older rounds' discarded as ``stale``, its timer set unless it completed), each
 delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a ``timeout`` row with the missing
-count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next wake
-or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
+count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next
+exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
+wake or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
 ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
 
 The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
@@ -33,12 +35,16 @@ message's bytes (``b.sizes`` or the payload's; where the kernel declares them be
 ``SyncKernel.payload_bytes``, those, checked after its ``local``, and nothing to patch), patched into the window's
 ``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then:
 ``holds_rows``), and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion
-time, round and tick), spliced in after its ``compute_end``.
+time, round and tick), spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the
+tensor work, out of the engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after
+the work in the engine's order (deliveries as the control met them, release values and mixing steps as it met each
+``local`` and each barrier's completion).
 
 Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
 positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
-the bytes: compression), a time-varying topology, several exchanges a round, a kernel's own routes or local steps with
-their own gradients, agents that take no gradient or ask for different ones, and the kernel's own reason.
+the bytes: compression), a time-varying topology, a kernel's own routes or local steps with their own gradients,
+gradients after the exchange, agents that take no gradient or ask for different ones, and the kernel's own reason
+(several messages an exchange: ``SyncRounds.refusal``).
 """
 
 from __future__ import annotations
