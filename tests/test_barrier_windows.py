@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
@@ -260,3 +261,24 @@ def test_barrier_windows_play_what_synchronous_rounds_refuse(tmp_path, changes):
     assert windowed.rounds_refusal(sim, sim.program) is not None and windowed.reason(sim) is None
     summary = both(tmp_path, sc)
     assert summary["stop_reason"] == "rounds" and summary["messages_delivered"] > 0
+
+
+@pytest.mark.parametrize("name", ["privacy_pairwise", "attack_audit"])
+def test_shipped_privacy_scenarios_on_barrier_windows(tmp_path, name):
+    """Muffliato's shipped privacy scenarios run on the barrier windows with no flag (lossy links, its gossip steps;
+    privacy_pairwise's lognormal latency): the events engine's trace, metrics, models and records, which are all
+    ``netsim privacy`` reads (tests/test_windowed_records.py runs it on both engines' folders)."""
+    from tests.conftest import ROOT
+
+    got = {}
+    for engine in ("events", "auto"):
+        built: list = []
+        r = netsim.run(ROOT / "scenarios" / f"{name}.toml", out=tmp_path / engine, setup=built.append, engine=engine,
+                       interruptible=False)
+        folder = tmp_path / engine
+        got[engine] = (r.summary.get("engine"), built[0].bank.W.clone(),
+                       {f: (folder / f).read_bytes() for f in ("trace.arrows", "metrics.csv", *RECORDS)
+                        if (folder / f).exists()})
+    ev, auto = got["events"], got["auto"]
+    assert ev[0] == "events" and auto[0] == "windowed"
+    assert torch.equal(auto[1], ev[1]) and auto[2] == ev[2] and "mixing.csv" in ev[2]

@@ -632,6 +632,8 @@ class _Driver(WindowDriver):
             if kernel.combine(b, p, got) is not None:
                 raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
                                    "refused)")
+            if b.held:
+                raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
             if self.mixing:  # each agent's mixing steps, written in the engine's order with its releases so far
                 for (_, o), a, steps in zip(ops, b.agents, b.take_mixes() or [()] * len(ops), strict=True):
                     self.mixes.append((o[5], a, o[6], a.releases_made, steps))
