@@ -198,7 +198,7 @@ class _Driver(WindowDriver):
         self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
         self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
         self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
-        self.parts: dict[int, Batch] = {}  # rid -> the agent's batch of one after ``local`` (and each ``combine``)
+        self.parts: dict[int, tuple] = {}  # rid -> (batch, row): the agent's part after ``local`` or ``combine``
         self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
         # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
@@ -593,8 +593,7 @@ class _Driver(WindowDriver):
     def made(self, b: Batch, ops: list, pids: list) -> None:
         """The payloads batch ``b`` sent (``local``'s, or ``combine``'s for the next exchange) as payloads ``pids``,
         kept while a message carries them, and each agent's part of the batch for its next ``combine``."""
-        plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
-        per_row, refs = self.kernel.per_row, self.refs
+        refs = self.refs
         for n, pid in enumerate(pids):
             payload = b.out[n]
             size = self.sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
@@ -609,7 +608,7 @@ class _Driver(WindowDriver):
                     self.woken.extend(woken)
             else:  # sent nowhere, every message lost, or discarded as stale before this work
                 del refs[pid]
-            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n) if plain else b.row(n, per_row)
+            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n)  # (``rows_of`` joins them)
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index and exchange; before
@@ -620,8 +619,7 @@ class _Driver(WindowDriver):
             groups.setdefault((self.recs[o[1]][1], o[3]), []).append((i, o))
         for (_, s), ops in groups.items():
             parts = [self.parts.pop(o[1]) for _, o in ops]
-            b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
-                [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
+            b = self.rows_of(parts)
             b.s = s
             if self.mixing:
                 b.held = []
@@ -663,34 +661,22 @@ class _Driver(WindowDriver):
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
-        """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
-        first = parts[0][0]
+        """(batch, row) parts as one batch: their rows, payloads and sizes, and the kernel's kept values (those it
+        declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others shared) — no batch of one per
+        agent."""
+        first, per_row = parts[0][0], self.kernel.per_row
         if len(parts) == 1:
-            return first.row(parts[0][1])
+            return first.row(parts[0][1], per_row)
         b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
                   None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
         b.s = first.s
         b.out = [q.out[n] for q, n in parts]
         if any(q.sizes is not None for q, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
-        return b
-
-    def joined(self, parts: list[Batch]) -> Batch:
-        """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it
-        declares ``per_row`` joined row by row, the others shared)."""
-        first = parts[0]
-        b = Batch([q.agents[0] for q in parts], first.k, torch.cat([q.x for q in parts]),
-                  None if first.g is None else torch.cat([q.g for q in parts]), self.state)
-        b.out = [q.out[0] for q in parts]
-        if any(q.sizes is not None for q in parts):
-            b.sizes = [payload_size(q.out[0]) if q.sizes is None else q.sizes[0] for q in parts]
-        per_row = self.kernel.per_row
         for name, v in first.kept().items():
             if name in per_row:
-                vs = [getattr(q, name) for q in parts]
-                if all(isinstance(u, torch.Tensor) for u in vs):
-                    v = torch.cat(vs)
-                else:
-                    v = [None if u is None else u[0] for u in vs]
+                vs = [q.cut(name, getattr(q, name), n, per_row) for q, n in parts]
+                v = torch.cat(vs) if all(isinstance(u, torch.Tensor) for u in vs) else \
+                    [None if u is None else u[0] for u in vs]
             setattr(b, name, v)
         return b
