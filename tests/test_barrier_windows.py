@@ -209,13 +209,16 @@ def test_transmission_times_on_barrier_windows(tmp_path, network, wait):
                     "round_timeout": 0.15}},
      "dfedsam chooses its own routes each exchange"),
     ({"run": {"until": 6.0, "checkpoint_every": 2.0}}, "checkpoints: this pattern's lookahead windows cannot"),
+    ({"algorithm": {"name": "muffliato", "lr": 0.3, "batch": 8, "clip": 1.0, "sigma": 1.0, "gossip_steps": 2,
+                    "round_timeout": 0.15}, "privacy": {"delta": 1e-5, "epsilon_cap": 8.0}},
+     "privacy.epsilon_cap: a release's budget check is traced when the windows' tensor work makes it"),
 ])
 def test_barrier_windows_refuse_in_one_line_what_they_do_not_play(tmp_path, changes, why):
     from netsim.errors import InputError
 
     sc = jittery()
     for key, value in changes.items():
-        sc[key] = value if key == "algorithm" else {**sc[key], **value}
+        sc[key] = value if key == "algorithm" else {**sc.get(key, {}), **value}
     with pytest.raises(InputError, match="nor as lookahead windows: " + why) as e:
         netsim.run(scenario_from_dict(sc), out=tmp_path / "run", engine="windowed")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()

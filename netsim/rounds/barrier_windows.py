@@ -43,8 +43,8 @@ the work in the engine's order (deliveries as the control met them, release valu
 Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
 positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
 the bytes: compression), a time-varying topology, a kernel's own routes or local steps with their own gradients,
-gradients after the exchange, agents that take no gradient or ask for different ones, and the kernel's own reason
-(several messages an exchange: ``SyncRounds.refusal``).
+gradients after the exchange, a budget cap, agents that take no gradient or ask for different ones, and the kernel's
+own reason (several messages an exchange: ``SyncRounds.refusal``).
 """
 
 from __future__ import annotations
@@ -94,6 +94,11 @@ def refusal(sim) -> str | None:
     why = kernel.refusal(sim, LOOKAHEAD)
     if why is not None:
         return why
+    if getattr(sim.world.scenario.privacy, "epsilon_cap", None) is not None:  # (``AgentLedger.record``'s cap check
+        # traces a release at the agent's round when the tensor work makes it, not at the round the windows place it in)
+        return ("privacy.epsilon_cap: a release's budget check is traced when the windows' tensor work makes it, after "
+                "its agent moved on (not played by these windows) — remove privacy.epsilon_cap (the summary still "
+                "reports each agent's epsilon)")
     sync = ("; synchronous rounds play it: periodic activation on identical clocks, one compute time and a "
             "constant latency")
     state = kernel.state_of(agents[0], p)
