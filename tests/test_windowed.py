@@ -99,8 +99,8 @@ def test_windowed_runs_write_the_engines_trace_byte_for_byte(tmp_path, changes):
     # refuse it too
     ({"agents": {"activation": {"kind": "poisson", "rate": 10.0}},
       "algorithm": {"name": "muffliato", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": None,
-                    "sigma": 0.01, "gossip_steps": 3}},
-     "nor as lookahead windows: muffliato exchanges 3 times a round"),
+                    "sigma": 0.01, "gossip_steps": 3}, "privacy": {"delta": 1e-5, "epsilon_cap": 8.0}},
+     "nor as lookahead windows: privacy.epsilon_cap: a release's budget check"),
     ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.004}},
       "algorithm": {"name": "dfedsam", "lr": 0.5, "batch": 8, "round_timeout": 0.05, "lr_decay": None,
                     "local_steps": 2}},
