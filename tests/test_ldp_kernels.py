@@ -10,13 +10,17 @@ admits (trace, metrics.csv, final models), and check the lines that keep the res
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
+from netsim.algorithms.ldp_online import coupling_rows, received
 from netsim.compute.noise import laplace_noise, laplace_noise_rows
+from netsim.compute.streaming import HistoryStream
+from netsim.rounds.kernel import Arrivals
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_round_kernels import assert_identical, run_both
@@ -110,6 +114,55 @@ def test_laplace_rows_are_each_generators_own_draws():
             again = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
             one = torch.stack([laplace_noise((width,), c, g, dtype) for c, g in zip(scales, again, strict=True)])
             assert torch.equal(rows, one)
+
+
+def test_one_row_stream_draws_are_the_bits_of_a_draw_of_size_one():
+    """A stream of one new row a step (numpy's scalar draw) acquires what ``pool[rng.integers(0, n, 1)]`` does, and
+    its history (past its first buffer) and generator state end the same."""
+    for seed in range(5):
+        for n in (1, 3, 113, 2**31 + 5):
+            pool = np.arange(min(n, 1000)) * 7 if n < 2**31 else None
+            stream = HistoryStream(pool if pool is not None else np.arange(10), np.random.default_rng(seed), 1)
+            if pool is None:
+                stream.pool = _Huge(n)
+            rng = np.random.default_rng(seed)
+            want = [int(stream.pool[rng.integers(0, n, 1)][0]) for _ in range(150)]
+            got = [int(stream.next()[0]) for _ in range(150)]
+            assert got == want and stream.history.tolist() == want
+            assert stream.rng.bit_generator.state == rng.bit_generator.state
+
+
+class _Huge:
+    """A pool of n rows, row i being i itself (a range longer than 2**31 without its memory)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return np.arange(i.start, i.stop) if isinstance(i, slice) else np.asarray(i)
+
+
+def test_coupling_reads_a_drivers_arrivals_as_the_dicts_give_them():
+    """``coupling_rows`` and ``received`` on a windowed driver's arrivals (arrays, any arrival order, learners that
+    got fewer copies or none) equal the same on the dicts, bit for bit."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        B, P = int(rng.integers(1, 9)), int(rng.integers(1, 6))
+        pairs = [(r, s) for r in range(B) for s in range(B) if r != s and rng.random() < 0.6]
+        rng.shuffle(pairs)
+        recv = np.array([r for r, _ in pairs], np.int64)
+        send = np.array([s for _, s in pairs], np.int64)
+        ids = rng.permutation(100)[:B].tolist()
+        sent = torch.as_tensor(rng.normal(size=(B, P)))
+        got = Arrivals(ids, list(sent.unbind(0)), sent, recv, send, np.full(len(pairs), 0.3))
+        dicts = [dict(g) for g in got]
+        theta = torch.as_tensor(rng.normal(size=(B, P)))
+        for start in (None, theta * 2):
+            assert torch.equal(coupling_rows(theta, got, 0.3, start), coupling_rows(theta, dicts, 0.3, start))
+        assert received(got) == [len(g) for g in dicts]
 
 
 @pytest.mark.parametrize("name", list(NOISE))

@@ -178,20 +178,67 @@ def release_rows(b, x: torch.Tensor, scales: list[float], sens: list[float]) -> 
 def coupling_rows(theta: torch.Tensor, got, w: float, start: torch.Tensor | None = None) -> torch.Tensor:
     """start + sum_j w (y^j - theta) of each row over the copies it received (start: zeros, or e.g. theta itself for
     sum_j A_ij y_j with A = I + W), in sender order (a missing neighbour's term is skipped, its weight staying on the
-    own row): row by row the float operations of one learner's sum."""
+    own row): row by row the float operations of one learner's sum. Each slot s (every row's s-th sender) is one
+    operation over the rows that have one; a windowed driver's arrivals are read as arrays (``by_sender``)."""
     import torch
 
     out = torch.zeros_like(theta) if start is None else start.clone()
-    order = [sorted(g) for g in got]
-    for s in range(max(map(len, order), default=0)):
-        ns = [n for n, o in enumerate(order) if len(o) > s]
-        ys = torch.stack([got[n][order[n][s]] for n in ns])
-        if len(ns) == len(order):
+    slots = by_sender(got)
+    if slots is None:  # the copies as dicts (the events engine's batch of one)
+        order = [sorted(g) for g in got]
+        slots = []
+        for s in range(max(map(len, order), default=0)):
+            ns = [n for n, o in enumerate(order) if len(o) > s]
+            slots.append((ns, torch.stack([got[n][order[n][s]] for n in ns])))
+    for ns, ys in slots:
+        if len(ns) == len(theta):
             out.add_(ys - theta, alpha=w)
         else:
-            at = torch.tensor(ns, device=theta.device)
+            at = torch.as_tensor(ns, device=theta.device)
             out.index_copy_(0, at, out.index_select(0, at).add_(ys - theta.index_select(0, at), alpha=w))
     return out
+
+
+def by_sender(got) -> list | None:
+    """A windowed driver's ``got`` (``rounds.kernel.Arrivals`` whose payloads are one tensor) as slots: slot s = (the
+    rows that received an s-th copy, ascending; those copies, each row's from its s-th sender in increasing sender
+    id), what the dicts give in that order, without a dict per learner. None for dicts."""
+    order = _sender_order(got)
+    if order is None:
+        return None
+    import torch
+
+    recv, send, counts, slot = order
+    sent = got.sent
+    out = []
+    for s in range(int(counts.max(initial=0))):
+        at = slot == s
+        out.append((recv[at], sent.index_select(0, torch.from_numpy(send[at]).to(sent.device))))
+    return out
+
+
+def received(got) -> list[int]:
+    """How many copies each learner of a batch received (its senders)."""
+    order = _sender_order(got)
+    return [len(g) for g in got] if order is None else order[2].tolist()
+
+
+def _sender_order(got) -> tuple | None:
+    """(receiver, sender position, copies per receiver, slot) of each delivery of an ``Arrivals`` whose payloads are
+    one tensor, by receiver, then sender id; None for dicts, or where a sender's copy arrived twice (its dict keeps
+    one)."""
+    from netsim.rounds.kernel import Arrivals
+
+    if not isinstance(got, Arrivals) or got.sent is None:
+        return None
+    recv, send = got.recv, got.send
+    src = np.asarray(got.ids, dtype=np.int64)[send]
+    by = np.lexsort((src, recv))
+    recv, send, src = recv[by], send[by], src[by]
+    if len(recv) > 1 and ((recv[1:] == recv[:-1]) & (src[1:] == src[:-1])).any():
+        return None
+    counts = np.bincount(recv, minlength=len(got))
+    return recv, send, counts, np.arange(len(recv)) - (np.cumsum(counts) - counts)[recv]
 
 
 def project_rows(x: torch.Tensor, radius: float) -> torch.Tensor:
@@ -321,8 +368,8 @@ class LDPOnline(OnlineLearner):
         lam, gam = p.lam0 / (k + 1) ** p.v, p.gam0 / (k + 1) ** p.u
         b.set_params(project_rows(b.x + gam * coupling_rows(b.x, got, p.w) - lam * b.d, p.radius))  # 5-7
         sens = b.state["sens"]  # Phi_t: L2 gap after one differing sample (Thm 5 proof)
-        for a, g in zip(b.agents, got, strict=True):
-            w_ii = p.w * len(g)  # |w_ii| this step: a missing neighbour's term was skipped
+        for a, m in zip(b.agents, received(got), strict=True):
+            w_ii = p.w * m  # |w_ii| this step: a missing neighbour's term was skipped
             sens[a.id] = max(0.0, 1 - w_ii * gam + p.L_acc * lam) * sens[a.id] + p.C * lam / (k + 1)  # eq. (22)
 
 
@@ -338,8 +385,8 @@ class LDPDSGD(OnlineLearner):
         lam = p.lam0 / (b.k + 1) ** p.v
         b.set_params(project_rows(b.x + coupling_rows(b.x, got, p.w) - lam * b.d, p.radius))
         sens = b.state["sens"]  # Psi_t: the worst gap over the position of the differing sample
-        for a, g in zip(b.agents, got, strict=True):
-            c = max(0.0, 1 - p.w * len(g) + p.L_acc * lam)
+        for a, m in zip(b.agents, received(got), strict=True):
+            c = max(0.0, 1 - p.w * m + p.L_acc * lam)
             sens[a.id] = max(c * sens[a.id], p.C * lam)
 
 

