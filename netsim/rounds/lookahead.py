@@ -621,7 +621,8 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        rows = [self.rows_of_ticket(tk) for tk in tickets]
+        own = self.agents
+        rows = [own[i].rows if r is None else r for i, r in map(ticket_of.__getitem__, tickets)]  # rows_of_ticket
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
