@@ -148,3 +148,31 @@ def test_a_round_wakes_as_each_agent_wakes():
         order = [(i, a + 0.01 * (i % 2)) for a, _, i, _ in want]
     for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
         assert (a.schedule.tick, a.round) == (b.schedule.tick, b.round)
+
+
+def test_a_round_of_agents_woken_at_once_wakes_as_each_agent_wakes():
+    """Every agent calling wake at the same time on the same tick (a synchronous round: planned once, no sort) gives
+    what ``wake`` gives agent by agent; then the same agents apart again (the general path) go on alike."""
+    one, many = sims(n=8)
+    order = [(i, 0.25) for i in (3, 0, 5, 1, 2, 7, 4, 6)]
+    for r in range(4):
+        want = windowed.wake(one, order)
+        t, ids, at, woken = windowed.wake_all(many, np.array([i for i, _ in order]),
+                                              np.array([w for _, w in order]))
+        assert [(a, i, b) for a, _, i, b in want] == list(zip(t.tolist(), ids.tolist(), at.tolist(), strict=True))
+        assert [a.id for a in woken] == ids.tolist()
+        assert len(set(t.tolist())) == 1 or r == 3  # (the synchronous rounds fire at one time)
+        order = [(i, a + (0.01 * (i % 2) if r == 2 else 0.5)) for a, _, i, _ in want]
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert (a.schedule.tick, a.round) == (b.schedule.tick, b.round)
+
+
+def test_as_index_is_torch_tensor_of_the_list():
+    """The drivers' index tensors (made through numpy) are ``torch.tensor``'s of the same ints: values and dtype."""
+    import torch
+
+    from netsim.rounds.kernel import as_index
+
+    for values in ([7], [3, 0, 2**40, 5], list(range(999, 0, -3))):
+        got, want = as_index(values, torch.device("cpu")), torch.tensor(values)
+        assert got.dtype == want.dtype == torch.int64 and torch.equal(got, want)

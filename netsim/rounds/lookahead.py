@@ -70,10 +70,11 @@ import attrs
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import Batch
+from netsim.rounds.kernel import Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
 from netsim.sim.network import ComposedLinks, payload_size
+from netsim.sim.network import delay as net_delay
 from netsim.sim.rows import CODES
 from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
@@ -222,19 +223,19 @@ class RowStore:
             free.extend(range(len(self.rows) - 1, len(old) - 1, -1))
         rows = [free.pop() for _ in keys]
         self.row_of.update(zip(keys, rows))
-        self.rows.index_copy_(0, torch.tensor(rows, device=src.device), src)
+        self.rows.index_copy_(0, as_index(rows, src.device), src)
 
     def take(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, which are then forgotten."""
         pop = self.row_of.pop
         rows = [pop(k) for k in keys]
         self.free.extend(rows)
-        return self.rows.index_select(0, torch.tensor(rows, device=self.rows.device))
+        return self.rows.index_select(0, as_index(rows, self.rows.device))
 
     def peek(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, still kept."""
         row_of = self.row_of
-        return self.rows.index_select(0, torch.tensor([row_of[k] for k in keys], device=self.rows.device))
+        return self.rows.index_select(0, as_index([row_of[k] for k in keys], self.rows.device))
 
     def drop(self, key: int) -> None:
         self.free.append(self.row_of.pop(key))
@@ -486,7 +487,7 @@ class WindowDriver:
 
     def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
         """Rows ``which`` of ``sent`` (pushed payloads still in flight) kept under ``keys``."""
-        src = sent if len(which) == len(sent) else sent.index_select(0, torch.tensor(which, device=sent.device))
+        src = sent if len(which) == len(sent) else sent.index_select(0, as_index(which, sent.device))
         self.payloads.put(keys, src)
 
     def events_until(self, end: float) -> None:
@@ -620,7 +621,8 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        rows = [self.rows_of_ticket(tk) for tk in tickets]
+        own = self.agents
+        rows = [own[i].rows if r is None else r for i, r in map(ticket_of.__getitem__, tickets)]  # rows_of_ticket
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
@@ -630,7 +632,7 @@ class WindowDriver:
             by_len: dict[int, list[int]] = {}
             for k, r in enumerate(rows):
                 by_len.setdefault(len(r), []).append(k)
-            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[torch.tensor(ks)], [rows[k] for k in ks],
+            blocks = [(ks, svc.submit_block([who[k] for k in ks], at[as_index(ks, at.device)], [rows[k] for k in ks],
                                             *self.clipping())) for ks in by_len.values()]
             svc.flush()
             for ks, block in blocks:
@@ -803,12 +805,19 @@ class _Driver(WindowDriver):
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
-        agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
+        agents, ops_of, finish, count = self.agents, self.ops, self.finish, self.sim.count_wakes
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by = self.asks
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
+        # ``enqueue`` and ``wake`` inlined (one call fewer each per event): the same tuple into ``soon`` or its bucket
+        soon, far, end, seq, heappush, inv, limit = self.soon, self.far, self.end, self.seq, heapq.heappush, self.inv, \
+            self.limit
+        ones = [(a,) for a in agents]  # each agent as a batch of one, made once (``count_wakes``)
+        # the lean default path (no link model, no bandwidth) inlined: ``LeanLinks.outcome``'s draws, in its order
+        lean = net.model is None and net.bandwidth is None
+        links_get, link_of, p_loss, loss_code = net.links.get, net.link, net.p_loss, words(shapes.TEXT.loss)
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -818,6 +827,7 @@ class _Driver(WindowDriver):
             if ops is None:
                 ops = ops_of[i] = []
             k = len(got)
+            a = agents[i]
             if n < k:
                 asks = asks_by.get(k)
                 if asks is None:
@@ -828,32 +838,74 @@ class _Driver(WindowDriver):
                     n += 1
                     if req is not None:
                         pos[i] = n
-                        a = agents[i]
                         ct = a.compute_time(now)
                         put(pack(*compute_start(now, i, ct, CODES)))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
                         ticket_of.append((i, None if rows is a.rows else rows))
                         ops.append(tk << 2 | ASK)
-                        enqueue(now + ct, DONE, i, tk)
+                        t = now + ct
+                        e = (t, next(seq), DONE, i, tk)
+                        if t < end[0]:
+                            heappush(soon, e)
+                        else:
+                            b = int(t * inv) if t < _INF else _NEVER
+                            q = far.get(b)
+                            if q is None:
+                                far[b] = [e]
+                            else:
+                                q.append(e)
                         return
                 pos[i] = n
-            nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
+            nb = a.neighbors  # this activation's (a time-varying topology changes them)
             if nb:
-                j = peers[i](nb)
-                _, delay, reason = outcome(i, j, now, size)
+                pk = peers[i]
+                held = pk.held
+                j = nb[held.pop()] if held and pk.fixed else pk(nb)
+                if lean:
+                    link = links_get((i, j)) or link_of(i, j)
+                    delay = net_delay(now, now, link.latency())
+                    lost = link.lost is not None and link.lost() < p_loss
+                else:
+                    _, delay, reason = outcome(i, j, now, size)
+                    lost = bool(reason)
                 mid = take_ids(1)
-                rnd = agents[i].round
+                rnd = a.round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
-                if reason:
-                    put(pack(*drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
+                if lost:
+                    put(pack(*drop(now, i, j, mid, size, delay, rnd, loss_code if lean else words(reason), CODES)))
                     ops.append(-1 << 2 | PUSH)
                 else:
                     ops.append(mid << 2 | PUSH)
-                    enqueue(now + delay, ARR, j, (mid, i, size, now, rnd))
+                    t = now + delay
+                    e = (t, next(seq), ARR, j, (mid, i, size, now, rnd))
+                    if t < end[0]:
+                        heappush(soon, e)
+                    else:
+                        b = int(t * inv) if t < _INF else _NEVER
+                        q = far.get(b)
+                        if q is None:
+                            far[b] = [e]
+                        else:
+                            q.append(e)
             elif k:
                 ops.append(-1 << 2 | PUSH)  # agent.params = x, with no one to push to
-            wake(i, now)
+            if limit is not None and a.round >= limit:  # ``wake``
+                finish(a, now)
+                return
+            at, delay = a.plan_wake(now)
+            count(ones[i])
+            t = now + delay
+            e = (t, next(seq), ACT, i, at)
+            if t < end[0]:
+                heappush(soon, e)
+            else:
+                b = int(t * inv) if t < _INF else _NEVER
+                q = far.get(b)
+                if q is None:
+                    far[b] = [e]
+                else:
+                    q.append(e)
 
         self.go_on = go_on
 
@@ -914,7 +966,7 @@ class _Driver(WindowDriver):
 
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
-        idx = torch.tensor(who, device=self.X.device)
+        idx = as_index(who, self.X.device)
         agents = self.agents
         return Batch([agents[i] for i in who], agents[who[0]].round, self.X.index_select(0, idx), None,
                      self.state), idx
@@ -988,9 +1040,9 @@ class _Driver(WindowDriver):
                 kernel.combine(b, p, payloads.take(mp))
                 X.index_copy_(0, idx, b.x)
             if ai:  # after the step's merges
-                self.evaluate_step(ai, at, X.index_select(0, torch.tensor(ai, device=X.device)))
+                self.evaluate_step(ai, at, X.index_select(0, as_index(ai, X.device)))
             if pi:
-                idx = torch.tensor(pi, device=X.device)
+                idx = as_index(pi, X.device)
                 sent = X.index_select(0, idx)
                 self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
                 self.keep_payloads(pm, sent)

@@ -252,8 +252,11 @@ def wake_all(sim, ids, when):
     agents = sim.loop.agents
     woken = [agents[i] for i in ids.tolist()]
     ticks = np.fromiter((a.schedule.tick for a in woken), np.int64, len(woken))
-    pairs = np.stack([when.view(np.int64), ticks], axis=1)  # the float's bits: equal pairs are the same float
-    _, first, which = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    bits = when.view(np.int64)  # the float's bits: equal pairs are the same float
+    if len(bits) and (bits == bits[0]).all() and (ticks == ticks[0]).all():  # one pair (all woke at once): no sort
+        first, which = np.zeros(1, np.int64), np.zeros(len(woken), np.int64)
+    else:
+        _, first, which = np.unique(np.stack([bits, ticks], axis=1), axis=0, return_index=True, return_inverse=True)
     act, at, tick = np.empty(len(first)), np.empty(len(first)), np.empty(len(first), np.int64)
     for u, n in enumerate(first.tolist()):
         a, w = woken[n], float(when[n])
