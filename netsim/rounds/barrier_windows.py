@@ -502,7 +502,7 @@ class _Driver(WindowDriver):
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
-        kernel, p, recs, per_row = self.kernel, self.p, self.recs, self.kernel.per_row
+        kernel, p, recs = self.kernel, self.p, self.recs
         for k, ops in self.by_round(step, 2).items():
             rids = [o[2] for _, o in ops]
             x = torch.stack([self.x_at.pop(r) for r in rids])
@@ -518,7 +518,6 @@ class _Driver(WindowDriver):
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
             if b.k != k:
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
-            plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
                 size = self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
@@ -533,16 +532,14 @@ class _Driver(WindowDriver):
                         self.woken.extend(woken)
                 else:  # sent nowhere, every message lost, or discarded as stale before this work
                     del self.refs[rid]
-                self.parts[rid] = (b, n) if plain else b.row(n, per_row)
+                self.parts[rid] = (b, n)  # (no batch of one per agent: ``rows_of`` joins the rows)
                 self.released[rid] = made[n]
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index."""
         kernel, p = self.kernel, self.p
         for _, ops in self.by_round(step, 1).items():
-            parts = [self.parts.pop(o[1]) for _, o in ops]
-            b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
-                [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
+            b = self.rows_of([self.parts.pop(o[1]) for _, o in ops])
             if self.small:
                 got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
             else:
@@ -571,9 +568,11 @@ class _Driver(WindowDriver):
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
-        """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
+        """(batch, row) parts as one batch: their rows, payloads and sizes, and the kernel's kept values (those it
+        declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's)."""
         first = parts[0][0]
-        if len(parts) == 1:
+        kept = first.kept()
+        if not kept and len(parts) == 1:
             return first.row(parts[0][1])
         b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
                   None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
@@ -581,24 +580,13 @@ class _Driver(WindowDriver):
         b.out = [q.out[n] for q, n in parts]
         if any(q.sizes is not None for q, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
-        return b
-
-    def joined(self, parts: list[Batch]) -> Batch:
-        """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it
-        declares ``per_row`` joined row by row, the others shared)."""
-        first = parts[0]
-        b = Batch([q.agents[0] for q in parts], first.k, torch.cat([q.x for q in parts]),
-                  None if first.g is None else torch.cat([q.g for q in parts]), self.state)
-        b.out = [q.out[0] for q in parts]
-        if any(q.sizes is not None for q in parts):
-            b.sizes = [payload_size(q.out[0]) if q.sizes is None else q.sizes[0] for q in parts]
         per_row = self.kernel.per_row
-        for name, v in first.kept().items():
+        for name, v in kept.items():
             if name in per_row:
-                vs = [getattr(q, name) for q in parts]
-                if all(isinstance(u, torch.Tensor) for u in vs):
-                    v = torch.cat(vs)
+                cut = [q.cut(name, getattr(q, name), n, per_row) for q, n in parts]
+                if all(isinstance(u, torch.Tensor) for u in cut):
+                    v = torch.cat(cut)
                 else:
-                    v = [None if u is None else u[0] for u in vs]
+                    v = [None if u is None else u[0] for u in cut]
             setattr(b, name, v)
         return b
