@@ -219,3 +219,48 @@ def test_barrier_windows_play_what_synchronous_rounds_refuse(tmp_path, changes):
     assert windowed.rounds_refusal(sim, sim.program) is not None and windowed.reason(sim) is None
     summary = both(tmp_path, sc)
     assert summary["stop_reason"] == "rounds" and summary["messages_delivered"] > 0
+
+
+class _One:
+    def __init__(self, i: int):
+        self.id, self.round = i, i
+
+
+def test_combine_batches_join_local_rows_as_batch_row_cuts_them():
+    """``combine``'s batch joined from (local batch, row) parts holds what the parts' ``Batch.row`` would: x and g
+    rows, payloads, the values declared ``per_row`` row by row (a tensor's rows stacked; else each row's item, None
+    for a None value), the others the first batch's; a declared value with no row per agent
+    is the same TypeError."""
+    import types
+
+    import torch
+
+    from netsim.rounds.kernel import Batch
+
+    per_row = frozenset({"step", "names", "none"})
+    driver = types.SimpleNamespace(kernel=types.SimpleNamespace(per_row=per_row), state=None)
+    cuts = lambda b: barrier_windows._Driver.cuts(driver, b)  # noqa: E731
+    rows_of = lambda parts: barrier_windows._Driver.rows_of(driver, parts)  # noqa: E731
+    batches = []
+    for m, n in enumerate((3, 2)):
+        x = torch.arange(4.0 * n).reshape(n, 4) + 100 * m
+        b = Batch([_One(10 * m + j) for j in range(n)], 7, x, x * 2, None)
+        b.out, b.step, b.none, b.shared = list(x.unbind(0)), x * 3, None, object()
+        b.names = [f"{m}{j}" for j in range(n)]
+        batches.append(b)
+    a, c = batches
+    parts = [(a, 2, cuts(a)), (c, 0, cuts(c)), (a, 0, cuts(a))]
+    j = rows_of(parts)
+    rows = [q.row(n, per_row) for q, n, _ in parts]
+    assert [q.id for q in j.agents] == [10 * (q is c) + n for q, n, _ in parts] and j.k == 7
+    for name in ("x", "g", "step"):
+        assert torch.equal(getattr(j, name), torch.cat([getattr(r, name) for r in rows]))
+    assert all(torch.equal(u, r.out[0]) for u, r in zip(j.out, rows, strict=True))
+    assert j.names == ["02", "10", "00"] and j.none == [None] * 3 and j.shared is a.shared
+    c.step = list(c.step.unbind(0))[:1] + [None]  # one batch's steps as a list: the joined steps are a list
+    j = rows_of([(a, 1, cuts(a)), (c, 1, cuts(c)), (c, 0, cuts(c))])
+    assert isinstance(j.step, list) and torch.equal(j.step[0], a.step[1]) and j.step[1] is None
+    assert torch.equal(j.step[2], c.step[0])
+    c.step = torch.zeros(3, 4)  # three rows for two agents
+    with pytest.raises(TypeError, match=r"^b\.step is declared per_row but holds a Tensor of shape \(3, 4\)"):
+        cuts(c)
