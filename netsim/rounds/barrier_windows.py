@@ -51,10 +51,10 @@ from collections import deque
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch
 from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
-from netsim.sim.rows import CODES, TEXT
+from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 from netsim.trace.io import RECORD, PackedRows
@@ -230,9 +230,6 @@ class _Driver(WindowDriver):
         expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
         c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
             C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
-        c_stale = words(Stale.kind)
-        if event_row(Stale(0.0, 0, 1, 2, 3)) != (0.0, Stale.kind, 0, 1, 2, 0, 0.0, 3, TEXT.none):
-            raise RuntimeError("barrier windows: a stale row's shape is not the one packed here")
 
         def close(i: int, w: _Gather, t: float) -> None:
             """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
@@ -250,7 +247,7 @@ class _Driver(WindowDriver):
                     close(i, w, t)
                 return True
             if rnd < w.round:
-                put(pack(t, c_stale, i, src, mid, 0, 0.0, rnd, c_none))  # (``Stale``'s row)
+                rows.append(event_row(Stale(t, i, src, mid, rnd)))
                 unref(rid)
                 return True
             return False
@@ -505,7 +502,7 @@ class _Driver(WindowDriver):
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
-        kernel, p, recs = self.kernel, self.p, self.recs
+        kernel, p, recs, per_row = self.kernel, self.p, self.recs, self.kernel.per_row
         for k, ops in self.by_round(step, 2).items():
             rids = [o[2] for _, o in ops]
             x = torch.stack([self.x_at.pop(r) for r in rids])
@@ -521,7 +518,7 @@ class _Driver(WindowDriver):
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
             if b.k != k:
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
-            cuts = self.cuts(b)
+            plain = not b.kept()  # (nothing of its own: ``combine`` takes its rows, no batch of one per agent)
             for n, rid in enumerate(rids):
                 payload = b.out[n]
                 size = self.sizes[rid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
@@ -536,29 +533,25 @@ class _Driver(WindowDriver):
                         self.woken.extend(woken)
                 else:  # sent nowhere, every message lost, or discarded as stale before this work
                     del self.refs[rid]
-                self.parts[rid] = (b, n, cuts)  # (no batch of one per agent: ``rows_of`` joins the rows)
+                self.parts[rid] = (b, n) if plain else b.row(n, per_row)
                 self.released[rid] = made[n]
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index."""
         kernel, p = self.kernel, self.p
         for _, ops in self.by_round(step, 1).items():
-            b = self.rows_of([self.parts.pop(o[1]) for _, o in ops])
+            parts = [self.parts.pop(o[1]) for _, o in ops]
+            b = self.rows_of(parts) if all(type(q) is tuple for q in parts) else self.joined(
+                [q if type(q) is not tuple else q[0].row(q[1], self.kernel.per_row) for q in parts])
             if self.small:
                 got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
             else:
                 got = [{src: self.payload[r] for src, r in o[2].items()} for _, o in ops]
             kernel.combine(b, p, got)
-            refs, sizes, payload, recs = self.refs, self.sizes, self.payload, self.recs
             for _, o in ops:
-                for r in o[2].values():  # ``unref``, inlined
-                    n = refs[r] - 1
-                    if n or r not in sizes:
-                        refs[r] = n
-                    else:
-                        del refs[r]
-                        payload.pop(r, None)
-                del recs[o[1]]
+                for r in o[2].values():
+                    self.unref(r)
+                del self.recs[o[1]]
 
     def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
@@ -577,42 +570,35 @@ class _Driver(WindowDriver):
         recv = np.repeat(np.arange(len(who)), [len(g) for g in took])
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
-    def cuts(self, b: Batch) -> tuple:
-        """A ``local`` batch's rows as ``rows_of`` joins them, cut once for all its agents (``Batch.row``'s cut of
-        each, without a batch of one): its x and g rows, and its kept values ({name: (whether a tensor's rows, each
-        agent's row or item)} for those the kernel declares ``per_row``, the others as they are)."""
-        kept = b.kept()
-        per_row, rows = self.kernel.per_row, {}
-        for name, v in kept.items():
-            if name not in per_row or v is None:
-                continue
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(b):
-                rows[name] = (True, v.unbind(0))
-            elif isinstance(v, (list, tuple, RowViews)) and len(v) == len(b):
-                rows[name] = (False, v)
-            else:
-                b.cut(name, v, 0, per_row)  # (its TypeError)
-        return b.x.unbind(0), None if b.g is None else b.g.unbind(0), kept, rows
-
-    def rows_of(self, parts: list[tuple[Batch, int, tuple]]) -> Batch:
-        """(batch, row, its ``cuts``) parts as one batch: their rows, payloads and sizes, and the kernel's kept values
-        (those it declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's)."""
-        first, n0, (_, g0, kept, _) = parts[0]
-        if not kept and len(parts) == 1:
-            return first.row(n0)
-        b = Batch([q.agents[n] for q, n, _ in parts], first.k, torch.stack([c[0][n] for _, n, c in parts]),
-                  None if g0 is None else torch.stack([c[1][n] for _, n, c in parts]), self.state)
+    def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
+        """``joined`` of (batch, row) parts whose batches keep nothing of their own: their rows, payloads and sizes."""
+        first = parts[0][0]
+        if len(parts) == 1:
+            return first.row(parts[0][1])
+        b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
+                  None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
         b.s = first.s
-        b.out = [q.out[n] for q, n, _ in parts]
-        if any(q.sizes is not None for q, _, _ in parts):
-            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
+        b.out = [q.out[n] for q, n in parts]
+        if any(q.sizes is not None for q, _ in parts):
+            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
+        return b
+
+    def joined(self, parts: list[Batch]) -> Batch:
+        """Batches of one (``Batch.row``) as one batch: their rows, payloads and the kernel's kept values (those it
+        declares ``per_row`` joined row by row, the others shared)."""
+        first = parts[0]
+        b = Batch([q.agents[0] for q in parts], first.k, torch.cat([q.x for q in parts]),
+                  None if first.g is None else torch.cat([q.g for q in parts]), self.state)
+        b.out = [q.out[0] for q in parts]
+        if any(q.sizes is not None for q in parts):
+            b.sizes = [payload_size(q.out[0]) if q.sizes is None else q.sizes[0] for q in parts]
         per_row = self.kernel.per_row
-        for name, v in kept.items():
-            if name in per_row:  # (a None value stays None: ``Batch.cut``)
-                cut = [c[3].get(name) for _, _, c in parts]
-                if all(u is not None and u[0] for u in cut):
-                    v = torch.stack([u[1][n] for u, (_, n, _) in zip(cut, parts)])
+        for name, v in first.kept().items():
+            if name in per_row:
+                vs = [getattr(q, name) for q in parts]
+                if all(isinstance(u, torch.Tensor) for u in vs):
+                    v = torch.cat(vs)
                 else:
-                    v = [None if u is None else u[1][n] for u, (_, n, _) in zip(cut, parts)]
+                    v = [None if u is None else u[0] for u in vs]
             setattr(b, name, v)
         return b
