@@ -59,7 +59,10 @@ class _Driver(WindowDriver):
 
     def op(self, i: int, kind: int, *v) -> None:
         """``WindowDriver.op``, ranked first by the operation's place in an activation's order."""
-        WindowDriver.op(self, i, self.rank[kind], kind, *v)
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append((self.rank[kind], kind, *v))
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:

@@ -202,6 +202,19 @@ def checkpoint_refusal(sim, kernel) -> str | None:
     return None
 
 
+def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(rows)``; where the rows are, in order, every row of one contiguous tensor (a gradient batch's
+    results), that tensor itself: the same values, without a copy (a (B, P) copy per batch of a large model)."""
+    base = rows[0]._base
+    if base is not None and base.dim() == 2 and base.shape[0] == len(rows) and base.is_contiguous() \
+            and rows[0].dtype == base.dtype:
+        at, step = base.data_ptr(), base.stride(0) * base.element_size()
+        if all(r._base is base and r.data_ptr() == at + n * step and r.shape == base.shape[1:]
+               for n, r in enumerate(rows)):
+            return base
+    return torch.stack(rows)
+
+
 class RowStore:
     """Rows kept by key between lock steps (payloads in flight, gradients waiting for their update): one tensor
     grown as needed and a free list, so keeping and taking are one ``index_copy_`` and one ``index_select`` per
@@ -608,7 +621,7 @@ class WindowDriver:
             tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping())
                        for tk in r]
             svc.flush()
-            self.grads.put(r, torch.stack([t.result for t in tickets]))
+            self.grads.put(r, stacked([t.result for t in tickets]))
             for tk in r:
                 ticket_of[tk] = None
                 i = blocked.pop(tk, None)

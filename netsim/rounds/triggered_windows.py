@@ -68,8 +68,8 @@ class _Sends(BroadcastDriver):
         """``EventTrigger.send`` (or a broadcast that may not happen), undecided: its place among the rows, its
         arrivals' insertion numbers."""
         js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
-        pid, k = next(self.pids), self.k[i]
-        self.undecided.append([len(self.rows), now, i, js, [next(self.seq) for _ in js], pid, k, None])
+        pid, k, seq = next(self.pids), self.k[i], self.seq
+        self.undecided.append([len(self.rows), now, i, js, [next(seq) for _ in js], pid, k, None])
         self.rows.put(_UNDECIDED)
         self.op(i, PUSH, pid, len(self.undecided) - 1, k)
         self.k[i] = k + 1
@@ -209,11 +209,18 @@ class _Driver(_Sends):
 
     def settle(self, step: list, at: int) -> None:
         """The holds the step's absorbs took and gave up (after its mix has read the rows)."""
+        refs, get, drop = self.refs, self.refs.get, self.payloads.drop
+        for _, o in step:  # ``hold``, inlined
+            for h in o[at]:
+                refs[h] = get(h, 0) + 1
         for _, o in step:
-            self.hold(o[at])
-        for _, o in step:
-            for h in o[at + 1]:
-                self.release(h)
+            for h in o[at + 1]:  # ``release``, inlined
+                n = refs[h] - 1
+                if n:
+                    refs[h] = n
+                else:
+                    del refs[h]
+                    drop(h)
 
     def merges(self, step: list) -> None:  # no gradient: the mix alone
         b, idx = self.mixed(step, 2)
