@@ -57,10 +57,10 @@ from collections import deque
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch
+from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch, RowViews
 from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
-from netsim.sim.rows import CODES
+from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 from netsim.trace.io import RECORD, PackedRows
@@ -251,6 +251,9 @@ class _Driver(WindowDriver):
         expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
         c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
             C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
+        c_stale = words(Stale.kind)
+        if event_row(Stale(0.0, 0, 1, 2, 3)) != (0.0, Stale.kind, 0, 1, 2, 0, 0.0, 3, TEXT.none):
+            raise RuntimeError("barrier windows: a stale row's shape is not the one packed here")
 
         def close(i: int, w: _Gather, t: float) -> None:
             """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
@@ -268,7 +271,7 @@ class _Driver(WindowDriver):
                     close(i, w, t)
                 return True
             if rnd < w.round:
-                rows.append(event_row(Stale(t, i, src, mid, rnd)))
+                put(pack(t, c_stale, i, src, mid, 0, 0.0, rnd, c_none))  # (``Stale``'s row)
                 unref(rid)
                 return True
             return False
@@ -598,7 +601,7 @@ class _Driver(WindowDriver):
     def made(self, b: Batch, ops: list, pids: list) -> None:
         """The payloads batch ``b`` sent (``local``'s, or ``combine``'s for the next exchange) as payloads ``pids``,
         kept while a message carries them, and each agent's part of the batch for its next ``combine``."""
-        refs = self.refs
+        refs, cuts = self.refs, self.cuts(b)
         for n, pid in enumerate(pids):
             payload = b.out[n]
             size = self.sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
@@ -613,7 +616,7 @@ class _Driver(WindowDriver):
                     self.woken.extend(woken)
             else:  # sent nowhere, every message lost, or discarded as stale before this work
                 del refs[pid]
-            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n)  # (``rows_of`` joins them)
+            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per round index and exchange; before
@@ -642,11 +645,17 @@ class _Driver(WindowDriver):
                     self.mixes.append((o[5], a, o[6], a.releases_made, steps))
             if s + 1 < self.steps:
                 self.made(b, ops, [o[4] for _, o in ops])
+            refs, sizes, payload, recs, last = self.refs, self.sizes, self.payload, self.recs, s + 1 == self.steps
             for _, o in ops:
-                for r in o[2].values():
-                    self.unref(r)
-                if s + 1 == self.steps:
-                    del self.recs[o[1]]
+                for r in o[2].values():  # ``unref``, inlined
+                    n = refs[r] - 1
+                    if n or r not in sizes:
+                        refs[r] = n
+                    else:
+                        del refs[r]
+                        payload.pop(r, None)
+                if last:
+                    del recs[o[1]]
 
     def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
@@ -665,23 +674,42 @@ class _Driver(WindowDriver):
         recv = np.repeat(np.arange(len(who)), [len(g) for g in took])
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
-    def rows_of(self, parts: list[tuple[Batch, int]]) -> Batch:
-        """(batch, row) parts as one batch: their rows, payloads and sizes, and the kernel's kept values (those it
-        declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others shared) — no batch of one per
-        agent."""
-        first, per_row = parts[0][0], self.kernel.per_row
+    def cuts(self, b: Batch) -> tuple:
+        """A batch's rows as ``rows_of`` joins them, cut once for all its agents (``Batch.row``'s cut of each, with no
+        batch of one): its x and g rows, its kept values, and {name: (whether a tensor's rows, each agent's row or
+        item)} for those the kernel declares ``per_row``."""
+        kept = b.kept()
+        per_row, rows = self.kernel.per_row, {}
+        for name, v in kept.items():
+            if name not in per_row or v is None:
+                continue
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(b):
+                rows[name] = (True, v.unbind(0))
+            elif isinstance(v, (list, tuple, RowViews)) and len(v) == len(b):
+                rows[name] = (False, v)
+            else:
+                b.cut(name, v, 0, per_row)  # (its TypeError)
+        return b.x.unbind(0), None if b.g is None else b.g.unbind(0), kept, rows
+
+    def rows_of(self, parts: list[tuple[Batch, int, tuple]]) -> Batch:
+        """(batch, row, its ``cuts``) parts as one batch: their rows, payloads and sizes, and the kernel's kept values
+        (those it declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's) —
+        no batch of one per agent."""
+        first, n0, (_, g0, kept, _) = parts[0]
         if len(parts) == 1:
-            return first.row(parts[0][1], per_row)
-        b = Batch([q.agents[n] for q, n in parts], first.k, torch.stack([q.x[n] for q, n in parts]),
-                  None if first.g is None else torch.stack([q.g[n] for q, n in parts]), self.state)
+            return first.row(n0, self.kernel.per_row)
+        b = Batch([q.agents[n] for q, n, _ in parts], first.k, torch.stack([c[0][n] for _, n, c in parts]),
+                  None if g0 is None else torch.stack([c[1][n] for _, n, c in parts]), self.state)
         b.s = first.s
-        b.out = [q.out[n] for q, n in parts]
-        if any(q.sizes is not None for q, _ in parts):
-            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n in parts]
-        for name, v in first.kept().items():
-            if name in per_row:
-                vs = [q.cut(name, getattr(q, name), n, per_row) for q, n in parts]
-                v = torch.cat(vs) if all(isinstance(u, torch.Tensor) for u in vs) else \
-                    [None if u is None else u[0] for u in vs]
+        b.out = [q.out[n] for q, n, _ in parts]
+        if any(q.sizes is not None for q, _, _ in parts):
+            b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
+        for name, v in kept.items():
+            if name in self.kernel.per_row:  # (a None value stays None: ``Batch.cut``)
+                cut = [c[3].get(name) for _, _, c in parts]
+                if all(u is not None and u[0] for u in cut):
+                    v = torch.stack([u[1][n] for u, (_, n, _) in zip(cut, parts)])
+                else:
+                    v = [None if u is None else u[1][n] for u, (_, n, _) in zip(cut, parts)]
             setattr(b, name, v)
         return b
