@@ -59,7 +59,8 @@ def barriers(draw, names=("dpsgd", "dp_dpsgd", "choco", "muffliato"), records=(N
     if name == "dpsgd":
         alg["lr_decay"] = draw(st.sampled_from([0.0, 0.5]))
     elif name == "dp_dpsgd":
-        alg |= {"clip": 1.0, "noise_multiplier": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"]))}
+        alg |= {"clip": 1.0, "noise_multiplier": 1.0, "clip_mode": draw(st.sampled_from(["per_example", "batch"])),
+                "lr_decay": draw(st.sampled_from([0.0, 0.5]))}  # (0: one call per lock step, ``any_round``)
     elif name == "choco":
         alg |= {"compressor": draw(st.sampled_from(["topk", "randk"])), "ratio": 0.5, "gamma": 0.5}
     else:
@@ -285,3 +286,58 @@ def test_shipped_privacy_scenarios_on_barrier_windows(tmp_path, name):
     ev, auto = got["events"], got["auto"]
     assert ev[0] == "events" and auto[0] == "windowed"
     assert torch.equal(auto[1], ev[1]) and auto[2] == ev[2] and "mixing.csv" in ev[2]
+
+
+def bernoulli_dp(**alg) -> dict:
+    """DP-D-PSGD with Bernoulli activation: the agents' rounds spread, so a lock step holds several round indices."""
+    sc = jittery(name="dp_dpsgd", noise_multiplier=1.0, clip=1.0, round_timeout=0.3, **alg)
+    sc["agents"]["activation"] = {"kind": "bernoulli", "period": 0.25, "p": 0.5}
+    sc["run"]["until"] = 4.0
+    return sc
+
+
+def test_one_call_per_lock_step_where_the_kernel_reads_no_round_index(tmp_path):
+    """DP-D-PSGD with a constant step size reads no ``b.k`` (``any_round``): each lock step's locals and combines are
+    one call, batches joining agents at different rounds, and the bytes are the events engine's."""
+    calls: list = []
+    local = barrier_windows._Driver.locals
+
+    def counted(self, step):
+        ks = {self.recs[o[2]][1] for _, o in step}
+        calls.append((len(ks), len(self.by_round(step, 2))))
+        return local(self, step)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows._Driver, "locals", counted)
+        both(tmp_path, bernoulli_dp())
+    assert calls and all(n == 1 for _, n in calls) and max(k for k, _ in calls) > 1
+
+
+def test_a_kernel_that_reads_the_round_index_it_declared_unread_fails_in_one_line(tmp_path):
+    """A step size that decays with k reads ``b.k``: declared unread anyway, the joined batch's ``b.k`` raises."""
+    from netsim.algorithms.dp_dpsgd import DPDPSGD
+    from netsim.errors import RunCrashed
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(DPDPSGD, "any_round", lambda self, p: True)
+        with pytest.raises(RunCrashed, match=r"DPDPSGD.any_round says no hook reads b.k, and one read it"):
+            netsim.run(scenario_from_dict(bernoulli_dp(lr_decay=0.5)), out=tmp_path / "w", engine="windowed")
+
+
+def test_netsim_check_names_a_kernel_that_reads_the_round_index_it_declared_unread():
+    """The exactness check hands a batch whose ``b.k`` raises to a kernel that declares ``any_round``: DP-D-PSGD's
+    constant step passes, a decaying step declared unread is named with its hook."""
+    from netsim.algorithms.dp_dpsgd import DPDPSGD, DPDPSGDParams
+    from netsim.rounds.exactness import CHECK, check
+
+    p = dict(clip=1.0, noise_multiplier=1.0)
+    assert DPDPSGD().any_round(DPDPSGDParams(**p)) and not DPDPSGD().any_round(DPDPSGDParams(**p, lr_decay=0.5))
+    assert check("dp_dpsgd", DPDPSGD(), DPDPSGDParams(**p), CHECK[:1]).violation is None
+    assert check("dp_dpsgd", DPDPSGD(), DPDPSGDParams(**p, lr_decay=0.5), CHECK[:1]).violation is None
+
+    class Declared(DPDPSGD):
+        def any_round(self, p):
+            return True
+
+    line = check("declared", Declared(), DPDPSGDParams(**p, lr_decay=0.5), CHECK[:1]).violation
+    assert line is not None and "Declared.combine" in line and "any_round says no hook reads b.k" in line, line

@@ -151,8 +151,11 @@ class DPDPSGD(SyncKernel):
             b.state["spent"].update(b.refused(b.step))                # out of budget: gossip only
         b.send(b.x)                                                   # x_i^k (post-processing)
 
+    def any_round(self, p):
+        return not p.lr_decay                                         # gamma_k = lr: b.k is not read
+
     def combine(self, b, p, got):
-        lr = p.lr / (1.0 + p.lr_decay * b.k)
+        lr = p.lr / (1.0 + p.lr_decay * b.k) if p.lr_decay else p.lr  # (lr / 1.0 == lr: the same bits)
         b.mix_into_params(b.x, got, step=b.step, lr=lr)              # Lian et al. Alg. 1, line 6 (batched)
 
     def refusal(self, sim, path):

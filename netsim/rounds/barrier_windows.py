@@ -57,7 +57,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, Arrivals, Batch, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews
 from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
@@ -220,6 +220,8 @@ class _Driver(WindowDriver):
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
         self.op_waits = self.wait
+        self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
+        self.mixed = AnyRound(type(kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
         self.small = self.bank.W.shape[1] <= SMALL
@@ -556,13 +558,17 @@ class _Driver(WindowDriver):
                 return True
         return False
 
-    def by_round(self, step: list, at: int) -> dict[int, list]:
-        """A lock step's operations by their round index (a batch has one ``b.k``)."""
-        groups: dict[int, list] = {}
+    def by_round(self, step: list, at: int) -> list[tuple]:
+        """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
+        where the kernel reads no ``b.k`` (``any_round``), k then ``AnyRound`` unless all are at one round."""
         recs = self.recs
+        if self.any_round:
+            ks = {recs[o[at]][1] for _, o in step}
+            return [(ks.pop() if len(ks) == 1 else self.mixed, step)]
+        groups: dict[int, list] = {}
         for i, o in step:
             groups.setdefault(recs[o[at]][1], []).append((i, o))
-        return groups
+        return list(groups.items())
 
     def asks(self, step: list) -> None:
         """The gradients' points: each agent's parameters at its activation (``agent.params``)."""
@@ -575,7 +581,7 @@ class _Driver(WindowDriver):
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
         kernel, p, recs = self.kernel, self.p, self.recs
-        for k, ops in self.by_round(step, 2).items():
+        for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
             x = torch.stack([self.x_at.pop(r) for r in rids])
             g = self.grads.take([o[1] for _, o in ops])
@@ -590,7 +596,7 @@ class _Driver(WindowDriver):
                 b.held = []
             if kernel.local(b, p) is not None:
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
-            if b.k != k:
+            if b.k is not k and (k is self.mixed or b.k != k):
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
             self.made(b, ops, rids)
             for n, rid in enumerate(rids):
@@ -619,16 +625,21 @@ class _Driver(WindowDriver):
             self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)
 
     def combines(self, step: list) -> None:
-        """``combine`` with what each barrier took, in arrival order, one call per round index and exchange; before
-        the round's last exchange it sends the next payloads."""
+        """``combine`` with what each barrier took, in arrival order, one call per exchange (and round index, unless
+        ``any_round``); before the round's last exchange it sends the next payloads."""
         kernel, p = self.kernel, self.p
-        groups: dict[tuple[int, int], list] = {}
+        groups: dict = {}  # by exchange and round index, or by exchange alone (``by_round``)
+        recs, joined = self.recs, self.any_round
         for i, o in step:
-            groups.setdefault((self.recs[o[1]][1], o[3]), []).append((i, o))
-        for (_, s), ops in groups.items():
+            groups.setdefault(o[3] if joined else (recs[o[1]][1], o[3]), []).append((i, o))
+        for key, ops in groups.items():
+            if joined:
+                s, ((k, _),) = key, self.by_round(ops, 1)
+            else:
+                k, s = key
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts)
-            b.s = s
+            b.s, b.k = s, k
             if self.mixing:
                 b.held = []
             if self.small:

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, Arrivals, Batch, RoundKernel, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, AnyRound, Arrivals, Batch, RoundKernel, RowViews
 from netsim.sim.network import payload_size
 
 
@@ -374,6 +374,10 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
     agents = [side.agents[i] for i in who]
     pos = {i: n for n, i in enumerate(who)}
     side.call("refusal", kernel.refusal, side.sim, ROUNDS)
+    # a kernel whose hooks read no b.k (``any_round``): the batch's b.k raises when read, as a driver's batch of agents
+    # at different rounds (set to k again for the comparisons)
+    declares = type(kernel).any_round is not RoundKernel.any_round
+    unread = AnyRound(type(kernel).__name__) if declares and side.call("any_round", kernel.any_round, p) else None
     for k in range(ACTIVATIONS):
         st = side.state
         reqs = [side.call("gradient", kernel.asks, p, st, i, k) for i in who]
@@ -384,7 +388,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
         if side.batched:
             idx = torch.tensor(who)
             x = side.bank.W.index_select(0, idx)
-            groups = [Batch(agents, k, x, None if G is None else G.index_select(0, idx), st, rows=(RowViews(x), None))]
+            groups = [Batch(agents, k if unread is None else unread, x, None if G is None else G.index_select(0, idx),
+                            st, rows=(RowViews(x), None))]
         else:
             groups = []
             for a in agents:
@@ -402,6 +407,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
                     points[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
                 g = side.drawn("wave", k, wave, shape=side.bank.W.shape).index_select(0, torch.tensor(at))
                 w, wave = side.call("local", _send, local, g), wave + 1
+            if b.k is unread is not None:
+                b.k = k
         rows = _rows(kernel, groups)
         for n, r in enumerate(rows):
             r["each local gradient's point and rows"] = points[n]
@@ -414,6 +421,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
             after: list[list] = [[] for _ in who]  # a combine's gradients after the exchange: their points, rows
             for b, g in zip(groups, got, strict=True):
                 b.s = s
+                if unread is not None and side.batched and b.k is k:
+                    b.k = unread
                 comb = side.call("combine", kernel.combine, b, p, g)
                 w, wave = None if comb is None else side.call("combine", next, comb, None), 0
                 while w is not None:
@@ -423,6 +432,8 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
                             after[pos[i]].append((w.at[n], np.asarray(w.rows[n])))
                     g = side.drawn("after", k, s, wave, shape=side.bank.W.shape).index_select(0, torch.tensor(at))
                     w, wave = side.call("combine", _send, comb, g), wave + 1
+                if b.k is unread is not None:
+                    b.k = k
             rows = _rows(kernel, groups)
             for n, r in enumerate(rows):
                 r["each gradient's point and rows after the exchange"] = after[n]

@@ -453,6 +453,28 @@ class Batch:
 _N_OWN = 13  # the attributes ``Batch.__init__`` sets
 
 
+class AnyRound:
+    """``b.k`` of a batch that joins agents at different rounds (its kernel's ``any_round`` said no hook reads it):
+    reading it raises, so a kernel that declares wrongly fails in one line (``netsim check`` names it) instead of
+    computing with one round."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel: str):
+        self.kernel = kernel
+
+    def _read(self, *_):
+        raise RuntimeError(f"{self.kernel}.any_round says no hook reads b.k, and one read it (its batch joins agents "
+                           "at different rounds: read each agent's from b.rounds(), or declare any_round False)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __int__ = __index__ = __float__ = __hash__ = _read
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _read
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __str__ = __format__ = _read
+
+    def __repr__(self) -> str:
+        return "<b.k of agents at different rounds>"
+
+
 def _what(v: Any) -> str:
     shape = getattr(v, "shape", None)
     return f"a {type(v).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"
@@ -645,6 +667,12 @@ class RoundKernel:
         """Why the windowed engine cannot play this kernel exactly on ``path`` (``ROUNDS`` or ``LOOKAHEAD``) with the
         run's parameters (``sim.params``), in one line: the rule, then after " — " what to change (None: it can)."""
         return None
+
+    def any_round(self, p: Any) -> bool:
+        """Whether, with parameters ``p``, no hook reads a batch's round index ``b.k`` (per-agent counts, if needed,
+        from ``b.rounds()``): a lookahead window's driver may then join agents at different rounds in one call, whose
+        ``b.k`` raises when read (default: False, one call per round index)."""
+        return False
 
     def init(self, agents: Sequence, p: Any) -> Any:
         """The run's state, made once before the first round (default: none)."""
