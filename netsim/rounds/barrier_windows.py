@@ -57,7 +57,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
@@ -686,41 +686,60 @@ class _Driver(WindowDriver):
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def cuts(self, b: Batch) -> tuple:
-        """A batch's rows as ``rows_of`` joins them, cut once for all its agents (``Batch.row``'s cut of each, with no
-        batch of one): its x and g rows, its kept values, and {name: (whether a tensor's rows, each agent's row or
-        item)} for those the kernel declares ``per_row``."""
+        """What ``rows_of`` joins of a batch's rows, checked once for all its agents (``Batch.row``'s cut): its kept
+        values, and {name: (whether a tensor with a row per agent, the value)} for those the kernel declares
+        ``per_row``."""
         kept = b.kept()
         per_row, rows = self.kernel.per_row, {}
         for name, v in kept.items():
             if name not in per_row or v is None:
                 continue
             if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(b):
-                rows[name] = (True, v.unbind(0))
+                rows[name] = (True, v)
             elif isinstance(v, (list, tuple, RowViews)) and len(v) == len(b):
                 rows[name] = (False, v)
             else:
                 b.cut(name, v, 0, per_row)  # (its TypeError)
-        return b.x.unbind(0), None if b.g is None else b.g.unbind(0), kept, rows
+        return kept, rows
 
     def rows_of(self, parts: list[tuple[Batch, int, tuple]]) -> Batch:
         """(batch, row, its ``cuts``) parts as one batch: their rows, payloads and sizes, and the kernel's kept values
         (those it declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's) —
         no batch of one per agent."""
-        first, n0, (_, g0, kept, _) = parts[0]
+        first, n0, (kept, _) = parts[0]
         if len(parts) == 1:
             return first.row(n0, self.kernel.per_row)
-        b = Batch([q.agents[n] for q, n, _ in parts], first.k, torch.stack([c[0][n] for _, n, c in parts]),
-                  None if g0 is None else torch.stack([c[1][n] for _, n, c in parts]), self.state)
+        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts]),
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts]), self.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
         for name, v in kept.items():
             if name in self.kernel.per_row:  # (a None value stays None: ``Batch.cut``)
-                cut = [c[3].get(name) for _, _, c in parts]
+                cut = [c[1].get(name) for _, _, c in parts]
                 if all(u is not None and u[0] for u in cut):
-                    v = torch.stack([u[1][n] for u, (_, n, _) in zip(cut, parts)])
+                    v = _join([(u[1], n) for u, (_, n, _) in zip(cut, parts)])
                 else:
                     v = [None if u is None else u[1][n] for u, (_, n, _) in zip(cut, parts)]
             setattr(b, name, v)
         return b
+
+
+def _join(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """Rows (tensor, row n) as one tensor, a copy (``torch.stack`` of the rows' values): one ``index_select`` per
+    tensor they come from (a lock step's parts come from a few batches), no view per row."""
+    by: dict[int, tuple] = {}
+    for at, (t, n) in enumerate(rows):
+        e = by.get(id(t))
+        if e is None:
+            e = by[id(t)] = (t, [], [])
+        e[1].append(n)
+        e[2].append(at)
+    if len(by) == 1:
+        return t.index_select(0, as_index(e[1], t.device))
+    out = torch.cat([t.index_select(0, as_index(ns, t.device)) for t, ns, _ in by.values()])
+    order = [at for _, _, ats in by.values() for at in ats]  # the joined rows' places in ``rows``
+    back = np.empty(len(order), np.int64)
+    back[order] = np.arange(len(order))
+    return out.index_select(0, torch.from_numpy(back).to(out.device))
