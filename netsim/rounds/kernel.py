@@ -360,29 +360,32 @@ class Batch:
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
 
     def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                  q: Sequence[float], what: str = "gradient", mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+                  q: Sequence[float], what: str = "gradient", mechanism: str = "gaussian",
+                  to: Sequence[int] | None = None) -> list[torch.Tensor | None]:
         """Row n plus noise of scale ``sigma[n]`` (Gaussian std, or ``mechanism = "laplace"``'s scale) from agent n's
-        own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``, a public
-        release); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent released
-        with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
+        own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``: public, or
+        to agent ``to[n]``); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent
+        released with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None and self.recorded is None:  # the ledger's own release
-            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what)]
+            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what,
+                                                  to=-1 if to is None else to[0])]
         mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is None:
-            return self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
+            return self._privatize_rows(g, sigma, sensitivity, q, what, mechanism, to)
         import torch
 
         g = torch.stack([views.before_noise(a.id, r, s)  # an audit's gradient canaries, before the noise
                          for a, r, s in zip(self.agents, g.unbind(0), sensitivity, strict=True)])
-        out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
+        out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism, to)
         for n, a in enumerate(self.agents):
             if out[n] is not None:
                 views.released(a.id, a.round, g[n], out[n])
         return out
 
     def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                        q: Sequence[float], what: str, mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+                        q: Sequence[float], what: str, mechanism: str = "gaussian",
+                        to: Sequence[int] | None = None) -> list[torch.Tensor | None]:
         from netsim.compute.noise import noise_rows
 
         out: list[torch.Tensor | None] = []
@@ -394,7 +397,7 @@ class Batch:
                 ok = recorded[n]
             else:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
                 ok = a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
-                                     at=None if self._at is None else self._at(n))
+                                     to=-1 if to is None else to[n], at=None if self._at is None else self._at(n))
             out.append(None if not ok else g[n] if sigma[n] else g[n].clone())
             if ok and sigma[n]:
                 noised.append(n)
