@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
-from netsim.algorithms.pdsl import DPGradientParams, check_setting, resolve_sigma
+from netsim.algorithms.pdsl import (
+    DPGradientParams,
+    check_setting,
+    cross_gradients,
+    regular_graph_refusal,
+    resolve_sigma,
+    seconds,
+)
 from netsim.algorithms.registry import register
 from netsim.rounds import SyncKernel, SyncRounds
 from netsim.scenario.structure import field, nonneg, positive
@@ -106,19 +113,13 @@ class DPCGA(SyncKernel):
         check_setting(sim, p)  # undirected graph, before the run
 
     def refusal(self, sim, path):
-        from netsim.rounds.windowed import budget_cap_refusal
-
-        degrees = {len(a.in_neighbors) for a in sim.agents}
-        if len(degrees) > 1:
-            return ("dp_cga on a graph whose degrees differ: agents take different numbers of cross-gradients, so "
-                    "their replies leave at different times — use a regular graph (ring, complete, torus)")
-        return budget_cap_refusal(sim)  # an agent out of budget sends no reply
+        return regular_graph_refusal(sim)
 
     def exchanges(self, p, state):
         return 2  # the models out (phase A), the cross-gradients back (phase B)
 
-    def waves_between(self, sim, p):
-        return 1 + max(len(a.in_neighbors) for a in sim.agents)  # g_ii, then one g_ij per model received
+    def between(self, sim, p):  # g_ii, then one g_ij per model received
+        return seconds(sim, 1 + max(len(a.in_neighbors) for a in sim.agents), 0)
 
     def local(self, b, p):
         b.send(b.x)                                                        # phase A: x_i to every neighbour
@@ -126,34 +127,9 @@ class DPCGA(SyncKernel):
     def combine(self, b, p, got):
         if b.s == 0:
             b.models = got
-            return self._cross(b, p, got)                                 # phase B
+            return cross_gradients(b, p, got)                             # phase B
         self._step(b, p, got)
         return None
-
-    def _cross(self, b, p, models):
-        """Phase B: g_ii on one mini-batch xi, then g_ij at each received x_j on the same xi (sorted j), each clipped
-        and noised as it completes; the replies ghat_ij go back to their j."""
-        import torch
-
-        sigma = b.state["sigma"]
-        clip = p.clip if p.clip_mode == "per_example" else None
-        xi = b.sample_rows(p.batch)                                        # one mini-batch for the round
-        g = yield b.gradients(b.x, xi, clip=clip)                          # eq. (9): g_ii = grad F_i(x_i; xi)
-        b.own = release(b, p, g, sigma, "gradient")                        # eqs. (10), (11)
-        peers = [sorted(m) for m in models]
-        replies: list[dict] = [{} for _ in b.agents]
-        for s in range(max(map(len, peers), default=0)):
-            on = [n for n, ps in enumerate(peers) if s < len(ps)]
-            at = torch.stack([models[n][ps[s]] if s < len(ps) else b.x[n] for n, ps in enumerate(peers)])
-            g = yield b.gradients(at, [r if s < len(ps) else None for r, ps in zip(xi, peers, strict=True)],
-                                  clip=clip)                               # eq. (12): g_ij = grad F_i(x_j; xi)
-            part = b.part(on)
-            noisy = release(part, p, g if len(on) == len(b) else g[on], sigma, "cross_gradient",
-                            to=[peers[n][s] for n in on])                  # eqs. (13), (14)
-            for n, r in zip(on, noisy, strict=True):
-                if r is not None:
-                    replies[n][peers[n][s]] = r
-        b.send(replies)                                                    # each ghat_ij back to its j
 
     def _step(self, b, p, xgrads):
         """g~ = g_s + G^T v* per layer (G: the w_ij-weighted cross-gradients received), m <- mu m + g~ and
@@ -191,17 +167,6 @@ class DPCGA(SyncKernel):
         else:
             m_all.index_copy_(0, idx, m)
         b.mix_into_params(b.x, b.models, step=step, lr=p.lr)  # params = mix(x, models) - lr step, batched
-
-
-def release(b, p: DPGradientParams, g: torch.Tensor, sigma: float, what: str, to: list[int] | None = None) -> list:
-    """Each row clipped (batch mode, eqs. 10/13) and noised, one ledger release each (``release_gradient``'s recipe
-    over a batch); None for an agent whose budget cap is reached."""
-    if p.clip_mode == "batch":
-        g, sens = b.clip(g, p.clip), 2.0 * p.clip
-    else:
-        sens = p.clip / p.batch
-    q = [min(1.0, p.batch / len(a.rows)) for a in b.agents]
-    return b.privatize(g, [sigma] * len(b), [sens] * len(b), q, what=what, to=to)
 
 
 def project(G: torch.Tensor, g: torch.Tensor, slices: list[slice], margin: float, eps: float,

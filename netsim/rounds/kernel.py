@@ -58,12 +58,30 @@ class Wave:
     clip_kind: str = "l2"
 
 
+@attrs.frozen(eq=False)
+class Requests:
+    """A timed request of each agent of a batch to a lookahead service (``Agent.lookahead``): agent n's ``items[n]``
+    (None: no request), answered after compute time ``ct[n]`` (``compute_start`` / ``compute_end`` rows, as a
+    gradient's); every request of a wave is valued in one call of the service's ``evaluate``, in both engines. A
+    kernel yields it (``Batch.requests``) where it yields a ``Wave`` and receives each agent's result (None where it
+    asked none)."""
+
+    service: Any
+    items: list
+    ct: list
+
+
 def drive(agent, local) -> Generator:
     """Run a kernel's local generator for one agent (a batch of one): each ``Wave`` is a gradient request of the
-    agent; returns the generator's value. Coroutine programs use it to share a kernel's local step."""
+    agent, each ``Requests`` its request to a lookahead service; returns the generator's value. Coroutine programs use
+    it to share a kernel's local step."""
     try:
         w = next(local)
         while True:
+            if type(w) is Requests:
+                got = None if w.items[0] is None else (yield w.service.request(agent.id, w.items[0], w.ct[0]))
+                w = local.send([got])
+                continue
             if w.rows[0] is None:  # this agent asks for no gradient
                 w = local.send(w.at.new_zeros(w.at.shape))
                 continue
@@ -219,6 +237,23 @@ class Batch:
     def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
         """A wave of gradients to yield from ``local``: ``g = yield b.gradients(y, rows)``."""
         return Wave(at, rows, clip, clip_kind)
+
+    def requests(self, service: Any, items: list, ct: Sequence[float]) -> Requests:
+        """A wave of timed requests to a lookahead service to yield: ``results = yield b.requests(svc, items, ct)``."""
+        return Requests(service, items, list(ct))
+
+    def now(self, n: int) -> float:
+        """Agent n's clock where its program runs (a driver's, else the engine's)."""
+        return self.agents[n].env.now if self._at is None else self._at(n)[0]
+
+    def emit(self, n: int, event: Any) -> None:
+        """Trace agent n's event record where its program makes it (``Agent.emit``; a driver's rows of the agent)."""
+        if self._at is None:
+            self.agents[n].emit(event)
+            return
+        from netsim.trace.events import row
+
+        self._at(n)[1].append(row(event))
 
     def sample_rows(self, batch: int | None) -> list:
         """Each agent's mini-batch (``Agent.sample_rows``, its own stream)."""

@@ -27,7 +27,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import ROUNDS, Arrivals, Batch, GradientRequest, Path, Pattern, RoundKernel, RowViews, drive
+from netsim.rounds.kernel import (
+    ROUNDS,
+    Arrivals,
+    Batch,
+    GradientRequest,
+    Path,
+    Pattern,
+    Requests,
+    RoundKernel,
+    RowViews,
+    drive,
+)
 from netsim.sim import rows as shapes
 from netsim.sim.activation import Periodic
 from netsim.sim.loop import Between
@@ -87,12 +98,13 @@ class SyncKernel(RoundKernel):
         uplinks) before their tensor work makes the payload, so they play transmission times only where it is known."""
         return None
 
-    def waves_between(self, sim: Any, p: Any) -> int:
-        """The most waves of gradients ``combine`` yields after an exchange that is not the round's last (its
-        ``combine`` then returns a generator there, None after the last: e.g. cross-gradients at the models just
-        received, sent back in the next exchange); 0 (the default): none. The synchronous windows play them where
-        every agent of a round asks for the same number."""
-        return 0
+    def between(self, sim: Any, p: Any) -> float:
+        """Where ``combine`` takes gradients (or a lookahead service's ``Requests``) after an exchange that is not the
+        round's last (it then returns a generator there, None after the last: e.g. cross-gradients at the models just
+        received, sent back in the next exchange): the seconds from the round's first barrier to its last exchange's
+        sends, with constant compute times and latency; 0 (the default): it takes none. The synchronous windows play
+        them where every agent of a round asks for the same number."""
+        return 0.0
 
     def local(self, b: Batch, p: Any) -> Generator | None:
         """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
@@ -106,7 +118,7 @@ class SyncKernel(RoundKernel):
         gradient rows: each agent asks when its barrier completes (or times out) and calls its next ``wake`` after its
         last gradient (the windowed driver plays it after the round's last exchange only), or, after an exchange that
         is not the last, sends the next payload after it (a plain ``combine`` returning such a generator there:
-        ``waves_between``)."""
+        ``between``)."""
         raise NotImplementedError
 
 
@@ -194,7 +206,7 @@ class SyncRounds(Pattern):
         from netsim.rounds.windowed import round_limit
 
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
-        between = kernel.waves_between(sim, p)
+        between = kernel.between(sim, p)
         if (self.more or kernel.first_gradient or between) and path != ROUNDS:
             what = f"sends {len(self.more) + 1} messages an exchange" if self.more else \
                 "takes a gradient in round 0 only" if kernel.first_gradient else "takes gradients between its exchanges"
@@ -252,9 +264,8 @@ class SyncRounds(Pattern):
         if r.rounds is None and cut and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
-        if between:  # its waves, then the next exchange's latency, before the round's end
-            lat_ = float(lat.value)
-            return _timeline(sc, p.round_timeout, before, between * float(sc.agents.compute_time.value) + lat_, limit)
+        if between:  # its gradients and exchanges, then the last exchange's latency, before the round's end
+            return _timeline(sc, p.round_timeout, before, between + float(lat.value), limit)
         if after or r.rounds is None and r.until is not None:
             return _timeline(sc, p.round_timeout, 1 if kernel.first_gradient and before else before, after, limit)
         return None
@@ -390,9 +401,9 @@ class SyncRounds(Pattern):
 
     @staticmethod
     def _between(sim, waves, b, rows, ids, done, late, net, now: list, released: dict) -> tuple:
-        """A ``combine``'s gradients between two exchanges (``SyncKernel.waves_between``): each agent asks at its
-        barrier's completion, in completion order, and every agent asks in every wave (one batched call a wave, the
-        engine's flush); its rows per wave: the last gradient's ``compute_end``, its releases, its next request. The
+        """A ``combine``'s gradients (or ``Requests``) between two exchanges (``SyncKernel.between``): each agent asks
+        at its barrier's completion, in completion order, and every agent asks in every wave (one batched call a wave,
+        the engine's flush); its rows per wave: the last gradient's ``compute_end``, its releases, its next request. The
         last wave's ``compute_end`` and releases head the next exchange's sends. Returns the senders' batch positions
         and times for it, and whether they took gradients."""
         agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
@@ -409,15 +420,28 @@ class SyncRounds(Pattern):
         try:
             w = next(waves)
             while True:
-                if any(w.rows[n] is None for n in gp.tolist()):
+                asked = w.items if type(w) is Requests else w.rows
+                if any(asked[n] is None for n in gp.tolist()):
                     raise RuntimeError("synchronous windows: agents take different numbers of gradients between "
                                        "exchanges (refusal should have said so)")
-                ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
+                if type(w) is Requests:
+                    ct = np.array(w.ct, np.float64)[gp]
+                else:
+                    ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
                 rows.parts.append(_level_rows(words, gids, gp, t, released, on, ended, on, ~on, False, agents, ct))
                 end = t + ct
                 if len(t) > 1 and t.max() >= end.min() and not ((ct == 0).all() and t.min() == t.max()):
                     raise RuntimeError("synchronous windows: an agent asks for its gradient after another's completes "
                                        "(refusal should have said so)")
+                t, ended = end, ct
+                for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
+                    now[n] = tn
+                if type(w) is Requests:  # the service's one flush: every request of the wave, in request order
+                    got: list = [None] * len(ids)
+                    for n, r in zip(gp.tolist(), w.service.value([w.items[n] for n in gp.tolist()]), strict=True):
+                        got[n] = r
+                    w = waves.send(got)
+                    continue
                 import torch
 
                 sel = torch.from_numpy(gp)
@@ -425,9 +449,6 @@ class SyncRounds(Pattern):
                                 [w.rows[n] for n in gp.tolist()], [w] * len(gids))
                 g = w.at.new_zeros((len(ids), *res.shape[1:]), dtype=res.dtype)
                 g.index_copy_(0, sel.to(res.device), res)
-                t, ended = end, ct
-                for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
-                    now[n] = tn
                 w = waves.send(g)
         except StopIteration:
             pass
@@ -460,7 +481,7 @@ class SyncRounds(Pattern):
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
-        between = kernel.waves_between(sim, p)  # gradients between two exchanges
+        between = kernel.between(sim, p)  # gradients between two exchanges
         r = sim.world.scenario.run
         until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
