@@ -101,6 +101,7 @@ class DPCGA(SyncKernel):
     last dual solution v of each layer (the reference code's fallback)."""
 
     pattern = SyncRounds(tag="cga")
+    per_row = frozenset({"models", "own"})  # phase A's models received, ghat_ii
     reads = frozenset({"lr", "momentum", "margin", "qp_eps", "clip", "clip_mode", "calibration", "sigma", "epsilon",
                        "delta", "sigma_per_eps", "phi_min", "batch"})
 

@@ -266,6 +266,7 @@ class PDSL(SyncKernel):
     mix (D). State: every agent's momentum u (a row of the parameter bank)."""
 
     pattern = SyncRounds(tag="pdsl")
+    per_row = frozenset({"own", "u", "xh"})  # ghat_ii, u_hat, x_hat
     reads = frozenset({"lr", "momentum", "exact_max", "permutations", "sampling", "v_empty", "utility",
                        "divide_by_omega", "share_floor", "shapley_cost", "round_from", "clip", "clip_mode",
                        "calibration", "sigma", "epsilon", "delta", "sigma_per_eps", "phi_min", "batch"})

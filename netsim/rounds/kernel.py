@@ -167,7 +167,7 @@ class Batch:
 
         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(self):
             return v[n:n + 1]
-        if isinstance(v, (list, tuple, RowViews)) and len(v) == len(self):
+        if isinstance(v, (list, tuple, RowViews, Arrivals)) and len(v) == len(self):
             return [v[n]]
         raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
                         f"{len(self)}")

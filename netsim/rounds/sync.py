@@ -98,13 +98,13 @@ class SyncKernel(RoundKernel):
         uplinks) before their tensor work makes the payload, so they play transmission times only where it is known."""
         return None
 
-    def between(self, sim: Any, p: Any) -> float:
+    def between(self, sim: Any, p: Any) -> float | None:
         """Where ``combine`` takes gradients (or a lookahead service's ``Requests``) after an exchange that is not the
         round's last (it then returns a generator there, None after the last: e.g. cross-gradients at the models just
         received, sent back in the next exchange): the seconds from the round's first barrier to its last exchange's
-        sends, with constant compute times and latency; 0 (the default): it takes none. The synchronous windows play
-        them where every agent of a round asks for the same number."""
-        return 0.0
+        sends, with constant compute times and latency; None (the default): it takes none. The synchronous windows
+        play them where every agent of a round asks for the same number."""
+        return None
 
     def local(self, b: Batch, p: Any) -> Generator | None:
         """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
@@ -206,10 +206,15 @@ class SyncRounds(Pattern):
         from netsim.rounds.windowed import round_limit
 
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
-        between = kernel.between(sim, p)
-        if (self.more or kernel.first_gradient or between) and path != ROUNDS:
+        between = kernel.between(sim, p) is not None
+        if between and path != ROUNDS:  # (its own rule first: the rounds would refuse it too)
+            return kernel.refusal(sim, path) or (
+                f"{sc.algorithm.name} takes gradients between its exchanges: the lookahead windows do not play it — use "
+                "periodic activation, one clock and compute time, a constant latency and no loss (synchronous windows "
+                "play it)")
+        if (self.more or kernel.first_gradient) and path != ROUNDS:
             what = f"sends {len(self.more) + 1} messages an exchange" if self.more else \
-                "takes a gradient in round 0 only" if kernel.first_gradient else "takes gradients between its exchanges"
+                "takes a gradient in round 0 only"
             return (f"{sc.algorithm.name} {what}: the lookahead windows do not play it — give every agent the same "
                     "clock and compute time (synchronous windows play it)")
         if path != ROUNDS:
@@ -265,7 +270,7 @@ class SyncRounds(Pattern):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
         if between:  # its gradients and exchanges, then the last exchange's latency, before the round's end
-            return _timeline(sc, p.round_timeout, before, between + float(lat.value), limit)
+            return _timeline(sc, p.round_timeout, before, kernel.between(sim, p) + float(lat.value), limit)
         if after or r.rounds is None and r.until is not None:
             return _timeline(sc, p.round_timeout, 1 if kernel.first_gradient and before else before, after, limit)
         return None
@@ -481,7 +486,7 @@ class SyncRounds(Pattern):
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
-        between = kernel.between(sim, p)  # gradients between two exchanges
+        between = kernel.between(sim, p) is not None  # gradients between two exchanges
         r = sim.world.scenario.run
         until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
@@ -1076,11 +1081,11 @@ def _timeline(sc, timeout: float, before: bool | int, after: bool | float, limit
         woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
         s = a_d + ct if before is True or before > k else a_d
         d, t = s + link_delay(s, s, lat), s + timeout
-        if after:
+        if after is not False:
             gap = ct if after is True else float(after)
             d, t = d + gap, t + gap
         end = max(d, t) if lossy else d
-        while after and T <= end and (until is None or T < until):  # the evaluations up to the round's end
+        while after is not False and T <= end and (until is None or T < until):  # the evaluations up to the round's end
             if T > a_d or T == a_d and not (k > 0 and T_prev < woke):  # (at the activation: first by its parent)
                 return (f"evaluation.every = {every:g}: the evaluation at {T!r} falls inside round {k}, whose "
                         "gradients come after the exchange — give evaluation.every a multiple of "
