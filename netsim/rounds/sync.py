@@ -209,9 +209,9 @@ class SyncRounds(Pattern):
         between = kernel.between(sim, p) is not None
         if between and path != ROUNDS:  # (its own rule first: the rounds would refuse it too)
             return kernel.refusal(sim, path) or (
-                f"{sc.algorithm.name} takes gradients between its exchanges: the lookahead windows do not play it — use "
-                "periodic activation, one clock and compute time, a constant latency and no loss (synchronous windows "
-                "play it)")
+                f"{sc.algorithm.name} takes gradients between its exchanges: the lookahead windows do not play it — "
+                "use periodic activation, one clock and compute time, a constant latency and no loss (synchronous "
+                "windows play it)")
         if (self.more or kernel.first_gradient) and path != ROUNDS:
             what = f"sends {len(self.more) + 1} messages an exchange" if self.more else \
                 "takes a gradient in round 0 only"
