@@ -621,6 +621,9 @@ class SyncRounds(Pattern):
                     sim.recorder.progress(end)
                 continue
             end = float(order_t[-1])
+            if between and (curves.made or ev.pending):
+                raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between its "
+                                   "exchanges (refusal should have said so)")
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
                 rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
                 rows.add(finishes(*late, agents))
