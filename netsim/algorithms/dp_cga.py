@@ -134,40 +134,27 @@ class DPCGA(SyncKernel):
 
     def _step(self, b, p, xgrads):
         """g~ = g_s + G^T v* per layer (G: the w_ij-weighted cross-gradients received), m <- mu m + g~ and
-        x_i <- sum_j w_ij x_j - gamma (g~ + mu m) (Alg. 1 lines 9-10), the models of phase A mixed."""
+        x_i <- sum_j w_ij x_j - gamma (g~ + mu m) (Alg. 1 lines 9-10), the models of phase A mixed. Agent by agent
+        (each row's few operations stay in cache; a batch's (B, P) temporaries cost more than they save)."""
         import torch
 
         st = b.state
         m_all, last_v = st["m"], st["last_v"]
-        idx = b.index() if len(b) > 1 else None
-        m = m_all[b.agents[0].id].unsqueeze(0).clone() if idx is None else m_all.index_select(0, idx)
-        gs, took = [], []
+        steps = []
         for n, a in enumerate(b.agents):
             own = b.own[n]
             if own is None:  # budget cap reached: no step this round
-                gs.append(torch.zeros_like(b.x[n]))
+                steps.append(torch.zeros_like(b.x[n]))
                 continue
             g = a.self_weight * own
             peers = sorted(xgrads[n])
             if peers:
                 G = torch.stack([a.weights[j] * xgrads[n][j] for j in peers])
                 g = project(G, g, st["slices"], p.margin, p.qp_eps, last_v.setdefault(a.id, {}))
-            gs.append(g)
-            took.append(n)
-        g = torch.stack(gs)
-        if len(took) < len(b):
-            on = torch.zeros(len(b), 1, dtype=torch.bool, device=g.device)
-            on[took] = True
-            m = torch.where(on, p.momentum * m + g, m)
-            step = torch.where(on, g + p.momentum * m, g)
-        else:
-            m = p.momentum * m + g
-            step = g + p.momentum * m
-        if idx is None:
-            m_all[b.agents[0].id].copy_(m[0])
-        else:
-            m_all.index_copy_(0, idx, m)
-        b.mix_into_params(b.x, b.models, step=step, lr=p.lr)  # params = mix(x, models) - lr step, batched
+            m = p.momentum * m_all[a.id] + g                                   # m <- mu m + g~
+            m_all[a.id] = m
+            steps.append(g + p.momentum * m)                                   # g~ + mu m
+        b.mix_into_params(b.x, b.models, step=steps, lr=p.lr)  # params = mix(x, models) - lr step, batched
 
 
 def project(G: torch.Tensor, g: torch.Tensor, slices: list[slice], margin: float, eps: float,
