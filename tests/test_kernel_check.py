@@ -82,7 +82,7 @@ def test_the_cli_checks_a_builtin_kernel_and_refuses_bad_input_in_one_line():
         (["check", "nope"], "error: check: unknown algorithm 'nope'; registered: adp2_sgd, "),
         (["check"], "error: check: name a round-kernel algorithm (netsim check NAME), or give --plugin files "),
         (["check", "dpsgd", "--set", "lr=-1"], "error: algorithm.lr: must be >= 0, got -1.0"),
-        (["check", "pdsl"], "error: check: algorithm 'pdsl' is a coroutine program, not a round kernel"),
+        (["check", "fedavg"], "error: check: algorithm 'fedavg' is a coroutine program, not a round kernel"),
     ]:
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and res.output.startswith(line) and res.output.count("\n") == 1, res.output

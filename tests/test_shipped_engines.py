@@ -16,9 +16,10 @@ FAST = {
     "do_adp_dp_dda",
     "do_adp_dpdo", "do_adp_full", "dpsgd_bursty", "dpsgd_scale", "ldp_online_cheapest", "ldp_online_cheapest_dola",
     "ldp_online_cheapest_dola_eq", "ldp_online_cheapest_dsgd", "ldp_online_cheapest_dsgd_eq",
-    "ldp_online_cheapest_pdop", "ldp_online_full", "mnist_mlp", "pdsl_cheapest_dp_dpsgd", "pdsl_cheapest_dp_netfleet",
-    "pdsl_cheapest_muffliato", "privacy_activation", "privacy_event_triggered", "privacy_pairwise",
-    "privacy_utility", "privsgp_vr_baselines", "privsgp_vr_cheapest", "privsgp_vr_full", "quickstart",
+    "ldp_online_cheapest_pdop", "ldp_online_full", "mnist_mlp", "pdsl_cheapest", "pdsl_cheapest_dp_cga",
+    "pdsl_cheapest_dp_dpsgd", "pdsl_cheapest_dp_netfleet", "pdsl_cheapest_muffliato", "pdsl_full",
+    "privacy_activation", "privacy_event_triggered", "privacy_pairwise", "privacy_utility", "privsgp_vr_baselines",
+    "privsgp_vr_cheapest", "privsgp_vr_full", "quickstart",
 }
 DATA = ROOT.parent / "shared" / "data"  # the benchmark datasets beside the checkout, where there are any
 NEEDS = {"dfedsam_full"}  # CIFAR-10, which the shipped data folder does not hold

@@ -27,21 +27,27 @@ divide by w or not; utility accuracy or -loss; sigma by ``fixed_sigma`` (default
 epsilon), ``per_message_gaussian`` or ``theorem1`` (eq. 27). Over a lossy or late network (which the
 paper does not consider) a player whose cross-gradient missed the barrier is dropped from the round's
 game; with none left the agent only gossips.
+
+As barrier rounds (``SyncRounds``, three exchanges a round, messages tagged ``pdsl`` and numbered 3k + s): A at the
+activation; after its barrier B's gradients one after the other (g_ii, then g_ij for each received x_j, sorted j,
+each noised as it completes: its own release), each a wave of every agent's gradients (one batched call in both
+engines), and the replies; after B's barrier C's Shapley time (``shapley_cost`` draws of ``agents.compute_time``,
+a ``compute_start`` / ``compute_end``), with every agent's coalition models valued in one batched call; then D.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Literal
 
 import attrs
 import numpy as np
-import simpy
 
 from netsim.algorithms.registry import register
 from netsim.algorithms.shapley import from_values, members, minmax, pdsl_weights, plan
 from netsim.errors import InputError
+from netsim.rounds import SyncKernel, SyncRounds
 from netsim.scenario.structure import at_least, field, nonneg, positive
-from netsim.sim.services import Lookahead
 from netsim.sim.streams import register_purpose
 from netsim.trace.events import EventRow, register_event_kind
 
@@ -116,50 +122,65 @@ def resolve_sigma(agent, p: DPGradientParams) -> float:
     return p.clip * bound.sigma_over_C
 
 
-def request_gradient(agent, p: DPGradientParams, params: torch.Tensor, rows: np.ndarray) -> simpy.Event:
-    """The raw gradient (per_example: already the mean of clipped per-example gradients)."""
-    if p.clip_mode == "per_example":
-        return agent.gradient(params=params, rows=rows, clip=p.clip)
-    return agent.gradient(params=params, rows=rows)
+def cross_gradients(b, p: DPGradientParams, models) -> Generator:
+    """Phases 0 and B of PDSL's Algorithm 1 (also DP-CGA's exchange), after the barrier of phase A (``models[n]``: the
+    {j: x_j} that reached agent n): g_ii on one mini-batch xi, then g_ij at each received x_j (sorted j) on the same
+    xi, one gradient after the other, each clipped and noised as it completes (its own release); then each ghat_ij is
+    sent back to its j (the round's next exchange). Each gradient is a wave of every agent's (one batched call). Keeps
+    ``b.own``, each agent's ghat_ii (None once its budget cap is reached)."""
+    import torch
+
+    sigma = b.state["sigma"]
+    clip = p.clip if p.clip_mode == "per_example" else None
+    xi = b.sample_rows(p.batch)                                        # line 1: one mini-batch for the round
+    g = yield b.gradients(b.x, xi, clip=clip)                          # eq. (9): g_ii = grad F_i(x_i; xi)
+    b.own = release_gradients(b, p, g, sigma, "gradient")              # eqs. (10), (11)
+    peers = [sorted(m) for m in models]
+    replies: list[dict] = [{} for _ in b.agents]
+    for s in range(max(map(len, peers), default=0)):
+        on = [n for n, ps in enumerate(peers) if s < len(ps)]
+        at = torch.stack([models[n][ps[s]] if s < len(ps) else b.x[n] for n, ps in enumerate(peers)])
+        g = yield b.gradients(at, [r if s < len(ps) else None for r, ps in zip(xi, peers, strict=True)],
+                              clip=clip)                               # eq. (12): g_ij = grad F_i(x_j; xi)
+        noisy = release_gradients(b.part(on), p, g if len(on) == len(b) else g[on], sigma, "cross_gradient",
+                                  to=[peers[n][s] for n in on])        # eqs. (13), (14)
+        for n, r in zip(on, noisy, strict=True):
+            if r is not None:
+                replies[n][peers[n][s]] = r
+    b.send(replies)                                                    # phase B: each ghat_ij back to its j
 
 
-def release_gradient(agent, p: DPGradientParams, g: torch.Tensor, sigma: float, *, what: str = "gradient",
-                     to: int = -1) -> torch.Tensor | None:
-    """clip (batch mode, eq. 10/13) + N(0, sigma^2 I) (eq. 11/14) as one ledger release; None once the
-    agent's budget cap is reached. Sensitivity is the add-or-remove one the accountants use."""
-    from netsim.privacy.mechanisms import clip_l2
-
+def release_gradients(b, p: DPGradientParams, g: torch.Tensor, sigma: float, what: str,
+                      to: list[int] | None = None) -> list:
+    """The DP recipe over a batch's rows: each clipped (batch mode, eqs. 10/13) and noised, one ledger release
+    each (to agent ``to[n]``, else public); None for an agent whose budget cap is reached."""
     if p.clip_mode == "batch":
-        g, sens = clip_l2(g, p.clip), 2.0 * p.clip
+        g, sens = b.clip(g, p.clip), 2.0 * p.clip
     else:
         sens = p.clip / p.batch
-    q = min(1.0, p.batch / len(agent.rows))
-    return agent.privatize(g, sigma=sigma, sensitivity=sens, q=q, what=what, to=to)
+    q = [min(1.0, p.batch / len(a.rows)) for a in b.agents]
+    return b.privatize(g, [sigma] * len(b), [sens] * len(b), q, what=what, to=to)
 
 
-def cross_gradients(agent, p: DPGradientParams, x: torch.Tensor, xi: np.ndarray, sigma: float, k: int,
-                    tag: str, timeout: float | None = None, models: dict | None = None):
-    """Phases 0, A, B of PDSL's Algorithm 1 (also DP-CGA's exchange). Returns (ghat_ii, {j: ghat_ji}):
-    the own noisy gradient (eq. 11; None once the budget cap is reached) and the neighbours' noisy
-    cross-gradients that arrived by the barrier. All gradients of the round use the same ``xi``
-    and are requested at once (one batched call across the agents of the round). ``models``, if given,
-    receives the neighbours' models x_j of phase A."""
-    timeout = p.round_timeout if timeout is None else timeout
-    yield agent.broadcast(x, tag=tag + ".model", round=k)                          # phase A
-    got_models = yield agent.gather(tag=tag + ".model", round=k, timeout=timeout)
-    if models is not None:
-        models.update(got_models)
-    models = got_models
-    peers = sorted(models)
-    evs = [request_gradient(agent, p, x, xi)] + [request_gradient(agent, p, models[j], xi) for j in peers]
-    got = yield simpy.AllOf(agent.env, evs)                                        # eqs. (9), (12)
-    own = release_gradient(agent, p, got[evs[0]], sigma, what="gradient")          # eqs. (10), (11)
-    for j, ev in zip(peers, evs[1:], strict=True):
-        reply = release_gradient(agent, p, got[ev], sigma, what="cross_gradient", to=j)  # eqs. (13), (14)
-        if reply is not None:
-            yield agent.send(j, reply, tag=tag + ".xgrad", round=k)               # phase B
-    xgrads = yield agent.gather(tag=tag + ".xgrad", round=k, timeout=timeout)
-    return own, xgrads
+def seconds(sim, computes: float, latencies: int) -> float:
+    """``SyncKernel.between`` of a round with ``computes`` compute times and ``latencies`` exchanges between its first
+    barrier and its last sends (a nominal positive value where they are not constant: the windows refuse those)."""
+    sc = sim.world.scenario
+    ct, lat = sc.agents.compute_time, sc.network.latency
+    return computes * (float(ct.value) if ct.kind == "constant" else 1.0) + \
+        latencies * (float(lat.value) if lat.kind == "constant" else 1.0)
+
+
+def regular_graph_refusal(sim) -> str | None:
+    """PDSL's and DP-CGA's ``refusal``: agents of different degrees take different numbers of cross-gradients, so
+    their replies leave at different times; an agent out of budget sends no reply."""
+    from netsim.rounds.windowed import budget_cap_refusal
+
+    if len({len(a.in_neighbors) for a in sim.agents}) > 1:
+        return (f"{sim.world.scenario.algorithm.name} on a graph whose degrees differ: agents take different numbers "
+                "of cross-gradients, so their replies leave at different times — use a regular graph (ring, "
+                "complete, torus)")
+    return budget_cap_refusal(sim)
 
 
 # -- batched coalition evaluation -----------------------------------------------------------------
@@ -237,55 +258,113 @@ def check_setting(sim, params, validation: bool = False) -> None:
                                                   "(the paper assumes a symmetric, doubly stochastic W)")
 
 
-@register("pdsl", PDSLParams, check=lambda sim, params: check_setting(sim, params, validation=True))
-def pdsl(agent, p: PDSLParams):
-    """Returns the agent's program, sharing the simulation's coalition service."""
-    return _pdsl(agent, p, coalition_service(agent))
+@register("pdsl", PDSLParams)
+class PDSL(SyncKernel):
+    """PDSL's round as barrier rounds of three exchanges (see the module docstring): the models out (A); after that
+    barrier the own and cross-gradients, the replies back (B); after the second, the Shapley weights, each agent's
+    coalition models valued in one batched request of every agent's (C), and (u_hat, x_hat) out; after the third, the
+    mix (D). State: every agent's momentum u (a row of the parameter bank)."""
+
+    pattern = SyncRounds(tag="pdsl")
+    per_row = frozenset({"own", "u", "xh"})  # ghat_ii, u_hat, x_hat
+    reads = frozenset({"lr", "momentum", "exact_max", "permutations", "sampling", "v_empty", "utility",
+                       "divide_by_omega", "share_floor", "shapley_cost", "round_from", "clip", "clip_mode",
+                       "calibration", "sigma", "epsilon", "delta", "sigma_per_eps", "phi_min", "batch"})
+
+    def init(self, agents, p):
+        a = agents[0]  # sigma is the run's (the calibration's, the mixing matrix's), not an agent's
+        return {"sigma": resolve_sigma(a, p), "u": a.shared_state("pdsl.u"), "service": coalition_service(a)}
+
+    def check(self, sim, p):
+        check_setting(sim, p, validation=True)  # undirected graph, a validation set, before the run
+
+    def refusal(self, sim, path):
+        return regular_graph_refusal(sim)
+
+    def exchanges(self, p, state):
+        return 3  # A: models out; B: cross-gradients back; D: (u_hat, x_hat) out
+
+    def between(self, sim, p):  # B's 1 + |N_i| gradients, its exchange, C's Shapley time
+        deg = max(len(a.in_neighbors) for a in sim.agents)
+        return seconds(sim, 1 + deg + p.shapley_cost, 1)
+
+    def local(self, b, p):
+        if p.round_from == "clock":  # the activation tick: an agent that skipped one stays in step
+            ticks = {a.tick() for a in b.agents}
+            if len(ticks) > 1:
+                raise RuntimeError("pdsl: agents of one batch at different ticks")
+            b.k = ticks.pop()
+        b.send(b.x)                                                        # phase A: x_i to every neighbour
+
+    def combine(self, b, p, got):
+        if b.s == 0:
+            return cross_gradients(b, p, got)                             # phase B
+        if b.s == 1:
+            return self._weigh(b, p, got)                                 # phase C
+        us = [{j: m[0] for j, m in g.items()} for g in got]               # phase D
+        u = b.mix(b.u, us)                                                 # eq. (24)
+        st = b.state["u"]
+        if len(b) == 1:
+            st[b.agents[0].id] = u[0]
+        else:
+            st.index_copy_(0, b.index(), u)
+        b.mix_into_params(b.xh, [{j: m[1] for j, m in g.items()} for g in got])  # eq. (25), batched
+        return None
+
+    def _weigh(self, b, p, xgrads):
+        """Phase C: each agent's players (itself first, then the replies that arrived), their coalition models
+        valued in one request to the batched service (every agent's at once), then eqs. (18)-(23); sends
+        (u_hat, x_hat)."""
+        import torch
+
+        st = b.state
+        U = st["u"]
+        plans: list = []
+        for n, a in enumerate(b.agents):
+            own = b.own[n]
+            peers = sorted(xgrads[n])
+            players = ([a.id] if own is not None else []) + peers
+            if not players:
+                plans.append(None)
+                continue
+            G = torch.stack(([own] if own is not None else []) + [xgrads[n][j] for j in peers])
+            omega = np.array([a.self_weight if j == a.id else a.weights[j] for j in players])
+            ct = shapley_time(a)() * p.shapley_cost
+            plans.append((players, G, omega, ct, *coalitions(p, b.x[n], G, a.rng("shapley", 1))))
+        got = yield b.requests(st["service"], [None if q is None else q[5] for q in plans],
+                               [0.0 if q is None else q[3] for q in plans])
+        us, xs = [], []
+        for n, a in enumerate(b.agents):
+            u, x = U[a.id].clone(), b.x[n]
+            q = plans[n]
+            if q is not None:
+                players, G, omega, _, masks, _, perms = q
+                pi, phi, phi_hat = weights(p, got[n], masks, perms, omega)           # eqs. (18)-(20)
+                t = b.now(n)
+                for j, v, v_hat, w in zip(players, phi, phi_hat, pi, strict=True):
+                    b.emit(n, ShapleyWeight(t, a.id, j, b.k, float(w), float(v), float(v_hat)))
+                gbar = torch.as_tensor(pi, dtype=G.dtype, device=G.device) @ G        # eq. (21)
+                u = p.momentum * u + gbar                                              # eq. (22)
+                x = x - p.lr * u                                                       # eq. (23)
+            us.append(u)
+            xs.append(x)
+        b.u, b.xh = torch.stack(us), torch.stack(xs)
+        b.send(torch.stack([b.u, b.xh], dim=1))                           # phase D: (u_hat_i, x_hat_i) out
 
 
+def shapley_time(agent):
+    """Agent's sampler of its Shapley computation's time (``agents.compute_time`` draws from its own stream)."""
+    return agent.service(("pdsl.shapley_time", agent.id), lambda: agent.compute_time_draws("shapley", 0))
 
-def _pdsl(agent, p: PDSLParams, service: Lookahead):
+
+def coalitions(p: PDSLParams, x: torch.Tensor, G: torch.Tensor, rng: np.random.Generator) -> tuple:
+    """Eqs. (15)-(17): the coalitions to value (exact or Monte-Carlo, ``shapley.plan``) and their candidate models
+    x_{i,S} = x_i - gamma mean_{j in S} ghat_ji (and x_i itself for v(empty) = its utility). Returns (masks, the
+    models as rows, the permutations)."""
     import torch
-    i = agent.id
-    sigma = resolve_sigma(agent, p)
-    u_all = agent.shared_state("pdsl.u")                   # momentum buffers, u^[0] = 0
-    shapley_time = agent.compute_time_draws("shapley", 0)
-    perm_rng = agent.rng("shapley", 1)
-    k = 0
-    while True:
-        yield agent.wake()
-        if p.round_from == "clock":
-            k = agent.tick()
-        x = agent.params
-        xi = agent.sample_rows(p.batch)                     # line 1: one mini-batch for the round
-        own, xgrads = yield from cross_gradients(agent, p, x, xi, sigma, k, "pdsl")   # phases 0, A, B
-        # phase C: Shapley weighting over the players that arrived (self first), momentum step
-        players = ([i] if own is not None else []) + sorted(xgrads)
-        u = u_all[i].clone()
-        if players:
-            G = torch.stack(([own] if own is not None else []) + [xgrads[j] for j in sorted(xgrads)])
-            omega = np.array([agent.self_weight if j == i else agent.weights[j] for j in players])
-            ct = shapley_time() * p.shapley_cost
-            pi = yield from _weights(agent, p, service, x, G, omega, players, k, ct, perm_rng)
-            gbar = torch.as_tensor(pi, dtype=G.dtype, device=G.device) @ G      # eq. (21)
-            u = p.momentum * u + gbar                                          # eq. (22)
-            x = x - p.lr * u                                                   # eq. (23)
-        # phase D: gossip of momentum and model
-        yield agent.broadcast(torch.stack([u, x]), tag="pdsl.mix", round=k)
-        mix = yield agent.gather(tag="pdsl.mix", round=k, timeout=p.round_timeout)
-        u_all[i] = agent.mix(u, {j: m[0] for j, m in mix.items()})             # eq. (24)
-        agent.mix_into_params(x, {j: m[1] for j, m in mix.items()})            # eq. (25), batched
-        k += 1
 
-
-def _weights(agent, p: PDSLParams, service: Lookahead, x: torch.Tensor, G: torch.Tensor,
-             omega: np.ndarray, players: list[int], k: int, ct: float, rng: np.random.Generator):
-    """Eqs. (15)-(20): Shapley values of the players' candidate steps, normalised, divided by w.
-    Every coalition model is valued in the agent's one request to the batched service."""
-    import torch
-    n = len(players)
-    masks, perms = plan(n, exact_max=p.exact_max, R=p.permutations, rng=rng,
-                        stratified=p.sampling == "stratified")
+    n = G.shape[0]
+    masks, perms = plan(n, exact_max=p.exact_max, R=p.permutations, rng=rng, stratified=p.sampling == "stratified")
     M = torch.zeros(len(masks), n, dtype=G.dtype, device=G.device)
     for r, m in enumerate(masks):
         idx = members(m)
@@ -293,14 +372,16 @@ def _weights(agent, p: PDSLParams, service: Lookahead, x: torch.Tensor, G: torch
     W = x.unsqueeze(0) - p.lr * (M @ G)                                     # eq. (17): x_{i,S}
     if p.v_empty == "prev_model_acc":
         W = torch.cat([W, x.unsqueeze(0)])
-    loss, acc = yield service.request(agent.id, W, ct)
+    return masks, W, perms
+
+
+def weights(p: PDSLParams, valued: tuple, masks: list[int], perms, omega: np.ndarray) -> tuple:
+    """Eqs. (18)-(20) from the coalition models' (loss, accuracy): Shapley values, min-max normalised, divided by w.
+    Returns (pi, phi, phi_hat)."""
+    loss, acc = valued
     vals = (acc if p.utility == "val_acc" else -loss).tolist()
     v0 = vals.pop() if p.v_empty == "prev_model_acc" else 0.0
     table = dict(zip(masks, vals, strict=True))
-    phi = from_values(n, perms, table.__getitem__, v0)                      # eq. (18) or (26)
+    phi = from_values(len(omega), perms, table.__getitem__, v0)             # eq. (18) or (26)
     phi_hat = minmax(phi)                                                   # eq. (19)
-    pi = pdsl_weights(phi_hat, omega, p.divide_by_omega, p.share_floor)     # eq. (20)
-    now = agent.env.now
-    for j, a, b, c in zip(players, phi, phi_hat, pi, strict=True):
-        agent.emit(ShapleyWeight(now, agent.id, j, k, float(c), float(a), float(b)))
-    return pi
+    return pdsl_weights(phi_hat, omega, p.divide_by_omega, p.share_floor), phi, phi_hat  # eq. (20)

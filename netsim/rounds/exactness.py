@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, AnyRound, Arrivals, Batch, RoundKernel, RowViews
+from netsim.rounds.kernel import LOOKAHEAD, ROUNDS, AnyRound, Arrivals, Batch, Requests, RoundKernel, RowViews
 from netsim.sim.network import payload_size
 
 
@@ -210,7 +210,8 @@ def _scenario(name: str, pr: Probe) -> dict:
             "agents": {"count": pr.agents, "compute_time": {"kind": "constant", "value": 0.01},
                        "activation": {"kind": "periodic", "period": 0.1}},
             "topology": {"kind": "ring"}, "network": {"latency": {"kind": "constant", "value": 0.005}},
-            "data": {"kind": "synthetic", "samples": 12 * pr.agents, "features": pr.features, "partition": "iid"},
+            "data": {"kind": "synthetic", "samples": 12 * pr.agents, "features": pr.features, "partition": "iid",
+                     "validation": 2},  # (a validation set for the methods that read one: PDSL's coalition values)
             "model": {"kind": "logistic", "dtype": pr.dtype}, "algorithm": {"name": name},
             "evaluation": {"every": 1.0e6, "metrics": ["loss"]}}
 
@@ -426,6 +427,10 @@ def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
                 comb = side.call("combine", kernel.combine, b, p, g)
                 w, wave = None if comb is None else side.call("combine", next, comb, None), 0
                 while w is not None:
+                    if type(w) is Requests:  # a lookahead service's values: each agent's request valued alone
+                        w = side.call("combine", _send, comb, [None if it is None else w.service.value([it])[0]
+                                                               for it in w.items])
+                        continue
                     at = [int(a.id) for a in b.agents]
                     for n, i in enumerate(at):
                         if w.rows[n] is not None:  # (None: this agent asks for no gradient)
@@ -454,6 +459,19 @@ def _arrivals(side: Side, groups: list[Batch], who: list[int], pos: dict, k: int
     pairs = [(pos[j], pos[i]) for i in who for j in side.agents[i].in_neighbors if j in pos]
     pairs = [pairs[e] for e in rng.permutation(len(pairs)) if rng.random() < 0.75]  # (sender, receiver) positions
     several = bool(getattr(side.kernel.pattern, "more", ()))  # one ``got`` per message of the exchange
+    each = isinstance(groups[0].out[0], dict)  # one payload per out-neighbour (``Agent.send_each``)
+    if each:
+        outs = [o for b in groups for o in b.out]
+        pairs = [(snd, r) for snd, r in pairs if who[r] in outs[snd]]
+        per = [outs[snd][who[r]] for snd, r in pairs]
+        if side.batched:
+            w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
+            return [Arrivals([who[snd] for snd, _ in pairs], per, None, np.array([r for _, r in pairs], np.int64),
+                             np.arange(len(pairs)), w, receivers=len(who))]
+        got1: list[dict] = [{} for _ in who]
+        for (snd, r), x in zip(pairs, per, strict=True):
+            got1[r][who[snd]] = x
+        return [[g] for g in got1]
     if side.batched:
         b = groups[0]
         w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)

@@ -58,12 +58,30 @@ class Wave:
     clip_kind: str = "l2"
 
 
+@attrs.frozen(eq=False)
+class Requests:
+    """A timed request of each agent of a batch to a lookahead service (``Agent.lookahead``): agent n's ``items[n]``
+    (None: no request), answered after compute time ``ct[n]`` (``compute_start`` / ``compute_end`` rows, as a
+    gradient's); every request of a wave is valued in one call of the service's ``evaluate``, in both engines. A
+    kernel yields it (``Batch.requests``) where it yields a ``Wave`` and receives each agent's result (None where it
+    asked none)."""
+
+    service: Any
+    items: list
+    ct: list
+
+
 def drive(agent, local) -> Generator:
     """Run a kernel's local generator for one agent (a batch of one): each ``Wave`` is a gradient request of the
-    agent; returns the generator's value. Coroutine programs use it to share a kernel's local step."""
+    agent, each ``Requests`` its request to a lookahead service; returns the generator's value. Coroutine programs use
+    it to share a kernel's local step."""
     try:
         w = next(local)
         while True:
+            if type(w) is Requests:
+                got = None if w.items[0] is None else (yield w.service.request(agent.id, w.items[0], w.ct[0]))
+                w = local.send([got])
+                continue
             if w.rows[0] is None:  # this agent asks for no gradient
                 w = local.send(w.at.new_zeros(w.at.shape))
                 continue
@@ -161,7 +179,7 @@ class Batch:
 
         if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == len(self):
             return v[n:n + 1]
-        if isinstance(v, (list, tuple, RowViews)) and len(v) == len(self):
+        if isinstance(v, (list, tuple, RowViews, Arrivals)) and len(v) == len(self):
             return [v[n]]
         raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
                         f"{len(self)}")
@@ -229,6 +247,23 @@ class Batch:
     def gradients(self, at: torch.Tensor, rows: list, clip: float | None = None, clip_kind: str = "l2") -> Wave:
         """A wave of gradients to yield from ``local``: ``g = yield b.gradients(y, rows)``."""
         return Wave(at, rows, clip, clip_kind)
+
+    def requests(self, service: Any, items: list, ct: Sequence[float]) -> Requests:
+        """A wave of timed requests to a lookahead service to yield: ``results = yield b.requests(svc, items, ct)``."""
+        return Requests(service, items, list(ct))
+
+    def now(self, n: int) -> float:
+        """Agent n's clock where its program runs (a driver's, else the engine's)."""
+        return self.agents[n].env.now if self._at is None else self._at(n)[0]
+
+    def emit(self, n: int, event: Any) -> None:
+        """Trace agent n's event record where its program makes it (``Agent.emit``; a driver's rows of the agent)."""
+        if self._at is None:
+            self.agents[n].emit(event)
+            return
+        from netsim.trace.events import row
+
+        self._at(n)[1].append(row(event))
 
     def sample_rows(self, batch: int | None) -> list:
         """Each agent's mini-batch (``Agent.sample_rows``, its own stream)."""
@@ -378,22 +413,24 @@ class Batch:
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
 
     def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                  q: Sequence[float], what: str = "gradient", mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+                  q: Sequence[float], what: str = "gradient", mechanism: str = "gaussian",
+                  to: Sequence[int] | None = None) -> list[torch.Tensor | None]:
         """Row n plus noise of scale ``sigma[n]`` (Gaussian std, or ``mechanism = "laplace"``'s scale) from agent n's
-        own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``, a public
-        release); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent released
-        with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
+        own noise generator, each release accounted and traced by the agent's ledger (``Agent.privatize``: public, or
+        to agent ``to[n]``); None for an agent whose budget cap is reached (rows as one (B, P) tensor when every agent
+        released with noise). The noise of the batch is drawn in one call (the same bits as one release at a time)."""
         if len(self.agents) == 1 and self._at is None and self.recorded is None:  # the ledger's own release
-            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what)]
+            return [self.agents[0].ledger.release(g[0], sigma[0], sensitivity[0], mechanism, q=q[0], what=what,
+                                                  to=-1 if to is None else to[0])]
         mixing = self.agents[0].mixing_record
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is None:
-            return self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
+            return self._privatize_rows(g, sigma, sensitivity, q, what, mechanism, to)
         import torch
 
         g = torch.stack([views.before_noise(a.id, r, s)  # an audit's gradient canaries, before the noise
                          for a, r, s in zip(self.agents, g.unbind(0), sensitivity, strict=True)])
-        out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism)
+        out = self._privatize_rows(g, sigma, sensitivity, q, what, mechanism, to)
         for n, a in enumerate(self.agents):
             if out[n] is not None:
                 if self.held is None:
@@ -403,14 +440,16 @@ class Batch:
         return out
 
     def _privatize_rows(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
-                        q: Sequence[float], what: str, mechanism: str = "gaussian") -> list[torch.Tensor | None]:
+                        q: Sequence[float], what: str, mechanism: str = "gaussian",
+                        to: Sequence[int] | None = None) -> list[torch.Tensor | None]:
         from netsim.compute.noise import noise_rows
 
         size, at = g.shape[1], self._at
         ok = self.recorded
         if ok is None:  # (with ``at``: the release at the agent's own clock, its row where its program makes it)
             ok = [a.ledger.record(size, sigma[n], sensitivity[n], mechanism, q=q[n], what=what,
-                                  at=None if at is None else at(n)) for n, a in enumerate(self.agents)]
+                                  to=-1 if to is None else to[n], at=None if at is None else at(n))
+                  for n, a in enumerate(self.agents)]
         noised = [n for n, s in enumerate(sigma) if s and ok[n]]
         if len(noised) == len(self):  # every agent released with noise: the rows as one tensor
             return g + noise_rows(mechanism, g.shape[1:], list(sigma), [a.ledger.noise.generator for a in self.agents],

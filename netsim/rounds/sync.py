@@ -35,6 +35,7 @@ from netsim.rounds.kernel import (
     GradientRequest,
     Path,
     Pattern,
+    Requests,
     RoundKernel,
     RowViews,
     drive,
@@ -98,6 +99,14 @@ class SyncKernel(RoundKernel):
         uplinks) before their tensor work makes the payload, so they play transmission times only where it is known."""
         return None
 
+    def between(self, sim: Any, p: Any) -> float | None:
+        """Where ``combine`` takes gradients (or a lookahead service's ``Requests``) after an exchange that is not the
+        round's last (it then returns a generator there, None after the last: e.g. cross-gradients at the models just
+        received, sent back in the next exchange): the seconds from the round's first barrier to its last exchange's
+        sends, with constant compute times and latency; None (the default): it takes none. The synchronous windows
+        play them where every agent of a round asks for the same number."""
+        return None
+
     def local(self, b: Batch, p: Any) -> Generator | None:
         """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
         local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
@@ -108,7 +117,9 @@ class SyncKernel(RoundKernel):
         """After exchange ``b.s``: each agent's update from ``got[n]`` = {sender: payload} of what arrived. It may be
         a generator that yields waves of gradients (``b.gradients``, e.g. at the mixed models), each answered with the
         gradient rows: each agent asks when its barrier completes (or times out) and calls its next ``wake`` after its
-        last gradient (the windowed driver plays it after the round's last exchange only)."""
+        last gradient (the windowed driver plays it after the round's last exchange only), or, after an exchange that
+        is not the last, sends the next payload after it (a plain ``combine`` returning such a generator there:
+        ``between``)."""
         raise NotImplementedError
 
 
@@ -169,7 +180,7 @@ class SyncRounds(Pattern):
                 route = kernel.routes(b, p) if own_routes else None
                 to = None if route is None else route[0]
                 if not self.more:
-                    yield agent.broadcast(b.out[0], tag=self.tag, round=rnd, size=size, to=to)
+                    yield _send(agent, b.out[0], self.tag, rnd, size, to)
                     got = yield agent.gather(tag=self.tag, round=rnd, timeout=p.round_timeout,
                                              senders=None if route is None else route[1])
                     after = kernel.combine(b, p, [got])
@@ -196,6 +207,12 @@ class SyncRounds(Pattern):
         from netsim.rounds.windowed import round_limit
 
         sc, p, kernel = sim.world.scenario, sim.params, sim.program
+        between = kernel.between(sim, p) is not None
+        if between and path != ROUNDS:  # (its own rule first: the rounds would refuse it too)
+            return kernel.refusal(sim, path) or (
+                f"{sc.algorithm.name} takes gradients between its exchanges: the lookahead windows do not play it — "
+                "use periodic activation, one clock and compute time, a constant latency and no loss (synchronous "
+                "windows play it)")
         if (self.more or kernel.first_gradient) and path != ROUNDS:
             what = f"sends {len(self.more) + 1} messages an exchange" if self.more else \
                 "takes a gradient in round 0 only"
@@ -212,7 +229,7 @@ class SyncRounds(Pattern):
         state = kernel.state_of(sim.loop.agents[0], p)
         after = _combine_steps(kernel)
         before = not any(kernel.asks(p, state, a.id, 0) is None for a in sim.loop.agents)
-        if not before and not _local_steps(kernel) and not after:
+        if not before and not _local_steps(kernel) and not after and not between:
             return (f"{sc.algorithm.name} takes no gradients with these parameters (its rounds have no compute "
                     "phase) — give it a learning rate (algorithm.lr > 0)")
         why = kernel.refusal(sim, path)
@@ -221,7 +238,7 @@ class SyncRounds(Pattern):
         if after and kernel.exchanges(p, state) > 1:
             return (f"{sc.algorithm.name} takes gradients after each of several exchanges a round: synchronous "
                     "windows play them after the last only — nothing to change: it runs on the events engine")
-        if after and sc.privacy is not None and sc.privacy.record is not None:
+        if (after or between) and sc.privacy is not None and sc.privacy.record is not None:
             return (f"privacy.record with gradients after the exchange: {sc.algorithm.name}'s synchronous windows do "
                     "not write the records of its mixes — remove privacy.record")
         r = sc.run
@@ -253,6 +270,8 @@ class SyncRounds(Pattern):
         if r.rounds is None and cut and (_local_steps(kernel) or kernel.exchanges(p, state) > 1):
             return (f"run.until without run.rounds: {sc.algorithm.name}'s local steps or exchanges leave a round's "
                     "end unknown before the run — set run.rounds")
+        if between:  # its gradients and exchanges, then the last exchange's latency, before the round's end
+            return _timeline(sc, p.round_timeout, before, kernel.between(sim, p) + float(lat.value), limit)
         if after or r.rounds is None and r.until is not None:
             return _timeline(sc, p.round_timeout, 1 if kernel.first_gradient and before else before, after, limit)
         return None
@@ -386,6 +405,64 @@ class SyncRounds(Pattern):
                 agents[i].mark_finished()
         return who, when, parent, float(when.max())
 
+    @staticmethod
+    def _between(sim, waves, b, rows, ids, done, late, net, now: list, released: dict) -> tuple:
+        """A ``combine``'s gradients (or ``Requests``) between two exchanges (``SyncKernel.between``): each agent asks
+        at its barrier's completion, in completion order, and every agent asks in every wave (one batched call a wave,
+        the engine's flush); its rows per wave: the last gradient's ``compute_end``, its releases, its next request. The
+        last wave's ``compute_end`` and releases head the next exchange's sends. Returns the senders' batch positions
+        and times for it, and whether they took gradients."""
+        agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
+        if len(late[0]):
+            raise RuntimeError("synchronous windows: a barrier times out before gradients between exchanges (refusal "
+                               "should have said so)")
+        gids, t = done[0], np.array(done[1], np.float64)
+        pos = np.empty(len(agents), np.int64)
+        pos[ids] = np.arange(len(ids))
+        gp = pos[gids]
+        for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
+            now[n] = tn  # the agent's clock for what its ``combine`` records (its releases)
+        on, ended = np.ones(len(gids), bool), None
+        try:
+            w = next(waves)
+            while True:
+                asked = w.items if type(w) is Requests else w.rows
+                if any(asked[n] is None for n in gp.tolist()):
+                    raise RuntimeError("synchronous windows: agents take different numbers of gradients between "
+                                       "exchanges (refusal should have said so)")
+                if type(w) is Requests:
+                    ct = np.array(w.ct, np.float64)[gp]
+                else:
+                    ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
+                rows.parts.append(_level_rows(words, gids, gp, t, released, on, ended, on, ~on, False, agents, ct))
+                end = t + ct
+                if len(t) > 1 and t.max() >= end.min() and not ((ct == 0).all() and t.min() == t.max()):
+                    raise RuntimeError("synchronous windows: an agent asks for its gradient after another's completes "
+                                       "(refusal should have said so)")
+                t, ended = end, ct
+                for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
+                    now[n] = tn
+                if type(w) is Requests:  # the service's one flush: every request of the wave, in request order
+                    got: list = [None] * len(ids)
+                    for n, r in zip(gp.tolist(), w.service.value([w.items[n] for n in gp.tolist()]), strict=True):
+                        got[n] = r
+                    w = waves.send(got)
+                    continue
+                import torch
+
+                if len(gp) == len(ids) and (gp == np.arange(len(ids))).all():  # in batch order: no copies
+                    w = waves.send(_evaluate(svc, gids.tolist(), w.at, w.rows, [w] * len(gids)))
+                    continue
+                sel = torch.from_numpy(gp)
+                res = _evaluate(svc, gids.tolist(), w.at.index_select(0, sel.to(w.at.device)),
+                                [w.rows[n] for n in gp.tolist()], [w] * len(gids))
+                g = w.at.new_zeros((len(ids), *res.shape[1:]), dtype=res.dtype)
+                g.index_copy_(0, sel.to(res.device), res)
+                w = waves.send(g)
+        except StopIteration:
+            pass
+        return gp, t, ended is not None
+
     def play(self, sim, kernel, rounds) -> None:
         """Play the run round by round (see the module docstring), from round 0 or from where a restored
         checkpoint stands (``rounds``: windowed.Rounds). Each step works on arrays over the round's agents
@@ -413,6 +490,7 @@ class SyncRounds(Pattern):
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
+        between = kernel.between(sim, p) is not None  # gradients between two exchanges
         r = sim.world.scenario.run
         until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
@@ -500,19 +578,19 @@ class SyncRounds(Pattern):
                         ev.after_write(bank)
                 except StopIteration:
                     ev.after_write(bank)
-            if hook is None and not pending and not after:
+            if hook is None and not pending and not after and not between:
                 raise ValueError("windowed rounds need a compute phase (a gradient) every round")
             steps = kernel.exchanges(p, state)
             own_routes = type(kernel).routes is not SyncKernel.routes
             ready, t_ready = np.arange(B), np.array(now)  # (batch position, when it sends), in the engine's order
             last = False
+            head = (pending, released)  # the senders' rows before their sends: compute_end, releases
             for s in range(steps):  # the round's exchanges; after the first, each agent sends when its barrier is done
                 rnd = b.k * steps + s
-                first = s == 0
                 if own_routes:  # the kernel's routes of this exchange, agent by agent as the engine asks for them
                     net.route(kernel, b, p, s)
-                got, done, late = net.exchange(b, rows, ids, ready, t_ready, rnd, pending and first,
-                                               released if first else None)
+                got, done, late = net.exchange(b, rows, ids, ready, t_ready, rnd, *head)
+                head = (False, None)
                 order_ids, order_t = np.concatenate([done[0], late[0]]), np.concatenate([done[1], late[1]])
                 if s + 1 == steps:
                     last = limit is not None and agents[int(order_ids[0])].round >= limit  # all at it together
@@ -521,12 +599,15 @@ class SyncRounds(Pattern):
                 b.s = s
                 if s + 1 < steps:
                     ev.before_barriers(s, bank)
-                    kernel.combine(b, p, got)
-                    b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
-                    ev.after_write(bank)
+                    waves = kernel.combine(b, p, got)
                     pos = np.empty(len(agents), np.int64)
                     pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
+                    if waves is not None:  # gradients between the exchanges: each agent sends after its last
+                        ready, t_ready, asked = self._between(sim, waves, b, rows, ids, done, late, net, now, released)
+                        head = (asked, released)
+                    b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+                    ev.after_write(bank)
             if after:  # the last combine's gradients, each agent's from its barrier's completion (or timeout)
                 if curves.made or ev.pending:
                     raise RuntimeError("synchronous windows: an evaluation falls inside a round whose gradients come "
@@ -544,6 +625,9 @@ class SyncRounds(Pattern):
                     sim.recorder.progress(end)
                 continue
             end = float(order_t[-1])
+            if between and (curves.made or ev.pending):
+                raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between its "
+                                   "exchanges (refusal should have said so)")
             if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
                 rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
                 rows.add(finishes(*late, agents))
@@ -820,11 +904,21 @@ class Exchange:
         outs = [(b.out, b.sizes), *(b.more or ())]
         if len(outs) != M:
             raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
-        sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
-        if M == 1:
-            size = sized[0][ready[by]]
+        each = M == 1 and B > 0 and isinstance(b.out[0], dict)  # one payload per out-neighbour (``Agent.send_each``)
+        if each:
+            try:
+                per = [b.out[n][j] for n, j in zip(ready[by].tolist(), dst.tolist(), strict=True)]
+            except KeyError:
+                raise RuntimeError("synchronous windows: an agent sends nothing to an out-neighbour (refusal should "
+                                   "have said so)") from None
+            size = np.array([payload_size(x) for x in per] if b.sizes is None else b.sizes, np.int64)
+            size = size if b.sizes is None else size[ready[by]]
+            tag = words(self.tag)
+        elif M == 1:
+            size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
             tag = words(self.tag)
         else:
+            sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
             size = np.stack(sized)[mi, ready[by]]
             tag = np.array([words(x) for x in self.tags], np.int32)[mi]
         # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
@@ -877,7 +971,10 @@ class Exchange:
         rows.add(tuple(c))
         pos = np.empty(len(self.agents), np.int64)
         pos[ids] = np.arange(len(ids))
-        if M == 1:
+        if each:  # each delivery its own payload
+            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, pos[to],
+                           np.arange(len(to)), self.w[edge][ok], receivers=len(ids))
+        elif M == 1:
             got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
         else:  # one ``got`` per message
             m_ok, w_ok = mi[ok], self.w[edge][ok]
@@ -891,6 +988,13 @@ class Exchange:
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
         self.made = (head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
         return got, done, late
+
+
+def _send(agent, payload, tag: str, rnd: int, size: int | None, to) -> Any:
+    """An agent's message of an exchange: one payload to every out-neighbour, or one each (a dict: ``send_each``)."""
+    if isinstance(payload, dict):
+        return agent.send_each(payload, tag=tag, round=rnd, size=size, to=to)
+    return agent.broadcast(payload, tag=tag, round=rnd, size=size, to=to)
 
 
 def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> torch.Tensor:
@@ -945,14 +1049,15 @@ def _combine_steps(kernel) -> bool:
 _TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the run)
 
 
-def _timeline(sc, timeout: float, before: bool | int, after: bool, limit: int | None) -> str | None:
+def _timeline(sc, timeout: float, before: bool | int, after: bool | float, limit: int | None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
     (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int,
     the first rounds only), barrier completion by the
     last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
-    ``after`` it. None if the driver's rules decide the engine's order: with lossy links, D and T lead to the same
-    float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds) falls at a
-    round's activation or between two rounds. ``limit``: the round limit (``round_limit``; None: run.until ends the
+    ``after`` it (a float: that many seconds after it, e.g. gradients and a further exchange). None if the driver's
+    rules decide the engine's order: with lossy links, D and T lead to the same float activation; with ``after``, no
+    evaluation falls inside a round; run.until (without run.rounds) falls at a round's activation or between two
+    rounds. ``limit``: the round limit (``round_limit``; None: run.until ends the
     run). Else the one line of the first that does not hold."""
     ag, r = sc.agents, sc.run
     period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
@@ -983,10 +1088,11 @@ def _timeline(sc, timeout: float, before: bool | int, after: bool, limit: int | 
         woke = min(d, t) if lossy else d  # where round k's wake was called (the activation's parent)
         s = a_d + ct if before is True or before > k else a_d
         d, t = s + link_delay(s, s, lat), s + timeout
-        if after:
-            d, t = d + ct, t + ct
+        if after is not False:
+            gap = ct if after is True else float(after)
+            d, t = d + gap, t + gap
         end = max(d, t) if lossy else d
-        while after and T <= end and (until is None or T < until):  # the evaluations up to the round's end
+        while after is not False and T <= end and (until is None or T < until):  # the evaluations up to the round's end
             if T > a_d or T == a_d and not (k > 0 and T_prev < woke):  # (at the activation: first by its parent)
                 return (f"evaluation.every = {every:g}: the evaluation at {T!r} falls inside round {k}, whose "
                         "gradients come after the exchange — give evaluation.every a multiple of "

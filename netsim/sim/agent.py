@@ -377,6 +377,19 @@ class Agent:
             tx = max(tx, send(self.id, j, payload, tag, rnd, size))
         return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
 
+    def send_each(self, payloads: dict[int, Any], tag: str = "model", round: int | None = None,
+                  to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
+        """``broadcast`` of one payload per out-neighbour ({neighbour: payload}, e.g. replies computed for each), sent
+        in the out-neighbours' order (``to``: those instead); a neighbour without a payload gets nothing."""
+        send = self.sim.world.network.send
+        rnd = self.round if round is None else round
+        tx = 0.0
+        for j in self.neighbors if to is None else to:
+            if j in payloads:
+                x = payloads[j]
+                tx = max(tx, send(self.id, j, x, tag, rnd, payload_size(x) if size is None else size))
+        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+
     def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:
         """The next message with ``tag`` (a ``Message``), or None after ``timeout``. With ``round``,
         only that round's message is taken; earlier rounds' are discarded as stale."""

@@ -117,11 +117,15 @@ class Lookahead:
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
-        results = self.evaluate([t.item for t in pending])
-        for t, r in zip(pending, results, strict=True):
+        for t, r in zip(pending, self.value([t.item for t in pending]), strict=True):
             t.result = r
+
+    def value(self, items: list[Any]) -> list[Any]:
+        """``evaluate`` of a flush's items, counted (a windowed driver values a wave of requests here)."""
+        results = self.evaluate(items)
         self.calls += 1
-        self.items += len(pending)
+        self.items += len(items)
+        return results
 
 
 # the summary's algorithm counters: a service of every run (``Agent.stats``); ``comm`` reads them for the summary
