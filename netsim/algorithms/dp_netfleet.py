@@ -64,18 +64,21 @@ class DPNetFleet(SyncKernel):
     def combine(self, b, p, got):
         P = b.x.shape[1]
         xv = b.mix(b.xv, got)                                          # step 1: consensus and tracking
-        x, v = xv[:, :P], xv[:, P:]
+        x, v = xv[:, :P], xv[:, P:]                                    # (a fresh tensor: updated in place below)
         gprev = _rows(b, b.state["gprev"])
         xi = b.sample_rows(p.batch)                                    # step 2: one mini-batch for the round
         g, on = yield from self._dp_grad(b, p, x, xi, [True] * len(b))  # g^0 = DP grad F_i(x; xi)
         took = on                                                      # (a refused g^0: no step this round)
-        v = _where(on, v + g - gprev, v)                               # v^0 = v + g^0 - g_prev
+        v = _update(on, v, lambda v: v.add_(g).sub_(gprev))            # v^0 = v + g^0 - g_prev
+        step = None
         for _ in range(p.local_steps):                                 # step 3, K recursive steps on xi
             if not any(on):
                 break
-            x = _where(on, x - p.lr * v, x)                            # x^{k+1} = x^k - eta v^k
+            step = _scaled(v, p.lr, step)
+            x = _update(on, x, lambda x, s=step: x.sub_(s))           # x^{k+1} = x^k - eta v^k
             g_next, ok = yield from self._dp_grad(b, p, x, xi, on)    # g^{k+1} = DP grad F_i(x^{k+1}; xi)
-            v, g = _where(ok, v + g_next - g, v), _where(ok, g_next, g)  # v^{k+1} = v^k + g^{k+1} - g^k
+            v = _update(ok, v, lambda v, d=g_next, g=g: v.add_(d).sub_(g))  # v^{k+1} = v^k + g^{k+1} - g^k
+            g = _where(ok, g_next, g)
             on = ok
         _write(b, b.state["gprev"], _where(took, g, gprev))            # step 4: g_prev = g^K, v = v^K, x = x^K
         _write(b, b.state["v"], v)
@@ -124,6 +127,24 @@ def _write(b, state, rows) -> None:
         state[b.agents[0].id].copy_(rows[0])
     else:
         state.index_copy_(0, b.index(), rows)
+
+
+def _update(on, rows, op):
+    """``op`` (in place, the same float operations as written out) on the rows of agents ``on``; the others keep
+    theirs. In place over the whole batch when every agent is on: a windowed batch's (B, P) temporaries are tens
+    to hundreds of MB, each paged in afresh, where the events engine's rows of one agent stay in cache."""
+    if all(on):
+        return op(rows)
+    return _where(on, op(rows.clone()), rows)
+
+
+def _scaled(v, lr, out):
+    """``lr * v`` into ``out`` (reused from the last step when there is one)."""
+    import torch
+
+    if out is None or out.shape != v.shape:
+        return v * lr
+    return torch.mul(v, lr, out=out)
 
 
 def _where(on, new, old):

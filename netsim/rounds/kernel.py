@@ -452,8 +452,8 @@ class Batch:
                   for n, a in enumerate(self.agents)]
         noised = [n for n, s in enumerate(sigma) if s and ok[n]]
         if len(noised) == len(self):  # every agent released with noise: the rows as one tensor
-            return g + noise_rows(mechanism, g.shape[1:], list(sigma), [a.ledger.noise.generator for a in self.agents],
-                                  g.dtype)
+            return noise_rows(mechanism, g.shape[1:], list(sigma), [a.ledger.noise.generator for a in self.agents],
+                              g.dtype).add_(g)  # z + g: g + z's bits, without a second (B, P) tensor
         out: list[torch.Tensor | None] = [None if not ok[n] else g[n] if sigma[n] else g[n].clone()
                                           for n in range(len(self))]
         if noised:
