@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -59,7 +60,7 @@ def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence
             ws = weights[k]
             if len(ws) > s:
                 by.setdefault(ws[s], []).append(k)
-        groups.append([(w, ks, lambda ks=ks, s=s: torch.stack([models[k][s] for k in ks])) for w, ks in by.items()])
+        groups.append([(w, ks, [models[k][s] for k in ks]) for w, ks in by.items()])
     return mix_rows(own, keep_t, groups, steps, dtype)
 
 
@@ -67,15 +68,83 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
              steps: dict[float, tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
     """``combine``'s float operations: ``own * keep`` (keep: float64, rounded to ``dtype`` as a Python float
     is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks`` whose s-th
-    arrival has weight w; ``xs()`` their s-th models as rows) added with ``alpha=w``, then the steps."""
+    arrival has weight w; their s-th models as rows: ``xs()``, or ``xs = (t, at)`` for ``t``'s rows ``at``, or a
+    list of row tensors) added with ``alpha=w``, then the steps.
+
+    Every operation is element by element, so the rows can be done a block at a time: where the rows are big
+    (a large model at many agents), blocks of ``BLOCK_BYTES`` keep the temporaries (the gathered neighbours'
+    rows, the step products) in cache and out of fresh memory pages, with each element's operations the same."""
     n = own.shape[0]
-    out = own * keep.to(dtype=dtype, device=own.device).unsqueeze(1)
-    for slot in groups:
-        for w, ks, xs in slot:
-            _apply(out, ks, n, lambda o, xs=xs(), w=w: o.add_(xs, alpha=w))
-    for lr, (ks, g) in steps.items():
-        _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
+    keep = keep.to(dtype=dtype, device=own.device).unsqueeze(1)
+    per = max(1, BLOCK_BYTES // max(1, own[0].numel() * own.element_size())) if n else 1
+    if per >= n:  # one block: the whole tensors
+        out = own * keep
+        for slot in groups:
+            for w, ks, xs in slot:
+                _apply(out, ks, n, lambda o, xs=_rows(xs), w=w: o.add_(xs, alpha=w))
+        for lr, (ks, g) in steps.items():
+            _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
+        return out
+    out = torch.empty_like(own, dtype=torch.promote_types(own.dtype, dtype))
+    plan = [[(w, *_sorted(ks), xs() if callable(xs) else xs) for w, ks, xs in slot] for slot in groups]
+    stepped = [(lr, *_sorted(ks), g) for lr, (ks, g) in steps.items()]
+    for a in range(0, n, per):
+        b = min(n, a + per)
+        o = out[a:b]
+        torch.mul(own[a:b], keep[a:b], out=o)
+        for slot in plan:
+            for w, ks, order, xs in slot:
+                at = _within(ks, order, a, b)
+                if at is not None:
+                    rows, pos = at
+                    _apply(o, rows, b - a, lambda o, xs=_part(xs, pos), w=w: o.add_(xs, alpha=w))
+        for lr, ks, order, g in stepped:
+            at = _within(ks, order, a, b)
+            if at is not None:
+                rows, pos = at
+                _apply(o, rows, b - a, lambda o, g=_part(g, pos), lr=lr: o - lr * g)
     return out
+
+
+BLOCK_BYTES = 1 << 21  # the rows of one block of ``mix_rows`` (2 MiB: the cache, not fresh pages, holds them)
+
+
+def _rows(xs) -> torch.Tensor:
+    """A group's models as one tensor of rows (``mix_rows``' three forms)."""
+    if callable(xs):
+        return xs()
+    if isinstance(xs, tuple):
+        return xs[0].index_select(0, xs[1])
+    return torch.stack(list(xs))
+
+
+def _sorted(ks) -> tuple[np.ndarray, np.ndarray | None]:
+    """A group's rows as an ascending array, and the order that sorts them (None: already ascending)."""
+    k = ks.numpy() if isinstance(ks, torch.Tensor) else np.asarray(ks, dtype=np.int64)
+    if len(k) > 1 and (np.diff(k) < 0).any():
+        order = np.argsort(k, kind="stable")
+        return k[order], order
+    return k, None
+
+
+def _within(ks: np.ndarray, order: np.ndarray | None, a: int, b: int):
+    """The group's rows in block [a, b) (relative to a, as a list) and their positions in the group (a slice
+    or an index array); None where it has none."""
+    lo, hi = np.searchsorted(ks, (a, b)).tolist()
+    if lo == hi:
+        return None
+    rows = (ks[lo:hi] - a).tolist() if hi - lo < b - a else range(b - a)
+    return rows, slice(lo, hi) if order is None else order[lo:hi]
+
+
+def _part(xs, pos) -> torch.Tensor:
+    """The group's models (``mix_rows``' forms, a callable already called) at positions ``pos``, as rows."""
+    if isinstance(xs, torch.Tensor):
+        return xs[pos] if isinstance(pos, slice) else xs.index_select(0, torch.from_numpy(pos).to(xs.device))
+    if isinstance(xs, tuple):
+        t, at = xs
+        return t.index_select(0, at[pos] if isinstance(pos, slice) else at[torch.from_numpy(pos).to(at.device)])
+    return torch.stack(xs[pos] if isinstance(pos, slice) else [xs[i] for i in pos.tolist()])
 
 
 def _apply(out: torch.Tensor, ks: Sequence[int] | torch.Tensor, n: int, op) -> None:
