@@ -12,6 +12,7 @@ them against the per-agent code in float32 and float64.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,7 +68,7 @@ def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence
 def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tuple]],
              steps: dict[float, tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
     """``combine``'s float operations: ``own * keep`` (keep: float64, rounded to ``dtype`` as a Python float
-    is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks`` whose s-th
+    is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks``, ascending, whose s-th
     arrival has weight w; their s-th models as rows: ``xs()``, or ``xs = (t, at)`` for ``t``'s rows ``at``, or a
     list of row tensors) added with ``alpha=w``, then the steps.
 
@@ -85,21 +86,22 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
         for lr, (ks, g) in steps.items():
             _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
         return out
-    out = torch.empty_like(own, dtype=torch.promote_types(own.dtype, dtype))
-    plan = [[(w, *_sorted(ks), xs() if callable(xs) else xs) for w, ks, xs in slot] for slot in groups]
-    stepped = [(lr, *_sorted(ks), g) for lr, (ks, g) in steps.items()]
+    out = _result(own, torch.promote_types(own.dtype, dtype))
+    plan = [[(w, _ascending(ks), xs() if callable(xs) else (xs[0], xs[1].cpu().numpy()) if isinstance(xs, tuple)
+              else xs) for w, ks, xs in slot] for slot in groups]
+    stepped = [(lr, _ascending(ks), g) for lr, (ks, g) in steps.items()]
     for a in range(0, n, per):
         b = min(n, a + per)
         o = out[a:b]
         torch.mul(own[a:b], keep[a:b], out=o)
         for slot in plan:
-            for w, ks, order, xs in slot:
-                at = _within(ks, order, a, b)
+            for w, ks, xs in slot:
+                at = _within(ks, a, b)
                 if at is not None:
                     rows, pos = at
                     _apply(o, rows, b - a, lambda o, xs=_part(xs, pos), w=w: o.add_(xs, alpha=w))
-        for lr, ks, order, g in stepped:
-            at = _within(ks, order, a, b)
+        for lr, ks, g in stepped:
+            at = _within(ks, a, b)
             if at is not None:
                 rows, pos = at
                 _apply(o, rows, b - a, lambda o, g=_part(g, pos), lr=lr: o - lr * g)
@@ -107,6 +109,37 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
 
 
 BLOCK_BYTES = 1 << 21  # the rows of one block of ``mix_rows`` (2 MiB: the cache, not fresh pages, holds them)
+# Results of ``mix_rows`` past the C library's mmap threshold (32 MiB): each fresh one costs a page fault per 4 KiB
+# written and an munmap when dropped, more than the mixing itself at 1,000 agents of a 50,890-parameter model. The
+# last few are kept and written over by a later result of their shape once nothing else holds them (their Python
+# object and their storage referenced from here only: no caller, view or payload can read them any more).
+POOLED_BYTES = 1 << 25
+_SPARE: list[torch.Tensor] = []
+_SPARES = 3
+
+
+def _result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor of ``like``'s shape: a spare one no longer used, or a new one (kept as a spare)."""
+    if like.numel() * like.element_size() < POOLED_BYTES:
+        return torch.empty_like(like, dtype=dtype)
+    for n in range(len(_SPARE)):
+        t = _SPARE[n]
+        if t.shape == like.shape and t.dtype == dtype and t.device == like.device and _unused(t):
+            return t
+    t = torch.empty_like(like, dtype=dtype)
+    _SPARE.append(t)
+    if len(_SPARE) > _SPARES:
+        del _SPARE[0]
+    return t
+
+
+def _unused(t: torch.Tensor) -> bool:
+    """Whether ``_SPARE``'s item ``t`` is held by nothing else: references from the list, the caller's name and this
+    call's argument only, and no other tensor (a view) on its storage."""
+    if sys.getrefcount(t) != 4:
+        return False
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count is not None and count(t.untyped_storage()._cdata) == 2  # t's and the storage object's own
 
 
 def _rows(xs) -> torch.Tensor:
@@ -118,33 +151,30 @@ def _rows(xs) -> torch.Tensor:
     return torch.stack(list(xs))
 
 
-def _sorted(ks) -> tuple[np.ndarray, np.ndarray | None]:
-    """A group's rows as an ascending array, and the order that sorts them (None: already ascending)."""
-    k = ks.numpy() if isinstance(ks, torch.Tensor) else np.asarray(ks, dtype=np.int64)
-    if len(k) > 1 and (np.diff(k) < 0).any():
-        order = np.argsort(k, kind="stable")
-        return k[order], order
-    return k, None
+def _ascending(ks) -> np.ndarray:
+    """A group's rows (ascending, as every caller forms them) as an array."""
+    return ks.numpy() if isinstance(ks, torch.Tensor) else np.asarray(ks, dtype=np.int64)
 
 
-def _within(ks: np.ndarray, order: np.ndarray | None, a: int, b: int):
-    """The group's rows in block [a, b) (relative to a, as a list) and their positions in the group (a slice
-    or an index array); None where it has none."""
+def _within(ks: np.ndarray, a: int, b: int):
+    """The group's rows in block [a, b) (relative to a, as a list) and their positions in the group (a slice);
+    None where it has none."""
     lo, hi = np.searchsorted(ks, (a, b)).tolist()
     if lo == hi:
         return None
     rows = (ks[lo:hi] - a).tolist() if hi - lo < b - a else range(b - a)
-    return rows, slice(lo, hi) if order is None else order[lo:hi]
+    return rows, slice(lo, hi)
 
 
-def _part(xs, pos) -> torch.Tensor:
+def _part(xs, pos: slice) -> torch.Tensor:
     """The group's models (``mix_rows``' forms, a callable already called) at positions ``pos``, as rows."""
-    if isinstance(xs, torch.Tensor):
-        return xs[pos] if isinstance(pos, slice) else xs.index_select(0, torch.from_numpy(pos).to(xs.device))
-    if isinstance(xs, tuple):
+    if isinstance(xs, tuple):  # t's rows at: a slice of t where they are consecutive (read in place), else gathered
         t, at = xs
-        return t.index_select(0, at[pos] if isinstance(pos, slice) else at[torch.from_numpy(pos).to(at.device)])
-    return torch.stack(xs[pos] if isinstance(pos, slice) else [xs[i] for i in pos.tolist()])
+        at = at[pos]
+        if len(at) == 1 or (np.diff(at) == 1).all():
+            return t[int(at[0]):int(at[-1]) + 1]
+        return t.index_select(0, torch.from_numpy(at).to(t.device))
+    return xs[pos] if isinstance(xs, torch.Tensor) else torch.stack(xs[pos])
 
 
 def _apply(out: torch.Tensor, ks: Sequence[int] | torch.Tensor, n: int, op) -> None:
