@@ -87,8 +87,8 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
             _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
         return out
     out = _result(own, torch.promote_types(own.dtype, dtype))
-    plan = [[(w, _ascending(ks), xs() if callable(xs) else (xs[0], xs[1].cpu().numpy()) if isinstance(xs, tuple)
-              else xs) for w, ks, xs in slot] for slot in groups]
+    plan = [[(w, _ascending(ks), xs() if callable(xs) else _source(*xs) if isinstance(xs, tuple) else xs)
+             for w, ks, xs in slot] for slot in groups]
     stepped = [(lr, _ascending(ks), g) for lr, (ks, g) in steps.items()]
     for a in range(0, n, per):
         b = min(n, a + per)
@@ -166,14 +166,20 @@ def _within(ks: np.ndarray, a: int, b: int):
     return rows, slice(lo, hi)
 
 
+def _source(t: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """A group's models as t's rows ``at``: (t, at, where a run of consecutive rows of ``at`` breaks)."""
+    at = at.cpu().numpy()
+    return t, at, np.flatnonzero(np.diff(at) != 1)
+
+
 def _part(xs, pos: slice) -> torch.Tensor:
-    """The group's models (``mix_rows``' forms, a callable already called) at positions ``pos``, as rows."""
+    """The group's models (``mix_rows``' forms, a callable already called, ``_source``'s) at ``pos``, as rows."""
     if isinstance(xs, tuple):  # t's rows at: a slice of t where they are consecutive (read in place), else gathered
-        t, at = xs
-        at = at[pos]
-        if len(at) == 1 or (np.diff(at) == 1).all():
-            return t[int(at[0]):int(at[-1]) + 1]
-        return t.index_select(0, torch.from_numpy(at).to(t.device))
+        t, at, breaks = xs
+        lo, hi = pos.start, pos.stop
+        if np.searchsorted(breaks, lo) == np.searchsorted(breaks, hi - 1):  # no break in at[lo:hi]
+            return t[int(at[lo]):int(at[hi - 1]) + 1]
+        return t.index_select(0, torch.from_numpy(at[lo:hi]).to(t.device))
     return xs[pos] if isinstance(xs, torch.Tensor) else torch.stack(xs[pos])
 
 
