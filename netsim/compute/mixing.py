@@ -97,8 +97,13 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
         for slot in plan:
             for w, ks, xs in slot:
                 at = _within(ks, a, b)
-                if at is not None:
-                    rows, pos = at
+                if at is None:
+                    continue
+                rows, pos = at
+                if type(xs) is list:  # separate row tensors: each added to its row where it is (no stacked copy)
+                    for r, x in zip(rows, xs[pos], strict=True):
+                        o[r].add_(x, alpha=w)
+                else:
                     _apply(o, rows, b - a, lambda o, xs=_part(xs, pos), w=w: o.add_(xs, alpha=w))
         for lr, ks, g in stepped:
             at = _within(ks, a, b)
