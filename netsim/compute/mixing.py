@@ -12,8 +12,10 @@ them against the per-agent code in float32 and float64.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -59,23 +61,131 @@ def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence
             ws = weights[k]
             if len(ws) > s:
                 by.setdefault(ws[s], []).append(k)
-        groups.append([(w, ks, lambda ks=ks, s=s: torch.stack([models[k][s] for k in ks])) for w, ks in by.items()])
+        groups.append([(w, ks, [models[k][s] for k in ks]) for w, ks in by.items()])
     return mix_rows(own, keep_t, groups, steps, dtype)
 
 
 def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tuple]],
              steps: dict[float, tuple[list[int], torch.Tensor]], dtype: torch.dtype) -> torch.Tensor:
     """``combine``'s float operations: ``own * keep`` (keep: float64, rounded to ``dtype`` as a Python float
-    is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks`` whose s-th
-    arrival has weight w; ``xs()`` their s-th models as rows) added with ``alpha=w``, then the steps."""
+    is), then for each slot s, in order, each group ``(w, ks, xs)`` of ``groups[s]`` (rows ``ks``, ascending, whose s-th
+    arrival has weight w; their s-th models as rows: ``xs()``, or ``xs = (t, at)`` for ``t``'s rows ``at``, or a
+    list of row tensors) added with ``alpha=w``, then the steps.
+
+    Every operation is element by element, so the rows can be done a block at a time: where the rows are big
+    (a large model at many agents), blocks of ``BLOCK_BYTES`` keep the temporaries (the gathered neighbours'
+    rows, the step products) in cache and out of fresh memory pages, with each element's operations the same."""
     n = own.shape[0]
-    out = own * keep.to(dtype=dtype, device=own.device).unsqueeze(1)
-    for slot in groups:
-        for w, ks, xs in slot:
-            _apply(out, ks, n, lambda o, xs=xs(), w=w: o.add_(xs, alpha=w))
-    for lr, (ks, g) in steps.items():
-        _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
+    keep = keep.to(dtype=dtype, device=own.device).unsqueeze(1)
+    per = max(1, BLOCK_BYTES // max(1, own[0].numel() * own.element_size())) if n else 1
+    if per >= n:  # one block: the whole tensors
+        out = own * keep
+        for slot in groups:
+            for w, ks, xs in slot:
+                _apply(out, ks, n, lambda o, xs=_rows(xs), w=w: o.add_(xs, alpha=w))
+        for lr, (ks, g) in steps.items():
+            _apply(out, ks, n, lambda o, g=g, lr=lr: o - lr * g)
+        return out
+    out = _result(own, torch.promote_types(own.dtype, dtype))
+    plan = [[(w, _ascending(ks), xs() if callable(xs) else _source(*xs) if isinstance(xs, tuple) else xs)
+             for w, ks, xs in slot] for slot in groups]
+    stepped = [(lr, _ascending(ks), g) for lr, (ks, g) in steps.items()]
+    for a in range(0, n, per):
+        b = min(n, a + per)
+        o = out[a:b]
+        torch.mul(own[a:b], keep[a:b], out=o)
+        for slot in plan:
+            for w, ks, xs in slot:
+                at = _within(ks, a, b)
+                if at is None:
+                    continue
+                rows, pos = at
+                if type(xs) is list:  # separate row tensors: each added to its row where it is (no stacked copy)
+                    for r, x in zip(rows, xs[pos], strict=True):
+                        o[r].add_(x, alpha=w)
+                else:
+                    _apply(o, rows, b - a, lambda o, xs=_part(xs, pos), w=w: o.add_(xs, alpha=w))
+        for lr, ks, g in stepped:
+            at = _within(ks, a, b)
+            if at is not None:
+                rows, pos = at
+                _apply(o, rows, b - a, lambda o, g=_part(g, pos), lr=lr: o - lr * g)
     return out
+
+
+BLOCK_BYTES = 1 << 21  # the rows of one block of ``mix_rows`` (2 MiB: the cache, not fresh pages, holds them)
+# Results of ``mix_rows`` past the C library's mmap threshold (32 MiB): each fresh one costs a page fault per 4 KiB
+# written and an munmap when dropped, more than the mixing itself at 1,000 agents of a 50,890-parameter model. The
+# last few are kept and written over by a later result of their shape once nothing else holds them (their Python
+# object and their storage referenced from here only: no caller, view or payload can read them any more).
+POOLED_BYTES = 1 << 25
+_SPARE: list[torch.Tensor] = []
+_SPARES = 3
+
+
+def _result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor of ``like``'s shape: a spare one no longer used, or a new one (kept as a spare)."""
+    if like.numel() * like.element_size() < POOLED_BYTES:
+        return torch.empty_like(like, dtype=dtype)
+    for n in range(len(_SPARE)):
+        t = _SPARE[n]
+        if t.shape == like.shape and t.dtype == dtype and t.device == like.device and _unused(t):
+            return t
+    t = torch.empty_like(like, dtype=dtype)
+    _SPARE.append(t)
+    if len(_SPARE) > _SPARES:
+        del _SPARE[0]
+    return t
+
+
+def _unused(t: torch.Tensor) -> bool:
+    """Whether ``_SPARE``'s item ``t`` is held by nothing else: references from the list, the caller's name and this
+    call's argument only, and no other tensor (a view) on its storage."""
+    if sys.getrefcount(t) != 4:
+        return False
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count is not None and count(t.untyped_storage()._cdata) == 2  # t's and the storage object's own
+
+
+def _rows(xs) -> torch.Tensor:
+    """A group's models as one tensor of rows (``mix_rows``' three forms)."""
+    if callable(xs):
+        return xs()
+    if isinstance(xs, tuple):
+        return xs[0].index_select(0, xs[1])
+    return torch.stack(list(xs))
+
+
+def _ascending(ks) -> np.ndarray:
+    """A group's rows (ascending, as every caller forms them) as an array."""
+    return ks.numpy() if isinstance(ks, torch.Tensor) else np.asarray(ks, dtype=np.int64)
+
+
+def _within(ks: np.ndarray, a: int, b: int):
+    """The group's rows in block [a, b) (relative to a, as a list) and their positions in the group (a slice);
+    None where it has none."""
+    lo, hi = np.searchsorted(ks, (a, b)).tolist()
+    if lo == hi:
+        return None
+    rows = (ks[lo:hi] - a).tolist() if hi - lo < b - a else range(b - a)
+    return rows, slice(lo, hi)
+
+
+def _source(t: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """A group's models as t's rows ``at``: (t, at, where a run of consecutive rows of ``at`` breaks)."""
+    at = at.cpu().numpy()
+    return t, at, np.flatnonzero(np.diff(at) != 1)
+
+
+def _part(xs, pos: slice) -> torch.Tensor:
+    """The group's models (``mix_rows``' forms, a callable already called, ``_source``'s) at ``pos``, as rows."""
+    if isinstance(xs, tuple):  # t's rows at: a slice of t where they are consecutive (read in place), else gathered
+        t, at, breaks = xs
+        lo, hi = pos.start, pos.stop
+        if np.searchsorted(breaks, lo) == np.searchsorted(breaks, hi - 1):  # no break in at[lo:hi]
+            return t[int(at[lo]):int(at[hi - 1]) + 1]
+        return t.index_select(0, torch.from_numpy(at[lo:hi]).to(t.device))
+    return xs[pos] if isinstance(xs, torch.Tensor) else torch.stack(xs[pos])
 
 
 def _apply(out: torch.Tensor, ks: Sequence[int] | torch.Tensor, n: int, op) -> None:

@@ -613,9 +613,7 @@ class Arrivals(Sequence):
             slot_groups = []
             for v in values[np.argsort(first)].tolist():  # in order of first appearance, as the dicts' groups
                 sel = ws == v
-                src = torch.from_numpy(snd[sel]).to(dev)
-                slot_groups.append((v, torch.from_numpy(r[sel]),
-                                    lambda src=src: self.sent.index_select(0, src)))
+                slot_groups.append((v, torch.from_numpy(r[sel]), (self.sent, torch.from_numpy(snd[sel]).to(dev))))
             groups.append(slot_groups)
         return torch.from_numpy(1.0 - acc), groups
 
