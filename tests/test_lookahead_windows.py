@@ -240,14 +240,16 @@ def test_a_checkpoint_before_the_first_trace_batch_resumes(tmp_path, finals):  #
 
 
 def test_a_gradient_batchs_rows_are_kept_without_a_copy_and_anything_else_is_stacked():
-    """``stacked``: the rows of one contiguous tensor, all of them in order, are that tensor (no (B, P) copy of a large
-    model's gradient batch); rows in another order, some of them, a transposed tensor's or separate rows are stacked,
-    with the values ``torch.stack`` gives."""
+    """``stacked``: rows back to back in one storage, in order (a gradient batch's results, all or the first of them),
+    are a view of it (no (B, P) copy of a large model's gradient batch); rows in another order, a transposed tensor's,
+    separate rows or one row twice are stacked; the values are always those ``torch.stack`` gives."""
     from netsim.rounds.lookahead import stacked
 
     G = torch.randn(5, 7)
-    assert stacked(list(G.unbind(0))) is G and stacked([G[0]]) is not G
-    for rows in (list(G.unbind(0))[::-1], list(G.unbind(0))[:4], list(torch.randn(7, 5).t().unbind(0)),
+    for rows in (list(G.unbind(0)), list(G.unbind(0))[:4], [G[0]]):
+        out = stacked(rows)
+        assert out.data_ptr() == G.data_ptr() and out.shape == (len(rows), 7) and torch.equal(out, torch.stack(rows))
+    for rows in (list(G.unbind(0))[::-1], list(G.unbind(0))[1:][::-1], list(torch.randn(7, 5).t().unbind(0)),
                  [torch.randn(7) for _ in range(3)], [G[1], G[1]]):
         out = stacked(rows)
         assert out.data_ptr() != rows[0].data_ptr() and torch.equal(out, torch.stack(rows))

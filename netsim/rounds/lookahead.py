@@ -203,15 +203,16 @@ def checkpoint_refusal(sim, kernel) -> str | None:
 
 
 def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(rows)``; where the rows are, in order, every row of one contiguous tensor (a gradient batch's
-    results), that tensor itself: the same values, without a copy (a (B, P) copy per batch of a large model)."""
-    base = rows[0]._base
-    if base is not None and base.dim() == 2 and base.shape[0] == len(rows) and base.is_contiguous() \
-            and rows[0].dtype == base.dtype:
-        at, step = base.data_ptr(), base.stride(0) * base.element_size()
-        if all(r._base is base and r.data_ptr() == at + n * step and r.shape == base.shape[1:]
+    """``torch.stack(rows)``; where the rows lie back to back in one storage, in order (a gradient batch's results),
+    a (B, P) view of them: the same values, without a copy (a (B, P) copy per batch of a large model)."""
+    r0 = rows[0]
+    p = r0.numel()
+    if r0.dim() == 1 and r0.is_contiguous():
+        at, step, store = r0.data_ptr(), p * r0.element_size(), r0.untyped_storage().data_ptr()
+        if all(r.dim() == 1 and r.is_contiguous() and r.numel() == p and r.dtype == r0.dtype
+               and r.data_ptr() == at + n * step and r.untyped_storage().data_ptr() == store
                for n, r in enumerate(rows)):
-            return base
+            return r0.as_strided((len(rows), p), (p, 1))
     return torch.stack(rows)
 
 
