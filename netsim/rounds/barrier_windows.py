@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
-from netsim.rounds.lookahead import _INF, _NEVER, ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -247,8 +247,7 @@ class _Driver(WindowDriver):
         gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
         outcome, take_ids, unref, gradient = self.outcome, self.net.take_ids, self.unref, kernel.gradient
         adopt = None if self.dynamic is None else self.dynamic.adopt
-        pop, take, push, seq, far, end_of, inv = heapq.heappop, cur.pop, heapq.heappush, self.seq, self.far, self.end, \
-            self.inv  # (``enqueue``'s, inlined where an event is pushed per delivery and per activation)
+        pop, take = heapq.heappop, cur.pop
         C = CODES
         expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
         c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
@@ -323,17 +322,7 @@ class _Driver(WindowDriver):
                     put(pack(t, c_drop, i, j, mid, s, delay, rnd, words(reason)))
                 else:
                     held += 1
-                    at = t + delay  # ``enqueue``
-                    e = (at, next(seq), ARR, j, (mid, i, pid, t, rnd))
-                    if at < end_of[0]:
-                        push(soon, e)
-                    else:
-                        b = int(at * inv) if at < _INF else _NEVER
-                        q = far.get(b)
-                        if q is None:
-                            far[b] = [e]
-                        else:
-                            q.append(e)
+                    enqueue(t + delay, ARR, j, (mid, i, pid, t, rnd))
             if held or pid not in payload:  # (0 until it is made: no payload is kept then)
                 refs[pid] = held
             else:
@@ -424,16 +413,7 @@ class _Driver(WindowDriver):
                         got = a.sample_rows(batch)
                         ticket_of.append((i, None if got is a.rows else got))
                         done = t + ct
-                        e = (done, next(seq), DONE, i, tk)  # ``enqueue``
-                        if done < end_of[0]:
-                            push(soon, e)
-                        else:
-                            b = int(done * inv) if done < _INF else _NEVER
-                            q = far.get(b)
-                            if q is None:
-                                far[b] = [e]
-                            else:
-                                q.append(e)
+                        enqueue(done, DONE, i, tk)
                         k = ks[i]
                         recs[rid] = [i, k, 0.0, a.round, a.schedule.tick]
                         ops = ops_of.get(i)

@@ -74,7 +74,6 @@ from netsim.rounds.kernel import Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
 from netsim.sim.network import ComposedLinks, payload_size
-from netsim.sim.network import delay as net_delay
 from netsim.sim.rows import CODES
 from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
@@ -635,8 +634,7 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        own = self.agents
-        rows = [own[i].rows if r is None else r for i, r in map(ticket_of.__getitem__, tickets)]  # rows_of_ticket
+        rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
@@ -819,19 +817,12 @@ class _Driver(WindowDriver):
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
-        agents, ops_of, finish, count = self.agents, self.ops, self.finish, self.sim.count_wakes
+        agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by = self.asks
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
-        # ``enqueue`` and ``wake`` inlined (one call fewer each per event): the same tuple into ``soon`` or its bucket
-        soon, far, end, seq, heappush, inv, limit = self.soon, self.far, self.end, self.seq, heapq.heappush, self.inv, \
-            self.limit
-        ones = [(a,) for a in agents]  # each agent as a batch of one, made once (``count_wakes``)
-        # the lean default path (no link model, no bandwidth) inlined: ``LeanLinks.outcome``'s draws, in its order
-        lean = net.model is None and net.bandwidth is None
-        links_get, link_of, p_loss, loss_code = net.links.get, net.link, net.p_loss, words(shapes.TEXT.loss)
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -841,7 +832,6 @@ class _Driver(WindowDriver):
             if ops is None:
                 ops = ops_of[i] = []
             k = len(got)
-            a = agents[i]
             if n < k:
                 asks = asks_by.get(k)
                 if asks is None:
@@ -852,74 +842,32 @@ class _Driver(WindowDriver):
                     n += 1
                     if req is not None:
                         pos[i] = n
+                        a = agents[i]
                         ct = a.compute_time(now)
                         put(pack(*compute_start(now, i, ct, CODES)))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
                         ticket_of.append((i, None if rows is a.rows else rows))
                         ops.append(tk << 2 | ASK)
-                        t = now + ct
-                        e = (t, next(seq), DONE, i, tk)
-                        if t < end[0]:
-                            heappush(soon, e)
-                        else:
-                            b = int(t * inv) if t < _INF else _NEVER
-                            q = far.get(b)
-                            if q is None:
-                                far[b] = [e]
-                            else:
-                                q.append(e)
+                        enqueue(now + ct, DONE, i, tk)
                         return
                 pos[i] = n
-            nb = a.neighbors  # this activation's (a time-varying topology changes them)
+            nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
-                pk = peers[i]
-                held = pk.held
-                j = nb[held.pop()] if held and pk.fixed else pk(nb)
-                if lean:
-                    link = links_get((i, j)) or link_of(i, j)
-                    delay = net_delay(now, now, link.latency())
-                    lost = link.lost is not None and link.lost() < p_loss
-                else:
-                    _, delay, reason = outcome(i, j, now, size)
-                    lost = bool(reason)
+                j = peers[i](nb)
+                _, delay, reason = outcome(i, j, now, size)
                 mid = take_ids(1)
-                rnd = a.round
+                rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
-                if lost:
-                    put(pack(*drop(now, i, j, mid, size, delay, rnd, loss_code if lean else words(reason), CODES)))
+                if reason:
+                    put(pack(*drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
                     ops.append(-1 << 2 | PUSH)
                 else:
                     ops.append(mid << 2 | PUSH)
-                    t = now + delay
-                    e = (t, next(seq), ARR, j, (mid, i, size, now, rnd))
-                    if t < end[0]:
-                        heappush(soon, e)
-                    else:
-                        b = int(t * inv) if t < _INF else _NEVER
-                        q = far.get(b)
-                        if q is None:
-                            far[b] = [e]
-                        else:
-                            q.append(e)
+                    enqueue(now + delay, ARR, j, (mid, i, size, now, rnd))
             elif k:
                 ops.append(-1 << 2 | PUSH)  # agent.params = x, with no one to push to
-            if limit is not None and a.round >= limit:  # ``wake``
-                finish(a, now)
-                return
-            at, delay = a.plan_wake(now)
-            count(ones[i])
-            t = now + delay
-            e = (t, next(seq), ACT, i, at)
-            if t < end[0]:
-                heappush(soon, e)
-            else:
-                b = int(t * inv) if t < _INF else _NEVER
-                q = far.get(b)
-                if q is None:
-                    far[b] = [e]
-                else:
-                    q.append(e)
+            wake(i, now)
 
         self.go_on = go_on
 
