@@ -4,39 +4,15 @@ method state (trackers) in the parameter bank."""
 
 from __future__ import annotations
 
-import hashlib
-
-import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
 import netsim
 from netsim.scenario import scenario_from_dict
 from tests.search import search
-from tests.test_round_kernels import base
+from tests.test_round_kernels import assert_identical, base, run_both
 
 STATE = {"dp_netfleet": ("netfleet.v", "netfleet.gprev"), "cpgt": ("cpgt_tracker",)}
-
-
-def run_both(tmp_path, sc: dict) -> dict:
-    out = {}
-    for engine in ("events", "windowed"):
-        built: list = []
-        r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
-        folder, bank = tmp_path / engine, built[0].bank
-        out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
-                       "metrics": (folder / "metrics.csv").read_text(), "W": bank.W.clone(),
-                       "state": [bank.state(s).clone() for s in STATE[sc["algorithm"]["name"]]],
-                       "engine": r.summary.get("engine")}
-    return out
-
-
-def assert_identical(got: dict) -> None:
-    ev, win = got["events"], got["windowed"]
-    assert win["engine"] == "windowed" and ev["engine"] == "events"
-    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"]
-    assert torch.equal(win["W"], ev["W"])
-    assert all(torch.equal(a, b) for a, b in zip(win["state"], ev["state"], strict=True))
 
 
 @st.composite
@@ -71,7 +47,7 @@ def test_dp_netfleet_runs_fast_byte_for_byte(tmp_path_factory, sc):
     from netsim.rounds.windowed import reason
 
     assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("fleet"), sc))
+    assert_identical(run_both(tmp_path_factory.mktemp("fleet"), sc, STATE["dp_netfleet"]))
 
 
 def test_dp_netfleet_releases_k_plus_one_gradients_a_round_and_stops_at_its_budget_cap(tmp_path):
@@ -133,7 +109,7 @@ def test_cpgt_runs_fast_byte_for_byte(tmp_path_factory, sc):
     from netsim.rounds.windowed import reason
 
     assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("cpgt"), sc))
+    assert_identical(run_both(tmp_path_factory.mktemp("cpgt"), sc, STATE["cpgt"]))
 
 
 def test_cpgt_sends_both_messages_before_its_gathers_and_refuses_what_windows_cannot_play(tmp_path):

@@ -6,40 +6,16 @@ state (momentum) in the parameter bank; outside it the windows refuse in one lin
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
-import netsim
 from netsim.scenario import scenario_from_dict
 from netsim.trace.io import read_trace
 from tests.search import search
-from tests.test_round_kernels import base
+from tests.test_round_kernels import assert_identical, base, run_both
 
-STATE = {"pdsl": "pdsl.u", "dp_cga": "cga.m"}
-
-
-def run_both(tmp_path, sc: dict) -> dict:
-    out = {}
-    for engine in ("events", "windowed"):
-        built: list = []
-        r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
-        folder, bank = tmp_path / engine, built[0].bank
-        out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
-                       "metrics": (folder / "metrics.csv").read_text(), "W": bank.W.clone(),
-                       "state": bank.state(STATE[sc["algorithm"]["name"]]).clone(), "engine": r.summary.get("engine"),
-                       "folder": folder}
-    return out
-
-
-def assert_identical(got: dict) -> None:
-    ev, win = got["events"], got["windowed"]
-    assert win["engine"] == "windowed" and ev["engine"] == "events"
-    assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"]
-    assert torch.equal(win["W"], ev["W"]) and torch.equal(win["state"], ev["state"])
+STATE = {"pdsl": ("pdsl.u",), "dp_cga": ("cga.m",)}
 
 
 def scenario(name: str, n: int = 5, rounds: int = 3, ct: float = 0.005, lat: float = 0.005, **algorithm) -> dict:
@@ -90,13 +66,13 @@ def test_pdsl_and_dp_cga_run_fast_byte_for_byte(tmp_path_factory, sc):
     from netsim.rounds.windowed import reason
 
     assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("pdsl"), sc))
+    assert_identical(run_both(tmp_path_factory.mktemp("pdsl"), sc, STATE[sc["algorithm"]["name"]]))
 
 
 def test_a_round_releases_each_gradient_as_it_completes_and_sends_each_reply_to_its_neighbour(tmp_path):
     """Per agent and round: g_ii then g_ij for each neighbour j in order (each its own compute, its release to j after
     it), the replies to j once all are done; then PDSL's Shapley time and three weights, then (u_hat, x_hat) out."""
-    got = run_both(tmp_path, scenario("pdsl", rounds=2))
+    got = run_both(tmp_path, scenario("pdsl", rounds=2), STATE["pdsl"])
     assert_identical(got)
     t = read_trace(got["windowed"]["folder"]).table.to_pandas()
     a = t[(t.agent == 0) & (t.kind != "deliver")]

@@ -43,26 +43,32 @@ def base(n: int = 6, rounds: int = 4, **algorithm) -> dict:
             "evaluation": {"every": 1.0e6, "metrics": ["loss", "accuracy", "agent_accuracy"]}}
 
 
-def run_both(tmp_path: Path, sc: dict) -> dict:
+def run_both(tmp_path: Path, sc: dict, states: tuple[str, ...] = (), records: tuple[str, ...] = ()) -> dict:
+    """Each engine's run: the trace's sha256, metrics, per-agent metrics, the final models, the named state banks,
+    the sha256 of each named record file (None: not written), the folder and which engine ran."""
     out = {}
     for engine in ("events", "windowed"):
         built: list = []
         r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
-        folder = tmp_path / engine
+        folder, bank = tmp_path / engine, built[0].bank
         per_agent = folder / "agent_metrics.csv"
         out[engine] = {"trace": hashlib.sha256((folder / "trace.arrows").read_bytes()).hexdigest(),
-                       "metrics": (folder / "metrics.csv").read_text(), "W": built[0].bank.W.clone(),
+                       "metrics": (folder / "metrics.csv").read_text(), "W": bank.W.clone(),
                        "agent_metrics": per_agent.read_text() if per_agent.exists() else None,
-                       "loss": r.summary.get("loss"), "engine": r.summary.get("engine")}
+                       "state": [bank.state(s).clone() for s in states],
+                       "files": {f: hashlib.sha256((folder / f).read_bytes()).hexdigest()
+                                 if (folder / f).exists() else None for f in records},
+                       "loss": r.summary.get("loss"), "engine": r.summary.get("engine"), "folder": folder}
     return out
 
 
 def assert_identical(got: dict) -> None:
     ev, win = got["events"], got["windowed"]
-    assert win["engine"] == "windowed"
+    assert win["engine"] == "windowed" and ev["engine"] == "events"
     assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"]
-    assert win["agent_metrics"] == ev["agent_metrics"]
+    assert win["agent_metrics"] == ev["agent_metrics"] and win["files"] == ev["files"]
     assert torch.equal(win["W"], ev["W"])
+    assert all(torch.equal(a, b) for a, b in zip(win["state"], ev["state"], strict=True))
 
 
 def test_an_edit_to_a_kernel_changes_both_engines_identically(tmp_path, monkeypatch):

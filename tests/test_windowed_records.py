@@ -3,16 +3,14 @@ canaries) byte for byte as the events engine's agents do, and ``netsim privacy``
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import strategies as st
 
-import netsim
 from netsim.scenario import scenario_from_dict
 from tests.search import search
+from tests.test_round_kernels import run_both
 
 RECORDS = ("trace.arrows", "metrics.csv", "mixing.csv", "payloads.npz")
 MUFF = {"name": "muffliato", "lr": 0.3, "batch": 8, "clip": 1.0, "clip_mode": "batch", "sigma": 1.0,
@@ -33,19 +31,6 @@ def private(n: int = 8, rounds: int = 3, record: str = "payloads", **changes) ->
     for key, value in changes.items():
         sc[key] = value if key == "algorithm" else {**sc.get(key, {}), **value}
     return sc
-
-
-def run_both(tmp_path, sc: dict) -> dict:
-    """Each engine's run: sha256 of each record (None: not written), the final models, which engine ran."""
-    out = {}
-    for engine in ("events", "windowed"):
-        built: list = []
-        r = netsim.run(scenario_from_dict(sc), out=tmp_path / engine, setup=built.append, engine=engine)
-        files = {f: (tmp_path / engine / f) for f in RECORDS}
-        out[engine] = {"files": {f: hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
-                                 for f, p in files.items()},
-                       "W": built[0].bank.W.clone(), "engine": r.summary.get("engine")}
-    return out
 
 
 def same_records(got: dict, record: str) -> None:
@@ -74,7 +59,7 @@ def same_records(got: dict, record: str) -> None:
 ])
 def test_synchronous_windows_write_the_engines_privacy_records(tmp_path, changes):
     record = changes.pop("record", "payloads")
-    same_records(run_both(tmp_path, private(record=record, **changes)), record)
+    same_records(run_both(tmp_path, private(record=record, **changes), records=RECORDS), record)
 
 
 @st.composite
@@ -103,7 +88,7 @@ def private_rounds(draw) -> dict:
 @search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=private_rounds())
 def test_synchronous_windows_write_the_records_on_drawn_scenarios(tmp_path_factory, sc):
-    same_records(run_both(tmp_path_factory.mktemp("drawn"), sc), sc["privacy"]["record"])
+    same_records(run_both(tmp_path_factory.mktemp("drawn"), sc, records=RECORDS), sc["privacy"]["record"])
 
 
 def test_netsim_privacy_reads_the_same_from_both_engines_folders(tmp_path):
@@ -115,7 +100,7 @@ def test_netsim_privacy_reads_the_same_from_both_engines_folders(tmp_path):
 
     sc = private(n=6, rounds=2, algorithm={**MUFF, "gossip_steps": 2},
                  privacy={"audit": {"victims": [0], "canaries": 8, "kind": "gradient"}})
-    got = run_both(tmp_path, sc)
+    got = run_both(tmp_path, sc, records=RECORDS)
     assert got["windowed"]["files"] == got["events"]["files"]
     said = {}
     for engine in ("events", "windowed"):
