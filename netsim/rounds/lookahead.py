@@ -52,7 +52,7 @@ gradient service itself: a logistic gradient's bits depend on which rows share i
 batches are exact, and ``gradient_batches`` is the engine's too. With a batch-invariant model
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
-those calls. Push gossip's tensor work is done for 8 windows at once (``gathers``: fewer, fuller lock steps; a
+those calls. Push gossip's tensor work is done for 32 windows at once (``gathers``: fewer, fuller lock steps; a
 merge then waits in lock step for a push of an earlier window of the same work).
 """
 
@@ -823,7 +823,7 @@ class WindowDriver:
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
-    gathers = 8
+    gathers = 32
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
