@@ -280,7 +280,7 @@ def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: 
     seg = np.cumsum(first) - 1
     big = 2 * n + 2  # apart: each agent's values above every earlier agent's
     wait = np.zeros(n, np.int64)
-    for _ in range(n + 1):
+    for _ in range(len(waiter) + 2):  # a chain of k waits settles in k + 1 rounds (then one to see it)
         step = climb + np.maximum.accumulate(wait - climb + big * seg) - big * seg
         need = np.zeros(n, np.int64)
         np.maximum.at(need, waiter, step[waited] + 1)
