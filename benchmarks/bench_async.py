@@ -7,7 +7,8 @@ simulated seconds (``run.until``); beyond mushrooms' 6,499 training rows, synthe
 features, 5 rows per agent, 2,000 test rows). Both engines run in fresh subprocesses, back to back, for each size; the
 trace is written (both write the same bytes: tests/test_windowed.py). Printed: simulation wall time (the
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
-share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
+share of its wall time in batched tensor calls; the sha256 (16 hex) of each run's trace, metrics and final models
+(equal: the same bytes); the whole call's CPU seconds too (less disturbed by other work on
 the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
 engine only; the job leaves ``model.batch_invariant`` at its default ("auto": true for these agents on their own
 clocks, so the windows evaluate each step's gradients in one call, in both engines the same bits in any batch),
