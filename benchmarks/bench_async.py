@@ -7,7 +7,8 @@ simulated seconds (``run.until``); beyond mushrooms' 6,499 training rows, synthe
 features, 5 rows per agent, 2,000 test rows). Both engines run in fresh subprocesses, back to back, for each size; the
 trace is written (both write the same bytes: tests/test_windowed.py). Printed: simulation wall time (the
 summary's), events, events/s, the ratio events/windowed, and the windowed run's lookahead, events per window and
-share of its wall time in batched tensor calls; the whole call's CPU seconds too (less disturbed by other work on
+share of its wall time in batched tensor calls; the sha256 (16 hex) of each run's trace, metrics and final models
+(equal: the same bytes); the whole call's CPU seconds too (less disturbed by other work on
 the machine than wall time). ``--profile N`` prints the top N cProfile entries of each run. ``--engine`` runs one
 engine only; the job leaves ``model.batch_invariant`` at its default ("auto": true for these agents on their own
 clocks, so the windows evaluate each step's gradients in one call, in both engines the same bits in any batch),
@@ -30,6 +31,7 @@ and its largest proportional set size (``PSS GiB``: shared pages counted once; s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -127,11 +129,16 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
         t0, c0 = time.perf_counter(), time.process_time()
         if prof is not None:
             prof.enable()
+        built = []
         r = netsim.run(scenario_from_dict(scenario(agents, seconds, seed, device, invariant, algorithm)),
-                       out=tmp, engine=engine)
+                       out=tmp, engine=engine, setup=built.append)
         if prof is not None:
             prof.disable()
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        digest = {k: hashlib.sha256(b).hexdigest()[:16] for k, b in
+                  (("trace", (Path(tmp) / "trace.arrows").read_bytes()),
+                   ("metrics", (Path(tmp) / "metrics.csv").read_bytes()),
+                   ("models", built[0].bank.W.contiguous().cpu().numpy().tobytes()))}
     pss.stop()
     if prof is not None:
         import pstats
@@ -142,7 +149,7 @@ def child(engine: str, agents: int, seconds: float, seed: int, profile: int, dev
                       "gradient_batches": s["gradient_batches"], "gradients": s["gradients"],
                       "accuracy": s["accuracy"], "windows": s.get("windows"),
                       "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                      "peak_pss_gib": pss.peak / 2**20}))
+                      "peak_pss_gib": pss.peak / 2**20, "sha256": digest}))
 
 
 def main() -> None:
@@ -189,7 +196,8 @@ def main() -> None:
             s = got[engine] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"{n:>7} {args.seconds:>6g} {engine:>8} {s['wall']:>8.2f} {s['events']:>10,} "
                   f"{s['events'] / s['wall']:>9,.0f} {s['gradient_batches']:>10,} {s['accuracy']:>8.4f} "
-                  f"{s['peak_gib']:>8.2f} {s['peak_pss_gib']:>8.2f}", flush=True)
+                  f"{s['peak_gib']:>8.2f} {s['peak_pss_gib']:>8.2f}  "
+                  + " ".join(f"{k} {v}" for k, v in s["sha256"].items()), flush=True)
         if args.peer_python and n <= MUSHROOMS_ROWS and args.algorithm == "push_gossip":
             peer(args.peer_python, n, args.seconds, args.seed, got)
         if len(got) < 2:
@@ -201,8 +209,7 @@ def main() -> None:
               f"lookahead {w['lookahead_s']:g} s, {w['windows']:,} windows, events per window mean "
               f"{w['events_per_window_mean']:.1f} min {w['events_per_window_min']}, batched tensor calls "
               f"{100 * w['tensor_share']:.0f}% of the windowed wall time (gradients {100 * w['gradient_share']:.0f}%); "
-              f"same accuracy: "
-              f"{ev['accuracy'] == win['accuracy']}", flush=True)
+              f"same bytes (trace, metrics, models): {ev['sha256'] == win['sha256']}", flush=True)
 
 
 def peer(python: str, n: int, seconds: float, seed: int, got: dict) -> None:

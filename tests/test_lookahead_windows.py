@@ -12,12 +12,15 @@ import signal
 
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 
 import netsim
 from netsim.scenario import scenario_from_dict
 from netsim.trace.io import read_trace
+from tests.search import search
 from tests.test_checkpoint_windowed import finals, killed_at, same_outputs  # noqa: F401, F811 - finals: a fixture
-from tests.test_windowed import gossip, identical
+from tests.test_windowed import async_gossip, buildable, gossip, identical, lookahead_run
 
 VARY = ("wall_time", "events_per_s", "engine", "windows")
 
@@ -253,3 +256,71 @@ def test_a_gradient_batchs_rows_are_kept_without_a_copy_and_anything_else_is_sta
                  [torch.randn(7) for _ in range(3)], [G[1], G[1]]):
         out = stacked(rows)
         assert out.data_ptr() != rows[0].data_ptr() and torch.equal(out, torch.stack(rows))
+
+
+def reference_steps(ops: list[list[int]], waits: dict[tuple[int, int], list[tuple[int, int]]]) -> list[list[int]]:
+    """The lock steps as a plain pass per step finds them: each agent goes as far as it can in the order update,
+    merge, ask, push; an operation waiting for another goes on the step after that one's."""
+    step = [[-1] * len(o) for o in ops]
+    ptr, s = [0] * len(ops), 0
+    while any(p < len(o) for p, o in zip(ptr, ops, strict=True)):
+        done = []
+        for i, o in enumerate(ops):
+            last = -1
+            while ptr[i] < len(o) and o[ptr[i]] > last:
+                if any(step[a][k] < 0 or step[a][k] >= s for a, k in waits.get((i, ptr[i]), ())):
+                    break
+                done.append((i, ptr[i]))
+                last = o[ptr[i]]
+                ptr[i] += 1
+        if not done:
+            raise RuntimeError("the operations wait on each other")
+        for i, k in done:
+            step[i][k] = s
+        s += 1
+    return step
+
+
+@search(60, phases=[Phase.explicit, Phase.generate])
+@given(data=st.data())
+def test_lock_steps_are_the_earliest_that_keep_each_agents_order_and_its_waits(data):
+    """``lock_steps`` over the arrays of every operation gives each the step a plain pass per step gives it: an
+    operation joins its predecessor's step when its kind comes later in a step, else the next one, and comes a step
+    after every operation it waits for (waits drawn between agents, chains of them included); operations that wait
+    on each other are refused."""
+    import numpy as np
+
+    from netsim.rounds.lookahead import lock_steps
+
+    ops = data.draw(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=6))
+    where = [(i, k) for i, o in enumerate(ops) for k in range(len(o))]
+    pairs = data.draw(st.lists(st.tuples(st.sampled_from(where), st.sampled_from(where)), max_size=6))
+    waits: dict = {}
+    for w, on in pairs:
+        waits.setdefault(w, []).append(on)
+    flat = {w: n for n, w in enumerate(where)}
+    kind = np.array([c for o in ops for c in o], np.int64)
+    first = np.array([k == 0 for _, k in where])
+    waiter = np.array([flat[w] for w, on in pairs], np.int64)
+    waited = np.array([flat[on] for w, on in pairs], np.int64)
+    try:
+        want = reference_steps(ops, waits)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="wait on each other"):
+            lock_steps(kind, first, waiter, waited)
+        return
+    assert lock_steps(kind, first, waiter, waited).tolist() == [s for row in want for s in row]
+
+
+@search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=async_gossip(), gathers=st.sampled_from([1, 3, 32, 200]))
+def test_push_gossip_windows_agree_with_the_engine_whatever_windows_are_worked_together(tmp_path_factory, sc,
+                                                                                        gathers):
+    """Drawn asynchronous scenarios with the tensor work of 1 to 200 windows done together (a merge then waits in
+    lock step for a push of the same work, chains of them across agents): the engine's bytes and models."""
+    from netsim.rounds import lookahead
+
+    buildable(sc)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lookahead._Driver, "gathers", gathers)
+        lookahead_run(tmp_path_factory.mktemp("drawn"), sc, windows=False)

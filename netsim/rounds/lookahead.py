@@ -52,7 +52,7 @@ gradient service itself: a logistic gradient's bits depend on which rows share i
 batches are exact, and ``gradient_batches`` is the engine's too. With a batch-invariant model
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
-those calls. Push gossip's tensor work is done for 8 windows at once (``gathers``: fewer, fuller lock steps; a
+those calls. Push gossip's tensor work is done for 32 windows at once (``gathers``: fewer, fuller lock steps; a
 merge then waits in lock step for a push of an earlier window of the same work).
 """
 
@@ -262,6 +262,32 @@ class RowStore:
         """``save``'s rows kept again under their keys."""
         if keys:
             self.put(keys, rows)
+
+
+def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: np.ndarray) -> np.ndarray:
+    """The lock step of every tensor operation (``kind``: UPDATE, MERGE, ASK, PUSH, agent after agent in program
+    order; ``first``: an agent's first), the earliest that keeps each agent's order and what waits: an operation
+    joins the step of the one before it when its kind comes later in a step (update, merge, ask, push), else goes
+    to the next step; and it comes after every operation it waits for (``waiter[n]`` waits for ``waited[n]``: a
+    merge for the push of its payload, an update for its gradient batch's last request) by one step at least. So
+    step[k] = max(step[k - 1] + (kind[k] <= kind[k - 1]), wait[k]) along each agent, found as a running maximum
+    (one numpy pass per round of waits: a wait moves a step, which may move the waits on it)."""
+    n = len(kind)
+    inc = np.zeros(n, np.int64)
+    inc[1:] = kind[1:] <= kind[:-1]
+    inc[first] = 0
+    climb = np.cumsum(inc)
+    seg = np.cumsum(first) - 1
+    big = 2 * n + 2  # apart: each agent's values above every earlier agent's
+    wait = np.zeros(n, np.int64)
+    for _ in range(len(waiter) + 2):  # a chain of k waits settles in k + 1 rounds (then one to see it)
+        step = climb + np.maximum.accumulate(wait - climb + big * seg) - big * seg
+        need = np.zeros(n, np.int64)
+        np.maximum.at(need, waiter, step[waited] + 1)
+        if np.array_equal(need, wait):
+            return step
+        wait = need
+    raise RuntimeError("lookahead windows: the window's operations wait on each other")
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -797,7 +823,7 @@ class WindowDriver:
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
-    gathers = 8
+    gathers = 32
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
@@ -935,87 +961,99 @@ class _Driver(WindowDriver):
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step: in each step an agent goes as far as it can in
-        the order update, merge, ask, push (one batched call per kind and step); then the gradient batches whose
-        requests are all in are evaluated."""
-        kernel, p, X = self.kernel, self.p, self.X
+        the order update, merge, ask, push (one batched call per kind and step; ``lock_steps`` finds each
+        operation's step from the arrays of all of them); the gradient batches whose requests are all in are
+        evaluated at the end of the step of their last request."""
+        kernel, p, X, free = self.kernel, self.p, self.X, self.free
         grads, payloads = self.grads, self.payloads
-        evaluated, in_flight = grads.row_of, payloads.row_of  # what is kept (a dict lookup per operation)
+        ops = self.ops
+        if not ops:
+            self.work_done([], {})
+            return
+        agent = np.repeat(np.fromiter(ops, np.int64, len(ops)), [len(o) for o in ops.values()])
+        flat = np.fromiter(itertools.chain.from_iterable(ops.values()), np.int64, len(agent))
+        kind, v = flat & 3, flat >> 2
+        first = np.ones(len(flat), bool)  # each agent's first operation
+        first[1:] = agent[1:] != agent[:-1]
+        # the operations another one waits for: a merge the push of its payload in this work (else it was kept
+        # before), an update its gradient batch (the engine's: its last request; a batch-invariant model's: its own)
+        pushes = np.flatnonzero((kind == PUSH) & (v >= 0))
+        order = np.argsort(v[pushes], kind="stable")
+        pushed_mid, pushed_at = v[pushes][order], pushes[order]
+        merges = np.flatnonzero(kind == MERGE)
+        at = np.minimum(np.searchsorted(pushed_mid, v[merges]), max(len(pushed_mid) - 1, 0))
+        here = (pushed_mid[at] == v[merges]) if len(pushed_mid) else np.zeros(len(merges), bool)
+        in_flight = payloads.row_of
+        if any(m not in in_flight for m in v[merges[~here]].tolist()):
+            raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
+        waiter, waited = [merges[here]], [pushed_at[at[here]]]  # op index -> the op (or ops) it waits for
         flush_of, left, waiting = self.batches(first_ticket)
-        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
-        active = list(ops)
-        blocked: dict[int, int] = {}  # ticket: the agent whose update waits for it
-        unsent: dict[int, int] = {}  # message id: the agent whose merge waits for its push (an earlier window's)
-        waiting = self.evaluate_ready(left, waiting, blocked, active)
-        free = self.free
-        while active:
-            mi, mp, ui, ug, pi, pm, nxt, ai, at = [], [], [], [], [], [], [], [], []
-            progressed = False
-            for i in active:
-                mine = ops[i]
-                k, n, last, waits = ptr[i], len(mine), -1, False
-                while k < n:
-                    op = mine[k]
-                    kind = op & 3
-                    if kind <= last:
-                        break
-                    v = op >> 2
-                    if kind == MERGE:
-                        if v not in in_flight:  # pushed in an earlier window of the same tensor work: woken then
-                            unsent[v] = i
-                            waits = True
-                            break
-                        mi.append(i)
-                        mp.append(v)
-                    elif kind == UPDATE:
-                        if v not in evaluated:  # its gradient batch waits for a request still to come: woken then
-                            blocked[v] = i
-                            waits = True
-                            break
-                        ui.append(i)
-                        ug.append(v)
-                    elif kind == ASK:
-                        if free:
-                            ai.append(i)
-                            at.append(v)
-                        else:
-                            f = flush_of.get(v)
-                            if f is not None:
-                                left[f] -= 1
-                    else:
-                        pi.append(i)
-                        pm.append(v)
-                    last = kind
-                    k += 1
-                if k > ptr[i]:
-                    progressed = True
-                    ptr[i] = k
-                if k < n and not waits:
-                    nxt.append(i)
-            if not progressed:
-                raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            if ui:
-                b, idx = self.batch(ui)
-                kernel.update(b, p, grads.take(ug))
-                X.index_copy_(0, idx, b.x)
-            if mi:
-                b, idx = self.batch(mi)
-                kernel.combine(b, p, payloads.take(mp))
-                X.index_copy_(0, idx, b.x)
-            if ai:  # after the step's merges
-                self.evaluate_step(ai, at, X.index_select(0, as_index(ai, X.device)))
-            if pi:
-                idx = as_index(pi, X.device)
+        asks = np.flatnonzero(kind == ASK)
+        ask_of = dict(zip(v[asks].tolist(), asks.tolist()))  # ticket -> its ask's op index (this work's)
+        updates = np.flatnonzero(kind == UPDATE)
+        batch_last: dict[int, list[int]] = {}  # the engine's batch -> its asks in this work
+        if not free:
+            for tk, k in ask_of.items():
+                f = flush_of.get(tk)
+                if f is not None:
+                    batch_last.setdefault(f, []).append(k)
+        uw, uk = [], []
+        evaluated = grads.row_of
+        for k, tk in zip(updates.tolist(), v[updates].tolist(), strict=True):
+            if free:
+                k_ask = ask_of.get(tk)
+                if k_ask is not None:
+                    uw.append(k)
+                    uk.append(k_ask)
+                elif tk not in evaluated:
+                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+            else:
+                f = flush_of.get(tk)
+                if f is None and tk not in evaluated:
+                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+                for k_ask in batch_last.get(f, ()):
+                    uw.append(k)
+                    uk.append(k_ask)
+        waiter.append(np.array(uw, np.int64))
+        waited.append(np.array(uk, np.int64))
+        step = lock_steps(kind, first, np.concatenate(waiter), np.concatenate(waited))
+        # the gradient batches (the engine's) evaluated at the end of a step: those with no request in this work
+        # first, then each at its last request's step
+        due_at: dict[int, list[int]] = {}
+        for f in waiting:
+            ks = batch_last.get(f)
+            due_at.setdefault(-1 if ks is None else int(step[ks].max()), []).append(f)
+        done = [0] * len(left)
+        for f in due_at.pop(-1, ()):
+            self.evaluate_ready(done, [f], {}, [])
+        groups = np.lexsort((kind, step))  # by step, then kind; each agent has one operation of a kind in a step
+        sk = step[groups] * 4 + kind[groups]
+        cut = np.flatnonzero(np.diff(sk)) + 1
+        starts, ends = np.concatenate(([0], cut)), np.concatenate((cut, [len(sk)]))
+        who_all, v_all = agent[groups].tolist(), v[groups].tolist()
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            s, kd = divmod(int(sk[a]), 4)
+            who, vs = who_all[a:b], v_all[a:b]
+            if kd == UPDATE:
+                bt, idx = self.batch(who)
+                kernel.update(bt, p, grads.take(vs))
+                X.index_copy_(0, idx, bt.x)
+            elif kd == MERGE:
+                bt, idx = self.batch(who)
+                kernel.combine(bt, p, payloads.take(vs))
+                X.index_copy_(0, idx, bt.x)
+            elif kd == ASK:  # after the step's merges
+                if free:
+                    self.evaluate_step(who, vs, X.index_select(0, as_index(who, X.device)))
+            else:
+                idx = as_index(who, X.device)
                 sent = X.index_select(0, idx)
                 self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
-                self.keep_payloads(pm, sent)
-                if unsent:
-                    nxt.extend(unsent.pop(m) for m in pm if m in unsent)
-            if waiting:
-                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
-            active = nxt
-        self.work_done(waiting, blocked)
-        if unsent:  # a merge's payload is pushed before it lands, so in this tensor work at the latest
-            raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
+                self.keep_payloads(vs, sent)
+            if b == len(sk) or int(sk[b]) // 4 != s:  # the step's end: its gradient batches
+                for f in due_at.pop(s, ()):
+                    self.evaluate_ready(done, [f], {}, [])
+        self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def point(self, tk: int) -> torch.Tensor:
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
