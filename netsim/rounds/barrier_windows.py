@@ -22,8 +22,9 @@ queued offered in arrival order, older rounds' discarded as ``stale``, its timer
 delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a ``timeout`` row with the missing
 count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
-wake or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
-``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
+by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
+(``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
 
 The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
 (``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
