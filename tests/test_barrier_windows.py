@@ -162,6 +162,27 @@ def test_barriers_time_out_discard_stale_rounds_and_release_on_the_windows(tmp_p
     assert summary["messages_dropped"] > 0
 
 
+def test_barriers_completed_at_instants_shared_with_other_events(tmp_path):
+    """Bernoulli activation on one tick grid with no offsets, one compute time and a constant latency: the agents
+    active at a tick compute, send, deliver and complete their barriers at the same instants, so a barrier's completion
+    (processed right after the event that completes it where nothing else is due by then, else queued behind what is)
+    ties with deliveries, completions and timers of other agents; Muffliato's completions send the next exchange's
+    messages, so their place among the tied events shows in the rows. The engine's bytes."""
+    sc = jittery(name="muffliato", clip=1.0, sigma=1.0, gossip_steps=3, round_timeout=0.1)
+    sc["agents"] = {"count": 10, "activation": {"kind": "bernoulli", "period": 0.25, "p": 0.6},
+                    "compute_time": {"kind": "constant", "value": 0.05}}
+    sc["network"] = {"latency": {"kind": "constant", "value": 0.01}, "loss": 0.1}
+    both(tmp_path, sc)
+    from netsim.trace.io import read_trace
+
+    t = read_trace(tmp_path / "windowed" / "trace.arrows").table
+    times = [x for x, k in zip(t.column("t").to_pylist(), t.column("kind").to_pylist(), strict=True)
+             if k == "deliver"]
+    assert len(times) - len(set(times)) > 100  # (deliveries to several agents at one instant)
+    kinds = t.column("kind").to_pylist()
+    assert kinds.count("timeout") > 5 and kinds.count("release") > 50
+
+
 def test_churn_on_barrier_windows(tmp_path):
     """Agents going offline (their activations moved, their gradients waiting, their messages dropped) on the
     barrier windows: the engine's bytes."""

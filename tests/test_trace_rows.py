@@ -100,3 +100,39 @@ def test_record_batch_is_the_column_by_column_conversion():
     got = record_batch(odd)
     assert got.serialize().to_pybytes() == columns(odd).serialize().to_pybytes()
     assert got.column("value").null_count == 0
+
+
+_NO_PANDAS = r'''
+import sys
+import netsim
+from netsim.trace.io import Words, columns_batch, record_batch, row_columns, string_array
+
+rows = [(0.1 * i, "send", i, i + 1, i, 168, 0.005 * i, 3, "model") for i in range(50)]
+rows += [(1e300, "timeout", 2, -1, -1, 0, float("nan"), 7, ""), (2.0, "deliver", 1, 0, 9, 8, 3.0, 1, "x\u00e9")]
+words = Words()
+got = columns_batch(row_columns(rows, words), words).serialize().to_pybytes()
+words_made = string_array(words.words)
+netsim.run(sys.argv[1], overrides={"agents": {"count": 8}, "run": {"until": 2.0}}, out=sys.argv[2],
+           interruptible=False)
+assert "pandas" not in sys.modules, "a windowed run imported pandas"
+import pyarrow as pa
+assert got == record_batch(rows).serialize().to_pybytes()
+assert words_made.equals(pa.array(words.words, pa.string()))
+print("ok")
+'''
+
+
+def test_the_column_path_writes_record_batch_bytes_without_importing_pandas(tmp_path):
+    """Rows handed as columns (a windowed run's) become the bytes ``record_batch`` makes of them, through Arrow
+    arrays made from their buffers: ``pa.array`` imports pandas (~0.3 s of CPU), which a fast-path run does not."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    from pathlib import Path
+
+    quickstart = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.toml"
+    out = subprocess.run([sys.executable, "-c", _NO_PANDAS, str(quickstart), str(tmp_path / "run")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

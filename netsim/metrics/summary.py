@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 from netsim.trace.events import COLUMNS
 
 _KIND, _SIZE = COLUMNS.index("kind"), COLUMNS.index("size")
+
+
+@functools.cache
+def _send():
+    """The kind "send" as an Arrow scalar, made without ``pa.scalar`` (which imports pandas: ``string_array``)."""
+    from netsim.trace.io import string_array
+
+    return string_array(["send"])[0]
 
 
 class EventCounts:
@@ -23,7 +32,7 @@ class EventCounts:
         kinds = batch.column(_KIND)
         counts = kinds.value_counts()  # in the order of first appearance, as counting the rows would
         self.kinds.update(dict(zip(counts.field(0).to_pylist(), counts.field(1).to_pylist(), strict=True)))
-        sent = pc.sum(pc.filter(batch.column(_SIZE), pc.equal(kinds, "send"))).as_py()
+        sent = pc.sum(pc.filter(batch.column(_SIZE), pc.equal(kinds, _send()))).as_py()
         self.bytes_sent += sent or 0
 
     @property

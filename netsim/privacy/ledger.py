@@ -50,6 +50,8 @@ class AgentLedger:
         self.spent = 0.0  # RDP epsilon(delta) after the last release (kept when a cap is set)
         self._noise: NoiseSource | None = None
         self._checked: set[tuple] = set()  # (mechanism, sigma, sensitivity, q) already checked
+        self._tags: dict[tuple, str] = {}  # (mechanism, what, sensitivity, q, skipped) -> its ``release_tag`` (checked
+        # floats > 0 and one p: equal keys make equal reprs)
         self.p = agent.activation_probability  # the agent's schedule's, like the tick count and its origin
         self._last_tick = agent.schedule.origin
 
@@ -134,8 +136,10 @@ class AgentLedger:
             self.spent = after
         # the Release record's row and log entry, made without the record (a run makes millions)
         self.releases.append_fields(t, rnd, to, skipped, (size, mechanism, what, sigma, sensitivity, q, self.p))
-        (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, rnd,
-                                                       release_tag(mechanism, what, sensitivity, q, self.p, skipped)))
+        tag = self._tags.get(key := (mechanism, what, sensitivity, q, skipped))
+        if tag is None:  # (a run's releases repeat a few tags: formatting three float reprs cost ~1.5 us a release)
+            tag = self._tags[key] = release_tag(mechanism, what, sensitivity, q, self.p, skipped)
+        (a.emit_row if at is None else at[1].append)((t, "release", a.id, to, -1, size, sigma, rnd, tag))
         return True
 
     def load_rdp(self, rdp: np.ndarray) -> None:

@@ -22,8 +22,9 @@ queued offered in arrival order, older rounds' discarded as ``stale``, its timer
 delivery (offered to the barrier or queued, as ``Inbox.put``), the barrier's timer (a ``timeout`` row with the missing
 count) and the barrier's completion (an event of its own, as ``succeed`` schedules it: ``combine``, then the next
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
-wake or the finish). Every stream is drawn by the engine's calls in the engine's order (``Agent.plan_wake``,
-``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
+by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
+(``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
 
 The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
 (``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
@@ -204,7 +205,7 @@ class _Driver(WindowDriver):
         self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
         self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
         self.parts: dict[int, tuple] = {}  # rid -> (batch, row): the agent's part after ``local`` or ``combine``
-        self.x_at: dict[int, torch.Tensor] = {}  # rid -> the agent's parameters at its activation
+        self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
         # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
         self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
@@ -256,10 +257,17 @@ class _Driver(WindowDriver):
         if event_row(Stale(0.0, 0, 1, 2, 3)) != (0.0, Stale.kind, 0, 1, 2, 0, 0.0, 3, TEXT.none):
             raise RuntimeError("barrier windows: a stale row's shape is not the one packed here")
 
+        ready: list[tuple] = []  # barriers completed by the event being processed, whose completion comes next
+
         def close(i: int, w: _Gather, t: float) -> None:
-            """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now."""
+            """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now — processed
+            right after the current event (``ready``) where nothing else is due by ``t``: the queue would pop it
+            next (what the current event schedules after it comes later in simpy's order too)."""
             waiter[i] = None
-            enqueue(t, BARRIER, i, w.got)
+            if (soon and soon[0][0] <= t) or (cur and cur[-1][0] <= t):
+                enqueue(t, BARRIER, i, w.got)
+            else:
+                ready.append((t, i, w.got))
 
         def offer(i: int, w: _Gather, m: tuple, t: float) -> bool:
             """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
@@ -307,10 +315,12 @@ class _Driver(WindowDriver):
             size = fixed if fixed is not None else sizes.get(pid)
             s = guess if size is None else size
             held, tx = 0, 0.0
-            for j in agents[i].neighbors:  # ``Agent.broadcast``: links transmit in parallel
+            nb = agents[i].neighbors
+            mid = take_ids(len(nb)) - 1  # (the sends' ids, in send order: nothing else sends in between)
+            for j in nb:  # ``Agent.broadcast``: links transmit in parallel
                 # ``Network.send``: the link's outcome from its streams, the next id, the rows
                 tx_end, delay, reason = outcome(i, j, t, s)
-                mid = take_ids(1)
+                mid += 1
                 if size is None:
                     patches.append((len(buf) // R, pid))
                 put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
@@ -337,7 +347,10 @@ class _Driver(WindowDriver):
             t, pending_lo, flushed = self.now, self.pending_lo, self.flushed
             try:
                 while True:  # ``due``, inlined
-                    if soon and (not cur or soon[0] < cur[-1]):
+                    if ready:  # a barrier's completion, due before anything queued (``close``)
+                        t, i, v = ready.pop(0)
+                        kind = BARRIER
+                    elif soon and (not cur or soon[0] < cur[-1]):
                         t, _, kind, i, v = pop(soon)
                     elif cur and cur[-1][0] < end:
                         t, _, kind, i, v = take()
@@ -554,8 +567,9 @@ class _Driver(WindowDriver):
         """The gradients' points: each agent's parameters at its activation (``agent.params``)."""
         who = [i for i, _ in step]
         x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
-        for (_, o), row in zip(step, x.unbind(0), strict=True):
-            self.x_at[o[2]] = row
+        x_at = self.x_at
+        for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
+            x_at[o[2]] = (x, n)
         self.asked(who, [o[1] for _, o in step], x)
 
     def locals(self, step: list) -> None:
@@ -563,7 +577,7 @@ class _Driver(WindowDriver):
         kernel, p, recs = self.kernel, self.p, self.recs
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
-            x = torch.stack([self.x_at.pop(r) for r in rids])
+            x = _join([self.x_at.pop(r) for r in rids])
             g = self.grads.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
@@ -709,6 +723,9 @@ class _Driver(WindowDriver):
 def _join(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     """Rows (tensor, row n) as one tensor, a copy (``torch.stack`` of the rows' values): one ``index_select`` per
     tensor they come from (a lock step's parts come from a few batches), no view per row."""
+    t = rows[0][0]
+    if all(r[0] is t for r in rows):  # (a lock step's rows often come from one batch)
+        return t.index_select(0, as_index([r[1] for r in rows], t.device))
     by: dict[int, tuple] = {}
     for at, (t, n) in enumerate(rows):
         e = by.get(id(t))
