@@ -41,3 +41,32 @@ def test_small_runs_take_one_call_for_every_model():
     loss, acc = evaluate.evaluate_rows(model, W, X, y)
     ref_loss, ref_acc = model.evaluate(W, X, y)
     assert torch.equal(loss, ref_loss) and torch.equal(acc, ref_acc)
+
+
+def _figures(threads: int, model, W, X, y, metrics) -> dict:
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = evaluate.evaluate_bank(model, W, X, y, metrics, per_agent=(rows := {}))
+    finally:
+        torch.set_num_threads(old)
+    return {**out, **{f"agent_{k}": v.tobytes() for k, v in rows.items()}}
+
+
+def test_the_figures_do_not_depend_on_the_thread_count():
+    """A run's metrics are the same bits at any torch thread count (a 2-core laptop, a 64-core server): the
+    evaluation's sums over test rows and agents have a fixed order (``compute.exact``), not the threads' split.
+    The sizes are past torch's grain (32,768 elements), where a library sum splits across threads."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(70_000, 5, generator=g)
+    y = (torch.rand(70_000, generator=g) > 0.5).to(torch.float32)
+    W = torch.randn(40_000, 6, generator=g)  # the average over 40,000 agents and the consensus over them
+    metrics = ("loss", "accuracy", "consensus")
+    logistic = LogisticRegression(5, l2=0.01)
+    one = _figures(1, logistic, W, X, y, metrics)
+    assert one == _figures(4, logistic, W, X, y, metrics)
+    mlp = MLP(5, 3, hidden=(4,), l2=0.01)
+    Wm = torch.randn(3, mlp.size, generator=g)
+    ym = torch.randint(0, 3, (70_000,), generator=g)
+    one = _figures(1, mlp, Wm, X, ym, ("loss", "accuracy", "agent_accuracy"))
+    assert one == _figures(4, mlp, Wm, X, ym, ("loss", "accuracy", "agent_accuracy"))

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from netsim.compute.exact import row_mean, row_sum
+
 # the largest (test rows x agents) block one per-agent evaluation computes at once: 2^26 elements (0.5 GiB in
 # float64 per temporary); beyond it the agents are evaluated in slices (10^5 agents on 10^5 test rows would
 # need a 75 GiB logits matrix). Smaller runs take one call, as they always did, so their metrics keep their bits.
@@ -27,9 +29,10 @@ def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metr
     """Test loss/accuracy of the average model, mean per-agent accuracy, consensus distance; with
     ``train`` rows the training objective f(x̄) and, with ``f_star``, the suboptimality f(x̄) - f*. With
     ``per_agent`` (a dict) and "agent_accuracy", every row's own test loss and accuracy go into it as
-    numpy arrays (one batched evaluation of all rows)."""
+    numpy arrays (one batched evaluation of all rows). Every sum over agents or test rows has a fixed order
+    (``compute.exact``): the figures are the same bits at any thread count."""
     out: dict[str, float] = {}
-    avg = W.mean(0, keepdim=True)
+    avg = row_mean(W, 0).unsqueeze(0)
     if train is not None and ("train_loss" in metrics or "suboptimality" in metrics):
         f = float(model.evaluate(avg, *train)[0][0])
         if "train_loss" in metrics:
@@ -45,10 +48,10 @@ def evaluate_bank(model, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor, metr
         if per_agent is not None:
             per_agent["loss"] = loss.detach().double().cpu().numpy()
             per_agent["accuracy"] = acc.detach().double().cpu().numpy()
-        out["agent_accuracy_mean"] = float(acc.mean())
+        out["agent_accuracy_mean"] = float(row_mean(acc, 0))
         out["agent_accuracy_min"] = float(acc.min())
     if "consensus" in metrics:
-        out["consensus"] = float(((W - avg) ** 2).sum(1).mean())
+        out["consensus"] = float(row_mean(row_sum((W - avg) ** 2, 1), 0))
     return out
 
 

@@ -231,8 +231,8 @@ class LogisticRegression:
         if self.bias:
             z = z + W[:, self.d]
         s = (2 * y - 1).unsqueeze(1).to(z.dtype)
-        loss = torch.nn.functional.softplus(-s * z).mean(0) + self.l2 / 2 * (W[:, :self.d] ** 2).sum(1)
-        acc = ((z > 0).to(y.dtype) == y.unsqueeze(1)).to(z.dtype).mean(0)
+        loss = row_mean(torch.nn.functional.softplus(-s * z), 0) + self.l2 / 2 * row_sum(W[:, :self.d] ** 2, 1)
+        acc = row_mean(((z > 0).to(y.dtype) == y.unsqueeze(1)).to(z.dtype), 0)
         return loss, acc
 
 
@@ -345,11 +345,11 @@ class MLP:
             z = z + layers[0][1].unsqueeze(1)
         if len(layers) > 1:
             z = self._forward(layers[1:], torch.relu(z))[-1]  # (R, n, C)
-        loss = F.cross_entropy(z.transpose(1, 2), y.unsqueeze(0).expand(W.shape[0], -1),
-                               reduction="none").mean(1)
+        loss = row_mean(F.cross_entropy(z.transpose(1, 2), y.unsqueeze(0).expand(W.shape[0], -1),
+                                        reduction="none"), 1)
         if self.l2:
-            loss = loss + self.l2 / 2 * sum((w ** 2).sum((1, 2)) for w, _ in layers)
-        acc = (z.argmax(2) == y).to(W.dtype).mean(1)
+            loss = loss + self.l2 / 2 * sum(row_sum((w ** 2).flatten(1), 1) for w, _ in layers)
+        acc = row_mean((z.argmax(2) == y).to(W.dtype), 1)
         return loss, acc
 
 
@@ -497,13 +497,13 @@ class TorchModel:
             for s in range(0, X.shape[0], self.eval_chunk):
                 z = f(W, X[s:s + self.eval_chunk])  # (R, b, C)
                 yy = y[s:s + self.eval_chunk]
-                loss += F.cross_entropy(z.transpose(1, 2), yy.unsqueeze(0).expand(W.shape[0], -1),
-                                        reduction="none").sum(1)
-                hits += (z.argmax(2) == yy).to(W.dtype).sum(1)
+                loss += row_sum(F.cross_entropy(z.transpose(1, 2), yy.unsqueeze(0).expand(W.shape[0], -1),
+                                                reduction="none"), 1)
+                hits += row_sum((z.argmax(2) == yy).to(W.dtype), 1)
         n = X.shape[0]
         loss = loss / n
         if self.l2:
-            loss = loss + 0.5 * (self.penalty_grad(W) * W).sum(1)  # l2/2 ||weights||^2
+            loss = loss + 0.5 * row_sum(self.penalty_grad(W) * W, 1)  # l2/2 ||weights||^2
         return loss, hits / n
 
 
