@@ -92,7 +92,8 @@ class GradientService:
                clip_kind: str = "l2") -> Ticket:
         """Queue one request; with ``clip`` the result is the mean of per-sample gradients clipped to
         L2 norm ``clip`` (``clip_kind="l2"``) or to [-clip, clip] per coordinate (``"coordinate"``)."""
-        _check_clip(clip, clip_kind)
+        if clip is not None:  # (one request per gradient: no call when there is nothing to check)
+            _check_clip(clip, clip_kind)
         t = Ticket(agent, params, rows, clip, clip_kind)
         self.pending.append(t)
         return t
@@ -138,7 +139,7 @@ class GradientService:
             groups.setdefault((len(t.rows[0]) if type(t) is Block else len(t.rows), t.clip, t.clip_kind),
                               []).append(t)
         for (m, clip, kind), group in groups.items():
-            blocks = any(type(t) is Block for t in group)
+            blocks = Block in set(map(type, group))
             if blocks and len(group) == 1 and _as_copied(group[0].params):  # one block: its rows as they stand
                 W, rows = group[0].params, _flat(group[0].rows)
             elif blocks:  # their rows where their requests would stand (one cat, no per-row tensors)

@@ -151,13 +151,16 @@ class SyncRounds(Pattern):
         own_routes = type(kernel).routes is not SyncKernel.routes
         own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
         horizon = kernel.horizon(p, state)
+        # ``asks`` as SyncKernel's and asked every round: ``gradient`` itself (a call less a round)
+        gradient = kernel.gradient if type(kernel).asks is SyncKernel.asks and not kernel.first_gradient else None
+        wake, i = agent.wake, agent.id
         k = 0
         while True:
             if k == horizon:  # the algorithm's own K rounds done: finish as ``wake`` does at run.rounds
                 yield agent.finish()
-            yield agent.wake()
+            yield wake()
             x = agent.params
-            req = kernel.asks(p, state, agent.id, k)
+            req = gradient(p, state, i) if gradient is not None else kernel.asks(p, state, i, k)
             if req is not None and ahead is not None:  # ``local`` batched with the agents done at the same time
                 ev = agent.gradient(batch=req.batch, params=x, clip=req.clip, clip_kind=req.clip_kind)
                 ahead.ask(agent, x, ev, k)

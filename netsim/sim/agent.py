@@ -24,6 +24,7 @@ import torch
 from netsim.compute.mixing import MixUpdate
 from netsim.sim import rows as shapes
 from netsim.sim.activation import Schedule, schedule_for
+from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Completion, Lookahead
 from netsim.sim.streams import DrawsAhead, set_state
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 
 processed_event = Completion.done  # an event that is already over (a free send)
-_Timeout = simpy.events.Timeout
+_Timeout = Timeout  # (sim/env.py's: no call to schedule it)
 
 
 class _Waiter:
@@ -137,7 +138,7 @@ class Inbox:
             keep.extend(q)
             self.queues[w.tag] = keep
         if not ev.triggered and timeout is not None:
-            timer = simpy.events.Timeout(self.agent.env, timeout)
+            timer = _Timeout(self.agent.env, timeout)
             timer.callbacks.append(w.timed_out)  # a no-op once w is resolved
         return ev
 
@@ -201,6 +202,7 @@ class Agent:
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
         self._mixing = sim.recorder.mixing_log  # the weights applied to which messages, when asked (privacy)
         self._one = (self,)  # this agent as a batch of one (``Simulation.count_wakes``), made once
+        self._expected: tuple = (None, frozenset())  # (in_neighbors, as a set): whom ``gather`` waits for
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -363,19 +365,14 @@ class Agent:
              size: int | None = None) -> simpy.Event:
         """Send through the link; the event completes when the transmission ends."""
         tx = self.sim.world.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
-        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+        return self._done if tx <= 0 else _Timeout(self.env, tx)
 
     def broadcast(self, payload: Any, tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
         """Send to every out-neighbour (links transmit in parallel)."""
-        send = self.sim.world.network.send
-        rnd = self.round if round is None else round
-        if size is None:
-            size = payload_size(payload)  # once, not per link
-        tx = 0.0
-        for j in self.neighbors if to is None else to:
-            tx = max(tx, send(self.id, j, payload, tag, rnd, size))
-        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+        tx = self.sim.world.network.send_all(self.id, self.neighbors if to is None else to, payload, tag,
+                                             self.round if round is None else round, size)
+        return self._done if tx <= 0 else _Timeout(self.env, tx)
 
     def send_each(self, payloads: dict[int, Any], tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
@@ -388,7 +385,7 @@ class Agent:
             if j in payloads:
                 x = payloads[j]
                 tx = max(tx, send(self.id, j, x, tag, rnd, payload_size(x) if size is None else size))
-        return self._done if tx <= 0 else simpy.events.Timeout(self.env, tx)
+        return self._done if tx <= 0 else _Timeout(self.env, tx)
 
     def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:
         """The next message with ``tag`` (a ``Message``), or None after ``timeout``. With ``round``,
@@ -399,7 +396,13 @@ class Agent:
                timeout: float | None = None) -> simpy.Event:
         """Barrier: payloads {src: payload} of ``round`` from all ``senders`` (default in-neighbours),
         or whatever arrived by ``timeout``. Messages of earlier rounds are discarded as stale."""
-        expect = frozenset(self.in_neighbors if senders is None else senders)
+        if senders is None:  # the in-neighbours' set, made again only when they change (a time-varying topology)
+            nb = self.in_neighbors
+            if nb is not self._expected[0]:
+                self._expected = (nb, frozenset(nb))
+            expect = self._expected[1]
+        else:
+            expect = frozenset(senders)
         w = _Gather(simpy.Event(self.env), tag, self.inbox, self.round if round is None else round, expect)
         if not expect:
             w.event.succeed({})

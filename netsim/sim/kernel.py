@@ -343,21 +343,27 @@ class Simulation:
             loop.wall += time.perf_counter() - loop.t0
             loop.t0 = time.perf_counter()
             return
-        queue, step, done, marks = loop.env.queue, loop.env.step, loop.done, loop.marks
+        env, done, marks = loop.env, loop.done, loop.marks
+        queue = env.queue
         n = loop.steps
         limit = -1 if to_step is None else to_step
         with _lean_gc():
             try:
-                while not done and n != limit:
-                    if queue and queue[0][0] >= marks.next_boundary:
-                        loop.steps = n
-                        self.boundary()
-                        if marks.interrupted:
-                            break
-                    step()
+                while True:
+                    n = env.steps(n, limit, done, marks)  # (every event before the next boundary, in one loop)
+                    if done or n == limit or not queue:
+                        break
+                    loop.steps = n  # the next event is at or past the boundary: stop there to look
+                    self.boundary()
+                    if marks.interrupted:
+                        break
+                    env.step()
                     n += 1
             except simpy.core.EmptySchedule:
                 pass
+            except BaseException:
+                n = max(n, env.processed)  # a callback raised inside ``steps``: the events it processed
+                raise
             finally:
                 loop.steps = n
         loop.wall += time.perf_counter() - loop.t0

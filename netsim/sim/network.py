@@ -15,7 +15,7 @@ installs the recorded outcomes. Unconfigured models therefore cost one compariso
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 import simpy
@@ -24,6 +24,7 @@ from netsim.errors import InputError, claim
 from netsim.scenario.schema import NetworkSpec
 from netsim.sim import rows as shapes
 from netsim.sim.dists import draws
+from netsim.sim.env import Timeout
 from netsim.sim.streams import Draws, Streams
 
 
@@ -41,7 +42,7 @@ class Message(NamedTuple):
 
 
 _new_message = tuple.__new__  # ``Message(...)`` without the named tuple's Python ``__new__``: one per send, hot
-_Timeout = simpy.events.Timeout
+_Timeout = Timeout  # (sim/env.py's: no call to schedule it)
 
 
 class Link:
@@ -222,27 +223,40 @@ class Network:
 
     def send(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int | None) -> float:
         """Put a message on the link; returns the time until its transmission ends (sender busy)."""
-        if self.model is not None:
-            return self._send_model(src, dst, payload, tag, rnd, size)
-        env = self.env
-        now = env.now
-        link = self.links.get((src, dst)) or self.link(src, dst)
+        return self.send_all(src, (dst,), payload, tag, rnd, size)
+
+    def send_all(self, src: int, dsts: Iterable[int], payload: Any, tag: str, rnd: int, size: int | None) -> float:
+        """``send`` of one payload to each of ``dsts``, in that order (a broadcast: links transmit in parallel);
+        returns the longest time until a transmission ends (0.0 with none)."""
         if size is None:
             size = payload_size(payload)
-        mid = self.take_ids(1)
-        tx_end = now
-        if self.bandwidth is not None:
-            tx_end = max(now, link.busy_until) + size / self.bandwidth
-            link.busy_until = tx_end
-        d = delay(tx_end, now, link.latency())
-        emit_row = self.emit_row
-        emit_row(shapes.send(now, src, dst, mid, size, d, rnd, tag))
-        if link.lost is not None and link.lost() < self.p_loss:
-            emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
-            return tx_end - now
-        msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
-        _Timeout(env, d, msg).callbacks.append(self._on_arrival)
-        return tx_end - now
+        longest = 0.0
+        if self.model is not None:
+            for dst in dsts:
+                tx = self._send_model(src, dst, payload, tag, rnd, size)
+                if tx > longest:
+                    longest = tx
+            return longest
+        env = self.env
+        now = env.now
+        links, emit_row, bandwidth, on_arrival = self.links, self.emit_row, self.bandwidth, self._on_arrival
+        for dst in dsts:
+            link = links.get((src, dst)) or self.link(src, dst)
+            mid = self.take_ids(1)
+            tx_end = now
+            if bandwidth is not None:
+                tx_end = max(now, link.busy_until) + size / bandwidth
+                link.busy_until = tx_end
+            d = delay(tx_end, now, link.latency())
+            emit_row(shapes.send(now, src, dst, mid, size, d, rnd, tag))
+            if link.lost is not None and link.lost() < self.p_loss:
+                emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
+            else:
+                msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
+                _Timeout(env, d, msg).callbacks.append(on_arrival)
+            if tx_end - now > longest:
+                longest = tx_end - now
+        return longest
 
     def take_ids(self, n: int) -> int:
         """Ids for ``n`` messages, in send order: the first of them (the next n are taken). The one place message ids
@@ -338,5 +352,5 @@ class Network:
         if reason:
             self.emit_row(shapes.drop(now, src, dst, mid, size, delay, rnd, reason))
         else:
-            ev = simpy.events.Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
+            ev = _Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
             ev.callbacks.append(self._arrive)

@@ -22,6 +22,7 @@ import attrs
 import simpy
 
 from netsim.sim import rows as shapes
+from netsim.sim.env import Timeout
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class Services:
         return key in self._items
 
 
-class Completion(simpy.events.Timeout):
+class Completion(Timeout):
     """A Timeout of ``delay`` that carries ``ticket`` and, when it fires, takes ``resolve(ticket)`` as
     its value (resolved before any process waiting on it resumes). Also the already-processed event
     (``Completion.done``) that a zero-cost send returns."""
