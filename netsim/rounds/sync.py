@@ -820,6 +820,7 @@ class Exchange:
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(i, np.nan) for i, out in enumerate(outs) for j in out], np.float64)
         self.links: list | None = None
+        self._plans: dict[tuple, _Plan] = {}  # (``exchange``)
 
     def adopt(self, woken: Sequence, t: np.ndarray) -> None:
         """The engine's activation listener of a time-varying topology: each agent woken at ``t`` takes its epoch's
@@ -867,22 +868,13 @@ class Exchange:
         lat = list({link.latency for link in links})  # a constant latency: one callable shared by every link
         self.latency = lat[0]() if len(lat) == 1 and not isinstance(lat[0], Draws) else None
 
-    def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
-                 computed: bool, released: dict | None):
-        """Exchange ``rnd``: the agents at batch positions ``ready`` send, in that order, at ``t_ready``; each one's
-        rows are its ``compute_end`` (``computed``) and its releases (``released``, first exchange), then per
-        out-link a ``send`` and, when lost, a ``drop``. Then the deliveries in send order, then the ``timeout`` of
-        each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
-        (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
-        timed-out ones (agents, times)."""
-        from netsim.trace.io import row_columns
-
-        net, words = self.net, self.words
+    def _plan(self, ids: np.ndarray, ready: np.ndarray, computed: bool, n_rel: np.ndarray, lost) -> _Plan:
+        """An exchange's index arrays (who sends on which link, where each row goes, which barriers complete): they
+        depend on the agents' order, the senders' rows before their sends and the losses only, so a round of a static
+        topology without loss reuses its round before's (``exchange``)."""
+        M = len(self.tags)
         senders = ids[ready]
-        if self.links is None:
-            self._made(senders.tolist())
         B = len(ready)
-        M = len(self.tags)  # messages per out-link: sender by sender, message by message, link by link
         deg = self.deg[senders]
         E = int(deg.sum()) * M  # the sends
         by = np.repeat(np.arange(B), M * deg)  # each send's sender, as an index into ready
@@ -895,7 +887,63 @@ class Exchange:
             mi = at_s // deg[by]  # each send's message
             edge = self.ptr[senders][by] + at_s - mi * deg[by]
         dst = self.dst[edge]
-        t = t_ready[by]
+        if lost is None:
+            lost = np.zeros(E, bool)
+        # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
+        head = n_rel + int(computed)
+        lens = np.empty(B + E, np.int64)
+        head_at = np.arange(B) + first  # the sender's head among the items, before its links
+        link_at = np.arange(E) + by + 1
+        lens[head_at], lens[link_at] = head, 1 + lost
+        starts = np.cumsum(lens) - lens
+        ok = ~lost  # deliveries, in send order
+        to, src = dst[ok], by[ok]
+        # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
+        count = np.bincount(to, minlength=len(self.agents))
+        seq = np.argsort(to, kind="stable")
+        ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
+        last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
+        last = last[count[to[last]] == M * self.expect[to[last]]]
+        complete = np.zeros(len(self.agents), bool)
+        complete[to[last]] = True
+        out_ = ~complete[senders]  # the barriers, set in ready order, that time out
+        pos = np.empty(len(self.agents), np.int64)
+        pos[ids] = np.arange(len(ids))
+        w_ok = self.w[edge][ok]
+        made = head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64)
+        return _Plan(senders, by, mi, edge, dst, lost, int(lens.sum()), starts[head_at], starts[link_at], ok, to, src,
+                     last, to[last], senders[out_], out_, (self.expect - count).astype(np.float64), pos, pos[to],
+                     ready[src], w_ok, made, ids.tolist())
+
+    def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
+                 computed: bool, released: dict | None):
+        """Exchange ``rnd``: the agents at batch positions ``ready`` send, in that order, at ``t_ready``; each one's
+        rows are its ``compute_end`` (``computed``) and its releases (``released``, first exchange), then per
+        out-link a ``send`` and, when lost, a ``drop``. Then the deliveries in send order, then the ``timeout`` of
+        each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
+        (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
+        timed-out ones (agents, times)."""
+        from netsim.trace.io import row_columns
+
+        net, words = self.net, self.words
+        if self.links is None:
+            self._made(ids[ready].tolist())
+        M = len(self.tags)  # messages per out-link: sender by sender, message by message, link by link
+        outs = [(b.out, b.sizes), *(b.more or ())]
+        if len(outs) != M:
+            raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
+        rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
+        n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(len(ready), np.int64)
+        # the plan of the round before where the agents' order and the rows before the sends match (its losses
+        # aside: with loss, the plan is made again once the round's are drawn)
+        key = (ids.tobytes(), ready.tobytes(), computed, n_rel.tobytes())
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 8:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(ids, ready, computed, n_rel, None)
+        edge = plan.edge
+        t = t_ready[plan.by]
         if self.latency is not None:  # one constant: ``network.delay`` with nothing to transmit (tx_end = now)
             delay = link_delay(t, t, self.latency)
         else:
@@ -904,12 +952,11 @@ class Exchange:
         if net.p_loss > 0:  # each link's own loss stream, one draw per message in send order
             links = self.links
             lost = np.array([links[e].lost() for e in edge.tolist()], np.float64) < net.p_loss
-        else:
-            lost = np.zeros(E, bool)
+            if lost.any():
+                plan = self._plan(ids, ready, computed, n_rel, lost)
+        senders, by, mi, dst, lost = plan.senders, plan.by, plan.mi, plan.dst, plan.lost
+        B, E = len(ready), len(edge)
         msg = net.take_ids(E) + np.arange(E, dtype=np.int64)
-        outs = [(b.out, b.sizes), *(b.more or ())]
-        if len(outs) != M:
-            raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
         each = M == 1 and B > 0 and isinstance(b.out[0], dict)  # one payload per out-neighbour (``Agent.send_each``)
         if each:
             try:
@@ -927,17 +974,8 @@ class Exchange:
             sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
             size = np.stack(sized)[mi, ready[by]]
             tag = np.array([words(x) for x in self.tags], np.int32)[mi]
-        # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
-        rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
-        n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(B, np.int64)
-        head = n_rel + int(computed)
-        lens = np.empty(B + E, np.int64)
-        head_at = np.arange(B) + first  # the sender's head among the items, before its links
-        link_at = np.arange(E) + by + 1
-        lens[head_at], lens[link_at] = head, 1 + lost
-        starts = np.cumsum(lens) - lens
-        c = columns(int(lens.sum()))
-        h = starts[head_at]
+        c = columns(plan.n_rows)
+        h = plan.h
         if computed:
             fill(c, h, shapes.compute_end(t_ready, senders, CODES))
         if rel and n_rel.any():
@@ -945,45 +983,36 @@ class Exchange:
             at = np.repeat(h + int(computed) - (np.cumsum(n_rel) - n_rel), n_rel) + np.arange(len(flat))
             for col, values in zip(c, row_columns(flat, words), strict=True):
                 col[at] = values
-        at = starts[link_at]
+        at = plan.at
         fill(c, at, shapes.send(t, senders[by], dst, msg, size, delay, rnd, tag, CODES))
-        d = at[lost] + 1
-        fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
-                               CODES.loss, CODES))
+        if lost.any():
+            d = at[lost] + 1
+            fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
+                                   CODES.loss, CODES))
         rows.add(tuple(c))
-        ok = ~lost  # deliveries, in send order
-        arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
+        ok, to, src = plan.ok, plan.to, plan.src
+        arr, sent = (t + delay)[ok], t[ok]
         c = columns(len(arr))
         fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd,
                                             tag if M == 1 else tag[ok], CODES))
         rows.add(tuple(c))
-        # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
-        count = np.bincount(to, minlength=len(self.agents))
-        seq = np.argsort(to, kind="stable")
-        ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
-        last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
-        last = last[count[to[last]] == M * self.expect[to[last]]]
-        done = (to[last], arr[last])
-        complete = np.zeros(len(self.agents), bool)
-        complete[done[0]] = True
-        out_ = ~complete[senders]  # the barriers, set in ready order, that time out
-        if M > 1 and out_.any():
+        done = (plan.done, arr[plan.last])
+        out_ = plan.out_
+        if M > 1 and len(plan.late):
             raise RuntimeError("synchronous windows: a barrier of several messages times out (refusal should have "
                                "said so)")
-        late = (senders[out_], t_ready[out_] + self.timeout)
-        c = columns(int(out_.sum()))
-        fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, (self.expect[late[0]] - count[late[0]]).astype(
-            np.float64), CODES))
+        late = (plan.late, t_ready[out_] + self.timeout)
+        c = columns(len(plan.late))
+        fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, plan.missing[late[0]], CODES))
         rows.add(tuple(c))
-        pos = np.empty(len(self.agents), np.int64)
-        pos[ids] = np.arange(len(ids))
+        pos = plan.pos
         if each:  # each delivery its own payload
-            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, pos[to],
-                           np.arange(len(to)), self.w[edge][ok], receivers=len(ids))
+            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, plan.recv,
+                           np.arange(len(to)), plan.w, receivers=len(ids))
         elif M == 1:
-            got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
+            got = Arrivals(list(plan.id_list), b.out, b.sent, plan.recv, plan.send, plan.w)
         else:  # one ``got`` per message
-            m_ok, w_ok = mi[ok], self.w[edge][ok]
+            m_ok, w_ok = mi[ok], plan.w
             got = tuple(Arrivals(ids.tolist(), out, b.sent if m == 0 else None, pos[to[m_ok == m]],
                                  ready[src[m_ok == m]], w_ok[m_ok == m]) for m, (out, _) in enumerate(outs))
         if self.views is not None:  # what each receiver got, in delivery order
@@ -992,8 +1021,42 @@ class Exchange:
                                    "should have said so)")
             self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
-        self.made = (head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
+        self.made = (plan.made, arr, src, pos)
         return got, done, late
+
+
+@attrs.frozen
+class _Plan:
+    """``Exchange._plan``'s arrays (never written: shared by the rounds that reuse them)."""
+
+    senders: np.ndarray
+    by: np.ndarray
+    mi: np.ndarray | None
+    edge: np.ndarray
+    dst: np.ndarray
+    lost: np.ndarray
+    n_rows: int
+    h: np.ndarray  # each sender's head row
+    at: np.ndarray  # each send's row
+    ok: np.ndarray
+    to: np.ndarray
+    src: np.ndarray
+    last: np.ndarray  # each completed barrier's last delivery, in completion order
+    done: np.ndarray  # those barriers' agents
+    late: np.ndarray  # the agents whose barriers time out, in ready order
+    out_: np.ndarray
+    missing: np.ndarray  # per agent: its barrier's messages not arrived
+    pos: np.ndarray
+    recv: np.ndarray
+    send: np.ndarray
+    w: np.ndarray
+    made: np.ndarray
+    id_list: list
+
+    def __attrs_post_init__(self) -> None:
+        for v in attrs.astuple(self, recurse=False):
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
 
 
 def _send(agent, payload, tag: str, rnd: int, size: int | None, to) -> Any:
