@@ -21,6 +21,7 @@ The driver is exact only where these rules decide the order: ``refusal`` says wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -341,27 +342,40 @@ class SyncRounds(Pattern):
             for n, tn in zip(pos[gids].tolist(), t.tolist(), strict=True):
                 now[n] = tn  # the agent's clock for what ``combine`` records (its releases)
             groups.append({"ids": gids, "pos": pos[gids], "t": t, "on": np.ones(len(gids), bool), "ct": None,
-                           "made": [], "who": [], "when": []})
+                           "made": [], "who": [gids[:0]], "when": [t]})
+        live = [grp for grp in groups if len(grp["ids"])]  # (a group of none: no rows, no requests)
+        for grp in live:
+            grp["when"] = []
         comb = kernel.combine(b, p, got)
         try:
             w = next(comb)
             while True:
                 g = None
-                for grp in groups:
+                for grp in live:
                     gids, gp, t, on = grp["ids"], grp["pos"], grp["t"], grp["on"]
-                    asks = np.array([w.rows[n] is not None for n in gp.tolist()], bool) if len(gp) else on
-                    if (asks & ~on).any():
-                        raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it asked "
-                                           "none in")
-                    stop = on & ~asks
-                    aid, ap = gids[asks], gp[asks]
-                    ct = np.zeros(len(gids))
-                    if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
-                        ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
-                    grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                   agents, ct))
-                    grp["who"].append(gids[stop])
-                    grp["when"].append(t[stop])
+                    gl = gp.tolist()
+                    if all(w.rows[n] is not None for n in gl):  # every agent of the group asks (the common wave)
+                        if not on.all():
+                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
+                                               "asked none in")
+                        asks, stop, aid, ap = on, ~on, gids, gp
+                        ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
+                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                       agents, ct))
+                    else:
+                        asks = np.array([w.rows[n] is not None for n in gl], bool)
+                        if (asks & ~on).any():
+                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
+                                               "asked none in")
+                        stop = on & ~asks
+                        aid, ap = gids[asks], gp[asks]
+                        ct = np.zeros(len(gids))
+                        if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
+                            ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
+                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                       agents, ct))
+                        grp["who"].append(gids[stop])
+                        grp["when"].append(t[stop])
                     grp["on"] = on = asks
                     if not on.any():
                         continue
@@ -392,7 +406,7 @@ class SyncRounds(Pattern):
                 w = comb.send(g if g is not None else w.at.new_zeros(w.at.shape))
         except StopIteration:
             pass
-        for grp in groups:
+        for grp in live:
             on = grp["on"]
             grp["made"].append(_level_rows(words, grp["ids"], grp["pos"], grp["t"], released, on, grp["ct"],
                                            np.zeros(len(on), bool), on, last, agents, None))
@@ -500,6 +514,8 @@ class SyncRounds(Pattern):
         r = sim.world.scenario.run
         until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
+        held = HeldRows(words)  # the rounds' rows not yet written (a whole batch of the trace at a time)
+        marks = sim.loop.marks
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
@@ -511,8 +527,10 @@ class SyncRounds(Pattern):
             ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k,
                        None if parent is None else parent[ids])
             while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
+                held.write_to(writer, final=True)
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
+                held.write_to(writer, final=True)
                 self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
                               until=until, curves=curves)
                 end = until
@@ -620,12 +638,15 @@ class SyncRounds(Pattern):
                                        "after the exchange (refusal should have said so)")
                 who, when, parent, end = self._waves(sim, kernel, b, p, got, rows, ids, done, late, last, net, now,
                                                      released)
-                rows.emit(writer)
+                rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
                 if last:
                     break
                 k += 1
+                if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
+                    held.write_to(writer, final=True)
                 if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):
+                    held.write_to(writer, final=True)
                     return
                 if sim.recorder.progress is not None:
                     sim.recorder.progress(end)
@@ -641,8 +662,10 @@ class SyncRounds(Pattern):
                     agents[i].mark_finished()
             ev.before_barriers(steps - 1, bank)
             if not curves.made and not ev.pending:
-                rows.emit(writer)
-                kernel.combine(b, p, got)
+                with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
+                    kernel.combine(b, p, got)
+                rows.parts.append(made)
+                rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
             else:  # the round's evaluations among its rows: the last combine first, its rows (if any) where they were
                 w_last = ev.resumed[-1]
@@ -659,16 +682,21 @@ class SyncRounds(Pattern):
                 b.record_mixes(order_ids, order_t)
                 rows.parts.append(made)
                 ev.after_write(bank, counts_at)
+                held.write_to(writer, final=True)
                 rows.emit_placed(writer, ev.offsets())
             ev.close()
             if last:
                 break
             k += 1
             who, when = order_ids, order_t
+            if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
+                held.write_to(writer, final=True)
             if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):  # interrupted: between rounds
+                held.write_to(writer, final=True)
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
+        held.write_to(writer, final=True)
         sim.loop.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
 
 
@@ -682,6 +710,18 @@ class RoundRows:
 
     def add(self, cols: tuple) -> None:
         self.parts.append(cols)
+
+    def hold(self, held: HeldRows, writer) -> None:
+        """``emit`` into ``held``, which writes each whole batch of the trace as it fills (``HeldRows``)."""
+        from netsim.trace.io import row_columns
+
+        for part in self.parts:
+            if isinstance(part, list):
+                if part:
+                    held.add(row_columns(part, self.words))
+            else:
+                held.add(part)
+        held.write_to(writer)
 
     def emit_placed(self, writer, placed: list[tuple[int, list]]) -> None:
         """``emit``, with the rows of ``placed`` ((rows of the round before them, rows), in order) among them."""
@@ -717,6 +757,38 @@ class RoundRows:
                     writer.emit_rows(part)
             else:
                 run.append(part)
+
+
+class HeldRows:
+    """A run's rows held across rounds as blocks of columns, written to the trace a whole batch at a time (as
+    ``PackedRows.write_to`` writes them): ``emit_columns`` keeps a partial batch as row tuples, converted back when
+    the next rows come (~2 us a row, most of a small fleet's round). The driver writes them all (``final``) before
+    anything else writes to the trace."""
+
+    def __init__(self, words: Words):
+        self.words = words
+        self.blocks: list[tuple] = []
+        self.n = 0
+
+    def add(self, cols: tuple) -> None:
+        if len(cols[0]):
+            self.blocks.append(cols)
+            self.n += len(cols[0])
+
+    def write_to(self, writer, final: bool = False) -> None:
+        """The rows that complete the writer's batches (``final``: all of them) into the trace; the rest held."""
+        n, every = self.n, writer.flush_every
+        k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
+        if k <= 0:
+            return
+        blocks = self.blocks
+        cols = blocks[0] if len(blocks) == 1 else tuple(np.concatenate(c) for c in zip(*blocks))
+        if k == n:
+            writer.emit_columns(cols, self.words)
+            self.blocks, self.n = [], 0
+        else:
+            writer.emit_columns(tuple(c[:k] for c in cols), self.words)
+            self.blocks, self.n = [tuple(c[k:] for c in cols)], n - k
 
 
 def _level_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, on: np.ndarray, ended,
@@ -837,18 +909,19 @@ class Exchange:
         """Exchange ``s``'s links by the kernel's ``routes``, asked agent by agent on its batch of one as the
         engine's program asks (None: the agent's graph links)."""
         agents = self.agents
-        outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
         b.s = s
-        own = False
+        own = {}
         for n, a in enumerate(b.agents):  # (its batch of one: the agent, its row and payload, the round, the exchange)
             one = Batch([a], b.k, b.x[n:n + 1], None, b.state)
             one.s, one.out = s, None if b.out is None else [b.out[n]]
             r = kernel.routes(one, p)
             if r is not None:
-                outs[a.id], ins[a.id] = list(r[0]), list(r[1])
-                own = True
+                own[a.id] = r
         if not own and self.graph_links:  # every agent on the graph's links, as in the exchange before
             return
+        outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
+        for i, r in own.items():
+            outs[i], ins[i] = list(r[0]), list(r[1])
         want = {(i, j) for j, got in enumerate(ins) for i in got}
         stray = next(((i, j) for i, out in enumerate(outs) for j in out if (i, j) not in want), None)
         if stray is not None:
