@@ -508,7 +508,8 @@ class SyncRounds(Pattern):
         who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
         when = np.array([t for _, t in start.order], np.float64)
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
-        batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        gen = _local_steps(kernel)
+        batch_local = kernel.batch_local and not gen  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
         between = kernel.between(sim, p) is not None  # gradients between two exchanges
         r = sim.world.scenario.run
@@ -563,7 +564,6 @@ class SyncRounds(Pattern):
 
             b = Batch(woken, k, x, g, state, at_, rows=(xs, None))
             sim.loop.env.advance_to(float(t_act[0]))  # local starts at the activation (every agent's: one tick)
-            gen = _local_steps(kernel)
             if not gen and hook is not None:  # ``local``'s writes at each agent's gradient completion
                 ev.before_level(bank, one=batch_local)  # ``LocalAhead``: every agent's at the first completion
             elif not gen:  # no compute phase before the exchange: ``local`` runs at the activation, after its row
