@@ -99,7 +99,7 @@ class Round:
         self.woke, self.fresh = woke, fresh  # each agent's wake call: its last barrier's completion, or its start
         self.parent = parent  # where the wake was called at a gradient's completion: the barrier's that asked for it
         self.levels: list[np.ndarray] = [np.asarray(t_act, np.float64)]  # the activation, then each completion
-        self.groups: list[tuple[np.ndarray, np.ndarray, Callable[[int], tuple]]] = []  # (times, rows, chain)
+        self.groups: list[tuple[np.ndarray, Any, Callable[[int], tuple]]] = []  # (times, rows, chain)
         self.sends: list[Callable[[int], tuple]] = []  # per exchange: the chain of agent n's send event
         self.resumed: list[np.ndarray] = []  # per exchange: each agent's barrier completion (batch positions)
         self.pending: list[tuple[int, np.ndarray, Any]] = []  # evaluations among a write's events: (j, first, copy)
@@ -127,8 +127,7 @@ class Round:
 
     def add(self, times, rows, chain: Callable[[int], tuple]) -> None:
         """Events in the engine's order: their times, their trace rows' count, each one's chain."""
-        t = np.asarray(times, np.float64)
-        self.groups.append((t, np.broadcast_to(np.asarray(rows, np.int64), t.shape), chain))
+        self.groups.append((np.asarray(times, np.float64), rows, chain))  # (the rows as an array where placed)
 
     def level_events(self, level: int, rows) -> None:
         self.add(self.levels[level], rows, lambda n: self.chain(level, n))
@@ -212,6 +211,7 @@ class Round:
             for t, rows, chain in self.groups:
                 if not len(t):
                     continue
+                rows = np.broadcast_to(np.asarray(rows, np.int64), t.shape)
                 first = c.firsts(j, t, chain)
                 k = int(np.argmax(first)) if first.any() else len(t)
                 if first[k:].size and not first[k:].all() or after and k:

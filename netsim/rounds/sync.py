@@ -21,6 +21,7 @@ The driver is exact only where these rules decide the order: ``refusal`` says wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -344,27 +345,40 @@ class SyncRounds(Pattern):
             for n, tn in zip(pos[gids].tolist(), t.tolist(), strict=True):
                 now[n] = tn  # the agent's clock for what ``combine`` records (its releases)
             groups.append({"ids": gids, "pos": pos[gids], "t": t, "on": np.ones(len(gids), bool), "ct": None,
-                           "made": [], "who": [], "when": []})
+                           "made": [], "who": [gids[:0]], "when": [t]})
+        live = [grp for grp in groups if len(grp["ids"])]  # (a group of none: no rows, no requests)
+        for grp in live:
+            grp["when"] = []
         comb = kernel.combine(b, p, got)
         try:
             w = next(comb)
             while True:
                 g = None
-                for grp in groups:
+                for grp in live:
                     gids, gp, t, on = grp["ids"], grp["pos"], grp["t"], grp["on"]
-                    asks = np.array([w.rows[n] is not None for n in gp.tolist()], bool) if len(gp) else on
-                    if (asks & ~on).any():
-                        raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it asked "
-                                           "none in")
-                    stop = on & ~asks
-                    aid, ap = gids[asks], gp[asks]
-                    ct = np.zeros(len(gids))
-                    if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
-                        ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
-                    grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                   agents, ct))
-                    grp["who"].append(gids[stop])
-                    grp["when"].append(t[stop])
+                    gl = gp.tolist()
+                    if all(w.rows[n] is not None for n in gl):  # every agent of the group asks (the common wave)
+                        if not on.all():
+                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
+                                               "asked none in")
+                        asks, stop, aid, ap = on, ~on, gids, gp
+                        ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
+                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                       agents, ct))
+                    else:
+                        asks = np.array([w.rows[n] is not None for n in gl], bool)
+                        if (asks & ~on).any():
+                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
+                                               "asked none in")
+                        stop = on & ~asks
+                        aid, ap = gids[asks], gp[asks]
+                        ct = np.zeros(len(gids))
+                        if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
+                            ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
+                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                       agents, ct))
+                        grp["who"].append(gids[stop])
+                        grp["when"].append(t[stop])
                     grp["on"] = on = asks
                     if not on.any():
                         continue
@@ -395,7 +409,7 @@ class SyncRounds(Pattern):
                 w = comb.send(g if g is not None else w.at.new_zeros(w.at.shape))
         except StopIteration:
             pass
-        for grp in groups:
+        for grp in live:
             on = grp["on"]
             grp["made"].append(_level_rows(words, grp["ids"], grp["pos"], grp["t"], released, on, grp["ct"],
                                            np.zeros(len(on), bool), on, last, agents, None))
@@ -497,12 +511,15 @@ class SyncRounds(Pattern):
         who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
         when = np.array([t for _, t in start.order], np.float64)
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
-        batch_local = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        gen = _local_steps(kernel)
+        batch_local = kernel.batch_local and not gen  # the engine's ``LocalAhead``
         after = _combine_steps(kernel)  # gradients after the exchange: each agent wakes after its own
         between = kernel.between(sim, p) is not None  # gradients between two exchanges
         r = sim.world.scenario.run
         until = r.until if r.rounds is None else None  # the run may stop at run.until (``refusal`` says where)
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
+        held = HeldRows(words)  # the rounds' rows not yet written (a whole batch of the trace at a time)
+        marks = sim.loop.marks
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
@@ -514,8 +531,10 @@ class SyncRounds(Pattern):
             ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k,
                        None if parent is None else parent[ids])
             while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
+                held.write_to(writer, final=True)
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
+                held.write_to(writer, final=True)
                 self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
                               until=until, curves=curves)
                 end = until
@@ -548,7 +567,6 @@ class SyncRounds(Pattern):
 
             b = Batch(woken, k, x, g, state, at_, rows=(xs, None))
             sim.loop.env.advance_to(float(t_act[0]))  # local starts at the activation (every agent's: one tick)
-            gen = _local_steps(kernel)
             if not gen and hook is not None:  # ``local``'s writes at each agent's gradient completion
                 ev.before_level(bank, one=batch_local)  # ``LocalAhead``: every agent's at the first completion
             elif not gen:  # no compute phase before the exchange: ``local`` runs at the activation, after its row
@@ -623,12 +641,15 @@ class SyncRounds(Pattern):
                                        "after the exchange (refusal should have said so)")
                 who, when, parent, end = self._waves(sim, kernel, b, p, got, rows, ids, done, late, last, net, now,
                                                      released)
-                rows.emit(writer)
+                rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
                 if last:
                     break
                 k += 1
+                if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
+                    held.write_to(writer, final=True)
                 if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):
+                    held.write_to(writer, final=True)
                     return
                 if sim.recorder.progress is not None:
                     sim.recorder.progress(end)
@@ -644,8 +665,10 @@ class SyncRounds(Pattern):
                     agents[i].mark_finished()
             ev.before_barriers(steps - 1, bank)
             if not curves.made and not ev.pending:
-                rows.emit(writer)
-                kernel.combine(b, p, got)
+                with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
+                    kernel.combine(b, p, got)
+                rows.parts.append(made)
+                rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
             else:  # the round's evaluations among its rows: the last combine first, its rows (if any) where they were
                 w_last = ev.resumed[-1]
@@ -662,16 +685,21 @@ class SyncRounds(Pattern):
                 b.record_mixes(order_ids, order_t)
                 rows.parts.append(made)
                 ev.after_write(bank, counts_at)
+                held.write_to(writer, final=True)
                 rows.emit_placed(writer, ev.offsets())
             ev.close()
             if last:
                 break
             k += 1
             who, when = order_ids, order_t
+            if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
+                held.write_to(writer, final=True)
             if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):  # interrupted: between rounds
+                held.write_to(writer, final=True)
                 return
             if sim.recorder.progress is not None:
                 sim.recorder.progress(end)
+        held.write_to(writer, final=True)
         sim.loop.env.advance_to(end)  # the engine's clock where its last event happened (the run's end)
 
 
@@ -685,6 +713,18 @@ class RoundRows:
 
     def add(self, cols: tuple) -> None:
         self.parts.append(cols)
+
+    def hold(self, held: HeldRows, writer) -> None:
+        """``emit`` into ``held``, which writes each whole batch of the trace as it fills (``HeldRows``)."""
+        from netsim.trace.io import row_columns
+
+        for part in self.parts:
+            if isinstance(part, list):
+                if part:
+                    held.add(row_columns(part, self.words))
+            else:
+                held.add(part)
+        held.write_to(writer)
 
     def emit_placed(self, writer, placed: list[tuple[int, list]]) -> None:
         """``emit``, with the rows of ``placed`` ((rows of the round before them, rows), in order) among them."""
@@ -720,6 +760,38 @@ class RoundRows:
                     writer.emit_rows(part)
             else:
                 run.append(part)
+
+
+class HeldRows:
+    """A run's rows held across rounds as blocks of columns, written to the trace a whole batch at a time (as
+    ``PackedRows.write_to`` writes them): ``emit_columns`` keeps a partial batch as row tuples, converted back when
+    the next rows come (~2 us a row, most of a small fleet's round). The driver writes them all (``final``) before
+    anything else writes to the trace."""
+
+    def __init__(self, words: Words):
+        self.words = words
+        self.blocks: list[tuple] = []
+        self.n = 0
+
+    def add(self, cols: tuple) -> None:
+        if len(cols[0]):
+            self.blocks.append(cols)
+            self.n += len(cols[0])
+
+    def write_to(self, writer, final: bool = False) -> None:
+        """The rows that complete the writer's batches (``final``: all of them) into the trace; the rest held."""
+        n, every = self.n, writer.flush_every
+        k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
+        if k <= 0:
+            return
+        blocks = self.blocks
+        cols = blocks[0] if len(blocks) == 1 else tuple(np.concatenate(c) for c in zip(*blocks))
+        if k == n:
+            writer.emit_columns(cols, self.words)
+            self.blocks, self.n = [], 0
+        else:
+            writer.emit_columns(tuple(c[:k] for c in cols), self.words)
+            self.blocks, self.n = [tuple(c[k:] for c in cols)], n - k
 
 
 def _level_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, on: np.ndarray, ended,
@@ -823,6 +895,7 @@ class Exchange:
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(i, np.nan) for i, out in enumerate(outs) for j in out], np.float64)
         self.links: list | None = None
+        self._plans: dict[tuple, _Plan] = {}  # (``exchange``)
 
     def adopt(self, woken: Sequence, t: np.ndarray) -> None:
         """The engine's activation listener of a time-varying topology: each agent woken at ``t`` takes its epoch's
@@ -839,18 +912,19 @@ class Exchange:
         """Exchange ``s``'s links by the kernel's ``routes``, asked agent by agent on its batch of one as the
         engine's program asks (None: the agent's graph links)."""
         agents = self.agents
-        outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
         b.s = s
-        own = False
+        own = {}
         for n, a in enumerate(b.agents):  # (its batch of one: the agent, its row and payload, the round, the exchange)
             one = Batch([a], b.k, b.x[n:n + 1], None, b.state)
             one.s, one.out = s, None if b.out is None else [b.out[n]]
             r = kernel.routes(one, p)
             if r is not None:
-                outs[a.id], ins[a.id] = list(r[0]), list(r[1])
-                own = True
+                own[a.id] = r
         if not own and self.graph_links:  # every agent on the graph's links, as in the exchange before
             return
+        outs, ins = [a.neighbors for a in agents], [a.in_neighbors for a in agents]
+        for i, r in own.items():
+            outs[i], ins[i] = list(r[0]), list(r[1])
         want = {(i, j) for j, got in enumerate(ins) for i in got}
         stray = next(((i, j) for i, out in enumerate(outs) for j in out if (i, j) not in want), None)
         if stray is not None:
@@ -870,22 +944,13 @@ class Exchange:
         lat = list({link.latency for link in links})  # a constant latency: one callable shared by every link
         self.latency = lat[0]() if len(lat) == 1 and not isinstance(lat[0], Draws) else None
 
-    def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
-                 computed: bool, released: dict | None):
-        """Exchange ``rnd``: the agents at batch positions ``ready`` send, in that order, at ``t_ready``; each one's
-        rows are its ``compute_end`` (``computed``) and its releases (``released``, first exchange), then per
-        out-link a ``send`` and, when lost, a ``drop``. Then the deliveries in send order, then the ``timeout`` of
-        each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
-        (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
-        timed-out ones (agents, times)."""
-        from netsim.trace.io import row_columns
-
-        net, words = self.net, self.words
+    def _plan(self, ids: np.ndarray, ready: np.ndarray, computed: bool, n_rel: np.ndarray, lost) -> _Plan:
+        """An exchange's index arrays (who sends on which link, where each row goes, which barriers complete): they
+        depend on the agents' order, the senders' rows before their sends and the losses only, so a round of a static
+        topology without loss reuses its round before's (``exchange``)."""
+        M = len(self.tags)
         senders = ids[ready]
-        if self.links is None:
-            self._made(senders.tolist())
         B = len(ready)
-        M = len(self.tags)  # messages per out-link: sender by sender, message by message, link by link
         deg = self.deg[senders]
         E = int(deg.sum()) * M  # the sends
         by = np.repeat(np.arange(B), M * deg)  # each send's sender, as an index into ready
@@ -898,7 +963,63 @@ class Exchange:
             mi = at_s // deg[by]  # each send's message
             edge = self.ptr[senders][by] + at_s - mi * deg[by]
         dst = self.dst[edge]
-        t = t_ready[by]
+        if lost is None:
+            lost = np.zeros(E, bool)
+        # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
+        head = n_rel + int(computed)
+        lens = np.empty(B + E, np.int64)
+        head_at = np.arange(B) + first  # the sender's head among the items, before its links
+        link_at = np.arange(E) + by + 1
+        lens[head_at], lens[link_at] = head, 1 + lost
+        starts = np.cumsum(lens) - lens
+        ok = ~lost  # deliveries, in send order
+        to, src = dst[ok], by[ok]
+        # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
+        count = np.bincount(to, minlength=len(self.agents))
+        seq = np.argsort(to, kind="stable")
+        ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
+        last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
+        last = last[count[to[last]] == M * self.expect[to[last]]]
+        complete = np.zeros(len(self.agents), bool)
+        complete[to[last]] = True
+        out_ = ~complete[senders]  # the barriers, set in ready order, that time out
+        pos = np.empty(len(self.agents), np.int64)
+        pos[ids] = np.arange(len(ids))
+        w_ok = self.w[edge][ok]
+        made = head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64)
+        return _Plan(senders, by, mi, edge, dst, lost, int(lens.sum()), starts[head_at], starts[link_at], ok, to, src,
+                     last, to[last], senders[out_], out_, (self.expect - count).astype(np.float64), pos, pos[to],
+                     ready[src], w_ok, made, ids.tolist())
+
+    def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
+                 computed: bool, released: dict | None):
+        """Exchange ``rnd``: the agents at batch positions ``ready`` send, in that order, at ``t_ready``; each one's
+        rows are its ``compute_end`` (``computed``) and its releases (``released``, first exchange), then per
+        out-link a ``send`` and, when lost, a ``drop``. Then the deliveries in send order, then the ``timeout`` of
+        each barrier not complete, in the order the barriers were set (``ready``). Returns what arrived
+        (``Arrivals``), the barriers done ((agents, times) in completion order: at their last delivery) and the
+        timed-out ones (agents, times)."""
+        from netsim.trace.io import row_columns
+
+        net, words = self.net, self.words
+        if self.links is None:
+            self._made(ids[ready].tolist())
+        M = len(self.tags)  # messages per out-link: sender by sender, message by message, link by link
+        outs = [(b.out, b.sizes), *(b.more or ())]
+        if len(outs) != M:
+            raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
+        rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
+        n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(len(ready), np.int64)
+        # the plan of the round before where the agents' order and the rows before the sends match (its losses
+        # aside: with loss, the plan is made again once the round's are drawn)
+        key = (ids.tobytes(), ready.tobytes(), computed, n_rel.tobytes())
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 8:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(ids, ready, computed, n_rel, None)
+        edge = plan.edge
+        t = t_ready[plan.by]
         if self.latency is not None:  # one constant: ``network.delay`` with nothing to transmit (tx_end = now)
             delay = link_delay(t, t, self.latency)
         else:
@@ -907,12 +1028,11 @@ class Exchange:
         if net.p_loss > 0:  # each link's own loss stream, one draw per message in send order
             links = self.links
             lost = np.array([links[e].lost() for e in edge.tolist()], np.float64) < net.p_loss
-        else:
-            lost = np.zeros(E, bool)
+            if lost.any():
+                plan = self._plan(ids, ready, computed, n_rel, lost)
+        senders, by, mi, dst, lost = plan.senders, plan.by, plan.mi, plan.dst, plan.lost
+        B, E = len(ready), len(edge)
         msg = net.take_ids(E) + np.arange(E, dtype=np.int64)
-        outs = [(b.out, b.sizes), *(b.more or ())]
-        if len(outs) != M:
-            raise ValueError(f"an exchange of {M} messages ({', '.join(self.tags)}) with {len(outs)} sent")
         each = M == 1 and B > 0 and isinstance(b.out[0], dict)  # one payload per out-neighbour (``Agent.send_each``)
         if each:
             try:
@@ -930,17 +1050,8 @@ class Exchange:
             sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
             size = np.stack(sized)[mi, ready[by]]
             tag = np.array([words(x) for x in self.tags], np.int32)[mi]
-        # rows of each sender: a head (compute_end, releases), then per send a send (and drop): offsets by one cumsum
-        rel = [] if not released else [released.pop(n, ()) for n in ready.tolist()]
-        n_rel = np.array([len(r) for r in rel], np.int64) if rel else np.zeros(B, np.int64)
-        head = n_rel + int(computed)
-        lens = np.empty(B + E, np.int64)
-        head_at = np.arange(B) + first  # the sender's head among the items, before its links
-        link_at = np.arange(E) + by + 1
-        lens[head_at], lens[link_at] = head, 1 + lost
-        starts = np.cumsum(lens) - lens
-        c = columns(int(lens.sum()))
-        h = starts[head_at]
+        c = columns(plan.n_rows)
+        h = plan.h
         if computed:
             fill(c, h, shapes.compute_end(t_ready, senders, CODES))
         if rel and n_rel.any():
@@ -948,45 +1059,36 @@ class Exchange:
             at = np.repeat(h + int(computed) - (np.cumsum(n_rel) - n_rel), n_rel) + np.arange(len(flat))
             for col, values in zip(c, row_columns(flat, words), strict=True):
                 col[at] = values
-        at = starts[link_at]
+        at = plan.at
         fill(c, at, shapes.send(t, senders[by], dst, msg, size, delay, rnd, tag, CODES))
-        d = at[lost] + 1
-        fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
-                               CODES.loss, CODES))
+        if lost.any():
+            d = at[lost] + 1
+            fill(c, d, shapes.drop(t[lost], senders[by][lost], dst[lost], msg[lost], size[lost], delay[lost], rnd,
+                                   CODES.loss, CODES))
         rows.add(tuple(c))
-        ok = ~lost  # deliveries, in send order
-        arr, sent, to, src = (t + delay)[ok], t[ok], dst[ok], by[ok]
+        ok, to, src = plan.ok, plan.to, plan.src
+        arr, sent = (t + delay)[ok], t[ok]
         c = columns(len(arr))
         fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd,
                                             tag if M == 1 else tag[ok], CODES))
         rows.add(tuple(c))
-        # a barrier completes on its expected count's delivery: its last (one message per link and exchange)
-        count = np.bincount(to, minlength=len(self.agents))
-        seq = np.argsort(to, kind="stable")
-        ends = np.flatnonzero(np.r_[to[seq][1:] != to[seq][:-1], True]) if len(to) else np.zeros(0, np.int64)
-        last = np.sort(seq[ends])  # each receiver's last delivery, in delivery order
-        last = last[count[to[last]] == M * self.expect[to[last]]]
-        done = (to[last], arr[last])
-        complete = np.zeros(len(self.agents), bool)
-        complete[done[0]] = True
-        out_ = ~complete[senders]  # the barriers, set in ready order, that time out
-        if M > 1 and out_.any():
+        done = (plan.done, arr[plan.last])
+        out_ = plan.out_
+        if M > 1 and len(plan.late):
             raise RuntimeError("synchronous windows: a barrier of several messages times out (refusal should have "
                                "said so)")
-        late = (senders[out_], t_ready[out_] + self.timeout)
-        c = columns(int(out_.sum()))
-        fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, (self.expect[late[0]] - count[late[0]]).astype(
-            np.float64), CODES))
+        late = (plan.late, t_ready[out_] + self.timeout)
+        c = columns(len(plan.late))
+        fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, plan.missing[late[0]], CODES))
         rows.add(tuple(c))
-        pos = np.empty(len(self.agents), np.int64)
-        pos[ids] = np.arange(len(ids))
+        pos = plan.pos
         if each:  # each delivery its own payload
-            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, pos[to],
-                           np.arange(len(to)), self.w[edge][ok], receivers=len(ids))
+            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, plan.recv,
+                           np.arange(len(to)), plan.w, receivers=len(ids))
         elif M == 1:
-            got = Arrivals(ids.tolist(), b.out, b.sent, pos[to], ready[src], self.w[edge][ok])
+            got = Arrivals(list(plan.id_list), b.out, b.sent, plan.recv, plan.send, plan.w)
         else:  # one ``got`` per message
-            m_ok, w_ok = mi[ok], self.w[edge][ok]
+            m_ok, w_ok = mi[ok], plan.w
             got = tuple(Arrivals(ids.tolist(), out, b.sent if m == 0 else None, pos[to[m_ok == m]],
                                  ready[src[m_ok == m]], w_ok[m_ok == m]) for m, (out, _) in enumerate(outs))
         if self.views is not None:  # what each receiver got, in delivery order
@@ -995,8 +1097,42 @@ class Exchange:
                                    "should have said so)")
             self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
-        self.made = (head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64), arr, src, pos)
+        self.made = (plan.made, arr, src, pos)
         return got, done, late
+
+
+@attrs.frozen
+class _Plan:
+    """``Exchange._plan``'s arrays (never written: shared by the rounds that reuse them)."""
+
+    senders: np.ndarray
+    by: np.ndarray
+    mi: np.ndarray | None
+    edge: np.ndarray
+    dst: np.ndarray
+    lost: np.ndarray
+    n_rows: int
+    h: np.ndarray  # each sender's head row
+    at: np.ndarray  # each send's row
+    ok: np.ndarray
+    to: np.ndarray
+    src: np.ndarray
+    last: np.ndarray  # each completed barrier's last delivery, in completion order
+    done: np.ndarray  # those barriers' agents
+    late: np.ndarray  # the agents whose barriers time out, in ready order
+    out_: np.ndarray
+    missing: np.ndarray  # per agent: its barrier's messages not arrived
+    pos: np.ndarray
+    recv: np.ndarray
+    send: np.ndarray
+    w: np.ndarray
+    made: np.ndarray
+    id_list: list
+
+    def __attrs_post_init__(self) -> None:
+        for v in attrs.astuple(self, recurse=False):
+            if isinstance(v, np.ndarray):
+                v.setflags(write=False)
 
 
 def _send(agent, payload, tag: str, rnd: int, size: int | None, to) -> Any:

@@ -267,5 +267,7 @@ def wake_all(sim, ids, when):
         a.schedule.tick = t
     sim.count_wakes(woken)
     times = act[which]
+    if len(first) == 1:  # one activation time: fired in call order
+        return times, ids, at[which], woken
     fire = np.argsort(times, kind="stable")
     return times[fire], ids[fire], at[which][fire], [woken[n] for n in fire.tolist()]
