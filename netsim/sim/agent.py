@@ -107,13 +107,17 @@ class _Gather(_Waiter):
         self.finish(self.got)
 
 
+_NOBODY: tuple = (None, frozenset())
+
+
 class Inbox:
-    __slots__ = ("agent", "queues", "waiters")
+    __slots__ = ("agent", "queues", "waiters", "expected")
 
     def __init__(self, agent: Agent):
         self.agent = agent
         self.queues: dict[str, deque] = {}
         self.waiters: dict[str, _Recv | _Gather] = {}
+        self.expected: tuple = _NOBODY  # (in_neighbors, as a set): whom ``Agent.gather`` waits for by default
 
     def put(self, msg: Message) -> None:
         w = self.waiters.get(msg.tag)
@@ -202,7 +206,6 @@ class Agent:
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
         self._mixing = sim.recorder.mixing_log  # the weights applied to which messages, when asked (privacy)
         self._one = (self,)  # this agent as a batch of one (``Simulation.count_wakes``), made once
-        self._expected: tuple = (None, frozenset())  # (in_neighbors, as a set): whom ``gather`` waits for
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -397,10 +400,10 @@ class Agent:
         """Barrier: payloads {src: payload} of ``round`` from all ``senders`` (default in-neighbours),
         or whatever arrived by ``timeout``. Messages of earlier rounds are discarded as stale."""
         if senders is None:  # the in-neighbours' set, made again only when they change (a time-varying topology)
-            nb = self.in_neighbors
-            if nb is not self._expected[0]:
-                self._expected = (nb, frozenset(nb))
-            expect = self._expected[1]
+            nb, box = self.in_neighbors, self.inbox
+            if nb is not box.expected[0]:
+                box.expected = (nb, frozenset(nb))
+            expect = box.expected[1]
         else:
             expect = frozenset(senders)
         w = _Gather(simpy.Event(self.env), tag, self.inbox, self.round if round is None else round, expect)
