@@ -119,7 +119,8 @@ def test_first_drawn_go_on_with_the_streams_values_past_their_first_block():
     for key, first in zip(keys.tolist(), firsts, strict=True):
         plain = Streams(4).rng("latency" if key[0] == 5 else "loss", *key[1:])
         want = Draws(lambda m, g=plain: g.uniform(0.1, 0.9, m))
-        lazy = FirstDrawn(0.1 + (0.9 - 0.1) * first, lambda k=key: (lambda m, g=past(k): g.uniform(0.1, 0.9, m)))
+        lazy = FirstDrawn((0.1 + (0.9 - 0.1) * first).tobytes(),
+                          lambda k=key: (lambda m, g=past(k): g.uniform(0.1, 0.9, m)))
         got = [lazy() for _ in range(FIRST_BLOCK)]
         assert not made  # the first block needs no generator
         got += [lazy() for _ in range(n - FIRST_BLOCK)]

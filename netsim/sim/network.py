@@ -141,8 +141,8 @@ class LinksAhead:
             keys = np.column_stack([np.full(len(edges), purpose_code(purpose)), edges])
             return first_doubles(seed_states(seed, keys), FIRST_BLOCK)
 
-        lats = None if lat.kind == "constant" else lat.low + (lat.high - lat.low) * block("latency")
-        losses = block("loss") if net.p_loss > 0 else None
+        lats = None if lat.kind == "constant" else (lat.low + (lat.high - lat.low) * block("latency")).tobytes()
+        losses = block("loss").tobytes() if net.p_loss > 0 else None  # (a link's block: a slice of the bytes)
         self.left[c] = len(edges)
         got = self.chunks[c] = (lats, losses)
         return got
@@ -168,9 +168,10 @@ class LinksAhead:
             rng.bit_generator.advance(FIRST_BLOCK)
             return rng
 
+        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
         lat = draws(spec, None, "network.latency") if lats is None else \
-            FirstDrawn(lats[r], lambda: sampler(spec, past("latency"), "network.latency"))
-        lost = None if losses is None else FirstDrawn(losses[r], lambda: past("loss").random)
+            FirstDrawn(lats[at], lambda: sampler(spec, past("latency"), "network.latency"))
+        lost = None if losses is None else FirstDrawn(losses[at], lambda: past("loss").random)
         return Link(lat, lost)
 
 

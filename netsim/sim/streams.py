@@ -287,11 +287,11 @@ class FirstDrawn(Draws):
 
     __slots__ = ("_more",)
 
-    def __init__(self, block: np.ndarray, more: Callable[[], Callable[[int], np.ndarray]]):
+    def __init__(self, block: bytes, more: Callable[[], Callable[[int], np.ndarray]]):
         super().__init__(_unused)
         self._more = more
         first = array("d")
-        first.frombytes(np.ascontiguousarray(block, dtype=np.float64).tobytes())
+        first.frombytes(block)  # (float64 values as bytes: a slice of a chunk's, no array per link)
         self._it = iter(first)
         self._size = len(first)
 
