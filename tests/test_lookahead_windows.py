@@ -108,7 +108,7 @@ def fails_keeping_the_runs_start(tmp_path, monkeypatch, method: str, nth: int, w
 
 
 def test_a_failure_in_the_tensor_work_keeps_the_trace_so_far(tmp_path, monkeypatch):
-    fails_keeping_the_runs_start(tmp_path, monkeypatch, "tensor_work", 5, "a kernel that breaks",
+    fails_keeping_the_runs_start(tmp_path, monkeypatch, "tensor_work", 2, "a kernel that breaks",
                                  "ValueError: a kernel that breaks")
 
 

@@ -79,3 +79,80 @@ def test_draws_give_the_streams_values_in_order_whatever_their_blocks_and_resume
         again = Draws(fill(fresh), fresh)
         again.resume(pos)
         assert [again() for _ in range(n - k)] == whole[k:]
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**32 + 1, 2**63 - 1])
+def test_first_doubles_are_each_streams_own_first_values(seed):
+    """PCG64 over many streams at once: each row is what the stream's own generator draws (``random``), and
+    low + (high - low) u what its ``uniform`` draws; the key range's ends and a 3-word key included."""
+    from netsim.sim.streams import _SeedState, first_doubles, first_doubles_exact
+
+    rng = np.random.default_rng(seed % 97)
+    for width in (2, 3):
+        keys = rng.integers(0, 2**32, (300, width))
+        keys[0], keys[1] = 0, 2**32 - 1
+        states = seed_states(seed, keys)
+        got = first_doubles(states, 40)
+        for st, row in zip(states, got, strict=True):
+            assert np.array_equal(np.random.Generator(np.random.PCG64(_SeedState(st))).random(40), row)
+        for low, high in ((0.05, 0.5), (1e-9, 3.7), (-2.0, 2.0)):
+            assert first_doubles_exact(states[5:], low, high)
+
+
+def test_first_drawn_go_on_with_the_streams_values_past_their_first_block():
+    """A link's draws from a block drawn for many streams, then from its stream made later and moved past that block:
+    the values ``Draws`` of the stream gives, across the first block's end and the next blocks'."""
+    from netsim.sim.streams import BLOCK, FIRST_BLOCK, Draws, FirstDrawn, first_doubles
+
+    streams = Streams(4)
+    keys = np.array([[5, 1, 2], [6, 1, 2], [5, 2**32 - 1, 0]])
+    firsts = first_doubles(seed_states(4, keys), FIRST_BLOCK)
+    made = []
+
+    def past(key):
+        rng = streams.rng("latency" if key[0] == 5 else "loss", *key[1:])
+        rng.bit_generator.advance(FIRST_BLOCK)
+        made.append(key)
+        return rng
+
+    n = FIRST_BLOCK + 2 * BLOCK + 3
+    for key, first in zip(keys.tolist(), firsts, strict=True):
+        plain = Streams(4).rng("latency" if key[0] == 5 else "loss", *key[1:])
+        want = Draws(lambda m, g=plain: g.uniform(0.1, 0.9, m))
+        lazy = FirstDrawn((0.1 + (0.9 - 0.1) * first).tobytes(),
+                          lambda k=key: (lambda m, g=past(k): g.uniform(0.1, 0.9, m)))
+        got = [lazy() for _ in range(FIRST_BLOCK)]
+        assert not made  # the first block needs no generator
+        got += [lazy() for _ in range(n - FIRST_BLOCK)]
+        assert made == [key] and got == [want() for _ in range(n)]
+        made.clear()
+
+
+def test_lookahead_windows_take_their_links_first_draws_from_blocks_drawn_together():
+    """A run with no checkpoint: every topology link's first draws come from blocks drawn for its chunk (the
+    generators made only for links that draw past them); with checkpoints, links keep their streams' positions
+    and are made one by one."""
+    from netsim.api import prepare
+    from netsim.scenario import scenario_from_dict
+    from netsim.sim.network import LinksAhead
+    from netsim.sim.streams import FirstDrawn, purpose_code
+
+    sc = {"run": {"seed": 3, "until": 1.0}, "agents": {"count": 20},
+          "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.1}, "loss": 0.1},
+          "topology": {"kind": "random_regular", "degree": 4}, "algorithm": {"name": "push_gossip"}}
+    net = prepare(scenario_from_dict(sc)).world.network
+    assert net.ahead is None and type(net.link(0, net.edges[0][1]).latency) is not FirstDrawn
+    net.without_checkpoints()
+    assert isinstance(net.ahead, LinksAhead)
+    u, v = net.edges[-1].tolist()
+    link = net.link(u, v)
+    assert type(link.latency) is FirstDrawn and type(link.lost) is FirstDrawn
+    key = (purpose_code("latency"), u, v)
+    assert key not in net.streams._cache and net.link(u, v) is link
+    plain = Streams(3)
+    lat, loss = plain.rng("latency", u, v), plain.rng("loss", u, v)
+    assert [link.latency() for _ in range(20)] == lat.uniform(0.01, 0.1, 20).tolist()
+    assert key not in net.streams._cache  # within the first block: no generator
+    assert [link.latency() for _ in range(40)] == lat.uniform(0.01, 0.1, 40).tolist()
+    assert key in net.streams._cache  # past it: the stream made
+    assert [link.lost() for _ in range(40)] == loss.random(40).tolist()

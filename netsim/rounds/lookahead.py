@@ -52,8 +52,9 @@ gradient service itself: a logistic gradient's bits depend on which rows share i
 batches are exact, and ``gradient_batches`` is the engine's too. With a batch-invariant model
 (``model.batch_invariant``: the same bits in any batch, in both engines) every step's requests are evaluated
 together instead, right after the step's merges: one gradient call per step, and ``gradient_batches`` counts
-those calls. Push gossip's tensor work is done for 32 windows at once (``gathers``: fewer, fuller lock steps; a
-merge then waits in lock step for a push of an earlier window of the same work).
+those calls. Push gossip's tensor work is done for 128 windows at once (``gathers``: fewer, fuller lock steps; a
+merge then waits in lock step for a push of an earlier window of the same work), 32 where checkpoints are cut
+(between two works).
 """
 
 from __future__ import annotations
@@ -823,10 +824,13 @@ class WindowDriver:
 class _Driver(WindowDriver):
     """Push gossip's control and tensor work (the module docstring)."""
 
-    gathers = 32
+    gathers = 128
+    gathers_checkpointed = 32  # checkpoints are cut between two tensor works: with them, 32 windows a work
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
+        if self.checkpoints:
+            self.gathers = min(self.gathers, self.gathers_checkpointed)
         self.first = kernel.update_after(self.p, 1, 1)
         self.peers = [Peers(a.rng(), not a.links_change) for a in self.agents]  # as the program draws them
         self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order

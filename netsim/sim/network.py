@@ -98,6 +98,84 @@ class LeanLinks:
         return tx_end, d, shapes.TEXT.loss if lost else shapes.TEXT.none
 
 
+class LinksAhead:
+    """The first block (``FIRST_BLOCK`` values) of each topology link's latency and loss draws, drawn for a chunk of
+    links at once (``first_doubles``: the streams' own values, without making their generators); a link's
+    generators are made, past that block, only if it draws more (``FirstDrawn``). For a run no checkpoint cuts
+    (no positions kept), with a uniform or constant latency; ``of`` says None elsewhere, or where this numpy's
+    draws are not ``first_doubles``' (checked on the run's first links)."""
+
+    CHUNK = 4096  # links drawn together (4096 x 2 streams x 32 values: 2 MiB, freed once the chunk's links are made)
+
+    def __init__(self, net: Network, edges):
+        import numpy as np
+
+        self.net = net
+        self.edges = np.asarray(edges, dtype=np.int64)
+        self.row = {e: k for k, e in enumerate(map(tuple, self.edges.tolist()))}
+        self.chunks: dict[int, tuple] = {}
+        self.left: dict[int, int] = {}  # chunk -> its links not made yet
+
+    @classmethod
+    def of(cls, net: Network) -> LinksAhead | None:
+        from netsim.sim.streams import first_doubles_exact, purpose_code, seed_states
+
+        lat, edges = net.spec.latency, net.edges
+        if edges is None or not len(edges) or net.restored or lat.kind not in ("uniform", "constant"):
+            return None
+        import numpy as np
+
+        keys = np.column_stack([np.full(min(2, len(edges)), purpose_code("loss")), np.asarray(edges[:2])])
+        low, high = (lat.low, lat.high) if lat.kind == "uniform" else (0.0, 1.0)
+        return cls(net, edges) if first_doubles_exact(seed_states(net.streams.seed, keys), low, high) else None
+
+    def _draw(self, c: int) -> tuple:
+        import numpy as np
+
+        from netsim.sim.streams import FIRST_BLOCK, first_doubles, purpose_code, seed_states
+
+        net, lat = self.net, self.net.spec.latency
+        edges = self.edges[c * self.CHUNK:(c + 1) * self.CHUNK]
+        seed = net.streams.seed
+
+        def block(purpose: str):
+            keys = np.column_stack([np.full(len(edges), purpose_code(purpose)), edges])
+            return first_doubles(seed_states(seed, keys), FIRST_BLOCK)
+
+        lats = None if lat.kind == "constant" else (lat.low + (lat.high - lat.low) * block("latency")).tobytes()
+        losses = block("loss").tobytes() if net.p_loss > 0 else None  # (a link's block: a slice of the bytes)
+        self.left[c] = len(edges)
+        got = self.chunks[c] = (lats, losses)
+        return got
+
+    def link(self, src: int, dst: int) -> Link | None:
+        """Link (src, dst) with its first draws taken from its chunk's blocks (None: not a topology link)."""
+        from netsim.sim.dists import sampler
+        from netsim.sim.streams import FIRST_BLOCK, FirstDrawn
+
+        k = self.row.pop((src, dst), None)
+        if k is None:
+            return None
+        c, r = divmod(k, self.CHUNK)
+        lats, losses = self.chunks.get(c) or self._draw(c)
+        self.left[c] -= 1
+        if not self.left[c]:
+            del self.chunks[c], self.left[c]
+        net = self.net
+        spec, streams = net.spec.latency, net.streams
+
+        def past(purpose: str):  # the stream, moved past its first block
+            rng = streams.rng(purpose, src, dst)
+            rng.bit_generator.advance(FIRST_BLOCK)
+            return rng
+
+        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
+        lat = draws(spec, None, "network.latency") if lats is None else \
+            FirstDrawn(lats[at], lambda: sampler(spec, past("latency"), "network.latency"))
+        lost = None if losses is None else FirstDrawn(losses[at], lambda: past("loss").random)
+        return Link(lat, lost)
+
+
 class ComposedLinks:
     """The configured models composed (sim/links.py's per-link models, uplinks, outages, churn)."""
 
@@ -171,6 +249,8 @@ class Network:
         # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (latency draws'
         # position, loss draws' position, busy_until)
         self.restored: dict[tuple[int, int], tuple] = {}
+        self.edges = None  # the topology's links (``seed_ahead``)
+        self.ahead: LinksAhead | None = None  # their first draws, drawn together (``without_checkpoints``)
 
     def seed_ahead(self, edges) -> None:
         """Seed the streams every link of ``edges`` (rows u, v) will draw from, all at once (``Streams.seed_ahead``):
@@ -180,6 +260,7 @@ class Network:
 
         from netsim.sim.links import needs_full_path
 
+        self.edges = edges  # (``LinksAhead``: the topology's links, whose first draws can be drawn together)
         spec = self.spec
         full = needs_full_path(spec)
         purposes = tuple(p for p, used in (("latency", full or spec.latency.kind != "constant"),
@@ -191,8 +272,10 @@ class Network:
 
     def without_checkpoints(self) -> None:
         """No checkpoint can cut this run (a driver that refuses them): the links made from now on need not keep
-        their streams' positions (``Draws``), which costs a state read per block of draws."""
+        their streams' positions (``Draws``), which costs a state read per block of draws; the topology's links then
+        take their first draws from blocks drawn for many links at once (``LinksAhead``)."""
         self.positions = False
+        self.ahead = LinksAhead.of(self)
 
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
@@ -207,6 +290,11 @@ class Network:
         link = self.links.get((src, dst))
         if link is None:
             keep = self.positions
+            if not keep and self.ahead is not None:
+                link = self.ahead.link(src, dst)
+                if link is not None:
+                    self.links[(src, dst)] = link
+                    return link
             lat = draws(self.spec.latency, lambda: self.streams.rng("latency", src, dst), "network.latency", keep)
             if self.p_loss > 0:
                 rng = self.streams.rng("loss", src, dst)

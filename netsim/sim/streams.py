@@ -280,6 +280,96 @@ class Draws:
             set_state(self._rng, now)
 
 
+class FirstDrawn(Draws):
+    """``Draws`` whose first block was drawn already (``first_doubles``: the first values of many streams at once)
+    and whose stream is made only if more are drawn (``more()``: the sampler of the stream moved past that block).
+    The same values as ``Draws`` of the stream; no position is kept (a run no checkpoint cuts)."""
+
+    __slots__ = ("_more",)
+
+    def __init__(self, block: bytes, more: Callable[[], Callable[[int], np.ndarray]]):
+        super().__init__(_unused)
+        self._more = more
+        first = array("d")
+        first.frombytes(block)  # (float64 values as bytes: a slice of a chunk's, no array per link)
+        self._it = iter(first)
+        self._size = len(first)
+
+    def _refill(self, size: int | None = None) -> None:
+        if self._more is not None:
+            self._fill, self._more = self._more(), None
+        super()._refill(size)
+
+
+def _unused(n: int) -> np.ndarray:
+    raise AssertionError("a FirstDrawn block refilled before its stream was made")
+
+
+# PCG64 (numpy's bit generator: O'Neill, "PCG: A family of simple fast space-efficient statistically good algorithms
+# for random number generation", 2014, the 128-bit LCG with the XSL-RR output) over many streams at once, in 32-bit
+# limbs of uint64 arrays (numpy has no 128-bit integers)
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+_LIMB = np.uint64(0xFFFFFFFF)
+_MULT_LIMBS = [np.uint64((_PCG_MULT >> (32 * k)) & 0xFFFFFFFF) for k in range(4)]
+
+
+def _carry(acc: list[np.ndarray]) -> list[np.ndarray]:
+    for k in range(3):
+        acc[k + 1] += acc[k] >> np.uint64(32)
+        acc[k] &= _LIMB
+    acc[3] &= _LIMB
+    return acc
+
+
+def _step(state: list[np.ndarray], inc: list[np.ndarray]) -> list[np.ndarray]:
+    """state * multiplier + inc (mod 2^128), limb by limb (each partial product < 2^64, each sum of halves too)."""
+    acc = [c.copy() for c in inc]
+    for i in range(4):
+        for j in range(4 - i):
+            prod = state[i] * _MULT_LIMBS[j]
+            acc[i + j] += prod & _LIMB
+            if i + j < 3:
+                acc[i + j + 1] += prod >> np.uint64(32)
+    return _carry(acc)
+
+
+def first_doubles(states: np.ndarray, n: int) -> np.ndarray:
+    """``Generator(PCG64(seed)).random(n)`` for the stream of each row of ``states`` (``seed_states``' rows: what
+    PCG64 seeds itself from), as (rows, n) float64, computed for all rows together: numpy's seeding (state 0, the
+    increment 2 * seq + 1, a step, the state added, a step), then per value a step and the XSL-RR output's top 53
+    bits over 2^53. ~2 us a stream of 32 values where making its generator and drawing cost ~8 us (a large run makes
+    two streams per link). ``first_doubles_exact`` holds it to numpy."""
+    w = np.asarray(states, dtype=np.uint64)
+    halves = lambda x: [x & _LIMB, x >> np.uint64(32)]  # noqa: E731
+    seed = halves(w[:, 1]) + halves(w[:, 0])  # (high word first in numpy's seed words)
+    one = np.uint64(1)
+    inc = halves((w[:, 3] << one) | one) + halves((w[:, 2] << one) | (w[:, 3] >> np.uint64(63)))  # 2 * seq + 1
+    state = _step([np.zeros(len(w), np.uint64) for _ in range(4)], inc)
+    state = _step(_carry([a + b for a, b in zip(state, seed, strict=True)]), inc)
+    out = np.empty((len(w), n))
+    for k in range(n):
+        state = _step(state, inc)
+        hi, lo = state[2] | (state[3] << np.uint64(32)), state[0] | (state[1] << np.uint64(32))
+        x, rot = hi ^ lo, hi >> np.uint64(58)
+        x = (x >> rot) | (x << ((np.uint64(64) - rot) & np.uint64(63)))
+        out[:, k] = (x >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    return out
+
+
+def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
+    """Whether ``first_doubles`` gives numpy's ``random`` and ``uniform(low, high)`` (low + (high - low) u) for the
+    streams of ``states``' first rows (checked where it is used: a numpy that draws otherwise keeps the per-stream
+    path)."""
+    rows = states[:2]
+    ours = first_doubles(rows, FIRST_BLOCK)
+    for st, u in zip(rows, ours, strict=True):
+        a, b = (np.random.Generator(np.random.PCG64(_SeedState(st))) for _ in range(2))
+        if not (np.array_equal(a.random(FIRST_BLOCK), u)
+                and np.array_equal(b.uniform(low, high, FIRST_BLOCK), low + (high - low) * u)):
+            return False
+    return True
+
+
 def _put(g: np.random.Generator, state: tuple[int, int, int, int]) -> None:
     s, inc, has, u = state
     g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
