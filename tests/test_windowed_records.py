@@ -12,6 +12,9 @@ from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_round_kernels import run_both
 
+# a run says nothing it need not (e.g. torch's warning on a read-only index array)
+pytestmark = pytest.mark.filterwarnings("error::UserWarning")
+
 RECORDS = ("trace.arrows", "metrics.csv", "mixing.csv", "payloads.npz")
 MUFF = {"name": "muffliato", "lr": 0.3, "batch": 8, "clip": 1.0, "clip_mode": "batch", "sigma": 1.0,
         "gossip_steps": 3, "round_timeout": 0.05}

@@ -601,7 +601,7 @@ class Arrivals(Sequence):
         import torch
 
         if self.sent is not None:
-            return self.sent.index_select(0, torch.from_numpy(self.send).to(self.sent.device))
+            return self.sent.index_select(0, as_index(self.send, self.sent.device))  # (a read-only plan's array)
         return [self.out[s] for s in self.send.tolist()]
 
     def groups(self) -> tuple[torch.Tensor, list] | None:
