@@ -867,8 +867,8 @@ class Exchange:
 
     def __init__(self, sim, tag: str, timeout: float, more: tuple[str, ...] = ()):
         agents = sim.loop.agents
-        self.sim, self.agents, self.tag, self.timeout, self.net = sim, agents, tag, timeout, sim.world.network
-        self.tags = (tag, *more)  # the messages of an exchange (``SyncRounds.more``), in send order
+        self.sim, self.agents, self.timeout, self.net = sim, agents, timeout, sim.world.network
+        self.tags = (tag, *more)  # the messages of an exchange (``SyncRounds.more``), in send order: ``tag`` first
         self.dynamic = sim.world.network.dynamic  # a time-varying topology (sim/dynamic.py), adopted at activations
         self._use([a.neighbors for a in agents], [a.in_neighbors for a in agents])
         from netsim.sim.agent import ComputeTimes
@@ -877,6 +877,10 @@ class Exchange:
         self.compute_times = ComputeTimes(agents)  # (woken, ids, when) -> each one's ``Agent.compute_time``
         log = sim.recorder.mixing_log  # privacy.record = "payloads": the delivered payloads (privacy/payloads.py)
         self.views = None if log is None else log.views
+
+    @property
+    def tag(self) -> str:
+        return self.tags[0]
 
     def _use(self, outs: Sequence[list[int]], ins: Sequence[list[int]]) -> None:
         """Agent i sends to ``outs[i]`` and its barrier waits for ``ins[i]`` (the exchanges from now on)."""
@@ -895,8 +899,7 @@ class Exchange:
         # from the dicts, which says so)
         self.w = np.array([agents[j].weights.get(i, np.nan) for i, out in enumerate(outs) for j in out], np.float64)
         self.links: list | None = None
-        self._plans: dict[tuple, _Plan] = {}  # (``exchange``)
-        self._plan_bytes: dict[tuple, int] = {}  # each kept plan's bytes, its key's included
+        self._plans: dict[tuple, tuple[_Plan, int]] = {}  # (``exchange``: each kept plan and its bytes)
 
     def adopt(self, woken: Sequence, t: np.ndarray) -> None:
         """The engine's activation listener of a time-varying topology: each agent woken at ``t`` takes its epoch's
@@ -989,8 +992,8 @@ class Exchange:
         w_ok = self.w[edge][ok]
         made = head + M * deg + np.bincount(by, weights=lost, minlength=B).astype(np.int64)
         return _Plan(senders, by, mi, edge, dst, lost, int(lens.sum()), starts[head_at], starts[link_at], ok, to, src,
-                     last, to[last], senders[out_], out_, (self.expect - count).astype(np.float64), pos, pos[to],
-                     ready[src], w_ok, made, ids.tolist())
+                     (to[last], last), (senders[out_], out_), (self.expect - count).astype(np.float64), pos,
+                     (pos[to], ready[src]), w_ok, made, ids.tolist())
 
     def exchange(self, b, rows: RoundRows, ids: np.ndarray, ready: np.ndarray, t_ready: np.ndarray, rnd: int,
                  computed: bool, released: dict | None):
@@ -1014,15 +1017,14 @@ class Exchange:
         # the plan of the round before where the agents' order and the rows before the sends match (its losses
         # aside: with loss, the plan is made again once the round's are drawn)
         key = (ids.tobytes(), ready.tobytes(), computed, n_rel.tobytes())
-        plan = self._plans.get(key)
+        plan, _ = self._plans.get(key, (None, 0))
         if plan is None:
             plan = self._plan(ids, ready, computed, n_rel, None)
-            size = plan.nbytes() + sum(map(len, key[:2]))
+            size = plan.nbytes() + sum(map(len, key[:2]))  # (its key's bytes included)
             if size <= PLAN_CACHE:  # kept for the rounds that match (a big fleet's plans are made again instead)
-                if len(self._plans) > 8 or sum(self._plan_bytes.values()) + size > PLAN_CACHE:
+                if len(self._plans) > 8 or sum(z for _, z in self._plans.values()) + size > PLAN_CACHE:
                     self._plans.clear()
-                    self._plan_bytes.clear()
-                self._plans[key], self._plan_bytes[key] = plan, size
+                self._plans[key] = (plan, size)
         edge = plan.edge
         t = t_ready[plan.by]
         if self.latency is not None:  # one constant: ``network.delay`` with nothing to transmit (tx_end = now)
@@ -1077,21 +1079,21 @@ class Exchange:
         fill(c, slice(None), shapes.deliver(arr, to, senders[src], msg[ok], size[ok], sent, rnd,
                                             tag if M == 1 else tag[ok], CODES))
         rows.add(tuple(c))
-        done = (plan.done, arr[plan.last])
-        out_ = plan.out_
-        if M > 1 and len(plan.late):
+        done = (plan.done[0], arr[plan.done[1]])
+        late_ids, out_ = plan.late
+        if M > 1 and len(late_ids):
             raise RuntimeError("synchronous windows: a barrier of several messages times out (refusal should have "
                                "said so)")
-        late = (plan.late, t_ready[out_] + self.timeout)
-        c = columns(len(plan.late))
+        late = (late_ids, t_ready[out_] + self.timeout)
+        c = columns(len(late_ids))
         fill(c, slice(None), shapes.timeout(late[1], late[0], rnd, plan.missing[late[0]], CODES))
         rows.add(tuple(c))
         pos = plan.pos
         if each:  # each delivery its own payload
-            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, plan.recv,
+            got = Arrivals(senders[src].tolist(), [per[e] for e in np.flatnonzero(ok).tolist()], None, plan.arrivals[0],
                            np.arange(len(to)), plan.w, receivers=len(ids))
         elif M == 1:
-            got = Arrivals(list(plan.id_list), b.out, b.sent, plan.recv, plan.send, plan.w)
+            got = Arrivals(list(plan.id_list), b.out, b.sent, *plan.arrivals, plan.w)
         else:  # one ``got`` per message
             m_ok, w_ok = mi[ok], plan.w
             got = tuple(Arrivals(ids.tolist(), out, b.sent if m == 0 else None, pos[to[m_ok == m]],
@@ -1122,25 +1124,27 @@ class _Plan:
     ok: np.ndarray
     to: np.ndarray
     src: np.ndarray
-    last: np.ndarray  # each completed barrier's last delivery, in completion order
-    done: np.ndarray  # those barriers' agents
-    late: np.ndarray  # the agents whose barriers time out, in ready order
-    out_: np.ndarray
+    done: tuple  # (the completed barriers' agents, each one's last delivery), in completion order
+    late: tuple  # (the agents whose barriers time out, their batch positions), in ready order
     missing: np.ndarray  # per agent: its barrier's messages not arrived
     pos: np.ndarray
-    recv: np.ndarray
-    send: np.ndarray
+    arrivals: tuple  # (each arrival's receiver position, its sender's), for ``Arrivals``
     w: np.ndarray
     made: np.ndarray
     id_list: list
 
-    def __attrs_post_init__(self) -> None:
+    def arrays(self) -> list[np.ndarray]:
+        out = []
         for v in attrs.astuple(self, recurse=False):
-            if isinstance(v, np.ndarray):
-                v.setflags(write=False)
+            out += [x for x in (v if isinstance(v, tuple) else (v,)) if isinstance(x, np.ndarray)]
+        return out
+
+    def __attrs_post_init__(self) -> None:
+        for v in self.arrays():
+            v.setflags(write=False)
 
     def nbytes(self) -> int:
-        return sum(v.nbytes for v in attrs.astuple(self, recurse=False) if isinstance(v, np.ndarray))
+        return sum(v.nbytes for v in self.arrays())
 
 
 def _send(agent, payload, tag: str, rnd: int, size: int | None, to) -> Any:

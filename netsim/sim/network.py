@@ -117,10 +117,10 @@ class LinksAhead:
         self.left: dict[int, int] = {}  # chunk -> its links not made yet
 
     @classmethod
-    def of(cls, net: Network) -> LinksAhead | None:
+    def of(cls, net: Network, edges) -> LinksAhead | None:
         from netsim.sim.streams import first_doubles_exact, purpose_code, seed_states
 
-        lat, edges = net.spec.latency, net.edges
+        lat = net.spec.latency
         if edges is None or not len(edges) or net.restored or lat.kind not in ("uniform", "constant"):
             return None
         import numpy as np
@@ -249,8 +249,9 @@ class Network:
         # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (latency draws'
         # position, loss draws' position, busy_until)
         self.restored: dict[tuple[int, int], tuple] = {}
-        self.edges = None  # the topology's links (``seed_ahead``)
-        self.ahead: LinksAhead | None = None  # their first draws, drawn together (``without_checkpoints``)
+        # the topology's links (``seed_ahead``), then their first draws drawn together (``without_checkpoints``: a
+        # ``LinksAhead``, or None where they cannot be); read by ``link`` only once positions are off
+        self.ahead: LinksAhead | Any = None
 
     def seed_ahead(self, edges) -> None:
         """Seed the streams every link of ``edges`` (rows u, v) will draw from, all at once (``Streams.seed_ahead``):
@@ -260,7 +261,7 @@ class Network:
 
         from netsim.sim.links import needs_full_path
 
-        self.edges = edges  # (``LinksAhead``: the topology's links, whose first draws can be drawn together)
+        self.ahead = edges  # (``without_checkpoints``: the links whose first draws can be drawn together)
         spec = self.spec
         full = needs_full_path(spec)
         purposes = tuple(p for p, used in (("latency", full or spec.latency.kind != "constant"),
@@ -275,7 +276,8 @@ class Network:
         their streams' positions (``Draws``), which costs a state read per block of draws; the topology's links then
         take their first draws from blocks drawn for many links at once (``LinksAhead``)."""
         self.positions = False
-        self.ahead = LinksAhead.of(self)
+        if not isinstance(self.ahead, LinksAhead):
+            self.ahead = LinksAhead.of(self, self.ahead)
 
     def use(self, model: LinkModel | None) -> None:
         """Decide every message from now on with ``model`` (None: the lean default path)."""
