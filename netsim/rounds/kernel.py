@@ -598,7 +598,6 @@ class Arrivals(Sequence):
     def payloads(self) -> torch.Tensor | list:
         """Each delivery's payload, in arrival order: rows of one tensor where the payloads are (``sent``), else a
         list."""
-        import torch
 
         if self.sent is not None:
             return self.sent.index_select(0, as_index(self.send, self.sent.device))  # (a read-only plan's array)
