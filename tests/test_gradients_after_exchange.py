@@ -19,7 +19,7 @@ from netsim.scenario.structure import at_least, field, positive
 from netsim.trace.events import records
 from netsim.trace.io import TraceWriter
 from tests.search import search
-from tests.test_round_kernels import assert_identical, base, run_both
+from tests.test_round_kernels import admitted_and_identical, assert_identical, base, run_both
 
 
 @attrs.frozen
@@ -99,11 +99,7 @@ def after_scenarios(draw) -> dict:
 @search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=after_scenarios())
 def test_gradients_after_the_exchange_agree_with_the_engine(tmp_path_factory, sc):
-    from netsim import api
-    from netsim.rounds.windowed import reason
-
-    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("after"), sc))
+    admitted_and_identical(tmp_path_factory.mktemp("after"), sc)
 
 
 def test_the_mixed_point_gradient_is_asked_at_the_barrier_and_the_next_wake_after_it(tmp_path):

@@ -12,7 +12,7 @@ from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario import scenario_from_dict
 from netsim.scenario.structure import at_least, field, positive
 from tests.search import search
-from tests.test_round_kernels import assert_identical, base, run_both
+from tests.test_round_kernels import admitted_and_identical, base
 
 
 @attrs.frozen
@@ -61,12 +61,7 @@ def scenarios(draw) -> dict:
 @search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=scenarios())
 def test_three_messages_an_exchange_byte_for_byte(tmp_path_factory, sc):
-    from netsim import api
-    from netsim.rounds.windowed import reason
-
-    assert reason(api.prepare(scenario_from_dict(sc))) is None
-    got = run_both(tmp_path_factory.mktemp("three"), sc)
-    assert_identical(got)
+    admitted_and_identical(tmp_path_factory.mktemp("three"), sc)
 
 
 def test_three_messages_in_send_order_one_barrier(tmp_path):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import netsim
 from netsim.scenario import scenario_from_dict
 from tests.search import search
-from tests.test_round_kernels import assert_identical, base, run_both
+from tests.test_round_kernels import admitted_and_identical, base
 
 STATE = {"dp_netfleet": ("netfleet.v", "netfleet.gprev"), "cpgt": ("cpgt_tracker",)}
 
@@ -43,11 +43,7 @@ def netfleet_scenarios(draw) -> dict:
 @search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=netfleet_scenarios())
 def test_dp_netfleet_runs_fast_byte_for_byte(tmp_path_factory, sc):
-    from netsim import api
-    from netsim.rounds.windowed import reason
-
-    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("fleet"), sc, STATE["dp_netfleet"]))
+    admitted_and_identical(tmp_path_factory.mktemp("fleet"), sc, STATE["dp_netfleet"])
 
 
 def test_dp_netfleet_releases_k_plus_one_gradients_a_round_and_stops_at_its_budget_cap(tmp_path):
@@ -105,11 +101,7 @@ def cpgt_scenarios(draw) -> dict:
 @search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=cpgt_scenarios())
 def test_cpgt_runs_fast_byte_for_byte(tmp_path_factory, sc):
-    from netsim import api
-    from netsim.rounds.windowed import reason
-
-    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("cpgt"), sc, STATE["cpgt"]))
+    admitted_and_identical(tmp_path_factory.mktemp("cpgt"), sc, STATE["cpgt"])
 
 
 def test_cpgt_sends_both_messages_before_its_gathers_and_refuses_what_windows_cannot_play(tmp_path):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from netsim.scenario import scenario_from_dict
 from netsim.trace.io import read_trace
 from tests.search import search
-from tests.test_round_kernels import assert_identical, base, run_both
+from tests.test_round_kernels import admitted_and_identical, assert_identical, base, run_both
 
 STATE = {"pdsl": ("pdsl.u",), "dp_cga": ("cga.m",)}
 
@@ -62,11 +62,7 @@ def pdsl_scenarios(draw) -> dict:
 @search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=pdsl_scenarios())
 def test_pdsl_and_dp_cga_run_fast_byte_for_byte(tmp_path_factory, sc):
-    from netsim import api
-    from netsim.rounds.windowed import reason
-
-    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
-    assert_identical(run_both(tmp_path_factory.mktemp("pdsl"), sc, STATE[sc["algorithm"]["name"]]))
+    admitted_and_identical(tmp_path_factory.mktemp("pdsl"), sc, STATE[sc["algorithm"]["name"]])
 
 
 def test_a_round_releases_each_gradient_as_it_completes_and_sends_each_reply_to_its_neighbour(tmp_path):

@@ -62,6 +62,18 @@ def run_both(tmp_path: Path, sc: dict, states: tuple[str, ...] = (), records: tu
     return out
 
 
+def admitted_and_identical(tmp_path: Path, sc: dict, states: tuple[str, ...] = ()) -> dict:
+    """A drawn scenario is in the fast path's admitted region (``windowed.reason`` is None), and both engines run it
+    byte for byte (``run_both``, ``assert_identical``); returns the runs."""
+    from netsim import api
+    from netsim.rounds.windowed import reason
+
+    assert reason(api.prepare(scenario_from_dict(sc))) is None  # the drawn region is the admitted one
+    got = run_both(tmp_path, sc, states)
+    assert_identical(got)
+    return got
+
+
 def assert_identical(got: dict) -> None:
     ev, win = got["events"], got["windowed"]
     assert win["engine"] == "windowed" and ev["engine"] == "events"

@@ -281,12 +281,6 @@ class Batch:
             rows = list(payloads) if isinstance(payloads, (list, tuple)) else self._rowlist(payloads)
             more.append((rows, None if sizes is None else list(sizes)))
             return
-        made = self._rows
-        if made is not None and payloads is made[0][0] and made[0][1] is not None and len(self.agents) == 1:
-            self._sent = payloads  # a batch of one's own x (the events engine's common case): its row, no lookups
-            self.out = [made[0][1][0]]
-            self.sizes = None if sizes is None else list(sizes)
-            return
         if len(self.agents) == 1 and not isinstance(payloads, (list, tuple)) and hasattr(payloads, "unbind"):
             self._sent = payloads  # a batch of one's row: no sequence of views to make
             self.out = [self._row(payloads)]
@@ -335,18 +329,8 @@ class Batch:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
         if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one
-            made = self._rows  # (its x and g: the rows they were made from, as ``_row`` finds them, inline)
-            if made is not None and own is made[0][0] and made[0][1] is not None:
-                own = made[0][1][0]
-            else:
-                own = self._row(own)
-            if step is None or type(step) is list or type(step) is tuple:
-                s = None if step is None else step[0]
-            elif made is not None and step is made[1][0] and made[1][1] is not None:
-                s = made[1][1][0]
-            else:
-                s = step[0] if isinstance(step, (list, tuple)) else self._row(step)
-            self.agents[0].mix_into_params(own, got[0], step=s, lr=lr)
+            s = None if step is None else step[0] if isinstance(step, (list, tuple)) else self._row(step)
+            self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
             return
         import torch
 
