@@ -110,6 +110,19 @@ class GradientService:
         idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         return idx if self._cpu else idx.to(self.device, non_blocking=True)
 
+    def _features(self, rows: np.ndarray, idx: torch.Tensor) -> torch.Tensor:
+        """The rows ``rows`` (``idx`` as an index tensor) of X: a copy of the same values, by ``index_select`` (6x
+        faster than ``X[idx]``), or on the CPU by numpy's ``take`` (~2x faster again for the scattered rows of many
+        agents' mini-batches) into memory aligned as the CPU allocator aligns a tensor (64 bytes: the model's vector
+        loops and GEMMs meet every row as they would in ``index_select``'s result)."""
+        X = self.X
+        if not (self._cpu and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()):
+            return X.index_select(0, idx)
+        got = np.take(X.numpy(), rows, axis=0)
+        if got.ctypes.data % 64:
+            return torch.from_numpy(got).clone(memory_format=torch.contiguous_format)
+        return torch.from_numpy(got)
+
     def _grad_rows(self, W: torch.Tensor, rows: np.ndarray, m: int, clip: float | None, kind: str) -> torch.Tensor:
         """The gradients of the R = len(W) requests whose ``m`` rows each are ``rows`` laid end to end: one model call
         over at most ``CHUNK`` requests at a time, so the gathered rows and the model's temporaries stay bounded
@@ -120,7 +133,7 @@ class GradientService:
         for s in range(0, R, CHUNK):
             e = min(R, s + CHUNK)
             idx = self._index(rows[s * m:e * m])
-            X, y = self.X.index_select(0, idx), self.y.index_select(0, idx)  # index_select: 6x faster than X[idx]
+            X, y = self._features(rows[s * m:e * m], idx), self.y.index_select(0, idx)
             out.append(self.model.grad(W[s:e], X.view(e - s, m, -1), y.view(e - s, m), clip, kind))
             del X, y, idx
         return out[0] if len(out) == 1 else torch.cat(out)
