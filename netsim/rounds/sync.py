@@ -561,7 +561,7 @@ class SyncRounds(Pattern):
                 ev.level_events(0, 2)
                 now = (t_act + ct).tolist()
                 ev.completed(now)
-                batches = {req.batch for req in hook}
+                batches = set(map(_BATCH, hook))
                 asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
                     [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
                 g = _evaluate(svc, id_list, x, asks, hook)  # every request in one batched call (the first completion)
@@ -848,7 +848,7 @@ def rounds_of(agents) -> np.ndarray:
     return np.fromiter(map(_ROUND, agents), np.int64, len(agents))
 
 
-_ROUND = attrgetter("round")  # (map of an attrgetter: a C loop over a round's agents)
+_ROUND, _BATCH = attrgetter("round"), attrgetter("batch")  # (maps of attrgetters: C loops over a round's agents)
 
 
 def activations(t_act, ids, at, woken, t_start, ct) -> tuple:

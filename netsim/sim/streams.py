@@ -404,8 +404,7 @@ class DrawsAhead:
     def __init__(self, rng: np.random.Generator, n: int, batch: int):
         self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
-        rows = max(1, 256 // batch)  # (a flat size, reshaped: the same values, without numpy's np.prod of a shape)
-        self.block = rng.integers(0, n, rows * batch).reshape(rows, batch)
+        self.block = rng.integers(0, n, (max(1, 256 // batch), batch))
 
     @classmethod
     def start(cls, rng: np.random.Generator, n: int, batch: int, old: DrawsAhead | None) -> DrawsAhead | None:
