@@ -21,6 +21,8 @@ from netsim.compute.models import CLIP_KINDS
 # width): the built-in models' rows come out with the bits of one call over every request (tests/test_scale_memory.py
 # with chunks of 64; bench_scale at 70,000 agents, two chunks, byte-identical to the code before chunking)
 CHUNK = 1 << 16
+# rows gathered at least, for numpy's ``take`` (``GradientService._features``): below, its checks cost what it saves
+TAKE_ROWS = 1 << 10
 
 
 def _check_clip(clip: float | None, clip_kind: str) -> None:
@@ -116,8 +118,8 @@ class GradientService:
         agents' mini-batches) into a tensor of the CPU allocator's (aligned as ``index_select``'s result: the model's
         vector loops and GEMMs meet every row as they would there)."""
         X = self.X
-        if not (self._cpu and X.dtype in (torch.float32, torch.float64) and X.is_contiguous() and len(rows)) \
-                or int(rows.min()) < 0 or int(rows.max()) >= len(X):  # (index_select says which row is out of range)
+        fast = self._cpu and len(rows) >= TAKE_ROWS and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()
+        if not fast or int(rows.min()) < 0 or int(rows.max()) >= len(X):  # (out of range: index_select says which)
             return X.index_select(0, idx)
         out = torch.empty((len(rows), *X.shape[1:]), dtype=X.dtype)
         np.take(X.numpy(), rows, axis=0, out=out.numpy(), mode="clip")  # ("clip": no copy through a buffer)
