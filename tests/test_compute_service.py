@@ -74,6 +74,30 @@ def test_a_block_is_its_requests_bit_for_bit(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_many_rows_are_gathered_with_the_bits_of_index_select(monkeypatch, dtype):
+    """A flush of many requests gathers its rows by numpy's ``take`` (``TAKE_ROWS`` and more): the rows, and the
+    gradients, of ``index_select``; a row out of range is ``index_select``'s IndexError."""
+    import netsim.compute.gradients as gradients
+
+    m = LogisticRegression(9)
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(5000, 9, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.randint(0, 2, (5000,), generator=g)
+    svc = GradientService(m, X, y)
+    rows = np.random.default_rng(4).integers(0, 5000, 600 * 16)
+    idx = torch.from_numpy(rows)
+    got = svc._features(rows, idx)
+    assert got.data_ptr() % 64 == 0 and torch.equal(got, X.index_select(0, idx))
+    W = torch.randn(600, m.size, generator=g, dtype=torch.float64).to(dtype)
+    fast = svc._grad_rows(W, rows, 16, None, "l2")
+    monkeypatch.setattr(gradients, "TAKE_ROWS", 10**9)  # index_select only
+    assert torch.equal(fast, svc._grad_rows(W, rows, 16, None, "l2"))
+    monkeypatch.undo()
+    with pytest.raises(IndexError):
+        svc._features(np.r_[rows, 5000], torch.from_numpy(np.r_[rows, 5000]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kept_rows_give_the_same_bits_and_a_rows_batch_changes_them(dtype):
     """Rows gathered once (``keep_rows``: the lookahead windows' whole parts) give the bits of indexing the
     training set each time, alone (the lean path) and in a batch. And a logistic gradient's bits depend on

@@ -126,6 +126,37 @@ def test_rows_ahead_draws_what_each_agent_draws():
             assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
 
 
+@pytest.mark.parametrize("then", ["stream", "rows"])
+def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
+    """Between two rounds of blocks laid by ``RowsAhead`` (taken over arrays, no agent visited), an agent draws a
+    mini-batch itself, another draws its block to the end, then a third's program takes its stream or its part is
+    replaced: each round is still every agent's ``sample_rows``, and the streams end in the same states."""
+    one, many = sims()
+    ahead = RowsAhead(many.loop.agents)
+    order = np.arange(len(one.loop.agents))
+    for k in range(40):
+        order = np.roll(order, 1)
+        for sim in (one, many):
+            agents = sim.loop.agents
+            if k == 3:
+                agents[2].sample_rows(16)
+            if k == 7:
+                for _ in range(9):  # past its block's end: a fresh block drawn by the agent itself
+                    agents[4].sample_rows(16)
+            if k == 20 and then == "stream":  # no more drawing ahead (then every agent draws its own)
+                agents[5].rng("batch")
+            if k == 20 and then == "rows":
+                agents[1].rows = agents[1].rows[::-1].copy()
+        want = [one.loop.agents[i].sample_rows(16) for i in order]
+        got = ahead.take([many.loop.agents[i] for i in order], order, 16)
+        assert np.array_equal(np.stack(want), np.stack(list(got))), k
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert a._batch_rng.bit_generator.state == b._batch_rng.bit_generator.state
+        assert (a._ahead is None) == (b._ahead is None)
+        if a._ahead is not None:
+            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
+
+
 def test_rows_ahead_of_distinct_rows_is_each_agents_own():
     one, many = sims(sampling="without_replacement")
     order = np.arange(len(one.loop.agents))[::-1].copy()

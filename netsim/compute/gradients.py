@@ -21,6 +21,8 @@ from netsim.compute.models import CLIP_KINDS
 # width): the built-in models' rows come out with the bits of one call over every request (tests/test_scale_memory.py
 # with chunks of 64; bench_scale at 70,000 agents, two chunks, byte-identical to the code before chunking)
 CHUNK = 1 << 16
+# rows gathered at least, for numpy's ``take`` (``GradientService._features``): below, its checks cost what it saves
+TAKE_ROWS = 1 << 10
 
 
 def _check_clip(clip: float | None, clip_kind: str) -> None:
@@ -110,6 +112,19 @@ class GradientService:
         idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
         return idx if self._cpu else idx.to(self.device, non_blocking=True)
 
+    def _features(self, rows: np.ndarray, idx: torch.Tensor) -> torch.Tensor:
+        """The rows ``rows`` (``idx`` as an index tensor) of X: a copy of the same values, by ``index_select`` (6x
+        faster than ``X[idx]``), or on the CPU by numpy's ``take`` (~2x faster again for the scattered rows of many
+        agents' mini-batches) into a tensor of the CPU allocator's (aligned as ``index_select``'s result: the model's
+        vector loops and GEMMs meet every row as they would there)."""
+        X = self.X
+        fast = self._cpu and len(rows) >= TAKE_ROWS and X.dtype in (torch.float32, torch.float64) and X.is_contiguous()
+        if not fast or int(rows.min()) < 0 or int(rows.max()) >= len(X):  # (out of range: index_select says which)
+            return X.index_select(0, idx)
+        out = torch.empty((len(rows), *X.shape[1:]), dtype=X.dtype)
+        np.take(X.numpy(), rows, axis=0, out=out.numpy(), mode="clip")  # ("clip": no copy through a buffer)
+        return out
+
     def _grad_rows(self, W: torch.Tensor, rows: np.ndarray, m: int, clip: float | None, kind: str) -> torch.Tensor:
         """The gradients of the R = len(W) requests whose ``m`` rows each are ``rows`` laid end to end: one model call
         over at most ``CHUNK`` requests at a time, so the gathered rows and the model's temporaries stay bounded
@@ -120,7 +135,7 @@ class GradientService:
         for s in range(0, R, CHUNK):
             e = min(R, s + CHUNK)
             idx = self._index(rows[s * m:e * m])
-            X, y = self.X.index_select(0, idx), self.y.index_select(0, idx)  # index_select: 6x faster than X[idx]
+            X, y = self._features(rows[s * m:e * m], idx), self.y.index_select(0, idx)
             out.append(self.model.grad(W[s:e], X.view(e - s, m, -1), y.view(e - s, m), clip, kind))
             del X, y, idx
         return out[0] if len(out) == 1 else torch.cat(out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -520,6 +521,7 @@ class SyncRounds(Pattern):
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
         held = HeldRows(words)  # the rounds' rows not yet written (a whole batch of the trace at a time)
         marks = sim.loop.marks
+        gradient = kernel.gradient if type(kernel).asks is SyncKernel.asks and not kernel.first_gradient else None
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
@@ -541,8 +543,11 @@ class SyncRounds(Pattern):
                 break
             X = bank.W  # each agent's params as the engine snapshots them at its activation
             x = X.index_select(0, torch.from_numpy(ids).to(X.device))
-            hook = [kernel.asks(p, state, i, k) for i in id_list]  # the gradient asked for before ``local``
-            if 0 < hook.count(None) < len(hook):  # (count: one C loop)
+            # the gradient asked for before ``local`` (``gradient`` itself where ``asks`` is SyncKernel's and asked
+            # every round, as the engine's program calls it)
+            hook = [gradient(p, state, i) for i in id_list] if gradient is not None else \
+                [kernel.asks(p, state, i, k) for i in id_list]
+            if 0 < list(map(type, hook)).count(type(None)) < len(hook):  # (types: a C loop, no request's __eq__)
                 raise ValueError("windowed rounds need every agent to ask for the round's first gradient, or none")
             hook = hook if hook[0] is not None else None
             released: dict[int, list[tuple]] = {}  # agent n's rows made inside ``local`` (its releases)
@@ -556,7 +561,7 @@ class SyncRounds(Pattern):
                 ev.level_events(0, 2)
                 now = (t_act + ct).tolist()
                 ev.completed(now)
-                batches = {req.batch for req in hook}
+                batches = set(map(_BATCH, hook))
                 asks = sampler.take(woken, ids, batches.pop()) if len(batches) == 1 else \
                     [a.sample_rows(req.batch) for a, req in zip(woken, hook, strict=True)]
                 g = _evaluate(svc, id_list, x, asks, hook)  # every request in one batched call (the first completion)
@@ -840,7 +845,10 @@ def columns(n: int) -> list:
 
 
 def rounds_of(agents) -> np.ndarray:
-    return np.fromiter((a.round for a in agents), np.int64, len(agents))
+    return np.fromiter(map(_ROUND, agents), np.int64, len(agents))
+
+
+_ROUND, _BATCH = attrgetter("round"), attrgetter("batch")  # (maps of attrgetters: C loops over a round's agents)
 
 
 def activations(t_act, ids, at, woken, t_start, ct) -> tuple:
@@ -1040,7 +1048,9 @@ class Exchange:
         senders, by, mi, dst, lost = plan.senders, plan.by, plan.mi, plan.dst, plan.lost
         B, E = len(ready), len(edge)
         msg = net.take_ids(E) + np.arange(E, dtype=np.int64)
-        each = M == 1 and B > 0 and isinstance(b.out[0], dict)  # one payload per out-neighbour (``Agent.send_each``)
+        # one payload per out-neighbour (``Agent.send_each``); a tensor's rows (``RowViews``) are not: asking its
+        # first row would make a view of every row (~0.4 ms a thousand agents, each round)
+        each = M == 1 and B > 0 and type(b.out) is not RowViews and isinstance(b.out[0], dict)
         if each:
             try:
                 per = [b.out[n][j] for n, j in zip(ready[by].tolist(), dst.tolist(), strict=True)]

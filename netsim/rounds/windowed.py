@@ -247,13 +247,17 @@ def wake_all(sim, ids, when):
     on (when, the schedule's tick before it): each distinct pair is planned once, by the first such agent's own
     ``schedule.next`` as ``wake`` plans it, and every agent of the pair takes its tick and times. simpy fires by
     time, then in the order the activations were set: a stable sort by time keeps the call order among equals."""
+    from operator import attrgetter
+
     import numpy as np
 
     agents = sim.loop.agents
-    woken = [agents[i] for i in ids.tolist()]
-    ticks = np.fromiter((a.schedule.tick for a in woken), np.int64, len(woken))
+    woken = list(map(agents.__getitem__, ids.tolist()))  # (map and attrgetter: C loops over a round's agents)
+    schedules = list(map(attrgetter("schedule"), woken))
+    ticks = np.fromiter(map(attrgetter("tick"), schedules), np.int64, len(woken))
     bits = when.view(np.int64)  # the float's bits: equal pairs are the same float
-    if len(bits) and (bits == bits[0]).all() and (ticks == ticks[0]).all():  # one pair (all woke at once): no sort
+    one = len(bits) and (bits == bits[0]).all() and (ticks == ticks[0]).all()
+    if one:  # one pair (all woke at once): no sort
         first, which = np.zeros(1, np.int64), np.zeros(len(woken), np.int64)
     else:
         _, first, which = np.unique(np.stack([bits, ticks], axis=1), axis=0, return_index=True, return_inverse=True)
@@ -263,8 +267,13 @@ def wake_all(sim, ids, when):
         planned, delay = a.plan_wake(w)
         act[u], at[u], tick[u] = w + delay, planned, a.schedule.tick
     which = which.reshape(-1)
-    for a, t in zip(woken, tick[which].tolist(), strict=True):
-        a.schedule.tick = t
+    if one:
+        t = int(tick[0])
+        for s in schedules:
+            s.tick = t
+    else:
+        for s, t in zip(schedules, tick[which].tolist(), strict=True):
+            s.tick = t
     sim.count_wakes(woken)
     times = act[which]
     if len(first) == 1:  # one activation time: fired in call order

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -698,6 +699,10 @@ class ComputeTimes:
         return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
 
 
+_UNLAID = object()  # (``RowsAhead.laid``: no agent's DrawsAhead is this)
+_AHEAD, _ROWS, _POS = attrgetter("_ahead"), attrgetter("rows"), attrgetter("pos")
+
+
 class RowsAhead:
     """``Agent.sample_rows(batch)`` of many agents at once, as one (agents, batch) array of row indices: the
     same rows, and the same draws from each agent's own ``batch`` stream, as one call per agent.
@@ -719,11 +724,19 @@ class RowsAhead:
         # the blocks' memory for parts under 128 rows, 256 B an agent at batch 16)
         self.position = np.min_scalar_type(-int(lengths.max(initial=1)))
         self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
+        # agent id: its DrawsAhead as laid into ``blocks`` by this object (``_UNLAID``: none), and their batch
+        self.laid: list = [_UNLAID] * len(agents)
+        self.laid_batch: int | None = None
+        self._laid_in: np.ndarray | None = None  # the ``blocks`` they are laid into
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
         parts = self.parts
         if not batch:
             return [a.sample_rows(batch) for a in agents]
+        if batch == self.laid_batch:  # every agent's block still the one laid here, none used up: no per-agent Python
+            rows = self._from_laid(agents, ids)
+            if rows is not None:
+                return rows
         aheads: list = []
         at: list[int] = []  # each agent's position in its block (0 in a block drawn now)
         empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
@@ -766,6 +779,32 @@ class RowsAhead:
             self.row[ids] = np.arange(len(ids))
             for h, block in zip(aheads, blocks, strict=True):
                 h.block = block
+        if self.blocks is not self._laid_in or batch != self.laid_batch:  # the blocks laid anew: none laid before holds
+            self.laid = [_UNLAID] * len(self.parts)
+            self._laid_in, self.laid_batch = self.blocks, batch
+        laid_by = self.laid
+        for a, h in zip(agents, aheads, strict=True):
+            laid_by[a.id] = h
         for h in aheads:
             h.pos += 1
         return self.flat[self.start[ids][:, None] + blocks[self.row[ids], np.array(at, np.int64)]]
+
+    def _from_laid(self, agents: list[Agent], ids: np.ndarray) -> np.ndarray | None:
+        """``take`` where every agent's DrawsAhead is the one laid into ``blocks`` here (``laid``), its rows unchanged
+        and its block not used up: the same positions and rows as the loop of ``take``, over arrays (None: not so).
+        An agent whose program took its batch stream, or a fresh block drawn elsewhere (``sample_rows``, a restore),
+        has another DrawsAhead (or none); ``_distinct_rows`` is fixed with the agent."""
+        from itertools import repeat
+        from operator import is_
+
+        id_list = ids.tolist()
+        aheads = list(map(self.laid.__getitem__, id_list))
+        if not (all(map(is_, map(_AHEAD, agents), aheads))
+                and all(map(is_, map(_ROWS, agents), map(self.parts.__getitem__, id_list)))):
+            return None
+        at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
+        blocks = self.blocks
+        if not len(at) or int(at.max()) >= blocks.shape[1]:
+            return None
+        deque(map(setattr, aheads, repeat("pos"), (at + 1).tolist()), maxlen=0)
+        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], at]]
