@@ -19,6 +19,7 @@ import numpy as np
 import simpy
 import torch
 
+from netsim.compute import release_free_memory
 from netsim.compute.gradients import Ticket
 from netsim.scenario.schema import Scenario
 from netsim.sim import rows as shapes
@@ -188,6 +189,7 @@ class Simulation:
         the round's last event, a checkpoint is written when a mark passed, and the answer says whether the
         driver must stop (an interrupt: the run folder then writes the interrupt's checkpoint)."""
         loop = self.loop
+        release_free_memory()  # (a round's temporaries freed: at 10^6 agents their holes would pile up)
         loop.programs.between = between
         loop.steps = between.k  # a windowed checkpoint's position: the rounds done
         loop.env.advance_to(between.end)
@@ -201,6 +203,7 @@ class Simulation:
         event): as ``between_rounds``, a checkpoint when a mark passed, and whether the driver must stop (an
         interrupt); ``held()``, the driver's state, is made only then (a window costs no more without one)."""
         loop = self.loop
+        release_free_memory()
         marks = loop.marks
         due = marks.round_done(now) and marks.checkpointer is not None
         if due or marks.interrupted:
