@@ -169,6 +169,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
                        setup=rss_sampler(rounds * sc["agents"]["activation"]["period"] / 20, samples),
                        progress=(lambda t: samples.append((t, rss_mib()))) if windowed else None)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        trace_bytes = sum(f.stat().st_size for f in Path(tmp).glob("trace*"))
     s = r.summary
     end = s["simulated_time"]
     inside = [x for x in samples if 0 < x[0] < end]
@@ -179,7 +180,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
             "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
             "releases": s.get("privacy_releases", 0), "epsilon": s.get("privacy_epsilon_max"),
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1], "split": split,
+            "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1], "split": split, "trace": trace_bytes,
             "netsim": str(Path(netsim.__file__).resolve().parent)}
 
 
@@ -373,7 +374,8 @@ def split_line(r: dict, rounds: int) -> str:
     per = 1e6 / (n * rounds)
     return (f"{n:>7} split (CPU): set-up {1e6 * sc / n:.1f} µs/agent [{sw:.2f} s wall]; play "
             f"{pc * per:.2f} µs/agent-round [{pw:.2f} s], of which trace writing {fc * per:.2f} µs [{fw:.2f} s]; "
-            f"play without it {(pc - fc) * per:.2f} µs/agent-round")
+            f"play without it {(pc - fc) * per:.2f} µs/agent-round; trace {r.get('trace', 0) / 2**20:,.0f} MiB "
+            f"({r.get('trace', 0) * per / 1e6:.1f} B/agent-round)")
 
 
 def mib(x: float | None, minus: float | None = None, signed: bool = False) -> str:

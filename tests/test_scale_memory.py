@@ -88,7 +88,8 @@ def test_topology_arrays_are_the_graphs(kind, directed, mixing):
 
 def test_a_windowed_ring_run_builds_no_networkx_graph_and_starts_no_program(tmp_path):
     """What a 10^6-agent synchronous run is spared: the networkx graph (its arrays suffice) and the agents' programs
-    (the driver plays the rounds); an events run of the same scenario starts one program an agent."""
+    (the driver plays the rounds: not even made), a copy of the agents' parts; an events run of the same scenario
+    starts one program an agent."""
     import netsim
     from netsim.scenario import scenario_from_dict
 
@@ -105,7 +106,12 @@ def test_a_windowed_ring_run_builds_no_networkx_graph_and_starts_no_program(tmp_
                    setup=lambda s, e=engine: sims.update({e: s}))
     w, e = sims["windowed"], sims["events"]
     assert w.loop.engine == "windowed" and w.world.topology._graph is None and w.loop.programs.running == []
+    assert w.loop.programs.made == [] and w.loop.programs.make is None  # its generators never made
     assert len(e.loop.programs.running) == 12
+    # the mini-batch gather indexes the dataset's own array of parts, not a copy of it
+    from netsim.sim.agent import RowsAhead
+
+    assert np.shares_memory(RowsAhead(w.loop.agents).flat, w.world.data.parts[0])
     assert (tmp_path / "windowed" / "trace.arrows").read_bytes() == (tmp_path / "events" / "trace.arrows").read_bytes()
     assert sorted(w.graph.edges) == sorted(e.graph.edges)  # built when read
     # an agent's attributes stay within CPython's shared-key limit (30 keys): one more turns every agent's instance
@@ -115,3 +121,31 @@ def test_a_windowed_ring_run_builds_no_networkx_graph_and_starts_no_program(tmp_
         for a in sim.loop.agents:
             assert len(vars(a)) < 30, sorted(vars(a))
             assert sys.getsizeof(vars(a)) < 600
+
+
+def test_free_heap_memory_is_handed_back():
+    """With the tuned allocator (large blocks from the heap), freed blocks below a live one stay in the process until
+    ``release_free_memory`` trims them; below ``FREE_HELD_MAX`` free it does nothing. In a fresh process (the
+    allocator's settings are process-wide)."""
+    import subprocess
+
+    code = """
+import numpy as np, netsim.compute as C
+if not C.tune_cpu_allocator() or not hasattr(C._libc(), "mallinfo2"):
+    print("skip"); raise SystemExit
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+assert not C.release_free_memory(0.0)             # nothing much free yet
+big = [np.ones(8 << 20) for _ in range(10)]       # 10 x 64 MiB from the heap
+pin = np.ones(1 << 20)                            # a live block above them: the top cannot be trimmed
+before = rss()
+del big
+held = rss()
+assert C.release_free_memory(0.0)                 # 640 MiB free > FREE_HELD_MAX
+print(before, held, rss())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if out == ["skip"]:
+        pytest.skip("not glibc 2.33+")
+    before, held, after = map(int, out)
+    assert held > before - 100  # freed, but still held by the process
+    assert after < held - 500  # handed back

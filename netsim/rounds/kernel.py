@@ -684,6 +684,9 @@ class RoundKernel:
     pattern: ClassVar[Any]
     reads: ClassVar[frozenset[str]] = frozenset()
     per_row: ClassVar[frozenset[str]] = frozenset()
+    # its programs are the pattern's generators: nothing runs when one is made, so they are made at start
+    # (``Programs``), and never where a windowed driver plays the rounds
+    made_at_start: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kw: Any) -> None:
         """A kernel speaks its pattern's protocol, and refuses the windows through ``refusal`` alone."""

@@ -44,7 +44,7 @@ from netsim.rounds.kernel import (
 )
 from netsim.sim import rows as shapes
 from netsim.sim.activation import Periodic
-from netsim.sim.loop import Between
+from netsim.sim.loop import Between, Order
 from netsim.sim.network import delay as link_delay
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, fill
@@ -506,11 +506,14 @@ class SyncRounds(Pattern):
         sampler = RowsAhead(agents)
         words = net.words
         now0 = float(sim.loop.env.now)
-        fresh = Between(0, [(a.id, now0) for a in agents], now0)
+        fresh = Between(0, Order(np.arange(len(agents), dtype=np.int64), np.full(len(agents), now0)), now0)
         start = rounds.begin(fresh)
         k = start.k
-        who = np.array([i for i, _ in start.order], np.int64)  # the next round's order: agents, when they woke
-        when = np.array([t for _, t in start.order], np.float64)
+        if isinstance(start.order, Order):  # the next round's order: agents, when they woke
+            who, when = start.order.who, start.order.when
+        else:  # (a restored run's, as pairs)
+            who = np.array([i for i, _ in start.order], np.int64)
+            when = np.array([t for _, t in start.order], np.float64)
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         gen = _local_steps(kernel)
         batch_local = kernel.batch_local and not gen  # the engine's ``LocalAhead``
@@ -653,7 +656,7 @@ class SyncRounds(Pattern):
                 k += 1
                 if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
                     held.write_to(writer, final=True)
-                if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):
+                if rounds.between(Between(k, Order(who, when), end)):
                     held.write_to(writer, final=True)
                     return
                 if sim.recorder.progress is not None:
@@ -699,7 +702,7 @@ class SyncRounds(Pattern):
             who, when = order_ids, order_t
             if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
                 held.write_to(writer, final=True)
-            if rounds.between(Between(k, list(zip(who.tolist(), when.tolist())), end)):  # interrupted: between rounds
+            if rounds.between(Between(k, Order(who, when), end)):  # interrupted: between rounds
                 held.write_to(writer, final=True)
                 return
             if sim.recorder.progress is not None:

@@ -715,8 +715,11 @@ class RowsAhead:
     agent's own ``sample_rows``."""
 
     def __init__(self, agents: list[Agent]):
+        from netsim.compute.data import end_to_end_base
+
         self.parts = [a.rows for a in agents]  # by agent id: the parts laid end to end, and where each starts
-        self.flat = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+        flat = end_to_end_base(self.parts)  # (the dataset's own array where the parts are its views)
+        self.flat = flat if flat is not None else np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
         lengths = np.array([len(r) for r in self.parts], np.int64)
         self.start = np.cumsum(lengths) - lengths
         self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each

@@ -8,13 +8,16 @@ sim/world.py, what it records sim/recorder.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import simpy
 
 from netsim.sim.env import Environment
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Marks:
@@ -67,6 +70,24 @@ class Marks:
         self.next_boundary = self.mark
 
 
+class Order(Sequence):
+    """A round's order as two arrays, the agents and when each called wake, read as (agent, time) pairs only where
+    a checkpoint asks: a million agents' pairs are ~120 MB of tuples, made every round for nothing."""
+
+    def __init__(self, who: np.ndarray, when: np.ndarray):
+        self.who, self.when = who, when
+
+    def __len__(self) -> int:
+        return len(self.who)
+
+    def __getitem__(self, n):
+        return list(zip(self.who[n].tolist(), self.when[n].tolist())) if isinstance(n, slice) else \
+            (int(self.who[n]), float(self.when[n]))
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        return zip(self.who.tolist(), self.when.tolist())
+
+
 @attrs.define
 class Between:
     """Where a windowed driver (netsim/rounds/) stands between two rounds, besides the world and the recorder:
@@ -77,7 +98,7 @@ class Between:
     ``end`` the time of the last event, ``order`` empty, ``held`` the driver's whole state (its event queue)."""
 
     k: int
-    order: list
+    order: Sequence  # of (agent, time): a list, or an ``Order``
     end: float
     held: dict = attrs.Factory(dict)
     windows: bool = False
@@ -85,17 +106,21 @@ class Between:
 
 class Programs:
     """The agents' programs: made when the run is prepared (``made``: a program function may check before it
-    returns its generator), started with the run; then each running (agent, process), its program and
-    ``Agent.spawn``'s (their locals go into checkpoints). A windowed driver plays the rounds instead of them:
-    ``between`` is where it stands after its last round (what its checkpoints keep)."""
+    returns its generator) or, where making one checks nothing, at start (``make``); started with the run; then
+    each running (agent, process), its program and ``Agent.spawn``'s (their locals go into checkpoints). A windowed
+    driver plays the rounds instead of them: ``between`` is where it stands after its last round (what its
+    checkpoints keep)."""
 
     def __init__(self, n: int):
         self.made: list = []
+        self.make: Callable[[], list] | None = None  # or the programs, to be made at start
         self.running: list[tuple[int, simpy.Process]] = []
         self.limit = 4 * n + 64
         self.between: Between | None = None  # a windowed driver's state after its last round, when one plays instead
 
     def start(self, env: Environment, agents: list) -> None:
+        if self.make is not None:
+            self.made, self.make = self.make(), None
         for a, prog in zip(agents, self.made, strict=True):
             self.running.append((a.id, env.process(prog)))
         self.made = []
