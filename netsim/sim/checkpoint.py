@@ -136,13 +136,9 @@ def _plain_vars(obj: Any) -> dict[str, Any]:
 def _streams(streams, arrays: Arrays) -> list[str]:
     """Every stream's PCG64 state as rows of 6 uint64 (state and increment as 128-bit halves, the
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
-    keys, rows = [], []
-    mask = (1 << 64) - 1
-    for k, (s, inc, has, u) in streams.states():
-        keys.append(",".join(map(str, k)))
-        rows.append((s >> 64, s & mask, inc >> 64, inc & mask, has, u))
-    arrays["streams"] = np.array(rows, dtype=np.uint64).reshape(-1, 6)
-    return keys
+    keys, arrays["streams"] = streams.rows()
+    formats: dict[int, str] = {}
+    return [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
 
 
 def capture(sim, normalise: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -25,6 +25,7 @@ import gc
 import math
 from array import array
 from collections import Counter
+from itertools import groupby, islice
 from typing import Any
 
 import numpy as np
@@ -236,9 +237,7 @@ def _restore(sim, ckpt) -> None:
     kernel = sim.program
     kernel.load_state(kernel.state_of(loop.agents[0], sim.params), w["kernel"])
     # every stream's position last: the draws above were taken from their streams
-    keys = [tuple(int(x) for x in k.split(",")) for k in st["rng"]]
-    rows = arrays["streams"].tolist()
-    world.streams.restore(keys, [((r[0] << 64) | r[1], (r[2] << 64) | r[3], r[4], r[5]) for r in rows])
+    world.streams.restore(_keys(st["rng"]), arrays["streams"])
     g = world.gradients
     g.calls, g.evaluated = st["gradients"]["calls"], st["gradients"]["evaluated"]
     if st["comm"] is not None:
@@ -266,6 +265,18 @@ def _restore(sim, ckpt) -> None:
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
     loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held, windows=win is not None)
+
+
+def _keys(names: list[str]) -> list[tuple[int, ...]]:
+    """The streams' spawn keys from their names ("purpose,key...", sim/checkpoint.py), parsed all at once: each
+    run of names with as many numbers is one zip over the numbers (ValueError where a name is not integers)."""
+    if not names:
+        return []
+    numbers = iter(list(map(int, ",".join(names).split(","))))
+    keys: list[tuple[int, ...]] = []
+    for length, run in groupby(k.count(",") + 1 for k in names):
+        keys += islice(zip(*[numbers] * length), sum(1 for _ in run))
+    return keys
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:

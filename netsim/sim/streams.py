@@ -85,7 +85,7 @@ FIRST_BLOCK = 32  # a stream's first block (``Draws``)
 
 # numpy's SeedSequence constants (numpy/random/bit_generator.pyx): ``seed_states`` computes its words for many keys
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R, _U32 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF
+_MIX_L, _MIX_R, _U32, _U64 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF, (1 << 64) - 1
 
 
 def seed_states(seed: int, keys: np.ndarray) -> np.ndarray:
@@ -152,7 +152,9 @@ class Streams:
         self.seed = int(seed)
         self._cache: dict[tuple[int, ...], np.random.Generator] = {}
         self._ahead: dict[tuple[int, ...], np.ndarray] = {}  # spawn key -> its seed state, computed in bulk
-        self._pending: dict[tuple[int, ...], tuple] = {}  # a restored stream not made yet -> its state (``restore``)
+        # a restored stream not made yet -> its row of ``_rows`` (``restore``: the checkpoint's rows, kept as they are)
+        self._pending: dict[tuple[int, ...], int] = {}
+        self._rows = np.zeros((0, 6), np.uint64)
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -163,9 +165,9 @@ class Streams:
                                                     else _SeedState(words)))
             self._cache[k] = g
             if self._pending:
-                state = self._pending.pop(k, None)
-                if state is not None:
-                    _put(g, state)
+                i = self._pending.pop(k, None)
+                if i is not None:
+                    _put(g, _state(self._rows[i].tolist()))
         return g
 
     def seed_ahead(self, purposes: tuple[str, ...], keys: np.ndarray) -> None:
@@ -187,26 +189,43 @@ class Streams:
         """The stream's seed sequence itself (uncached): for code that builds its own generator."""
         return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
 
-    def states(self) -> list[tuple[tuple[int, ...], tuple[int, int, int, int]]]:
-        """Every stream so far as (spawn key, (state, inc, has_uint32, uinteger)), sorted by key (what a checkpoint
-        saves): those made, and those a restore has not made yet."""
-        made = []
+    def rows(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """Every stream so far, sorted by spawn key: the keys, and their states as rows of 6 uint64 (state and
+        increment as 128-bit halves, has_uint32, uinteger: what a checkpoint saves); those made, and those a
+        restore has not made yet (their rows as the checkpoint gave them)."""
+        keys, made = [], []
         for k, g in self._cache.items():
             st = g.bit_generator.state
-            made.append((k, (st["state"]["state"], st["state"]["inc"], st["has_uint32"], st["uinteger"])))
-        return sorted([*made, *self._pending.items()])
+            s, inc = st["state"]["state"], st["state"]["inc"]
+            keys.append(k)
+            made.append((s >> 64, s & _U64, inc >> 64, inc & _U64, st["has_uint32"], st["uinteger"]))
+        pending = self._pending
+        keys += pending
+        rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6),
+                               self._rows[np.fromiter(pending.values(), np.intp, len(pending))]])
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        return [keys[i] for i in order], rows[order]
 
-    def restore(self, keys: list[tuple[int, ...]], states: list[tuple[int, int, int, int]]) -> None:
-        """Put every stream of ``keys`` (spawn keys) at its (state, inc, has_uint32, uinteger): a stream made
+    def restore(self, keys: list[tuple[int, ...]], rows: np.ndarray) -> None:
+        """Put every stream of ``keys`` (spawn keys) at its row of ``rows`` (``rows``' format): a stream made
         already in place (whoever holds its generator keeps it), any other when it is first asked for (a restored
         run makes a link's streams when the link is next used, as the run made them)."""
+        if not (isinstance(rows, np.ndarray) and rows.dtype == np.uint64 and rows.ndim == 2 and rows.shape[1] == 6):
+            raise ValueError("the streams' states are not rows of 6 uint64")
+        if len(keys) != len(rows):
+            raise ValueError(f"{len(keys)} stream keys for {len(rows)} states")
         cache, pending = self._cache, self._pending
-        for k, state in zip(keys, states, strict=True):
+        if pending:  # (restored twice: the rows not made yet are kept with the new ones)
+            self._rows = np.concatenate([self._rows, rows])
+            base = len(self._rows) - len(rows)
+        else:
+            self._rows, base = rows, 0
+        for i, k in enumerate(keys, base):
             g = cache.get(k)
             if g is None:
-                pending[k] = state
+                pending[k] = i
             else:
-                _put(g, state)
+                _put(g, _state(self._rows[i].tolist()))
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
@@ -368,6 +387,11 @@ def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
                 and np.array_equal(b.uniform(low, high, FIRST_BLOCK), low + (high - low) * u)):
             return False
     return True
+
+
+def _state(row: list[int]) -> tuple[int, int, int, int]:
+    """A row of ``Streams.rows`` as (state, inc, has_uint32, uinteger)."""
+    return (row[0] << 64) | row[1], (row[2] << 64) | row[3], row[4], row[5]
 
 
 def _put(g: np.random.Generator, state: tuple[int, int, int, int]) -> None:
