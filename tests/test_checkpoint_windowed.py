@@ -327,3 +327,35 @@ def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
     same_outputs(out, ref.out)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, finals, nth):
+    """Batches of 8 are drawn 32 at a time (``DrawsAhead``): at round 16 each agent's block is half handed out and
+    is drawn again from where it started; at round 32 it is handed out in full and is not drawn again (the next
+    batch comes from a new block, drawn where the stream stands). Either way the resumed run is the uninterrupted
+    run, byte for byte."""
+    from netsim.sim.streams import DrawsAhead
+
+    sc = scenario(n=30, rounds=40, every=16)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, nth)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert {tuple(a[0][3:]) for a in ck.meta["state"]["windowed"]["agents"]} == {(16 * nth, 8)}
+    drawn = []
+    real = DrawsAhead.__init__
+
+    def counting(self, *args):
+        drawn.append(self)
+        real(self, *args)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(DrawsAhead, "__init__", counting)
+        m.setattr(api.RunFolder, "run", lambda self, sim, interruptible: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            api.resume(out, interruptible=False)
+    assert len(drawn) == (30 if nth == 1 else 0)  # the restore's own draws (the run stopped before its first round)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out)
+    assert torch.equal(finals[-1], finals[0])

@@ -413,6 +413,9 @@ def set_state(rng: np.random.Generator, pos) -> None:
     rng.bit_generator.state = st
 
 
+_SPENT = np.zeros((), np.int64)  # a block handed out in full, never read again (``DrawsAhead.restored``)
+
+
 class DrawsAhead:
     """Mini-batch draws ``integers(0, n, batch)`` taken from a stream several at a time.
 
@@ -429,6 +432,26 @@ class DrawsAhead:
         self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
         self.block = rng.integers(0, n, (max(1, 256 // batch), batch))
+
+    @classmethod
+    def restored(cls, rng: np.random.Generator, n: int, saved: list) -> DrawsAhead:
+        """Where a checkpoint saved it (``saved``: the stream's state before the block, has_uint32, uinteger, the
+        rows handed out, batch): the block drawn again from there. A block handed out in full is not drawn: it is
+        never read again (the next ``take`` draws the next block from where the stream then stands) and it leaves
+        the stream where the checkpoint puts it anyway."""
+        state, has, u, used, batch = saved
+        if n < 1:
+            raise ValueError("mini-batches drawn ahead from no rows")
+        rows = max(1, 256 // batch)
+        if used < rows:
+            set_state(rng, (state, has, u))
+            ahead = cls(rng, n, batch)
+        else:
+            ahead = cls.__new__(cls)
+            ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
+            ahead.block = np.broadcast_to(_SPENT, (rows, batch))  # (its length: the rows handed out; read-only)
+        ahead.pos = used
+        return ahead
 
     @classmethod
     def start(cls, rng: np.random.Generator, n: int, batch: int, old: DrawsAhead | None) -> DrawsAhead | None:
