@@ -154,9 +154,8 @@ def _plain_vars(obj: Any) -> dict[str, Any]:
 def _streams(streams, arrays: Arrays) -> list[str]:
     """Every stream's PCG64 state as rows of 6 uint64 (state and increment as 128-bit halves, the
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
-    keys, arrays["streams"] = streams.rows()
-    formats: dict[int, str] = {}
-    return [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
+    names, arrays["streams"] = streams.rows()
+    return names
 
 
 def capture(sim, normalise: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

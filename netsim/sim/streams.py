@@ -14,9 +14,11 @@ share a code, nor one name two codes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from array import array
 from collections.abc import Callable
+from itertools import groupby, islice, repeat
 
 import numpy as np
 
@@ -154,7 +156,7 @@ class Streams:
         self._ahead: dict[tuple[int, ...], np.ndarray] = {}  # spawn key -> its seed state, computed in bulk
         # a restored stream not made yet -> its row of ``_rows`` (``restore``: the checkpoint's rows, kept as they are)
         self._pending: dict[tuple[int, ...], int] = {}
-        self._rows = np.zeros((0, 6), np.uint64)
+        self._rows, self._names = np.zeros((0, 6), np.uint64), []
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -189,43 +191,44 @@ class Streams:
         """The stream's seed sequence itself (uncached): for code that builds its own generator."""
         return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
 
-    def rows(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
-        """Every stream so far, sorted by spawn key: the keys, and their states as rows of 6 uint64 (state and
-        increment as 128-bit halves, has_uint32, uinteger: what a checkpoint saves); those made, and those a
-        restore has not made yet (their rows as the checkpoint gave them)."""
+    def rows(self) -> tuple[list[str], np.ndarray]:
+        """Every stream so far, sorted by spawn key: their names ("code,key...") and their states as rows of 6
+        uint64 (state and increment as 128-bit halves, has_uint32, uinteger): what a checkpoint saves. Those made,
+        and those a restore has not made yet (their names and rows as the checkpoint gave them)."""
         keys, made = [], []
         for k, g in self._cache.items():
             st = g.bit_generator.state
             s, inc = st["state"]["state"], st["state"]["inc"]
             keys.append(k)
             made.append((s >> 64, s & _U64, inc >> 64, inc & _U64, st["has_uint32"], st["uinteger"]))
+        formats: dict[int, str] = {}
+        names = [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
         pending = self._pending
+        at = np.fromiter(pending.values(), np.intp, len(pending))
         keys += pending
-        rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6),
-                               self._rows[np.fromiter(pending.values(), np.intp, len(pending))]])
+        names += map(self._names.__getitem__, at.tolist())
+        rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6), self._rows[at]])
         order = sorted(range(len(keys)), key=keys.__getitem__)
-        return [keys[i] for i in order], rows[order]
+        return [names[i] for i in order], rows[order]
 
-    def restore(self, keys: list[tuple[int, ...]], rows: np.ndarray) -> None:
-        """Put every stream of ``keys`` (spawn keys) at its row of ``rows`` (``rows``' format): a stream made
-        already in place (whoever holds its generator keeps it), any other when it is first asked for (a restored
-        run makes a link's streams when the link is next used, as the run made them)."""
+    def restore(self, names: list[str], rows: np.ndarray) -> None:
+        """Put every stream of ``names`` (``rows``' format) at its row of ``rows``: a stream made already in place
+        (whoever holds its generator keeps it), any other when it is first asked for (a restored run makes a
+        link's streams when the link is next used, as the run made them). ValueError: not such names and rows."""
         if not (isinstance(rows, np.ndarray) and rows.dtype == np.uint64 and rows.ndim == 2 and rows.shape[1] == 6):
             raise ValueError("the streams' states are not rows of 6 uint64")
-        if len(keys) != len(rows):
-            raise ValueError(f"{len(keys)} stream keys for {len(rows)} states")
+        if len(names) != len(rows):
+            raise ValueError(f"{len(names)} streams' names for {len(rows)} states")
+        keys = _keys(names)
         cache, pending = self._cache, self._pending
         if pending:  # (restored twice: the rows not made yet are kept with the new ones)
-            self._rows = np.concatenate([self._rows, rows])
+            self._rows, self._names = np.concatenate([self._rows, rows]), [*self._names, *names]
             base = len(self._rows) - len(rows)
         else:
-            self._rows, base = rows, 0
-        for i, k in enumerate(keys, base):
-            g = cache.get(k)
-            if g is None:
-                pending[k] = i
-            else:
-                _put(g, _state(self._rows[i].tolist()))
+            self._rows, self._names, base = rows, list(names), 0
+        pending.update(zip(keys, range(base, base + len(keys))))
+        for k in cache.keys() & pending.keys():
+            _put(cache[k], _state(self._rows[pending.pop(k)].tolist()))
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
@@ -389,6 +392,23 @@ def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
     return True
 
 
+def _keys(names: list[str]) -> list[tuple[int, ...]]:
+    """Streams' spawn keys from their names ("code,key...": ``Streams.rows``), parsed all at once: each run of
+    names with as many numbers is one zip over the numbers (ValueError where a name is not integers as ``rows``
+    writes them)."""
+    if not names:
+        return []
+    text = ",".join(names)
+    numbers = list(map(int, text.split(",")))
+    if ",".join(map(str, numbers)) != text:  # (" 3", "03": what ``rows`` never writes)
+        raise ValueError("a stream's name is not its spawn key's integers")
+    numbers = iter(numbers)
+    keys: list[tuple[int, ...]] = []
+    for commas, run in groupby(map(str.count, names, repeat(","))):
+        keys += islice(zip(*[numbers] * (commas + 1)), len(list(run)))
+    return keys
+
+
 def _state(row: list[int]) -> tuple[int, int, int, int]:
     """A row of ``Streams.rows`` as (state, inc, has_uint32, uinteger)."""
     return (row[0] << 64) | row[1], (row[2] << 64) | row[3], row[4], row[5]
@@ -413,7 +433,10 @@ def set_state(rng: np.random.Generator, pos) -> None:
     rng.bit_generator.state = st
 
 
-_SPENT = np.zeros((), np.int64)  # a block handed out in full, never read again (``DrawsAhead.restored``)
+@functools.cache
+def _spent(rows: int, batch: int) -> np.ndarray:
+    """A block handed out in full, never read again (``DrawsAhead.restored``): one read-only array of each shape."""
+    return np.broadcast_to(np.zeros((), np.int64), (rows, batch))
 
 
 class DrawsAhead:
@@ -449,7 +472,7 @@ class DrawsAhead:
         else:
             ahead = cls.__new__(cls)
             ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
-            ahead.block = np.broadcast_to(_SPENT, (rows, batch))  # (its length: the rows handed out; read-only)
+            ahead.block = _spent(rows, batch)  # (its length: the rows handed out)
         ahead.pos = used
         return ahead
 
