@@ -213,17 +213,26 @@ def test_an_interrupted_windowed_run_stops_between_rounds_and_resumes(tmp_path, 
     assert torch.equal(finals[-1], finals[0])
 
 
-def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch):
-    """The restored run is captured again and compared with the checkpoint: a piece left out (here the streams'
-    states, the links' among them) is refused in one line naming it, exit 2, with the killed run's files
-    untouched."""
+@pytest.mark.parametrize(("missed", "at"), [("streams", "state.rng"), ("batches", "state.windowed.agents[0][0]"),
+                                           ("links", "state.network.links")])
+def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch, missed, at):
+    """The restored run is captured again and compared with the checkpoint: a piece left out (the streams' states,
+    the links' among them; where each agent's mini-batches drawn ahead stand; the links not made yet) is refused in
+    one line naming it, exit 2, with the killed run's files untouched."""
+    from netsim.sim.agent import Agent
+    from netsim.sim.network import Network
     from netsim.sim.streams import Streams
 
     out = killed_at(tmp_path, scenario(n=30, rounds=20, every=5), 2)
     before = hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest()
-    monkeypatch.setattr(Streams, "restore", lambda self, keys, states: None)
+    if missed == "streams":
+        monkeypatch.setattr(Streams, "restore", lambda self, names, rows: None)
+    elif missed == "batches":
+        monkeypatch.setattr(Agent, "resume_draws", lambda self, ahead, compute: None)
+    else:  # (the restore's assignment of the links it makes when next used, dropped)
+        monkeypatch.setattr(Network, "restored", property(lambda self: {}, lambda self, value: None), raising=False)
     r = CliRunner().invoke(app, ["resume", str(out)])
-    assert r.exit_code == 2 and "restored run differs from this checkpoint at state.rng" in r.output, r.output
+    assert r.exit_code == 2 and f"restored run differs from this checkpoint at {at}" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest() == before
     assert not api.is_complete(out)
