@@ -213,17 +213,26 @@ def test_an_interrupted_windowed_run_stops_between_rounds_and_resumes(tmp_path, 
     assert torch.equal(finals[-1], finals[0])
 
 
-def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch):
-    """The restored run is captured again and compared with the checkpoint: a piece left out (here the streams'
-    states, the links' among them) is refused in one line naming it, exit 2, with the killed run's files
-    untouched."""
+@pytest.mark.parametrize(("missed", "at"), [("streams", "state.rng"), ("batches", "state.windowed.agents[0][0]"),
+                                           ("links", "state.network.links")])
+def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch, missed, at):
+    """The restored run is captured again and compared with the checkpoint: a piece left out (the streams' states,
+    the links' among them; where each agent's mini-batches drawn ahead stand; the links not made yet) is refused in
+    one line naming it, exit 2, with the killed run's files untouched."""
+    from netsim.sim.agent import Agent
+    from netsim.sim.network import Network
     from netsim.sim.streams import Streams
 
     out = killed_at(tmp_path, scenario(n=30, rounds=20, every=5), 2)
     before = hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest()
-    monkeypatch.setattr(Streams, "restore", lambda self, keys, states: None)
+    if missed == "streams":
+        monkeypatch.setattr(Streams, "restore", lambda self, names, rows: None)
+    elif missed == "batches":
+        monkeypatch.setattr(Agent, "resume_draws", lambda self, ahead, compute: None)
+    else:  # (the restore's assignment of the links it makes when next used, dropped)
+        monkeypatch.setattr(Network, "restored", property(lambda self: {}, lambda self, value: None), raising=False)
     r = CliRunner().invoke(app, ["resume", str(out)])
-    assert r.exit_code == 2 and "restored run differs from this checkpoint at state.rng" in r.output, r.output
+    assert r.exit_code == 2 and f"restored run differs from this checkpoint at {at}" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert hashlib.sha256((out / TRACE_FILE).read_bytes()).hexdigest() == before
     assert not api.is_complete(out)
@@ -327,3 +336,35 @@ def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
     same_outputs(out, ref.out)
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, finals, nth):
+    """Batches of 8 are drawn 32 at a time (``DrawsAhead``): at round 16 each agent's block is half handed out and
+    is drawn again from where it started; at round 32 it is handed out in full and is not drawn again (the next
+    batch comes from a new block, drawn where the stream stands). Either way the resumed run is the uninterrupted
+    run, byte for byte."""
+    from netsim.sim.streams import DrawsAhead
+
+    sc = scenario(n=30, rounds=40, every=16)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, nth)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert {tuple(a[0][3:]) for a in ck.meta["state"]["windowed"]["agents"]} == {(16 * nth, 8)}
+    drawn = []
+    real = DrawsAhead.__init__
+
+    def counting(self, *args):
+        drawn.append(self)
+        real(self, *args)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(DrawsAhead, "__init__", counting)
+        m.setattr(api.RunFolder, "run", lambda self, sim, interruptible: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            api.resume(out, interruptible=False)
+    assert len(drawn) == (30 if nth == 1 else 0)  # the restore's own draws (the run stopped before its first round)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out)
+    assert torch.equal(finals[-1], finals[0])

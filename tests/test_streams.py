@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from netsim.sim.streams import Streams, seed_states
+from netsim.sim.streams import Streams, purpose_code, seed_states
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 2**31, 2**32 - 1, 2**32, 2**40 + 3, 2**63 - 1])
@@ -157,3 +157,33 @@ def test_lookahead_windows_take_their_links_first_draws_from_blocks_drawn_togeth
     assert [link.latency() for _ in range(40)] == lat.uniform(0.01, 0.1, 40).tolist()
     assert key in net.streams._cache  # past it: the stream made
     assert [link.lost() for _ in range(40)] == loss.random(40).tolist()
+
+
+def test_streams_rows_restore_into_a_fresh_tree_and_read_back_the_same():
+    """``rows`` names every stream by its spawn key and gives numpy's own state (128-bit halves, the buffered 32-bit
+    draw); ``restore`` puts them back: a stream made already at once, any other when first asked for, and a tree
+    restored but not yet used gives the very rows and names back. Names not as ``rows`` writes them are refused."""
+    a = Streams(5)
+    for key in ((1,), (2, 10), (2, 9), (3, 0, 7)):
+        g = a.rng("latency", *key)
+        g.random(3 + key[0])
+        g.integers(0, 10, 3)  # (leaves a 32-bit half buffered)
+    a.rng("latency")
+    names, rows = a.rows()
+    code = purpose_code("latency")
+    assert names == [f"{code}", f"{code},1", f"{code},2,9", f"{code},2,10", f"{code},3,0,7"]  # by key, not by text
+    st = a.rng("latency", 2, 9).bit_generator.state
+    mask = (1 << 64) - 1
+    assert rows[2].tolist() == [st["state"]["state"] >> 64, st["state"]["state"] & mask, st["state"]["inc"] >> 64,
+                                st["state"]["inc"] & mask, st["has_uint32"], st["uinteger"]]
+    b = Streams(5)
+    made = b.rng("latency", 1)  # made before the restore: put in place
+    b.restore(names, rows)
+    assert made.bit_generator.state == a.rng("latency", 1).bit_generator.state
+    again, back = b.rows()
+    assert again == names and np.array_equal(back, rows)
+    for key in ((2, 10), (3, 0, 7)):  # the others made when asked for, standing where they stood
+        assert np.array_equal(b.rng("latency", *key).random(4), a.rng("latency", *key).random(4))
+    for bad in ([*names[:-1], names[-1] + ","], [*names[:-1], "0" + names[-1]], names[:-1]):
+        with pytest.raises(ValueError):
+            Streams(5).restore(bad, rows)

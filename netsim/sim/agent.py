@@ -28,7 +28,7 @@ from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Completion, Lookahead
-from netsim.sim.streams import DrawsAhead, set_state
+from netsim.sim.streams import DrawsAhead
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -347,9 +347,7 @@ class Agent:
         (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
         ``compute``: ``Draws.position``); None leaves that one as it is."""
         if ahead is not None:
-            set_state(self._batch_rng, ahead[:3])
-            self._ahead = DrawsAhead(self._batch_rng, len(self.rows), ahead[4])
-            self._ahead.pos = ahead[3]
+            self._ahead = DrawsAhead.restored(self._batch_rng, len(self.rows), ahead)
         if compute is not None:
             self._compute.resume(compute)
 

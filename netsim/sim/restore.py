@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import gc
 import math
+import operator
 from array import array
 from collections import Counter
+from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -114,23 +117,56 @@ def _id(v: Any) -> bool:
 _ROW = (_number, lambda v: type(v) is str, _id, _id, _id, _id, _number, _id, lambda v: type(v) is str)
 
 
+def _ints(col: Any, low: int = 0, high: float = math.inf) -> bool:
+    """``_int`` of every value of ``col`` (a sequence), at C speed."""
+    return not col or (set(map(type, col)) == {int} and low <= min(col) and max(col) < high)
+
+
+def _lists(col: Any, length: int) -> bool:
+    """Every value of ``col`` a list of ``length`` values."""
+    return not col or (set(map(type, col)) == {list} and set(map(len, col)) == {length})
+
+
+def _positions(col: list, used: int | list[int] = BLOCK) -> bool:
+    """``_position`` of every value of ``col`` (``used``: one bound for all, or each one's), column by column."""
+    given = [p for p in col if p is not None]
+    if not given:
+        return True
+    if not _lists(given, 4):
+        return False
+    state, has, u, k = zip(*given)
+    return (_ints(state, 0, 2**128) and all(map((0, 1).__contains__, has)) and _ints(u, 0, 2**32)
+            and (_ints(k, 0, used + 1) if isinstance(used, int) else _ints(k) and all(map(operator.le, k, used))))
+
+
 def _check(sim, st: dict, w: dict) -> None:
     """What a restore reads must be what a run between two rounds (or two lookahead windows) holds (a state.json
     whose checksums were fixed up after an edit is refused here, in one line, rather than crash the run);
-    ValueError names the key."""
+    ValueError names the key. Lists of an entry per agent or link are checked column by column."""
     loop = sim.loop
     n, agents = len(loop.agents), loop.agents
     k = w.get("round")
     changing = sim.world.network.dynamic is not None  # links of every epoch so far, not only the current graph's
+    links, each, plain = w.get("links"), w.get("agents"), st.get("agents")
+    ends = lambda rows, width: list(zip(*rows)) if rows else [()] * width  # noqa: E731  (columns of rows)
+    links_ok = each_ok = plain_ok = order_ok = False
+    if isinstance(links, list) and _lists(links, 4):
+        src, dst, lat, lost = ends(links, 4)
+        nbrs = [a.neighbors for a in agents]
+        links_ok = _ints(src, 0, n) and _ints(dst, 0, n) and (changing or all(
+            map(operator.contains, map(nbrs.__getitem__, src), dst))) and _positions(lat) and _positions(lost)
+    if isinstance(each, list) and len(each) == n and _lists(each, 2):
+        aheads, computes = ends(each, 2)
+        aheads = [x for x in aheads if x is not None]
+        batch = [x[4] for x in aheads] if _lists(aheads, 5) else None
+        each_ok = batch is not None and _ints(batch, 1, 2**31) and _positions(
+            [x[:4] for x in aheads], [max(1, 256 // b) for b in batch]) and _positions(computes)
+    if isinstance(plain, list) and len(plain) == n and set(map(type, plain)) == {dict}:
+        rounds, finished, schedules = ([a.get(key) for a in plain] for key in ("round", "finished", "schedule"))
+        plain_ok = set(map(type, schedules)) == {dict}
     checks = {
-        "links": isinstance(w.get("links"), list) and all(
-            isinstance(x, list) and len(x) == 4 and _int(x[0], 0, n) and _int(x[1], 0, n)
-            and (changing or x[1] in agents[x[0]].neighbors) and _position(x[2]) and _position(x[3])
-            for x in w["links"]),
-        "agents": isinstance(w.get("agents"), list) and len(w["agents"]) == n and all(
-            isinstance(x, list) and len(x) == 2 and _position(x[1]) and (x[0] is None or (
-                isinstance(x[0], list) and len(x[0]) == 5 and _int(x[0][4], 1, 2**31)
-                and _position(x[0][:4], max(1, 256 // x[0][4])))) for x in w["agents"]),
+        "links": links_ok,
+        "agents": each_ok,
         "pending": isinstance(w.get("pending"), list) and all(
             isinstance(r, list) and len(r) == len(_ROW) and all(f(v) for f, v in zip(_ROW, r, strict=True))
             for r in w["pending"]),
@@ -144,16 +180,16 @@ def _check(sim, st: dict, w: dict) -> None:
     }
     win = w.get("windows")
     if win is None:  # between two synchronous rounds: every agent woke k times, none finished
+        order = w.get("order")
+        if isinstance(order, list) and len(order) == n and _lists(order, 2):
+            ids, times = ends(order, 2)
+            order_ok = _ints(ids, 0, n) and all(map(_number, times)) and len(set(ids)) == n
         checks.update({
             "round": _int(k, 1, sim.world.scenario.run.rounds or math.inf) and st["step"] == k,
-            "order": isinstance(w.get("order"), list) and len(w["order"]) == n
-            and all(isinstance(o, list) and len(o) == 2 and _int(o[0], 0, n) and _number(o[1]) for o in w["order"])
-            and len({o[0] for o in w["order"]}) == n,
+            "order": order_ok,
             "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
             and all(type(m) in (int, float) for m in w["marks"][1:]),
-            "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
-            and all(isinstance(a, dict) and a.get("round") == k and a.get("finished") is False
-                    and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+            "state.agents": plain_ok and rounds.count(k) == n and all(f is False for f in finished),
             "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
         })
     else:  # between two lookahead windows: each agent on its own clock
@@ -162,13 +198,11 @@ def _check(sim, st: dict, w: dict) -> None:
             "order": w.get("order") == [],
             "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and _int(w["marks"][0])
             and all(type(m) in (int, float) for m in w["marks"][1:]),
-            "state.agents": isinstance(st.get("agents"), list) and len(st["agents"]) == n
-            and all(isinstance(a, dict) and _int(a.get("round")) and type(a.get("finished")) is bool
-                    and isinstance(a.get("schedule"), dict) for a in st["agents"]),
+            "state.agents": plain_ok and _ints(rounds) and set(map(type, finished)) == {bool},
             "state.finished": _int(st.get("finished"), 0, n) and st.get("stop_reason") == "",
             "windows": isinstance(win, dict) and isinstance(win.get("gaps"), list) and len(win["gaps"]) == n
-            and all(map(_position, win["gaps"])) and (win.get("jitter") is None or (
-                isinstance(win["jitter"], list) and len(win["jitter"]) == n and all(map(_position, win["jitter"])))),
+            and _positions(win["gaps"]) and (win.get("jitter") is None or (
+                isinstance(win["jitter"], list) and len(win["jitter"]) == n and _positions(win["jitter"]))),
         })
     bad = [key for key, ok in checks.items() if not ok]
     if bad:
@@ -176,9 +210,36 @@ def _check(sim, st: dict, w: dict) -> None:
                          f"{'rounds' if win is None else 'windows'}")
 
 
-def _assign(obj: Any, values: dict, where: str) -> None:
-    """``obj``'s attributes from a checkpoint's plain values: each one ``obj`` has, of the type it has."""
-    for k, v in values.items():
+# (class, names, names skipped) -> the names assigned, their getter, and whether the instance's dict can take them
+_PLANS: dict[tuple[type, tuple[str, ...], str], tuple[tuple[str, ...], Callable, bool]] = {}
+
+
+def _assign(obj: Any, values: dict, where: str, skip: str = "") -> None:
+    """``obj``'s attributes from a checkpoint's plain values (but ``skip``): each one ``obj`` has, of the type it
+    has. Where each is in ``obj``'s own dict, of its type, and no class attribute intercepts setting it (10,000
+    agents: one plan), the dict takes them all at once; otherwise each is set as checked, one by one."""
+    cls, names = type(obj), tuple(values)
+    plan = _PLANS.get((cls, names, skip))
+    if plan is None:
+        if len(_PLANS) > 1024:
+            _PLANS.clear()
+        keep = tuple(k for k in names if k != skip)
+        get = itemgetter(*keep) if len(keep) > 1 else (lambda d, k=keep[0]: (d[k],)) if keep else (lambda d: ())
+        direct = all(not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep)
+        plan = _PLANS[(cls, names, skip)] = (keep, get, direct)
+    keep, get, direct = plan
+    own = getattr(obj, "__dict__", None)
+    if direct and own is not None:
+        new = get(values)
+        try:
+            mine = get(own)
+        except KeyError:
+            mine = None
+        if mine is not None and tuple(map(type, mine)) == tuple(map(type, new)):
+            own.update(zip(keep, new))
+            return
+    for k in keep:
+        v = values[k]
         if not hasattr(obj, k) or type(getattr(obj, k)) is not type(v):
             raise ValueError(f"{where}.{k} is not a {type(getattr(obj, k, None)).__name__}")
         setattr(obj, k, v)
@@ -220,7 +281,7 @@ def _restore(sim, ckpt) -> None:
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
     net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
     for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
-        _assign(a, {k: v for k, v in plain.items() if k != "schedule"}, f"state.agents[{a.id}]")
+        _assign(a, plain, f"state.agents[{a.id}]", skip="schedule")
         _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
         a.resume_draws(ahead, compute)
     win = w.get("windows")
@@ -236,9 +297,7 @@ def _restore(sim, ckpt) -> None:
     kernel = sim.program
     kernel.load_state(kernel.state_of(loop.agents[0], sim.params), w["kernel"])
     # every stream's position last: the draws above were taken from their streams
-    keys = [tuple(int(x) for x in k.split(",")) for k in st["rng"]]
-    rows = arrays["streams"].tolist()
-    world.streams.restore(keys, [((r[0] << 64) | r[1], (r[2] << 64) | r[3], r[4], r[5]) for r in rows])
+    world.streams.restore(st["rng"], arrays["streams"])
     g = world.gradients
     g.calls, g.evaluated = st["gradients"]["calls"], st["gradients"]["evaluated"]
     if st["comm"] is not None:

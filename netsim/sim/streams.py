@@ -14,9 +14,11 @@ share a code, nor one name two codes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from array import array
 from collections.abc import Callable
+from itertools import groupby, islice, repeat
 
 import numpy as np
 
@@ -85,7 +87,7 @@ FIRST_BLOCK = 32  # a stream's first block (``Draws``)
 
 # numpy's SeedSequence constants (numpy/random/bit_generator.pyx): ``seed_states`` computes its words for many keys
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R, _U32 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF
+_MIX_L, _MIX_R, _U32, _U64 = 0xCA01F9DD, 0x4973F715, 0xFFFFFFFF, (1 << 64) - 1
 
 
 def seed_states(seed: int, keys: np.ndarray) -> np.ndarray:
@@ -152,7 +154,9 @@ class Streams:
         self.seed = int(seed)
         self._cache: dict[tuple[int, ...], np.random.Generator] = {}
         self._ahead: dict[tuple[int, ...], np.ndarray] = {}  # spawn key -> its seed state, computed in bulk
-        self._pending: dict[tuple[int, ...], tuple] = {}  # a restored stream not made yet -> its state (``restore``)
+        # a restored stream not made yet -> its row of ``_rows`` (``restore``: the checkpoint's rows, kept as they are)
+        self._pending: dict[tuple[int, ...], int] = {}
+        self._rows, self._names = np.zeros((0, 6), np.uint64), []
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -163,9 +167,9 @@ class Streams:
                                                     else _SeedState(words)))
             self._cache[k] = g
             if self._pending:
-                state = self._pending.pop(k, None)
-                if state is not None:
-                    _put(g, state)
+                i = self._pending.pop(k, None)
+                if i is not None:
+                    _put(g, _state(self._rows[i].tolist()))
         return g
 
     def seed_ahead(self, purposes: tuple[str, ...], keys: np.ndarray) -> None:
@@ -187,26 +191,44 @@ class Streams:
         """The stream's seed sequence itself (uncached): for code that builds its own generator."""
         return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
 
-    def states(self) -> list[tuple[tuple[int, ...], tuple[int, int, int, int]]]:
-        """Every stream so far as (spawn key, (state, inc, has_uint32, uinteger)), sorted by key (what a checkpoint
-        saves): those made, and those a restore has not made yet."""
-        made = []
+    def rows(self) -> tuple[list[str], np.ndarray]:
+        """Every stream so far, sorted by spawn key: their names ("code,key...") and their states as rows of 6
+        uint64 (state and increment as 128-bit halves, has_uint32, uinteger): what a checkpoint saves. Those made,
+        and those a restore has not made yet (their names and rows as the checkpoint gave them)."""
+        keys, made = [], []
         for k, g in self._cache.items():
             st = g.bit_generator.state
-            made.append((k, (st["state"]["state"], st["state"]["inc"], st["has_uint32"], st["uinteger"])))
-        return sorted([*made, *self._pending.items()])
+            s, inc = st["state"]["state"], st["state"]["inc"]
+            keys.append(k)
+            made.append((s >> 64, s & _U64, inc >> 64, inc & _U64, st["has_uint32"], st["uinteger"]))
+        formats: dict[int, str] = {}
+        names = [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
+        pending = self._pending
+        at = np.fromiter(pending.values(), np.intp, len(pending))
+        keys += pending
+        names += map(self._names.__getitem__, at.tolist())
+        rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6), self._rows[at]])
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        return [names[i] for i in order], rows[order]
 
-    def restore(self, keys: list[tuple[int, ...]], states: list[tuple[int, int, int, int]]) -> None:
-        """Put every stream of ``keys`` (spawn keys) at its (state, inc, has_uint32, uinteger): a stream made
-        already in place (whoever holds its generator keeps it), any other when it is first asked for (a restored
-        run makes a link's streams when the link is next used, as the run made them)."""
+    def restore(self, names: list[str], rows: np.ndarray) -> None:
+        """Put every stream of ``names`` (``rows``' format) at its row of ``rows``: a stream made already in place
+        (whoever holds its generator keeps it), any other when it is first asked for (a restored run makes a
+        link's streams when the link is next used, as the run made them). ValueError: not such names and rows."""
+        if not (isinstance(rows, np.ndarray) and rows.dtype == np.uint64 and rows.ndim == 2 and rows.shape[1] == 6):
+            raise ValueError("the streams' states are not rows of 6 uint64")
+        if len(names) != len(rows):
+            raise ValueError(f"{len(names)} streams' names for {len(rows)} states")
+        keys = _keys(names)
         cache, pending = self._cache, self._pending
-        for k, state in zip(keys, states, strict=True):
-            g = cache.get(k)
-            if g is None:
-                pending[k] = state
-            else:
-                _put(g, state)
+        if pending:  # (restored twice: the rows not made yet are kept with the new ones)
+            self._rows, self._names = np.concatenate([self._rows, rows]), [*self._names, *names]
+            base = len(self._rows) - len(rows)
+        else:
+            self._rows, self._names, base = rows, list(names), 0
+        pending.update(zip(keys, range(base, base + len(keys))))
+        for k in cache.keys() & pending.keys():
+            _put(cache[k], _state(self._rows[pending.pop(k)].tolist()))
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
@@ -370,6 +392,28 @@ def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
     return True
 
 
+def _keys(names: list[str]) -> list[tuple[int, ...]]:
+    """Streams' spawn keys from their names ("code,key...": ``Streams.rows``), parsed all at once: each run of
+    names with as many numbers is one zip over the numbers (ValueError where a name is not integers as ``rows``
+    writes them)."""
+    if not names:
+        return []
+    text = ",".join(names)
+    numbers = list(map(int, text.split(",")))
+    if ",".join(map(str, numbers)) != text:  # (" 3", "03": what ``rows`` never writes)
+        raise ValueError("a stream's name is not its spawn key's integers")
+    numbers = iter(numbers)
+    keys: list[tuple[int, ...]] = []
+    for commas, run in groupby(map(str.count, names, repeat(","))):
+        keys += islice(zip(*[numbers] * (commas + 1)), len(list(run)))
+    return keys
+
+
+def _state(row: list[int]) -> tuple[int, int, int, int]:
+    """A row of ``Streams.rows`` as (state, inc, has_uint32, uinteger)."""
+    return (row[0] << 64) | row[1], (row[2] << 64) | row[3], row[4], row[5]
+
+
 def _put(g: np.random.Generator, state: tuple[int, int, int, int]) -> None:
     s, inc, has, u = state
     g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
@@ -389,6 +433,12 @@ def set_state(rng: np.random.Generator, pos) -> None:
     rng.bit_generator.state = st
 
 
+@functools.cache
+def _spent(rows: int, batch: int) -> np.ndarray:
+    """A block handed out in full, never read again (``DrawsAhead.restored``): one read-only array of each shape."""
+    return np.broadcast_to(np.zeros((), np.int64), (rows, batch))
+
+
 class DrawsAhead:
     """Mini-batch draws ``integers(0, n, batch)`` taken from a stream several at a time.
 
@@ -405,6 +455,26 @@ class DrawsAhead:
         self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
         self.block = rng.integers(0, n, (max(1, 256 // batch), batch))
+
+    @classmethod
+    def restored(cls, rng: np.random.Generator, n: int, saved: list) -> DrawsAhead:
+        """Where a checkpoint saved it (``saved``: the stream's state before the block, has_uint32, uinteger, the
+        rows handed out, batch): the block drawn again from there. A block handed out in full is not drawn: it is
+        never read again (the next ``take`` draws the next block from where the stream then stands) and it leaves
+        the stream where the checkpoint puts it anyway."""
+        state, has, u, used, batch = saved
+        if n < 1:
+            raise ValueError("mini-batches drawn ahead from no rows")
+        rows = max(1, 256 // batch)
+        if used < rows:
+            set_state(rng, (state, has, u))
+            ahead = cls(rng, n, batch)
+        else:
+            ahead = cls.__new__(cls)
+            ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
+            ahead.block = _spent(rows, batch)  # (its length: the rows handed out)
+        ahead.pos = used
+        return ahead
 
     @classmethod
     def start(cls, rng: np.random.Generator, n: int, batch: int, old: DrawsAhead | None) -> DrawsAhead | None:
