@@ -227,7 +227,7 @@ class Streams:
         else:
             self._rows, self._names, base = rows, list(names), 0
         pending.update(zip(keys, range(base, base + len(keys))))
-        made = list(cache.keys() & pending.keys())
+        made = [k for k in pending if k in cache]  # (in the rows' order: the generators were made in it too)
         # (the rows as Python ints at once, each generator's state set as ``_put`` sets it)
         for g, (sh, sl, ih, il, has, u) in zip(map(cache.__getitem__, made),
                                                self._rows[[pending.pop(k) for k in made]].tolist()):
