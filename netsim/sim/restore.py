@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from netsim.sim.checkpoint import _getter
 from netsim.sim.loop import Between
 from netsim.sim.streams import BLOCK, Draws, DrawsAhead
 
@@ -263,25 +262,37 @@ def _assign(obj: Any, values: dict, where: str, skip: str = "") -> None:
         setattr(obj, k, v)
 
 
+def _same(new: list, mine: list, kind: type) -> bool:
+    """Whether two columns of one type hold the very values (floats bit for bit: -0.0 is not 0.0 here)."""
+    return array("d", new).tobytes() == array("d", mine).tobytes() if kind is float else new == mine
+
+
 def _assign_all(objs: list, values: list, where: str, skip: str = "") -> None:
     """``_assign`` of each of ``objs`` (one class) its dict of ``values`` (``where`` formatted with its index names
     it), column by column where every dict has the names of the first, each name's values are of one type in the
     checkpoint and the same one in the objects, and the class lets their dicts take them (a run's agents, their
-    schedules): one type check per name, not per object; otherwise object by object, as ``_assign`` checks."""
+    schedules): one type check per name, not per object, and a name written only where its values differ from the
+    objects' (most of an agent's stand as the fresh build made them); otherwise object by object, as ``_assign``."""
     if len(objs) > 1 and len(values) == len(objs) and set(map(type, values)) == {dict} \
             and len(set(map(type, objs))) == 1:
         cls, names = type(objs[0]), tuple(values[0])
         keep = tuple(k for k in names if k != skip)
-        get = _getter(keep)
         try:
             if keep and set(map(len, values)) == {len(names)} \
                     and all(not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep):
                 dicts = [o.__dict__ for o in objs]
-                new, mine = list(map(get, values)), list(map(get, dicts))  # KeyError: a name missing somewhere
-                ours = [set(map(type, col)) for col in zip(*new)]
-                if all(len(t) == 1 for t in ours) and ours == [set(map(type, col)) for col in zip(*mine)]:
-                    deque(map(dict.update, dicts, map(zip, repeat(keep), new)), maxlen=0)
-                    return
+                cols = []
+                for k in keep:  # every column checked before any is written
+                    get = itemgetter(k)
+                    new, mine = list(map(get, values)), list(map(get, dicts))  # KeyError: a name missing somewhere
+                    kinds = set(map(type, new))
+                    if len(kinds) != 1 or set(map(type, mine)) != kinds:
+                        raise KeyError(k)  # (object by object: the first that differs is named)
+                    cols.append((k, new, mine, kinds.pop()))
+                for k, new, mine, kind in cols:
+                    if not _same(new, mine, kind):
+                        deque(map(dict.__setitem__, dicts, repeat(k), new), maxlen=0)
+                return
         except (KeyError, AttributeError):
             pass
     for i, (obj, v) in enumerate(zip(objs, values, strict=True)):
