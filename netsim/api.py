@@ -291,7 +291,7 @@ def _rebuild(sc: Scenario, sc_path: Path, run_folder: RunFolder, writer, ck, pro
             restore.restore(sim, ck)
         except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
             raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
-        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False), restored=True)  # captured again
+        bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False, columns=True), restored=True)  # again
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
         if isinstance(head.get("windowed_refused"), str):  # started by --engine auto: why not the windows, as it said

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -214,11 +215,15 @@ def test_an_interrupted_windowed_run_stops_between_rounds_and_resumes(tmp_path, 
 
 
 @pytest.mark.parametrize(("missed", "at"), [("streams", "state.rng"), ("batches", "state.windowed.agents[0][0]"),
-                                           ("links", "state.network.links")])
+                                           ("links", "state.network.links"), ("agents", "state.agents[0].round"),
+                                           ("schedules", "state.agents[0].schedule.tick"),
+                                           ("one agent", "state.agents[7].round")])
 def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, monkeypatch, missed, at):
     """The restored run is captured again and compared with the checkpoint: a piece left out (the streams' states,
-    the links' among them; where each agent's mini-batches drawn ahead stand; the links not made yet) is refused in
-    one line naming it, exit 2, with the killed run's files untouched."""
+    the links' among them; where each agent's mini-batches drawn ahead stand; the links not made yet; the agents'
+    plain values or their schedules', all or one agent's, compared column by column) is refused in one line naming
+    it, exit 2, with the killed run's files untouched."""
+    from netsim.sim import restore
     from netsim.sim.agent import Agent
     from netsim.sim.network import Network
     from netsim.sim.streams import Streams
@@ -229,8 +234,19 @@ def test_a_restore_that_misses_state_is_refused_and_writes_nothing(tmp_path, mon
         monkeypatch.setattr(Streams, "restore", lambda self, names, rows: None)
     elif missed == "batches":
         monkeypatch.setattr(Agent, "resume_draws", lambda self, ahead, compute: None)
-    else:  # (the restore's assignment of the links it makes when next used, dropped)
+    elif missed == "links":  # (the restore's assignment of the links it makes when next used, dropped)
         monkeypatch.setattr(Network, "restored", property(lambda self: {}, lambda self, value: None), raising=False)
+    else:  # the agents' plain values (or their schedules') not put back, or one agent's round put back wrong
+        real = restore._assign_all
+
+        def assign_all(objs, values, where, skip=""):
+            if missed == ("schedules" if "schedule" in where else "agents"):
+                return
+            real(objs, values, where, skip)
+            if missed == "one agent" and skip:
+                objs[7].round -= 1
+
+        monkeypatch.setattr(restore, "_assign_all", assign_all)
     r = CliRunner().invoke(app, ["resume", str(out)])
     assert r.exit_code == 2 and f"restored run differs from this checkpoint at {at}" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
@@ -368,3 +384,87 @@ def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, fi
     assert res.summary["resumed_by"] == "restore"
     same_outputs(out, ref.out)
     assert torch.equal(finals[-1], finals[0])
+
+
+class _Plain:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+def _objects(n: int = 12) -> list[_Plain]:
+    """Objects like a run's agents: plain values of each kind, values of no plain type, and a schedule each."""
+    return [_Plain(id=i, round=3 + i % 2, w=0.5 * i, on=i % 3 == 0, name=f"a{i}", rows=[i], seen=None,
+                   schedule=_Plain(tick=i, period=0.1)) for i in range(n)]
+
+
+@pytest.mark.parametrize("change", ["value", "int for float", "bool for int", "float for int", "nested", "name more",
+                                    "name less", "entry less", "entry more"])
+def test_columns_make_the_plain_dicts_and_tell_every_difference(change):
+    """A restored run's capture holds the agents' plain values as columns (checkpoint.Columns): they make the very
+    dicts the checkpoint holds (values, key order), ``equals`` those, and not a list that differs in one value, in
+    one value's type only (== would take 1 for 1.0 or True), in a name, or in its length."""
+    import copy
+
+    from netsim.sim.checkpoint import Columns, _agents, _plain_vars
+
+    objs = _objects()
+    want = [{**_plain_vars(a), "schedule": _plain_vars(a.schedule)} for a in objs]
+    ours = _agents(objs, columns=True)
+    assert type(ours) is Columns and ours.dicts() == want and _agents(objs, columns=False) == want
+    assert [list(d) for d in ours.dicts()] == [list(d) for d in want] and list(want[0]) == [
+        "id", "name", "on", "round", "w", "schedule"]
+    assert ours.equals(copy.deepcopy(want))
+    ref = copy.deepcopy(want)
+    if change == "value":
+        ref[5]["round"] += 1
+    elif change == "int for float":
+        ref[4]["w"] = 2
+    elif change == "bool for int":
+        ref[1]["round"] = True  # == 1: a round of 1 would pass ==
+        objs[1].round = 1
+        ours = _agents(objs, columns=True)
+    elif change == "float for int":
+        ref[0]["id"] = 0.0
+    elif change == "nested":
+        ref[11]["schedule"]["tick"] = -1
+    elif change == "name more":
+        ref[2]["extra"] = 1
+    elif change == "name less":
+        del ref[9]["on"]
+    elif change == "entry less":
+        ref.pop()
+    else:
+        ref.append(copy.deepcopy(ref[0]))
+    assert not ours.equals(ref)
+
+
+def test_columns_where_a_name_is_plain_in_some_objects_only_fall_back_to_dicts():
+    """A value of no plain type in one object where the others hold numbers (None for an int): each object's dict,
+    as ``_plain_vars`` makes it."""
+    from netsim.sim.checkpoint import _agents, _plain_vars
+
+    objs = _objects()
+    objs[3].round = None
+    assert _agents(objs, columns=True) == [{**_plain_vars(a), "schedule": _plain_vars(a.schedule)} for a in objs]
+
+
+def test_plain_values_put_back_column_by_column_or_refused_naming_the_object():
+    """``_assign_all`` puts a checkpoint's plain values into many objects at once, and refuses a value of another
+    type than the object's, or a name the object has not, naming that object's entry (as one by one)."""
+    from netsim.sim.checkpoint import _plain_vars
+    from netsim.sim.restore import _assign_all
+
+    objs, saved = _objects(), _objects()
+    for s in saved:
+        s.round += 10
+    values = [_plain_vars(s) for s in saved]
+    _assign_all(objs, values, "state.agents[{}]")
+    assert [_plain_vars(a) for a in objs] == values
+    for bad, message in ((2.5, "state.agents[6].round is not a int"), (None, "state.agents[6].round is not a int")):
+        values[6]["round"] = bad
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _assign_all(_objects(), values, "state.agents[{}]")
+    values[6]["round"] = 1
+    values[6]["nope"] = 1
+    with pytest.raises(ValueError, match=re.escape("state.agents[6].nope is not a NoneType")):
+        _assign_all(_objects(), values, "state.agents[{}]")

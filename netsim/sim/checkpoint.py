@@ -39,6 +39,7 @@ import shutil
 import time
 import zipfile
 from collections.abc import Callable
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,83 @@ def _plain_vars(obj: Any) -> dict[str, Any]:
     return dict(zip(names, get(d)))
 
 
+def _getter(names: tuple[str, ...]) -> Callable:
+    """``itemgetter`` of ``names`` that always gives a tuple (one name too, or none)."""
+    return itemgetter(*names) if len(names) > 1 else (lambda x, k=names[0]: (x[k],)) if names else (lambda _: ())
+
+
+class Columns:
+    """Many objects' plain values (``_plain_vars`` of each, and ``nested`` ones under a key of each: an agent's
+    schedule) held as columns: what a restored run's capture compares with the checkpoint's list of dicts
+    (``equals``, ``mismatch``) without making a dict per object; ``dicts`` makes them."""
+
+    __slots__ = ("n", "names", "cols", "kinds", "nested")
+
+    def __init__(self, n: int, names: tuple[str, ...], cols: list, kinds: list, nested: dict[str, Columns]):
+        self.n, self.names, self.cols, self.kinds, self.nested = n, names, cols, kinds, nested
+
+    def dicts(self) -> list[dict[str, Any]]:
+        out = list(map(dict, map(zip, repeat(self.names), zip(*self.cols)))) if self.names else \
+            [{} for _ in range(self.n)]
+        for key, sub in self.nested.items():
+            for d, v in zip(out, sub.dicts(), strict=True):
+                d[key] = v
+        return out
+
+    def equals(self, ref: Any) -> bool:
+        """Whether ``ref`` is a list of these dicts: as many, each of these names (and nested keys) only, each name's
+        values equal to these and all of this column's one type. False where it is not, or cannot say so at once
+        (several types in a column): the caller then compares the dicts themselves."""
+        keys = (*self.names, *self.nested)
+        if not (isinstance(ref, list) and len(ref) == self.n and (not ref or (
+                set(map(type, ref)) == {dict} and set(map(len, ref)) == {len(keys)}))):
+            return False
+        if not ref or not keys:
+            return True
+        try:  # (a list per key, no tuple per object: nothing here for the cyclic GC to count)
+            theirs = [list(map(itemgetter(k), ref)) for k in keys]
+        except KeyError:
+            return False
+        for mine, kinds, col in zip(self.cols, self.kinds, theirs):
+            if len(kinds) != 1 or set(map(type, col)) != kinds or col != mine:
+                return False
+        return all(sub.equals(col) for sub, col in zip(self.nested.values(), theirs[len(self.names):]))
+
+
+def _columns(objs: list, nested: dict[str, Columns] | None = None) -> Columns | None:
+    """``_plain_vars`` of each of ``objs`` as ``Columns``, where they all have the names of the first and each
+    name's values are all of a plain type or all of none (a run's agents, their schedules): one type check per
+    name and kind, not per object; None otherwise."""
+    dicts = list(map(vars, objs))
+    names = tuple(dicts[0]) if dicts else ()
+    try:
+        if set(map(len, dicts)) != {len(names)}:
+            return None
+        rows = list(map(_getter(names), dicts))  # KeyError: a name the first has and another has not
+    except KeyError:
+        return None
+    plain = {}
+    for name, col in zip(names, zip(*rows)):
+        kinds = set(map(type, col))
+        if kinds.isdisjoint(_PLAIN):
+            continue
+        if not kinds.issubset(_PLAIN):  # plain in some objects, not in others
+            return None
+        plain[name] = (list(col), kinds)
+    keep = tuple(sorted(plain))
+    return Columns(len(dicts), keep, [plain[k][0] for k in keep], [plain[k][1] for k in keep], nested or {})
+
+
+def _agents(agents: list, columns: bool) -> list[dict[str, Any]] | Columns:
+    """The agents' plain values, each with its schedule's: as ``Columns`` where ``columns`` and they can be."""
+    schedules = [a.schedule for a in agents]
+    got = _columns(schedules) if len(agents) > 1 else None
+    got = _columns(agents, {"schedule": got}) if got is not None else None
+    if got is not None:
+        return got if columns else got.dicts()
+    return [{**_plain_vars(a), "schedule": _plain_vars(s)} for a, s in zip(agents, schedules, strict=True)]
+
+
 def _streams(streams, arrays: Arrays) -> list[str]:
     """Every stream's PCG64 state as rows of 6 uint64 (state and increment as 128-bit halves, the
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
@@ -158,20 +236,21 @@ def _streams(streams, arrays: Arrays) -> list[str]:
     return names
 
 
-def capture(sim, normalise: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def capture(sim, normalise: bool = True, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares (``normalise``:
-    as JSON reads it back, tuples as lists and keys as strings; a writer that dumps it as JSON needs not)."""
+    as JSON reads it back, tuples as lists and keys as strings; a writer that dumps it as JSON needs not;
+    ``columns``: the agents' plain values and their inboxes as ``Columns`` where they can be, for ``mismatch``)."""
     enabled = gc.isenabled()
     gc.disable()  # it allocates only acyclic data; collections would rescan the whole simulation (10k agents: 2x)
     try:
-        state, arrays = _capture(sim)
+        state, arrays = _capture(sim, columns and not normalise)
         return json.loads(json.dumps(state)) if normalise else state, arrays
     finally:
         if enabled:
             gc.enable()
 
 
-def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _capture(sim, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from netsim.sim.network import Message
     world, loop, rec = sim.world, sim.loop, sim.recorder
 
@@ -185,16 +264,25 @@ def _capture(sim) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         queue.append([t, prio, eid, type(ev).__name__,
                       _message(value, f"queue.{eid}", arrays) if isinstance(value, Message)
                       else value if type(value) in _PLAIN else None])
-    agents, inboxes, ledgers = [], [], {}
+    inboxes, ledgers = [], {}
+    agents = _agents(loop.agents, columns)
+    n = len(loop.agents)
+    if columns and n > 1 and not any(a.inbox.queues or a.inbox.waiters for a in loop.agents):
+        none = [{}] * n  # every inbox empty (between two rounds): compared as columns, not made per agent
+        inboxes = Columns(n, ("queued", "waiting"), [none, none], [{dict}, {dict}], {})
     for a in loop.agents:
-        agents.append({**_plain_vars(a), "schedule": _plain_vars(a.schedule)})
         box = a.inbox
-        inboxes.append({
-            "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]
-                       for tag, q in sorted(box.queues.items()) if q},
-            "waiting": {tag: [type(w).__name__, w.round, sorted(getattr(w, "got", {}))]
-                        for tag, w in sorted(box.waiters.items())},
-        })
+        if type(inboxes) is Columns:
+            pass
+        elif not box.queues and not box.waiters:  # (most agents between two rounds)
+            inboxes.append({"queued": {}, "waiting": {}})
+        else:
+            inboxes.append({
+                "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]
+                           for tag, q in sorted(box.queues.items()) if q},
+                "waiting": {tag: [type(w).__name__, w.round, sorted(getattr(w, "got", {}))]
+                            for tag, w in sorted(box.waiters.items())},
+            })
         led = a.existing_ledger
         if led is not None:
             log = led.releases  # a ReleaseLog: its typed columns, no record per release
@@ -455,6 +543,11 @@ def mismatch(ckpt: Checkpoint, state: dict[str, Any], arrays: dict[str, np.ndarr
     key order, when they hold the same values), and only a difference is looked for key by key. ``restored``: the
     state was put back from this very checkpoint (sim/restore.py, which checks each value's type as it puts it
     back), so equal values (``==``, one comparison in C) need no JSON text."""
+    lazy = [k for k, v in state.items() if type(v) is Columns]
+    if lazy:  # (capture's ``columns``) each the checkpoint's own where they are equal, else made to be compared
+        ref = ckpt.meta["state"]
+        same = all(state[k].equals(ref.get(k)) for k in lazy)
+        state = {**state, **{k: ref[k] if same else state[k].dicts() for k in lazy}}
     if not (restored and state == ckpt.meta["state"]) and json.dumps(state) != json.dumps(ckpt.meta["state"]):
         d = _diff(ckpt.meta["state"], json.loads(json.dumps(state)), "state")
         if d:  # None: the same values written otherwise (0.0 and -0.0); the arrays are still compared

@@ -25,8 +25,9 @@ import gc
 import math
 import operator
 from array import array
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -109,14 +110,6 @@ def _position(p: Any, used: int = BLOCK) -> bool:
                          and _int(p[2], 0, 2**32) and _int(p[3], 0, used + 1))
 
 
-# the trace's columns (trace/events.py COLUMNS): a number, a string or an int each
-def _id(v: Any) -> bool:
-    return _int(v, -1)  # -1: none (no peer, no message)
-
-
-_ROW = (_number, lambda v: type(v) is str, _id, _id, _id, _id, _number, _id, lambda v: type(v) is str)
-
-
 def _ints(col: Any, low: int = 0, high: float = math.inf) -> bool:
     """``_int`` of every value of ``col`` (a sequence), at C speed."""
     return not col or (set(map(type, col)) == {int} and low <= min(col) and max(col) < high)
@@ -134,9 +127,30 @@ def _positions(col: list, used: int | list[int] = BLOCK) -> bool:
         return True
     if not _lists(given, 4):
         return False
-    state, has, u, k = zip(*given)
+    return _position_columns(*zip(*given), used)
+
+
+def _position_columns(state: Any, has: Any, u: Any, k: Any, used: int | list[int]) -> bool:
+    """``_positions`` of positions given as their four columns."""
     return (_ints(state, 0, 2**128) and all(map((0, 1).__contains__, has)) and _ints(u, 0, 2**32)
             and (_ints(k, 0, used + 1) if isinstance(used, int) else _ints(k) and all(map(operator.le, k, used))))
+
+
+def _numbers(col: Any) -> bool:
+    """``_number`` of every value of ``col``, at C speed."""
+    return set(map(type, col)) <= {int, float} and all(map(math.isfinite, col))
+
+
+def _strs(col: Any) -> bool:
+    return set(map(type, col)) <= {str}
+
+
+def _ids(col: Any) -> bool:
+    return _ints(col, -1)  # -1: none (no peer, no message)
+
+
+# the trace's columns (trace/events.py COLUMNS): a number, a string or an int each, checked a column at a time
+_COLUMNS = (_numbers, _strs, _ids, _ids, _ids, _ids, _numbers, _ids, _strs)
 
 
 def _check(sim, st: dict, w: dict) -> None:
@@ -158,38 +172,41 @@ def _check(sim, st: dict, w: dict) -> None:
     if isinstance(each, list) and len(each) == n and _lists(each, 2):
         aheads, computes = ends(each, 2)
         aheads = [x for x in aheads if x is not None]
-        batch = [x[4] for x in aheads] if _lists(aheads, 5) else None
-        each_ok = batch is not None and _ints(batch, 1, 2**31) and _positions(
-            [x[:4] for x in aheads], [max(1, 256 // b) for b in batch]) and _positions(computes)
+        if _lists(aheads, 5):
+            state, has, u, taken, batch = ends(aheads, 5)
+            # a block's rows: one bound where every agent draws batches of one size
+            used = max(1, 256 // batch[0]) if len(set(batch)) == 1 and _ints(batch, 1, 2**31) else \
+                [max(1, 256 // b) for b in batch] if _ints(batch, 1, 2**31) else None
+            each_ok = used is not None and _position_columns(state, has, u, taken, used) and _positions(computes)
     if isinstance(plain, list) and len(plain) == n and set(map(type, plain)) == {dict}:
-        rounds, finished, schedules = ([a.get(key) for a in plain] for key in ("round", "finished", "schedule"))
+        rounds, finished, schedules = (list(map(dict.get, plain, repeat(key)))
+                                        for key in ("round", "finished", "schedule"))
         plain_ok = set(map(type, schedules)) == {dict}
     checks = {
         "links": links_ok,
         "agents": each_ok,
-        "pending": isinstance(w.get("pending"), list) and all(
-            isinstance(r, list) and len(r) == len(_ROW) and all(f(v) for f, v in zip(_ROW, r, strict=True))
-            for r in w["pending"]),
+        "pending": isinstance(w.get("pending"), list) and _lists(w["pending"], len(_COLUMNS)) and all(
+            f(col) for f, col in zip(_COLUMNS, ends(w["pending"], len(_COLUMNS)), strict=True)),
         "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
         "end": _number(w.get("end")),
         "state.gradients": isinstance(st.get("gradients"), dict)
         and all(_int(st["gradients"].get(c)) for c in ("calls", "evaluated")),
         "state.events": isinstance(st.get("events"), dict) and _int(st["events"].get("bytes_sent"))
         and isinstance(st["events"].get("kinds"), dict) and all(map(_int, st["events"]["kinds"].values())),
-        "state.rng": isinstance(st.get("rng"), list) and all(isinstance(x, str) for x in st["rng"]),
+        "state.rng": isinstance(st.get("rng"), list) and all(map(isinstance, st["rng"], repeat(str))),
     }
     win = w.get("windows")
     if win is None:  # between two synchronous rounds: every agent woke k times, none finished
         order = w.get("order")
         if isinstance(order, list) and len(order) == n and _lists(order, 2):
             ids, times = ends(order, 2)
-            order_ok = _ints(ids, 0, n) and all(map(_number, times)) and len(set(ids)) == n
+            order_ok = _ints(ids, 0, n) and _numbers(times) and len(set(ids)) == n
         checks.update({
             "round": _int(k, 1, sim.world.scenario.run.rounds or math.inf) and st["step"] == k,
             "order": order_ok,
             "marks": isinstance(w.get("marks"), list) and len(w["marks"]) == 3 and w["marks"][0] == n * k
             and all(type(m) in (int, float) for m in w["marks"][1:]),
-            "state.agents": plain_ok and rounds.count(k) == n and all(f is False for f in finished),
+            "state.agents": plain_ok and rounds.count(k) == n and all(map(operator.is_, finished, repeat(False))),
             "state.finished": st.get("finished") == 0 and st.get("stop_reason") == "",
         })
     else:  # between two lookahead windows: each agent on its own clock
@@ -245,6 +262,45 @@ def _assign(obj: Any, values: dict, where: str, skip: str = "") -> None:
         setattr(obj, k, v)
 
 
+def _same(new: list, mine: list, kind: type) -> bool:
+    """Whether two columns of one type hold the very values (floats bit for bit: -0.0 is not 0.0 here)."""
+    return array("d", new).tobytes() == array("d", mine).tobytes() if kind is float else new == mine
+
+
+def _assign_all(objs: list, values: list, where: str, skip: str = "") -> None:
+    """``_assign`` of each of ``objs`` (one class) its dict of ``values`` (``where`` formatted with its index names
+    it), column by column where every dict has the names of the first, each name's values are of one type in the
+    checkpoint and the same one in the objects, and the class lets their dicts take them (a run's agents, their
+    schedules): one type check per name, not per object, and a name written only where its values differ from the
+    objects' (most of an agent's stand as the fresh build made them); otherwise object by object, as ``_assign``."""
+    if len(objs) > 1 and len(values) == len(objs) and set(map(type, values)) == {dict} \
+            and len(set(map(type, objs))) == 1:
+        cls, names = type(objs[0]), tuple(values[0])
+        keep = tuple(k for k in names if k != skip)
+        try:
+            if keep and set(map(len, values)) == {len(names)} \
+                    and all(not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep):
+                dicts = [o.__dict__ for o in objs]
+                cols = []
+                for k in keep:  # every column checked before any is written
+                    get = itemgetter(k)
+                    new, mine = list(map(get, values)), list(map(get, dicts))  # KeyError: a name missing somewhere
+                    kinds = set(map(type, new))
+                    if len(kinds) != 1 or set(map(type, mine)) != kinds:
+                        raise KeyError(k)  # (object by object: the first that differs is named)
+                    cols.append((k, new, mine, kinds.pop()))
+                for k, new, mine, kind in cols:
+                    if not _same(new, mine, kind):
+                        deque(map(dict.__setitem__, dicts, repeat(k), new), maxlen=0)
+                return
+        except (KeyError, AttributeError):
+            pass
+    for i, (obj, v) in enumerate(zip(objs, values, strict=True)):
+        if not isinstance(v, dict):
+            raise ValueError(f"{where.format(i)} is not an object")
+        _assign(obj, v, where.format(i), skip)
+
+
 def restore(sim, ckpt) -> None:
     """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
     its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
@@ -280,9 +336,10 @@ def _restore(sim, ckpt) -> None:
     # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
     net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
-    for a, plain, (ahead, compute) in zip(loop.agents, st["agents"], w["agents"], strict=True):
-        _assign(a, plain, f"state.agents[{a.id}]", skip="schedule")
-        _assign(a.schedule, plain["schedule"], f"state.agents[{a.id}].schedule")
+    _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
+    _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
+                "state.agents[{}].schedule")
+    for a, (ahead, compute) in zip(loop.agents, w["agents"], strict=True):
         a.resume_draws(ahead, compute)
     win = w.get("windows")
     if win is not None:  # lookahead windows: where each agent's Poisson gaps and clock jitter stand

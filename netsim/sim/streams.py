@@ -227,8 +227,12 @@ class Streams:
         else:
             self._rows, self._names, base = rows, list(names), 0
         pending.update(zip(keys, range(base, base + len(keys))))
-        for k in cache.keys() & pending.keys():
-            _put(cache[k], _state(self._rows[pending.pop(k)].tolist()))
+        made = [k for k in pending if k in cache]  # (in the rows' order: the generators were made in it too)
+        # (the rows as Python ints at once, each generator's state set as ``_put`` sets it)
+        for g, (sh, sl, ih, il, has, u) in zip(map(cache.__getitem__, made),
+                                               self._rows[[pending.pop(k) for k in made]].tolist()):
+            g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": sh << 64 | sl, "inc": ih << 64 | il},
+                                     "has_uint32": has, "uinteger": u}
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
