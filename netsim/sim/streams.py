@@ -169,7 +169,7 @@ class Streams:
             if self._pending:
                 i = self._pending.pop(k, None)
                 if i is not None:
-                    _put(g, _state(self._rows[i].tolist()))
+                    _put(g, self._rows[i].tolist())
         return g
 
     def seed_ahead(self, purposes: tuple[str, ...], keys: np.ndarray) -> None:
@@ -228,11 +228,8 @@ class Streams:
             self._rows, self._names, base = rows, list(names), 0
         pending.update(zip(keys, range(base, base + len(keys))))
         made = [k for k in pending if k in cache]  # (in the rows' order: the generators were made in it too)
-        # (the rows as Python ints at once, each generator's state set as ``_put`` sets it)
-        for g, (sh, sl, ih, il, has, u) in zip(map(cache.__getitem__, made),
-                                               self._rows[[pending.pop(k) for k in made]].tolist()):
-            g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": sh << 64 | sl, "inc": ih << 64 | il},
-                                     "has_uint32": has, "uinteger": u}
+        for g, row in zip(map(cache.__getitem__, made), self._rows[[pending.pop(k) for k in made]].tolist()):
+            _put(g, row)  # (the rows as Python ints at once)
 
     def seed_for(self, purpose: str, *key: int) -> int:
         """A 63-bit integer seed (for torch generators and networkx) from the named stream."""
@@ -413,15 +410,12 @@ def _keys(names: list[str]) -> list[tuple[int, ...]]:
     return keys
 
 
-def _state(row: list[int]) -> tuple[int, int, int, int]:
-    """A row of ``Streams.rows`` as (state, inc, has_uint32, uinteger)."""
-    return (row[0] << 64) | row[1], (row[2] << 64) | row[3], row[4], row[5]
-
-
-def _put(g: np.random.Generator, state: tuple[int, int, int, int]) -> None:
-    s, inc, has, u = state
-    g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": int(s), "inc": int(inc)},
-                             "has_uint32": int(has), "uinteger": int(u)}
+def _put(g: np.random.Generator, row: list[int]) -> None:
+    """Put a PCG64 stream at a row of ``Streams.rows`` (state and increment as 128-bit halves, has_uint32,
+    uinteger; Python ints)."""
+    sh, sl, ih, il, has, u = row
+    g.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": sh << 64 | sl, "inc": ih << 64 | il},
+                             "has_uint32": has, "uinteger": u}
 
 
 def state_of(rng: np.random.Generator) -> tuple[int, int, int]:
