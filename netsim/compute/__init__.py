@@ -67,7 +67,7 @@ def release_free_memory(every: float = 1.0) -> bool:
         return False
     _released_at = now
     libc = _libc()
-    if libc is None or not hasattr(libc, "mallinfo2") or libc.mallinfo2()[8] <= FREE_HELD_MAX:  # fordblks: free bytes
+    if libc is None or not hasattr(libc, "mallinfo2") or libc.mallinfo2().fordblks <= FREE_HELD_MAX:  # free bytes
         return False
     libc.malloc_trim(0)
     return True
@@ -86,9 +86,6 @@ def _libc():
             class MallInfo2(ctypes.Structure):
                 _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                            "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-                def __getitem__(self, i: int) -> int:
-                    return getattr(self, self._fields_[i][0])
 
             libc = ctypes.CDLL("libc.so.6")
             if hasattr(libc, "mallinfo2"):  # (glibc 2.33+)

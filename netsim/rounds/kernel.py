@@ -227,9 +227,7 @@ class Batch:
 
     def index(self) -> torch.Tensor:
         """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
-        import torch
-
-        return torch.from_numpy(np.fromiter(map(_ID, self.agents), np.int64, len(self.agents))).to(self.x.device)
+        return as_index(self.ids, self.x.device)
 
     def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
         """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views."""

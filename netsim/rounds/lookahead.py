@@ -637,25 +637,30 @@ class WindowDriver:
                        woken: list[int]) -> list[int]:
         """Evaluate the gradient batches of ``waiting`` whose requests are all in, in the engine's order (the same
         call, the same bits); the agents ``blocked`` on one of them go to ``woken``; the others, still waiting."""
-        svc, ticket_of = self.svc, self.ticket_of
-        t0 = time.perf_counter()
         still = []
         for f in waiting:
             if left[f]:
                 still.append(f)
                 continue
-            r = self.flushes[f]
-            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping())
-                       for tk in r]
-            svc.flush()
-            self.grads.put(r, stacked([t.result for t in tickets]))
-            for tk in r:
-                ticket_of[tk] = None
+            for tk in self.evaluate_batch(f):
                 i = blocked.pop(tk, None)
                 if i is not None:
                     woken.append(i)
-        self.stats.gradient_s += time.perf_counter() - t0
         return still
+
+    def evaluate_batch(self, f: int) -> range:
+        """The engine's gradient batch ``f`` (``flushes[f]``, all its requests in), in one call as the engine makes
+        it (the same bits); returns its tickets."""
+        svc, ticket_of = self.svc, self.ticket_of
+        t0 = time.perf_counter()
+        r = self.flushes[f]
+        tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping()) for tk in r]
+        svc.flush()
+        self.grads.put(r, stacked([t.result for t in tickets]))
+        for tk in r:
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
+        return r
 
     def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
@@ -991,7 +996,7 @@ class _Driver(WindowDriver):
         if any(m not in in_flight for m in v[merges[~here]].tolist()):
             raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
         waiter, waited = [merges[here]], [pushed_at[at[here]]]  # op index -> the op (or ops) it waits for
-        flush_of, left, waiting = self.batches(first_ticket)
+        flush_of, _, waiting = self.batches(first_ticket)
         asks = np.flatnonzero(kind == ASK)
         ask_of = dict(zip(v[asks].tolist(), asks.tolist()))  # ticket -> its ask's op index (this work's)
         updates = np.flatnonzero(kind == UPDATE)
@@ -1027,9 +1032,8 @@ class _Driver(WindowDriver):
         for f in waiting:
             ks = batch_last.get(f)
             due_at.setdefault(-1 if ks is None else int(step[ks].max()), []).append(f)
-        done = [0] * len(left)
         for f in due_at.pop(-1, ()):
-            self.evaluate_ready(done, [f], {}, [])
+            self.evaluate_batch(f)
         groups = np.lexsort((kind, step))  # by step, then kind; each agent has one operation of a kind in a step
         sk = step[groups] * 4 + kind[groups]
         cut = np.flatnonzero(np.diff(sk)) + 1
@@ -1056,7 +1060,7 @@ class _Driver(WindowDriver):
                 self.keep_payloads(vs, sent)
             if b == len(sk) or int(sk[b]) // 4 != s:  # the step's end: its gradient batches
                 for f in due_at.pop(s, ()):
-                    self.evaluate_ready(done, [f], {}, [])
+                    self.evaluate_batch(f)
         self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def point(self, tk: int) -> torch.Tensor:

@@ -153,8 +153,7 @@ class SyncRounds(Pattern):
         own_routes = type(kernel).routes is not SyncKernel.routes
         own_exchanges = type(kernel).exchanges is not SyncKernel.exchanges
         horizon = kernel.horizon(p, state)
-        # ``asks`` as SyncKernel's and asked every round: ``gradient`` itself (a call less a round)
-        gradient = kernel.gradient if type(kernel).asks is SyncKernel.asks and not kernel.first_gradient else None
+        gradient = _direct_gradient(kernel)
         wake, i = agent.wake, agent.id
         k = 0
         while True:
@@ -524,7 +523,7 @@ class SyncRounds(Pattern):
         parent = None  # with ``after``: each agent's last barrier completion (its wake's chain of parents)
         held = HeldRows(words)  # the rounds' rows not yet written (a whole batch of the trace at a time)
         marks = sim.loop.marks
-        gradient = kernel.gradient if type(kernel).asks is SyncKernel.asks and not kernel.first_gradient else None
+        gradient = _direct_gradient(kernel)
         while True:
             rows = RoundRows(words)
             t_act, ids, at, woken = rounds.wake_all(who, when)
@@ -1207,6 +1206,12 @@ def _round_times(sc, timeout: float, rounds: int) -> str | None:
         c = a_d + ct
         d, t = c + link_delay(c, c, lat), c + timeout
     return None
+
+
+def _direct_gradient(kernel):
+    """``kernel.gradient`` where ``asks`` is SyncKernel's and asks it every round (both engines then call it
+    directly: a call less an agent-round), else None (``asks`` it is)."""
+    return kernel.gradient if type(kernel).asks is SyncKernel.asks and not kernel.first_gradient else None
 
 
 def _combine_steps(kernel) -> bool:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 
 processed_event = Completion.done  # an event that is already over (a free send)
-_Timeout = Timeout  # (sim/env.py's: no call to schedule it)
 
 
 class _Waiter:
@@ -143,7 +143,7 @@ class Inbox:
             keep.extend(q)
             self.queues[w.tag] = keep
         if not ev.triggered and timeout is not None:
-            timer = _Timeout(self.agent.env, timeout)
+            timer = Timeout(self.agent.env, timeout)
             timer.callbacks.append(w.timed_out)  # a no-op once w is resolved
         return ev
 
@@ -226,7 +226,7 @@ class Agent:
             return self.finish()
         at, delay = self.plan_wake(self.env.now)
         sim.count_wakes(self._one)
-        ev = _Timeout(self.env, delay, at)
+        ev = Timeout(self.env, delay, at)
         ev.callbacks.append(self._activated)
         return ev
 
@@ -367,14 +367,14 @@ class Agent:
              size: int | None = None) -> simpy.Event:
         """Send through the link; the event completes when the transmission ends."""
         tx = self.sim.world.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
-        return self._done if tx <= 0 else _Timeout(self.env, tx)
+        return self._done if tx <= 0 else Timeout(self.env, tx)
 
     def broadcast(self, payload: Any, tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
         """Send to every out-neighbour (links transmit in parallel)."""
         tx = self.sim.world.network.send_all(self.id, self.neighbors if to is None else to, payload, tag,
                                              self.round if round is None else round, size)
-        return self._done if tx <= 0 else _Timeout(self.env, tx)
+        return self._done if tx <= 0 else Timeout(self.env, tx)
 
     def send_each(self, payloads: dict[int, Any], tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
@@ -387,7 +387,7 @@ class Agent:
             if j in payloads:
                 x = payloads[j]
                 tx = max(tx, send(self.id, j, x, tag, rnd, payload_size(x) if size is None else size))
-        return self._done if tx <= 0 else _Timeout(self.env, tx)
+        return self._done if tx <= 0 else Timeout(self.env, tx)
 
     def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:
         """The next message with ``tag`` (a ``Message``), or None after ``timeout``. With ``round``,
@@ -795,9 +795,6 @@ class RowsAhead:
         and its block not used up: the same positions and rows as the loop of ``take``, over arrays (None: not so).
         An agent whose program took its batch stream, or a fresh block drawn elsewhere (``sample_rows``, a restore),
         has another DrawsAhead (or none); ``_distinct_rows`` is fixed with the agent."""
-        from itertools import repeat
-        from operator import is_
-
         id_list = ids.tolist()
         aheads = list(map(self.laid.__getitem__, id_list))
         if not (all(map(is_, map(_AHEAD, agents), aheads))

@@ -131,25 +131,8 @@ def _program(proc, key: str, arrays: Arrays) -> list[Any]:
     return out
 
 
-# an object's attribute names and their values' types -> its plain attributes' names (sorted) and their getter
-_PLAIN_NAMES: dict[tuple[tuple[str, ...], tuple[type, ...]], tuple[tuple[str, ...], Callable]] = {}
-
-
 def _plain_vars(obj: Any) -> dict[str, Any]:
-    """``obj``'s attributes of a plain type (``_PLAIN``), sorted by name. Which names those are is worked out once
-    for each set of names and types (10,000 agents share one): a run's agents are then read at C speed."""
-    d = vars(obj)
-    sig = (tuple(d), tuple(map(type, d.values())))
-    got = _PLAIN_NAMES.get(sig)
-    if got is None:
-        if len(_PLAIN_NAMES) > 4096:
-            _PLAIN_NAMES.clear()
-        names = tuple(sorted(k for k, v in d.items() if type(v) in _PLAIN))
-        get = (lambda _: ()) if not names else itemgetter(*names) if len(names) > 1 \
-            else (lambda x, k=names[0]: (x[k],))
-        got = _PLAIN_NAMES[sig] = (names, get)
-    names, get = got
-    return dict(zip(names, get(d)))
+    return {k: v for k, v in sorted(vars(obj).items()) if type(v) in _PLAIN}
 
 
 def _getter(names: tuple[str, ...]) -> Callable:

@@ -42,7 +42,6 @@ class Message(NamedTuple):
 
 
 _new_message = tuple.__new__  # ``Message(...)`` without the named tuple's Python ``__new__``: one per send, hot
-_Timeout = Timeout  # (sim/env.py's: no call to schedule it)
 
 
 class Link:
@@ -343,7 +342,7 @@ class Network:
                 emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
             else:
                 msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
-                _Timeout(env, d, msg).callbacks.append(on_arrival)
+                Timeout(env, d, msg).callbacks.append(on_arrival)
             if tx_end - now > longest:
                 longest = tx_end - now
         return longest
@@ -442,5 +441,5 @@ class Network:
         if reason:
             self.emit_row(shapes.drop(now, src, dst, mid, size, delay, rnd, reason))
         else:
-            ev = _Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
+            ev = Timeout(self.env, delay, Message(mid, src, dst, tag, rnd, payload, size, now))
             ev.callbacks.append(self._arrive)

@@ -26,7 +26,6 @@ import math
 import operator
 from array import array
 from collections import Counter, deque
-from collections.abc import Callable
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -227,36 +226,12 @@ def _check(sim, st: dict, w: dict) -> None:
                          f"{'rounds' if win is None else 'windows'}")
 
 
-# (class, names, names skipped) -> the names assigned, their getter, and whether the instance's dict can take them
-_PLANS: dict[tuple[type, tuple[str, ...], str], tuple[tuple[str, ...], Callable, bool]] = {}
-
-
 def _assign(obj: Any, values: dict, where: str, skip: str = "") -> None:
     """``obj``'s attributes from a checkpoint's plain values (but ``skip``): each one ``obj`` has, of the type it
-    has. Where each is in ``obj``'s own dict, of its type, and no class attribute intercepts setting it (10,000
-    agents: one plan), the dict takes them all at once; otherwise each is set as checked, one by one."""
-    cls, names = type(obj), tuple(values)
-    plan = _PLANS.get((cls, names, skip))
-    if plan is None:
-        if len(_PLANS) > 1024:
-            _PLANS.clear()
-        keep = tuple(k for k in names if k != skip)
-        get = itemgetter(*keep) if len(keep) > 1 else (lambda d, k=keep[0]: (d[k],)) if keep else (lambda d: ())
-        direct = all(not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep)
-        plan = _PLANS[(cls, names, skip)] = (keep, get, direct)
-    keep, get, direct = plan
-    own = getattr(obj, "__dict__", None)
-    if direct and own is not None:
-        new = get(values)
-        try:
-            mine = get(own)
-        except KeyError:
-            mine = None
-        if mine is not None and tuple(map(type, mine)) == tuple(map(type, new)):
-            own.update(zip(keep, new))
-            return
-    for k in keep:
-        v = values[k]
+    has."""
+    for k, v in values.items():
+        if k == skip:
+            continue
         if not hasattr(obj, k) or type(getattr(obj, k)) is not type(v):
             raise ValueError(f"{where}.{k} is not a {type(getattr(obj, k, None)).__name__}")
         setattr(obj, k, v)
