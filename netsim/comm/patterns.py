@@ -13,7 +13,7 @@ pattern object, randomness comes from the agent's streams, messages go through t
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -61,11 +61,17 @@ class PairwiseGossip:
     An algorithm measures gradient staleness as writes between reading x and applying its gradient.
     ``tags`` = (request, reply) message tags (default ``tag.req``, ``tag.rep``). Exchange k carries
     round k (the agent's k-th exchange).
+
+    ``merge`` makes the exchange one-sided, a pull (Demers et al., "Epidemic algorithms for replicated database
+    maintenance", PODC 1987, the pull variant): the request is a 1-byte message without a model, j replies with its
+    x_j and keeps it, and i sets x_i = merge(x_i, x_j) on the reply. Nothing writes x_i during its own exchange, so
+    the reply is merged into the model as requested.
     """
 
     def __init__(self, agent, *, timeout: float, tag: str = "gossip", atomic: bool = True,
-                 tags: tuple[str, str] | None = None):
+                 tags: tuple[str, str] | None = None, merge: Callable[[Any, Any], Any] | None = None):
         self.agent = agent
+        self.merge = merge
         self.timeout = timeout
         self.req, self.rep = tags if tags is not None else (tag + ".req", tag + ".rep")
         self.atomic = atomic
@@ -86,6 +92,8 @@ class PairwiseGossip:
                 continue
             mine = a.params
             a.send(msg.src, mine, tag=self.rep, round=msg.round)
+            if self.merge is not None:  # a pull: j's model is only read
+                continue
             a.params = (mine + msg.payload) / 2
             self.version += 1
             self.served += 1
@@ -96,16 +104,20 @@ class PairwiseGossip:
         self.busy = True
         try:
             self._seq += 1
-            mine = a.params
-            yield a.send(j, mine, tag=self.req, round=self._seq)
+            pull = self.merge is not None
+            mine = None if pull else a.params
+            yield a.send(j, mine, tag=self.req, round=self._seq, size=1 if pull else None)
             reply = yield a.recv(tag=self.rep, round=self._seq, timeout=self.timeout)
             if reply is None:
                 self.stats.add("gossip_timeouts")
                 return False
             if reply.payload is None:
                 return False
+            if pull:
+                a.params = self.merge(a.params, reply.payload)
             # delta form: equals (x_i + x_j)/2 under the lock, and still conserves the sum without it
-            a.params = a.params + (reply.payload - mine) / 2
+            else:
+                a.params = a.params + (reply.payload - mine) / 2
             self.version += 1
             self.stats.add("gossip_exchanges")
             return True

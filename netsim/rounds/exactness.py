@@ -694,7 +694,8 @@ class _Activations:
 
 def _updates(side: Side, kernel, p, who: list[int]) -> Generator:
     """``Triggered``, ``TriggeredDeltas`` and ``Pairwise`` kernels: the step ``update`` with each agent's gradient,
-    if ``gradient`` asks for one (the mixing, triggers and exchanges are the pattern's own)."""
+    if ``gradient`` asks for one, and a pull's ``combine`` with drawn replies (the mixing, triggers and exchanges are
+    the pattern's own)."""
     import torch
 
     from netsim.rounds.pairwise import PairwiseKernel
@@ -709,27 +710,29 @@ def _updates(side: Side, kernel, p, who: list[int]) -> Generator:
         side.call("trigger", kernel.trigger, p)
         side.call("refusal", kernel.refusal, side.sim, LOOKAHEAD)
     deltas = isinstance(kernel.pattern, TriggeredDeltas)  # the events engine's update sees no state there
+    pull = getattr(kernel.pattern, "pull", False)  # a pull's replies merged by ``combine``
     for k in range(ACTIVATIONS):
         reqs = [side.call("gradient", kernel.gradient, p, None if deltas else side.state, i) for i in who]
-        ns = [n for n, r in enumerate(reqs) if r is not None]
-        if not ns:
-            continue
-        G = side.drawn("g", k, shape=side.bank.W.shape)
-        if side.batched:
-            idx = torch.tensor([who[n] for n in ns])
-            W = side.bank.W
-            b = Batch([agents[n] for n in ns], k, W.index_select(0, idx), None, side.state)
-            if not isinstance(kernel, PairwiseKernel):
-                b.rows, b.scalars = {}, None
-            side.call("update", kernel.update, b, p, G.index_select(0, idx))
-            W.index_copy_(0, idx, b.x)
-        else:
-            for n in ns:
-                a = agents[n]
-                b = Batch([a], k, a.params.unsqueeze(0), None, None if deltas else side.state)
-                side.call("update", kernel.update, b, p, G[a.id].unsqueeze(0))
-                a.params = b.x[0]
-        yield "update", [{"agent": who[n], "the row after it": side.bank.W[who[n]].clone()} for n in ns]
+        asked = [n for n, r in enumerate(reqs) if r is not None]
+        for hook, ns in (("update", asked), ("combine", list(range(len(who))) if pull else [])):
+            if not ns:
+                continue
+            G, fn = side.drawn("g" if hook == "update" else "r", k, shape=side.bank.W.shape), getattr(kernel, hook)
+            if side.batched:
+                idx = torch.tensor([who[n] for n in ns])
+                W = side.bank.W
+                b = Batch([agents[n] for n in ns], k, W.index_select(0, idx), None, side.state)
+                if not isinstance(kernel, PairwiseKernel):
+                    b.rows, b.scalars = {}, None
+                side.call(hook, fn, b, p, G.index_select(0, idx))
+                W.index_copy_(0, idx, b.x)
+            else:
+                for n in ns:
+                    a = agents[n]
+                    b = Batch([a], k, a.params.unsqueeze(0), None, None if deltas else side.state)
+                    side.call(hook, fn, b, p, G[a.id].unsqueeze(0))
+                    a.params = b.x[0]
+            yield hook, [{"agent": who[n], "the row after it": side.bank.W[who[n]].clone()} for n in ns]
 
 
 def _ticks(side: Side, kernel, p, who: list[int]) -> Generator:

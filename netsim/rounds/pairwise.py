@@ -8,6 +8,9 @@ An algorithm of this pattern is a ``PairwiseKernel``, written once: ``program`` 
 for one agent, ``play_lookahead`` the windowed driver (rounds/pairwise_windows.py). The lock protocol depends only
 on times and on who is locked, never on a tensor, and a reply carries the server's model as it is when the request
 lands, at least the lookahead L after it was sent: so the windows hold.
+
+A pull (``Pairwise(pull=True)``) is the one-sided exchange: the request carries no model, the server replies with
+its model and keeps it, and the requester merges the reply with the kernel's ``combine``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ class PairwiseKernel(RoundKernel):
     """An algorithm of the pairwise pattern (module docstring): ``gradient`` (per activation; None: no step),
     ``exchange`` (the reply timeout and whether agents lock), ``initiates`` (whether agent i starts exchanges),
     ``update`` (the step, on ``b.x``: after the exchange, or before it with ``step_first``). ``staleness``: the
-    summary key of the averagings others made with an agent while its gradient was computed (None: not observed)."""
+    summary key of the averagings others made with an agent while its gradient was computed (None: not observed).
+    A pull's kernel also has ``combine``: the reply's model merged into each row of ``b.x`` (``received``: the
+    (B, P) rows, row n agent n's)."""
 
     staleness: ClassVar[str | None] = None
     step_first: ClassVar[bool] = False
@@ -39,16 +44,21 @@ class PairwiseKernel(RoundKernel):
     def update(self, b: Batch, p: Any, g: Any) -> None:
         raise NotImplementedError
 
+    def combine(self, b: Batch, p: Any, received: Any) -> None:
+        raise NotImplementedError
+
 
 @attrs.frozen
 class Pairwise(Pattern):
-    """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s), or ``tags``."""
+    """The pattern: requests and replies tagged ``tag.req`` and ``tag.rep`` (``PairwiseGossip``'s), or ``tags``;
+    ``pull``: one-sided exchanges, merged by the kernel's ``combine``."""
 
     kernel: ClassVar[type] = PairwiseKernel
     lookahead: ClassVar[bool] = True
     tag: str = "gossip"
     tags: tuple[str, str] | None = None
     reads: frozenset[str] = frozenset()
+    pull: bool = False
 
     @property
     def names(self) -> tuple[str, str]:
@@ -58,7 +68,14 @@ class Pairwise(Pattern):
     def program(self, kernel: PairwiseKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
         timeout, atomic = kernel.exchange(p)
-        pg = PairwiseGossip(agent, timeout=timeout, atomic=atomic, tags=self.names)
+        one = [agent]
+
+        def merge(x, received):  # a pull's reply, through the kernel on a batch of one
+            b = Batch(one, agent.round, x.unsqueeze(0), None, state)
+            kernel.combine(b, p, received.unsqueeze(0))
+            return b.x[0]
+
+        pg = PairwiseGossip(agent, timeout=timeout, atomic=atomic, tags=self.names, merge=merge if self.pull else None)
         stats = agent.stats
         rng = agent.rng()
         active = kernel.initiates(state, agent.id)

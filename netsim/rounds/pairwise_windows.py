@@ -63,7 +63,7 @@ class _Driver(WindowDriver):
         self.timeout, self.atomic = kernel.exchange(p)
         self.initiates = [kernel.initiates(self.state, i) for i in range(n)]
         self.rngs = [a.rng() for a in self.agents]  # the program's own stream: its peers
-        self.tags = pattern.names
+        self.tags, self.pull = pattern.names, pattern.pull
         self.stat = self.agents[0].stats
         self.X = self.bank.W  # every program's model (``agent.params``)
         self.size = payload_size(self.X[0])
@@ -143,10 +143,14 @@ class _Driver(WindowDriver):
         r = self.xround[i] = self.xround[i] + 1
         nb = self.agents[i].neighbors
         j = nb[int(self.rngs[i].integers(len(nb)))]
-        pid = self.mine[i] = next(self.pids)
-        self.op(i, SEND, pid)
-        self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
-        self.send(i, j, now, pid, self.size, self.tags[0], r)
+        if self.pull:  # a 1-byte request, no model
+            self.mine[i] = None
+            self.send(i, j, now, None, 1, self.tags[0], r)
+        else:
+            pid = self.mine[i] = next(self.pids)
+            self.op(i, SEND, pid)
+            self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
+            self.send(i, j, now, pid, self.size, self.tags[0], r)
         for m in self.replies[i]:  # an earlier exchange's reply (round < r): stale
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:
@@ -191,7 +195,8 @@ class _Driver(WindowDriver):
             self.op(i, REPLY, m.pid, self.mine[i])
             self.let_go(m.pid)
             self.stat.add("gossip_exchanges")
-        self.let_go(self.mine[i])
+        if self.mine[i] is not None:
+            self.let_go(self.mine[i])
         self.locked[i] = False
         self.step(i, now)
 
@@ -211,8 +216,9 @@ class _Driver(WindowDriver):
             pid = next(self.pids)
             self.send(j, m.src, now, pid, self.size, self.tags[1], m.round)
             self.op(j, SERVE, m.pid, pid, pid in self.holds)
-            self.served[j] += 1
-        self.let_go(m.pid)
+            self.served[j] += not self.pull  # a pull's server keeps its model
+        if m.pid is not None:
+            self.let_go(m.pid)
         q = self.requests[j]
         if q:
             self.push_event(now, SERVE_NEXT, j, q.popleft())
@@ -243,17 +249,23 @@ class _Driver(WindowDriver):
         self.payloads.put([o[1] for _, o in step], x)
 
     def serves(self, step: list) -> None:
-        """The reply's model (kept if the reply is under way), then (x + x_req) / 2."""
+        """The reply's model (kept if the reply is under way), then (x + x_req) / 2 (not for a pull)."""
         _, idx, x = self.rows_of(step)
         kept = [k for k, (_, o) in enumerate(step) if o[3]]
         if kept:
             self.keep([step[k][1][2] for k in kept], x, kept)
-        self.X.index_copy_(0, idx, (x + self.payloads.peek([o[1] for _, o in step])) / 2)
+        if not self.pull:
+            self.X.index_copy_(0, idx, (x + self.payloads.peek([o[1] for _, o in step])) / 2)
 
     def replies_in(self, step: list) -> None:
-        """x + (x_rep - x_mine) / 2 (``PairwiseGossip.exchange``'s delta form)."""
-        _, idx, x = self.rows_of(step)
+        """x + (x_rep - x_mine) / 2 (``PairwiseGossip.exchange``'s delta form); a pull's through ``combine``."""
+        who, idx, x = self.rows_of(step)
         rep = self.payloads.peek([o[1] for _, o in step])
+        if self.pull:
+            b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
+            self.kernel.combine(b, self.p, rep)
+            self.X.index_copy_(0, idx, b.x)
+            return
         mine = self.payloads.peek([o[2] for _, o in step])
         self.X.index_copy_(0, idx, x + (rep - mine) / 2)
 
