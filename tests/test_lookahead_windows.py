@@ -127,6 +127,8 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
     # push-sum: running sums kept per sender, weights, one gradient call per lock step
     "pushsum": {"algorithm": {"name": "pushsum", "lr": 0.3, "batch": 3}, "model": {"kind": "logistic",
                                                                                      "batch_invariant": True}},
+    # the pairwise pattern: locks, exchanges waiting on replies and their timers, requests queued at a server
+    "adpsgd": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3}},
 }
 
 

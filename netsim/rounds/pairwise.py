@@ -59,6 +59,7 @@ class Pairwise(Pattern):
     tags: tuple[str, str] | None = None
     reads: frozenset[str] = frozenset()
     pull: bool = False
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/pairwise_windows.py)
 
     @property
     def names(self) -> tuple[str, str]:

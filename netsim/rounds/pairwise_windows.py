@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from typing import NamedTuple
 
 import torch
 
@@ -37,14 +38,17 @@ RESUME, SERVE_NEXT, TIMER = 7, 8, 9  # events of their own (after lookahead's): 
 ASK, SEND, SERVE, REPLY, STEP = range(5)  # an agent's tensor operations
 
 
-class Arrived:
+class Arrived(NamedTuple):
     """A message on its way and in an inbox: id, sender, bytes, when sent, round, tag, payload handle (None: a
-    refusal)."""
+    refusal, a pull's request). A tuple: a checkpoint keeps it as a list."""
 
-    __slots__ = ("mid", "src", "size", "sent", "round", "tag", "pid")
-
-    def __init__(self, mid, src, size, sent, rnd, tag, pid):
-        self.mid, self.src, self.size, self.sent, self.round, self.tag, self.pid = mid, src, size, sent, rnd, tag, pid
+    mid: int
+    src: int
+    size: int
+    sent: float
+    round: int
+    tag: str
+    pid: int | None
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -224,6 +228,30 @@ class _Driver(WindowDriver):
             self.push_event(now, SERVE_NEXT, j, q.popleft())
         else:
             self.serving[j] = False
+
+    # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
+    MESSAGES = (ARR, RESUME, SERVE_NEXT)  # the events whose value is a message (``Arrived``; RESUME's or None)
+    PLAIN = ("locked", "xround", "served", "seen", "ticket", "mine", "waits", "serving")  # a value per agent
+
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        pid = next(self.pids)
+        self.pids = itertools.count(pid)  # (read, not taken)
+        return {**{k: getattr(self, k) for k in self.PLAIN}, "replies": self.replies,
+                "requests": [list(q) for q in self.requests], "holds": list(self.holds.items()), "pid": pid}, {}
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        n = len(self.agents)
+        if any(len(own[k]) != n for k in (*self.PLAIN, "replies", "requests")):
+            raise ValueError(f"held.own: not {n} agents' state")
+        for k in self.PLAIN:
+            getattr(self, k)[:] = own[k]
+        self.replies[:] = [[Arrived(*m) for m in box] for box in own["replies"]]
+        self.requests[:] = [deque(Arrived(*m) for m in q) for q in own["requests"]]
+        self.holds = dict((pid, count) for pid, count in own["holds"])
+        self.pids = itertools.count(own["pid"])
+        for q in self.far.values():  # the queue's messages, made tuples again by the JSON
+            q[:] = [(t, seq, kind, i, Arrived(*v)) if kind in self.MESSAGES and v is not None else (t, seq, kind, i, v)
+                    for t, seq, kind, i, v in q]
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
