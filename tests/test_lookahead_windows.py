@@ -129,6 +129,11 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
                                                                                      "batch_invariant": True}},
     # the pairwise pattern: locks, exchanges waiting on replies and their timers, requests queued at a server
     "adpsgd": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3}},
+    # event-triggered DP-SGD: the neighbour copies, what each agent last sent each out-neighbour (about half the
+    # sends skipped), the releases and the agents whose budget cap has stopped them
+    "event_triggered": {"algorithm": {"name": "event_triggered", "lr": 0.3, "batch": 4, "trigger": "absolute",
+                                      "threshold": 0.1, "clip": 1.0, "noise_multiplier": 1.0},
+                        "privacy": {"delta": 1e-5, "epsilon_cap": 5.0}},
 }
 
 

@@ -56,7 +56,7 @@ class Triggered(Broadcast):
 
     kernel: ClassVar[type] = TriggeredKernel
     tag: str = "model"
-    restores: ClassVar[bool] = False  # its windows' sends wait for their tensor work: not restored from a checkpoint
+    restores: ClassVar[bool] = True  # its windows' checkpoints are restored (rounds/triggered_windows.py)
 
     def program(self, kernel: TriggeredKernel, agent, p) -> Generator:
         state = kernel.state_of(agent, p)
@@ -106,6 +106,7 @@ class TriggeredDeltas(Triggered):
 
     kernel: ClassVar[type] = DeltasKernel
     tag: str = "sparq"
+    restores: ClassVar[bool] = False  # the public copies' windows are not restored from a checkpoint
 
     def program(self, kernel: DeltasKernel, agent, p) -> Generator:
         kind, threshold, decay = kernel.trigger(p)

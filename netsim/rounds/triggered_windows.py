@@ -178,12 +178,28 @@ class _Driver(_Sends):
         mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
         self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
 
-    # the tensor work --------------------------------------------------------------------------------------
-    def hold(self, handles: list[int]) -> None:
-        refs = self.refs
-        for h in handles:
-            refs[h] = refs.get(h, 0) + 1
+    # checkpoints: the broadcast driver's state, and the copies', triggers' and releases' -------------------------
+    KEYED = ("copy", "copy_round", "last")  # per agent: {neighbour: value}
 
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        own, tensors = super().hold()
+        return {**own, "k": self.k, **{k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED},
+                "recorded": list(self.recorded.items()), "count_of": list(self.count_of.items()),
+                "spent": sorted(self.spent)}, tensors
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        super().take_hold(own, tensors)
+        n = len(self.agents)
+        if any(len(own[k]) != n for k in ("k", *self.KEYED)):
+            raise ValueError(f"held.own: not {n} agents' state")
+        self.k[:] = own["k"]
+        for k in self.KEYED:
+            getattr(self, k)[:] = [{j: v for j, v in d} for d in own[k]]
+        self.recorded = {tk: ok for tk, ok in own["recorded"]}
+        self.count_of = {tk: c for tk, c in own["count_of"]}
+        self.spent = set(own["spent"])
+
+    # the tensor work --------------------------------------------------------------------------------------
     def mixed(self, step: list, at: int):
         """The mix of a step's agents (``NeighborCopies.mix``'s float operations, ``compute.mixing.mix_rows``):
         a batch whose x are the mixed rows; the ops' weights and copies at ``at``, ``at + 1``."""
