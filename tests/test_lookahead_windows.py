@@ -134,6 +134,15 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
     "event_triggered": {"algorithm": {"name": "event_triggered", "lr": 0.3, "batch": 4, "trigger": "absolute",
                                       "threshold": 0.1, "clip": 1.0, "noise_multiplier": 1.0},
                         "privacy": {"delta": 1e-5, "epsilon_cap": 5.0}},
+    # SPARQ-SGD: the public copies (in the bank), compressed differences in flight, each agent's trigger count
+    "sparq": {"algorithm": {"name": "sparq", "lr": 0.3, "batch": 4, "compressor": "randk", "trigger": "absolute",
+                            "threshold": 0.05}},
+    # DO-ADP's rounds on ticks: each agent's rounds replayed and applied, differences pending by round (some late)
+    "do_adp": {"agents": {"activation": {"kind": "bernoulli", "period": 0.5, "p": 0.7},
+                          "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.4}},
+               "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 1.2}},
+               "algorithm": {"name": "do_adp", "rounds": 10, "lr": 0.3, "ratio": 0.5, "sigma": 0.1, "batch": 2},
+               "privacy": {"delta0": 1e-5}},
 }
 
 

@@ -464,7 +464,7 @@ def _async(**changes) -> dict:
     (_async(privacy={"delta": 1e-5, "record": "mixing"}),
      "privacy.record = 'mixing': push_gossip's lookahead windows do not write the mixing record",
      "remove privacy.record, or use an algorithm of barrier rounds"),
-    (_async(run={"checkpoint_every": 2.0}, algorithm={"name": "sparq", "lr": 0.3, "batch": 8}),
+    (_async(run={"checkpoint_every": 2.0}, algorithm={"name": "dpsgd", "lr": 0.3, "batch": 8}),
      "this pattern's lookahead windows cannot be restored", "remove run.checkpoint_every"),
     (_async(algorithm={"name": "gossip", "lr": 0.3, "batch": 8}, network={"bandwidth": 1.0e6}),
      "an exchange waits for its request's transmission", "remove network.bandwidth"),

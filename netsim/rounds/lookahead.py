@@ -20,9 +20,8 @@ Checkpoints are cut between two windows, once their tensor work is done (``Simul
 driver's state is then data (``held``: its event queue, the payloads in flight, the gradients waiting for their
 update and the requests waiting for their batch, each agent's place in its activation, the trace rows not yet
 written), and ``netsim resume`` restores it into a freshly built simulation (sim/restore.py) instead of
-recomputing. Push gossip's, the broadcast, event-triggered and pairwise patterns' drivers restore; refused
-(``checkpoint_refusal``): SPARQ-SGD's and DO-ADP's drivers, and link models, churn and time-varying topologies,
-whose state is not restored.
+recomputing. Every pattern's lookahead windows restore but the barrier windows (rounds/barrier_windows.py); refused
+(``checkpoint_refusal``): those, and link models, churn and time-varying topologies, whose state is not restored.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the

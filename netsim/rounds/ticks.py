@@ -114,7 +114,7 @@ class Ticks(Pattern):
 
     kernel: ClassVar[type] = TickKernel
     lookahead: ClassVar[bool] = True
-    restores: ClassVar[bool] = False  # its windows' checkpoints are not restored (the events engine's are)
+    restores: ClassVar[bool] = True  # its lookahead windows' checkpoints are restored (rounds/ticks_windows.py)
     tag: str = "ticks"
     late: str = "late"
     reads: frozenset[str] = frozenset()

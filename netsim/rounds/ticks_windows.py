@@ -103,6 +103,26 @@ class _Driver(WindowDriver):
         self.op(i, STEP, tk, pid, held)
         self.wake(i, now)
 
+    # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        pid = next(self.pids)
+        self.pids = itertools.count(pid)  # (read, not taken)
+        ctl = [[c.done, c.applied, list(c.pending.items()), c.spent] for c in self.ctl]
+        return {"ctl": ctl, "inbox": self.inbox, "round": self.round, "refs": list(self.refs.items()),
+                "pid": pid}, {}
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        n = len(self.agents)
+        if any(len(own[k]) != n for k in ("ctl", "inbox", "round")):
+            raise ValueError(f"held.own: not {n} agents' state")
+        for c, (done, applied, pending, spent) in zip(self.ctl, own["ctl"], strict=True):
+            c.done, c.applied, c.spent = done, applied, spent
+            c.pending = {r: [tuple(m) for m in got] for r, got in pending}
+        self.inbox[:] = [[tuple(m) for m in box] for box in own["inbox"]]
+        self.round[:] = own["round"]
+        self.refs = dict((h, count) for h, count in own["refs"])
+        self.pids = itertools.count(own["pid"])
+
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
         self.in_order(first_ticket, (self.receives, self.replays, self.asks, self.steps), ASK, STEP)

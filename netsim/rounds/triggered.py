@@ -106,7 +106,6 @@ class TriggeredDeltas(Triggered):
 
     kernel: ClassVar[type] = DeltasKernel
     tag: str = "sparq"
-    restores: ClassVar[bool] = False  # the public copies' windows are not restored from a checkpoint
 
     def program(self, kernel: DeltasKernel, agent, p) -> Generator:
         kind, threshold, decay = kernel.trigger(p)

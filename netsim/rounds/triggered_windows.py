@@ -99,6 +99,17 @@ class _Sends(BroadcastDriver):
         rows[:] = out.buf
         self.undecided.clear()
 
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        """The broadcast driver's state between two windows (``WindowDriver.held``) and each agent's count."""
+        own, tensors = super().hold()
+        return {**own, "k": self.k}, tensors
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        super().take_hold(own, tensors)
+        if len(own["k"]) != len(self.agents):
+            raise ValueError(f"held.own: not {len(self.agents)} agents' state")
+        self.k[:] = own["k"]
+
     def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:
         """The trigger of each row of ``x`` against the same row of ``ref`` at activation count ``ks``: one batched
         norm, and the engine's own call on the two rows where it is within ``_CLOSE`` of the threshold."""
@@ -178,21 +189,20 @@ class _Driver(_Sends):
         mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
         self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
 
-    # checkpoints: the broadcast driver's state, and the copies', triggers' and releases' -------------------------
+    # checkpoints: the sends' state, and the copies', the last-sent references' and the releases' ------------------
     KEYED = ("copy", "copy_round", "last")  # per agent: {neighbour: value}
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         own, tensors = super().hold()
-        return {**own, "k": self.k, **{k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED},
+        return {**own, **{k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED},
                 "recorded": list(self.recorded.items()), "count_of": list(self.count_of.items()),
                 "spent": sorted(self.spent)}, tensors
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
         n = len(self.agents)
-        if any(len(own[k]) != n for k in ("k", *self.KEYED)):
+        if any(len(own[k]) != n for k in self.KEYED):
             raise ValueError(f"held.own: not {n} agents' state")
-        self.k[:] = own["k"]
         for k in self.KEYED:
             getattr(self, k)[:] = [{j: v for j, v in d} for d in own[k]]
         self.recorded = {tk: ok for tk, ok in own["recorded"]}
