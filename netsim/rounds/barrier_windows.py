@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -210,7 +210,6 @@ class _Driver(WindowDriver):
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
         self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
         self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
-        self.unmade: dict[int, list[int]] = {}  # pid -> agents whose ``combine`` waits for it to be made (this work)
         # the privacy records (``privacy.record``), written after each work in the engine's order: ``order`` numbers
         # each ``local`` and ``combine`` where the control meets it (the engine makes its releases and mixing steps
         # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
@@ -220,7 +219,6 @@ class _Driver(WindowDriver):
         self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
-        self.op_waits = self.wait
         self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
         self.mixed = AnyRound(type(kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
@@ -535,21 +533,81 @@ class _Driver(WindowDriver):
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
-        self.in_order(first_ticket, (self.combines, self.asks, self.locals), ASK, LOCAL)
-        if self.unmade:  # a payload is made before it is delivered, so in this work at the latest
-            raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
-
-    def wait(self, i: int, o: tuple) -> bool:
-        """Whether agent i's operation ``o`` is a ``combine`` that reads a payload not made yet (its sender's ``local``
-        is later in this work's lock steps): it waits, and that ``local`` wakes it."""
-        if o[0] != COMBINE:
-            return False
-        payload = self.payload
-        for r in o[2].values():
-            if r not in payload:
-                self.unmade.setdefault(r, []).append(i)
-                return True
-        return False
+        """Every agent's operations of the work in its program's order, planned as arrays: each operation's lock step
+        is the earliest that keeps its agent's order (a step takes ``combine``, then the gradient's point, then
+        ``local``) and comes after what it waits for (``lock_steps``): a ``combine`` the ``local`` or ``combine`` that
+        makes a payload it reads, a ``local`` its gradient batch (the engine's: evaluated at the end of its last
+        request's step; a batch-invariant model's, in its ask's step). Then each step's operations of a kind in one
+        call per round index (``by_round``), the gradient batches due at its end evaluated in the engine's order."""
+        flush_of, left, waiting = self.batches(first_ticket)
+        waiting = self.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
+        ops = self.ops
+        if not ops:
+            self.work_done(waiting, {})
+            return
+        flat = [(i, o) for i, os in ops.items() for o in os]
+        m = len(flat)
+        kind = np.fromiter([o[0] for _, o in flat], np.int64, m)
+        first = np.zeros(m, bool)
+        first[np.cumsum([0, *map(len, ops.values())])[:-1]] = True
+        combines = np.flatnonzero(kind == COMBINE).tolist()
+        locals_ = np.flatnonzero(kind == LOCAL).tolist()
+        made_by = {flat[n][1][2]: n for n in locals_}  # pid -> the operation that makes it in this work
+        made_by.update((o[4], n) for n, o in ((n, flat[n][1]) for n in combines) if o[4] is not None)
+        payload, waiter, waited, gap = self.payload, [], [], []
+        for n in combines:
+            for r in flat[n][1][2].values():
+                if r not in payload:  # (made in an earlier work: kept)
+                    by = made_by.get(r)
+                    if by is None:  # a payload is made before it is delivered, so in this work at the latest
+                        raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
+                    waiter.append(n)
+                    waited.append(by)
+        gap = [1] * len(waiter)
+        batch_op: dict[int, int] = {}  # the engine's gradient batch with a request in this work -> its own operation
+        if not self.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
+            for n in np.flatnonzero(kind == ASK).tolist():
+                f = flush_of.get(flat[n][1][1])
+                if f is not None:
+                    v = batch_op.get(f)
+                    if v is None:
+                        v = batch_op[f] = m + len(batch_op)
+                    waiter.append(v)
+                    waited.append(n)
+                    gap.append(0)
+            evaluated = self.grads.row_of
+            for n in locals_:
+                tk = flat[n][1][1]
+                v = batch_op.get(flush_of.get(tk, -1))
+                if v is not None:
+                    waiter.append(n)
+                    waited.append(v)
+                    gap.append(1)
+                elif tk not in evaluated:
+                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        nb = len(batch_op)
+        if nb:
+            kind = np.concatenate((kind, np.zeros(nb, np.int64)))
+            first = np.concatenate((first, np.ones(nb, bool)))
+        step = lock_steps(kind, first, np.array(waiter, np.int64), np.array(waited, np.int64),
+                          np.array(gap, np.int64))
+        due_at: dict[int, list[int]] = {}  # step -> the gradient batches evaluated at its end, in the engine's order
+        for f in waiting:
+            due_at.setdefault(int(step[batch_op[f]]), []).append(f)
+        step, kind = step[:m], kind[:m]
+        groups = np.lexsort((kind, step))  # by step, then kind (the handlers' order)
+        sk = step[groups] * 3 + kind[groups]
+        cut = np.flatnonzero(np.diff(sk)) + 1
+        starts, ends = [0, *cut.tolist()], [*cut.tolist(), m]
+        order, keys = groups.tolist(), sk.tolist()
+        handlers = (self.combines, self.asks, self.locals)
+        for a, b in zip(starts, ends, strict=True):
+            s, kd = divmod(keys[a], 3)
+            handlers[kd]([flat[n] for n in order[a:b]])
+            if b == m or keys[b] // 3 != s:  # the step's end: its gradient batches
+                for f in due_at.pop(s, ()):
+                    self.evaluate_batch(f)
+        self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def by_round(self, step: list, at: int) -> list[tuple]:
         """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
@@ -611,9 +669,6 @@ class _Driver(WindowDriver):
             held = refs.get(pid)  # (None: its sends come later, at its own completion)
             if held is None or held:
                 self.payload[pid] = payload
-                woken = self.unmade.pop(pid, None)
-                if woken is not None:
-                    self.woken.extend(woken)
             else:  # sent nowhere, every message lost, or discarded as stale before this work
                 del refs[pid]
             self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)
