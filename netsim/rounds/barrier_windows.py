@@ -60,6 +60,7 @@ import torch
 
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
+from netsim.sim.agent import RowsAhead
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -182,6 +183,7 @@ class _Driver(WindowDriver):
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         n = len(agents)
         self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
@@ -237,7 +239,7 @@ class _Driver(WindowDriver):
         rows, cur, soon = self.rows, self.cur, self.soon
         put, buf, R = rows.put, rows.buf, RECORD.size
         kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
-        batch, ahead, free, timeout = self.req.batch, self.ahead, self.free, self.timeout
+        ahead, free, timeout = self.ahead, self.free, self.timeout
         ks, ss, rid_of, waiter, queue, steps = self.k, self.s, self.rid, self.waiter, self.queue, self.steps
         order, views, viewed = self.order, self.views, self.viewed
         recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
@@ -421,8 +423,7 @@ class _Driver(WindowDriver):
                         ct = a.compute_time(t)  # ``Agent.gradient``
                         put(pack(t, c_start, i, -1, -1, 0, ct, -1, c_none))
                         tk = len(ticket_of)
-                        got = a.sample_rows(batch)
-                        ticket_of.append((i, None if got is a.rows else got))
+                        ticket_of.append(None)  # (its mini-batch is drawn where its point is taken: ``asks``)
                         done = t + ct
                         enqueue(done, DONE, i, tk)
                         k = ks[i]
@@ -622,13 +623,21 @@ class _Driver(WindowDriver):
         return list(groups.items())
 
     def asks(self, step: list) -> None:
-        """The gradients' points: each agent's parameters at its activation (``agent.params``)."""
+        """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
+        drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
+        own order, as ``Agent.gradient`` draws them at the activation)."""
         who = [i for i, _ in step]
         x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
         x_at = self.x_at
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
-        self.asked(who, [o[1] for _, o in step], x)
+        tickets = [o[1] for _, o in step]
+        rows = self.sampler.take(list(map(self.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
+        if not self.free:  # (evaluated with their batch: ``rows_of_ticket``)
+            ticket_of = self.ticket_of
+            for tk, i, r in zip(tickets, who, rows, strict=True):
+                ticket_of[tk] = (i, r)
+        self.asked(who, tickets, x, rows)
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""

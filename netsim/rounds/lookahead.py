@@ -560,11 +560,12 @@ class WindowDriver:
                 flush_of[tk] = f
         return flush_of, left, list(range(len(self.flushes)))
 
-    def asked(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+    def asked(self, who: list[int], tickets: list[int], at: torch.Tensor, rows=None) -> None:
         """A lock step's gradient requests at the rows ``at``: evaluated at once for a batch-invariant model, else
-        kept until their batch is (``point``)."""
+        kept until their batch is (``point``). ``rows``: their mini-batches, where the driver draws them here (an
+        (agents, batch) array or a list; else ``ticket_of``'s)."""
         if self.free:
-            self.evaluate_step(who, tickets, at)
+            self.evaluate_step(who, tickets, at, rows)
             return
         for tk, row in zip(tickets, at.unbind(0), strict=True):
             self.at_of[tk] = row
@@ -657,13 +658,15 @@ class WindowDriver:
         self.stats.gradient_s += time.perf_counter() - t0
         return r
 
-    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
-        """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
+    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor, rows=None) -> None:
+        """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call (``rows``: their
+        mini-batches, else ``ticket_of``'s)."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        rows = [self.rows_of_ticket(tk) for tk in tickets]
+        if rows is None:
+            rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
-        if all(len(r) == m for r in rows):  # one block: no per-request tensors
+        if isinstance(rows, np.ndarray) or all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
             svc.flush()
             self.grads.put(tickets, block.result)
