@@ -633,11 +633,22 @@ class _Driver(WindowDriver):
             x_at[o[2]] = (x, n)
         tickets = [o[1] for _, o in step]
         rows = self.sampler.take(list(map(self.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
-        if not self.free:  # (evaluated with their batch: ``rows_of_ticket``)
-            ticket_of = self.ticket_of
-            for tk, i, r in zip(tickets, who, rows, strict=True):
-                ticket_of[tk] = (i, r)
-        self.asked(who, tickets, x, rows)
+        if self.free:
+            self.evaluate_step(who, tickets, x, rows)
+            return
+        ticket_of, at_of = self.ticket_of, self.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
+        for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
+            ticket_of[tk] = (i, r)
+            at_of[tk] = (x, n)
+
+    def point(self, tk: int) -> torch.Tensor:
+        x, n = self.at_of.pop(tk)
+        return x[n]
+
+    def points(self, tickets) -> torch.Tensor:
+        """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
+        at_of = self.at_of
+        return _join([at_of.pop(tk) for tk in tickets])
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""

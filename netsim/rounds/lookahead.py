@@ -560,12 +560,11 @@ class WindowDriver:
                 flush_of[tk] = f
         return flush_of, left, list(range(len(self.flushes)))
 
-    def asked(self, who: list[int], tickets: list[int], at: torch.Tensor, rows=None) -> None:
+    def asked(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
         """A lock step's gradient requests at the rows ``at``: evaluated at once for a batch-invariant model, else
-        kept until their batch is (``point``). ``rows``: their mini-batches, where the driver draws them here (an
-        (agents, batch) array or a list; else ``ticket_of``'s)."""
+        kept until their batch is (``point``)."""
         if self.free:
-            self.evaluate_step(who, tickets, at, rows)
+            self.evaluate_step(who, tickets, at)
             return
         for tk, row in zip(tickets, at.unbind(0), strict=True):
             self.at_of[tk] = row
@@ -624,6 +623,10 @@ class WindowDriver:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
         return self.at_of.pop(tk)
 
+    def points(self, tickets) -> torch.Tensor:
+        """``point`` of each of ``tickets``, as one tensor's rows."""
+        return stacked([self.point(tk) for tk in tickets])
+
     def rows_of_ticket(self, tk: int):
         """The training rows of ticket ``tk``'s gradient (None in ``ticket_of``: the agent's whole part)."""
         i, rows = self.ticket_of[tk]
@@ -650,9 +653,16 @@ class WindowDriver:
         svc, ticket_of = self.svc, self.ticket_of
         t0 = time.perf_counter()
         r = self.flushes[f]
-        tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping()) for tk in r]
-        svc.flush()
-        self.grads.put(r, stacked([t.result for t in tickets]))
+        rows = [self.rows_of_ticket(tk) for tk in r]
+        m = len(rows[0])
+        if all(len(x) == m for x in rows):  # one block: the call the engine's tickets make, no tensor per request
+            block = svc.submit_block([ticket_of[tk][0] for tk in r], self.points(r), rows, *self.clipping())
+            svc.flush()
+            self.grads.put(r, block.result)
+        else:
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), x, *self.clipping()) for tk, x in zip(r, rows)]
+            svc.flush()
+            self.grads.put(r, stacked([t.result for t in tickets]))
         for tk in r:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
