@@ -8,8 +8,8 @@ The windows are push gossip's (rounds/lookahead.py, whose admitted region, refus
 shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
 ``combine`` reads only delivered payloads, each made by its sender's ``local`` (or, in a later exchange of the round,
 its ``combine`` of the exchange before) before it was sent. The control never
-reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` waiting
-in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a message may
+reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` in a
+lock step after the ``local`` that makes a payload it reads (``lock_steps``), and a message may
 be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
 a typical one) only sizes the control's buckets and the lock steps.
 
@@ -24,22 +24,24 @@ count) and the barrier's completion (an event of its own, as ``succeed`` schedul
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
 wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
 by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
-(``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+(``Agent.plan_wake``, ``Agent.compute_time``, the links' ``outcome``; the mini-batches, drawn from each agent's own
+stream in its own order, are drawn in the tensor work, a lock step's at once: ``RowsAhead``).
 
-The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
-(``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
-gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine`` with
-the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are row-wise:
-``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients complete
-at the same instant, at the first one's completion. Two things the control writes before the tensor work has them: a
-message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
+The tensor work then plays each agent's operations of the window in its program's order, each in the earliest lock step
+that keeps that order (a step takes an agent's ``combine``, then its next point and ``local``) and comes after what it
+waits for, planned over arrays (``lock_steps``): the gradient's point (the agent's parameters at its activation),
+``local`` once its gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and
+``combine`` with the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are
+row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients
+complete at the same instant, at the first one's completion. Two things the control writes before the tensor work has
+them: a message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
 ``SyncKernel.payload_bytes``, those, checked after its ``local``, and nothing to patch), patched into the window's
-``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then:
-``holds_rows``), and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion
-time, round and tick), spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the
-tensor work, out of the engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after
-the work in the engine's order (deliveries as the control met them, release values and mixing steps as it met each
-``local`` and each barrier's completion).
+``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``),
+and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion time, round and tick),
+spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the tensor work, out of the
+engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after the work in the engine's
+order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
+completion).
 
 Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
 positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
@@ -366,10 +368,14 @@ class _Driver(WindowDriver):
                         if views is not None:  # ``ViewLog.deliver``: written after the work, its payload kept till then
                             viewed.append((i, src, rnd, t, rid))
                             refs[rid] += 1
-                        m = (mid, src, rid, rnd)
                         w = waiter[i]
-                        if w is None or not offer(i, w, m, t):
-                            queue[i].append(m)
+                        if w is not None and rnd == w.round and src in w.expect:  # ``offer``'s taking, inlined
+                            got = w.got
+                            got[src] = rid
+                            if len(got) == len(w.expect):
+                                close(i, w, t)
+                        elif w is None or not offer(i, w, (mid, src, rid, rnd), t):
+                            queue[i].append((mid, src, rid, rnd))
                     elif kind == DONE:
                         # the gradient is back: ``compute_end`` (a batch's first evaluates every pending request),
                         # ``local`` (with the agents done at this instant, ``LocalAhead``), the releases, the sends,
