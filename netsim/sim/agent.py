@@ -740,14 +740,17 @@ class RowsAhead:
             self.laid, self.laid_batch, self.blocks = [_UNLAID] * len(parts), batch, None
         laid = self.laid
         aheads = list(map(_AHEAD, agents))
-        fresh = [n for n, h, was in zip(range(len(aheads)), aheads, map(laid.__getitem__, id_list)) if h is not was]
-        if any(not agents[n]._draw_ahead or agents[n]._distinct_rows for n in fresh):
-            return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
-        at = np.array([-1 if h is None else h.pos for h in aheads], np.int64) if fresh else \
-            np.fromiter(map(_POS, aheads), np.int64, len(aheads))
+        if all(map(is_, aheads, map(laid.__getitem__, id_list))):  # (C loops: no per-agent Python)
+            fresh: list[int] = []
+            at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
+        else:
+            fresh = [n for n, h, was in zip(range(len(aheads)), aheads, map(laid.__getitem__, id_list)) if h is not was]
+            if any(not agents[n]._draw_ahead or agents[n]._distinct_rows for n in fresh):
+                return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
+            at = np.array([-1 if h is None else h.pos for h in aheads], np.int64)
         blocks = self.blocks
-        if blocks is not None:  # a laid block used up: drawn again, as ``sample_rows`` draws it
-            fresh = sorted({*fresh, *np.flatnonzero(at >= blocks.shape[1]).tolist()})
+        if blocks is not None and len(at) and int(at.max()) >= blocks.shape[1]:  # a laid block used up: drawn again,
+            fresh = sorted({*fresh, *np.flatnonzero(at >= blocks.shape[1]).tolist()})  # as ``sample_rows`` draws it
         for n in fresh:
             a, h = agents[n], aheads[n]
             if h is None or h.batch != batch or h.pos >= len(h.block):
