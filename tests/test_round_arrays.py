@@ -126,6 +126,29 @@ def test_rows_ahead_draws_what_each_agent_draws():
             assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
 
 
+def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
+    """``RowsAhead`` over a different few of the agents each call (a lock step of the barrier windows: agents on
+    their own clocks), some drawing a mini-batch themselves in between: each call is those agents'
+    ``sample_rows``, the streams and blocks end where theirs do, and the blocks stay laid in one array."""
+    one, many = sims()
+    rng = np.random.default_rng(2)
+    n = len(one.loop.agents)
+    ahead = RowsAhead(many.loop.agents)
+    for k in range(80):
+        who = rng.permutation(n)[:int(rng.integers(1, n + 1))]
+        if k % 9 == 4:  # one agent draws itself (its block is then not the laid one)
+            for sim in (one, many):
+                sim.loop.agents[int(who[0])].sample_rows(16)
+        want = [one.loop.agents[i].sample_rows(16) for i in who]
+        got = ahead.take([many.loop.agents[i] for i in who], who, 16)
+        assert isinstance(got, np.ndarray) and np.array_equal(np.stack(want), got), k
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert a._batch_rng.bit_generator.state == b._batch_rng.bit_generator.state
+        if a._ahead is not None:
+            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
+            assert b._ahead.block.base is ahead.blocks
+
+
 @pytest.mark.parametrize("then", ["stream", "rows"])
 def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
     """Between two rounds of blocks laid by ``RowsAhead`` (taken over arrays, no agent visited), an agent draws a

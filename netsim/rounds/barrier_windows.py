@@ -8,8 +8,8 @@ The windows are push gossip's (rounds/lookahead.py, whose admitted region, refus
 shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
 ``combine`` reads only delivered payloads, each made by its sender's ``local`` (or, in a later exchange of the round,
 its ``combine`` of the exchange before) before it was sent. The control never
-reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` waiting
-in lock step for the ``local`` that makes a payload it reads (``op_waits``: that ``local`` wakes it), and a message may
+reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` in a
+lock step after the ``local`` that makes a payload it reads (``lock_steps``), and a message may
 be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
 a typical one) only sizes the control's buckets and the lock steps.
 
@@ -24,22 +24,24 @@ count) and the barrier's completion (an event of its own, as ``succeed`` schedul
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
 wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
 by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
-(``Agent.plan_wake``, ``Agent.compute_time``, ``sample_rows``, the links' ``outcome``).
+(``Agent.plan_wake``, ``Agent.compute_time``, the links' ``outcome``; the mini-batches, drawn from each agent's own
+stream in its own order, are drawn in the tensor work, a lock step's at once: ``RowsAhead``).
 
-The tensor work then plays each agent's operations of the window in its program's order, one per agent and lock step
-(``WindowDriver.in_order``): the gradient's point (the agent's parameters at its activation), ``local`` once its
-gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and ``combine`` with
-the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are row-wise:
-``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients complete
-at the same instant, at the first one's completion. Two things the control writes before the tensor work has them: a
-message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
+The tensor work then plays each agent's operations of the window in its program's order, each in the earliest lock step
+that keeps that order (a step takes an agent's ``combine``, then its next point and ``local``) and comes after what it
+waits for, planned over arrays (``lock_steps``): the gradient's point (the agent's parameters at its activation),
+``local`` once its gradient is evaluated (the engine's gradient batches, or per step for a batch-invariant model), and
+``combine`` with the payloads in arrival order; each kind's agents of one round index in one kernel call (its hooks are
+row-wise: ``netsim check``). ``local`` runs where the engine's ``LocalAhead`` runs it: with the agents whose gradients
+complete at the same instant, at the first one's completion. Two things the control writes before the tensor work has
+them: a message's bytes (``b.sizes`` or the payload's; where the kernel declares them before the payload is made,
 ``SyncKernel.payload_bytes``, those, checked after its ``local``, and nothing to patch), patched into the window's
-``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then:
-``holds_rows``), and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion
-time, round and tick), spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the
-tensor work, out of the engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after
-the work in the engine's order (deliveries as the control met them, release values and mixing steps as it met each
-``local`` and each barrier's completion).
+``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``),
+and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion time, round and tick),
+spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the tensor work, out of the
+engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after the work in the engine's
+order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
+completion).
 
 Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
 positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
@@ -59,7 +61,8 @@ import numpy as np
 import torch
 
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
+from netsim.sim.agent import RowsAhead
 from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -182,6 +185,7 @@ class _Driver(WindowDriver):
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         n = len(agents)
         self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
@@ -210,7 +214,6 @@ class _Driver(WindowDriver):
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
         self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
         self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
-        self.unmade: dict[int, list[int]] = {}  # pid -> agents whose ``combine`` waits for it to be made (this work)
         # the privacy records (``privacy.record``), written after each work in the engine's order: ``order`` numbers
         # each ``local`` and ``combine`` where the control meets it (the engine makes its releases and mixing steps
         # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
@@ -220,7 +223,6 @@ class _Driver(WindowDriver):
         self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
-        self.op_waits = self.wait
         self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
         self.mixed = AnyRound(type(kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
@@ -239,7 +241,7 @@ class _Driver(WindowDriver):
         rows, cur, soon = self.rows, self.cur, self.soon
         put, buf, R = rows.put, rows.buf, RECORD.size
         kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
-        batch, ahead, free, timeout = self.req.batch, self.ahead, self.free, self.timeout
+        ahead, free, timeout = self.ahead, self.free, self.timeout
         ks, ss, rid_of, waiter, queue, steps = self.k, self.s, self.rid, self.waiter, self.queue, self.steps
         order, views, viewed = self.order, self.views, self.viewed
         recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
@@ -366,10 +368,14 @@ class _Driver(WindowDriver):
                         if views is not None:  # ``ViewLog.deliver``: written after the work, its payload kept till then
                             viewed.append((i, src, rnd, t, rid))
                             refs[rid] += 1
-                        m = (mid, src, rid, rnd)
                         w = waiter[i]
-                        if w is None or not offer(i, w, m, t):
-                            queue[i].append(m)
+                        if w is not None and rnd == w.round and src in w.expect:  # ``offer``'s taking, inlined
+                            got = w.got
+                            got[src] = rid
+                            if len(got) == len(w.expect):
+                                close(i, w, t)
+                        elif w is None or not offer(i, w, (mid, src, rid, rnd), t):
+                            queue[i].append((mid, src, rid, rnd))
                     elif kind == DONE:
                         # the gradient is back: ``compute_end`` (a batch's first evaluates every pending request),
                         # ``local`` (with the agents done at this instant, ``LocalAhead``), the releases, the sends,
@@ -423,8 +429,7 @@ class _Driver(WindowDriver):
                         ct = a.compute_time(t)  # ``Agent.gradient``
                         put(pack(t, c_start, i, -1, -1, 0, ct, -1, c_none))
                         tk = len(ticket_of)
-                        got = a.sample_rows(batch)
-                        ticket_of.append((i, None if got is a.rows else got))
+                        ticket_of.append(None)  # (its mini-batch is drawn where its point is taken: ``asks``)
                         done = t + ct
                         enqueue(done, DONE, i, tk)
                         k = ks[i]
@@ -535,21 +540,81 @@ class _Driver(WindowDriver):
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
-        self.in_order(first_ticket, (self.combines, self.asks, self.locals), ASK, LOCAL)
-        if self.unmade:  # a payload is made before it is delivered, so in this work at the latest
-            raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
-
-    def wait(self, i: int, o: tuple) -> bool:
-        """Whether agent i's operation ``o`` is a ``combine`` that reads a payload not made yet (its sender's ``local``
-        is later in this work's lock steps): it waits, and that ``local`` wakes it."""
-        if o[0] != COMBINE:
-            return False
-        payload = self.payload
-        for r in o[2].values():
-            if r not in payload:
-                self.unmade.setdefault(r, []).append(i)
-                return True
-        return False
+        """Every agent's operations of the work in its program's order, planned as arrays: each operation's lock step
+        is the earliest that keeps its agent's order (a step takes ``combine``, then the gradient's point, then
+        ``local``) and comes after what it waits for (``lock_steps``): a ``combine`` the ``local`` or ``combine`` that
+        makes a payload it reads, a ``local`` its gradient batch (the engine's: evaluated at the end of its last
+        request's step; a batch-invariant model's, in its ask's step). Then each step's operations of a kind in one
+        call per round index (``by_round``), the gradient batches due at its end evaluated in the engine's order."""
+        flush_of, left, waiting = self.batches(first_ticket)
+        waiting = self.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
+        ops = self.ops
+        if not ops:
+            self.work_done(waiting, {})
+            return
+        flat = [(i, o) for i, os in ops.items() for o in os]
+        m = len(flat)
+        kind = np.fromiter([o[0] for _, o in flat], np.int64, m)
+        first = np.zeros(m, bool)
+        first[np.cumsum([0, *map(len, ops.values())])[:-1]] = True
+        combines = np.flatnonzero(kind == COMBINE).tolist()
+        locals_ = np.flatnonzero(kind == LOCAL).tolist()
+        made_by = {flat[n][1][2]: n for n in locals_}  # pid -> the operation that makes it in this work
+        made_by.update((o[4], n) for n, o in ((n, flat[n][1]) for n in combines) if o[4] is not None)
+        payload, waiter, waited, gap = self.payload, [], [], []
+        for n in combines:
+            for r in flat[n][1][2].values():
+                if r not in payload:  # (made in an earlier work: kept)
+                    by = made_by.get(r)
+                    if by is None:  # a payload is made before it is delivered, so in this work at the latest
+                        raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
+                    waiter.append(n)
+                    waited.append(by)
+        gap = [1] * len(waiter)
+        batch_op: dict[int, int] = {}  # the engine's gradient batch with a request in this work -> its own operation
+        if not self.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
+            for n in np.flatnonzero(kind == ASK).tolist():
+                f = flush_of.get(flat[n][1][1])
+                if f is not None:
+                    v = batch_op.get(f)
+                    if v is None:
+                        v = batch_op[f] = m + len(batch_op)
+                    waiter.append(v)
+                    waited.append(n)
+                    gap.append(0)
+            evaluated = self.grads.row_of
+            for n in locals_:
+                tk = flat[n][1][1]
+                v = batch_op.get(flush_of.get(tk, -1))
+                if v is not None:
+                    waiter.append(n)
+                    waited.append(v)
+                    gap.append(1)
+                elif tk not in evaluated:
+                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        nb = len(batch_op)
+        if nb:
+            kind = np.concatenate((kind, np.zeros(nb, np.int64)))
+            first = np.concatenate((first, np.ones(nb, bool)))
+        step = lock_steps(kind, first, np.array(waiter, np.int64), np.array(waited, np.int64),
+                          np.array(gap, np.int64))
+        due_at: dict[int, list[int]] = {}  # step -> the gradient batches evaluated at its end, in the engine's order
+        for f in waiting:
+            due_at.setdefault(int(step[batch_op[f]]), []).append(f)
+        step, kind = step[:m], kind[:m]
+        groups = np.lexsort((kind, step))  # by step, then kind (the handlers' order)
+        sk = step[groups] * 3 + kind[groups]
+        cut = np.flatnonzero(np.diff(sk)) + 1
+        starts, ends = [0, *cut.tolist()], [*cut.tolist(), m]
+        order, keys = groups.tolist(), sk.tolist()
+        handlers = (self.combines, self.asks, self.locals)
+        for a, b in zip(starts, ends, strict=True):
+            s, kd = divmod(keys[a], 3)
+            handlers[kd]([flat[n] for n in order[a:b]])
+            if b == m or keys[b] // 3 != s:  # the step's end: its gradient batches
+                for f in due_at.pop(s, ()):
+                    self.evaluate_batch(f)
+        self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def by_round(self, step: list, at: int) -> list[tuple]:
         """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
@@ -564,13 +629,32 @@ class _Driver(WindowDriver):
         return list(groups.items())
 
     def asks(self, step: list) -> None:
-        """The gradients' points: each agent's parameters at its activation (``agent.params``)."""
+        """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
+        drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
+        own order, as ``Agent.gradient`` draws them at the activation)."""
         who = [i for i, _ in step]
         x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
         x_at = self.x_at
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
-        self.asked(who, [o[1] for _, o in step], x)
+        tickets = [o[1] for _, o in step]
+        rows = self.sampler.take(list(map(self.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
+        if self.free:
+            self.evaluate_step(who, tickets, x, rows)
+            return
+        ticket_of, at_of = self.ticket_of, self.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
+        for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
+            ticket_of[tk] = (i, r)
+            at_of[tk] = (x, n)
+
+    def point(self, tk: int) -> torch.Tensor:
+        x, n = self.at_of.pop(tk)
+        return x[n]
+
+    def points(self, tickets) -> torch.Tensor:
+        """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
+        at_of = self.at_of
+        return _join([at_of.pop(tk) for tk in tickets])
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
@@ -611,9 +695,6 @@ class _Driver(WindowDriver):
             held = refs.get(pid)  # (None: its sends come later, at its own completion)
             if held is None or held:
                 self.payload[pid] = payload
-                woken = self.unmade.pop(pid, None)
-                if woken is not None:
-                    self.woken.extend(woken)
             else:  # sent nowhere, every message lost, or discarded as stale before this work
                 del refs[pid]
             self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)

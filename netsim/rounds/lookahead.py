@@ -265,14 +265,17 @@ class RowStore:
             self.put(keys, rows)
 
 
-def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: np.ndarray) -> np.ndarray:
+def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: np.ndarray,
+               gap: np.ndarray | int = 1) -> np.ndarray:
     """The lock step of every tensor operation (``kind``: UPDATE, MERGE, ASK, PUSH, agent after agent in program
     order; ``first``: an agent's first), the earliest that keeps each agent's order and what waits: an operation
     joins the step of the one before it when its kind comes later in a step (update, merge, ask, push), else goes
     to the next step; and it comes after every operation it waits for (``waiter[n]`` waits for ``waited[n]``: a
     merge for the push of its payload, an update for its gradient batch's last request) by one step at least. So
     step[k] = max(step[k - 1] + (kind[k] <= kind[k - 1]), wait[k]) along each agent, found as a running maximum
-    (one numpy pass per round of waits: a wait moves a step, which may move the waits on it)."""
+    (one numpy pass per round of waits: a wait moves a step, which may move the waits on it). ``gap``: the steps
+    between a waiter and what it waits for (1: the next step at the earliest; 0 for a wait on a step's end, such as a
+    gradient batch evaluated after its last request's step, written as an operation of its own)."""
     n = len(kind)
     inc = np.zeros(n, np.int64)
     inc[1:] = kind[1:] <= kind[:-1]
@@ -284,7 +287,7 @@ def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: 
     for _ in range(len(waiter) + 2):  # a chain of k waits settles in k + 1 rounds (then one to see it)
         step = climb + np.maximum.accumulate(wait - climb + big * seg) - big * seg
         need = np.zeros(n, np.int64)
-        np.maximum.at(need, waiter, step[waited] + 1)
+        np.maximum.at(need, waiter, step[waited] + gap)
         if np.array_equal(need, wait):
             return step
         wait = need
@@ -311,8 +314,6 @@ class WindowDriver:
     # a merge wait for a push of an earlier window in the same work)
     holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
     # them: values the control wrote before the tensor work made them)
-    op_waits: Callable[[int, tuple], bool] | None = None  # ``in_order``: whether agent i's next operation must wait
-    # for one to come in this work (the driver wakes it: ``woken``)
 
     def __init__(self, pattern, sim, kernel):
         self.pattern, self.sim, self.kernel = pattern, sim, kernel
@@ -360,7 +361,6 @@ class WindowDriver:
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
-        self.woken: list[int] = []  # agents whose waiting operation (``op_waits``) can go on, from the next lock step
         self.wake = self._waker()
 
     def window(self, sim) -> float:
@@ -578,7 +578,7 @@ class WindowDriver:
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free, wait, woken = self.grads.row_of, self.free, self.op_waits, self.woken
+        evaluated, free = self.grads.row_of, self.free
         waiting = self.evaluate_ready(left, waiting, blocked, active)
         while active:
             steps: list[list] = [[] for _ in handlers]
@@ -587,8 +587,6 @@ class WindowDriver:
                 o = ops[i][ptr[i]]
                 if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
                     blocked[o[1]] = i
-                    continue
-                if wait is not None and wait(i, o):  # woken by the operation it waits for (``woken``)
                     continue
                 if o[0] == ask and not free:
                     f = flush_of.get(o[1])
@@ -603,9 +601,6 @@ class WindowDriver:
             for handle, step in zip(handlers, steps, strict=True):
                 if step:
                     handle(step)
-            if woken:
-                nxt.extend(woken)
-                woken.clear()
             if waiting:
                 waiting = self.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
@@ -627,6 +622,10 @@ class WindowDriver:
     def point(self, tk: int) -> torch.Tensor:
         """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
         return self.at_of.pop(tk)
+
+    def points(self, tickets) -> torch.Tensor:
+        """``point`` of each of ``tickets``, as one tensor's rows."""
+        return stacked([self.point(tk) for tk in tickets])
 
     def rows_of_ticket(self, tk: int):
         """The training rows of ticket ``tk``'s gradient (None in ``ticket_of``: the agent's whole part)."""
@@ -654,21 +653,30 @@ class WindowDriver:
         svc, ticket_of = self.svc, self.ticket_of
         t0 = time.perf_counter()
         r = self.flushes[f]
-        tickets = [svc.submit(ticket_of[tk][0], self.point(tk), self.rows_of_ticket(tk), *self.clipping()) for tk in r]
-        svc.flush()
-        self.grads.put(r, stacked([t.result for t in tickets]))
+        rows = [self.rows_of_ticket(tk) for tk in r]
+        m = len(rows[0])
+        if all(len(x) == m for x in rows):  # one block: the call the engine's tickets make, no tensor per request
+            block = svc.submit_block([ticket_of[tk][0] for tk in r], self.points(r), rows, *self.clipping())
+            svc.flush()
+            self.grads.put(r, block.result)
+        else:
+            tickets = [svc.submit(ticket_of[tk][0], self.point(tk), x, *self.clipping()) for tk, x in zip(r, rows)]
+            svc.flush()
+            self.grads.put(r, stacked([t.result for t in tickets]))
         for tk in r:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
         return r
 
-    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
-        """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
+    def evaluate_step(self, who: list[int], tickets: list[int], at: torch.Tensor, rows=None) -> None:
+        """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call (``rows``: their
+        mini-batches, else ``ticket_of``'s)."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
-        rows = [self.rows_of_ticket(tk) for tk in tickets]
+        if rows is None:
+            rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
-        if all(len(r) == m for r in rows):  # one block: no per-request tensors
+        if isinstance(rows, np.ndarray) or all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
             svc.flush()
             self.grads.put(tickets, block.result)

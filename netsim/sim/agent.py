@@ -708,9 +708,11 @@ class RowsAhead:
     Where every agent draws i.i.d. mini-batches ahead (``DrawsAhead``; not ``without_replacement``, not a program
     that took the stream itself), an agent's mini-batch is the next row of its block of drawn positions, refilled
     as ``sample_rows`` refills it, and its rows are its part's at those positions: gathered for every agent by
-    one index into the parts laid end to end. The blocks are laid out as the rows of one array (each agent's block
-    a view of its row: the same values), so the positions are gathered by one index too. Anywhere else, each
-    agent's own ``sample_rows``."""
+    one index into the parts laid end to end. The blocks are laid out as the rows of one array, row i agent i's
+    (each agent's block a view of its row: the same values), so the positions are gathered by one index too, for
+    any of the agents (a round's, or the few of a lock step); only the agents whose block is not laid there (used
+    up, drawn elsewhere, or none yet) are visited, each block (re)drawn and laid into its row at once (no two
+    copies of every block). Anywhere else, each agent's own ``sample_rows``."""
 
     def __init__(self, agents: list[Agent]):
         from netsim.compute.data import end_to_end_base
@@ -720,89 +722,48 @@ class RowsAhead:
         self.flat = flat if flat is not None else np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
         lengths = np.array([len(r) for r in self.parts], np.int64)
         self.start = np.cumsum(lengths) - lengths
-        self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, one row each
+        self.blocks: np.ndarray | None = None  # every agent's DrawsAhead block, row i agent i's (made at the first)
         # positions within a part in the smallest integer type that holds every part's (the same values: an eighth of
         # the blocks' memory for parts under 128 rows, 256 B an agent at batch 16)
         self.position = np.min_scalar_type(-int(lengths.max(initial=1)))
-        self.row = np.zeros(len(agents), np.int64)  # agent id: its row of blocks
         # agent id: its DrawsAhead as laid into ``blocks`` by this object (``_UNLAID``: none), and their batch
         self.laid: list = [_UNLAID] * len(agents)
         self.laid_batch: int | None = None
-        self._laid_in: np.ndarray | None = None  # the ``blocks`` they are laid into
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
+        """Agents ``agents`` (ids ``ids``, each once) each draw a mini-batch of ``batch`` rows."""
         parts = self.parts
-        if not batch:
-            return [a.sample_rows(batch) for a in agents]
-        if batch == self.laid_batch:  # every agent's block still the one laid here, none used up: no per-agent Python
-            rows = self._from_laid(agents, ids)
-            if rows is not None:
-                return rows
-        aheads: list = []
-        at: list[int] = []  # each agent's position in its block (0 in a block drawn now)
-        empty = []  # the agents whose block must be (re)drawn first, as ``sample_rows`` would
-        blocks = self.blocks
-        laid = blocks is not None  # every block a row of ``blocks`` (one pass: a round's per-agent Python)
-        for n, a in enumerate(agents):
-            if not a._draw_ahead or a._distinct_rows or a.rows is not parts[a.id]:
+        id_list = ids.tolist()
+        if not batch or not all(map(is_, map(_ROWS, agents), map(parts.__getitem__, id_list))):
+            return [a.sample_rows(batch) for a in agents]  # (a part replaced: every agent's own, as it draws them)
+        if batch != self.laid_batch:  # (blocks of another batch: none laid holds)
+            self.laid, self.laid_batch, self.blocks = [_UNLAID] * len(parts), batch, None
+        laid = self.laid
+        aheads = list(map(_AHEAD, agents))
+        if all(map(is_, aheads, map(laid.__getitem__, id_list))):  # (C loops: no per-agent Python)
+            fresh: list[int] = []
+            at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
+        else:
+            fresh = [n for n, h, was in zip(range(len(aheads)), aheads, map(laid.__getitem__, id_list)) if h is not was]
+            if any(not agents[n]._draw_ahead or agents[n]._distinct_rows for n in fresh):
                 return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
-            ahead = a._ahead
-            if ahead is None or ahead.batch != batch or ahead.pos >= len(ahead.block):
-                empty.append(n)
-                at.append(0)
-            else:
-                at.append(ahead.pos)
-                if laid and ahead.block.base is not blocks:
-                    laid = False
-            aheads.append(ahead)
-        laid = laid and not empty
-        if len(empty) == len(agents) > 1:  # every block drawn anew: each laid into the new array as it is drawn,
-            self.blocks = blocks = None  # so the agents' own blocks and the old array never all coexist
-            for n, a in enumerate(agents):
-                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
+            at = np.array([-1 if h is None else h.pos for h in aheads], np.int64)
+        blocks = self.blocks
+        if blocks is not None and len(at) and int(at.max()) >= blocks.shape[1]:  # a laid block used up: drawn again,
+            fresh = sorted({*fresh, *np.flatnonzero(at >= blocks.shape[1]).tolist()})  # as ``sample_rows`` draws it
+        for n in fresh:
+            a, h = agents[n], aheads[n]
+            if h is None or h.batch != batch or h.pos >= len(h.block):
+                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, h)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                     return [a.sample_rows(batch) for a in agents]
-                if blocks is None:
-                    blocks = np.empty((len(agents), *h.block.shape), self.position)
-                blocks[n] = h.block
-                h.block = blocks[n]
                 a._ahead = aheads[n] = h
-            self.blocks = blocks
-            self.row[ids] = np.arange(len(ids))
-            empty, laid = [], True
-        for n in empty:
-            a = agents[n]
-            a._ahead = aheads[n] = DrawsAhead.start(a._batch_rng, len(a.rows), batch, aheads[n])
-            if aheads[n] is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
-                return [a.sample_rows(batch) for a in agents]
-        if not laid:
-            self.blocks = blocks = np.stack([h.block for h in aheads]).astype(self.position, copy=False)
-            self.row[ids] = np.arange(len(ids))
-            for h, block in zip(aheads, blocks, strict=True):
-                h.block = block
-        if self.blocks is not self._laid_in or batch != self.laid_batch:  # the blocks laid anew: none laid before holds
-            self.laid = [_UNLAID] * len(self.parts)
-            self._laid_in, self.laid_batch = self.blocks, batch
-        laid_by = self.laid
-        for a, h in zip(agents, aheads, strict=True):
-            laid_by[a.id] = h
-        for h in aheads:
-            h.pos += 1
-        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], np.array(at, np.int64)]]
-
-    def _from_laid(self, agents: list[Agent], ids: np.ndarray) -> np.ndarray | None:
-        """``take`` where every agent's DrawsAhead is the one laid into ``blocks`` here (``laid``), its rows unchanged
-        and its block not used up: the same positions and rows as the loop of ``take``, over arrays (None: not so).
-        An agent whose program took its batch stream, or a fresh block drawn elsewhere (``sample_rows``, a restore),
-        has another DrawsAhead (or none); ``_distinct_rows`` is fixed with the agent."""
-        id_list = ids.tolist()
-        aheads = list(map(self.laid.__getitem__, id_list))
-        if not (all(map(is_, map(_AHEAD, agents), aheads))
-                and all(map(is_, map(_ROWS, agents), map(self.parts.__getitem__, id_list)))):
-            return None
-        at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
-        blocks = self.blocks
-        if not len(at) or int(at.max()) >= blocks.shape[1]:
-            return None
+            if blocks is None:
+                blocks = self.blocks = np.empty((len(parts), *h.block.shape), self.position)
+            if h.block.base is not blocks:
+                blocks[a.id] = h.block
+                h.block = blocks[a.id]
+            laid[a.id] = h
+            at[n] = h.pos
         deque(map(setattr, aheads, repeat("pos"), (at + 1).tolist()), maxlen=0)
-        return self.flat[self.start[ids][:, None] + blocks[self.row[ids], at]]
+        return self.flat[self.start[ids][:, None] + blocks[ids, at]]
