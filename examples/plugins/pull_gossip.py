@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import attrs
 
+from netsim.algorithms.gossip import Gossip
 from netsim.algorithms.registry import register
-from netsim.rounds.kernel import GradientRequest
-from netsim.rounds.pairwise import Pairwise, PairwiseKernel
+from netsim.rounds.pairwise import Pairwise
 from netsim.scenario.structure import at_least, field, nonneg, positive
 
 
@@ -37,21 +37,12 @@ class PullGossipParams:
 
 
 @register("pull_gossip", PullGossipParams)
-class PullGossip(PairwiseKernel):
-    """The local step first (``step_first``), then the pull; every agent pulls, none locks."""
+class PullGossip(Gossip):
+    """Randomized gossip's kernel (its local step first, its timeout, no lock) with the exchange made a pull: every
+    agent pulls, none averages on a request; the reply is merged by ``combine``."""
 
     pattern = Pairwise(tags=("pull.req", "pull.rep"), pull=True)
-    reads = frozenset({"lr", "batch", "alpha", "reply_timeout"})
-    step_first = True
-
-    def gradient(self, p, state, i):
-        return GradientRequest.of(p.batch) if p.lr > 0 else None
-
-    def exchange(self, p):
-        return p.reply_timeout, False
-
-    def update(self, b, p, g):
-        b.x = b.x - p.lr * g
+    reads = Gossip.reads | {"alpha"}
 
     def combine(self, b, p, received):
         b.x = b.x + p.alpha * (received - b.x)
