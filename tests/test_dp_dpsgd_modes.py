@@ -109,3 +109,26 @@ def test_noise_settings_are_exclusive_and_epsilon_needs_rounds():
     d["run"] = {"seed": 1, "until": 5.0}
     with pytest.raises(InputError, match="algorithm.rounds"):
         prepare(scenario_from_dict(d))
+
+
+def test_an_epsilon_target_is_calibrated_before_the_run(tmp_path, monkeypatch):
+    """The accountant's search (seconds) runs in the run's checks, once per sampling rate, not inside the simulation:
+    the run's releases then take the multiplier calibrated there."""
+    from netsim.algorithms import dp_dpsgd
+    from netsim.sim.kernel import Simulation
+
+    dp_dpsgd._multiplier.cache_clear()
+    calls: list[str] = []
+    advance = Simulation.advance
+
+    def during_the_run(self, *a, **k):
+        calls.append("run")
+        return advance(self, *a, **k)
+
+    monkeypatch.setattr(Simulation, "advance", during_the_run)
+    sim = prepare(scenario_from_dict(_scenario(clip_mode="batch", epsilon=3.0)))
+    assert not calls and dp_dpsgd._multiplier.cache_info().currsize == 1  # the 4 agents' one q
+    rel = _releases(tmp_path, clip_mode="batch", epsilon=3.0)
+    assert calls and dp_dpsgd._multiplier.cache_info().misses == 1  # the run's releases found it calibrated
+    q = min(1.0, 16 / len(sim.agents[0].rows))
+    assert {r.scale / r.sensitivity for rs in rel.values() for r in rs} == {noise_multiplier(3.0, 1e-5, [(q, ROUNDS)])}

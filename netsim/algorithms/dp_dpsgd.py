@@ -164,9 +164,14 @@ class DPDPSGD(SyncKernel):
         return budget_cap_refusal(sim)  # an agent out of budget leaves the round's order
 
     def check(self, sim, p):
-        """Before the run: an epsilon target needs the number of releases T."""
-        if p.epsilon is not None and p.rounds is None and sim.scenario.run.rounds is None:
+        """Before the run: an epsilon target needs the number of releases T, and its noise multiplier is calibrated
+        here (the accountant's search takes seconds: a setting's cost, not the simulation's; cached for the run)."""
+        if p.epsilon is None:
+            return
+        if p.rounds is None and sim.scenario.run.rounds is None:
             raise InputError("algorithm.rounds", "an epsilon target needs T: set algorithm.rounds or run.rounds")
+        for a in {len(a.rows): a for a in sim.agents}.values():  # one calibration per sampling rate q
+            noise_std(a, p, 1)
 
 
 def release_scale(agent, p: DPDPSGDParams, dim: int) -> tuple[float, float]:
