@@ -39,13 +39,15 @@ def pull():
 @given(data=st.data())
 def test_pull_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, pull, data):
     """Own clocks, drift, jitter, stragglers, random compute times and latencies, loss (``async_gossip``); replies
-    within or after their timeout, a step or none, any merge weight, a directed graph or not."""
+    within or after their timeout, a step or none, any merge weight, a directed graph or not, bandwidth or not."""
     sc = data.draw(async_gossip())
     sc["algorithm"] = {"name": "pull_gossip", "lr": data.draw(st.sampled_from([0.0, 0.5])),
                        "batch": data.draw(st.integers(0, 6)), "alpha": data.draw(st.sampled_from([0.25, 0.5, 1.0])),
                        "reply_timeout": data.draw(st.sampled_from([0.02, 0.3, 2.0]))}
     if data.draw(st.booleans()):
         sc["topology"] = {"kind": "erdos_renyi", "p": 0.4, "directed": True}
+    if data.draw(st.booleans()):  # the request waits for its transmission, the reply queues on its link
+        sc["network"] = {**sc["network"], **data.draw(st.sampled_from([{"bandwidth": 2.0e3}, {"uplink": 4.0e3}]))}
     buildable(sc)
     both(tmp_path_factory.mktemp("drawn"), sc)
 

@@ -58,7 +58,7 @@ def test_every_tutorial_command_runs(tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     assert (scratch / "quick" / "agent_metrics.csv").is_file()
     gossip, fast = (json.loads((scratch / f / "summary.json").read_text()) for f in ("gossip", "gossip_fast"))
-    assert gossip["engine"] == "events" and " — remove network.bandwidth" in gossip["windowed_refused"]
+    assert gossip["engine"] == "events" and " — a uniform latency with low > 0" in gossip["windowed_refused"]
     assert f"```text\n{gossip['windowed_refused']}\n```" in TUTORIAL.read_text()  # the page shows the run's line
     assert fast["engine"] == "windowed" and "windowed_refused" not in fast
     assert (scratch / "compare.png").is_file() and (scratch / "dp" / "privacy.json").is_file()

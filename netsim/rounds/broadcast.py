@@ -201,15 +201,11 @@ class Broadcast(Pattern):
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
         """Why the run cannot be played as conservative lookahead windows (rounds/broadcast_windows.py): push gossip's
-        reasons (rounds/lookahead.py), what this driver does not play (a broadcast that takes time to transmit: the
-        program waits for it before its next wake), then the kernel's own reason. No synchronous rounds."""
+        reasons (rounds/lookahead.py), then the kernel's own reason. No synchronous rounds."""
         from netsim.rounds import lookahead
 
         if path != LOOKAHEAD:
             return "every agent broadcasts on its own clock: played as lookahead windows only"
-        if lookahead.transmits(sim):
-            return ("bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows) — "
-                    "remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:

@@ -1,20 +1,20 @@
-"""The broadcast pattern (rounds/broadcast.py) as conservative lookahead windows: ``--engine windowed`` for
-asynchronous push gossip SGD and push-sum, byte for byte the events engine's trace, metrics and models.
+"""The broadcast pattern (rounds/broadcast.py) as conservative lookahead windows: ``--engine windowed`` for asynchronous
+push gossip SGD and push-sum, byte for byte the events engine's trace, metrics and models.
 
-The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this
-driver shares): a message sent at t lands no earlier than t + L, so whatever an activation of [T, T + L) merges,
-at its start (push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier
-window's tensor work. The driver plays the window's events in simpy's order, each agent's and each
-link's streams drawn by the engine's calls in the engine's order, the kernel's control (``choose``, ``scalars``,
-``pushed``) called at the event's time as the program calls it; every agent's tensor operations of the window are
-then done in lock step: in each step an agent goes as far as it can through one activation's operations (merge,
-ask, update, push, in its program's order), each kind in one batched kernel call. A gradient is taken where the
-kernel says when it is asked (``gradient_at``, kept until its batch is evaluated: asynchronous push merges before
-its update) and evaluated in the engine's batches, or per step for a batch-invariant model, as push gossip's
-driver does. A pushed payload is one row however many out-neighbours it goes to, freed when the last message
-carrying it is merged, or, for a kernel that ``keeps`` payloads (push-sum's last running sum per sender), when a
-later take names it as its base.
-"""
+The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
+shares): a message sent at t lands no earlier than t + L, so whatever an activation of [T, T + L) merges, at its start
+(push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier window's tensor work.
+The driver plays the window's events in simpy's order, each agent's and each link's streams drawn by the engine's calls
+in the engine's order, the kernel's control (``choose``, ``scalars``, ``pushed``) called at the event's time as the
+program calls it; every agent's tensor operations of the window are then done in lock step: in each step an agent goes
+as far as it can through one activation's operations (merge, ask, update, push, in its program's order), each kind in
+one batched kernel call. A gradient is taken where the kernel says when it is asked (``gradient_at``, kept until its
+batch is evaluated: asynchronous push merges before its update) and evaluated in the engine's batches, or per step for a
+batch-invariant model, as push gossip's driver does. A broadcast that takes time to transmit (bandwidth, uplinks) holds
+the program until its longest transmission ends (``Agent.broadcast``'s Timeout, an event of its own set after the
+arrivals), then it wakes again; the lookahead still holds, as a transmission only delays an arrival. A pushed payload is
+one row however many out-neighbours it goes to, freed when the last message carrying it is merged, or, for a kernel that
+``keeps`` payloads (push-sum's last running sum per sender), when a later take names it as its base."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from netsim.sim.network import payload_size
 from netsim.sim.rows import CODES, deliver
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
+SENT = 7  # an event of its own (after lookahead's): the end of a broadcast's transmission (the program goes on)
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -100,14 +101,19 @@ class _Driver(WindowDriver):
         scalar = kernel.pushed(self.own[i], a, self.p)
         pid = next(self.pids)
         size, tag, rnd, rows = self.size, self.tag, a.round, self.rows
-        held = 0
+        held, tx = 0, 0.0
         for j in a.neighbors:  # this activation's (a time-varying topology changes them)
-            mid, at = self.message(i, j, now, size, rnd, tag, rows)  # no transmission time here: refused
+            mid, at = self.message(i, j, now, size, rnd, tag, rows)
+            if self.tx_end - now > tx:  # ``Agent.broadcast`` waits for its longest transmission
+                tx = self.tx_end - now
             if at is not None:
                 held += 1
                 self.push_event(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))
         self.op(i, PUSH, pid, held, scal)
-        self.wake(i, now)
+        if tx <= 0:
+            self.wake(i, now)
+        else:  # its Timeout, set after the arrivals
+            self.push_event(now + tx, SENT, i)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
@@ -124,6 +130,8 @@ class _Driver(WindowDriver):
                 elif kind == DONE:
                     self.completion(i, t, v)
                     self.completed(i, t, v)
+                elif kind == SENT:
+                    self.wake(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:

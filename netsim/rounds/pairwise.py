@@ -100,15 +100,11 @@ class Pairwise(Pattern):
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
-        """Push gossip's reasons (rounds/lookahead.py), a send that takes time to transmit (the exchange waits for its
-        request's transmission), then the kernel's own reason. No synchronous rounds."""
+        """Push gossip's reasons (rounds/lookahead.py), then the kernel's own reason. No synchronous rounds."""
         from netsim.rounds import lookahead
 
         if path != LOOKAHEAD:
             return "exchanges wait on replies and agents on their own clocks: played as lookahead windows only"
-        if lookahead.transmits(sim):
-            return ("bandwidth or uplinks: an exchange waits for its request's transmission (not played by these "
-                    "windows) — remove network.bandwidth, network.uplink and the links' bandwidth")
         return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:

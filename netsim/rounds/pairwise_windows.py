@@ -34,7 +34,8 @@ from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
 
-RESUME, SERVE_NEXT, TIMER = 7, 8, 9  # events of their own (after lookahead's): a program's wait resolved, a timer
+RESUME, SERVE_NEXT, TIMER, SENT = 7, 8, 9, 10  # events of their own (after lookahead's): a program's wait resolved,
+# a timer, the end of a request's transmission
 ASK, SEND, SERVE, REPLY, STEP = range(5)  # an agent's tensor operations
 
 
@@ -123,6 +124,8 @@ class _Driver(WindowDriver):
                     if self.waits[i] == v:  # the wait it was set for is still open: it ends with nothing
                         self.waits[i] = 0
                         self.push_event(t, RESUME, i, None)
+                elif kind == SENT:
+                    self.receive(i, t, v)
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
@@ -142,7 +145,8 @@ class _Driver(WindowDriver):
             self.step(i, now)
 
     def exchange(self, i: int, now: float) -> None:
-        """``PairwiseGossip.exchange`` up to its wait: the lock, the request, the queued stale replies, the timer."""
+        """``PairwiseGossip.exchange`` up to its wait: the lock, the request (and the end of its transmission, where it
+        takes time: the program waits for it), then ``receive``."""
         self.locked[i] = True
         r = self.xround[i] = self.xround[i] + 1
         nb = self.agents[i].neighbors
@@ -155,6 +159,14 @@ class _Driver(WindowDriver):
             self.op(i, SEND, pid)
             self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
             self.send(i, j, now, pid, self.size, self.tags[0], r)
+        tx = self.tx_end - now  # ``Agent.send``'s Timeout, set after the arrival
+        if tx > 0:
+            self.push_event(now + tx, SENT, i, r)
+        else:
+            self.receive(i, now, r)
+
+    def receive(self, i: int, now: float, r: int) -> None:
+        """The exchange's ``recv``: the queued stale replies, then the wait for round ``r``'s reply and its timer."""
         for m in self.replies[i]:  # an earlier exchange's reply (round < r): stale
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:

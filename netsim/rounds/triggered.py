@@ -80,7 +80,15 @@ class Triggered(Broadcast):
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
-        """The kernel's reason first (the parameters the windows do not play), then the broadcast's."""
+        """The kernel's reason first (the parameters the windows do not play), a send that takes time to transmit
+        (whether it goes out depends on the model, and the program waits for it: when the agent goes on would too),
+        then the broadcast's."""
+        from netsim.rounds import lookahead
+
+        if path == LOOKAHEAD and lookahead.transmits(sim) and not sim.program.refusal(sim, path):
+            return ("bandwidth or uplinks: a triggered send waits for its transmission, so when the agent goes on "
+                    "depends on whether the model fires the trigger (the windows decide it after the control) — "
+                    "remove network.bandwidth, network.uplink and the links' bandwidth")
         return (path == LOOKAHEAD and sim.program.refusal(sim, path)) or super().refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:
