@@ -156,17 +156,13 @@ class Ticks(Pattern):
 
     # the windowed driver ------------------------------------------------------------------------------
     def refusal(self, sim, path: Path) -> str | None:
-        """Why the run cannot be played as lookahead windows (rounds/ticks_windows.py): push gossip's reasons, a
-        broadcast that takes time to transmit, a budget cap (an agent out of budget changes what it asks for), then
-        the kernel's own. No synchronous rounds."""
+        """Why the run cannot be played as lookahead windows (rounds/ticks_windows.py): push gossip's reasons, a budget
+        cap (an agent out of budget changes what it asks for), then the kernel's own. No synchronous rounds."""
         from netsim.rounds import lookahead
         from netsim.rounds.windowed import budget_cap_refusal
 
         if path != LOOKAHEAD:
             return "every agent wakes on its own active ticks: played as lookahead windows only"
-        if lookahead.transmits(sim):
-            return ("bandwidth or uplinks: a broadcast waits for its transmission (not played by these windows) — "
-                    "remove network.bandwidth, network.uplink and the links' bandwidth")
         return budget_cap_refusal(sim) or lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:

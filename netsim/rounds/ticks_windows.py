@@ -25,6 +25,7 @@ from netsim.rounds.ticks import SLEEP, Replay
 from netsim.sim.rows import CODES, deliver
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
+SENT = 7  # an event of its own (after lookahead's): the end of a broadcast's transmission (the program goes on)
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -63,6 +64,8 @@ class _Driver(WindowDriver):
                 elif kind == DONE:
                     self.completion(i, t, v)
                     self.completed(i, t, v)
+                elif kind == SENT:
+                    self.wake(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
@@ -90,18 +93,24 @@ class _Driver(WindowDriver):
         self.op(i, ASK, self.request(i, now, self.req.batch))
 
     def completed(self, i: int, now: float, tk: int) -> None:
-        """The release (its row after ``compute_end``), the round's differences sent, the next wake."""
+        """The release (its row after ``compute_end``), the round's differences sent, the next wake (once the
+        broadcast's longest transmission is over: ``Agent.broadcast``'s Timeout, set after the arrivals)."""
         a = self.agents[i]
         sigma, sens, q = self.noise[i]
         a.ledger.record(self.bank.W.shape[1], sigma, sens, q=q, what="gradient", at=(now, self.rows))
-        pid, t, held = next(self.pids), self.round[i], 0
+        pid, t, held, tx = next(self.pids), self.round[i], 0, 0.0
         for j in a.neighbors:
             mid, arrives = self.message(i, j, now, self.size, t, self.tag, self.rows)
+            if self.tx_end - now > tx:
+                tx = self.tx_end - now
             if arrives is not None:
                 held += 1
                 self.push_event(arrives, ARR, j, (mid, i, self.size, now, t, pid))
         self.op(i, STEP, tk, pid, held)
-        self.wake(i, now)
+        if tx <= 0:
+            self.wake(i, now)
+        else:
+            self.push_event(now + tx, SENT, i)
 
     # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
