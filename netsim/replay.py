@@ -32,7 +32,7 @@ import numpy as np
 
 from netsim.errors import InputError
 from netsim.sim.activation import SCHEDULES, Schedule
-from netsim.sim.network import LINK_MODELS, ComposedLinks
+from netsim.sim.network import LINK_MODELS, ComposedLinks, hold_time
 from netsim.trace.io import Trace, read_trace
 
 
@@ -158,7 +158,7 @@ class ReplayNetwork:
         else:
             tx_end = self.transfer_end(src, dst, now, size)
         if not self.exact:
-            delay = max(delay, tx_end - now)  # cannot arrive before its own transmission ends
+            delay = max(delay, hold_time(tx_end, now))  # cannot arrive before its own transmission ends
             if reason == "offline":  # churn is replayed as a schedule: it decides offline drops
                 reason = ""
             if churn is not None:  # the same precedence as the full path: sender, outage/loss, receiver

@@ -3,7 +3,8 @@ call it: an AST scan of the whole package finds any re-statement outside its one
 covered the day it is added), with planted violations that the scan must find.
 
 The rules: a gradient's compute time (``Agent.compute_time``: the draw times the agent's scale), message ids
-(``Network.take_ids``), wake counting (``Simulation.count_wakes``), a message's delay (``network.delay``) and the
+(``Network.take_ids``), wake counting (``Simulation.count_wakes``), a message's delay (``network.delay``), how long a
+send holds its sender (``network.hold_time``) and the
 shapes of the trace rows the rules make (netsim/sim/rows.py: activate, compute_start, compute_end, send, drop,
 deliver, timeout, finish, in scalar, packed and columnar form)."""
 
@@ -28,6 +29,7 @@ HOME = {
     "compute draw": {("netsim/sim/agent.py", "Agent.compute_time")},
     "wake count": {("netsim/sim/kernel.py", "Simulation.count_wakes")},
     "delay": {("netsim/sim/network.py", "delay")},
+    "hold": {("netsim/sim/network.py", "hold_time"), ("netsim/sim/network.py", "delay")},
 }
 
 
@@ -113,6 +115,9 @@ class _Scan(ast.NodeVisitor):
             sub = node.left
             if ast.dump(sub.left) == ast.dump(sub.right) or _mentions_latency(node.right):
                 self.flag(node, "delay", "a message's delay outside network.delay (x - now + latency)")
+        if isinstance(node.op, ast.Sub) and (isinstance(node.left, ast.Name) and node.left.id == "tx_end" or
+                                             isinstance(node.left, ast.Attribute) and node.left.attr == "tx_end"):
+            self.flag(node, "hold", "a send's hold on its sender outside network.hold_time (tx_end - now)")
         self.generic_visit(node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
@@ -168,6 +173,9 @@ def test_every_rule_home_exists():
     "def f(now, link):\n    return now - now + link.latency()",
     "def f(t, lat):\n    return (t - t) + lat",
     "def f(tx_end, now, latency):\n    return tx_end - now + latency",
+    # how long a send holds its sender
+    "def f(self, now, tx):\n    if self.tx_end - now > tx:\n        tx = self.tx_end - now\n    return tx",
+    "def f(tx_end, t):\n    return max(0.0, tx_end - t)",
 ])
 def test_the_scan_finds_a_planted_restatement(code):
     assert violations(code), code
@@ -181,6 +189,7 @@ def test_the_scan_finds_a_planted_restatement(code):
     ("class Simulation:\n    def count_wakes(self, agents):\n        for a in agents:\n            a.round += 1\n"
      "        self.loop.marks.activations += len(agents)", "netsim/sim/kernel.py"),
     ("def delay(tx_end, now, latency):\n    return tx_end - now + latency", "netsim/sim/network.py"),
+    ("def hold_time(tx_end, now):\n    return tx_end - now", "netsim/sim/network.py"),
     ("def send(t, s, d, m, z, y, r, tag, k):\n    return (t, k.send, s, d, m, z, y, r, tag)", ROWS_MODULE),
     # what a driver writes instead, and what reads rows (not a shape)
     ("def f(put, pack, shapes, CODES, t, i, v, r):\n    put(pack(*shapes.activate(t, i, v, r, CODES)))",

@@ -63,7 +63,7 @@ import torch
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
 from netsim.sim.agent import RowsAhead
-from netsim.sim.network import payload_size
+from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -326,8 +326,9 @@ class _Driver(WindowDriver):
                 if size is None:
                     patches.append((len(buf) // R, pid))
                 put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
-                if tx_end - t > tx:
-                    tx = tx_end - t
+                h = hold_time(tx_end, t)
+                if h > tx:
+                    tx = h
                 if reason:
                     if size is None:
                         patches.append((len(buf) // R, pid))

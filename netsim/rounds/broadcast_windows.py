@@ -25,7 +25,7 @@ import torch
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
-from netsim.sim.network import payload_size
+from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, deliver
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -104,8 +104,9 @@ class _Driver(WindowDriver):
         held, tx = 0, 0.0
         for j in a.neighbors:  # this activation's (a time-varying topology changes them)
             mid, at = self.message(i, j, now, size, rnd, tag, rows)
-            if self.tx_end - now > tx:  # ``Agent.broadcast`` waits for its longest transmission
-                tx = self.tx_end - now
+            h = hold_time(self.tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
+            if h > tx:
+                tx = h
             if at is not None:
                 held += 1
                 self.push_event(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))

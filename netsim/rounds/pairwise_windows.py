@@ -29,7 +29,7 @@ import torch
 
 from netsim.rounds.kernel import Batch
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
-from netsim.sim.network import payload_size
+from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -159,7 +159,7 @@ class _Driver(WindowDriver):
             self.op(i, SEND, pid)
             self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
             self.send(i, j, now, pid, self.size, self.tags[0], r)
-        tx = self.tx_end - now  # ``Agent.send``'s Timeout, set after the arrival
+        tx = hold_time(self.tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
         if tx > 0:
             self.push_event(now + tx, SENT, i, r)
         else:

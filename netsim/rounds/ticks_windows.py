@@ -22,6 +22,7 @@ import torch
 from netsim.rounds.kernel import Batch
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
 from netsim.rounds.ticks import SLEEP, Replay
+from netsim.sim.network import hold_time
 from netsim.sim.rows import CODES, deliver
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
@@ -101,8 +102,9 @@ class _Driver(WindowDriver):
         pid, t, held, tx = next(self.pids), self.round[i], 0, 0.0
         for j in a.neighbors:
             mid, arrives = self.message(i, j, now, self.size, t, self.tag, self.rows)
-            if self.tx_end - now > tx:
-                tx = self.tx_end - now
+            h = hold_time(self.tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
+            if h > tx:
+                tx = h
             if arrives is not None:
                 held += 1
                 self.push_event(arrives, ARR, j, (mid, i, self.size, now, t, pid))

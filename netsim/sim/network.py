@@ -65,6 +65,12 @@ def payload_size(payload: Any) -> int:
     return 8
 
 
+def hold_time(tx_end: float, now: float) -> float:
+    """How long a send holds its sender's program (``Agent.send``, ``Agent.broadcast``: the longest over its links, a
+    Timeout of it when positive): the rest of its transmission, ending at ``tx_end``. Every engine's one expression."""
+    return tx_end - now
+
+
 def delay(tx_end, now, latency):
     """A message's delay from its send at ``now`` to its arrival: the rest of its transmission (ending at ``tx_end``),
     then the link's ``latency`` (floats or arrays: the same expression, so the same bits, in every engine)."""
@@ -343,8 +349,9 @@ class Network:
             else:
                 msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
                 Timeout(env, d, msg).callbacks.append(on_arrival)
-            if tx_end - now > longest:
-                longest = tx_end - now
+            h = hold_time(tx_end, now)
+            if h > longest:
+                longest = h
         return longest
 
     def take_ids(self, n: int) -> int:
@@ -430,7 +437,7 @@ class Network:
             size = payload_size(payload)
         tx_end, delay, reason = self.model.outcome(src, dst, now, size)
         self.dispatch(src, dst, payload, tag, rnd, size, now, delay, reason)
-        return tx_end - now
+        return hold_time(tx_end, now)
 
     def dispatch(self, src: int, dst: int, payload: Any, tag: str, rnd: int, size: int, now: float,
                  delay: float, reason: str) -> None:
