@@ -361,6 +361,7 @@ class WindowDriver:
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
         self.woken: list[int] = []  # agents whose waiting operation (``op_waits``) can go on, from the next lock step
+        self.parts = None  # the agents' whole parts stacked by length, once a lock step asks for gradients on them
         self.wake = self._waker()
 
     def window(self, sim) -> float:
@@ -666,6 +667,9 @@ class WindowDriver:
         """A batch-invariant model's requests of one lock step, at the rows ``at``, in one call."""
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
+        if all(ticket_of[tk][1] is None for tk in tickets):  # every request on its agent's whole part
+            self.evaluate_parts(who, tickets, at)
+            return
         rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if all(len(r) == m for r in rows):  # one block: no per-request tensors
@@ -681,6 +685,46 @@ class WindowDriver:
             svc.flush()
             for ks, block in blocks:
                 self.grads.put([tickets[k] for k in ks], block.result)
+        for tk in tickets:
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
+
+    def evaluate_parts(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+        """``evaluate_step`` of requests on their agents' whole parts: the blocks of one part length each (in the
+        order of their first request, each in request order, as ``evaluate_step`` makes them) take their rows as
+        one (B, m) array from the parts stacked once, with no list of per-agent arrays."""
+        t0 = time.perf_counter()
+        svc, ticket_of = self.svc, self.ticket_of
+        if self.parts is None:  # the agents' parts by length: (length, row of each agent in its stack, the stacks)
+            agents = self.agents
+            lens = np.fromiter((len(a.rows) for a in agents), np.int64, len(agents))
+            row = np.zeros(len(agents), np.int64)
+            stacks = {}
+            for m in np.unique(lens).tolist():
+                ids = np.flatnonzero(lens == m)
+                row[ids] = np.arange(len(ids))
+                stacks[m] = np.stack([agents[i].rows for i in ids.tolist()]) if len(ids) else None
+            self.parts = (lens, row, stacks)
+        lens, row, stacks = self.parts
+        w = np.asarray(who, np.int64)
+        ms = lens[w]
+        if not (ms == ms[0]).all():
+            _, first = np.unique(ms, return_index=True)
+            groups = [np.flatnonzero(ms == ms[k]) for k in np.sort(first).tolist()]
+        else:
+            groups = [None]
+        blocks = []
+        for ks in groups:
+            if ks is None:
+                ids, params, tks = who, at, tickets
+            else:
+                ks_l = ks.tolist()
+                ids, params, tks = [who[k] for k in ks_l], at[as_index(ks_l, at.device)], [tickets[k] for k in ks_l]
+            sel = w if ks is None else w[ks]
+            blocks.append((tks, svc.submit_block(ids, params, stacks[int(lens[sel[0]])][row[sel]], *self.clipping())))
+        svc.flush()
+        for tks, block in blocks:
+            self.grads.put(tks, block.result)
         for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
@@ -858,6 +902,11 @@ class _Driver(WindowDriver):
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
+        # the lean path on each sender's links, looked up once (``Network.link``'s objects, never replaced): a
+        # lookup in the network's dict of all links is a cache miss or two per push at 10^4 agents
+        on = None if net.model is not None else net.lean().on
+        links_of = [{} for _ in agents]
+        link = net.link
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -890,7 +939,14 @@ class _Driver(WindowDriver):
             nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
                 j = peers[i](nb)
-                _, delay, reason = outcome(i, j, now, size)
+                if on is None:
+                    _, delay, reason = outcome(i, j, now, size)
+                else:
+                    mine = links_of[i]
+                    lk = mine.get(j)
+                    if lk is None:
+                        lk = mine[j] = link(i, j)
+                    _, delay, reason = on(lk, now, size)
                 mid = take_ids(1)
                 rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
