@@ -64,7 +64,7 @@ import heapq
 import itertools
 import json
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import attrs
@@ -348,7 +348,7 @@ class WindowDriver:
         self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
-        self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
+        self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
         self.words = shapes.words()
         self.tag_code = self.words(self.tag)
         self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
@@ -912,9 +912,7 @@ class _Driver(WindowDriver):
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
             wake."""
             got, n = gots[i], pos[i]
-            ops = ops_of.get(i)
-            if ops is None:
-                ops = ops_of[i] = []
+            ops = ops_of[i]
             k = len(got)
             if n < k:
                 asks = asks_by.get(k)
@@ -994,10 +992,7 @@ class _Driver(WindowDriver):
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
                     put(pack(*compute_end(t, i, CODES)))
-                    ops = ops_of.get(i)
-                    if ops is None:
-                        ops = ops_of[i] = []
-                    ops.append(v << 2 | UPDATE)
+                    ops_of[i].append(v << 2 | UPDATE)
                     go_on(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
