@@ -1049,33 +1049,33 @@ class _Driver(WindowDriver):
         waiter, waited = [merges[here]], [pushed_at[at[here]]]  # op index -> the op (or ops) it waits for
         flush_of, _, waiting = self.batches(first_ticket)
         asks = np.flatnonzero(kind == ASK)
-        ask_of = dict(zip(v[asks].tolist(), asks.tolist()))  # ticket -> its ask's op index (this work's)
         updates = np.flatnonzero(kind == UPDATE)
         batch_last: dict[int, list[int]] = {}  # the engine's batch -> its asks in this work
-        if not free:
-            for tk, k in ask_of.items():
+        evaluated = grads.row_of
+        if free:  # an update waits for its own ask, where that is in this work (tickets are unique): found by a sort
+            ask_tk, upd_tk = v[asks], v[updates]
+            by_tk = np.argsort(ask_tk)
+            at = np.minimum(np.searchsorted(ask_tk[by_tk], upd_tk), max(len(asks) - 1, 0))
+            mine = ask_tk[by_tk][at] == upd_tk if len(asks) else np.zeros(len(updates), bool)
+            if any(tk not in evaluated for tk in upd_tk[~mine].tolist()):
+                raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+            waiter.append(updates[mine])
+            waited.append(asks[by_tk[at[mine]]])
+        else:
+            for tk, k in zip(v[asks].tolist(), asks.tolist(), strict=True):
                 f = flush_of.get(tk)
                 if f is not None:
                     batch_last.setdefault(f, []).append(k)
-        uw, uk = [], []
-        evaluated = grads.row_of
-        for k, tk in zip(updates.tolist(), v[updates].tolist(), strict=True):
-            if free:
-                k_ask = ask_of.get(tk)
-                if k_ask is not None:
-                    uw.append(k)
-                    uk.append(k_ask)
-                elif tk not in evaluated:
-                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-            else:
+            uw, uk = [], []
+            for k, tk in zip(updates.tolist(), v[updates].tolist(), strict=True):
                 f = flush_of.get(tk)
                 if f is None and tk not in evaluated:
                     raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
                 for k_ask in batch_last.get(f, ()):
                     uw.append(k)
                     uk.append(k_ask)
-        waiter.append(np.array(uw, np.int64))
-        waited.append(np.array(uk, np.int64))
+            waiter.append(np.array(uw, np.int64))
+            waited.append(np.array(uk, np.int64))
         step = lock_steps(kind, first, np.concatenate(waiter), np.concatenate(waited))
         # the gradient batches (the engine's) evaluated at the end of a step: those with no request in this work
         # first, then each at its last request's step
@@ -1119,6 +1119,7 @@ class _Driver(WindowDriver):
 
     def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
         """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) are kept."""
-        which = [k for k, m in enumerate(mids) if m >= 0]
-        if which:
-            self.keep([mids[k] for k in which], sent, which)
+        m = np.asarray(mids, np.int64)
+        which = np.flatnonzero(m >= 0)
+        if len(which):
+            self.keep(m[which].tolist(), sent, which.tolist())
