@@ -703,7 +703,7 @@ class WindowDriver:
             for m in np.unique(lens).tolist():
                 ids = np.flatnonzero(lens == m)
                 row[ids] = np.arange(len(ids))
-                stacks[m] = np.stack([agents[i].rows for i in ids.tolist()]) if len(ids) else None
+                stacks[m] = np.stack([agents[i].rows for i in ids.tolist()])
             self.parts = (lens, row, stacks)
         lens, row, stacks = self.parts
         w = np.asarray(who, np.int64)
@@ -902,11 +902,6 @@ class _Driver(WindowDriver):
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
-        # the lean path on each sender's links, looked up once (``Network.link``'s objects, never replaced): a
-        # lookup in the network's dict of all links is a cache miss or two per push at 10^4 agents
-        on = None if net.model is not None else net.lean().on
-        links_of = [{} for _ in agents]
-        link = net.link
 
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
@@ -937,14 +932,7 @@ class _Driver(WindowDriver):
             nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
                 j = peers[i](nb)
-                if on is None:
-                    _, delay, reason = outcome(i, j, now, size)
-                else:
-                    mine = links_of[i]
-                    lk = mine.get(j)
-                    if lk is None:
-                        lk = mine[j] = link(i, j)
-                    _, delay, reason = on(lk, now, size)
+                _, delay, reason = outcome(i, j, now, size)
                 mid = take_ids(1)
                 rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))

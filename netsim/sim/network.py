@@ -86,11 +86,8 @@ class LeanLinks:
         self.net = net
 
     def outcome(self, src: int, dst: int, now: float, size: int) -> tuple[float, float, str]:
-        return self.on(self.net.link(src, dst), now, size)
-
-    def on(self, link: Link, now: float, size: int) -> tuple[float, float, str]:
-        """``outcome`` on ``link`` (``Network.link``'s: a driver that keeps its senders' links looks each up once)."""
         net = self.net
+        link = net.link(src, dst)
         tx_end = now
         if net.bandwidth is not None:
             tx_end = max(now, link.busy_until) + size / net.bandwidth
