@@ -57,6 +57,8 @@ def played(tmp_path, sc: dict, engine: str) -> dict:
     {"evaluation": {"every": 1.5, "metrics": ["loss", "accuracy", "consensus", "agent_accuracy"]}},
     {"model": {"kind": "logistic", "batch_invariant": True},  # one gradient call per lock step
      "agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}},
+    {"model": {"kind": "logistic", "batch_invariant": True},  # whole parts of two lengths: a block per length
+     "data": {"samples": 617}},
     {"algorithm": {"batch": 3, "lr_decay": 0.2}, "model": {"dtype": "float64"},  # sampled rows
      "network": {"latency": {"kind": "uniform", "low": 0.02, "high": 0.3}, "loss": 0.2, "bandwidth": 2.0e5}},
     {"run": {"until": 4.0, "trace_flush_every": 7},  # batches cut at 7 rows

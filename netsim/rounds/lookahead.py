@@ -64,7 +64,7 @@ import heapq
 import itertools
 import json
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import attrs
@@ -349,7 +349,7 @@ class WindowDriver:
         self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
-        self.ops: dict[int, list] = {}  # agent: its tensor operations in this window, in program order
+        self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
         self.words = shapes.words()
         self.tag_code = self.words(self.tag)
         self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
@@ -361,6 +361,7 @@ class WindowDriver:
         self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
         self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
         self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
+        self.parts = None  # the agents' whole parts stacked by length, once a lock step asks for gradients on them
         self.wake = self._waker()
 
     def window(self, sim) -> float:
@@ -674,6 +675,9 @@ class WindowDriver:
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
         if rows is None:
+            if all(ticket_of[tk][1] is None for tk in tickets):  # every request on its agent's whole part
+                self.evaluate_parts(who, tickets, at)
+                return
             rows = [self.rows_of_ticket(tk) for tk in tickets]
         m = len(rows[0])
         if isinstance(rows, np.ndarray) or all(len(r) == m for r in rows):  # one block: no per-request tensors
@@ -689,6 +693,46 @@ class WindowDriver:
             svc.flush()
             for ks, block in blocks:
                 self.grads.put([tickets[k] for k in ks], block.result)
+        for tk in tickets:
+            ticket_of[tk] = None
+        self.stats.gradient_s += time.perf_counter() - t0
+
+    def evaluate_parts(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
+        """``evaluate_step`` of requests on their agents' whole parts: the blocks of one part length each (in the
+        order of their first request, each in request order, as ``evaluate_step`` makes them) take their rows as
+        one (B, m) array from the parts stacked once, with no list of per-agent arrays."""
+        t0 = time.perf_counter()
+        svc, ticket_of = self.svc, self.ticket_of
+        if self.parts is None:  # the agents' parts by length: (length, row of each agent in its stack, the stacks)
+            agents = self.agents
+            lens = np.fromiter((len(a.rows) for a in agents), np.int64, len(agents))
+            row = np.zeros(len(agents), np.int64)
+            stacks = {}
+            for m in np.unique(lens).tolist():
+                ids = np.flatnonzero(lens == m)
+                row[ids] = np.arange(len(ids))
+                stacks[m] = np.stack([agents[i].rows for i in ids.tolist()])
+            self.parts = (lens, row, stacks)
+        lens, row, stacks = self.parts
+        w = np.asarray(who, np.int64)
+        ms = lens[w]
+        if not (ms == ms[0]).all():
+            _, first = np.unique(ms, return_index=True)
+            groups = [np.flatnonzero(ms == ms[k]) for k in np.sort(first).tolist()]
+        else:
+            groups = [None]
+        blocks = []
+        for ks in groups:
+            if ks is None:
+                ids, params, tks = who, at, tickets
+            else:
+                ks_l = ks.tolist()
+                ids, params, tks = [who[k] for k in ks_l], at[as_index(ks_l, at.device)], [tickets[k] for k in ks_l]
+            sel = w if ks is None else w[ks]
+            blocks.append((tks, svc.submit_block(ids, params, stacks[int(lens[sel[0]])][row[sel]], *self.clipping())))
+        svc.flush()
+        for tks, block in blocks:
+            self.grads.put(tks, block.result)
         for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
@@ -871,9 +915,7 @@ class _Driver(WindowDriver):
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
             wake."""
             got, n = gots[i], pos[i]
-            ops = ops_of.get(i)
-            if ops is None:
-                ops = ops_of[i] = []
+            ops = ops_of[i]
             k = len(got)
             if n < k:
                 asks = asks_by.get(k)
@@ -946,10 +988,7 @@ class _Driver(WindowDriver):
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
                     put(pack(*compute_end(t, i, CODES)))
-                    ops = ops_of.get(i)
-                    if ops is None:
-                        ops = ops_of[i] = []
-                    ops.append(v << 2 | UPDATE)
+                    ops_of[i].append(v << 2 | UPDATE)
                     go_on(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
@@ -1006,33 +1045,33 @@ class _Driver(WindowDriver):
         waiter, waited = [merges[here]], [pushed_at[at[here]]]  # op index -> the op (or ops) it waits for
         flush_of, _, waiting = self.batches(first_ticket)
         asks = np.flatnonzero(kind == ASK)
-        ask_of = dict(zip(v[asks].tolist(), asks.tolist()))  # ticket -> its ask's op index (this work's)
         updates = np.flatnonzero(kind == UPDATE)
         batch_last: dict[int, list[int]] = {}  # the engine's batch -> its asks in this work
-        if not free:
-            for tk, k in ask_of.items():
+        evaluated = grads.row_of
+        if free:  # an update waits for its own ask, where that is in this work (tickets are unique): found by a sort
+            ask_tk, upd_tk = v[asks], v[updates]
+            by_tk = np.argsort(ask_tk)
+            at = np.minimum(np.searchsorted(ask_tk[by_tk], upd_tk), max(len(asks) - 1, 0))
+            mine = ask_tk[by_tk][at] == upd_tk if len(asks) else np.zeros(len(updates), bool)
+            if any(tk not in evaluated for tk in upd_tk[~mine].tolist()):
+                raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+            waiter.append(updates[mine])
+            waited.append(asks[by_tk[at[mine]]])
+        else:
+            for tk, k in zip(v[asks].tolist(), asks.tolist(), strict=True):
                 f = flush_of.get(tk)
                 if f is not None:
                     batch_last.setdefault(f, []).append(k)
-        uw, uk = [], []
-        evaluated = grads.row_of
-        for k, tk in zip(updates.tolist(), v[updates].tolist(), strict=True):
-            if free:
-                k_ask = ask_of.get(tk)
-                if k_ask is not None:
-                    uw.append(k)
-                    uk.append(k_ask)
-                elif tk not in evaluated:
-                    raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-            else:
+            uw, uk = [], []
+            for k, tk in zip(updates.tolist(), v[updates].tolist(), strict=True):
                 f = flush_of.get(tk)
                 if f is None and tk not in evaluated:
                     raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
                 for k_ask in batch_last.get(f, ()):
                     uw.append(k)
                     uk.append(k_ask)
-        waiter.append(np.array(uw, np.int64))
-        waited.append(np.array(uk, np.int64))
+            waiter.append(np.array(uw, np.int64))
+            waited.append(np.array(uk, np.int64))
         step = lock_steps(kind, first, np.concatenate(waiter), np.concatenate(waited))
         # the gradient batches (the engine's) evaluated at the end of a step: those with no request in this work
         # first, then each at its last request's step
@@ -1076,6 +1115,7 @@ class _Driver(WindowDriver):
 
     def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
         """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) are kept."""
-        which = [k for k, m in enumerate(mids) if m >= 0]
-        if which:
-            self.keep([mids[k] for k in which], sent, which)
+        m = np.asarray(mids, np.int64)
+        which = np.flatnonzero(m >= 0)
+        if len(which):
+            self.keep(m[which].tolist(), sent, which.tolist())
