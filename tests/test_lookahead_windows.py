@@ -228,7 +228,7 @@ def test_ctrl_c_stops_lookahead_windows_between_two_windows_and_resume_restores(
 
 
 @pytest.mark.parametrize(("changes", "said"), [
-    ({"algorithm": {"name": "event_triggered", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
+    ({"algorithm": {"name": "dpsgd", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
     ({"agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}}, "churn or a time-varying topology"),
 ])
 def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, changes, said):
