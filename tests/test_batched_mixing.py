@@ -42,6 +42,30 @@ def test_batched_updates_equal_the_per_agent_ones(dtype, p):
         assert torch.equal(v, per_agent(last[row])), row
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["uniform", "one_short", "one_weight_differs", "one_without_step", "one_lr_differs"])
+def test_a_round_of_alike_updates_equals_the_per_agent_ones(dtype, case):
+    """The common round (distinct rows, every agent the same weights and one step size: a regular graph) takes
+    evaluate's one-group shortcuts; each way out of them (a row with fewer arrivals, another weight, no step, another
+    step size) the general grouping. Either way: each row's per-agent bits, the rows in the updates' order."""
+    g = torch.Generator().manual_seed(3)
+    r = lambda: torch.randn(21, generator=g, dtype=dtype)  # noqa: E731
+    updates = []
+    for i in range(30):
+        ws = [1 / 3, 1 / 3]
+        if i == 17 and case == "one_short":
+            ws = [1 / 3]
+        if i == 17 and case == "one_weight_differs":
+            ws = [1 / 3, 0.25]
+        step = None if i == 17 and case == "one_without_step" else r()
+        lr = 0.1 / 3 if i == 17 and case == "one_lr_differs" else 0.5
+        updates.append(MixUpdate(29 - i, r(), 1.0 - sum(ws), ws, [r() for _ in ws], lr, step))
+    rows, values = evaluate(updates, dtype)
+    assert rows.tolist() == [u.row for u in updates]
+    for u, v in zip(updates, values):
+        assert torch.equal(v, per_agent(u)), u.row
+
+
 def test_the_bank_applies_waiting_updates_before_any_read_or_write():
     bank = ParameterBank(torch.zeros(3, 2, dtype=torch.float64))
     one = torch.ones(2, dtype=torch.float64)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from itertools import repeat
+from operator import attrgetter, is_not, itemgetter
 
 import numpy as np
 import torch
@@ -32,18 +34,31 @@ class MixUpdate:
 
 def evaluate(updates: Sequence[MixUpdate], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, values): the updated rows' indices and new values; a row updated twice takes the last."""
-    last = {u.row: u for u in updates}
-    us = list(last.values())
-    steps: dict[float, list[int]] = {}
-    for k, u in enumerate(us):
-        if u.step is not None:
-            steps.setdefault(u.lr, []).append(k)
-    by = {lr: (ks, torch.stack([us[k].step for k in ks]) if len(ks) > 1 else us[ks[0]].step.unsqueeze(0))
+    rows = list(map(_ROW, updates))  # (attrgetter maps: C loops over the round's thousands of updates)
+    if len(set(rows)) == len(rows):
+        us = list(updates)
+    else:
+        last = {u.row: u for u in updates}
+        us = list(last.values())
+        rows = list(last)
+    lrs, stepped = list(map(_LR, us)), list(map(_STEP, us))
+    # every update a step of one size: one group
+    if lrs and all(map(is_not, stepped, repeat(None))) and lrs.count(lrs[0]) == len(lrs):
+        steps = {lrs[0]: list(range(len(us)))}
+    else:
+        steps = {}
+        for k, u in enumerate(us):
+            if u.step is not None:
+                steps.setdefault(u.lr, []).append(k)
+    by = {lr: (ks, torch.stack([stepped[k] for k in ks]) if len(ks) > 1 else stepped[ks[0]].unsqueeze(0))
           for lr, ks in steps.items()}
-    out = combine(torch.stack([u.own for u in us]), [u.keep for u in us], [u.weights for u in us],
-                  [u.models for u in us], by, dtype)
-    rows = torch.tensor([u.row for u in us], dtype=torch.long, device=out.device)
-    return rows, out
+    out = combine(torch.stack(list(map(_OWN, us))), list(map(_KEEP, us)), list(map(_WEIGHTS, us)),
+                  list(map(_MODELS, us)), by, dtype)
+    return torch.tensor(rows, dtype=torch.long, device=out.device), out
+
+
+_ROW, _LR, _STEP, _OWN, _KEEP, _WEIGHTS, _MODELS = map(attrgetter, ("row", "lr", "step", "own", "keep", "weights",
+                                                                   "models"))
 
 
 def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence[float]],
@@ -53,9 +68,17 @@ def combine(own: torch.Tensor, keep: Sequence[float], weights: Sequence[Sequence
     then ``- lr * g`` for the rows ``ks`` of each ``steps[lr] = (ks, g)`` (g: their step rows)."""
     us = range(len(keep))
     keep_t = torch.tensor(keep, dtype=torch.float64)
-    slots = max(len(w) for w in weights)
+    slots = max(map(len, weights))
     groups = []
     for s in range(slots):
+        at = itemgetter(s)
+        try:
+            col = list(map(at, weights))  # every row's s-th weight (IndexError: a row has fewer arrivals)
+        except IndexError:
+            col = None
+        if col is not None and col.count(col[0]) == len(col):  # one weight: one group of every row (the common case)
+            groups.append([(col[0], list(us), list(map(at, models)))])
+            continue
         by: dict[float, list[int]] = {}
         for k in us:
             ws = weights[k]

@@ -120,9 +120,10 @@ class Batch:
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
                  at: Callable[[int], tuple[float, list]] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
-        # (x, g) as the row tensors the batch was made from (the agent's own 1-D tensors, the gradient service's
-        # results): what the batch hands over where a kernel passes its x or g unchanged, with no views to make
-        self._rows = None if rows is None else ((x, rows[0]), (g, rows[1]))
+        # (x, its rows, g, its rows): the row tensors the batch was made from (the agent's own 1-D tensors, the
+        # gradient service's results), what it hands over where a kernel passes its x or g unchanged, with no views
+        # to make (a flat tuple: a batch of one finds its row in two comparisons)
+        self._rows = None if rows is None else (x, rows[0], g, rows[1])
         self.out: list | None = None
         self._sent: torch.Tensor | None = None  # the payloads of ``send`` when they are one tensor's rows
         self.s = 0  # the exchange of the round (``RoundKernel.exchanges``)
@@ -153,8 +154,12 @@ class Batch:
                 del d[name]
         self.k = k
         self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
-        self.g = gm = None if g is None else g[None]
-        self._rows = ((xm, (x,)), (gm, None if g is None else (g,)))
+        if g is None:
+            self.g = None
+            self._rows = (xm, (x,), None, None)
+        else:
+            self.g = gm = g[None]
+            self._rows = (xm, (x,), gm, (g,))
         self.out = self._sent = self.sizes = self.more = None
         self.s = 0
 
@@ -231,20 +236,22 @@ class Batch:
 
     def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
         """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views."""
-        if self._rows is not None:
-            for made, own in self._rows:
-                if t is made and own is not None:
-                    return own
+        made = self._rows
+        if made is not None:
+            if t is made[0] and made[1] is not None:
+                return made[1]
+            if t is made[2] and made[3] is not None:
+                return made[3]
         return t.unbind(0)
 
     def _row(self, t: torch.Tensor) -> torch.Tensor:
         """Row 0 of a batch of one's tensor."""
         made = self._rows
-        if made is not None:  # its x or g: the row it was made from (the common case, no loop)
-            if t is made[0][0] and made[0][1] is not None:
-                return made[0][1][0]
-            if t is made[1][0] and made[1][1] is not None:
-                return made[1][1][0]
+        if made is not None:  # its x or g: the row it was made from (the common case)
+            if t is made[0] and made[1] is not None:
+                return made[1][0]
+            if t is made[2] and made[3] is not None:
+                return made[3][0]
         return t[0]
 
     # what a kernel does ---------------------------------------------------------------------------------
@@ -285,9 +292,11 @@ class Batch:
             rows = list(payloads) if isinstance(payloads, (list, tuple)) else self._rowlist(payloads)
             more.append((rows, None if sizes is None else list(sizes)))
             return
-        if len(self.agents) == 1 and not isinstance(payloads, (list, tuple)) and hasattr(payloads, "unbind"):
+        if len(self.agents) == 1 and hasattr(payloads, "unbind"):  # (a tensor, not a list or tuple of payloads)
             self._sent = payloads  # a batch of one's row: no sequence of views to make
-            self.out = [self._row(payloads)]
+            made = self._rows  # its x: the row it was made from (the common case: a kernel sends its x)
+            self.out = [made[1][0] if made is not None and payloads is made[0] and made[1] is not None else
+                        self._row(payloads)]
             self.sizes = None if sizes is None else list(sizes)
             return
         import torch
@@ -333,8 +342,9 @@ class Batch:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
         if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one
-            s = None if step is None else step[0] if isinstance(step, (list, tuple)) else self._row(step)
-            self.agents[0].mix_into_params(self._row(own), got[0], step=s, lr=lr)
+            row = self._row
+            self.agents[0].mix_into_params(row(own), got[0], None if step is None else step[0] if isinstance(
+                step, (list, tuple)) else row(step), lr)
             return
         import torch
 
