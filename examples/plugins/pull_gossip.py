@@ -24,14 +24,14 @@ import attrs
 from netsim.algorithms.gossip import Gossip
 from netsim.algorithms.registry import register
 from netsim.rounds.pairwise import Pairwise
-from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive
 
 
 @attrs.frozen
 class PullGossipParams:
     lr: float = field(0.1, check=nonneg, doc="gamma, the local step size (0: pull averaging alone)")
     batch: int = field(32, check=at_least(0), doc="rows per gradient (0: the full local batch)")
-    alpha: float = field(0.5, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+    alpha: float = field(0.5, check=fraction,
                          doc="the weight of the pulled model in the merge (1/2: the average)")
     reply_timeout: float = field(1.0, check=positive, doc="seconds an agent waits for the pulled model")
 

@@ -19,17 +19,17 @@ import attrs
 from netsim.algorithms.registry import register
 from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, PublicCopyRows
 from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
-from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive
 
 
 @attrs.frozen
 class ChocoParams:
     lr: float = field(0.1, check=nonneg, doc="step size eta")
     batch: int = field(32, check=at_least(0), doc="mini-batch size (0 = full local batch)")
-    gamma: float = field(0.5, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+    gamma: float = field(0.5, check=fraction,
                          doc="consensus step size gamma")
     compressor: CompressorKind = field("topk", doc="none | topk | randk | qsgd")
-    ratio: float = field(0.1, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+    ratio: float = field(0.1, check=fraction,
                          doc="fraction of coordinates kept (topk, randk)")
     unbiased: bool = field(False, doc="randk: scale by d/k")
     bits: int = field(4, check=lambda v: None if 1 <= v <= 16 else f"must be in [1, 16], got {v}",

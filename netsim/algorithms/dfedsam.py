@@ -54,14 +54,10 @@ import numpy as np
 
 from netsim.algorithms.registry import register
 from netsim.rounds import SyncKernel, SyncRounds
-from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive
 
 if TYPE_CHECKING:
     import torch
-
-
-def _unit_open(v: float) -> str | None:
-    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
 
 
 def _momentum(v: float) -> str | None:
@@ -74,7 +70,7 @@ class DFedSAMParams:
     sweep can switch ``algorithm.name`` over the same keys. Defaults are the paper's (Sec. 5, App. B.3)."""
 
     lr: float = field(0.1, check=nonneg, doc="eta_0, local learning rate")
-    lr_decay: float = field(0.998, check=_unit_open, doc="eta_t = lr * lr_decay^t, once per round")
+    lr_decay: float = field(0.998, check=fraction, doc="eta_t = lr * lr_decay^t, once per round")
     batch: int = field(128, check=at_least(0), doc="mini-batch size B (0 = the full local data)")
     local_steps: int = field(20, check=at_least(0), doc="K local steps per round (5 epochs of 500 rows of "
                                                          "batch 128); unused when local_epochs > 0")
@@ -91,7 +87,7 @@ class DFedSAMParams:
     round_from: Literal["count", "clock"] = field(
         "count", doc="round t = own round count, or the activation tick's index on the local clock "
                      "(periodic/Bernoulli activation: a client that skips ticks stays in step)")
-    sample_fraction: float = field(0.1, check=_unit_open, doc="centralized only: clients sampled per round")
+    sample_fraction: float = field(0.1, check=fraction, doc="centralized only: clients sampled per round")
     server_lr: float = field(1.0, check=positive, doc="centralized only: global learning rate")
     noise_multiplier: float = field(0.0, check=nonneg, doc="DP option: z (0 = no DP, as in the paper)")
     clip: float = field(1.0, check=positive, doc="DP option: per-example clip bound C")

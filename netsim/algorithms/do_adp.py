@@ -51,14 +51,10 @@ from netsim.rounds import SyncKernel, SyncRounds
 from netsim.rounds.kernel import GradientRequest
 from netsim.rounds.ticks import TickKernel, Ticks
 from netsim.scenario.schema import PrivacySpec
-from netsim.scenario.structure import at_least, field, nonneg, positive
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive
 
 if TYPE_CHECKING:
     import torch
-
-
-def _unit(v: float) -> str | None:
-    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
 
 
 def _opt_pos(v: float | None) -> str | None:
@@ -96,8 +92,8 @@ class DOADPParams:
     lr: float = field(0.03, check=nonneg, doc="alpha, SGD step size")
     beta: float = field(0.15, check=lambda v: None if 0 <= v < 1 else f"must be in [0, 1), got {v}",
                         doc="momentum beta")
-    gamma: float = field(0.05, check=_unit, doc="consensus step size gamma")
-    ratio: float = field(1.0, check=_unit, doc="k/d of the top-k sparsifier (1 = dense messages)")
+    gamma: float = field(0.05, check=fraction, doc="consensus step size gamma")
+    ratio: float = field(1.0, check=fraction, doc="k/d of the top-k sparsifier (1 = dense messages)")
     k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="B samples per gradient (paper: 1; 0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="G: coordinates clipped to +-G/sqrt(d) (0 = no clipping)")
@@ -219,8 +215,8 @@ def realised_k_over_d(d: int, ratio: float, rounding: str) -> float:
 class DPDOParams:
     epsilon: float = field(0.01, check=positive, doc="total pure epsilon (Laplace, basic composition)")
     lr: float = field(0.03, check=positive, doc="c: step a_t = c rho_s^t")
-    rho_s: float = field(0.999, check=_unit, doc="step decay rho_s")
-    rho_n: float = field(0.9995, check=_unit, doc="noise decay rho_n > rho_s")
+    rho_s: float = field(0.999, check=fraction, doc="step decay rho_s")
+    rho_n: float = field(0.9995, check=fraction, doc="noise decay rho_n > rho_s")
     clip: float = field(1.0, check=positive, doc="C: coordinates clipped to +-C/sqrt(d)")
     batch: int = field(1, check=at_least(1), doc="samples per stochastic gradient")
     round_timeout: float = field(1.0, check=positive, doc="seconds to wait for neighbours each round")
@@ -296,7 +292,7 @@ _CAPPED = _DPDOCapped()
 @attrs.frozen
 class DPDDAParams:
     rounds: int = field(6000, check=at_least(1), doc="T (for the eq. (7) calibration)")
-    sample_p: float = field(0.24, check=_unit, doc="p_s: probability an agent uses a gradient this round")
+    sample_p: float = field(0.24, check=fraction, doc="p_s: probability an agent uses a gradient this round")
     kappa0: float = field(30.0, check=positive, doc="kappa_t = kappa0 sqrt(t+1) (proximal weight)")
     lam: float = field(0.0, check=nonneg, doc="h(x) = lam/2 ||x||^2 (A_t = t+1)")
     clip: float = field(1.0, check=positive, doc="G: coordinates clipped to +-G/sqrt(d)")
@@ -380,8 +376,8 @@ class DPDDA(SyncKernel):
 class CPGTParams:
     rounds: int = field(6000, check=at_least(1), doc="T: rounds; the agent stops after T (and eps is split over T)")
     lr: float = field(0.03, check=positive, doc="eta: gradient-tracking step (default: eta = alpha)")
-    gamma: float = field(0.05, check=_unit, doc="consensus step size on the public copies")
-    ratio: float = field(0.12, check=_unit, doc="k/d of the top-k sparsifier, per variable (paper: 0.12 x 2 = 24%)")
+    gamma: float = field(0.05, check=fraction, doc="consensus step size on the public copies")
+    ratio: float = field(0.12, check=fraction, doc="k/d of the top-k sparsifier, per variable (paper: 0.12 x 2 = 24%)")
     k_rounding: KRounding = field("ceil", doc="k = ratio * d rounded: ceil, floor or round (half up)")
     batch: int = field(1, check=at_least(0), doc="samples per stochastic gradient (0 = full local batch)")
     clip: float = field(1.0, check=nonneg, doc="C: coordinates clipped to +-C/sqrt(d) (0 = no clipping)")

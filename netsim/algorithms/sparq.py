@@ -26,20 +26,16 @@ from netsim.comm.compression import PUBLIC_COPIES, Compressor, CompressorKind, P
 from netsim.comm.triggers import TriggerKind
 from netsim.rounds.kernel import GradientRequest
 from netsim.rounds.triggered import DeltasKernel, TriggeredDeltas
-from netsim.scenario.structure import at_least, field, nonneg, positive
-
-
-def _unit(v: float) -> str | None:
-    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive
 
 
 @attrs.frozen
 class SparqParams:
     lr: float = field(0.1, check=nonneg, doc="step size eta")
     batch: int = field(32, check=at_least(0), doc="mini-batch size (0 = full local batch)")
-    gamma: float = field(0.1, check=_unit, doc="consensus step size gamma (small: see module doc)")
+    gamma: float = field(0.1, check=fraction, doc="consensus step size gamma (small: see module doc)")
     compressor: CompressorKind = field("topk", doc="none | topk | randk | qsgd")
-    ratio: float = field(0.1, check=_unit, doc="fraction of coordinates kept (topk, randk)")
+    ratio: float = field(0.1, check=fraction, doc="fraction of coordinates kept (topk, randk)")
     unbiased: bool = field(False, doc="randk: scale by d/k")
     bits: int = field(4, check=lambda v: None if 1 <= v <= 16 else f"must be in [1, 16], got {v}",
                       doc="qsgd: level bits b")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 
-from netsim.scenario.structure import at_least, field, nonneg, positive, probability
+from netsim.scenario.structure import at_least, field, fraction, nonneg, positive, probability
 
 DistKind = Literal["constant", "uniform", "exponential", "lognormal", "normal"]
 
@@ -189,7 +189,7 @@ class ActivationSpec:
     period: float = field(1.0, check=duration, doc="seconds between ticks (local clock)",
                           when={"kind": ("periodic", "bernoulli")})
     rate: float = field(1.0, check=per_second, doc="activations per second (local clock)", when={"kind": ("poisson",)})
-    p: float = field(1.0, check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+    p: float = field(1.0, check=fraction,
                      doc="probability of waking at each tick", when={"kind": ("bernoulli",)})
     schedule: str | None = field(None, doc="an activation schedule a --plugin registers (register_schedule), "
                                            "made from this table; omit for kind's built-in schedule")
@@ -324,7 +324,7 @@ class BurstSpec:
     Stationary P(bad) = p_enter / (p_enter + p_exit); mean bad run = 1 / p_exit messages."""
 
     p_enter: float = field(check=probability, doc="P(good -> bad) per message")
-    p_exit: float = field(check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}",
+    p_exit: float = field(check=fraction,
                           doc="P(bad -> good) per message")
     loss_good: float = field(0.0, check=probability, doc="loss probability in the good state")
     loss_bad: float = field(1.0, check=probability, doc="loss probability in the bad state")

@@ -55,6 +55,11 @@ def probability(v: float) -> str | None:
     return None if 0 <= v <= 1 else f"must be in [0, 1], got {v}"
 
 
+def fraction(v: float) -> str | None:
+    """A share or a step that must be positive and at most one: (0, 1]."""
+    return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
+
+
 def at_least(lo: float) -> Check:
     return lambda v: None if v >= lo else f"must be >= {lo}, got {v}"
 
