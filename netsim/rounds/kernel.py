@@ -294,9 +294,7 @@ class Batch:
             return
         if len(self.agents) == 1 and hasattr(payloads, "unbind"):  # (a tensor, not a list or tuple of payloads)
             self._sent = payloads  # a batch of one's row: no sequence of views to make
-            made = self._rows  # its x: the row it was made from (the common case: a kernel sends its x)
-            self.out = [made[1][0] if made is not None and payloads is made[0] and made[1] is not None else
-                        self._row(payloads)]
+            self.out = [self._row(payloads)]  # (its x: the row it was made from, the common case)
             self.sizes = None if sizes is None else list(sizes)
             return
         import torch

@@ -20,12 +20,11 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
-import numpy as np
 
 from netsim.comm.patterns import drain
 from netsim.rounds.kernel import LOOKAHEAD, Batch, GradientRequest, Path, Pattern, RoundKernel
 from netsim.sim import rows as shapes
-from netsim.sim.loop import Between
+from netsim.sim.loop import Between, Order
 from netsim.sim.network import payload_size
 
 if TYPE_CHECKING:  # torch is imported where it is used: an algorithm's module (its Params) loads without it
@@ -157,7 +156,7 @@ class PushGossip(Pattern):
         tag = self.tag
         rngs = [a.rng() for a in agents]  # the program's own stream, as the program takes it first
         now0 = float(sim.loop.env.now)
-        start = rounds.begin(Between(0, [(a.id, now0) for a in agents], now0,
+        start = rounds.begin(Between(0, Order.of((a.id, now0) for a in agents), now0,
                                      {"picks": [[] for _ in agents], "inbox": [[] for _ in agents]}))
         k, order = start.k, start.order
         peers = [Peers(r, not a.links_change, held) for r, a, held in zip(rngs, agents, start.held["picks"],
@@ -191,8 +190,7 @@ class PushGossip(Pattern):
             xs = X.unbind(0)
             merged, ends = [], []  # ends: (agent, when its first gradient is back) in request order
             asks: dict[int, int] = {}  # agent: gradients it asks for this round
-            t_acts, ids, ats, _ = rounds.wake_all(np.array([i for i, _ in order], np.int64),
-                                                  np.array([w for _, w in order], np.float64))
+            t_acts, ids, ats, _ = rounds.wake_all(order.who, order.when)
             for t_act, i, at in zip(t_acts.tolist(), ids.tolist(), ats.tolist(), strict=True):
                 a = agents[i]
                 rows.append(shapes.activate(t_act, i, at, a.round))
@@ -261,7 +259,7 @@ class PushGossip(Pattern):
                 rows.append(shapes.deliver(t_arr, j, i, m, size, sent, rnd, tag))
                 inbox[j].append(x)
             writer.emit_rows(rows)
-            order = woke
+            order = Order.of(woke)
             k += 1
             held = {"picks": [pk.held for pk in peers], "inbox": inbox}
             if rounds.between(Between(k, order, end, held)):  # interrupted

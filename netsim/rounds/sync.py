@@ -506,11 +506,7 @@ class SyncRounds(Pattern):
         fresh = Between(0, Order(np.arange(len(agents), dtype=np.int64), np.full(len(agents), now0)), now0)
         start = rounds.begin(fresh)
         k = start.k
-        if isinstance(start.order, Order):  # the next round's order: agents, when they woke
-            who, when = start.order.who, start.order.when
-        else:  # (a restored run's, as pairs)
-            who = np.array([i for i, _ in start.order], np.int64)
-            when = np.array([t for _, t in start.order], np.float64)
+        who, when = start.order.who, start.order.when  # the next round's order: agents, when they woke
         curves = Curves(sim, len(sim.recorder.metrics) - 1)  # (the start's evaluation, then those made inside)
         gen = _local_steps(kernel)
         batch_local = kernel.batch_local and not gen  # the engine's ``LocalAhead``

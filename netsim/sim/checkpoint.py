@@ -250,22 +250,19 @@ def _capture(sim, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.n
     inboxes, ledgers = [], {}
     agents = _agents(loop.agents, columns)
     n = len(loop.agents)
-    if columns and n > 1 and not any(a.inbox.queues or a.inbox.waiters for a in loop.agents):
-        none = [{}] * n  # every inbox empty (between two rounds): compared as columns, not made per agent
+    empty = columns and n > 1 and not any(a.inbox.queues or a.inbox.waiters for a in loop.agents)
+    if empty:  # every inbox empty (between two rounds): compared as columns, not made per agent
+        none = [{}] * n
         inboxes = Columns(n, ("queued", "waiting"), [none, none], [{dict}, {dict}], {})
     for a in loop.agents:
         box = a.inbox
-        if type(inboxes) is Columns:
-            pass
-        elif not box.queues and not box.waiters:  # (most agents between two rounds)
-            inboxes.append({"queued": {}, "waiting": {}})
-        else:
+        if not empty:
             inboxes.append({
                 "queued": {tag: [_message(m, f"inbox.{a.id}.{m.id}", arrays) for m in q]
                            for tag, q in sorted(box.queues.items()) if q},
                 "waiting": {tag: [type(w).__name__, w.round, sorted(getattr(w, "got", {}))]
                             for tag, w in sorted(box.waiters.items())},
-            })
+            } if box.queues or box.waiters else {"queued": {}, "waiting": {}})  # (most agents between two rounds)
         led = a.existing_ledger
         if led is not None:
             log = led.releases  # a ReleaseLog: its typed columns, no record per release

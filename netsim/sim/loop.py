@@ -77,6 +77,14 @@ class Order(Sequence):
     def __init__(self, who: np.ndarray, when: np.ndarray):
         self.who, self.when = who, when
 
+    @classmethod
+    def of(cls, pairs) -> Order:
+        """(agent, time) pairs (a round's wakes, a checkpoint's order) as an ``Order``."""
+        import numpy as np
+
+        pairs = list(pairs)
+        return cls(np.array([i for i, _ in pairs], np.int64), np.array([t for _, t in pairs], np.float64))
+
     def __len__(self) -> int:
         return len(self.who)
 
@@ -98,7 +106,7 @@ class Between:
     ``end`` the time of the last event, ``order`` empty, ``held`` the driver's whole state (its event queue)."""
 
     k: int
-    order: Sequence  # of (agent, time): a list, or an ``Order``
+    order: Order | Sequence  # (agent, time) of a round's wakes: an ``Order`` (the lookahead windows': empty)
     end: float
     held: dict = attrs.Factory(dict)
     windows: bool = False

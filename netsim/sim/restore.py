@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netsim.sim.loop import Between
+from netsim.sim.loop import Between, Order
 from netsim.sim.streams import BLOCK, Draws, DrawsAhead
 
 # the typecodes of a ReleaseLog's columns (sim/checkpoint.py stores them as numpy arrays)
@@ -356,7 +356,7 @@ def _restore(sim, ckpt) -> None:
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
-    loop.programs.between = Between(w["round"], [tuple(o) for o in w["order"]], w["end"], held, windows=win is not None)
+    loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None)
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
