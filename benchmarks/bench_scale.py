@@ -181,6 +181,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
             "releases": s.get("privacy_releases", 0), "epsilon": s.get("privacy_epsilon_max"),
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "rss_setup": samples[0][1], "rss_mid": mid[1], "rss_end": last[1], "split": split, "trace": trace_bytes,
+            "gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
             "netsim": str(Path(netsim.__file__).resolve().parent)}
 
 
@@ -343,6 +344,9 @@ def main() -> None:
                   + ("  " + " ".join(f"{x:.1f}" for x in r["sims"]) if args.repeat > 1 else ""), flush=True)
             if args.split and engine != "limit":
                 print(split_line(r, args.rounds), flush=True)
+            if r.get("gpu_mib") is not None:
+                print(f"{n:>7} {engine}: peak GPU memory {r['gpu_mib']:,.0f} MiB (torch.cuda.max_memory_allocated)",
+                      flush=True)
         for tree in trees:
             if len(engines) == 2:
                 ev, win = sims[(tree, "events")], sims[(tree, "windowed")]

@@ -1,6 +1,7 @@
 """``compute.mixing.mix_rows`` a block of rows at a time (big models at many agents) against the whole-tensor
 arithmetic and against each row's own: bit for bit, for every form of a group's models, consecutive sources (read
-in place) or not, rows in any arrival order, steps on some rows; and the spare results it reuses."""
+in place) or not, a block's separate rows stacked or added one by one, rows in any arrival order, steps on some
+rows; and the spare results it reuses."""
 
 from __future__ import annotations
 
@@ -68,12 +69,13 @@ def test_blocks_give_the_bits_of_the_whole_tensor_and_of_each_row(data):
     whole = mixing.mix_rows(own, keep, groups, steps, dtype)  # one block (the default block at these sizes)
     assert torch.equal(whole, per_row(own, keep, plain, steps, n))
     block = data.draw(st.integers(1, n)) * p * own.element_size()
-    old = mixing.BLOCK_BYTES
-    mixing.BLOCK_BYTES = block
+    stack = data.draw(st.booleans())  # a block's list of rows stacked (small rows) or added row by row (big ones)
+    old = mixing.BLOCK_BYTES, mixing.STACK_ROW_BYTES
+    mixing.BLOCK_BYTES, mixing.STACK_ROW_BYTES = block, (old[1] if stack else 0)
     try:
         blocks = mixing.mix_rows(own, keep, groups, steps, dtype)
     finally:
-        mixing.BLOCK_BYTES = old
+        mixing.BLOCK_BYTES, mixing.STACK_ROW_BYTES = old
     assert torch.equal(blocks, whole)
 
 

@@ -113,6 +113,9 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
     plan = [[(w, _ascending(ks), xs() if callable(xs) else _source(*xs) if isinstance(xs, tuple) else xs)
              for w, ks, xs in slot] for slot in groups]
     stepped = [(lr, _ascending(ks), g) for lr, (ks, g) in steps.items()]
+    # small rows (or a GPU, where each add is a kernel launch): a block's separate row tensors stacked, one add;
+    # a big row's own add costs more than the call, and stacking it would copy it once more
+    stacked = own.is_cuda or own[0].numel() * own.element_size() <= STACK_ROW_BYTES
     for a in range(0, n, per):
         b = min(n, a + per)
         o = out[a:b]
@@ -123,7 +126,7 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
                 if at is None:
                     continue
                 rows, pos = at
-                if type(xs) is list:  # separate row tensors: each added to its row where it is (no stacked copy)
+                if type(xs) is list and not stacked:  # big row tensors: each added to its row where it is
                     for r, x in zip(rows, xs[pos], strict=True):
                         o[r].add_(x, alpha=w)
                 else:
@@ -137,6 +140,7 @@ def mix_rows(own: torch.Tensor, keep: torch.Tensor, groups: Sequence[Sequence[tu
 
 
 BLOCK_BYTES = 1 << 21  # the rows of one block of ``mix_rows`` (2 MiB: the cache, not fresh pages, holds them)
+STACK_ROW_BYTES = 1 << 12  # ``mix_rows``: rows up to 4 KiB are stacked a block at a time, not added one by one
 # Results of ``mix_rows`` past the C library's mmap threshold (32 MiB): each fresh one costs a page fault per 4 KiB
 # written and an munmap when dropped, more than the mixing itself at 1,000 agents of a 50,890-parameter model. The
 # last few are kept and written over by a later result of their shape once nothing else holds them (their Python
