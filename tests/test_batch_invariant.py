@@ -221,3 +221,23 @@ def test_a_long_request_is_evaluated_alone_with_the_one_request_ops():
             assert _bits(G[i]) == _bits(default.grad(W[i:i + 1], X[i:i + 1], y[i:i + 1], **kw)[0])
     short = inv.grad(W[:, :], X[:, :B - 1], y[:, :B - 1])  # one row less: the fold, as close as round-off
     torch.testing.assert_close(short, default.grad(W, X[:, :B - 1], y[:, :B - 1]), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("d", [112, 123, 300])
+def test_a_long_requests_bits_do_not_depend_on_where_its_rows_lie(d):
+    """BLAS peels elements up to an aligned address, so its sums depend on where a request's w and x start; a
+    request's rows sit at another offset in each batch (and in the bank), so each is read from aligned memory:
+    a request at any position of any batch has the bits of the same request alone in fresh memory."""
+    R, B = 5, LogisticRegression.ALONE_ELEMENTS // d + 7  # a long request (evaluated alone), rows of 452+ bytes
+    model = LogisticRegression(d, l2=0.0, bias=True, batch_invariant=True)
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        X = (torch.rand(R, B, d, generator=g) < 0.2).float()  # mushrooms-like 0/1 features
+        W = torch.randn(R, d + 1, generator=g) * 0.1
+        y = (torch.rand(R, B, generator=g) < 0.5).float()
+        G = model.grad(W, X, y)
+        perm = torch.randperm(R, generator=g)
+        assert _bits(model.grad(W[perm], X[perm], y[perm])) == _bits(G[perm])
+        for i in range(R):
+            alone = model.grad(W[i:i + 1].clone(), X[i:i + 1].clone(), y[i:i + 1].clone())[0]
+            assert _bits(alone) == _bits(G[i]), (seed, i)

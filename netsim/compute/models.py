@@ -46,6 +46,14 @@ from netsim.scenario.schema import ModelSpec
 CLIP_KINDS = ("l2", "coordinate")
 
 
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy of it where it is not contiguous or does not start on a 64-byte boundary (what
+    torch's allocators give): so that a BLAS call reads it the same way wherever its rows were."""
+    if t.is_contiguous() and t.data_ptr() % 64 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """min(1, C / ||g_b||): the per-sample scale of L2 clipping (a zero gradient keeps factor 1)."""
     return (clip / norms.clamp_min(1e-12)).clamp(max=1.0)
@@ -173,7 +181,10 @@ class LogisticRegression:
         return g
 
     def _grad_alone(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, clip: float | None) -> torch.Tensor:
-        """One request's gradient with 2-D ops (``addmv``, BLAS products): w (P,), x (B, d), y (B,) -> (P,)."""
+        """One request's gradient with 2-D ops (``addmv``, BLAS products): w (P,), x (B, d), y (B,) -> (P,).
+        BLAS's sums depend on where w and x lie (it peels elements to reach an aligned address), and a request's
+        rows sit at another offset in each batch: both are read from 64-byte aligned memory, copied where needed."""
+        w, x = aligned(w), aligned(x)
         d, B = self.d, x.shape[0]
         z = torch.addmv(w[d:], x, w[:d]) if self.bias else x @ w
         r = torch.sigmoid(z).sub_(y)
