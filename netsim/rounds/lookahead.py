@@ -74,7 +74,7 @@ import torch
 from netsim.rounds.kernel import Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
-from netsim.sim.network import ComposedLinks, payload_size
+from netsim.sim.network import ComposedLinks, LinksAhead, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
@@ -898,6 +898,13 @@ class _Driver(WindowDriver):
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
+        # a push's link by its neighbour's place (the topology's links' first draws in flat arrays: no link object
+        # or lookup per push), where the lean path decides every push (no bandwidth) over fixed links
+        net, self.link_rows = self.net, None
+        if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
+                and self.dynamic is None and not any(a.links_change for a in self.agents):
+            net.ahead.flat()
+            self.link_rows = [net.ahead.rows_of(a.id, a.neighbors) for a in self.agents]
         self._control()  # the models in flight are kept under their message ids
 
     # the control flow -------------------------------------------------------------------------------------
@@ -906,8 +913,9 @@ class _Driver(WindowDriver):
     def _control(self) -> None:
         agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
-        asks_by = self.asks
+        asks_by, link_rows = self.asks, self.link_rows
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
+        flat = None if link_rows is None else net.ahead.outcome
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
 
@@ -939,8 +947,13 @@ class _Driver(WindowDriver):
                 pos[i] = n
             nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
             if nb:
-                j = peers[i](nb)
-                _, delay, reason = outcome(i, j, now, size)
+                if flat is None:
+                    j = peers[i](nb)
+                    _, delay, reason = outcome(i, j, now, size)
+                else:
+                    s = peers[i].slot(len(nb))
+                    j = nb[s]
+                    _, delay, reason = flat(link_rows[i][s], i, j, now)
                 mid = take_ids(1)
                 rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))

@@ -25,7 +25,7 @@ from netsim.scenario.schema import NetworkSpec
 from netsim.sim import rows as shapes
 from netsim.sim.dists import draws
 from netsim.sim.env import Timeout
-from netsim.sim.streams import Draws, Streams
+from netsim.sim.streams import FIRST_BLOCK, Draws, Streams
 
 
 class Message(NamedTuple):
@@ -135,9 +135,16 @@ class LinksAhead:
         return cls(net, edges) if first_doubles_exact(seed_states(net.streams.seed, keys), low, high) else None
 
     def _draw(self, c: int) -> tuple:
+        got = self.chunks[c] = self._blocks(c)
+        self.left[c] = min(self.CHUNK, len(self.edges) - c * self.CHUNK)
+        return got
+
+    def _blocks(self, c: int) -> tuple[bytes | None, bytes | None]:
+        """Chunk ``c``'s first blocks, as float64 bytes: its links' latencies (None: a constant) and loss draws (None:
+        no loss)."""
         import numpy as np
 
-        from netsim.sim.streams import FIRST_BLOCK, first_doubles, purpose_code, seed_states
+        from netsim.sim.streams import first_doubles, purpose_code, seed_states
 
         net, lat = self.net, self.net.spec.latency
         edges = self.edges[c * self.CHUNK:(c + 1) * self.CHUNK]
@@ -149,14 +156,11 @@ class LinksAhead:
 
         lats = None if lat.kind == "constant" else (lat.low + (lat.high - lat.low) * block("latency")).tobytes()
         losses = block("loss").tobytes() if net.p_loss > 0 else None  # (a link's block: a slice of the bytes)
-        self.left[c] = len(edges)
-        got = self.chunks[c] = (lats, losses)
-        return got
+        return lats, losses
 
     def link(self, src: int, dst: int) -> Link | None:
         """Link (src, dst) with its first draws taken from its chunk's blocks (None: not a topology link)."""
-        from netsim.sim.dists import sampler
-        from netsim.sim.streams import FIRST_BLOCK, FirstDrawn
+        from netsim.sim.streams import FirstDrawn
 
         k = self.row.pop((src, dst), None)
         if k is None:
@@ -166,19 +170,62 @@ class LinksAhead:
         self.left[c] -= 1
         if not self.left[c]:
             del self.chunks[c], self.left[c]
-        net = self.net
-        spec, streams = net.spec.latency, net.streams
+        spec = self.net.spec.latency
+        more_lat, more_lost = self._past(src, dst)
+        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
+        lat = draws(spec, None, "network.latency") if lats is None else FirstDrawn(lats[at], more_lat)
+        lost = None if losses is None else FirstDrawn(losses[at], more_lost)
+        return Link(lat, lost)
+
+    def _past(self, src: int, dst: int) -> tuple[Callable, Callable]:
+        """Link (src, dst)'s samplers of its latency and its loss draws past their first blocks, each made when
+        called (its stream then made and moved past the block)."""
+        from netsim.sim.dists import sampler
+
+        spec, streams = self.net.spec.latency, self.net.streams
 
         def past(purpose: str):  # the stream, moved past its first block
             rng = streams.rng(purpose, src, dst)
             rng.bit_generator.advance(FIRST_BLOCK)
             return rng
 
-        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
-        lat = draws(spec, None, "network.latency") if lats is None else \
-            FirstDrawn(lats[at], lambda: sampler(spec, past("latency"), "network.latency"))
-        lost = None if losses is None else FirstDrawn(losses[at], lambda: past("loss").random)
-        return Link(lat, lost)
+        return (lambda: sampler(spec, past("latency"), "network.latency")), (lambda: past("loss").random)
+
+    # every link's first blocks at once, a link addressed by its row (a driver that pushes to fixed neighbours)
+    def flat(self) -> None:
+        """Draw every link's first blocks now, into two flat arrays (``outcome`` reads them); ``link`` is not used
+        after this."""
+        from array import array
+
+        chunks = [self._blocks(c) for c in range(-(-len(self.edges) // self.CHUNK))]
+        self.lats = None if chunks[0][0] is None else array("d", b"".join(c[0] for c in chunks))
+        self.losses = None if chunks[0][1] is None else array("d", b"".join(c[1] for c in chunks))
+        self.used = [0] * len(self.edges)  # each link's draws taken (of each of its streams)
+        lat = self.net.spec.latency
+        self.constant = float(lat.value) if lat.kind == "constant" else None
+
+    def rows_of(self, src: int, dsts: list[int]) -> list[int]:
+        """The rows of links (src, d) for each d of ``dsts`` (``outcome``'s addresses)."""
+        row = self.row
+        return [row[(src, d)] for d in dsts]
+
+    def outcome(self, r: int, src: int, dst: int, now: float) -> tuple[float, float, str]:
+        """``LeanLinks.outcome`` of link ``r`` = (src, dst) with no bandwidth (``flat``): its next latency and loss draw,
+        the same values in the same order; past its first blocks, from its own streams (``Network.link``)."""
+        k = self.used[r]
+        self.used[r] = k + 1
+        if k >= FIRST_BLOCK:
+            net = self.net
+            if k == FIRST_BLOCK:  # the link's own draws from here on
+                spec = net.spec.latency
+                more_lat, more_lost = self._past(src, dst)
+                net.links[(src, dst)] = Link(draws(spec, None, "network.latency") if self.lats is None else
+                                             Draws(more_lat()), None if self.losses is None else Draws(more_lost()))
+            return LeanLinks(net).outcome(src, dst, now, 0)
+        x = r * FIRST_BLOCK + k
+        d = delay(now, now, self.constant if self.lats is None else self.lats[x])
+        lost = self.losses is not None and self.losses[x] < self.net.p_loss
+        return now, d, shapes.TEXT.loss if lost else shapes.TEXT.none
 
 
 class ComposedLinks:
