@@ -903,7 +903,7 @@ class _Driver(WindowDriver):
         net, self.link_rows = self.net, None
         if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
                 and self.dynamic is None and not any(a.links_change for a in self.agents):
-            net.ahead.flat()
+            self.flat = net.ahead.flat()
             self.link_rows = [net.ahead.rows_of(a.id, a.neighbors) for a in self.agents]
         self._control()  # the models in flight are kept under their message ids
 
@@ -915,7 +915,7 @@ class _Driver(WindowDriver):
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by, link_rows = self.asks, self.link_rows
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
-        flat = None if link_rows is None else net.ahead.outcome
+        flat = None if link_rows is None else self.flat
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
 

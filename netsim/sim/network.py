@@ -192,40 +192,40 @@ class LinksAhead:
         return (lambda: sampler(spec, past("latency"), "network.latency")), (lambda: past("loss").random)
 
     # every link's first blocks at once, a link addressed by its row (a driver that pushes to fixed neighbours)
-    def flat(self) -> None:
-        """Draw every link's first blocks now, into two flat arrays (``outcome`` reads them); ``link`` is not used
-        after this."""
-        from array import array
-
-        chunks = [self._blocks(c) for c in range(-(-len(self.edges) // self.CHUNK))]
-        self.lats = None if chunks[0][0] is None else array("d", b"".join(c[0] for c in chunks))
-        self.losses = None if chunks[0][1] is None else array("d", b"".join(c[1] for c in chunks))
-        self.used = [0] * len(self.edges)  # each link's draws taken (of each of its streams)
-        lat = self.net.spec.latency
-        self.constant = float(lat.value) if lat.kind == "constant" else None
-
     def rows_of(self, src: int, dsts: list[int]) -> list[int]:
-        """The rows of links (src, d) for each d of ``dsts`` (``outcome``'s addresses)."""
+        """The rows of links (src, d) for each d of ``dsts`` (the addresses of ``flat``'s outcomes)."""
         row = self.row
         return [row[(src, d)] for d in dsts]
 
-    def outcome(self, r: int, src: int, dst: int, now: float) -> tuple[float, float, str]:
-        """``LeanLinks.outcome`` of link ``r`` = (src, dst) with no bandwidth (``flat``): its next latency and loss draw,
-        the same values in the same order; past its first blocks, from its own streams (``Network.link``)."""
-        k = self.used[r]
-        self.used[r] = k + 1
-        if k >= FIRST_BLOCK:
-            net = self.net
+    def flat(self) -> Callable[[int, int, int, float], tuple[float, float, str]]:
+        """Every link's first blocks drawn now into two flat arrays, and ``outcome(r, src, dst, now)``:
+        ``LeanLinks.outcome`` of link ``r`` = (src, dst) (its row: ``rows_of``) with no bandwidth, its next latency and
+        loss draw read there, the same values in the same order; past its first blocks, from its own streams
+        (``Network.link``). ``link`` is not used after this."""
+        from array import array
+
+        chunks = [self._blocks(c) for c in range(-(-len(self.edges) // self.CHUNK))]
+        lats = None if chunks[0][0] is None else array("d", b"".join(c[0] for c in chunks))
+        losses = None if chunks[0][1] is None else array("d", b"".join(c[1] for c in chunks))
+        used = [0] * len(self.edges)  # each link's draws taken (of each of its streams)
+        net, spec = self.net, self.net.spec.latency
+        constant = float(spec.value) if lats is None else 0.0
+        p_loss, lost, kept, past = net.p_loss, shapes.TEXT.loss, shapes.TEXT.none, self._past
+
+        def outcome(r: int, src: int, dst: int, now: float) -> tuple[float, float, str]:
+            k = used[r]
+            used[r] = k + 1
+            if k < FIRST_BLOCK:
+                x = r * FIRST_BLOCK + k
+                return now, delay(now, now, constant if lats is None else lats[x]), \
+                    lost if losses is not None and losses[x] < p_loss else kept
             if k == FIRST_BLOCK:  # the link's own draws from here on
-                spec = net.spec.latency
-                more_lat, more_lost = self._past(src, dst)
-                net.links[(src, dst)] = Link(draws(spec, None, "network.latency") if self.lats is None else
-                                             Draws(more_lat()), None if self.losses is None else Draws(more_lost()))
+                more_lat, more_lost = past(src, dst)
+                net.links[(src, dst)] = Link(draws(spec, None, "network.latency") if lats is None else
+                                             Draws(more_lat()), None if losses is None else Draws(more_lost()))
             return LeanLinks(net).outcome(src, dst, now, 0)
-        x = r * FIRST_BLOCK + k
-        d = delay(now, now, self.constant if self.lats is None else self.lats[x])
-        lost = self.losses is not None and self.losses[x] < self.net.p_loss
-        return now, d, shapes.TEXT.loss if lost else shapes.TEXT.none
+
+        return outcome
 
 
 class ComposedLinks:
