@@ -204,9 +204,13 @@ class LinksAhead:
         (``Network.link``). ``link`` is not used after this."""
         from array import array
 
-        chunks = [self._blocks(c) for c in range(-(-len(self.edges) // self.CHUNK))]
-        lats = None if chunks[0][0] is None else array("d", b"".join(c[0] for c in chunks))
-        losses = None if chunks[0][1] is None else array("d", b"".join(c[1] for c in chunks))
+        lats, losses = array("d"), array("d")
+        for c in range(-(-len(self.edges) // self.CHUNK)):  # (a chunk's bytes freed once they are copied)
+            for into, got in zip((lats, losses), self._blocks(c), strict=True):
+                if got is not None:
+                    into.frombytes(got)
+        lats = lats if len(lats) else None  # (None: a constant latency; no loss)
+        losses = losses if len(losses) else None
         used = [0] * len(self.edges)  # each link's draws taken (of each of its streams)
         net, spec = self.net, self.net.spec.latency
         constant = float(spec.value) if lats is None else 0.0
