@@ -900,11 +900,11 @@ class _Driver(WindowDriver):
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
         # a push's link by its neighbour's place (the topology's links' first draws in flat arrays: no link object
         # or lookup per push), where the lean path decides every push (no bandwidth) over fixed links
-        net, self.link_rows = self.net, None
+        net, self.targets = self.net, None
         if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
                 and self.dynamic is None and not any(a.links_change for a in self.agents):
             self.flat = net.ahead.flat()
-            self.link_rows = [net.ahead.rows_of(a.id, a.neighbors) for a in self.agents]
+            self.targets = [list(zip(a.neighbors, net.ahead.rows_of(a.id, a.neighbors))) for a in self.agents]
         self._control()  # the models in flight are kept under their message ids
 
     # the control flow -------------------------------------------------------------------------------------
@@ -913,9 +913,9 @@ class _Driver(WindowDriver):
     def _control(self) -> None:
         agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
-        asks_by, link_rows = self.asks, self.link_rows
+        asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
-        flat = None if link_rows is None else self.flat
+        flat = None if targets is None else self.flat
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
 
@@ -945,15 +945,14 @@ class _Driver(WindowDriver):
                         enqueue(now + ct, DONE, i, tk)
                         return
                 pos[i] = n
-            nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
+            nb = agents[i].neighbors if flat is None else targets[i]  # (a time-varying topology changes them)
             if nb:
                 if flat is None:
                     j = peers[i](nb)
                     _, delay, reason = outcome(i, j, now, size)
                 else:
-                    s = peers[i].slot(len(nb))
-                    j = nb[s]
-                    _, delay, reason = flat(link_rows[i][s], i, j, now)
+                    j, r = nb[peers[i].slot(len(nb))]
+                    _, delay, reason = flat(r, i, j, now)
                 mid = take_ids(1)
                 rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
