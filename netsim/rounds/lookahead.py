@@ -916,6 +916,7 @@ class _Driver(WindowDriver):
         asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
         flat = None if targets is None else self.flat
+        helds = [q.held for q in peers]  # (the lists themselves: ``take_hold`` refills them in place)
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
 
@@ -951,7 +952,8 @@ class _Driver(WindowDriver):
                     j = peers[i](nb)
                     _, delay, reason = outcome(i, j, now, size)
                 else:
-                    j, r = nb[peers[i].slot(len(nb))]
+                    held = helds[i]  # (the picks drawn ahead, next last: ``Peers.slot`` draws more when none is left)
+                    j, r = nb[held.pop() if held else peers[i].slot(len(nb))]
                     _, delay, reason = flat(r, i, j, now)
                 mid = take_ids(1)
                 rnd = agents[i].round
