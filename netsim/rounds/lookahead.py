@@ -235,21 +235,21 @@ class RowStore:
             self.rows = torch.empty((2 * len(old) + len(keys), old.shape[1]), dtype=old.dtype, device=old.device)
             self.rows[:len(old)] = old
             free.extend(range(len(self.rows) - 1, len(old) - 1, -1))
-        rows = [free.pop() for _ in keys]
+        cut = len(free) - len(keys)
+        rows = free[cut:][::-1]  # (the free list's last rows, last first: as popped one by one)
+        del free[cut:]
         self.row_of.update(zip(keys, rows))
         self.rows.index_copy_(0, as_index(rows, src.device), src)
 
     def take(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, which are then forgotten."""
-        pop = self.row_of.pop
-        rows = [pop(k) for k in keys]
+        rows = list(map(self.row_of.pop, keys))
         self.free.extend(rows)
         return self.rows.index_select(0, as_index(rows, self.rows.device))
 
     def peek(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, still kept."""
-        row_of = self.row_of
-        return self.rows.index_select(0, as_index([row_of[k] for k in keys], self.rows.device))
+        return self.rows.index_select(0, as_index(list(map(self.row_of.__getitem__, keys)), self.rows.device))
 
     def drop(self, key: int) -> None:
         self.free.append(self.row_of.pop(key))
@@ -1026,7 +1026,7 @@ class _Driver(WindowDriver):
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
         idx = as_index(who, self.X.device)
         agents = self.agents
-        return Batch([agents[i] for i in who], agents[who[0]].round, self.X.index_select(0, idx), None,
+        return Batch(list(map(agents.__getitem__, who)), agents[who[0]].round, self.X.index_select(0, idx), None,
                      self.state), idx
 
     def tensor_work(self, first_ticket: int) -> None:
