@@ -342,3 +342,35 @@ def test_push_gossip_windows_agree_with_the_engine_whatever_windows_are_worked_t
     with pytest.MonkeyPatch.context() as m:
         m.setattr(lookahead._Driver, "gathers", gathers)
         lookahead_run(tmp_path_factory.mktemp("drawn"), sc, windows=False)
+
+
+@pytest.mark.parametrize("network", [
+    {"latency": {"kind": "uniform", "low": 0.05, "high": 0.5}, "loss": 0.2},
+    {"latency": {"kind": "constant", "value": 0.1}, "loss": 0.0},  # no latency draws, no loss draws
+])
+def test_push_gossip_links_read_past_their_first_draws_give_the_engines_bytes(tmp_path, monkeypatch, network):
+    """Push gossip's windows read each link's first latency and loss draws from flat arrays (``LinksAhead.flat``),
+    then its own streams: links that carry more pushes than a first block give the engine's bytes and models."""
+    from netsim.sim.network import LinksAhead
+    from netsim.sim.streams import FIRST_BLOCK
+
+    real, calls = LinksAhead.flat, {}
+
+    def counted(self):
+        outcome = real(self)
+
+        def count(r, src, dst, now):
+            calls[r] = calls.get(r, 0) + 1
+            return outcome(r, src, dst, now)
+
+        return count
+
+    monkeypatch.setattr(LinksAhead, "flat", counted)
+    sc = asynchronous(agents={"count": 8, "activation": {"kind": "poisson", "rate": 4.0}}, network=network,
+                      run={"until": 30.0})
+    got = {"events": played(tmp_path, sc, "events"), "windowed": played(tmp_path, sc, "windowed")}
+    for run in got.values():  # (the windows batch a lock step's gradients: "auto" is true on own clocks)
+        for k in ("gradient_batches", "mean_gradient_batch"):
+            run["summary"].pop(k)
+    assert identical(got)["messages_delivered"] > 0
+    assert max(calls.values()) > FIRST_BLOCK + 2 and min(calls.values()) > 0

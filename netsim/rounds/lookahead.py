@@ -74,7 +74,7 @@ import torch
 from netsim.rounds.kernel import Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
-from netsim.sim.network import ComposedLinks, payload_size
+from netsim.sim.network import ComposedLinks, LinksAhead, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
@@ -235,21 +235,21 @@ class RowStore:
             self.rows = torch.empty((2 * len(old) + len(keys), old.shape[1]), dtype=old.dtype, device=old.device)
             self.rows[:len(old)] = old
             free.extend(range(len(self.rows) - 1, len(old) - 1, -1))
-        rows = [free.pop() for _ in keys]
+        cut = len(free) - len(keys)
+        rows = free[cut:][::-1]  # (the free list's last rows, last first: as popped one by one)
+        del free[cut:]
         self.row_of.update(zip(keys, rows))
         self.rows.index_copy_(0, as_index(rows, src.device), src)
 
     def take(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, which are then forgotten."""
-        pop = self.row_of.pop
-        rows = [pop(k) for k in keys]
+        rows = list(map(self.row_of.pop, keys))
         self.free.extend(rows)
         return self.rows.index_select(0, as_index(rows, self.rows.device))
 
     def peek(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, still kept."""
-        row_of = self.row_of
-        return self.rows.index_select(0, as_index([row_of[k] for k in keys], self.rows.device))
+        return self.rows.index_select(0, as_index(list(map(self.row_of.__getitem__, keys)), self.rows.device))
 
     def drop(self, key: int) -> None:
         self.free.append(self.row_of.pop(key))
@@ -898,6 +898,13 @@ class _Driver(WindowDriver):
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
         self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
+        # a push's link by its neighbour's place (the topology's links' first draws in flat arrays: no link object
+        # or lookup per push), where the lean path decides every push (no bandwidth) over fixed links
+        net, self.targets = self.net, None
+        if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
+                and self.dynamic is None and not any(a.links_change for a in self.agents):
+            self.flat = net.ahead.flat()
+            self.targets = [list(zip(a.neighbors, net.ahead.rows_of(a.id, a.neighbors))) for a in self.agents]
         self._control()  # the models in flight are kept under their message ids
 
     # the control flow -------------------------------------------------------------------------------------
@@ -906,8 +913,10 @@ class _Driver(WindowDriver):
     def _control(self) -> None:
         agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
-        asks_by = self.asks
+        asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
+        flat = None if targets is None else self.flat
+        helds = [q.held for q in peers]  # (the lists themselves: ``take_hold`` refills them in place)
         outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
 
@@ -937,10 +946,15 @@ class _Driver(WindowDriver):
                         enqueue(now + ct, DONE, i, tk)
                         return
                 pos[i] = n
-            nb = agents[i].neighbors  # this activation's (a time-varying topology changes them)
+            nb = agents[i].neighbors if flat is None else targets[i]  # (a time-varying topology changes them)
             if nb:
-                j = peers[i](nb)
-                _, delay, reason = outcome(i, j, now, size)
+                if flat is None:
+                    j = peers[i](nb)
+                    _, delay, reason = outcome(i, j, now, size)
+                else:
+                    held = helds[i]  # (the picks drawn ahead, next last: ``Peers.slot`` draws more when none is left)
+                    j, r = nb[held.pop() if held else peers[i].slot(len(nb))]
+                    _, delay, reason = flat(r, i, j, now)
                 mid = take_ids(1)
                 rnd = agents[i].round
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
@@ -1012,7 +1026,7 @@ class _Driver(WindowDriver):
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
         idx = as_index(who, self.X.device)
         agents = self.agents
-        return Batch([agents[i] for i in who], agents[who[0]].round, self.X.index_select(0, idx), None,
+        return Batch(list(map(agents.__getitem__, who)), agents[who[0]].round, self.X.index_select(0, idx), None,
                      self.state), idx
 
     def tensor_work(self, first_ticket: int) -> None:

@@ -44,12 +44,16 @@ class Peers:
         self.held: list[int] = [] if held is None else held
 
     def __call__(self, nb: list[int]) -> int:
+        return nb[self.slot(len(nb))]
+
+    def slot(self, n: int) -> int:
+        """The next peer's place among the ``n`` neighbours."""
         if not self.fixed:
-            return nb[int(self.rng.integers(len(nb)))]
+            return int(self.rng.integers(n))
         held = self.held
         if not held:
-            held.extend(self.rng.integers(len(nb), size=256).tolist()[::-1])
-        return nb[held.pop()]
+            held.extend(self.rng.integers(n, size=256).tolist()[::-1])
+        return held.pop()
 
 
 class PushKernel(RoundKernel):

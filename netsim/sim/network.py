@@ -25,7 +25,7 @@ from netsim.scenario.schema import NetworkSpec
 from netsim.sim import rows as shapes
 from netsim.sim.dists import draws
 from netsim.sim.env import Timeout
-from netsim.sim.streams import Draws, Streams
+from netsim.sim.streams import FIRST_BLOCK, Draws, Streams
 
 
 class Message(NamedTuple):
@@ -135,9 +135,16 @@ class LinksAhead:
         return cls(net, edges) if first_doubles_exact(seed_states(net.streams.seed, keys), low, high) else None
 
     def _draw(self, c: int) -> tuple:
+        got = self.chunks[c] = self._blocks(c)
+        self.left[c] = min(self.CHUNK, len(self.edges) - c * self.CHUNK)
+        return got
+
+    def _blocks(self, c: int) -> tuple[bytes | None, bytes | None]:
+        """Chunk ``c``'s first blocks, as float64 bytes: its links' latencies (None: a constant) and loss draws (None:
+        no loss)."""
         import numpy as np
 
-        from netsim.sim.streams import FIRST_BLOCK, first_doubles, purpose_code, seed_states
+        from netsim.sim.streams import first_doubles, purpose_code, seed_states
 
         net, lat = self.net, self.net.spec.latency
         edges = self.edges[c * self.CHUNK:(c + 1) * self.CHUNK]
@@ -149,14 +156,11 @@ class LinksAhead:
 
         lats = None if lat.kind == "constant" else (lat.low + (lat.high - lat.low) * block("latency")).tobytes()
         losses = block("loss").tobytes() if net.p_loss > 0 else None  # (a link's block: a slice of the bytes)
-        self.left[c] = len(edges)
-        got = self.chunks[c] = (lats, losses)
-        return got
+        return lats, losses
 
     def link(self, src: int, dst: int) -> Link | None:
         """Link (src, dst) with its first draws taken from its chunk's blocks (None: not a topology link)."""
-        from netsim.sim.dists import sampler
-        from netsim.sim.streams import FIRST_BLOCK, FirstDrawn
+        from netsim.sim.streams import FirstDrawn
 
         k = self.row.pop((src, dst), None)
         if k is None:
@@ -166,19 +170,66 @@ class LinksAhead:
         self.left[c] -= 1
         if not self.left[c]:
             del self.chunks[c], self.left[c]
-        net = self.net
-        spec, streams = net.spec.latency, net.streams
+        spec = self.net.spec.latency
+        more_lat, more_lost = self._past(src, dst)
+        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
+        lat = draws(spec, None, "network.latency") if lats is None else FirstDrawn(lats[at], more_lat)
+        lost = None if losses is None else FirstDrawn(losses[at], more_lost)
+        return Link(lat, lost)
+
+    def _past(self, src: int, dst: int) -> tuple[Callable, Callable]:
+        """Link (src, dst)'s samplers of its latency and its loss draws past their first blocks, each made when
+        called (its stream then made and moved past the block)."""
+        from netsim.sim.dists import sampler
+
+        spec, streams = self.net.spec.latency, self.net.streams
 
         def past(purpose: str):  # the stream, moved past its first block
             rng = streams.rng(purpose, src, dst)
             rng.bit_generator.advance(FIRST_BLOCK)
             return rng
 
-        at = slice(r * 8 * FIRST_BLOCK, (r + 1) * 8 * FIRST_BLOCK)
-        lat = draws(spec, None, "network.latency") if lats is None else \
-            FirstDrawn(lats[at], lambda: sampler(spec, past("latency"), "network.latency"))
-        lost = None if losses is None else FirstDrawn(losses[at], lambda: past("loss").random)
-        return Link(lat, lost)
+        return (lambda: sampler(spec, past("latency"), "network.latency")), (lambda: past("loss").random)
+
+    # every link's first blocks at once, a link addressed by its row (a driver that pushes to fixed neighbours)
+    def rows_of(self, src: int, dsts: list[int]) -> list[int]:
+        """The rows of links (src, d) for each d of ``dsts`` (the addresses of ``flat``'s outcomes)."""
+        row = self.row
+        return [row[(src, d)] for d in dsts]
+
+    def flat(self) -> Callable[[int, int, int, float], tuple[float, float, str]]:
+        """Every link's first blocks drawn now into two flat arrays, and ``outcome(r, src, dst, now)``:
+        ``LeanLinks.outcome`` of link ``r`` = (src, dst) (its row: ``rows_of``) with no bandwidth, its next latency and
+        loss draw read there, the same values in the same order; past its first blocks, from its own streams
+        (``Network.link``). ``link`` is not used after this."""
+        from array import array
+
+        lats, losses = array("d"), array("d")
+        for c in range(-(-len(self.edges) // self.CHUNK)):  # (a chunk's bytes freed once they are copied)
+            for into, got in zip((lats, losses), self._blocks(c), strict=True):
+                if got is not None:
+                    into.frombytes(got)
+        lats = lats if len(lats) else None  # (None: a constant latency; no loss)
+        losses = losses if len(losses) else None
+        used = [0] * len(self.edges)  # each link's draws taken (of each of its streams)
+        net, spec = self.net, self.net.spec.latency
+        constant = float(spec.value) if lats is None else 0.0
+        p_loss, lost, kept, past = net.p_loss, shapes.TEXT.loss, shapes.TEXT.none, self._past
+
+        def outcome(r: int, src: int, dst: int, now: float) -> tuple[float, float, str]:
+            k = used[r]
+            used[r] = k + 1
+            if k < FIRST_BLOCK:
+                x = r * FIRST_BLOCK + k
+                return now, delay(now, now, constant if lats is None else lats[x]), \
+                    lost if losses is not None and losses[x] < p_loss else kept
+            if k == FIRST_BLOCK:  # the link's own draws from here on
+                more_lat, more_lost = past(src, dst)
+                net.links[(src, dst)] = Link(draws(spec, None, "network.latency") if lats is None else
+                                             Draws(more_lat()), None if losses is None else Draws(more_lost()))
+            return LeanLinks(net).outcome(src, dst, now, 0)
+
+        return outcome
 
 
 class ComposedLinks:
