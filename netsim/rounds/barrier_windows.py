@@ -63,7 +63,7 @@ import torch
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
 from netsim.sim.agent import RowsAhead
-from netsim.sim.network import hold_time, payload_size
+from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -186,6 +186,7 @@ class _Driver(WindowDriver):
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
+        self.outcomes = outcomes(self.net.model or self.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
         self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
@@ -248,7 +249,7 @@ class _Driver(WindowDriver):
         sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
         ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
         gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
-        outcome, take_ids, unref, gradient = self.outcome, self.net.take_ids, self.unref, kernel.gradient
+        outcomes, take_ids, unref, gradient = self.outcomes, self.net.take_ids, self.unref, kernel.gradient
         adopt = None if self.dynamic is None else self.dynamic.adopt
         pop, take = heapq.heappop, cur.pop
         C = CODES
@@ -316,19 +317,17 @@ class _Driver(WindowDriver):
             first the end of the broadcast's transmission)."""
             size = fixed if fixed is not None else sizes.get(pid)
             s = guess if size is None else size
-            held, tx = 0, 0.0
+            held = 0
             nb = agents[i].neighbors
+            # ``Agent.broadcast`` (links transmit in parallel): each link's outcome from its streams, in one call, and
+            # how long the sends hold the program
+            delays, reasons, tx = outcomes(i, nb, t, s)
             mid = take_ids(len(nb)) - 1  # (the sends' ids, in send order: nothing else sends in between)
-            for j in nb:  # ``Agent.broadcast``: links transmit in parallel
-                # ``Network.send``: the link's outcome from its streams, the next id, the rows
-                tx_end, delay, reason = outcome(i, j, t, s)
+            for j, delay, reason in zip(nb, delays, reasons):  # ``Network.send``'s rows and arrivals
                 mid += 1
                 if size is None:
                     patches.append((len(buf) // R, pid))
                 put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
-                h = hold_time(tx_end, t)
-                if h > tx:
-                    tx = h
                 if reason:
                     if size is None:
                         patches.append((len(buf) // R, pid))
@@ -655,14 +654,14 @@ class _Driver(WindowDriver):
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
         at_of = self.at_of
-        return _join([at_of.pop(tk) for tk in tickets])
+        return _join([at_of.pop(tk) for tk in tickets], share=True)
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
         kernel, p, recs = self.kernel, self.p, self.recs
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
-            x = _join([self.x_at.pop(r) for r in rids])
+            x = _join([self.x_at.pop(r) for r in rids], share=True)
             g = self.grads.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
@@ -785,8 +784,8 @@ class _Driver(WindowDriver):
         first, n0, (kept, _) = parts[0]
         if len(parts) == 1:
             return first.row(n0, self.kernel.per_row)
-        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts]),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts]), self.state)
+        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
@@ -802,12 +801,17 @@ class _Driver(WindowDriver):
         return b
 
 
-def _join(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+def _join(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:
     """Rows (tensor, row n) as one tensor, a copy (``torch.stack`` of the rows' values): one ``index_select`` per
-    tensor they come from (a lock step's parts come from a few batches), no view per row."""
+    tensor they come from (a lock step's parts come from a few batches), no view per row. ``share``: where the rows
+    are all of one tensor's, in order, that tensor itself (no copy of a (B, P) block: the parameters and gradients
+    of a lock step of all agents; no hook writes into a batch's ``x`` or ``g``, which are copies the windows own)."""
     t = rows[0][0]
     if all(r[0] is t for r in rows):  # (a lock step's rows often come from one batch)
-        return t.index_select(0, as_index([r[1] for r in rows], t.device))
+        ns = [r[1] for r in rows]
+        if share and len(ns) == len(t) and ns == list(range(len(ns))):
+            return t
+        return t.index_select(0, as_index(ns, t.device))
     by: dict[int, tuple] = {}
     for at, (t, n) in enumerate(rows):
         e = by.get(id(t))
