@@ -362,3 +362,14 @@ def test_netsim_check_names_a_kernel_that_reads_the_round_index_it_declared_unre
 
     line = check("declared", Declared(), DPDPSGDParams(**p, lr_decay=0.5), CHECK[:1]).violation
     assert line is not None and "Declared.combine" in line and "any_round says no hook reads b.k" in line, line
+
+
+def test_dpsgd_with_a_constant_step_joins_rounds_and_passes_the_check():
+    """D-PSGD with a constant step reads no ``b.k`` (``any_round``), and the check's batch whose ``b.k`` raises passes
+    its hooks; with a decaying step it reads ``b.k`` and joins none."""
+    from netsim.algorithms.dpsgd import DPSGD, DPSGDParams
+    from netsim.rounds.exactness import CHECK, check
+
+    assert DPSGD().any_round(DPSGDParams()) and not DPSGD().any_round(DPSGDParams(lr_decay=0.5))
+    assert check("dpsgd", DPSGD(), DPSGDParams(), CHECK[:1]).violation is None
+    assert check("dpsgd", DPSGD(), DPSGDParams(lr_decay=0.5), CHECK[:1]).violation is None
