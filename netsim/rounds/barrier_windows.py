@@ -187,6 +187,7 @@ class _Driver(WindowDriver):
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        self.grads = _Evaluated()  # (the gradient batches' results kept as they are: no (B, P) copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         self.outcomes = outcomes(self.net.model or self.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
@@ -827,6 +828,25 @@ class _Driver(WindowDriver):
                     v = [None if u is None else u[1][n] for u, (_, n, _) in zip(cut, parts)]
             setattr(b, name, v)
         return b
+
+
+class _Evaluated:
+    """The gradients evaluated and not yet taken by a ``local``, by ticket (``RowStore``'s ``put``, ``take`` and
+    ``row_of``): each kept as (its batch's result tensor, its row), the result itself kept, not copied into a store
+    (a batch's gradients are its own: no one writes them). A ``local`` of a whole batch in order takes that tensor
+    (``_join``); others a copy of their rows. Not for checkpoints (the barrier windows refuse them)."""
+
+    __slots__ = ("row_of",)
+
+    def __init__(self):
+        self.row_of: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def put(self, keys, src: torch.Tensor) -> None:
+        self.row_of.update(zip(keys, zip(itertools.repeat(src), range(len(src)))))
+
+    def take(self, keys: list[int]) -> torch.Tensor:
+        """The rows of ``keys``, which are then forgotten."""
+        return _join(list(map(self.row_of.pop, keys)), share=True)
 
 
 def _join(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:
