@@ -24,8 +24,9 @@ count) and the barrier's completion (an event of its own, as ``succeed`` schedul
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
 wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
 by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
-(``Agent.plan_wake``, ``Agent.compute_time``, the links' ``outcome``; the mini-batches, drawn from each agent's own
-stream in its own order, are drawn in the tensor work, a lock step's at once: ``RowsAhead``).
+(``Agent.plan_wake``, ``Agent.compute_time``, a broadcast's links in one call: ``network.outcomes``; the mini-batches,
+drawn from each agent's own stream in its own order, are drawn in the tensor work, a lock step's at once:
+``RowsAhead``).
 
 The tensor work then plays each agent's operations of the window in its program's order, each in the earliest lock step
 that keeps that order (a step takes an agent's ``combine``, then its next point and ``local``) and comes after what it
