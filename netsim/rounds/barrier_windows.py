@@ -62,6 +62,7 @@ from collections import Counter, deque
 import numpy as np
 import torch
 
+from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
 from netsim.sim.agent import RowsAhead
@@ -188,6 +189,7 @@ class _Driver(WindowDriver):
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
         self.grads = _Evaluated()  # (the gradient batches' results kept as they are: no (B, P) copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         self.outcomes = outcomes(self.net.model or self.net.lean())  # a broadcast's links decided in one call
@@ -651,8 +653,13 @@ class _Driver(WindowDriver):
         """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
-        who = [i for i, _ in step]
-        x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
+        who, W, spare = [i for i, _ in step], self.bank.W, self.spare
+        at = as_index(who, W.device)
+        if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
+            x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
+        else:
+            x = W.index_select(0, at)
+            self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
         x_at = self.x_at
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
