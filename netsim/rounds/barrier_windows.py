@@ -235,7 +235,6 @@ class _Driver(WindowDriver):
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
         self.small = self.bank.W.shape[1] <= SMALL
-        self.weights: tuple | None = None  # every agent's weights as arrays (``arrivals``), made at the first use
         if not self.small:
             self.gathers = 8
         self._control()
@@ -779,22 +778,12 @@ class _Driver(WindowDriver):
         if not len(rids):
             return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
         srcs = np.fromiter(chain(took), np.int64)  # (a dict's keys, in arrival order)
+        # each delivery's weight (None, NaN in the array: the receiver has none for that sender)
+        w = np.array(list(chain(map(agents[i].weights.get, g) for i, g in zip(who, took, strict=True))), np.float64)
         made, first, send = np.unique(rids, return_index=True, return_inverse=True)  # each payload once
         out = [payload[r] for r in made.tolist()]
         sent = torch.stack(out) if all(type(x) is torch.Tensor for x in out) else None
-        recv = np.repeat(np.arange(len(who)), np.fromiter(map(len, took), np.int64, len(took)))
-        # each delivery's weight, W_ij of its receiver i for its sender j (NaN: the receiver has none for that sender),
-        # looked up in the agents' weights laid out once as sorted keys i * n + j (the topology does not change here)
-        if self.weights is None:
-            n = len(agents)
-            keys = np.fromiter(chain((a.id * n + j for j in a.weights) for a in agents), np.int64)
-            vals = np.fromiter(chain(a.weights.values() for a in agents), np.float64, len(keys))
-            by = np.argsort(keys)
-            self.weights = (keys[by], vals[by], n)
-        keys, vals, n = self.weights
-        want = np.asarray(who, np.int64)[recv] * n + srcs
-        at = np.searchsorted(keys, want).clip(max=max(len(keys) - 1, 0))
-        w = np.where(keys[at] == want, vals[at], np.nan) if len(keys) else np.full(len(want), np.nan)
+        recv = np.repeat(np.arange(len(who)), [len(g) for g in took])
         return Arrivals(srcs[first].tolist(), out, sent, recv, send.reshape(-1), w, receivers=len(who))
 
     def cuts(self, b: Batch) -> tuple:
