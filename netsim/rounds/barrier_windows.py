@@ -55,9 +55,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import operator
 import struct
-from collections import Counter, deque
+from collections import deque
 
 import numpy as np
 import torch
@@ -77,7 +76,6 @@ TIMER, BARRIER, SENT = 7, 8, 9  # a barrier's timeout timer, its completion, the
 COMBINE, ASK, LOCAL = 0, 1, 2  # an agent's tensor operations (a lock step calls them in this order)
 _SIZE_AT = struct.calcsize("<d3iq")  # the byte offset of a packed row's size (``RECORD``: t, kind, agent, peer, msg)
 _pack_size = struct.Struct("<q").pack_into
-_first = operator.itemgetter(0)
 
 
 def refusal(sim) -> str | None:
@@ -558,40 +556,29 @@ class _Driver(WindowDriver):
         if not ops:
             self.work_done(waiting, {})
             return
-        lens = [*map(len, ops.values())]
-        opl = [*itertools.chain.from_iterable(ops.values())]  # the operations, agent after agent (``first``)
-        flat = [*zip(itertools.chain.from_iterable(map(itertools.repeat, ops, lens)), opl)]  # (agent, operation)
+        flat = [(i, o) for i, os in ops.items() for o in os]
         m = len(flat)
-        kind = np.fromiter(map(_first, opl), np.int64, m)
+        kind = np.fromiter([o[0] for _, o in flat], np.int64, m)
         first = np.zeros(m, bool)
-        first[np.cumsum([0, *lens])[:-1]] = True
-        combines = np.flatnonzero(kind == COMBINE)
+        first[np.cumsum([0, *map(len, ops.values())])[:-1]] = True
+        combines = np.flatnonzero(kind == COMBINE).tolist()
         locals_ = np.flatnonzero(kind == LOCAL).tolist()
-        # what waits for what, as arrays: each combine for the operation that makes each payload it took in this work
-        # (a ``local``'s payload has its round record's number, a ``combine``'s its own: ``o[4]``, None after the
-        # round's last exchange), a payload made in an earlier work being kept
-        took = [opl[n][2] for n in combines.tolist()]
-        reads = np.fromiter(map(len, took), np.int64, len(took))
-        pids = np.fromiter(itertools.chain.from_iterable(map(dict.values, took)), np.int64, int(reads.sum()))
-        readers = np.repeat(combines, reads)
-        new = ~np.fromiter(map(self.payload.__contains__, pids.tolist()), bool, len(pids))
-        pids, waiter = pids[new], readers[new]
-        nexts = [opl[n][4] for n in combines.tolist()]
-        made = np.fromiter(itertools.chain((opl[n][2] for n in locals_), (-1 if q is None else q for q in nexts)),
-                           np.int64, len(locals_) + len(nexts))
-        maker = np.concatenate((np.asarray(locals_, np.int64), combines))
-        by = np.argsort(made, kind="stable")
-        made, maker = made[by], maker[by]
-        at = np.searchsorted(made, pids).clip(max=max(len(made) - 1, 0))
-        if len(pids) and (not len(made) or (made[at] != pids).any()):
-            # a payload is made before it is delivered, so in this work at the latest
-            raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
-        waiter, waited = waiter.tolist(), maker[at].tolist()
+        made_by = {flat[n][1][2]: n for n in locals_}  # pid -> the operation that makes it in this work
+        made_by.update((o[4], n) for n, o in ((n, flat[n][1]) for n in combines) if o[4] is not None)
+        payload, waiter, waited, gap = self.payload, [], [], []
+        for n in combines:
+            for r in flat[n][1][2].values():
+                if r not in payload:  # (made in an earlier work: kept)
+                    by = made_by.get(r)
+                    if by is None:  # a payload is made before it is delivered, so in this work at the latest
+                        raise RuntimeError("barrier windows: a combine waits for a payload that was not made")
+                    waiter.append(n)
+                    waited.append(by)
         gap = [1] * len(waiter)
         batch_op: dict[int, int] = {}  # the engine's gradient batch with a request in this work -> its own operation
         if not self.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
             for n in np.flatnonzero(kind == ASK).tolist():
-                f = flush_of.get(opl[n][1])
+                f = flush_of.get(flat[n][1][1])
                 if f is not None:
                     v = batch_op.get(f)
                     if v is None:
@@ -601,7 +588,7 @@ class _Driver(WindowDriver):
                     gap.append(0)
             evaluated = self.grads.row_of
             for n in locals_:
-                tk = opl[n][1]
+                tk = flat[n][1][1]
                 v = batch_op.get(flush_of.get(tk, -1))
                 if v is not None:
                     waiter.append(n)
@@ -637,15 +624,12 @@ class _Driver(WindowDriver):
         """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
         where the kernel reads no ``b.k`` (``any_round``), k then ``AnyRound`` unless all are at one round."""
         recs = self.recs
-        ks = [recs[o[at]][1] for _, o in step]
-        k = ks[0]
-        if ks.count(k) == len(ks):  # (the common case: one round index)
-            return [(k, step)]
         if self.any_round:
-            return [(self.mixed, step)]
+            ks = {recs[o[at]][1] for _, o in step}
+            return [(ks.pop() if len(ks) == 1 else self.mixed, step)]
         groups: dict[int, list] = {}
-        for k, op in zip(ks, step):
-            groups.setdefault(k, []).append(op)
+        for i, o in step:
+            groups.setdefault(recs[o[at]][1], []).append((i, o))
         return list(groups.items())
 
     def asks(self, step: list) -> None:
@@ -756,17 +740,16 @@ class _Driver(WindowDriver):
                     self.mixes.append((o[5], a, o[6], a.releases_made, steps))
             if s + 1 < self.steps:
                 self.made(b, ops, [o[4] for _, o in ops])
-            refs, sizes, payload, recs = self.refs, self.sizes, self.payload, self.recs
-            # ``unref`` of every payload taken, counted at once (a payload read by c barriers: c references fewer)
-            for r, c in Counter(itertools.chain.from_iterable(o[2].values() for _, o in ops)).items():
-                n = refs[r] - c
-                if n or r not in sizes:
-                    refs[r] = n
-                else:
-                    del refs[r]
-                    payload.pop(r, None)
-            if s + 1 == self.steps:
-                for _, o in ops:
+            refs, sizes, payload, recs, last = self.refs, self.sizes, self.payload, self.recs, s + 1 == self.steps
+            for _, o in ops:
+                for r in o[2].values():  # ``unref``, inlined
+                    n = refs[r] - 1
+                    if n or r not in sizes:
+                        refs[r] = n
+                    else:
+                        del refs[r]
+                        payload.pop(r, None)
+                if last:
                     del recs[o[1]]
 
     def arrivals(self, who: list[int], took: list[dict]) -> Arrivals:
