@@ -362,3 +362,34 @@ def test_netsim_check_names_a_kernel_that_reads_the_round_index_it_declared_unre
 
     line = check("declared", Declared(), DPDPSGDParams(**p, lr_decay=0.5), CHECK[:1]).violation
     assert line is not None and "Declared.combine" in line and "any_round says no hook reads b.k" in line, line
+
+
+def test_dpsgd_with_a_constant_step_joins_rounds_and_passes_the_check():
+    """D-PSGD with a constant step reads no ``b.k`` (``any_round``), and the check's batch whose ``b.k`` raises passes
+    its hooks; with a decaying step it reads ``b.k`` and joins none."""
+    from netsim.algorithms.dpsgd import DPSGD, DPSGDParams
+    from netsim.rounds.exactness import CHECK, check
+
+    assert DPSGD().any_round(DPSGDParams()) and not DPSGD().any_round(DPSGDParams(lr_decay=0.5))
+    assert check("dpsgd", DPSGD(), DPSGDParams(), CHECK[:1]).violation is None
+    assert check("dpsgd", DPSGD(), DPSGDParams(lr_decay=0.5), CHECK[:1]).violation is None
+
+
+def test_lock_steps_of_every_agent_take_their_rows_without_a_copy(tmp_path):
+    """Where a lock step's rows are every row of one tensor, in order (the parameters of an ask of every agent, the
+    gradients of a whole batch), ``local`` and the gradient batches take that tensor itself, not a copy; the bytes
+    stay the events engine's (D-PSGD: ``local`` sends its rows, ``combine`` reads them)."""
+    shared: list = []
+    join = barrier_windows._join
+
+    def counted(rows, share=False):
+        out = join(rows, share)
+        shared.append(out is rows[0][0])
+        return out
+
+    sc = jittery(name="dpsgd")
+    sc["agents"] = {"count": 8, "compute_time": {"kind": "constant", "value": 0.05}}
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows, "_join", counted)
+        both(tmp_path, sc)
+    assert any(shared)  # (8 agents on one clock: each lock step is every agent)

@@ -254,3 +254,25 @@ def test_a_link_model_installed_through_setup_decides_a_whole_run(tmp_path):
     assert (t["kind"] == "drop").sum() == 0          # the model, not the scenario's 50% loss, decides
     d = t[t["kind"] == "deliver"]
     assert len(d) > 20 and (d["value"] == 0.125).all()
+
+
+@pytest.mark.parametrize("extra", [{}, {"outages": [{"start": 0.3, "end": 0.6}], "uplink": 2e4}])
+def test_a_broadcasts_outcomes_in_one_call_are_its_links_outcomes_one_by_one(extra):
+    """``network.outcomes`` (``LeanLinks.outcomes``, or a model's ``outcome`` link by link) decides a broadcast's
+    messages as ``outcome`` does each in send order: the same delays, drops and busy links, and the longest hold."""
+    from netsim.sim.network import hold_time, outcomes
+
+    spec = {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}, "loss": 0.3, "bandwidth": 1e4, **extra}
+    plan = [(k * 0.05, k % 4, [(k % 4 + d) % 4 for d in (1, 2, 3)], 100 + k) for k in range(40)]
+    _, one, _, _ = make_net(spec)
+    _, many, _, _ = make_net(spec)
+    model_one, model_many = one.model or one.lean(), many.model or many.lean()
+    assert (type(model_one) is LeanLinks) == (not extra)
+    decide, dropped = outcomes(model_many), 0
+    for now, src, dsts, size in plan:
+        each = [model_one.outcome(src, d, now, size) for d in dsts]
+        delays, reasons, longest = decide(src, dsts, now, size)
+        assert delays == [e[1] for e in each] and reasons == [e[2] for e in each]
+        assert longest == max([0.0, *(hold_time(e[0], now) for e in each)])
+        dropped += sum(map(bool, reasons))
+    assert 0 < dropped < 3 * len(plan)  # (lossy links: some of each)

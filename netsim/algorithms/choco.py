@@ -53,6 +53,9 @@ class Choco(SyncKernel):
     def gradient(self, p, state, i):
         return GradientRequest.of(p.batch) if p.lr > 0 else None
 
+    def any_round(self, p):
+        return True                                                  # eta is constant: b.k is not read
+
     def local(self, b, p):
         b.half = b.x - p.lr * b.g if b.g is not None else b.x      # (a)
         q, sizes = b.state.delta(b.agents, b.half)                   # (b), (d) for the own copies

@@ -44,6 +44,9 @@ class DPSGD(SyncKernel):
     def local(self, b, p):
         b.send(b.x)                                                  # x_i^k to the out-neighbours
 
+    def any_round(self, p):
+        return not p.lr_decay                                         # gamma_k = lr: b.k is not read
+
     def combine(self, b, p, got):
-        lr = p.lr / (1.0 + p.lr_decay * b.k)
+        lr = p.lr / (1.0 + p.lr_decay * b.k) if p.lr_decay else p.lr  # (lr / 1.0 == lr: the same bits)
         b.mix_into_params(b.x, got, step=b.g, lr=lr)                 # Algorithm 1, line 6

@@ -156,7 +156,7 @@ def _result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty_like(like, dtype=dtype)
     for n in range(len(_SPARE)):
         t = _SPARE[n]
-        if t.shape == like.shape and t.dtype == dtype and t.device == like.device and _unused(t):
+        if t.shape == like.shape and t.dtype == dtype and t.device == like.device and unused(t):
             return t
     t = torch.empty_like(like, dtype=dtype)
     _SPARE.append(t)
@@ -165,9 +165,10 @@ def _result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
-def _unused(t: torch.Tensor) -> bool:
-    """Whether ``_SPARE``'s item ``t`` is held by nothing else: references from the list, the caller's name and this
-    call's argument only, and no other tensor (a view) on its storage."""
+def unused(t: torch.Tensor) -> bool:
+    """Whether a kept spare tensor ``t`` (``_SPARE``'s item, or a caller's own) is held by nothing else: references
+    from where it is kept, the caller's name and this call's argument only, and no other tensor (a view) on its
+    storage: it may then be written over."""
     if sys.getrefcount(t) != 4:
         return False
     count = getattr(torch._C, "_storage_Use_Count", None)

@@ -24,8 +24,9 @@ count) and the barrier's completion (an event of its own, as ``succeed`` schedul
 exchange's sends and barrier, its messages of round ``k * exchanges + s``, or after the round's last exchange the next
 wake or the finish; processed right after the event that completes it, without the queue, where nothing else is due
 by then: the queue would pop it next). Every stream is drawn by the engine's calls in the engine's order
-(``Agent.plan_wake``, ``Agent.compute_time``, the links' ``outcome``; the mini-batches, drawn from each agent's own
-stream in its own order, are drawn in the tensor work, a lock step's at once: ``RowsAhead``).
+(``Agent.plan_wake``, ``Agent.compute_time``, a broadcast's links in one call: ``network.outcomes``; the mini-batches,
+drawn from each agent's own stream in its own order, are drawn in the tensor work, a lock step's at once:
+``RowsAhead``).
 
 The tensor work then plays each agent's operations of the window in its program's order, each in the earliest lock step
 that keeps that order (a step takes an agent's ``combine``, then its next point and ``local``) and comes after what it
@@ -60,10 +61,11 @@ from collections import deque
 import numpy as np
 import torch
 
+from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
 from netsim.sim.agent import RowsAhead
-from netsim.sim.network import hold_time, payload_size
+from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -185,7 +187,10 @@ class _Driver(WindowDriver):
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
+        self.grads = _Evaluated()  # (the gradient batches' results kept as they are: no (B, P) copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
+        self.outcomes = outcomes(self.net.model or self.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
         self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
@@ -248,7 +253,7 @@ class _Driver(WindowDriver):
         sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
         ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
         gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
-        outcome, take_ids, unref, gradient = self.outcome, self.net.take_ids, self.unref, kernel.gradient
+        outcomes, take_ids, unref, gradient = self.outcomes, self.net.take_ids, self.unref, kernel.gradient
         adopt = None if self.dynamic is None else self.dynamic.adopt
         pop, take = heapq.heappop, cur.pop
         C = CODES
@@ -316,19 +321,17 @@ class _Driver(WindowDriver):
             first the end of the broadcast's transmission)."""
             size = fixed if fixed is not None else sizes.get(pid)
             s = guess if size is None else size
-            held, tx = 0, 0.0
+            held = 0
             nb = agents[i].neighbors
+            # ``Agent.broadcast`` (links transmit in parallel): each link's outcome from its streams, in one call, and
+            # how long the sends hold the program
+            delays, reasons, tx = outcomes(i, nb, t, s)
             mid = take_ids(len(nb)) - 1  # (the sends' ids, in send order: nothing else sends in between)
-            for j in nb:  # ``Agent.broadcast``: links transmit in parallel
-                # ``Network.send``: the link's outcome from its streams, the next id, the rows
-                tx_end, delay, reason = outcome(i, j, t, s)
+            for j, delay, reason in zip(nb, delays, reasons):  # ``Network.send``'s rows and arrivals
                 mid += 1
                 if size is None:
                     patches.append((len(buf) // R, pid))
                 put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
-                h = hold_time(tx_end, t)
-                if h > tx:
-                    tx = h
                 if reason:
                     if size is None:
                         patches.append((len(buf) // R, pid))
@@ -633,8 +636,13 @@ class _Driver(WindowDriver):
         """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
-        who = [i for i, _ in step]
-        x = self.bank.W.index_select(0, torch.tensor(who, device=self.bank.W.device))
+        who, W, spare = [i for i, _ in step], self.bank.W, self.spare
+        at = as_index(who, W.device)
+        if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
+            x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
+        else:
+            x = W.index_select(0, at)
+            self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
         x_at = self.x_at
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
@@ -655,14 +663,14 @@ class _Driver(WindowDriver):
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
         at_of = self.at_of
-        return _join([at_of.pop(tk) for tk in tickets])
+        return _join([at_of.pop(tk) for tk in tickets], share=True)
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
         kernel, p, recs = self.kernel, self.p, self.recs
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
-            x = _join([self.x_at.pop(r) for r in rids])
+            x = _join([self.x_at.pop(r) for r in rids], share=True)
             g = self.grads.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
@@ -785,8 +793,8 @@ class _Driver(WindowDriver):
         first, n0, (kept, _) = parts[0]
         if len(parts) == 1:
             return first.row(n0, self.kernel.per_row)
-        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts]),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts]), self.state)
+        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
@@ -802,12 +810,36 @@ class _Driver(WindowDriver):
         return b
 
 
-def _join(rows: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+class _Evaluated:
+    """The gradients evaluated and not yet taken by a ``local``, by ticket (``RowStore``'s ``put``, ``take`` and
+    ``row_of``): each kept as (its batch's result tensor, its row), the result itself kept, not copied into a store
+    (a batch's gradients are its own: no one writes them). A ``local`` of a whole batch in order takes that tensor
+    (``_join``); others a copy of their rows. Not for checkpoints (the barrier windows refuse them)."""
+
+    __slots__ = ("row_of",)
+
+    def __init__(self):
+        self.row_of: dict[int, tuple[torch.Tensor, int]] = {}
+
+    def put(self, keys, src: torch.Tensor) -> None:
+        self.row_of.update(zip(keys, zip(itertools.repeat(src), range(len(src)))))
+
+    def take(self, keys: list[int]) -> torch.Tensor:
+        """The rows of ``keys``, which are then forgotten."""
+        return _join(list(map(self.row_of.pop, keys)), share=True)
+
+
+def _join(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:
     """Rows (tensor, row n) as one tensor, a copy (``torch.stack`` of the rows' values): one ``index_select`` per
-    tensor they come from (a lock step's parts come from a few batches), no view per row."""
+    tensor they come from (a lock step's parts come from a few batches), no view per row. ``share``: where the rows
+    are all of one tensor's, in order, that tensor itself (no copy of a (B, P) block: the parameters and gradients
+    of a lock step of all agents; no hook writes into a batch's ``x`` or ``g``, which are copies the windows own)."""
     t = rows[0][0]
     if all(r[0] is t for r in rows):  # (a lock step's rows often come from one batch)
-        return t.index_select(0, as_index([r[1] for r in rows], t.device))
+        ns = [r[1] for r in rows]
+        if share and len(ns) == len(t) and ns == list(range(len(ns))):
+            return t
+        return t.index_select(0, as_index(ns, t.device))
     by: dict[int, tuple] = {}
     for at, (t, n) in enumerate(rows):
         e = by.get(id(t))

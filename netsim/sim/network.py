@@ -15,7 +15,7 @@ installs the recorded outcomes. Unconfigured models therefore cost one compariso
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import simpy
@@ -101,6 +101,48 @@ class LeanLinks:
         d = delay(tx_end, now, link.latency())
         lost = link.lost is not None and link.lost() < net.p_loss
         return tx_end, d, shapes.TEXT.loss if lost else shapes.TEXT.none
+
+    def outcomes(self, src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
+        """``outcome`` of one message to each of ``dsts``, in that order (a broadcast: ``Network.send_all``'s steps),
+        in one call: (their delays, their drop reasons, the longest ``hold_time``)."""
+        net = self.net
+        links, make, bandwidth, p_loss = net.links, net.link, net.bandwidth, net.p_loss
+        loss, none = shapes.TEXT.loss, shapes.TEXT.none
+        delays, reasons, longest = [], [], 0.0
+        for dst in dsts:
+            link = links.get((src, dst)) or make(src, dst)
+            tx_end = now
+            if bandwidth is not None:
+                tx_end = max(now, link.busy_until) + size / bandwidth
+                link.busy_until = tx_end
+                h = hold_time(tx_end, now)
+                if h > longest:
+                    longest = h
+            delays.append(delay(tx_end, now, link.latency()))
+            reasons.append(loss if link.lost is not None and link.lost() < p_loss else none)
+        return delays, reasons, longest
+
+
+def outcomes(model: LinkModel) -> Callable[[int, Sequence[int], float, int], tuple[list, list, float]]:
+    """``model``'s outcomes of a broadcast in one call (``LeanLinks.outcomes``; a model without its own, its
+    ``outcome`` link by link in send order)."""
+    many = getattr(model, "outcomes", None)
+    if many is not None:
+        return many
+    one = model.outcome
+
+    def each(src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
+        delays, reasons, longest = [], [], 0.0
+        for dst in dsts:
+            tx_end, d, reason = one(src, dst, now, size)
+            delays.append(d)
+            reasons.append(reason)
+            h = hold_time(tx_end, now)
+            if h > longest:
+                longest = h
+        return delays, reasons, longest
+
+    return each
 
 
 class LinksAhead:
