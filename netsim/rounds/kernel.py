@@ -86,8 +86,8 @@ def drive(agent, local) -> Generator:
             if w.rows[0] is None:  # this agent asks for no gradient
                 w = local.send(w.at.new_zeros(w.at.shape))
                 continue
-            g = yield agent.gradient(params=w.at[0], rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)
-            w = local.send(g.unsqueeze(0))
+            # (at its (1, P) row: the gradient comes back as one)
+            w = local.send((yield agent.gradient(params=w.at, rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)))
     except StopIteration as done:
         return done.value
 
@@ -144,19 +144,21 @@ class Batch:
     # agent (``take_mixes``), and each release's value before and after its noise, (batch position, clean, value) here
     held: list | None = None
 
-    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
-        """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
-        what the last round left (the kernel's kept values, payloads, exchange) dropped. The events engine keeps one
-        batch per agent, so a round allocates no batch."""
+    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None, xm: torch.Tensor | None = None) -> None:
+        """This batch of one as the next round's, made from its agent's row ``x`` (1-D; ``xm``: it as (1, P), when
+        the caller made that already) and gradient ``g`` (a (1, P) row, the gradient service's answer to a request
+        at ``xm``, or a 1-D one; None: no gradient): what the last round left (the kernel's kept values, payloads,
+        exchange) dropped. The events engine keeps one batch per agent, so a round allocates no batch, and a
+        gradient comes as the (1, P) row ``b.g`` is, with no view made (its 1-D row is made only if asked for)."""
         d = self.__dict__
         if len(d) > _N_OWN:  # the kernel's kept values of the last round
             for name in [name for name in d if name not in self._OWN]:
                 del d[name]
         self.k = k
-        self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
-        if g is None:
-            self.g = None
-            self._rows = (xm, (x,), None, None)
+        self.x = xm = x[None] if xm is None else xm  # [None]: unsqueeze(0), cheaper
+        if g is None or g.dim() == 2:
+            self.g = g
+            self._rows = (xm, (x,), g, None)
         else:
             self.g = gm = g[None]
             self._rows = (xm, (x,), gm, (g,))
@@ -339,10 +341,9 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
-        if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one
-            row = self._row
-            self.agents[0].mix_into_params(row(own), got[0], None if step is None else step[0] if isinstance(
-                step, (list, tuple)) else row(step), lr)
+        if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one (a step row as (1, P))
+            self.agents[0].mix_into_params(self._row(own), got[0], step[0] if isinstance(step, (list, tuple)) else
+                                           step, lr)
             return
         import torch
 
