@@ -10,6 +10,8 @@ grouping and stacking.
 
 from __future__ import annotations
 
+from operator import attrgetter, methodcaller
+
 import numpy as np
 import torch
 
@@ -177,7 +179,11 @@ class GradientService:
             if not blocks:  # each ticket's row: (1, P) where its params were (a batch of one's), with no view made
                 split = group[0].params.dim() == 2
                 for t, g in zip(group, G.split(1) if split else G.unbind(0), strict=True):
-                    t.result = g if (t.params.dim() == 2) is split else g[0] if split else g[None]
+                    t.result = g
+                if len(set(map(_DIM, map(_PARAMS, group)))) > 1:  # 1-D and (1, P) requests: each its own shape
+                    for t in group:
+                        if t.result.dim() != t.params.dim():
+                            t.result = t.result[0] if split else t.result[None]
             else:
                 at = 0
                 for t in group:
@@ -189,6 +195,9 @@ class GradientService:
                         at += 1
             self.calls += 1
             self.evaluated += W.shape[0]
+
+
+_DIM, _PARAMS = methodcaller("dim"), attrgetter("params")
 
 
 def _as_copied(W: torch.Tensor) -> bool:
