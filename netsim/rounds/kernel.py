@@ -117,6 +117,11 @@ class Batch:
     ``g``: their gradients (rows, or None for an agent that asked for none), ``state``: the run's kernel state
     (``RoundKernel.init``). A kernel may keep its own values on the batch between ``local`` and ``combine``."""
 
+    # the batch's own attributes, as slots (compact and quick: the events engine renews one batch per agent each
+    # round); its ``__dict__`` holds only the kernel's kept values and what a pattern sets
+    __slots__ = ("agents", "k", "x", "g", "state", "_rows", "out", "_sent", "s", "sizes", "more", "_at", "_mixes",
+                 "__dict__")
+
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
                  at: Callable[[int], tuple[float, list]] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
@@ -151,7 +156,7 @@ class Batch:
         exchange) dropped. The events engine keeps one batch per agent, so a round allocates no batch, and a
         gradient comes as the (1, P) row ``b.g`` is, with no view made (its 1-D row is made only if asked for)."""
         d = self.__dict__
-        if len(d) > _N_OWN:  # the kernel's kept values of the last round
+        if d:  # the kernel's kept values of the last round
             for name in [name for name in d if name not in self._OWN]:
                 del d[name]
         self.k = k
@@ -500,9 +505,6 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
-
-
-_N_OWN = 13  # the attributes ``Batch.__init__`` sets
 
 
 class AnyRound:
