@@ -173,7 +173,7 @@ class SyncRounds(Pattern):
                 b = ahead.take(agent)
             else:
                 b = own
-                xm = x[None]  # the batch's (1, P) row: the gradient asked at it comes back as one (no view to make)
+                xm = x[None]  # the batch's (1, P) row, its one view: the gradient asked at it comes back as one
                 renew(k, x, None if req is None else (yield ask(req.batch, xm, req.clip, req.clip_kind)), xm)
                 gen = local(b, p)
                 if gen is not None:  # local steps: each wave of gradients is this agent's request
