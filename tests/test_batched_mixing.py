@@ -42,6 +42,21 @@ def test_batched_updates_equal_the_per_agent_ones(dtype, p):
         assert torch.equal(v, per_agent(last[row])), row
 
 
+@pytest.mark.parametrize("rows", ["all", "some", "alone"])
+def test_steps_given_as_one_row_matrices_give_the_same_bits(rows):
+    """A step given as a (1, P) row (a batch of one's gradient, as the gradient service answers it) is the same step as
+    its 1-D row: every step so, some of them, or a lone update's."""
+    g = torch.Generator().manual_seed(3)
+    r = lambda: torch.randn(21, generator=g, dtype=torch.float32)  # noqa: E731
+    updates = [MixUpdate(i, r(), 1 / 3, [1 / 3, 1 / 3], [r(), r()], [0.5, 0.1 / 3][i % 2], r()) for i in range(9)]
+    if rows == "alone":
+        updates = updates[:1]
+    two = [MixUpdate(u.row, u.own, u.keep, u.weights, u.models, u.lr,
+                     u.step[None] if rows != "some" or u.row % 2 else u.step) for u in updates]
+    want, got = evaluate(updates, torch.float32), evaluate(two, torch.float32)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", ["uniform", "one_short", "one_weight_differs", "one_without_step", "one_lr_differs"])
 def test_a_round_of_alike_updates_equals_the_per_agent_ones(dtype, case):

@@ -267,3 +267,29 @@ def test_cpu_allocator_tuning_is_applied_once_on_glibc():
     GradientService(LogisticRegression(2), torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert tune_cpu_allocator() is True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_request_at_a_one_row_matrix_is_answered_with_one_bit_for_bit(dtype):
+    """A request whose params are a (1, P) row (a batch of one's) gets its gradient as a (1, P) row with the bits of
+    the same request at the 1-D row: alone (the lean path), among its kind, and beside 1-D requests and a block."""
+    m = MLP(6, 3, (4,))
+    svc, X, y = service(m)
+    svc.X = svc.X.to(dtype)
+    rng = np.random.default_rng(5)
+    W = (m.init(5, D, torch.device("cpu"), seed=1)
+         + 0.1 * torch.randn(5, m.size, dtype=D, generator=torch.Generator().manual_seed(6))).to(dtype)
+    rows = [rng.integers(0, 200, 8) for _ in range(5)]
+    flat = [svc.submit(i, W[i].clone(), rows[i]) for i in range(5)]
+    svc.flush()
+    ref = [t.result for t in flat]
+    for shape in ([2] * 5, [2, 1, 2, 1, 2], [2]):  # all (1, P); mixed with 1-D; alone
+        ts = [svc.submit(i, W[i].clone()[None] if s == 2 else W[i].clone(), rows[i]) for i, s in enumerate(shape)]
+        svc.flush()
+        for t, s, r in zip(ts, shape, ref, strict=False):
+            assert t.result.dim() == s and torch.equal(t.result.reshape(-1), r)
+    block = svc.submit_block([0, 1], W[:2].clone(), rows[:2])
+    one = svc.submit(2, W[2].clone()[None], rows[2])
+    svc.flush()
+    assert torch.equal(block.result, torch.stack(ref[:2])) and one.result.shape == (1, m.size)
+    assert torch.equal(one.result[0], ref[2])

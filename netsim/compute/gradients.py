@@ -10,10 +10,13 @@ grouping and stacking.
 
 from __future__ import annotations
 
+from operator import attrgetter, methodcaller
+
 import numpy as np
 import torch
 
 from netsim.compute import tune_cpu_allocator
+from netsim.compute.mixing import joined
 from netsim.compute.models import CLIP_KINDS
 
 # requests per model call in a flush: bounds the gathered rows and the model's temporaries at 10^5-10^6 agents. A
@@ -145,7 +148,10 @@ class GradientService:
         if len(pending) == 1 and type(pending[0]) is Ticket:  # the lean path
             t = pending[0]
             X, y = self._gather(t.rows)
-            t.result = self.model.grad(t.params.unsqueeze(0), X.unsqueeze(0), y.unsqueeze(0), t.clip, t.clip_kind)[0]
+            row = t.params.dim() == 2  # a (1, P) row asks for a (1, P) result
+            G = self.model.grad(t.params if row else t.params.unsqueeze(0), X.unsqueeze(0), y.unsqueeze(0), t.clip,
+                                t.clip_kind)
+            t.result = G if row else G[0]
             self.calls += 1
             self.evaluated += 1
             return
@@ -158,10 +164,10 @@ class GradientService:
             if blocks and len(group) == 1 and _as_copied(group[0].params):  # one block: its rows as they stand
                 W, rows = group[0].params, _flat(group[0].rows)
             elif blocks:  # their rows where their requests would stand (one cat, no per-row tensors)
-                W = torch.cat([t.params if type(t) is Block else t.params.unsqueeze(0) for t in group])
+                W = torch.cat([t.params if t.params.dim() == 2 else t.params.unsqueeze(0) for t in group])
                 rows = np.concatenate([_flat(t.rows) if type(t) is Block else t.rows for t in group])
             else:
-                W = torch.stack([t.params for t in group])
+                W = joined([t.params for t in group])  # ((1, P) rows, a batch of one's, joined: the same W)
                 rows = None if self._kept else np.concatenate([t.rows for t in group])
             if rows is None:  # the rows kept (``keep_rows``) or gathered, one request after the other
                 got = [self._gather(t.rows) for t in group]
@@ -170,9 +176,14 @@ class GradientService:
                 G = self.model.grad(W, X.view(*shape, -1), y.view(shape), clip, kind)
             else:
                 G = self._grad_rows(W, rows, m, clip, kind)
-            if not blocks:
-                for t, g in zip(group, G.unbind(0), strict=True):
+            if not blocks:  # each ticket's row: (1, P) where its params were (a batch of one's), with no view made
+                split = group[0].params.dim() == 2
+                for t, g in zip(group, G.split(1) if split else G.unbind(0), strict=True):
                     t.result = g
+                if len(set(map(_DIM, map(_PARAMS, group)))) > 1:  # 1-D and (1, P) requests: each its own shape
+                    for t in group:
+                        if t.result.dim() != t.params.dim():
+                            t.result = t.result[0] if split else t.result[None]
             else:
                 at = 0
                 for t in group:
@@ -180,10 +191,13 @@ class GradientService:
                         t.result = G[at:at + len(t.agents)]
                         at += len(t.agents)
                     else:
-                        t.result = G[at]
+                        t.result = G[at:at + 1] if t.params.dim() == 2 else G[at]
                         at += 1
             self.calls += 1
             self.evaluated += W.shape[0]
+
+
+_DIM, _PARAMS = methodcaller("dim"), attrgetter("params")
 
 
 def _as_copied(W: torch.Tensor) -> bool:

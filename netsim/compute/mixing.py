@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from itertools import repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_not, itemgetter, methodcaller
 
 import numpy as np
 import torch
@@ -50,13 +50,23 @@ def evaluate(updates: Sequence[MixUpdate], dtype: torch.dtype) -> tuple[torch.Te
         for k, u in enumerate(us):
             if u.step is not None:
                 steps.setdefault(u.lr, []).append(k)
-    by = {lr: (ks, torch.stack([stepped[k] for k in ks]) if len(ks) > 1 else stepped[ks[0]].unsqueeze(0))
+    by = {lr: (ks, joined([stepped[k] for k in ks]) if len(ks) > 1 else stepped[ks[0]].reshape(1, -1))
           for lr, ks in steps.items()}
     out = combine(torch.stack(list(map(_OWN, us))), list(map(_KEEP, us)), list(map(_WEIGHTS, us)),
                   list(map(_MODELS, us)), by, dtype)
     return torch.tensor(rows, dtype=torch.long, device=out.device), out
 
 
+def joined(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Rows as one new (R, P) tensor: 1-D rows stacked, (1, P) rows (a batch of one's, e.g. its gradient) joined; the
+    same values either way."""
+    dims = set(map(_DIM, rows))
+    if dims == {1}:
+        return torch.stack(rows)
+    return torch.cat(rows if dims == {2} else [r if r.dim() == 2 else r.unsqueeze(0) for r in rows])
+
+
+_DIM = methodcaller("dim")
 _ROW, _LR, _STEP, _OWN, _KEEP, _WEIGHTS, _MODELS = map(attrgetter, ("row", "lr", "step", "own", "keep", "weights",
                                                                    "models"))
 

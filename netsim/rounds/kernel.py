@@ -86,8 +86,8 @@ def drive(agent, local) -> Generator:
             if w.rows[0] is None:  # this agent asks for no gradient
                 w = local.send(w.at.new_zeros(w.at.shape))
                 continue
-            g = yield agent.gradient(params=w.at[0], rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)
-            w = local.send(g.unsqueeze(0))
+            # (at its (1, P) row: the gradient comes back as one)
+            w = local.send((yield agent.gradient(params=w.at, rows=w.rows[0], clip=w.clip, clip_kind=w.clip_kind)))
     except StopIteration as done:
         return done.value
 
@@ -117,6 +117,11 @@ class Batch:
     ``g``: their gradients (rows, or None for an agent that asked for none), ``state``: the run's kernel state
     (``RoundKernel.init``). A kernel may keep its own values on the batch between ``local`` and ``combine``."""
 
+    # the batch's own attributes, as slots (compact and quick: the events engine renews one batch per agent each
+    # round); its ``__dict__`` holds only the kernel's kept values and what a pattern sets
+    __slots__ = ("agents", "k", "x", "g", "state", "_rows", "out", "_sent", "s", "sizes", "more", "_at", "_mixes",
+                 "__dict__")
+
     def __init__(self, agents: Sequence, k: int, x: torch.Tensor, g: torch.Tensor | None, state: Any,
                  at: Callable[[int], tuple[float, list]] | None = None, rows: tuple | None = None):
         self.agents, self.k, self.x, self.g, self.state = agents, k, x, g, state
@@ -144,19 +149,21 @@ class Batch:
     # agent (``take_mixes``), and each release's value before and after its noise, (batch position, clean, value) here
     held: list | None = None
 
-    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None) -> None:
-        """This batch of one as the next round's, made from its agent's rows ``x`` and ``g`` (1-D; None: no gradient):
-        what the last round left (the kernel's kept values, payloads, exchange) dropped. The events engine keeps one
-        batch per agent, so a round allocates no batch."""
+    def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None, xm: torch.Tensor | None = None) -> None:
+        """This batch of one as the next round's, made from its agent's row ``x`` (1-D; ``xm``: it as (1, P), when
+        the caller made that already) and gradient ``g`` (a (1, P) row, the gradient service's answer to a request
+        at ``xm``, or a 1-D one; None: no gradient): what the last round left (the kernel's kept values, payloads,
+        exchange) dropped. The events engine keeps one batch per agent, so a round allocates no batch, and a
+        gradient comes as the (1, P) row ``b.g`` is, with no view made (its 1-D row is made only if asked for)."""
         d = self.__dict__
-        if len(d) > _N_OWN:  # the kernel's kept values of the last round
+        if d:  # the kernel's kept values of the last round
             for name in [name for name in d if name not in self._OWN]:
                 del d[name]
         self.k = k
-        self.x = xm = x[None]  # [None]: unsqueeze(0), cheaper
-        if g is None:
-            self.g = None
-            self._rows = (xm, (x,), None, None)
+        self.x = xm = x[None] if xm is None else xm  # [None]: unsqueeze(0), cheaper
+        if g is None or g.dim() == 2:
+            self.g = g
+            self._rows = (xm, (x,), g, None)
         else:
             self.g = gm = g[None]
             self._rows = (xm, (x,), gm, (g,))
@@ -339,10 +346,9 @@ class Batch:
                         lr: float = 1.0) -> None:
         """Each agent's ``params = mix(own, received) - lr * step`` (``Agent.mix_into_params``: deferred to the
         bank, which computes every waiting update in one batched call)."""
-        if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one
-            row = self._row
-            self.agents[0].mix_into_params(row(own), got[0], None if step is None else step[0] if isinstance(
-                step, (list, tuple)) else row(step), lr)
+        if len(self.agents) == 1 and self.held is None:  # the events engine's batch of one (a step row as (1, P))
+            self.agents[0].mix_into_params(self._row(own), got[0], step[0] if isinstance(step, (list, tuple)) else
+                                           step, lr)
             return
         import torch
 
@@ -499,9 +505,6 @@ class Batch:
         if isinstance(released, torch.Tensor):
             return []
         return [a.id for a, r in zip(self.agents, released, strict=True) if r is None]
-
-
-_N_OWN = 13  # the attributes ``Batch.__init__`` sets
 
 
 class AnyRound:

@@ -173,7 +173,8 @@ class SyncRounds(Pattern):
                 b = ahead.take(agent)
             else:
                 b = own
-                renew(k, x, None if req is None else (yield ask(req.batch, x, req.clip, req.clip_kind)))
+                xm = x[None]  # the batch's (1, P) row, its one view: the gradient asked at it comes back as one
+                renew(k, x, None if req is None else (yield ask(req.batch, xm, req.clip, req.clip_kind)), xm)
                 gen = local(b, p)
                 if gen is not None:  # local steps: each wave of gradients is this agent's request
                     yield from drive(agent, gen)

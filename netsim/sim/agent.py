@@ -444,8 +444,8 @@ class Agent:
                         lr: float = 1.0) -> None:
         """``params = mix(own, received) - lr * step`` (no step: the mix alone), bit for bit, but computed
         with every other agent's such update in one batched call when the bank is next read (it costs the
-        same whenever it is computed; the values cannot differ). ``own``, the received models and ``step``
-        are read then: do not change them in place afterwards."""
+        same whenever it is computed; the values cannot differ). ``own``, the received models and ``step`` (a 1-D
+        row, or a (1, P) one: a batch of one's gradient) are read then: do not change them in place afterwards."""
         w = self.weights
         ws = [w[j] for j in received]
         self.sim.world.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))

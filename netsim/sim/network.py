@@ -428,9 +428,10 @@ class Network:
         env = self.env
         now = env.now
         links, emit_row, bandwidth, on_arrival = self.links, self.emit_row, self.bandwidth, self._on_arrival
+        dsts = dsts if type(dsts) is list or type(dsts) is tuple else list(dsts)
+        mid = self.take_ids(len(dsts))  # (their ids in send order: nothing else sends in between)
         for dst in dsts:
             link = links.get((src, dst)) or self.link(src, dst)
-            mid = self.take_ids(1)
             tx_end = now
             if bandwidth is not None:
                 tx_end = max(now, link.busy_until) + size / bandwidth
@@ -442,9 +443,11 @@ class Network:
             else:
                 msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
                 Timeout(env, d, msg).callbacks.append(on_arrival)
-            h = hold_time(tx_end, now)
-            if h > longest:
-                longest = h
+            mid += 1
+            if bandwidth is not None:  # (without bandwidth a send holds its sender for no time)
+                h = hold_time(tx_end, now)
+                if h > longest:
+                    longest = h
         return longest
 
     def take_ids(self, n: int) -> int:
