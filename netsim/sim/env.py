@@ -16,7 +16,6 @@ from heapq import heappop, heappush
 
 import simpy
 from simpy.core import NORMAL, StopSimulation
-from simpy.events import _describe_frame
 
 
 class Timeout(simpy.events.Timeout):
@@ -32,58 +31,6 @@ class Timeout(simpy.events.Timeout):
         self._delay = delay
         self._ok = True
         heappush(env._queue, (env.now + delay, NORMAL, next(env._eid), self))
-
-
-class Process(simpy.Process):
-    """simpy's ``Process`` (the same event, the same name in a checkpoint's queue), resumed with less work: its resume
-    callback bound once and the generator's ``send`` looked up once, where simpy makes a bound method each time
-    (the events engine resumes every agent's program about four times a round). The same events in the same
-    order."""
-
-    def __init__(self, env: simpy.Environment, generator):
-        super().__init__(env, generator)
-        self._send = generator.send
-        self._resume = self._resume  # (bound once; ``Interruption`` finds it among callbacks by equality)
-
-    def _resume(self, event: simpy.Event) -> None:
-        """simpy's ``Process._resume``: the program resumed with ``event``'s value until it yields an event not yet
-        processed (or ends)."""
-        env = self.env
-        env._active_proc = self
-        while True:
-            try:
-                if event._ok:
-                    event = self._send(event._value)
-                else:  # the program handles the failed event (or fails itself), with its own copy of the exception
-                    event._defused = True
-                    exc = type(event._value)(*event._value.args)
-                    exc.__cause__ = event._value
-                    event = self._generator.throw(exc)
-            except StopIteration as e:
-                event = None
-                self._ok = True
-                self._value = e.args[0] if len(e.args) else None
-                env.schedule(self)
-                break
-            except BaseException as e:
-                event = None
-                self._ok = False
-                e.__traceback__ = e.__traceback__.tb_next
-                self._value = e
-                env.schedule(self)
-                break
-            try:
-                callbacks = event.callbacks
-            except AttributeError:
-                if hasattr(event, "callbacks"):
-                    raise
-                descr = _describe_frame(self._generator.gi_frame)
-                raise RuntimeError(f'\n{descr}Invalid yield value "{event}"') from None
-            if callbacks is not None:  # not yet triggered: resume when it is
-                callbacks.append(self._resume)
-                break
-        self._target = event
-        env._active_proc = None
 
 
 class _NoBoundary:
@@ -103,10 +50,6 @@ class Environment(simpy.Environment):
     @_now.setter
     def _now(self, t: float) -> None:
         self.now = t
-
-    def process(self, generator) -> Process:
-        """simpy's ``process``: ``generator`` run as a process (``Process``)."""
-        return Process(self, generator)
 
     def schedule(self, event: simpy.Event, priority=NORMAL, delay: float = 0) -> None:
         """simpy's ``schedule``, reading the clock as an attribute."""
