@@ -76,8 +76,8 @@ def test_the_cli_checks_a_builtin_kernel_and_refuses_bad_input_in_one_line():
     assert res.exit_code == 0, res.output
     assert res.output.startswith("ok: dpsgd (DPSGD): local, combine give every row the same bits in a batch of 5 and 4 "
                                  "rows as in batches of one (float32 and float64; P = 4 and 41; 2 rounds each)")
-    assert "params read by init, refusal, gradient, local, exchanges, combine: batch, lr, lr_decay, all declared" \
-        in res.output
+    assert ("params read by init, refusal, any_round, gradient, local, exchanges, combine: batch, lr, lr_decay, "
+            "all declared") in res.output
     for args, line in [
         (["check", "nope"], "error: check: unknown algorithm 'nope'; registered: adp2_sgd, "),
         (["check"], "error: check: name a round-kernel algorithm (netsim check NAME), or give --plugin files "),
