@@ -258,8 +258,9 @@ def test_a_link_model_installed_through_setup_decides_a_whole_run(tmp_path):
 
 @pytest.mark.parametrize("extra", [{}, {"outages": [{"start": 0.3, "end": 0.6}], "uplink": 2e4}])
 def test_a_broadcasts_outcomes_in_one_call_are_its_links_outcomes_one_by_one(extra):
-    """``network.outcomes`` (``LeanLinks.outcomes``, or a model's ``outcome`` link by link) decides a broadcast's
-    messages as ``outcome`` does each in send order: the same delays, drops and busy links, and the longest hold."""
+    """``network.outcomes`` (the model's ``outcome`` link by link: the lean path's or a composed model's) decides a
+    broadcast's messages as ``outcome`` does each in send order: the same delays, drops and busy links, and the
+    longest hold."""
     from netsim.sim.network import hold_time, outcomes
 
     spec = {"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}, "loss": 0.3, "bandwidth": 1e4, **extra}

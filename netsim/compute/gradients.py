@@ -17,7 +17,7 @@ import torch
 
 from netsim.compute import tune_cpu_allocator
 from netsim.compute.mixing import joined
-from netsim.compute.models import CLIP_KINDS
+from netsim.compute.models import CLIP_KINDS, as_copied
 
 # requests per model call in a flush: bounds the gathered rows and the model's temporaries at 10^5-10^6 agents. A
 # power of two, so every chunk starts where a kernel's vector loop over the requests would (a multiple of any vector
@@ -161,7 +161,7 @@ class GradientService:
                               []).append(t)
         for (m, clip, kind), group in groups.items():
             blocks = Block in set(map(type, group))
-            if blocks and len(group) == 1 and _as_copied(group[0].params):  # one block: its rows as they stand
+            if blocks and len(group) == 1 and as_copied(group[0].params):  # one block: its rows as they stand
                 W, rows = group[0].params, _flat(group[0].rows)
             elif blocks:  # their rows where their requests would stand (one cat, no per-row tensors)
                 W = torch.cat([t.params if t.params.dim() == 2 else t.params.unsqueeze(0) for t in group])
@@ -198,13 +198,6 @@ class GradientService:
 
 
 _DIM, _PARAMS = methodcaller("dim"), attrgetter("params")
-
-
-def _as_copied(W: torch.Tensor) -> bool:
-    """Whether ``W`` is laid out as a fresh copy of it would be (contiguous, from a 64-byte boundary, as the CPU
-    allocator places a tensor): the model's vector loops and GEMMs then meet every row at the same alignment, so
-    the bits of a call on ``W`` itself are those of a call on the copy."""
-    return W.is_contiguous() and W.data_ptr() % 64 == 0
 
 
 def _flat(rows) -> np.ndarray:

@@ -47,12 +47,17 @@ CLIP_KINDS = ("l2", "coordinate")
 
 
 
+def as_copied(t: torch.Tensor) -> bool:
+    """Whether ``t`` is laid out as a fresh copy of it would be (contiguous, from a 64-byte boundary, as the CPU
+    allocator places a tensor): vector loops, GEMMs and BLAS then meet its rows at the alignment a copy's have, so
+    the bits of a call on ``t`` itself are those of a call on the copy."""
+    return t.is_contiguous() and t.data_ptr() % 64 == 0
+
+
 def aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a contiguous copy of it where it is not contiguous or does not start on a 64-byte boundary (what
-    torch's allocators give): so that a BLAS call reads it the same way wherever its rows were."""
-    if t.is_contiguous() and t.data_ptr() % 64 == 0:
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
+    """``t``, or a contiguous copy of it where it is not laid out as one (``as_copied``): so that a BLAS call reads it
+    the same way wherever its rows were."""
+    return t if as_copied(t) else t.clone(memory_format=torch.contiguous_format)
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """min(1, C / ||g_b||): the per-sample scale of L2 clipping (a zero gradient keeps factor 1)."""

@@ -190,7 +190,7 @@ class _Driver(WindowDriver):
         self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
         self.grads = _Evaluated()  # (the gradient batches' results kept as they are: no (B, P) copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
-        self.outcomes = outcomes(self.net.model or self.net.lean())  # a broadcast's links decided in one call
+        self.outcomes = outcomes(self.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
         self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round

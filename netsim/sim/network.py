@@ -102,33 +102,10 @@ class LeanLinks:
         lost = link.lost is not None and link.lost() < net.p_loss
         return tx_end, d, shapes.TEXT.loss if lost else shapes.TEXT.none
 
-    def outcomes(self, src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
-        """``outcome`` of one message to each of ``dsts``, in that order (a broadcast: ``Network.send_all``'s steps),
-        in one call: (their delays, their drop reasons, the longest ``hold_time``)."""
-        net = self.net
-        links, make, bandwidth, p_loss = net.links, net.link, net.bandwidth, net.p_loss
-        loss, none = shapes.TEXT.loss, shapes.TEXT.none
-        delays, reasons, longest = [], [], 0.0
-        for dst in dsts:
-            link = links.get((src, dst)) or make(src, dst)
-            tx_end = now
-            if bandwidth is not None:
-                tx_end = max(now, link.busy_until) + size / bandwidth
-                link.busy_until = tx_end
-                h = hold_time(tx_end, now)
-                if h > longest:
-                    longest = h
-            delays.append(delay(tx_end, now, link.latency()))
-            reasons.append(loss if link.lost is not None and link.lost() < p_loss else none)
-        return delays, reasons, longest
-
 
 def outcomes(model: LinkModel) -> Callable[[int, Sequence[int], float, int], tuple[list, list, float]]:
-    """``model``'s outcomes of a broadcast in one call (``LeanLinks.outcomes``; a model without its own, its
-    ``outcome`` link by link in send order)."""
-    many = getattr(model, "outcomes", None)
-    if many is not None:
-        return many
+    """``model``'s outcomes of a broadcast in one call: its ``outcome`` link by link in send order, as
+    ``Network.send_all`` takes them (their delays, their drop reasons, the longest ``hold_time``)."""
     one = model.outcome
 
     def each(src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
@@ -257,6 +234,7 @@ class LinksAhead:
         net, spec = self.net, self.net.spec.latency
         constant = float(spec.value) if lats is None else 0.0
         p_loss, lost, kept, past = net.p_loss, shapes.TEXT.loss, shapes.TEXT.none, self._past
+        lean = LeanLinks(net).outcome  # (past a link's first blocks)
 
         def outcome(r: int, src: int, dst: int, now: float) -> tuple[float, float, str]:
             k = used[r]
@@ -269,7 +247,7 @@ class LinksAhead:
                 more_lat, more_lost = past(src, dst)
                 net.links[(src, dst)] = Link(draws(spec, None, "network.latency") if lats is None else
                                              Draws(more_lat()), None if losses is None else Draws(more_lost()))
-            return LeanLinks(net).outcome(src, dst, now, 0)
+            return lean(src, dst, now, 0)
 
         return outcome
 
