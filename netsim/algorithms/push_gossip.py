@@ -56,7 +56,10 @@ class GossipLearning(PushKernel):
         return None
 
     def update(self, b, p, g):
-        updates = b.state
-        b.step(g, [p.lr / (1.0 + p.lr_decay * updates[a.id]) for a in b.agents])
-        for a in b.agents:
-            updates[a.id] += 1
+        updates, ids = b.state, b.ids
+        if p.lr_decay:
+            b.step(g, [p.lr / (1.0 + p.lr_decay * updates[i]) for i in ids])
+        else:  # gamma_k = lr for every k (lr / 1.0 == lr: the same bits)
+            b.step(g, [p.lr] * len(ids))
+        for i in ids:
+            updates[i] += 1

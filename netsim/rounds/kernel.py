@@ -395,7 +395,7 @@ class Batch:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
         import torch
 
-        if len(self) == 1:
+        if len(self) == 1 or lrs.count(lrs[0]) == len(lrs):  # one step size for every row
             self.x.sub_(g, alpha=lrs[0])
             return
         by: dict[float, list[int]] = {}

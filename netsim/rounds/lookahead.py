@@ -66,6 +66,7 @@ import json
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
+from operator import is_, itemgetter
 
 import attrs
 import numpy as np
@@ -82,6 +83,7 @@ from netsim.trace.io import RECORD, PackedRows
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
 _INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
+_ROWS = itemgetter(1)  # a ticket's rows (``ticket_of``)
 # the trace rows' strings as codes (``PackedRows``): ``sim.rows.CODES``, the first words of every driver's ``Words``
 pack = RECORD.pack
 UPDATE, MERGE, ASK, PUSH = 0, 1, 2, 3  # an agent's tensor operations, in the order a step takes them; an operation
@@ -675,7 +677,8 @@ class WindowDriver:
         t0 = time.perf_counter()
         svc, ticket_of = self.svc, self.ticket_of
         if rows is None:
-            if all(ticket_of[tk][1] is None for tk in tickets):  # every request on its agent's whole part
+            # every request on its agent's whole part (C loops: no Python frame a ticket)
+            if all(map(is_, map(_ROWS, map(ticket_of.__getitem__, tickets)), itertools.repeat(None))):
                 self.evaluate_parts(who, tickets, at)
                 return
             rows = [self.rows_of_ticket(tk) for tk in tickets]
