@@ -242,13 +242,17 @@ class LogisticRegression:
         return g
 
     def evaluate(self, W: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Loss and accuracy of every row of W on one shared set X (n, d): -> (R,), (R,)."""
+        """Loss and accuracy of every row of W on one shared set X (n, d): -> (R,), (R,). The (n, R) values are
+        transformed in place (z, then -s z, then its softplus, then folded): the same operations on the same values,
+        without a new (n, R) array at each step (at 10,000 agents on 2,000 test rows, 80 MB each)."""
+        n = len(X)
         z = X @ W[:, :self.d].T  # (n, R)
         if self.bias:
-            z = z + W[:, self.d]
-        s = (2 * y - 1).unsqueeze(1).to(z.dtype)
-        loss = row_mean(torch.nn.functional.softplus(-s * z), 0) + self.l2 / 2 * row_sum(W[:, :self.d] ** 2, 1)
-        acc = row_mean(((z > 0).to(y.dtype) == y.unsqueeze(1)).to(z.dtype), 0)
+            z += W[:, self.d]
+        acc = row_sum(((z > 0).to(y.dtype) == y.unsqueeze(1)).to(z.dtype), 0, inplace=True) / n
+        z *= -(2 * y - 1).unsqueeze(1).to(z.dtype)  # -s z, s = 2y - 1
+        torch._C._nn.softplus(z, 1.0, 20.0, out=z)  # ``torch.nn.functional.softplus``'s defaults (beta 1, threshold 20)
+        loss = row_sum(z, 0, inplace=True) / n + self.l2 / 2 * row_sum(W[:, :self.d] ** 2, 1)
         return loss, acc
 
 
