@@ -350,6 +350,7 @@ class WindowDriver:
         self.enqueue = self._enqueuer()
         self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
+        self.sampled = False  # whether a ticket has rows of its own (a mini-batch), not its agent's whole part
         self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
         self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
         self.words = shapes.words()
@@ -465,7 +466,11 @@ class WindowDriver:
         self.rows.put(pack(*shapes.compute_start(now, i, ct, CODES)))
         tk = len(self.ticket_of)
         rows = a.sample_rows(batch)
-        self.ticket_of.append((i, None if rows is a.rows else rows))
+        if rows is a.rows:
+            self.ticket_of.append((i, None))
+        else:
+            self.ticket_of.append((i, rows))
+            self.sampled = True
         self.done_at = now + ct  # when it completes (a driver that groups completions reads it)
         self.push_event(self.done_at, DONE, i, tk)
         return tk
@@ -678,7 +683,8 @@ class WindowDriver:
         svc, ticket_of = self.svc, self.ticket_of
         if rows is None:
             # every request on its agent's whole part (C loops: no Python frame a ticket)
-            if all(map(is_, map(_ROWS, map(ticket_of.__getitem__, tickets)), itertools.repeat(None))):
+            if not self.sampled or all(map(is_, map(_ROWS, map(ticket_of.__getitem__, tickets)),
+                                           itertools.repeat(None))):
                 self.evaluate_parts(who, tickets, at)
                 return
             rows = [self.rows_of_ticket(tk) for tk in tickets]
@@ -857,6 +863,7 @@ class WindowDriver:
         n, lo, pending = plain["tickets"]
         self.ticket_of[:] = [None] * lo + [(i, None if rows is None else np.array(rows, dtype=np.dtype(dt)))
                                            for i, rows, dt in pending]
+        self.sampled = any(t is not None and t[1] is not None for t in self.ticket_of)
         if len(self.ticket_of) != n:
             raise ValueError(f"held.tickets: {len(self.ticket_of)} tickets where {n} were made")
         self.payloads.load(plain["payloads"], held["payloads"])
@@ -944,7 +951,11 @@ class _Driver(WindowDriver):
                         put(pack(*compute_start(now, i, ct, CODES)))
                         tk = len(ticket_of)
                         rows = a.sample_rows(req.batch)
-                        ticket_of.append((i, None if rows is a.rows else rows))
+                        if rows is a.rows:
+                            ticket_of.append((i, None))
+                        else:
+                            ticket_of.append((i, rows))
+                            self.sampled = True
                         ops.append(tk << 2 | ASK)
                         enqueue(now + ct, DONE, i, tk)
                         return
