@@ -904,6 +904,9 @@ class _Driver(WindowDriver):
         self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
         self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
         self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
+        # the window's tensor operations as one flat list in processing order, agent then operation (two appends an
+        # operation to one list, not a lookup of the agent's own list): ``tensor_work`` groups them by agent
+        self.ops = []
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
@@ -921,7 +924,7 @@ class _Driver(WindowDriver):
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
-        agents, enqueue, ops_of, wake = self.agents, self.enqueue, self.ops, self.wake
+        agents, enqueue, wake, op = self.agents, self.enqueue, self.wake, self.ops.append
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
@@ -934,14 +937,14 @@ class _Driver(WindowDriver):
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
             wake."""
             got, n = gots[i], pos[i]
-            ops = ops_of[i]
             k = len(got)
             if n < k:
                 asks = asks_by.get(k)
                 if asks is None:
                     asks = asks_by[k] = [kernel.update_after(p, m, k) for m in range(1, k + 1)]
                 while n < k:
-                    ops.append(got[n] << 2 | MERGE)
+                    op(i)
+                    op(got[n] << 2 | MERGE)
                     req = asks[n]
                     n += 1
                     if req is not None:
@@ -956,7 +959,8 @@ class _Driver(WindowDriver):
                         else:
                             ticket_of.append((i, rows))
                             self.sampled = True
-                        ops.append(tk << 2 | ASK)
+                        op(i)
+                        op(tk << 2 | ASK)
                         enqueue(now + ct, DONE, i, tk)
                         return
                 pos[i] = n
@@ -974,19 +978,22 @@ class _Driver(WindowDriver):
                 put(pack(*send(now, i, j, mid, size, delay, rnd, tag, CODES)))
                 if reason:
                     put(pack(*drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
-                    ops.append(-1 << 2 | PUSH)
+                    op(i)
+                    op(-1 << 2 | PUSH)
                 else:
-                    ops.append(mid << 2 | PUSH)
+                    op(i)
+                    op(mid << 2 | PUSH)
                     enqueue(now + delay, ARR, j, (mid, i, size, now, rnd))
             elif k:
-                ops.append(-1 << 2 | PUSH)  # agent.params = x, with no one to push to
+                op(i)
+                op(-1 << 2 | PUSH)  # agent.params = x, with no one to push to
             wake(i, now)
 
         self.go_on = go_on
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        cur, soon, put, agents, go_on, ops_of = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.ops
+        cur, soon, put, agents, go_on, op = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.ops.append
         gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
             self.tag_code
         pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
@@ -1016,7 +1023,8 @@ class _Driver(WindowDriver):
                         flushes.append(range(pending_lo, len(ticket_of)))
                         pending_lo = len(ticket_of)
                     put(pack(*compute_end(t, i, CODES)))
-                    ops_of[i].append(v << 2 | UPDATE)
+                    op(i)
+                    op(v << 2 | UPDATE)
                     go_on(i, t)
                 elif self.housekeeping(t, kind, i, v):
                     return
@@ -1054,8 +1062,13 @@ class _Driver(WindowDriver):
         if not ops:
             self.work_done([], {})
             return
-        agent = np.repeat(np.fromiter(ops, np.int64, len(ops)), [len(o) for o in ops.values()])
-        flat = np.fromiter(itertools.chain.from_iterable(ops.values()), np.int64, len(agent))
+        logged = np.fromiter(ops, np.int64, len(ops)).reshape(-1, 2)  # (agent, operation) in processing order
+        # each agent's operations together, in program order, the agents in the order of their first operation
+        ids, first_at = np.unique(logged[:, 0], return_index=True)
+        when = np.empty(len(self.agents), np.int64)
+        when[ids] = first_at
+        logged = logged[np.argsort(when[logged[:, 0]], kind="stable")]
+        agent, flat = logged[:, 0], logged[:, 1]
         kind, v = flat & 3, flat >> 2
         first = np.ones(len(flat), bool)  # each agent's first operation
         first[1:] = agent[1:] != agent[:-1]
