@@ -111,6 +111,27 @@ def as_index(values: Sequence[int], device) -> torch.Tensor:
 _ID = attrgetter("id")
 
 
+class AgentsOf(Sequence):
+    """The agents ``agents[i]`` for i in ``ids``, looked up when read: a windowed batch's ``agents`` where its kernel
+    may need only their ids (``Batch.ids``), with no list of thousands of agents made a step."""
+
+    __slots__ = ("of", "ids")
+
+    def __init__(self, of: Sequence, ids: list[int]):
+        self.of, self.ids = of, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, n):
+        if isinstance(n, slice):
+            return list(map(self.of.__getitem__, self.ids[n]))
+        return self.of[self.ids[n]]
+
+    def __iter__(self):
+        return map(self.of.__getitem__, self.ids)
+
+
 class Batch:
     """Agents at the same step of round ``k``: one agent in the events engine, all those a round activates
     in the windowed driver, in the engine's order. ``x``: their parameter rows at activation (a (B, P) copy),
@@ -232,7 +253,10 @@ class Batch:
 
     @property
     def ids(self) -> list[int]:
-        return list(map(_ID, self.agents))  # (an attrgetter's map: a C loop over a windowed batch's agents)
+        agents = self.agents
+        if type(agents) is AgentsOf:
+            return agents.ids
+        return list(map(_ID, agents))  # (an attrgetter's map: a C loop over a windowed batch's agents)
 
     def __len__(self) -> int:
         return len(self.agents)

@@ -64,6 +64,7 @@ import heapq
 import itertools
 import json
 import time
+from array import array
 from collections import defaultdict, deque
 from collections.abc import Callable
 from operator import is_, itemgetter
@@ -72,7 +73,7 @@ import attrs
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import Batch, as_index
+from netsim.rounds.kernel import AgentsOf, Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
 from netsim.sim.network import ComposedLinks, LinksAhead, payload_size
@@ -904,9 +905,10 @@ class _Driver(WindowDriver):
         self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
         self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
         self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
-        # the window's tensor operations as one flat list in processing order, agent then operation (two appends an
-        # operation to one list, not a lookup of the agent's own list): ``tensor_work`` groups them by agent
-        self.ops = []
+        # the window's tensor operations in processing order, agent then operation, as int64s (two appends an
+        # operation to one array, not a lookup of the agent's own list; no int object kept per operation):
+        # ``tensor_work`` groups them by agent
+        self.log = array("q")
         # the tensor work
         self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
         self.xs = self.X.unbind(0)
@@ -924,7 +926,7 @@ class _Driver(WindowDriver):
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
-        agents, enqueue, wake, op = self.agents, self.enqueue, self.wake, self.ops.append
+        agents, enqueue, wake, op = self.agents, self.enqueue, self.wake, self.log.append
         put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
         asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
         kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
@@ -993,7 +995,7 @@ class _Driver(WindowDriver):
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        cur, soon, put, agents, go_on, op = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.ops.append
+        cur, soon, put, agents, go_on, op = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.log.append
         gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
             self.tag_code
         pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
@@ -1048,7 +1050,7 @@ class _Driver(WindowDriver):
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
         idx = as_index(who, self.X.device)
         agents = self.agents
-        return Batch(list(map(agents.__getitem__, who)), agents[who[0]].round, self.X.index_select(0, idx), None,
+        return Batch(AgentsOf(agents, who), agents[who[0]].round, self.X.index_select(0, idx), None,
                      self.state), idx
 
     def tensor_work(self, first_ticket: int) -> None:
@@ -1058,11 +1060,11 @@ class _Driver(WindowDriver):
         evaluated at the end of the step of their last request."""
         kernel, p, X, free = self.kernel, self.p, self.X, self.free
         grads, payloads = self.grads, self.payloads
-        ops = self.ops
-        if not ops:
+        if not self.log:
             self.work_done([], {})
             return
-        logged = np.fromiter(ops, np.int64, len(ops)).reshape(-1, 2)  # (agent, operation) in processing order
+        logged = np.array(self.log, np.int64).reshape(-1, 2)  # (agent, operation) in processing order
+        del self.log[:]
         # each agent's operations together, in program order, the agents in the order of their first operation
         ids, first_at = np.unique(logged[:, 0], return_index=True)
         when = np.empty(len(self.agents), np.int64)
