@@ -218,3 +218,28 @@ def test_build_model_errors():
     with pytest.raises(InputError, match="model.width: unknown key for model 'mlp'; allowed keys here: kind, "):
         build_model(ModelSpec("mlp", params={"width": 3}), 5, 2)
     assert build_model(ModelSpec("mlp", hidden=(64,)), 784, 10).size == 784 * 64 + 64 + 64 * 10 + 10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias, l2", [(True, 0.0), (False, 0.01), (True, 0.1)])
+def test_logistic_evaluate_is_the_formula_bit_for_bit(dtype, bias, l2):
+    """The figures of every row (its loss and accuracy on the test rows) are the bits of the formula written out of
+    place with ``compute.exact``'s fixed-order means, whatever the evaluation does in place; labels other than 0 and
+    1 count as misses; one agent or many, test rows odd or even."""
+    from netsim.compute.exact import row_mean, row_sum
+
+    g = torch.Generator().manual_seed(3)
+    m = LogisticRegression(9, l2=l2, bias=bias)
+    for R, n in ((1, 13), (40, 64), (7, 257)):
+        W = torch.randn(R, m.size, generator=g, dtype=dtype)
+        X = torch.randn(n, 9, generator=g, dtype=dtype)
+        y = (torch.rand(n, generator=g) > 0.5).to(dtype)
+        y[0] = 0.5  # not a label: never predicted
+        z = X @ W[:, :9].T + (W[:, 9] if bias else 0)
+        s = (2 * y - 1).unsqueeze(1).to(dtype)
+        loss = row_mean(F.softplus(-s * z), 0) + l2 / 2 * row_sum(W[:, :9] ** 2, 1)
+        acc = row_mean(((z > 0).to(dtype) == y.unsqueeze(1)).to(dtype), 0)
+        got = m.evaluate(W, X, y)
+        assert torch.equal(got[0], loss) and torch.equal(got[1], acc)
+        assert got[0].dtype == dtype and got[1].shape == (R,)
+        assert float(acc.max()) <= (n - 1) / n  # row 0 is a miss for every agent

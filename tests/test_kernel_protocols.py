@@ -213,3 +213,20 @@ def test_batch_renew_is_a_fresh_batch_of_one_without_views():
     assert b._row(b.g) is g and torch.equal(b._row(b.y), x * 2)
     b.renew(5, x, None)
     assert b.kept() == {} and b.g is None and b.out is None and b.s == 0 and b.k == 5 and b.sent is None
+
+
+def test_a_batch_of_agents_looked_up_by_id_reads_as_the_list_of_them():
+    """A windowed batch's ``agents`` as ``AgentsOf`` (the ids, each agent looked up when read) is what a kernel sees of
+    the list of those agents: length, items, slices, iteration, ``ids``, ``rounds`` and ``part``."""
+    from types import SimpleNamespace
+
+    from netsim.rounds.kernel import AgentsOf
+
+    everyone = [SimpleNamespace(id=i, round=10 + i) for i in range(6)]
+    who = [4, 1, 5]
+    listed = [everyone[i] for i in who]
+    b = Batch(AgentsOf(everyone, who), 0, torch.arange(6.0).view(3, 2), None, None)
+    assert len(b) == 3 and list(b.agents) == listed and b.agents[1] is everyone[1] and b.agents[-1] is everyone[5]
+    assert b.agents[1:] == listed[1:] and b.ids == who and b.rounds() == [14, 11, 15]
+    sub = b.part([2, 0])
+    assert sub.ids == [5, 4] and torch.equal(sub.x, torch.tensor([[4.0, 5.0], [0.0, 1.0]]))
