@@ -795,7 +795,8 @@ class WindowDriver:
             self.load(start + L)
             self.events_until(start + L)
             gathered += 1
-            if gathered == self.gathers or self.evaluation is not None or self.ended or self.first_due() is None:
+            if gathered == self.gathers or self.evaluation is not None or self.ended \
+                    or not (self.cur or self.soon or self.far):  # (no event left: ``first_due`` is None)
                 gathered = 0
                 t1 = time.perf_counter()
                 self.tensor_work(first_ticket)
@@ -1013,7 +1014,11 @@ class _Driver(WindowDriver):
                     if adopt is not None:  # the engine's activation listener: the epoch's links, before the row
                         adopt(agents[i], t)
                     put(pack(*activate(t, i, v, agents[i].round, CODES)))
-                    gots[i], inbox[i] = inbox[i], []
+                    box = inbox[i]
+                    if box:
+                        gots[i], inbox[i] = box, []
+                    else:  # (nothing to merge: no new list)
+                        gots[i] = ()
                     pos[i] = 0
                     go_on(i, t)
                 elif kind == ARR:
@@ -1047,11 +1052,10 @@ class _Driver(WindowDriver):
         self.X.copy_(tensors["X"])  # (in place: ``xs`` are its rows)
 
     # the tensor work --------------------------------------------------------------------------------------
-    def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
-        idx = as_index(who, self.X.device)
+    def batch(self, who: list[int], idx: torch.Tensor) -> Batch:
+        """The agents ``who`` (their rows ``idx``) as a batch of their x."""
         agents = self.agents
-        return Batch(AgentsOf(agents, who), agents[who[0]].round, self.X.index_select(0, idx), None,
-                     self.state), idx
+        return Batch(AgentsOf(agents, who), agents[who[0]].round, self.X.index_select(0, idx), None, self.state)
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step: in each step an agent goes as far as it can in
@@ -1128,26 +1132,27 @@ class _Driver(WindowDriver):
         sk = step[groups] * 4 + kind[groups]
         cut = np.flatnonzero(np.diff(sk)) + 1
         starts, ends = np.concatenate(([0], cut)), np.concatenate((cut, [len(sk)]))
-        who_all, v_all = agent[groups].tolist(), v[groups].tolist()
+        who_np, v_np = agent[groups], v[groups]
+        who_all, v_all = who_np.tolist(), v_np.tolist()
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             s, kd = divmod(int(sk[a]), 4)
             who, vs = who_all[a:b], v_all[a:b]
+            idx = torch.from_numpy(who_np[a:b]).to(X.device)  # (a view of the ids, on the CPU)
             if kd == UPDATE:
-                bt, idx = self.batch(who)
+                bt = self.batch(who, idx)
                 kernel.update(bt, p, grads.take(vs))
                 X.index_copy_(0, idx, bt.x)
             elif kd == MERGE:
-                bt, idx = self.batch(who)
+                bt = self.batch(who, idx)
                 kernel.combine(bt, p, payloads.take(vs))
                 X.index_copy_(0, idx, bt.x)
             elif kd == ASK:  # after the step's merges
                 if free:
-                    self.evaluate_step(who, vs, X.index_select(0, as_index(who, X.device)))
+                    self.evaluate_step(who, vs, X.index_select(0, idx))
             else:
-                idx = as_index(who, X.device)
                 sent = X.index_select(0, idx)
                 self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
-                self.keep_payloads(vs, sent)
+                self.keep_payloads(v_np[a:b], sent)
             if b == len(sk) or int(sk[b]) // 4 != s:  # the step's end: its gradient batches
                 for f in due_at.pop(s, ()):
                     self.evaluate_batch(f)
@@ -1156,9 +1161,9 @@ class _Driver(WindowDriver):
     def point(self, tk: int) -> torch.Tensor:
         return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
 
-    def keep_payloads(self, mids: list[int], sent: torch.Tensor) -> None:
+    def keep_payloads(self, mids: np.ndarray, sent: torch.Tensor) -> None:
         """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) are kept."""
-        m = np.asarray(mids, np.int64)
+        m = mids
         which = np.flatnonzero(m >= 0)
         if len(which):
             self.keep(m[which].tolist(), sent, which.tolist())
