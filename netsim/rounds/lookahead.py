@@ -1069,11 +1069,15 @@ class _Driver(WindowDriver):
             return
         logged = np.array(self.log, np.int64).reshape(-1, 2)  # (agent, operation) in processing order
         del self.log[:]
-        # each agent's operations together, in program order, the agents in the order of their first operation
-        ids, first_at = np.unique(logged[:, 0], return_index=True)
-        when = np.empty(len(self.agents), np.int64)
-        when[ids] = first_at
-        logged = logged[np.argsort(when[logged[:, 0]], kind="stable")]
+        # each agent's operations together, in program order (a stable sort by agent: a radix sort on 16-bit ids), the
+        # agents in the order of their first operation
+        ids = logged[:, 0]
+        order = np.argsort(ids.astype(np.uint16) if len(self.agents) <= 1 << 16 else ids, kind="stable")
+        heads = np.flatnonzero(np.diff(ids[order], prepend=-1))  # where each agent's operations start in ``order``
+        sizes = np.diff(heads, append=len(order))
+        by_first = np.argsort(order[heads])
+        start, size = heads[by_first], sizes[by_first]
+        logged = logged[order[np.arange(len(order)) + np.repeat(start - (np.cumsum(size) - size), size)]]
         agent, flat = logged[:, 0], logged[:, 1]
         kind, v = flat & 3, flat >> 2
         first = np.ones(len(flat), bool)  # each agent's first operation
