@@ -21,7 +21,9 @@ resumed by re-executing the run up to them (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import base64
 import gc
+import json
 import math
 import operator
 from array import array
@@ -356,7 +358,42 @@ def _restore(sim, ckpt) -> None:
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
+    if win is not None:
+        _driver_state(held)
     loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None)
+
+
+def _driver_state(held: Any) -> None:
+    """A lookahead driver's state (``WindowDriver.held``) as its ``take`` reads it: the JSON text of a dict of its
+    keys, each of its kind, and the tensors beside it; ValueError names the first that is not (a resume refuses it
+    before the run goes on, rather than fail in it)."""
+    where = "state.windowed.held"
+    if not isinstance(held, dict) or not isinstance(held.get("json"), str):
+        raise ValueError(f"{where} is not a lookahead driver's state")
+    plain = json.loads(held["json"])
+    events, tickets, stats = (plain.get(k) if isinstance(plain, dict) else None for k in ("events", "tickets", "stats"))
+    checks = {
+        "now": isinstance(plain, dict) and _number(plain.get("now")),
+        "seq": isinstance(plain, dict) and _int(plain.get("seq")),
+        "events": isinstance(events, list) and _lists(events, 5) and all(
+            type(e[0]) in (int, float) and e[0] == e[0] and _int(e[1]) and _int(e[2]) and _int(e[3], -1)
+            for e in events),  # (a time may be infinite: never)
+        "pending_lo": isinstance(plain, dict) and _int(plain.get("pending_lo")),
+        "tickets": isinstance(tickets, list) and len(tickets) == 3 and _int(tickets[0]) and _int(tickets[1])
+        and isinstance(tickets[2], list),
+        "stats": isinstance(stats, list) and len(stats) == 3 and _ints(stats),
+        "shipped": isinstance(plain, dict) and isinstance(plain.get("shipped"), str),
+        "own": isinstance(plain, dict) and isinstance(plain.get("own"), (dict, list)),
+        "payloads": isinstance(plain, dict) and isinstance(plain.get("payloads"), list),  # (a driver's own keys)
+        **{k: isinstance(plain, dict) and isinstance(plain.get(k), list) and _ints(plain[k]) for k in ("grads", "at")},
+        "words": isinstance(plain, dict) and isinstance(plain.get("words"), list) and _strs(plain["words"]),
+        "tensors": all(isinstance(held.get(k), torch.Tensor) for k in ("payloads", "grads", "at")) and all(
+            isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own.")),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{where}.{bad[0]} is not what a lookahead driver holds between two windows")
+    base64.b64decode(plain["shipped"], validate=True)  # (binascii.Error: a ValueError)
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:
