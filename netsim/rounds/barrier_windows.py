@@ -44,8 +44,14 @@ engine's order: its batches hold them (``Batch.held``) and ``write_records`` wri
 order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
 completion).
 
-Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
-positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
+Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
+state is then data (``hold``: each program's round and exchange, its open barrier with what it took and its timer's
+number, its queued messages, the round records, the payloads and their references, the parameters and gradients
+waiting for ``local``, each agent's part kept for its ``combine`` with the kernel's values on it), restored by
+``netsim resume`` into a fresh driver (``take_hold``).
+
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints with link models or
+churn; not a latency with no positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
 the bytes: compression), a time-varying topology, a kernel's own routes or local steps with their own gradients,
 gradients after the exchange, a budget cap, agents that take no gradient or ask for different ones, and the kernel's
 own reason (several messages an exchange: ``SyncRounds.refusal``).
@@ -152,8 +158,8 @@ def _typical(lat) -> float:
 
 
 def play(pattern, sim, kernel) -> bool:
-    """Play a started run to its end window by window (see the module docstring); False (checkpoints are refused,
-    so no interrupt is taken between windows)."""
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two tensor works."""
     return _Driver(pattern, sim, kernel).run()
 
 
