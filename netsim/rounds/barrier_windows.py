@@ -575,11 +575,14 @@ class _Driver(WindowDriver):
                                      pool.add([b.cut(name, v, n, per_row) for n in ns] if name in per_row else v)]
                                     for name, v in kept.items()]})
         x_keys = list(self.x_at)
+        refs, recs, payload = self.refs, self.recs, self.payload  # (a payload's bytes are read while a message
+        # carries it or its round is open: the others' are not kept)
         own = {"k": self.k, "s": self.s, "rid": self.rid, "next": [rid, gid, order], "flushed": self.flushed,
                "waiter": [None if w is None else [w.round, list(w.got.items()), w.gid] for w in self.waiter],
                "queue": [list(q) for q in self.queue], "recs": list(self.recs.items()),
                "pend": [[t, list(g.items())] for t, g in self.pend.items()], "localed": sorted(self.localed),
-               "sizes": list(self.sizes.items()), "refs": list(self.refs.items()),
+               "sizes": [(q, z) for q, z in self.sizes.items() if q in refs or q in recs or q in payload],
+               "refs": list(refs.items()),
                "released": list(self.released.items()),
                "payload": [[pid, pool.add(v)] for pid, v in self.payload.items()],
                "x_at": [x_keys, pool.add(_join([self.x_at[r] for r in x_keys]) if x_keys else None)],
