@@ -593,7 +593,7 @@ class _Driver(WindowDriver):
         n = len(self.agents)
         if any(len(own[k]) != n for k in ("k", "s", "rid", "waiter", "queue")):
             raise ValueError(f"held.own: not {n} agents' state")
-        pool = _Pool.of(own["pool"], tensors)
+        pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
         self.k[:], self.s[:], self.rid[:] = own["k"], own["s"], own["rid"]
         for count, m in zip((self.rids, self.gids, self.order), own["next"], strict=True):
             deque(itertools.islice(count, m + 1), maxlen=0)  # (the closure's counters, where they stood)
@@ -940,10 +940,10 @@ class _Pool:
     its values' list (exact), a list or tuple item by item, a plain value as it is; anything else by its type's name,
     refused when restored."""
 
-    __slots__ = ("dtype", "index", "stacks")
+    __slots__ = ("dtype", "device", "index", "stacks")
 
-    def __init__(self, dtype: torch.dtype):
-        self.dtype, self.index, self.stacks = dtype, {}, []
+    def __init__(self, dtype: torch.dtype | None, device: torch.device | None = None):
+        self.dtype, self.device, self.index, self.stacks = dtype, device, {}, []
 
     def add(self, v) -> object:
         if v is None or type(v) in (bool, int, float, str):
@@ -970,9 +970,10 @@ class _Pool:
         return {f"pool.{k}": torch.stack(rows) for k, rows in enumerate(self.stacks)}
 
     @classmethod
-    def of(cls, shapes: list, tensors: dict[str, torch.Tensor]) -> _Pool:
-        """``shapes`` and ``tensors`` back as a pool to ``get`` values from; ValueError where they do not match."""
-        pool = cls(None)
+    def of(cls, shapes: list, tensors: dict[str, torch.Tensor], device: torch.device) -> _Pool:
+        """``shapes`` and ``tensors`` back as a pool to ``get`` values from (on ``device``); ValueError where they do
+        not match."""
+        pool = cls(None, device)
         for k, shape in enumerate(shapes):
             t = tensors[f"pool.{k}"]
             if list(t.shape[1:]) != shape:
@@ -991,7 +992,7 @@ class _Pool:
             dtype = getattr(torch, v["dtype"])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"held: {v['dtype']!r} is not a dtype")
-            return torch.tensor(v["values"], dtype=dtype)
+            return torch.tensor(v["values"], dtype=dtype, device=self.device)
         if "list" in v:
             return [self.get(u) for u in v["list"]]
         if "tuple" in v:
