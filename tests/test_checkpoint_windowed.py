@@ -494,3 +494,36 @@ def test_plain_values_put_back_column_by_column_or_refused_naming_the_object():
     values[6]["nope"] = 1
     with pytest.raises(ValueError, match=re.escape("state.agents[6].nope is not a NoneType")):
         _assign_all(_objects(), values, "state.agents[{}]")
+
+
+def test_the_barrier_windows_keep_their_values_as_a_few_stacks_and_give_them_back_bit_for_bit():
+    """A barrier-window checkpoint's values (payloads, the kernel's values kept on a part): tensors of the bank's dtype
+    in one stack a shape (not one array a payload), other tensors as exact values (float64 in a float32 run, ints,
+    bools), lists, tuples and plain values as they are; each given back bit for bit, of its type; a value of another
+    kind is refused when restored, in one line naming it."""
+    from netsim.rounds.barrier_windows import _Pool
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 7, generator=g)
+    values = [rows[0], rows[3], torch.randn(1, 7, generator=g), torch.randn(7, generator=g, dtype=torch.float64) / 3,
+              torch.tensor([1, 5, 9]), torch.tensor([True, False]), [rows[1], None, (2, 0.1)], 1.5, "x", None]
+    pool = _Pool(torch.float32)
+    saved = json.loads(json.dumps([pool.add(v) for v in values]))
+    stacks = pool.tensors()
+    assert pool.shapes() == [[7], [1, 7]] and {k: tuple(t.shape) for k, t in stacks.items()} == {
+        "pool.0": (3, 7), "pool.1": (1, 1, 7)}
+    back = _Pool.of(pool.shapes(), stacks, torch.device("cpu"))
+    got = [back.get(v) for v in saved]
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        if isinstance(a, (list, tuple)):
+            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+        return type(a) is type(b) and a == b
+
+    assert all(map(same, values, got)), got
+    with pytest.raises(ValueError, match="a 'Generator' kept by the driver cannot be restored"):
+        back.get(json.loads(json.dumps(_Pool(torch.float32).add(g))))
+    with pytest.raises(ValueError, match=r"held.own.pool.0: not rows of shape \[6\]"):
+        _Pool.of([[6]], stacks, torch.device("cpu"))

@@ -571,8 +571,8 @@ class _Driver(WindowDriver):
                            "sizes": None if b.sizes is None else [b.sizes[n] for n in ns],
                            "x": pool.add(_join([(b.x, n) for n in ns])),
                            "g": pool.add(None if b.g is None else _join([(b.g, n) for n in ns])),
-                           "kept": [[name, name in per_row and v is not None,
-                                     pool.add([b.cut(name, v, n, per_row) for n in ns] if name in per_row else v)]
+                           "kept": [[name, True, pool.add([b.cut(name, v, n, per_row) for n in ns])]
+                                    if name in per_row and v is not None else [name, False, pool.add(v)]
                                     for name, v in kept.items()]})
         x_keys = list(self.x_at)
         refs, recs, payload = self.refs, self.recs, self.payload  # (a payload's bytes are read while a message
