@@ -368,25 +368,27 @@ def _driver_state(held: Any) -> None:
     keys, each of its kind, and the tensors beside it; ValueError names the first that is not (a resume refuses it
     before the run goes on, rather than fail in it)."""
     where = "state.windowed.held"
-    if not isinstance(held, dict) or not isinstance(held.get("json"), str):
+    plain = json.loads(held["json"]) if isinstance(held, dict) and isinstance(held.get("json"), str) else None
+    if not isinstance(plain, dict):
         raise ValueError(f"{where} is not a lookahead driver's state")
-    plain = json.loads(held["json"])
-    events, tickets, stats = (plain.get(k) if isinstance(plain, dict) else None for k in ("events", "tickets", "stats"))
+    events, tickets, stats = plain.get("events"), plain.get("tickets"), plain.get("stats")
+    lists = {k: isinstance(plain.get(k), list) for k in ("payloads", "grads", "at", "words")}
     checks = {
-        "now": isinstance(plain, dict) and _number(plain.get("now")),
-        "seq": isinstance(plain, dict) and _int(plain.get("seq")),
+        "now": _number(plain.get("now")),
+        "seq": _int(plain.get("seq")),
         "events": isinstance(events, list) and _lists(events, 5) and all(
             type(e[0]) in (int, float) and e[0] == e[0] and _int(e[1]) and _int(e[2]) and _int(e[3], -1)
             for e in events),  # (a time may be infinite: never)
-        "pending_lo": isinstance(plain, dict) and _int(plain.get("pending_lo")),
+        "pending_lo": _int(plain.get("pending_lo")),
         "tickets": isinstance(tickets, list) and len(tickets) == 3 and _int(tickets[0]) and _int(tickets[1])
         and isinstance(tickets[2], list),
         "stats": isinstance(stats, list) and len(stats) == 3 and _ints(stats),
-        "shipped": isinstance(plain, dict) and isinstance(plain.get("shipped"), str),
-        "own": isinstance(plain, dict) and isinstance(plain.get("own"), (dict, list)),
-        "payloads": isinstance(plain, dict) and isinstance(plain.get("payloads"), list),  # (a driver's own keys)
-        **{k: isinstance(plain, dict) and isinstance(plain.get(k), list) and _ints(plain[k]) for k in ("grads", "at")},
-        "words": isinstance(plain, dict) and isinstance(plain.get("words"), list) and _strs(plain["words"]),
+        "shipped": isinstance(plain.get("shipped"), str),
+        "own": isinstance(plain.get("own"), dict),
+        "payloads": lists["payloads"],  # (keys of the driver's own kind)
+        "grads": lists["grads"] and _ints(plain["grads"]),
+        "at": lists["at"] and _ints(plain["at"]),
+        "words": lists["words"] and _strs(plain["words"]),
         "tensors": all(isinstance(held.get(k), torch.Tensor) for k in ("payloads", "grads", "at")) and all(
             isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own.")),
     }
