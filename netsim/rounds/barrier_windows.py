@@ -215,7 +215,7 @@ class _Driver(WindowDriver):
         self.patches: list[tuple[int, int]] = []  # (row of this window, pid): a send or drop of the payload
         # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
         # of the exchange before
-        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made)
+        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made; while it is read: ``decide``)
         self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
         self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
         self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
@@ -491,7 +491,8 @@ class _Driver(WindowDriver):
             self.payload.pop(rid, None)
 
     def decide(self) -> None:
-        """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows, its releases after
+        """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows (then only those of
+        payloads a message carries or whose round is open are kept: no other is read again), its releases after
         their agents' ``compute_end``."""
         self.write_records()
         buf, R, sizes, guess = self.rows.buf, RECORD.size, self.sizes, self.guess
@@ -499,6 +500,9 @@ class _Driver(WindowDriver):
             if sizes[rid] != guess:
                 _pack_size(buf, at * R + _SIZE_AT, sizes[rid])
         self.patches.clear()
+        refs, recs, payload = self.refs, self.recs, self.payload
+        for pid in [q for q in sizes if q not in refs and q not in recs and q not in payload]:
+            del sizes[pid]
         if not self.slots:
             return
         out, last = bytearray(), 0
@@ -575,14 +579,11 @@ class _Driver(WindowDriver):
                                     if name in per_row and v is not None else [name, False, pool.add(v)]
                                     for name, v in kept.items()]})
         x_keys = list(self.x_at)
-        refs, recs, payload = self.refs, self.recs, self.payload  # (a payload's bytes are read while a message
-        # carries it or its round is open: the others' are not kept)
         own = {"k": self.k, "s": self.s, "rid": self.rid, "next": [rid, gid, order], "flushed": self.flushed,
                "waiter": [None if w is None else [w.round, list(w.got.items()), w.gid] for w in self.waiter],
                "queue": [list(q) for q in self.queue], "recs": list(self.recs.items()),
                "pend": [[t, list(g.items())] for t, g in self.pend.items()], "localed": sorted(self.localed),
-               "sizes": [(q, z) for q, z in self.sizes.items() if q in refs or q in recs or q in payload],
-               "refs": list(refs.items()),
+               "sizes": list(self.sizes.items()), "refs": list(self.refs.items()),
                "released": list(self.released.items()),
                "payload": [[pid, pool.add(v)] for pid, v in self.payload.items()],
                "x_at": [x_keys, pool.add(_join([self.x_at[r] for r in x_keys]) if x_keys else None)],
