@@ -322,10 +322,10 @@ def _restore(sim, ckpt) -> None:
     if win is not None:  # lookahead windows: where each agent's Poisson gaps and clock jitter stand
         for a, gap in zip(loop.agents, win["gaps"], strict=True):
             if gap is not None:
-                a.schedule.gap.resume(gap)
+                a.schedule.gap.resume(gap, later=True)
         if win["jitter"] is not None:
             for d, pos in zip(world.activation_moves.jitter, win["jitter"], strict=True):
-                d.resume(pos)
+                d.resume(pos, later=True)
     for key, saved in st["ledgers"].items():
         _ledger(loop.agents[int(key)], saved, arrays, key)
     kernel = sim.program
