@@ -10,7 +10,10 @@ rounds) played by the windowed engine with one checkpoint at ``--kill-after`` of
 and resumed: the checkpoint is restored, nothing before it is recomputed. ``--engine lookahead``: the same with
 asynchronous gossip learning played as lookahead windows (benchmarks/bench_async.py's job, ``--seconds``
 simulated seconds; ``--invariant``: batch-invariant gradients), its checkpoint at ``--kill-after`` of them,
-between two windows. Prints the uninterrupted run's wall time and its setup (from the call until play starts:
+between two windows. ``--engine barrier``: the D-PSGD job of ``--engine windowed`` on the quickstart's clocks (offsets,
+drift, lognormal compute times of each agent's own) over lossy links, played as the barrier windows (lookahead windows
+of barrier rounds), its checkpoint at ``--kill-after`` of the rounds' activations, between two tensor works. Prints
+the uninterrupted run's wall time and its setup (from the call until play starts:
 building and starting the simulation), the time to read the checkpoint (``checkpoint.load``), the resume's wall
 time and its restore part (from the resume's start until play goes on: building the simulation, loading and
 restoring the checkpoint, checking it), restore / (setup + reading: the target is <= 1.3), the ratios to the
@@ -20,6 +23,7 @@ comes after the checkpoint, so its total is about (1 - kill-after) of the run pl
     python benchmarks/bench_resume.py [scenario.toml] [--set key=value ...] [--kill-after 0.7]
     python benchmarks/bench_resume.py --engine windowed [--agents 10000] [--rounds 100] [--kill-after 0.8]
     python benchmarks/bench_resume.py --engine lookahead [--agents 10000] [--seconds 30] [--invariant]
+    python benchmarks/bench_resume.py --engine barrier [--agents 10000] [--rounds 100] [--kill-after 0.8]
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def main() -> None:
     ap.add_argument("--kill-after", type=float, default=None,
                     help="kill after the checkpoint past this fraction (default 0.7; --engine windowed: 0.8)")
     ap.add_argument("--every", type=float, default=None, help="run.checkpoint_every (default: until / 10)")
-    ap.add_argument("--engine", choices=("events", "windowed", "lookahead"), default="events")
+    ap.add_argument("--engine", choices=("events", "windowed", "lookahead", "barrier"), default="events")
     ap.add_argument("--agents", type=int, default=10000, help="--engine windowed, lookahead: the job's agents")
     ap.add_argument("--rounds", type=int, default=100, help="--engine windowed: its rounds")
     ap.add_argument("--seconds", type=float, default=30.0, help="--engine lookahead: its simulated seconds")
@@ -51,7 +55,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.engine != "events":
         windowed(a.agents, a.rounds, 0.8 if a.kill_after is None else a.kill_after, a.device,
-                 lookahead=a.seconds if a.engine == "lookahead" else None, invariant=a.invariant)
+                 lookahead=a.seconds if a.engine == "lookahead" else None, invariant=a.invariant,
+                 barrier=a.engine == "barrier")
         return
     kill_after = 0.7 if a.kill_after is None else a.kill_after
 
@@ -96,9 +101,10 @@ def main() -> None:
 
 
 def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", lookahead: float | None = None,
-             invariant: bool = False) -> None:
-    """Kill a windowed run after its checkpoint at ``kill_after`` of it, restore it, compare: D-PSGD's rounds, or
-    (``lookahead``: its simulated seconds) asynchronous gossip learning as lookahead windows."""
+             invariant: bool = False, barrier: bool = False) -> None:
+    """Kill a windowed run after its checkpoint at ``kill_after`` of it, restore it, compare: D-PSGD's rounds (on the
+    agents' own clocks: ``barrier``), or (``lookahead``: its simulated seconds) asynchronous gossip learning as
+    lookahead windows."""
     import gc
     import os
 
@@ -121,6 +127,13 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", looka
         warm = scenario(200, 1, 3)
         small = {"agents.count": 200, "data.samples": warm["data"]["samples"], "run.rounds": 3}
         job, where = f"windowed D-PSGD, {n:,} agents, {rounds} rounds", f"its checkpoint at round {at}"
+        if barrier:  # the quickstart's clocks and compute times, lossy links: the barrier windows
+            sc["agents"] |= {"clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.05},
+                             "clock_drift": {"kind": "normal", "mean": 0.0, "sigma": 0.001},
+                             "compute_time": {"kind": "lognormal", "mean": 0.01, "sigma": 0.3}}
+            sc["network"]["loss"] = 0.05
+            job = f"barrier windows, D-PSGD on the agents' own clocks, {n:,} agents, {rounds} rounds"
+            where = f"its checkpoint at {at} rounds' activations"
     else:
         from bench_async import scenario
 
@@ -186,7 +199,7 @@ def windowed(n: int, rounds: int, kill_after: float, device: str = "auto", looka
     load = os.getloadavg()
     print(f"{job}, device {res.summary['device']}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
-    unit = "window" if lookahead is not None else "round"
+    unit = "window" if lookahead is not None or barrier else "round"
     print(f"checkpoint at {unit} {ck.step} (t = {ck.meta['state']['windowed']['end']:.4g} s, {size:.1f} MB, "
           f"written in {written[0]:.2f} s); killed after it; resumed by {res.summary['resumed_by']}")
     print(f"identical: trace {'yes' if same[TRACE_FILE] else 'NO'}, metrics {'yes' if same['metrics.csv'] else 'NO'}, "

@@ -18,6 +18,7 @@ from netsim.rounds import barrier_windows
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_broadcast_windows import both
+from tests.test_checkpoint_windowed import killed_at
 from tests.test_windowed import buildable
 
 
@@ -120,6 +121,53 @@ def test_several_exchanges_and_privacy_records_on_barrier_windows(tmp_path_facto
 
 
 RECORDS = ("mixing.csv", "payloads.npz")
+
+
+@search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=barriers(records=(None,)), gathers=st.sampled_from([1, 3, 8, 64]), every=st.sampled_from([0.3, 0.77]),
+       nth=st.integers(1, 3))
+def test_barrier_windows_killed_after_a_checkpoint_resume_by_restore_on_drawn_scenarios(tmp_path_factory, sc,
+                                                                                         gathers, every, nth):
+    """A drawn scenario with checkpoints (cut between two tensor works of 1 to 64 windows), killed right after one of
+    them and resumed by restoring the driver's state (open barriers, queues, payloads, parts, points and gradients
+    waiting, the event queue): the uninterrupted run's trace, metrics and models; the events engine's rows, metrics
+    and models."""
+    from netsim import api
+    from netsim.sim import checkpoint
+    from netsim.sim.kernel import Simulation
+    from netsim.trace.io import read_trace
+
+    buildable(sc)
+    for key in ("links", "uplink"):  # (per-link settings, node uplinks: link models, whose state checkpoints do not
+        sc["network"].pop(key, None)  # keep)
+    sc["run"]["checkpoint_every"] = every
+    tmp = tmp_path_factory.mktemp("killed")
+    models, written = [], []
+    finish, write = Simulation.finish, checkpoint.write
+
+    def keep(self, interrupted=False):
+        if not interrupted:
+            models.append(self.world.bank.W.clone())
+        finish(self, interrupted)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows._Driver, "gathers", gathers)
+        m.setattr(Simulation, "finish", keep)
+        m.setattr(checkpoint, "write", lambda *a, **k: written.append(1) or write(*a, **k))
+        ref = api.run(scenario_from_dict(sc), out=tmp / "ref", engine="windowed", interruptible=False)
+        m.setattr(checkpoint, "write", write)
+        assert ref.summary["engine"] == "windowed" and "windows" in ref.summary
+        events = api.run(scenario_from_dict(sc), out=tmp / "events", engine="events", interruptible=False)
+        if not written:  # (a run of a few rounds may end before its first checkpoint)
+            return
+        out = killed_at(tmp, sc, min(nth, len(written)))
+        res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    for name in ("trace.arrows", "metrics.csv", "agent_metrics.csv"):
+        assert (out / name).read_bytes() == (ref.out / name).read_bytes(), name
+    assert torch.equal(models[-1], models[0]) and torch.equal(models[1], models[0])
+    assert read_trace(events.out).table.equals(read_trace(ref.out).table)  # (checkpoints there flush batches)
+    assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
 
 
 def same_records(tmp: Path, sc: dict) -> None:
@@ -230,7 +278,8 @@ def test_transmission_times_on_barrier_windows(tmp_path, network, wait):
     ({"algorithm": {"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "gossip_steps": 2,
                     "round_timeout": 0.15}},
      "dfedsam chooses its own routes each exchange"),
-    ({"run": {"until": 6.0, "checkpoint_every": 2.0}}, "checkpoints: this pattern's lookahead windows cannot"),
+    ({"run": {"until": 6.0, "checkpoint_every": 2.0}, "network": {"burst": {"p_enter": 0.02, "p_exit": 0.25}}},
+     "checkpoints with link models \\(bursts, outages, per-link settings, link traces\\), churn or a time-varying"),
     ({"algorithm": {"name": "muffliato", "lr": 0.3, "batch": 8, "clip": 1.0, "sigma": 1.0, "gossip_steps": 2,
                     "round_timeout": 0.15}, "privacy": {"delta": 1e-5, "epsilon_cap": 8.0}},
      "privacy.epsilon_cap: a release's budget check is traced when the windows' tensor work makes it"),

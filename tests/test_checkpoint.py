@@ -1,5 +1,6 @@
-"""Checkpoint and resume: a run killed (SIGKILL) or interrupted (SIGINT) at random points and
-resumed gives the same final metrics and the same trace as the uninterrupted run; corrupted checkpoints
+"""Checkpoint and resume on the events engine (the windows': tests/test_checkpoint_windowed.py): a run killed
+(SIGKILL) or interrupted (SIGINT) at random points and resumed gives the same final metrics and the same trace as the
+uninterrupted run; corrupted checkpoints
 are rejected and the previous one is used; a killed run's trace loads up to its last flush."""
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def same_run(a: Path, b: Path) -> None:
 
 
 def start(sc: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "netsim", "run", str(sc), "--out", str(out), "-q"],
+    return subprocess.Popen([sys.executable, "-m", "netsim", "run", str(sc), "--engine", "events", "--out", str(out),
+                             "-q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -105,7 +107,7 @@ def wait_for_checkpoints(out: Path, proc: subprocess.Popen, k: int, limit: float
 def refs(tmp_path_factory):
     """Uninterrupted runs (with the same checkpoint settings) of every case."""
     tmp = tmp_path_factory.mktemp("ref")
-    return {c: api.run(scenario(tmp, c), out=tmp / c, interruptible=False).out for c in CASES}
+    return {c: api.run(scenario(tmp, c), out=tmp / c, interruptible=False, engine="events").out for c in CASES}
 
 
 @pytest.mark.parametrize("case,seed", [("dpsgd", 0), ("dpsgd", 1), ("adpsgd", 2), ("pushsum", 3),
@@ -135,14 +137,14 @@ def test_sigkill_at_random_point_then_resume_is_identical(tmp_path, refs, case, 
 def test_checkpoints_do_not_change_the_run(tmp_path, refs):
     """Flushing the trace at checkpoint marks changes neither events nor metrics."""
     sc = scenario(tmp_path, "adpsgd", every=1000.0)
-    plain = api.run(sc, out=tmp_path / "plain", interruptible=False).out
+    plain = api.run(sc, out=tmp_path / "plain", interruptible=False, engine="events").out
     assert read_trace(plain).table.equals(read_trace(refs["adpsgd"]).table)
     assert (plain / "metrics.csv").read_bytes() == (refs["adpsgd"] / "metrics.csv").read_bytes()
 
 
 def test_sigint_stops_cleanly_with_a_resume_hint(tmp_path):
     sc = scenario(tmp_path, "dp_dpsgd", until=80.0)  # long enough that the Ctrl-C falls inside the simulation
-    ref = api.run(sc, out=tmp_path / "ref", interruptible=False).out
+    ref = api.run(sc, out=tmp_path / "ref", interruptible=False, engine="events").out
     out = tmp_path / "run"
     proc = start(sc, out)
     wait_for_checkpoints(out, proc, 1)
@@ -273,7 +275,7 @@ def test_round_based_checkpoints(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "write", spy)
     res = api.run(scenario(tmp_path, "dpsgd"), overrides={"run.checkpoint_every": None,
                                                            "run.checkpoint_every_rounds": 10},
-                  out=tmp_path / "r", interruptible=False)
+                  out=tmp_path / "r", interruptible=False, engine="events")
     n = res.summary["agents"]
     marks = [a // (10 * n) for a, _ in seen]
     assert marks == list(range(1, len(seen) + 1)) and len(seen) >= 8
@@ -424,7 +426,7 @@ def test_a_folder_being_written_is_refused_and_a_dead_writers_lock_taken_over(tm
     proc = start(sc, out)
     wait_for_checkpoints(out, proc, 1)
     try:
-        for attempt in (lambda: api.run(sc, out=out, interruptible=False),
+        for attempt in (lambda: api.run(sc, out=out, interruptible=False, engine="events"),
                         lambda: api.resume(out, interruptible=False)):
             with pytest.raises(InputError, match=f"process {proc.pid} is writing this run folder"):
                 attempt()
@@ -496,10 +498,12 @@ def test_a_2000_agent_pdsl_checkpoint_holds_the_bank_once(capsys):
 def test_a_complete_run_leaves_no_checkpoints_folder(tmp_path):
     """The checkpoints of a run that finished are removed, and their folder with them (it was left empty);
     a folder holding something else is left as it is."""
-    res = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    res = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False,
+                  engine="events")
     assert res.summary["stop_reason"] != "interrupted" and api.is_complete(res.out)
     assert not (res.out / checkpoint.FOLDER).exists()
     (res.out / checkpoint.FOLDER).mkdir()
     (res.out / checkpoint.FOLDER / "notes.txt").write_text("mine")
-    again = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False)
+    again = api.run(scenario(tmp_path, "dpsgd", until=6.0, every=1.0), out=tmp_path / "r", interruptible=False,
+                    engine="events")
     assert (again.out / checkpoint.FOLDER / "notes.txt").read_text() == "mine"

@@ -60,6 +60,13 @@ def scenario(alg: str = "dpsgd", n: int = 400, rounds: int = 60, every: int = 10
         sc["agents"]["compute_time"]["value"] = 0.001
         sc["network"]["latency"] = {"kind": "uniform", "low": 0.01, "high": 0.5}
         sc["algorithm"] = {"name": "push_gossip", "lr": 0.5, "batch": 4}
+    if alg == "barrier":  # barrier rounds on their own clocks (the lookahead windows): jittery Bernoulli activation,
+        # per-agent compute times, latencies past the barrier's timeout (timeouts, stale rounds)
+        sc["agents"] |= {"activation": {"kind": "bernoulli", "period": 0.1, "p": 0.8},
+                         "clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.01},
+                         "compute_time": {"kind": "uniform", "low": 0.002, "high": 0.03}}
+        sc["network"]["latency"] = {"kind": "uniform", "low": 0.002, "high": 0.06}
+        sc["algorithm"] = {**ALGORITHMS["dpsgd"], "round_timeout": 0.04}
     for key, value in changes.items():
         sc[key] = {**sc[key], **value}
     return sc
@@ -95,12 +102,17 @@ def same_outputs(a: Path, b: Path, skip: set[str] = frozenset()) -> None:
     assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
 
 
-@pytest.mark.parametrize(("alg", "seed"), [("dpsgd", 0), ("dp_dpsgd", 1),
+@pytest.mark.parametrize(("alg", "seed"), [("dpsgd", 0), ("dp_dpsgd", 1), ("barrier", 4),
                                            pytest.param("choco", 2, marks=pytest.mark.slow),
                                            pytest.param("push_gossip", 3, marks=pytest.mark.slow)])
 def test_sigkill_at_random_point_then_restore_is_identical(tmp_path, finals, alg, seed):
-    sc = write(tmp_path, scenario(alg))
+    """... for synchronous rounds (a checkpoint every 10 rounds) and barrier rounds on their own clocks (lookahead
+    windows: a checkpoint at the first window boundary past every 10 rounds' activations), both then the events
+    engine's rows and models."""
+    windows = alg == "barrier"
+    sc = write(tmp_path, scenario(alg, n=100) if windows else scenario(alg))
     ref = api.run(sc, out=tmp_path / "ref", engine="windowed", interruptible=False)
+    assert ("windows" in ref.summary) == windows
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "netsim", "run", str(sc), "--engine", "windowed", "--out", str(out),
                              "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -114,18 +126,23 @@ def test_sigkill_at_random_point_then_restore_is_identical(tmp_path, finals, alg
     assert proc.wait() == -signal.SIGKILL
     assert not api.is_complete(out), "the run ended before it was killed: make it longer"
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
-    assert ck.meta["engine"] == "windowed" and ck.step % 10 == 0 and ck.meta["state"]["windowed"]["round"] == ck.step
+    assert ck.meta["engine"] == "windowed" and ck.meta["state"]["windowed"]["round"] == ck.step
+    assert ck.step % 10 == 0 if not windows else ck.meta["state"]["windowed"]["windows"] is not None
     killed = read_trace(out).table  # the killed run's trace reads up to its last flush: a prefix
     whole = read_trace(ref.out).table
     assert ck.meta["trace"]["events"] <= killed.num_rows and killed.equals(whole.slice(0, killed.num_rows))
     r = CliRunner().invoke(app, ["resume", str(out), "-q"])
     assert r.exit_code == 0, r.output
-    assert f"resumed from round {ck.step} (restored, no recompute" in r.stderr
+    assert f"resumed from {'window' if windows else 'round'} {ck.step} (restored, no recompute" in r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_by"] == "restore" and summary["engine"] == "windowed"
-    same_outputs(out, ref.out)
+    same_outputs(out, ref.out, skip={"windows", "resumed_at_step"})
     assert torch.equal(finals[1], finals[0])  # the resumed run's final models are the uninterrupted run's
     assert checkpoint.checkpoints(out) == []
+    if windows:  # the events engine's rows, metrics and models
+        events = api.run(sc, out=tmp_path / "events", engine="events", interruptible=False)
+        assert read_trace(events.out).table.equals(whole) and torch.equal(finals[2], finals[0])
+        assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
 
 
 def killed_at(tmp_path: Path, sc: dict, nth: int, engine: str = "windowed") -> Path:
@@ -150,13 +167,16 @@ def killed_at(tmp_path: Path, sc: dict, nth: int, engine: str = "windowed") -> P
     return out
 
 
-def test_a_restore_computes_only_the_rounds_after_the_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("alg", ["dpsgd", "barrier"])
+def test_a_restore_computes_only_the_rounds_after_the_checkpoint(tmp_path, monkeypatch, alg):
     """Resuming after round 40 of 60 evaluates 20 rounds of gradients, not 60 (an events engine's resume
-    re-executes the 40 first: it evaluates all 60)."""
+    re-executes the 40 first: it evaluates all 60). Barrier rounds on their own clocks (lookahead windows,
+    Bernoulli activation): the resume evaluates the gradients the checkpoint had not, those asked for before it and
+    not yet in a batch among them."""
     from netsim.compute.gradients import GradientService
 
     n, rounds = 50, 60
-    sc = scenario(n=n, rounds=rounds, every=20)
+    sc = scenario(alg, n=n, rounds=rounds, every=20)
     out = killed_at(tmp_path, sc, 2)
     evaluated = []
     real = GradientService.flush
@@ -166,15 +186,20 @@ def test_a_restore_computes_only_the_rounds_after_the_checkpoint(tmp_path, monke
         real(self)
         evaluated.append(self.evaluated - before)
 
+    before = checkpoint.load(checkpoint.checkpoints(out)[-1]).meta["state"]["gradients"]["evaluated"]
     monkeypatch.setattr(GradientService, "flush", counting)
     res = api.resume(out, interruptible=False)
-    assert res.summary["resumed_by"] == "restore" and res.summary["resumed_at_step"] == 40
-    assert sum(evaluated) == (rounds - 40) * n
-    assert res.summary["gradients"] == rounds * n  # the run's counts are the whole run's
+    assert res.summary["resumed_by"] == "restore"
+    total = res.summary["gradients"]  # the run's counts are the whole run's
+    if alg == "dpsgd":
+        assert res.summary["resumed_at_step"] == 40
+        assert sum(evaluated) == (rounds - 40) * n and total == rounds * n
+    else:
+        assert 0.4 * total < before < 0.9 * total and sum(evaluated) == total - before
     events = killed_at(tmp_path, sc, 2, engine="events")
     evaluated.clear()
     again = api.resume(events, interruptible=False)
-    assert again.summary["resumed_by"] == "re-execution" and sum(evaluated) == rounds * n
+    assert again.summary["resumed_by"] == "re-execution" and sum(evaluated) == total
 
 
 def test_windowed_checkpoints_change_neither_rows_nor_batches(tmp_path):
@@ -294,10 +319,11 @@ def test_a_capped_ledger_is_restored_and_runs_out_where_it_would_have(tmp_path):
     assert spent.num_rows == 20 and set(spent["round"].to_pylist()) == {5}
 
 
-@pytest.fixture(scope="module")
-def killed_windowed(tmp_path_factory) -> Path:
-    """A small lossy windowed DP-D-PSGD run stopped dead after its second checkpoint; tests work on copies."""
-    return killed_at(tmp_path_factory.mktemp("killed"), scenario("dp_dpsgd", n=16, rounds=12, every=3), 2)
+@pytest.fixture(scope="module", params=["dp_dpsgd", "barrier"])
+def killed_windowed(tmp_path_factory, request) -> Path:
+    """A small lossy windowed DP-D-PSGD run (or barrier rounds on their own clocks, lookahead windows: the driver's
+    state between two windows) stopped dead after its second checkpoint; tests work on copies."""
+    return killed_at(tmp_path_factory.mktemp("killed"), scenario(request.param, n=16, rounds=12, every=3), 2)
 
 
 @search(30, suppress_health_check=list(HealthCheck))
@@ -468,3 +494,36 @@ def test_plain_values_put_back_column_by_column_or_refused_naming_the_object():
     values[6]["nope"] = 1
     with pytest.raises(ValueError, match=re.escape("state.agents[6].nope is not a NoneType")):
         _assign_all(_objects(), values, "state.agents[{}]")
+
+
+def test_the_barrier_windows_keep_their_values_as_a_few_stacks_and_give_them_back_bit_for_bit():
+    """A barrier-window checkpoint's values (payloads, the kernel's values kept on a part): tensors of the bank's dtype
+    in one stack a shape (not one array a payload), other tensors as exact values (float64 in a float32 run, ints,
+    bools), lists, tuples and plain values as they are; each given back bit for bit, of its type; a value of another
+    kind is refused when restored, in one line naming it."""
+    from netsim.rounds.barrier_windows import _Pool
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(5, 7, generator=g)
+    values = [rows[0], rows[3], torch.randn(1, 7, generator=g), torch.randn(7, generator=g, dtype=torch.float64) / 3,
+              torch.tensor([1, 5, 9]), torch.tensor([True, False]), [rows[1], None, (2, 0.1)], 1.5, "x", None]
+    pool = _Pool(torch.float32)
+    saved = json.loads(json.dumps([pool.add(v) for v in values]))
+    stacks = pool.tensors()
+    assert pool.shapes() == [[7], [1, 7]] and {k: tuple(t.shape) for k, t in stacks.items()} == {
+        "pool.0": (3, 7), "pool.1": (1, 1, 7)}
+    back = _Pool.of(pool.shapes(), stacks, torch.device("cpu"))
+    got = [back.get(v) for v in saved]
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        if isinstance(a, (list, tuple)):
+            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+        return type(a) is type(b) and a == b
+
+    assert all(map(same, values, got)), got
+    with pytest.raises(ValueError, match="a 'Generator' kept by the driver cannot be restored"):
+        back.get(json.loads(json.dumps(_Pool(torch.float32).add(g))))
+    with pytest.raises(ValueError, match=r"held.own.pool.0: not rows of shape \[6\]"):
+        _Pool.of([[6]], stacks, torch.device("cpu"))

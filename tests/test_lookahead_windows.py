@@ -145,6 +145,28 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
                "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 1.2}},
                "algorithm": {"name": "do_adp", "rounds": 10, "lr": 0.3, "ratio": 0.5, "sigma": 0.1, "batch": 2},
                "privacy": {"delta0": 1e-5}},
+    # barrier rounds (DP-D-PSGD) on jittery Bernoulli clocks over lossy links: open barriers with what they took, their
+    # timers (timeouts, stale rounds), messages queued for a later round, parts kept for their combine, ledgers,
+    # broadcasts whose transmission holds their sender (bandwidth)
+    "barrier_dp_dpsgd": {"algorithm": {"name": "dp_dpsgd", "batch": 3, "round_timeout": 0.3, "clip": 1.0,
+                                       "noise_multiplier": 1.0},
+                         "agents": {"activation": {"kind": "bernoulli", "period": 0.5, "p": 0.7},
+                                    "clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.05},
+                                    "compute_time": {"kind": "uniform", "low": 0.02, "high": 0.3}},
+                         "network": {"bandwidth": 300.0}, "privacy": {"delta": 1e-5}},
+    # barrier rounds with compute times of each agent's own (stragglers): points waiting for the engine's gradient
+    # batches, gradients waiting for their ``local``; Muffliato's two exchanges a round (payloads made by ``combine``)
+    "barrier_stragglers": {"algorithm": {"name": "dpsgd", "batch": 2, "round_timeout": 0.4},
+                           "agents": {"activation": {"kind": "periodic", "period": 0.5},
+                                      "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.3},
+                                      "compute_time": {"kind": "uniform", "low": 0.01, "high": 0.2},
+                                      "stragglers": [0, 3], "straggler_factor": 4.0},
+                           "model": {"kind": "logistic", "batch_invariant": False}},
+    "barrier_muffliato": {"algorithm": {"name": "muffliato", "batch": 2, "round_timeout": 0.3, "clip": 1.0,
+                                        "sigma": 1.0, "gossip_steps": 2},
+                          "agents": {"activation": {"kind": "periodic", "period": 0.5},
+                                     "clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.05}},
+                          "topology": {"kind": "ring"}},
 }
 
 
@@ -170,7 +192,11 @@ def test_a_lookahead_run_killed_after_a_checkpoint_resumes_by_restore_byte_ident
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
     held = json.loads(ck.meta["state"]["windowed"]["held"]["dict"][0][1])  # the driver's plain state
     assert ck.meta["engine"] == "windowed" and ck.meta["state"]["windowed"]["round"] == ck.step > 0
-    assert held["events"] and held["payloads"] and held["shipped"]  # mid-run: in flight, rows not yet written
+    own = held["own"]
+    assert held["events"] and held["shipped"]  # mid-run: events due, rows not yet written
+    assert held["payloads"] or own["payload"]  # payloads in flight (the barrier windows keep their own)
+    if alg.startswith("barrier"):  # barriers open with what they took, parts kept for their combine
+        assert any(w and w[1] for w in own["waiter"]) and own["parts"] and own["recs"]
     if alg == "push_gossip":  # killed again after the resumed run's first checkpoint: links it has not used since
         real = checkpoint.write  # the first restore are kept as that restore left them
 
@@ -230,11 +256,17 @@ def test_ctrl_c_stops_lookahead_windows_between_two_windows_and_resume_restores(
 @pytest.mark.parametrize(("changes", "said"), [
     ({"algorithm": {"name": "dpsgd", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
     ({"agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}}, "churn or a time-varying topology"),
+    ({"algorithm": {"name": "dpsgd", "batch": 2, "round_timeout": 0.3},  # barrier rounds over bursty links
+      "network": {"burst": {"p_enter": 0.02, "p_exit": 0.25}}}, "checkpoints with link models"),
 ])
-def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, changes, said):
-    """--engine auto runs them on the events engine and says why; --engine windowed refuses them."""
+def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, monkeypatch, changes, said):
+    """--engine auto runs them on the events engine and says why; --engine windowed refuses them (a pattern whose
+    windows keep no restorable state: one that does not declare ``restores``, here the barrier rounds made so)."""
     from netsim.errors import InputError
+    from netsim.rounds.sync import SyncRounds
 
+    if "cannot be restored" in said:
+        monkeypatch.setattr(SyncRounds, "restores", False)
     sc = asynchronous(run={"checkpoint_every": 1.0}, **changes)
     r = netsim.run(scenario_from_dict(sc), out=tmp_path / "auto", engine="auto")
     assert r.summary["engine"] == "events" and said in r.summary["windowed_refused"]

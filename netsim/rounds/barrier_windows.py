@@ -44,11 +44,17 @@ engine's order: its batches hold them (``Batch.held``) and ``write_records`` wri
 order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
 completion).
 
-Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints; not a latency with no
-positive minimum), transmission times of payloads whose size the kernel does not declare (the send's wait depends on
-the bytes: compression), a time-varying topology, a kernel's own routes or local steps with their own gradients,
-gradients after the exchange, a budget cap, agents that take no gradient or ask for different ones, and the kernel's
-own reason (several messages an exchange: ``SyncRounds.refusal``).
+Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
+state is then data (``hold``: each program's round and exchange, its open barrier with what it took and its timer's
+number, its queued messages, the round records, the payloads and their references, the parameters and gradients
+waiting for ``local``, each agent's part kept for its ``combine`` with the kernel's values on it), restored by
+``netsim resume`` into a fresh driver (``take_hold``).
+
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints with link models or
+churn; not a latency with no positive minimum), transmission times of payloads whose size the kernel does not declare
+(the send's wait depends on the bytes: compression), a time-varying topology, a kernel's own routes or local steps with
+their own gradients, gradients after the exchange, a budget cap, agents that take no gradient or ask for different ones,
+and the kernel's own reason (several messages an exchange: ``SyncRounds.refusal``).
 """
 
 from __future__ import annotations
@@ -152,8 +158,8 @@ def _typical(lat) -> float:
 
 
 def play(pattern, sim, kernel) -> bool:
-    """Play a started run to its end window by window (see the module docstring); False (checkpoints are refused,
-    so no interrupt is taken between windows)."""
+    """Play a started run to its end window by window (see the module docstring); True when an interrupt stopped it
+    between two tensor works."""
     return _Driver(pattern, sim, kernel).run()
 
 
@@ -188,7 +194,7 @@ class _Driver(WindowDriver):
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
-        self.grads = _Evaluated()  # (the gradient batches' results kept as they are: no (B, P) copy in and out)
+        self.grads = _Evaluated(self.bank.W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         self.outcomes = outcomes(self.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
@@ -209,7 +215,7 @@ class _Driver(WindowDriver):
         self.patches: list[tuple[int, int]] = []  # (row of this window, pid): a send or drop of the payload
         # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
         # of the exchange before
-        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made)
+        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made; while it is read: ``decide``)
         self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
         self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
         self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
@@ -485,7 +491,8 @@ class _Driver(WindowDriver):
             self.payload.pop(rid, None)
 
     def decide(self) -> None:
-        """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows, its releases after
+        """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows (then only those of
+        payloads a message carries or whose round is open are kept: no other is read again), its releases after
         their agents' ``compute_end``."""
         self.write_records()
         buf, R, sizes, guess = self.rows.buf, RECORD.size, self.sizes, self.guess
@@ -493,6 +500,9 @@ class _Driver(WindowDriver):
             if sizes[rid] != guess:
                 _pack_size(buf, at * R + _SIZE_AT, sizes[rid])
         self.patches.clear()
+        refs, recs, payload = self.refs, self.recs, self.payload
+        for pid in [q for q in sizes if q not in refs and q not in recs and q not in payload]:
+            del sizes[pid]
         if not self.slots:
             return
         out, last = bytearray(), 0
@@ -541,6 +551,92 @@ class _Driver(WindowDriver):
                 for got, lr in steps:
                     a.record_mix(got, lr, t=t, released=released)
             self.mixes.clear()
+
+    # checkpoints (``WindowDriver.held``): between two tensor works ------------------------------------------------
+    def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
+        """Each program's round, exchange and round record, its open barrier (round, what it took, its timer's
+        number) and its queue; the round records, the completions grouped for ``local``, the payloads' bytes,
+        references and values, the releases made ahead, the parameters kept for a ``local`` and each agent's part
+        kept for its ``combine`` (the kernel's values on it: ``per_row`` ones by row)."""
+        W = self.bank.W
+        pool = _Pool(W.dtype)
+        rid, gid, order = next(self.rids), next(self.gids), next(self.order)  # (read, and skipped: keys only)
+        parts: dict[int, tuple] = {}  # the parts by the batch they are rows of: (batch, its kept values, rids, rows)
+        for r, (b, n, (kept, _)) in self.parts.items():
+            e = parts.get(id(b))
+            if e is None:
+                e = parts[id(b)] = (b, kept, [], [])
+            e[2].append(r)
+            e[3].append(n)
+        groups, per_row = [], self.kernel.per_row
+        for b, kept, rids, ns in parts.values():
+            groups.append({"rids": rids, "agents": [b.agents[n].id for n in ns], "s": b.s,
+                           "out": [pool.add(b.out[n]) for n in ns],
+                           "sizes": None if b.sizes is None else [b.sizes[n] for n in ns],
+                           "x": pool.add(_join([(b.x, n) for n in ns])),
+                           "g": pool.add(None if b.g is None else _join([(b.g, n) for n in ns])),
+                           "kept": [[name, True, pool.add([b.cut(name, v, n, per_row) for n in ns])]
+                                    if name in per_row and v is not None else [name, False, pool.add(v)]
+                                    for name, v in kept.items()]})
+        x_keys = list(self.x_at)
+        own = {"k": self.k, "s": self.s, "rid": self.rid, "next": [rid, gid, order], "flushed": self.flushed,
+               "waiter": [None if w is None else [w.round, list(w.got.items()), w.gid] for w in self.waiter],
+               "queue": [list(q) for q in self.queue], "recs": list(self.recs.items()),
+               "pend": [[t, list(g.items())] for t, g in self.pend.items()], "localed": sorted(self.localed),
+               "sizes": list(self.sizes.items()), "refs": list(self.refs.items()),
+               "released": list(self.released.items()),
+               "payload": [[pid, pool.add(v)] for pid, v in self.payload.items()],
+               "x_at": [x_keys, pool.add(_join([self.x_at[r] for r in x_keys]) if x_keys else None)],
+               "parts": groups}
+        return {**own, "pool": pool.shapes()}, pool.tensors()
+
+    def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
+        n = len(self.agents)
+        if any(len(own[k]) != n for k in ("k", "s", "rid", "waiter", "queue")):
+            raise ValueError(f"held.own: not {n} agents' state")
+        pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
+        self.k[:], self.s[:], self.rid[:] = own["k"], own["s"], own["rid"]
+        for count, m in zip((self.rids, self.gids, self.order), own["next"], strict=True):
+            deque(itertools.islice(count, m + 1), maxlen=0)  # (the closure's counters, where they stood)
+        self.flushed = own["flushed"]
+        agents = self.agents
+        self.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
+                          for i, w in enumerate(own["waiter"])]
+        for w, saved in zip(self.waiter, own["waiter"], strict=True):
+            if w is not None:
+                w.got.update((src, r) for src, r in saved[1])
+        self.queue[:] = [deque(tuple(m) for m in q) for q in own["queue"]]
+        self.recs.update((r, list(rec)) for r, rec in own["recs"])
+        self.pend.update((t, {i: tuple(v) for i, v in g}) for t, g in own["pend"])
+        self.localed.update(own["localed"])
+        self.sizes.update(own["sizes"])
+        self.refs.update(own["refs"])
+        self.released.update((r, [tuple(row) for row in rows]) for r, rows in own["released"])
+        self.payload.update((pid, pool.get(v)) for pid, v in own["payload"])
+        keys, x = own["x_at"]
+        if keys:
+            x = pool.get(x)
+            self.x_at.update((r, (x, m)) for m, r in enumerate(keys))
+        for g in own["parts"]:
+            b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.state)
+            b.s, b.out, b.sizes = g["s"], [pool.get(v) for v in g["out"]], g["sizes"]
+            for name, rows, v in g["kept"]:
+                v = pool.get(v)
+                if rows:  # (each row as ``Batch.cut`` made it: a (1, ...) tensor or a one-item list)
+                    v = torch.cat(v) if all(isinstance(u, torch.Tensor) for u in v) else [u[0] for u in v]
+                setattr(b, name, v)
+            cuts = self.cuts(b)
+            self.parts.update((r, (b, m, cuts)) for m, r in enumerate(g["rids"]))
+        if self.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
+            keys = list(self.at_of)
+            at = torch.stack([self.at_of[k] for k in keys])
+            self.at_of.update((k, (at, m)) for m, k in enumerate(keys))
+        for q in self.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys again
+            q[:] = [(t, seq, kind, i, {int(src): r for src, r in v.items()} if kind == BARRIER else v)
+                    for t, seq, kind, i, v in q]
+
+    def points_kept(self, tickets: list[int]) -> torch.Tensor:
+        return _join([self.at_of[k] for k in tickets])
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -811,15 +907,25 @@ class _Driver(WindowDriver):
 
 
 class _Evaluated:
-    """The gradients evaluated and not yet taken by a ``local``, by ticket (``RowStore``'s ``put``, ``take`` and
-    ``row_of``): each kept as (its batch's result tensor, its row), the result itself kept, not copied into a store
-    (a batch's gradients are its own: no one writes them). A ``local`` of a whole batch in order takes that tensor
-    (``_join``); others a copy of their rows. Not for checkpoints (the barrier windows refuse them)."""
+    """The gradients evaluated and not yet taken by a ``local``, by ticket (``RowStore``'s ``put``, ``take``,
+    ``row_of``, ``save`` and ``load``): each kept as (its batch's result tensor, its row), the result itself kept, not
+    copied into a store (a batch's gradients are its own: no one writes them). A ``local`` of a whole batch in order
+    takes that tensor (``_join``); others a copy of their rows."""
 
-    __slots__ = ("row_of",)
+    __slots__ = ("row_of", "none")
 
-    def __init__(self):
+    def __init__(self, like: torch.Tensor):
         self.row_of: dict[int, tuple[torch.Tensor, int]] = {}
+        self.none = like[:0].clone()  # (no rows)
+
+    def save(self) -> tuple[list[int], torch.Tensor]:
+        """The keys kept and their rows (a checkpoint's)."""
+        keys = list(self.row_of)
+        return keys, _join([self.row_of[k] for k in keys]) if keys else self.none
+
+    def load(self, keys: list[int], rows: torch.Tensor) -> None:
+        if keys:
+            self.put(keys, rows)
 
     def put(self, keys, src: torch.Tensor) -> None:
         self.row_of.update(zip(keys, zip(itertools.repeat(src), range(len(src)))))
@@ -827,6 +933,72 @@ class _Evaluated:
     def take(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, which are then forgotten."""
         return _join(list(map(self.row_of.pop, keys)), share=True)
+
+
+class _Pool:
+    """A checkpoint's values of the driver (payloads, the kernel's values kept on a part) as JSON and a few tensors:
+    a tensor of the bank's dtype into the stack of its shape (one array a shape, not one a payload), another tensor as
+    its values' list (exact), a list or tuple item by item, a plain value as it is; anything else by its type's name,
+    refused when restored."""
+
+    __slots__ = ("dtype", "device", "index", "stacks")
+
+    def __init__(self, dtype: torch.dtype | None, device: torch.device | None = None):
+        self.dtype, self.device, self.index, self.stacks = dtype, device, {}, []
+
+    def add(self, v) -> object:
+        if v is None or type(v) in (bool, int, float, str):
+            return v
+        if isinstance(v, torch.Tensor):
+            if v.dtype != self.dtype:
+                return {"values": v.tolist(), "dtype": str(v.dtype).removeprefix("torch.")}
+            k = self.index.get(v.shape)
+            if k is None:
+                k = self.index[v.shape] = len(self.stacks)
+                self.stacks.append([])
+            self.stacks[k].append(v)
+            return {"t": [k, len(self.stacks[k]) - 1]}
+        if isinstance(v, (list, tuple, RowViews)):
+            return {"tuple" if type(v) is tuple else "list": [self.add(u) for u in v]}
+        if isinstance(v, np.generic):
+            return v.item()
+        return {"type": type(v).__name__}
+
+    def shapes(self) -> list[list[int]]:
+        return [list(shape) for shape in self.index]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f"pool.{k}": torch.stack(rows) for k, rows in enumerate(self.stacks)}
+
+    @classmethod
+    def of(cls, shapes: list, tensors: dict[str, torch.Tensor], device: torch.device) -> _Pool:
+        """``shapes`` and ``tensors`` back as a pool to ``get`` values from (on ``device``); ValueError where they do
+        not match."""
+        pool = cls(None, device)
+        for k, shape in enumerate(shapes):
+            t = tensors[f"pool.{k}"]
+            if list(t.shape[1:]) != shape:
+                raise ValueError(f"held.own.pool.{k}: not rows of shape {shape}")
+            pool.stacks.append(t)
+        return pool
+
+    def get(self, v) -> object:
+        """A value ``add`` gave back as it was."""
+        if not isinstance(v, dict):
+            return v
+        if "t" in v:
+            k, n = v["t"]
+            return self.stacks[k][n]
+        if "values" in v:
+            dtype = getattr(torch, v["dtype"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"held: {v['dtype']!r} is not a dtype")
+            return torch.tensor(v["values"], dtype=dtype, device=self.device)
+        if "list" in v:
+            return [self.get(u) for u in v["list"]]
+        if "tuple" in v:
+            return tuple(self.get(u) for u in v["tuple"])
+        raise ValueError(f"held: a {v.get('type', 'value')!r} kept by the driver cannot be restored")
 
 
 def _join(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:

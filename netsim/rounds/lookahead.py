@@ -20,8 +20,8 @@ Checkpoints are cut between two windows, once their tensor work is done (``Simul
 driver's state is then data (``held``: its event queue, the payloads in flight, the gradients waiting for their
 update and the requests waiting for their batch, each agent's place in its activation, the trace rows not yet
 written), and ``netsim resume`` restores it into a freshly built simulation (sim/restore.py) instead of
-recomputing. Every pattern's lookahead windows restore but the barrier windows (rounds/barrier_windows.py); refused
-(``checkpoint_refusal``): those, and link models, churn and time-varying topologies, whose state is not restored.
+recomputing. The built-in patterns' lookahead windows restore; refused (``checkpoint_refusal``): link models, churn and
+time-varying topologies, whose state is not restored.
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -841,7 +841,7 @@ class WindowDriver:
         pay_keys, pay_rows = self.payloads.save()
         grad_keys, grad_rows = self.grads.save()
         at_keys = list(self.at_of)
-        at_rows = torch.stack([self.at_of[k] for k in at_keys]) if at_keys else self.bank.W[:0].clone()
+        at_rows = self.points_kept(at_keys) if at_keys else self.bank.W[:0].clone()
         own, tensors = self.hold()
         st = self.stats
         plain = {"now": self.now, "seq": seq, "events": events, "pending_lo": self.pending_lo,
@@ -880,6 +880,10 @@ class WindowDriver:
         shipped.put(base64.b64decode(plain["shipped"]))
         self.unfinished = sum(not a.finished for a in self.agents)
         self.take_hold(plain["own"], {k[4:]: v for k, v in held.items() if k.startswith("own.")})
+
+    def points_kept(self, tickets: list[int]) -> torch.Tensor:
+        """The points ``at_of`` keeps for ``tickets``, as one tensor's rows (``held``), still kept."""
+        return torch.stack([self.at_of[k] for k in tickets])
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         """A driver's own state between two windows for ``held``: (JSON data, tensors by name)."""

@@ -134,6 +134,7 @@ class SyncRounds(Pattern):
     curves: ClassVar[bool] = True
     until: ClassVar[bool] = True
     lookahead: ClassVar[bool] = True  # agents on their own clocks: lookahead windows (rounds/barrier_windows.py)
+    restores: ClassVar[bool] = True  # their checkpoints are restored (rounds/barrier_windows.py)
     dynamic: ClassVar[bool] = True  # each activation adopts its epoch's links (``Exchange.adopt``)
     tag: str = "model"
     reads: frozenset[str] = frozenset({"round_timeout"})

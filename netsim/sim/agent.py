@@ -349,7 +349,7 @@ class Agent:
         if ahead is not None:
             self._ahead = DrawsAhead.restored(self._batch_rng, len(self.rows), ahead)
         if compute is not None:
-            self._compute.resume(compute)
+            self._compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
 
     def compute_time(self, now: float) -> float:
         """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of

@@ -21,7 +21,9 @@ resumed by re-executing the run up to them (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import base64
 import gc
+import json
 import math
 import operator
 from array import array
@@ -320,10 +322,10 @@ def _restore(sim, ckpt) -> None:
     if win is not None:  # lookahead windows: where each agent's Poisson gaps and clock jitter stand
         for a, gap in zip(loop.agents, win["gaps"], strict=True):
             if gap is not None:
-                a.schedule.gap.resume(gap)
+                a.schedule.gap.resume(gap, later=True)
         if win["jitter"] is not None:
             for d, pos in zip(world.activation_moves.jitter, win["jitter"], strict=True):
-                d.resume(pos)
+                d.resume(pos, later=True)
     for key, saved in st["ledgers"].items():
         _ledger(loop.agents[int(key)], saved, arrays, key)
     kernel = sim.program
@@ -356,7 +358,44 @@ def _restore(sim, ckpt) -> None:
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
+    if win is not None:
+        _driver_state(held)
     loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None)
+
+
+def _driver_state(held: Any) -> None:
+    """A lookahead driver's state (``WindowDriver.held``) as its ``take`` reads it: the JSON text of a dict of its
+    keys, each of its kind, and the tensors beside it; ValueError names the first that is not (a resume refuses it
+    before the run goes on, rather than fail in it)."""
+    where = "state.windowed.held"
+    plain = json.loads(held["json"]) if isinstance(held, dict) and isinstance(held.get("json"), str) else None
+    if not isinstance(plain, dict):
+        raise ValueError(f"{where} is not a lookahead driver's state")
+    events, tickets, stats = plain.get("events"), plain.get("tickets"), plain.get("stats")
+    lists = {k: isinstance(plain.get(k), list) for k in ("payloads", "grads", "at", "words")}
+    checks = {
+        "now": _number(plain.get("now")),
+        "seq": _int(plain.get("seq")),
+        "events": isinstance(events, list) and _lists(events, 5) and all(
+            type(e[0]) in (int, float) and e[0] == e[0] and _int(e[1]) and _int(e[2]) and _int(e[3], -1)
+            for e in events),  # (a time may be infinite: never)
+        "pending_lo": _int(plain.get("pending_lo")),
+        "tickets": isinstance(tickets, list) and len(tickets) == 3 and _int(tickets[0]) and _int(tickets[1])
+        and isinstance(tickets[2], list),
+        "stats": isinstance(stats, list) and len(stats) == 3 and _ints(stats),
+        "shipped": isinstance(plain.get("shipped"), str),
+        "own": isinstance(plain.get("own"), dict),
+        "payloads": lists["payloads"],  # (keys of the driver's own kind)
+        "grads": lists["grads"] and _ints(plain["grads"]),
+        "at": lists["at"] and _ints(plain["at"]),
+        "words": lists["words"] and _strs(plain["words"]),
+        "tensors": all(isinstance(held.get(k), torch.Tensor) for k in ("payloads", "grads", "at")) and all(
+            isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own.")),
+    }
+    bad = [key for key, ok in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{where}.{bad[0]} is not what a lookahead driver holds between two windows")
+    base64.b64decode(plain["shipped"], validate=True)  # (binascii.Error: a ValueError)
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:

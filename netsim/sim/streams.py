@@ -254,7 +254,7 @@ class Draws:
     values again from there and go on from the same value (``resume``).
     """
 
-    __slots__ = ("_fill", "_it", "_rng", "_from", "_size")
+    __slots__ = ("_fill", "_it", "_rng", "_from", "_size", "_used")
 
     def __init__(self, fill: Callable[[int], np.ndarray], rng: np.random.Generator | None = None):
         self._fill = fill
@@ -262,11 +262,15 @@ class Draws:
         self._rng = rng
         self._from: tuple[int, int, int] | None = None  # the stream's (state, has_uint32, uinteger) before the block
         self._size = 0  # the current block's length (0: none drawn yet)
+        self._used: int | None = None  # resumed (``resume``): the values of the block used, the block not drawn yet
 
     def __call__(self) -> float:
         try:
             return next(self._it)
         except StopIteration:
+            if self._used is not None:  # resumed: the block it stood in, drawn again where it is first needed
+                self._redraw()
+                return self()
             if self._rng is not None:
                 self._from = state_of(self._rng)
             self._refill()
@@ -284,16 +288,23 @@ class Draws:
         """[state, has_uint32, uinteger, values used] of the current block (None: nothing drawn yet)."""
         if self._from is None:
             return None
+        if self._used is not None:
+            return [*self._from, self._used]
         red = self._it.__reduce__()  # (iter, (block,), index), or (iter, ((),)) once the block is used up
         return [*self._from, red[2] if len(red) == 3 else self._size]
 
-    def resume(self, pos: list[int] | None, keep_stream: bool = False) -> None:
+    def resume(self, pos: list[int] | None, keep_stream: bool = False, later: bool = False) -> None:
         """Stand where ``position`` said: the same block drawn again from the stream, ``pos[3]`` values used
-        (``keep_stream``: the stream is then put back where it stands now, already restored)."""
+        (``keep_stream``: the stream is then put back where it stands now, already restored; ``later``: the block
+        drawn at the next draw, the stream put back where it stands then: a restore of many agents' samplers,
+        which sets every stream's position after them, draws no block before it is used)."""
         if pos is None:
             return
         if self._rng is None:
             raise ValueError("a Draws without its stream cannot be restored")
+        if later:
+            self._from, self._used, self._it = tuple(pos[:3]), pos[3], iter(())
+            return
         now = state_of(self._rng) if keep_stream else None
         set_state(self._rng, pos[:3])
         self._from = tuple(pos[:3])
@@ -301,6 +312,16 @@ class Draws:
         self._it.__setstate__(pos[3])
         if now is not None:
             set_state(self._rng, now)
+
+    def _redraw(self) -> None:
+        """The block ``resume`` stands in, drawn again from the stream (put back where it stood), ``_used`` values
+        used."""
+        now = state_of(self._rng)
+        set_state(self._rng, self._from)
+        self._refill(BLOCK)  # the same values as the block it stood in, however long that was
+        self._it.__setstate__(self._used)
+        self._used = None
+        set_state(self._rng, now)
 
 
 class FirstDrawn(Draws):
