@@ -177,28 +177,21 @@ class SyncRounds(Pattern):
     def program(self, kernel, agent, p) -> Generator:
         """One agent's rounds in the events engine: the kernel's hooks on a batch of one, or, for a kernel of the
         mix-and-step shape (``MixStepKernel``), that shape's round as one plain loop."""
-        return (self._mix_steps if _mix_step(kernel) and not self.more else self._rounds)(kernel, agent, p)
-
-    def _mix_steps(self, kernel, agent, p) -> Generator:
-        """``MixStepKernel``'s rounds: what its ``local`` and ``combine`` do on a batch of one, called on the agent
-        (send x_i^k, then mix what arrived and step by gamma_k g_i), with no batch to renew and no view of a row."""
         state = kernel.state_of(agent, p)
-        wake, i, ask, gather, broadcast, mix = (agent.wake, agent.id, agent.gradient, agent.gather, agent.broadcast,
-                                                agent.mix_into_params)
-        gradient, step_size, tag, timeout = kernel.gradient, kernel.step_size, self.tag, p.round_timeout
-        k = 0
-        while True:
-            yield wake()
-            x = agent.params
-            req = gradient(p, state, i)
-            g = None if req is None else (yield ask(req.batch, x, req.clip, req.clip_kind))
-            yield broadcast(x, tag, k)
-            mix(x, (yield gather(tag, k, None, timeout)), step=g, lr=step_size(p, k))
-            k += 1
-
-    def _rounds(self, kernel, agent, p) -> Generator:
-        """One agent's rounds in the events engine (a batch of one)."""
-        state = kernel.state_of(agent, p)
+        if _mix_step(kernel) and not self.more:  # what its local and combine do on a batch of one, called on the
+            # agent (send x_i^k, then mix what arrived and step by gamma_k g_i): no batch to renew, no view of a row
+            wake, i, ask, gather, broadcast, mix = (agent.wake, agent.id, agent.gradient, agent.gather,
+                                                    agent.broadcast, agent.mix_into_params)
+            gradient, step_size, tag, timeout = kernel.gradient, kernel.step_size, self.tag, p.round_timeout
+            k = 0
+            while True:
+                yield wake()
+                x = agent.params
+                req = gradient(p, state, i)
+                g = None if req is None else (yield ask(req.batch, x, req.clip, req.clip_kind))
+                yield broadcast(x, tag, k)
+                mix(x, (yield gather(tag, k, None, timeout)), step=g, lr=step_size(p, k))
+                k += 1
         ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         own = Batch([agent], 0, None, None, state)  # the agent's batch of one, renewed each round
