@@ -100,6 +100,34 @@ def test_an_edit_to_a_kernel_changes_both_engines_identically(tmp_path, monkeypa
     assert not torch.equal(after["events"]["W"], before["events"]["W"])
 
 
+def test_the_mix_and_step_loop_is_the_generic_programs_bits(tmp_path, monkeypatch):
+    """D-PSGD is a ``MixStepKernel``: the events engine runs it as one plain loop per agent. With a decaying step, lossy
+    links, jittered latencies and compute times (timeouts, stale messages, arrivals out of order), that loop gives the
+    bits of the generic program that calls its ``local`` and ``combine`` on a batch of one."""
+    from netsim.rounds import sync
+
+    sc = base(n=7, rounds=6, lr_decay=0.3, round_timeout=0.03)
+    sc["network"] = {"latency": {"kind": "lognormal", "mean": 0.012, "sigma": 0.6}, "loss": 0.15}
+    sc["agents"]["compute_time"] = {"kind": "uniform", "low": 0.005, "high": 0.02}
+    runs, used, mix_step = {}, [], sync._mix_step
+    for plain in (True, False):
+        monkeypatch.setattr(sync, "_mix_step", lambda kernel, plain=plain: used.append(plain and mix_step(kernel))
+                            or used[-1])
+        built: list = []
+        r = netsim.run(scenario_from_dict(sc), out=tmp_path / str(plain), setup=built.append, engine="events")
+        folder = tmp_path / str(plain)
+        runs[plain] = ((folder / "trace.arrows").read_bytes(), (folder / "metrics.csv").read_text(),
+                       built[0].bank.W.clone(), r.summary["events"])
+        monkeypatch.undo()
+    assert used == [True] * 7 + [False] * 7  # each agent's program: the plain loop, then the generic
+    (t1, m1, w1, e1), (t2, m2, w2, e2) = runs[True], runs[False]
+    assert t1 == t2 and m1 == m2 and e1 == e2 and torch.equal(w1, w2)
+    from netsim.trace.io import read_trace
+
+    kinds = read_trace(tmp_path / "True" / "trace.arrows").table.column("kind").to_pylist()
+    assert {"drop", "timeout"} <= set(kinds)  # the lossy paths were taken
+
+
 def kernels() -> list[tuple[str, RoundKernel, type]]:
     registry.names()  # the built-ins registered
     return [(name, prog, params) for name, (prog, params) in sorted(registry.REGISTRY.items())

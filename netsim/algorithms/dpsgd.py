@@ -13,7 +13,8 @@ from __future__ import annotations
 import attrs
 
 from netsim.algorithms.registry import register
-from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
+from netsim.rounds import GradientRequest, SyncRounds
+from netsim.rounds.sync import MixStepKernel
 from netsim.scenario.structure import at_least, field, nonneg, positive
 from netsim.sim.network import payload_size
 
@@ -28,12 +29,12 @@ class DPSGDParams:
 
 
 @register("dpsgd", DPSGDParams)
-class DPSGD(SyncKernel):
-    """Round k of every agent i: send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k - gamma_k grad F_i(x_i^k; xi_i^k)."""
+class DPSGD(MixStepKernel):
+    """Round k of every agent i: send x_i^k, then x_i^{k+1} = sum_j W_ij x_j^k - gamma_k grad F_i(x_i^k; xi_i^k)
+    (Algorithm 1, line 6: the mix-and-step round of ``MixStepKernel``)."""
 
     pattern = SyncRounds(tag="model")
     reads = frozenset({"lr", "batch", "lr_decay"})
-    batch_local = False  # its local step only sends x: nothing for the events engine to batch
 
     def gradient(self, p, state, i):
         return GradientRequest.of(p.batch)                              # grad F_i(x_i^k), batched
@@ -41,12 +42,8 @@ class DPSGD(SyncKernel):
     def payload_bytes(self, p, state, params):
         return payload_size(params)                                  # x_i^k: a row of x
 
-    def local(self, b, p):
-        b.send(b.x)                                                  # x_i^k to the out-neighbours
-
     def any_round(self, p):
-        return not p.lr_decay                                         # gamma_k = lr: b.k is not read
+        return not p.lr_decay                                         # gamma_k = lr: k is not read
 
-    def combine(self, b, p, got):
-        lr = p.lr / (1.0 + p.lr_decay * b.k) if p.lr_decay else p.lr  # (lr / 1.0 == lr: the same bits)
-        b.mix_into_params(b.x, got, step=b.g, lr=lr)                 # Algorithm 1, line 6
+    def step_size(self, p, k):
+        return p.lr / (1.0 + p.lr_decay * k) if p.lr_decay else p.lr  # gamma_k (lr / 1.0 == lr: the same bits)

@@ -125,6 +125,37 @@ class SyncKernel(RoundKernel):
         raise NotImplementedError
 
 
+class MixStepKernel(SyncKernel):
+    """A barrier round of D-PSGD's shape (Lian et al., NeurIPS 2017, Algorithm 1, lines 4-6): agent i sends its
+    model x_i^k and takes x_i^{k+1} = sum_j W_ij x_j^k - gamma_k g_i, with g_i the gradient it asked for (``gradient``;
+    none: the mix alone). A kernel of this shape states its request and gamma_k (``step_size``); ``local`` and
+    ``combine`` are the shape's, so the events engine runs its rounds as one plain loop per agent, with no batch of
+    one (``SyncRounds.program``). One that overrides ``local``, ``combine`` or a hook shaping the round (``asks``,
+    ``routes``, ``exchanges``, ``horizon``) is run by the generic program."""
+
+    batch_local: ClassVar[bool] = False  # its local step only sends x: nothing for the events engine to batch
+
+    def step_size(self, p: Any, k: int) -> float:
+        """gamma_k, the step size of round k."""
+        raise NotImplementedError
+
+    def local(self, b: Batch, p: Any) -> None:
+        b.send(b.x)                                                         # x_i^k to the out-neighbours
+
+    def combine(self, b: Batch, p: Any, got: Sequence[dict]) -> None:
+        b.mix_into_params(b.x, got, step=b.g, lr=self.step_size(p, b.k))    # sum_j W_ij x_j^k - gamma_k g_i
+
+
+_SHAPED = ("local", "combine", "asks", "routes", "exchanges", "horizon")  # the hooks a MixStepKernel keeps as they are
+
+
+def _mix_step(kernel) -> bool:
+    """Whether the kernel is of the mix-and-step shape with every hook that shapes its round as the shape's."""
+    t = type(kernel)
+    return isinstance(kernel, MixStepKernel) and not kernel.first_gradient and all(
+        getattr(t, h) is getattr(MixStepKernel, h) for h in _SHAPED)
+
+
 @attrs.frozen
 class SyncRounds(Pattern):
     """The pattern: messages tagged ``tag``, round k's barrier waits ``params.round_timeout`` seconds."""
@@ -145,8 +176,23 @@ class SyncRounds(Pattern):
     more: tuple[str, ...] = ()
 
     def program(self, kernel, agent, p) -> Generator:
-        """One agent's rounds in the events engine (a batch of one)."""
+        """One agent's rounds in the events engine: the kernel's hooks on a batch of one, or, for a kernel of the
+        mix-and-step shape (``MixStepKernel``), that shape's round as one plain loop."""
         state = kernel.state_of(agent, p)
+        if _mix_step(kernel) and not self.more:  # what its local and combine do on a batch of one, called on the
+            # agent (send x_i^k, then mix what arrived and step by gamma_k g_i): no batch to renew, no view of a row
+            wake, i, ask, gather, broadcast, mix = (agent.wake, agent.id, agent.gradient, agent.gather,
+                                                    agent.broadcast, agent.mix_into_params)
+            gradient, step_size, tag, timeout = kernel.gradient, kernel.step_size, self.tag, p.round_timeout
+            k = 0
+            while True:
+                yield wake()
+                x = agent.params
+                req = gradient(p, state, i)
+                g = None if req is None else (yield ask(req.batch, x, req.clip, req.clip_kind))
+                yield broadcast(x, tag, k)
+                mix(x, (yield gather(tag, k, None, timeout)), step=g, lr=step_size(p, k))
+                k += 1
         ahead = None if _local_steps(kernel) or not kernel.batch_local else \
             agent.service((LocalAhead, kernel), lambda: LocalAhead(kernel, p, state))
         own = Batch([agent], 0, None, None, state)  # the agent's batch of one, renewed each round
