@@ -722,14 +722,23 @@ class _Driver(WindowDriver):
                             for e in g["kept"])):
                 return "own.parts"
             parts.update(g["rids"])
-        try:  # every pooled value as ``take_hold`` gets it
+        try:  # every pooled value as ``take_hold`` gets it: the payloads, parameters and parts of their kinds
             pool = _Pool.of(own["pool"], tensors, torch.device("cpu"))
-            for v in [*(v for _, v in own["payload"]), x_at[1],
-                      *(v for g in own["parts"] for v in (*g["out"], g["x"], g["g"], *(e[2] for e in g["kept"])))]:
-                pool.get(v)
+            rows = lambda v, m: isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v) == m  # noqa: E731
+            if not all(isinstance(pool.get(v), (torch.Tensor, tuple, list)) for _, v in own["payload"]):
+                return "own.payload"
+            if not (rows(pool.get(x_at[1]), len(x_at[0])) if x_at[0] else x_at[1] is None):
+                return "own.x_at"
+            for g in own["parts"]:
+                m = len(g["rids"])
+                if not (rows(pool.get(g["x"]), m) and (g["g"] is None or rows(pool.get(g["g"]), m))
+                        and all(isinstance(pool.get(v), (torch.Tensor, tuple, list)) for v in g["out"])):
+                    return "own.parts"
+                for e in g["kept"]:
+                    pool.get(e[2])
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError):
             return "own.pool"
-        rid = own["rid"]
+        rid, asked = own["rid"], set(plain["grads"])
         for t, _, kind, i, v in plain["events"]:  # (the run's own events: ``WindowDriver.check_own``)
             if kind in (ACT, DONE, ARR, TIMER, BARRIER, SENT) and not int_in(i, 0, n):
                 return "events"
@@ -737,7 +746,8 @@ class _Driver(WindowDriver):
             if kind == ACT:
                 ok = number(v)
             elif kind == DONE:  # its gradient back: its record's ``local`` (with those done at its instant)
-                ok = int_in(v, 0, plain["tickets"][0]) and rid[i] in recs and (
+                ok = int_in(v, 0, plain["tickets"][0]) and (v >= plain["tickets"][1] or v in asked) \
+                    and rid[i] in recs and (
                     not ahead or rid[i] in localed or t in instants)
             elif kind == ARR:
                 ok = isinstance(v, list) and len(v) == 5 and msg([v[0], v[1], v[2], v[4]]) and number(v[3])

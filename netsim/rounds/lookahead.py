@@ -940,7 +940,10 @@ def check_restored(sim) -> None:
     cls = getattr(importlib.import_module(f"netsim.rounds.{module}"), qualname, None) if module in DRIVERS else None
     if not (isinstance(cls, type) and issubclass(cls, WindowDriver)):
         raise ValueError(f"state.windowed.held.driver: {name!r} is not a lookahead driver")
-    bad = cls.check_own(sim, b.plain, {k[4:]: v for k, v in b.held.items() if k.startswith("own.")})
+    try:
+        bad = cls.check_own(sim, b.plain, {k[4:]: v for k, v in b.held.items() if k.startswith("own.")})
+    except (TypeError, KeyError, IndexError, AttributeError, ValueError):  # (a value of another kind than checked)
+        bad = "own"
     if bad is not None:
         raise ValueError(f"state.windowed.held.{bad} is not what {qualname} holds between two windows")
 
@@ -1096,6 +1099,45 @@ class _Driver(WindowDriver):
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         return {"inbox": self.inbox, "got": self.got, "pos": self.pos,
                 "picks": [p.held for p in self.peers]}, {"X": self.X}
+
+    KINDS = frozenset((ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF))
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as push gossip goes on from it: each agent's inbox and what its activation merges (models
+        kept under their message ids), the picks drawn ahead (places among its neighbours), each program's x; the
+        pushes in flight (their models kept) and the completions (their gradients asked for or kept)."""
+        from netsim.sim.restore import int_in, ints_in, number
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents = plain["own"], sim.loop.agents
+        n, kept = len(agents), set(plain["payloads"])
+        if set(own) != {"inbox", "got", "pos", "picks"}:
+            return "own"
+        lists = lambda v: isinstance(v, list) and len(v) == n and all(isinstance(e, list) for e in v)  # noqa: E731
+        if not (lists(own["inbox"]) and all(all(m in kept for m in box) for box in own["inbox"])):
+            return "own.inbox"
+        got, pos = own["got"], own["pos"]
+        if not (isinstance(pos, list) and len(pos) == n and ints_in(pos)):
+            return "own.pos"
+        if not (lists(got) and all(p <= len(g) and all(m in kept for m in g[p:]) for g, p in zip(got, pos))):
+            return "own.got"
+        if not (lists(own["picks"]) and all(ints_in(picks, 0, max(1, len(a.neighbors)))
+                                            for a, picks in zip(agents, own["picks"]))):
+            return "own.picks"
+        X = tensors.get("X")
+        if set(tensors) != {"X"} or X.shape != sim.world.bank.W.shape:
+            return "own.X"
+        lo, asked = plain["tickets"][1], set(plain["grads"])
+        for _t, _, kind, i, v in plain["events"]:
+            if kind in (ACT, DONE, ARR) and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
+                    or kind == ARR and not (isinstance(v, list) and len(v) == 5 and v[0] in kept
+                                            and int_in(v[1], 0, n) and int_in(v[2]) and number(v[3]) and int_in(v[4])):
+                return "events"
+        return None
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         n = len(self.agents)

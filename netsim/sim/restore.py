@@ -412,14 +412,33 @@ def _driver_state(held: Any, n: int) -> dict:
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
-        "tensors": all(isinstance(held.get(k), torch.Tensor) for k in ("payloads", "grads", "at")) and all(
-            isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own.")),
+        "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
+                       for k in ("payloads", "grads", "at"))
+        and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own."))
+        and all(len(plain[k]) == len(held[k]) and len(set(plain[k])) == len(plain[k])  # (a row a key)
+                for k in ("payloads", "grads", "at") if lists[k]),
     }
     bad = [key for key, ok in checks.items() if not ok]
     if bad:
         raise ValueError(f"{where}.{bad[0]} is not what a lookahead driver holds between two windows")
-    base64.b64decode(plain["shipped"], validate=True)  # (binascii.Error: a ValueError)
+    try:
+        shipped = base64.b64decode(plain["shipped"], validate=True)
+    except ValueError:  # (binascii.Error)
+        raise ValueError(f"{where}.shipped is not base64 text") from None
+    _shipped(shipped, len(plain["words"]))
     return plain
+
+
+def _shipped(data: bytes, words: int) -> None:
+    """The driver's trace rows not yet written (``PackedRows``' bytes): whole rows whose strings are its words;
+    ValueError where they are not."""
+    from netsim.trace.io import RECORD, SCHEMA, packed_columns
+
+    if len(data) % RECORD.size:
+        raise ValueError("state.windowed.held.shipped is not whole rows of the trace")
+    cols = dict(zip((f.name for f in SCHEMA), packed_columns(data), strict=True))
+    if len(data) and not all(0 <= cols[k].min() and cols[k].max() < words for k in ("kind", "tag")):
+        raise ValueError("state.windowed.held.shipped holds a string that is not one of the driver's words")
 
 
 def _row_dtype(kind: Any, rows: Any) -> bool:
