@@ -637,6 +637,7 @@ class _Driver(WindowDriver):
                     for t, seq, kind, i, v in q]
 
     KINDS = frozenset((ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF, TIMER, BARRIER, SENT))
+    WORDS = (Stale.kind,)
 
     @classmethod
     def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
@@ -662,13 +663,14 @@ class _Driver(WindowDriver):
         if not (isinstance(nxt, list) and len(nxt) == 3 and ints_in(nxt, -1, 2**62)):
             return "own.next"
         pid_top, gid_top = nxt[0] + 1, nxt[1] + 1  # (every number taken before the counters stood there)
-        for key, low, high in (("k", 0, 2**62), ("s", 0, steps), ("rid", -1, pid_top)):
+        top = 2**31 // steps - 1  # (a message round, k * steps + s, is a trace row's 32-bit round)
+        for key, low, high in (("k", 0, top), ("s", 0, steps), ("rid", -1, pid_top)):
             if not (isinstance(own[key], list) and len(own[key]) == n and ints_in(own[key], low, high)):
                 return f"own.{key}"
         if not int_in(own["flushed"], 0, plain["tickets"][0] + 1):
             return "own.flushed"
-        rec = lambda r: isinstance(r, list) and len(r) == 5 and int_in(r[0], 0, n) and int_in(r[1]) \
-            and numbers(r[2:3]) and int_in(r[3]) and numbers(r[4:])  # noqa: E731
+        rec = lambda r: isinstance(r, list) and len(r) == 5 and int_in(r[0], 0, n) and int_in(r[1], 0, top) \
+            and numbers(r[2:3]) and int_in(r[3], 0, 2**31) and numbers(r[4:])  # noqa: E731
         if not pairs(own["recs"], rec) or not ints_in([r for r, _ in own["recs"]], 0, pid_top):
             return "own.recs"
         recs = {r: v for r, v in own["recs"]}
@@ -679,8 +681,8 @@ class _Driver(WindowDriver):
         if not pairs(own["payload"], pooled):
             return "own.payload"
         held = refs & {r for r, _ in own["payload"]}  # (a message's payload: referenced, its value kept)
-        msg = lambda m: isinstance(m, list) and len(m) == 4 and int_in(m[0]) and int_in(m[1], 0, n) \
-            and m[2] in held and int_in(m[3])  # noqa: E731  (message id, sender, payload, message round)
+        msg = lambda m: isinstance(m, list) and len(m) == 4 and int_in(m[0], 0, 2**62) and int_in(m[1], 0, n) \
+            and m[2] in held and int_in(m[3], 0, 2**31)  # noqa: E731  (message id, sender, payload, message round)
         waiter, queue = own["waiter"], own["queue"]
         if not (isinstance(queue, list) and len(queue) == n and all(isinstance(q, list) and all(map(msg, q))
                                                                     for q in queue)):
@@ -688,7 +690,8 @@ class _Driver(WindowDriver):
         if not (isinstance(waiter, list) and len(waiter) == n):
             return "own.waiter"
         for i, w in enumerate(waiter):
-            if w is not None and not (isinstance(w, list) and len(w) == 3 and int_in(w[0]) and int_in(w[2], 0, gid_top)
+            if w is not None and not (isinstance(w, list) and len(w) == 3 and int_in(w[0], 0, 2**31)
+                                      and int_in(w[2], 0, gid_top)
                                       and pairs(w[1], held.__contains__)
                                       and set(src for src, _ in w[1]) <= set(agents[i].in_neighbors)):
                 return "own.waiter"
@@ -724,7 +727,11 @@ class _Driver(WindowDriver):
             parts.update(g["rids"])
         try:  # every pooled value as ``take_hold`` gets it: the payloads, parameters and parts of their kinds
             pool = _Pool.of(own["pool"], tensors, torch.device("cpu"))
-            rows = lambda v, m: isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v) == m  # noqa: E731
+            if not all(map(pool.valid, [*(v for _, v in own["payload"]), x_at[1], *(
+                    v for g in own["parts"] for v in (*g["out"], g["x"], g["g"], *(e[2] for e in g["kept"])))])):
+                return "own.pool"
+            W = sim.world.bank.W
+            rows = lambda v, m: isinstance(v, torch.Tensor) and v.shape == (m, *W.shape[1:])  # noqa: E731
             if not all(isinstance(pool.get(v), (torch.Tensor, tuple, list)) for _, v in own["payload"]):
                 return "own.payload"
             if not (rows(pool.get(x_at[1]), len(x_at[0])) if x_at[0] else x_at[1] is None):
@@ -752,7 +759,7 @@ class _Driver(WindowDriver):
             elif kind == ARR:
                 ok = isinstance(v, list) and len(v) == 5 and msg([v[0], v[1], v[2], v[4]]) and number(v[3])
             elif kind in (TIMER, SENT):
-                ok = int_in(v)
+                ok = int_in(v, 0, 2**31 if kind == SENT else gid_top)
             elif kind == BARRIER:  # its completion: ``combine`` of the round's part with what it took
                 ok = isinstance(v, dict) and all(src.isdigit() and int(src) in agents[i].in_neighbors and r in held
                                                  for src, r in v.items()) and rid[i] in parts and rid[i] in recs
@@ -1106,6 +1113,21 @@ class _Pool:
                 raise ValueError(f"held.own.pool.{k}: not rows of shape {shape}")
             pool.stacks.append(t)
         return pool
+
+    def valid(self, v) -> bool:
+        """Whether ``v`` is a value ``add`` gives back (a restore checks each before ``get``)."""
+        if not isinstance(v, dict):
+            return v is None or type(v) in (bool, int, float, str)
+        if len(v) != 1 and set(v) != {"values", "dtype"}:
+            return False
+        if "t" in v:
+            at = v["t"]
+            return isinstance(at, list) and len(at) == 2 and all(type(k) is int for k in at) \
+                and 0 <= at[0] < len(self.stacks) and 0 <= at[1] < len(self.stacks[at[0]])
+        if "values" in v:
+            return isinstance(v["values"], list) and isinstance(v["dtype"], str)
+        seq = v.get("list", v.get("tuple"))
+        return isinstance(seq, list) and all(map(self.valid, seq))
 
     def get(self, v) -> object:
         """A value ``add`` gave back as it was."""

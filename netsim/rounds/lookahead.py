@@ -898,6 +898,7 @@ class WindowDriver:
         return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__qualname__}"
 
     KINDS: frozenset | None = None  # the kinds of events this driver's queue holds (None: not checked)
+    WORDS: tuple[str, ...] = ()  # the words a driver's control takes when it is made, after its tag's
 
     @classmethod
     def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
@@ -908,6 +909,12 @@ class WindowDriver:
         from netsim.sim.restore import int_in, number
 
         n = len(sim.loop.agents)
+        if cls.KINDS is not None:  # (the words a fresh driver takes before ``take`` reads the state's: the same)
+            words = shapes.words()
+            for w in (sim.program.pattern.tag, *cls.WORDS):
+                words(w)
+            if any(words(w) != k for k, w in enumerate(plain["words"])):
+                return "words"
         for _t, _, kind, i, v in plain["events"]:
             if cls.KINDS is not None and kind not in cls.KINDS:
                 return "events"
@@ -1135,7 +1142,8 @@ class _Driver(WindowDriver):
             if kind in (ACT, DONE, ARR) and not int_in(i, 0, n) or kind == ACT and not number(v) \
                     or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
                     or kind == ARR and not (isinstance(v, list) and len(v) == 5 and v[0] in kept
-                                            and int_in(v[1], 0, n) and int_in(v[2]) and number(v[3]) and int_in(v[4])):
+                                            and int_in(v[1], 0, n) and int_in(v[2], 0, 2**62) and number(v[3])
+                                            and int_in(v[4], 0, 2**31)):
                 return "events"
         return None
 

@@ -408,7 +408,7 @@ def _driver_state(held: Any, n: int) -> dict:
         "shipped": isinstance(plain.get("shipped"), str),
         "own": isinstance(plain.get("own"), dict),
         "driver": isinstance(plain.get("driver"), str),
-        "payloads": lists["payloads"],  # (keys of the driver's own kind)
+        "payloads": lists["payloads"] and set(map(type, plain["payloads"])) <= {int, str},  # (the driver's keys)
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
