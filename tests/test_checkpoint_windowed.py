@@ -359,6 +359,55 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
             assert _snapshot(out) == before
 
 
+@pytest.fixture(scope="module", params=["barrier", "push_gossip"])
+def killed_lookahead(tmp_path_factory, request) -> Path:
+    """Barrier rounds on their own clocks, or push gossip, played as lookahead windows and stopped dead after their
+    second checkpoint (the driver's whole state between two windows); tests work on copies."""
+    from tests.test_lookahead_windows import checkpointed
+
+    sc = scenario("barrier", n=16, rounds=12, every=3) if request.param == "barrier" else checkpointed("push_gossip")
+    return killed_at(tmp_path_factory.mktemp("killed"), sc, 2)
+
+
+@search(40, suppress_health_check=list(HealthCheck))
+@given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=7), own=st.booleans(),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 70), st.floats(allow_nan=True),
+                       st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=6),
+                       st.dictionaries(st.sampled_from(["t", "list", "tuple", "values", "3"]), st.integers(),
+                                       max_size=2)))
+def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value):
+    """A value inside a lookahead driver's own state (its JSON text in the checkpoint: the event queue, the tickets,
+    each program's round, barrier and queue, the payloads' references) changed, the checksums fixed up: resume
+    refuses in one line naming the key (exit 2) and writes nothing, or goes on and completes; never a crash."""
+    import shutil
+    import tempfile
+
+    from tests.test_checkpoint import _mutate, _one_line_exit_2, _snapshot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        shutil.copytree(killed_lookahead, out)
+        for ck in checkpoint.checkpoints(out):
+            meta = json.loads((ck / "state.json").read_text())
+            held = meta["state"]["windowed"]["held"]["dict"]
+            at = next(n for n, (k, _) in enumerate(held) if k == "json")
+            plain = json.loads(held[at][1])
+            _mutate(plain["own"] if own else plain, path, value)
+            held[at][1] = json.dumps(plain)
+            (ck / "state.json").write_text(json.dumps(meta))
+            sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+            (ck / "SHA256SUMS").write_text(json.dumps(sums))
+        before = _snapshot(out)
+        r = CliRunner().invoke(app, ["resume", str(out), "-q"])
+        assert "Traceback" not in r.output
+        if r.exit_code == 0:
+            assert api.is_complete(out)
+        else:
+            _one_line_exit_2(r, out)
+            assert "state.windowed.held" in r.output
+            assert _snapshot(out) == before
+
+
 def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
     """Evaluations inside the run (learning curves): those made before the checkpoint are in it (its metrics rows),
     the restored run makes the others where the uninterrupted run and the events engine make them (every 0.05 s

@@ -69,7 +69,7 @@ import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, lock_steps, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.sim.agent import RowsAhead
 from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
@@ -204,8 +204,11 @@ class _Driver(WindowDriver):
         self.rid = [-1] * n  # its current round's record
         self.waiter: list[_Gather | None] = [None] * n
         self.queue: list[deque] = [deque() for _ in agents]  # arrived and not taken: (id, sender, record, round)
-        self.gids = itertools.count()
-        self.rids = itertools.count()  # round records and payloads (a round's first payload has its record's number)
+        restored = sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
+        at = restored.plain["own"]["next"] if restored is not None and restored.plain else (-1, -1, -1)
+        self.gids = itertools.count(at[1] + 1)
+        self.rids = itertools.count(at[0] + 1)  # round records and payloads (a round's first payload has its record's
+        # number)
         # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
         self.recs: dict[int, list] = {}
         self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
@@ -230,7 +233,7 @@ class _Driver(WindowDriver):
         # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
         log = sim.recorder.mixing_log
         self.mixing, self.views = log is not None, None if log is None else log.views
-        self.order = itertools.count()
+        self.order = itertools.count(at[2] + 1)
         self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
@@ -596,8 +599,6 @@ class _Driver(WindowDriver):
             raise ValueError(f"held.own: not {n} agents' state")
         pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
         self.k[:], self.s[:], self.rid[:] = own["k"], own["s"], own["rid"]
-        for count, m in zip((self.rids, self.gids, self.order), own["next"], strict=True):
-            deque(itertools.islice(count, m + 1), maxlen=0)  # (the closure's counters, where they stood)
         self.flushed = own["flushed"]
         agents = self.agents
         self.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
@@ -634,6 +635,137 @@ class _Driver(WindowDriver):
         for q in self.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys again
             q[:] = [(t, seq, kind, i, {int(src): r for src, r in v.items()} if kind == BARRIER else v)
                     for t, seq, kind, i, v in q]
+
+    KINDS = frozenset((ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF, TIMER, BARRIER, SENT))
+    WORDS = (Stale.kind,)
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as this driver goes on from it: each program's round, exchange and record, its barrier
+        and queue; the records, the payloads' references, bytes and values (a message in flight, queued or taken
+        carries one still referenced), the parts a barrier's ``combine`` takes, the pooled tensors each reference."""
+        from netsim.sim.restore import int_in, ints_in, number, numbers, trace_rows
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents = plain["own"], sim.loop.agents
+        n, kernel, p = len(agents), sim.program, sim.params
+        steps = kernel.exchanges(p, kernel.state_of(agents[0], p))
+        pairs = lambda v, ok: isinstance(v, list) and all(  # noqa: E731  ([key, value] pairs, keys distinct)
+            isinstance(e, list) and len(e) == 2 and int_in(e[0]) and ok(e[1]) for e in v) \
+            and len({e[0] for e in v}) == len(v)
+        keys = ("k", "s", "rid", "next", "flushed", "waiter", "queue", "recs", "pend", "localed", "sizes", "refs",
+                "released", "payload", "x_at", "parts", "pool")
+        if set(own) != set(keys):
+            return "own"
+        nxt = own["next"]
+        if not (isinstance(nxt, list) and len(nxt) == 3 and ints_in(nxt, -1, 2**62)):
+            return "own.next"
+        pid_top, gid_top = nxt[0] + 1, nxt[1] + 1  # (every number taken before the counters stood there)
+        top = 2**31 // steps - 1  # (a message round, k * steps + s, is a trace row's 32-bit round)
+        for key, low, high in (("k", 0, top), ("s", 0, steps), ("rid", -1, pid_top)):
+            if not (isinstance(own[key], list) and len(own[key]) == n and ints_in(own[key], low, high)):
+                return f"own.{key}"
+        if not int_in(own["flushed"], 0, plain["tickets"][0] + 1):
+            return "own.flushed"
+        rec = lambda r: isinstance(r, list) and len(r) == 5 and int_in(r[0], 0, n) and int_in(r[1], 0, top) \
+            and numbers(r[2:3]) and int_in(r[3], 0, 2**31) and numbers(r[4:])  # noqa: E731
+        if not pairs(own["recs"], rec) or not ints_in([r for r, _ in own["recs"]], 0, pid_top):
+            return "own.recs"
+        recs = {r: v for r, v in own["recs"]}
+        if not pairs(own["refs"], lambda c: int_in(c)) or not pairs(own["sizes"], lambda c: int_in(c)):
+            return "own.refs"
+        refs = {r for r, _ in own["refs"]}
+        pooled = lambda v: v is None or type(v) in (bool, int, float, str) or isinstance(v, dict)  # noqa: E731
+        if not pairs(own["payload"], pooled):
+            return "own.payload"
+        held = refs & {r for r, _ in own["payload"]}  # (a message's payload: referenced, its value kept)
+        msg = lambda m: isinstance(m, list) and len(m) == 4 and int_in(m[0], 0, 2**62) and int_in(m[1], 0, n) \
+            and m[2] in held and int_in(m[3], 0, 2**31)  # noqa: E731  (message id, sender, payload, message round)
+        waiter, queue = own["waiter"], own["queue"]
+        if not (isinstance(queue, list) and len(queue) == n and all(isinstance(q, list) and all(map(msg, q))
+                                                                    for q in queue)):
+            return "own.queue"
+        if not (isinstance(waiter, list) and len(waiter) == n):
+            return "own.waiter"
+        for i, w in enumerate(waiter):
+            if w is not None and not (isinstance(w, list) and len(w) == 3 and int_in(w[0], 0, 2**31)
+                                      and int_in(w[2], 0, gid_top)
+                                      and pairs(w[1], held.__contains__)
+                                      and set(src for src, _ in w[1]) <= set(agents[i].in_neighbors)):
+                return "own.waiter"
+        pend = own["pend"]
+        if not (isinstance(pend, list) and all(isinstance(g, list) and len(g) == 2 and number(g[0]) and pairs(
+                g[1], lambda e: isinstance(e, list) and len(e) == 3 and int_in(e[0]) and int_in(e[1]) and e[2] in recs)
+                and ints_in([i for i, _ in g[1]], 0, n) for g in pend)) or len({g[0] for g in pend}) != len(pend):
+            return "own.pend"
+        if not (isinstance(own["localed"], list) and all(r in recs for r in own["localed"])):
+            return "own.localed"
+        localed, instants = set(own["localed"]), {g[0] for g in pend}
+        from netsim.rounds.sync import _local_steps
+
+        ahead = kernel.batch_local and not _local_steps(kernel)  # (``LocalAhead``: ``__init__``'s)
+        if not pairs(own["released"], trace_rows):
+            return "own.released"
+        x_at = own["x_at"]
+        if not (isinstance(x_at, list) and len(x_at) == 2 and isinstance(x_at[0], list) and ints_in(x_at[0])
+                and pooled(x_at[1])):
+            return "own.x_at"
+        parts: set[int] = set()
+        group = {"rids": list, "agents": list, "s": int, "out": list, "sizes": (list, type(None)), "x": dict,
+                 "g": (dict, type(None)), "kept": list}
+        for g in own["parts"] if isinstance(own["parts"], list) else [None]:
+            if not (isinstance(g, dict) and set(g) == set(group)
+                    and all(isinstance(g[k], kind) for k, kind in group.items())
+                    and len(g["rids"]) == len(g["agents"]) == len(g["out"]) >= 1 and ints_in(g["agents"], 0, n)
+                    and all(r in recs for r in g["rids"]) and (g["sizes"] is None or (
+                        len(g["sizes"]) == len(g["rids"]) and ints_in(g["sizes"])))
+                    and all(isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and type(e[1]) is bool
+                            for e in g["kept"])):
+                return "own.parts"
+            parts.update(g["rids"])
+        try:  # every pooled value as ``take_hold`` gets it: the payloads, parameters and parts of their kinds
+            pool = _Pool.of(own["pool"], tensors, torch.device("cpu"))
+            if not all(map(pool.valid, [*(v for _, v in own["payload"]), x_at[1], *(
+                    v for g in own["parts"] for v in (*g["out"], g["x"], g["g"], *(e[2] for e in g["kept"])))])):
+                return "own.pool"
+            W = sim.world.bank.W
+            rows = lambda v, m: isinstance(v, torch.Tensor) and v.shape == (m, *W.shape[1:])  # noqa: E731
+            if not all(isinstance(pool.get(v), (torch.Tensor, tuple, list)) for _, v in own["payload"]):
+                return "own.payload"
+            if not (rows(pool.get(x_at[1]), len(x_at[0])) if x_at[0] else x_at[1] is None):
+                return "own.x_at"
+            for g in own["parts"]:
+                m = len(g["rids"])
+                if not (rows(pool.get(g["x"]), m) and (g["g"] is None or rows(pool.get(g["g"]), m))
+                        and all(isinstance(pool.get(v), (torch.Tensor, tuple, list)) for v in g["out"])):
+                    return "own.parts"
+                for e in g["kept"]:
+                    pool.get(e[2])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError):
+            return "own.pool"
+        rid, asked = own["rid"], set(plain["grads"])
+        for t, _, kind, i, v in plain["events"]:  # (the run's own events: ``WindowDriver.check_own``)
+            if kind in (ACT, DONE, ARR, TIMER, BARRIER, SENT) and not int_in(i, 0, n):
+                return "events"
+            ok = True
+            if kind == ACT:
+                ok = number(v)
+            elif kind == DONE:  # its gradient back: its record's ``local`` (with those done at its instant)
+                ok = int_in(v, 0, plain["tickets"][0]) and (v >= plain["tickets"][1] or v in asked) \
+                    and rid[i] in recs and (
+                    not ahead or rid[i] in localed or t in instants)
+            elif kind == ARR:
+                ok = isinstance(v, list) and len(v) == 5 and msg([v[0], v[1], v[2], v[4]]) and number(v[3])
+            elif kind in (TIMER, SENT):
+                ok = int_in(v, 0, 2**31 if kind == SENT else gid_top)
+            elif kind == BARRIER:  # its completion: ``combine`` of the round's part with what it took
+                ok = isinstance(v, dict) and all(src.isdigit() and int(src) in agents[i].in_neighbors and r in held
+                                                 for src, r in v.items()) and rid[i] in parts and rid[i] in recs
+            if not ok:
+                return "events"
+        return None
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
         return _join([self.at_of[k] for k in tickets])
@@ -981,6 +1113,21 @@ class _Pool:
                 raise ValueError(f"held.own.pool.{k}: not rows of shape {shape}")
             pool.stacks.append(t)
         return pool
+
+    def valid(self, v) -> bool:
+        """Whether ``v`` is a value ``add`` gives back (a restore checks each before ``get``)."""
+        if not isinstance(v, dict):
+            return v is None or type(v) in (bool, int, float, str)
+        if len(v) != 1 and set(v) != {"values", "dtype"}:
+            return False
+        if "t" in v:
+            at = v["t"]
+            return isinstance(at, list) and len(at) == 2 and all(type(k) is int for k in at) \
+                and 0 <= at[0] < len(self.stacks) and 0 <= at[1] < len(self.stacks[at[0]])
+        if "values" in v:
+            return isinstance(v["values"], list) and isinstance(v["dtype"], str)
+        seq = v.get("list", v.get("tuple"))
+        return isinstance(seq, list) and all(map(self.valid, seq))
 
     def get(self, v) -> object:
         """A value ``add`` gave back as it was."""

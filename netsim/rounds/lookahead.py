@@ -65,7 +65,7 @@ import itertools
 import json
 import time
 from array import array
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 from operator import is_, itemgetter
 
@@ -347,7 +347,8 @@ class WindowDriver:
         self.far: dict[int, list[tuple]] = {}
         self.end = [-_INF]  # the current window's end (a cell: ``enqueue`` reads it)
         self.inv = 1.0 / self.stats.lookahead
-        self.seq = itertools.count()
+        restored = sim.loop.programs.between  # (a checkpoint's state: the counter goes on where it stood)
+        self.seq = itertools.count(restored.plain["seq"] if restored is not None and restored.plain else 0)
         self.enqueue = self._enqueuer()
         self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
         self.pending_lo = 0  # the first ticket not yet in a gradient batch
@@ -760,7 +761,7 @@ class WindowDriver:
         # of fewer rows would wait in the writer as row tuples)
         restored = sim.loop.programs.between  # a checkpoint's state (netsim resume), or None
         if restored is not None:
-            self.take(restored.held, rows)
+            self.take(restored.held, rows, restored.plain)
         try:
             interrupted = self._windows(rows, restored is None)
         except BaseException:
@@ -847,16 +848,18 @@ class WindowDriver:
         plain = {"now": self.now, "seq": seq, "events": events, "pending_lo": self.pending_lo,
                  "tickets": [len(tickets), lo, pending], "payloads": pay_keys, "grads": grad_keys, "at": at_keys,
                  "words": self.words.words, "stats": [st.windows, st.events, st.fewest],
-                 "shipped": base64.b64encode(bytes(shipped.buf)).decode("ascii"), "own": own}
+                 "shipped": base64.b64encode(bytes(shipped.buf)).decode("ascii"), "own": own,
+                 "driver": self.driver_name()}
         return {"json": json.dumps(plain, default=_plain_number), "payloads": pay_rows, "grads": grad_rows,
                 "at": at_rows, **{f"own.{k}": v for k, v in tensors.items()}}
 
-    def take(self, held: dict, shipped: PackedRows) -> None:
-        """``held``'s state put back into this freshly made driver (``netsim resume``); ``shipped``: the trace rows
-        not yet written. ValueError, KeyError or TypeError when it is not such a state."""
-        plain = json.loads(held["json"])
+    def take(self, held: dict, shipped: PackedRows, plain: dict | None = None) -> None:
+        """``held``'s state put back into this freshly made driver (``netsim resume``; its counters were made where
+        they stood); ``shipped``: the trace rows not yet written; ``plain``: its JSON text as read (and checked) by
+        the restore. ValueError, KeyError or TypeError when it is not such a state."""
+        if plain is None:
+            plain = json.loads(held["json"])
         self.now = float(plain["now"])
-        deque(itertools.islice(self.seq, plain["seq"]), maxlen=0)  # the enqueuers' counter, where it stood
         inv = self.inv
         for t, seq, kind, i, v in plain["events"]:  # into the buckets (the next window sorts what it reaches)
             e = (t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
@@ -889,9 +892,67 @@ class WindowDriver:
         """A driver's own state between two windows for ``held``: (JSON data, tensors by name)."""
         raise NotImplementedError
 
+    @classmethod
+    def driver_name(cls) -> str:
+        """The name ``held`` gives this driver's state (``check_restored`` finds its ``check_own`` by it)."""
+        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__qualname__}"
+
+    KINDS: frozenset | None = None  # the kinds of events this driver's queue holds (None: not checked)
+    WORDS: tuple[str, ...] = ()  # the words a driver's control takes when it is made, after its tag's
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """The first key of a restored state (``held``'s plain data, its ``own`` part read as ``hold`` made it) that
+        this driver could not play on from (None: none): each value of its kind and range, every reference to
+        something the state holds. Checked before the resumed run writes anything (``check_restored``). Here: the
+        run's own events (``housekeeping``'s) and, where the driver names them (``KINDS``), every event's kind."""
+        from netsim.sim.restore import int_in, number
+
+        n = len(sim.loop.agents)
+        if cls.KINDS is not None:  # (the words a fresh driver takes before ``take`` reads the state's: the same)
+            words = shapes.words()
+            for w in (sim.program.pattern.tag, *cls.WORDS):
+                words(w)
+            if any(words(w) != k for k, w in enumerate(plain["words"])):
+                return "words"
+        for _t, _, kind, i, v in plain["events"]:
+            if cls.KINDS is not None and kind not in cls.KINDS:
+                return "events"
+            if kind in (EVAL, UNTIL) and not (v is None and i == -1) or kind == STOP and type(v) is not bool \
+                    or kind == OFF and not (int_in(i, 0, n) and isinstance(v, list) and len(v) == 2
+                                            and all(map(number, v))):
+                return "events"
+        return None
+
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         """``hold``'s state back, into this freshly made driver's objects (in place: its closures hold them)."""
         raise NotImplementedError
+
+
+# the modules of the lookahead drivers (``check_restored`` finds a state's driver among theirs)
+DRIVERS = ("lookahead", "barrier_windows", "broadcast_windows", "pairwise_windows", "ticks_windows",
+           "triggered_windows")
+
+
+def check_restored(sim) -> None:
+    """A restored lookahead driver's state (sim/restore.py put it into ``between``, its shared part checked) checked
+    by its driver (``WindowDriver.check_own``): ValueError naming the first key it could not play on from."""
+    import importlib
+
+    b = sim.loop.programs.between
+    if b is None or b.plain is None:
+        return
+    name = b.plain["driver"]
+    module, _, qualname = name.partition(".")
+    cls = getattr(importlib.import_module(f"netsim.rounds.{module}"), qualname, None) if module in DRIVERS else None
+    if not (isinstance(cls, type) and issubclass(cls, WindowDriver)):
+        raise ValueError(f"state.windowed.held.driver: {name!r} is not a lookahead driver")
+    try:
+        bad = cls.check_own(sim, b.plain, {k[4:]: v for k, v in b.held.items() if k.startswith("own.")})
+    except (TypeError, KeyError, IndexError, AttributeError, ValueError):  # (a value of another kind than checked)
+        bad = "own"
+    if bad is not None:
+        raise ValueError(f"state.windowed.held.{bad} is not what {qualname} holds between two windows")
 
 
 class _Driver(WindowDriver):
@@ -1045,6 +1106,46 @@ class _Driver(WindowDriver):
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         return {"inbox": self.inbox, "got": self.got, "pos": self.pos,
                 "picks": [p.held for p in self.peers]}, {"X": self.X}
+
+    KINDS = frozenset((ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF))
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as push gossip goes on from it: each agent's inbox and what its activation merges (models
+        kept under their message ids), the picks drawn ahead (places among its neighbours), each program's x; the
+        pushes in flight (their models kept) and the completions (their gradients asked for or kept)."""
+        from netsim.sim.restore import int_in, ints_in, number
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents = plain["own"], sim.loop.agents
+        n, kept = len(agents), set(plain["payloads"])
+        if set(own) != {"inbox", "got", "pos", "picks"}:
+            return "own"
+        lists = lambda v: isinstance(v, list) and len(v) == n and all(isinstance(e, list) for e in v)  # noqa: E731
+        if not (lists(own["inbox"]) and all(all(m in kept for m in box) for box in own["inbox"])):
+            return "own.inbox"
+        got, pos = own["got"], own["pos"]
+        if not (isinstance(pos, list) and len(pos) == n and ints_in(pos)):
+            return "own.pos"
+        if not (lists(got) and all(p <= len(g) and all(m in kept for m in g[p:]) for g, p in zip(got, pos))):
+            return "own.got"
+        if not (lists(own["picks"]) and all(ints_in(picks, 0, max(1, len(a.neighbors)))
+                                            for a, picks in zip(agents, own["picks"]))):
+            return "own.picks"
+        X = tensors.get("X")
+        if set(tensors) != {"X"} or X.shape != sim.world.bank.W.shape:
+            return "own.X"
+        lo, asked = plain["tickets"][1], set(plain["grads"])
+        for _t, _, kind, i, v in plain["events"]:
+            if kind in (ACT, DONE, ARR) and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
+                    or kind == ARR and not (isinstance(v, list) and len(v) == 5 and v[0] in kept
+                                            and int_in(v[1], 0, n) and int_in(v[2], 0, 2**62) and number(v[3])
+                                            and int_in(v[4], 0, 2**31)):
+                return "events"
+        return None
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         n = len(self.agents)

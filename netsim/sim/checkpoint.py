@@ -212,28 +212,30 @@ def _agents(agents: list, columns: bool) -> list[dict[str, Any]] | Columns:
     return [{**_plain_vars(a), "schedule": _plain_vars(s)} for a, s in zip(agents, schedules, strict=True)]
 
 
-def _streams(streams, arrays: Arrays) -> list[str]:
+def _streams(streams, arrays: Arrays, restored: bool = False) -> list[str]:
     """Every stream's PCG64 state as rows of 6 uint64 (state and increment as 128-bit halves, the
     buffered 32-bit draw); returns the streams' keys (as "purpose,key..."), in the rows' order."""
-    names, arrays["streams"] = streams.rows()
+    names, arrays["streams"] = streams.rows(restored)
     return names
 
 
-def capture(sim, normalise: bool = True, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def capture(sim, normalise: bool = True, columns: bool = False,
+            restored: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The run's state as (plain data, arrays): what a checkpoint stores and what resume compares (``normalise``:
     as JSON reads it back, tuples as lists and keys as strings; a writer that dumps it as JSON needs not;
-    ``columns``: the agents' plain values and their inboxes as ``Columns`` where they can be, for ``mismatch``)."""
+    ``columns``: the agents' plain values and their inboxes as ``Columns`` where they can be, for ``mismatch``;
+    ``restored``: right after sim/restore.py put a checkpoint's state back, the streams' rows as it put them)."""
     enabled = gc.isenabled()
     gc.disable()  # it allocates only acyclic data; collections would rescan the whole simulation (10k agents: 2x)
     try:
-        state, arrays = _capture(sim, columns and not normalise)
+        state, arrays = _capture(sim, columns and not normalise, restored)
         return json.loads(json.dumps(state)) if normalise else state, arrays
     finally:
         if enabled:
             gc.enable()
 
 
-def _capture(sim, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _capture(sim, columns: bool = False, restored: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from netsim.sim.network import Message
     world, loop, rec = sim.world, sim.loop, sim.recorder
 
@@ -281,7 +283,7 @@ def _capture(sim, columns: bool = False) -> tuple[dict[str, Any], dict[str, np.n
     g = world.gradients
     state = {
         "time": loop.env.now, "step": loop.steps, "finished": loop.finished, "stop_reason": loop.stop_reason,
-        "rng": _streams(world.streams, arrays),
+        "rng": _streams(world.streams, arrays, restored),
         "queue": queue, "agents": agents, "inboxes": inboxes, "ledgers": ledgers,
         # a windowed driver plays the rounds itself: the programs never start (their frames say nothing)
         "programs": [] if loop.runner is not None else

@@ -103,13 +103,15 @@ class Between:
     ``end``, the time of the round's last event; ``held``, the pattern's own (push gossip: the peers drawn
     ahead, the models that arrived). A checkpoint keeps it, and a restored run's driver goes on from it.
     ``windows``: a lookahead-window driver's (rounds/lookahead.py) between two windows: ``k`` the windows played,
-    ``end`` the time of the last event, ``order`` empty, ``held`` the driver's whole state (its event queue)."""
+    ``end`` the time of the last event, ``order`` empty, ``held`` the driver's whole state (its event queue);
+    ``plain``: a restored one's plain data as read (and checked) from ``held``'s JSON text, for its driver to take."""
 
     k: int
     order: Order | Sequence  # (agent, time) of a round's wakes: an ``Order`` (the lookahead windows': empty)
     end: float
     held: dict = attrs.Factory(dict)
     windows: bool = False
+    plain: dict | None = None
 
 
 class Programs:

@@ -142,6 +142,10 @@ def _numbers(col: Any) -> bool:
     return set(map(type, col)) <= {int, float} and all(map(math.isfinite, col))
 
 
+# the checks of a value's kind and range that a lookahead driver's own ``check_own`` makes too
+int_in, ints_in, number, numbers = _int, _ints, _number, _numbers
+
+
 def _strs(col: Any) -> bool:
     return set(map(type, col)) <= {str}
 
@@ -152,6 +156,12 @@ def _ids(col: Any) -> bool:
 
 # the trace's columns (trace/events.py COLUMNS): a number, a string or an int each, checked a column at a time
 _COLUMNS = (_numbers, _strs, _ids, _ids, _ids, _ids, _numbers, _ids, _strs)
+
+
+def trace_rows(rows: Any) -> bool:
+    """Rows of the trace's columns, as a checkpoint keeps the rows not yet written (checked a column at a time)."""
+    return isinstance(rows, list) and _lists(rows, len(_COLUMNS)) and all(
+        f(col) for f, col in zip(_COLUMNS, list(zip(*rows)) if rows else [()] * len(_COLUMNS), strict=True))
 
 
 def _check(sim, st: dict, w: dict) -> None:
@@ -186,8 +196,7 @@ def _check(sim, st: dict, w: dict) -> None:
     checks = {
         "links": links_ok,
         "agents": each_ok,
-        "pending": isinstance(w.get("pending"), list) and _lists(w["pending"], len(_COLUMNS)) and all(
-            f(col) for f, col in zip(_COLUMNS, ends(w["pending"], len(_COLUMNS)), strict=True)),
+        "pending": trace_rows(w.get("pending")),
         "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
         "end": _number(w.get("end")),
         "state.gradients": isinstance(st.get("gradients"), dict)
@@ -358,44 +367,88 @@ def _restore(sim, ckpt) -> None:
     loop.steps, loop.finished, loop.stop_reason = st["step"], st["finished"], st["stop_reason"]
     loop.env.advance_to(st["time"])
     held = _unflat(w["held"], arrays, tensor)
-    if win is not None:
-        _driver_state(held)
-    loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None)
+    plain = _driver_state(held, len(loop.agents)) if win is not None else None
+    loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None,
+                                    plain=plain)
 
 
-def _driver_state(held: Any) -> None:
+def _driver_state(held: Any, n: int) -> dict:
     """A lookahead driver's state (``WindowDriver.held``) as its ``take`` reads it: the JSON text of a dict of its
-    keys, each of its kind, and the tensors beside it; ValueError names the first that is not (a resume refuses it
-    before the run goes on, rather than fail in it)."""
+    keys, each of its kind, and the tensors beside it; returns that dict, read once. ValueError names the first key
+    that is not (a resume refuses it before the run goes on, rather than fail in it); the driver's own part is its
+    driver's to check (``WindowDriver.check_own``)."""
     where = "state.windowed.held"
-    plain = json.loads(held["json"]) if isinstance(held, dict) and isinstance(held.get("json"), str) else None
+    try:
+        plain = json.loads(held["json"]) if isinstance(held, dict) and isinstance(held.get("json"), str) else None
+    except RecursionError:
+        plain = None
     if not isinstance(plain, dict):
         raise ValueError(f"{where} is not a lookahead driver's state")
-    events, tickets, stats = plain.get("events"), plain.get("tickets"), plain.get("stats")
+    seq, events, tickets, stats = plain.get("seq"), plain.get("events"), plain.get("tickets"), plain.get("stats")
     lists = {k: isinstance(plain.get(k), list) for k in ("payloads", "grads", "at", "words")}
+    ends = lambda rows, width: list(zip(*rows)) if rows else [()] * width  # noqa: E731  (columns of rows)
+    events_ok = tickets_ok = False
+    if isinstance(events, list) and _lists(events, 5) and _int(seq):
+        t, at, kind, who, _ = ends(events, 5)
+        # (a time may be infinite: never; the insertion numbers are the counter's, taken before it stood at ``seq``)
+        events_ok = set(map(type, t)) <= {int, float} and not any(map(math.isnan, t)) and _ints(at, 0, seq) \
+            and len(set(at)) == len(at) and _ints(kind) and _ints(who, -1, n)
+    if isinstance(tickets, list) and len(tickets) == 3 and _int(tickets[0]) and _int(tickets[1], 0, tickets[0] + 1) \
+            and isinstance(tickets[2], list) and tickets[1] + len(tickets[2]) == tickets[0] and _lists(tickets[2], 3):
+        who, rows, kinds = ends(tickets[2], 3)
+        tickets_ok = _ints(who, 0, n) and all(r is None or (isinstance(r, list) and _ints(r)) for r in rows) \
+            and all(map(_row_dtype, kinds, rows))
     checks = {
         "now": _number(plain.get("now")),
-        "seq": _int(plain.get("seq")),
-        "events": isinstance(events, list) and _lists(events, 5) and all(
-            type(e[0]) in (int, float) and e[0] == e[0] and _int(e[1]) and _int(e[2]) and _int(e[3], -1)
-            for e in events),  # (a time may be infinite: never)
-        "pending_lo": _int(plain.get("pending_lo")),
-        "tickets": isinstance(tickets, list) and len(tickets) == 3 and _int(tickets[0]) and _int(tickets[1])
-        and isinstance(tickets[2], list),
+        "seq": _int(seq),
+        "events": events_ok,
+        "pending_lo": tickets_ok and _int(plain.get("pending_lo"), 0, tickets[0] + 1),
+        "tickets": tickets_ok,
         "stats": isinstance(stats, list) and len(stats) == 3 and _ints(stats),
         "shipped": isinstance(plain.get("shipped"), str),
         "own": isinstance(plain.get("own"), dict),
-        "payloads": lists["payloads"],  # (keys of the driver's own kind)
+        "driver": isinstance(plain.get("driver"), str),
+        "payloads": lists["payloads"] and set(map(type, plain["payloads"])) <= {int, str},  # (the driver's keys)
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
-        "tensors": all(isinstance(held.get(k), torch.Tensor) for k in ("payloads", "grads", "at")) and all(
-            isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own.")),
+        "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
+                       for k in ("payloads", "grads", "at"))
+        and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own."))
+        and all(len(plain[k]) == len(held[k]) and len(set(plain[k])) == len(plain[k])  # (a row a key)
+                for k in ("payloads", "grads", "at") if lists[k]),
     }
     bad = [key for key, ok in checks.items() if not ok]
     if bad:
         raise ValueError(f"{where}.{bad[0]} is not what a lookahead driver holds between two windows")
-    base64.b64decode(plain["shipped"], validate=True)  # (binascii.Error: a ValueError)
+    try:
+        shipped = base64.b64decode(plain["shipped"], validate=True)
+    except ValueError:  # (binascii.Error)
+        raise ValueError(f"{where}.shipped is not base64 text") from None
+    _shipped(shipped, len(plain["words"]))
+    return plain
+
+
+def _shipped(data: bytes, words: int) -> None:
+    """The driver's trace rows not yet written (``PackedRows``' bytes): whole rows whose strings are its words;
+    ValueError where they are not."""
+    from netsim.trace.io import RECORD, SCHEMA, packed_columns
+
+    if len(data) % RECORD.size:
+        raise ValueError("state.windowed.held.shipped is not whole rows of the trace")
+    cols = dict(zip((f.name for f in SCHEMA), packed_columns(data), strict=True))
+    if len(data) and not all(0 <= cols[k].min() and cols[k].max() < words for k in ("kind", "tag")):
+        raise ValueError("state.windowed.held.shipped holds a string that is not one of the driver's words")
+
+
+def _row_dtype(kind: Any, rows: Any) -> bool:
+    """A ticket's rows' dtype (``WindowDriver.held``: ``rows.dtype.str``, "" where it has none): an integer one."""
+    if rows is None:
+        return kind == ""
+    try:
+        return isinstance(kind, str) and np.dtype(kind).kind in "iu"
+    except (TypeError, ValueError, SyntaxError):
+        return False
 
 
 def _ledger(agent, saved: dict, arrays: dict, key: str) -> None:

@@ -157,6 +157,7 @@ class Streams:
         # a restored stream not made yet -> its row of ``_rows`` (``restore``: the checkpoint's rows, kept as they are)
         self._pending: dict[tuple[int, ...], int] = {}
         self._rows, self._names = np.zeros((0, 6), np.uint64), []
+        self._put: dict[tuple[int, ...], int] = {}  # the streams the last ``restore`` put in place -> their row
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -191,12 +192,18 @@ class Streams:
         """The stream's seed sequence itself (uncached): for code that builds its own generator."""
         return np.random.SeedSequence(self.seed, spawn_key=(purpose_code(purpose), *map(int, key)))
 
-    def rows(self) -> tuple[list[str], np.ndarray]:
+    def rows(self, restored: bool = False) -> tuple[list[str], np.ndarray]:
         """Every stream so far, sorted by spawn key: their names ("code,key...") and their states as rows of 6
         uint64 (state and increment as 128-bit halves, has_uint32, uinteger): what a checkpoint saves. Those made,
-        and those a restore has not made yet (their names and rows as the checkpoint gave them)."""
+        and those a restore has not made yet (their names and rows as the checkpoint gave them). ``restored``: called
+        right after ``restore``, nothing drawn since: the streams it put in place are the rows it put (a restore's
+        check compares which streams there are, not their states read back: ~5 us a stream)."""
         keys, made = [], []
+        put = self._put if restored else {}
+        kept = [k for k in self._cache if k in put]
         for k, g in self._cache.items():
+            if k in put:
+                continue
             st = g.bit_generator.state
             s, inc = st["state"]["state"], st["state"]["inc"]
             keys.append(k)
@@ -204,7 +211,8 @@ class Streams:
         formats: dict[int, str] = {}
         names = [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
         pending = self._pending
-        at = np.fromiter(pending.values(), np.intp, len(pending))
+        at = np.fromiter([*map(put.__getitem__, kept), *pending.values()], np.intp, len(kept) + len(pending))
+        keys += kept
         keys += pending
         names += map(self._names.__getitem__, at.tolist())
         rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6), self._rows[at]])
@@ -228,7 +236,9 @@ class Streams:
             self._rows, self._names, base = rows, list(names), 0
         pending.update(zip(keys, range(base, base + len(keys))))
         made = [k for k in pending if k in cache]  # (in the rows' order: the generators were made in it too)
-        for g, row in zip(map(cache.__getitem__, made), self._rows[[pending.pop(k) for k in made]].tolist()):
+        at = [pending.pop(k) for k in made]
+        self._put = dict(zip(made, at))  # (``rows(restored=True)``)
+        for g, row in zip(map(cache.__getitem__, made), self._rows[at].tolist()):
             _put(g, row)  # (the rows as Python ints at once)
 
     def seed_for(self, purpose: str, *key: int) -> int:
