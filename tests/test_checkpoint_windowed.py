@@ -335,17 +335,27 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
     """A windowed checkpoint's state.json changed (its windowed part, or anywhere) with its checksums fixed up:
     resume refuses in one line (exit 2) and writes nothing, or goes on (a restore trusts a checkpoint whose
     checksums verify: docs/checkpoints.md) and completes; never a traceback."""
+    from tests.test_checkpoint import _mutate
+
+    _tampered_resume(killed_windowed, lambda meta: _mutate(meta if anywhere else meta["state"]["windowed"], path,
+                                                           value))
+
+
+def _tampered_resume(killed: Path, edit, names: str | None = None) -> None:
+    """A copy of the killed run with each checkpoint's state.json changed by ``edit`` (its checksums fixed up):
+    resume refuses in one line (exit 2; naming ``names`` where given) and writes nothing, or goes on and completes;
+    never a traceback."""
     import shutil
     import tempfile
 
-    from tests.test_checkpoint import _mutate, _one_line_exit_2, _snapshot
+    from tests.test_checkpoint import _one_line_exit_2, _snapshot
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        shutil.copytree(killed_windowed, out)
+        shutil.copytree(killed, out)
         for ck in checkpoint.checkpoints(out):
             meta = json.loads((ck / "state.json").read_text())
-            _mutate(meta if anywhere else meta["state"]["windowed"], path, value)
+            edit(meta)
             (ck / "state.json").write_text(json.dumps(meta))
             sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
             (ck / "SHA256SUMS").write_text(json.dumps(sums))
@@ -356,6 +366,7 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
             assert api.is_complete(out)
         else:
             _one_line_exit_2(r, out)
+            assert names is None or names in r.output
             assert _snapshot(out) == before
 
 
@@ -379,33 +390,16 @@ def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value
     """A value inside a lookahead driver's own state (its JSON text in the checkpoint: the event queue, the tickets,
     each program's round, barrier and queue, the payloads' references) changed, the checksums fixed up: resume
     refuses in one line naming the key (exit 2) and writes nothing, or goes on and completes; never a crash."""
-    import shutil
-    import tempfile
+    from tests.test_checkpoint import _mutate
 
-    from tests.test_checkpoint import _mutate, _one_line_exit_2, _snapshot
+    def edit(meta: dict) -> None:
+        held = meta["state"]["windowed"]["held"]["dict"]
+        at = next(n for n, (k, _) in enumerate(held) if k == "json")
+        plain = json.loads(held[at][1])
+        _mutate(plain["own"] if own else plain, path, value)
+        held[at][1] = json.dumps(plain)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run"
-        shutil.copytree(killed_lookahead, out)
-        for ck in checkpoint.checkpoints(out):
-            meta = json.loads((ck / "state.json").read_text())
-            held = meta["state"]["windowed"]["held"]["dict"]
-            at = next(n for n, (k, _) in enumerate(held) if k == "json")
-            plain = json.loads(held[at][1])
-            _mutate(plain["own"] if own else plain, path, value)
-            held[at][1] = json.dumps(plain)
-            (ck / "state.json").write_text(json.dumps(meta))
-            sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
-            (ck / "SHA256SUMS").write_text(json.dumps(sums))
-        before = _snapshot(out)
-        r = CliRunner().invoke(app, ["resume", str(out), "-q"])
-        assert "Traceback" not in r.output
-        if r.exit_code == 0:
-            assert api.is_complete(out)
-        else:
-            _one_line_exit_2(r, out)
-            assert "state.windowed.held" in r.output
-            assert _snapshot(out) == before
+    _tampered_resume(killed_lookahead, edit, "state.windowed.held")
 
 
 def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):

@@ -475,9 +475,9 @@ def _check_meta(meta: dict[str, Any]) -> None:
                 isinstance(v, t) and (t is not int or (not isinstance(v, bool) and v >= 0))
             if not ok:
                 raise CorruptCheckpoint(f"state.json: {k!r} is not a {'non-negative int' if t is int else t.__name__}")
-    if not all(isinstance(r, dict) and all(v is None or type(v) in (int, float) for v in r.values())
-               for r in meta["metrics"]):
-        raise CorruptCheckpoint("state.json: 'metrics' is not a list of rows of numbers")
+    if not all(isinstance(r, dict) and type(r.get("time")) in (int, float)
+               and all(v is None or type(v) in (int, float) for v in r.values()) for r in meta["metrics"]):
+        raise CorruptCheckpoint("state.json: 'metrics' is not a list of rows of numbers, each with its 'time'")
 
 
 def latest(folder: Path, warn: Callable[[str], None]) -> Checkpoint:
