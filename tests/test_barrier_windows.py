@@ -370,15 +370,15 @@ def test_one_call_per_lock_step_where_the_kernel_reads_no_round_index(tmp_path):
     """DP-D-PSGD with a constant step size reads no ``b.k`` (``any_round``): each lock step's locals and combines are
     one call, batches joining agents at different rounds, and the bytes are the events engine's."""
     calls: list = []
-    local = barrier_windows._Driver.locals
+    local = barrier_windows._Work.locals
 
     def counted(self, step):
-        ks = {self.recs[o[2]][1] for _, o in step}
+        ks = {self.store.recs[o[2]][1] for _, o in step}
         calls.append((len(ks), len(self.by_round(step, 2))))
         return local(self, step)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(barrier_windows._Driver, "locals", counted)
+        m.setattr(barrier_windows._Work, "locals", counted)
         both(tmp_path, bernoulli_dp())
     assert calls and all(n == 1 for _, n in calls) and max(k for k, _ in calls) > 1
 

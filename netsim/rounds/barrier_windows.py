@@ -63,6 +63,7 @@ import heapq
 import itertools
 import struct
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -174,7 +175,9 @@ class _Gather:
 
 
 class _Driver(WindowDriver):
-    """The barrier rounds' control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
+    """The barrier rounds' windows (the module docstring), composed of their control (``_Control``: what the events
+    do), what the rounds made (``_Store``: the round records and payloads both sides read), the tensor work's lock
+    steps (``_Work``) and the privacy records (``_Records``); the rest is ``WindowDriver``'s."""
 
     gathers = 64  # (a window is one latency, often a small part of a round: 64 of them fill the lock steps)
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
@@ -185,375 +188,52 @@ class _Driver(WindowDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, agents = self.p, self.agents
-        self.req = self.first = kernel.gradient(p, self.state, agents[0].id)
-        if self.req.clip is not None:  # clipped per example (``clipping``): the engine's batches, whatever the model
+        p, W = self.p, self.bank.W
+        self.first = kernel.gradient(p, self.state, self.agents[0].id)
+        if self.first.clip is not None:  # clipped per example (``clipping``): the engine's batches, whatever the model
             self.free = False
-        self.timeout = p.round_timeout
-        from netsim.rounds.sync import _local_steps
-
-        self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
-        self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
-        self.grads = _Evaluated(self.bank.W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
-        self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
-        self.outcomes = outcomes(self.net.lean())  # a broadcast's links decided in one call
-        n = len(agents)
-        self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
-        self.k = [0] * n  # each program's round
-        self.s = [0] * n  # its exchange in the round
-        self.rid = [-1] * n  # its current round's record
-        self.waiter: list[_Gather | None] = [None] * n
-        self.queue: list[deque] = [deque() for _ in agents]  # arrived and not taken: (id, sender, record, round)
-        restored = sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
-        at = restored.plain["own"]["next"] if restored is not None and restored.plain else (-1, -1, -1)
-        self.gids = itertools.count(at[1] + 1)
-        self.rids = itertools.count(at[0] + 1)  # round records and payloads (a round's first payload has its record's
-        # number)
-        # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
-        self.recs: dict[int, list] = {}
-        self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
-        self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
-        self.flushed = 0  # the tickets the engine's gradient batches have evaluated so far
-        self.slots: list[tuple[int, int]] = []  # (row of this window, rid): the round's releases go there
-        self.patches: list[tuple[int, int]] = []  # (row of this window, pid): a send or drop of the payload
-        # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
-        # of the exchange before
-        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made; while it is read: ``decide``)
-        self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
-        self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
-        self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
-        self.parts: dict[int, tuple] = {}  # rid -> (batch, row): the agent's part after ``local`` or ``combine``
-        self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
-        # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
-        # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
-        self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
-        self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
-        # the privacy records (``privacy.record``), written after each work in the engine's order: ``order`` numbers
-        # each ``local`` and ``combine`` where the control meets it (the engine makes its releases and mixing steps
-        # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
-        log = sim.recorder.mixing_log
-        self.mixing, self.views = log is not None, None if log is None else log.views
-        self.order = itertools.count(at[2] + 1)
-        self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
-        self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
-        self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
-        self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
-        self.mixed = AnyRound(type(kernel).__name__)
-        # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
-        # those, the dicts per agent and 8 windows are faster
-        self.small = self.bank.W.shape[1] <= SMALL
-        if not self.small:
+        self.grads = _Evaluated(W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
+        self.store = _Store(kernel.payload_bytes(p, self.state, W[0]), W[0])
+        self.records = _Records(sim.recorder.mixing_log)
+        self.work = _Work(self)
+        if not self.work.small:
             self.gathers = 8
-        self._control()
+        self.control = _Control(self)
 
-    # the control flow -------------------------------------------------------------------------------------
-    # ``events_until`` is a closure over the driver's state (made once, ``_control``), as push gossip's is: it runs
-    # for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps the
-    # per-event Python small.
-    def _control(self) -> None:
-        agents, enqueue, wake, ops_of, housekeeping = self.agents, self.enqueue, self.wake, self.ops, self.housekeeping
-        rows, cur, soon = self.rows, self.cur, self.soon
-        put, buf, R = rows.put, rows.buf, RECORD.size
-        kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
-        ahead, free, timeout = self.ahead, self.free, self.timeout
-        ks, ss, rid_of, waiter, queue, steps = self.k, self.s, self.rid, self.waiter, self.queue, self.steps
-        order, views, viewed = self.order, self.views, self.viewed
-        recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
-        sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
-        ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
-        gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
-        outcomes, take_ids, unref, gradient = self.outcomes, self.net.take_ids, self.unref, kernel.gradient
-        adopt = None if self.dynamic is None else self.dynamic.adopt
-        pop, take = heapq.heappop, cur.pop
-        C = CODES
-        expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
-        c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
-            C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
-        c_stale = words(Stale.kind)
-        if event_row(Stale(0.0, 0, 1, 2, 3)) != (0.0, Stale.kind, 0, 1, 2, 0, 0.0, 3, TEXT.none):
-            raise RuntimeError("barrier windows: a stale row's shape is not the one packed here")
-
-        ready: list[tuple] = []  # barriers completed by the event being processed, whose completion comes next
-
-        def close(i: int, w: _Gather, t: float) -> None:
-            """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now — processed
-            right after the current event (``ready``) where nothing else is due by ``t``: the queue would pop it
-            next (what the current event schedules after it comes later in simpy's order too)."""
-            waiter[i] = None
-            if (soon and soon[0][0] <= t) or (cur and cur[-1][0] <= t):
-                enqueue(t, BARRIER, i, w.got)
-            else:
-                ready.append((t, i, w.got))
-
-        def offer(i: int, w: _Gather, m: tuple, t: float) -> bool:
-            """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
-            completes it), one of an earlier round discarded as stale; False: left queued."""
-            mid, src, rid, rnd = m
-            if rnd == w.round and src in w.expect:
-                got = w.got
-                got[src] = rid
-                if len(got) == len(w.expect):
-                    close(i, w, t)
-                return True
-            if rnd < w.round:
-                put(pack(t, c_stale, i, src, mid, 0, 0.0, rnd, c_none))  # (``Stale``'s row)
-                unref(rid)
-                return True
-            return False
-
-        def gather(i: int, t: float, rnd: int) -> None:
-            """``Agent.gather`` of message round ``rnd``: the queued messages offered in arrival order, then the timer
-            unless done."""
-            expect = agents[i].in_neighbors
-            made = expects[i]  # (the set made once per list of in-neighbours)
-            if made[0] is not expect:
-                made = expects[i] = (expect, frozenset(expect))
-            w = _Gather(rnd, made[1], next(gids))
-            if not expect:
-                enqueue(t, BARRIER, i, w.got)
-                return
-            waiter[i] = w
-            q = queue[i]
-            if q:
-                keep: deque = deque()
-                while q and waiter[i] is w:
-                    m = q.popleft()
-                    if not offer(i, w, m, t):
-                        keep.append(m)
-                keep.extend(q)
-                queue[i] = keep
-            if waiter[i] is w:
-                enqueue(t + timeout, TIMER, i, w.gid)
-
-        def broadcast(i: int, t: float, pid: int, rnd: int) -> None:
-            """``Agent.broadcast`` of payload ``pid`` with message round ``rnd``, then the gather of that round (or
-            first the end of the broadcast's transmission)."""
-            size = fixed if fixed is not None else sizes.get(pid)
-            s = guess if size is None else size
-            held = 0
-            nb = agents[i].neighbors
-            # ``Agent.broadcast`` (links transmit in parallel): each link's outcome from its streams, in one call, and
-            # how long the sends hold the program
-            delays, reasons, tx = outcomes(i, nb, t, s)
-            mid = take_ids(len(nb)) - 1  # (the sends' ids, in send order: nothing else sends in between)
-            for j, delay, reason in zip(nb, delays, reasons):  # ``Network.send``'s rows and arrivals
-                mid += 1
-                if size is None:
-                    patches.append((len(buf) // R, pid))
-                put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
-                if reason:
-                    if size is None:
-                        patches.append((len(buf) // R, pid))
-                    put(pack(t, c_drop, i, j, mid, s, delay, rnd, words(reason)))
-                else:
-                    held += 1
-                    enqueue(t + delay, ARR, j, (mid, i, pid, t, rnd))
-            if held or pid not in payload:  # (0 until it is made: no payload is kept then)
-                refs[pid] = held
-            else:
-                del payload[pid]
-            if tx <= 0:  # nothing to transmit: the barrier at once
-                gather(i, t, rnd)
-            else:  # the program waits for its longest transmission (a Timeout, set after the arrivals)
-                enqueue(t + tx, SENT, i, rnd)
-
-        def events_until(end: float) -> None:
-            """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-            t, pending_lo, flushed = self.now, self.pending_lo, self.flushed
-            try:
-                while True:  # ``due``, inlined
-                    if ready:  # a barrier's completion, due before anything queued (``close``)
-                        t, i, v = ready.pop(0)
-                        kind = BARRIER
-                    elif soon and (not cur or soon[0] < cur[-1]):
-                        t, _, kind, i, v = pop(soon)
-                    elif cur and cur[-1][0] < end:
-                        t, _, kind, i, v = take()
-                    else:
-                        break
-                    if kind == ARR:  # a delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)
-                        mid, src, rid, sent, rnd = v
-                        size = fixed if fixed is not None else sizes.get(rid)
-                        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
-                            patches.append((len(buf) // R, rid))
-                            size = guess
-                        put(pack(t, c_deliver, i, src, mid, size, t - sent, rnd, tag))
-                        if views is not None:  # ``ViewLog.deliver``: written after the work, its payload kept till then
-                            viewed.append((i, src, rnd, t, rid))
-                            refs[rid] += 1
-                        w = waiter[i]
-                        if w is not None and rnd == w.round and src in w.expect:  # ``offer``'s taking, inlined
-                            got = w.got
-                            got[src] = rid
-                            if len(got) == len(w.expect):
-                                close(i, w, t)
-                        elif w is None or not offer(i, w, (mid, src, rid, rnd), t):
-                            queue[i].append((mid, src, rid, rnd))
-                    elif kind == DONE:
-                        # the gradient is back: ``compute_end`` (a batch's first evaluates every pending request),
-                        # ``local`` (with the agents done at this instant, ``LocalAhead``), the releases, the sends,
-                        # the barrier
-                        if v >= flushed:
-                            flushed = len(ticket_of)
-                        if v >= pending_lo and not free:
-                            flushes.append(range(pending_lo, len(ticket_of)))
-                            pending_lo = len(ticket_of)
-                        put(pack(t, c_end, i, -1, -1, 0, 0.0, -1, c_none))
-                        rid, k = rid_of[i], ks[i]
-                        if not ahead:
-                            recs[rid][2] = t
-                            ops = ops_of.get(i)
-                            if ops is None:
-                                ops = ops_of[i] = []
-                            ops.append((LOCAL, v, rid, next(order)))
-                        elif rid in localed:
-                            localed.discard(rid)
-                        else:  # the first of its instant: every agent of this round index done now runs ``local``
-                            group = pend[t]
-                            for j, (kj, tj, rj) in list(group.items()):
-                                if kj == k and tj < flushed:
-                                    del group[j]
-                                    recs[rj][2] = t
-                                    ops = ops_of.get(j)
-                                    if ops is None:
-                                        ops = ops_of[j] = []
-                                    ops.append((LOCAL, tj, rj, next(order)))
-                                    if rj != rid:
-                                        localed.add(rj)
-                            if not group:
-                                del pend[t]
-                        made = released.pop(rid, None)
-                        if made is None:
-                            slots.append((len(buf) // R, rid))
-                        else:  # its ``local`` ran in an earlier window's work (an agent done at this instant first)
-                            rows.extend(made)
-                        broadcast(i, t, rid, k * steps)
-                    elif kind == ACT:  # the activation: its row, the round's gradient request (the parameters now)
-                        a = agents[i]
-                        if adopt is not None:
-                            adopt(a, t)
-                        put(pack(t, c_act, i, -1, -1, 0, v, a.round, c_none))
-                        req = gradient(p, state, i)
-                        if req is not req0 and req != req0:
-                            raise RuntimeError(f"barrier windows: agent {i} asks for another gradient ({req}) than "
-                                               f"{req0}")
-                        rid = next(rids)
-                        rid_of[i] = rid
-                        ct = a.compute_time(t)  # ``Agent.gradient``
-                        put(pack(t, c_start, i, -1, -1, 0, ct, -1, c_none))
-                        tk = len(ticket_of)
-                        ticket_of.append(None)  # (its mini-batch is drawn where its point is taken: ``asks``)
-                        done = t + ct
-                        enqueue(done, DONE, i, tk)
-                        k = ks[i]
-                        recs[rid] = [i, k, 0.0, a.round, a.schedule.tick]
-                        ops = ops_of.get(i)
-                        if ops is None:
-                            ops = ops_of[i] = []
-                        ops.append((ASK, tk, rid))
-                        if ahead:
-                            group = pend.get(done)
-                            if group is None:
-                                group = pend[done] = {}
-                            group[i] = (k, tk, rid)
-                    elif kind == BARRIER:  # its completion: ``combine``, then the next wake or the finish
-                        ops = ops_of.get(i)
-                        if ops is None:
-                            ops = ops_of[i] = []
-                        s = ss[i]
-                        if s + 1 < steps:  # ``combine`` sends the next exchange's payload, then its gather
-                            pid = next(rids)
-                            ops.append((COMBINE, rid_of[i], v, s, pid, next(order), t))
-                            ss[i] = s + 1
-                            broadcast(i, t, pid, ks[i] * steps + s + 1)
-                        else:  # the round's last: the next wake or the finish
-                            ops.append((COMBINE, rid_of[i], v, s, None, next(order), t))
-                            ss[i] = 0
-                            ks[i] += 1
-                            wake(i, t)
-                    elif kind == TIMER:
-                        w = waiter[i]
-                        if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
-                            put(pack(t, c_timeout, i, -1, -1, 0, float(len(w.expect) - len(w.got)), w.round, c_none))
-                            close(i, w, t)
-                    elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
-                        gather(i, t, v)
-                    elif housekeeping(t, kind, i, v):
-                        return
-            finally:
-                self.now, self.pending_lo, self.flushed = t, pending_lo, flushed
-
-        self.events_until = events_until
-
-    def unref(self, rid: int) -> None:
-        n = self.refs[rid] - 1
-        if n or rid not in self.sizes:  # (0 before its ``local`` ran: ``locals`` keeps no payload then)
-            self.refs[rid] = n
-        else:
-            del self.refs[rid]
-            self.payload.pop(rid, None)
+    def events_until(self, end: float) -> None:
+        self.control.until(end)
 
     def decide(self) -> None:
         """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows (then only those of
         payloads a message carries or whose round is open are kept: no other is read again), its releases after
         their agents' ``compute_end``."""
-        self.write_records()
-        buf, R, sizes, guess = self.rows.buf, RECORD.size, self.sizes, self.guess
-        for at, rid in self.patches:
+        c, st = self.control, self.store
+        self.records.write(st, self.tag)
+        buf, R, sizes, guess = self.rows.buf, RECORD.size, st.sizes, st.guess
+        for at, rid in c.patches:
             if sizes[rid] != guess:
                 _pack_size(buf, at * R + _SIZE_AT, sizes[rid])
-        self.patches.clear()
-        refs, recs, payload = self.refs, self.recs, self.payload
+        c.patches.clear()
+        refs, recs, payload = st.refs, st.recs, st.payload
         for pid in [q for q in sizes if q not in refs and q not in recs and q not in payload]:
             del sizes[pid]
-        if not self.slots:
+        if not c.slots:
             return
         out, last = bytearray(), 0
         made = PackedRows(self.words)
-        for at, rid in self.slots:
-            rows = self.released.pop(rid)
+        for at, rid in c.slots:
+            rows = st.released.pop(rid)
             if rows:
                 made.clear()
                 made.extend(rows)
                 out += buf[last:at * R]
                 out += made.buf
                 last = at * R
-        self.slots.clear()
+        c.slots.clear()
         if last:
             out += buf[last:]
             self.rows.clear()
             self.rows.put(out)
-
-    def write_records(self) -> None:
-        """The privacy records this work made, as the events engine's agents write them: the deliveries in delivery
-        order (``ViewLog.deliver_rows``), the release values and the mixing steps (``Agent.record_mix``, each at its
-        barrier's completion) in the order the control met their ``local`` and ``combine``."""
-        views = self.views
-        if self.viewed:
-            seen = self.viewed.copy()  # (the control's closure holds the list)
-            self.viewed.clear()
-            n = 0
-            while n < len(seen):  # runs of one message round: one call each
-                m = n + 1
-                while m < len(seen) and seen[m][2] == seen[n][2]:
-                    m += 1
-                run = seen[n:m]
-                views.deliver_rows([e[0] for e in run], [e[1] for e in run], run[0][2], [e[3] for e in run],
-                                   self.tag, [self.payload[e[4]] for e in run])
-                n = m
-            for e in seen:
-                self.unref(e[4])
-        if self.values:
-            self.values.sort(key=lambda e: e[0])
-            for _, i, rnd, clean, value in self.values:
-                views.released(i, rnd, clean, value)
-            self.values.clear()
-        if self.mixes:
-            self.mixes.sort(key=lambda e: e[0])
-            for _, a, t, released, steps in self.mixes:
-                for got, lr in steps:
-                    a.record_mix(got, lr, t=t, released=released)
-            self.mixes.clear()
 
     # checkpoints (``WindowDriver.held``): between two tensor works ------------------------------------------------
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
@@ -561,11 +241,11 @@ class _Driver(WindowDriver):
         number) and its queue; the round records, the completions grouped for ``local``, the payloads' bytes,
         references and values, the releases made ahead, the parameters kept for a ``local`` and each agent's part
         kept for its ``combine`` (the kernel's values on it: ``per_row`` ones by row)."""
-        W = self.bank.W
-        pool = _Pool(W.dtype)
-        rid, gid, order = next(self.rids), next(self.gids), next(self.order)  # (read, and skipped: keys only)
+        c, st, work = self.control, self.store, self.work
+        pool = _Pool(self.bank.W.dtype)
+        rid, gid, order = next(c.rids), next(c.gids), next(c.order)  # (read, and skipped: keys only)
         parts: dict[int, tuple] = {}  # the parts by the batch they are rows of: (batch, its kept values, rids, rows)
-        for r, (b, n, (kept, _)) in self.parts.items():
+        for r, (b, n, (kept, _)) in work.parts.items():
             e = parts.get(id(b))
             if e is None:
                 e = parts[id(b)] = (b, kept, [], [])
@@ -581,15 +261,15 @@ class _Driver(WindowDriver):
                            "kept": [[name, True, pool.add([b.cut(name, v, n, per_row) for n in ns])]
                                     if name in per_row and v is not None else [name, False, pool.add(v)]
                                     for name, v in kept.items()]})
-        x_keys = list(self.x_at)
-        own = {"k": self.k, "s": self.s, "rid": self.rid, "next": [rid, gid, order], "flushed": self.flushed,
-               "waiter": [None if w is None else [w.round, list(w.got.items()), w.gid] for w in self.waiter],
-               "queue": [list(q) for q in self.queue], "recs": list(self.recs.items()),
-               "pend": [[t, list(g.items())] for t, g in self.pend.items()], "localed": sorted(self.localed),
-               "sizes": list(self.sizes.items()), "refs": list(self.refs.items()),
-               "released": list(self.released.items()),
-               "payload": [[pid, pool.add(v)] for pid, v in self.payload.items()],
-               "x_at": [x_keys, pool.add(_join([self.x_at[r] for r in x_keys]) if x_keys else None)],
+        x_keys = list(work.x_at)
+        own = {"k": c.k, "s": c.s, "rid": c.rid, "next": [rid, gid, order], "flushed": c.flushed,
+               "waiter": [None if w is None else [w.round, list(w.got.items()), w.gid] for w in c.waiter],
+               "queue": [list(q) for q in c.queue], "recs": list(st.recs.items()),
+               "pend": [[t, list(g.items())] for t, g in c.pend.items()], "localed": sorted(c.localed),
+               "sizes": list(st.sizes.items()), "refs": list(st.refs.items()),
+               "released": list(st.released.items()),
+               "payload": [[pid, pool.add(v)] for pid, v in st.payload.items()],
+               "x_at": [x_keys, pool.add(_join([work.x_at[r] for r in x_keys]) if x_keys else None)],
                "parts": groups}
         return {**own, "pool": pool.shapes()}, pool.tensors()
 
@@ -598,26 +278,27 @@ class _Driver(WindowDriver):
         if any(len(own[k]) != n for k in ("k", "s", "rid", "waiter", "queue")):
             raise ValueError(f"held.own: not {n} agents' state")
         pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
-        self.k[:], self.s[:], self.rid[:] = own["k"], own["s"], own["rid"]
-        self.flushed = own["flushed"]
+        c, st, work = self.control, self.store, self.work
+        c.k[:], c.s[:], c.rid[:] = own["k"], own["s"], own["rid"]
+        c.flushed = own["flushed"]
         agents = self.agents
-        self.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
+        c.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
                           for i, w in enumerate(own["waiter"])]
-        for w, saved in zip(self.waiter, own["waiter"], strict=True):
+        for w, saved in zip(c.waiter, own["waiter"], strict=True):
             if w is not None:
                 w.got.update((src, r) for src, r in saved[1])
-        self.queue[:] = [deque(tuple(m) for m in q) for q in own["queue"]]
-        self.recs.update((r, list(rec)) for r, rec in own["recs"])
-        self.pend.update((t, {i: tuple(v) for i, v in g}) for t, g in own["pend"])
-        self.localed.update(own["localed"])
-        self.sizes.update(own["sizes"])
-        self.refs.update(own["refs"])
-        self.released.update((r, [tuple(row) for row in rows]) for r, rows in own["released"])
-        self.payload.update((pid, pool.get(v)) for pid, v in own["payload"])
+        c.queue[:] = [deque(tuple(m) for m in q) for q in own["queue"]]
+        st.recs.update((r, list(rec)) for r, rec in own["recs"])
+        c.pend.update((t, {i: tuple(v) for i, v in g}) for t, g in own["pend"])
+        c.localed.update(own["localed"])
+        st.sizes.update(own["sizes"])
+        st.refs.update(own["refs"])
+        st.released.update((r, [tuple(row) for row in rows]) for r, rows in own["released"])
+        st.payload.update((pid, pool.get(v)) for pid, v in own["payload"])
         keys, x = own["x_at"]
         if keys:
             x = pool.get(x)
-            self.x_at.update((r, (x, m)) for m, r in enumerate(keys))
+            work.x_at.update((r, (x, m)) for m, r in enumerate(keys))
         for g in own["parts"]:
             b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.state)
             b.s, b.out, b.sizes = g["s"], [pool.get(v) for v in g["out"]], g["sizes"]
@@ -626,8 +307,8 @@ class _Driver(WindowDriver):
                 if rows:  # (each row as ``Batch.cut`` made it: a (1, ...) tensor or a one-item list)
                     v = torch.cat(v) if all(isinstance(u, torch.Tensor) for u in v) else [u[0] for u in v]
                 setattr(b, name, v)
-            cuts = self.cuts(b)
-            self.parts.update((r, (b, m, cuts)) for m, r in enumerate(g["rids"]))
+            cuts = work.cuts(b)
+            work.parts.update((r, (b, m, cuts)) for m, r in enumerate(g["rids"]))
         if self.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
             keys = list(self.at_of)
             at = torch.stack([self.at_of[k] for k in keys])
@@ -793,7 +474,7 @@ class _Driver(WindowDriver):
         locals_ = np.flatnonzero(kind == LOCAL).tolist()
         made_by = {flat[n][1][2]: n for n in locals_}  # pid -> the operation that makes it in this work
         made_by.update((o[4], n) for n, o in ((n, flat[n][1]) for n in combines) if o[4] is not None)
-        payload, waiter, waited, gap = self.payload, [], [], []
+        payload, waiter, waited, gap = self.store.payload, [], [], []
         for n in combines:
             for r in flat[n][1][2].values():
                 if r not in payload:  # (made in an earlier work: kept)
@@ -839,7 +520,7 @@ class _Driver(WindowDriver):
         cut = np.flatnonzero(np.diff(sk)) + 1
         starts, ends = [0, *cut.tolist()], [*cut.tolist(), m]
         order, keys = groups.tolist(), sk.tolist()
-        handlers = (self.combines, self.asks, self.locals)
+        handlers = (self.work.combines, self.work.asks, self.work.locals)
         for a, b in zip(starts, ends, strict=True):
             s, kd = divmod(keys[a], 3)
             handlers[kd]([flat[n] for n in order[a:b]])
@@ -848,10 +529,382 @@ class _Driver(WindowDriver):
                     self.evaluate_batch(f)
         self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
+    def point(self, tk: int) -> torch.Tensor:
+        x, n = self.at_of.pop(tk)
+        return x[n]
+
+    def points(self, tickets) -> torch.Tensor:
+        """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
+        at_of = self.at_of
+        return _join([at_of.pop(tk) for tk in tickets], share=True)
+
+
+class _Control:
+    """The control (the module docstring): each agent's program played as events in simpy's order (``until``), and
+    what it keeps between them: each program's round, exchange and round record, its open barrier and its queue; the
+    numbers of barriers, round records and payloads, and of the tensor operations in the engine's order; the
+    completions grouped for ``LocalAhead``; where the window's rows wait for the tensor work (``decide``)."""
+
+    def __init__(self, d: _Driver):
+        n = len(d.agents)
+        self.k = [0] * n  # each program's round
+        self.s = [0] * n  # its exchange in the round
+        self.rid = [-1] * n  # its current round's record
+        self.waiter: list[_Gather | None] = [None] * n
+        self.queue: list[deque] = [deque() for _ in range(n)]  # arrived and not taken: (id, sender, record, round)
+        restored = d.sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
+        at = restored.plain["own"]["next"] if restored is not None and restored.plain else (-1, -1, -1)
+        self.gids = itertools.count(at[1] + 1)
+        self.rids = itertools.count(at[0] + 1)  # round records and payloads (a round's first payload has its record's
+        # number)
+        self.order = itertools.count(at[2] + 1)  # each ``local`` and ``combine`` where the control meets it (the
+        # engine makes its releases and mixing steps there: ``_Records``)
+        self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
+        self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
+        self.flushed = 0  # the tickets the engine's gradient batches have evaluated so far
+        self.slots: list[tuple[int, int]] = []  # (row of this window, rid): the round's releases go there
+        self.patches: list[tuple[int, int]] = []  # (row of this window, pid): a send or drop of the payload
+        self.until = self._events(d)
+
+    def _events(self, d: _Driver) -> Callable[[float], None]:
+        """``until(end)``, the driver's ``events_until``: a closure over this state and the driver's, as push gossip's
+        is: it runs for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps
+        the per-event Python small."""
+        from netsim.rounds.sync import _local_steps
+
+        agents, enqueue, wake, ops_of, housekeeping = d.agents, d.enqueue, d.wake, d.ops, d.housekeeping
+        rows, cur, soon, st = d.rows, d.cur, d.soon, d.store
+        put, buf, R = rows.put, rows.buf, RECORD.size
+        kernel, p, state, req0 = d.kernel, d.p, d.state, d.first
+        free, timeout, steps = d.free, p.round_timeout, d.work.steps
+        ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
+        ks, ss, rid_of, waiter, queue = self.k, self.s, self.rid, self.waiter, self.queue
+        order, views, viewed = self.order, d.records.views, d.records.viewed
+        recs, pend, localed, slots, patches = st.recs, self.pend, self.localed, self.slots, self.patches
+        sizes, released, refs, payload = st.sizes, st.released, st.refs, st.payload
+        ticket_of, flushes, fixed, guess = d.ticket_of, d.flushes, st.fixed, st.guess
+        gids, rids, words, tag = self.gids, self.rids, d.words, d.tag_code
+        links, take_ids, unref, gradient = outcomes(d.net.lean()), d.net.take_ids, st.unref, kernel.gradient
+        adopt = None if d.dynamic is None else d.dynamic.adopt
+        pop, take = heapq.heappop, cur.pop
+        C = CODES
+        expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
+        c_act, c_start, c_end, c_send, c_drop, c_deliver, c_timeout, c_none = (
+            C.activate, C.compute_start, C.compute_end, C.send, C.drop, C.deliver, C.timeout, C.none)
+        c_stale = words(Stale.kind)
+        if event_row(Stale(0.0, 0, 1, 2, 3)) != (0.0, Stale.kind, 0, 1, 2, 0, 0.0, 3, TEXT.none):
+            raise RuntimeError("barrier windows: a stale row's shape is not the one packed here")
+
+        ready: list[tuple] = []  # barriers completed by the event being processed, whose completion comes next
+
+        def close(i: int, w: _Gather, t: float) -> None:
+            """The barrier resolves (``succeed``): its completion is an event at ``t``, scheduled now — processed
+            right after the current event (``ready``) where nothing else is due by ``t``: the queue would pop it
+            next (what the current event schedules after it comes later in simpy's order too)."""
+            waiter[i] = None
+            if (soon and soon[0][0] <= t) or (cur and cur[-1][0] <= t):
+                enqueue(t, BARRIER, i, w.got)
+            else:
+                ready.append((t, i, w.got))
+
+        def offer(i: int, w: _Gather, m: tuple, t: float) -> bool:
+            """``_Gather.offer``: a message of the barrier's round from an expected sender is taken (the last one
+            completes it), one of an earlier round discarded as stale; False: left queued."""
+            mid, src, rid, rnd = m
+            if rnd == w.round and src in w.expect:
+                got = w.got
+                got[src] = rid
+                if len(got) == len(w.expect):
+                    close(i, w, t)
+                return True
+            if rnd < w.round:
+                put(pack(t, c_stale, i, src, mid, 0, 0.0, rnd, c_none))  # (``Stale``'s row)
+                unref(rid)
+                return True
+            return False
+
+        def gather(i: int, t: float, rnd: int) -> None:
+            """``Agent.gather`` of message round ``rnd``: the queued messages offered in arrival order, then the timer
+            unless done."""
+            expect = agents[i].in_neighbors
+            made = expects[i]  # (the set made once per list of in-neighbours)
+            if made[0] is not expect:
+                made = expects[i] = (expect, frozenset(expect))
+            w = _Gather(rnd, made[1], next(gids))
+            if not expect:
+                enqueue(t, BARRIER, i, w.got)
+                return
+            waiter[i] = w
+            q = queue[i]
+            if q:
+                keep: deque = deque()
+                while q and waiter[i] is w:
+                    m = q.popleft()
+                    if not offer(i, w, m, t):
+                        keep.append(m)
+                keep.extend(q)
+                queue[i] = keep
+            if waiter[i] is w:
+                enqueue(t + timeout, TIMER, i, w.gid)
+
+        def broadcast(i: int, t: float, pid: int, rnd: int) -> None:
+            """``Agent.broadcast`` of payload ``pid`` with message round ``rnd``, then the gather of that round (or
+            first the end of the broadcast's transmission)."""
+            size = fixed if fixed is not None else sizes.get(pid)
+            s = guess if size is None else size
+            held = 0
+            nb = agents[i].neighbors
+            # ``Agent.broadcast`` (links transmit in parallel): each link's outcome from its streams, in one call, and
+            # how long the sends hold the program
+            delays, reasons, tx = links(i, nb, t, s)
+            mid = take_ids(len(nb)) - 1  # (the sends' ids, in send order: nothing else sends in between)
+            for j, delay, reason in zip(nb, delays, reasons):  # ``Network.send``'s rows and arrivals
+                mid += 1
+                if size is None:
+                    patches.append((len(buf) // R, pid))
+                put(pack(t, c_send, i, j, mid, s, delay, rnd, tag))
+                if reason:
+                    if size is None:
+                        patches.append((len(buf) // R, pid))
+                    put(pack(t, c_drop, i, j, mid, s, delay, rnd, words(reason)))
+                else:
+                    held += 1
+                    enqueue(t + delay, ARR, j, (mid, i, pid, t, rnd))
+            if held or pid not in payload:  # (0 until it is made: no payload is kept then)
+                refs[pid] = held
+            else:
+                del payload[pid]
+            if tx <= 0:  # nothing to transmit: the barrier at once
+                gather(i, t, rnd)
+            else:  # the program waits for its longest transmission (a Timeout, set after the arrivals)
+                enqueue(t + tx, SENT, i, rnd)
+
+        def events_until(end: float) -> None:
+            """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+            t, pending_lo, flushed = d.now, d.pending_lo, self.flushed
+            try:
+                while True:  # ``due``, inlined
+                    if ready:  # a barrier's completion, due before anything queued (``close``)
+                        t, i, v = ready.pop(0)
+                        kind = BARRIER
+                    elif soon and (not cur or soon[0] < cur[-1]):
+                        t, _, kind, i, v = pop(soon)
+                    elif cur and cur[-1][0] < end:
+                        t, _, kind, i, v = take()
+                    else:
+                        break
+                    if kind == ARR:  # a delivery: its row, then ``Inbox.put`` (offered to an open barrier, else queued)
+                        mid, src, rid, sent, rnd = v
+                        size = fixed if fixed is not None else sizes.get(rid)
+                        if size is None:  # its ``local`` is in this gather's tensor work: the size patched after it
+                            patches.append((len(buf) // R, rid))
+                            size = guess
+                        put(pack(t, c_deliver, i, src, mid, size, t - sent, rnd, tag))
+                        if views is not None:  # ``ViewLog.deliver``: written after the work, its payload kept till then
+                            viewed.append((i, src, rnd, t, rid))
+                            refs[rid] += 1
+                        w = waiter[i]
+                        if w is not None and rnd == w.round and src in w.expect:  # ``offer``'s taking, inlined
+                            got = w.got
+                            got[src] = rid
+                            if len(got) == len(w.expect):
+                                close(i, w, t)
+                        elif w is None or not offer(i, w, (mid, src, rid, rnd), t):
+                            queue[i].append((mid, src, rid, rnd))
+                    elif kind == DONE:
+                        # the gradient is back: ``compute_end`` (a batch's first evaluates every pending request),
+                        # ``local`` (with the agents done at this instant, ``LocalAhead``), the releases, the sends,
+                        # the barrier
+                        if v >= flushed:
+                            flushed = len(ticket_of)
+                        if v >= pending_lo and not free:
+                            flushes.append(range(pending_lo, len(ticket_of)))
+                            pending_lo = len(ticket_of)
+                        put(pack(t, c_end, i, -1, -1, 0, 0.0, -1, c_none))
+                        rid, k = rid_of[i], ks[i]
+                        if not ahead:
+                            recs[rid][2] = t
+                            ops = ops_of.get(i)
+                            if ops is None:
+                                ops = ops_of[i] = []
+                            ops.append((LOCAL, v, rid, next(order)))
+                        elif rid in localed:
+                            localed.discard(rid)
+                        else:  # the first of its instant: every agent of this round index done now runs ``local``
+                            group = pend[t]
+                            for j, (kj, tj, rj) in list(group.items()):
+                                if kj == k and tj < flushed:
+                                    del group[j]
+                                    recs[rj][2] = t
+                                    ops = ops_of.get(j)
+                                    if ops is None:
+                                        ops = ops_of[j] = []
+                                    ops.append((LOCAL, tj, rj, next(order)))
+                                    if rj != rid:
+                                        localed.add(rj)
+                            if not group:
+                                del pend[t]
+                        made = released.pop(rid, None)
+                        if made is None:
+                            slots.append((len(buf) // R, rid))
+                        else:  # its ``local`` ran in an earlier window's work (an agent done at this instant first)
+                            rows.extend(made)
+                        broadcast(i, t, rid, k * steps)
+                    elif kind == ACT:  # the activation: its row, the round's gradient request (the parameters now)
+                        a = agents[i]
+                        if adopt is not None:
+                            adopt(a, t)
+                        put(pack(t, c_act, i, -1, -1, 0, v, a.round, c_none))
+                        req = gradient(p, state, i)
+                        if req is not req0 and req != req0:
+                            raise RuntimeError(f"barrier windows: agent {i} asks for another gradient ({req}) than "
+                                               f"{req0}")
+                        rid = next(rids)
+                        rid_of[i] = rid
+                        ct = a.compute_time(t)  # ``Agent.gradient``
+                        put(pack(t, c_start, i, -1, -1, 0, ct, -1, c_none))
+                        tk = len(ticket_of)
+                        ticket_of.append(None)  # (its mini-batch is drawn where its point is taken: ``asks``)
+                        done = t + ct
+                        enqueue(done, DONE, i, tk)
+                        k = ks[i]
+                        recs[rid] = [i, k, 0.0, a.round, a.schedule.tick]
+                        ops = ops_of.get(i)
+                        if ops is None:
+                            ops = ops_of[i] = []
+                        ops.append((ASK, tk, rid))
+                        if ahead:
+                            group = pend.get(done)
+                            if group is None:
+                                group = pend[done] = {}
+                            group[i] = (k, tk, rid)
+                    elif kind == BARRIER:  # its completion: ``combine``, then the next wake or the finish
+                        ops = ops_of.get(i)
+                        if ops is None:
+                            ops = ops_of[i] = []
+                        s = ss[i]
+                        if s + 1 < steps:  # ``combine`` sends the next exchange's payload, then its gather
+                            pid = next(rids)
+                            ops.append((COMBINE, rid_of[i], v, s, pid, next(order), t))
+                            ss[i] = s + 1
+                            broadcast(i, t, pid, ks[i] * steps + s + 1)
+                        else:  # the round's last: the next wake or the finish
+                            ops.append((COMBINE, rid_of[i], v, s, None, next(order), t))
+                            ss[i] = 0
+                            ks[i] += 1
+                            wake(i, t)
+                    elif kind == TIMER:
+                        w = waiter[i]
+                        if w is not None and w.gid == v:  # (else the barrier completed: the timer does nothing)
+                            put(pack(t, c_timeout, i, -1, -1, 0, float(len(w.expect) - len(w.got)), w.round, c_none))
+                            close(i, w, t)
+                    elif kind == SENT:  # the broadcast's transmission is over: the program goes on to its barrier
+                        gather(i, t, v)
+                    elif housekeeping(t, kind, i, v):
+                        return
+            finally:
+                d.now, d.pending_lo, self.flushed = t, pending_lo, flushed
+
+        return events_until
+
+
+class _Store:
+    """What the rounds made, by number (a round's record and its first payload share one): the round records, each
+    round's releases once its ``local`` made them, and the payloads with their bytes and the messages that carry them.
+    The control reads and writes them as its events happen, the tensor work makes their values; each is kept while
+    something reads it (``unref``; ``decide``)."""
+
+    def __init__(self, fixed: int | None, like: torch.Tensor):
+        # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
+        self.recs: dict[int, list] = {}
+        self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
+        # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
+        # of the exchange before
+        self.sizes: dict[int, int] = {}  # pid -> its payload's bytes (once made; while it is read: ``decide``)
+        self.refs: dict[int, int] = {}  # pid -> messages in flight or queued that carry its payload
+        self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
+        # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
+        # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
+        self.fixed = fixed
+        self.guess = payload_size(like) if fixed is None else fixed
+
+    def unref(self, rid: int) -> None:
+        n = self.refs[rid] - 1
+        if n or rid not in self.sizes:  # (0 before its ``local`` ran: ``locals`` keeps no payload then)
+            self.refs[rid] = n
+        else:
+            del self.refs[rid]
+            self.payload.pop(rid, None)
+
+
+class _Records:
+    """The privacy records (``privacy.record``): made in the tensor work, out of the engine's order, and written after
+    each work in it (``write``): the deliveries the payloads record holds, in delivery order (their payloads kept until
+    written), the release values and mixing steps in the order the control met their ``local`` and ``combine``."""
+
+    def __init__(self, log):
+        self.mixing, self.views = log is not None, None if log is None else log.views
+        self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
+        self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
+        self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
+
+    def write(self, store: _Store, tag: str) -> None:
+        """The privacy records this work made, as the events engine's agents write them: the deliveries in delivery
+        order (``ViewLog.deliver_rows``), the release values and the mixing steps (``Agent.record_mix``, each at its
+        barrier's completion) in the order the control met their ``local`` and ``combine``."""
+        views = self.views
+        if self.viewed:
+            seen = self.viewed.copy()  # (the control's closure holds the list)
+            self.viewed.clear()
+            n = 0
+            while n < len(seen):  # runs of one message round: one call each
+                m = n + 1
+                while m < len(seen) and seen[m][2] == seen[n][2]:
+                    m += 1
+                run = seen[n:m]
+                views.deliver_rows([e[0] for e in run], [e[1] for e in run], run[0][2], [e[3] for e in run],
+                                   tag, [store.payload[e[4]] for e in run])
+                n = m
+            for e in seen:
+                store.unref(e[4])
+        if self.values:
+            self.values.sort(key=lambda e: e[0])
+            for _, i, rnd, clean, value in self.values:
+                views.released(i, rnd, clean, value)
+            self.values.clear()
+        if self.mixes:
+            self.mixes.sort(key=lambda e: e[0])
+            for _, a, t, released, steps in self.mixes:
+                for got, lr in steps:
+                    a.record_mix(got, lr, t=t, released=released)
+            self.mixes.clear()
+
+
+class _Work:
+    """What a lock step computes (the driver's ``tensor_work`` plans the steps): the gradients' points and
+    mini-batches (``asks``), ``local`` (``locals``) and ``combine`` (``combines``) of a step's agents, one kernel call
+    per round index; and what it keeps between steps and works: each round's parameters at its activation and each
+    agent's part of its batch for its next ``combine``."""
+
+    def __init__(self, d: _Driver):
+        kernel, p = d.kernel, d.p
+        self.d, self.store, self.records = d, d.store, d.records
+        self.steps = kernel.exchanges(p, d.state)  # barrier exchanges a round (messages of round k * steps + s)
+        self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
+        self.sampler = RowsAhead(d.agents)  # ``Agent.sample_rows`` of a lock step's agents at once
+        self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
+        self.parts: dict[int, tuple] = {}  # rid -> (batch, row, its ``cuts``): the agent's part after ``local`` or
+        # ``combine``
+        self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
+        self.mixed = AnyRound(type(kernel).__name__)
+        # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
+        # those, the dicts per agent and 8 windows are faster
+        self.small = d.bank.W.shape[1] <= SMALL
+
     def by_round(self, step: list, at: int) -> list[tuple]:
         """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
         where the kernel reads no ``b.k`` (``any_round``), k then ``AnyRound`` unless all are at one round."""
-        recs = self.recs
+        recs = self.store.recs
         if self.any_round:
             ks = {recs[o[at]][1] for _, o in step}
             return [(ks.pop() if len(ks) == 1 else self.mixed, step)]
@@ -864,7 +917,8 @@ class _Driver(WindowDriver):
         """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
-        who, W, spare = [i for i, _ in step], self.bank.W, self.spare
+        d = self.d
+        who, W, spare = [i for i, _ in step], d.bank.W, self.spare
         at = as_index(who, W.device)
         if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
             x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
@@ -875,39 +929,31 @@ class _Driver(WindowDriver):
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
         tickets = [o[1] for _, o in step]
-        rows = self.sampler.take(list(map(self.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
-        if self.free:
-            self.evaluate_step(who, tickets, x, rows)
+        rows = self.sampler.take(list(map(d.agents.__getitem__, who)), np.array(who, np.int64), d.first.batch)
+        if d.free:
+            d.evaluate_step(who, tickets, x, rows)
             return
-        ticket_of, at_of = self.ticket_of, self.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
+        ticket_of, at_of = d.ticket_of, d.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
         for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
             ticket_of[tk] = (i, r)
             at_of[tk] = (x, n)
 
-    def point(self, tk: int) -> torch.Tensor:
-        x, n = self.at_of.pop(tk)
-        return x[n]
-
-    def points(self, tickets) -> torch.Tensor:
-        """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
-        at_of = self.at_of
-        return _join([at_of.pop(tk) for tk in tickets], share=True)
-
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
-        kernel, p, recs = self.kernel, self.p, self.recs
+        d, st, values = self.d, self.store, self.records.values
+        kernel, p, recs, x_at = d.kernel, d.p, st.recs, self.x_at
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
-            x = _join([self.x_at.pop(r) for r in rids], share=True)
-            g = self.grads.take([o[1] for _, o in ops])
+            x = _join([x_at.pop(r) for r in rids], share=True)
+            g = d.grads.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
             def at(n: int, rids=rids, made=made) -> tuple:
                 rec = recs[rids[n]]
                 return rec[2], made[n], rec[3], rec[4]
 
-            b = Batch([self.agents[i] for i, _ in ops], k, x, g, self.state, at)
-            if self.views is not None:
+            b = Batch([d.agents[i] for i, _ in ops], k, x, g, d.state, at)
+            if self.records.views is not None:
                 b.held = []
             if kernel.local(b, p) is not None:
                 raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
@@ -915,33 +961,34 @@ class _Driver(WindowDriver):
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
             self.made(b, ops, rids)
             for n, rid in enumerate(rids):
-                self.released[rid] = made[n]
+                st.released[rid] = made[n]
             for n, clean, value in b.held or ():  # the release values, written in the engine's order
-                self.values.append((ops[n][1][3], b.agents[n].id, recs[rids[n]][3], clean, value))
+                values.append((ops[n][1][3], b.agents[n].id, recs[rids[n]][3], clean, value))
 
     def made(self, b: Batch, ops: list, pids: list) -> None:
         """The payloads batch ``b`` sent (``local``'s, or ``combine``'s for the next exchange) as payloads ``pids``,
         kept while a message carries them, and each agent's part of the batch for its next ``combine``."""
-        refs, cuts = self.refs, self.cuts(b)
+        st, parts, cuts = self.store, self.parts, self.cuts(b)
+        refs, sizes, fixed = st.refs, st.sizes, st.fixed
         for n, pid in enumerate(pids):
             payload = b.out[n]
-            size = self.sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
-            if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
-                raise RuntimeError(f"barrier windows: {type(self.kernel).__name__}.payload_bytes says {self.fixed} "
+            size = sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
+            if fixed is not None and size != fixed:  # (its sends were timed with the declared bytes)
+                raise RuntimeError(f"barrier windows: {type(self.d.kernel).__name__}.payload_bytes says {fixed} "
                                    f"bytes, and agent {b.agents[n].id} sent a payload of {size}")
             held = refs.get(pid)  # (None: its sends come later, at its own completion)
             if held is None or held:
-                self.payload[pid] = payload
+                st.payload[pid] = payload
             else:  # sent nowhere, every message lost, or discarded as stale before this work
                 del refs[pid]
-            self.parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)
+            parts[ops[n][1][1 if ops[n][1][0] == COMBINE else 2]] = (b, n, cuts)  # (``rows_of`` joins them)
 
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per exchange (and round index, unless
         ``any_round``); before the round's last exchange it sends the next payloads."""
-        kernel, p = self.kernel, self.p
+        kernel, p, st, rec = self.d.kernel, self.d.p, self.store, self.records
         groups: dict = {}  # by exchange and round index, or by exchange alone (``by_round``)
-        recs, joined = self.recs, self.any_round
+        recs, joined = st.recs, self.any_round
         for i, o in step:
             groups.setdefault(o[3] if joined else (recs[o[1]][1], o[3]), []).append((i, o))
         for key, ops in groups.items():
@@ -952,23 +999,23 @@ class _Driver(WindowDriver):
             parts = [self.parts.pop(o[1]) for _, o in ops]
             b = self.rows_of(parts)
             b.s, b.k = s, k
-            if self.mixing:
+            if rec.mixing:
                 b.held = []
             if self.small:
                 got = self.arrivals([i for i, _ in ops], [o[2] for _, o in ops])
             else:
-                got = [{src: self.payload[r] for src, r in o[2].items()} for _, o in ops]
+                got = [{src: st.payload[r] for src, r in o[2].items()} for _, o in ops]
             if kernel.combine(b, p, got) is not None:
                 raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
                                    "refused)")
             if b.held:
                 raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
-            if self.mixing:  # each agent's mixing steps, written in the engine's order with its releases so far
+            if rec.mixing:  # each agent's mixing steps, written in the engine's order with its releases so far
                 for (_, o), a, steps in zip(ops, b.agents, b.take_mixes() or [()] * len(ops), strict=True):
-                    self.mixes.append((o[5], a, o[6], a.releases_made, steps))
+                    rec.mixes.append((o[5], a, o[6], a.releases_made, steps))
             if s + 1 < self.steps:
                 self.made(b, ops, [o[4] for _, o in ops])
-            refs, sizes, payload, recs, last = self.refs, self.sizes, self.payload, self.recs, s + 1 == self.steps
+            refs, sizes, payload, last = st.refs, st.sizes, st.payload, s + 1 == self.steps
             for _, o in ops:
                 for r in o[2].values():  # ``unref``, inlined
                     n = refs[r] - 1
@@ -984,7 +1031,7 @@ class _Driver(WindowDriver):
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
         delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
         weight as arrays (``Arrivals``: no dict per agent)."""
-        payload, agents, chain = self.payload, self.agents, itertools.chain.from_iterable
+        payload, agents, chain = self.store.payload, self.d.agents, itertools.chain.from_iterable
         rids = np.fromiter(chain(g.values() for g in took), np.int64)
         if not len(rids):
             return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
@@ -1002,7 +1049,7 @@ class _Driver(WindowDriver):
         values, and {name: (whether a tensor with a row per agent, the value)} for those the kernel declares
         ``per_row``."""
         kept = b.kept()
-        per_row, rows = self.kernel.per_row, {}
+        per_row, rows = self.d.kernel.per_row, {}
         for name, v in kept.items():
             if name not in per_row or v is None:
                 continue
@@ -1019,16 +1066,17 @@ class _Driver(WindowDriver):
         (those it declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's) —
         no batch of one per agent."""
         first, n0, (kept, _) = parts[0]
+        per_row = self.d.kernel.per_row
         if len(parts) == 1:
-            return first.row(n0, self.kernel.per_row)
+            return first.row(n0, per_row)
         b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.state)
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.d.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
         for name, v in kept.items():
-            if name in self.kernel.per_row:  # (a None value stays None: ``Batch.cut``)
+            if name in per_row:  # (a None value stays None: ``Batch.cut``)
                 cut = [c[1].get(name) for _, _, c in parts]
                 if all(u is not None and u[0] for u in cut):
                     v = _join([(u[1], n) for u, (_, n, _) in zip(cut, parts)])
