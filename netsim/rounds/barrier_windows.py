@@ -7,11 +7,11 @@ and link models of the scenario. Byte for byte the events engine's trace, metric
 The windows are push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
 shares), but no lookahead is needed: a barrier completes on a delivery, or times out with what was delivered, and its
 ``combine`` reads only delivered payloads, each made by its sender's ``local`` (or, in a later exchange of the round,
-its ``combine`` of the exchange before) before it was sent. The control never
-reads a tensor; so the tensor work of ``gathers`` windows is done together in dependency order, a ``combine`` in a
-lock step after the ``local`` that makes a payload it reads (``lock_steps``), and a message may
-be sent and delivered inside one window. A window's length (``window``: the smallest latency where it is positive, else
-a typical one) only sizes the control's buckets and the lock steps.
+its ``combine`` of the exchange before) before it was sent. The control never reads a tensor; so the tensor work of
+``gathers`` windows is done together in dependency order, a ``combine`` in a lock step after the ``local`` that makes a
+payload it reads (``lock_steps``), and a message may be sent and delivered inside one window. A window's length
+(``window``: the smallest latency where it is positive, else a typical one) only sizes the control's buckets and the
+lock steps.
 
 The control plays each agent's program (``SyncRounds.program``) as events in simpy's order (time, insertion): the
 activation (its ``activate`` and ``compute_start`` rows, the gradient request), the gradient's completion (the engine's
@@ -40,15 +40,12 @@ them: a message's bytes (``b.sizes`` or the payload's; where the kernel declares
 ``send`` and ``drop`` and ``deliver`` rows after the work (the rows of its windows are held until then: ``holds_rows``),
 and an agent's releases (``Batch.privatize`` through its ledger, placed at the agent's completion time, round and tick),
 spliced in after its ``compute_end``. The privacy records (``privacy.record``) are made in the tensor work, out of the
-engine's order: its batches hold them (``Batch.held``) and ``write_records`` writes them after the work in the engine's
+engine's order: its batches hold them (``Batch.held``) and ``_Records.write`` writes them after the work in the engine's
 order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
 completion).
 
 Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
-state is then data (``hold``: each program's round and exchange, its open barrier with what it took and its timer's
-number, its queued messages, the round records, the payloads and their references, the parameters and gradients
-waiting for ``local``, each agent's part kept for its ``combine`` with the kernel's values on it), restored by
-``netsim resume`` into a fresh driver (``take_hold``).
+state is then data (``hold``), restored by ``netsim resume`` into a fresh driver (``take_hold``).
 
 Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints with link models or
 churn; not a latency with no positive minimum), transmission times of payloads whose size the kernel does not declare
@@ -69,8 +66,10 @@ import numpy as np
 import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
+from netsim.rounds import lookahead
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
+from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
 from netsim.sim.agent import RowsAhead
 from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
@@ -88,9 +87,6 @@ _pack_size = struct.Struct("<q").pack_into
 def refusal(sim) -> str | None:
     """Why this run's barrier rounds cannot be played as lookahead windows with the engine's exact trace (None: they
     can; the module docstring)."""
-    from netsim.rounds import lookahead
-    from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
-
     kernel, p, agents = sim.program, sim.params, sim.loop.agents
     name = sim.world.scenario.algorithm.name
     why = lookahead.refusal(sim, kernel, bound=False)  # (any latency: the tensor work is in dependency order)
@@ -138,9 +134,7 @@ def window(sim) -> float:
     typical one (a distribution's mean, a uniform's midpoint) of the scenario's and the per-link overrides', else
     ``FALLBACK``. Any length is exact (the tensor work is in dependency order); it only sizes the control's buckets
     and, with ``gathers``, the tensor work's lock steps."""
-    from netsim.rounds.lookahead import lookahead
-
-    L = lookahead(sim)[0]
+    L = lookahead.lookahead(sim)[0]
     if L is not None:
         return L
     net = sim.world.scenario.network
@@ -175,9 +169,8 @@ class _Gather:
 
 
 class _Driver(WindowDriver):
-    """The barrier rounds' windows (the module docstring), composed of their control (``_Control``: what the events
-    do), what the rounds made (``_Store``: the round records and payloads both sides read), the tensor work's lock
-    steps (``_Work``) and the privacy records (``_Records``); the rest is ``WindowDriver``'s."""
+    """The module docstring's driver: its control (``_Control``), what the rounds made (``_Store``), the tensor work's
+    lock steps (``_Work``) and the privacy records (``_Records``); the rest is ``WindowDriver``'s."""
 
     gathers = 64  # (a window is one latency, often a small part of a round: 64 of them fill the lock steps)
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
@@ -190,8 +183,7 @@ class _Driver(WindowDriver):
         super().__init__(pattern, sim, kernel)
         p, W = self.p, self.bank.W
         self.first = kernel.gradient(p, self.state, self.agents[0].id)
-        if self.first.clip is not None:  # clipped per example (``clipping``): the engine's batches, whatever the model
-            self.free = False
+        self.free = self.free and self.first.clip is None  # (clipped per example: the engine's batches, any model)
         self.grads = _Evaluated(W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
         self.store = _Store(kernel.payload_bytes(p, self.state, W[0]), W[0])
         self.records = _Records(sim.recorder.mixing_log)
@@ -246,9 +238,7 @@ class _Driver(WindowDriver):
         rid, gid, order = next(c.rids), next(c.gids), next(c.order)  # (read, and skipped: keys only)
         parts: dict[int, tuple] = {}  # the parts by the batch they are rows of: (batch, its kept values, rids, rows)
         for r, (b, n, (kept, _)) in work.parts.items():
-            e = parts.get(id(b))
-            if e is None:
-                e = parts[id(b)] = (b, kept, [], [])
+            e = parts.setdefault(id(b), (b, kept, [], []))
             e[2].append(r)
             e[3].append(n)
         groups, per_row = [], self.kernel.per_row
@@ -279,11 +269,10 @@ class _Driver(WindowDriver):
             raise ValueError(f"held.own: not {n} agents' state")
         pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
         c, st, work = self.control, self.store, self.work
-        c.k[:], c.s[:], c.rid[:] = own["k"], own["s"], own["rid"]
-        c.flushed = own["flushed"]
+        c.k[:], c.s[:], c.rid[:], c.flushed = own["k"], own["s"], own["rid"], own["flushed"]
         agents = self.agents
         c.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
-                          for i, w in enumerate(own["waiter"])]
+                       for i, w in enumerate(own["waiter"])]
         for w, saved in zip(c.waiter, own["waiter"], strict=True):
             if w is not None:
                 w.got.update((src, r) for src, r in saved[1])
@@ -384,9 +373,7 @@ class _Driver(WindowDriver):
         if not (isinstance(own["localed"], list) and all(r in recs for r in own["localed"])):
             return "own.localed"
         localed, instants = set(own["localed"]), {g[0] for g in pend}
-        from netsim.rounds.sync import _local_steps
-
-        ahead = kernel.batch_local and not _local_steps(kernel)  # (``LocalAhead``: ``__init__``'s)
+        ahead = kernel.batch_local and not _local_steps(kernel)  # (``LocalAhead``: the control's)
         if not pairs(own["released"], trace_rows):
             return "own.released"
         x_at = own["x_at"]
@@ -535,30 +522,23 @@ class _Driver(WindowDriver):
 
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
-        at_of = self.at_of
-        return _join([at_of.pop(tk) for tk in tickets], share=True)
+        return _join(list(map(self.at_of.pop, tickets)), share=True)
 
 
 class _Control:
-    """The control (the module docstring): each agent's program played as events in simpy's order (``until``), and
-    what it keeps between them: each program's round, exchange and round record, its open barrier and its queue; the
-    numbers of barriers, round records and payloads, and of the tensor operations in the engine's order; the
-    completions grouped for ``LocalAhead``; where the window's rows wait for the tensor work (``decide``)."""
+    """The control (the module docstring): each agent's program as events in simpy's order (``until``), and what it
+    keeps between them (each program's round, exchange, record, barrier and queue; where rows wait for the work)."""
 
     def __init__(self, d: _Driver):
         n = len(d.agents)
-        self.k = [0] * n  # each program's round
-        self.s = [0] * n  # its exchange in the round
-        self.rid = [-1] * n  # its current round's record
-        self.waiter: list[_Gather | None] = [None] * n
+        self.k, self.s, self.rid = [0] * n, [0] * n, [-1] * n  # each program's round, exchange in it, round record
+        self.waiter: list[_Gather | None] = [None] * n  # its open barrier
         self.queue: list[deque] = [deque() for _ in range(n)]  # arrived and not taken: (id, sender, record, round)
         restored = d.sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
         at = restored.plain["own"]["next"] if restored is not None and restored.plain else (-1, -1, -1)
-        self.gids = itertools.count(at[1] + 1)
-        self.rids = itertools.count(at[0] + 1)  # round records and payloads (a round's first payload has its record's
-        # number)
-        self.order = itertools.count(at[2] + 1)  # each ``local`` and ``combine`` where the control meets it (the
-        # engine makes its releases and mixing steps there: ``_Records``)
+        # the numbers of round records and payloads (a round's first payload has its record's), of barriers (their
+        # timers') and of each ``local`` and ``combine`` where the control meets it (the engine's order: ``_Records``)
+        self.rids, self.gids, self.order = (itertools.count(c + 1) for c in at)
         self.pend: dict[float, dict[int, tuple]] = {}  # ``LocalAhead``: completion time -> {agent: (k, ticket, rid)}
         self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
         self.flushed = 0  # the tickets the engine's gradient batches have evaluated so far
@@ -570,8 +550,6 @@ class _Control:
         """``until(end)``, the driver's ``events_until``: a closure over this state and the driver's, as push gossip's
         is: it runs for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps
         the per-event Python small."""
-        from netsim.rounds.sync import _local_steps
-
         agents, enqueue, wake, ops_of, housekeeping = d.agents, d.enqueue, d.wake, d.ops, d.housekeeping
         rows, cur, soon, st = d.rows, d.cur, d.soon, d.store
         put, buf, R = rows.put, rows.buf, RECORD.size
@@ -809,14 +787,11 @@ class _Control:
 
 
 class _Store:
-    """What the rounds made, by number (a round's record and its first payload share one): the round records, each
-    round's releases once its ``local`` made them, and the payloads with their bytes and the messages that carry them.
-    The control reads and writes them as its events happen, the tensor work makes their values; each is kept while
-    something reads it (``unref``; ``decide``)."""
+    """What the rounds made, by number: round records, releases and payloads, written by the control as its events
+    happen and by the tensor work as it makes them, each kept while something reads it (``unref``, ``decide``)."""
 
     def __init__(self, fixed: int | None, like: torch.Tensor):
-        # round records: rid -> [agent, round index k, completion time, activations, latest tick] (the releases')
-        self.recs: dict[int, list] = {}
+        self.recs: dict[int, list] = {}  # rid -> [agent, k, completion time, activations, latest tick] (the releases')
         self.released: dict[int, list] = {}  # rid -> its release rows (once its ``local`` ran)
         # payloads (pid): a round's first is made by ``local`` (pid = its rid), each later exchange's by the ``combine``
         # of the exchange before
@@ -825,8 +800,7 @@ class _Store:
         self.payload: dict[int, object] = {}  # pid -> the payload its agent sent
         # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
-        self.fixed = fixed
-        self.guess = payload_size(like) if fixed is None else fixed
+        self.fixed, self.guess = fixed, payload_size(like) if fixed is None else fixed
 
     def unref(self, rid: int) -> None:
         n = self.refs[rid] - 1
@@ -838,9 +812,8 @@ class _Store:
 
 
 class _Records:
-    """The privacy records (``privacy.record``): made in the tensor work, out of the engine's order, and written after
-    each work in it (``write``): the deliveries the payloads record holds, in delivery order (their payloads kept until
-    written), the release values and mixing steps in the order the control met their ``local`` and ``combine``."""
+    """The privacy records (``privacy.record``) made out of the engine's order, written after each work in it
+    (``write``); the deliveries' payloads are kept until then."""
 
     def __init__(self, log):
         self.mixing, self.views = log is not None, None if log is None else log.views
@@ -852,51 +825,38 @@ class _Records:
         """The privacy records this work made, as the events engine's agents write them: the deliveries in delivery
         order (``ViewLog.deliver_rows``), the release values and the mixing steps (``Agent.record_mix``, each at its
         barrier's completion) in the order the control met their ``local`` and ``combine``."""
-        views = self.views
-        if self.viewed:
-            seen = self.viewed.copy()  # (the control's closure holds the list)
-            self.viewed.clear()
-            n = 0
-            while n < len(seen):  # runs of one message round: one call each
-                m = n + 1
-                while m < len(seen) and seen[m][2] == seen[n][2]:
-                    m += 1
-                run = seen[n:m]
-                views.deliver_rows([e[0] for e in run], [e[1] for e in run], run[0][2], [e[3] for e in run],
-                                   tag, [store.payload[e[4]] for e in run])
-                n = m
-            for e in seen:
-                store.unref(e[4])
-        if self.values:
-            self.values.sort(key=lambda e: e[0])
-            for _, i, rnd, clean, value in self.values:
-                views.released(i, rnd, clean, value)
-            self.values.clear()
-        if self.mixes:
-            self.mixes.sort(key=lambda e: e[0])
-            for _, a, t, released, steps in self.mixes:
-                for got, lr in steps:
-                    a.record_mix(got, lr, t=t, released=released)
-            self.mixes.clear()
+        views, seen = self.views, self.viewed.copy()  # (the control's closure holds the list)
+        self.viewed.clear()
+        for rnd, run in itertools.groupby(seen, key=lambda e: e[2]):  # runs of one message round: one call each
+            run = list(run)
+            views.deliver_rows([e[0] for e in run], [e[1] for e in run], rnd, [e[3] for e in run], tag,
+                               [store.payload[e[4]] for e in run])
+        for e in seen:
+            store.unref(e[4])
+        self.values.sort(key=lambda e: e[0])
+        for _, i, rnd, clean, value in self.values:
+            views.released(i, rnd, clean, value)
+        self.values.clear()
+        self.mixes.sort(key=lambda e: e[0])
+        for _, a, t, released, steps in self.mixes:
+            for got, lr in steps:
+                a.record_mix(got, lr, t=t, released=released)
+        self.mixes.clear()
 
 
 class _Work:
-    """What a lock step computes (the driver's ``tensor_work`` plans the steps): the gradients' points and
-    mini-batches (``asks``), ``local`` (``locals``) and ``combine`` (``combines``) of a step's agents, one kernel call
-    per round index; and what it keeps between steps and works: each round's parameters at its activation and each
-    agent's part of its batch for its next ``combine``."""
+    """What a lock step computes (``tensor_work`` plans the steps): ``asks``, ``locals`` and ``combines``, one kernel
+    call per round index, and what they keep between steps (the points, each agent's part for its ``combine``)."""
 
     def __init__(self, d: _Driver):
-        kernel, p = d.kernel, d.p
         self.d, self.store, self.records = d, d.store, d.records
-        self.steps = kernel.exchanges(p, d.state)  # barrier exchanges a round (messages of round k * steps + s)
+        self.steps = d.kernel.exchanges(d.p, d.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
         self.sampler = RowsAhead(d.agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
-        self.parts: dict[int, tuple] = {}  # rid -> (batch, row, its ``cuts``): the agent's part after ``local`` or
-        # ``combine``
-        self.any_round = kernel.any_round(p)  # one call per lock step, whatever the agents' rounds (``by_round``)
-        self.mixed = AnyRound(type(kernel).__name__)
+        self.parts: dict[int, tuple] = {}  # rid -> (batch, row, ``cuts``): its part after ``local`` or ``combine``
+        self.any_round = d.kernel.any_round(d.p)  # one call per lock step, whatever the agents' rounds (``by_round``)
+        self.mixed = AnyRound(type(d.kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
         self.small = d.bank.W.shape[1] <= SMALL
@@ -925,9 +885,7 @@ class _Work:
         else:
             x = W.index_select(0, at)
             self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
-        x_at = self.x_at
-        for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
-            x_at[o[2]] = (x, n)
+        self.x_at.update((o[2], (x, n)) for n, (_, o) in enumerate(step))  # (x, row): ``_join`` joins them
         tickets = [o[1] for _, o in step]
         rows = self.sampler.take(list(map(d.agents.__getitem__, who)), np.array(who, np.int64), d.first.batch)
         if d.free:
@@ -960,8 +918,7 @@ class _Work:
             if b.k is not k and (k is self.mixed or b.k != k):
                 raise RuntimeError("barrier windows: local changed the round index b.k (not played by these windows)")
             self.made(b, ops, rids)
-            for n, rid in enumerate(rids):
-                st.released[rid] = made[n]
+            st.released.update(zip(rids, made))
             for n, clean, value in b.held or ():  # the release values, written in the engine's order
                 values.append((ops[n][1][3], b.agents[n].id, recs[rids[n]][3], clean, value))
 
@@ -1015,15 +972,10 @@ class _Work:
                     rec.mixes.append((o[5], a, o[6], a.releases_made, steps))
             if s + 1 < self.steps:
                 self.made(b, ops, [o[4] for _, o in ops])
-            refs, sizes, payload, last = st.refs, st.sizes, st.payload, s + 1 == self.steps
+            unref, last = st.unref, s + 1 == self.steps
             for _, o in ops:
-                for r in o[2].values():  # ``unref``, inlined
-                    n = refs[r] - 1
-                    if n or r not in sizes:
-                        refs[r] = n
-                    else:
-                        del refs[r]
-                        payload.pop(r, None)
+                for r in o[2].values():
+                    unref(r)
                 if last:
                     del recs[o[1]]
 
