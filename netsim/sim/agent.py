@@ -28,15 +28,12 @@ from netsim.sim import rows as shapes
 from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
-from netsim.sim.services import CommStats, Completion, Lookahead
+from netsim.sim.services import CommStats, Lookahead
 from netsim.sim.streams import DrawsAhead
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
     from netsim.sim.kernel import Simulation
-
-
-processed_event = Completion.done  # an event that is already over (a free send)
 
 
 class _Waiter:
@@ -148,6 +145,20 @@ class Inbox:
         return ev
 
 
+class _Draws:
+    """What an agent draws: its mini-batches (from its ``batch`` stream, drawn ahead in blocks unless the program took
+    the stream itself or the rows are drawn without replacement) and its compute times (a sampler, times its scale)."""
+
+    __slots__ = ("batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale")
+
+    def __init__(self, batch_rng: np.random.Generator, sampling: str, compute: Callable[[], float], scale: float):
+        self.batch_rng = batch_rng
+        self.ahead: DrawsAhead | None = None  # mini-batches drawn ahead from batch_rng (``Agent.sample_rows``)
+        self.draw_ahead = True  # until the program draws from the batch stream itself (``Agent.rng("batch")``)
+        self.distinct = sampling == "without_replacement"
+        self.compute, self.scale = compute, scale
+
+
 class Agent:
     """One node: its clock and activation, its data rows and parameters, its links, streams and state.
 
@@ -174,7 +185,6 @@ class Agent:
         self.emit_row = sim.recorder.emit_row  # one row in COLUMNS order (TraceWriter.emit_row): no record object
         self.offset = offset
         self.rate = 1.0 + drift  # local clock seconds per global second
-        self.compute_scale = compute_scale
         self.round = 0  # activations so far
         self.finished = False
         self.inbox = Inbox(self)
@@ -188,25 +198,18 @@ class Agent:
         own = [w for j, w in zip(cols, vals, strict=True) if j == i]
         self.self_weight = own[0] if len(own) == 1 else float(W[i, i])
         act = sim.world.scenario.agents.activation
-        self._act = act
         # a periodic schedule draws nothing: its stream is made only for the kinds that draw (100,000 agents'
         # unused generators cost seconds of setup)
         draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
         act_rng = sim.world.streams.rng("activation", i) if draws_ticks else None
-        self._batch_rng = sim.world.streams.rng("batch", i)
-        self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from _batch_rng (sample_rows)
-        self._draw_ahead = True  # until the program draws from the batch stream itself (``rng("batch")``)
-        self._distinct_rows = sim.world.scenario.data.sampling == "without_replacement"
-        self._compute = sim.compute_draws(i)
+        self._draws = _Draws(sim.world.streams.rng("batch", i), sim.world.scenario.data.sampling, sim.compute_draws(i),
+                             compute_scale)
         self.rows = sim.world.data.parts[i]
         # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
         self.schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0))
         self._listeners: list[Callable[[Agent], None]] = []  # on_activation
-        self._done = processed_event(self.env)
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
-        self._mixing = sim.recorder.mixing_log  # the weights applied to which messages, when asked (privacy)
-        self._one = (self,)  # this agent as a batch of one (``Simulation.count_wakes``), made once
 
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
@@ -225,7 +228,7 @@ class Agent:
         if limit is not None and self.round >= limit:
             return self.finish()
         at, delay = self.plan_wake(self.env.now)
-        sim.count_wakes(self._one)
+        sim.count_wakes((self,))
         ev = Timeout(self.env, delay, at)
         ev.callbacks.append(self._activated)
         return ev
@@ -303,17 +306,18 @@ class Agent:
         is the whole part). No batch: the whole part."""
         if not batch:
             return self.rows
-        if self._distinct_rows:
+        d = self._draws
+        if d.distinct:
             if batch >= len(self.rows):
                 return self.rows
-            return self.rows[np.sort(self._batch_rng.choice(len(self.rows), batch, replace=False))]
-        if self._draw_ahead:
-            ahead = self._ahead
+            return self.rows[np.sort(d.batch_rng.choice(len(self.rows), batch, replace=False))]
+        if d.draw_ahead:
+            ahead = d.ahead
             if ahead is None or ahead.batch != batch or not ahead.left():
-                self._ahead = ahead = DrawsAhead.start(self._batch_rng, len(self.rows), batch, ahead)
+                d.ahead = ahead = DrawsAhead.start(d.batch_rng, len(self.rows), batch, ahead)
             if ahead is not None:
                 return self.rows[ahead.take()]
-        return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
+        return self.rows[d.batch_rng.integers(0, len(self.rows), batch)]
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
                  clip: float | None = None, clip_kind: str = "l2",
@@ -335,28 +339,35 @@ class Agent:
     def batches_ahead(self) -> DrawsAhead | None:
         """The mini-batches drawn ahead from the ``batch`` stream and not yet all handed out (``sample_rows``);
         a checkpoint saves where they stand."""
-        return self._ahead
+        return self._draws.ahead
 
     @property
     def compute_sampler(self) -> Callable[[], float]:
         """The sampler ``compute_time`` draws from (``sim.compute_draws``); a checkpoint saves its position."""
-        return self._compute
+        return self._draws.compute
+
+    @property
+    def compute_scale(self) -> float:
+        """This agent's factor on every compute time it draws (``agents.compute_scale``: stragglers)."""
+        return self._draws.scale
 
     def resume_draws(self, ahead: list | None, compute: list | None) -> None:
         """Stand the mini-batches drawn ahead and the compute-time sampler where a checkpoint saved them
         (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
         ``compute``: ``Draws.position``); None leaves that one as it is."""
+        d = self._draws
         if ahead is not None:
-            self._ahead = DrawsAhead.restored(self._batch_rng, len(self.rows), ahead)
+            d.ahead = DrawsAhead.restored(d.batch_rng, len(self.rows), ahead)
         if compute is not None:
-            self._compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
+            d.compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
 
     def compute_time(self, now: float) -> float:
         """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of
         ``agents.compute_time`` from this agent's stream times its ``compute_scale``, plus the wait until it is
         back when it is offline (churn). What ``gradient`` and every fast driver take (``ComputeTimes``: many
         agents at once)."""
-        ct = self._compute() * self.compute_scale
+        d = self._draws
+        ct = d.compute() * d.scale
         churn = self.sim.world.churn
         if churn is not None:  # requested while offline: starts when the agent is back
             ct += churn.wait(self.id, now)
@@ -367,14 +378,14 @@ class Agent:
              size: int | None = None) -> simpy.Event:
         """Send through the link; the event completes when the transmission ends."""
         tx = self.sim.world.network.send(self.id, dst, payload, tag, self.round if round is None else round, size)
-        return self._done if tx <= 0 else Timeout(self.env, tx)
+        return self.env.over if tx <= 0 else Timeout(self.env, tx)
 
     def broadcast(self, payload: Any, tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
         """Send to every out-neighbour (links transmit in parallel)."""
         tx = self.sim.world.network.send_all(self.id, self.neighbors if to is None else to, payload, tag,
                                              self.round if round is None else round, size)
-        return self._done if tx <= 0 else Timeout(self.env, tx)
+        return self.env.over if tx <= 0 else Timeout(self.env, tx)
 
     def send_each(self, payloads: dict[int, Any], tag: str = "model", round: int | None = None,
                   to: Iterable[int] | None = None, size: int | None = None) -> simpy.Event:
@@ -387,7 +398,7 @@ class Agent:
             if j in payloads:
                 x = payloads[j]
                 tx = max(tx, send(self.id, j, x, tag, rnd, payload_size(x) if size is None else size))
-        return self._done if tx <= 0 else Timeout(self.env, tx)
+        return self.env.over if tx <= 0 else Timeout(self.env, tx)
 
     def recv(self, tag: str = "model", timeout: float | None = None, round: int | None = None) -> simpy.Event:
         """The next message with ``tag`` (a ``Message``), or None after ``timeout``. With ``round``,
@@ -416,7 +427,7 @@ class Agent:
         out = own * (1.0 - sum(self.weights[j] for j in received))
         for j, x in received.items():
             out.add_(x, alpha=self.weights[j])
-        if self._mixing is not None:
+        if self.sim.recorder.mixing_log is not None:
             self.record_mix(received, 0.0)
         return out
 
@@ -424,7 +435,7 @@ class Agent:
     def mixing_record(self):
         """The run's record of which weights were applied to which messages (``privacy.record``), or None: what
         ``mix`` and ``mix_into_params`` write to (``record_mix``) when it is kept."""
-        return self._mixing
+        return self.sim.recorder.mixing_log
 
     def record_mix(self, received, lr: float, t: float | None = None, released: int | None = None) -> None:
         """Into ``mixing_record`` (which must be kept): this agent's weights on ``received`` applied at ``t`` (None:
@@ -433,7 +444,8 @@ class Agent:
         ``releases_made`` when it mixed, None: now)."""
         ws = [self.weights[j] for j in received]
         n = self.releases_made if released is None else released
-        self._mixing.mix(self.id, self.env.now if t is None else t, n, 1.0 - sum(ws), list(received), ws, lr)
+        log = self.sim.recorder.mixing_log
+        log.mix(self.id, self.env.now if t is None else t, n, 1.0 - sum(ws), list(received), ws, lr)
 
     @property
     def releases_made(self) -> int:
@@ -449,7 +461,7 @@ class Agent:
         w = self.weights
         ws = [w[j] for j in received]
         self.sim.world.bank.defer(MixUpdate(self.id, own, 1.0 - sum(ws), ws, list(received.values()), lr, step))
-        if self._mixing is not None:
+        if self.sim.recorder.mixing_log is not None:
             self.record_mix(received, 0.0 if step is None else lr)
 
     # privacy ------------------------------------------------------------------------------------
@@ -568,7 +580,7 @@ class Agent:
         """The scenario's activation record (``kind``: periodic, poisson or bernoulli; ``period``,
         ``rate``, ``p``), as written: what the agent's schedule does is ``activation_period``,
         ``activation_probability`` and ``tick`` (a plugin's schedule may differ from the table)."""
-        return self._act
+        return self.sim.world.scenario.agents.activation
 
     @property
     def last_tick(self) -> int:
@@ -646,14 +658,15 @@ class Agent:
         network's). A plugin's purpose is registered first (``netsim.sim.streams.register_purpose``)."""
         if purpose == "batch" and not key:  # the stream sample_rows draws from: no more drawing ahead
             self._stop_ahead()
-            self._draw_ahead = False
+            self._draws.draw_ahead = False
         return self.sim.world.streams.rng(purpose, self.id, *key)
 
     def _stop_ahead(self) -> None:
         """Put the batch stream back to just after the mini-batches handed out (DrawsAhead)."""
-        if self._ahead is not None:
-            self._ahead.rewind()
-            self._ahead = None
+        d = self._draws
+        if d.ahead is not None:
+            d.ahead.rewind()
+            d.ahead = None
 
     def shared_rng(self, purpose: str, *key: int, cached: bool = True) -> np.random.Generator:
         """The run-wide stream ``(purpose, *key)``: the same generator for every agent (one draw shared by
@@ -686,7 +699,7 @@ class ComputeTimes:
         from netsim.sim.streams import Draws
 
         self.scales = np.array([a.compute_scale for a in agents], np.float64)
-        draws = list({a._compute for a in agents})  # a constant compute time: one callable, no stream
+        draws = list({a.compute_sampler for a in agents})  # a constant compute time: one callable, no stream
         churn = agents[0].sim.world.churn if agents else None
         self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) and churn is None else None
 
@@ -698,7 +711,7 @@ class ComputeTimes:
 
 
 _UNLAID = object()  # (``RowsAhead.laid``: no agent's DrawsAhead is this)
-_AHEAD, _ROWS, _POS = attrgetter("_ahead"), attrgetter("rows"), attrgetter("pos")
+_AHEAD, _ROWS, _POS = attrgetter("_draws.ahead"), attrgetter("rows"), attrgetter("pos")
 
 
 class RowsAhead:
@@ -745,7 +758,7 @@ class RowsAhead:
             at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
         else:
             fresh = [n for n, h, was in zip(range(len(aheads)), aheads, map(laid.__getitem__, id_list)) if h is not was]
-            if any(not agents[n]._draw_ahead or agents[n]._distinct_rows for n in fresh):
+            if any(not agents[n]._draws.draw_ahead or agents[n]._draws.distinct for n in fresh):
                 return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
             at = np.array([-1 if h is None else h.pos for h in aheads], np.int64)
         blocks = self.blocks
@@ -754,10 +767,10 @@ class RowsAhead:
         for n in fresh:
             a, h = agents[n], aheads[n]
             if h is None or h.batch != batch or h.pos >= len(h.block):
-                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, h)
+                h = DrawsAhead.start(a._draws.batch_rng, len(a.rows), batch, h)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                     return [a.sample_rows(batch) for a in agents]
-                a._ahead = aheads[n] = h
+                a._draws.ahead = aheads[n] = h
             if blocks is None:
                 blocks = self.blocks = np.empty((len(parts), *h.block.shape), self.position)
             if h.block.base is not blocks:

@@ -43,6 +43,12 @@ _NO_BOUNDARY = _NoBoundary()
 class Environment(simpy.Environment):
     now = 0.0  # the current simulated time: an instance attribute (simpy's is a property, one call per read)
 
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        # an event already over, shared by every send that costs no time: yielding it resumes a process at once
+        self.over = simpy.Event(self)
+        self.over._ok, self.over._value, self.over.callbacks = True, None, None
+
     @property
     def _now(self) -> float:  # simpy's own name for the clock, for the code of simpy's that reads it
         return self.now

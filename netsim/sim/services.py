@@ -63,8 +63,7 @@ class Services:
 
 class Completion(Timeout):
     """A Timeout of ``delay`` that carries ``ticket`` and, when it fires, takes ``resolve(ticket)`` as
-    its value (resolved before any process waiting on it resumes). Also the already-processed event
-    (``Completion.done``) that a zero-cost send returns."""
+    its value (resolved before any process waiting on it resumes)."""
 
     __slots__ = ("_resolve", "ticket", "at")
 
@@ -76,13 +75,6 @@ class Completion(Timeout):
 
     def _fire(self, _ev) -> None:
         self._value = self._resolve(self._value)
-
-    @staticmethod
-    def done(env: simpy.Environment) -> simpy.Event:
-        """An event that is already over: yielding it resumes the process at once, at no cost."""
-        ev = simpy.Event(env)
-        ev._ok, ev._value, ev.callbacks = True, None, None
-        return ev
 
 
 class _Ticket:
