@@ -185,20 +185,21 @@ class _Driver(WindowDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, agents = self.p, self.agents
-        self.req = self.first = kernel.gradient(p, self.state, agents[0].id)
+        p, agents = self.ctx.p, self.ctx.agents
+        self.req = self.grad.first = kernel.gradient(p, self.ctx.state, agents[0].id)
         if self.req.clip is not None:  # clipped per example (``clipping``): the engine's batches, whatever the model
-            self.free = False
+            self.grad.free = False
         self.timeout = p.round_timeout
         from netsim.rounds.sync import _local_steps
 
         self.ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
-        self.grads = _Evaluated(self.bank.W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
+        self.grad.evaluated = _Evaluated(self.ctx.bank.W)  # (the gradient batches' results as they are: no (B, P)
+        # copy in and out)
         self.sampler = RowsAhead(agents)  # ``Agent.sample_rows`` of a lock step's agents at once
-        self.outcomes = outcomes(self.net.lean())  # a broadcast's links decided in one call
+        self.outcomes = outcomes(self.ctx.net.lean())  # a broadcast's links decided in one call
         n = len(agents)
-        self.steps = kernel.exchanges(p, self.state)  # barrier exchanges a round (messages of round k * steps + s)
+        self.steps = kernel.exchanges(p, self.ctx.state)  # barrier exchanges a round (messages of round k * steps + s)
         self.k = [0] * n  # each program's round
         self.s = [0] * n  # its exchange in the round
         self.rid = [-1] * n  # its current round's record
@@ -226,8 +227,8 @@ class _Driver(WindowDriver):
         self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
         # every payload's bytes, where the kernel knows them before ``local`` makes it (``payload_bytes``), else a
         # guess until its ``local`` ran (the rows patched where it was wrong: ``decide``)
-        self.fixed = kernel.payload_bytes(p, self.state, self.bank.W[0])
-        self.guess = payload_size(self.bank.W[0]) if self.fixed is None else self.fixed
+        self.fixed = kernel.payload_bytes(p, self.ctx.state, self.ctx.bank.W[0])
+        self.guess = payload_size(self.ctx.bank.W[0]) if self.fixed is None else self.fixed
         # the privacy records (``privacy.record``), written after each work in the engine's order: ``order`` numbers
         # each ``local`` and ``combine`` where the control meets it (the engine makes its releases and mixing steps
         # there); the deliveries the payloads record holds, in delivery order (their payloads kept until written)
@@ -241,7 +242,7 @@ class _Driver(WindowDriver):
         self.mixed = AnyRound(type(kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
-        self.small = self.bank.W.shape[1] <= SMALL
+        self.small = self.ctx.bank.W.shape[1] <= SMALL
         if not self.small:
             self.gathers = 8
         self._control()
@@ -251,19 +252,20 @@ class _Driver(WindowDriver):
     # for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps the
     # per-event Python small.
     def _control(self) -> None:
-        agents, enqueue, wake, ops_of, housekeeping = self.agents, self.enqueue, self.wake, self.ops, self.housekeeping
-        rows, cur, soon = self.rows, self.cur, self.soon
+        agents, enqueue, wake, ops_of, housekeeping = (self.ctx.agents, self.events.push, self.wake, self.ops,
+                                                       self.housekeeping)
+        rows, cur, soon = self.rows, self.events.cur, self.events.soon
         put, buf, R = rows.put, rows.buf, RECORD.size
-        kernel, p, state, req0 = self.kernel, self.p, self.state, self.req
-        ahead, free, timeout = self.ahead, self.free, self.timeout
+        kernel, p, state, req0 = self.ctx.kernel, self.ctx.p, self.ctx.state, self.req
+        ahead, free, timeout = self.ahead, self.grad.free, self.timeout
         ks, ss, rid_of, waiter, queue, steps = self.k, self.s, self.rid, self.waiter, self.queue, self.steps
         order, views, viewed = self.order, self.views, self.viewed
         recs, pend, localed, slots, patches = self.recs, self.pend, self.localed, self.slots, self.patches
         sizes, released, refs, payload = self.sizes, self.released, self.refs, self.payload
-        ticket_of, flushes, fixed, guess = self.ticket_of, self.flushes, self.fixed, self.guess
-        gids, rids, words, tag = self.gids, self.rids, self.words, self.tag_code
-        outcomes, take_ids, unref, gradient = self.outcomes, self.net.take_ids, self.unref, kernel.gradient
-        adopt = None if self.dynamic is None else self.dynamic.adopt
+        ticket_of, flushes, fixed, guess = self.grad.ticket_of, self.grad.flushes, self.fixed, self.guess
+        gids, rids, words, tag = self.gids, self.rids, self.rows.words, self.ctx.tag_code
+        outcomes, take_ids, unref, gradient = self.outcomes, self.ctx.net.take_ids, self.unref, kernel.gradient
+        adopt = None if self.ctx.dynamic is None else self.ctx.dynamic.adopt
         pop, take = heapq.heappop, cur.pop
         C = CODES
         expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
@@ -359,7 +361,7 @@ class _Driver(WindowDriver):
 
         def events_until(end: float) -> None:
             """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-            t, pending_lo, flushed = self.now, self.pending_lo, self.flushed
+            t, pending_lo, flushed = self.events.now, self.grad.pending_lo, self.flushed
             try:
                 while True:  # ``due``, inlined
                     if ready:  # a barrier's completion, due before anything queued (``close``)
@@ -481,7 +483,7 @@ class _Driver(WindowDriver):
                     elif housekeeping(t, kind, i, v):
                         return
             finally:
-                self.now, self.pending_lo, self.flushed = t, pending_lo, flushed
+                self.events.now, self.grad.pending_lo, self.flushed = t, pending_lo, flushed
 
         self.events_until = events_until
 
@@ -509,7 +511,7 @@ class _Driver(WindowDriver):
         if not self.slots:
             return
         out, last = bytearray(), 0
-        made = PackedRows(self.words)
+        made = PackedRows(self.rows.words)
         for at, rid in self.slots:
             rows = self.released.pop(rid)
             if rows:
@@ -539,7 +541,7 @@ class _Driver(WindowDriver):
                     m += 1
                 run = seen[n:m]
                 views.deliver_rows([e[0] for e in run], [e[1] for e in run], run[0][2], [e[3] for e in run],
-                                   self.tag, [self.payload[e[4]] for e in run])
+                                   self.ctx.tag, [self.payload[e[4]] for e in run])
                 n = m
             for e in seen:
                 self.unref(e[4])
@@ -561,7 +563,7 @@ class _Driver(WindowDriver):
         number) and its queue; the round records, the completions grouped for ``local``, the payloads' bytes,
         references and values, the releases made ahead, the parameters kept for a ``local`` and each agent's part
         kept for its ``combine`` (the kernel's values on it: ``per_row`` ones by row)."""
-        W = self.bank.W
+        W = self.ctx.bank.W
         pool = _Pool(W.dtype)
         rid, gid, order = next(self.rids), next(self.gids), next(self.order)  # (read, and skipped: keys only)
         parts: dict[int, tuple] = {}  # the parts by the batch they are rows of: (batch, its kept values, rids, rows)
@@ -571,7 +573,7 @@ class _Driver(WindowDriver):
                 e = parts[id(b)] = (b, kept, [], [])
             e[2].append(r)
             e[3].append(n)
-        groups, per_row = [], self.kernel.per_row
+        groups, per_row = [], self.ctx.kernel.per_row
         for b, kept, rids, ns in parts.values():
             groups.append({"rids": rids, "agents": [b.agents[n].id for n in ns], "s": b.s,
                            "out": [pool.add(b.out[n]) for n in ns],
@@ -594,13 +596,13 @@ class _Driver(WindowDriver):
         return {**own, "pool": pool.shapes()}, pool.tensors()
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in ("k", "s", "rid", "waiter", "queue")):
             raise ValueError(f"held.own: not {n} agents' state")
-        pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
+        pool = _Pool.of(own["pool"], tensors, self.ctx.bank.W.device)
         self.k[:], self.s[:], self.rid[:] = own["k"], own["s"], own["rid"]
         self.flushed = own["flushed"]
-        agents = self.agents
+        agents = self.ctx.agents
         self.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
                           for i, w in enumerate(own["waiter"])]
         for w, saved in zip(self.waiter, own["waiter"], strict=True):
@@ -619,7 +621,7 @@ class _Driver(WindowDriver):
             x = pool.get(x)
             self.x_at.update((r, (x, m)) for m, r in enumerate(keys))
         for g in own["parts"]:
-            b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.state)
+            b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.ctx.state)
             b.s, b.out, b.sizes = g["s"], [pool.get(v) for v in g["out"]], g["sizes"]
             for name, rows, v in g["kept"]:
                 v = pool.get(v)
@@ -628,11 +630,12 @@ class _Driver(WindowDriver):
                 setattr(b, name, v)
             cuts = self.cuts(b)
             self.parts.update((r, (b, m, cuts)) for m, r in enumerate(g["rids"]))
-        if self.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
-            keys = list(self.at_of)
-            at = torch.stack([self.at_of[k] for k in keys])
-            self.at_of.update((k, (at, m)) for m, k in enumerate(keys))
-        for q in self.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys again
+        if self.grad.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
+            keys = list(self.grad.at_of)
+            at = torch.stack([self.grad.at_of[k] for k in keys])
+            self.grad.at_of.update((k, (at, m)) for m, k in enumerate(keys))
+        for q in self.events.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys
+            # again
             q[:] = [(t, seq, kind, i, {int(src): r for src, r in v.items()} if kind == BARRIER else v)
                     for t, seq, kind, i, v in q]
 
@@ -768,7 +771,7 @@ class _Driver(WindowDriver):
         return None
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
-        return _join([self.at_of[k] for k in tickets])
+        return _join([self.grad.at_of[k] for k in tickets])
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -778,8 +781,8 @@ class _Driver(WindowDriver):
         makes a payload it reads, a ``local`` its gradient batch (the engine's: evaluated at the end of its last
         request's step; a batch-invariant model's, in its ask's step). Then each step's operations of a kind in one
         call per round index (``by_round``), the gradient batches due at its end evaluated in the engine's order."""
-        flush_of, left, waiting = self.batches(first_ticket)
-        waiting = self.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
+        flush_of, left, waiting = self.grad.batches(first_ticket)
+        waiting = self.grad.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
         ops = self.ops
         if not ops:
             self.work_done(waiting, {})
@@ -804,7 +807,7 @@ class _Driver(WindowDriver):
                     waited.append(by)
         gap = [1] * len(waiter)
         batch_op: dict[int, int] = {}  # the engine's gradient batch with a request in this work -> its own operation
-        if not self.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
+        if not self.grad.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
             for n in np.flatnonzero(kind == ASK).tolist():
                 f = flush_of.get(flat[n][1][1])
                 if f is not None:
@@ -814,7 +817,7 @@ class _Driver(WindowDriver):
                     waiter.append(v)
                     waited.append(n)
                     gap.append(0)
-            evaluated = self.grads.row_of
+            evaluated = self.grad.evaluated.row_of
             for n in locals_:
                 tk = flat[n][1][1]
                 v = batch_op.get(flush_of.get(tk, -1))
@@ -845,7 +848,7 @@ class _Driver(WindowDriver):
             handlers[kd]([flat[n] for n in order[a:b]])
             if b == m or keys[b] // 3 != s:  # the step's end: its gradient batches
                 for f in due_at.pop(s, ()):
-                    self.evaluate_batch(f)
+                    self.grad.evaluate_batch(f)
         self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def by_round(self, step: list, at: int) -> list[tuple]:
@@ -864,7 +867,7 @@ class _Driver(WindowDriver):
         """The gradients' points: each agent's parameters at its activation (``agent.params``); and their mini-batches,
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
-        who, W, spare = [i for i, _ in step], self.bank.W, self.spare
+        who, W, spare = [i for i, _ in step], self.ctx.bank.W, self.spare
         at = as_index(who, W.device)
         if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
             x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
@@ -875,38 +878,39 @@ class _Driver(WindowDriver):
         for n, (_, o) in enumerate(step):  # (x, row): ``_join`` takes them, no tensor per row
             x_at[o[2]] = (x, n)
         tickets = [o[1] for _, o in step]
-        rows = self.sampler.take(list(map(self.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
-        if self.free:
-            self.evaluate_step(who, tickets, x, rows)
+        rows = self.sampler.take(list(map(self.ctx.agents.__getitem__, who)), np.array(who, np.int64), self.req.batch)
+        if self.grad.free:
+            self.grad.evaluate_step(who, tickets, x, rows)
             return
-        ticket_of, at_of = self.ticket_of, self.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
+        ticket_of, at_of = self.grad.ticket_of, self.grad.at_of  # (evaluated with their batch: ``rows_of_ticket``,
+        # ``points``)
         for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
             ticket_of[tk] = (i, r)
             at_of[tk] = (x, n)
 
     def point(self, tk: int) -> torch.Tensor:
-        x, n = self.at_of.pop(tk)
+        x, n = self.grad.at_of.pop(tk)
         return x[n]
 
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
-        at_of = self.at_of
+        at_of = self.grad.at_of
         return _join([at_of.pop(tk) for tk in tickets], share=True)
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
-        kernel, p, recs = self.kernel, self.p, self.recs
+        kernel, p, recs = self.ctx.kernel, self.ctx.p, self.recs
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
             x = _join([self.x_at.pop(r) for r in rids], share=True)
-            g = self.grads.take([o[1] for _, o in ops])
+            g = self.grad.evaluated.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
             def at(n: int, rids=rids, made=made) -> tuple:
                 rec = recs[rids[n]]
                 return rec[2], made[n], rec[3], rec[4]
 
-            b = Batch([self.agents[i] for i, _ in ops], k, x, g, self.state, at)
+            b = Batch([self.ctx.agents[i] for i, _ in ops], k, x, g, self.ctx.state, at)
             if self.views is not None:
                 b.held = []
             if kernel.local(b, p) is not None:
@@ -927,7 +931,7 @@ class _Driver(WindowDriver):
             payload = b.out[n]
             size = self.sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
             if self.fixed is not None and size != self.fixed:  # (its sends were timed with the declared bytes)
-                raise RuntimeError(f"barrier windows: {type(self.kernel).__name__}.payload_bytes says {self.fixed} "
+                raise RuntimeError(f"barrier windows: {type(self.ctx.kernel).__name__}.payload_bytes says {self.fixed} "
                                    f"bytes, and agent {b.agents[n].id} sent a payload of {size}")
             held = refs.get(pid)  # (None: its sends come later, at its own completion)
             if held is None or held:
@@ -939,7 +943,7 @@ class _Driver(WindowDriver):
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per exchange (and round index, unless
         ``any_round``); before the round's last exchange it sends the next payloads."""
-        kernel, p = self.kernel, self.p
+        kernel, p = self.ctx.kernel, self.ctx.p
         groups: dict = {}  # by exchange and round index, or by exchange alone (``by_round``)
         recs, joined = self.recs, self.any_round
         for i, o in step:
@@ -984,7 +988,7 @@ class _Driver(WindowDriver):
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
         delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
         weight as arrays (``Arrivals``: no dict per agent)."""
-        payload, agents, chain = self.payload, self.agents, itertools.chain.from_iterable
+        payload, agents, chain = self.payload, self.ctx.agents, itertools.chain.from_iterable
         rids = np.fromiter(chain(g.values() for g in took), np.int64)
         if not len(rids):
             return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
@@ -1002,7 +1006,7 @@ class _Driver(WindowDriver):
         values, and {name: (whether a tensor with a row per agent, the value)} for those the kernel declares
         ``per_row``."""
         kept = b.kept()
-        per_row, rows = self.kernel.per_row, {}
+        per_row, rows = self.ctx.kernel.per_row, {}
         for name, v in kept.items():
             if name not in per_row or v is None:
                 continue
@@ -1020,15 +1024,15 @@ class _Driver(WindowDriver):
         no batch of one per agent."""
         first, n0, (kept, _) = parts[0]
         if len(parts) == 1:
-            return first.row(n0, self.kernel.per_row)
+            return first.row(n0, self.ctx.kernel.per_row)
         b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.state)
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.ctx.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
         for name, v in kept.items():
-            if name in self.kernel.per_row:  # (a None value stays None: ``Batch.cut``)
+            if name in self.ctx.kernel.per_row:  # (a None value stays None: ``Batch.cut``)
                 cut = [c[1].get(name) for _, _, c in parts]
                 if all(u is not None and u[0] for u in cut):
                     v = _join([(u[1], n) for u, (_, n, _) in zip(cut, parts)])

@@ -63,14 +63,14 @@ class _Driver(WindowDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # the same for every activation
+        p, n = self.ctx.p, len(self.ctx.agents)
+        self.req = self.grad.first = kernel.gradient(p, self.ctx.state, 0)  # the same for every activation
         self.timeout, self.atomic = kernel.exchange(p)
-        self.initiates = [kernel.initiates(self.state, i) for i in range(n)]
-        self.rngs = [a.rng() for a in self.agents]  # the program's own stream: its peers
+        self.initiates = [kernel.initiates(self.ctx.state, i) for i in range(n)]
+        self.rngs = [a.rng() for a in self.ctx.agents]  # the program's own stream: its peers
         self.tags, self.pull = pattern.names, pattern.pull
-        self.stat = self.agents[0].stats
-        self.X = self.bank.W  # every program's model (``agent.params``)
+        self.stat = self.ctx.agents[0].stats
+        self.X = self.ctx.bank.W  # every program's model (``agent.params``)
         self.size = payload_size(self.X[0])
         # the programs' control state
         self.locked = [False] * n  # in its own exchange (``PairwiseGossip.busy``)
@@ -98,9 +98,9 @@ class _Driver(WindowDriver):
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        put, words, t = self.rows.put, self.words, self.now
+        put, words, t = self.rows.put, self.rows.words, self.events.now
         try:
-            for t, _, kind, i, v in self.due(end):
+            for t, _, kind, i, v in self.events.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t)
@@ -109,9 +109,9 @@ class _Driver(WindowDriver):
                     self.arrived(i, t, v)
                 elif kind == DONE:
                     self.completion(i, t, v)
-                    if self.kernel.staleness is not None:
-                        self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
-                    if self.kernel.step_first:
+                    if self.ctx.kernel.staleness is not None:
+                        self.stat.observe(self.ctx.kernel.staleness, float(self.served[i] - self.seen[i]))
+                    if self.ctx.kernel.step_first:
                         self.op(i, STEP, v)
                     else:
                         self.ticket[i] = v
@@ -123,13 +123,13 @@ class _Driver(WindowDriver):
                 elif kind == TIMER:
                     if self.waits[i] == v:  # the wait it was set for is still open: it ends with nothing
                         self.waits[i] = 0
-                        self.push_event(t, RESUME, i, None)
+                        self.events.push(t, RESUME, i, None)
                 elif kind == SENT:
                     self.receive(i, t, v)
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
-            self.now = t
+            self.events.now = t
 
     def activated(self, i: int, now: float) -> None:
         if self.req is None:
@@ -149,19 +149,19 @@ class _Driver(WindowDriver):
         takes time: the program waits for it), then ``receive``."""
         self.locked[i] = True
         r = self.xround[i] = self.xround[i] + 1
-        nb = self.agents[i].neighbors
+        nb = self.ctx.agents[i].neighbors
         j = nb[int(self.rngs[i].integers(len(nb)))]
         if self.pull:  # a 1-byte request, no model
             self.mine[i] = None
-            self.send(i, j, now, None, 1, self.tags[0], r)
+            tx_end = self.send(i, j, now, None, 1, self.tags[0], r)
         else:
             pid = self.mine[i] = next(self.pids)
             self.op(i, SEND, pid)
             self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
-            self.send(i, j, now, pid, self.size, self.tags[0], r)
-        tx = hold_time(self.tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
+            tx_end = self.send(i, j, now, pid, self.size, self.tags[0], r)
+        tx = hold_time(tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
         if tx > 0:
-            self.push_event(now + tx, SENT, i, r)
+            self.events.push(now + tx, SENT, i, r)
         else:
             self.receive(i, now, r)
 
@@ -173,15 +173,16 @@ class _Driver(WindowDriver):
                 self.let_go(m.pid)
         self.replies[i].clear()
         self.waits[i] = r
-        self.push_event(now + self.timeout, TIMER, i, r)
+        self.events.push(now + self.timeout, TIMER, i, r)
 
-    def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> None:
-        mid, at = self.message(i, j, now, size, rnd, tag, self.rows)
-        if at is None:
-            return
-        if pid is not None:
-            self.holds[pid] = self.holds.get(pid, 0) + 1
-        self.push_event(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+    def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> float:
+        """A message (and a hold of its payload ``pid``) on its way; returns the end of its transmission."""
+        mid, at, tx_end = self.message(i, j, now, size, rnd, tag, self.rows)
+        if at is not None:
+            if pid is not None:
+                self.holds[pid] = self.holds.get(pid, 0) + 1
+            self.events.push(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+        return tx_end
 
     def arrived(self, i: int, now: float, m: Arrived) -> None:
         """``Inbox.put``: a waiting program's wait resolved (it resumes in an event of its own), else queued."""
@@ -190,7 +191,7 @@ class _Driver(WindowDriver):
                 self.requests[i].append(m)
             else:
                 self.serving[i] = True
-                self.push_event(now, SERVE_NEXT, i, m)
+                self.events.push(now, SERVE_NEXT, i, m)
             return
         w = self.waits[i]
         if not w:
@@ -201,7 +202,7 @@ class _Driver(WindowDriver):
                 self.let_go(m.pid)
         else:
             self.waits[i] = 0
-            self.push_event(now, RESUME, i, m)
+            self.events.push(now, RESUME, i, m)
 
     def resumed(self, i: int, now: float, m: Arrived | None) -> None:
         """The exchange after its wait: nothing (timed out), a refusal, or the reply averaged in; then the step."""
@@ -237,7 +238,7 @@ class _Driver(WindowDriver):
             self.let_go(m.pid)
         q = self.requests[j]
         if q:
-            self.push_event(now, SERVE_NEXT, j, q.popleft())
+            self.events.push(now, SERVE_NEXT, j, q.popleft())
         else:
             self.serving[j] = False
 
@@ -252,7 +253,7 @@ class _Driver(WindowDriver):
                 "requests": [list(q) for q in self.requests], "holds": list(self.holds.items()), "pid": pid}, {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in (*self.PLAIN, "replies", "requests")):
             raise ValueError(f"held.own: not {n} agents' state")
         for k in self.PLAIN:
@@ -261,7 +262,7 @@ class _Driver(WindowDriver):
         self.requests[:] = [deque(Arrived(*m) for m in q) for q in own["requests"]]
         self.holds = dict((pid, count) for pid, count in own["holds"])
         self.pids = itertools.count(own["pid"])
-        for q in self.far.values():  # the queue's messages, made tuples again by the JSON
+        for q in self.events.far.values():  # the queue's messages, made tuples again by the JSON
             q[:] = [(t, seq, kind, i, Arrived(*v)) if kind in self.MESSAGES and v is not None else (t, seq, kind, i, v)
                     for t, seq, kind, i, v in q]
 
@@ -282,7 +283,7 @@ class _Driver(WindowDriver):
 
     def asks(self, step: list) -> None:
         who, _, at = self.rows_of(step)
-        self.asked(who, [o[1] for _, o in step], at)
+        self.grad.asked(who, [o[1] for _, o in step], at)
 
     def sends(self, step: list) -> None:
         _, _, x = self.rows_of(step)
@@ -302,8 +303,8 @@ class _Driver(WindowDriver):
         who, idx, x = self.rows_of(step)
         rep = self.payloads.peek([o[1] for _, o in step])
         if self.pull:
-            b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
-            self.kernel.combine(b, self.p, rep)
+            b = Batch([self.ctx.agents[i] for i in who], self.ctx.agents[who[0]].round, x, None, self.ctx.state)
+            self.ctx.kernel.combine(b, self.ctx.p, rep)
             self.X.index_copy_(0, idx, b.x)
             return
         mine = self.payloads.peek([o[2] for _, o in step])
@@ -311,6 +312,6 @@ class _Driver(WindowDriver):
 
     def steps(self, step: list) -> None:
         who, idx, x = self.rows_of(step)
-        b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
-        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        b = Batch([self.ctx.agents[i] for i in who], self.ctx.agents[who[0]].round, x, None, self.ctx.state)
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[1] for _, o in step]))
         self.X.index_copy_(0, idx, b.x)

@@ -58,8 +58,8 @@ class _Sends(BroadcastDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG)
+        p, n = self.ctx.p, len(self.ctx.agents)
+        self.req = self.grad.first = kernel.gradient(p, self.ctx.state, 0)  # one for all (the windows refuse LAG)
         self.rule = Rule(*kernel.trigger(p))
         self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
         self.undecided: list[list] = []  # the window's sends, in processing order
@@ -67,8 +67,8 @@ class _Sends(BroadcastDriver):
     def send(self, i: int, now: float) -> None:
         """``EventTrigger.send`` (or a broadcast that may not happen), undecided: its place among the rows, its
         arrivals' insertion numbers."""
-        js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
-        pid, k, seq = next(self.pids), self.k[i], self.seq
+        js = self.ctx.agents[i].neighbors  # this activation's (a time-varying topology changes them)
+        pid, k, seq = next(self.pids), self.k[i], self.events.seq
         self.undecided.append([len(self.rows), now, i, js, [next(seq) for _ in js], pid, k, None])
         self.rows.put(_UNDECIDED)
         self.op(i, PUSH, pid, len(self.undecided) - 1, k)
@@ -79,8 +79,8 @@ class _Sends(BroadcastDriver):
         """The window's sends as decided by its tensor work, in processing order (module docstring)."""
         if not self.undecided:
             return
-        rows, out, prev, r = self.rows.buf, PackedRows(self.words), 0, RECORD.size
-        size, tag, stats, enqueue = self.size, self.tag, self.agents[0].stats, self.enqueue_numbered
+        rows, out, prev, r = self.rows.buf, PackedRows(self.rows.words), 0, RECORD.size
+        size, tag, stats, enqueue = self.size, self.ctx.tag, self.ctx.agents[0].stats, self.events.numbered
         for pos, now, i, js, seqs, pid, k, fired in self.undecided:
             out.put(rows[prev * r:pos * r])
             prev = pos + 1
@@ -90,7 +90,7 @@ class _Sends(BroadcastDriver):
                 stats.add("trigger_skipped", skipped)
                 stats.add("trigger_bytes_saved", skipped * size)
             for n in fired:
-                mid, at = self.message(i, js[n], now, size, k, tag, out)
+                mid, at, _ = self.message(i, js[n], now, size, k, tag, out)
                 if at is None:
                     self.release(pid)
                 else:
@@ -106,8 +106,8 @@ class _Sends(BroadcastDriver):
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
-        if len(own["k"]) != len(self.agents):
-            raise ValueError(f"held.own: not {len(self.agents)} agents' state")
+        if len(own["k"]) != len(self.ctx.agents):
+            raise ValueError(f"held.own: not {len(self.ctx.agents)} agents' state")
         self.k[:] = own["k"]
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:
@@ -135,15 +135,15 @@ class _Driver(_Sends):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
         self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
-        self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
+        self.start_in = [frozenset(a.weights) for a in self.ctx.agents]  # copies made at the start (NeighborCopies)
         # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
-        self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
+        self.in_w = None if self.ctx.dynamic is not None else [sorted(a.weights.items()) for a in self.ctx.agents]
         self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
         self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
-        self.noise = [kernel.noise(self.state, a, self.p) for a in self.agents]  # each agent's release (None: none)
+        self.noise = [kernel.noise(self.ctx.state, a, self.ctx.p) for a in self.ctx.agents]  # (None: no release)
         self.recorded: dict[int, bool] = {}  # ticket -> its release made (False: the budget cap refused it)
         self.count_of: dict[int, int] = {}  # ticket -> its agent's activation count (``Batch.rounds``)
         self.spent: set[int] = set()  # agents whose cap refused a release: no gradient from then on
@@ -160,7 +160,7 @@ class _Driver(_Sends):
         noise = self.noise[i]
         if noise is not None:  # the release, as the engine's update makes it: its row right after ``compute_end``
             sigma, sens, q = noise
-            ok = self.recorded[tk] = self.agents[i].ledger.record(self.X.shape[1], sigma, sens, q=q,
+            ok = self.recorded[tk] = self.ctx.agents[i].ledger.record(self.X.shape[1], sigma, sens, q=q,
                                                                   what="gradient", at=(now, self.rows))
             if not ok:
                 self.spent.add(i)
@@ -184,7 +184,7 @@ class _Driver(_Sends):
                     take.append(m.handle)
                     if old is not None and old >= 0:
                         drop.append(old)
-        a, start = self.agents[i], self.start_in[i]
+        a, start = self.ctx.agents[i], self.start_in[i]
         in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
         mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
         self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
@@ -200,7 +200,7 @@ class _Driver(_Sends):
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in self.KEYED):
             raise ValueError(f"held.own: not {n} agents' state")
         for k in self.KEYED:
@@ -258,7 +258,7 @@ class _Driver(_Sends):
         if self.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
             b.recorded = [self.recorded.pop(o[2]) for _, o in step]
         b.counts = [self.count_of.pop(o[2]) for _, o in step]
-        self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[2] for _, o in step]))
         self.store(b, idx)
         self.settle(step, 5)
 
@@ -267,7 +267,7 @@ class _Driver(_Sends):
         who = [i for i, _ in step]
         idx = torch.tensor(who, device=self.X.device)
         rows = self.X.index_select(0, idx)
-        self.bank.W.index_copy_(0, idx, rows)
+        self.ctx.bank.W.index_copy_(0, idx, rows)
         at, refs, ks = [], [], []  # per (agent, out-neighbour) pair: the row of the batch, its last-sent handle, k
         for n, (i, o) in enumerate(step):
             last = self.last[i]
@@ -307,7 +307,7 @@ class _DeltasDriver(_Sends):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        self.pc = self.state
+        self.pc = self.ctx.state
         self.size = self.pc.comps[0].encoded_size(self.X.shape[1], self.X.element_size())  # every q's bytes
 
     op = WindowDriver.op  # unranked: one operation per lock step (``in_order``)
@@ -352,11 +352,11 @@ class _DeltasDriver(_Sends):
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
-        self.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
+        self.grad.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
-        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[1] for _, o in step]))
         self.store(b, idx)
 
     def pushes(self, step: list) -> None:
@@ -365,7 +365,7 @@ class _DeltasDriver(_Sends):
 
         pc, dev = self.pc, self.X.device
         who = [i for i, _ in step]
-        agents = [self.agents[i] for i in who]
+        agents = [self.ctx.agents[i] for i in who]
         idx = torch.tensor(who, device=dev)
         x = self.X.index_select(0, idx)
         fire = self.fires(x, pc.own.index_select(0, idx), [o[3] for _, o in step])
@@ -384,4 +384,4 @@ class _DeltasDriver(_Sends):
                 self.keep(keys, q, kept)
         rows, values = evaluate(pc.consensus(agents, x), x.dtype)
         self.X.index_copy_(0, rows, values)
-        self.bank.W.index_copy_(0, rows, values)  # agent.params = ...
+        self.ctx.bank.W.index_copy_(0, rows, values)  # agent.params = ...
