@@ -41,13 +41,13 @@ def play(pattern, sim, kernel) -> bool:
 class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
+    # the rank of each operation in an activation's order (by ``kernel.merge_first``): push-sum merges before it asks,
+    # asynchronous push after
+    RANKS = ({ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}, {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3})
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        self.req = self.grad.first = kernel.request(self.ctx.p)
-        # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
-        self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
-            {ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}
-        self.kinds = sorted(self.rank, key=self.rank.get)  # a lock step's batched calls, in that order
+        self.grad.first = kernel.request(self.ctx.p)
         # the control flow
         self.own = [kernel.start(a, self.ctx.p) for a in self.ctx.agents]
         self.inbox: list[list[Incoming]] = [[] for _ in self.ctx.agents]  # arrived, not yet merged (arrival order)
@@ -63,13 +63,13 @@ class _Driver(WindowDriver):
         ops = self.ops.get(i)
         if ops is None:
             ops = self.ops[i] = []
-        ops.append((self.rank[kind], kind, *v))
+        ops.append((self.RANKS[self.ctx.kernel.merge_first][kind], kind, *v))
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
         if self.ctx.kernel.merge_first:
             self.merge(i)
-        if self.req is not None:
+        if self.grad.first is not None:
             self.ask(i, now)
             return
         if not self.ctx.kernel.merge_first:
@@ -92,7 +92,7 @@ class _Driver(WindowDriver):
         self.op(i, MERGE, takes, [m.handle for m in got], self.ctx.kernel.scalars(self.own[i]) if takes else None)
 
     def ask(self, i: int, now: float) -> None:
-        self.op(i, ASK, self.request(i, now, self.req.batch), self.ctx.kernel.scalars(self.own[i]))
+        self.op(i, ASK, self.request(i, now, self.grad.first.batch), self.ctx.kernel.scalars(self.own[i]))
 
     def broadcast(self, i: int, now: float) -> None:
         """The params written, the payload pushed to every out-neighbour (``Agent.broadcast``), the next wake."""
@@ -189,12 +189,14 @@ class _Driver(WindowDriver):
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
         once all its requests are made (those of earlier windows were)."""
-        flush_of, left, waiting = self.grad.batches(first_ticket)
+        grad, rank = self.grad, self.RANKS[self.ctx.kernel.merge_first]
+        kinds = sorted(rank, key=rank.get)  # a lock step's batched calls, in an activation's order
+        flush_of, left, waiting = grad.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free = self.grad.evaluated.row_of, self.grad.free
-        waiting = self.grad.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
+        evaluated, free = grad.evaluated.row_of, grad.free
+        waiting = grad.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
         while active:
             steps: list[list] = [[], [], [], []]  # by kind: (agent, op)
             nxt = []
@@ -225,7 +227,7 @@ class _Driver(WindowDriver):
                     nxt.append(i)
             if not progressed:
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            for kind in self.kinds:
+            for kind in kinds:
                 if steps[kind]:
                     (self.merges, self.asks, self.updates, self.pushes)[kind](steps[kind])
             if waiting:

@@ -38,7 +38,7 @@ class _Driver(WindowDriver):
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p = self.ctx.p
-        self.req = self.grad.first = kernel.request(self.ctx.state, p)
+        self.grad.first = kernel.request(self.ctx.state, p)
         self.horizon = kernel.horizon(p)
         self.pc = kernel.copies(self.ctx.state)
         self.ctl = [Replay() for _ in self.ctx.agents]
@@ -91,7 +91,7 @@ class _Driver(WindowDriver):
         if ctl.spent:  # (refused with a budget cap: never here)
             raise RuntimeError("ticked rounds: a budget cap in lookahead windows")
         self.round[i] = t
-        self.op(i, ASK, self.request(i, now, self.req.batch))
+        self.op(i, ASK, self.request(i, now, self.grad.first.batch))
 
     def completed(self, i: int, now: float, tk: int) -> None:
         """The release (its row after ``compute_end``), the round's differences sent, the next wake (once the
