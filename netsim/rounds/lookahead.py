@@ -412,12 +412,9 @@ class EventQueue:
         return [*self.cur, *self.soon, *(e for q in self.far.values() for e in q)]
 
     def restore(self, events: list) -> None:
-        """``pending``'s events, as a checkpoint's JSON holds them, into the buckets (the next window sorts what it
-        reaches)."""
-        inv = self.inv
+        """``pending``'s events, as a checkpoint's JSON holds them, into the buckets (no window is loaded yet)."""
         for t, seq, kind, i, v in events:
-            e = (t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
-            self.far.setdefault(int(t * inv) if t < _INF else _NEVER, []).append(e)
+            self.numbered(t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
 
 
 class Gradients:
