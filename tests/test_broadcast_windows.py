@@ -165,11 +165,11 @@ def test_pushsum_windows_conserve_mass(tmp_path, monkeypatch):
     summary = both(tmp_path, sc)
     assert summary["messages_dropped"] > 0
     d = drivers[0]
-    n = len(d.agents)
+    n = len(d.ctx.agents)
     x0 = torch.randn(d.X.shape, generator=torch.Generator().manual_seed(sc["run"]["seed"]), dtype=torch.float64)
     held_x, held_y = d.X.sum(0), sum(own.y for own in d.own)
     flight_x, flight_y = torch.zeros_like(held_x), 0.0
-    for i, a in enumerate(d.agents):
+    for i, a in enumerate(d.ctx.agents):
         for j in a.in_neighbors:
             last = d.own[i].rho.get(j)
             flight_x += d.extra["sigma"][j] - (0.0 if last is None else d.payloads.peek([last[1]])[0])

@@ -181,11 +181,12 @@ class _Driver(WindowDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, W = self.p, self.bank.W
-        self.first = kernel.gradient(p, self.state, self.agents[0].id)
-        self.free = self.free and self.first.clip is None  # (clipped per example: the engine's batches, any model)
-        self.grads = _Evaluated(W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
-        self.store = _Store(kernel.payload_bytes(p, self.state, W[0]), W[0])
+        p, W = self.ctx.p, self.ctx.bank.W
+        self.grad.first = kernel.gradient(p, self.ctx.state, self.ctx.agents[0].id)
+        # (clipped per example: the engine's batches, any model)
+        self.grad.free = self.grad.free and self.grad.first.clip is None
+        self.grad.evaluated = _Evaluated(W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
+        self.store = _Store(kernel.payload_bytes(p, self.ctx.state, W[0]), W[0])
         self.records = _Records(sim.recorder.mixing_log)
         self.work = _Work(self)
         if not self.work.small:
@@ -200,7 +201,7 @@ class _Driver(WindowDriver):
         payloads a message carries or whose round is open are kept: no other is read again), its releases after
         their agents' ``compute_end``."""
         c, st = self.control, self.store
-        self.records.write(st, self.tag)
+        self.records.write(st, self.ctx.tag)
         buf, R, sizes, guess = self.rows.buf, RECORD.size, st.sizes, st.guess
         for at, rid in c.patches:
             if sizes[rid] != guess:
@@ -212,7 +213,7 @@ class _Driver(WindowDriver):
         if not c.slots:
             return
         out, last = bytearray(), 0
-        made = PackedRows(self.words)
+        made = PackedRows(self.rows.words)
         for at, rid in c.slots:
             rows = st.released.pop(rid)
             if rows:
@@ -234,14 +235,14 @@ class _Driver(WindowDriver):
         references and values, the releases made ahead, the parameters kept for a ``local`` and each agent's part
         kept for its ``combine`` (the kernel's values on it: ``per_row`` ones by row)."""
         c, st, work = self.control, self.store, self.work
-        pool = _Pool(self.bank.W.dtype)
+        pool = _Pool(self.ctx.bank.W.dtype)
         rid, gid, order = next(c.rids), next(c.gids), next(c.order)  # (read, and skipped: keys only)
         parts: dict[int, tuple] = {}  # the parts by the batch they are rows of: (batch, its kept values, rids, rows)
         for r, (b, n, (kept, _)) in work.parts.items():
             e = parts.setdefault(id(b), (b, kept, [], []))
             e[2].append(r)
             e[3].append(n)
-        groups, per_row = [], self.kernel.per_row
+        groups, per_row = [], self.ctx.kernel.per_row
         for b, kept, rids, ns in parts.values():
             groups.append({"rids": rids, "agents": [b.agents[n].id for n in ns], "s": b.s,
                            "out": [pool.add(b.out[n]) for n in ns],
@@ -264,13 +265,13 @@ class _Driver(WindowDriver):
         return {**own, "pool": pool.shapes()}, pool.tensors()
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in ("k", "s", "rid", "waiter", "queue")):
             raise ValueError(f"held.own: not {n} agents' state")
-        pool = _Pool.of(own["pool"], tensors, self.bank.W.device)
+        pool = _Pool.of(own["pool"], tensors, self.ctx.bank.W.device)
         c, st, work = self.control, self.store, self.work
         c.k[:], c.s[:], c.rid[:], c.flushed = own["k"], own["s"], own["rid"], own["flushed"]
-        agents = self.agents
+        agents = self.ctx.agents
         c.waiter[:] = [None if w is None else _Gather(w[0], frozenset(agents[i].in_neighbors), w[2])
                        for i, w in enumerate(own["waiter"])]
         for w, saved in zip(c.waiter, own["waiter"], strict=True):
@@ -289,7 +290,7 @@ class _Driver(WindowDriver):
             x = pool.get(x)
             work.x_at.update((r, (x, m)) for m, r in enumerate(keys))
         for g in own["parts"]:
-            b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.state)
+            b = Batch([agents[i] for i in g["agents"]], 0, pool.get(g["x"]), pool.get(g["g"]), self.ctx.state)
             b.s, b.out, b.sizes = g["s"], [pool.get(v) for v in g["out"]], g["sizes"]
             for name, rows, v in g["kept"]:
                 v = pool.get(v)
@@ -298,11 +299,11 @@ class _Driver(WindowDriver):
                 setattr(b, name, v)
             cuts = work.cuts(b)
             work.parts.update((r, (b, m, cuts)) for m, r in enumerate(g["rids"]))
-        if self.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
-            keys = list(self.at_of)
-            at = torch.stack([self.at_of[k] for k in keys])
-            self.at_of.update((k, (at, m)) for m, k in enumerate(keys))
-        for q in self.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys again
+        if self.grad.at_of:  # (``take`` kept them as rows: ``point`` reads (tensor, row) pairs)
+            keys = list(self.grad.at_of)
+            at = torch.stack([self.grad.at_of[k] for k in keys])
+            self.grad.at_of.update((k, (at, m)) for m, k in enumerate(keys))
+        for q in self.events.far.values():  # a barrier's completion holds what it took: {sender: record}, int keys
             q[:] = [(t, seq, kind, i, {int(src): r for src, r in v.items()} if kind == BARRIER else v)
                     for t, seq, kind, i, v in q]
 
@@ -436,7 +437,7 @@ class _Driver(WindowDriver):
         return None
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
-        return _join([self.at_of[k] for k in tickets])
+        return _join([self.grad.at_of[k] for k in tickets])
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -446,8 +447,8 @@ class _Driver(WindowDriver):
         makes a payload it reads, a ``local`` its gradient batch (the engine's: evaluated at the end of its last
         request's step; a batch-invariant model's, in its ask's step). Then each step's operations of a kind in one
         call per round index (``by_round``), the gradient batches due at its end evaluated in the engine's order."""
-        flush_of, left, waiting = self.batches(first_ticket)
-        waiting = self.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
+        flush_of, left, waiting = self.grad.batches(first_ticket)
+        waiting = self.grad.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
         ops = self.ops
         if not ops:
             self.work_done(waiting, {})
@@ -472,7 +473,7 @@ class _Driver(WindowDriver):
                     waited.append(by)
         gap = [1] * len(waiter)
         batch_op: dict[int, int] = {}  # the engine's gradient batch with a request in this work -> its own operation
-        if not self.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
+        if not self.grad.free:  # (at its last request's step, gap 0; the ``local``s on it come a step later)
             for n in np.flatnonzero(kind == ASK).tolist():
                 f = flush_of.get(flat[n][1][1])
                 if f is not None:
@@ -482,7 +483,7 @@ class _Driver(WindowDriver):
                     waiter.append(v)
                     waited.append(n)
                     gap.append(0)
-            evaluated = self.grads.row_of
+            evaluated = self.grad.evaluated.row_of
             for n in locals_:
                 tk = flat[n][1][1]
                 v = batch_op.get(flush_of.get(tk, -1))
@@ -513,16 +514,16 @@ class _Driver(WindowDriver):
             handlers[kd]([flat[n] for n in order[a:b]])
             if b == m or keys[b] // 3 != s:  # the step's end: its gradient batches
                 for f in due_at.pop(s, ()):
-                    self.evaluate_batch(f)
+                    self.grad.evaluate_batch(f)
         self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def point(self, tk: int) -> torch.Tensor:
-        x, n = self.at_of.pop(tk)
+        x, n = self.grad.at_of.pop(tk)
         return x[n]
 
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
-        return _join(list(map(self.at_of.pop, tickets)), share=True)
+        return _join(list(map(self.grad.at_of.pop, tickets)), share=True)
 
 
 class _Control:
@@ -530,11 +531,11 @@ class _Control:
     keeps between them (each program's round, exchange, record, barrier and queue; where rows wait for the work)."""
 
     def __init__(self, d: _Driver):
-        n = len(d.agents)
+        n = len(d.ctx.agents)
         self.k, self.s, self.rid = [0] * n, [0] * n, [-1] * n  # each program's round, exchange in it, round record
         self.waiter: list[_Gather | None] = [None] * n  # its open barrier
         self.queue: list[deque] = [deque() for _ in range(n)]  # arrived and not taken: (id, sender, record, round)
-        restored = d.sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
+        restored = d.ctx.sim.loop.programs.between  # (a checkpoint's state: the counters go on where they stood)
         at = restored.plain["own"]["next"] if restored is not None and restored.plain else (-1, -1, -1)
         # the numbers of round records and payloads (a round's first payload has its record's), of barriers (their
         # timers') and of each ``local`` and ``combine`` where the control meets it (the engine's order: ``_Records``)
@@ -550,20 +551,20 @@ class _Control:
         """``until(end)``, the driver's ``events_until``: a closure over this state and the driver's, as push gossip's
         is: it runs for every event, and reading locals (no attribute lookups, the rows packed in place) is what keeps
         the per-event Python small."""
-        agents, enqueue, wake, ops_of, housekeeping = d.agents, d.enqueue, d.wake, d.ops, d.housekeeping
-        rows, cur, soon, st = d.rows, d.cur, d.soon, d.store
+        agents, enqueue, wake, ops_of, housekeeping = d.ctx.agents, d.events.push, d.wake, d.ops, d.housekeeping
+        rows, cur, soon, st = d.rows, d.events.cur, d.events.soon, d.store
         put, buf, R = rows.put, rows.buf, RECORD.size
-        kernel, p, state, req0 = d.kernel, d.p, d.state, d.first
-        free, timeout, steps = d.free, p.round_timeout, d.work.steps
+        kernel, p, state, req0 = d.ctx.kernel, d.ctx.p, d.ctx.state, d.grad.first
+        free, timeout, steps = d.grad.free, p.round_timeout, d.work.steps
         ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         ks, ss, rid_of, waiter, queue = self.k, self.s, self.rid, self.waiter, self.queue
         order, views, viewed = self.order, d.records.views, d.records.viewed
         recs, pend, localed, slots, patches = st.recs, self.pend, self.localed, self.slots, self.patches
         sizes, released, refs, payload = st.sizes, st.released, st.refs, st.payload
-        ticket_of, flushes, fixed, guess = d.ticket_of, d.flushes, st.fixed, st.guess
-        gids, rids, words, tag = self.gids, self.rids, d.words, d.tag_code
-        links, take_ids, unref, gradient = outcomes(d.net.lean()), d.net.take_ids, st.unref, kernel.gradient
-        adopt = None if d.dynamic is None else d.dynamic.adopt
+        ticket_of, flushes, fixed, guess = d.grad.ticket_of, d.grad.flushes, st.fixed, st.guess
+        gids, rids, words, tag = self.gids, self.rids, d.rows.words, d.ctx.tag_code
+        links, take_ids, unref, gradient = outcomes(d.ctx.net.lean()), d.ctx.net.take_ids, st.unref, kernel.gradient
+        adopt = None if d.ctx.dynamic is None else d.ctx.dynamic.adopt
         pop, take = heapq.heappop, cur.pop
         C = CODES
         expects: list[tuple] = [(None, None)] * len(agents)  # each agent's (in-neighbours, their set)
@@ -659,7 +660,7 @@ class _Control:
 
         def events_until(end: float) -> None:
             """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-            t, pending_lo, flushed = d.now, d.pending_lo, self.flushed
+            t, pending_lo, flushed = d.events.now, d.grad.pending_lo, self.flushed
             try:
                 while True:  # ``due``, inlined
                     if ready:  # a barrier's completion, due before anything queued (``close``)
@@ -781,7 +782,7 @@ class _Control:
                     elif housekeeping(t, kind, i, v):
                         return
             finally:
-                d.now, d.pending_lo, self.flushed = t, pending_lo, flushed
+                d.events.now, d.grad.pending_lo, self.flushed = t, pending_lo, flushed
 
         return events_until
 
@@ -850,16 +851,17 @@ class _Work:
 
     def __init__(self, d: _Driver):
         self.d, self.store, self.records = d, d.store, d.records
-        self.steps = d.kernel.exchanges(d.p, d.state)  # barrier exchanges a round (messages of round k * steps + s)
+        ctx = d.ctx
+        self.steps = ctx.kernel.exchanges(ctx.p, ctx.state)  # barrier exchanges a round (round k * steps + s's)
         self.spare: torch.Tensor | None = None  # a large lock step's parameters, written over once nothing reads them
-        self.sampler = RowsAhead(d.agents)  # ``Agent.sample_rows`` of a lock step's agents at once
+        self.sampler = RowsAhead(ctx.agents)  # ``Agent.sample_rows`` of a lock step's agents at once
         self.x_at: dict[int, tuple] = {}  # rid -> the agent's parameters at its activation: (a tensor, its row)
         self.parts: dict[int, tuple] = {}  # rid -> (batch, row, ``cuts``): its part after ``local`` or ``combine``
-        self.any_round = d.kernel.any_round(d.p)  # one call per lock step, whatever the agents' rounds (``by_round``)
-        self.mixed = AnyRound(type(d.kernel).__name__)
+        self.any_round = ctx.kernel.any_round(ctx.p)  # one call per lock step, any agents' rounds (``by_round``)
+        self.mixed = AnyRound(type(ctx.kernel).__name__)
         # a large model's payloads are copied once more by ``Arrivals`` and held longer by 64 windows' work: with
         # those, the dicts per agent and 8 windows are faster
-        self.small = d.bank.W.shape[1] <= SMALL
+        self.small = ctx.bank.W.shape[1] <= SMALL
 
     def by_round(self, step: list, at: int) -> list[tuple]:
         """A lock step's operations by their round index (a batch has one ``b.k``), as (k, its operations); all in one
@@ -878,7 +880,7 @@ class _Work:
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
         d = self.d
-        who, W, spare = [i for i, _ in step], d.bank.W, self.spare
+        who, W, spare = [i for i, _ in step], d.ctx.bank.W, self.spare
         at = as_index(who, W.device)
         if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
             x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
@@ -887,11 +889,11 @@ class _Work:
             self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
         self.x_at.update((o[2], (x, n)) for n, (_, o) in enumerate(step))  # (x, row): ``_join`` joins them
         tickets = [o[1] for _, o in step]
-        rows = self.sampler.take(list(map(d.agents.__getitem__, who)), np.array(who, np.int64), d.first.batch)
-        if d.free:
-            d.evaluate_step(who, tickets, x, rows)
+        rows = self.sampler.take(list(map(d.ctx.agents.__getitem__, who)), np.array(who, np.int64), d.grad.first.batch)
+        if d.grad.free:
+            d.grad.evaluate_step(who, tickets, x, rows)
             return
-        ticket_of, at_of = d.ticket_of, d.at_of  # (evaluated with their batch: ``rows_of_ticket``, ``points``)
+        ticket_of, at_of = d.grad.ticket_of, d.grad.at_of  # (evaluated with their batch: ``rows_of_ticket``)
         for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
             ticket_of[tk] = (i, r)
             at_of[tk] = (x, n)
@@ -899,18 +901,18 @@ class _Work:
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
         d, st, values = self.d, self.store, self.records.values
-        kernel, p, recs, x_at = d.kernel, d.p, st.recs, self.x_at
+        kernel, p, recs, x_at = d.ctx.kernel, d.ctx.p, st.recs, self.x_at
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
             x = _join([x_at.pop(r) for r in rids], share=True)
-            g = d.grads.take([o[1] for _, o in ops])
+            g = d.grad.evaluated.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
             def at(n: int, rids=rids, made=made) -> tuple:
                 rec = recs[rids[n]]
                 return rec[2], made[n], rec[3], rec[4]
 
-            b = Batch([d.agents[i] for i, _ in ops], k, x, g, d.state, at)
+            b = Batch([d.ctx.agents[i] for i, _ in ops], k, x, g, d.ctx.state, at)
             if self.records.views is not None:
                 b.held = []
             if kernel.local(b, p) is not None:
@@ -931,7 +933,7 @@ class _Work:
             payload = b.out[n]
             size = sizes[pid] = b.sizes[n] if b.sizes is not None else payload_size(payload)
             if fixed is not None and size != fixed:  # (its sends were timed with the declared bytes)
-                raise RuntimeError(f"barrier windows: {type(self.d.kernel).__name__}.payload_bytes says {fixed} "
+                raise RuntimeError(f"barrier windows: {type(self.d.ctx.kernel).__name__}.payload_bytes says {fixed} "
                                    f"bytes, and agent {b.agents[n].id} sent a payload of {size}")
             held = refs.get(pid)  # (None: its sends come later, at its own completion)
             if held is None or held:
@@ -943,7 +945,7 @@ class _Work:
     def combines(self, step: list) -> None:
         """``combine`` with what each barrier took, in arrival order, one call per exchange (and round index, unless
         ``any_round``); before the round's last exchange it sends the next payloads."""
-        kernel, p, st, rec = self.d.kernel, self.d.p, self.store, self.records
+        kernel, p, st, rec = self.d.ctx.kernel, self.d.ctx.p, self.store, self.records
         groups: dict = {}  # by exchange and round index, or by exchange alone (``by_round``)
         recs, joined = st.recs, self.any_round
         for i, o in step:
@@ -983,7 +985,7 @@ class _Work:
         """What each barrier took ({sender: round record}, in arrival order) as ``combine``'s ``got``: the payloads
         delivered (each once) as one tensor's rows where they are tensors, and each delivery's receiver, payload and
         weight as arrays (``Arrivals``: no dict per agent)."""
-        payload, agents, chain = self.store.payload, self.d.agents, itertools.chain.from_iterable
+        payload, agents, chain = self.store.payload, self.d.ctx.agents, itertools.chain.from_iterable
         rids = np.fromiter(chain(g.values() for g in took), np.int64)
         if not len(rids):
             return Arrivals([], [], None, rids, rids, np.zeros(0), receivers=len(who))
@@ -1001,7 +1003,7 @@ class _Work:
         values, and {name: (whether a tensor with a row per agent, the value)} for those the kernel declares
         ``per_row``."""
         kept = b.kept()
-        per_row, rows = self.d.kernel.per_row, {}
+        per_row, rows = self.d.ctx.kernel.per_row, {}
         for name, v in kept.items():
             if name not in per_row or v is None:
                 continue
@@ -1018,11 +1020,11 @@ class _Work:
         (those it declares ``per_row`` joined row by row, as ``Batch.row`` cuts them; the others the first batch's) —
         no batch of one per agent."""
         first, n0, (kept, _) = parts[0]
-        per_row = self.d.kernel.per_row
+        per_row = self.d.ctx.kernel.per_row
         if len(parts) == 1:
             return first.row(n0, per_row)
         b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.d.state)
+                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.d.ctx.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):

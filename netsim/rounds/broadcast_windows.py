@@ -41,19 +41,19 @@ def play(pattern, sim, kernel) -> bool:
 class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
+    # the rank of each operation in an activation's order (by ``kernel.merge_first``): push-sum merges before it asks,
+    # asynchronous push after
+    RANKS = ({ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}, {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3})
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        self.req = self.first = kernel.request(self.p)
-        # the rank of each operation in an activation's order: push-sum merges before it asks, asynchronous push after
-        self.rank = {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3} if kernel.merge_first else \
-            {ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}
-        self.kinds = sorted(self.rank, key=self.rank.get)  # a lock step's batched calls, in that order
+        self.grad.first = kernel.request(self.ctx.p)
         # the control flow
-        self.own = [kernel.start(a, self.p) for a in self.agents]
-        self.inbox: list[list[Incoming]] = [[] for _ in self.agents]  # arrived, not yet merged (arrival order)
+        self.own = [kernel.start(a, self.ctx.p) for a in self.ctx.agents]
+        self.inbox: list[list[Incoming]] = [[] for _ in self.ctx.agents]  # arrived, not yet merged (arrival order)
         self.pids = itertools.count()  # pushes: a payload's handle
         # the tensor work
-        self.X = self.bank.W.clone()  # each program's x between activations
+        self.X = self.ctx.bank.W.clone()  # each program's x between activations
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
         self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
         self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
@@ -63,21 +63,21 @@ class _Driver(WindowDriver):
         ops = self.ops.get(i)
         if ops is None:
             ops = self.ops[i] = []
-        ops.append((self.rank[kind], kind, *v))
+        ops.append((self.RANKS[self.ctx.kernel.merge_first][kind], kind, *v))
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
-        if self.kernel.merge_first:
+        if self.ctx.kernel.merge_first:
             self.merge(i)
-        if self.req is not None:
+        if self.grad.first is not None:
             self.ask(i, now)
             return
-        if not self.kernel.merge_first:
+        if not self.ctx.kernel.merge_first:
             self.merge(i)
         self.broadcast(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
-        if not self.kernel.merge_first:
+        if not self.ctx.kernel.merge_first:
             self.merge(i)
         self.op(i, UPDATE, tk)
         self.broadcast(i, now)
@@ -88,39 +88,39 @@ class _Driver(WindowDriver):
         if not got:
             return
         self.inbox[i] = []
-        takes = self.kernel.choose(self.own[i], self.agents[i], self.p, got)
-        self.op(i, MERGE, takes, [m.handle for m in got], self.kernel.scalars(self.own[i]) if takes else None)
+        takes = self.ctx.kernel.choose(self.own[i], self.ctx.agents[i], self.ctx.p, got)
+        self.op(i, MERGE, takes, [m.handle for m in got], self.ctx.kernel.scalars(self.own[i]) if takes else None)
 
     def ask(self, i: int, now: float) -> None:
-        self.op(i, ASK, self.request(i, now, self.req.batch), self.kernel.scalars(self.own[i]))
+        self.op(i, ASK, self.request(i, now, self.grad.first.batch), self.ctx.kernel.scalars(self.own[i]))
 
     def broadcast(self, i: int, now: float) -> None:
         """The params written, the payload pushed to every out-neighbour (``Agent.broadcast``), the next wake."""
-        a, kernel = self.agents[i], self.kernel
+        a, kernel = self.ctx.agents[i], self.ctx.kernel
         scal = kernel.scalars(self.own[i])
-        scalar = kernel.pushed(self.own[i], a, self.p)
+        scalar = kernel.pushed(self.own[i], a, self.ctx.p)
         pid = next(self.pids)
-        size, tag, rnd, rows = self.size, self.tag, a.round, self.rows
+        size, tag, rnd, rows = self.size, self.ctx.tag, a.round, self.rows
         held, tx = 0, 0.0
         for j in a.neighbors:  # this activation's (a time-varying topology changes them)
-            mid, at = self.message(i, j, now, size, rnd, tag, rows)
-            h = hold_time(self.tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
+            mid, at, tx_end = self.message(i, j, now, size, rnd, tag, rows)
+            h = hold_time(tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
             if h > tx:
                 tx = h
             if at is not None:
                 held += 1
-                self.push_event(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))
+                self.events.push(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))
         self.op(i, PUSH, pid, held, scal)
         if tx <= 0:
             self.wake(i, now)
         else:  # its Timeout, set after the arrivals
-            self.push_event(now + tx, SENT, i)
+            self.events.push(now + tx, SENT, i)
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        put, inbox, tag, t = self.rows.put, self.inbox, self.tag_code, self.now
+        put, inbox, tag, t = self.rows.put, self.inbox, self.ctx.tag_code, self.events.now
         try:
-            for t, _, kind, i, v in self.due(end):
+            for t, _, kind, i, v in self.events.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t)
@@ -136,7 +136,7 @@ class _Driver(WindowDriver):
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
-            self.now = t
+            self.events.now = t
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         pid = next(self.pids)
@@ -146,7 +146,7 @@ class _Driver(WindowDriver):
                                                                           self.extra.items()}}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if len(own["inbox"]) != n or len(own["own"]) != n:
             raise ValueError(f"held.own: not {n} agents' state")
         self.inbox[:] = [[Incoming(*m) for m in box] for box in own["inbox"]]
@@ -164,8 +164,8 @@ class _Driver(WindowDriver):
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int], scalars: list | None = None) -> tuple[Batch, torch.Tensor]:
         idx = torch.tensor(who, device=self.X.device)
-        b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, self.X.index_select(0, idx), None,
-                  self.state)
+        b = Batch([self.ctx.agents[i] for i in who], self.ctx.agents[who[0]].round, self.X.index_select(0, idx), None,
+                  self.ctx.state)
         b.rows = {name: m.index_select(0, idx) for name, m in self.extra.items()}
         b.scalars = scalars
         return b, idx
@@ -189,12 +189,14 @@ class _Driver(WindowDriver):
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
         once all its requests are made (those of earlier windows were)."""
-        flush_of, left, waiting = self.batches(first_ticket)
+        grad, rank = self.grad, self.RANKS[self.ctx.kernel.merge_first]
+        kinds = sorted(rank, key=rank.get)  # a lock step's batched calls, in an activation's order
+        flush_of, left, waiting = grad.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
-        evaluated, free = self.grads.row_of, self.free
-        waiting = self.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
+        evaluated, free = grad.evaluated.row_of, grad.free
+        waiting = grad.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
         while active:
             steps: list[list] = [[], [], [], []]  # by kind: (agent, op)
             nxt = []
@@ -225,20 +227,20 @@ class _Driver(WindowDriver):
                     nxt.append(i)
             if not progressed:
                 raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            for kind in self.kinds:
+            for kind in kinds:
                 if steps[kind]:
                     (self.merges, self.asks, self.updates, self.pushes)[kind](steps[kind])
             if waiting:
-                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
+                waiting = self.grad.evaluate_ready(left, waiting, blocked, nxt)
             active = nxt
         self.work_done(waiting, blocked)
 
     def merges(self, step: list) -> None:
-        kernel = self.kernel
+        kernel = self.ctx.kernel
         mathy = [(i, o) for i, o in step if o[2]]
         if mathy:
             b, idx = self.batch([i for i, _ in mathy], [o[4] for _, o in mathy])
-            kernel.merge(b, self.p, [o[2] for _, o in mathy], self.rows_of)
+            kernel.merge(b, self.ctx.p, [o[2] for _, o in mathy], self.rows_of)
             self.store(b, idx)
         for _, o in step:
             if kernel.keeps:
@@ -254,17 +256,17 @@ class _Driver(WindowDriver):
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
         b, _ = self.batch(who, [o[3] for _, o in step])
-        self.asked(who, [o[2] for _, o in step], self.kernel.gradient_at(b, self.p))
+        self.grad.asked(who, [o[2] for _, o in step], self.ctx.kernel.gradient_at(b, self.ctx.p))
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
-        self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[2] for _, o in step]))
         self.store(b, idx)
 
     def pushes(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step], [o[4] for _, o in step])
-        self.bank.W.index_copy_(0, idx, self.kernel.params(b, self.p))  # agent.params = ...
-        sent = self.kernel.push(b, self.p)
+        self.ctx.bank.W.index_copy_(0, idx, self.ctx.kernel.params(b, self.ctx.p))  # agent.params = ...
+        sent = self.ctx.kernel.push(b, self.ctx.p)
         self.store(b, idx)
         which = [k for k, (_, o) in enumerate(step) if o[3]]  # payloads in flight or kept, by their handles
         if which:

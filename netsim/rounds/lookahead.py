@@ -303,29 +303,20 @@ def play(pattern, sim, kernel) -> bool:
     return _Driver(pattern, sim, kernel).run()
 
 
-class WindowDriver:
-    """What a pattern's lookahead-window driver shares (push gossip's below, the broadcast pattern's in
-    rounds/broadcast_windows.py): the event heap in simpy's order, ``Agent.wake`` and the finish, the churn
-    recorders' timers, the run's own events (the evaluator's timer, run.until, the stop: ``housekeeping``), the
-    gradient batches (the engine's, or one call per lock step for a batch-invariant model) and the loop over
-    windows (``run``). A driver adds its control (``events_until``: what an activation, a delivery and a completed
-    gradient do), its tensor work (``tensor_work``), where a ticket's gradient is taken (``point``) and ``first``,
-    the request of an activation's first gradient (None: none)."""
+class Context:
+    """The run as a window driver reads it (``ctx``): the objects it takes from ``sim`` once, the run's constants and
+    the window statistics the summary reports (``stats``)."""
 
-    first = None
-    gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
-    # a merge wait for a push of an earlier window in the same work)
-    holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
-    # them: values the control wrote before the tensor work made them)
+    __slots__ = ("pattern", "sim", "kernel", "p", "agents", "writer", "net", "bank", "state", "until", "tag",
+                 "tag_code", "churn", "outcome", "checkpoints", "dynamic", "stats")
 
-    def __init__(self, pattern, sim, kernel):
-        self.pattern, self.sim, self.kernel = pattern, sim, kernel
+    def __init__(self, pattern, sim, kernel, tag_code: int, window: Callable):
         world = sim.world
-        self.p, self.agents = sim.params, sim.loop.agents
-        self.writer, self.net, self.bank, self.svc = sim.recorder.writer, world.network, world.bank, world.gradients
+        self.pattern, self.sim, self.kernel, self.tag, self.tag_code = pattern, sim, kernel, pattern.tag, tag_code
+        self.p, self.agents, self.writer = sim.params, sim.loop.agents, sim.recorder.writer
+        self.net, self.bank = world.network, world.bank
         self.state = kernel.state_of(self.agents[0], self.p)
-        self.limit, self.until = world.scenario.run.rounds, world.scenario.run.until
-        self.tag = pattern.tag
+        self.until = world.scenario.run.until
         self.churn = world.churn  # offline intervals: moved activations (moves), waiting gradients, offline rows
         # what happens to a message: the engine's installed model (bursts, outages, churn's drops: ComposedLinks), else
         # the lean default path as a model (latency, bandwidth, loss): the engine's own code, its streams in send order
@@ -334,54 +325,37 @@ class WindowDriver:
         if not self.checkpoints:
             world.network.without_checkpoints()  # links keep their draws' positions only for checkpoints
         self.dynamic = world.network.dynamic  # a time-varying topology: each activation adopts its epoch's links
-        self.stats = WindowStats(self.window(sim))
+        self.stats = WindowStats(window(sim))
         sim.services.put("windows", self.stats)
-        # the pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value): those
-        # of later windows in buckets of one lookahead (t in bucket int(t * inv)); a window sorts the buckets up to
-        # its end into ``cur``, latest first, and pops from its end (``load``); an event scheduled during a window
-        # that falls in it joins ``soon``, a heap (a gradient's completion: few at once). One sort per window
-        # compares the times as floats in C, where a heap of ~2 windows' events (every event pushed and popped)
-        # cost a fifth of the control's time
+
+
+class EventQueue:
+    """The pending events (time, insertion number: simpy's order of simultaneous ones, kind, agent, value) and where
+    the window loop stands in them. Those of later windows wait in buckets of one lookahead (t in bucket
+    int(t * inv)); a window sorts the buckets up to its end into ``cur``, latest first, and pops from its end
+    (``load``); an event scheduled during a window that falls in it joins ``soon``, a heap (a gradient's completion:
+    few at once). One sort per window compares the times as floats in C, where a heap of ~2 windows' events (every
+    event pushed and popped) cost a fifth of the control's time. ``now``: the time of the last event processed;
+    ``ended``: the run's stop was; ``evaluation``: the time of an evaluation that ends the window (None: none)."""
+
+    __slots__ = ("cur", "soon", "far", "end", "inv", "seq", "push", "now", "ended", "evaluation")
+
+    def __init__(self, lookahead: float, seq: int, now: float):
         self.cur: list[tuple] = []
         self.soon: list[tuple] = []
         self.far: dict[int, list[tuple]] = {}
-        self.end = [-_INF]  # the current window's end (a cell: ``enqueue`` reads it)
-        self.inv = 1.0 / self.stats.lookahead
-        restored = sim.loop.programs.between  # (a checkpoint's state: the counter goes on where it stood)
-        self.seq = itertools.count(restored.plain["seq"] if restored is not None and restored.plain else 0)
-        self.enqueue = self._enqueuer()
-        self.ticket_of: list = []  # ticket: (agent, rows; None: its whole part), None once evaluated
-        self.pending_lo = 0  # the first ticket not yet in a gradient batch
-        self.sampled = False  # whether a ticket has rows of its own (a mini-batch), not its agent's whole part
-        self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
-        self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
-        self.words = shapes.words()
-        self.tag_code = self.words(self.tag)
-        self.rows = PackedRows(self.words)  # the window's trace rows, packed as they are made
-        self.unfinished = sum(not a.finished for a in self.agents)
-        self.ended = False
-        self.evaluation = None  # the time of an evaluation that ends the window
-        self.now = float(sim.loop.env.now)
-        self.free = bool(getattr(self.svc.model, "batch_invariant", False))  # batch as the windows like
-        self.payloads = RowStore(self.bank.W)  # the payloads in flight, by key
-        self.grads = RowStore(self.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
-        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
-        self.parts = None  # the agents' whole parts stacked by length, once a lock step asks for gradients on them
-        self.wake = self._waker()
+        self.end = [-_INF]  # the current window's end (a cell: ``push`` reads it)
+        self.inv = 1.0 / lookahead
+        self.seq = itertools.count(seq)  # (a checkpoint's state: the counter goes on where it stood)
+        self.push = self._pusher()
+        self.now, self.ended, self.evaluation = now, False, None
 
-    def window(self, sim) -> float:
-        """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
-        return lookahead(sim)[0]
-
-    def push_event(self, t: float, kind: int, i: int, v=None) -> None:
-        self.enqueue(t, kind, i, v)
-
-    def _enqueuer(self) -> Callable[[float, int, int, object], None]:
-        """``enqueue(t, kind, agent, value)``: an event into ``soon`` if it falls in the current window, else into
-        its bucket."""
+    def _pusher(self) -> Callable[[float, int, int, object], None]:
+        """``push(t, kind, agent, value)``: an event into ``soon`` if it falls in the current window, else into its
+        bucket (a closure: it runs for every event scheduled)."""
         soon, far, end, seq, push, inv = self.soon, self.far, self.end, self.seq, heapq.heappush, self.inv
 
-        def enqueue(t: float, kind: int, i: int, v) -> None:
+        def enqueue(t: float, kind: int, i: int, v=None) -> None:
             e = (t, next(seq), kind, i, v)
             if t < end[0]:
                 push(soon, e)
@@ -395,8 +369,8 @@ class WindowDriver:
 
         return enqueue
 
-    def enqueue_numbered(self, t: float, seq: int, kind: int, i: int, v) -> None:
-        """``enqueue`` with an insertion number taken earlier (``next(self.seq)`` where the engine schedules it)."""
+    def numbered(self, t: float, seq: int, kind: int, i: int, v) -> None:
+        """``push`` with an insertion number taken earlier (``next(seq)`` where the engine schedules it)."""
         e = (t, seq, kind, i, v)
         if t < self.end[0]:
             heapq.heappush(self.soon, e)
@@ -433,132 +407,54 @@ class WindowDriver:
                                  min(self.far[min(self.far)]) if self.far else None) if e is not None]
         return min(firsts) if firsts else None
 
-    def _waker(self) -> Callable[[int, float], None]:
-        """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
-        keeps the per-event Python small."""
-        agents, enqueue = self.agents, self.enqueue
-        limit, finish, count = self.limit, self.finish, self.sim.count_wakes
-        ones = [(a,) for a in agents]  # each agent as a batch of one, made once
+    def pending(self) -> list[tuple]:
+        """Every event still to come (a checkpoint's)."""
+        return [*self.cur, *self.soon, *(e for q in self.far.values() for e in q)]
 
-        def wake(i: int, now: float) -> None:
-            """``Agent.wake`` at ``now``: the next activation planned and counted (or the agent's finish)."""
-            a = agents[i]
-            if limit is not None and a.round >= limit:
-                finish(a, now)
-                return
-            at, delay = a.plan_wake(now)
-            count(ones[i])
-            enqueue(now + delay, ACT, i, at)
+    def restore(self, events: list) -> None:
+        """``pending``'s events, as a checkpoint's JSON holds them, into the buckets (no window is loaded yet)."""
+        for t, seq, kind, i, v in events:
+            self.numbered(t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
 
-        return wake
 
-    # the control's shared steps (push gossip's closure inlines them: its per-event Python is the run's bound) -----
-    def activate(self, i: int, t: float, at: float) -> None:
-        """An activation's ``activate`` row, after the engine's activation listener (the epoch's links) if any."""
-        a = self.agents[i]
-        if self.dynamic is not None:
-            self.dynamic.adopt(a, t)
-        self.rows.put(pack(*shapes.activate(t, i, at, a.round, CODES)))
+class Gradients:
+    """The run's gradient requests and their evaluation (``grad``): each request's ticket (``ticket_of``: (agent,
+    rows; None: its whole part), None once evaluated), the engine's batches (``flushes``: the requests from
+    ``pending_lo`` on, at a batch's first completion), or one call per lock step for a batch-invariant model
+    (``free``), where each is taken (``at_of``, or the driver's ``point``) and the results kept until their update
+    takes them (``evaluated``)."""
 
-    def request(self, i: int, now: float, batch: int) -> int:
-        """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
-        mini-batch, the completion event; returns the ticket."""
-        a = self.agents[i]
-        ct = a.compute_time(now)
-        self.rows.put(pack(*shapes.compute_start(now, i, ct, CODES)))
+    __slots__ = ("svc", "agents", "stats", "first", "free", "ticket_of", "pending_lo", "sampled", "flushes",
+                 "evaluated", "at_of", "parts", "point", "points")
+
+    def __init__(self, ctx: Context, svc, point: Callable, points: Callable):
+        self.svc, self.agents, self.stats = svc, ctx.agents, ctx.stats
+        self.first = None  # the request of an activation's first gradient (the driver's: None, none)
+        self.free = bool(getattr(svc.model, "batch_invariant", False))  # batch as the windows like
+        self.ticket_of: list = []
+        self.pending_lo = 0  # the first ticket not yet in a gradient batch
+        self.sampled = False  # whether a ticket has rows of its own (a mini-batch), not its agent's whole part
+        self.flushes: list[range] = []  # this window's gradient batches, in the engine's order
+        self.evaluated = RowStore(ctx.bank.W)  # the gradients evaluated and not yet taken by an update, by ticket
+        self.at_of: dict[int, torch.Tensor] = {}  # ticket -> where its gradient is taken (``asked``)
+        self.parts = None  # the agents' whole parts stacked by length, once a lock step asks for gradients on them
+        self.point, self.points = point, points  # the driver's: where a ticket's gradient is taken (one, several)
+
+    def ticket(self, i: int, rows, whole) -> int:
+        """A new request of agent i on ``rows`` (``whole``: its agent's part); returns its ticket."""
         tk = len(self.ticket_of)
-        rows = a.sample_rows(batch)
-        if rows is a.rows:
+        if rows is whole:
             self.ticket_of.append((i, None))
         else:
             self.ticket_of.append((i, rows))
             self.sampled = True
-        self.done_at = now + ct  # when it completes (a driver that groups completions reads it)
-        self.push_event(self.done_at, DONE, i, tk)
         return tk
 
-    def completion(self, i: int, t: float, tk: int) -> None:
-        """A gradient's completion: a batch's first evaluates every pending request (the engine's batches), then
-        its ``compute_end`` row."""
+    def completed(self, tk: int) -> None:
+        """Ticket ``tk``'s completion: a batch's first makes every pending request a batch (the engine's)."""
         if tk >= self.pending_lo and not self.free:
             self.flushes.append(range(self.pending_lo, len(self.ticket_of)))
             self.pending_lo = len(self.ticket_of)
-        self.rows.put(pack(*shapes.compute_end(t, i, CODES)))
-
-    def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
-                rows: PackedRows) -> tuple[int, float | None]:
-        """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
-        row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped). Its transmission's
-        end is left in ``tx_end`` (a driver whose sender waits for it reads it)."""
-        self.tx_end, delay, reason = self.outcome(i, j, now, size)
-        mid = self.net.take_ids(1)
-        words = self.words
-        rows.put(pack(*shapes.send(now, i, j, mid, size, delay, rnd, words(tag), CODES)))
-        if reason:
-            rows.put(pack(*shapes.drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
-            return mid, None
-        return mid, now + delay
-
-    def finish(self, a, now: float) -> None:
-        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
-        if not a.mark_finished():
-            return
-        self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
-        self.unfinished -= 1
-        if not self.unfinished:  # the stop event: processed after what is already due now
-            self.push_event(now, STOP, -1, self.until is not None)
-
-    def offline_next(self, i: int, now: float, after: float) -> None:
-        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
-        nxt = self.churn.next_interval(i, after)
-        if nxt is None:
-            self.sim.housekeeping_ended()
-            return
-        a, b = nxt
-        self.push_event(now + max(0.0, a - now), OFF, i, (b - a, b))
-
-    def housekeeping(self, t: float, kind: int, i: int, v) -> bool:
-        """The run's own events, as ``events_until`` pops them; True when the window ends here."""
-        if kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
-            self.evaluation = t
-            return True
-        if kind == OFF:  # a churn recorder's timer: the interval starts
-            self.rows.append(event_row(Offline(t, i, v[0])))
-            self.offline_next(i, t, v[1])
-            return False
-        if kind == UNTIL:
-            self.push_event(t, STOP, -1, False)  # run.until's condition, processed after what is due now
-            return False
-        if v:  # the run's stop event; with run.until, the condition that waits on it is processed next
-            self.push_event(t, STOP, -1, False)
-            return False
-        self.ended = True
-        return True
-
-    def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
-        """Rows ``which`` of ``sent`` (pushed payloads still in flight) kept under ``keys``."""
-        src = sent if len(which) == len(sent) else sent.index_select(0, as_index(which, sent.device))
-        self.payloads.put(keys, src)
-
-    def events_until(self, end: float) -> None:
-        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        raise NotImplementedError
-
-    def tensor_work(self, first_ticket: int) -> None:
-        """Every agent's tensor operations of the window, in lock step."""
-        raise NotImplementedError
-
-    def op(self, i: int, *o) -> None:
-        """Agent i's next tensor operation of the window, a tuple (``ops``; push gossip's closure packs its own as
-        ints)."""
-        ops = self.ops.get(i)
-        if ops is None:
-            ops = self.ops[i] = []
-        ops.append(o)
-
-    def decide(self) -> None:
-        """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
-        depend on values plays them here)."""
 
     def batches(self, first_ticket: int) -> tuple[dict[int, int], list[int], list[int]]:
         """The window's gradient batches as its tensor work tracks them: each ticket's batch, each batch's requests
@@ -579,63 +475,10 @@ class WindowDriver:
         for tk, row in zip(tickets, at.unbind(0), strict=True):
             self.at_of[tk] = row
 
-    def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
-        """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
-        step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
-        value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
-        its requests are made (those of earlier windows were)."""
-        flush_of, left, waiting = self.batches(first_ticket)
-        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
-        active = list(ops)
-        blocked: dict[int, int] = {}
-        evaluated, free = self.grads.row_of, self.free
-        waiting = self.evaluate_ready(left, waiting, blocked, active)
-        while active:
-            steps: list[list] = [[] for _ in handlers]
-            nxt = []
-            for i in active:
-                o = ops[i][ptr[i]]
-                if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
-                    blocked[o[1]] = i
-                    continue
-                if o[0] == ask and not free:
-                    f = flush_of.get(o[1])
-                    if f is not None:
-                        left[f] -= 1
-                steps[o[0]].append((i, o))
-                ptr[i] += 1
-                if ptr[i] < len(ops[i]):
-                    nxt.append(i)
-            if not any(steps):
-                raise RuntimeError("lookahead windows: the window's operations wait on each other")
-            for handle, step in zip(handlers, steps, strict=True):
-                if step:
-                    handle(step)
-            if waiting:
-                waiting = self.evaluate_ready(left, waiting, blocked, nxt)
-            active = nxt
-        self.work_done(waiting, blocked)
-
-    def work_done(self, waiting: list[int], blocked: dict[int, int]) -> None:
-        """The end of a window's tensor work: every gradient batch of it was evaluated (all its requests were made by
-        the window's end, since every batch of the window completes in it)."""
-        self.ops.clear()
-        if waiting or blocked:
-            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
-        self.flushes.clear()
-
     def clipping(self) -> tuple:
         """The per-sample clipping of the gradients asked for (``first``'s clip and kind; none without one)."""
         first = self.first
         return () if first is None or first.clip is None else (first.clip, first.clip_kind)
-
-    def point(self, tk: int) -> torch.Tensor:
-        """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
-        return self.at_of.pop(tk)
-
-    def points(self, tickets) -> torch.Tensor:
-        """``point`` of each of ``tickets``, as one tensor's rows."""
-        return stacked([self.point(tk) for tk in tickets])
 
     def rows_of_ticket(self, tk: int):
         """The training rows of ticket ``tk``'s gradient (None in ``ticket_of``: the agent's whole part)."""
@@ -657,6 +500,7 @@ class WindowDriver:
                     woken.append(i)
         return still
 
+
     def evaluate_batch(self, f: int) -> range:
         """The engine's gradient batch ``f`` (``flushes[f]``, all its requests in), in one call as the engine makes
         it (the same bits); returns its tickets."""
@@ -668,11 +512,11 @@ class WindowDriver:
         if all(len(x) == m for x in rows):  # one block: the call the engine's tickets make, no tensor per request
             block = svc.submit_block([ticket_of[tk][0] for tk in r], self.points(r), rows, *self.clipping())
             svc.flush()
-            self.grads.put(r, block.result)
+            self.evaluated.put(r, block.result)
         else:
             tickets = [svc.submit(ticket_of[tk][0], self.point(tk), x, *self.clipping()) for tk, x in zip(r, rows)]
             svc.flush()
-            self.grads.put(r, stacked([t.result for t in tickets]))
+            self.evaluated.put(r, stacked([t.result for t in tickets]))
         for tk in r:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
@@ -694,7 +538,7 @@ class WindowDriver:
         if isinstance(rows, np.ndarray) or all(len(r) == m for r in rows):  # one block: no per-request tensors
             block = svc.submit_block(who, at, rows, *self.clipping())
             svc.flush()
-            self.grads.put(tickets, block.result)
+            self.evaluated.put(tickets, block.result)
         else:  # one block per mini-batch length (an agent's whole part: lengths differ by a row or two)
             by_len: dict[int, list[int]] = {}
             for k, r in enumerate(rows):
@@ -703,7 +547,7 @@ class WindowDriver:
                                             *self.clipping())) for ks in by_len.values()]
             svc.flush()
             for ks, block in blocks:
-                self.grads.put([tickets[k] for k in ks], block.result)
+                self.evaluated.put([tickets[k] for k in ks], block.result)
         for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
@@ -743,61 +587,288 @@ class WindowDriver:
             blocks.append((tks, svc.submit_block(ids, params, stacks[int(lens[sel[0]])][row[sel]], *self.clipping())))
         svc.flush()
         for tks, block in blocks:
-            self.grads.put(tks, block.result)
+            self.evaluated.put(tks, block.result)
         for tk in tickets:
             ticket_of[tk] = None
         self.stats.gradient_s += time.perf_counter() - t0
+
+    def saved(self) -> list:
+        """The tickets as a checkpoint keeps them: how many were made, the first not evaluated, the others (agent,
+        rows, their dtype)."""
+        tickets, lo = self.ticket_of, self.pending_lo
+        while lo < len(tickets) and tickets[lo] is None:  # evaluated (a batch-invariant model: as asked)
+            lo += 1
+        return [len(tickets), lo, [[i, None, ""] if rows is None else [i, rows.tolist(), rows.dtype.str]
+                                   for i, rows in tickets[lo:]]]
+
+    def load(self, saved: list, pending_lo: int) -> None:
+        """``saved``'s tickets back (and where the next batch starts)."""
+        n, lo, pending = saved
+        self.pending_lo = pending_lo
+        self.ticket_of[:] = [None] * lo + [(i, None if rows is None else np.array(rows, dtype=np.dtype(dt)))
+                                           for i, rows, dt in pending]
+        self.sampled = any(t is not None and t[1] is not None for t in self.ticket_of)
+        if len(self.ticket_of) != n:
+            raise ValueError(f"held.tickets: {len(self.ticket_of)} tickets where {n} were made")
+
+
+class WindowDriver:
+    """What a pattern's lookahead-window driver shares (push gossip's below, the other patterns' in
+    rounds/*_windows.py), composed of parts: the run's context (``ctx``), the event queue in simpy's order
+    (``events``), the gradient requests and batches (``grad``), the window's packed trace rows (``rows``), the
+    payloads in flight (``payloads``) and each agent's tensor operations of the window (``ops``); itself ``Agent.wake``
+    and the finish, the churn recorders' timers, the run's own events (the evaluator's timer, run.until, the stop:
+    ``housekeeping``), the lock steps of the operations and the loop over windows (``run``). A driver adds its
+    control (``events_until``: what an activation, a delivery and a completed gradient do), its tensor work
+    (``tensor_work``), where a ticket's gradient is taken (``point``) and ``grad.first``, the request of an
+    activation's first gradient (None: none)."""
+
+    gathers = 1  # windows whose tensor work is done together (fewer, fuller lock steps; ``tensor_work`` must let
+    # a merge wait for a push of an earlier window in the same work)
+    gathers_checkpointed: int | None = None  # the windows of a work where checkpoints are cut (None: ``gathers``)
+    holds_rows = False  # the rows of a gather's windows stay in ``rows`` until its tensor work (``decide`` patches
+    # them: values the control wrote before the tensor work made them)
+
+    def __init__(self, pattern, sim, kernel):
+        words = shapes.words()
+        self.rows = PackedRows(words)  # the window's trace rows, packed as they are made (strings: ``rows.words``)
+        self.ctx = Context(pattern, sim, kernel, words(pattern.tag), self.window)
+        restored = sim.loop.programs.between  # (a checkpoint's state: the counter goes on where it stood)
+        self.events = EventQueue(self.ctx.stats.lookahead, restored.plain["seq"] if restored is not None
+                                 and restored.plain else 0, float(sim.loop.env.now))
+        self.grad = Gradients(self.ctx, sim.world.gradients, self.point, self.points)
+        self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
+        self.unfinished = sum(not a.finished for a in self.ctx.agents)
+        self.payloads = RowStore(self.ctx.bank.W)  # the payloads in flight, by key
+        self.wake = self._waker()
+
+    def window(self, sim) -> float:
+        """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
+        return lookahead(sim)[0]
+
+    def _waker(self) -> Callable[[int, float], None]:
+        """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
+        keeps the per-event Python small."""
+        agents, enqueue = self.ctx.agents, self.events.push
+        limit, finish, count = self.ctx.sim.world.scenario.run.rounds, self.finish, self.ctx.sim.count_wakes
+        ones = [(a,) for a in agents]  # each agent as a batch of one, made once
+
+        def wake(i: int, now: float) -> None:
+            """``Agent.wake`` at ``now``: the next activation planned and counted (or the agent's finish)."""
+            a = agents[i]
+            if limit is not None and a.round >= limit:
+                finish(a, now)
+                return
+            at, delay = a.plan_wake(now)
+            count(ones[i])
+            enqueue(now + delay, ACT, i, at)
+
+        return wake
+
+    # the control's shared steps (push gossip's closure inlines them: its per-event Python is the run's bound) -----
+    def activate(self, i: int, t: float, at: float) -> None:
+        """An activation's ``activate`` row, after the engine's activation listener (the epoch's links) if any."""
+        a = self.ctx.agents[i]
+        if self.ctx.dynamic is not None:
+            self.ctx.dynamic.adopt(a, t)
+        self.rows.put(pack(*shapes.activate(t, i, at, a.round, CODES)))
+
+    def request(self, i: int, now: float, batch: int) -> int:
+        """``Agent.gradient``: the compute time (and a wait while offline), its ``compute_start`` row, the
+        mini-batch, the completion event; returns the ticket."""
+        a = self.ctx.agents[i]
+        ct = a.compute_time(now)
+        self.rows.put(pack(*shapes.compute_start(now, i, ct, CODES)))
+        tk = self.grad.ticket(i, a.sample_rows(batch), a.rows)
+        self.events.push(now + ct, DONE, i, tk)
+        return tk
+
+    def completion(self, i: int, t: float, tk: int) -> None:
+        """A gradient's completion: a batch's first evaluates every pending request (the engine's batches), then
+        its ``compute_end`` row."""
+        self.grad.completed(tk)
+        self.rows.put(pack(*shapes.compute_end(t, i, CODES)))
+
+    def message(self, i: int, j: int, now: float, size: int, rnd: int, tag: str,
+                rows: PackedRows) -> tuple[int, float | None, float]:
+        """A send as ``Network.send`` makes it: the link's outcome from its streams, the next message id, its ``send``
+        row (and ``drop`` row) into ``rows``; (the id, the arrival time or None when it is dropped, the end of its
+        transmission: a driver whose sender waits for it reads it)."""
+        tx_end, delay, reason = self.ctx.outcome(i, j, now, size)
+        mid = self.ctx.net.take_ids(1)
+        words = self.rows.words
+        rows.put(pack(*shapes.send(now, i, j, mid, size, delay, rnd, words(tag), CODES)))
+        if reason:
+            rows.put(pack(*shapes.drop(now, i, j, mid, size, delay, rnd, words(reason), CODES)))
+            return mid, None, tx_end
+        return mid, now + delay, tx_end
+
+    def finish(self, a, now: float) -> None:
+        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
+        if not a.mark_finished():
+            return
+        self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
+        self.unfinished -= 1
+        if not self.unfinished:  # the stop event: processed after what is already due now
+            self.events.push(now, STOP, -1, self.ctx.until is not None)
+
+    def offline_next(self, i: int, now: float, after: float) -> None:
+        """``Churn.recorder`` of agent i at ``now``: its timer for the next interval starting after ``after``."""
+        nxt = self.ctx.churn.next_interval(i, after)
+        if nxt is None:
+            self.ctx.sim.housekeeping_ended()
+            return
+        a, b = nxt
+        self.events.push(now + max(0.0, a - now), OFF, i, (b - a, b))
+
+    def housekeeping(self, t: float, kind: int, i: int, v) -> bool:
+        """The run's own events, as ``events_until`` pops them; True when the window ends here."""
+        if kind == EVAL:  # the evaluator's timer: the window ends here, the models scored after its work
+            self.events.evaluation = t
+            return True
+        if kind == OFF:  # a churn recorder's timer: the interval starts
+            self.rows.append(event_row(Offline(t, i, v[0])))
+            self.offline_next(i, t, v[1])
+            return False
+        if kind == UNTIL or v:  # run.until's condition, or the run's stop event followed by run.until's condition
+            self.events.push(t, STOP, -1, False)  # (processed after what is due now)
+            return False
+        self.events.ended = True
+        return True
+
+    def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
+        """Rows ``which`` of ``sent`` (pushed payloads still in flight) kept under ``keys``."""
+        src = sent if len(which) == len(sent) else sent.index_select(0, as_index(which, sent.device))
+        self.payloads.put(keys, src)
+
+    def events_until(self, end: float) -> None:
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
+        raise NotImplementedError
+
+    def tensor_work(self, first_ticket: int) -> None:
+        """Every agent's tensor operations of the window, in lock step."""
+        raise NotImplementedError
+
+    def op(self, i: int, *o) -> None:
+        """Agent i's next tensor operation of the window, a tuple (``ops``; push gossip's closure packs its own as
+        ints)."""
+        ops = self.ops.get(i)
+        if ops is None:
+            ops = self.ops[i] = []
+        ops.append(o)
+
+    def decide(self) -> None:
+        """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
+        depend on values plays them here)."""
+
+    def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
+        """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
+        step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
+        value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
+        its requests are made (those of earlier windows were)."""
+        grad = self.grad
+        flush_of, left, waiting = grad.batches(first_ticket)
+        ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
+        active = list(ops)
+        blocked: dict[int, int] = {}
+        evaluated, free = grad.evaluated.row_of, grad.free
+        waiting = grad.evaluate_ready(left, waiting, blocked, active)
+        while active:
+            steps: list[list] = [[] for _ in handlers]
+            nxt = []
+            for i in active:
+                o = ops[i][ptr[i]]
+                if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
+                    blocked[o[1]] = i
+                    continue
+                if o[0] == ask and not free:
+                    f = flush_of.get(o[1])
+                    if f is not None:
+                        left[f] -= 1
+                steps[o[0]].append((i, o))
+                ptr[i] += 1
+                if ptr[i] < len(ops[i]):
+                    nxt.append(i)
+            if not any(steps):
+                raise RuntimeError("lookahead windows: the window's operations wait on each other")
+            for handle, step in zip(handlers, steps, strict=True):
+                if step:
+                    handle(step)
+            if waiting:
+                waiting = grad.evaluate_ready(left, waiting, blocked, nxt)
+            active = nxt
+        self.work_done(waiting, blocked)
+
+    def work_done(self, waiting: list[int], blocked: dict[int, int]) -> None:
+        """The end of a window's tensor work: every gradient batch of it was evaluated (all its requests were made by
+        the window's end, since every batch of the window completes in it)."""
+        self.ops.clear()
+        if waiting or blocked:
+            raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
+        self.grad.flushes.clear()
+
+    def point(self, tk: int) -> torch.Tensor:
+        """Where ticket ``tk``'s gradient is taken (for the engine's batches): kept when it was asked for."""
+        return self.grad.at_of.pop(tk)
+
+    def points(self, tickets) -> torch.Tensor:
+        """``point`` of each of ``tickets``, as one tensor's rows."""
+        return stacked([self.point(tk) for tk in tickets])
 
     def run(self) -> bool:
         """Play the run window by window: each window's events, then its tensor work, its rows, and the evaluation
         that ended it, if one did; True when an interrupt stopped it between two windows (taken only where
         checkpoints are kept: elsewhere the run is played to its end)."""
-        sim, stats = self.sim, self.stats
+        ctx = self.ctx
+        sim, stats, first = ctx.sim, ctx.stats, self.grad.first
         t0, c0 = time.perf_counter(), time.thread_time()
-        if self.first is not None and not self.first.batch:  # every gradient on the agent's whole part: gathered once
-            for a in self.agents:
-                self.svc.keep_rows(a.rows)
-        rows = PackedRows(self.words)  # the trace rows made since the last write (written a batch at a time: columns
-        # of fewer rows would wait in the writer as row tuples)
+        if first is not None and not first.batch:  # every gradient on the agent's whole part: gathered once
+            for a in ctx.agents:
+                self.grad.svc.keep_rows(a.rows)
+        rows = PackedRows(self.rows.words)  # the trace rows made since the last write (written a batch at a time:
+        # columns of fewer rows would wait in the writer as row tuples)
         restored = sim.loop.programs.between  # a checkpoint's state (netsim resume), or None
         if restored is not None:
             self.take(restored.held, rows, restored.plain)
         try:
             interrupted = self._windows(rows, restored is None)
         except BaseException:
-            rows.write_to(self.writer, final=True)
+            rows.write_to(ctx.writer, final=True)
             raise
         if not interrupted:  # (interrupted: the clock stays where the checkpoint of this state has it)
-            sim.loop.env.advance_to(self.now)
+            sim.loop.env.advance_to(self.events.now)
         stats.wall_s, stats.control_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
         return interrupted
 
     def _windows(self, shipped: PackedRows, fresh: bool) -> bool:
         """The window loop (``fresh``: from the run's start, else from a restored checkpoint); True when an
         interrupt stopped it between two windows."""
-        sim, stats = self.sim, self.stats
+        ctx, q = self.ctx, self.events
+        sim, stats, until, writer = ctx.sim, ctx.stats, ctx.until, ctx.writer
         every = sim.world.scenario.evaluation.every
         if fresh:
-            if self.until is not None:
-                self.enqueue(self.until, UNTIL, -1, None)  # scheduled at the start, before any activation
-            if self.churn is not None:  # the churn recorders' first timers: started with the network, run first
-                for i in self.churn.sources:
-                    self.offline_next(i, self.now, 0.0)
-            for a in self.agents:  # each program's first wake, in agent order
-                self.wake(a.id, self.now)
-            self.push_event(self.now + every, EVAL, -1)  # the evaluator's first timer, set after them
+            if until is not None:
+                q.push(until, UNTIL, -1, None)  # scheduled at the start, before any activation
+            if ctx.churn is not None:  # the churn recorders' first timers: started with the network, run first
+                for i in ctx.churn.sources:
+                    self.offline_next(i, q.now, 0.0)
+            for a in ctx.agents:  # each program's first wake, in agent order
+                self.wake(a.id, q.now)
+            q.push(q.now + every, EVAL, -1)  # the evaluator's first timer, set after them
         L = stats.lookahead
+        gathers = self.gathers if not ctx.checkpoints or self.gathers_checkpointed is None \
+            else min(self.gathers, self.gathers_checkpointed)
         progress: Callable | None = sim.recorder.progress
         gathered, first_ticket = 0, 0
-        while not self.ended and (start := self.first_due()) is not None:
+        while not q.ended and (start := q.first_due()) is not None:
             if not gathered:
-                first_ticket = len(self.ticket_of)
+                first_ticket = len(self.grad.ticket_of)
             held = len(self.rows)  # (rows of the gather's earlier windows, ``holds_rows``)
-            self.load(start + L)
+            q.load(start + L)
             self.events_until(start + L)
             gathered += 1
-            if gathered == self.gathers or self.evaluation is not None or self.ended \
-                    or not (self.cur or self.soon or self.far):  # (no event left: ``first_due`` is None)
+            if gathered == gathers or q.evaluation is not None or q.ended \
+                    or not (q.cur or q.soon or q.far):  # (no event left: ``first_due`` is None)
                 gathered = 0
                 t1 = time.perf_counter()
                 self.tensor_work(first_ticket)
@@ -807,22 +878,22 @@ class WindowDriver:
             if not (gathered and self.holds_rows):
                 shipped.extend(self.rows)
                 self.rows.clear()
-                shipped.write_to(self.writer)  # (whole batches)
-            if self.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
-                t, self.evaluation = self.evaluation, None
+                shipped.write_to(writer)  # (whole batches)
+            if q.evaluation is not None:  # the engine's evaluator (Simulation._evaluator), at its time
+                t, q.evaluation = q.evaluation, None
                 sim.loop.env.advance_to(t)
-                if self.until is None or t < self.until:
-                    shipped.write_to(self.writer, final=True)  # the rows before its own
+                if until is None or t < until:
+                    shipped.write_to(writer, final=True)  # the rows before its own
                     sim.evaluate()
                     if sim.diverging_stop:  # run.stop_on_divergence: the run ends at this evaluation
-                        self.ended = True
-                self.push_event(t + every, EVAL, -1)
+                        q.ended = True
+                q.push(t + every, EVAL, -1)
             if progress is not None:
-                progress(self.now)
-            if self.checkpoints and not gathered and not self.ended \
-                    and sim.between_windows(stats.windows, self.now, lambda: self.held(shipped)):
+                progress(q.now)
+            if ctx.checkpoints and not gathered and not q.ended \
+                    and sim.between_windows(stats.windows, q.now, lambda: self.held(shipped)):
                 return True  # interrupted: the run folder writes the checkpoint of this state
-        shipped.write_to(self.writer, final=True)
+        shipped.write_to(writer, final=True)
         return False
 
     # checkpoints ------------------------------------------------------------------------------------------
@@ -832,22 +903,17 @@ class WindowDriver:
         and gradient batches are done; what is left is the event queue, the payloads in flight, the gradients
         waiting for their update, the requests waiting for their batch (made after the last completion), the
         trace rows not yet written (``shipped``) and the driver's own (``hold``)."""
-        events = [*self.cur, *self.soon, *(e for q in self.far.values() for e in q)]
-        seq = next(self.seq) + 1  # the next insertion number (this one is skipped: only the order counts)
-        tickets, lo = self.ticket_of, self.pending_lo
-        while lo < len(tickets) and tickets[lo] is None:  # evaluated (a batch-invariant model: as asked)
-            lo += 1
-        pending = [[i, None, ""] if rows is None else [i, rows.tolist(), rows.dtype.str]
-                   for i, rows in tickets[lo:]]
+        q, grad = self.events, self.grad
+        seq = next(q.seq) + 1  # the next insertion number (this one is skipped: only the order counts)
         pay_keys, pay_rows = self.payloads.save()
-        grad_keys, grad_rows = self.grads.save()
-        at_keys = list(self.at_of)
-        at_rows = self.points_kept(at_keys) if at_keys else self.bank.W[:0].clone()
+        grad_keys, grad_rows = grad.evaluated.save()
+        at_keys = list(grad.at_of)
+        at_rows = self.points_kept(at_keys) if at_keys else self.ctx.bank.W[:0].clone()
         own, tensors = self.hold()
-        st = self.stats
-        plain = {"now": self.now, "seq": seq, "events": events, "pending_lo": self.pending_lo,
-                 "tickets": [len(tickets), lo, pending], "payloads": pay_keys, "grads": grad_keys, "at": at_keys,
-                 "words": self.words.words, "stats": [st.windows, st.events, st.fewest],
+        st = self.ctx.stats
+        plain = {"now": q.now, "seq": seq, "events": q.pending(), "pending_lo": grad.pending_lo,
+                 "tickets": grad.saved(), "payloads": pay_keys, "grads": grad_keys, "at": at_keys,
+                 "words": self.rows.words.words, "stats": [st.windows, st.events, st.fewest],
                  "shipped": base64.b64encode(bytes(shipped.buf)).decode("ascii"), "own": own,
                  "driver": self.driver_name()}
         return {"json": json.dumps(plain, default=_plain_number), "payloads": pay_rows, "grads": grad_rows,
@@ -859,34 +925,27 @@ class WindowDriver:
         the restore. ValueError, KeyError or TypeError when it is not such a state."""
         if plain is None:
             plain = json.loads(held["json"])
-        self.now = float(plain["now"])
-        inv = self.inv
-        for t, seq, kind, i, v in plain["events"]:  # into the buckets (the next window sorts what it reaches)
-            e = (t, seq, kind, i, tuple(v) if isinstance(v, list) else v)
-            self.far.setdefault(int(t * inv) if t < _INF else _NEVER, []).append(e)
-        self.pending_lo = plain["pending_lo"]
-        n, lo, pending = plain["tickets"]
-        self.ticket_of[:] = [None] * lo + [(i, None if rows is None else np.array(rows, dtype=np.dtype(dt)))
-                                           for i, rows, dt in pending]
-        self.sampled = any(t is not None and t[1] is not None for t in self.ticket_of)
-        if len(self.ticket_of) != n:
-            raise ValueError(f"held.tickets: {len(self.ticket_of)} tickets where {n} were made")
+        self.events.now = float(plain["now"])
+        self.events.restore(plain["events"])
+        grad = self.grad
+        grad.load(plain["tickets"], plain["pending_lo"])
         self.payloads.load(plain["payloads"], held["payloads"])
-        self.grads.load(plain["grads"], held["grads"])
-        self.at_of.update(zip(plain["at"], held["at"].unbind(0)))
+        grad.evaluated.load(plain["grads"], held["grads"])
+        grad.at_of.update(zip(plain["at"], held["at"].unbind(0)))
         for k, w in enumerate(plain["words"]):
-            if self.words(w) != k:
+            if self.rows.words(w) != k:
                 raise ValueError(f"held.words: {w!r} is not word {k}")
-        st = self.stats
+        st = self.ctx.stats
         st.windows, st.events, st.fewest = plain["stats"]
         shipped.clear()
         shipped.put(base64.b64decode(plain["shipped"]))
-        self.unfinished = sum(not a.finished for a in self.agents)
+        self.unfinished = sum(not a.finished for a in self.ctx.agents)
         self.take_hold(plain["own"], {k[4:]: v for k, v in held.items() if k.startswith("own.")})
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
-        """The points ``at_of`` keeps for ``tickets``, as one tensor's rows (``held``), still kept."""
-        return torch.stack([self.at_of[k] for k in tickets])
+        """The points ``grad.at_of`` keeps for ``tickets``, as one tensor's rows (``held``), still kept."""
+        return torch.stack([self.grad.at_of[k] for k in tickets])
+
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         """A driver's own state between two windows for ``held``: (JSON data, tensors by name)."""
@@ -963,44 +1022,40 @@ class _Driver(WindowDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        if self.checkpoints:
-            self.gathers = min(self.gathers, self.gathers_checkpointed)
-        self.first = kernel.update_after(self.p, 1, 1)
-        self.peers = [Peers(a.rng(), not a.links_change) for a in self.agents]  # as the program draws them
-        self.inbox: list[list[int]] = [[] for _ in self.agents]  # message ids, in arrival order
-        self.asks: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
-        self.got: list[list[int]] = [[] for _ in self.agents]  # what the current activation merges
-        self.pos = [0] * len(self.agents)  # receipts merged so far in the current activation
+        agents = self.ctx.agents
+        self.grad.first = kernel.update_after(self.ctx.p, 1, 1)
+        self.peers = [Peers(a.rng(), not a.links_change) for a in agents]  # as the program draws them
+        self.inbox: list[list[int]] = [[] for _ in agents]  # message ids, in arrival order
+        self.got: list[list[int]] = [[] for _ in agents]  # what the current activation merges
+        self.pos = [0] * len(agents)  # receipts merged so far in the current activation
         # the window's tensor operations in processing order, agent then operation, as int64s (two appends an
         # operation to one array, not a lookup of the agent's own list; no int object kept per operation):
         # ``tensor_work`` groups them by agent
         self.log = array("q")
-        # the tensor work
-        self.X = self.bank.W.clone()  # each program's x (between activations: its parameters)
-        self.xs = self.X.unbind(0)
-        self.size = payload_size(self.xs[0])  # every push's bytes (the engine's ``payload_size(x)``)
-        # a push's link by its neighbour's place (the topology's links' first draws in flat arrays: no link object
-        # or lookup per push), where the lean path decides every push (no bandwidth) over fixed links
-        net, self.targets = self.net, None
-        if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
-                and self.dynamic is None and not any(a.links_change for a in self.agents):
-            self.flat = net.ahead.flat()
-            self.targets = [list(zip(a.neighbors, net.ahead.rows_of(a.id, a.neighbors))) for a in self.agents]
+        self.X = self.ctx.bank.W.clone()  # each program's x (between activations: its parameters)
         self._control()  # the models in flight are kept under their message ids
 
     # the control flow -------------------------------------------------------------------------------------
     # ``go_on`` is a closure over the driver's state (made once, ``_control``): it runs for every event, and
     # reading locals is what keeps the per-event Python small.
     def _control(self) -> None:
-        agents, enqueue, wake, op = self.agents, self.enqueue, self.wake, self.log.append
-        put, words, ticket_of, gots, pos = self.rows.put, self.words, self.ticket_of, self.got, self.pos
-        asks_by, targets = self.asks, self.targets  # (targets: each agent's (neighbour, link row); None: by id)
-        kernel, p, peers, net, tag, size = self.kernel, self.p, self.peers, self.net, self.tag_code, self.size
-        flat = None if targets is None else self.flat
+        ctx, grad = self.ctx, self.grad
+        agents, enqueue, wake, op = ctx.agents, self.events.push, self.wake, self.log.append
+        put, words, ticket_of, gots, pos = self.rows.put, self.rows.words, grad.ticket_of, self.got, self.pos
+        asks_by: dict[int, list] = {}  # receipts -> the gradient request after each (None: none)
+        kernel, p, peers, net, tag = ctx.kernel, ctx.p, self.peers, ctx.net, ctx.tag_code
+        size = payload_size(self.X[0])  # every push's bytes (the engine's ``payload_size(x)``)
+        # a push's link by its neighbour's place (the topology's links' first draws in flat arrays: no link object
+        # or lookup per push), where the lean path decides every push (no bandwidth) over fixed links: each agent's
+        # (neighbour, link row); else None (by id)
+        flat = targets = None
+        if isinstance(net.ahead, LinksAhead) and net.model is None and net.bandwidth is None and not net.links \
+                and ctx.dynamic is None and not any(a.links_change for a in agents):
+            flat = net.ahead.flat()
+            targets = [list(zip(a.neighbors, net.ahead.rows_of(a.id, a.neighbors))) for a in agents]
         helds = [q.held for q in peers]  # (the lists themselves: ``take_hold`` refills them in place)
-        outcome, take_ids, compute_start, send, drop = (self.outcome, net.take_ids, shapes.compute_start, shapes.send,
+        outcome, take_ids, compute_start, send, drop = (ctx.outcome, net.take_ids, shapes.compute_start, shapes.send,
                                                         shapes.drop)
-
         def go_on(i: int, now: float) -> None:
             """The program from a merge on: merges until a gradient is asked for, else the push and the next
             wake."""
@@ -1026,7 +1081,7 @@ class _Driver(WindowDriver):
                             ticket_of.append((i, None))
                         else:
                             ticket_of.append((i, rows))
-                            self.sampled = True
+                            grad.sampled = True
                         op(i)
                         op(tk << 2 | ASK)
                         enqueue(now + ct, DONE, i, tk)
@@ -1061,11 +1116,12 @@ class _Driver(WindowDriver):
 
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        cur, soon, put, agents, go_on, op = self.cur, self.soon, self.rows.put, self.agents, self.go_on, self.log.append
-        gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, self.ticket_of, self.flushes, \
-            self.tag_code
-        pop, take, free, pending_lo, t = heapq.heappop, cur.pop, self.free, self.pending_lo, self.now
-        adopt = None if self.dynamic is None else self.dynamic.adopt
+        q, grad, ctx = self.events, self.grad, self.ctx
+        cur, soon, put, agents, go_on, op = q.cur, q.soon, self.rows.put, ctx.agents, self.go_on, self.log.append
+        gots, inbox, pos, ticket_of, flushes, tag = self.got, self.inbox, self.pos, grad.ticket_of, grad.flushes, \
+            ctx.tag_code
+        pop, take, free, pending_lo, t = heapq.heappop, cur.pop, grad.free, grad.pending_lo, q.now
+        adopt = None if ctx.dynamic is None else ctx.dynamic.adopt
         activate, deliver, compute_end = shapes.activate, shapes.deliver, shapes.compute_end
         try:
             while True:  # ``due``, inlined
@@ -1101,7 +1157,7 @@ class _Driver(WindowDriver):
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
-            self.now, self.pending_lo = t, pending_lo
+            q.now, grad.pending_lo = t, pending_lo
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         return {"inbox": self.inbox, "got": self.got, "pos": self.pos,
@@ -1148,27 +1204,27 @@ class _Driver(WindowDriver):
         return None
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in ("inbox", "got", "pos", "picks")):
             raise ValueError(f"held.own: not {n} agents' state")
         self.inbox[:], self.got[:], self.pos[:] = own["inbox"], own["got"], own["pos"]
         for p, picks in zip(self.peers, own["picks"], strict=True):
             p.held[:] = picks
-        self.X.copy_(tensors["X"])  # (in place: ``xs`` are its rows)
+        self.X.copy_(tensors["X"])
 
     # the tensor work --------------------------------------------------------------------------------------
     def batch(self, who: list[int], idx: torch.Tensor) -> Batch:
         """The agents ``who`` (their rows ``idx``) as a batch of their x."""
-        agents = self.agents
-        return Batch(AgentsOf(agents, who), agents[who[0]].round, self.X.index_select(0, idx), None, self.state)
+        agents = self.ctx.agents
+        return Batch(AgentsOf(agents, who), agents[who[0]].round, self.X.index_select(0, idx), None, self.ctx.state)
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step: in each step an agent goes as far as it can in
         the order update, merge, ask, push (one batched call per kind and step; ``lock_steps`` finds each
         operation's step from the arrays of all of them); the gradient batches whose requests are all in are
         evaluated at the end of the step of their last request."""
-        kernel, p, X, free = self.kernel, self.p, self.X, self.free
-        grads, payloads = self.grads, self.payloads
+        kernel, p, X, free = self.ctx.kernel, self.ctx.p, self.X, self.grad.free
+        grads, payloads = self.grad.evaluated, self.payloads
         if not self.log:
             self.work_done([], {})
             return
@@ -1177,7 +1233,7 @@ class _Driver(WindowDriver):
         # each agent's operations together, in program order (a stable sort by agent: a radix sort on 16-bit ids), the
         # agents in the order of their first operation
         ids = logged[:, 0]
-        order = np.argsort(ids.astype(np.uint16) if len(self.agents) <= 1 << 16 else ids, kind="stable")
+        order = np.argsort(ids.astype(np.uint16) if len(self.ctx.agents) <= 1 << 16 else ids, kind="stable")
         heads = np.flatnonzero(np.diff(ids[order], prepend=-1))  # where each agent's operations start in ``order``
         sizes = np.diff(heads, append=len(order))
         by_first = np.argsort(order[heads])
@@ -1199,7 +1255,7 @@ class _Driver(WindowDriver):
         if any(m not in in_flight for m in v[merges[~here]].tolist()):
             raise RuntimeError("lookahead windows: a merge waits for a push that was not made")
         waiter, waited = [merges[here]], [pushed_at[at[here]]]  # op index -> the op (or ops) it waits for
-        flush_of, _, waiting = self.batches(first_ticket)
+        flush_of, _, waiting = self.grad.batches(first_ticket)
         asks = np.flatnonzero(kind == ASK)
         updates = np.flatnonzero(kind == UPDATE)
         batch_last: dict[int, list[int]] = {}  # the engine's batch -> its asks in this work
@@ -1236,7 +1292,7 @@ class _Driver(WindowDriver):
             ks = batch_last.get(f)
             due_at.setdefault(-1 if ks is None else int(step[ks].max()), []).append(f)
         for f in due_at.pop(-1, ()):
-            self.evaluate_batch(f)
+            self.grad.evaluate_batch(f)
         groups = np.lexsort((kind, step))  # by step, then kind; each agent has one operation of a kind in a step
         sk = step[groups] * 4 + kind[groups]
         cut = np.flatnonzero(np.diff(sk)) + 1
@@ -1257,18 +1313,18 @@ class _Driver(WindowDriver):
                 X.index_copy_(0, idx, bt.x)
             elif kd == ASK:  # after the step's merges
                 if free:
-                    self.evaluate_step(who, vs, X.index_select(0, idx))
+                    self.grad.evaluate_step(who, vs, X.index_select(0, idx))
             else:
                 sent = X.index_select(0, idx)
-                self.bank.W.index_copy_(0, idx, sent)  # agent.params = x
+                self.ctx.bank.W.index_copy_(0, idx, sent)  # agent.params = x
                 self.keep_payloads(v_np[a:b], sent)
             if b == len(sk) or int(sk[b]) // 4 != s:  # the step's end: its gradient batches
                 for f in due_at.pop(s, ()):
-                    self.evaluate_batch(f)
+                    self.grad.evaluate_batch(f)
         self.work_done([*itertools.chain.from_iterable(due_at.values())], {})
 
     def point(self, tk: int) -> torch.Tensor:
-        return self.xs[self.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
+        return self.X[self.grad.ticket_of[tk][0]].clone()  # x is not written between the request and the batch
 
     def keep_payloads(self, mids: np.ndarray, sent: torch.Tensor) -> None:
         """Rows of ``sent`` whose message id is not -1 (lost, or no one to send to) are kept."""

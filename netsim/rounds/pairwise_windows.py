@@ -58,21 +58,16 @@ def play(pattern, sim, kernel) -> bool:
     return _Driver(pattern, sim, kernel).run()
 
 
-class _Driver(WindowDriver):
-    """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
+class _Programs:
+    """The control state of each agent's two programs (``PairwiseGossip``'s main program and server), by agent."""
 
-    def __init__(self, pattern, sim, kernel):
-        super().__init__(pattern, sim, kernel)
-        p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # the same for every activation
-        self.timeout, self.atomic = kernel.exchange(p)
-        self.initiates = [kernel.initiates(self.state, i) for i in range(n)]
-        self.rngs = [a.rng() for a in self.agents]  # the program's own stream: its peers
-        self.tags, self.pull = pattern.names, pattern.pull
-        self.stat = self.agents[0].stats
-        self.X = self.bank.W  # every program's model (``agent.params``)
-        self.size = payload_size(self.X[0])
-        # the programs' control state
+    __slots__ = ("initiates", "rngs", "locked", "xround", "served", "seen", "ticket", "mine", "waits", "replies",
+                 "requests", "serving")
+
+    def __init__(self, kernel, state, agents: list):
+        n = len(agents)
+        self.initiates = [kernel.initiates(state, i) for i in range(n)]
+        self.rngs = [a.rng() for a in agents]  # the program's own stream: its peers
         self.locked = [False] * n  # in its own exchange (``PairwiseGossip.busy``)
         self.xround = [0] * n  # exchanges so far (a request's round)
         self.served = [0] * n  # requests served (not refused)
@@ -83,6 +78,37 @@ class _Driver(WindowDriver):
         self.replies: list[list[Arrived]] = [[] for _ in range(n)]  # replies nobody waited for (stale later)
         self.requests: list[deque] = [deque() for _ in range(n)]  # requests that came while the server resumes
         self.serving = [False] * n  # the server's resume is scheduled (its wait is over)
+
+    PLAIN = ("locked", "xround", "served", "seen", "ticket", "mine", "waits", "serving")  # a value per agent
+
+    def held(self) -> dict:
+        """The programs' state as a checkpoint keeps it (``WindowDriver.held``)."""
+        return {**{k: getattr(self, k) for k in self.PLAIN}, "replies": self.replies,
+                "requests": [list(q) for q in self.requests]}
+
+    def load(self, own: dict) -> None:
+        n = len(self.locked)
+        if any(len(own[k]) != n for k in (*self.PLAIN, "replies", "requests")):
+            raise ValueError(f"held.own: not {n} agents' state")
+        for k in self.PLAIN:
+            getattr(self, k)[:] = own[k]
+        self.replies[:] = [[Arrived(*m) for m in box] for box in own["replies"]]
+        self.requests[:] = [deque(Arrived(*m) for m in q) for q in own["requests"]]
+
+
+class _Driver(WindowDriver):
+    """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
+
+    def __init__(self, pattern, sim, kernel):
+        super().__init__(pattern, sim, kernel)
+        p = self.ctx.p
+        self.grad.first = kernel.gradient(p, self.ctx.state, 0)  # the same for every activation
+        self.timeout, self.atomic = kernel.exchange(p)
+        self.tags, self.pull = pattern.names, pattern.pull
+        self.stat = self.ctx.agents[0].stats
+        self.X = self.ctx.bank.W  # every program's model (``agent.params``)
+        self.size = payload_size(self.X[0])
+        self.programs = _Programs(kernel, self.ctx.state, self.ctx.agents)
         self.pids = itertools.count()
         self.holds: dict[int, int] = {}  # payload handle -> holders (messages, the requester's exchange)
         self.gone: list[int] = []  # handles let go of in this window
@@ -98,9 +124,9 @@ class _Driver(WindowDriver):
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
         """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        put, words, t = self.rows.put, self.words, self.now
+        put, words, t = self.rows.put, self.rows.words, self.events.now
         try:
-            for t, _, kind, i, v in self.due(end):
+            for t, _, kind, i, v in self.events.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t)
@@ -109,37 +135,38 @@ class _Driver(WindowDriver):
                     self.arrived(i, t, v)
                 elif kind == DONE:
                     self.completion(i, t, v)
-                    if self.kernel.staleness is not None:
-                        self.stat.observe(self.kernel.staleness, float(self.served[i] - self.seen[i]))
-                    if self.kernel.step_first:
+                    if self.ctx.kernel.staleness is not None:
+                        prog = self.programs
+                        self.stat.observe(self.ctx.kernel.staleness, float(prog.served[i] - prog.seen[i]))
+                    if self.ctx.kernel.step_first:
                         self.op(i, STEP, v)
                     else:
-                        self.ticket[i] = v
+                        self.programs.ticket[i] = v
                     self.exchange_or_step(i, t)
                 elif kind == RESUME:
                     self.resumed(i, t, v)
                 elif kind == SERVE_NEXT:
                     self.serve(i, t, v)
                 elif kind == TIMER:
-                    if self.waits[i] == v:  # the wait it was set for is still open: it ends with nothing
-                        self.waits[i] = 0
-                        self.push_event(t, RESUME, i, None)
+                    if self.programs.waits[i] == v:  # the wait it was set for is still open: it ends with nothing
+                        self.programs.waits[i] = 0
+                        self.events.push(t, RESUME, i, None)
                 elif kind == SENT:
                     self.receive(i, t, v)
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
-            self.now = t
+            self.events.now = t
 
     def activated(self, i: int, now: float) -> None:
-        if self.req is None:
+        if self.grad.first is None:
             self.exchange_or_step(i, now)
             return
-        self.seen[i] = self.served[i]
-        self.op(i, ASK, self.request(i, now, self.req.batch))
+        self.programs.seen[i] = self.programs.served[i]
+        self.op(i, ASK, self.request(i, now, self.grad.first.batch))
 
     def exchange_or_step(self, i: int, now: float) -> None:
-        if self.initiates[i]:
+        if self.programs.initiates[i]:
             self.exchange(i, now)
         else:
             self.step(i, now)
@@ -147,121 +174,114 @@ class _Driver(WindowDriver):
     def exchange(self, i: int, now: float) -> None:
         """``PairwiseGossip.exchange`` up to its wait: the lock, the request (and the end of its transmission, where it
         takes time: the program waits for it), then ``receive``."""
-        self.locked[i] = True
-        r = self.xround[i] = self.xround[i] + 1
-        nb = self.agents[i].neighbors
-        j = nb[int(self.rngs[i].integers(len(nb)))]
+        self.programs.locked[i] = True
+        r = self.programs.xround[i] = self.programs.xround[i] + 1
+        nb = self.ctx.agents[i].neighbors
+        j = nb[int(self.programs.rngs[i].integers(len(nb)))]
         if self.pull:  # a 1-byte request, no model
-            self.mine[i] = None
-            self.send(i, j, now, None, 1, self.tags[0], r)
+            self.programs.mine[i] = None
+            tx_end = self.send(i, j, now, None, 1, self.tags[0], r)
         else:
-            pid = self.mine[i] = next(self.pids)
+            pid = self.programs.mine[i] = next(self.pids)
             self.op(i, SEND, pid)
             self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
-            self.send(i, j, now, pid, self.size, self.tags[0], r)
-        tx = hold_time(self.tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
+            tx_end = self.send(i, j, now, pid, self.size, self.tags[0], r)
+        tx = hold_time(tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
         if tx > 0:
-            self.push_event(now + tx, SENT, i, r)
+            self.events.push(now + tx, SENT, i, r)
         else:
             self.receive(i, now, r)
 
     def receive(self, i: int, now: float, r: int) -> None:
         """The exchange's ``recv``: the queued stale replies, then the wait for round ``r``'s reply and its timer."""
-        for m in self.replies[i]:  # an earlier exchange's reply (round < r): stale
+        for m in self.programs.replies[i]:  # an earlier exchange's reply (round < r): stale
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:
                 self.let_go(m.pid)
-        self.replies[i].clear()
-        self.waits[i] = r
-        self.push_event(now + self.timeout, TIMER, i, r)
+        self.programs.replies[i].clear()
+        self.programs.waits[i] = r
+        self.events.push(now + self.timeout, TIMER, i, r)
 
-    def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> None:
-        mid, at = self.message(i, j, now, size, rnd, tag, self.rows)
-        if at is None:
-            return
-        if pid is not None:
-            self.holds[pid] = self.holds.get(pid, 0) + 1
-        self.push_event(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+    def send(self, i: int, j: int, now: float, pid, size: int, tag: str, rnd: int) -> float:
+        """A message (and a hold of its payload ``pid``) on its way; returns the end of its transmission."""
+        mid, at, tx_end = self.message(i, j, now, size, rnd, tag, self.rows)
+        if at is not None:
+            if pid is not None:
+                self.holds[pid] = self.holds.get(pid, 0) + 1
+            self.events.push(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
+        return tx_end
 
     def arrived(self, i: int, now: float, m: Arrived) -> None:
         """``Inbox.put``: a waiting program's wait resolved (it resumes in an event of its own), else queued."""
         if m.tag == self.tags[0]:
-            if self.serving[i]:
-                self.requests[i].append(m)
+            if self.programs.serving[i]:
+                self.programs.requests[i].append(m)
             else:
-                self.serving[i] = True
-                self.push_event(now, SERVE_NEXT, i, m)
+                self.programs.serving[i] = True
+                self.events.push(now, SERVE_NEXT, i, m)
             return
-        w = self.waits[i]
+        w = self.programs.waits[i]
         if not w:
-            self.replies[i].append(m)
+            self.programs.replies[i].append(m)
         elif m.round != w:  # an older exchange's reply (never a later one's): stale, taken and dropped
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:
                 self.let_go(m.pid)
         else:
-            self.waits[i] = 0
-            self.push_event(now, RESUME, i, m)
+            self.programs.waits[i] = 0
+            self.events.push(now, RESUME, i, m)
 
     def resumed(self, i: int, now: float, m: Arrived | None) -> None:
         """The exchange after its wait: nothing (timed out), a refusal, or the reply averaged in; then the step."""
         if m is None:
             self.stat.add("gossip_timeouts")
         elif m.pid is not None:
-            self.op(i, REPLY, m.pid, self.mine[i])
+            self.op(i, REPLY, m.pid, self.programs.mine[i])
             self.let_go(m.pid)
             self.stat.add("gossip_exchanges")
-        if self.mine[i] is not None:
-            self.let_go(self.mine[i])
-        self.locked[i] = False
+        if self.programs.mine[i] is not None:
+            self.let_go(self.programs.mine[i])
+        self.programs.locked[i] = False
         self.step(i, now)
 
     def step(self, i: int, now: float) -> None:
-        tk = self.ticket[i]
+        tk = self.programs.ticket[i]
         if tk is not None:
             self.op(i, STEP, tk)
-            self.ticket[i] = None
+            self.programs.ticket[i] = None
         self.wake(i, now)
 
     def serve(self, j: int, now: float, m: Arrived) -> None:
         """``PairwiseGossip._serve`` for one request, then its next wait (a queued request resumes it at once)."""
-        if self.atomic and self.locked[j]:
+        if self.atomic and self.programs.locked[j]:
             self.stat.add("gossip_refused")
             self.send(j, m.src, now, None, 1, self.tags[1], m.round)
         else:
             pid = next(self.pids)
             self.send(j, m.src, now, pid, self.size, self.tags[1], m.round)
             self.op(j, SERVE, m.pid, pid, pid in self.holds)
-            self.served[j] += not self.pull  # a pull's server keeps its model
+            self.programs.served[j] += not self.pull  # a pull's server keeps its model
         if m.pid is not None:
             self.let_go(m.pid)
-        q = self.requests[j]
+        q = self.programs.requests[j]
         if q:
-            self.push_event(now, SERVE_NEXT, j, q.popleft())
+            self.events.push(now, SERVE_NEXT, j, q.popleft())
         else:
-            self.serving[j] = False
+            self.programs.serving[j] = False
 
     # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
     MESSAGES = (ARR, RESUME, SERVE_NEXT)  # the events whose value is a message (``Arrived``; RESUME's or None)
-    PLAIN = ("locked", "xround", "served", "seen", "ticket", "mine", "waits", "serving")  # a value per agent
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         pid = next(self.pids)
         self.pids = itertools.count(pid)  # (read, not taken)
-        return {**{k: getattr(self, k) for k in self.PLAIN}, "replies": self.replies,
-                "requests": [list(q) for q in self.requests], "holds": list(self.holds.items()), "pid": pid}, {}
+        return {**self.programs.held(), "holds": list(self.holds.items()), "pid": pid}, {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
-        if any(len(own[k]) != n for k in (*self.PLAIN, "replies", "requests")):
-            raise ValueError(f"held.own: not {n} agents' state")
-        for k in self.PLAIN:
-            getattr(self, k)[:] = own[k]
-        self.replies[:] = [[Arrived(*m) for m in box] for box in own["replies"]]
-        self.requests[:] = [deque(Arrived(*m) for m in q) for q in own["requests"]]
+        self.programs.load(own)
         self.holds = dict((pid, count) for pid, count in own["holds"])
         self.pids = itertools.count(own["pid"])
-        for q in self.far.values():  # the queue's messages, made tuples again by the JSON
+        for q in self.events.far.values():  # the queue's messages, made tuples again by the JSON
             q[:] = [(t, seq, kind, i, Arrived(*v)) if kind in self.MESSAGES and v is not None else (t, seq, kind, i, v)
                     for t, seq, kind, i, v in q]
 
@@ -282,7 +302,7 @@ class _Driver(WindowDriver):
 
     def asks(self, step: list) -> None:
         who, _, at = self.rows_of(step)
-        self.asked(who, [o[1] for _, o in step], at)
+        self.grad.asked(who, [o[1] for _, o in step], at)
 
     def sends(self, step: list) -> None:
         _, _, x = self.rows_of(step)
@@ -302,8 +322,8 @@ class _Driver(WindowDriver):
         who, idx, x = self.rows_of(step)
         rep = self.payloads.peek([o[1] for _, o in step])
         if self.pull:
-            b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
-            self.kernel.combine(b, self.p, rep)
+            b = Batch([self.ctx.agents[i] for i in who], self.ctx.agents[who[0]].round, x, None, self.ctx.state)
+            self.ctx.kernel.combine(b, self.ctx.p, rep)
             self.X.index_copy_(0, idx, b.x)
             return
         mine = self.payloads.peek([o[2] for _, o in step])
@@ -311,6 +331,6 @@ class _Driver(WindowDriver):
 
     def steps(self, step: list) -> None:
         who, idx, x = self.rows_of(step)
-        b = Batch([self.agents[i] for i in who], self.agents[who[0]].round, x, None, self.state)
-        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        b = Batch([self.ctx.agents[i] for i in who], self.ctx.agents[who[0]].round, x, None, self.ctx.state)
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[1] for _, o in step]))
         self.X.index_copy_(0, idx, b.x)

@@ -37,24 +37,24 @@ def play(pattern, sim, kernel) -> bool:
 class _Driver(WindowDriver):
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p = self.p
-        self.req = self.first = kernel.request(self.state, p)
+        p = self.ctx.p
+        self.grad.first = kernel.request(self.ctx.state, p)
         self.horizon = kernel.horizon(p)
-        self.pc = kernel.copies(self.state)
-        self.ctl = [Replay() for _ in self.agents]
-        self.inbox: list[list] = [[] for _ in self.agents]  # (sender, round, payload handle), in arrival order
-        self.round = [0] * len(self.agents)  # each agent's round being played
-        self.noise = [kernel.noise(self.state, a, p) for a in self.agents]
+        self.pc = kernel.copies(self.ctx.state)
+        self.ctl = [Replay() for _ in self.ctx.agents]
+        self.inbox: list[list] = [[] for _ in self.ctx.agents]  # (sender, round, payload handle), in arrival order
+        self.round = [0] * len(self.ctx.agents)  # each agent's round being played
+        self.noise = [kernel.noise(self.ctx.state, a, p) for a in self.ctx.agents]
         self.pids = itertools.count()
         self.refs: dict[int, int] = {}  # payload handle -> messages still holding it
-        W = self.bank.W
+        W = self.ctx.bank.W
         self.size = self.pc.comps[0].encoded_size(W.shape[1], W.element_size())  # every difference's bytes
 
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
-        put, inbox, tag, t = self.rows.put, self.inbox, self.tag_code, self.now
+        put, inbox, tag, t = self.rows.put, self.inbox, self.ctx.tag_code, self.events.now
         try:
-            for t, _, kind, i, v in self.due(end):
+            for t, _, kind, i, v in self.events.due(end):
                 if kind == ACT:
                     self.activate(i, t, v)
                     self.activated(i, t, v)
@@ -70,15 +70,15 @@ class _Driver(WindowDriver):
                 elif self.housekeeping(t, kind, i, v):
                     return
         finally:
-            self.now = t
+            self.events.now = t
 
     def activated(self, i: int, now: float, at: float) -> None:
-        a, ctl = self.agents[i], self.ctl[i]
+        a, ctl = self.ctx.agents[i], self.ctl[i]
         t = a.tick(at) - 1
         got, self.inbox[i] = self.inbox[i], []
         late = ctl.arrived(got)
         if late:
-            a.stats.add(self.pattern.late, late)
+            a.stats.add(self.ctx.pattern.late, late)
         slot = self.pc.slot[i]
         for op in ctl.wake(t, self.horizon):
             if op is SLEEP:
@@ -91,28 +91,28 @@ class _Driver(WindowDriver):
         if ctl.spent:  # (refused with a budget cap: never here)
             raise RuntimeError("ticked rounds: a budget cap in lookahead windows")
         self.round[i] = t
-        self.op(i, ASK, self.request(i, now, self.req.batch))
+        self.op(i, ASK, self.request(i, now, self.grad.first.batch))
 
     def completed(self, i: int, now: float, tk: int) -> None:
         """The release (its row after ``compute_end``), the round's differences sent, the next wake (once the
         broadcast's longest transmission is over: ``Agent.broadcast``'s Timeout, set after the arrivals)."""
-        a = self.agents[i]
+        a = self.ctx.agents[i]
         sigma, sens, q = self.noise[i]
-        a.ledger.record(self.bank.W.shape[1], sigma, sens, q=q, what="gradient", at=(now, self.rows))
+        a.ledger.record(self.ctx.bank.W.shape[1], sigma, sens, q=q, what="gradient", at=(now, self.rows))
         pid, t, held, tx = next(self.pids), self.round[i], 0, 0.0
         for j in a.neighbors:
-            mid, arrives = self.message(i, j, now, self.size, t, self.tag, self.rows)
-            h = hold_time(self.tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
+            mid, arrives, tx_end = self.message(i, j, now, self.size, t, self.ctx.tag, self.rows)
+            h = hold_time(tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
             if h > tx:
                 tx = h
             if arrives is not None:
                 held += 1
-                self.push_event(arrives, ARR, j, (mid, i, self.size, now, t, pid))
+                self.events.push(arrives, ARR, j, (mid, i, self.size, now, t, pid))
         self.op(i, STEP, tk, pid, held)
         if tx <= 0:
             self.wake(i, now)
         else:
-            self.push_event(now + tx, SENT, i)
+            self.events.push(now + tx, SENT, i)
 
     # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
@@ -123,7 +123,7 @@ class _Driver(WindowDriver):
                 "pid": pid}, {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.agents)
+        n = len(self.ctx.agents)
         if any(len(own[k]) != n for k in ("ctl", "inbox", "round")):
             raise ValueError(f"held.own: not {n} agents' state")
         for c, (done, applied, pending, spent) in zip(self.ctl, own["ctl"], strict=True):
@@ -139,13 +139,13 @@ class _Driver(WindowDriver):
         self.in_order(first_ticket, (self.receives, self.replays, self.asks, self.steps), ASK, STEP)
 
     def batch(self, who: list[int]) -> tuple[Batch, torch.Tensor]:
-        idx = torch.tensor(who, device=self.bank.W.device)
-        agents = [self.agents[i] for i in who]
-        return Batch(agents, self.round[who[0]], self.bank.W.index_select(0, idx), None, self.state), idx
+        idx = torch.tensor(who, device=self.ctx.bank.W.device)
+        agents = [self.ctx.agents[i] for i in who]
+        return Batch(agents, self.round[who[0]], self.ctx.bank.W.index_select(0, idx), None, self.ctx.state), idx
 
     def receives(self, step: list) -> None:
         """x_hat_j += d_j: each agent's n-th arrival of the step at once (one agent's arrivals add in turn)."""
-        copies, dev = self.pc.copies, self.bank.W.device
+        copies, dev = self.pc.copies, self.ctx.bank.W.device
         got = [(i, o[1]) for i, o in step]
         for n in range(max(len(g) for _, g in got)):
             at = [(i, g[n]) for i, g in got if len(g) > n]
@@ -163,13 +163,13 @@ class _Driver(WindowDriver):
 
     def replays(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
-        self.kernel.sleep(b, self.p)
-        self.bank.W.index_copy_(0, idx, b.x)
+        self.ctx.kernel.sleep(b, self.ctx.p)
+        self.ctx.bank.W.index_copy_(0, idx, b.x)
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
-        W = self.bank.W
-        self.asked(who, [o[1] for _, o in step], W.index_select(0, torch.tensor(who, device=W.device)))
+        W = self.ctx.bank.W
+        self.grad.asked(who, [o[1] for _, o in step], W.index_select(0, torch.tensor(who, device=W.device)))
 
     def steps(self, step: list) -> None:
         """The releases' noise (each agent's own generator), the kernel's step, the differences kept for their
@@ -178,9 +178,9 @@ class _Driver(WindowDriver):
         b, idx = self.batch(who)
         b.recorded = [True] * len(who)  # at their completions (``completed``)
         sigma, sens, q = zip(*(self.noise[i] for i in who), strict=True)
-        noisy = b.stack(b.privatize(self.grads.take([o[1] for _, o in step]), sigma, sens, q))
-        sent, _ = self.kernel.step(b, self.p, noisy)
-        self.bank.W.index_copy_(0, idx, b.x)
+        noisy = b.stack(b.privatize(self.grad.evaluated.take([o[1] for _, o in step]), sigma, sens, q))
+        sent, _ = self.ctx.kernel.step(b, self.ctx.p, noisy)
+        self.ctx.bank.W.index_copy_(0, idx, b.x)
         which = [n for n, (_, o) in enumerate(step) if o[3]]
         if which:
             self.keep([step[n][1][2] for n in which], sent, which)

@@ -58,8 +58,8 @@ class _Sends(BroadcastDriver):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        p, n = self.p, len(self.agents)
-        self.req = self.first = kernel.gradient(p, self.state, 0)  # one for all (the windows refuse LAG)
+        p, n = self.ctx.p, len(self.ctx.agents)
+        self.grad.first = kernel.gradient(p, self.ctx.state, 0)  # one for all (the windows refuse LAG)
         self.rule = Rule(*kernel.trigger(p))
         self.k = [0] * n  # each agent's activations so far (the trigger's k, its messages' round)
         self.undecided: list[list] = []  # the window's sends, in processing order
@@ -67,8 +67,8 @@ class _Sends(BroadcastDriver):
     def send(self, i: int, now: float) -> None:
         """``EventTrigger.send`` (or a broadcast that may not happen), undecided: its place among the rows, its
         arrivals' insertion numbers."""
-        js = self.agents[i].neighbors  # this activation's (a time-varying topology changes them)
-        pid, k, seq = next(self.pids), self.k[i], self.seq
+        js = self.ctx.agents[i].neighbors  # this activation's (a time-varying topology changes them)
+        pid, k, seq = next(self.pids), self.k[i], self.events.seq
         self.undecided.append([len(self.rows), now, i, js, [next(seq) for _ in js], pid, k, None])
         self.rows.put(_UNDECIDED)
         self.op(i, PUSH, pid, len(self.undecided) - 1, k)
@@ -79,8 +79,8 @@ class _Sends(BroadcastDriver):
         """The window's sends as decided by its tensor work, in processing order (module docstring)."""
         if not self.undecided:
             return
-        rows, out, prev, r = self.rows.buf, PackedRows(self.words), 0, RECORD.size
-        size, tag, stats, enqueue = self.size, self.tag, self.agents[0].stats, self.enqueue_numbered
+        rows, out, prev, r = self.rows.buf, PackedRows(self.rows.words), 0, RECORD.size
+        size, tag, stats, enqueue = self.size, self.ctx.tag, self.ctx.agents[0].stats, self.events.numbered
         for pos, now, i, js, seqs, pid, k, fired in self.undecided:
             out.put(rows[prev * r:pos * r])
             prev = pos + 1
@@ -90,7 +90,7 @@ class _Sends(BroadcastDriver):
                 stats.add("trigger_skipped", skipped)
                 stats.add("trigger_bytes_saved", skipped * size)
             for n in fired:
-                mid, at = self.message(i, js[n], now, size, k, tag, out)
+                mid, at, _ = self.message(i, js[n], now, size, k, tag, out)
                 if at is None:
                     self.release(pid)
                 else:
@@ -106,8 +106,8 @@ class _Sends(BroadcastDriver):
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
-        if len(own["k"]) != len(self.agents):
-            raise ValueError(f"held.own: not {len(self.agents)} agents' state")
+        if len(own["k"]) != len(self.ctx.agents):
+            raise ValueError(f"held.own: not {len(self.ctx.agents)} agents' state")
         self.k[:] = own["k"]
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:
@@ -135,79 +135,42 @@ class _Driver(_Sends):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        n = len(self.agents)
-        self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
-        self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
-        self.start_in = [frozenset(a.weights) for a in self.agents]  # copies made at the start (NeighborCopies)
-        # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
-        self.in_w = None if self.dynamic is not None else [sorted(a.weights.items()) for a in self.agents]
-        self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
-        self.payloads.put([-1 - i for i in range(n)], self.X)  # the initial models
-        self.noise = [kernel.noise(self.state, a, self.p) for a in self.agents]  # each agent's release (None: none)
-        self.recorded: dict[int, bool] = {}  # ticket -> its release made (False: the budget cap refused it)
-        self.count_of: dict[int, int] = {}  # ticket -> its agent's activation count (``Batch.rounds``)
-        self.spent: set[int] = set()  # agents whose cap refused a release: no gradient from then on
+        agents = self.ctx.agents
+        self.copies = _Copies(agents, self.ctx.dynamic)
+        self.payloads.put([-1 - i for i in range(len(agents))], self.X)  # the initial models
+        self.releases = _Releases([kernel.noise(self.ctx.state, a, self.ctx.p) for a in agents])
 
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
-        if self.req is not None and i not in self.spent:
+        if self.grad.first is not None and i not in self.releases.spent:
             self.ask(i, now)
             return
         self.mix(i, MERGE)
         self.send(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
-        noise = self.noise[i]
-        if noise is not None:  # the release, as the engine's update makes it: its row right after ``compute_end``
-            sigma, sens, q = noise
-            ok = self.recorded[tk] = self.agents[i].ledger.record(self.X.shape[1], sigma, sens, q=q,
-                                                                  what="gradient", at=(now, self.rows))
-            if not ok:
-                self.spent.add(i)
-        self.count_of[tk] = self.k[i] + 1
+        self.releases.record(self.ctx.agents[i], tk, self.X.shape[1], at=(now, self.rows))
+        self.releases.count_of[tk] = self.k[i] + 1
         self.mix(i, UPDATE, tk)
         self.send(i, now)
 
     def mix(self, i: int, kind: int, *tk) -> None:
-        """``NeighborCopies.absorb`` (the latest round per sender wins), then the mix's weights and copies."""
-        got, copy = self.inbox[i], self.copy[i]
-        take, drop = [], []  # handles a copy now holds, holds given up (after the mix has read them)
+        """What arrived, absorbed into the copies; then the mix's weights and copies."""
+        got = self.inbox[i]
         if got:
             self.inbox[i] = []
-            rounds = self.copy_round[i]
-            for m in got:
-                drop.append(m.handle)  # the message's own hold
-                if m.round >= rounds.get(m.src, -1):
-                    rounds[m.src] = m.round
-                    old = copy.get(m.src)
-                    copy[m.src] = m.handle
-                    take.append(m.handle)
-                    if old is not None and old >= 0:
-                        drop.append(old)
-        a, start = self.agents[i], self.start_in[i]
-        in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
-        mixed = [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w]
-        self.op(i, kind, *tk, a.self_weight, mixed, take, drop)
+        a = self.ctx.agents[i]
+        self.op(i, kind, *tk, a.self_weight, *self.copies.absorb(a, got))
 
     # checkpoints: the sends' state, and the copies', the last-sent references' and the releases' ------------------
-    KEYED = ("copy", "copy_round", "last")  # per agent: {neighbour: value}
-
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         own, tensors = super().hold()
-        return {**own, **{k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED},
-                "recorded": list(self.recorded.items()), "count_of": list(self.count_of.items()),
-                "spent": sorted(self.spent)}, tensors
+        return {**own, **self.copies.held(), **self.releases.held()}, tensors
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
-        n = len(self.agents)
-        if any(len(own[k]) != n for k in self.KEYED):
-            raise ValueError(f"held.own: not {n} agents' state")
-        for k in self.KEYED:
-            getattr(self, k)[:] = [{j: v for j, v in d} for d in own[k]]
-        self.recorded = {tk: ok for tk, ok in own["recorded"]}
-        self.count_of = {tk: c for tk, c in own["count_of"]}
-        self.spent = set(own["spent"])
+        self.copies.load(own)
+        self.releases.load(own)
 
     # the tensor work --------------------------------------------------------------------------------------
     def mixed(self, step: list, at: int):
@@ -255,10 +218,11 @@ class _Driver(_Sends):
 
     def updates(self, step: list) -> None:
         b, idx = self.mixed(step, 3)
-        if self.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
-            b.recorded = [self.recorded.pop(o[2]) for _, o in step]
-        b.counts = [self.count_of.pop(o[2]) for _, o in step]
-        self.kernel.update(b, self.p, self.grads.take([o[2] for _, o in step]))
+        rel = self.releases
+        if rel.recorded:  # the releases recorded at their completions: the kernel's ``b.privatize`` draws the noise
+            b.recorded = [rel.recorded.pop(o[2]) for _, o in step]
+        b.counts = [rel.count_of.pop(o[2]) for _, o in step]
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[2] for _, o in step]))
         self.store(b, idx)
         self.settle(step, 5)
 
@@ -267,10 +231,10 @@ class _Driver(_Sends):
         who = [i for i, _ in step]
         idx = torch.tensor(who, device=self.X.device)
         rows = self.X.index_select(0, idx)
-        self.bank.W.index_copy_(0, idx, rows)
+        self.ctx.bank.W.index_copy_(0, idx, rows)
         at, refs, ks = [], [], []  # per (agent, out-neighbour) pair: the row of the batch, its last-sent handle, k
         for n, (i, o) in enumerate(step):
-            last = self.last[i]
+            last = self.copies.last[i]
             for j in self.undecided[o[3]][3]:
                 at.append(n)
                 refs.append(last.get(j, -1 - i))
@@ -281,7 +245,7 @@ class _Driver(_Sends):
         m = 0
         for n, (i, o) in enumerate(step):
             u = self.undecided[o[3]]
-            js, pid, last = u[3], o[2], self.last[i]
+            js, pid, last = u[3], o[2], self.copies.last[i]
             fired = [q for q in range(len(js)) if fire[m + q]]
             m += len(js)
             u[7] = fired
@@ -300,6 +264,87 @@ class _Driver(_Sends):
             self.release(h)
 
 
+class _Copies:
+    """Each receiver's copies of its in-neighbours' models (``NeighborCopies``: the latest round per sender wins) and
+    each sender's last-sent references (``EventTrigger``'s), as payload handles (an initial model's: -1 - agent)."""
+
+    __slots__ = ("copy", "copy_round", "last", "start_in", "in_w")
+    KEYED = ("copy", "copy_round", "last")  # per agent: {neighbour: value}
+
+    def __init__(self, agents: list, dynamic):
+        n = len(agents)
+        self.copy: list[dict[int, int]] = [{} for _ in range(n)]  # receiver: sender -> the handle of its copy
+        self.copy_round: list[dict[int, int]] = [{} for _ in range(n)]
+        self.last: list[dict[int, int]] = [{} for _ in range(n)]  # sender: out-neighbour -> what it last sent it
+        self.start_in = [frozenset(a.weights) for a in agents]  # copies made at the start (NeighborCopies)
+        # each agent's in-neighbours and weights in the mix's order (sorted), read at each mix when the graph changes
+        self.in_w = None if dynamic is not None else [sorted(a.weights.items()) for a in agents]
+
+    def absorb(self, a, got: list) -> tuple[list, list, list]:
+        """``NeighborCopies.absorb`` of what agent ``a`` got: the mix's (weight, copy) pairs, the handles a copy now
+        holds and the holds given up (after the mix has read them)."""
+        i = a.id
+        copy = self.copy[i]
+        take, drop = [], []
+        if got:
+            rounds = self.copy_round[i]
+            for m in got:
+                drop.append(m.handle)  # the message's own hold
+                if m.round >= rounds.get(m.src, -1):
+                    rounds[m.src] = m.round
+                    old = copy.get(m.src)
+                    copy[m.src] = m.handle
+                    take.append(m.handle)
+                    if old is not None and old >= 0:
+                        drop.append(old)
+        start = self.start_in[i]
+        in_w = sorted(a.weights.items()) if self.in_w is None else self.in_w[i]
+        return [(w, copy.get(j, -1 - j if j in start else -1 - i)) for j, w in in_w], take, drop
+
+    def held(self) -> dict:
+        return {k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED}
+
+    def load(self, own: dict) -> None:
+        n = len(self.start_in)
+        if any(len(own[k]) != n for k in self.KEYED):
+            raise ValueError(f"held.own: not {n} agents' state")
+        for k in self.KEYED:
+            getattr(self, k)[:] = [{j: v for j, v in d} for d in own[k]]
+
+
+class _Releases:
+    """A private kernel's releases, recorded by the control at each gradient's completion (module docstring): each
+    agent's noise (None: none), each ticket's release made (False: a budget cap refused it) and its agent's
+    activation count (``Batch.counts``), the agents a cap refused (no gradient from then on)."""
+
+    __slots__ = ("noise", "recorded", "count_of", "spent")
+
+    def __init__(self, noise: list):
+        self.noise = noise
+        self.recorded: dict[int, bool] = {}
+        self.count_of: dict[int, int] = {}
+        self.spent: set[int] = set()
+
+    def record(self, a, tk: int, dim: int, at: tuple) -> None:
+        """Agent ``a``'s release for ticket ``tk``, as the engine's update makes it: its row right after
+        ``compute_end`` (``at``)."""
+        noise = self.noise[a.id]
+        if noise is not None:
+            sigma, sens, q = noise
+            ok = self.recorded[tk] = a.ledger.record(dim, sigma, sens, q=q, what="gradient", at=at)
+            if not ok:
+                self.spent.add(a.id)
+
+    def held(self) -> dict:
+        return {"recorded": list(self.recorded.items()), "count_of": list(self.count_of.items()),
+                "spent": sorted(self.spent)}
+
+    def load(self, own: dict) -> None:
+        self.recorded = {tk: ok for tk, ok in own["recorded"]}
+        self.count_of = {tk: c for tk, c in own["count_of"]}
+        self.spent = set(own["spent"])
+
+
 class _DeltasDriver(_Sends):
     """The event-triggered deltas pattern's control and tensor work (SPARQ-SGD; rounds/triggered.py): each agent's
     receives, gradient, step, receives again and push (the trigger, its compressed delta, the consensus step) in
@@ -307,7 +352,7 @@ class _DeltasDriver(_Sends):
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
-        self.pc = self.state
+        self.pc = self.ctx.state
         self.size = self.pc.comps[0].encoded_size(self.X.shape[1], self.X.element_size())  # every q's bytes
 
     op = WindowDriver.op  # unranked: one operation per lock step (``in_order``)
@@ -315,7 +360,7 @@ class _DeltasDriver(_Sends):
     # the control flow -------------------------------------------------------------------------------------
     def activated(self, i: int, now: float) -> None:
         self.receive(i)
-        if self.req is not None:
+        if self.grad.first is not None:
             self.ask(i, now)
             return
         self.send(i, now)
@@ -352,11 +397,11 @@ class _DeltasDriver(_Sends):
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
-        self.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
+        self.grad.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
-        self.kernel.update(b, self.p, self.grads.take([o[1] for _, o in step]))
+        self.ctx.kernel.update(b, self.ctx.p, self.grad.evaluated.take([o[1] for _, o in step]))
         self.store(b, idx)
 
     def pushes(self, step: list) -> None:
@@ -365,7 +410,7 @@ class _DeltasDriver(_Sends):
 
         pc, dev = self.pc, self.X.device
         who = [i for i, _ in step]
-        agents = [self.agents[i] for i in who]
+        agents = [self.ctx.agents[i] for i in who]
         idx = torch.tensor(who, device=dev)
         x = self.X.index_select(0, idx)
         fire = self.fires(x, pc.own.index_select(0, idx), [o[3] for _, o in step])
@@ -384,4 +429,4 @@ class _DeltasDriver(_Sends):
                 self.keep(keys, q, kept)
         rows, values = evaluate(pc.consensus(agents, x), x.dtype)
         self.X.index_copy_(0, rows, values)
-        self.bank.W.index_copy_(0, rows, values)  # agent.params = ...
+        self.ctx.bank.W.index_copy_(0, rows, values)  # agent.params = ...
