@@ -2,7 +2,8 @@
 through ``agent.sim`` or touches another object's private attribute (an AST check, so a new file is
 covered the day it is added). The fast drivers (rounds/) and the restore (sim/restore.py) drive the simulation
 itself, so they may hold it, but they too touch no other object's private attribute: what they need is a
-public operation of its owner."""
+public operation of its owner. The privacy layer (privacy/) is held to the same: its ledger reads an agent's
+mixing record through ``mixing_record``, never through a private name that a change to Agent would silently empty."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import netsim
 ROOT = Path(netsim.__file__).parent
 CHECKED = sorted([*(ROOT / "algorithms").glob("*.py"), *(ROOT / "comm").glob("*.py"),
                   *(ROOT.parent / "examples" / "plugins").glob("*.py")])
-DRIVERS = sorted([*(ROOT / "rounds").glob("*.py"), ROOT / "sim" / "restore.py"])  # private attributes only
+DRIVERS = sorted([*(ROOT / "rounds").glob("*.py"), ROOT / "sim" / "restore.py",  # private attributes only
+                  *(ROOT / "privacy").glob("*.py")])
 # a named tuple's public methods, underscored only so as not to clash with its fields
 NAMEDTUPLE = {"_asdict", "_replace", "_make", "_fields", "_field_defaults"}
 
@@ -51,7 +53,7 @@ def test_algorithms_use_only_the_agent_api():
 def test_drivers_and_restore_touch_no_private_attribute():
     found = [v for path in DRIVERS for v in violations(path.read_text(), str(path.relative_to(ROOT.parent)), False)]
     assert not found, "\n".join(found)
-    assert {p.name for p in DRIVERS} >= {"windowed.py", "lookahead.py", "sync.py", "push.py", "restore.py"}
+    assert {p.name for p in DRIVERS} >= {"windowed.py", "lookahead.py", "sync.py", "push.py", "restore.py", "ledger.py"}
 
 
 @pytest.mark.parametrize("code", [

@@ -76,7 +76,7 @@ class AgentLedger:
                 q: float = 1.0, what: str = "gradient", to: int = -1) -> torch.Tensor | None:
         if not self.record(int(x.numel()), sigma, sensitivity, mechanism, q, what, to):
             return None
-        mixing = getattr(self.agent, "_mixing", None)  # the run's mixing record, when asked
+        mixing = getattr(self.agent, "mixing_record", None)  # the run's mixing record, when asked
         views = None if mixing is None else mixing.views  # privacy.record = "payloads" (privacy/payloads.py)
         if views is not None:
             x = views.before_noise(self.agent.id, x, sensitivity)  # an audit's gradient canaries
