@@ -18,18 +18,14 @@ one row however many out-neighbours it goes to, freed when the last message carr
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
-from netsim.sim.network import hold_time, payload_size
-from netsim.sim.rows import CODES, deliver
+from netsim.rounds.lookahead import WindowDriver
+from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
-SENT = 7  # an event of its own (after lookahead's): the end of a broadcast's transmission (the program goes on)
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -51,12 +47,10 @@ class _Driver(WindowDriver):
         # the control flow
         self.own = [kernel.start(a, self.ctx.p) for a in self.ctx.agents]
         self.inbox: list[list[Incoming]] = [[] for _ in self.ctx.agents]  # arrived, not yet merged (arrival order)
-        self.pids = itertools.count()  # pushes: a payload's handle
         # the tensor work
         self.X = self.ctx.bank.W.clone()  # each program's x between activations
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
         self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
-        self.refs: dict[int, int] = {}  # payload handle -> messages and takes that still hold it
 
     def op(self, i: int, kind: int, *v) -> None:
         """``WindowDriver.op``, ranked first by the operation's place in an activation's order."""
@@ -66,7 +60,11 @@ class _Driver(WindowDriver):
         ops.append((self.RANKS[self.ctx.kernel.merge_first][kind], kind, *v))
 
     # the control flow -------------------------------------------------------------------------------------
-    def activated(self, i: int, now: float) -> None:
+    @staticmethod
+    def incoming(v: tuple) -> Incoming:
+        return Incoming(v[1], v[4], v[5], v[6])  # (an arrival's value: ``broadcast``'s, its extra the scalar)
+
+    def activated(self, i: int, now: float, _at: float) -> None:
         if self.ctx.kernel.merge_first:
             self.merge(i)
         if self.grad.first is not None:
@@ -74,13 +72,13 @@ class _Driver(WindowDriver):
             return
         if not self.ctx.kernel.merge_first:
             self.merge(i)
-        self.broadcast(i, now)
+        self.send(i, now)
 
     def completed(self, i: int, now: float, tk: int) -> None:
         if not self.ctx.kernel.merge_first:
             self.merge(i)
         self.op(i, UPDATE, tk)
-        self.broadcast(i, now)
+        self.send(i, now)
 
     def merge(self, i: int) -> None:
         """The program's merge: what arrived, taken from the inbox; the kernel chooses now."""
@@ -94,56 +92,16 @@ class _Driver(WindowDriver):
     def ask(self, i: int, now: float) -> None:
         self.op(i, ASK, self.request(i, now, self.grad.first.batch), self.ctx.kernel.scalars(self.own[i]))
 
-    def broadcast(self, i: int, now: float) -> None:
-        """The params written, the payload pushed to every out-neighbour (``Agent.broadcast``), the next wake."""
+    def send(self, i: int, now: float) -> None:
+        """The params written, the payload pushed to every out-neighbour (``WindowDriver.broadcast``)."""
         a, kernel = self.ctx.agents[i], self.ctx.kernel
         scal = kernel.scalars(self.own[i])
-        scalar = kernel.pushed(self.own[i], a, self.ctx.p)
-        pid = next(self.pids)
-        size, tag, rnd, rows = self.size, self.ctx.tag, a.round, self.rows
-        held, tx = 0, 0.0
-        for j in a.neighbors:  # this activation's (a time-varying topology changes them)
-            mid, at, tx_end = self.message(i, j, now, size, rnd, tag, rows)
-            h = hold_time(tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
-            if h > tx:
-                tx = h
-            if at is not None:
-                held += 1
-                self.events.push(at, ARR, j, (mid, i, size, now, rnd, scalar, pid))
+        pid, held = self.broadcast(i, now, self.size, a.round, kernel.pushed(self.own[i], a, self.ctx.p))
         self.op(i, PUSH, pid, held, scal)
-        if tx <= 0:
-            self.wake(i, now)
-        else:  # its Timeout, set after the arrivals
-            self.events.push(now + tx, SENT, i)
-
-    def events_until(self, end: float) -> None:
-        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        put, inbox, tag, t = self.rows.put, self.inbox, self.ctx.tag_code, self.events.now
-        try:
-            for t, _, kind, i, v in self.events.due(end):
-                if kind == ACT:
-                    self.activate(i, t, v)
-                    self.activated(i, t)
-                elif kind == ARR:
-                    mid, src, size, sent, rnd, scalar, pid = v
-                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
-                    inbox[i].append(Incoming(src, rnd, scalar, pid))
-                elif kind == DONE:
-                    self.completion(i, t, v)
-                    self.completed(i, t, v)
-                elif kind == SENT:
-                    self.wake(i, t)
-                elif self.housekeeping(t, kind, i, v):
-                    return
-        finally:
-            self.events.now = t
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
-        pid = next(self.pids)
-        self.pids = itertools.count(pid)  # (read, not taken)
-        return {"inbox": self.inbox, "own": [_plain(vars(o) if hasattr(o, "__dict__") else o) for o in self.own],
-                "refs": list(self.refs.items()), "pid": pid}, {"X": self.X, **{f"extra.{k}": m for k, m in
-                                                                          self.extra.items()}}
+        return {"inbox": self.inbox, "own": [_plain(vars(o) if hasattr(o, "__dict__") else o) for o in self.own]}, \
+            {"X": self.X, **{f"extra.{k}": m for k, m in self.extra.items()}}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         n = len(self.ctx.agents)
@@ -155,8 +113,6 @@ class _Driver(WindowDriver):
                 _restored(saved, vars(o))
             else:
                 self.own[k] = _restored(saved, o)
-        self.refs = dict((pid, count) for pid, count in own["refs"])
-        self.pids = itertools.count(own["pid"])
         self.X.copy_(tensors["X"])
         for k, m in self.extra.items():
             m.copy_(tensors[f"extra.{k}"])
@@ -174,17 +130,6 @@ class _Driver(WindowDriver):
         self.X.index_copy_(0, idx, b.x)
         for name, m in self.extra.items():
             m.index_copy_(0, idx, b.rows[name])
-
-    def rows_of(self, handles: list) -> torch.Tensor:
-        return self.payloads.peek(handles)
-
-    def release(self, pid: int) -> None:
-        n = self.refs[pid] - 1
-        if n:
-            self.refs[pid] = n
-        else:
-            del self.refs[pid]
-            self.payloads.drop(pid)
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's operations of the window, in lock step (module docstring); a gradient batch is evaluated
@@ -240,18 +185,19 @@ class _Driver(WindowDriver):
         mathy = [(i, o) for i, o in step if o[2]]
         if mathy:
             b, idx = self.batch([i for i, _ in mathy], [o[4] for _, o in mathy])
-            kernel.merge(b, self.ctx.p, [o[2] for _, o in mathy], self.rows_of)
+            kernel.merge(b, self.ctx.p, [o[2] for _, o in mathy], self.payloads.peek)
             self.store(b, idx)
+        pay = self.payloads
         for _, o in step:
             if kernel.keeps:
                 for t in o[2]:
-                    self.refs[t.handle] += 1
+                    pay.hold(t.handle)
             for pid in o[3]:
-                self.release(pid)
+                pay.release(pid)
             if kernel.keeps:
                 for t in o[2]:
                     if t.base is not None and t.base != OWN:
-                        self.release(t.base)
+                        pay.release(t.base)
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
@@ -270,7 +216,4 @@ class _Driver(WindowDriver):
         self.store(b, idx)
         which = [k for k, (_, o) in enumerate(step) if o[3]]  # payloads in flight or kept, by their handles
         if which:
-            self.keep([step[k][1][2] for k in which], sent, which)
-            for k in which:
-                _, o = step[k]
-                self.refs[o[2]] = o[3]
+            self.payloads.keep([step[k][1][2] for k in which], sent, which, [step[k][1][3] for k in which])

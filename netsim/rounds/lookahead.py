@@ -76,13 +76,14 @@ import torch
 from netsim.rounds.kernel import AgentsOf, Batch, as_index
 from netsim.rounds.push import Peers
 from netsim.sim import rows as shapes
-from netsim.sim.network import ComposedLinks, LinksAhead, payload_size
+from netsim.sim.network import ComposedLinks, LinksAhead, hold_time, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Offline
 from netsim.trace.events import row as event_row
 from netsim.trace.io import RECORD, PackedRows
 
 ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF = 0, 1, 2, 3, 4, 5, 6  # events (time, seq, kind, agent, value)
+SENT = 7  # the end of a broadcast's transmission (``WindowDriver.broadcast``: the program goes on)
 _INF, _NEVER = float("inf"), 1 << 62  # an infinite time, and its bucket
 _ROWS = itemgetter(1)  # a ticket's rows (``ticket_of``)
 # the trace rows' strings as codes (``PackedRows``): ``sim.rows.CODES``, the first words of every driver's ``Words``
@@ -266,6 +267,68 @@ class RowStore:
         """``save``'s rows kept again under their keys."""
         if keys:
             self.put(keys, rows)
+
+
+class Payloads(RowStore):
+    """The payloads a driver's messages carry (its ``payloads``): their rows by handle, each one's holds (the
+    messages, copies and takes that still read it: its row goes with the last) and the next handle (``new``)."""
+
+    __slots__ = ("holds", "next", "gone")
+
+    def __init__(self, like: torch.Tensor):
+        super().__init__(like)
+        self.holds: dict[int, int] = {}
+        self.next = 0
+        self.gone: list[int] = []  # let go of by the control (``release(later=True)``), dropped by ``done``
+
+    def new(self) -> int:
+        """A new payload's handle."""
+        pid = self.next
+        self.next = pid + 1
+        return pid
+
+    def hold(self, pid: int, n: int = 1) -> None:
+        self.holds[pid] = self.holds.get(pid, 0) + n
+
+    def release(self, pid: int, later: bool = False) -> None:
+        """One hold of ``pid`` given up; its row dropped with the last (``later``: by the control, whose window's
+        tensor work may still read it, so after that work: ``done``)."""
+        n = self.holds[pid] - 1
+        if n:
+            self.holds[pid] = n
+        else:
+            del self.holds[pid]
+            if later:
+                self.gone.append(pid)
+            else:
+                self.drop(pid)
+
+    def keep(self, keys: list[int], sent: torch.Tensor, which: list[int], holds: list[int] | None = None) -> None:
+        """Rows ``which`` of ``sent`` kept under ``keys`` (and each one's ``holds``, where given)."""
+        self.put(keys, sent if len(which) == len(sent) else sent.index_select(0, as_index(which, sent.device)))
+        if holds is not None:
+            self.holds.update(zip(keys, holds, strict=True))
+
+    def add_into(self, copies: torch.Tensor, step: list) -> None:
+        """x_hat_j += d_j: a lock step's arrivals (its ops' second values: (slot, handle) each, in arrival order) added
+        into the agents' ``copies``, each agent's n-th of the step at once (one agent's in turn), each released."""
+        dev = copies.device
+        got = [(i, o[1]) for i, o in step]
+        for n in range(max(len(g) for _, g in got)):
+            at = [(i, g[n]) for i, g in got if len(g) > n]
+            rows = torch.tensor([i for i, _ in at], device=dev)
+            slots = torch.tensor([s for _, (s, _) in at], device=dev)
+            pids = [h for _, (_, h) in at]
+            copies[rows, slots] = copies[rows, slots] + self.peek(pids)
+            for h in pids:
+                self.release(h)
+
+    def done(self) -> None:
+        """After a window's tensor work: the rows its control let go of dropped (no later window reads them)."""
+        for h in self.gone:
+            if h in self.row_of:
+                self.drop(h)
+        self.gone.clear()
 
 
 def lock_steps(kind: np.ndarray, first: np.ndarray, waiter: np.ndarray, waited: np.ndarray,
@@ -639,7 +702,7 @@ class WindowDriver:
         self.grad = Gradients(self.ctx, sim.world.gradients, self.point, self.points)
         self.ops: dict[int, list] = defaultdict(list)  # agent: its tensor operations in this window, in program order
         self.unfinished = sum(not a.finished for a in self.ctx.agents)
-        self.payloads = RowStore(self.ctx.bank.W)  # the payloads in flight, by key
+        self.payloads = Payloads(self.ctx.bank.W)  # the payloads in flight or kept, by key
         self.wake = self._waker()
 
     def window(self, sim) -> float:
@@ -703,6 +766,26 @@ class WindowDriver:
             return mid, None, tx_end
         return mid, now + delay, tx_end
 
+    def broadcast(self, i: int, now: float, size: int, rnd: int, *extra) -> tuple[int, int]:
+        """``Agent.broadcast`` of a new payload: a message to every out-neighbour (an arrival's value: id, sender,
+        bytes, when sent, round, ``extra``, the payload's handle), then the next wake once the longest transmission
+        is over (its Timeout, ``SENT``, set after the arrivals); returns the handle and the messages under way."""
+        pid, held, tx = self.payloads.new(), 0, 0.0
+        tag, rows, push = self.ctx.tag, self.rows, self.events.push
+        for j in self.ctx.agents[i].neighbors:  # this activation's (a time-varying topology changes them)
+            mid, at, tx_end = self.message(i, j, now, size, rnd, tag, rows)
+            h = hold_time(tx_end, now)
+            if h > tx:
+                tx = h
+            if at is not None:
+                held += 1
+                push(at, ARR, j, (mid, i, size, now, rnd, *extra, pid))
+        if tx <= 0:
+            self.wake(i, now)
+        else:
+            push(now + tx, SENT, i)
+        return pid, held
+
     def finish(self, a, now: float) -> None:
         """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
         if not a.mark_finished():
@@ -736,14 +819,29 @@ class WindowDriver:
         self.events.ended = True
         return True
 
-    def keep(self, keys: list[int], sent: torch.Tensor, which: list[int]) -> None:
-        """Rows ``which`` of ``sent`` (pushed payloads still in flight) kept under ``keys``."""
-        src = sent if len(which) == len(sent) else sent.index_select(0, as_index(which, sent.device))
-        self.payloads.put(keys, src)
-
     def events_until(self, end: float) -> None:
-        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does."""
-        raise NotImplementedError
+        """Process every event due before ``end`` (or to the run's stop), as the engine's queue does: here a driver's
+        whose programs broadcast (``activated``, ``completed``; an arrival's value as ``broadcast`` makes it, into
+        the ``inbox`` as ``incoming`` makes it); push gossip, pairwise and barrier rounds play their own."""
+        put, inbox, incoming, tag, t = self.rows.put, self.inbox, self.incoming, self.ctx.tag_code, self.events.now
+        deliver = shapes.deliver
+        try:
+            for t, _, kind, i, v in self.events.due(end):
+                if kind == ACT:
+                    self.activate(i, t, v)
+                    self.activated(i, t, v)
+                elif kind == ARR:
+                    put(pack(*deliver(t, i, v[1], v[0], v[2], v[3], v[4], tag, CODES)))
+                    inbox[i].append(incoming(v))
+                elif kind == DONE:
+                    self.completion(i, t, v)
+                    self.completed(i, t, v)
+                elif kind == SENT:
+                    self.wake(i, t)
+                elif self.housekeeping(t, kind, i, v):
+                    return
+        finally:
+            self.events.now = t
 
     def tensor_work(self, first_ticket: int) -> None:
         """Every agent's tensor operations of the window, in lock step."""
@@ -803,6 +901,7 @@ class WindowDriver:
         """The end of a window's tensor work: every gradient batch of it was evaluated (all its requests were made by
         the window's end, since every batch of the window completes in it)."""
         self.ops.clear()
+        self.payloads.done()
         if waiting or blocked:
             raise RuntimeError("lookahead windows: a gradient batch of the window was not evaluated")
         self.grad.flushes.clear()
@@ -915,7 +1014,8 @@ class WindowDriver:
                  "tickets": grad.saved(), "payloads": pay_keys, "grads": grad_keys, "at": at_keys,
                  "words": self.rows.words.words, "stats": [st.windows, st.events, st.fewest],
                  "shipped": base64.b64encode(bytes(shipped.buf)).decode("ascii"), "own": own,
-                 "driver": self.driver_name()}
+                 "driver": self.driver_name(), "holds": list(self.payloads.holds.items()),
+                 "next_pid": self.payloads.next}
         return {"json": json.dumps(plain, default=_plain_number), "payloads": pay_rows, "grads": grad_rows,
                 "at": at_rows, **{f"own.{k}": v for k, v in tensors.items()}}
 
@@ -930,6 +1030,7 @@ class WindowDriver:
         grad = self.grad
         grad.load(plain["tickets"], plain["pending_lo"])
         self.payloads.load(plain["payloads"], held["payloads"])
+        self.payloads.holds, self.payloads.next = dict(plain["holds"]), plain["next_pid"]
         grad.evaluated.load(plain["grads"], held["grads"])
         grad.at_of.update(zip(plain["at"], held["at"].unbind(0)))
         for k, w in enumerate(plain["words"]):
@@ -1331,4 +1432,4 @@ class _Driver(WindowDriver):
         m = mids
         which = np.flatnonzero(m >= 0)
         if len(which):
-            self.keep(m[which].tolist(), sent, which.tolist())
+            self.payloads.keep(m[which].tolist(), sent, which.tolist())

@@ -21,7 +21,6 @@ dropped after the tensor work of the window whose control let go of it.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import NamedTuple
 
@@ -109,17 +108,6 @@ class _Driver(WindowDriver):
         self.X = self.ctx.bank.W  # every program's model (``agent.params``)
         self.size = payload_size(self.X[0])
         self.programs = _Programs(kernel, self.ctx.state, self.ctx.agents)
-        self.pids = itertools.count()
-        self.holds: dict[int, int] = {}  # payload handle -> holders (messages, the requester's exchange)
-        self.gone: list[int] = []  # handles let go of in this window
-
-    def let_go(self, h: int) -> None:
-        n = self.holds[h] - 1
-        if n:
-            self.holds[h] = n
-        else:
-            del self.holds[h]
-            self.gone.append(h)
 
     # the control flow -------------------------------------------------------------------------------------
     def events_until(self, end: float) -> None:
@@ -182,9 +170,9 @@ class _Driver(WindowDriver):
             self.programs.mine[i] = None
             tx_end = self.send(i, j, now, None, 1, self.tags[0], r)
         else:
-            pid = self.programs.mine[i] = next(self.pids)
+            pid = self.programs.mine[i] = self.payloads.new()
             self.op(i, SEND, pid)
-            self.holds[pid] = 1  # the exchange's own copy (``mine``), until it resumes
+            self.payloads.hold(pid)  # the exchange's own copy (``mine``), until it resumes
             tx_end = self.send(i, j, now, pid, self.size, self.tags[0], r)
         tx = hold_time(tx_end, now)  # ``Agent.send``'s Timeout, set after the arrival
         if tx > 0:
@@ -197,7 +185,7 @@ class _Driver(WindowDriver):
         for m in self.programs.replies[i]:  # an earlier exchange's reply (round < r): stale
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:
-                self.let_go(m.pid)
+                self.payloads.release(m.pid, later=True)
         self.programs.replies[i].clear()
         self.programs.waits[i] = r
         self.events.push(now + self.timeout, TIMER, i, r)
@@ -207,7 +195,7 @@ class _Driver(WindowDriver):
         mid, at, tx_end = self.message(i, j, now, size, rnd, tag, self.rows)
         if at is not None:
             if pid is not None:
-                self.holds[pid] = self.holds.get(pid, 0) + 1
+                self.payloads.hold(pid)
             self.events.push(at, ARR, j, Arrived(mid, i, size, now, rnd, tag, pid))
         return tx_end
 
@@ -226,7 +214,7 @@ class _Driver(WindowDriver):
         elif m.round != w:  # an older exchange's reply (never a later one's): stale, taken and dropped
             self.rows.append(event_row(Stale(now, i, m.src, m.mid, m.round)))
             if m.pid is not None:
-                self.let_go(m.pid)
+                self.payloads.release(m.pid, later=True)
         else:
             self.programs.waits[i] = 0
             self.events.push(now, RESUME, i, m)
@@ -237,10 +225,10 @@ class _Driver(WindowDriver):
             self.stat.add("gossip_timeouts")
         elif m.pid is not None:
             self.op(i, REPLY, m.pid, self.programs.mine[i])
-            self.let_go(m.pid)
+            self.payloads.release(m.pid, later=True)
             self.stat.add("gossip_exchanges")
         if self.programs.mine[i] is not None:
-            self.let_go(self.programs.mine[i])
+            self.payloads.release(self.programs.mine[i], later=True)
         self.programs.locked[i] = False
         self.step(i, now)
 
@@ -257,12 +245,12 @@ class _Driver(WindowDriver):
             self.stat.add("gossip_refused")
             self.send(j, m.src, now, None, 1, self.tags[1], m.round)
         else:
-            pid = next(self.pids)
+            pid = self.payloads.new()
             self.send(j, m.src, now, pid, self.size, self.tags[1], m.round)
-            self.op(j, SERVE, m.pid, pid, pid in self.holds)
+            self.op(j, SERVE, m.pid, pid, pid in self.payloads.holds)
             self.programs.served[j] += not self.pull  # a pull's server keeps its model
         if m.pid is not None:
-            self.let_go(m.pid)
+            self.payloads.release(m.pid, later=True)
         q = self.programs.requests[j]
         if q:
             self.events.push(now, SERVE_NEXT, j, q.popleft())
@@ -273,27 +261,18 @@ class _Driver(WindowDriver):
     MESSAGES = (ARR, RESUME, SERVE_NEXT)  # the events whose value is a message (``Arrived``; RESUME's or None)
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
-        pid = next(self.pids)
-        self.pids = itertools.count(pid)  # (read, not taken)
-        return {**self.programs.held(), "holds": list(self.holds.items()), "pid": pid}, {}
+        return self.programs.held(), {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         self.programs.load(own)
-        self.holds = dict((pid, count) for pid, count in own["holds"])
-        self.pids = itertools.count(own["pid"])
         for q in self.events.far.values():  # the queue's messages, made tuples again by the JSON
             q[:] = [(t, seq, kind, i, Arrived(*v)) if kind in self.MESSAGES and v is not None else (t, seq, kind, i, v)
                     for t, seq, kind, i, v in q]
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
-        """Each agent's operations of the window in its order, one per agent and lock step (``in_order``); then the
-        payloads let go of are dropped."""
+        """Each agent's operations of the window in its order, one per agent and lock step (``in_order``)."""
         self.in_order(first_ticket, (self.asks, self.sends, self.serves, self.replies_in, self.steps), ASK, STEP)
-        for h in self.gone:  # no later window reads them
-            if h in self.payloads.row_of:
-                self.payloads.drop(h)
-        self.gone.clear()
 
     def rows_of(self, step: list) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         who = [i for i, _ in step]
@@ -313,7 +292,7 @@ class _Driver(WindowDriver):
         _, idx, x = self.rows_of(step)
         kept = [k for k, (_, o) in enumerate(step) if o[3]]
         if kept:
-            self.keep([step[k][1][2] for k in kept], x, kept)
+            self.payloads.keep([step[k][1][2] for k in kept], x, kept)
         if not self.pull:
             self.X.index_copy_(0, idx, (x + self.payloads.peek([o[1] for _, o in step])) / 2)
 

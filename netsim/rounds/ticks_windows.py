@@ -15,18 +15,13 @@ added). The bank holds each agent's model after every operation, as the program 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import WindowDriver
 from netsim.rounds.ticks import SLEEP, Replay
-from netsim.sim.network import hold_time
-from netsim.sim.rows import CODES, deliver
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
-SENT = 7  # an event of its own (after lookahead's): the end of a broadcast's transmission (the program goes on)
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -45,32 +40,13 @@ class _Driver(WindowDriver):
         self.inbox: list[list] = [[] for _ in self.ctx.agents]  # (sender, round, payload handle), in arrival order
         self.round = [0] * len(self.ctx.agents)  # each agent's round being played
         self.noise = [kernel.noise(self.ctx.state, a, p) for a in self.ctx.agents]
-        self.pids = itertools.count()
-        self.refs: dict[int, int] = {}  # payload handle -> messages still holding it
         W = self.ctx.bank.W
         self.size = self.pc.comps[0].encoded_size(W.shape[1], W.element_size())  # every difference's bytes
 
     # the control flow -------------------------------------------------------------------------------------
-    def events_until(self, end: float) -> None:
-        put, inbox, tag, t = self.rows.put, self.inbox, self.ctx.tag_code, self.events.now
-        try:
-            for t, _, kind, i, v in self.events.due(end):
-                if kind == ACT:
-                    self.activate(i, t, v)
-                    self.activated(i, t, v)
-                elif kind == ARR:
-                    mid, src, size, sent, rnd, pid = v
-                    put(pack(*deliver(t, i, src, mid, size, sent, rnd, tag, CODES)))
-                    inbox[i].append((src, rnd, pid))
-                elif kind == DONE:
-                    self.completion(i, t, v)
-                    self.completed(i, t, v)
-                elif kind == SENT:
-                    self.wake(i, t)
-                elif self.housekeeping(t, kind, i, v):
-                    return
-        finally:
-            self.events.now = t
+    @staticmethod
+    def incoming(v: tuple) -> tuple:
+        return v[1], v[4], v[5]  # (an arrival's value: ``broadcast``'s)
 
     def activated(self, i: int, now: float, at: float) -> None:
         a, ctl = self.ctx.agents[i], self.ctl[i]
@@ -94,33 +70,16 @@ class _Driver(WindowDriver):
         self.op(i, ASK, self.request(i, now, self.grad.first.batch))
 
     def completed(self, i: int, now: float, tk: int) -> None:
-        """The release (its row after ``compute_end``), the round's differences sent, the next wake (once the
-        broadcast's longest transmission is over: ``Agent.broadcast``'s Timeout, set after the arrivals)."""
-        a = self.ctx.agents[i]
+        """The release (its row after ``compute_end``), the round's differences sent (``WindowDriver.broadcast``)."""
         sigma, sens, q = self.noise[i]
-        a.ledger.record(self.ctx.bank.W.shape[1], sigma, sens, q=q, what="gradient", at=(now, self.rows))
-        pid, t, held, tx = next(self.pids), self.round[i], 0, 0.0
-        for j in a.neighbors:
-            mid, arrives, tx_end = self.message(i, j, now, self.size, t, self.ctx.tag, self.rows)
-            h = hold_time(tx_end, now)  # ``Agent.broadcast`` waits for its longest transmission
-            if h > tx:
-                tx = h
-            if arrives is not None:
-                held += 1
-                self.events.push(arrives, ARR, j, (mid, i, self.size, now, t, pid))
-        self.op(i, STEP, tk, pid, held)
-        if tx <= 0:
-            self.wake(i, now)
-        else:
-            self.events.push(now + tx, SENT, i)
+        self.ctx.agents[i].ledger.record(self.ctx.bank.W.shape[1], sigma, sens, q=q, what="gradient",
+                                         at=(now, self.rows))
+        self.op(i, STEP, tk, *self.broadcast(i, now, self.size, self.round[i]))
 
     # checkpoints (``WindowDriver.held``) ------------------------------------------------------------------------
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
-        pid = next(self.pids)
-        self.pids = itertools.count(pid)  # (read, not taken)
         ctl = [[c.done, c.applied, list(c.pending.items()), c.spent] for c in self.ctl]
-        return {"ctl": ctl, "inbox": self.inbox, "round": self.round, "refs": list(self.refs.items()),
-                "pid": pid}, {}
+        return {"ctl": ctl, "inbox": self.inbox, "round": self.round}, {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         n = len(self.ctx.agents)
@@ -131,8 +90,6 @@ class _Driver(WindowDriver):
             c.pending = {r: [tuple(m) for m in got] for r, got in pending}
         self.inbox[:] = [[tuple(m) for m in box] for box in own["inbox"]]
         self.round[:] = own["round"]
-        self.refs = dict((h, count) for h, count in own["refs"])
-        self.pids = itertools.count(own["pid"])
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -144,22 +101,8 @@ class _Driver(WindowDriver):
         return Batch(agents, self.round[who[0]], self.ctx.bank.W.index_select(0, idx), None, self.ctx.state), idx
 
     def receives(self, step: list) -> None:
-        """x_hat_j += d_j: each agent's n-th arrival of the step at once (one agent's arrivals add in turn)."""
-        copies, dev = self.pc.copies, self.ctx.bank.W.device
-        got = [(i, o[1]) for i, o in step]
-        for n in range(max(len(g) for _, g in got)):
-            at = [(i, g[n]) for i, g in got if len(g) > n]
-            rows = torch.tensor([i for i, _ in at], device=dev)
-            slots = torch.tensor([s for _, (s, _) in at], device=dev)
-            pids = [h for _, (_, h) in at]
-            copies[rows, slots] = copies[rows, slots] + self.payloads.peek(pids)
-            for h in pids:
-                n_left = self.refs[h] - 1
-                if n_left:
-                    self.refs[h] = n_left
-                else:
-                    del self.refs[h]
-                    self.payloads.drop(h)
+        """x_hat_j += d_j (``Payloads.add_into``)."""
+        self.payloads.add_into(self.pc.copies, step)
 
     def replays(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
@@ -183,7 +126,4 @@ class _Driver(WindowDriver):
         self.ctx.bank.W.index_copy_(0, idx, b.x)
         which = [n for n, (_, o) in enumerate(step) if o[3]]
         if which:
-            self.keep([step[n][1][2] for n in which], sent, which)
-            for n in which:
-                _, o = step[n]
-                self.refs[o[2]] = o[3]
+            self.payloads.keep([step[n][1][2] for n in which], sent, which, [step[n][1][3] for n in which])

@@ -68,7 +68,7 @@ class _Sends(BroadcastDriver):
         """``EventTrigger.send`` (or a broadcast that may not happen), undecided: its place among the rows, its
         arrivals' insertion numbers."""
         js = self.ctx.agents[i].neighbors  # this activation's (a time-varying topology changes them)
-        pid, k, seq = next(self.pids), self.k[i], self.events.seq
+        pid, k, seq = self.payloads.new(), self.k[i], self.events.seq
         self.undecided.append([len(self.rows), now, i, js, [next(seq) for _ in js], pid, k, None])
         self.rows.put(_UNDECIDED)
         self.op(i, PUSH, pid, len(self.undecided) - 1, k)
@@ -92,7 +92,7 @@ class _Sends(BroadcastDriver):
             for n in fired:
                 mid, at, _ = self.message(i, js[n], now, size, k, tag, out)
                 if at is None:
-                    self.release(pid)
+                    self.payloads.release(pid)
                 else:
                     enqueue(at, seqs[n], ARR, js[n], (mid, i, size, now, k, 0.0, pid))
         out.put(rows[prev * r:])
@@ -141,7 +141,7 @@ class _Driver(_Sends):
         self.releases = _Releases([kernel.noise(self.ctx.state, a, self.ctx.p) for a in agents])
 
     # the control flow -------------------------------------------------------------------------------------
-    def activated(self, i: int, now: float) -> None:
+    def activated(self, i: int, now: float, _at: float) -> None:
         if self.grad.first is not None and i not in self.releases.spent:
             self.ask(i, now)
             return
@@ -198,18 +198,13 @@ class _Driver(_Sends):
 
     def settle(self, step: list, at: int) -> None:
         """The holds the step's absorbs took and gave up (after its mix has read the rows)."""
-        refs, get, drop = self.refs, self.refs.get, self.payloads.drop
-        for _, o in step:  # ``hold``, inlined
-            for h in o[at]:
-                refs[h] = get(h, 0) + 1
+        hold, release = self.payloads.hold, self.payloads.release
         for _, o in step:
-            for h in o[at + 1]:  # ``release``, inlined
-                n = refs[h] - 1
-                if n:
-                    refs[h] = n
-                else:
-                    del refs[h]
-                    drop(h)
+            for h in o[at]:
+                hold(h)
+        for _, o in step:
+            for h in o[at + 1]:
+                release(h)
 
     def merges(self, step: list) -> None:  # no gradient: the mix alone
         b, idx = self.mixed(step, 2)
@@ -241,7 +236,7 @@ class _Driver(_Sends):
                 ks.append(o[4])
         fire = self.fires(rows.index_select(0, torch.tensor(at, device=rows.device)), self.payloads.peek(refs), ks) \
             if at else []
-        keep, kept, old = [], [], []
+        keep, kept, holds, old = [], [], [], []
         m = 0
         for n, (i, o) in enumerate(step):
             u = self.undecided[o[3]]
@@ -252,16 +247,16 @@ class _Driver(_Sends):
             if fired:  # held by each last-sent reference and, until ``decide`` knows which are dropped, each message
                 keep.append(pid)
                 kept.append(n)
-                self.refs[pid] = 2 * len(fired)
+                holds.append(2 * len(fired))
                 for q in fired:
                     h = last.get(js[q])
                     if h is not None:
                         old.append(h)
                     last[js[q]] = pid
         if keep:
-            self.keep(keep, rows, kept)
+            self.payloads.keep(keep, rows, kept, holds)
         for h in old:
-            self.release(h)
+            self.payloads.release(h)
 
 
 class _Copies:
@@ -358,7 +353,7 @@ class _DeltasDriver(_Sends):
     op = WindowDriver.op  # unranked: one operation per lock step (``in_order``)
 
     # the control flow -------------------------------------------------------------------------------------
-    def activated(self, i: int, now: float) -> None:
+    def activated(self, i: int, now: float, _at: float) -> None:
         self.receive(i)
         if self.grad.first is not None:
             self.ask(i, now)
@@ -383,17 +378,8 @@ class _DeltasDriver(_Sends):
         self.in_order(first_ticket, (self.receives, self.asks, self.updates, self.pushes), ASK, UPDATE)
 
     def receives(self, step: list) -> None:
-        """xhat_j += q_j: each agent's n-th arrival of the step at once (one agent's arrivals add in turn)."""
-        copies, dev = self.pc.copies, self.X.device
-        got = [(i, o[1]) for i, o in step]
-        for n in range(max(len(g) for _, g in got)):
-            at = [(i, g[n]) for i, g in got if len(g) > n]
-            rows = torch.tensor([i for i, _ in at], device=dev)
-            slots = torch.tensor([s for _, (s, _) in at], device=dev)
-            pids = [h for _, (_, h) in at]
-            copies[rows, slots] = copies[rows, slots] + self.payloads.peek(pids)
-            for h in pids:
-                self.release(h)
+        """xhat_j += q_j (``Payloads.add_into``)."""
+        self.payloads.add_into(self.pc.copies, step)
 
     def asks(self, step: list) -> None:
         who = [i for i, _ in step]
@@ -423,10 +409,8 @@ class _DeltasDriver(_Sends):
             q, _ = pc.delta([agents[n] for n in sel], xs)
             kept = [m for m, n in enumerate(sel) if self.undecided[step[n][1][2]][3]]
             if kept:  # held by each message until ``decide`` knows which are dropped
-                keys = [step[sel[m]][1][1] for m in kept]
-                for m, key in zip(kept, keys, strict=True):
-                    self.refs[key] = len(self.undecided[step[sel[m]][1][2]][3])
-                self.keep(keys, q, kept)
+                self.payloads.keep([step[sel[m]][1][1] for m in kept], q, kept,
+                                   [len(self.undecided[step[sel[m]][1][2]][3]) for m in kept])
         rows, values = evaluate(pc.consensus(agents, x), x.dtype)
         self.X.index_copy_(0, rows, values)
         self.ctx.bank.W.index_copy_(0, rows, values)  # agent.params = ...

@@ -384,7 +384,7 @@ def _driver_state(held: Any, n: int) -> dict:
         plain = None
     if not isinstance(plain, dict):
         raise ValueError(f"{where} is not a lookahead driver's state")
-    seq, events, tickets, stats = plain.get("seq"), plain.get("events"), plain.get("tickets"), plain.get("stats")
+    seq, events, tickets, stats, holds = (plain.get(k) for k in ("seq", "events", "tickets", "stats", "holds"))
     lists = {k: isinstance(plain.get(k), list) for k in ("payloads", "grads", "at", "words")}
     ends = lambda rows, width: list(zip(*rows)) if rows else [()] * width  # noqa: E731  (columns of rows)
     events_ok = tickets_ok = False
@@ -412,6 +412,9 @@ def _driver_state(held: Any, n: int) -> dict:
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
+        "holds": isinstance(holds, list) and _lists(holds, 2) and _ints(ends(holds, 2)[1], 1)
+        and lists["payloads"] and set(ends(holds, 2)[0]) <= set(plain["payloads"]),  # (a held payload is kept)
+        "next_pid": _int(plain.get("next_pid")),
         "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
                        for k in ("payloads", "grads", "at"))
         and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own."))
