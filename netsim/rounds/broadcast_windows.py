@@ -22,7 +22,7 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
-from netsim.rounds.lookahead import WindowDriver
+from netsim.rounds.lookahead import WindowDriver, per_agent
 from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -104,9 +104,7 @@ class _Driver(WindowDriver):
             {"X": self.X, **{f"extra.{k}": m for k, m in self.extra.items()}}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.ctx.agents)
-        if len(own["inbox"]) != n or len(own["own"]) != n:
-            raise ValueError(f"held.own: not {n} agents' state")
+        per_agent(own, ("inbox", "own"), len(self.ctx.agents))
         self.inbox[:] = [[Incoming(*m) for m in box] for box in own["inbox"]]
         for k, (o, saved) in enumerate(zip(self.own, own["own"], strict=True)):
             if hasattr(o, "__dict__"):

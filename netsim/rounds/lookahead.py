@@ -206,6 +206,12 @@ def checkpoint_refusal(sim, kernel) -> str | None:
     return None
 
 
+def per_agent(own: dict, keys, n: int) -> None:
+    """ValueError unless each of ``own``'s ``keys`` holds ``n`` agents' values (a driver's ``take_hold``)."""
+    if any(len(own[k]) != n for k in keys):
+        raise ValueError(f"held.own: not {n} agents' state")
+
+
 def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
     """``torch.stack(rows)``; where the rows lie back to back in one storage, in order (a gradient batch's results),
     a (B, P) view of them: the same values, without a copy (a (B, P) copy per batch of a large model)."""
@@ -528,6 +534,12 @@ class Gradients:
             for tk in r:
                 flush_of[tk] = f
         return flush_of, left, list(range(len(self.flushes)))
+
+    def asked_at(self, step: list, X: torch.Tensor) -> None:
+        """``asked`` for a lock step's requests of ``WindowDriver.in_order`` ((ASK, ticket) each) at their agents'
+        rows of ``X``."""
+        who = [i for i, _ in step]
+        self.asked(who, [o[1] for _, o in step], X.index_select(0, as_index(who, X.device)))
 
     def asked(self, who: list[int], tickets: list[int], at: torch.Tensor) -> None:
         """A lock step's gradient requests at the rows ``at``: evaluated at once for a batch-invariant model, else
@@ -1305,9 +1317,7 @@ class _Driver(WindowDriver):
         return None
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.ctx.agents)
-        if any(len(own[k]) != n for k in ("inbox", "got", "pos", "picks")):
-            raise ValueError(f"held.own: not {n} agents' state")
+        per_agent(own, ("inbox", "got", "pos", "picks"), len(self.ctx.agents))
         self.inbox[:], self.got[:], self.pos[:] = own["inbox"], own["got"], own["pos"]
         for p, picks in zip(self.peers, own["picks"], strict=True):
             p.held[:] = picks

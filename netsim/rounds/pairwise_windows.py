@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack
+from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack, per_agent
 from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
@@ -86,9 +86,7 @@ class _Programs:
                 "requests": [list(q) for q in self.requests]}
 
     def load(self, own: dict) -> None:
-        n = len(self.locked)
-        if any(len(own[k]) != n for k in (*self.PLAIN, "replies", "requests")):
-            raise ValueError(f"held.own: not {n} agents' state")
+        per_agent(own, (*self.PLAIN, "replies", "requests"), len(self.locked))
         for k in self.PLAIN:
             getattr(self, k)[:] = own[k]
         self.replies[:] = [[Arrived(*m) for m in box] for box in own["replies"]]
@@ -280,8 +278,7 @@ class _Driver(WindowDriver):
         return who, idx, self.X.index_select(0, idx)
 
     def asks(self, step: list) -> None:
-        who, _, at = self.rows_of(step)
-        self.grad.asked(who, [o[1] for _, o in step], at)
+        self.grad.asked_at(step, self.X)
 
     def sends(self, step: list) -> None:
         _, _, x = self.rows_of(step)

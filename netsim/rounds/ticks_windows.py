@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import WindowDriver
+from netsim.rounds.lookahead import WindowDriver, per_agent
 from netsim.rounds.ticks import SLEEP, Replay
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
@@ -82,9 +82,7 @@ class _Driver(WindowDriver):
         return {"ctl": ctl, "inbox": self.inbox, "round": self.round}, {}
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
-        n = len(self.ctx.agents)
-        if any(len(own[k]) != n for k in ("ctl", "inbox", "round")):
-            raise ValueError(f"held.own: not {n} agents' state")
+        per_agent(own, ("ctl", "inbox", "round"), len(self.ctx.agents))
         for c, (done, applied, pending, spent) in zip(self.ctl, own["ctl"], strict=True):
             c.done, c.applied, c.spent = done, applied, spent
             c.pending = {r: [tuple(m) for m in got] for r, got in pending}
@@ -110,9 +108,7 @@ class _Driver(WindowDriver):
         self.ctx.bank.W.index_copy_(0, idx, b.x)
 
     def asks(self, step: list) -> None:
-        who = [i for i, _ in step]
-        W = self.ctx.bank.W
-        self.grad.asked(who, [o[1] for _, o in step], W.index_select(0, torch.tensor(who, device=W.device)))
+        self.grad.asked_at(step, self.ctx.bank.W)
 
     def steps(self, step: list) -> None:
         """The releases' noise (each agent's own generator), the kernel's step, the differences kept for their

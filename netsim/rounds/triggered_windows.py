@@ -38,7 +38,7 @@ from netsim.comm.triggers import Rule
 from netsim.compute.mixing import mix_rows
 from netsim.rounds.broadcast_windows import ASK, MERGE, PUSH, UPDATE
 from netsim.rounds.broadcast_windows import _Driver as BroadcastDriver
-from netsim.rounds.lookahead import ARR, WindowDriver
+from netsim.rounds.lookahead import ARR, WindowDriver, per_agent
 from netsim.rounds.triggered import TriggeredDeltas
 from netsim.trace.io import RECORD, PackedRows
 
@@ -106,8 +106,7 @@ class _Sends(BroadcastDriver):
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
-        if len(own["k"]) != len(self.ctx.agents):
-            raise ValueError(f"held.own: not {len(self.ctx.agents)} agents' state")
+        per_agent(own, ("k",), len(self.ctx.agents))
         self.k[:] = own["k"]
 
     def fires(self, x: torch.Tensor, ref: torch.Tensor, ks: list[int]) -> list[bool]:
@@ -300,9 +299,7 @@ class _Copies:
         return {k: [list(d.items()) for d in getattr(self, k)] for k in self.KEYED}
 
     def load(self, own: dict) -> None:
-        n = len(self.start_in)
-        if any(len(own[k]) != n for k in self.KEYED):
-            raise ValueError(f"held.own: not {n} agents' state")
+        per_agent(own, self.KEYED, len(self.start_in))
         for k in self.KEYED:
             getattr(self, k)[:] = [{j: v for j, v in d} for d in own[k]]
 
@@ -382,8 +379,7 @@ class _DeltasDriver(_Sends):
         self.payloads.add_into(self.pc.copies, step)
 
     def asks(self, step: list) -> None:
-        who = [i for i, _ in step]
-        self.grad.asked(who, [o[1] for _, o in step], self.X.index_select(0, torch.tensor(who, device=self.X.device)))
+        self.grad.asked_at(step, self.X)
 
     def updates(self, step: list) -> None:
         b, idx = self.batch([i for i, _ in step])
