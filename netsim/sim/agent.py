@@ -193,7 +193,7 @@ class Agent:
         # unused generators cost seconds of setup)
         draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
         act_rng = sim.world.streams.rng("activation", i) if draws_ticks else None
-        self._batch_rng = sim.world.streams.rng("batch", i)
+        self._batch_rng: np.random.Generator | None = None  # the ``batch`` stream, made when first drawn (``_batch``)
         self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from _batch_rng (sample_rows)
         self._draw_ahead = True  # until the program draws from the batch stream itself (``rng("batch")``)
         self._distinct_rows = sim.world.scenario.data.sampling == "without_replacement"
@@ -306,14 +306,20 @@ class Agent:
         if self._distinct_rows:
             if batch >= len(self.rows):
                 return self.rows
-            return self.rows[np.sort(self._batch_rng.choice(len(self.rows), batch, replace=False))]
+            return self.rows[np.sort(self._batch().choice(len(self.rows), batch, replace=False))]
         if self._draw_ahead:
             ahead = self._ahead
             if ahead is None or ahead.batch != batch or not ahead.left():
-                self._ahead = ahead = DrawsAhead.start(self._batch_rng, len(self.rows), batch, ahead)
+                self._ahead = ahead = DrawsAhead.start(self._batch(), len(self.rows), batch, ahead)
             if ahead is not None:
                 return self.rows[ahead.take()]
-        return self.rows[self._batch_rng.integers(0, len(self.rows), batch)]
+        return self.rows[self._batch().integers(0, len(self.rows), batch)]
+
+    def _batch(self) -> np.random.Generator:
+        """The ``batch`` stream, made when first drawn from (a restore keeps its state as its row until then)."""
+        if self._batch_rng is None:
+            self._batch_rng = self.sim.world.streams.rng("batch", self.id)
+        return self._batch_rng
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
                  clip: float | None = None, clip_kind: str = "l2",
@@ -347,7 +353,7 @@ class Agent:
         (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
         ``compute``: ``Draws.position``); None leaves that one as it is."""
         if ahead is not None:
-            self._ahead = DrawsAhead.restored(self._batch_rng, len(self.rows), ahead)
+            self._ahead = DrawsAhead.restored(self._batch, len(self.rows), ahead)
         if compute is not None:
             self._compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
 
@@ -754,7 +760,7 @@ class RowsAhead:
         for n in fresh:
             a, h = agents[n], aheads[n]
             if h is None or h.batch != batch or h.pos >= len(h.block):
-                h = DrawsAhead.start(a._batch_rng, len(a.rows), batch, h)
+                h = DrawsAhead.start(a._batch(), len(a.rows), batch, h)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                     return [a.sample_rows(batch) for a in agents]
                 a._ahead = aheads[n] = h
