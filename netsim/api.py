@@ -28,7 +28,7 @@ from netsim.run_folder import (  # noqa: F401 - the API's names for a run folder
 )
 from netsim.scenario import Scenario, load_scenario, scenario_hash, to_toml
 from netsim.scenario.load import apply_overrides, scenario_from_dict, to_dict
-from netsim.trace.io import TRACE_FILE
+from netsim.trace.io import TRACE_FILE, file_sha_ahead
 from netsim.validation import check_closed_form, precheck  # noqa: F401 - precheck: validate --quick's checks
 
 __version__ = "0.1.0"
@@ -253,6 +253,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
     trace_path = folder / TRACE_FILE
     if trace["file"] and trace["bytes"] and (not trace_path.is_file() or trace_path.stat().st_size < trace["bytes"]):
         raise InputError("", f"missing or shorter than the checkpoint's {trace['bytes']} bytes", str(trace_path))
+    hashed = file_sha_ahead(trace_path, trace["bytes"]) if trace["file"] and trace["bytes"] else None
     writer = run_folder.trace_writer(silent=True)  # the rebuild up to the checkpoint writes nothing
     # the checkpoint's data (a container per agent, link and stream) is left out of the collections made while the
     # run is built and put back: each would scan it again, and none of it is garbage (10,000 agents: ~0.1 s)
@@ -266,7 +267,7 @@ def _resume(run_folder: RunFolder, sc_path: Path, progress, warn, interruptible:
                              f"at {bad} (netsim, its data or the platform changed since it was written)", str(ck.path))
     if trace["file"]:
         try:
-            writer.reopen(trace_path, trace["bytes"], trace["events"], trace["sha256"])
+            writer.reopen(trace_path, trace["bytes"], trace["events"], trace["sha256"], hashed)
         except ValueError as e:
             raise InputError("", str(e), str(trace_path)) from None
     sim.resumed(how, time.perf_counter() - t0)

@@ -426,33 +426,54 @@ def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
 @pytest.mark.parametrize("nth", [1, 2])
 def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, finals, nth):
     """Batches of 8 are drawn 32 at a time (``DrawsAhead``): at round 16 each agent's block is half handed out and
-    is drawn again from where it started; at round 32 it is handed out in full and is not drawn again (the next
-    batch comes from a new block, drawn where the stream stands). Either way the resumed run is the uninterrupted
-    run, byte for byte."""
-    from netsim.sim.streams import DrawsAhead
+    is drawn again from where it started when first read (the restore itself draws no block); at round 32 it is
+    handed out in full and is not drawn again (the next batch comes from a new block, drawn where the stream
+    stands). Either way the resumed run is the uninterrupted run, byte for byte."""
+    from netsim.sim.streams import DrawsAhead, RedrawnAhead
 
     sc = scenario(n=30, rounds=40, every=16)
     ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
     out = killed_at(tmp_path, sc, nth)
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
     assert {tuple(a[0][3:]) for a in ck.meta["state"]["windowed"]["agents"]} == {(16 * nth, 8)}
-    drawn = []
+    drawn, restored = [], []
     real = DrawsAhead.__init__
 
     def counting(self, *args):
         drawn.append(self)
         real(self, *args)
 
+    def stop(self, sim, interruptible):
+        restored.extend(a.batches_ahead for a in sim.agents)
+        raise KeyboardInterrupt
+
     with pytest.MonkeyPatch.context() as m:
         m.setattr(DrawsAhead, "__init__", counting)
-        m.setattr(api.RunFolder, "run", lambda self, sim, interruptible: (_ for _ in ()).throw(KeyboardInterrupt))
+        m.setattr(api.RunFolder, "run", stop)
         with pytest.raises(KeyboardInterrupt):
             api.resume(out, interruptible=False)
-    assert len(drawn) == (30 if nth == 1 else 0)  # the restore's own draws (the run stopped before its first round)
+    assert drawn == []  # (the run stopped before its first round)
+    assert [type(h) for h in restored] == [RedrawnAhead if nth == 1 else DrawsAhead] * 30
+    if nth == 1:  # the block drawn again when first read: the one the checkpoint's state started
+        h = restored[0]
+        first = h.block
+        assert type(h) is DrawsAhead and first.shape == (32, 8) and h.pos == 16 and h.block is first
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
     same_outputs(out, ref.out)
     assert torch.equal(finals[-1], finals[0])
+
+
+@pytest.mark.parametrize("alg", ["dpsgd", "barrier"])
+def test_a_checkpoint_inside_the_first_block_of_draws_resumes_past_a_full_block(tmp_path, alg):
+    """A checkpoint at round 5: each link's loss draws (and on the agents' own clocks their compute times) stand
+    inside their first block of 32 values; the resumed run draws over 256 more, a full block's length: byte for byte
+    the uninterrupted run (a first block drawn again 256 long once handed out the values after it twice)."""
+    sc = scenario(alg, n=20, rounds=300, every=5)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    out = killed_at(tmp_path, sc, 1)
+    assert api.resume(out, interruptible=False).summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out, skip={"windows"})  # (the barrier windows' own counts of the play they timed)
 
 
 class _Plain:

@@ -45,17 +45,20 @@ def test_the_network_seeds_its_links_ahead_up_to_a_bound(monkeypatch):
     sc = {"run": {"seed": 3, "until": 1.0}, "agents": {"count": 20},
           "network": {"latency": {"kind": "uniform", "low": 0.01, "high": 0.1}, "loss": 0.1},
           "topology": {"kind": "random_regular", "degree": 4}, "algorithm": {"name": "push_gossip"}}
-    sim = prepare(scenario_from_dict(sc))
-    assert len(sim.world.streams._ahead) == 20 * 4 * 2  # latency and loss, every directed link
+    links = {purpose_code("latency"), purpose_code("loss")}
+    seeded = lambda sim: [k for k in sim.world.streams._ahead if k[0] in links]  # noqa: E731  (not the agents')
+    assert len(seeded(prepare(scenario_from_dict(sc)))) == 20 * 4 * 2  # latency and loss, every directed link
     monkeypatch.setattr(network, "SEED_AHEAD_MAX", 159)
-    assert not prepare(scenario_from_dict(sc)).world.streams._ahead
+    assert not seeded(prepare(scenario_from_dict(sc)))
 
 
 @pytest.mark.parametrize("kind", ["random", "uniform", "exponential", "normal"])
 def test_draws_give_the_streams_values_in_order_whatever_their_blocks_and_resume_where_they_stood(kind):
     """A short first block, then full ones: the values are the stream's own, one after another (as one call for
     all of them gives); a position taken inside the first block, at its end, or in a later block, resumed in a
-    stream made again, goes on with the very values that followed."""
+    stream made again, goes on with the very values that followed: at once, in a stream already restored (past the
+    block, however long: a first block is drawn again as long as it was, or the values past it would come twice),
+    or with the stream made (``make``) and the block drawn again only at the first draw."""
     from netsim.sim.streams import BLOCK, FIRST_BLOCK, Draws
 
     def fill(rng):
@@ -69,16 +72,27 @@ def test_draws_give_the_streams_values_in_order_whatever_their_blocks_and_resume
     got, positions = [], {}
     for k in range(n):
         if k in (5, FIRST_BLOCK, FIRST_BLOCK + 3, FIRST_BLOCK + BLOCK + 1):
-            positions[k] = d.position()
+            positions[k] = d.position(), rng.bit_generator.state  # (the stream past the block, as a restore puts it)
         got.append(d())
     assert got == whole
-    assert positions[FIRST_BLOCK][3] == FIRST_BLOCK  # the first block used up: it stands at its end
-    for k, pos in positions.items():
+    assert positions[FIRST_BLOCK][0][3] == FIRST_BLOCK  # the first block used up: it stands at its end
+    for k, (pos, past) in positions.items():
         fresh = np.random.default_rng(7)  # the same stream (its key fixes its increment), standing elsewhere
         fresh.random(3)
         again = Draws(fill(fresh), fresh)
         again.resume(pos)
         assert [again() for _ in range(n - k)] == whole[k:]
+        kept = np.random.default_rng(7)  # the stream restored first (past the block), the draws then
+        kept.bit_generator.state = past
+        again = Draws(fill(kept), kept)
+        again.resume(pos, keep_stream=True)
+        assert kept.bit_generator.state == past and [again() for _ in range(n - k)] == whole[k:]
+        restored, made = np.random.default_rng(7), []
+        restored.bit_generator.state = past
+        later = Draws(None, make=lambda: made.append(1) or (fill(restored), restored))  # noqa: B023
+        later.resume(pos, later=True)
+        assert made == [] and later.position() == pos  # (nothing drawn yet: where it was restored)
+        assert [later() for _ in range(n - k)] == whole[k:] and made == [1]
 
 
 @pytest.mark.parametrize("seed", [0, 5, 2**32 + 1, 2**63 - 1])
@@ -180,8 +194,9 @@ def test_streams_rows_restore_into_a_fresh_tree_and_read_back_the_same():
     made = b.rng("latency", 1)  # made before the restore: put in place
     b.restore(names, rows)
     assert made.bit_generator.state == a.rng("latency", 1).bit_generator.state
-    again, back = b.rows()
-    assert again == names and np.array_equal(back, rows)
+    for restored in (True, False):  # (right after the restore: its names and rows as given; read back: the same)
+        again, back = b.rows(restored)
+        assert again == names and np.array_equal(back, rows)
     for key in ((2, 10), (3, 0, 7)):  # the others made when asked for, standing where they stood
         assert np.array_equal(b.rng("latency", *key).random(4), a.rng("latency", *key).random(4))
     for bad in ([*names[:-1], names[-1] + ","], [*names[:-1], "0" + names[-1]], names[:-1]):

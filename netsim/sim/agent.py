@@ -149,14 +149,21 @@ class _Draws:
     """What an agent draws: its mini-batches (from its ``batch`` stream, drawn ahead in blocks unless the program took
     the stream itself or the rows are drawn without replacement) and its compute times (a sampler, times its scale)."""
 
-    __slots__ = ("batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale")
+    __slots__ = ("streams", "id", "batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale")
 
-    def __init__(self, batch_rng: np.random.Generator, sampling: str, compute: Callable[[], float], scale: float):
-        self.batch_rng = batch_rng
-        self.ahead: DrawsAhead | None = None  # mini-batches drawn ahead from batch_rng (``Agent.sample_rows``)
+    def __init__(self, streams, i: int, sampling: str, compute: Callable[[], float], scale: float):
+        self.streams, self.id = streams, i
+        self.batch_rng: np.random.Generator | None = None  # the ``batch`` stream, made when first drawn (``batch``)
+        self.ahead: DrawsAhead | None = None  # mini-batches drawn ahead from the batch stream (``Agent.sample_rows``)
         self.draw_ahead = True  # until the program draws from the batch stream itself (``Agent.rng("batch")``)
         self.distinct = sampling == "without_replacement"
         self.compute, self.scale = compute, scale
+
+    def batch(self) -> np.random.Generator:
+        """The ``batch`` stream, made when first drawn from (a restore keeps its state as its row until then)."""
+        if self.batch_rng is None:
+            self.batch_rng = self.streams.rng("batch", self.id)
+        return self.batch_rng
 
 
 class Agent:
@@ -202,7 +209,7 @@ class Agent:
         # unused generators cost seconds of setup)
         draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
         act_rng = sim.world.streams.rng("activation", i) if draws_ticks else None
-        self._draws = _Draws(sim.world.streams.rng("batch", i), sim.world.scenario.data.sampling, sim.compute_draws(i),
+        self._draws = _Draws(sim.world.streams, i, sim.world.scenario.data.sampling, sim.compute_draws(i),
                              compute_scale)
         self.rows = sim.world.data.parts[i]
         # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
@@ -310,14 +317,14 @@ class Agent:
         if d.distinct:
             if batch >= len(self.rows):
                 return self.rows
-            return self.rows[np.sort(d.batch_rng.choice(len(self.rows), batch, replace=False))]
+            return self.rows[np.sort(d.batch().choice(len(self.rows), batch, replace=False))]
         if d.draw_ahead:
             ahead = d.ahead
             if ahead is None or ahead.batch != batch or not ahead.left():
-                d.ahead = ahead = DrawsAhead.start(d.batch_rng, len(self.rows), batch, ahead)
+                d.ahead = ahead = DrawsAhead.start(d.batch(), len(self.rows), batch, ahead)
             if ahead is not None:
                 return self.rows[ahead.take()]
-        return self.rows[d.batch_rng.integers(0, len(self.rows), batch)]
+        return self.rows[d.batch().integers(0, len(self.rows), batch)]
 
     def gradient(self, batch: int | None = None, params: torch.Tensor | None = None,
                  clip: float | None = None, clip_kind: str = "l2",
@@ -357,7 +364,7 @@ class Agent:
         ``compute``: ``Draws.position``); None leaves that one as it is."""
         d = self._draws
         if ahead is not None:
-            d.ahead = DrawsAhead.restored(d.batch_rng, len(self.rows), ahead)
+            d.ahead = DrawsAhead.restored(d.batch, len(self.rows), ahead)
         if compute is not None:
             d.compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
 
@@ -767,7 +774,7 @@ class RowsAhead:
         for n in fresh:
             a, h = agents[n], aheads[n]
             if h is None or h.batch != batch or h.pos >= len(h.block):
-                h = DrawsAhead.start(a._draws.batch_rng, len(a.rows), batch, h)
+                h = DrawsAhead.start(a._draws.batch(), len(a.rows), batch, h)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                     return [a.sample_rows(batch) for a in agents]
                 a._draws.ahead = aheads[n] = h

@@ -135,11 +135,6 @@ def _plain_vars(obj: Any) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(obj).items()) if type(v) in _PLAIN}
 
 
-def _getter(names: tuple[str, ...]) -> Callable:
-    """``itemgetter`` of ``names`` that always gives a tuple (one name too, or none)."""
-    return itemgetter(*names) if len(names) > 1 else (lambda x, k=names[0]: (x[k],)) if names else (lambda _: ())
-
-
 class Columns:
     """Many objects' plain values (``_plain_vars`` of each, and ``nested`` ones under a key of each: an agent's
     schedule) held as columns: what a restored run's capture compares with the checkpoint's list of dicts
@@ -184,20 +179,19 @@ def _columns(objs: list, nested: dict[str, Columns] | None = None) -> Columns | 
     name and kind, not per object; None otherwise."""
     dicts = list(map(vars, objs))
     names = tuple(dicts[0]) if dicts else ()
-    try:
-        if set(map(len, dicts)) != {len(names)}:
-            return None
-        rows = list(map(_getter(names), dicts))  # KeyError: a name the first has and another has not
-    except KeyError:
+    if set(map(len, dicts)) != {len(names)}:
         return None
     plain = {}
-    for name, col in zip(names, zip(*rows)):
-        kinds = set(map(type, col))
+    for name in names:
+        try:  # (each name's types first: most of an agent's values are objects, their column never kept)
+            kinds = set(map(type, map(itemgetter(name), dicts)))
+        except KeyError:  # a name the first has and another has not
+            return None
         if kinds.isdisjoint(_PLAIN):
             continue
         if not kinds.issubset(_PLAIN):  # plain in some objects, not in others
             return None
-        plain[name] = (list(col), kinds)
+        plain[name] = (list(map(itemgetter(name), dicts)), kinds)
     keep = tuple(sorted(plain))
     return Columns(len(dicts), keep, [plain[k][0] for k in keep], [plain[k][1] for k in keep], nested or {})
 

@@ -83,14 +83,18 @@ def sampler(d: Dist, rng: np.random.Generator, key: str = "distribution") -> Cal
 
 
 def draws(d: Dist, rng: np.random.Generator | Callable[[], np.random.Generator] | None,
-          key: str = "distribution", positions: bool = True) -> Callable[[], float]:
+          key: str = "distribution", positions: bool = True, lazy: bool = False) -> Callable[[], float]:
     """One draw per call; constants skip the stream entirely (one callable per constant: a 10,000-agent run makes
     tens of thousands of links, each of which would check the distribution again). ``rng`` may be a function that
-    makes the stream: a constant then never makes it (20,000 links' unused streams cost over a second).
+    makes the stream: a constant then never makes it (20,000 links' unused streams cost over a second); ``lazy``:
+    nor do the others before their first draw (``Draws``' ``make``).
     ``positions``: whether the draws keep their stream's position for a checkpoint (``Draws``)."""
     if d.kind == "constant":
         return _constant(d, key)
     if callable(rng):
+        if lazy and positions:
+            checked(d, key)
+            return Draws(None, make=lambda: (sampler(d, g := rng(), key), g))
         rng = rng()
     return Draws(sampler(d, rng, key), rng if positions else None)  # (sampler checks d)
 

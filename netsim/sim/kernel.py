@@ -83,8 +83,10 @@ class Simulation:
         rec.mixing_log = None if mixing is None else mixing(self)
         offsets, drifts = clocks(sc.agents, world.streams.rng("clock"))
         slow = set(sc.agents.stragglers)
-        # every agent's mini-batch stream (Agent.__init__ makes each), seeded at once: the same generators, ~10x faster
-        world.streams.seed_ahead(("batch",), np.arange(n, dtype=np.int64)[:, None])
+        # every agent's mini-batch and compute-time streams (made when first drawn from), seeded at once: the same
+        # generators, ~10x faster
+        drawn = ("batch",) if sc.agents.compute_time.kind == "constant" else ("batch", "compute")
+        world.streams.seed_ahead(drawn, np.arange(n, dtype=np.int64)[:, None])
         loop.agents = [Agent(self, i, float(offsets[i]), float(drifts[i]),
                              sc.agents.straggler_factor if i in slow else 1.0) for i in range(n)]
         world.network.attach(self)  # link models beyond the lean default (sim/network.py)
@@ -217,7 +219,7 @@ class Simulation:
     # services the agents call -----------------------------------------------------------------
     def compute_draws(self, i: int):
         return draws(self.world.scenario.agents.compute_time, lambda: self.world.streams.rng("compute", i),
-                     "agents.compute_time")
+                     "agents.compute_time", lazy=True)
 
     def request_gradient(self, i: int, params: torch.Tensor, rows: np.ndarray, ct: float,
                          clip: float | None = None, clip_kind: str = "l2") -> simpy.Event:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from array import array
 from collections.abc import Callable
 from itertools import groupby, islice, repeat
@@ -154,10 +155,11 @@ class Streams:
         self.seed = int(seed)
         self._cache: dict[tuple[int, ...], np.random.Generator] = {}
         self._ahead: dict[tuple[int, ...], np.ndarray] = {}  # spawn key -> its seed state, computed in bulk
-        # a restored stream not made yet -> its row of ``_rows`` (``restore``: the checkpoint's rows, kept as they are)
-        self._pending: dict[tuple[int, ...], int] = {}
+        # a restored stream not made yet, by its name -> its row of ``_rows`` (``restore``: the checkpoint's rows and
+        # names, kept as they are: parsing 40,000 names into keys costs more than the rest of ``restore``)
+        self._pending: dict[str, int] = {}
         self._rows, self._names = np.zeros((0, 6), np.uint64), []
-        self._put: dict[tuple[int, ...], int] = {}  # the streams the last ``restore`` put in place -> their row
+        self._put: dict[str, int] = {}  # the streams the last ``restore`` put in place, by name -> their row
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -168,7 +170,7 @@ class Streams:
                                                     else _SeedState(words)))
             self._cache[k] = g
             if self._pending:
-                i = self._pending.pop(k, None)
+                i = self._pending.pop(_name(k), None)
                 if i is not None:
                     _put(g, self._rows[i].tolist())
         return g
@@ -197,24 +199,25 @@ class Streams:
         uint64 (state and increment as 128-bit halves, has_uint32, uinteger): what a checkpoint saves. Those made,
         and those a restore has not made yet (their names and rows as the checkpoint gave them). ``restored``: called
         right after ``restore``, nothing drawn since: the streams it put in place are the rows it put (a restore's
-        check compares which streams there are, not their states read back: ~5 us a stream)."""
+        check compares which streams there are, not their states read back: ~5 us a stream), and where those and the
+        ones not made yet are all there are, the names and rows are the restore's, in its order."""
         keys, made = [], []
         put = self._put if restored else {}
-        kept = [k for k in self._cache if k in put]
         for k, g in self._cache.items():
-            if k in put:
+            if put and _name(k) in put:
                 continue
             st = g.bit_generator.state
             s, inc = st["state"]["state"], st["state"]["inc"]
             keys.append(k)
             made.append((s >> 64, s & _U64, inc >> 64, inc & _U64, st["has_uint32"], st["uinteger"]))
-        formats: dict[int, str] = {}
-        names = [(formats.get(len(k)) or formats.setdefault(len(k), ",".join(["%d"] * len(k)))) % k for k in keys]
         pending = self._pending
-        at = np.fromiter([*map(put.__getitem__, kept), *pending.values()], np.intp, len(kept) + len(pending))
-        keys += kept
-        keys += pending
-        names += map(self._names.__getitem__, at.tolist())
+        if restored and not made and len(put) + len(pending) == len(self._names):
+            return list(self._names), self._rows
+        names = list(map(_name, keys))
+        kept = [*put, *pending]
+        at = np.fromiter([*put.values(), *pending.values()], np.intp, len(kept))
+        keys += _keys(kept)
+        names += kept
         rows = np.concatenate([np.array(made, dtype=np.uint64).reshape(-1, 6), self._rows[at]])
         order = sorted(range(len(keys)), key=keys.__getitem__)
         return [names[i] for i in order], rows[order]
@@ -227,18 +230,18 @@ class Streams:
             raise ValueError("the streams' states are not rows of 6 uint64")
         if len(names) != len(rows):
             raise ValueError(f"{len(names)} streams' names for {len(rows)} states")
-        keys = _keys(names)
+        if not all(map(_NAME.fullmatch, names)):  # (a name ``rng`` would never ask for: that stream made afresh)
+            raise ValueError("a stream's name is not its spawn key's integers")
         cache, pending = self._cache, self._pending
         if pending:  # (restored twice: the rows not made yet are kept with the new ones)
             self._rows, self._names = np.concatenate([self._rows, rows]), [*self._names, *names]
             base = len(self._rows) - len(rows)
         else:
             self._rows, self._names, base = rows, list(names), 0
-        pending.update(zip(keys, range(base, base + len(keys))))
-        made = [k for k in pending if k in cache]  # (in the rows' order: the generators were made in it too)
-        at = [pending.pop(k) for k in made]
-        self._put = dict(zip(made, at))  # (``rows(restored=True)``)
-        for g, row in zip(map(cache.__getitem__, made), self._rows[at].tolist()):
+        pending.update(zip(names, range(base, base + len(names))))
+        made = [(n, g) for n, g in zip(map(_name, cache), cache.values()) if n in pending]
+        self._put = {n: pending.pop(n) for n, _ in made}  # (``rows(restored=True)``)
+        for (_, g), row in zip(made, self._rows[list(self._put.values())].tolist()):
             _put(g, row)  # (the rows as Python ints at once)
 
     def seed_for(self, purpose: str, *key: int) -> int:
@@ -261,15 +264,19 @@ class Draws:
 
     With its ``rng`` given, it remembers the stream's state before the current block (one tuple per
     block), so a checkpoint can store where it stands (``position``) and a restored run draw the same
-    values again from there and go on from the same value (``resume``).
+    values again from there and go on from the same value (``resume``). With ``make`` instead (() -> (fill, rng)),
+    the stream is made when first drawn from: a restore then keeps its state as its row until then
+    (``Streams.restore``), rather than make it and put it back (an agent's compute times: 10,000 agents' cost 0.1 s).
     """
 
-    __slots__ = ("_fill", "_it", "_rng", "_from", "_size", "_used")
+    __slots__ = ("_fill", "_it", "_rng", "_from", "_size", "_used", "_make")
 
-    def __init__(self, fill: Callable[[int], np.ndarray], rng: np.random.Generator | None = None):
+    def __init__(self, fill: Callable[[int], np.ndarray] | None, rng: np.random.Generator | None = None,
+                 make: Callable[[], tuple[Callable[[int], np.ndarray], np.random.Generator]] | None = None):
         self._fill = fill
         self._it = iter(())
         self._rng = rng
+        self._make = make
         self._from: tuple[int, int, int] | None = None  # the stream's (state, has_uint32, uinteger) before the block
         self._size = 0  # the current block's length (0: none drawn yet)
         self._used: int | None = None  # resumed (``resume``): the values of the block used, the block not drawn yet
@@ -278,6 +285,8 @@ class Draws:
         try:
             return next(self._it)
         except StopIteration:
+            if self._make is not None:
+                self._made()
             if self._used is not None:  # resumed: the block it stood in, drawn again where it is first needed
                 self._redraw()
                 return self()
@@ -285,6 +294,10 @@ class Draws:
                 self._from = state_of(self._rng)
             self._refill()
             return next(self._it)
+
+    def _made(self) -> None:
+        self._fill, self._rng = self._make()
+        self._make = None
 
     def _refill(self, size: int | None = None) -> None:
         if size is None:
@@ -310,28 +323,35 @@ class Draws:
         which sets every stream's position after them, draws no block before it is used)."""
         if pos is None:
             return
-        if self._rng is None:
+        if self._rng is None and self._make is None:
             raise ValueError("a Draws without its stream cannot be restored")
+        self._from, self._used, self._it = tuple(pos[:3]), pos[3], iter(())
         if later:
-            self._from, self._used, self._it = tuple(pos[:3]), pos[3], iter(())
             return
-        now = state_of(self._rng) if keep_stream else None
-        set_state(self._rng, pos[:3])
-        self._from = tuple(pos[:3])
-        self._refill(BLOCK)  # the same values as the block it stood in, however long that was
-        self._it.__setstate__(pos[3])
-        if now is not None:
-            set_state(self._rng, now)
-
-    def _redraw(self) -> None:
-        """The block ``resume`` stands in, drawn again from the stream (put back where it stood), ``_used`` values
-        used."""
-        now = state_of(self._rng)
+        if self._make is not None:
+            self._made()
+        if keep_stream:
+            self._redraw()
+            return
         set_state(self._rng, self._from)
         self._refill(BLOCK)  # the same values as the block it stood in, however long that was
         self._it.__setstate__(self._used)
         self._used = None
-        set_state(self._rng, now)
+
+    def _redraw(self) -> None:
+        """The block ``resume`` stands in, drawn again from the stream, ``_used`` values used, and the stream put back
+        where it stands: the block as long as it was (the one that took the stream there; a first block is
+        shorter, and a longer one would hand out again the values drawn after it)."""
+        rng = self._rng
+        now = state_of(rng)
+        set_state(rng, self._from)
+        self._refill(FIRST_BLOCK if self._used <= FIRST_BLOCK else BLOCK)
+        if self._size == FIRST_BLOCK and state_of(rng) != now:  # (a full block all the same)
+            set_state(rng, self._from)
+            self._refill(BLOCK)
+        self._it.__setstate__(self._used)
+        self._used = None
+        set_state(rng, now)
 
 
 class FirstDrawn(Draws):
@@ -424,17 +444,21 @@ def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
     return True
 
 
+_NUMBER = "(?:0|[1-9][0-9]*)"
+_NAME = re.compile(f"{_NUMBER}(?:,{_NUMBER})*")  # a stream's name as ``rows`` writes it
+
+
+def _name(key: tuple[int, ...]) -> str:
+    """A stream's name: its spawn key's integers ("code,key...")."""
+    return ",".join(map(str, key))
+
+
 def _keys(names: list[str]) -> list[tuple[int, ...]]:
-    """Streams' spawn keys from their names ("code,key...": ``Streams.rows``), parsed all at once: each run of
-    names with as many numbers is one zip over the numbers (ValueError where a name is not integers as ``rows``
-    writes them)."""
+    """Streams' spawn keys from their names (``_name``'s, as ``Streams.restore`` checks them), parsed all at once:
+    each run of names with as many numbers is one zip over the numbers."""
     if not names:
         return []
-    text = ",".join(names)
-    numbers = list(map(int, text.split(",")))
-    if ",".join(map(str, numbers)) != text:  # (" 3", "03": what ``rows`` never writes)
-        raise ValueError("a stream's name is not its spawn key's integers")
-    numbers = iter(numbers)
+    numbers = iter(map(int, ",".join(names).split(",")))
     keys: list[tuple[int, ...]] = []
     for commas, run in groupby(map(str.count, names, repeat(","))):
         keys += islice(zip(*[numbers] * (commas + 1)), len(list(run)))
@@ -486,21 +510,21 @@ class DrawsAhead:
         self.block = rng.integers(0, n, (max(1, 256 // batch), batch))
 
     @classmethod
-    def restored(cls, rng: np.random.Generator, n: int, saved: list) -> DrawsAhead:
+    def restored(cls, rng: Callable[[], np.random.Generator], n: int, saved: list) -> DrawsAhead:
         """Where a checkpoint saved it (``saved``: the stream's state before the block, has_uint32, uinteger, the
-        rows handed out, batch): the block drawn again from there. A block handed out in full is not drawn: it is
-        never read again (the next ``take`` draws the next block from where the stream then stands) and it leaves
-        the stream where the checkpoint puts it anyway."""
+        rows handed out, batch): the block drawn again from there when first read (``RedrawnAhead``; ``rng()``
+        makes the stream then), so a restore of many agents draws no block and makes no stream. A block handed
+        out in full is not drawn: it is never read again (the next ``take`` draws the next block from where the
+        stream then stands) and it leaves the stream where the checkpoint puts it anyway."""
         state, has, u, used, batch = saved
         if n < 1:
             raise ValueError("mini-batches drawn ahead from no rows")
         rows = max(1, 256 // batch)
-        if used < rows:
-            set_state(rng, (state, has, u))
-            ahead = cls(rng, n, batch)
-        else:
-            ahead = cls.__new__(cls)
-            ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
+        kind = RedrawnAhead if used < rows else cls
+        ahead = kind.__new__(kind)
+        # (the stream's maker in place of the stream: a block handed out in full never draws from it)
+        ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
+        if used >= rows:
             ahead.block = _spent(rows, batch)  # (its length: the rows handed out)
         ahead.pos = used
         return ahead
@@ -537,3 +561,22 @@ class DrawsAhead:
                     and one.bit_generator.state == many.bit_generator.state):
                 return False
         return True
+
+
+class RedrawnAhead(DrawsAhead):
+    """A restored ``DrawsAhead`` (``restored``) until its block is first read: then its stream is made (``rng``
+    holds its maker until then), the block drawn again from where it started, the stream put back where it stood,
+    and the object is a plain ``DrawsAhead`` (the same slots)."""
+
+    __slots__ = ()
+
+    @property
+    def block(self) -> np.ndarray:
+        rng = self.rng = self.rng()
+        now = state_of(rng)
+        set_state(rng, self.state)
+        block = rng.integers(0, self.n, (max(1, 256 // self.batch), self.batch))
+        set_state(rng, now)
+        self.__class__ = DrawsAhead
+        self.block = block
+        return block
