@@ -120,10 +120,11 @@ def test_rows_ahead_draws_what_each_agent_draws():
         got = ahead.take([many.loop.agents[i] for i in order], order, batch)
         assert np.array_equal(np.stack(want), np.stack(list(got)))
     for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._batch().bit_generator.state == b._batch().bit_generator.state
-        assert (a._ahead is None) == (b._ahead is None)
-        if a._ahead is not None:
-            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
+        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
+        assert (a.batches_ahead is None) == (b.batches_ahead is None)
+        if a.batches_ahead is not None:
+            ha, hb = a.batches_ahead, b.batches_ahead
+            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
 
 
 def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
@@ -143,10 +144,11 @@ def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
         got = ahead.take([many.loop.agents[i] for i in who], who, 16)
         assert isinstance(got, np.ndarray) and np.array_equal(np.stack(want), got), k
     for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._batch().bit_generator.state == b._batch().bit_generator.state
-        if a._ahead is not None:
-            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
-            assert b._ahead.block.base is ahead.blocks
+        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
+        if a.batches_ahead is not None:
+            ha, hb = a.batches_ahead, b.batches_ahead
+            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
+            assert b.batches_ahead.block.base is ahead.blocks
 
 
 @pytest.mark.parametrize("then", ["stream", "rows"])
@@ -174,10 +176,11 @@ def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
         got = ahead.take([many.loop.agents[i] for i in order], order, 16)
         assert np.array_equal(np.stack(want), np.stack(list(got))), k
     for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._batch().bit_generator.state == b._batch().bit_generator.state
-        assert (a._ahead is None) == (b._ahead is None)
-        if a._ahead is not None:
-            assert a._ahead.pos == b._ahead.pos and np.array_equal(a._ahead.block, b._ahead.block)
+        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
+        assert (a.batches_ahead is None) == (b.batches_ahead is None)
+        if a.batches_ahead is not None:
+            ha, hb = a.batches_ahead, b.batches_ahead
+            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
 
 
 def test_rows_ahead_of_distinct_rows_is_each_agents_own():
