@@ -402,29 +402,19 @@ class SyncRounds(Pattern):
                 g = None
                 for grp in live:
                     gids, gp, t, on = grp["ids"], grp["pos"], grp["t"], grp["on"]
-                    gl = gp.tolist()
-                    if all(w.rows[n] is not None for n in gl):  # every agent of the group asks (the common wave)
-                        if not on.all():
-                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
-                                               "asked none in")
-                        asks, stop, aid, ap = on, ~on, gids, gp
-                        ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
-                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                       agents, ct))
-                    else:
-                        asks = np.array([w.rows[n] is not None for n in gl], bool)
-                        if (asks & ~on).any():
-                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
-                                               "asked none in")
-                        stop = on & ~asks
-                        aid, ap = gids[asks], gp[asks]
-                        ct = np.zeros(len(gids))
-                        if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
-                            ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
-                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                       agents, ct))
-                        grp["who"].append(gids[stop])
-                        grp["when"].append(t[stop])
+                    asks = np.array([w.rows[n] is not None for n in gp.tolist()], bool)
+                    if (asks & ~on).any():
+                        raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it asked "
+                                           "none in")
+                    stop = on & ~asks
+                    aid, ap = gids[asks], gp[asks]
+                    ct = np.zeros(len(gids))
+                    if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
+                        ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
+                    grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                   agents, ct))
+                    grp["who"].append(gids[stop])
+                    grp["when"].append(t[stop])
                     grp["on"] = on = asks
                     if not on.any():
                         continue
