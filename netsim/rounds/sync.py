@@ -682,55 +682,45 @@ class SyncRounds(Pattern):
                                                      released)
                 rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
-                if last:
-                    break
-                k += 1
-                if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
-                    held.write_to(writer, final=True)
-                if rounds.between(Between(k, Order(who, when), end)):
-                    held.write_to(writer, final=True)
-                    return
-                if sim.recorder.progress is not None:
-                    sim.recorder.progress(end)
-                continue
-            end = float(order_t[-1])
-            if between and (curves.made or ev.pending):
-                raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between its "
-                                   "exchanges (refusal should have said so)")
-            if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
-                rows.add(finishes(*late, agents))
-                for i in order_ids.tolist():
-                    agents[i].mark_finished()
-            ev.before_barriers(steps - 1, bank)
-            if not curves.made and not ev.pending:
-                with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
-                    kernel.combine(b, p, got)
-                rows.parts.append(made)
-                rows.hold(held, writer)
-                b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
-            else:  # the round's evaluations among its rows: the last combine first, its rows (if any) where they were
-                w_last = ev.resumed[-1]
+            else:
+                end = float(order_t[-1])
+                if between and (curves.made or ev.pending):
+                    raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between "
+                                       "its exchanges (refusal should have said so)")
+                if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
+                    rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
+                    rows.add(finishes(*late, agents))
+                    for i in order_ids.tolist():
+                        agents[i].mark_finished()
+                ev.before_barriers(steps - 1, bank)
+                if not curves.made and not ev.pending:
+                    with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
+                        kernel.combine(b, p, got)
+                    rows.parts.append(made)
+                    rows.hold(held, writer)
+                    b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+                else:  # the round's evaluations among its rows: the last combine first, its rows where they were
+                    w_last = ev.resumed[-1]
 
-                def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
-                    """Each agent's activations at evaluation j: its next wake is called at its barrier's completion."""
-                    out = rounds_of(agents)
-                    if not last:
-                        out[ids] += curves.T(j) > w_last
-                    return out
+                    def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
+                        """Each agent's activations at evaluation j (its next wake: at its barrier's completion)."""
+                        out = rounds_of(agents)
+                        if not last:
+                            out[ids] += curves.T(j) > w_last
+                        return out
 
-                with writer.capturing([]) as made:
-                    kernel.combine(b, p, got)
-                b.record_mixes(order_ids, order_t)
-                rows.parts.append(made)
-                ev.after_write(bank, counts_at)
-                held.write_to(writer, final=True)
-                rows.emit_placed(writer, ev.offsets())
-            ev.close()
+                    with writer.capturing([]) as made:
+                        kernel.combine(b, p, got)
+                    b.record_mixes(order_ids, order_t)
+                    rows.parts.append(made)
+                    ev.after_write(bank, counts_at)
+                    held.write_to(writer, final=True)
+                    rows.emit_placed(writer, ev.offsets())
+                ev.close()
+                who, when = order_ids, order_t
             if last:
                 break
             k += 1
-            who, when = order_ids, order_t
             if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
                 held.write_to(writer, final=True)
             if rounds.between(Between(k, Order(who, when), end)):  # interrupted: between rounds
