@@ -230,7 +230,7 @@ class SyncRounds(Pattern):
                 b.s = s
                 rnd = b.k * steps + s
                 if own_routes:
-                    to, senders = kernel.routes(b, p) or _ANY
+                    to, senders = kernel.routes(b, p) or (None, None)  # (None: the graph's)
                 if not more:
                     out, size = b.out[0], b.sizes
                     size = None if size is None else size[0]
@@ -331,14 +331,6 @@ class SyncRounds(Pattern):
         from netsim.rounds import barrier_windows
 
         return barrier_windows.play(self, sim, kernel)
-
-    @staticmethod
-    def _start(a, now: list, n: int, row) -> None:
-        """Agent ``a``'s gradient request as ``Agent.gradient`` makes it (compute time, ``compute_start`` row), its
-        clock moved to the completion."""
-        ct = a.compute_time(now[n])
-        row(shapes.compute_start(now[n], a.id, ct))
-        now[n] = now[n] + ct
 
     def _stop_at(self, sim, kernel, net, rows, b_args, t_act, ids, at, until: float, curves) -> None:
         """The run stops at ``run.until`` (a round activated after it: nothing of it; activated at it: what the engine
@@ -566,7 +558,7 @@ class SyncRounds(Pattern):
             woke[who] = when
             ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k,
                        None if parent is None else parent[ids])
-            while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
+            while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.T(curves.j) < until):
                 held.write_to(writer, final=True)
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
@@ -635,7 +627,9 @@ class SyncRounds(Pattern):
                             elif hook is None:  # the first wave: the activation that led to it
                                 row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
-                            self._start(woken[n], now, n, row)
+                            ct = woken[n].compute_time(now[n])  # its next request, as ``Agent.gradient`` makes it
+                            row(shapes.compute_start(now[n], i, ct))
+                            now[n] += ct
                         ev.level_events(level, counts)
                         ev.completed(now)
                         pending = True
@@ -910,10 +904,6 @@ class Exchange:
         log = sim.recorder.mixing_log  # privacy.record = "payloads": the delivered payloads (privacy/payloads.py)
         self.views = None if log is None else log.views
 
-    @property
-    def tag(self) -> str:
-        return self.tags[0]
-
     def _use(self, outs: Sequence[list[int]], ins: Sequence[list[int]]) -> None:
         """Agent i sends to ``outs[i]`` and its barrier waits for ``ins[i]`` (the exchanges from now on)."""
         self.graph_links = False  # (``route`` says when these are the graph's own)
@@ -1075,6 +1065,7 @@ class Exchange:
         # one payload per out-neighbour (``Agent.send_each``); a tensor's rows (``RowViews``) are not: asking its
         # first row would make a view of every row (~0.4 ms a thousand agents, each round)
         each = M == 1 and B > 0 and type(b.out) is not RowViews and isinstance(b.out[0], dict)
+        tag = words(self.tags[0])
         if each:
             try:
                 per = [b.out[n][j] for n, j in zip(ready[by].tolist(), dst.tolist(), strict=True)]
@@ -1083,10 +1074,8 @@ class Exchange:
                                    "have said so)") from None
             size = np.array([payload_size(x) for x in per] if b.sizes is None else b.sizes, np.int64)
             size = size if b.sizes is None else size[ready[by]]
-            tag = words(self.tag)
         elif M == 1:
             size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
-            tag = words(self.tag)
         else:
             sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
             size = np.stack(sized)[mi, ready[by]]
@@ -1136,7 +1125,7 @@ class Exchange:
             if M > 1:
                 raise RuntimeError("synchronous windows: privacy.record with several messages an exchange (refusal "
                                    "should have said so)")
-            self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
+            self.views.deliver_rows(to, senders[src], rnd, arr, self.tags[0], got.payloads())
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
         self.made = (plan.made, arr, src, pos)
         return got, done, late
@@ -1221,9 +1210,6 @@ def _round_times(sc, timeout: float, rounds: int) -> str | None:
         c = a_d + ct
         d, t = c + link_delay(c, c, lat), c + timeout
     return None
-
-
-_ANY = (None, None)  # a round's routes where the kernel gives none: the graph's (to, senders)
 
 
 def _direct_gradient(kernel):
