@@ -370,8 +370,6 @@ class SyncRounds(Pattern):
         at its first completion (one batched call, the engine's flush), and each agent calls its next ``wake`` (or
         finishes) after its last gradient (at its barrier if it asks for none). Returns the next round's order (agents,
         when each called wake), where each asked its first gradient (by id; NaN: none) and the round's last event."""
-        import torch
-
         agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
         B = len(ids)
         pos = np.empty(len(agents), np.int64)
@@ -419,18 +417,7 @@ class SyncRounds(Pattern):
                     if on.sum() > 1 and t[on].max() >= end[on].min() and not at_once:
                         raise RuntimeError("synchronous windows: an agent asks for its gradient after another's "
                                            "completes in one group (refusal should have said so)")
-                    same = len(ap) == B and (ap == np.arange(B)).all()  # the batch's rows as they stand: no copies
-                    sel = torch.from_numpy(ap)
-                    res = _evaluate(svc, aid.tolist(), w.at if same else w.at.index_select(0, sel.to(w.at.device)),
-                                    w.rows if same else [w.rows[n] for n in ap.tolist()], [w] * len(aid))
-                    if same:
-                        g = res
-                    elif len(ap) == B:  # every row, in another order: one gather back, not zeros and a scatter
-                        g = res.index_select(0, torch.from_numpy(np.argsort(ap)).to(res.device))
-                    else:
-                        if g is None:
-                            g = w.at.new_zeros((B, *res.shape[1:]), dtype=res.dtype)
-                        g.index_copy_(0, sel.to(res.device), res)
+                    g = _wave(svc, w, aid, ap, B, g)
                     grp["t"], grp["ct"] = end, ct
                     for n, tn in zip(ap.tolist(), end[on].tolist(), strict=True):
                         now[n] = tn
@@ -499,17 +486,7 @@ class SyncRounds(Pattern):
                         got[n] = r
                     w = waves.send(got)
                     continue
-                import torch
-
-                if len(gp) == len(ids) and (gp == np.arange(len(ids))).all():  # in batch order: no copies
-                    w = waves.send(_evaluate(svc, gids.tolist(), w.at, w.rows, [w] * len(gids)))
-                    continue
-                sel = torch.from_numpy(gp)
-                res = _evaluate(svc, gids.tolist(), w.at.index_select(0, sel.to(w.at.device)),
-                                [w.rows[n] for n in gp.tolist()], [w] * len(gids))
-                g = w.at.new_zeros((len(ids), *res.shape[1:]), dtype=res.dtype)
-                g.index_copy_(0, sel.to(res.device), res)
-                w = waves.send(g)
+                w = waves.send(_wave(svc, w, gids, gp, len(ids)))
         except StopIteration:
             pass
         return gp, t, ended is not None
@@ -1187,6 +1164,23 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     import torch
 
     return torch.stack([t.result for t in tickets])
+
+
+def _wave(svc, w, ids: np.ndarray, pos: np.ndarray, B: int, g: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradients of wave ``w`` asked by agents ``ids`` at batch positions ``pos`` (``_evaluate``), as the batch's
+    B rows (``g``: the rows of the wave's other agents, filled in place; zeros where none asked)."""
+    import torch
+
+    if len(pos) == B and (pos == np.arange(B)).all():  # the batch's rows as they stand: no copies
+        return _evaluate(svc, ids.tolist(), w.at, w.rows, [w] * B)
+    sel = torch.from_numpy(pos)
+    res = _evaluate(svc, ids.tolist(), w.at.index_select(0, sel.to(w.at.device)), [w.rows[n] for n in pos.tolist()],
+                    [w] * len(ids))
+    if len(pos) == B:  # every row, in another order: one gather back, not zeros and a scatter
+        return res.index_select(0, torch.from_numpy(np.argsort(pos)).to(res.device))
+    if g is None:
+        g = w.at.new_zeros((B, *res.shape[1:]), dtype=res.dtype)
+    return g.index_copy_(0, sel.to(res.device), res)
 
 
 def _round_times(sc, timeout: float, rounds: int) -> str | None:
