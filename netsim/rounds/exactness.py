@@ -21,7 +21,6 @@ evidence, not proof: other inputs, sizes or CPUs may still show a difference the
 
 from __future__ import annotations
 
-import math
 import struct
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -800,9 +799,8 @@ def _diff(x: Any, y: Any, path: str, agents: int | None = None, depth: int = 0) 
         return None if x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() else path
     if isinstance(x, float) and isinstance(y, float):
         return None if struct.pack("<d", x) == struct.pack("<d", y) else f"{path} ({x!r} against {y!r})"
-    if isinstance(x, (int, str, bool, type(None), float, np.generic)):
-        same = type(x) is type(y) and (x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)))
-        return None if same else f"{path} ({x!r} against {y!r})"
+    if isinstance(x, (int, str, bool, type(None), float, np.generic)):  # (x a float here: y is not one)
+        return None if type(x) is type(y) and x == y else f"{path} ({x!r} against {y!r})"
     if type(x) is not type(y):
         return f"{path} ({type(x).__name__} against {type(y).__name__})"
     if depth > 4:

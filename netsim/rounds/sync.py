@@ -371,9 +371,7 @@ class SyncRounds(Pattern):
         finishes) after its last gradient (at its barrier if it asks for none). Returns the next round's order (agents,
         when each called wake), where each asked its first gradient (by id; NaN: none) and the round's last event."""
         agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
-        B = len(ids)
-        pos = np.empty(len(agents), np.int64)
-        pos[ids] = np.arange(B)
+        B, pos = len(ids), net.made[3]  # (each agent's batch position)
         parent = np.full(len(agents), np.nan)
         groups = []  # per group (completed, timed out): its agents, positions, clocks, who still asks, rows, wakes
         for gids, t in (done, late):
@@ -455,9 +453,7 @@ class SyncRounds(Pattern):
             raise RuntimeError("synchronous windows: a barrier times out before gradients between exchanges (refusal "
                                "should have said so)")
         gids, t = done[0], np.array(done[1], np.float64)
-        pos = np.empty(len(agents), np.int64)
-        pos[ids] = np.arange(len(ids))
-        gp = pos[gids]
+        gp = net.made[3][gids]  # (their batch positions)
         for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
             now[n] = tn  # the agent's clock for what its ``combine`` records (its releases)
         on, ended = np.ones(len(gids), bool), None
@@ -637,8 +633,6 @@ class SyncRounds(Pattern):
                 if s + 1 < steps:
                     ev.before_barriers(s, bank)
                     waves = kernel.combine(b, p, got)
-                    pos = np.empty(len(agents), np.int64)
-                    pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
                     if waves is not None:  # gradients between the exchanges: each agent sends after its last
                         ready, t_ready, asked = self._between(sim, waves, b, rows, ids, done, late, net, now, released)
