@@ -57,13 +57,9 @@ if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kerne
 
 
 class SyncKernel(RoundKernel):
-    """An algorithm of barrier rounds (``SyncRounds``): per round and agent, ``gradient`` (the request before
-    ``local``), ``local`` (what each agent sends, ``b.send``, after its gradient ``b.g``), then per exchange
-    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier (a ``combine`` that takes
-    gradients at the mixed point, after the exchange, is a generator yielding waves of them, as ``local`` may).
-    ``b.k`` is the round, one for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges;
-    ``batch_local``: the events engine batches ``local`` over the agents whose gradients come back at one instant
-    (``LocalAhead``)."""
+    """An algorithm of barrier rounds (``SyncRounds``): per round and agent ``gradient``, ``local`` and, per exchange,
+    ``combine`` (each hook says when it runs); ``b.k`` is the round, one for every agent of a batch. ``batch_local``:
+    the events engine batches ``local`` over the agents whose gradients come back at one instant (``LocalAhead``)."""
 
     batch_local: ClassVar[bool] = True
     # ``gradient`` is asked in the first round only (an initial value, e.g. a tracker's y_0 = grad f(x_0))
@@ -85,8 +81,8 @@ class SyncKernel(RoundKernel):
     def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
         """For a batch of one (the agent, its row ``x``, its payload ``out``, the round ``b.k``, the exchange ``b.s``
         and the kernel's state): (out-neighbours to send to, in-neighbours to wait for) in that exchange (None: the
-        graph's, a time-varying topology's of this activation). They must agree: j waits for i
-        only if i sends to j (a message nobody waits for would stay queued), and every agent waits for someone."""
+        graph's, a time-varying topology's of this activation). They must agree: j waits for i only if i sends to j
+        (a message nobody waits for would stay queued), and every agent waits for someone."""
         return None
 
     def horizon(self, p: Any, state: Any) -> int | None:
@@ -110,8 +106,8 @@ class SyncKernel(RoundKernel):
         return None
 
     def local(self, b: Batch, p: Any) -> Generator | None:
-        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
-        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
+        """After the gradient of ``gradient`` (``b.g``): what each agent sends (``b.send``). It may be a generator
+        whose local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
         set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
         raise NotImplementedError
 
@@ -1221,14 +1217,13 @@ _TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the ru
 
 def _timeline(sc, timeout: float, before: bool | int, after: bool | float, limit: int | None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
-    (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int,
-    the first rounds only), barrier completion by the
-    last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
-    ``after`` it (a float: that many seconds after it, e.g. gradients and a further exchange). None if the driver's
-    rules decide the engine's order: with lossy links, D and T lead to the same float activation; with ``after``, no
-    evaluation falls inside a round; run.until (without run.rounds) falls at a round's activation or between two
-    rounds. ``limit``: the round limit (``round_limit``; None: run.until ends the
-    run). Else the one line of the first that does not hold."""
+    (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int, the
+    first rounds only), barrier completion by the last delivery (D) or by the timeout (T, lossy links), and the wake
+    after a compute time when it takes gradients ``after`` it (a float: that many seconds after it, e.g. gradients
+    and a further exchange). None if the driver's rules decide the engine's order: with lossy links, D and T lead to
+    the same float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds)
+    falls at a round's activation or between two rounds. ``limit``: the round limit (``round_limit``; None: run.until
+    ends the run). Else the one line of the first that does not hold."""
     ag, r = sc.agents, sc.run
     period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
     lat, lossy = float(sc.network.latency.value), bool(sc.network.loss)
