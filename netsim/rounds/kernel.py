@@ -352,19 +352,15 @@ class Batch:
 
     def _mixed(self, own: torch.Tensor, got: Sequence[dict], steps: dict) -> torch.Tensor:
         """``compute.mixing.combine`` of what arrived: from a windowed driver's arrays (``Arrivals.groups``) where
-        it can, else from each agent's dict (``_gossip``); the same operations on the same rows either way."""
+        it can, else from each agent's dict (``Agent.mix``'s weights of the senders in arrival order, the rest kept on
+        the agent's own row); the same operations on the same rows either way."""
         from netsim.compute.mixing import combine, mix_rows
 
         groups = got.groups() if isinstance(got, Arrivals) else None
         if groups is not None:
             return mix_rows(own, *groups, steps, own.dtype)
-        return combine(own, *self._gossip(got), steps, own.dtype)
-
-    def _gossip(self, got: Sequence[dict]) -> tuple[list[float], list[list[float]], list[list[torch.Tensor]]]:
-        """Each agent's (keep, weights, models) of ``Agent.mix`` over what arrived (``compute.mixing.combine``'s
-        arguments): the weights of the senders in arrival order, the rest kept on the agent's own row."""
         ws = [[a.weights[j] for j in g] for a, g in zip(self.agents, got, strict=True)]
-        return [1.0 - sum(w) for w in ws], ws, [list(g.values()) for g in got]
+        return combine(own, [1.0 - sum(w) for w in ws], ws, [list(g.values()) for g in got], steps, own.dtype)
 
     def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
                         lr: float = 1.0) -> None:
