@@ -218,7 +218,9 @@ class Batch:
             return v[n:n + 1]
         if isinstance(v, (list, tuple, RowViews, Arrivals)) and len(v) == len(self):
             return [v[n]]
-        raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
+        shape = getattr(v, "shape", None)
+        what = f"a {type(v).__name__}" + ("" if shape is None else f" of shape {tuple(shape)}")
+        raise TypeError(f"b.{name} is declared per_row but holds {what}, not one row per agent of a batch of "
                         f"{len(self)}")
 
     def part(self, ns: Sequence[int]) -> Batch:
@@ -547,11 +549,6 @@ class AnyRound:
 
     def __repr__(self) -> str:
         return "<b.k of agents at different rounds>"
-
-
-def _what(v: Any) -> str:
-    shape = getattr(v, "shape", None)
-    return f"a {type(v).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"
 
 
 class RowViews(Sequence):

@@ -230,8 +230,8 @@ def wake_all(sim, ids, when):
 
     Every agent's schedule is periodic on an identical clock (``rounds_refusal``), so an activation depends only
     on (when, the schedule's tick before it): each distinct pair is planned once, by the first such agent's own
-    ``plan_wake``, and every agent of the pair takes its tick and times. simpy fires by
-    time, then in the order the activations were set: a stable sort by time keeps the call order among equals."""
+    ``plan_wake``, and every agent of the pair takes its tick and times. simpy fires by time, then in the order the
+    activations were set: a stable sort by time keeps the call order among equals."""
     from operator import attrgetter
 
     import numpy as np
