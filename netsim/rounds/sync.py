@@ -328,7 +328,8 @@ class SyncRounds(Pattern):
 
         return barrier_windows.play(self, sim, kernel)
 
-    def _stop_at(self, sim, kernel, net, rows, b_args, t_act, ids, at, until: float, curves) -> None:
+    @staticmethod
+    def _stop_at(sim, kernel, net, rows, woken, k: int, state, t_act, ids, at, until: float) -> None:
         """The run stops at ``run.until`` (a round activated after it: nothing of it; activated at it: what the engine
         processes before its stop, the events set before until's instant: the activations, and each agent's gradient
         request, or its ``local`` and sends)."""
@@ -339,7 +340,6 @@ class SyncRounds(Pattern):
             if not at_until.all():
                 raise RuntimeError("synchronous windows: run.until falls among a round's activations (refusal should "
                                    "have said so)")
-            woken, k, state = b_args
             p, bank, B = sim.params, sim.world.bank, len(ids)
             hook = kernel.asks(p, state, int(ids[0]), k)
             if hook is not None:  # the gradient requests: their completions come after the stop
@@ -532,8 +532,7 @@ class SyncRounds(Pattern):
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
                 held.write_to(writer, final=True)
-                self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
-                              until=until, curves=curves)
+                self._stop_at(sim, kernel, net, rows, woken, k, state, t_act, ids, at, until)
                 end = until
                 break
             X = bank.W  # each agent's params as the engine snapshots them at its activation
