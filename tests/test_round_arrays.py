@@ -192,12 +192,27 @@ def test_rows_ahead_of_distinct_rows_is_each_agents_own():
         assert all(np.array_equal(w, g) for w, g in zip(want, got, strict=True))
 
 
+def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
+    """The rule ``windowed.wake_all`` plays over arrays, agent by agent: each agent of ``order`` ((agent, when it
+    called wake), in call order) woken as ``Agent.wake`` does (its round counted): (activation time, call order,
+    agent, local tick time), sorted as simpy fires them: by time, then by the order the activations were set."""
+    acts, woken = [], []
+    for seq, (i, w) in enumerate(order):
+        a = sim.loop.agents[i]
+        at, delay = a.plan_wake(w)
+        acts.append((w + delay, seq, i, at))
+        woken.append(a)
+    sim.count_wakes(woken)
+    acts.sort()
+    return acts
+
+
 def test_a_round_wakes_as_each_agent_wakes():
     """``wake_all`` plans what ``wake`` plans agent by agent: times, order (ties in call order), ticks, rounds."""
     one, many = sims(n=8)
     order = [(3, 0.0), (0, 0.0), (5, 0.055), (1, 0.0), (2, 0.055), (7, 0.105), (4, 0.0), (6, 0.105)]
     for _ in range(3):
-        want = windowed.wake(one, order)
+        want = wake(one, order)
         t, ids, at, woken = windowed.wake_all(many, np.array([i for i, _ in order]),
                                               np.array([w for _, w in order]))
         assert [(a, i, b) for a, _, i, b in want] == list(zip(t.tolist(), ids.tolist(), at.tolist(), strict=True))
@@ -213,7 +228,7 @@ def test_a_round_of_agents_woken_at_once_wakes_as_each_agent_wakes():
     one, many = sims(n=8)
     order = [(i, 0.25) for i in (3, 0, 5, 1, 2, 7, 4, 6)]
     for r in range(4):
-        want = windowed.wake(one, order)
+        want = wake(one, order)
         t, ids, at, woken = windowed.wake_all(many, np.array([i for i, _ in order]),
                                               np.array([w for _, w in order]))
         assert [(a, i, b) for a, _, i, b in want] == list(zip(t.tolist(), ids.tolist(), at.tolist(), strict=True))

@@ -51,11 +51,6 @@ class Curves:
             times.append(times[-1] + self.every)  # Timeout(every) at the time the timer fired
         return times[j]
 
-    @property
-    def due(self) -> float:
-        """The next evaluation's time."""
-        return self.T(self.j)
-
     def first(self, j: int, chain: Sequence[float]) -> bool:
         """Whether evaluation j is processed before the event whose chain of parents' times is ``chain``."""
         T = self.T(j)

@@ -21,7 +21,6 @@ evidence, not proof: other inputs, sizes or CPUs may still show a difference the
 
 from __future__ import annotations
 
-import math
 import struct
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -320,7 +319,7 @@ def _compare(name: str, kernel, rec: Recording, pr: Probe, seed: int, hooks: lis
         for n, (rb, r1) in enumerate(zip(rows_b, rows_1, strict=True)):
             for key in dict.fromkeys([*rb, *r1]):
                 d = _diff(rb.get(key, _MISSING), r1.get(key, _MISSING), key)
-                if d is not None and _kept_shared(kernel, key):
+                if d is not None and key.startswith("b.") and key[2:] not in ("x", "g", "k", *kernel.per_row):
                     raise Violation(label, f"{key}, kept on the batch, differs {sides[0].where()} ({d}): a value with "
                                            f"one row per agent must be named in {type(kernel).__name__}.per_row "
                                            "(Batch.row cuts those to an agent's row; anything else is shared by the "
@@ -360,11 +359,6 @@ def _one_rows(kernel, b: Batch, n: int, into: dict) -> dict:
 def _rows(kernel, groups: list[Batch]) -> Rows:
     """Every row of a side's batches (one batch of B, or B of one), in batch order."""
     return [_one_rows(kernel, b, n, {}) for b in groups for n in range(len(b))]
-
-
-def _kept_shared(kernel, key: str) -> bool:
-    """Whether ``key`` names a value the kernel keeps on the batch without declaring it ``per_row``."""
-    return key.startswith("b.") and key[2:] not in ("x", "g", "k") and key[2:] not in kernel.per_row
 
 
 def _sync(side: Side, kernel, p, who: list[int]) -> Generator:
@@ -463,19 +457,20 @@ def _arrivals(side: Side, groups: list[Batch], who: list[int], pos: dict, k: int
     if each:
         outs = [o for b in groups for o in b.out]
         pairs = [(snd, r) for snd, r in pairs if who[r] in outs[snd]]
+    w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
+    recv = np.array([r for _, r in pairs], np.int64)
+    if each:
         per = [outs[snd][who[r]] for snd, r in pairs]
         if side.batched:
-            w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
-            return [Arrivals([who[snd] for snd, _ in pairs], per, None, np.array([r for _, r in pairs], np.int64),
-                             np.arange(len(pairs)), w, receivers=len(who))]
+            return [Arrivals([who[snd] for snd, _ in pairs], per, None, recv, np.arange(len(pairs)), w,
+                             receivers=len(who))]
         got1: list[dict] = [{} for _ in who]
         for (snd, r), x in zip(pairs, per, strict=True):
             got1[r][who[snd]] = x
         return [[g] for g in got1]
     if side.batched:
         b = groups[0]
-        w = np.array([side.agents[who[r]].weights.get(who[snd], np.nan) for snd, r in pairs], np.float64)
-        recv, send = np.array([r for _, r in pairs], np.int64), np.array([snd for snd, _ in pairs], np.int64)
+        send = np.array([snd for snd, _ in pairs], np.int64)
         got_b = [Arrivals(list(who), out, b.sent if m == 0 else None, recv, send, w)
                  for m, (out, _) in enumerate([(b.out, None), *(b.more or ())])]
         return [tuple(got_b) if several else got_b[0]]
@@ -804,9 +799,8 @@ def _diff(x: Any, y: Any, path: str, agents: int | None = None, depth: int = 0) 
         return None if x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() else path
     if isinstance(x, float) and isinstance(y, float):
         return None if struct.pack("<d", x) == struct.pack("<d", y) else f"{path} ({x!r} against {y!r})"
-    if isinstance(x, (int, str, bool, type(None), float, np.generic)):
-        same = type(x) is type(y) and (x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y)))
-        return None if same else f"{path} ({x!r} against {y!r})"
+    if isinstance(x, (int, str, bool, type(None), float, np.generic)):  # (x a float here: y is not one)
+        return None if type(x) is type(y) and x == y else f"{path} ({x!r} against {y!r})"
     if type(x) is not type(y):
         return f"{path} ({type(x).__name__} against {type(y).__name__})"
     if depth > 4:

@@ -218,7 +218,9 @@ class Batch:
             return v[n:n + 1]
         if isinstance(v, (list, tuple, RowViews, Arrivals)) and len(v) == len(self):
             return [v[n]]
-        raise TypeError(f"b.{name} is declared per_row but holds {_what(v)}, not one row per agent of a batch of "
+        shape = getattr(v, "shape", None)
+        what = f"a {type(v).__name__}" + ("" if shape is None else f" of shape {tuple(shape)}")
+        raise TypeError(f"b.{name} is declared per_row but holds {what}, not one row per agent of a batch of "
                         f"{len(self)}")
 
     def part(self, ns: Sequence[int]) -> Batch:
@@ -352,19 +354,15 @@ class Batch:
 
     def _mixed(self, own: torch.Tensor, got: Sequence[dict], steps: dict) -> torch.Tensor:
         """``compute.mixing.combine`` of what arrived: from a windowed driver's arrays (``Arrivals.groups``) where
-        it can, else from each agent's dict (``_gossip``); the same operations on the same rows either way."""
+        it can, else from each agent's dict (``Agent.mix``'s weights of the senders in arrival order, the rest kept on
+        the agent's own row); the same operations on the same rows either way."""
         from netsim.compute.mixing import combine, mix_rows
 
         groups = got.groups() if isinstance(got, Arrivals) else None
         if groups is not None:
             return mix_rows(own, *groups, steps, own.dtype)
-        return combine(own, *self._gossip(got), steps, own.dtype)
-
-    def _gossip(self, got: Sequence[dict]) -> tuple[list[float], list[list[float]], list[list[torch.Tensor]]]:
-        """Each agent's (keep, weights, models) of ``Agent.mix`` over what arrived (``compute.mixing.combine``'s
-        arguments): the weights of the senders in arrival order, the rest kept on the agent's own row."""
         ws = [[a.weights[j] for j in g] for a, g in zip(self.agents, got, strict=True)]
-        return [1.0 - sum(w) for w in ws], ws, [list(g.values()) for g in got]
+        return combine(own, [1.0 - sum(w) for w in ws], ws, [list(g.values()) for g in got], steps, own.dtype)
 
     def mix_into_params(self, own: torch.Tensor, got: Sequence[dict], step: torch.Tensor | Sequence | None = None,
                         lr: float = 1.0) -> None:
@@ -551,11 +549,6 @@ class AnyRound:
 
     def __repr__(self) -> str:
         return "<b.k of agents at different rounds>"
-
-
-def _what(v: Any) -> str:
-    shape = getattr(v, "shape", None)
-    return f"a {type(v).__name__} of shape {tuple(shape)}" if shape is not None else f"a {type(v).__name__}"
 
 
 class RowViews(Sequence):

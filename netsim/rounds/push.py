@@ -168,6 +168,7 @@ class PushGossip(Pattern):
         inbox: list[list] = start.held["inbox"]  # payloads in arrival order since the last activation
 
         def push(i: int, x, now: float, rows: list, arrivals: list, a) -> None:
+            """Agent i pushes and calls wake (at the round limit: finishes)."""
             j = peers[i](a.neighbors)
             size = payload_size(x)
             _, delay, reason = outcome(i, j, now, size)
@@ -177,10 +178,9 @@ class PushGossip(Pattern):
                 rows.append(shapes.drop(now, i, j, mid, size, delay, a.round, reason))
             else:
                 arrivals.append((now + delay, mid, i, j, size, now, a.round, x))
-
-        def finish(i: int, t: float, rows: list) -> None:
-            if agents[i].mark_finished():
-                rows.append(shapes.finish(t, i, agents[i].round))
+            woke.append((i, now))
+            if a.round >= limit and a.mark_finished():
+                rows.append(shapes.finish(now, i, a.round))
 
         def batch(who: list[int], X: torch.Tensor) -> tuple[Batch, torch.Tensor]:
             idx = torch.tensor(who, device=X.device)
@@ -208,9 +208,6 @@ class PushGossip(Pattern):
                         ends.append((i, t_act + ct))
                         continue
                 push(i, xs[i], t_act, rows, arrivals, a)  # x as it will be once merged: payloads are read later
-                woke.append((i, t_act))
-                if a.round >= limit:
-                    finish(i, t_act, rows)
             # the tensor work in the engine's batches: wave q is every agent's q-th gradient (asked for at the same
             # time, so evaluated in one batch), after the merges before it; then the merges after the last update
             ups = {i: [n for n in range(1, len(g) + 1) if kernel.update_after(p, n, len(g)) is not None]
@@ -250,9 +247,6 @@ class PushGossip(Pattern):
                         nxt.append((i, t_done + ct))
                         continue
                     push(i, xs[i], t_done, rows, arrivals, a)
-                    woke.append((i, t_done))
-                    if a.round >= limit:
-                        finish(i, t_done, rows)
                 ends = nxt
             end = max(t for _, t in woke)
             if agents[woke[0][0]].round >= limit:  # the run stops at the last finish: nothing after it happens

@@ -57,13 +57,9 @@ if TYPE_CHECKING:  # torch and pyarrow are imported where they are used: a kerne
 
 
 class SyncKernel(RoundKernel):
-    """An algorithm of barrier rounds (``SyncRounds``): per round and agent, ``gradient`` (the request before
-    ``local``), ``local`` (what each agent sends, ``b.send``, after its gradient ``b.g``), then per exchange
-    ``combine`` with ``got[n]``, the {sender: payload} that reached agent n by the barrier (a ``combine`` that takes
-    gradients at the mixed point, after the exchange, is a generator yielding waves of them, as ``local`` may).
-    ``b.k`` is the round, one for every agent of a batch. ``exchanges`` and ``routes`` shape a round's exchanges;
-    ``batch_local``: the events engine batches ``local`` over the agents whose gradients come back at one instant
-    (``LocalAhead``)."""
+    """An algorithm of barrier rounds (``SyncRounds``): per round and agent ``gradient``, ``local`` and, per exchange,
+    ``combine`` (each hook says when it runs); ``b.k`` is the round, one for every agent of a batch. ``batch_local``:
+    the events engine batches ``local`` over the agents whose gradients come back at one instant (``LocalAhead``)."""
 
     batch_local: ClassVar[bool] = True
     # ``gradient`` is asked in the first round only (an initial value, e.g. a tracker's y_0 = grad f(x_0))
@@ -85,8 +81,8 @@ class SyncKernel(RoundKernel):
     def routes(self, b: Batch, p: Any) -> tuple[list, list] | None:
         """For a batch of one (the agent, its row ``x``, its payload ``out``, the round ``b.k``, the exchange ``b.s``
         and the kernel's state): (out-neighbours to send to, in-neighbours to wait for) in that exchange (None: the
-        graph's, a time-varying topology's of this activation). They must agree: j waits for i
-        only if i sends to j (a message nobody waits for would stay queued), and every agent waits for someone."""
+        graph's, a time-varying topology's of this activation). They must agree: j waits for i only if i sends to j
+        (a message nobody waits for would stay queued), and every agent waits for someone."""
         return None
 
     def horizon(self, p: Any, state: Any) -> int | None:
@@ -110,8 +106,8 @@ class SyncKernel(RoundKernel):
         return None
 
     def local(self, b: Batch, p: Any) -> Generator | None:
-        """After the gradient of ``gradient``: what each agent sends (``b.send``). It may be a generator whose
-        local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
+        """After the gradient of ``gradient`` (``b.g``): what each agent sends (``b.send``). It may be a generator
+        whose local steps yield waves of gradients (``b.gradients``), each answered with the gradient rows. It may
         set ``b.k`` to its own round index (message rounds are ``b.k * exchanges + s``)."""
         raise NotImplementedError
 
@@ -230,7 +226,7 @@ class SyncRounds(Pattern):
                 b.s = s
                 rnd = b.k * steps + s
                 if own_routes:
-                    to, senders = kernel.routes(b, p) or _ANY
+                    to, senders = kernel.routes(b, p) or (None, None)  # (None: the graph's)
                 if not more:
                     out, size = b.out[0], b.sizes
                     size = None if size is None else size[0]
@@ -333,14 +329,7 @@ class SyncRounds(Pattern):
         return barrier_windows.play(self, sim, kernel)
 
     @staticmethod
-    def _start(a, now: list, n: int, row) -> None:
-        """Agent ``a``'s gradient request as ``Agent.gradient`` makes it (compute time, ``compute_start`` row), its
-        clock moved to the completion."""
-        ct = a.compute_time(now[n])
-        row(shapes.compute_start(now[n], a.id, ct))
-        now[n] = now[n] + ct
-
-    def _stop_at(self, sim, kernel, net, rows, b_args, t_act, ids, at, until: float, curves) -> None:
+    def _stop_at(sim, kernel, net, rows, woken, k: int, state, t_act, ids, at, until: float) -> None:
         """The run stops at ``run.until`` (a round activated after it: nothing of it; activated at it: what the engine
         processes before its stop, the events set before until's instant: the activations, and each agent's gradient
         request, or its ``local`` and sends)."""
@@ -351,7 +340,6 @@ class SyncRounds(Pattern):
             if not at_until.all():
                 raise RuntimeError("synchronous windows: run.until falls among a round's activations (refusal should "
                                    "have said so)")
-            woken, k, state = b_args
             p, bank, B = sim.params, sim.world.bank, len(ids)
             hook = kernel.asks(p, state, int(ids[0]), k)
             if hook is not None:  # the gradient requests: their completions come after the stop
@@ -378,12 +366,8 @@ class SyncRounds(Pattern):
         at its first completion (one batched call, the engine's flush), and each agent calls its next ``wake`` (or
         finishes) after its last gradient (at its barrier if it asks for none). Returns the next round's order (agents,
         when each called wake), where each asked its first gradient (by id; NaN: none) and the round's last event."""
-        import torch
-
         agents, svc, words = sim.loop.agents, sim.world.gradients, net.words
-        B = len(ids)
-        pos = np.empty(len(agents), np.int64)
-        pos[ids] = np.arange(B)
+        B, pos = len(ids), net.made[3]  # (each agent's batch position)
         parent = np.full(len(agents), np.nan)
         groups = []  # per group (completed, timed out): its agents, positions, clocks, who still asks, rows, wakes
         for gids, t in (done, late):
@@ -402,29 +386,19 @@ class SyncRounds(Pattern):
                 g = None
                 for grp in live:
                     gids, gp, t, on = grp["ids"], grp["pos"], grp["t"], grp["on"]
-                    gl = gp.tolist()
-                    if all(w.rows[n] is not None for n in gl):  # every agent of the group asks (the common wave)
-                        if not on.all():
-                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
-                                               "asked none in")
-                        asks, stop, aid, ap = on, ~on, gids, gp
-                        ct = net.compute_times([agents[i] for i in gids.tolist()], gids, t)
-                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                       agents, ct))
-                    else:
-                        asks = np.array([w.rows[n] is not None for n in gl], bool)
-                        if (asks & ~on).any():
-                            raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it "
-                                               "asked none in")
-                        stop = on & ~asks
-                        aid, ap = gids[asks], gp[asks]
-                        ct = np.zeros(len(gids))
-                        if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
-                            ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
-                        grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
-                                                       agents, ct))
-                        grp["who"].append(gids[stop])
-                        grp["when"].append(t[stop])
+                    asks = np.array([w.rows[n] is not None for n in gp.tolist()], bool)
+                    if (asks & ~on).any():
+                        raise RuntimeError("synchronous windows: an agent asks for a gradient after a wave it asked "
+                                           "none in")
+                    stop = on & ~asks
+                    aid, ap = gids[asks], gp[asks]
+                    ct = np.zeros(len(gids))
+                    if len(aid):  # (drawn in request order, as each agent's ``Agent.gradient`` draws it)
+                        ct[asks] = net.compute_times([agents[i] for i in aid.tolist()], aid, t[asks])
+                    grp["made"].append(_level_rows(words, gids, gp, t, released, on, grp["ct"], asks, stop, last,
+                                                   agents, ct))
+                    grp["who"].append(gids[stop])
+                    grp["when"].append(t[stop])
                     grp["on"] = on = asks
                     if not on.any():
                         continue
@@ -437,18 +411,7 @@ class SyncRounds(Pattern):
                     if on.sum() > 1 and t[on].max() >= end[on].min() and not at_once:
                         raise RuntimeError("synchronous windows: an agent asks for its gradient after another's "
                                            "completes in one group (refusal should have said so)")
-                    same = len(ap) == B and (ap == np.arange(B)).all()  # the batch's rows as they stand: no copies
-                    sel = torch.from_numpy(ap)
-                    res = _evaluate(svc, aid.tolist(), w.at if same else w.at.index_select(0, sel.to(w.at.device)),
-                                    w.rows if same else [w.rows[n] for n in ap.tolist()], [w] * len(aid))
-                    if same:
-                        g = res
-                    elif len(ap) == B:  # every row, in another order: one gather back, not zeros and a scatter
-                        g = res.index_select(0, torch.from_numpy(np.argsort(ap)).to(res.device))
-                    else:
-                        if g is None:
-                            g = w.at.new_zeros((B, *res.shape[1:]), dtype=res.dtype)
-                        g.index_copy_(0, sel.to(res.device), res)
+                    g = _wave(svc, w, aid, ap, B, g)
                     grp["t"], grp["ct"] = end, ct
                     for n, tn in zip(ap.tolist(), end[on].tolist(), strict=True):
                         now[n] = tn
@@ -486,9 +449,7 @@ class SyncRounds(Pattern):
             raise RuntimeError("synchronous windows: a barrier times out before gradients between exchanges (refusal "
                                "should have said so)")
         gids, t = done[0], np.array(done[1], np.float64)
-        pos = np.empty(len(agents), np.int64)
-        pos[ids] = np.arange(len(ids))
-        gp = pos[gids]
+        gp = net.made[3][gids]  # (their batch positions)
         for n, tn in zip(gp.tolist(), t.tolist(), strict=True):
             now[n] = tn  # the agent's clock for what its ``combine`` records (its releases)
         on, ended = np.ones(len(gids), bool), None
@@ -517,17 +478,7 @@ class SyncRounds(Pattern):
                         got[n] = r
                     w = waves.send(got)
                     continue
-                import torch
-
-                if len(gp) == len(ids) and (gp == np.arange(len(ids))).all():  # in batch order: no copies
-                    w = waves.send(_evaluate(svc, gids.tolist(), w.at, w.rows, [w] * len(gids)))
-                    continue
-                sel = torch.from_numpy(gp)
-                res = _evaluate(svc, gids.tolist(), w.at.index_select(0, sel.to(w.at.device)),
-                                [w.rows[n] for n in gp.tolist()], [w] * len(gids))
-                g = w.at.new_zeros((len(ids), *res.shape[1:]), dtype=res.dtype)
-                g.index_copy_(0, sel.to(res.device), res)
-                w = waves.send(g)
+                w = waves.send(_wave(svc, w, gids, gp, len(ids)))
         except StopIteration:
             pass
         return gp, t, ended is not None
@@ -576,13 +527,12 @@ class SyncRounds(Pattern):
             woke[who] = when
             ev = Round(curves, ids, t_act, woke[ids], start is fresh and k == start.k,
                        None if parent is None else parent[ids])
-            while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.due < until):
+            while curves.first(curves.j, ev.chain(0, 0)) and (until is None or curves.T(curves.j) < until):
                 held.write_to(writer, final=True)
                 writer.emit_rows(curves.evaluate())  # evaluations before the round's first activation
             if until is not None and float(t_act[0]) >= until:  # the run's end: this round's events at until only
                 held.write_to(writer, final=True)
-                self._stop_at(sim, kernel, net, rows, b_args=(woken, k, state), t_act=t_act, ids=ids, at=at,
-                              until=until, curves=curves)
+                self._stop_at(sim, kernel, net, rows, woken, k, state, t_act, ids, at, until)
                 end = until
                 break
             X = bank.W  # each agent's params as the engine snapshots them at its activation
@@ -645,7 +595,9 @@ class SyncRounds(Pattern):
                             elif hook is None:  # the first wave: the activation that led to it
                                 row(shapes.activate(float(t_act[n]), i, float(at[n]), woken[n].round))
                             part += released.pop(n, ())
-                            self._start(woken[n], now, n, row)
+                            ct = woken[n].compute_time(now[n])  # its next request, as ``Agent.gradient`` makes it
+                            row(shapes.compute_start(now[n], i, ct))
+                            now[n] += ct
                         ev.level_events(level, counts)
                         ev.completed(now)
                         pending = True
@@ -676,8 +628,6 @@ class SyncRounds(Pattern):
                 if s + 1 < steps:
                     ev.before_barriers(s, bank)
                     waves = kernel.combine(b, p, got)
-                    pos = np.empty(len(agents), np.int64)
-                    pos[ids] = np.arange(B)
                     ready, t_ready = pos[order_ids], order_t
                     if waves is not None:  # gradients between the exchanges: each agent sends after its last
                         ready, t_ready, asked = self._between(sim, waves, b, rows, ids, done, late, net, now, released)
@@ -692,55 +642,45 @@ class SyncRounds(Pattern):
                                                      released)
                 rows.hold(held, writer)
                 b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
-                if last:
-                    break
-                k += 1
-                if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
-                    held.write_to(writer, final=True)
-                if rounds.between(Between(k, Order(who, when), end)):
-                    held.write_to(writer, final=True)
-                    return
-                if sim.recorder.progress is not None:
-                    sim.recorder.progress(end)
-                continue
-            end = float(order_t[-1])
-            if between and (curves.made or ev.pending):
-                raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between its "
-                                   "exchanges (refusal should have said so)")
-            if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
-                rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
-                rows.add(finishes(*late, agents))
-                for i in order_ids.tolist():
-                    agents[i].mark_finished()
-            ev.before_barriers(steps - 1, bank)
-            if not curves.made and not ev.pending:
-                with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
-                    kernel.combine(b, p, got)
-                rows.parts.append(made)
-                rows.hold(held, writer)
-                b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
-            else:  # the round's evaluations among its rows: the last combine first, its rows (if any) where they were
-                w_last = ev.resumed[-1]
+            else:
+                end = float(order_t[-1])
+                if between and (curves.made or ev.pending):
+                    raise RuntimeError("synchronous windows: an evaluation falls inside a round with gradients between "
+                                       "its exchanges (refusal should have said so)")
+                if last:  # waking, each finishes: those done at the last arrival before the timeouts fire
+                    rows.parts.insert(len(rows.parts) - 1, finishes(*done, agents))  # the last part: the timeouts
+                    rows.add(finishes(*late, agents))
+                    for i in order_ids.tolist():
+                        agents[i].mark_finished()
+                ev.before_barriers(steps - 1, bank)
+                if not curves.made and not ev.pending:
+                    with writer.capturing([]) as made:  # (rows ``combine`` writes itself: after the round's)
+                        kernel.combine(b, p, got)
+                    rows.parts.append(made)
+                    rows.hold(held, writer)
+                    b.record_mixes(order_ids, order_t)  # the mixing record, where privacy.record asks for it
+                else:  # the round's evaluations among its rows: the last combine first, its rows where they were
+                    w_last = ev.resumed[-1]
 
-                def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
-                    """Each agent's activations at evaluation j: its next wake is called at its barrier's completion."""
-                    out = rounds_of(agents)
-                    if not last:
-                        out[ids] += curves.T(j) > w_last
-                    return out
+                    def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
+                        """Each agent's activations at evaluation j (its next wake: at its barrier's completion)."""
+                        out = rounds_of(agents)
+                        if not last:
+                            out[ids] += curves.T(j) > w_last
+                        return out
 
-                with writer.capturing([]) as made:
-                    kernel.combine(b, p, got)
-                b.record_mixes(order_ids, order_t)
-                rows.parts.append(made)
-                ev.after_write(bank, counts_at)
-                held.write_to(writer, final=True)
-                rows.emit_placed(writer, ev.offsets())
-            ev.close()
+                    with writer.capturing([]) as made:
+                        kernel.combine(b, p, got)
+                    b.record_mixes(order_ids, order_t)
+                    rows.parts.append(made)
+                    ev.after_write(bank, counts_at)
+                    held.write_to(writer, final=True)
+                    rows.emit_placed(writer, ev.offsets())
+                ev.close()
+                who, when = order_ids, order_t
             if last:
                 break
             k += 1
-            who, when = order_ids, order_t
             if marks.checkpointer is not None:  # (a checkpoint holds the trace written)
                 held.write_to(writer, final=True)
             if rounds.between(Between(k, Order(who, when), end)):  # interrupted: between rounds
@@ -930,10 +870,6 @@ class Exchange:
         log = sim.recorder.mixing_log  # privacy.record = "payloads": the delivered payloads (privacy/payloads.py)
         self.views = None if log is None else log.views
 
-    @property
-    def tag(self) -> str:
-        return self.tags[0]
-
     def _use(self, outs: Sequence[list[int]], ins: Sequence[list[int]]) -> None:
         """Agent i sends to ``outs[i]`` and its barrier waits for ``ins[i]`` (the exchanges from now on)."""
         self.graph_links = False  # (``route`` says when these are the graph's own)
@@ -1095,6 +1031,7 @@ class Exchange:
         # one payload per out-neighbour (``Agent.send_each``); a tensor's rows (``RowViews``) are not: asking its
         # first row would make a view of every row (~0.4 ms a thousand agents, each round)
         each = M == 1 and B > 0 and type(b.out) is not RowViews and isinstance(b.out[0], dict)
+        tag = words(self.tags[0])
         if each:
             try:
                 per = [b.out[n][j] for n, j in zip(ready[by].tolist(), dst.tolist(), strict=True)]
@@ -1103,10 +1040,8 @@ class Exchange:
                                    "have said so)") from None
             size = np.array([payload_size(x) for x in per] if b.sizes is None else b.sizes, np.int64)
             size = size if b.sizes is None else size[ready[by]]
-            tag = words(self.tag)
         elif M == 1:
             size = np.array(b.sizes if b.sizes is not None else [payload_size(o) for o in b.out], np.int64)[ready[by]]
-            tag = words(self.tag)
         else:
             sized = [np.array(z if z is not None else [payload_size(o) for o in out], np.int64) for out, z in outs]
             size = np.stack(sized)[mi, ready[by]]
@@ -1156,7 +1091,7 @@ class Exchange:
             if M > 1:
                 raise RuntimeError("synchronous windows: privacy.record with several messages an exchange (refusal "
                                    "should have said so)")
-            self.views.deliver_rows(to, senders[src], rnd, arr, self.tag, got.payloads())
+            self.views.deliver_rows(to, senders[src], rnd, arr, self.tags[0], got.payloads())
         # what the round's evaluations are placed by (rounds/curves.py): each sender's rows, the deliveries
         self.made = (plan.made, arr, src, pos)
         return got, done, late
@@ -1220,6 +1155,23 @@ def _evaluate(svc, ids: list[int], at: torch.Tensor, rows: list, reqs: list) -> 
     return torch.stack([t.result for t in tickets])
 
 
+def _wave(svc, w, ids: np.ndarray, pos: np.ndarray, B: int, g: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradients of wave ``w`` asked by agents ``ids`` at batch positions ``pos`` (``_evaluate``), as the batch's
+    B rows (``g``: the rows of the wave's other agents, filled in place; zeros where none asked)."""
+    import torch
+
+    if len(pos) == B and (pos == np.arange(B)).all():  # the batch's rows as they stand: no copies
+        return _evaluate(svc, ids.tolist(), w.at, w.rows, [w] * B)
+    sel = torch.from_numpy(pos)
+    res = _evaluate(svc, ids.tolist(), w.at.index_select(0, sel.to(w.at.device)), [w.rows[n] for n in pos.tolist()],
+                    [w] * len(ids))
+    if len(pos) == B:  # every row, in another order: one gather back, not zeros and a scatter
+        return res.index_select(0, torch.from_numpy(np.argsort(pos)).to(res.device))
+    if g is None:
+        g = w.at.new_zeros((B, *res.shape[1:]), dtype=res.dtype)
+    return g.index_copy_(0, sel.to(res.device), res)
+
+
 def _round_times(sc, timeout: float, rounds: int) -> str | None:
     """With lossy links an agent wakes from its barrier either when its last message arrives (D) or when the
     barrier times out (T); the engine orders the next round by time first, so both must give the very same
@@ -1243,9 +1195,6 @@ def _round_times(sc, timeout: float, rounds: int) -> str | None:
     return None
 
 
-_ANY = (None, None)  # a round's routes where the kernel gives none: the graph's (to, senders)
-
-
 def _direct_gradient(kernel):
     """``kernel.gradient`` where ``asks`` is SyncKernel's and asks it every round (both engines then call it
     directly: a call less an agent-round), else None (``asks`` it is)."""
@@ -1267,14 +1216,13 @@ _TIMELINE_ROUNDS = 200_000  # (a scalar round costs ~2 µs to play before the ru
 
 def _timeline(sc, timeout: float, before: bool | int, after: bool | float, limit: int | None) -> str | None:
     """The rounds' times, played on scalars before the run (as ``_round_times``): each round's activation, sends
-    (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int,
-    the first rounds only), barrier completion by the
-    last delivery (D) or by the timeout (T, lossy links), and the wake after a compute time when it takes gradients
-    ``after`` it (a float: that many seconds after it, e.g. gradients and a further exchange). None if the driver's
-    rules decide the engine's order: with lossy links, D and T lead to the same float activation; with ``after``, no
-    evaluation falls inside a round; run.until (without run.rounds) falls at a round's activation or between two
-    rounds. ``limit``: the round limit (``round_limit``; None: run.until ends the
-    run). Else the one line of the first that does not hold."""
+    (after a compute time when the kernel takes its gradient ``before`` the exchange: True, every round; an int, the
+    first rounds only), barrier completion by the last delivery (D) or by the timeout (T, lossy links), and the wake
+    after a compute time when it takes gradients ``after`` it (a float: that many seconds after it, e.g. gradients
+    and a further exchange). None if the driver's rules decide the engine's order: with lossy links, D and T lead to
+    the same float activation; with ``after``, no evaluation falls inside a round; run.until (without run.rounds)
+    falls at a round's activation or between two rounds. ``limit``: the round limit (``round_limit``; None: run.until
+    ends the run). Else the one line of the first that does not hold."""
     ag, r = sc.agents, sc.run
     period, ct = ag.activation.period, float(ag.compute_time.value) * 1.0
     lat, lossy = float(sc.network.latency.value), bool(sc.network.loss)

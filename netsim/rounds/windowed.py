@@ -223,30 +223,15 @@ class Rounds:
         return self.sim.between_rounds(state)
 
 
-def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, float]]:
-    """The rule ``wake_all`` plays over arrays, agent by agent (what its test compares it with): each agent of
-    ``order`` ((agent, when it called wake), in call order) woken as ``Agent.wake`` does (its round counted):
-    (activation time, call order, agent, local tick time), sorted as simpy fires them: by time, then by the
-    order the activations were set."""
-    acts, woken = [], []
-    for seq, (i, w) in enumerate(order):
-        a = sim.loop.agents[i]
-        at, delay = a.plan_wake(w)
-        acts.append((w + delay, seq, i, at))
-        woken.append(a)
-    sim.count_wakes(woken)
-    acts.sort()
-    return acts
-
-
 def wake_all(sim, ids, when):
-    """``wake`` for a whole round as arrays: ``ids`` (agents) and ``when`` (when each called wake), in call order,
-    give (activation times, agents, local tick times, the agents), sorted as simpy fires them.
+    """A whole round's agents woken as ``Agent.wake`` wakes each (its round counted), as arrays: ``ids`` (agents) and
+    ``when`` (when each called wake), in call order, give (activation times, agents, local tick times, the agents),
+    sorted as simpy fires them.
 
     Every agent's schedule is periodic on an identical clock (``rounds_refusal``), so an activation depends only
     on (when, the schedule's tick before it): each distinct pair is planned once, by the first such agent's own
-    ``schedule.next`` as ``wake`` plans it, and every agent of the pair takes its tick and times. simpy fires by
-    time, then in the order the activations were set: a stable sort by time keeps the call order among equals."""
+    ``plan_wake``, and every agent of the pair takes its tick and times. simpy fires by time, then in the order the
+    activations were set: a stable sort by time keeps the call order among equals."""
     from operator import attrgetter
 
     import numpy as np
