@@ -123,7 +123,7 @@ class _Driver(WindowDriver):
         n, kept = len(agents), set(plain["payloads"])
         if set(own) != set(cls.OWN):
             return "own"
-        got = lambda i, m: isinstance(m, list) and len(m) == 4 and m[0] in agents[i].in_neighbors \
+        got = lambda i, m: isinstance(m, list) and len(m) == 4 and int_in(m[0]) and m[0] in agents[i].in_neighbors \
             and int_in(m[1], 0, 2**31) and number(m[2]) and m[3] in kept  # noqa: E731  (``Incoming``)
         inbox = own["inbox"]
         if not (isinstance(inbox, list) and len(inbox) == n and all(

@@ -290,15 +290,16 @@ class _Driver(WindowDriver):
                 return f"own.{k}"
         if not (each("seen", lambda v: int_in(v)) and all(map(int.__le__, own["seen"], own["served"]))):
             return "own.seen"
-        if not (each("waits", lambda v: int_in(v)) and all(map(int.__le__, own["waits"], xround))):
+        if not (each("waits", lambda v: int_in(v)) and all(w in (0, r) for w, r in zip(own["waits"], xround))):
             return "own.waits"
         if not (pattern.pull or all(m in kept for m, locked in zip(own["mine"], own["locked"]) if locked)):
             return "own.mine"
         refs = [m for m, locked in zip(own["mine"], own["locked"]) if locked and not pattern.pull]
 
         def message(i: int, m) -> bool:  # (``Arrived``: to agent i, from a neighbour, its payload kept and held)
-            ok = isinstance(m, list) and len(m) == 7 and int_in(m[0], 0, 2**62) and m[1] in agents[i].neighbors \
-                and int_in(m[2], 0, 2**62) and number(m[3]) and int_in(m[4], 0, 2**31) and m[5] in pattern.names \
+            ok = isinstance(m, list) and len(m) == 7 and int_in(m[0], 0, 2**62) and int_in(m[1]) \
+                and m[1] in agents[i].neighbors and int_in(m[2], 0, 2**62) and number(m[3]) \
+                and int_in(m[4], 0, 2**31) and m[5] in pattern.names \
                 and (m[6] is None or m[6] in kept)
             if ok and m[6] is not None:
                 refs.append(m[6])

@@ -103,7 +103,7 @@ class _Driver(WindowDriver):
         n, kept = len(agents), set(plain["payloads"])
         if set(own) != {"ctl", "inbox", "round"} or tensors:
             return "own"
-        diff = lambda i, src, h: src in agents[i].in_neighbors and h in kept  # noqa: E731
+        diff = lambda i, src, h: int_in(src) and src in agents[i].in_neighbors and h in kept  # noqa: E731
         ctl, inbox = own["ctl"], own["inbox"]
         if not (isinstance(ctl, list) and len(ctl) == n and all(
                 isinstance(c, list) and len(c) == 4 and int_in(c[0], -1, 2**31) and c[1] == max(c[0] - 1, -1)

@@ -191,8 +191,9 @@ class _Driver(_Sends):
         own, agents = plain["own"], sim.loop.agents
         n, kept, top = len(agents), set(plain["payloads"]), plain["tickets"][0]
         pairs = lambda v, keys, ok: isinstance(v, list) and len(v) == n and all(  # noqa: E731  ([key, value] each)
-            isinstance(d, list) and all(isinstance(e, list) and len(e) == 2 and e[0] in keys(i) and ok(e[1])
-                                        for e in d) and len({e[0] for e in d}) == len(d) for i, d in enumerate(v))
+            isinstance(d, list) and all(isinstance(e, list) and len(e) == 2 and int_in(e[0]) and e[0] in keys(i)
+                                        and ok(e[1]) for e in d) and len({e[0] for e in d}) == len(d)
+            for i, d in enumerate(v))
         held = lambda h: int_in(h) and h in kept  # noqa: E731  (a message's payload: an initial model is not held)
         if not pairs(own["copy"], lambda i: agents[i].in_neighbors, held):
             return "own.copy"
