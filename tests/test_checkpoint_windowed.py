@@ -398,7 +398,7 @@ def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value
     very files (the value changed none that matters); never a crash, never another run."""
     from tests.test_checkpoint import _mutate
 
-    killed, ref = killed_lookahead
+    killed, _ = killed_lookahead
 
     def edit(meta: dict) -> None:
         held = meta["state"]["windowed"]["held"]["dict"]
@@ -407,7 +407,7 @@ def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value
         _mutate(plain["own"] if own else plain, path, value)
         held[at][1] = json.dumps(plain)
 
-    _tampered_resume(killed, edit, "state.windowed.held", ref)
+    _tampered_resume(killed, edit, "state.windowed.held")
 
 
 def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
