@@ -341,10 +341,10 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
                                                            value))
 
 
-def _tampered_resume(killed: Path, edit, names: str | None = None) -> None:
+def _tampered_resume(killed: Path, edit, names: str | None = None, ref: Path | None = None) -> None:
     """A copy of the killed run with each checkpoint's state.json changed by ``edit`` (its checksums fixed up):
-    resume refuses in one line (exit 2; naming ``names`` where given) and writes nothing, or goes on and completes;
-    never a traceback."""
+    resume refuses in one line (exit 2; naming ``names`` where given) and writes nothing, or goes on and completes
+    (writing ``ref``'s files, the uninterrupted run's, where given); never a traceback."""
     import shutil
     import tempfile
 
@@ -364,20 +364,25 @@ def _tampered_resume(killed: Path, edit, names: str | None = None) -> None:
         assert "Traceback" not in r.output
         if r.exit_code == 0:
             assert api.is_complete(out)
-        else:
-            _one_line_exit_2(r, out)
-            assert names is None or names in r.output
-            assert _snapshot(out) == before
+            if ref is not None:
+                same_outputs(out, ref)
+            return
+        _one_line_exit_2(r, out)
+        assert names is None or names in r.output
+        assert _snapshot(out) == before
 
 
-@pytest.fixture(scope="module", params=["barrier", "push_gossip"])
-def killed_lookahead(tmp_path_factory, request) -> Path:
-    """Barrier rounds on their own clocks, or push gossip, played as lookahead windows and stopped dead after their
-    second checkpoint (the driver's whole state between two windows); tests work on copies."""
+@pytest.fixture(scope="module", params=["barrier", "push_gossip", "pushsum", "adpsgd", "do_adp", "event_triggered"])
+def killed_lookahead(tmp_path_factory, request) -> tuple[Path, Path]:
+    """Each pattern whose lookahead windows restore (barrier rounds on their own clocks, push gossip, the broadcast,
+    pairwise, ticks and event-triggered drivers) stopped dead after its second checkpoint (the driver's whole state
+    between two windows), and its uninterrupted run; tests work on copies."""
     from tests.test_lookahead_windows import checkpointed
 
-    sc = scenario("barrier", n=16, rounds=12, every=3) if request.param == "barrier" else checkpointed("push_gossip")
-    return killed_at(tmp_path_factory.mktemp("killed"), sc, 2)
+    tmp = tmp_path_factory.mktemp("killed")
+    sc = scenario("barrier", n=16, rounds=12, every=3) if request.param == "barrier" else checkpointed(request.param)
+    ref = api.run(scenario_from_dict(sc), out=tmp / "ref", engine="windowed", interruptible=False)
+    return killed_at(tmp, sc, 2), ref.out
 
 
 @search(40, suppress_health_check=list(HealthCheck))
@@ -387,10 +392,13 @@ def killed_lookahead(tmp_path_factory, request) -> Path:
                        st.dictionaries(st.sampled_from(["t", "list", "tuple", "values", "3"]), st.integers(),
                                        max_size=2)))
 def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value):
-    """A value inside a lookahead driver's own state (its JSON text in the checkpoint: the event queue, the tickets,
-    each program's round, barrier and queue, the payloads' references) changed, the checksums fixed up: resume
-    refuses in one line naming the key (exit 2) and writes nothing, or goes on and completes; never a crash."""
+    """A value inside a lookahead driver's state (its JSON text in the checkpoint: the event queue, the tickets, its
+    own part: each program's rounds, inboxes, locks, copies, the payloads' references) changed, the checksums fixed
+    up: resume refuses in one line naming the key (exit 2) and writes nothing, or goes on to the uninterrupted run's
+    very files (the value changed none that matters); never a crash, never another run."""
     from tests.test_checkpoint import _mutate
+
+    killed, _ = killed_lookahead
 
     def edit(meta: dict) -> None:
         held = meta["state"]["windowed"]["held"]["dict"]
@@ -399,7 +407,7 @@ def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value
         _mutate(plain["own"] if own else plain, path, value)
         held[at][1] = json.dumps(plain)
 
-    _tampered_resume(killed_lookahead, edit, "state.windowed.held")
+    _tampered_resume(killed, edit, "state.windowed.held")
 
 
 def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):

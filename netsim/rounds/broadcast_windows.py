@@ -22,7 +22,7 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
-from netsim.rounds.lookahead import WindowDriver, per_agent
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent
 from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -102,6 +102,74 @@ class _Driver(WindowDriver):
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         return {"inbox": self.inbox, "own": [_plain(vars(o) if hasattr(o, "__dict__") else o) for o in self.own]}, \
             {"X": self.X, **{f"extra.{k}": m for k, m in self.extra.items()}}
+
+    KINDS = frozenset((ACT, DONE, ARR, SENT, STOP, UNTIL, EVAL, OFF))
+    OWN = ("inbox", "own")  # the keys of ``hold``'s plain part
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as this driver goes on from it: each agent's inbox (senders among its in-neighbours,
+        payloads kept), the kernel's own values (of the kinds a fresh ``start`` makes; push-sum's last running sums
+        kept), each program's rows; the arrivals in flight (their payloads kept), the completions (their gradients
+        asked for or kept); each payload held once by each message, inbox entry and running sum that names it."""
+        from collections import Counter
+
+        from netsim.sim.restore import int_in, number
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents, kernel = plain["own"], sim.loop.agents, sim.program
+        n, kept = len(agents), set(plain["payloads"])
+        if set(own) != set(cls.OWN):
+            return "own"
+        got = lambda i, m: isinstance(m, list) and len(m) == 4 and int_in(m[0]) and m[0] in agents[i].in_neighbors \
+            and int_in(m[1], 0, 2**31) and number(m[2]) and m[3] in kept  # noqa: E731  (``Incoming``)
+        inbox = own["inbox"]
+        if not (isinstance(inbox, list) and len(inbox) == n and all(
+                isinstance(box, list) and all(got(i, m) for m in box) for i, box in enumerate(inbox))):
+            return "own.inbox"
+        refs = [m[3] for box in inbox for m in box]
+        if not (isinstance(own["own"], list) and len(own["own"]) == n):
+            return "own.own"
+        for a, saved in zip(agents, own["own"]):
+            o = kernel.start(a, sim.params)
+            try:
+                o = _restored(saved, vars(o) if hasattr(o, "__dict__") else o)
+            except ValueError:
+                return "own.own"
+            if kernel.keeps:  # push-sum's last running sum of each in-neighbour (``newer_sum``): (round, handle, sum)
+                rho = o.get("rho") if isinstance(o, dict) else None
+                if not (isinstance(rho, dict) and all(
+                        j in a.in_neighbors and isinstance(r, tuple) and len(r) == 3 and int_in(r[0], 0, 2**31)
+                        and r[1] in kept and number(r[2]) for j, r in rho.items())):
+                    return "own.own"
+                refs += [r[1] for r in rho.values()]
+        shape = sim.world.bank.W.shape
+        if set(tensors) != {"X", *(f"extra.{k}" for k in kernel.extra_rows)} \
+                or any(m.shape != shape for m in tensors.values()):
+            return "own.X"
+        lo, asked = plain["tickets"][1], set(plain["grads"])
+        for _t, _, kind, i, v in plain["events"]:
+            if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
+                    or kind == SENT and v is not None \
+                    or kind == ARR and not (isinstance(v, list) and len(v) == 7 and int_in(v[0], 0, 2**62)
+                                            and got(i, [v[1], v[4], v[5], v[6]]) and int_in(v[2], 0, 2**62)
+                                            and number(v[3])):
+                return "events"
+            if kind == ARR:
+                refs.append(v[6])
+        more = cls.held_by(sim, plain)
+        if isinstance(more, str):
+            return more
+        return None if Counter(refs + more) == dict(plain["holds"]) else "holds"
+
+    @classmethod
+    def held_by(cls, sim, plain: dict) -> list | str:
+        """The payloads the rest of ``hold``'s state (``plain["own"]``) holds (a handle for each hold), or the first key
+        that is not what this driver holds (``check_own``)."""
+        return []
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         per_agent(own, ("inbox", "own"), len(self.ctx.agents))

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, WindowDriver, pack, per_agent
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, pack, per_agent
 from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
@@ -260,6 +260,64 @@ class _Driver(WindowDriver):
 
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         return self.programs.held(), {}
+
+    KINDS = frozenset((ACT, DONE, ARR, STOP, UNTIL, EVAL, OFF, RESUME, SERVE_NEXT, TIMER, SENT))
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as this driver goes on from it: each agent's programs (its lock, exchanges and serves so
+        far, the gradient it steps with, its exchange's own model while locked, the round it waits for), the replies
+        and requests queued; the messages in flight, resolving a wait or served next (each from a neighbour, of the
+        pattern's tags), the timers and transmissions of exchanges made, the completions; every payload kept and held
+        once by each message and locked exchange that names it."""
+        from collections import Counter
+
+        from netsim.sim.restore import int_in, number
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents, pattern = plain["own"], sim.loop.agents, sim.program.pattern
+        n, kept, grads = len(agents), set(plain["payloads"]), set(plain["grads"])
+        if set(own) != {*_Programs.PLAIN, "replies", "requests"} or tensors:
+            return "own"
+        each = lambda k, ok: isinstance(own[k], list) and len(own[k]) == n and all(map(ok, own[k]))  # noqa: E731
+        xround = own["xround"]
+        for k, ok in (("locked", lambda v: type(v) is bool), ("serving", lambda v: type(v) is bool),
+                      ("xround", lambda v: int_in(v, 0, 2**31)), ("served", lambda v: int_in(v, 0, 2**62)),
+                      ("ticket", lambda v: v is None or v in grads), ("mine", lambda v: v is None or int_in(v))):
+            if not each(k, ok):
+                return f"own.{k}"
+        if not (each("seen", lambda v: int_in(v)) and all(map(int.__le__, own["seen"], own["served"]))):
+            return "own.seen"
+        if not (each("waits", lambda v: int_in(v)) and all(w in (0, r) for w, r in zip(own["waits"], xround))):
+            return "own.waits"
+        if not (pattern.pull or all(m in kept for m, locked in zip(own["mine"], own["locked"]) if locked)):
+            return "own.mine"
+        refs = [m for m, locked in zip(own["mine"], own["locked"]) if locked and not pattern.pull]
+
+        def message(i: int, m) -> bool:  # (``Arrived``: to agent i, from a neighbour, its payload kept and held)
+            ok = isinstance(m, list) and len(m) == 7 and int_in(m[0], 0, 2**62) and int_in(m[1]) \
+                and m[1] in agents[i].neighbors and int_in(m[2], 0, 2**62) and number(m[3]) \
+                and int_in(m[4], 0, 2**31) and m[5] in pattern.names \
+                and (m[6] is None or m[6] in kept)
+            if ok and m[6] is not None:
+                refs.append(m[6])
+            return ok
+
+        for k in ("replies", "requests"):
+            if not each(k, lambda q: isinstance(q, list)) \
+                    or not all(message(i, m) for i, q in enumerate(own[k]) for m in q):
+                return f"own.{k}"
+        lo = plain["tickets"][1]
+        for _t, _, kind, i, v in plain["events"]:
+            if kind in cls.KINDS - {STOP, UNTIL, EVAL, OFF} and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in grads)) \
+                    or kind in (ARR, SERVE_NEXT) and not message(i, v) \
+                    or kind == RESUME and not (v is None or message(i, v)) \
+                    or kind in (TIMER, SENT) and not int_in(v, 1, xround[i] + 1):
+                return "events"
+        return None if Counter(refs) == dict(plain["holds"]) else "holds"
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         self.programs.load(own)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import WindowDriver, per_agent
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent
 from netsim.rounds.ticks import SLEEP, Replay
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
@@ -51,10 +51,13 @@ class _Driver(WindowDriver):
     def activated(self, i: int, now: float, at: float) -> None:
         a, ctl = self.ctx.agents[i], self.ctl[i]
         t = a.tick(at) - 1
-        got, self.inbox[i] = self.inbox[i], []
+        got, self.inbox[i], applied = self.inbox[i], [], ctl.applied
         late = ctl.arrived(got)
         if late:
             a.stats.add(self.ctx.pattern.late, late)
+            for _, rnd, h in got:  # (never added: their holds given up)
+                if rnd <= applied:
+                    self.payloads.release(h, later=True)
         slot = self.pc.slot[i]
         for op in ctl.wake(t, self.horizon):
             if op is SLEEP:
@@ -80,6 +83,54 @@ class _Driver(WindowDriver):
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         ctl = [[c.done, c.applied, list(c.pending.items()), c.spent] for c in self.ctl]
         return {"ctl": ctl, "inbox": self.inbox, "round": self.round}, {}
+
+    KINDS = frozenset((ACT, DONE, ARR, SENT, STOP, UNTIL, EVAL, OFF))
+
+    @classmethod
+    def check_own(cls, sim, plain: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+        """``hold``'s state as this driver goes on from it: each agent's rounds (``Replay``: the last done, the one
+        before it applied, the differences pending by later round, no budget spent), its inbox and the round it
+        plays; the arrivals in flight, the completions (their gradients asked for or kept); every difference from an
+        in-neighbour, its payload kept and held once by each message, inbox entry and pending entry that names it."""
+        from collections import Counter
+
+        from netsim.sim.restore import int_in, ints_in, number
+
+        bad = super().check_own(sim, plain, tensors)
+        if bad is not None:
+            return bad
+        own, agents = plain["own"], sim.loop.agents
+        n, kept = len(agents), set(plain["payloads"])
+        if set(own) != {"ctl", "inbox", "round"} or tensors:
+            return "own"
+        diff = lambda i, src, h: int_in(src) and src in agents[i].in_neighbors and h in kept  # noqa: E731
+        ctl, inbox = own["ctl"], own["inbox"]
+        if not (isinstance(ctl, list) and len(ctl) == n and all(
+                isinstance(c, list) and len(c) == 4 and int_in(c[0], -1, 2**31) and c[1] == max(c[0] - 1, -1)
+                and isinstance(c[2], list) and all(
+                    isinstance(r, list) and len(r) == 2 and int_in(r[0], c[1] + 1, 2**31) and isinstance(r[1], list)
+                    and all(isinstance(m, list) and len(m) == 2 and diff(i, *m) for m in r[1]) for r in c[2])
+                and len({r[0] for r in c[2]}) == len(c[2]) and c[3] is False for i, c in enumerate(ctl))):
+            return "own.ctl"
+        if not (isinstance(inbox, list) and len(inbox) == n and all(
+                isinstance(box, list) and all(isinstance(m, list) and len(m) == 3 and int_in(m[1], 0, 2**31)
+                                              and diff(i, m[0], m[2]) for m in box) for i, box in enumerate(inbox))):
+            return "own.inbox"
+        if not (isinstance(own["round"], list) and len(own["round"]) == n and ints_in(own["round"], 0, 2**31)):
+            return "own.round"
+        refs = [m[2] for box in inbox for m in box] + [h for c in ctl for r in c[2] for _, h in r[1]]
+        lo, asked = plain["tickets"][1], set(plain["grads"])
+        for _t, _, kind, i, v in plain["events"]:
+            if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
+                    or kind == SENT and v is not None \
+                    or kind == ARR and not (isinstance(v, list) and len(v) == 6 and int_in(v[0], 0, 2**62)
+                                            and diff(i, v[1], v[5]) and int_in(v[2], 0, 2**62) and number(v[3])
+                                            and int_in(v[4], 0, 2**31)):
+                return "events"
+            if kind == ARR:
+                refs.append(v[5])
+        return None if Counter(refs) == dict(plain["holds"]) else "holds"
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         per_agent(own, ("ctl", "inbox", "round"), len(self.ctx.agents))

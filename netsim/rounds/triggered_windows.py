@@ -104,6 +104,16 @@ class _Sends(BroadcastDriver):
         own, tensors = super().hold()
         return {**own, "k": self.k}, tensors
 
+    OWN = (*BroadcastDriver.OWN, "k")
+
+    @classmethod
+    def held_by(cls, sim, plain: dict) -> list | str:
+        """(``BroadcastDriver.check_own``) each agent's count of activations."""
+        from netsim.sim.restore import ints_in
+
+        k = plain["own"]["k"]
+        return [] if isinstance(k, list) and len(k) == len(sim.loop.agents) and ints_in(k, 0, 2**31) else "own.k"
+
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)
         per_agent(own, ("k",), len(self.ctx.agents))
@@ -165,6 +175,44 @@ class _Driver(_Sends):
     def hold(self) -> tuple[object, dict[str, torch.Tensor]]:
         own, tensors = super().hold()
         return {**own, **self.copies.held(), **self.releases.held()}, tensors
+
+    OWN = (*_Sends.OWN, "copy", "copy_round", "last", "recorded", "count_of", "spent")
+
+    @classmethod
+    def held_by(cls, sim, plain: dict) -> list | str:
+        """(``BroadcastDriver.check_own``) the copies (of in-neighbours, by handle) and their rounds, the last-sent
+        references (to out-neighbours), the releases of tickets and the agents a cap refused; the copies and the
+        references hold their payloads."""
+        from netsim.sim.restore import int_in, ints_in
+
+        more = super().held_by(sim, plain)
+        if isinstance(more, str):
+            return more
+        own, agents = plain["own"], sim.loop.agents
+        n, kept, top = len(agents), set(plain["payloads"]), plain["tickets"][0]
+        pairs = lambda v, keys, ok: isinstance(v, list) and len(v) == n and all(  # noqa: E731  ([key, value] each)
+            isinstance(d, list) and all(isinstance(e, list) and len(e) == 2 and int_in(e[0]) and e[0] in keys(i)
+                                        and ok(e[1]) for e in d) and len({e[0] for e in d}) == len(d)
+            for i, d in enumerate(v))
+        held = lambda h: int_in(h) and h in kept  # noqa: E731  (a message's payload: an initial model is not held)
+        if not pairs(own["copy"], lambda i: agents[i].in_neighbors, held):
+            return "own.copy"
+        if not (pairs(own["copy_round"], lambda i: agents[i].in_neighbors, lambda r: int_in(r, 0, 2**31)) and all(
+                {j for j, _ in c} == {j for j, _ in r} for c, r in zip(own["copy"], own["copy_round"]))):
+            return "own.copy_round"
+        if not pairs(own["last"], lambda i: agents[i].neighbors, held):
+            return "own.last"
+        tickets = lambda v, ok: isinstance(v, list) and all(  # noqa: E731
+            isinstance(e, list) and len(e) == 2 and int_in(e[0], 0, top) and ok(e[1]) for e in v) \
+            and len({e[0] for e in v}) == len(v)
+        if not tickets(own["recorded"], lambda ok: type(ok) is bool):
+            return "own.recorded"
+        if not tickets(own["count_of"], lambda c: int_in(c, 0, 2**31)):
+            return "own.count_of"
+        spent = own["spent"]
+        if not (isinstance(spent, list) and ints_in(spent, 0, n) and len(set(spent)) == len(spent)):
+            return "own.spent"
+        return more + [h for k in ("copy", "last") for d in own[k] for _, h in d]
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         super().take_hold(own, tensors)

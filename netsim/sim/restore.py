@@ -422,8 +422,8 @@ def _driver_state(held: Any, n: int) -> dict:
         "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
                        for k in ("payloads", "grads", "at"))
         and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own."))
-        and all(len(plain[k]) == len(held[k]) and len(set(plain[k])) == len(plain[k])  # (a row a key)
-                for k in ("payloads", "grads", "at") if lists[k]),
+        and all(len(plain[k]) == len(held[k]) and set(map(type, plain[k])) <= {int, str}  # (a row a key)
+                and len(set(plain[k])) == len(plain[k]) for k in ("payloads", "grads", "at") if lists[k]),
     }
     bad = [key for key, ok in checks.items() if not ok]
     if bad:
