@@ -341,10 +341,10 @@ def test_fuzz_tampered_windowed_state(killed_windowed, path, anywhere, value):
                                                            value))
 
 
-def _tampered_resume(killed: Path, edit, names: str | None = None, ref: Path | None = None) -> None:
+def _tampered_resume(killed: Path, edit, names: str | None = None) -> None:
     """A copy of the killed run with each checkpoint's state.json changed by ``edit`` (its checksums fixed up):
-    resume refuses in one line (exit 2; naming ``names`` where given) and writes nothing, or goes on and completes
-    (writing ``ref``'s files, the uninterrupted run's, where given); never a traceback."""
+    resume refuses in one line (exit 2; naming ``names`` where given) and writes nothing, or goes on and completes;
+    never a traceback."""
     import shutil
     import tempfile
 
@@ -364,8 +364,6 @@ def _tampered_resume(killed: Path, edit, names: str | None = None, ref: Path | N
         assert "Traceback" not in r.output
         if r.exit_code == 0:
             assert api.is_complete(out)
-            if ref is not None:
-                same_outputs(out, ref)
             return
         _one_line_exit_2(r, out)
         assert names is None or names in r.output
@@ -373,16 +371,14 @@ def _tampered_resume(killed: Path, edit, names: str | None = None, ref: Path | N
 
 
 @pytest.fixture(scope="module", params=["barrier", "push_gossip", "pushsum", "adpsgd", "do_adp", "event_triggered"])
-def killed_lookahead(tmp_path_factory, request) -> tuple[Path, Path]:
+def killed_lookahead(tmp_path_factory, request) -> Path:
     """Each pattern whose lookahead windows restore (barrier rounds on their own clocks, push gossip, the broadcast,
     pairwise, ticks and event-triggered drivers) stopped dead after its second checkpoint (the driver's whole state
-    between two windows), and its uninterrupted run; tests work on copies."""
+    between two windows); tests work on copies."""
     from tests.test_lookahead_windows import checkpointed
 
-    tmp = tmp_path_factory.mktemp("killed")
     sc = scenario("barrier", n=16, rounds=12, every=3) if request.param == "barrier" else checkpointed(request.param)
-    ref = api.run(scenario_from_dict(sc), out=tmp / "ref", engine="windowed", interruptible=False)
-    return killed_at(tmp, sc, 2), ref.out
+    return killed_at(tmp_path_factory.mktemp("killed"), sc, 2)
 
 
 @search(40, suppress_health_check=list(HealthCheck))
@@ -394,11 +390,9 @@ def killed_lookahead(tmp_path_factory, request) -> tuple[Path, Path]:
 def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value):
     """A value inside a lookahead driver's state (its JSON text in the checkpoint: the event queue, the tickets, its
     own part: each program's rounds, inboxes, locks, copies, the payloads' references) changed, the checksums fixed
-    up: resume refuses in one line naming the key (exit 2) and writes nothing, or goes on to the uninterrupted run's
-    very files (the value changed none that matters); never a crash, never another run."""
+    up: resume refuses in one line naming the key (exit 2) and writes nothing, or goes on and completes (a value no
+    check can pin, such as a message's scalar, may make another run); never a crash."""
     from tests.test_checkpoint import _mutate
-
-    killed, _ = killed_lookahead
 
     def edit(meta: dict) -> None:
         held = meta["state"]["windowed"]["held"]["dict"]
@@ -407,7 +401,7 @@ def test_fuzz_tampered_lookahead_driver_state(killed_lookahead, path, own, value
         _mutate(plain["own"] if own else plain, path, value)
         held[at][1] = json.dumps(plain)
 
-    _tampered_resume(killed, edit, "state.windowed.held")
+    _tampered_resume(killed_lookahead, edit, "state.windowed.held")
 
 
 def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):

@@ -152,6 +152,11 @@ def _numbers(col: Any) -> bool:
 int_in, ints_in, number, numbers = _int, _ints, _number, _numbers
 
 
+def _keys(col: Any) -> bool:
+    """Every value of ``col`` a driver's key: an int or a str (hashable, as JSON gives them back)."""
+    return set(map(type, col)) <= {int, str}
+
+
 def _strs(col: Any) -> bool:
     return set(map(type, col)) <= {str}
 
@@ -412,17 +417,18 @@ def _driver_state(held: Any, n: int) -> dict:
         "shipped": isinstance(plain.get("shipped"), str),
         "own": isinstance(plain.get("own"), dict),
         "driver": isinstance(plain.get("driver"), str),
-        "payloads": lists["payloads"] and set(map(type, plain["payloads"])) <= {int, str},  # (the driver's keys)
+        "payloads": lists["payloads"] and _keys(plain["payloads"]),  # (the driver's keys)
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
         "holds": isinstance(holds, list) and _lists(holds, 2) and _ints(_cols(holds, 2)[1], 1)
-        and lists["payloads"] and set(_cols(holds, 2)[0]) <= set(plain["payloads"]),  # (a held payload is kept)
+        and lists["payloads"] and _keys(plain["payloads"]) and _keys(_cols(holds, 2)[0])
+        and set(_cols(holds, 2)[0]) <= set(plain["payloads"]),  # (a held payload is kept)
         "next_pid": _int(plain.get("next_pid")),
         "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
                        for k in ("payloads", "grads", "at"))
         and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in held.items() if k.startswith("own."))
-        and all(len(plain[k]) == len(held[k]) and set(map(type, plain[k])) <= {int, str}  # (a row a key)
+        and all(len(plain[k]) == len(held[k]) and _keys(plain[k])  # (a row a key)
                 and len(set(plain[k])) == len(plain[k]) for k in ("payloads", "grads", "at") if lists[k]),
     }
     bad = [key for key, ok in checks.items() if not ok]
