@@ -22,7 +22,7 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent, queued_holds
 from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -149,17 +149,11 @@ class _Driver(WindowDriver):
         if set(tensors) != {"X", *(f"extra.{k}" for k in kernel.extra_rows)} \
                 or any(m.shape != shape for m in tensors.values()):
             return "own.X"
-        lo, asked = plain["tickets"][1], set(plain["grads"])
-        for _t, _, kind, i, v in plain["events"]:
-            if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
-                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
-                    or kind == SENT and v is not None \
-                    or kind == ARR and not (isinstance(v, list) and len(v) == 7 and int_in(v[0], 0, 2**62)
-                                            and got(i, [v[1], v[4], v[5], v[6]]) and int_in(v[2], 0, 2**62)
-                                            and number(v[3])):
-                return "events"
-            if kind == ARR:
-                refs.append(v[6])
+        arrivals = queued_holds(plain, n, lambda i, v: len(v) == 7 and int_in(v[0], 0, 2**62) and number(v[3])
+                                and got(i, [v[1], v[4], v[5], v[6]]) and int_in(v[2], 0, 2**62))
+        if arrivals is None:
+            return "events"
+        refs += arrivals
         more = cls.held_by(sim, plain)
         if isinstance(more, str):
             return more

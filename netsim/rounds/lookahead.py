@@ -212,6 +212,23 @@ def per_agent(own: dict, keys, n: int) -> None:
         raise ValueError(f"held.own: not {n} agents' state")
 
 
+def queued_holds(plain: dict, n: int, arrival: Callable[[int, list], bool]) -> list | None:
+    """A broadcast-pattern driver's queued events checked (``check_own``: activations at a time, completions of a
+    ticket asked for or kept, transmission ends with no value, arrivals by ``arrival(agent, value)``): the payload
+    handle each arrival holds (its value's last), or None where one is wrong."""
+    from netsim.sim.restore import int_in, number
+
+    lo, asked, held = plain["tickets"][1], set(plain["grads"]), []
+    for _t, _, kind, i, v in plain["events"]:
+        if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
+                or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
+                or kind == SENT and v is not None or kind == ARR and not (isinstance(v, list) and arrival(i, v)):
+            return None
+        if kind == ARR:
+            held.append(v[-1])
+    return held
+
+
 def stacked(rows: list[torch.Tensor]) -> torch.Tensor:
     """``torch.stack(rows)``; where the rows lie back to back in one storage, in order (a gradient batch's results),
     a (B, P) view of them: the same values, without a copy (a (B, P) copy per batch of a large model)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent, queued_holds
 from netsim.rounds.ticks import SLEEP, Replay
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
@@ -119,17 +119,11 @@ class _Driver(WindowDriver):
         if not (isinstance(own["round"], list) and len(own["round"]) == n and ints_in(own["round"], 0, 2**31)):
             return "own.round"
         refs = [m[2] for box in inbox for m in box] + [h for c in ctl for r in c[2] for _, h in r[1]]
-        lo, asked = plain["tickets"][1], set(plain["grads"])
-        for _t, _, kind, i, v in plain["events"]:
-            if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
-                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
-                    or kind == SENT and v is not None \
-                    or kind == ARR and not (isinstance(v, list) and len(v) == 6 and int_in(v[0], 0, 2**62)
-                                            and diff(i, v[1], v[5]) and int_in(v[2], 0, 2**62) and number(v[3])
-                                            and int_in(v[4], 0, 2**31)):
-                return "events"
-            if kind == ARR:
-                refs.append(v[5])
+        arrivals = queued_holds(plain, n, lambda i, v: len(v) == 6 and int_in(v[0], 0, 2**62) and number(v[3])
+                                and diff(i, v[1], v[5]) and int_in(v[2], 0, 2**62) and int_in(v[4], 0, 2**31))
+        if arrivals is None:
+            return "events"
+        refs += arrivals
         return None if Counter(refs) == dict(plain["holds"]) else "holds"
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
