@@ -159,7 +159,7 @@ class Streams:
         # names, kept as they are: parsing 40,000 names into keys costs more than the rest of ``restore``)
         self._pending: dict[str, int] = {}
         self._rows, self._names = np.zeros((0, 6), np.uint64), []
-        self._put: dict[str, int] = {}  # the streams the last ``restore`` put in place, by name -> their row
+        self._put: dict[str, int] = {}  # the streams ``restore`` put in place, by name -> their row, until ``rows``
 
     def rng(self, purpose: str, *key: int) -> np.random.Generator:
         k = (purpose_code(purpose), *map(int, key))
@@ -202,7 +202,7 @@ class Streams:
         check compares which streams there are, not their states read back: ~5 us a stream), and where those and the
         ones not made yet are all there are, the names and rows are the restore's, in its order."""
         keys, made = [], []
-        put = self._put if restored else {}
+        put, self._put = (self._put if restored else {}), {}  # (for this one call: a name per stream)
         for k, g in self._cache.items():
             if put and _name(k) in put:
                 continue
