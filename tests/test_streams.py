@@ -199,6 +199,7 @@ def test_streams_rows_restore_into_a_fresh_tree_and_read_back_the_same():
         assert again == names and np.array_equal(back, rows)
     for key in ((2, 10), (3, 0, 7)):  # the others made when asked for, standing where they stood
         assert np.array_equal(b.rng("latency", *key).random(4), a.rng("latency", *key).random(4))
-    for bad in ([*names[:-1], names[-1] + ","], [*names[:-1], "0" + names[-1]], names[:-1]):
+    for bad in ([*names[:-1], names[-1] + ","], [*names[:-1], "0" + names[-1]], names[:-1], [*names[:-1], "-1"],
+                [*names[:-2], names[-2] + "\n1", names[-1]]):
         with pytest.raises(ValueError):
             Streams(5).restore(bad, rows)

@@ -230,7 +230,7 @@ class Streams:
             raise ValueError("the streams' states are not rows of 6 uint64")
         if len(names) != len(rows):
             raise ValueError(f"{len(names)} streams' names for {len(rows)} states")
-        if not all(map(_NAME.fullmatch, names)):  # (a name ``rng`` would never ask for: that stream made afresh)
+        if not _names(names):  # (a name ``rng`` would never ask for: that stream made afresh)
             raise ValueError("a stream's name is not its spawn key's integers")
         cache, pending = self._cache, self._pending
         if pending:  # (restored twice: the rows not made yet are kept with the new ones)
@@ -444,8 +444,16 @@ def first_doubles_exact(states: np.ndarray, low: float, high: float) -> bool:
     return True
 
 
-_NUMBER = "(?:0|[1-9][0-9]*)"
-_NAME = re.compile(f"{_NUMBER}(?:,{_NUMBER})*")  # a stream's name as ``rows`` writes it
+# in streams' names each between newlines: an empty number or name, a number with a leading zero
+_NOT_NAMES = re.compile(rb"[,\n][,\n]|[,\n]0[0-9]")
+
+
+def _names(names: list[str]) -> bool:
+    """Whether each of ``names`` is a stream's name as ``rows`` writes it (the integers of its spawn key, each
+    written as ``str`` writes it, joined by commas): all of them in one pass (a regex match a name: ~5x as long)."""
+    text = ("\n" + "\n".join(names) + "\n").encode()
+    return not names or (not text.translate(None, b"0123456789,\n") and text.count(b"\n") == len(names) + 1
+                         and _NOT_NAMES.search(text) is None)
 
 
 def _name(key: tuple[int, ...]) -> str:
