@@ -326,7 +326,7 @@ def killed_windowed(tmp_path_factory, request) -> Path:
     return killed_at(tmp_path_factory.mktemp("killed"), scenario(request.param, n=16, rounds=12, every=3), 2)
 
 
-@search(30, suppress_health_check=list(HealthCheck))
+@search(20, suppress_health_check=list(HealthCheck))
 @given(path=st.lists(st.integers(0, 1000), min_size=1, max_size=6), anywhere=st.booleans(),
        value=st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 70), st.floats(allow_nan=True),
                        st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=6),

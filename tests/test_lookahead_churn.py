@@ -68,7 +68,7 @@ def agree(folder, sc: dict) -> dict:
     return lookahead_run(folder, sc)  # churn, outages and bursts keep the run out of synchronous rounds
 
 
-@search(18, phases=[Phase.explicit, Phase.generate],
+@search(12, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=churned_gossip())
 def test_lookahead_windows_agree_with_the_engine_when_agents_go_offline_and_links_fail(tmp_path_factory, sc):
@@ -175,7 +175,7 @@ def linked_gossip(draw) -> dict:
     return sc
 
 
-@search(16, phases=[Phase.explicit, Phase.generate],
+@search(11, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=linked_gossip())
 def test_lookahead_windows_agree_with_the_engine_on_link_queues_per_link_settings_changing_graphs(tmp_path_factory,

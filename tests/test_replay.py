@@ -241,7 +241,7 @@ def test_a_run_with_a_plugin_link_model_replays_byte_for_byte(tmp_path):
                               text=True, timeout=300)
 
     r = netsim("run", "scenarios/quickstart.toml", "--plugin", plugin, "--set", "network.model=planar", "--set",
-               "run.until=6", "--set", "network.bandwidth=20000", "--out", tmp_path / "rec", "-q")
+               "run.until=3", "--set", "network.bandwidth=20000", "--out", tmp_path / "rec", "-q")
     assert r.returncode == 0, r.stderr
     r = netsim("replay", tmp_path / "rec", "--plugin", plugin, "--out", tmp_path / "rep")
     assert r.returncode == 0, r.stdout + r.stderr
