@@ -35,7 +35,9 @@ subprocess of the same run, and the fast path's (or the events engine's) simulat
 ``--against DIR [DIR ...]``: the same runs with the netsim of another checkout (``git worktree add /tmp/old
 987affe``; this file runs with ``PYTHONPATH=DIR``), interleaved with this one's, and each engine's ratio to this
 checkout. ``--repeat R`` runs every (checkout, engine) R times, interleaved, and prints medians (the machine is
-shared: compare medians of interleaved runs). "sim CPU" is the run's CPU time less the set-up's (``api.prepare``).
+shared: compare medians of interleaved runs). "sim CPU" is the CPU time of what "sim s" times (``Simulation.start``,
+``advance``, ``finish``: the run's CPU less its set-up and the run folder's plots; a checkout without them: the run's
+CPU less ``api.prepare``'s).
 
     python benchmarks/bench_scale.py [--agents 1000 2000 5000 10000] [--rounds 100] [--threads 1]
         [--dp | --choco | --muffliato | --dfedavg]
@@ -155,6 +157,13 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
     except ImportError:
         pass
     timed(TraceWriter, "flush", split, "flush")
+    try:  # what the simulation's wall time covers ("sim CPU")
+        from netsim.sim.kernel import Simulation
+
+        for name in ("start", "advance", "finish"):
+            timed(Simulation, name, split, "sim")
+    except ImportError:
+        pass
     if hasattr(TraceWriter, "emit_columns"):  # rows handed over as columns (they call no flush)
         timed(TraceWriter, "emit_columns", split, "flush")
 
@@ -176,7 +185,7 @@ def one(n: int, rounds: int, threads: int, trace: bool, dp: bool = False, engine
     mid = min(inside, key=lambda x: abs(x[0] - end / 2)) if inside else (end / 2, None)
     last = max((x for x in samples if x[0] <= end), key=lambda x: x[0])
     return {"agents": n, "total": total, "cpu": cpu, "sim": s["wall_time"], "events": s["events"],
-            "sim_cpu": cpu - split.get("setup", (0.0, 0.0))[1],
+            "sim_cpu": split["sim"][1] if "sim" in split else cpu - split.get("setup", (0.0, 0.0))[1],
             "steps": s["gradients"], "accuracy": s["accuracy"], "stop": s["stop_reason"],
             "releases": s.get("privacy_releases", 0), "epsilon": s.get("privacy_epsilon_max"),
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

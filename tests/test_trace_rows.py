@@ -58,6 +58,35 @@ def test_event_counts_from_columns_match_a_count_of_the_rows():
     assert counts.bytes_sent == sum(r[5] for r in rows if r[1] == "send") > 0
 
 
+def test_event_counts_of_columns_are_those_of_their_batches(tmp_path):
+    """Rows handed to the writer as columns are counted by their codes (``EventCounts.columns``): the counts, in the
+    same order, and the bytes sent that counting the written batches' strings gives."""
+    import numpy as np
+    import pyarrow as pa
+
+    from netsim.metrics.summary import EventCounts
+    from netsim.sim import rows as shapes
+    from netsim.sim.rows import CODES
+    from netsim.trace.io import row_columns
+
+    words = shapes.words()
+    rng = np.random.default_rng(5)
+    names = ["deliver", "send", "custom", "activate", "timeout"]  # first appearance not in code order
+    rows = [(0.1 * n, names[k], n % 7, -1, n, int(rng.integers(1, 100)), 0.0, 1, "model")
+            for n, k in enumerate(rng.integers(0, len(names), 500).tolist())]
+    counts = EventCounts()
+    writer = TraceWriter(tmp_path / "t.arrows", {}, flush_every=64, on_batch=counts)
+    for lo in range(0, 500, 90):  # full batches as columns, the rest left as rows (flushed as columns too)
+        writer.emit_columns(row_columns(rows[lo:lo + 90], words), words)
+    writer.close()
+    read = EventCounts()
+    for batch in pa.ipc.open_stream((tmp_path / "t.arrows").read_bytes()):
+        read(batch)
+    assert words.codes["send"] == CODES.send and counts.total == read.total == 500
+    assert list(counts.kinds.items()) == list(read.kinds.items())
+    assert counts.bytes_sent == read.bytes_sent == sum(r[5] for r in rows if r[1] == "send")
+
+
 def test_mini_batches_drawn_ahead_are_the_single_draws():
     """sample_rows draws several mini-batches per numpy call (DrawsAhead): the rows handed out, and the
     batch stream's state whenever someone else reads it, must be those of one call per mini-batch."""

@@ -160,7 +160,7 @@ class Batch:
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "more", "s", "_at", "_rows", "_sent", "_mixes",
-                      "rows", "scalars", "recorded", "counts", "held"})
+                      "rows", "scalars", "recorded", "counts", "held", "order"})
     # a lookahead-window driver's batch: each agent's release already recorded by the ledger where the engine makes
     # it (its completion: time, row, a cap's refusal; False: refused), so ``privatize`` only draws the noise
     recorded: Sequence[bool] | None = None
@@ -169,6 +169,7 @@ class Batch:
     # tensor work, so the driver writes the records in the engine's order: the mixing steps as a batch's, even of one
     # agent (``take_mixes``), and each release's value before and after its noise, (batch position, clean, value) here
     held: list | None = None
+    order: np.ndarray | None = None  # a windowed driver's batch: its agents' ids as an array (``index`` lists none)
 
     def renew(self, k: int, x: torch.Tensor, g: torch.Tensor | None, xm: torch.Tensor | None = None) -> None:
         """This batch of one as the next round's, made from its agent's row ``x`` (1-D; ``xm``: it as (1, P), when
@@ -265,7 +266,7 @@ class Batch:
 
     def index(self) -> torch.Tensor:
         """The batch's agent ids as an index tensor on the bank's device (for ``state`` rows)."""
-        return as_index(self.ids, self.x.device)
+        return as_index(self.ids if self.order is None else self.order, self.x.device)
 
     def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
         """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views."""

@@ -565,6 +565,7 @@ class SyncRounds(Pattern):
                 return now[n], released.setdefault(n, [])
 
             b = Batch(woken, k, x, g, state, at_, rows=(xs, None))
+            b.order = ids
             sim.loop.env.advance_to(float(t_act[0]))  # local starts at the activation (every agent's: one tick)
             if not gen and hook is not None:  # ``local``'s writes at each agent's gradient completion
                 ev.before_level(bank, one=batch_local)  # ``LocalAhead``: every agent's at the first completion

@@ -238,8 +238,8 @@ def wake_all(sim, ids, when):
 
     agents = sim.loop.agents
     woken = list(map(agents.__getitem__, ids.tolist()))  # (map and attrgetter: C loops over a round's agents)
-    schedules = list(map(attrgetter("schedule"), woken))
-    ticks = np.fromiter(map(attrgetter("tick"), schedules), np.int64, len(woken))
+    # (each agent's schedule reached from it, as where the ticks are set: a list of the schedules cost as much again)
+    ticks = np.fromiter(map(attrgetter("schedule.tick"), woken), np.int64, len(woken))
     bits = when.view(np.int64)  # the float's bits: equal pairs are the same float
     one = len(bits) and (bits == bits[0]).all() and (ticks == ticks[0]).all()
     if one:  # one pair (all woke at once): no sort
@@ -254,11 +254,11 @@ def wake_all(sim, ids, when):
     which = which.reshape(-1)
     if one:
         t = int(tick[0])
-        for s in schedules:
-            s.tick = t
+        for a in woken:
+            a.schedule.tick = t
     else:
-        for s, t in zip(schedules, tick[which].tolist(), strict=True):
-            s.tick = t
+        for a, t in zip(woken, tick[which].tolist(), strict=True):
+            a.schedule.tick = t
     sim.count_wakes(woken)
     times = act[which]
     if len(first) == 1:  # one activation time: fired in call order

@@ -450,9 +450,9 @@ class TraceWriter:
                 return
             head = row_columns(self.buffer, words)
             self.buffer = []
-            self._write_batch(columns_batch(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)), words))
+            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)))
         while n - i >= every:
-            self._write_batch(columns_batch(tuple(c[i:i + every] for c in cols), words))
+            self._write_columns(tuple(c[i:i + every] for c in cols))
             i += every
         if i < n:
             self.buffer.extend(column_rows(cols, i, n, words))
@@ -473,12 +473,24 @@ class TraceWriter:
             return
         rows, self.buffer = self.buffer, []
         words = self._words  # (a run whose driver hands columns: the rows left as columns, the same bytes)
-        self._write_batch(record_batch(rows) if words is None else columns_batch(row_columns(rows, words), words))
+        if words is None:
+            self._write_batch(record_batch(rows))
+        else:
+            self._write_columns(row_columns(rows, words))
 
-    def _write_batch(self, batch: pa.RecordBatch) -> None:
+    def _write_columns(self, cols: tuple) -> None:
+        """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``), which an ``on_batch`` that counts
+        columns (``EventCounts.columns``) is handed instead of the batch: no string per row to read back."""
+        self._write_batch(columns_batch(cols, self._words), cols)
+
+    def _write_batch(self, batch: pa.RecordBatch, cols: tuple | None = None) -> None:
         self.count += batch.num_rows
         if self.on_batch is not None:
-            self.on_batch(batch)
+            counted = None if cols is None else getattr(self.on_batch, "columns", None)
+            if counted is None:
+                self.on_batch(batch)
+            else:
+                counted(cols, self._words)
         self._open()
         if self._sink is not None:
             self._write(batch_message(batch))
