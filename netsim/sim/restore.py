@@ -72,7 +72,9 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "marks": [marks.activations, marks.mark, marks.round_mark],
         "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
                   *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
-        "agents": [[_ahead(a.batches_ahead), _pos(a.compute_sampler)] for a in loop.agents],
+        # (a restored agent's as the checkpoint gave them, while nothing has drawn from them: ``Agent.draws_saved``)
+        "agents": [s if (s := a.draws_saved) is not None else [_ahead(a.batches_ahead), _pos(a.compute_sampler)]
+                   for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
