@@ -290,7 +290,7 @@ def _capture(sim, columns: bool = False, restored: bool = False) -> tuple[dict[s
         # (each link's (src, dst) its own: sorted by them as one int, ~3x faster than by the lists)
         "network": {**_plain_vars(world.network),
                     "links": sorted([*([s, d, lk.busy_until] for (s, d), lk in world.network.links.items()),
-                                     *([s, d, r[2]] for (s, d), r in world.network.restored.items())],
+                                     *([s, d, r[1]] for (s, d), r in world.network.restored.items())],
                                     key=lambda r: r[0] * n + r[1])},
         "gradients": {"calls": g.calls, "evaluated": g.evaluated, "pending": len(g.pending)},
         "events": {"emitted": rec.events_emitted,

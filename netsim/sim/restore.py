@@ -71,7 +71,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
         "marks": [marks.activations, marks.mark, marks.round_mark],
         "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
-                  *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
+                  *map(itemgetter(0), world.network.restored.values())],  # (the checkpoint's rows, not made yet)
         # (a restored agent's as the checkpoint gave them, while nothing has drawn from them: ``Agent.draws_saved``)
         "agents": [s if (s := a.draws_saved) is not None else [_ahead(a.batches_ahead), _pos(a.compute_sampler)]
                    for a in loop.agents],
@@ -344,7 +344,7 @@ def _restore(sim, ckpt) -> dict:
         raise ValueError("state.network.links are not the links of state.windowed.links")
     # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
-    net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
+    net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
     schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
                             "state.agents[{}].schedule")
