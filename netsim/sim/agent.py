@@ -29,7 +29,7 @@ from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Lookahead
-from netsim.sim.streams import DrawsAhead
+from netsim.sim.streams import Draws, DrawsAhead
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -397,10 +397,10 @@ class Agent:
     def resume_draws(self, ahead: list | None, compute: list | None) -> None:
         """Stand the mini-batches drawn ahead and the compute-time sampler where a checkpoint saved them
         (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
-        ``compute``: ``Draws.position``); None leaves that one as it is. Both given (a windowed run's agents): put in
-        place when first read (``_Resumed``)."""
+        ``compute``: ``Draws.position``); None leaves that one as it is. Both given to a sampler that keeps positions
+        (a windowed run's agents): put in place when first read (``_Resumed``)."""
         d = self._draws
-        if ahead is not None and compute is not None and type(d) is _Draws:
+        if ahead is not None and compute is not None and type(d) is _Draws and isinstance(d.compute, Draws):
             if not len(self.rows):
                 raise ValueError("mini-batches drawn ahead from no rows")
             d.saved, d.__class__ = (ahead, compute, len(self.rows)), _Resumed
