@@ -290,12 +290,12 @@ def _rebuild(sc: Scenario, sc_path: Path, run_folder: RunFolder, writer, ck, pro
         _choose_engine(sim, "windowed", str(sc_path))
         sim.start(progress, evaluate=False)  # the recorder's rows are the checkpoint's
         try:
-            restore.restore(sim, ck)
+            known = restore.restore(sim, ck)
             lookahead.check_restored(sim)  # a lookahead driver's own state, by its driver, before anything is written
         except (KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
             raise InputError("", f"cannot be restored ({type(e).__name__}: {e})", str(ck.path)) from None
         bad = checkpoint.mismatch(ck, *checkpoint.capture(sim, normalise=False, columns=True, restored=True),
-                                  restored=True)  # again
+                                  restored=True, known=known)  # again
         how = "restore"
     else:  # a coroutine program's state is its generators: the run is re-executed up to the checkpoint
         if isinstance(head.get("windowed_refused"), str):  # started by --engine auto: why not the windows, as it said

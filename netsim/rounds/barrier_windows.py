@@ -415,13 +415,14 @@ class _Driver(WindowDriver):
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError):
             return "own.pool"
         rid, asked = own["rid"], set(plain["grads"])
-        for t, _, kind, i, v in plain["events"]:  # (the run's own events: ``WindowDriver.check_own``)
-            if kind in (ACT, DONE, ARR, TIMER, BARRIER, SENT) and not int_in(i, 0, n):
+        acts = [e for e in plain["events"] if e[2] == ACT]  # (most of them: an agent and a time each, as columns)
+        if not (ints_in([e[3] for e in acts], 0, n) and numbers([e[4] for e in acts])):
+            return "events"
+        for t, _, kind, i, v in (e for e in plain["events"] if e[2] != ACT):  # (``WindowDriver.check_own``'s)
+            if kind in (DONE, ARR, TIMER, BARRIER, SENT) and not int_in(i, 0, n):
                 return "events"
             ok = True
-            if kind == ACT:
-                ok = number(v)
-            elif kind == DONE:  # its gradient back: its record's ``local`` (with those done at its instant)
+            if kind == DONE:  # its gradient back: its record's ``local`` (with those done at its instant)
                 ok = int_in(v, 0, plain["tickets"][0]) and (v >= plain["tickets"][1] or v in asked) \
                     and rid[i] in recs and (
                     not ahead or rid[i] in localed or t in instants)

@@ -29,7 +29,7 @@ from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Lookahead
-from netsim.sim.streams import DrawsAhead
+from netsim.sim.streams import Draws, DrawsAhead
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class _Draws:
     """What an agent draws: its mini-batches (from its ``batch`` stream, drawn ahead in blocks unless the program took
     the stream itself or the rows are drawn without replacement) and its compute times (a sampler, times its scale)."""
 
-    __slots__ = ("streams", "id", "batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale")
+    __slots__ = ("streams", "id", "batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale", "saved")
 
     def __init__(self, streams, i: int, sampling: str, compute: Callable[[], float], scale: float):
         self.streams, self.id = streams, i
@@ -158,12 +158,48 @@ class _Draws:
         self.draw_ahead = True  # until the program draws from the batch stream itself (``Agent.rng("batch")``)
         self.distinct = sampling == "without_replacement"
         self.compute, self.scale = compute, scale
+        self.saved: tuple | None = None  # (``_Resumed``)
 
     def batch(self) -> np.random.Generator:
         """The ``batch`` stream, made when first drawn from (a restore keeps its state as its row until then)."""
         if self.batch_rng is None:
             self.batch_rng = self.streams.rng("batch", self.id)
         return self.batch_rng
+
+
+class _Resumed(_Draws):
+    """An agent's draws as a restore left them (``Agent.resume_draws``): the checkpoint's positions (``saved``: the
+    mini-batches drawn ahead, the compute sampler's, the agent's rows) put in place when ``ahead`` or ``compute`` is
+    first read or set, the object then a plain ``_Draws`` again (the same slots): a restore of 10,000 agents makes
+    no object per agent, and a restored run's capture hands the positions back as the checkpoint gave them."""
+
+    __slots__ = ()
+
+    def _put(self) -> None:
+        ahead, compute, n = self.saved
+        self.__class__, self.saved = _Draws, None
+        self.ahead = DrawsAhead.restored(self.batch, n, ahead)
+        self.compute.resume(compute, later=True)  # (a restore sets the stream's position before it is drawn)
+
+    @property
+    def ahead(self) -> DrawsAhead | None:
+        self._put()
+        return self.ahead
+
+    @ahead.setter
+    def ahead(self, value: DrawsAhead | None) -> None:
+        self._put()
+        self.ahead = value
+
+    @property
+    def compute(self) -> Callable[[], float]:
+        self._put()
+        return self.compute
+
+    @compute.setter
+    def compute(self, value: Callable[[], float]) -> None:
+        self._put()
+        self.compute = value
 
 
 class Agent:
@@ -361,12 +397,25 @@ class Agent:
     def resume_draws(self, ahead: list | None, compute: list | None) -> None:
         """Stand the mini-batches drawn ahead and the compute-time sampler where a checkpoint saved them
         (``ahead``: the batch stream's state before the block, has_uint32, uinteger, used, batch;
-        ``compute``: ``Draws.position``); None leaves that one as it is."""
+        ``compute``: ``Draws.position``); None leaves that one as it is. Both given to a sampler that keeps positions
+        (a windowed run's agents): put in place when first read (``_Resumed``)."""
         d = self._draws
+        if ahead is not None and compute is not None and type(d) is _Draws and isinstance(d.compute, Draws):
+            if not len(self.rows):
+                raise ValueError("mini-batches drawn ahead from no rows")
+            d.saved, d.__class__ = (ahead, compute, len(self.rows)), _Resumed
+            return
         if ahead is not None:
             d.ahead = DrawsAhead.restored(d.batch, len(self.rows), ahead)
         if compute is not None:
             d.compute.resume(compute, later=True)  # (a restore sets the stream's position after this)
+
+    @property
+    def draws_saved(self) -> list | None:
+        """The positions ``resume_draws`` was given ([ahead, compute], as a checkpoint holds them) while nothing has
+        read them since (a restored run's capture: the checkpoint's own values); else None."""
+        saved = self._draws.saved
+        return None if saved is None else [saved[0], saved[1]]
 
     def compute_time(self, now: float) -> float:
         """The compute time of a gradient asked for at ``now`` (its ``compute_start`` row's value): a draw of

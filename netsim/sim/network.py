@@ -322,8 +322,8 @@ class Network:
         # per block of draws); off where no checkpoint can cut the run (the lookahead windows refuse them)
         self.positions = True
         self.dynamic = None  # the time-varying topology (sim/dynamic.py) once attached, if the scenario has one
-        # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (latency draws'
-        # position, loss draws' position, busy_until)
+        # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (its row there:
+        # [src, dst, latency draws' position, loss draws' position], busy_until)
         self.restored: dict[tuple[int, int], tuple] = {}
         # the topology's links (``seed_ahead``), then their first draws drawn together (``without_checkpoints``: a
         # ``LinksAhead``, or None where they cannot be); read by ``link`` only once positions are off
@@ -381,7 +381,7 @@ class Network:
                 lost = None
             link = self.links[(src, dst)] = Link(lat, lost)
             if self.restored and (src, dst) in self.restored:  # where a restored run's link stood (its streams are)
-                lat_pos, lost_pos, link.busy_until = self.restored.pop((src, dst))
+                (_, _, lat_pos, lost_pos), link.busy_until = self.restored.pop((src, dst))
                 for d, pos in ((lat, lat_pos), (lost, lost_pos)):
                     if pos is not None:
                         d.resume(pos, keep_stream=True)

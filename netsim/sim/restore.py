@@ -71,8 +71,10 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "kernel": kernel.save_state(kernel.state_of(loop.agents[0], sim.params)),
         "marks": [marks.activations, marks.mark, marks.round_mark],
         "links": [*([s, d, _pos(lk.latency), _pos(lk.lost)] for (s, d), lk in world.network.links.items()),
-                  *([s, d, lat, lost] for (s, d), (lat, lost, _) in world.network.restored.items())],
-        "agents": [[_ahead(a.batches_ahead), _pos(a.compute_sampler)] for a in loop.agents],
+                  *map(itemgetter(0), world.network.restored.values())],  # (the checkpoint's rows, not made yet)
+        # (a restored agent's as the checkpoint gave them, while nothing has drawn from them: ``Agent.draws_saved``)
+        "agents": [s if (s := a.draws_saved) is not None else [_ahead(a.batches_ahead), _pos(a.compute_sampler)]
+                   for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
@@ -263,12 +265,13 @@ def _same(new: list, mine: list, kind: type) -> bool:
     return array("d", new).tobytes() == array("d", mine).tobytes() if kind is float else new == mine
 
 
-def _assign_all(objs: list, values: list, where: str, skip: str = "") -> None:
+def _assign_all(objs: list, values: list, where: str, skip: str = "") -> dict[str, tuple[type, list]] | None:
     """``_assign`` of each of ``objs`` (one class) its dict of ``values`` (``where`` formatted with its index names
     it), column by column where every dict has the names of the first, each name's values are of one type in the
     checkpoint and the same one in the objects, and the class lets their dicts take them (a run's agents, their
     schedules): one type check per name, not per object, and a name written only where its values differ from the
-    objects' (most of an agent's stand as the fresh build made them); otherwise object by object, as ``_assign``."""
+    objects' (most of an agent's stand as the fresh build made them); otherwise object by object, as ``_assign``.
+    Returns the values' columns read so ({name: (its type, its values)}, but ``skip``), else None."""
     if len(objs) > 1 and len(values) == len(objs) and set(map(type, values)) == {dict} \
             and len(set(map(type, objs))) == 1:
         cls, names = type(objs[0]), tuple(values[0])
@@ -288,29 +291,39 @@ def _assign_all(objs: list, values: list, where: str, skip: str = "") -> None:
                 for k, new, mine, kind in cols:
                     if not _same(new, mine, kind):
                         deque(map(dict.__setitem__, dicts, repeat(k), new), maxlen=0)
-                return
+                return {k: (kind, new) for k, new, _, kind in cols}
         except (KeyError, AttributeError):
             pass
     for i, (obj, v) in enumerate(zip(objs, values, strict=True)):
         if not isinstance(v, dict):
             raise ValueError(f"{where.format(i)} is not an object")
         _assign(obj, v, where.format(i), skip)
+    return None
 
 
-def restore(sim, ckpt) -> None:
+def _known(n: int, cols: dict[str, tuple[type, list]], nested: dict | None = None):
+    """``_assign_all``'s columns of a checkpoint's values as ``Columns`` (``mismatch``'s ``known``)."""
+    from netsim.sim.checkpoint import Columns
+
+    names = tuple(sorted(cols))
+    return Columns(n, names, [cols[k][1] for k in names], [{cols[k][0]} for k in names], nested or {})
+
+
+def restore(sim, ckpt) -> dict:
     """Put a windowed checkpoint's state into ``sim``: built from the same scenario and started (``Simulation.start``),
     its windowed runner chosen; the trace file itself is reopened by the caller. ValueError (or KeyError, TypeError)
-    says what in the checkpoint a run between two rounds cannot hold."""
+    says what in the checkpoint a run between two rounds cannot hold. Returns the checkpoint's agents as the restore
+    read them, as ``Columns`` (``checkpoint.mismatch``'s ``known``; {} where it read them object by object)."""
     enabled = gc.isenabled()
     gc.disable()  # it makes a stream per link (acyclic): collections would rescan the whole simulation each time
     try:
-        _restore(sim, ckpt)
+        return _restore(sim, ckpt)
     finally:
         if enabled:
             gc.enable()
 
 
-def _restore(sim, ckpt) -> None:
+def _restore(sim, ckpt) -> dict:
     st, arrays = ckpt.meta["state"], ckpt.arrays
     w = st.get("windowed")
     if not isinstance(w, dict):
@@ -331,10 +344,10 @@ def _restore(sim, ckpt) -> None:
         raise ValueError("state.network.links are not the links of state.windowed.links")
     # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
-    net.restored = {(s, d): (lat, lost, busy[(s, d)]) for s, d, lat, lost in w["links"]}
-    _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
-    _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
-                "state.agents[{}].schedule")
+    net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
+    agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
+    schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
+                            "state.agents[{}].schedule")
     for a, (ahead, compute) in zip(loop.agents, w["agents"], strict=True):
         a.resume_draws(ahead, compute)
     win = w.get("windows")
@@ -380,6 +393,9 @@ def _restore(sim, ckpt) -> None:
     plain = _driver_state(held, len(loop.agents)) if win is not None else None
     loop.programs.between = Between(w["round"], Order.of(w["order"]), w["end"], held, windows=win is not None,
                                     plain=plain)
+    if agents is None or schedules is None:
+        return {}
+    return {"agents": _known(len(loop.agents), agents, {"schedule": _known(len(loop.agents), schedules)})}
 
 
 def _driver_state(held: Any, n: int) -> dict:
