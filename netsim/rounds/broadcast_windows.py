@@ -22,7 +22,20 @@ import torch
 
 from netsim.rounds.broadcast import OWN, Incoming
 from netsim.rounds.kernel import Batch, _plain, _restored
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent, queued_holds
+from netsim.rounds.lookahead import (
+    ACT,
+    ARR,
+    DONE,
+    EVAL,
+    OFF,
+    SENT,
+    STOP,
+    UNTIL,
+    WindowDriver,
+    holds_of,
+    per_agent,
+    queued_holds,
+)
 from netsim.sim.network import payload_size
 
 MERGE, ASK, UPDATE, PUSH = 0, 1, 2, 3  # an agent's tensor operations
@@ -112,8 +125,6 @@ class _Driver(WindowDriver):
         payloads kept), the kernel's own values (of the kinds a fresh ``start`` makes; push-sum's last running sums
         kept), each program's rows; the arrivals in flight (their payloads kept), the completions (their gradients
         asked for or kept); each payload held once by each message, inbox entry and running sum that names it."""
-        from collections import Counter
-
         from netsim.sim.restore import int_in, number
 
         bad = super().check_own(sim, plain, tensors)
@@ -157,7 +168,7 @@ class _Driver(WindowDriver):
         more = cls.held_by(sim, plain)
         if isinstance(more, str):
             return more
-        return None if Counter(refs + more) == dict(plain["holds"]) else "holds"
+        return holds_of(plain, refs + more)
 
     @classmethod
     def held_by(cls, sim, plain: dict) -> list | str:

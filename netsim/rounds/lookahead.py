@@ -68,6 +68,7 @@ from array import array
 from collections import defaultdict
 from collections.abc import Callable
 from operator import is_, itemgetter
+from typing import Any
 
 import attrs
 import numpy as np
@@ -212,21 +213,46 @@ def per_agent(own: dict, keys, n: int) -> None:
         raise ValueError(f"held.own: not {n} agents' state")
 
 
-def queued_holds(plain: dict, n: int, arrival: Callable[[int, list], bool]) -> list | None:
-    """A broadcast-pattern driver's queued events checked (``check_own``: activations at a time, completions of a
-    ticket asked for or kept, transmission ends with no value, arrivals by ``arrival(agent, value)``): the payload
-    handle each arrival holds (its value's last), or None where one is wrong."""
+def queued(plain: dict, n: int, own: dict[int, Callable[[int, Any], bool]]) -> bool:
+    """A driver's queued events checked (``check_own``): activations of an agent at a time, completions of a ticket
+    asked for or kept, and each of the driver's own kinds of an agent by ``own[kind](agent, value)``."""
     from netsim.sim.restore import int_in, number
 
-    lo, asked, held = plain["tickets"][1], set(plain["grads"]), []
+    top, lo, asked = *plain["tickets"][:2], set(plain["grads"])
     for _t, _, kind, i, v in plain["events"]:
-        if kind in (ACT, DONE, ARR, SENT) and not int_in(i, 0, n) or kind == ACT and not number(v) \
-                or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in asked)) \
-                or kind == SENT and v is not None or kind == ARR and not (isinstance(v, list) and arrival(i, v)):
-            return None
-        if kind == ARR:
+        if kind == ACT:
+            ok = int_in(i, 0, n) and number(v)
+        elif kind == DONE:
+            ok = int_in(i, 0, n) and int_in(v, 0, top) and (v >= lo or v in asked)
+        elif kind in own:
+            ok = int_in(i, 0, n) and own[kind](i, v)
+        else:
+            continue
+        if not ok:
+            return False
+    return True
+
+
+def queued_holds(plain: dict, n: int, arrival: Callable[[int, list], bool]) -> list | None:
+    """A broadcast-pattern driver's queued events checked (``queued``: transmission ends with no value, arrivals by
+    ``arrival(agent, value)``): the payload handle each arrival holds (its value's last), or None where one is
+    wrong."""
+    held: list = []
+
+    def arrived(i: int, v) -> bool:
+        ok = isinstance(v, list) and arrival(i, v)
+        if ok:
             held.append(v[-1])
-    return held
+        return ok
+
+    return held if queued(plain, n, {ARR: arrived, SENT: lambda i, v: v is None}) else None
+
+
+def holds_of(plain: dict, refs: list) -> str | None:
+    """``check_own``'s last word: whether the state's holds are one for each reference ``refs`` makes to a payload."""
+    from collections import Counter
+
+    return None if Counter(refs) == dict(plain["holds"]) else "holds"
 
 
 def stacked(rows: list[torch.Tensor]) -> torch.Tensor:

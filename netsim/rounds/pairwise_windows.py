@@ -27,7 +27,20 @@ from typing import NamedTuple
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, pack, per_agent
+from netsim.rounds.lookahead import (
+    ACT,
+    ARR,
+    DONE,
+    EVAL,
+    OFF,
+    STOP,
+    UNTIL,
+    WindowDriver,
+    holds_of,
+    pack,
+    per_agent,
+    queued,
+)
 from netsim.sim.network import hold_time, payload_size
 from netsim.sim.rows import CODES, deliver
 from netsim.trace.events import Stale
@@ -270,8 +283,6 @@ class _Driver(WindowDriver):
         and requests queued; the messages in flight, resolving a wait or served next (each from a neighbour, of the
         pattern's tags), the timers and transmissions of exchanges made, the completions; every payload kept and held
         once by each message and locked exchange that names it."""
-        from collections import Counter
-
         from netsim.sim.restore import int_in, number
 
         bad = super().check_own(sim, plain, tensors)
@@ -309,15 +320,11 @@ class _Driver(WindowDriver):
             if not each(k, lambda q: isinstance(q, list)) \
                     or not all(message(i, m) for i, q in enumerate(own[k]) for m in q):
                 return f"own.{k}"
-        lo = plain["tickets"][1]
-        for _t, _, kind, i, v in plain["events"]:
-            if kind in cls.KINDS - {STOP, UNTIL, EVAL, OFF} and not int_in(i, 0, n) or kind == ACT and not number(v) \
-                    or kind == DONE and not (int_in(v, 0, plain["tickets"][0]) and (v >= lo or v in grads)) \
-                    or kind in (ARR, SERVE_NEXT) and not message(i, v) \
-                    or kind == RESUME and not (v is None or message(i, v)) \
-                    or kind in (TIMER, SENT) and not int_in(v, 1, xround[i] + 1):
-                return "events"
-        return None if Counter(refs) == dict(plain["holds"]) else "holds"
+        made = lambda i, v: int_in(v, 1, xround[i] + 1)  # noqa: E731  (a timer or transmission of an exchange made)
+        if not queued(plain, n, {ARR: message, SERVE_NEXT: message, RESUME: lambda i, v: v is None or message(i, v),
+                                 TIMER: made, SENT: made}):
+            return "events"
+        return holds_of(plain, refs)
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         self.programs.load(own)

@@ -18,7 +18,20 @@ from __future__ import annotations
 import torch
 
 from netsim.rounds.kernel import Batch
-from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, SENT, STOP, UNTIL, WindowDriver, per_agent, queued_holds
+from netsim.rounds.lookahead import (
+    ACT,
+    ARR,
+    DONE,
+    EVAL,
+    OFF,
+    SENT,
+    STOP,
+    UNTIL,
+    WindowDriver,
+    holds_of,
+    per_agent,
+    queued_holds,
+)
 from netsim.rounds.ticks import SLEEP, Replay
 
 RECV, REPLAY, ASK, STEP = 0, 1, 2, 3  # an agent's tensor operations
@@ -92,8 +105,6 @@ class _Driver(WindowDriver):
         before it applied, the differences pending by later round, no budget spent), its inbox and the round it
         plays; the arrivals in flight, the completions (their gradients asked for or kept); every difference from an
         in-neighbour, its payload kept and held once by each message, inbox entry and pending entry that names it."""
-        from collections import Counter
-
         from netsim.sim.restore import int_in, ints_in, number
 
         bad = super().check_own(sim, plain, tensors)
@@ -124,7 +135,7 @@ class _Driver(WindowDriver):
         if arrivals is None:
             return "events"
         refs += arrivals
-        return None if Counter(refs) == dict(plain["holds"]) else "holds"
+        return holds_of(plain, refs)
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
         per_agent(own, ("ctl", "inbox", "round"), len(self.ctx.agents))

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from netsim.sim.loop import Between, Order
-from netsim.sim.streams import BLOCK, Draws, DrawsAhead
+from netsim.sim.streams import BLOCK, Draws, DrawsAhead, block_rows
 
 # the typecodes of a ReleaseLog's columns (sim/checkpoint.py stores them as numpy arrays)
 _LOG = {"t": "d", "round": "i", "to": "i", "skipped": "i", "run_start": "q", "run_spec": "i"}
@@ -198,8 +198,8 @@ def _check(sim, st: dict, w: dict) -> None:
         if _lists(aheads, 5):
             state, has, u, taken, batch = _cols(aheads, 5)
             # a block's rows: one bound where every agent draws batches of one size
-            used = max(1, 256 // batch[0]) if len(set(batch)) == 1 and _ints(batch, 1, 2**31) else \
-                [max(1, 256 // b) for b in batch] if _ints(batch, 1, 2**31) else None
+            used = block_rows(batch[0]) if len(set(batch)) == 1 and _ints(batch, 1, 2**31) else \
+                list(map(block_rows, batch)) if _ints(batch, 1, 2**31) else None
             each_ok = used is not None and _position_columns(state, has, u, taken, used) and _positions(computes)
     if isinstance(plain, list) and len(plain) == n and set(map(type, plain)) == {dict}:
         rounds, finished, schedules = (list(map(dict.get, plain, repeat(key)))
@@ -412,7 +412,10 @@ def _driver_state(held: Any, n: int) -> dict:
         raise ValueError(f"{where} is not a lookahead driver's state")
     seq, events, tickets, stats, holds = (plain.get(k) for k in ("seq", "events", "tickets", "stats", "holds"))
     lists = {k: isinstance(plain.get(k), list) for k in ("payloads", "grads", "at", "words")}
-    events_ok = tickets_ok = False
+    events_ok = tickets_ok = held_ok = False
+    if isinstance(holds, list) and _lists(holds, 2) and lists["payloads"] and _keys(plain["payloads"]):
+        pids, counts = _cols(holds, 2)  # (each payload held and how many times: a held payload is kept)
+        held_ok = _ints(counts, 1) and _keys(pids) and set(pids) <= set(plain["payloads"])
     if isinstance(events, list) and _lists(events, 5) and _int(seq):
         t, at, kind, who, _ = _cols(events, 5)
         # (a time may be infinite: never; the insertion numbers are the counter's, taken before it stood at ``seq``)
@@ -437,9 +440,7 @@ def _driver_state(held: Any, n: int) -> dict:
         "grads": lists["grads"] and _ints(plain["grads"]),
         "at": lists["at"] and _ints(plain["at"]),
         "words": lists["words"] and _strs(plain["words"]),
-        "holds": isinstance(holds, list) and _lists(holds, 2) and _ints(_cols(holds, 2)[1], 1)
-        and lists["payloads"] and _keys(plain["payloads"]) and _keys(_cols(holds, 2)[0])
-        and set(_cols(holds, 2)[0]) <= set(plain["payloads"]),  # (a held payload is kept)
+        "holds": held_ok,
         "next_pid": _int(plain.get("next_pid")),
         "tensors": all(isinstance(held.get(k), torch.Tensor) and held[k].dim() >= 1
                        for k in ("payloads", "grads", "at"))

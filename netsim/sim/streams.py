@@ -500,6 +500,12 @@ def _spent(rows: int, batch: int) -> np.ndarray:
     return np.broadcast_to(np.zeros((), np.int64), (rows, batch))
 
 
+def block_rows(batch: int) -> int:
+    """The mini-batches in a ``DrawsAhead`` block of batches of ``batch`` rows (a checkpoint's positions lie in
+    one)."""
+    return max(1, 256 // batch)
+
+
 class DrawsAhead:
     """Mini-batch draws ``integers(0, n, batch)`` taken from a stream several at a time.
 
@@ -515,7 +521,7 @@ class DrawsAhead:
     def __init__(self, rng: np.random.Generator, n: int, batch: int):
         self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
-        self.block = rng.integers(0, n, (max(1, 256 // batch), batch))
+        self.block = self._draw(rng)
 
     @classmethod
     def restored(cls, rng: Callable[[], np.random.Generator], n: int, saved: list) -> DrawsAhead:
@@ -527,7 +533,7 @@ class DrawsAhead:
         state, has, u, used, batch = saved
         if n < 1:
             raise ValueError("mini-batches drawn ahead from no rows")
-        rows = max(1, 256 // batch)
+        rows = block_rows(batch)
         kind = RedrawnAhead if used < rows else cls
         ahead = kind.__new__(kind)
         # (the stream's maker in place of the stream: a block handed out in full never draws from it)
@@ -545,6 +551,10 @@ class DrawsAhead:
         if cls._exact is None:
             cls._exact = cls.exact()
         return cls(rng, n, batch) if cls._exact else None
+
+    def _draw(self, rng: np.random.Generator) -> np.ndarray:
+        """A block: ``block_rows`` mini-batches from ``rng`` as it stands."""
+        return rng.integers(0, self.n, (block_rows(self.batch), self.batch))
 
     def left(self) -> bool:
         return self.pos < len(self.block)
@@ -583,7 +593,7 @@ class RedrawnAhead(DrawsAhead):
         rng = self.rng = self.rng()
         now = state_of(rng)
         set_state(rng, self.state)
-        block = rng.integers(0, self.n, (max(1, 256 // self.batch), self.batch))
+        block = self._draw(rng)
         set_state(rng, now)
         self.__class__ = DrawsAhead
         self.block = block
