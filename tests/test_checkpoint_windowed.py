@@ -426,19 +426,27 @@ def test_a_restored_run_makes_the_evaluations_after_its_checkpoint(tmp_path):
     same_outputs(out, ref.out)
 
 
-@pytest.mark.parametrize("nth", [1, 2])
-def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, finals, nth):
-    """Batches of 8 are drawn 32 at a time (``DrawsAhead``): at round 16 each agent's block is half handed out and
-    is drawn again from where it started when first read (the restore itself draws no block); at round 32 it is
-    handed out in full and is not drawn again (the next batch comes from a new block, drawn where the stream
-    stands). Either way the resumed run is the uninterrupted run, byte for byte."""
-    from netsim.sim.streams import DrawsAhead, RedrawnAhead
+@pytest.mark.parametrize(("nth", "engine_blocks"), [(1, False), (2, False), (1, True)])
+def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, finals, nth, engine_blocks):
+    """The windows draw batches of 8 128 at a time (``RowsAhead.ahead_rows``: four of ``sample_rows``' blocks of 32):
+    at round 64 each agent's block is half handed out and is drawn again from where it started when first read (the
+    restore itself draws no block); at round 128 it is handed out in full and is not drawn again (the next batch
+    comes from a new block, drawn where the stream stands). A checkpoint of blocks of 32 (saved with five values, as
+    before the windows drew larger blocks), half handed out at round 16, resumes too: its block drawn again, then
+    blocks of 128 from where its rows end. Either way the resumed run is the uninterrupted run, byte for byte."""
+    from netsim.sim.agent import RowsAhead
+    from netsim.sim.streams import DrawsAhead, RedrawnAhead, block_rows
 
-    sc = scenario(n=30, rounds=40, every=16)
+    sc = scenario(n=30, rounds=140, every=16 if engine_blocks else 64)
     ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
-    out = killed_at(tmp_path, sc, nth)
+    rows = 32 if engine_blocks else 128
+    with pytest.MonkeyPatch.context() as m:
+        if engine_blocks:
+            m.setattr(RowsAhead, "ahead_rows", lambda self, batch: block_rows(batch))
+        out = killed_at(tmp_path, sc, nth)
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
-    assert {tuple(a[0][3:]) for a in ck.meta["state"]["windowed"]["agents"]} == {(16 * nth, 8)}
+    saved = {tuple(a[0][3:]) for a in ck.meta["state"]["windowed"]["agents"]}
+    assert saved == ({(16, 8)} if engine_blocks else {(64 * nth, 8, 128)})
     drawn, restored = [], []
     real = DrawsAhead.__init__
 
@@ -460,7 +468,7 @@ def test_mini_batch_blocks_are_restored_partly_or_wholly_handed_out(tmp_path, fi
     if nth == 1:  # the block drawn again when first read: the one the checkpoint's state started
         h = restored[0]
         first = h.block
-        assert type(h) is DrawsAhead and first.shape == (32, 8) and h.pos == 16 and h.block is first
+        assert type(h) is DrawsAhead and first.shape == (rows, 8) and h.pos == rows // 2 and h.block is first
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
     same_outputs(out, ref.out)

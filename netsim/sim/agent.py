@@ -29,7 +29,7 @@ from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Lookahead
-from netsim.sim.streams import Draws, DrawsAhead
+from netsim.sim.streams import Draws, DrawsAhead, block_rows
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -798,6 +798,16 @@ class RowsAhead:
         # agent id: its DrawsAhead as laid into ``blocks`` by this object (``_UNLAID``: none), and their batch
         self.laid: list = [_UNLAID] * len(agents)
         self.laid_batch: int | None = None
+        self.rows = 0  # the mini-batches of a block laid here (``ahead_rows``)
+
+    AHEAD_BYTES = 1 << 28  # all agents' blocks laid here together at most (a block is 4 of the engine's at most)
+
+    def ahead_rows(self, batch: int) -> int:
+        """A block's mini-batches: four times ``block_rows`` (a quarter of the refills: each draw's call costs ~4
+        µs), fewer where every agent's block would pass ``AHEAD_BYTES`` (10⁶ agents: ``block_rows``). Any length
+        gives the same values: the blocks follow each other in the stream."""
+        room = self.AHEAD_BYTES // max(1, len(self.parts) * batch * self.position.itemsize)
+        return max(block_rows(batch), min(4 * block_rows(batch), room))
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
         """Agents ``agents`` (ids ``ids``, each once) each draw a mini-batch of ``batch`` rows."""
@@ -807,6 +817,8 @@ class RowsAhead:
             return [a.sample_rows(batch) for a in agents]  # (a part replaced: every agent's own, as it draws them)
         if batch != self.laid_batch:  # (blocks of another batch: none laid holds)
             self.laid, self.laid_batch, self.blocks = [_UNLAID] * len(parts), batch, None
+            self.rows = self.ahead_rows(batch)
+        rows = self.rows
         laid = self.laid
         aheads = list(map(_AHEAD, agents))
         if all(map(is_, aheads, map(laid.__getitem__, id_list))):  # (C loops: no per-agent Python)
@@ -822,8 +834,8 @@ class RowsAhead:
             fresh = sorted({*fresh, *np.flatnonzero(at >= blocks.shape[1]).tolist()})  # as ``sample_rows`` draws it
         for n in fresh:
             a, h = agents[n], aheads[n]
-            if h is None or h.batch != batch or h.pos >= len(h.block):
-                h = DrawsAhead.start(a._draws.batch(), len(a.rows), batch, h)
+            if h is None or h.batch != batch or h.pos >= len(h.block) or h.rows != rows:
+                h = DrawsAhead.start(a._draws.batch(), len(a.rows), batch, h, rows)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
                     return [a.sample_rows(batch) for a in agents]
                 a._draws.ahead = aheads[n] = h

@@ -47,10 +47,13 @@ def _pos(draws: Any) -> list[int] | None:
 
 
 def _ahead(ahead: DrawsAhead | None) -> list[int] | None:
-    """An agent's mini-batches drawn ahead: [stream state before the block, has_uint32, uinteger, used, batch]."""
+    """An agent's mini-batches drawn ahead: [stream state before the block, has_uint32, uinteger, used, batch], and
+    the block's mini-batches where they are not ``block_rows`` (the windows' larger blocks)."""
     if ahead is None:
         return None
-    return [*ahead.state, ahead.pos, ahead.batch]
+    if ahead.rows == block_rows(ahead.batch):
+        return [*ahead.state, ahead.pos, ahead.batch]
+    return [*ahead.state, ahead.pos, ahead.batch, ahead.rows]
 
 
 def capture(sim, arrays: dict) -> dict[str, Any]:
@@ -194,12 +197,21 @@ def _check(sim, st: dict, w: dict) -> None:
             map(operator.contains, map(nbrs.__getitem__, src), dst))) and _positions(lat) and _positions(lost)
     if isinstance(each, list) and len(each) == n and _lists(each, 2):
         aheads, computes = _cols(each, 2)
-        aheads = [x for x in aheads if x is not None]
+        raw = [x for x in aheads if x is not None]
+        # (a sixth value: the block's mini-batches, where the windows drew larger blocks)
+        sized = [x for x in raw if type(x) is list and len(x) == 6]
+        if sized and set(map(type, raw)) == {list} and set(map(len, raw)) <= {5, 6} \
+                and _ints(_cols(sized, 6)[5], 1, 2**20):
+            aheads = [x[:5] for x in raw]
+        else:
+            aheads, sized = raw, []
         if _lists(aheads, 5):
             state, has, u, taken, batch = _cols(aheads, 5)
-            # a block's rows: one bound where every agent draws batches of one size
-            used = block_rows(batch[0]) if len(set(batch)) == 1 and _ints(batch, 1, 2**31) else \
-                list(map(block_rows, batch)) if _ints(batch, 1, 2**31) else None
+            used = None
+            if _ints(batch, 1, 2**31):  # a block's rows: one bound where all blocks are alike
+                used = [x[5] if len(x) == 6 else block_rows(x[4]) for x in raw] if sized else \
+                    list(map(block_rows, batch))
+                used = used[0] if len(set(used)) == 1 else used
             each_ok = used is not None and _position_columns(state, has, u, taken, used) and _positions(computes)
     if isinstance(plain, list) and len(plain) == n and set(map(type, plain)) == {dict}:
         rounds, finished, schedules = (list(map(dict.get, plain, repeat(key)))

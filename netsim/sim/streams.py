@@ -515,46 +515,50 @@ class DrawsAhead:
     (``exact``); where it fails, nothing is drawn ahead. Drawing ahead moves the stream's state early, so
     ``rewind`` puts it back to just after the rows handed out, before anyone else draws from it."""
 
-    __slots__ = ("rng", "n", "batch", "state", "block", "pos")
+    __slots__ = ("rng", "n", "batch", "rows", "state", "block", "pos")
     _exact: bool | None = None
 
-    def __init__(self, rng: np.random.Generator, n: int, batch: int):
+    def __init__(self, rng: np.random.Generator, n: int, batch: int, rows: int | None = None):
         self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
+        self.rows = block_rows(batch) if rows is None else rows  # (the block's mini-batches: any, the same values)
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
         self.block = self._draw(rng)
 
     @classmethod
     def restored(cls, rng: Callable[[], np.random.Generator], n: int, saved: list) -> DrawsAhead:
         """Where a checkpoint saved it (``saved``: the stream's state before the block, has_uint32, uinteger, the
-        rows handed out, batch): the block drawn again from there when first read (``RedrawnAhead``; ``rng()``
-        makes the stream then), so a restore of many agents draws no block and makes no stream. A block handed
-        out in full is not drawn: it is never read again (the next ``take`` draws the next block from where the
-        stream then stands) and it leaves the stream where the checkpoint puts it anyway."""
-        state, has, u, used, batch = saved
+        rows handed out, batch, and the block's mini-batches where not ``block_rows``): the block drawn again from
+        there when first read (``RedrawnAhead``; ``rng()`` makes the stream then), so a restore of many agents draws
+        no block and makes no stream. A block handed out in full is not drawn: it is never read again (the next
+        ``take`` draws the next block from where the stream then stands) and it leaves the stream where the
+        checkpoint puts it anyway."""
+        state, has, u, used, batch = saved[:5]
         if n < 1:
             raise ValueError("mini-batches drawn ahead from no rows")
-        rows = block_rows(batch)
+        rows = saved[5] if len(saved) > 5 else block_rows(batch)
         kind = RedrawnAhead if used < rows else cls
         ahead = kind.__new__(kind)
         # (the stream's maker in place of the stream: a block handed out in full never draws from it)
-        ahead.rng, ahead.n, ahead.batch, ahead.state = rng, n, batch, (int(state), int(has), int(u))
+        ahead.rng, ahead.n, ahead.batch, ahead.rows, ahead.state = rng, n, batch, rows, (int(state), int(has), int(u))
         if used >= rows:
             ahead.block = _spent(rows, batch)  # (its length: the rows handed out)
         ahead.pos = used
         return ahead
 
     @classmethod
-    def start(cls, rng: np.random.Generator, n: int, batch: int, old: DrawsAhead | None) -> DrawsAhead | None:
-        """A fresh block (after rewinding ``old``); None where drawing ahead would not be exact."""
+    def start(cls, rng: np.random.Generator, n: int, batch: int, old: DrawsAhead | None,
+              rows: int | None = None) -> DrawsAhead | None:
+        """A fresh block of ``rows`` mini-batches (None: ``block_rows``), after rewinding ``old``; None where drawing
+        ahead would not be exact."""
         if old is not None:
             old.rewind()
         if cls._exact is None:
             cls._exact = cls.exact()
-        return cls(rng, n, batch) if cls._exact else None
+        return cls(rng, n, batch, rows) if cls._exact else None
 
     def _draw(self, rng: np.random.Generator) -> np.ndarray:
-        """A block: ``block_rows`` mini-batches from ``rng`` as it stands."""
-        return rng.integers(0, self.n, (block_rows(self.batch), self.batch))
+        """A block: ``rows`` mini-batches from ``rng`` as it stands."""
+        return rng.integers(0, self.n, (self.rows, self.batch))
 
     def left(self) -> bool:
         return self.pos < len(self.block)
