@@ -489,26 +489,34 @@ class TraceWriter:
             self._write_columns(row_columns(rows, words))
 
     def _write_columns(self, cols: tuple) -> None:
-        """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``), which an ``on_batch`` that counts
-        columns (``EventCounts.columns``) is handed instead of the batch: no string per row to read back."""
-        self._write_batch(columns_batch(cols, self._words), cols)
+        """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``). Where no listener reads the batch (an
+        ``on_batch`` that counts columns, ``EventCounts.columns``, is handed them: no string per row to read back),
+        the batch is made on the writer's thread too, from a copy of the columns (a driver may reuse its arrays)."""
+        counted = None if self.on_batch is None else getattr(self.on_batch, "columns", None)
+        if self.on_batch is not None and counted is None:
+            self._write_batch(columns_batch(cols, self._words))
+            return
+        self.count += len(cols[0])
+        if counted is not None:
+            counted(cols, self._words)
+        self._open()
+        if self._sink is not None:
+            self._writes.put(self._write_message, (tuple(map(np.array, cols)), self._words))
 
-    def _write_batch(self, batch: pa.RecordBatch, cols: tuple | None = None) -> None:
+    def _write_batch(self, batch: pa.RecordBatch) -> None:
         self.count += batch.num_rows
         if self.on_batch is not None:
-            counted = None if cols is None else getattr(self.on_batch, "columns", None)
-            if counted is None:
-                self.on_batch(batch)
-            else:
-                counted(cols, self._words)
+            self.on_batch(batch)
         self._open()
-        if self._sink is not None:  # (its values copied now: the columns may be a driver's arrays, reused)
+        if self._sink is not None:  # (its values copied now: its columns may be a driver's arrays, reused)
             self._writes.put(self._write_message, batch.serialize())
 
-    def _write_message(self, body: pa.Buffer) -> None:
+    def _write_message(self, made: pa.Buffer | tuple) -> None:
         """On the writer's thread: a batch's message (``batch_message``: compressing is most of a batch's cost, and
-        Arrow does it without the GIL), written after the ones before it."""
-        self._write(batch_message(pa.ipc.read_record_batch(body, SCHEMA)))
+        Arrow does it without the GIL), written after the ones before it; the batch from its serialized copy, or
+        from columns and their words (only ever added to: the codes of these columns are there)."""
+        batch = pa.ipc.read_record_batch(made, SCHEMA) if isinstance(made, pa.Buffer) else columns_batch(*made)
+        self._write(batch_message(batch))
         self._sink.flush()
 
     def sync(self, buffered: bool = True) -> None:
