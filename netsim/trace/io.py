@@ -556,13 +556,16 @@ class _Writes:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="netsim-trace")
-        self._queued.append(self._pool.submit(write, arg))
-        while len(self._queued) > self.AHEAD or (self._queued and self._queued[0].done()):
-            self._queued.popleft().result()
+        queued = self._queued
+        queued.append(self._pool.submit(write, arg))
+        while len(queued) > self.AHEAD or queued[0].done():
+            queued[0].result()  # (then dropped: an interrupt while it waits leaves it queued, waited for again)
+            queued.popleft()
 
     def wait(self) -> None:
         while self._queued:
-            self._queued.popleft().result()
+            self._queued[0].result()
+            self._queued.popleft()
 
     def close(self) -> None:
         self.wait()
