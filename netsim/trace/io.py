@@ -558,7 +558,7 @@ class _Writes:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="netsim-trace")
         queued = self._queued
         queued.append(self._pool.submit(write, arg))
-        while len(queued) > self.AHEAD or queued[0].done():
+        while len(queued) > self.AHEAD or (queued and queued[0].done()):
             queued[0].result()  # (then dropped: an interrupt while it waits leaves it queued, waited for again)
             queued.popleft()
 
