@@ -1,0 +1,73 @@
+"""The trace writer makes and writes its batches on a thread of its own (``trace.io._Writes``): the file is the bytes
+written on the calling thread, a driver's arrays reused after they were handed over do not reach the file, the
+offset and hash a checkpoint reads cover every batch handed over, and a failed write stops the run."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from netsim.sim import rows as shapes
+from netsim.trace import io
+from netsim.trace.io import EOS, SCHEMA, TraceWriter, batch_message, record_batch, row_columns
+
+
+def _rows(n: int, seed: int = 3) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    kinds = ["send", "deliver", "activate", "drop"]
+    return [(0.01 * k, kinds[k % 4], int(rng.integers(0, 50)), int(rng.integers(-1, 50)), k, int(rng.integers(1, 900)),
+             float(rng.random()), k // 7, "model" if k % 3 else "") for k in range(n)]
+
+
+def _expected(rows: list[tuple], every: int) -> bytes:
+    """The file as written on one thread: the schema, each batch's message, the end-of-stream marker."""
+    meta = {"netsim.schema_version": str(io.SCHEMA_VERSION), io.CHECKSUM_KEY: io.CHECKSUM}
+    out = SCHEMA.with_metadata(meta).serialize().to_pybytes()
+    for lo in range(0, len(rows), every):
+        out += batch_message(record_batch(rows[lo:lo + every]))
+    return out + EOS
+
+
+def test_rows_and_columns_written_on_the_thread_are_the_one_thread_bytes(tmp_path):
+    """Rows (the events engine's) and columns (a driver's, its arrays overwritten right after each hand-over, as a
+    driver reuses them) give the file written batch by batch on the calling thread."""
+    rows = _rows(1000)
+    a = TraceWriter(tmp_path / "rows.arrows", {}, flush_every=64)
+    for r in rows:
+        a.emit_row(r)
+    a.close()
+    assert (tmp_path / "rows.arrows").read_bytes() == _expected(rows, 64)
+    words = shapes.words()
+    b = TraceWriter(tmp_path / "cols.arrows", {}, flush_every=64)
+    for lo in range(0, 1000, 128):  # two batches a call, each call's arrays then overwritten
+        cols = row_columns(rows[lo:lo + 128], words)
+        b.emit_columns(cols, words)
+        for c in cols:
+            c[...] = 0
+    b.close()
+    assert (tmp_path / "cols.arrows").read_bytes() == _expected(rows, 64)
+
+
+def test_a_checkpoints_offset_and_hash_cover_every_batch_handed_over(tmp_path):
+    rows = _rows(700)
+    w = TraceWriter(tmp_path / "t.arrows", {}, flush_every=50)
+    w.emit_rows(rows)
+    offset, sha = w.bytes, w.sha.hexdigest()  # (what ``checkpoint.write`` reads)
+    data = (tmp_path / "t.arrows").read_bytes()
+    assert offset == len(data) == len(_expected(rows, 50)) - len(EOS)
+    assert sha == hashlib.sha256(data).hexdigest()
+    w.close()
+
+
+def test_a_failed_batch_write_is_raised_where_the_run_waits(tmp_path, monkeypatch):
+    def full(batch: pa.RecordBatch) -> bytes:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io, "batch_message", full)
+    w = TraceWriter(tmp_path / "t.arrows", {}, flush_every=10)
+    with pytest.raises(OSError, match="No space left"):
+        w.emit_rows(_rows(200))
+        w.sync()
