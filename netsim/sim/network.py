@@ -102,10 +102,37 @@ class LeanLinks:
         lost = link.lost is not None and link.lost() < net.p_loss
         return tx_end, d, shapes.TEXT.loss if lost else shapes.TEXT.none
 
+    def outcomes(self, src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
+        return lean_outcomes(self.net, src, dsts, now, size)
+
+
+def lean_outcomes(net: Network, src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
+    """``LeanLinks.outcome`` of one payload to each of ``dsts`` in send order, in one call (a broadcast: the engine's
+    ``send_all`` and the windows take this): their delays, their drop reasons, the longest ``hold_time``. Each link's
+    statements are ``outcome``'s, inlined: the same draws and the same bits."""
+    links, bandwidth, p_loss, loss, none = net.links, net.bandwidth, net.p_loss, shapes.TEXT.loss, shapes.TEXT.none
+    delays, reasons, longest = [], [], 0.0
+    for dst in dsts:
+        link = links.get((src, dst)) or net.link(src, dst)
+        tx_end = now
+        if bandwidth is not None:
+            tx_end = max(now, link.busy_until) + size / bandwidth
+            link.busy_until = tx_end
+            h = hold_time(tx_end, now)
+            if h > longest:
+                longest = h
+        delays.append(delay(tx_end, now, link.latency()))
+        reasons.append(loss if link.lost is not None and link.lost() < p_loss else none)
+    return delays, reasons, longest
+
 
 def outcomes(model: LinkModel) -> Callable[[int, Sequence[int], float, int], tuple[list, list, float]]:
-    """``model``'s outcomes of a broadcast in one call: its ``outcome`` link by link in send order, as
-    ``Network.send_all`` takes them (their delays, their drop reasons, the longest ``hold_time``)."""
+    """``model``'s outcomes of a broadcast in one call: its own ``outcomes`` where it has one (``LeanLinks``), else
+    its ``outcome`` link by link in send order, as ``Network.send_all`` takes them (their delays, their drop reasons,
+    the longest ``hold_time``)."""
+    own = getattr(model, "outcomes", None)
+    if own is not None:
+        return own
     one = model.outcome
 
     def each(src: int, dsts: Sequence[int], now: float, size: int) -> tuple[list, list, float]:
@@ -405,27 +432,18 @@ class Network:
             return longest
         env = self.env
         now = env.now
-        links, emit_row, bandwidth, on_arrival = self.links, self.emit_row, self.bandwidth, self._on_arrival
         dsts = dsts if type(dsts) is list or type(dsts) is tuple else list(dsts)
+        delays, reasons, longest = lean_outcomes(self, src, dsts, now, size)
+        emit_row, on_arrival = self.emit_row, self._on_arrival
         mid = self.take_ids(len(dsts))  # (their ids in send order: nothing else sends in between)
-        for dst in dsts:
-            link = links.get((src, dst)) or self.link(src, dst)
-            tx_end = now
-            if bandwidth is not None:
-                tx_end = max(now, link.busy_until) + size / bandwidth
-                link.busy_until = tx_end
-            d = delay(tx_end, now, link.latency())
+        for dst, d, reason in zip(dsts, delays, reasons):
             emit_row(shapes.send(now, src, dst, mid, size, d, rnd, tag))
-            if link.lost is not None and link.lost() < self.p_loss:
-                emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, shapes.TEXT.loss))
+            if reason:
+                emit_row(shapes.drop(now, src, dst, mid, size, d, rnd, reason))
             else:
                 msg = _new_message(Message, (mid, src, dst, tag, rnd, payload, size, now))
                 Timeout(env, d, msg).callbacks.append(on_arrival)
             mid += 1
-            if bandwidth is not None:  # (without bandwidth a send holds its sender for no time)
-                h = hold_time(tx_end, now)
-                if h > longest:
-                    longest = h
         return longest
 
     def take_ids(self, n: int) -> int:
