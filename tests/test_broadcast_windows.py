@@ -272,24 +272,15 @@ def test_an_edit_to_the_kernel_changes_both_engines_identically(tmp_path, monkey
 def test_a_broadcast_kernel_plugin_runs_as_lookahead_windows_byte_for_byte(tmp_path):
     """examples/plugins/momentum_push.py (heavy-ball asynchronous push SGD) on Poisson clocks: the windows write the
     engine's bytes and models; with mu = 0 it is async_push's run exactly, and momentum changes the models."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.test_round_kernels import probe
 
-    from tests.test_round_kernels import PROBE
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    names = ("heavy", "plain", "async")
+    jobs = [(poisson(algorithm), tmp_path / name) for name, algorithm in zip(names, [
+        {"name": "momentum_push", "lr": 0.3, "batch": 4, "momentum": 0.9},
+        {"name": "momentum_push", "lr": 0.3, "batch": 4, "momentum": 0.0},
+        {"name": "async_push", "lr": 0.3, "batch": 4}], strict=True)]
     runs = {}
-    for name, algorithm in [("heavy", {"name": "momentum_push", "lr": 0.3, "batch": 4, "momentum": 0.9}),
-                            ("plain", {"name": "momentum_push", "lr": 0.3, "batch": 4, "momentum": 0.0}),
-                            ("async", {"name": "async_push", "lr": 0.3, "batch": 4})]:
-        sc = poisson(algorithm)
-        r = subprocess.run([sys.executable, "-c", PROBE, str(root / "examples/plugins/momentum_push.py"),
-                            json.dumps(sc), str(tmp_path / name)], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        got = json.loads(r.stdout)
+    for name, got in zip(names, probe("momentum_push.py", jobs), strict=True):
         ev, win = got["events"], got["windowed"]
         assert win["engine"] == "windowed"
         assert win["trace"] == ev["trace"] and win["metrics"] == ev["metrics"] and win["W"] == ev["W"]

@@ -1,8 +1,10 @@
 """The registry plugins in examples/plugins/ run end to end through the CLI's --plugin (in a subprocess:
-a plugin's registrations are process-wide, and the other tests see only the built-in ones)."""
+a plugin's registrations are process-wide, and the other tests see only the built-in ones). Commands without
+--plugin run in-process (``cli``) where no test imports the plugin in this process (``_plugin_module`` does)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner, Result
 
+from netsim.cli import app
 from netsim.privacy.ledger import releases_from_table
 from netsim.trace.io import read_trace
 
@@ -24,6 +28,12 @@ def netsim(*args) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "netsim", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def cli(*args) -> Result:
+    """A command without --plugin, in this process (run from the repository root, as ``netsim``'s)."""
+    with contextlib.chdir(ROOT):
+        return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_event_kind_plugin_records_its_events_in_the_trace(tmp_path):
@@ -43,8 +53,8 @@ def test_event_kind_plugin_records_its_events_in_the_trace(tmp_path):
     assert d[["peer", "msg"]].eq(-1).all().all() and (d["tag"] == "").all()  # unused columns at defaults
     # the same run without the event: the algorithm's other events are exactly D-PSGD's
     base = tmp_path / "base"
-    assert netsim("run", "scenarios/quickstart.toml", "--set", "agents.count=4", "--set", "run.until=5",
-                  "--set", "network.loss=0.0", "--out", base, "-q").returncode == 0
+    assert cli("run", "scenarios/quickstart.toml", "--set", "agents.count=4", "--set", "run.until=5",
+               "--set", "network.loss=0.0", "--out", base, "-q").exit_code == 0
     b = read_trace(base).table.to_pandas()
     assert t[t["kind"] != "disagreement"].reset_index(drop=True).equals(b)
     # the timeline draws the kind with the glyph the class gives, once the plugin is loaded
@@ -54,14 +64,14 @@ def test_event_kind_plugin_records_its_events_in_the_trace(tmp_path):
     lanes = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and "|" in line]
     assert len(lanes) == 4 and all(set(line.split("|")[1]) <= {" ", "d"} and "d" in line for line in lanes)
     assert "legend: d disagreement" in r.stdout
-    r = netsim("timeline", out, "--kinds", "disagreement")
-    assert r.returncode == 2 and "--kinds: unknown kind(s) disagreement" in r.stdout + r.stderr
+    r = cli("timeline", out, "--kinds", "disagreement")
+    assert r.exit_code == 2 and "--kinds: unknown kind(s) disagreement" in r.output
 
 
 def test_event_kind_plugin_is_needed_to_run_its_algorithm(tmp_path):
-    r = netsim("run", "scenarios/quickstart.toml", "--set", "algorithm.name=dpsgd_disagreement",
-               "--out", tmp_path / "x", "-q")
-    assert r.returncode == 2 and "algorithm.name: unknown algorithm 'dpsgd_disagreement'" in r.stderr
+    r = cli("run", "scenarios/quickstart.toml", "--set", "algorithm.name=dpsgd_disagreement",
+            "--out", tmp_path / "x", "-q")
+    assert r.exit_code == 2 and "algorithm.name: unknown algorithm 'dpsgd_disagreement'" in r.stderr
     assert r.stderr.count("\n") == 1 and not (tmp_path / "x").exists()
 
 
@@ -87,16 +97,16 @@ def test_accountant_plugin_adds_an_accountant_and_a_closed_form(tmp_path):
 
 
 def test_unregistered_closed_form_or_accountant_is_one_line_exit_2(tmp_path):
-    r = netsim("run", "scenarios/privacy_activation.toml", "--set", "privacy.closed_form=zcdp",
-               "--out", tmp_path / "x", "-q")
-    assert r.returncode == 2 and not (tmp_path / "x").exists()
+    r = cli("run", "scenarios/privacy_activation.toml", "--set", "privacy.closed_form=zcdp",
+            "--out", tmp_path / "x", "-q")
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()
     assert r.stderr == ("error: scenarios/privacy_activation.toml: privacy.closed_form: unknown closed form 'zcdp'; "
                         "registered: none, do_adp, ldp_online, pdsl, privsgp_vr (a plugin's needs --plugin)\n")
     out = tmp_path / "run"
-    assert netsim("run", "scenarios/privacy_activation.toml", "--set", "agents.count=2", "--set", "run.until=1",
-                  "--out", out, "-q").returncode == 0
-    r = netsim("privacy", out, "--accountant", "zcdp", "--no-pld")
-    assert r.returncode == 2 and "--accountant: unknown accountant 'zcdp'; registered: rdp, pld" in r.stdout + r.stderr
+    assert cli("run", "scenarios/privacy_activation.toml", "--set", "agents.count=2", "--set", "run.until=1",
+               "--out", out, "-q").exit_code == 0
+    r = cli("privacy", out, "--accountant", "zcdp", "--no-pld")
+    assert r.exit_code == 2 and "--accountant: unknown accountant 'zcdp'; registered: rdp, pld" in r.output
 
 
 def test_a_plugin_taking_a_registered_name_is_refused_in_one_line(tmp_path):

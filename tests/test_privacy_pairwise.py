@@ -7,12 +7,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from tests.conftest import BASE, ROOT, cli_env, merge, netsim_cli
+from netsim.cli import app
+from tests.conftest import BASE, ROOT, merge
 
 RATIO = 0.5  # Delta / sigma of every release: batch clipping, Delta = 2 C = 2, sigma = 4
 
@@ -251,9 +252,8 @@ def test_cli_pairwise_writes_csv_json_plots_and_a_table(tmp_path):
     from netsim.scenario import scenario_from_dict
 
     run(scenario_from_dict(pair_scenario(8, {"kind": "ring"}, K=4)), out=tmp_path)
-    p = subprocess.run(netsim_cli("privacy", str(tmp_path), "--pairwise"), capture_output=True, text=True,
-                       env=cli_env())
-    assert p.returncode == 0, p.stderr
+    p = CliRunner().invoke(app, ["privacy", str(tmp_path), "--pairwise"])
+    assert p.exit_code == 0, p.output
     assert "hops" in p.stdout and "bound is below the exact figure" in p.stdout
     with (tmp_path / "pairwise.csv").open() as f:
         head = next(csv.reader(f))
@@ -261,9 +261,8 @@ def test_cli_pairwise_writes_csv_json_plots_and_a_table(tmp_path):
     sec = json.loads((tmp_path / "privacy.json").read_text())["pairwise"]
     assert sec["pairs"] == 56 and [r["hops"] for r in sec["by_hops"]] == [1, 2, 3, 4]
     assert (tmp_path / "pairwise_hops.png").stat().st_size > 0 and (tmp_path / "pairwise_heatmap.png").exists()
-    bad = subprocess.run(netsim_cli("privacy", str(tmp_path), "--pairwise", "--observers", "x"),
-                         capture_output=True, text=True, env=cli_env())
-    assert bad.returncode == 2 and "--observers" in bad.stderr and "Traceback" not in bad.stderr
+    bad = CliRunner().invoke(app, ["privacy", str(tmp_path), "--pairwise", "--observers", "x"])
+    assert bad.exit_code == 2 and "--observers" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_runs_beyond_the_exact_limits_are_refused_with_the_limit_named(tmp_path, monkeypatch):
@@ -429,9 +428,8 @@ def test_pairwise_and_per_agent_figures_agree_on_screen(tmp_path):
     sc = load_scenario(ROOT / "scenarios" / "privacy_activation.toml",
                        {"agents.count": 6, "run.until": 6.0, "privacy.record": "mixing"})
     run(sc, out=tmp_path)
-    p = subprocess.run(netsim_cli("privacy", str(tmp_path), "--pairwise"), capture_output=True, text=True,
-                       env=cli_env())
-    assert p.returncode == 0, p.stderr
+    p = CliRunner().invoke(app, ["privacy", str(tmp_path), "--pairwise"])
+    assert p.exit_code == 0, p.output
     rep = json.loads((tmp_path / "privacy.json").read_text())
     per_agent = {r["agent"]: r["epsilon"] for r in rep["agents"]}
     with (tmp_path / "pairwise.csv").open() as f:
