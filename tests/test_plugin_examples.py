@@ -1,6 +1,7 @@
 """The registry plugins in examples/plugins/ run end to end through the CLI's --plugin (in a subprocess:
 a plugin's registrations are process-wide, and the other tests see only the built-in ones). Commands without
---plugin run in-process (``cli``) where no test imports the plugin in this process (``_plugin_module`` does)."""
+--plugin run in-process (``cli``); a test that needs a plugin's functions imports it with ``_plugin_module``, which
+takes its registrations back."""
 
 from __future__ import annotations
 
@@ -149,13 +150,42 @@ def test_algorithm_plugin_uses_recv_gather_spawn_and_state(tmp_path):
     assert "pull_requests" not in s2 and s2["accuracy"] > 0.8
 
 
+def _registries() -> list[dict]:
+    """Every registry a plugin can add a name to (what ``--plugin`` fills)."""
+    from netsim.algorithms import registry
+    from netsim.compute import data, model_registry
+    from netsim.privacy import accountants, closed_forms, mechanisms
+    from netsim.sim import activation, network
+    from netsim.trace import events
+
+    return [registry.REGISTRY, registry.SOURCES, registry.FIXED_TOPOLOGY, model_registry.MODELS,
+            model_registry.MODEL_PARAMS, data.DATASETS, data.DATASET_PARAMS, activation.SCHEDULES,
+            network.LINK_MODELS, closed_forms.CLOSED_FORMS, mechanisms.MECHANISMS, accountants.ACCOUNTANTS,
+            accountants.ACCOUNTANT_DOCS, events._REGISTRY]
+
+
 def _plugin_module(name: str):
+    """The plugin's module, imported here for its functions; what its import registered taken back (the registries
+    as they were), so that no later test in this process sees a plugin's names without ``--plugin``."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"plugin_{name}", PLUGINS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    saved = [(r, dict(r)) for r in _registries()]
+    try:
+        spec = importlib.util.spec_from_file_location(f"plugin_{name}", PLUGINS / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        for r, was in saved:
+            r.clear()
+            r.update(was)
     return mod
+
+
+def test_importing_a_plugin_here_leaves_no_name_registered():
+    before = [dict(r) for r in _registries()]
+    _plugin_module("discrete_gaussian")
+    _plugin_module("planar_links")
+    assert [dict(r) for r in _registries()] == before
 
 
 def test_link_model_plugin_decides_every_message(tmp_path):
@@ -247,13 +277,9 @@ def test_mechanism_plugin_is_accounted_through_its_own_dp_event(tmp_path):
 
 
 def test_discrete_gaussian_draws_are_integer_with_the_right_variance():
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("dg_plugin", PLUGINS / "discrete_gaussian.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _plugin_module("discrete_gaussian")
     g = torch.Generator().manual_seed(3)
     x = torch.zeros(200_000, dtype=torch.float64)
     y = mod.release(g, x, 2.0)
