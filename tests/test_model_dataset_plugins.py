@@ -11,7 +11,7 @@ import pytest
 
 from netsim.errors import InputError
 from netsim.trace.io import read_trace
-from tests.test_plugin_examples import PLUGINS, _plugin_module, netsim
+from tests.test_plugin_examples import PLUGINS, netsim
 
 
 @pytest.fixture
@@ -35,10 +35,11 @@ def test_model_plugin_clips_per_example_exactly_by_book_keeping(own_registries):
     per-sample gradients of nested vmap (float64)."""
     import torch
 
+    from netsim.algorithms import load_plugin
     from netsim.compute.models import TorchModel, build_model, clip_per_sample
     from netsim.scenario.schema import ModelSpec
 
-    _plugin_module("residual_mlp")
+    load_plugin(str(PLUGINS / "residual_mlp.py"))  # (into this test's registries)
     m = build_model(ModelSpec("residual_mlp", params={"width": 6, "depth": 2}), 5, 3)
     assert isinstance(m, TorchModel) and m.ghost_clipping and m.size == (5 * 6 + 6) + 2 * 2 * (36 + 6) + 6 * 3 + 3
     g = torch.Generator().manual_seed(0)

@@ -102,6 +102,17 @@ def sims(n: int = 6, **data) -> tuple:
     return tuple(api.prepare(scenario_from_dict(sc)) for _ in range(2))
 
 
+def same_streams(one, many) -> None:
+    """Each agent's batch stream where single draws would have left it (a block drawn ahead rewound to the rows
+    handed out: ``RowsAhead`` draws longer blocks than ``sample_rows``, the same values), in both simulations."""
+    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
+        assert (a.batches_ahead is None) == (b.batches_ahead is None)
+        for h in (a.batches_ahead, b.batches_ahead):
+            if h is not None:
+                h.rewind()
+        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
+
+
 def test_rows_ahead_draws_what_each_agent_draws():
     """Every agent's mini-batches through ``RowsAhead`` (agents in a new order each round, blocks refilled, the
     batch size changed midway, then a program taking the stream) are those of ``sample_rows``, with the streams
@@ -110,21 +121,16 @@ def test_rows_ahead_draws_what_each_agent_draws():
     assert len({len(a.rows) for a in one.loop.agents}) > 1  # parts of different sizes, laid end to end
     rng = np.random.default_rng(1)
     ahead = RowsAhead(many.loop.agents)
-    for k in range(60):
-        batch = 16 if k < 40 else 7  # blocks of 16 mini-batches: refilled twice
+    for k in range(160):
+        batch = 16 if k < 140 else 7  # RowsAhead's blocks of 64 mini-batches (sample_rows' of 16): refilled twice
         order = rng.permutation(len(one.loop.agents))
-        if k == 50:
+        if k == 150:
             one.loop.agents[int(order[0])].rng("batch")
             many.loop.agents[int(order[0])].rng("batch")
         want = [one.loop.agents[i].sample_rows(batch) for i in order]
         got = ahead.take([many.loop.agents[i] for i in order], order, batch)
         assert np.array_equal(np.stack(want), np.stack(list(got)))
-    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
-        assert (a.batches_ahead is None) == (b.batches_ahead is None)
-        if a.batches_ahead is not None:
-            ha, hb = a.batches_ahead, b.batches_ahead
-            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
+    same_streams(one, many)
 
 
 def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
@@ -143,12 +149,8 @@ def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
         want = [one.loop.agents[i].sample_rows(16) for i in who]
         got = ahead.take([many.loop.agents[i] for i in who], who, 16)
         assert isinstance(got, np.ndarray) and np.array_equal(np.stack(want), got), k
-    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
-        if a.batches_ahead is not None:
-            ha, hb = a.batches_ahead, b.batches_ahead
-            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
-            assert b.batches_ahead.block.base is ahead.blocks
+    assert all(b.batches_ahead.block.base is ahead.blocks for b in many.loop.agents if b.batches_ahead is not None)
+    same_streams(one, many)
 
 
 @pytest.mark.parametrize("then", ["stream", "rows"])
@@ -166,7 +168,7 @@ def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
             if k == 3:
                 agents[2].sample_rows(16)
             if k == 7:
-                for _ in range(9):  # past its block's end: a fresh block drawn by the agent itself
+                for _ in range(70):  # past its block's end (64 laid by RowsAhead): a fresh block of its own
                     agents[4].sample_rows(16)
             if k == 20 and then == "stream":  # no more drawing ahead (then every agent draws its own)
                 agents[5].rng("batch")
@@ -175,12 +177,7 @@ def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
         want = [one.loop.agents[i].sample_rows(16) for i in order]
         got = ahead.take([many.loop.agents[i] for i in order], order, 16)
         assert np.array_equal(np.stack(want), np.stack(list(got))), k
-    for a, b in zip(one.loop.agents, many.loop.agents, strict=True):
-        assert a._draws.batch().bit_generator.state == b._draws.batch().bit_generator.state
-        assert (a.batches_ahead is None) == (b.batches_ahead is None)
-        if a.batches_ahead is not None:
-            ha, hb = a.batches_ahead, b.batches_ahead
-            assert ha.pos == hb.pos and np.array_equal(ha.block, hb.block)
+    same_streams(one, many)
 
 
 def test_rows_ahead_of_distinct_rows_is_each_agents_own():
