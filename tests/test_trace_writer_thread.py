@@ -62,12 +62,23 @@ def test_a_checkpoints_offset_and_hash_cover_every_batch_handed_over(tmp_path):
     w.close()
 
 
-def test_a_failed_batch_write_is_raised_where_the_run_waits(tmp_path, monkeypatch):
-    def full(batch: pa.RecordBatch) -> bytes:
-        raise OSError(28, "No space left on device")
+def test_a_failed_batch_write_is_raised_where_the_run_waits_once(tmp_path, monkeypatch):
+    """The first batch's write fails (a full disk): the run meets the error where it next hands a batch over or
+    waits, once (a crash's own sync then goes on with the batches after it)."""
+    real, calls = io.batch_message, []
 
-    monkeypatch.setattr(io, "batch_message", full)
+    def full_once(batch: pa.RecordBatch) -> bytes:
+        calls.append(batch.num_rows)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(batch)
+
+    monkeypatch.setattr(io, "batch_message", full_once)
     w = TraceWriter(tmp_path / "t.arrows", {}, flush_every=10)
     with pytest.raises(OSError, match="No space left"):
         w.emit_rows(_rows(200))
         w.sync()
+    w.sync()  # (the error is not raised again)
+    w.emit_rows(_rows(30))
+    w.close()
+    assert len(calls) >= 4 and (tmp_path / "t.arrows").read_bytes().endswith(EOS)

@@ -559,13 +559,19 @@ class _Writes:
         queued = self._queued
         queued.append(self._pool.submit(write, arg))
         while len(queued) > self.AHEAD or (queued and queued[0].done()):
-            queued[0].result()  # (then dropped: an interrupt while it waits leaves it queued, waited for again)
-            queued.popleft()
+            self._next()
 
     def wait(self) -> None:
         while self._queued:
-            self._queued[0].result()
-            self._queued.popleft()
+            self._next()
+
+    def _next(self) -> None:
+        """The oldest write waited for (an interrupt meanwhile leaves it queued), then dropped; its failure raised,
+        once."""
+        head = self._queued[0]
+        head.exception()
+        self._queued.popleft()
+        head.result()
 
     def close(self) -> None:
         self.wait()
