@@ -41,10 +41,9 @@ class EventCounts:
         """``__call__`` for a batch given as columns, its kinds as codes of ``words`` (``TraceWriter`` hands them):
         the same counts, by code (~50 µs a batch of 8,192 rows; its strings, ~250)."""
         kinds = np.asarray(cols[_KIND])
-        counts = np.bincount(kinds)
-        present = np.flatnonzero(counts).tolist()
-        first = [int(np.argmax(kinds == c)) for c in present]  # (in the order of first appearance, as ``__call__``)
-        self.kinds.update({words.words[c]: int(counts[c]) for _, c in sorted(zip(first, present))})
+        codes, first, counts = np.unique(kinds, return_index=True, return_counts=True)
+        seen = np.argsort(first)  # (in the order of first appearance, as ``__call__``)
+        self.kinds.update(dict(zip(map(words.words.__getitem__, codes[seen].tolist()), counts[seen].tolist())))
         send = words.codes.get("send")
         if send is not None:
             self.bytes_sent += int(np.asarray(cols[_SIZE])[kinds == send].sum())
