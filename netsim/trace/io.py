@@ -18,6 +18,7 @@ before netsim checked its traces) is read as before, its batches unverified (``T
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import math
@@ -359,10 +360,11 @@ class TraceWriter:
         self.flush_every = flush_every
         self.buffer: list = []
         self.count = 0  # events flushed so far
-        self.bytes = 0  # bytes written to the file so far
+        self._bytes = 0  # bytes written to the file so far
         self._sha = hashlib.sha256()  # of the bytes written
         self.on_batch = on_batch
         self._sink = None
+        self._writes = _Writes()  # the batches' messages, made and written on a thread of their own
         self._words: Words | None = None  # the codes of the columns a driver hands (``emit_columns``): rows then
         # flushed as columns too (``flush``)
         self._meta = {"netsim.schema_version": str(SCHEMA_VERSION), CHECKSUM_KEY: CHECKSUM, **metadata}
@@ -372,11 +374,18 @@ class TraceWriter:
     def _write(self, data: bytes) -> None:
         self._sink.write(data)
         self._sha.update(data)
-        self.bytes += len(data)
+        self._bytes += len(data)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes written to the file so far (every batch handed over: a checkpoint points here)."""
+        self._writes.wait()
+        return self._bytes
 
     @property
     def sha(self):
         """sha256 of the file's bytes so far (a ``hashlib`` object a checkpoint reads the digest of)."""
+        self._writes.wait()
         return self._sha
 
     def _open(self) -> None:
@@ -392,16 +401,17 @@ class TraceWriter:
         (the events in the buffer are the ones that follow ``offset``). ``offset`` 0: nothing was written by the
         checkpoint (a windowed run's first batch came after it): the file is made again at the first flush.
         ``hashed``: those bytes' hash already under way (``file_sha_ahead``)."""
+        self._writes.wait()
         if offset == 0:
             path.unlink(missing_ok=True)
-            self.path, self.count, self.bytes, self._sha = path, count, 0, hashlib.sha256()
+            self.path, self.count, self._bytes, self._sha = path, count, 0, hashlib.sha256()
             return
         sha = _file_sha(path, offset) if hashed is None else hashed()
         if sha.hexdigest() != sha256:
             raise ValueError(f"its first {offset} bytes changed since the checkpoint (sha256 differs)")
         with open(path, "r+b") as f:
             f.truncate(offset)
-        self.path, self.count, self.bytes, self._sha = path, count, offset, sha
+        self.path, self.count, self._bytes, self._sha = path, count, offset, sha
         self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
 
     def emit(self, event) -> None:
@@ -450,9 +460,9 @@ class TraceWriter:
                 return
             head = row_columns(self.buffer, words)
             self.buffer = []
-            self._write_batch(columns_batch(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)), words))
+            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)))
         while n - i >= every:
-            self._write_batch(columns_batch(tuple(c[i:i + every] for c in cols), words))
+            self._write_columns(tuple(c[i:i + every] for c in cols))
             i += every
         if i < n:
             self.buffer.extend(column_rows(cols, i, n, words))
@@ -473,33 +483,106 @@ class TraceWriter:
             return
         rows, self.buffer = self.buffer, []
         words = self._words  # (a run whose driver hands columns: the rows left as columns, the same bytes)
-        self._write_batch(record_batch(rows) if words is None else columns_batch(row_columns(rows, words), words))
+        if words is None:
+            self._write_batch(record_batch(rows))
+        else:
+            self._write_columns(row_columns(rows, words))
+
+    def _write_columns(self, cols: tuple) -> None:
+        """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``): a driver's whole windows of rows,
+        made and written on the writer's thread (``_Writes``) from a copy of the columns (a driver may reuse its
+        arrays), where no listener reads the batch itself (an ``on_batch`` that counts columns,
+        ``EventCounts.columns``, is handed them: no string per row to read back)."""
+        counted = None if self.on_batch is None else getattr(self.on_batch, "columns", None)
+        if self.on_batch is not None and counted is None:
+            self._write_batch(columns_batch(cols, self._words))
+            return
+        self.count += len(cols[0])
+        if counted is not None:
+            counted(cols, self._words)
+        self._open()
+        if self._sink is not None:
+            self._writes.put(self._write_message, (tuple(map(np.array, cols)), self._words))
 
     def _write_batch(self, batch: pa.RecordBatch) -> None:
+        """A batch written on the calling thread, after every batch handed over before it: a run that emits rows
+        (the events engine) has at most its one unflushed batch in memory, whenever it is killed."""
         self.count += batch.num_rows
         if self.on_batch is not None:
             self.on_batch(batch)
         self._open()
         if self._sink is not None:
+            self._writes.wait()
             self._write(batch_message(batch))
             self._sink.flush()
+
+    def _write_message(self, made: tuple) -> None:
+        """On the writer's thread: a batch's message (``batch_message``: compressing is most of a batch's cost, and
+        Arrow does it without the GIL) made from columns and their words (only ever added to: the codes of these
+        columns are there), written after the ones before it."""
+        self._write(batch_message(columns_batch(*made)))
+        self._sink.flush()
 
     def sync(self, buffered: bool = True) -> None:
         """Flush (the rows not yet in a batch too, unless ``buffered`` is False), and make what was written
         durable (a checkpoint points into the file)."""
         if buffered:
             self.flush()
+        self._writes.wait()
         if self._sink is not None:
             os.fsync(self._sink.fileno())
 
     def close(self) -> None:
         self.flush()
+        self._writes.close()
         self._open()
         if self._sink is not None:
             self._sink.write(EOS)
             self._sink.close()
             self._sink = None
         self.path = None  # closed for good
+
+
+class _Writes:
+    """A trace writer's batches, written in order on one thread of its own (made at the first), at most ``AHEAD``
+    behind the run: the run goes on while Arrow compresses (most of a batch's cost; its C++ leaves the GIL). The
+    bytes are those written on the calling thread. ``wait`` is where the file holds every batch handed over (a
+    checkpoint's offset, a sync, the end); a failed write is raised there or at the next ``put``."""
+
+    AHEAD = 32  # (~0.5 MB a batch of 8,192 rows: a round of 10,000 agents' ~9 batches is handed over at once, and
+    # written while the next round is played)
+
+    def __init__(self):
+        self._pool = None
+        self._queued: collections.deque = collections.deque()
+
+    def put(self, write: Callable[[Any], None], arg: Any) -> None:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="netsim-trace")
+        queued = self._queued
+        queued.append(self._pool.submit(write, arg))
+        while len(queued) > self.AHEAD or (queued and queued[0].done()):
+            self._next()
+
+    def wait(self) -> None:
+        while self._queued:
+            self._next()
+
+    def _next(self) -> None:
+        """The oldest write waited for (an interrupt meanwhile leaves it queued), then dropped; its failure raised,
+        once."""
+        head = self._queued[0]
+        head.exception()
+        self._queued.popleft()
+        head.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
 
 @attrs.frozen
