@@ -72,8 +72,8 @@ def test_event_counts_of_columns_are_those_of_their_batches(tmp_path):
     words = shapes.words()
     rng = np.random.default_rng(5)
     names = ["deliver", "send", "custom", "activate", "timeout"]  # first appearance not in code order
-    rows = [(0.1 * n, names[k], n % 7, -1, n, int(rng.integers(1, 100)), 0.0, 1, "model")
-            for n, k in enumerate(rng.integers(0, len(names), 500).tolist())]
+    rows = [(0.1 * n, names[k if n >= 300 or k < 3 else 1], n % 7, -1, n, int(rng.integers(1, 100)), 0.0, 1, "model")
+            for n, k in enumerate(rng.integers(0, len(names), 500).tolist())]  # (two kinds first seen in a later batch)
     counts = EventCounts()
     writer = TraceWriter(tmp_path / "t.arrows", {}, flush_every=64, on_batch=counts)
     for lo in range(0, 500, 90):  # full batches as columns, the rest left as rows (flushed as columns too)
