@@ -665,7 +665,7 @@ class SyncRounds(Pattern):
 
                     def counts_at(j: int, w_last=w_last, ids=ids, last=last) -> np.ndarray:
                         """Each agent's activations at evaluation j (its next wake: at its barrier's completion)."""
-                        out = rounds_of(agents)
+                        out = rounds_of(agents, None)
                         if not last:
                             out[ids] += curves.T(j) > w_last
                         return out
@@ -819,7 +819,7 @@ def _level_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released
         fill(c, slice(j, None, kinds), shapes.compute_start(t, ids, ct, CODES))
         j += 1
     if fin:
-        fill(c, slice(j, None, kinds), shapes.finish(t, ids, rounds_of([agents[i] for i in ids.tolist()]), CODES))
+        fill(c, slice(j, None, kinds), shapes.finish(t, ids, rounds_of(agents, ids), CODES))
     return tuple(c)
 
 
@@ -829,18 +829,20 @@ def columns(n: int) -> list:
             np.empty(n, np.int64), np.empty(n), np.empty(n, np.int32), np.empty(n, np.int32)]
 
 
-def rounds_of(agents) -> np.ndarray:
-    return np.fromiter(map(_ROUND, agents), np.int64, len(agents))
+def rounds_of(agents, ids: np.ndarray | None) -> np.ndarray:
+    """``Agent.round`` of the agents ``ids`` (None: all) of a run whose agents include ``agents``, as a new array
+    (``Simulation.rounds``)."""
+    return agents[0].sim.rounds(ids) if len(agents) else np.zeros(0, np.int64)
 
 
-_ROUND, _BATCH = attrgetter("round"), attrgetter("batch")  # (maps of attrgetters: C loops over a round's agents)
+_BATCH = attrgetter("batch")  # (maps of attrgetters: C loops over a round's agents)
 
 
 def activations(t_act, ids, at, woken, t_start, ct) -> tuple:
     """Each agent's ``activate`` row (``Agent._activated``) followed by its ``compute_start`` (``Agent.gradient``),
     agent after agent in firing order."""
     c = columns(2 * len(ids))
-    fill(c, slice(0, None, 2), shapes.activate(t_act, ids, at, rounds_of(woken), CODES))
+    fill(c, slice(0, None, 2), shapes.activate(t_act, ids, at, rounds_of(woken, ids), CODES))
     fill(c, slice(1, None, 2), shapes.compute_start(t_start, ids, ct, CODES))
     return tuple(c)
 
@@ -848,7 +850,7 @@ def activations(t_act, ids, at, woken, t_start, ct) -> tuple:
 def finishes(ids, t, agents) -> tuple:
     """``finish`` rows (``Agent.finish``) of agents ``ids`` at times ``t``, in that order."""
     c = columns(len(ids))
-    fill(c, slice(None), shapes.finish(t, ids, rounds_of([agents[i] for i in ids.tolist()]), CODES))
+    fill(c, slice(None), shapes.finish(t, ids, rounds_of(agents, ids), CODES))
     return tuple(c)
 
 

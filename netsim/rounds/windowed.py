@@ -259,7 +259,7 @@ def wake_all(sim, ids, when):
     else:
         for a, t in zip(woken, tick[which].tolist(), strict=True):
             a.schedule.tick = t
-    sim.count_wakes(woken)
+    sim.count_wakes(woken, ids)
     times = act[which]
     if len(first) == 1:  # one activation time: fired in call order
         return times, ids, at[which], woken

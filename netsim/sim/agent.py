@@ -228,7 +228,6 @@ class Agent:
         self.emit_row = sim.recorder.emit_row  # one row in COLUMNS order (TraceWriter.emit_row): no record object
         self.offset = offset
         self.rate = 1.0 + drift  # local clock seconds per global second
-        self.round = 0  # activations so far
         self.finished = False
         self.inbox = Inbox(self)
         topology = sim.world.topology  # arrays: the networkx graph is made only if someone reads it
@@ -264,6 +263,18 @@ class Agent:
         return (local - self.offset) / self.rate
 
     # activation ---------------------------------------------------------------------------------
+    @property
+    def round(self) -> int:
+        """Activations so far (counted by ``Simulation.count_wakes``; every agent's in one array,
+        ``RunLoop.rounds``)."""
+        return self.sim.loop.rounds[self.id]
+
+    @round.setter
+    def round(self, k: int) -> None:
+        self.sim.loop.rounds[self.id] = k
+
+    CHECKPOINTED = ("round",)  # the values a checkpoint holds that are not in the agent's own dict
+
     def wake(self) -> simpy.Event:
         """The next activation on this agent's own clock (never after the run's round limit)."""
         sim = self.sim

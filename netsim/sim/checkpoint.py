@@ -40,7 +40,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,10 @@ def _program(proc, key: str, arrays: Arrays) -> list[Any]:
 
 
 def _plain_vars(obj: Any) -> dict[str, Any]:
-    return {k: v for k, v in sorted(vars(obj).items()) if type(v) in _PLAIN}
+    """``obj``'s values of a plain type: its dict's, and those its class keeps elsewhere (``CHECKPOINTED``: an agent's
+    round, in the run's array of rounds)."""
+    held = {k: getattr(obj, k) for k in getattr(type(obj), "CHECKPOINTED", ())}
+    return {k: v for k, v in sorted((vars(obj) | held).items()) if type(v) in _PLAIN}
 
 
 class Columns:
@@ -197,6 +200,12 @@ def _columns(objs: list, nested: dict[str, Columns] | None = None) -> Columns | 
         if not kinds.issubset(_PLAIN):  # plain in some objects, not in others
             return None
         plain[name] = (list(map(itemgetter(name), dicts)), kinds)
+    for name in getattr(type(objs[0]), "CHECKPOINTED", ()) if objs else ():
+        col = list(map(attrgetter(name), objs))
+        kinds = set(map(type, col))
+        if not kinds.issubset(_PLAIN):
+            return None
+        plain[name] = (col, kinds)
     keep = tuple(sorted(plain))
     return Columns(len(dicts), keep, [plain[k][0] for k in keep], [plain[k][1] for k in keep], nested or {})
 

@@ -175,16 +175,26 @@ class Simulation:
         self.loop.stop_reason = "error"
         self.recorder.writer.sync()
 
-    def count_wakes(self, agents: Sequence[Agent]) -> None:
+    def count_wakes(self, agents: Sequence[Agent], ids: np.ndarray | None = None) -> None:
         """One activation of each of ``agents`` counted (the wake rule: ``Agent.wake`` calls it with a batch of one,
-        a driver that plans activations itself with its batch): each agent's ``round``, the run's activations, and
-        the round mark of ``run.checkpoint_every_rounds`` when they pass it."""
-        for a in agents:
-            a.round += 1
+        a driver that plans activations itself with its batch, and their ids as an array where it has them): each
+        agent's ``round``, the run's activations, and the round mark of ``run.checkpoint_every_rounds`` when they
+        pass it."""
+        if ids is None:
+            counts = self.loop.rounds
+            for a in agents:
+                counts[a.id] += 1
+        else:
+            np.add.at(np.frombuffer(self.loop.rounds, np.int64), ids, 1)
         marks = self.loop.marks
         marks.activations += len(agents)
         if marks.activations >= marks.round_mark:
             marks.round_passed()
+
+    def rounds(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """The activations so far (``Agent.round``) of agents ``ids`` (None: every agent), as a new array."""
+        counts = np.frombuffer(self.loop.rounds, np.int64)
+        return counts.copy() if ids is None else counts[ids]
 
     def between_rounds(self, between: Between) -> bool:
         """A windowed driver finished a round but the last (``between``: where it stands): the clock goes to

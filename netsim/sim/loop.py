@@ -8,6 +8,7 @@ sim/world.py, what it records sim/recorder.py.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -154,6 +155,9 @@ class RunLoop:
         self.env = env
         self.marks = marks
         self.agents: list = []
+        # every agent's activations so far (``Agent.round``) in one array, so a driver counts or reads a batch at once
+        # (``Simulation.count_wakes``, ``rounds``)
+        self.rounds = array("q", bytes(8 * n))
         self.programs = Programs(n)
         self.finished = 0
         self.stop = env.event()

@@ -29,7 +29,7 @@ import operator
 from array import array
 from collections import Counter, deque
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
@@ -289,20 +289,24 @@ def _assign_all(objs: list, values: list, where: str, skip: str = "") -> dict[st
         cls, names = type(objs[0]), tuple(values[0])
         keep = tuple(k for k in names if k != skip)
         try:
+            # (a name its class keeps outside the dicts, ``CHECKPOINTED``, is read and set as an attribute)
+            outside = set(getattr(cls, "CHECKPOINTED", ()))
             if keep and set(map(len, values)) == {len(names)} \
-                    and all(not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep):
+                    and all(k in outside or not hasattr(type(getattr(cls, k, None)), "__set__") for k in keep):
                 dicts = [o.__dict__ for o in objs]
                 cols = []
                 for k in keep:  # every column checked before any is written
                     get = itemgetter(k)
-                    new, mine = list(map(get, values)), list(map(get, dicts))  # KeyError: a name missing somewhere
+                    new = list(map(get, values))  # KeyError: a name missing somewhere
+                    mine = list(map(attrgetter(k), objs) if k in outside else map(get, dicts))
                     kinds = set(map(type, new))
                     if len(kinds) != 1 or set(map(type, mine)) != kinds:
                         raise KeyError(k)  # (object by object: the first that differs is named)
                     cols.append((k, new, mine, kinds.pop()))
                 for k, new, mine, kind in cols:
                     if not _same(new, mine, kind):
-                        deque(map(dict.__setitem__, dicts, repeat(k), new), maxlen=0)
+                        deque(map(setattr, objs, repeat(k), new) if k in outside else
+                              map(dict.__setitem__, dicts, repeat(k), new), maxlen=0)
                 return {k: (kind, new) for k, new, _, kind in cols}
         except (KeyError, AttributeError):
             pass
