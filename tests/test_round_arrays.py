@@ -204,9 +204,19 @@ def wake(sim, order: list[tuple[int, float]]) -> list[tuple[float, int, int, flo
     return acts
 
 
-def test_a_round_wakes_as_each_agent_wakes():
-    """``wake_all`` plans what ``wake`` plans agent by agent: times, order (ties in call order), ticks, rounds."""
+@pytest.mark.parametrize("kept", ["shared", "own"])
+def test_a_round_wakes_as_each_agent_wakes(kept):
+    """``wake_all`` plans what ``wake`` plans agent by agent: times, order (ties in call order), ticks, rounds; with
+    every agent's tick in the run's array (``Counts.ticks``), or one agent's schedule replaced by one that keeps its
+    own (then each agent's schedule is read and set)."""
+    from netsim.sim.activation import Periodic
+
     one, many = sims(n=8)
+    if kept == "own":
+        for sim in (one, many):
+            a = sim.loop.agents[5]
+            a.use_schedule(Periodic(a.schedule.period, a.local_time(0.0)))
+    assert many.loop.counts.ticks_shared is (kept == "shared")
     order = [(3, 0.0), (0, 0.0), (5, 0.055), (1, 0.0), (2, 0.055), (7, 0.105), (4, 0.0), (6, 0.105)]
     for _ in range(3):
         want = wake(one, order)

@@ -236,10 +236,13 @@ def wake_all(sim, ids, when):
 
     import numpy as np
 
-    agents = sim.loop.agents
+    loop = sim.loop
+    agents = loop.agents
     woken = list(map(agents.__getitem__, ids.tolist()))  # (map and attrgetter: C loops over a round's agents)
-    # (each agent's schedule reached from it, as where the ticks are set: a list of the schedules cost as much again)
-    ticks = np.fromiter(map(attrgetter("schedule.tick"), woken), np.int64, len(woken))
+    counts = loop.counts
+    kept = np.frombuffer(counts.ticks, np.int64) if counts.ticks_shared else None  # every agent's tick, at its id
+    ticks = kept[ids] if kept is not None else np.fromiter(map(attrgetter("schedule.tick"), woken), np.int64,
+                                                           len(woken))
     bits = when.view(np.int64)  # the float's bits: equal pairs are the same float
     one = len(bits) and (bits == bits[0]).all() and (ticks == ticks[0]).all()
     if one:  # one pair (all woke at once): no sort
@@ -252,7 +255,9 @@ def wake_all(sim, ids, when):
         planned, delay = a.plan_wake(w)
         act[u], at[u], tick[u] = w + delay, planned, a.schedule.tick
     which = which.reshape(-1)
-    if one:
+    if kept is not None:
+        kept[ids] = tick[which]
+    elif one:
         t = int(tick[0])
         for a in woken:
             a.schedule.tick = t

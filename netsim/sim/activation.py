@@ -18,6 +18,7 @@ there).
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
 
 import numpy as np
@@ -66,13 +67,27 @@ class Schedule:
 
 
 class Periodic(Schedule):
-    """Ticks at multiples of ``period`` on the local clock."""
+    """Ticks at multiples of ``period`` on the local clock. ``ticks``: (an array, a slot) where the tick count is
+    kept (a run's agents keep theirs in one array, ``RunLoop.ticks``, so a driver reads and sets a round's at once);
+    by default an array of its own."""
 
     kind = "periodic"
+    CHECKPOINTED = ("tick",)  # (a checkpoint holds it: it is not in the schedule's dict)
 
-    def __init__(self, period: float, start_local: float):
+    def __init__(self, period: float, start_local: float, ticks: tuple[array, int] | None = None):
         self.period = period
+        self.ticks_in = ticks if ticks is not None else (array("q", [0]), 0)
         self.tick = self.origin = math.floor(start_local / period)
+
+    @property
+    def tick(self) -> int:
+        ticks, slot = self.ticks_in
+        return ticks[slot]
+
+    @tick.setter
+    def tick(self, k: int) -> None:
+        ticks, slot = self.ticks_in
+        ticks[slot] = k
 
     def next(self, now_local: float) -> float:
         self.tick = max(self.tick, math.floor(now_local / self.period)) + 1
@@ -88,8 +103,9 @@ class Bernoulli(Periodic):
 
     kind = "bernoulli"
 
-    def __init__(self, period: float, p: float, rng: np.random.Generator, start_local: float):
-        super().__init__(period, start_local)
+    def __init__(self, period: float, p: float, rng: np.random.Generator, start_local: float,
+                 ticks: tuple[array, int] | None = None):
+        super().__init__(period, start_local, ticks)
         self.p, self.rng = p, rng
 
     @property
@@ -167,9 +183,11 @@ def register_schedule(name: str, factory: Callable[..., Schedule]) -> None:
     claim(SCHEDULES, "schedule", name, factory)
 
 
-def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: float) -> Schedule:
+def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: float,
+                 ticks: tuple[array, int] | None = None) -> Schedule:
     """The scenario's ``agents.activation`` as a schedule (``offset``: the local clock at t = 0, where a
-    Poisson process starts; ``start_local``: the same, from which ticks are counted)."""
+    Poisson process starts; ``start_local``: the same, from which ticks are counted; ``ticks``: where a periodic
+    schedule keeps its tick count, ``Periodic``)."""
     if getattr(spec, "schedule", None) is not None:
         factory = SCHEDULES.get(spec.schedule)
         if factory is None:
@@ -189,5 +207,5 @@ def schedule_for(spec, rng: np.random.Generator, offset: float, start_local: flo
     if spec.kind == "poisson":
         return Poisson(spec.rate, rng, offset)
     if spec.kind == "bernoulli":
-        return Bernoulli(spec.period, spec.p, rng, start_local)
-    return Periodic(spec.period, start_local)
+        return Bernoulli(spec.period, spec.p, rng, start_local, ticks)
+    return Periodic(spec.period, start_local, ticks)

@@ -248,7 +248,11 @@ class Agent:
                              compute_scale)
         self.rows = sim.world.data.parts[i]
         # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
-        self.schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0))
+        counts = sim.loop.counts
+        self._schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0), (counts.ticks, i))
+        kept = getattr(self._schedule, "ticks_in", None)  # (a plugin's schedule, or Poisson: its own)
+        if kept is None or kept[0] is not counts.ticks or kept[1] != i:
+            counts.ticks_shared = False
         self._listeners: list[Callable[[Agent], None]] = []  # on_activation
         self._privacy = None  # the ledger, made on the first release (``ledger``)
         self._decided_round = -1  # the activation in which an event trigger last decided (decided_by_data)
@@ -266,12 +270,12 @@ class Agent:
     @property
     def round(self) -> int:
         """Activations so far (counted by ``Simulation.count_wakes``; every agent's in one array,
-        ``RunLoop.rounds``)."""
-        return self.sim.loop.rounds[self.id]
+        ``Counts.rounds``)."""
+        return self.sim.loop.counts.rounds[self.id]
 
     @round.setter
     def round(self, k: int) -> None:
-        self.sim.loop.rounds[self.id] = k
+        self.sim.loop.counts.rounds[self.id] = k
 
     CHECKPOINTED = ("round",)  # the values a checkpoint holds that are not in the agent's own dict
 
@@ -315,7 +319,13 @@ class Agent:
         if not isinstance(schedule, Schedule):
             raise TypeError(f"an activation schedule must subclass netsim.sim.activation.Schedule, got "
                             f"{type(schedule).__name__}")
-        self.schedule = schedule
+        self._schedule = schedule
+        self.sim.loop.counts.ticks_shared = False  # (this agent's tick is no longer in the run's array)
+
+    @property
+    def schedule(self) -> Schedule:
+        """This agent's activation schedule (sim/activation.py; replaced by ``use_schedule``)."""
+        return self._schedule
 
     @property
     def links_change(self) -> bool:

@@ -181,11 +181,11 @@ class Simulation:
         agent's ``round``, the run's activations, and the round mark of ``run.checkpoint_every_rounds`` when they
         pass it."""
         if ids is None:
-            counts = self.loop.rounds
+            counts = self.loop.counts.rounds
             for a in agents:
                 counts[a.id] += 1
         else:
-            np.add.at(np.frombuffer(self.loop.rounds, np.int64), ids, 1)
+            np.add.at(np.frombuffer(self.loop.counts.rounds, np.int64), ids, 1)
         marks = self.loop.marks
         marks.activations += len(agents)
         if marks.activations >= marks.round_mark:
@@ -193,7 +193,7 @@ class Simulation:
 
     def rounds(self, ids: np.ndarray | None = None) -> np.ndarray:
         """The activations so far (``Agent.round``) of agents ``ids`` (None: every agent), as a new array."""
-        counts = np.frombuffer(self.loop.rounds, np.int64)
+        counts = np.frombuffer(self.loop.counts.rounds, np.int64)
         return counts.copy() if ids is None else counts[ids]
 
     def between_rounds(self, between: Between) -> bool:

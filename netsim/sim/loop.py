@@ -146,6 +146,20 @@ class Programs:
         return proc
 
 
+class Counts:
+    """Every agent's counts, one array each at the agents' ids, so a driver reads and sets a batch of agents' at once:
+    ``rounds``, the activations so far (``Agent.round``; ``Simulation.count_wakes``, ``Simulation.rounds``), and
+    ``ticks``, each periodic schedule's tick count (``Periodic.ticks_in``). ``ticks_shared``: every agent's schedule
+    keeps its tick there (none replaced by ``Agent.use_schedule``, none of another kind)."""
+
+    __slots__ = ("rounds", "ticks", "ticks_shared")
+
+    def __init__(self, n: int):
+        self.rounds = array("q", bytes(8 * n))
+        self.ticks = array("q", bytes(8 * n))
+        self.ticks_shared = True
+
+
 class RunLoop:
     """The state of the event loop: what runs (``env``, ``agents``, ``programs``), how far (``steps``: events
     processed, a checkpoint's position; ``wall``), how it is played (``engine``, ``runner``: a windowed
@@ -155,9 +169,7 @@ class RunLoop:
         self.env = env
         self.marks = marks
         self.agents: list = []
-        # every agent's activations so far (``Agent.round``) in one array, so a driver counts or reads a batch at once
-        # (``Simulation.count_wakes``, ``rounds``)
-        self.rounds = array("q", bytes(8 * n))
+        self.counts = Counts(n)
         self.programs = Programs(n)
         self.finished = 0
         self.stop = env.event()
