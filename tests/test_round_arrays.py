@@ -153,13 +153,16 @@ def test_rows_ahead_of_a_few_agents_at_a_time_draws_what_each_agent_draws():
     same_streams(one, many)
 
 
-@pytest.mark.parametrize("then", ["stream", "rows"])
+@pytest.mark.parametrize("then", ["stream", "rows", "another"])
 def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
     """Between two rounds of blocks laid by ``RowsAhead`` (taken over arrays, no agent visited), an agent draws a
-    mini-batch itself, another draws its block to the end, then a third's program takes its stream or its part is
-    replaced: each round is still every agent's ``sample_rows``, and the streams end in the same states."""
+    mini-batch itself, another draws its block to the end, then a third's program takes its stream, or its part is
+    replaced, or another ``RowsAhead`` lays the blocks and takes from them every other round: each round is still
+    every agent's ``sample_rows``, and the streams end in the same states."""
     one, many = sims()
     ahead = RowsAhead(many.loop.agents)
+    if then == "another":
+        ahead = _Alternating(ahead, RowsAhead(many.loop.agents))
     order = np.arange(len(one.loop.agents))
     for k in range(40):
         order = np.roll(order, 1)
@@ -178,6 +181,17 @@ def test_rows_ahead_follows_what_others_do_between_its_rounds(then):
         got = ahead.take([many.loop.agents[i] for i in order], order, 16)
         assert np.array_equal(np.stack(want), np.stack(list(got))), k
     same_streams(one, many)
+
+
+class _Alternating:
+    """Two ``RowsAhead`` of the same agents, taking in turn (each lays the blocks the other laid before)."""
+
+    def __init__(self, *both: RowsAhead):
+        self.both, self.k = both, 0
+
+    def take(self, agents, ids, batch):
+        self.k += 1
+        return self.both[self.k % 2].take(agents, ids, batch)
 
 
 def test_rows_ahead_of_distinct_rows_is_each_agents_own():

@@ -13,10 +13,9 @@ because a lone message's sender matters; ``gather`` returns ``{src: payload}`` f
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
-from itertools import repeat
-from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -149,16 +148,31 @@ class _Draws:
     """What an agent draws: its mini-batches (from its ``batch`` stream, drawn ahead in blocks unless the program took
     the stream itself or the rows are drawn without replacement) and its compute times (a sampler, times its scale)."""
 
-    __slots__ = ("streams", "id", "batch_rng", "ahead", "draw_ahead", "distinct", "compute", "scale", "saved")
+    __slots__ = ("streams", "id", "batch_rng", "_ahead", "draw_ahead", "distinct", "compute", "scale", "saved",
+                 "changes")
 
-    def __init__(self, streams, i: int, sampling: str, compute: Callable[[], float], scale: float):
+    def __init__(self, streams, i: int, sampling: str, compute: Callable[[], float], scale: float, changes: array):
         self.streams, self.id = streams, i
         self.batch_rng: np.random.Generator | None = None  # the ``batch`` stream, made when first drawn (``batch``)
-        self.ahead: DrawsAhead | None = None  # mini-batches drawn ahead from the batch stream (``Agent.sample_rows``)
+        self._ahead: DrawsAhead | None = None  # mini-batches drawn ahead from the batch stream (``Agent.sample_rows``)
+        self.changes = changes  # every agent's count of changes to its draws (``Counts.draws``)
         self.draw_ahead = True  # until the program draws from the batch stream itself (``Agent.rng("batch")``)
         self.distinct = sampling == "without_replacement"
         self.compute, self.scale = compute, scale
         self.saved: tuple | None = None  # (``_Resumed``)
+
+    @property
+    def ahead(self) -> DrawsAhead | None:
+        return self._ahead
+
+    @ahead.setter
+    def ahead(self, value: DrawsAhead | None) -> None:
+        self._ahead = value
+        self.changed()
+
+    def changed(self) -> None:
+        """Count a change to these draws (``Counts.draws``): a block laid out elsewhere no longer holds."""
+        self.changes[self.id] += 1
 
     def batch(self) -> np.random.Generator:
         """The ``batch`` stream, made when first drawn from (a restore keeps its state as its row until then)."""
@@ -245,8 +259,8 @@ class Agent:
         draws_ticks = act.kind != "periodic" or getattr(act, "schedule", None) is not None
         act_rng = sim.world.streams.rng("activation", i) if draws_ticks else None
         self._draws = _Draws(sim.world.streams, i, sim.world.scenario.data.sampling, sim.compute_draws(i),
-                             compute_scale)
-        self.rows = sim.world.data.parts[i]
+                             compute_scale, sim.loop.counts.draws)
+        self._rows = sim.world.data.parts[i]
         # when this agent wakes, on its own clock (sim/activation.py); jitter and churn move what it plans
         counts = sim.loop.counts
         self._schedule: Schedule = schedule_for(act, act_rng, offset, self.local_time(0.0), (counts.ticks, i))
@@ -278,6 +292,17 @@ class Agent:
         self.sim.loop.counts.rounds[self.id] = k
 
     CHECKPOINTED = ("round",)  # the values a checkpoint holds that are not in the agent's own dict
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Indices of this agent's training rows (``training_set``); replacing them draws its mini-batches from the
+        new ones."""
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: np.ndarray) -> None:
+        self._rows = rows
+        self._draws.changed()
 
     def wake(self) -> simpy.Event:
         """The next activation on this agent's own clock (never after the run's round limit)."""
@@ -425,6 +450,7 @@ class Agent:
             if not len(self.rows):
                 raise ValueError("mini-batches drawn ahead from no rows")
             d.saved, d.__class__ = (ahead, compute, len(self.rows)), _Resumed
+            d.changed()
             return
         if ahead is not None:
             d.ahead = DrawsAhead.restored(d.batch, len(self.rows), ahead)
@@ -736,6 +762,7 @@ class Agent:
         if purpose == "batch" and not key:  # the stream sample_rows draws from: no more drawing ahead
             self._stop_ahead()
             self._draws.draw_ahead = False
+            self._draws.changed()
         return self.sim.world.streams.rng(purpose, self.id, *key)
 
     def _stop_ahead(self) -> None:
@@ -787,10 +814,6 @@ class ComputeTimes:
         return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
 
 
-_UNLAID = object()  # (``RowsAhead.laid``: no agent's DrawsAhead is this)
-_AHEAD, _ROWS, _POS = attrgetter("_draws.ahead"), attrgetter("rows"), attrgetter("pos")
-
-
 class RowsAhead:
     """``Agent.sample_rows(batch)`` of many agents at once, as one (agents, batch) array of row indices: the
     same rows, and the same draws from each agent's own ``batch`` stream, as one call per agent.
@@ -799,10 +822,13 @@ class RowsAhead:
     that took the stream itself), an agent's mini-batch is the next row of its block of drawn positions, refilled
     as ``sample_rows`` refills it, and its rows are its part's at those positions: gathered for every agent by
     one index into the parts laid end to end. The blocks are laid out as the rows of one array, row i agent i's
-    (each agent's block a view of its row: the same values), so the positions are gathered by one index too, for
-    any of the agents (a round's, or the few of a lock step); only the agents whose block is not laid there (used
-    up, drawn elsewhere, or none yet) are visited, each block (re)drawn and laid into its row at once (no two
-    copies of every block). Anywhere else, each agent's own ``sample_rows``."""
+    (each agent's block a view of its row: the same values), and the positions handed out of them are kept in
+    one array too (``DrawsAhead.pos_in``: the agent's own ``sample_rows`` moves the same position), so a round's
+    mini-batches are gathered by array operations for any of the agents (a round's, or the few of a lock step).
+    An agent's block holds while its draws are unchanged since it was laid (``Counts.draws``: its block replaced,
+    its rows, its stream taken); only the agents whose block does not hold (changed, used up, none yet) are visited,
+    each block (re)drawn and laid into its row at once (no two copies of every block). Anywhere else, each agent's
+    own ``sample_rows``."""
 
     def __init__(self, agents: list[Agent]):
         from netsim.compute.data import end_to_end_base
@@ -816,8 +842,10 @@ class RowsAhead:
         # positions within a part in the smallest integer type that holds every part's (the same values: an eighth of
         # the blocks' memory for parts under 128 rows, 256 B an agent at batch 16)
         self.position = np.min_scalar_type(-int(lengths.max(initial=1)))
-        # agent id: its DrawsAhead as laid into ``blocks`` by this object (``_UNLAID``: none), and their batch
-        self.laid: list = [_UNLAID] * len(agents)
+        self.pos = array("q", bytes(8 * len(agents)))  # the laid blocks' positions (``DrawsAhead.pos_in``)
+        self.changes = agents[0].sim.loop.counts.draws if agents else array("q")  # (``Counts.draws``)
+        self.laid_at = np.full(len(agents), -1, np.int64)  # each agent's count of changes when its block was laid
+        self.laid: list = [None] * len(agents)  # each agent's DrawsAhead laid here
         self.laid_batch: int | None = None
         self.rows = 0  # the mini-batches of a block laid here (``ahead_rows``)
 
@@ -832,40 +860,50 @@ class RowsAhead:
 
     def take(self, agents: list[Agent], ids: np.ndarray, batch: int | None) -> np.ndarray | list[np.ndarray]:
         """Agents ``agents`` (ids ``ids``, each once) each draw a mini-batch of ``batch`` rows."""
-        parts = self.parts
-        id_list = ids.tolist()
-        if not batch or not all(map(is_, map(_ROWS, agents), map(parts.__getitem__, id_list))):
-            return [a.sample_rows(batch) for a in agents]  # (a part replaced: every agent's own, as it draws them)
+        if not batch:
+            return [a.sample_rows(batch) for a in agents]
         if batch != self.laid_batch:  # (blocks of another batch: none laid holds)
-            self.laid, self.laid_batch, self.blocks = [_UNLAID] * len(parts), batch, None
+            self.laid_at[:], self.laid_batch, self.blocks = -1, batch, None
             self.rows = self.ahead_rows(batch)
-        rows = self.rows
-        laid = self.laid
-        aheads = list(map(_AHEAD, agents))
-        if all(map(is_, aheads, map(laid.__getitem__, id_list))):  # (C loops: no per-agent Python)
-            fresh: list[int] = []
-            at = np.fromiter(map(_POS, aheads), np.int64, len(aheads))
-        else:
-            fresh = [n for n, h, was in zip(range(len(aheads)), aheads, map(laid.__getitem__, id_list)) if h is not was]
-            if any(not agents[n]._draws.draw_ahead or agents[n]._draws.distinct for n in fresh):
-                return [a.sample_rows(batch) for a in agents]  # nothing was drawn yet
-            at = np.array([-1 if h is None else h.pos for h in aheads], np.int64)
-        blocks = self.blocks
-        if blocks is not None and len(at) and int(at.max()) >= blocks.shape[1]:  # a laid block used up: drawn again,
-            fresh = sorted({*fresh, *np.flatnonzero(at >= blocks.shape[1]).tolist()})  # as ``sample_rows`` draws it
+        rows, pos = self.rows, np.frombuffer(self.pos, np.int64)
+        at = pos[ids]
+        fresh = np.flatnonzero((np.frombuffer(self.changes, np.int64)[ids] != self.laid_at[ids]) | (at >= rows))
+        if len(fresh):  # blocks changed, used up or not laid yet: each agent's, as ``sample_rows`` draws it
+            at = self._lay(agents, ids, fresh.tolist(), batch, at)
+            if at is None:
+                return [a.sample_rows(batch) for a in agents]
+        pos[ids] = at + 1
+        return self.flat[self.start[ids][:, None] + self.blocks[ids, at]]
+
+    def _lay(self, agents: list[Agent], ids: np.ndarray, fresh: list[int], batch: int, at: np.ndarray):
+        """The blocks of ``agents[n]`` for n in ``fresh`` laid here, (re)drawn where used up or unlike ours: ``at``
+        with their positions; None where the agents must draw their own (a part replaced, the stream taken, rows drawn
+        without replacement, or a numpy that cannot draw ahead exactly)."""
+        parts, rows, laid = self.parts, self.rows, self.laid
+        if any(agents[n].rows is not parts[int(ids[n])] for n in fresh):
+            return None  # (a part replaced: every agent's own, as it draws them)
+        if any(not agents[n]._draws.draw_ahead or agents[n]._draws.distinct for n in fresh):
+            return None
         for n in fresh:
-            a, h = agents[n], aheads[n]
+            a = agents[n]
+            h = a._draws.ahead
             if h is None or h.batch != batch or h.pos >= len(h.block) or h.rows != rows:
                 h = DrawsAhead.start(a._draws.batch(), len(a.rows), batch, h, rows)
                 if h is None:  # this numpy cannot draw ahead exactly (then no agent ever drew ahead)
-                    return [a.sample_rows(batch) for a in agents]
-                a._draws.ahead = aheads[n] = h
-            if blocks is None:
-                blocks = self.blocks = np.empty((len(parts), *h.block.shape), self.position)
-            if h.block.base is not blocks:
-                blocks[a.id] = h.block
-                h.block = blocks[a.id]
-            laid[a.id] = h
+                    return None
+            if self.blocks is None:
+                self.blocks = np.empty((len(parts), *h.block.shape), self.position)
+            if h.block.base is not self.blocks:
+                self.blocks[a.id] = h.block
+                h.block = self.blocks[a.id]
+            old = laid[a.id]
+            if old is not None and old is not h and old.pos_in is not None:  # (its position back in itself)
+                old.pos_in, old.pos = None, old.pos
+            if h.pos_in is None or h.pos_in[0] is not self.pos:  # (its position kept here from now on)
+                k = h.pos
+                h.pos_in = (self.pos, a.id)
+                self.pos[a.id] = k
+            a._draws.ahead = laid[a.id] = h  # (counted as a change: another RowsAhead's laying no longer holds)
+            self.laid_at[a.id] = self.changes[a.id]
             at[n] = h.pos
-        deque(map(setattr, aheads, repeat("pos"), (at + 1).tolist()), maxlen=0)
-        return self.flat[self.start[ids][:, None] + blocks[ids, at]]
+        return at

@@ -150,14 +150,17 @@ class Counts:
     """Every agent's counts, one array each at the agents' ids, so a driver reads and sets a batch of agents' at once:
     ``rounds``, the activations so far (``Agent.round``; ``Simulation.count_wakes``, ``Simulation.rounds``), and
     ``ticks``, each periodic schedule's tick count (``Periodic.ticks_in``). ``ticks_shared``: every agent's schedule
-    keeps its tick there (none replaced by ``Agent.use_schedule``, none of another kind)."""
+    keeps its tick there (none replaced by ``Agent.use_schedule``, none of another kind). ``draws``: a count of the
+    changes to each agent's mini-batch draws (its block drawn ahead replaced, its rows, its stream taken by its
+    program), so a driver that laid the agents' blocks out (``RowsAhead``) knows which still hold."""
 
-    __slots__ = ("rounds", "ticks", "ticks_shared")
+    __slots__ = ("rounds", "ticks", "ticks_shared", "draws")
 
     def __init__(self, n: int):
         self.rounds = array("q", bytes(8 * n))
         self.ticks = array("q", bytes(8 * n))
         self.ticks_shared = True
+        self.draws = array("q", bytes(8 * n))
 
 
 class RunLoop:

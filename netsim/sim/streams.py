@@ -515,14 +515,29 @@ class DrawsAhead:
     (``exact``); where it fails, nothing is drawn ahead. Drawing ahead moves the stream's state early, so
     ``rewind`` puts it back to just after the rows handed out, before anyone else draws from it."""
 
-    __slots__ = ("rng", "n", "batch", "rows", "state", "block", "pos")
+    __slots__ = ("rng", "n", "batch", "rows", "state", "block", "_pos", "pos_in")
     _exact: bool | None = None
 
     def __init__(self, rng: np.random.Generator, n: int, batch: int, rows: int | None = None):
-        self.rng, self.n, self.batch, self.pos = rng, n, batch, 0
+        self.rng, self.n, self.batch, self._pos, self.pos_in = rng, n, batch, 0, None
         self.rows = block_rows(batch) if rows is None else rows  # (the block's mini-batches: any, the same values)
         self.state = state_of(rng)  # (state, has_uint32, uinteger) before the block: ~110 B, not a ~460 B dict
         self.block = self._draw(rng)
+
+    @property
+    def pos(self) -> int:
+        """The mini-batches handed out of the block: kept here, or at ``pos_in`` ((an array, a slot): a driver that
+        hands out many agents' mini-batches at once keeps their positions in one array, ``RowsAhead``)."""
+        at = self.pos_in
+        return self._pos if at is None else at[0][at[1]]
+
+    @pos.setter
+    def pos(self, k: int) -> None:
+        at = self.pos_in
+        if at is None:
+            self._pos = k
+        else:
+            at[0][at[1]] = k
 
     @classmethod
     def restored(cls, rng: Callable[[], np.random.Generator], n: int, saved: list) -> DrawsAhead:
@@ -542,7 +557,7 @@ class DrawsAhead:
         ahead.rng, ahead.n, ahead.batch, ahead.rows, ahead.state = rng, n, batch, rows, (int(state), int(has), int(u))
         if used >= rows:
             ahead.block = _spent(rows, batch)  # (its length: the rows handed out)
-        ahead.pos = used
+        ahead._pos, ahead.pos_in = used, None
         return ahead
 
     @classmethod
