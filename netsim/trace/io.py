@@ -513,14 +513,17 @@ class TraceWriter:
         self._open()
         if self._sink is not None:
             self._writes.wait()
-            self._write(batch_message(batch))
-            self._sink.flush()
+            self._append(batch_message(batch))
 
     def _write_message(self, made: tuple) -> None:
         """On the writer's thread: a batch's message (``batch_message``: compressing is most of a batch's cost, and
         Arrow does it without the GIL) made from columns and their words (only ever added to: the codes of these
         columns are there), written after the ones before it."""
-        self._write(batch_message(columns_batch(*made)))
+        self._append(batch_message(columns_batch(*made)))
+
+    def _append(self, message: bytes) -> None:
+        """A batch's message written and flushed to the file."""
+        self._write(message)
         self._sink.flush()
 
     def sync(self, buffered: bool = True) -> None:
