@@ -744,7 +744,7 @@ class RoundRows:
             if isinstance(part, list):
                 if run:
                     writer.emit_columns(run[0] if len(run) == 1 else tuple(np.concatenate(c) for c in zip(*run)),
-                                        self.words)
+                                        self.words, owned=True)
                     run = []
                 if part:
                     writer.emit_rows(part)
@@ -769,19 +769,34 @@ class HeldRows:
             self.n += len(cols[0])
 
     def write_to(self, writer, final: bool = False) -> None:
-        """The rows that complete the writer's batches (``final``: all of them) into the trace; the rest held."""
+        """The rows that complete the writer's batches (``final``: all of them) into the trace; the rest held. Each
+        batch is handed over as views of the blocks it lies in (joined where it spans two), never all the blocks
+        joined: at 10^6 agents a round's rows are ~360 MB, and the writer keeps its batches' arrays till written."""
         n, every = self.n, writer.flush_every
         k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
         if k <= 0:
             return
-        blocks = self.blocks
-        cols = blocks[0] if len(blocks) == 1 else tuple(np.concatenate(c) for c in zip(*blocks))
-        if k == n:
-            writer.emit_columns(cols, self.words)
-            self.blocks, self.n = [], 0
-        else:
-            writer.emit_columns(tuple(c[:k] for c in cols), self.words)
-            self.blocks, self.n = [tuple(c[k:] for c in cols)], n - k
+        if every == math.inf or len(self.blocks) == 1:
+            runs = [k]
+        else:  # a batch's rows at a time: the first completes the writer's buffer
+            first = (every - len(writer.buffer) % every) % every or every
+            runs = [min(first, k), *(min(every, k - m) for m in range(first, k, every))]
+        blocks, rest = self.blocks, 0  # (rows of blocks[0] already handed over)
+        for size in runs:
+            pieces = []
+            while size:
+                cols = blocks[0]
+                m = len(cols[0]) - rest
+                take = min(m, size)
+                pieces.append(tuple(c[rest:rest + take] for c in cols) if (rest or take < m) else cols)
+                size -= take
+                rest += take
+                if rest == len(cols[0]):
+                    blocks, rest = blocks[1:], 0
+            writer.emit_columns(pieces[0] if len(pieces) == 1 else tuple(np.concatenate(c) for c in zip(*pieces)),
+                                self.words, owned=True)
+        self.blocks = ([tuple(c[rest:] for c in blocks[0])] if rest else []) + list(blocks[1 if rest else 0:])
+        self.n = n - k
 
 
 def _level_rows(words, ids: np.ndarray, pos: np.ndarray, t: np.ndarray, released: dict, on: np.ndarray, ended,

@@ -225,7 +225,7 @@ class PackedRows:
         k = n if final or every == math.inf else n - (len(writer.buffer) + n) % every
         if k > 0:
             cut = k * RECORD.size
-            writer.emit_columns(packed_columns(bytes(buf[:cut])), self.words)
+            writer.emit_columns(packed_columns(bytes(buf[:cut])), self.words, owned=True)  # (arrays of their own)
             del buf[:cut]
 
 
@@ -440,11 +440,12 @@ class TraceWriter:
                 self.flush()
                 buf = self.buffer
 
-    def emit_columns(self, cols: tuple, words: Words) -> None:
+    def emit_columns(self, cols: tuple, words: Words, owned: bool = False) -> None:
         """``emit_rows`` for rows given as columns (``columns_batch``'s, strings as codes of ``words``): each full
         batch goes to Arrow column by column, with no tuple per row; its bytes are those of the same rows emitted
         one by one (batches are cut at the same rows). The rows left over, fewer than a batch, wait in the buffer
-        as row tuples."""
+        as row tuples. ``owned``: the arrays are the writer's from now on (never changed again, as a driver's fresh
+        arrays of a round): its batches are handed to the writer's thread as views, not copies (``_Writes``)."""
         n, i = len(cols[0]), 0
         if not n:
             return
@@ -460,9 +461,9 @@ class TraceWriter:
                 return
             head = row_columns(self.buffer, words)
             self.buffer = []
-            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)))
+            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)), True)
         while n - i >= every:
-            self._write_columns(tuple(c[i:i + every] for c in cols))
+            self._write_columns(tuple(c[i:i + every] for c in cols), owned)
             i += every
         if i < n:
             self.buffer.extend(column_rows(cols, i, n, words))
@@ -488,11 +489,12 @@ class TraceWriter:
         else:
             self._write_columns(row_columns(rows, words))
 
-    def _write_columns(self, cols: tuple) -> None:
+    def _write_columns(self, cols: tuple, owned: bool = False) -> None:
         """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``): a driver's whole windows of rows,
         made and written on the writer's thread (``_Writes``) from a copy of the columns (a driver may reuse its
-        arrays), where no listener reads the batch itself (an ``on_batch`` that counts columns,
-        ``EventCounts.columns``, is handed them: no string per row to read back)."""
+        arrays) or, ``owned``, from the columns themselves, where no listener reads the batch itself (an
+        ``on_batch`` that counts columns, ``EventCounts.columns``, is handed them: no string per row to read
+        back)."""
         counted = None if self.on_batch is None else getattr(self.on_batch, "columns", None)
         if self.on_batch is not None and counted is None:
             self._write_batch(columns_batch(cols, self._words))
@@ -502,7 +504,8 @@ class TraceWriter:
             counted(cols, self._words)
         self._open()
         if self._sink is not None:
-            self._writes.put(self._write_message, (tuple(map(np.array, cols)), self._words))
+            self._writes.put(self._write_message, (cols if owned else tuple(map(np.array, cols)), self._words),
+                             owned)
 
     def _write_batch(self, batch: pa.RecordBatch) -> None:
         """A batch written on the calling thread, after every batch handed over before it: a run that emits rows
@@ -525,6 +528,11 @@ class TraceWriter:
         """A batch's message written and flushed to the file."""
         self._write(message)
         self._sink.flush()
+
+    def written(self) -> None:
+        """Wait until every batch handed over is in the file: a driver calls it before its memory-heaviest work (a
+        round's gradients), so that the arrays its owned batches keep (``emit_columns``) are freed by then."""
+        self._writes.wait()
 
     def sync(self, buffered: bool = True) -> None:
         """Flush (the rows not yet in a batch too, unless ``buffered`` is False), and make what was written
@@ -552,21 +560,26 @@ class _Writes:
     bytes are those written on the calling thread. ``wait`` is where the file holds every batch handed over (a
     checkpoint's offset, a sync, the end); a failed write is raised there or at the next ``put``."""
 
-    AHEAD = 32  # (~0.5 MB a batch of 8,192 rows: a round of 10,000 agents' ~9 batches is handed over at once, and
-    # written while the next round is played)
+    AHEAD = 32  # copied batches (~0.4 MB each at 8,192 rows: a round of 10,000 agents' ~9 batches handed over at
+    # once, and written while the next round is played)
+    AHEAD_OWNED = 1024  # batches of arrays the writer owns (``emit_columns``'s ``owned``): views that add no memory,
+    # but keep the arrays of the round that made them until written. A round of 10^6 agents hands ~850 at once:
+    # the round after it is played while they are written (with 32, the run waited for ~800 of them each round)
 
     def __init__(self):
         self._pool = None
         self._queued: collections.deque = collections.deque()
+        self._copies = 0  # copied batches queued (``AHEAD``)
 
-    def put(self, write: Callable[[Any], None], arg: Any) -> None:
+    def put(self, write: Callable[[Any], None], arg: Any, owned: bool = False) -> None:
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="netsim-trace")
         queued = self._queued
-        queued.append(self._pool.submit(write, arg))
-        while len(queued) > self.AHEAD or (queued and queued[0].done()):
+        queued.append((self._pool.submit(write, arg), owned))
+        self._copies += not owned
+        while self._copies > self.AHEAD or len(queued) > self.AHEAD_OWNED or (queued and queued[0][0].done()):
             self._next()
 
     def wait(self) -> None:
@@ -576,9 +589,10 @@ class _Writes:
     def _next(self) -> None:
         """The oldest write waited for (an interrupt meanwhile leaves it queued), then dropped; its failure raised,
         once."""
-        head = self._queued[0]
+        head, owned = self._queued[0]
         head.exception()
         self._queued.popleft()
+        self._copies -= not owned
         head.result()
 
     def close(self) -> None:
