@@ -124,3 +124,34 @@ def test_owned_columns_reach_the_thread_as_views_and_others_as_copies(tmp_path, 
     assert all(np.shares_memory(c, o) for cols in seen[:4] for c, o in zip(cols, mine, strict=True))
     assert not any(np.shares_memory(c, o) for cols in seen[4:] for c, o in zip(cols, theirs, strict=True))
     assert (tmp_path / "t.arrows").read_bytes() == _expected(rows + rows, 64)
+
+
+def test_copied_batches_stay_at_most_ahead_behind_among_owned_ones(tmp_path, monkeypatch):
+    """Copies cost memory of their own, so at most ``AHEAD`` of them wait, however many owned batches are queued
+    among them; the file keeps the order of the hand-overs."""
+    monkeypatch.setattr(io._Writes, "AHEAD", 2)
+    most = [0]
+    real_put = io._Writes.put
+
+    def put(self, write, arg, owned=False):
+        real_put(self, write, arg, owned)
+        most[0] = max(most[0], sum(not o for _, o in self._queued))
+        assert self._copies == sum(not o for _, o in self._queued)
+
+    monkeypatch.setattr(io._Writes, "put", put)
+    slow = io.batch_message
+
+    def late(batch: pa.RecordBatch) -> bytes:  # (the writer behind the run)
+        import time
+
+        time.sleep(0.002)
+        return slow(batch)
+
+    monkeypatch.setattr(io, "batch_message", late)
+    rows, words = _rows(1280), shapes.words()
+    w = TraceWriter(tmp_path / "t.arrows", {}, flush_every=64)
+    for lo in range(0, 1280, 128):
+        w.emit_columns(row_columns(rows[lo:lo + 128], words), words, owned=lo % 256 == 0)
+    w.close()
+    assert most[0] == 2
+    assert (tmp_path / "t.arrows").read_bytes() == _expected(rows, 64)
