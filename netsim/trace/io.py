@@ -529,11 +529,6 @@ class TraceWriter:
         self._write(message)
         self._sink.flush()
 
-    def written(self) -> None:
-        """Wait until every batch handed over is in the file: a driver calls it before its memory-heaviest work (a
-        round's gradients), so that the arrays its owned batches keep (``emit_columns``) are freed by then."""
-        self._writes.wait()
-
     def sync(self, buffered: bool = True) -> None:
         """Flush (the rows not yet in a batch too, unless ``buffered`` is False), and make what was written
         durable (a checkpoint points into the file)."""
