@@ -788,7 +788,7 @@ class HeldRows:
                 cols = blocks[0]
                 m = len(cols[0]) - rest
                 take = min(m, size)
-                pieces.append(tuple(c[rest:rest + take] for c in cols) if (rest or take < m) else cols)
+                pieces.append(tuple(c[rest:rest + take] for c in cols))
                 size -= take
                 rest += take
                 if rest == len(cols[0]):

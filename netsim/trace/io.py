@@ -461,7 +461,7 @@ class TraceWriter:
                 return
             head = row_columns(self.buffer, words)
             self.buffer = []
-            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)), True)
+            self._write_columns(tuple(np.concatenate([h, c[:i]]) for h, c in zip(head, cols)), owned=True)
         while n - i >= every:
             self._write_columns(tuple(c[i:i + every] for c in cols), owned)
             i += every
@@ -487,7 +487,7 @@ class TraceWriter:
         if words is None:
             self._write_batch(record_batch(rows))
         else:
-            self._write_columns(row_columns(rows, words))
+            self._write_columns(row_columns(rows, words), owned=True)  # (arrays made here)
 
     def _write_columns(self, cols: tuple, owned: bool = False) -> None:
         """``_write_batch`` of columns (``columns_batch``'s, codes of ``_words``): a driver's whole windows of rows,
