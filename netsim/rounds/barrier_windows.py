@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
-from netsim.rounds import lookahead
+from netsim.rounds import barrier_plan, lookahead
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
@@ -158,6 +158,10 @@ def play(pattern, sim, kernel) -> bool:
     return _Driver(pattern, sim, kernel).run()
 
 
+def _planned(i: int, now: float) -> None:
+    """A planned run's first wakes: made by the plan."""
+
+
 class _Gather:
     """An agent's open barrier (``Agent.gather``): its round, the senders it waits for, what arrived ({sender:
     the payload's round record}, in arrival order) and its number (its timer's)."""
@@ -191,10 +195,22 @@ class _Driver(WindowDriver):
         self.work = _Work(self)
         if not self.work.small:
             self.gathers = 8
-        self.control = _Control(self)
+        if barrier_plan.admits(self):  # the run planned round by round (rounds/barrier_plan.py)
+            self.control = barrier_plan.Replay(self)
+            self.wake = _planned  # (the plan made each program's first wake)
+        else:
+            self.control = _Control(self)
 
     def events_until(self, end: float) -> None:
         self.control.until(end)
+
+    def first_due(self) -> float | None:
+        first = self.events.first_due()
+        if isinstance(self.control, barrier_plan.Replay):
+            planned = self.control.first_due()
+            if first is None or (planned is not None and planned < first):
+                return planned
+        return first
 
     def decide(self) -> None:
         """After the window's tensor work: its payloads' bytes into the ``send`` and ``drop`` rows (then only those of

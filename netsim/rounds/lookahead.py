@@ -760,6 +760,10 @@ class WindowDriver:
         self.payloads = Payloads(self.ctx.bank.W)  # the payloads in flight or kept, by key
         self.wake = self._waker()
 
+    def first_due(self) -> float | None:
+        """The time of the next event (None: none): the queue's."""
+        return self.events.first_due()
+
     def window(self, sim) -> float:
         """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
         return lookahead(sim)[0]
@@ -1014,7 +1018,7 @@ class WindowDriver:
             else min(self.gathers, self.gathers_checkpointed)
         progress: Callable | None = sim.recorder.progress
         gathered, first_ticket = 0, 0
-        while not q.ended and (start := q.first_due()) is not None:
+        while not q.ended and (start := self.first_due()) is not None:
             if not gathered:
                 first_ticket = len(self.grad.ticket_of)
             held = len(self.rows)  # (rows of the gather's earlier windows, ``holds_rows``)

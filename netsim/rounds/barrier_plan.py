@@ -1,0 +1,807 @@
+"""Barrier rounds planned round by round: the barrier windows' control as a recurrence in the round instead of a loop
+over events in time.
+
+A barrier of round k takes only messages of round k (older ones are discarded as stale, newer ones wait in the
+queue), so an agent's round k depends only on its own round k - 1 and on round k of its in-neighbours, whatever their
+clocks. ``Plan`` computes the run one round at a time for every agent at once: the activations, the gradients'
+completions, the sends (each broadcast's links in one call), the gathers, the deliveries, each barrier's completion or
+timeout and the next wakes, each by the engine's own rule (``Agent.plan_wake``, ``ComputeTimes``,
+``network.outcomes``); every agent's and every link's streams are drawn in their own order, which is all the engine's
+order is to them. The events are then put in simpy's order: by time, and at equal times by insertion, which is the
+order in which their parents were processed, then their rank among what one parent scheduled (``Plan.before``). The
+same rule decides each comparison of equal times the rounds meet (a message at its barrier's gather or timeout, two
+messages at one instant, an event at run.until): those barriers are played one by one (``Plan._barrier``), the others
+as arrays. A barrier's completion comes right after the event that completes it, as ``_Control.close`` processes it,
+unless another event has its time.
+
+``Replay`` plays the plan window by window as the event-by-event control would: each window's rows (packed here at
+once, in order), its tensor operations, round records, gradient requests and payload references, the wakes counted
+and the message ids taken, among the run's own events (the evaluator's, run.until's) in the driver's queue. Admitted
+(``admits``) where a message's fate is the lean links' (no link model, churn or time-varying topology), a round has one
+exchange of declared size, ``local`` is not batched ahead (``SyncKernel.batch_local``), and the run ends at run.until
+with no round limit, no checkpoint and no privacy record; elsewhere the event-by-event control plays the run
+(rounds/barrier_windows.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from bisect import bisect_left
+
+import numpy as np
+
+from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
+from netsim.sim.agent import ComputeTimes
+from netsim.sim.network import outcomes
+from netsim.sim.rows import CODES
+from netsim.trace.events import Stale
+from netsim.trace.io import _RECORD_DTYPE, RECORD
+
+TIMER, BARRIER, SENT = 7, 8, 9  # (barrier_windows' event kinds)
+ROOT = -1
+COMBINE, ASK, LOCAL = 0, 1, 2  # (barrier_windows' operation kinds)
+_R = RECORD.size
+# the plan's event types (their order in its tables)
+E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT, E_BAR = range(6)
+_KIND = (ACT, DONE, ARR, TIMER, SENT, BARRIER)
+
+
+def admits(d) -> bool:
+    """Whether barrier driver ``d``'s run can be planned (the module docstring)."""
+    from netsim.rounds.sync import _local_steps
+
+    ctx = d.ctx
+    sc = ctx.sim.world.scenario
+    kernel = ctx.kernel
+    return (ctx.sim.loop.programs.between is None and not ctx.checkpoints and ctx.until is not None
+            and sc.run.rounds is None and not getattr(sc.run, "stop_on_divergence", False)
+            and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
+            and d.store.fixed is not None and d.records.views is None and not d.records.mixing
+            and not (kernel.batch_local and not _local_steps(kernel)))
+
+
+class _Table:
+    """One event type's columns, appended a round at a time (``add``) and joined at the end (``done``)."""
+
+    def __init__(self, *names: str):
+        self.names = names
+        self.parts: dict[str, list] = {n: [] for n in names}
+        self.n = 0
+
+    def add(self, **cols) -> int:
+        """Append a round's rows; returns the first one's index."""
+        first = self.n
+        for name, v in cols.items():
+            self.parts[name].append(np.asarray(v))
+        self.n += len(next(iter(cols.values())))
+        return first
+
+    def done(self) -> None:
+        for name, parts in self.parts.items():
+            setattr(self, name, np.concatenate(parts) if parts else np.zeros(0))
+        del self.parts
+
+
+class Plan:
+    """The run's control from its start to run.until (the module docstring): the events of each type (``act``,
+    ``done``, ``arr``, ``timer``, ``sent``, ``bar``), each link's outcome (``link``), then ``etype`` and ``eidx``
+    (every event in simpy's order: its type and row), ``rows`` (their trace rows, packed, in that order) and
+    ``first_row`` (each event's first row); ``times``: every scheduled event's time, sorted (the window loop's)."""
+
+    def __init__(self, d):
+        ctx = d.ctx
+        agents = self.agents = ctx.agents
+        n = self.n = len(agents)
+        U = self.U = ctx.until
+        T = self.T = ctx.p.round_timeout
+        self.every = ctx.sim.world.scenario.evaluation.every
+        self.t0 = now0 = float(d.events.now)
+        size = self.size = d.store.fixed
+        words = d.rows.words
+        links = outcomes(ctx.net.lean())
+        compute = ComputeTimes(agents)
+        nb = [a.neighbors for a in agents]
+        deg = np.array([len(x) for x in nb], np.int64)
+        ptr = np.concatenate(([0], np.cumsum(deg)))
+        nb_flat = np.array([j for x in nb for j in x], np.int64)
+        expect = np.array([len(a.in_neighbors) for a in agents], np.int64)
+        self.act = _Table("t", "agent", "k", "at", "rnd", "ct", "tick")
+        self.done = _Table("t", "agent", "k", "l0", "deg", "held")
+        self.link = _Table("dst", "delay", "reason")
+        self.arr = _Table("t", "agent", "src", "k", "sub", "sent", "lid")
+        self.timer = _Table("t", "agent", "k", "missing")
+        self.sent = _Table("t", "agent", "k")
+        self.bar = _Table("t", "agent", "k", "ctype", "cidx", "took", "ntook")
+        self.took: list[int] = []  # the senders each barrier took, in arrival order (its slice: took, ntook)
+        self.discards: dict[tuple[int, int], list] = {}  # (type, row) of a gather -> messages discarded there
+        self.stale_at: set[int] = set()  # arrivals discarded as stale at their arrival
+        # per round, by agent, for ``time`` and ``parent`` (equal times): activations, completions, gathers, whether the
+        # gather is its own event, arrivals scheduled; the barriers' (time, cause); the arrivals' times
+        self.A, self.D, self.G, self.tx, self.narr, self.C, self.R = [], [], [], [], [], [], []
+        times = []
+        codes = {"": 0}
+        rnd = np.frombuffer(ctx.sim.loop.counts.rounds, np.int64).copy()
+        A = np.empty(n)
+        AT = np.empty(n)
+        for a in agents:  # each program's first wake, in agent order (``WindowDriver._windows``)
+            at, delay = a.plan_wake(now0)
+            A[a.id], AT[a.id] = now0 + delay, at
+        rnd += 1
+        times.append(A.copy())
+        alive = np.ones(n, bool)  # its next activation is processed
+        alive &= A <= U  # (at U: processed, its parent being the start)
+        left: list[list] = [[] for _ in range(n)]  # messages of earlier rounds neither taken nor discarded
+        has_left = np.zeros(n, bool)
+        arr_of: dict = {}  # (round, sender, sub) -> its arrival's row (the slow barriers')
+        k = 0
+        link_base = 0
+        while alive.any():
+            act = np.flatnonzero(alive)
+            At = A[act]
+            ct = compute([agents[i] for i in act.tolist()], act, At)
+            self.act.add(t=At, agent=act, k=np.full(len(act), k), at=AT[act], rnd=rnd[act].copy(), ct=ct,
+                         tick=[agents[i].schedule.tick for i in act.tolist()])
+            Dt = At + ct
+            times.append(Dt)
+            pd = (Dt < U) | ((Dt == U) & (At < U))
+            ids, Dd = act[pd], Dt[pd]
+            Dk = np.full(n, np.nan)
+            Dk[ids] = Dd
+            dl, rl, holds = [], [], []
+            for i, t in zip(ids.tolist(), Dd.tolist()):  # each broadcast's links in one call (``Agent.broadcast``)
+                delays, reasons, hold = links(i, nb[i], t, size)
+                dl += delays
+                rl += reasons
+                holds.append(hold)
+            g = deg[ids]
+            m = int(g.sum())
+            starts = np.cumsum(g) - g
+            lidx = np.repeat(ptr[ids] - starts, g) + np.arange(m)
+            dst = nb_flat[lidx]
+            delay = np.array(dl, np.float64)
+            reason = np.array([codes[r] if r in codes else codes.setdefault(r, words(r)) for r in rl], np.int64) \
+                if any(rl) else np.zeros(m, np.int64)
+            self.link.add(dst=dst, delay=delay, reason=reason)
+            ok = reason == 0
+            src = np.repeat(ids, g)
+            Dl = np.repeat(Dd, g)
+            cs = np.cumsum(ok) - ok  # each kept message's rank among its sender's kept ones
+            sub = cs - np.repeat(cs[starts] if m else starts, g)
+            held = np.add.reduceat(ok, starts) if m else np.zeros(len(ids), np.int64)
+            held[g == 0] = 0
+            self.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held)
+            hold = np.array(holds, np.float64)
+            tx = hold > 0
+            Gd = np.where(tx, Dd + hold, Dd)
+            times.append(Gd[tx])
+            Gk = np.full(n, np.nan)
+            Gk[ids] = Gd
+            txk = np.zeros(n, bool)
+            txk[ids] = tx
+            narr = np.zeros(n, np.int64)
+            narr[ids] = held
+            self.A.append(A.copy()), self.D.append(Dk), self.G.append(Gk), self.tx.append(txk)
+            self.narr.append(narr)
+            # the arrivals (kept messages)
+            ms, md, mR, msub = src[ok], dst[ok], Dl[ok] + delay[ok], sub[ok]
+            mlid = (link_base + np.arange(m))[ok]
+            link_base += m
+            times.append(mR)
+            self.R.append((ms, msub, mR))
+            proc = (mR < U) | ((mR == U) & (Dl[ok] < U))
+            first_arr = self.arr.add(t=mR[proc], agent=md[proc], src=ms[proc], k=np.full(int(proc.sum()), k),
+                                     sub=msub[proc], sent=Dl[ok][proc], lid=mlid[proc])
+            arr_row = np.full(len(mR), -1)
+            arr_row[proc] = first_arr + np.arange(int(proc.sum()))
+            # the gathers that are events of their own (the broadcast's transmission ends)
+            gp = tx & ((Gd < U) | ((Gd == U) & (Dd < U)))
+            first_sent = self.sent.add(t=Gd[gp], agent=ids[gp], k=np.full(int(gp.sum()), k))
+            sent_row = np.full(n, -1)
+            sent_row[ids[gp]] = first_sent + np.arange(int(gp.sum()))
+            done_row = np.full(n, -1)
+            done_row[ids] = self.done.n - len(ids) + np.arange(len(ids))
+            gathers = ids[~tx | gp]  # (a gather in its completion's processing, or at its transmission's end)
+            # each receiver's messages of this round, in arrival order
+            o = np.lexsort((mR, md))
+            md_o, mR_o = md[o], mR[o]
+            cnt = np.bincount(md, minlength=n)
+            rstart = np.concatenate(([0], np.cumsum(cnt)))[:-1]
+            rmax = np.full(n, -np.inf)
+            np.maximum.at(rmax, md, mR)
+            dup = np.zeros(n, bool)
+            same = (md_o[1:] == md_o[:-1]) & (mR_o[1:] == mR_o[:-1])
+            dup[md_o[1:][same]] = True
+            at_g = np.zeros(n, bool)
+            np.logical_or.at(at_g, md, (mR == Gk[md]) | (mR == Gk[md] + T) | (mR >= U))
+            # barriers played as arrays: no older message left, no two times equal, all before run.until
+            tmo = Gk + T
+            fast = np.zeros(n, bool)
+            fast[gathers] = True
+            fast &= ~has_left & ~dup & ~at_g & (tmo < U)
+            full = fast & (cnt == expect) & (rmax < tmo)
+            late = fast & ~full
+            fg = np.flatnonzero(full)
+            # complete: at the gather (every message queued before it) or at the last arrival
+            cg = Gk[fg]
+            last = rmax[fg]
+            by_gather = last < cg
+            C = np.where(by_gather, cg, last)
+            # timed out: the timer's row with the missing count; the messages after it wait for a later barrier
+            lg = np.flatnonzero(late)
+            before_t = np.zeros(n, np.int64)
+            inb = mR < tmo[md]
+            np.add.at(before_t, md[inb], 1)
+            first_timer = self.timer.add(t=tmo[lg], agent=lg, k=np.full(len(lg), k),
+                                         missing=(expect[lg] - before_t[lg]).astype(np.float64))
+            times.append(tmo[np.flatnonzero(fast & ~(full & (rmax < Gk)))])
+            if len(lg):
+                after = np.flatnonzero(late[md] & ~inb)
+                for q in after.tolist():
+                    j = int(md[q])
+                    left[j].append((float(mR[q]), k, int(ms[q]), int(msub[q]), int(mlid[q]), int(arr_row[q])))
+                    has_left[j] = True
+            # the barriers' completions, their causes and what each took
+            cause_type = np.full(n, -1)
+            cause_idx = np.full(n, -1)
+            cause_t = np.full(n, np.nan)
+            cause_type[fg] = np.where(by_gather, np.where(txk[fg], E_SENT, E_DONE), E_ARR)
+            cause_t[fg] = C
+            # the last arrival of each complete barrier: its row
+            last_q = np.full(n, -1)
+            if len(o):
+                ends = rstart + cnt - 1
+                has = cnt > 0
+                last_q[has] = o[ends[has]]
+            cause_idx[fg] = np.where(by_gather, np.where(txk[fg], sent_row[fg], done_row[fg]), arr_row[last_q[fg]])
+            cause_type[lg] = E_TIMER
+            cause_idx[lg] = first_timer + np.arange(len(lg))
+            cause_t[lg] = tmo[lg]
+            # what each fast barrier took: its messages before its timer, in arrival order (``took``: slices)
+            msel = np.flatnonzero(fast[md_o] & (mR_o < tmo[md_o]))
+            took_n = np.bincount(md_o[msel], minlength=n)
+            took_at = len(self.took) + np.cumsum(took_n) - took_n
+            self.took += ms[o[msel]].tolist()
+            # the other barriers, one by one (older messages left, equal times, run.until)
+            slow = [j for j in gathers.tolist() if not fast[j]]
+            if slow:
+                mine: dict[int, list] = {}
+                for q in np.flatnonzero(~fast[md]).tolist():
+                    mine.setdefault(int(md[q]), []).append(
+                        (float(mR[q]), k, int(ms[q]), int(msub[q]), int(mlid[q]), int(arr_row[q])))
+                for j in slow:
+                    ge_type = E_SENT if txk[j] else E_DONE
+                    ge_row = sent_row[j] if txk[j] else done_row[j]
+                    cause, got = self._barrier(j, k, float(Gk[j]), int(expect[j]), mine.get(j, []), left, has_left,
+                                               ge_type, int(ge_row), times)
+                    if cause is not None:
+                        cause_t[j], (cause_type[j], cause_idx[j]) = cause
+                        took_at[j], took_n[j] = len(self.took), len(got)
+                        self.took += got
+            self.C.append((cause_t, cause_type, cause_idx))
+            # the completions processed before the stop (one at run.until: if its cause came before), then the wakes
+            alive[:] = False
+            fin = ~np.isnan(cause_t)
+            at_u = np.flatnonzero(fin & (cause_t == U))
+            for j in at_u.tolist():
+                fin[j] = self.time(self.parent((BARRIER, k, j))[0]) < U
+            w = np.flatnonzero(fin & (cause_t <= U))
+            if len(w):
+                c = cause_t[w]
+                self.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
+                             took=took_at[w], ntook=took_n[w])
+                wake_ids, wake_t = w.tolist(), c.tolist()
+                nxt_t, ats = [], []
+                for j, c in zip(wake_ids, wake_t):  # each program's next wake (``Agent.wake``)
+                    at, delay = agents[j].plan_wake(c)
+                    nxt_t.append(c + delay)
+                    ats.append(at)
+                nxt = np.array(nxt_t, np.float64)
+                A[w], AT[w] = nxt, ats
+                rnd[w] += 1
+                times.append(nxt)
+                alive[w] = (nxt < U) | ((nxt == U) & (c < U))
+            k += 1
+        for t in (self.act, self.done, self.link, self.arr, self.timer, self.sent, self.bar):
+            t.done()
+        self.rounds = k
+        self.times = np.sort(np.concatenate([np.asarray(x, np.float64).ravel() for x in times]))
+        self._order()
+        self._pack(words, ctx.net.next_id, ctx.tag_code)
+
+    def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times):
+        """Agent j's barrier of round k, gathered at ``g``, played message by message with simpy's order at equal
+        times: ((its completion's time, (cause type, row)) or None, the senders it took in arrival order). Adds the
+        timer's row, the discards at the gather and at arrivals while it is open; keeps the rest in ``left``."""
+        U, T = self.U, self.T
+        ge = (SENT if ge_type == E_SENT else DONE, k, j)
+        before = self.before
+        old = left[j]
+
+        def arrived_before(m, e) -> bool:  # message m processed before event e (at time te)
+            te = self.time(e)
+            return m[0] < te or (m[0] == te and before((ARR, m[1], m[2], m[3]), e))
+
+        queued = [m for m in old + mine if arrived_before(m, ge)]
+        if len(queued) > 1:
+            queued = self._arrival_order(queued)
+        got: dict = {}
+        cause = None
+        discards, rest = [], []
+        for idx, m in enumerate(queued):  # the queue offered in arrival order (``_Gather.offer``)
+            if m[1] == k:
+                got[m[2]] = m
+                if len(got) == expect:
+                    cause = (g, (ge_type, ge_row))
+                    rest = [q for q in queued[idx + 1:] if q[1] < k]
+                    break
+            elif m[1] < k:
+                discards.append(m)
+        if discards:
+            self.discards[(ge_type, ge_row)] = discards
+        if not expect:
+            cause = (g, (ge_type, ge_row))
+        cause_h = ge if cause is not None else None
+        if cause is None:  # arrivals while it is open, in arrival order, until its timer
+            tmo = g + T
+            times.append([tmo])
+            timer = (TIMER, k, j)
+            inq = set(queued)
+            live = [m for m in mine if m not in inq]
+            if len(live) > 1:
+                live = self._arrival_order(live)
+            timer_processed = tmo < U or (tmo == U and g < U)
+            for m in live:
+                r = m[0]
+                if not (r < tmo or (r == tmo and before((ARR, m[1], m[2], m[3]), timer))) or not timer_processed \
+                        and not (r < U or (r == U and self.D[k][m[2]] < U)):
+                    break
+                if not (r < U or (r == U and self.D[k][m[2]] < U)):
+                    break
+                got[m[2]] = m
+                if len(got) == expect:
+                    cause = (r, (E_ARR, m[5]))
+                    cause_h = (ARR, m[1], m[2], m[3])
+                    break
+            if cause is None and timer_processed:
+                row = self.timer.add(t=[tmo], agent=[j], k=[k], missing=[float(expect - len(got))])
+                cause = (tmo, (E_TIMER, row))
+                cause_h = timer
+        inq = set(queued)
+        still = rest
+        for m in old:  # older messages arriving while it is open: discarded at their arrival (after its row)
+            if m in inq:
+                continue
+            if cause_h is not None and arrived_before(m, cause_h) and m[5] >= 0:
+                self.stale_at.add(m[5])
+            else:
+                still.append(m)
+        taken = set(got.values())
+        still += [m for m in mine if m not in inq and m not in taken]
+        left[j] = still
+        has_left[j] = bool(still)
+        return cause, list(got)
+
+    def _arrival_order(self, ms: list) -> list:
+        ms = sorted(ms)
+        if any(a[0] == b[0] for a, b in zip(ms, ms[1:])):  # messages at one instant: in simpy's order
+            ms.sort(key=functools.cmp_to_key(
+                lambda a, b: -1 if self.before((ARR,) + a[1:4], (ARR,) + b[1:4]) else 1))
+        return ms
+
+    # an event's time and parent (the order of equal times) -----------------------------------------------------
+    def time(self, e) -> float:
+        kind = e[0]
+        if kind == ACT:
+            return float(self.A[e[1]][e[2]])
+        if kind == DONE:
+            return float(self.D[e[1]][e[2]])
+        if kind == ARR:
+            r = self.R[e[1]]
+            if type(r) is tuple:  # (made on first use: equal times are rare)
+                r = self.R[e[1]] = dict(zip(zip(r[0].tolist(), r[1].tolist()), r[2].tolist()))
+            return r[(e[2], e[3])]
+        if kind == SENT:
+            return float(self.G[e[1]][e[2]])
+        if kind == TIMER:
+            return float(self.G[e[1]][e[2]]) + self.T
+        if kind == BARRIER:
+            return float(self.C[e[1]][0][e[2]])
+        if kind == UNTIL or kind == STOP:
+            return self.U
+        if kind == EVAL:
+            t = self.t0
+            for _ in range(e[1]):
+                t = t + self.every
+            return t
+        return -np.inf  # ROOT
+
+    def parent(self, e) -> tuple:
+        """(the event that scheduled ``e``, ``e``'s rank among what that event scheduled)."""
+        kind = e[0]
+        if kind == ACT:
+            k, i = e[1], e[2]
+            return ((ROOT,), 1 + i) if k == 0 else ((BARRIER, k - 1, i), 0)
+        if kind == DONE:
+            return (ACT, e[1], e[2]), 0
+        if kind == ARR:
+            return (DONE, e[1], e[2]), e[3]
+        if kind == SENT:
+            return (DONE, e[1], e[2]), int(self.narr[e[1]][e[2]])
+        if kind == TIMER:
+            k, i = e[1], e[2]
+            return ((SENT, k, i), 0) if self.tx[k][i] else ((DONE, k, i), int(self.narr[k][i]))
+        if kind == BARRIER:
+            k, i = e[1], e[2]
+            cause = self.handle(int(self.C[k][1][i]), int(self.C[k][2][i]))
+            return (cause, int(self.narr[k][i])) if cause[0] == DONE else (cause, 0)
+        if kind == UNTIL:
+            return (ROOT,), 0
+        if kind == STOP:
+            return (UNTIL,), 0
+        if kind == EVAL:
+            return ((ROOT,), 1 + self.n) if e[1] == 1 else ((EVAL, e[1] - 1), 0)
+        raise ValueError(f"barrier plan: no parent for {e}")
+
+    def handle(self, etype: int, row: int) -> tuple:
+        """Event (type, row) as (kind, round, agent[, rank])."""
+        if etype == E_ARR:
+            a = self.arr
+            return (ARR, int(_col(a, "k", row)), int(_col(a, "src", row)), int(_col(a, "sub", row)))
+        tab = (self.act, self.done, None, self.timer, self.sent)[etype]
+        return (_KIND[etype], int(_col(tab, "k", row)), int(_col(tab, "agent", row)))
+
+    def before(self, a, b) -> bool:
+        """Whether event ``a`` is processed before event ``b`` (simpy's order: time, then insertion)."""
+        while True:
+            ta, tb = self.time(a), self.time(b)
+            if ta != tb:
+                return ta < tb
+            if a == b:
+                return False
+            (pa, ia), (pb, ib) = self.parent(a), self.parent(b)
+            if pa == pb:
+                return ia < ib
+            a, b = pa, pb
+
+    # the events in simpy's order, and their rows --------------------------------------------------------------
+    def _order(self) -> None:
+        """``etype``, ``eidx``: every event in simpy's order; a barrier's completion right after its cause, unless
+        another event has its time (then those of the instant by ``before``)."""
+        tabs = (self.act, self.done, self.arr, self.timer, self.sent)
+        t = np.concatenate([tab.t for tab in tabs])
+        ty = np.concatenate([np.full(tab.n, e, np.int64) for e, tab in enumerate(tabs)])
+        ix = np.concatenate([np.arange(tab.n) for tab in tabs])
+        base = np.cumsum([0] + [tab.n for tab in tabs])
+        o = np.argsort(t, kind="stable")
+        pos = np.empty(len(o), np.int64)
+        pos[o] = np.arange(len(o))
+        bar = self.bar
+        bpos = pos[base[bar.ctype] + bar.cidx] if bar.n else np.zeros(0, np.int64)
+        # keys: an event's position times 2, a barrier's its cause's plus 1
+        key = np.concatenate((pos * 2, bpos * 2 + 1))
+        allty = np.concatenate((ty, np.full(bar.n, E_BAR)))
+        allix = np.concatenate((ix, np.arange(bar.n)))
+        order = np.argsort(key, kind="stable")
+        etype, eidx = allty[order], allix[order]
+        ts = t[o]
+        if len(ts) > 1 and (ts[1:] == ts[:-1]).any():  # equal times: each instant's events by ``before``
+            etype, eidx = self._ties(etype, eidx)
+        self.etype, self.eidx = etype, eidx
+
+    def _ties(self, etype, eidx):
+        et, ei = etype.tolist(), eidx.tolist()
+        tt = [self._t(a, b) for a, b in zip(et, ei)]
+        out_t, out_i = [], []
+        lo, n = 0, len(et)
+        cmp = functools.cmp_to_key(lambda a, b: -1 if self.before(a[2], b[2]) else (1 if a[2] != b[2] else 0))
+        while lo < n:
+            hi = lo + 1
+            while hi < n and tt[hi] == tt[lo]:
+                hi += 1
+            if hi - lo > 1:
+                group = sorted(((et[q], ei[q], self._h(et[q], ei[q])) for q in range(lo, hi)), key=cmp)
+                out_t += [g[0] for g in group]
+                out_i += [g[1] for g in group]
+            else:
+                out_t.append(et[lo])
+                out_i.append(ei[lo])
+            lo = hi
+        return np.array(out_t, np.int64), np.array(out_i, np.int64)
+
+    def _t(self, etype: int, row: int) -> float:
+        return float((self.act, self.done, self.arr, self.timer, self.sent, self.bar)[etype].t[row])
+
+    def _h(self, etype: int, row: int) -> tuple:
+        if etype == E_BAR:
+            return (BARRIER, int(self.bar.k[row]), int(self.bar.agent[row]))
+        return self.handle(etype, row)
+
+    def _pack(self, words, mid0: int, tag: int) -> None:
+        """Every event's trace rows, packed in order (``rows``), and each event's first row (``first_row``); the
+        message ids (``mid``: each link's, taken in the order of the completions)."""
+        C = CODES
+        et, ei = self.etype, self.eidx
+        act, done, link, arr, timer, sent = self.act, self.done, self.link, self.arr, self.timer, self.sent
+        nlinks = link.n
+        drops = (link.reason != 0).astype(np.int64)
+        # message ids: each completion's links, in completion order
+        d_order = ei[et == E_DONE]
+        mid = np.empty(nlinks, np.int64)
+        if nlinks:
+            lens = done.deg[d_order]
+            first = mid0 + np.cumsum(lens) - lens
+            lid = np.repeat(done.l0[d_order] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            mid[lid] = np.repeat(first, lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
+        self.mid = mid
+        self.mid_end = mid0 + nlinks
+        # rows an event makes
+        cnt = np.zeros(len(et), np.int64)
+        drops_of = np.add.reduceat(drops, done.l0) if done.n and nlinks else np.zeros(done.n, np.int64)
+        if done.n and nlinks:
+            drops_of[done.deg == 0] = 0
+        stale_arr = np.zeros(arr.n, np.int64)
+        if self.stale_at:
+            stale_arr[np.fromiter(self.stale_at, np.int64)] = 1
+        self.stale_arr = stale_arr.astype(bool)
+        disc = np.zeros(len(et), np.int64)
+        pos_of = {}  # (type, row) of a gather with discards -> its place in the order
+        if self.discards:
+            for ty in (E_DONE, E_SENT):
+                rows_ = [r for (t_, r) in self.discards if t_ == ty]
+                if rows_:
+                    inv = np.full((done if ty == E_DONE else sent).n, -1, np.int64)
+                    mk = np.flatnonzero(et == ty)
+                    inv[ei[mk]] = mk
+                    pos_of.update(((ty, r), int(inv[r])) for r in rows_)
+        self.pos_of = pos_of
+        m_act, m_done, m_arr, m_timer, m_sent = (et == e for e in (E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT))
+        cnt[m_act] = 2
+        cnt[m_done] = 1 + done.deg[ei[m_done]] + drops_of[ei[m_done]]
+        cnt[m_arr] = 1 + stale_arr[ei[m_arr]]
+        cnt[m_timer] = 1
+        for key, ms in self.discards.items():
+            disc[pos_of[key]] += len(ms)
+        cnt += disc
+        first_row = np.concatenate(([0], np.cumsum(cnt)))
+        self.first_row = first_row
+        out = np.zeros(int(first_row[-1]), _RECORD_DTYPE)
+        out["msg"] = -1
+        out["peer"] = -1
+        out["round"] = -1
+        out["tag"] = C.none
+
+        def put(at, **cols):
+            for name, v in cols.items():
+                out[name][at] = v
+
+        # activations: ``activate`` and ``compute_start``
+        q = first_row[:-1][m_act]
+        r = ei[m_act]
+        put(q, t=act.t[r], kind=C.activate, agent=act.agent[r], value=act.at[r], round=act.rnd[r])
+        put(q + 1, t=act.t[r], kind=C.compute_start, agent=act.agent[r], value=act.ct[r])
+        # completions: ``compute_end``, then each link's ``send`` (and ``drop``)
+        q = first_row[:-1][m_done]
+        r = ei[m_done]
+        put(q, t=done.t[r], kind=C.compute_end, agent=done.agent[r], value=0.0)
+        if nlinks:
+            lens = done.deg[r]
+            lid = np.repeat(done.l0[r] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            owner = np.repeat(np.arange(len(r)), lens)
+            dr = drops[lid]
+            # a link's row: after the completion's row and the links before it in the broadcast (a dropped one: two)
+            w = 1 + dr
+            cum = np.cumsum(w) - w
+            first_l = np.cumsum(lens) - lens
+            within = cum - np.repeat(cum[np.minimum(first_l, len(cum) - 1)], lens)
+            at = q[owner] + 1 + within
+            src, t = done.agent[r][owner], done.t[r][owner]
+            k = done.k[r][owner]
+            put(at, t=t, kind=C.send, agent=src, peer=link.dst[lid], msg=mid[lid], size=self.size,
+                value=link.delay[lid], round=k, tag=tag)
+            dq = np.flatnonzero(dr)
+            put(at[dq] + 1, t=t[dq], kind=C.drop, agent=src[dq], peer=link.dst[lid][dq], msg=mid[lid][dq],
+                size=self.size, value=link.delay[lid][dq], round=k[dq], tag=link.reason[lid][dq])
+        # deliveries (and a discard at arrival)
+        q = first_row[:-1][m_arr]
+        r = ei[m_arr]
+        put(q, t=arr.t[r], kind=C.deliver, agent=arr.agent[r], peer=arr.src[r], msg=mid[arr.lid[r]], size=self.size,
+            value=arr.t[r] - arr.sent[r], round=arr.k[r], tag=tag)
+        sq = np.flatnonzero(stale_arr[r])
+        c_stale = words(Stale.kind)
+        put(q[sq] + 1, t=arr.t[r][sq], kind=c_stale, agent=arr.agent[r][sq], peer=arr.src[r][sq],
+            msg=mid[arr.lid[r][sq]], size=0, value=0.0, round=arr.k[r][sq], tag=C.none)
+        # timeouts
+        q = first_row[:-1][m_timer]
+        r = ei[m_timer]
+        put(q, t=timer.t[r], kind=C.timeout, agent=timer.agent[r], value=timer.missing[r], round=timer.k[r])
+        # discards at a gather, after the gather's other rows
+        for (etype, row), ms in self.discards.items():
+            e = pos_of[(etype, row)]
+            tab = done if etype == E_DONE else sent
+            tg, j = float(tab.t[row]), int(tab.agent[row])
+            at = int(first_row[e + 1]) - len(ms)
+            for n_, m in enumerate(ms):
+                out[at + n_] = (tg, c_stale, j, m[2], int(mid[m[4]]), 0, 0.0, m[1], C.none)
+        self.rows = out.view(np.uint8).reshape(-1)  # (the packed records: RECORD's layout)
+
+
+def _col(tab, name, row):
+    if hasattr(tab, "parts"):  # (during planning: the rounds' parts so far)
+        return np.concatenate(tab.parts[name])[row]
+    return getattr(tab, name)[row]
+
+
+class Replay:
+    """The plan played window by window into barrier driver ``d`` as its control (``until``): the rows, operations,
+    records, requests, references, wake counts and message ids of the events due, among the run's own events in the
+    driver's queue. It holds what the driver's ``decide`` reads of a control (``slots``, ``patches``)."""
+
+    def __init__(self, d):
+        self.d = d
+        self.plan = plan = Plan(d)
+        ctx = d.ctx
+        self.sim, self.agents, self.net = ctx.sim, ctx.agents, ctx.net
+        self.slots: list[tuple[int, int]] = []
+        self.patches: list[tuple[int, int]] = []
+        self.flushed = 0
+        self.at = 0  # the next planned event
+        self.evals = 0  # the evaluator's events processed
+        self.done_t = -np.inf  # every event before this time was played
+        self.next_mid = ctx.net.next_id
+        self.tk_of: dict[int, int] = {}  # agent -> its current request's ticket
+        et, ei = plan.etype, plan.eidx
+        tabs = (plan.act, plan.done, plan.arr, plan.timer, plan.sent, plan.bar)
+        self.t = np.empty(len(et))  # each event's time, in order
+        for e, tab in enumerate(tabs):
+            m = et == e
+            self.t[m] = tab.t[ei[m]]
+        n = len(self.agents)
+        act, done, arr, bar = plan.act, plan.done, plan.arr, plan.bar
+        rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
+        rid[ei[et == E_ACT]] = np.arange(act.n)
+        rid_of = np.full((plan.rounds, n), -1, np.int64)
+        rid_of[act.k, act.agent] = rid
+        self.rid_at = rid_at = rid_of.tolist()  # (lists: read an item at a time)
+        # what the control does at each event, in order: (its place, type, agent, round, ...)
+        disc, first_row = plan.discards, plan.first_row
+        ops: list[tuple] = []
+        for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
+            m = np.flatnonzero(et == ty)
+            r = ei[m]
+            cols = [m.tolist(), [ty] * len(m), tab.agent[r].tolist(), tab.k[r].tolist()]
+            if ty == E_ACT:
+                cols += [act.rnd[r].tolist(), act.tick[r].tolist(), rid[r].tolist()]
+            elif ty == E_DONE:
+                cols += [done.t[r].tolist(), done.held[r].tolist(), done.deg[r].tolist(), (first_row[m] + 1).tolist(),
+                         [disc.get((E_DONE, x), ()) for x in r.tolist()]]
+            else:
+                took = plan.took
+                cols += [bar.t[r].tolist(), [took[a:a + b] for a, b in zip(bar.took[r].tolist(),
+                                                                             bar.ntook[r].tolist())]]
+            ops += zip(*cols)
+        m = np.flatnonzero((et == E_ARR) & plan.stale_arr[np.where(et == E_ARR, ei, 0)])
+        ops += [(e, E_ARR, 0, 0, rid_at[k][s]) for e, k, s in zip(m.tolist(), arr.k[ei[m]].tolist(),
+                                                                     arr.src[ei[m]].tolist())]
+        ops += [(plan.pos_of[key], E_SENT, 0, 0, ms) for key, ms in disc.items() if key[0] == E_SENT]
+        ops.sort(key=lambda o: o[0])
+        self.ops = ops
+        self.ops_at = np.array([o[0] for o in ops], np.int64)
+        self.sim.count_wakes(self.agents, np.arange(n, dtype=np.int64))  # each program's first wake
+
+    def first_due(self) -> float | None:
+        """The time of the first event not played yet (None: none)."""
+        times = self.plan.times
+        k = bisect_left(times, self.done_t)
+        return None if k >= len(times) else float(times[k])
+
+    def _hk(self, h) -> tuple:
+        """A queued event of the run's own as a plan handle."""
+        kind = h[2]
+        if kind == EVAL:
+            return (EVAL, self.evals + 1)
+        return (kind,) if kind in (UNTIL, STOP) else (ROOT,)
+
+    def until(self, end: float) -> None:
+        d, plan = self.d, self.plan
+        q = d.events
+        cur, soon = q.cur, q.soon
+        ts = self.t
+        n_ev = len(ts)
+        t = q.now
+        try:
+            while True:
+                h = None  # the run's own next event due before ``end``
+                if soon and (not cur or soon[0] < cur[-1]):
+                    h = soon[0]
+                elif cur:
+                    h = cur[-1]
+                if h is not None and not h[0] < end:
+                    h = None
+                bound = end if h is None else h[0]
+                j = int(np.searchsorted(ts, bound, "left"))
+                if h is not None:  # the planned events of its instant that come before it
+                    while j < n_ev and ts[j] == bound and plan.before(
+                            plan._h(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
+                        j += 1
+                if j > self.at:
+                    self._play(self.at, j)
+                    t = float(ts[j - 1])
+                    self.at = j
+                if h is None:
+                    self.done_t = end
+                    break
+                if soon and h is soon[0]:
+                    heapq.heappop(soon)
+                else:
+                    cur.pop()
+                t = h[0]
+                self.done_t = t
+                if h[2] == EVAL:
+                    self.evals += 1
+                if d.housekeeping(t, h[2], h[3], h[4]):
+                    return
+        finally:
+            q.now = t
+
+    def _play(self, lo: int, hi: int) -> None:
+        """Planned events ``lo:hi``: their rows, and what the control does at each."""
+        d, plan, st = self.d, self.plan, self.d.store
+        rows = d.rows
+        base = len(rows.buf) // _R - int(plan.first_row[lo])
+        rows.put(plan.rows[plan.first_row[lo] * _R:plan.first_row[hi] * _R].tobytes())
+        ops_of, recs, refs, slots, unref = d.ops, st.recs, st.refs, self.slots, st.unref
+        grad = d.grad
+        ticket_of, flushes, free = grad.ticket_of, grad.flushes, grad.free
+        pending_lo, flushed = grad.pending_lo, self.flushed
+        rid_at, tk_of, next_mid = self.rid_at, self.tk_of, self.next_mid
+        woken = []
+        a, b = np.searchsorted(self.ops_at, [lo, hi])
+        for o in self.ops[a:b]:
+            ty = o[1]
+            if ty == E_ACT:  # the round's record, its gradient request (``_Control``'s ACT)
+                _, _, i, k, rnd, tick, rid = o
+                tk = len(ticket_of)
+                ticket_of.append(None)
+                tk_of[i] = tk
+                recs[rid] = [i, k, 0.0, rnd, tick]
+                ops = ops_of.get(i)
+                if ops is None:
+                    ops = ops_of[i] = []
+                ops.append((ASK, tk, rid))
+            elif ty == E_DONE:  # the gradient back: ``local``, the releases' slot, the payload's references
+                _, _, i, k, t, held, deg, row, discards = o
+                tk = tk_of[i]
+                if tk >= flushed:
+                    flushed = len(ticket_of)
+                if tk >= pending_lo and not free:
+                    flushes.append(range(pending_lo, len(ticket_of)))
+                    pending_lo = len(ticket_of)
+                pid = rid_at[k][i]
+                recs[pid][2] = t
+                ops = ops_of.get(i)
+                if ops is None:
+                    ops = ops_of[i] = []
+                ops.append((LOCAL, tk, pid, 0))
+                slots.append((base + row, pid))
+                refs[pid] = held
+                next_mid += deg
+                for m in discards:
+                    unref(rid_at[m[1]][m[2]])
+            elif ty == E_BAR:  # the barrier's completion: ``combine`` with what it took
+                _, _, i, k, t, got = o
+                ops = ops_of.get(i)
+                if ops is None:
+                    ops = ops_of[i] = []
+                rk = rid_at[k]
+                ops.append((COMBINE, rk[i], {src: rk[src] for src in got}, 0, None, 0, t))
+                woken.append(i)
+            elif ty == E_ARR:  # a stale message discarded at its arrival
+                unref(o[4])
+            else:  # a gather at its transmission's end: the stale messages discarded there
+                for m in o[4]:
+                    unref(rid_at[m[1]][m[2]])
+        grad.pending_lo, self.flushed = pending_lo, flushed
+        self.net.next_id = self.next_mid = next_mid  # (the ids the completions took: ``Network.take_ids``)
+        if woken:  # the next wakes, counted (``Simulation.count_wakes``)
+            self.sim.count_wakes([self.agents[i] for i in woken], np.array(woken, np.int64))
