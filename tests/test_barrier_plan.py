@@ -1,0 +1,82 @@
+"""Barrier rounds planned round by round (rounds/barrier_plan.py) against the events engine, byte for byte: drawn
+scenarios of the plan's region, instants shared by many events (identical clocks, constant compute times and
+latencies: simpy's insertion order decides), run.until on an activation's tick, and the runs it leaves to the
+event-by-event control."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
+
+from netsim.rounds import barrier_plan, barrier_windows
+from tests.search import search
+from tests.test_barrier_windows import barriers
+from tests.test_broadcast_windows import both
+from tests.test_windowed import buildable
+
+
+def planned(tmp, sc: dict) -> tuple[int, int]:
+    """Both engines on ``sc``, the same bytes (``both``); (runs the plan played, runs the control played)."""
+    made = {"plan": 0, "control": 0}
+    with pytest.MonkeyPatch.context() as m:
+        for name, cls in (("plan", barrier_plan.Replay), ("control", barrier_windows._Control)):
+            def init(self, d, cls=cls, name=name, orig=cls.__init__):
+                made[name] += 1
+                orig(self, d)
+
+            m.setattr(cls, "__init__", init)
+        both(tmp, sc)
+    return made["plan"], made["control"]
+
+
+def lean(sc: dict) -> dict:
+    """``sc`` in the plan's region: run.until, the lean links (no uplinks, no per-link settings)."""
+    sc["run"] = {k: v for k, v in sc["run"].items() if k != "rounds"} | {"until": 3.0}
+    sc["network"] = {k: v for k, v in sc["network"].items() if k not in ("uplink", "links")}
+    return sc
+
+
+@search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sc=barriers(names=("dpsgd",), records=(None,)), gathers=st.sampled_from([1, 8, 64]))
+def test_planned_barrier_rounds_write_the_engines_bytes(tmp_path_factory, sc, gathers):
+    """Own clocks, drift, jitter, Bernoulli and Poisson activation, stragglers, any latency (lognormal and exponential
+    too), loss, timeouts shorter than a round trip (stale rounds discarded at a gather and at an arrival), bandwidth:
+    the plan's trace, metrics and models are the engine's, whatever windows the tensor work takes together."""
+    sc = lean(sc)
+    buildable(sc)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(barrier_windows._Driver, "gathers", gathers)
+        plan, control = planned(tmp_path_factory.mktemp("planned"), sc)
+    assert (plan, control) == (1, 0)
+
+
+def tied(timeout: float = 0.25, latency: float = 0.0625, **net) -> dict:
+    """Every agent on one clock with one compute time and one latency: most events share their instant with others."""
+    return {"name": "tied", "run": {"seed": 3, "until": 4.0},
+            "agents": {"count": 6, "activation": {"kind": "periodic", "period": 0.5},
+                       "clock_offset": {"kind": "constant", "value": 0.0},
+                       "compute_time": {"kind": "constant", "value": 0.125}},
+            "topology": {"kind": "complete"},
+            "network": {"latency": {"kind": "constant", "value": latency}, **net},
+            "data": {"kind": "synthetic", "samples": 240, "features": 5, "partition": "iid"},
+            "model": {"kind": "logistic"},
+            "algorithm": {"name": "dpsgd", "lr": 0.3, "batch": 4, "round_timeout": timeout},
+            "evaluation": {"every": 0.5, "metrics": ["loss", "accuracy"]}}
+
+
+@pytest.mark.parametrize("net", [{"bandwidth": 1920.0}, {"bandwidth": 960.0, "loss": 0.3},
+                                 {"bandwidth": 1920.0, "timeout": 0.0625}, {"bandwidth": 1920.0, "latency": 0.0},
+                                 {"bandwidth": 960.0, "loss": 0.3, "timeout": 0.0625}])
+def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net):
+    """Activations, completions, transmissions' ends, deliveries, timers and evaluations at shared instants (exact
+    binary fractions), messages that arrive as their barrier's timer fires or as it gathers, run.until on a tick:
+    the order is the engine's, decided by who scheduled each event when."""
+    assert planned(tmp_path, tied(**net)) == (1, 0)
+
+
+def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):
+    """A round limit (the finish rows) is the event-by-event control's."""
+    sc = tied(bandwidth=1920.0)
+    sc["run"] = {"seed": 3, "rounds": 4}
+    assert planned(tmp_path, sc) == (0, 1)
