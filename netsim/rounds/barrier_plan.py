@@ -58,7 +58,7 @@ def admits(d) -> bool:
             and sc.run.rounds is None and not getattr(sc.run, "stop_on_divergence", False)
             and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
             and d.store.fixed is not None and d.records.views is None and not d.records.mixing
-            and not (kernel.batch_local and not _local_steps(kernel)))
+            and not _local_steps(kernel))
 
 
 class _Table:
@@ -650,6 +650,9 @@ class Replay:
         self.done_t = -np.inf  # every event before this time was played
         self.next_mid = ctx.net.next_id
         self.tk_of: dict[int, int] = {}  # agent -> its current request's ticket
+        self.ahead = ctx.kernel.batch_local  # the engine's ``LocalAhead`` (no local steps: ``admits``)
+        self.pend: dict[float, dict] = {}  # completion time -> {agent: (k, ticket, rid)}
+        self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
         et, ei = plan.etype, plan.eidx
         tabs = (plan.act, plan.done, plan.arr, plan.timer, plan.sent, plan.bar)
         self.t = np.empty(len(et))  # each event's time, in order
@@ -671,7 +674,7 @@ class Replay:
             r = ei[m]
             cols = [m.tolist(), [ty] * len(m), tab.agent[r].tolist(), tab.k[r].tolist()]
             if ty == E_ACT:
-                cols += [act.rnd[r].tolist(), act.tick[r].tolist(), rid[r].tolist()]
+                cols += [act.rnd[r].tolist(), act.tick[r].tolist(), rid[r].tolist(), (act.t[r] + act.ct[r]).tolist()]
             elif ty == E_DONE:
                 cols += [done.t[r].tolist(), done.held[r].tolist(), done.deg[r].tolist(), (first_row[m] + 1).tolist(),
                          [disc.get((E_DONE, x), ()) for x in r.tolist()]]
@@ -755,12 +758,13 @@ class Replay:
         ticket_of, flushes, free = grad.ticket_of, grad.flushes, grad.free
         pending_lo, flushed = grad.pending_lo, self.flushed
         rid_at, tk_of, next_mid = self.rid_at, self.tk_of, self.next_mid
+        ahead, pend, localed = self.ahead, self.pend, self.localed
         woken = []
         a, b = np.searchsorted(self.ops_at, [lo, hi])
         for o in self.ops[a:b]:
             ty = o[1]
             if ty == E_ACT:  # the round's record, its gradient request (``_Control``'s ACT)
-                _, _, i, k, rnd, tick, rid = o
+                _, _, i, k, rnd, tick, rid, done_t = o
                 tk = len(ticket_of)
                 ticket_of.append(None)
                 tk_of[i] = tk
@@ -769,6 +773,11 @@ class Replay:
                 if ops is None:
                     ops = ops_of[i] = []
                 ops.append((ASK, tk, rid))
+                if ahead:  # ``LocalAhead``: the agents done at one instant
+                    group = pend.get(done_t)
+                    if group is None:
+                        group = pend[done_t] = {}
+                    group[i] = (k, tk, rid)
             elif ty == E_DONE:  # the gradient back: ``local``, the releases' slot, the payload's references
                 _, _, i, k, t, held, deg, row, discards = o
                 tk = tk_of[i]
@@ -778,12 +787,29 @@ class Replay:
                     flushes.append(range(pending_lo, len(ticket_of)))
                     pending_lo = len(ticket_of)
                 pid = rid_at[k][i]
-                recs[pid][2] = t
-                ops = ops_of.get(i)
-                if ops is None:
-                    ops = ops_of[i] = []
-                ops.append((LOCAL, tk, pid, 0))
-                slots.append((base + row, pid))
+                if not ahead:
+                    recs[pid][2] = t
+                    ops = ops_of.get(i)
+                    if ops is None:
+                        ops = ops_of[i] = []
+                    ops.append((LOCAL, tk, pid, 0))
+                elif pid in localed:
+                    localed.discard(pid)
+                else:  # the first of its instant: every agent of this round index done now runs ``local``
+                    group = pend[t]
+                    for j, (kj, tj, rj) in list(group.items()):
+                        if kj == k and tj < flushed:
+                            del group[j]
+                            recs[rj][2] = t
+                            ops = ops_of.get(j)
+                            if ops is None:
+                                ops = ops_of[j] = []
+                            ops.append((LOCAL, tj, rj, 0))
+                            if rj != pid:
+                                localed.add(rj)
+                    if not group:
+                        del pend[t]
+                slots.append((base + row, pid))  # (its releases: made by its ``local``, in this work or before)
                 refs[pid] = held
                 next_mid += deg
                 for m in discards:
