@@ -31,6 +31,13 @@ def _barrier() -> dict:
     return sc
 
 
+def _planned() -> dict:
+    """The same to run.until: planned round by round (rounds/barrier_plan.py)."""
+    sc = _barrier()
+    sc["run"] = {k: v for k, v in sc["run"].items() if k != "rounds"} | {"until": 2.0}
+    return sc
+
+
 RUNS = {
     "sync": (merge(BASE, {"run": {"rounds": 4}}), ("events", "windowed")),
     "push": (gossip(run={"rounds": 4}), ("windowed",)),
@@ -39,6 +46,7 @@ RUNS = {
     "pairwise": (asynchronous(run={"until": 2.0}, algorithm={"name": "adpsgd", "reply_timeout": 0.3}),
                  ("windowed",)),
     "barrier": (_barrier(), ("windowed",)),
+    "planned": (_planned(), ("windowed",)),
     "triggered": (asynchronous(run={"until": 2.0}, algorithm={"name": "event_triggered", "trigger": "absolute",
                                                               "threshold": 0.1}), ("windowed",)),
 }

@@ -34,8 +34,10 @@ import numpy as np
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim.agent import ComputeTimes
 from netsim.sim.network import outcomes
+from netsim.sim import rows as shapes
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
+from netsim.trace.events import row as event_row
 from netsim.trace.io import _RECORD_DTYPE, RECORD
 
 TIMER, BARRIER, SENT = 7, 8, 9  # (barrier_windows' event kinds)
@@ -83,6 +85,33 @@ class _Table:
         del self.parts
 
 
+class _Events:
+    """The plan's events by type (``act``, ``done``, ``arr``, ``timer``, ``sent``, ``bar``), each link's outcome
+    (``link``), the senders each barrier took (``took``: its slice), the messages discarded at a gather
+    (``discards``) and the arrivals discarded as stale (``stale_at``)."""
+
+    def __init__(self):
+        self.act = _Table("t", "agent", "k", "at", "rnd", "ct", "tick")
+        self.done = _Table("t", "agent", "k", "l0", "deg", "held")
+        self.link = _Table("dst", "delay", "reason")
+        self.arr = _Table("t", "agent", "src", "k", "sub", "sent", "lid")
+        self.timer = _Table("t", "agent", "k", "missing")
+        self.sent = _Table("t", "agent", "k")
+        self.bar = _Table("t", "agent", "k", "ctype", "cidx", "took", "ntook")
+        self.took: list[int] = []
+        self.discards: dict[tuple[int, int], list] = {}  # (type, row) of a gather -> messages discarded there
+        self.stale_at: set[int] = set()
+
+
+class _Rounds:
+    """Per round k, by agent (what ``Plan.time`` and ``Plan.parent`` read at equal times): ``A`` activations, ``D``
+    completions, ``G`` gathers, ``tx`` whether the gather is an event of its own, ``narr`` the arrivals a completion
+    scheduled, ``C`` the barriers' (times, cause types, cause rows), ``R`` the arrivals (senders, ranks, times)."""
+
+    def __init__(self):
+        self.A, self.D, self.G, self.tx, self.narr, self.C, self.R = [], [], [], [], [], [], []
+
+
 class Plan:
     """The run's control from its start to run.until (the module docstring): the events of each type (``act``,
     ``done``, ``arr``, ``timer``, ``sent``, ``bar``), each link's outcome (``link``), then ``etype`` and ``eidx``
@@ -106,19 +135,7 @@ class Plan:
         ptr = np.concatenate(([0], np.cumsum(deg)))
         nb_flat = np.array([j for x in nb for j in x], np.int64)
         expect = np.array([len(a.in_neighbors) for a in agents], np.int64)
-        self.act = _Table("t", "agent", "k", "at", "rnd", "ct", "tick")
-        self.done = _Table("t", "agent", "k", "l0", "deg", "held")
-        self.link = _Table("dst", "delay", "reason")
-        self.arr = _Table("t", "agent", "src", "k", "sub", "sent", "lid")
-        self.timer = _Table("t", "agent", "k", "missing")
-        self.sent = _Table("t", "agent", "k")
-        self.bar = _Table("t", "agent", "k", "ctype", "cidx", "took", "ntook")
-        self.took: list[int] = []  # the senders each barrier took, in arrival order (its slice: took, ntook)
-        self.discards: dict[tuple[int, int], list] = {}  # (type, row) of a gather -> messages discarded there
-        self.stale_at: set[int] = set()  # arrivals discarded as stale at their arrival
-        # per round, by agent, for ``time`` and ``parent`` (equal times): activations, completions, gathers, whether the
-        # gather is its own event, arrivals scheduled; the barriers' (time, cause); the arrivals' times
-        self.A, self.D, self.G, self.tx, self.narr, self.C, self.R = [], [], [], [], [], [], []
+        self.ev, self.per = _Events(), _Rounds()
         times = []
         codes = {"": 0}
         rnd = np.frombuffer(ctx.sim.loop.counts.rounds, np.int64).copy()
@@ -140,7 +157,7 @@ class Plan:
             act = np.flatnonzero(alive)
             At = A[act]
             ct = compute([agents[i] for i in act.tolist()], act, At)
-            self.act.add(t=At, agent=act, k=np.full(len(act), k), at=AT[act], rnd=rnd[act].copy(), ct=ct,
+            self.ev.act.add(t=At, agent=act, k=np.full(len(act), k), at=AT[act], rnd=rnd[act].copy(), ct=ct,
                          tick=[agents[i].schedule.tick for i in act.tolist()])
             Dt = At + ct
             times.append(Dt)
@@ -162,7 +179,7 @@ class Plan:
             delay = np.array(dl, np.float64)
             reason = np.array([codes[r] if r in codes else codes.setdefault(r, words(r)) for r in rl], np.int64) \
                 if any(rl) else np.zeros(m, np.int64)
-            self.link.add(dst=dst, delay=delay, reason=reason)
+            self.ev.link.add(dst=dst, delay=delay, reason=reason)
             ok = reason == 0
             src = np.repeat(ids, g)
             Dl = np.repeat(Dd, g)
@@ -170,7 +187,7 @@ class Plan:
             sub = cs - np.repeat(cs[starts] if m else starts, g)
             held = np.add.reduceat(ok, starts) if m else np.zeros(len(ids), np.int64)
             held[g == 0] = 0
-            self.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held)
+            self.ev.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held)
             hold = np.array(holds, np.float64)
             tx = hold > 0
             Gd = np.where(tx, Dd + hold, Dd)
@@ -181,26 +198,26 @@ class Plan:
             txk[ids] = tx
             narr = np.zeros(n, np.int64)
             narr[ids] = held
-            self.A.append(A.copy()), self.D.append(Dk), self.G.append(Gk), self.tx.append(txk)
-            self.narr.append(narr)
+            self.per.A.append(A.copy()), self.per.D.append(Dk), self.per.G.append(Gk), self.per.tx.append(txk)
+            self.per.narr.append(narr)
             # the arrivals (kept messages)
             ms, md, mR, msub = src[ok], dst[ok], Dl[ok] + delay[ok], sub[ok]
             mlid = (link_base + np.arange(m))[ok]
             link_base += m
             times.append(mR)
-            self.R.append((ms, msub, mR))
+            self.per.R.append((ms, msub, mR))
             proc = (mR < U) | ((mR == U) & (Dl[ok] < U))
-            first_arr = self.arr.add(t=mR[proc], agent=md[proc], src=ms[proc], k=np.full(int(proc.sum()), k),
+            first_arr = self.ev.arr.add(t=mR[proc], agent=md[proc], src=ms[proc], k=np.full(int(proc.sum()), k),
                                      sub=msub[proc], sent=Dl[ok][proc], lid=mlid[proc])
             arr_row = np.full(len(mR), -1)
             arr_row[proc] = first_arr + np.arange(int(proc.sum()))
             # the gathers that are events of their own (the broadcast's transmission ends)
             gp = tx & ((Gd < U) | ((Gd == U) & (Dd < U)))
-            first_sent = self.sent.add(t=Gd[gp], agent=ids[gp], k=np.full(int(gp.sum()), k))
+            first_sent = self.ev.sent.add(t=Gd[gp], agent=ids[gp], k=np.full(int(gp.sum()), k))
             sent_row = np.full(n, -1)
             sent_row[ids[gp]] = first_sent + np.arange(int(gp.sum()))
             done_row = np.full(n, -1)
-            done_row[ids] = self.done.n - len(ids) + np.arange(len(ids))
+            done_row[ids] = self.ev.done.n - len(ids) + np.arange(len(ids))
             gathers = ids[~tx | gp]  # (a gather in its completion's processing, or at its transmission's end)
             # each receiver's messages of this round, in arrival order
             o = np.lexsort((mR, md))
@@ -232,7 +249,7 @@ class Plan:
             before_t = np.zeros(n, np.int64)
             inb = mR < tmo[md]
             np.add.at(before_t, md[inb], 1)
-            first_timer = self.timer.add(t=tmo[lg], agent=lg, k=np.full(len(lg), k),
+            first_timer = self.ev.timer.add(t=tmo[lg], agent=lg, k=np.full(len(lg), k),
                                          missing=(expect[lg] - before_t[lg]).astype(np.float64))
             times.append(tmo[np.flatnonzero(fast & ~(full & (rmax < Gk)))])
             if len(lg):
@@ -260,8 +277,8 @@ class Plan:
             # what each fast barrier took: its messages before its timer, in arrival order (``took``: slices)
             msel = np.flatnonzero(fast[md_o] & (mR_o < tmo[md_o]))
             took_n = np.bincount(md_o[msel], minlength=n)
-            took_at = len(self.took) + np.cumsum(took_n) - took_n
-            self.took += ms[o[msel]].tolist()
+            took_at = len(self.ev.took) + np.cumsum(took_n) - took_n
+            self.ev.took += ms[o[msel]].tolist()
             # the other barriers, one by one (older messages left, equal times, run.until)
             slow = [j for j in gathers.tolist() if not fast[j]]
             if slow:
@@ -276,9 +293,9 @@ class Plan:
                                                ge_type, int(ge_row), times)
                     if cause is not None:
                         cause_t[j], (cause_type[j], cause_idx[j]) = cause
-                        took_at[j], took_n[j] = len(self.took), len(got)
-                        self.took += got
-            self.C.append((cause_t, cause_type, cause_idx))
+                        took_at[j], took_n[j] = len(self.ev.took), len(got)
+                        self.ev.took += got
+            self.per.C.append((cause_t, cause_type, cause_idx))
             # the completions processed before the stop (one at run.until: if its cause came before), then the wakes
             alive[:] = False
             fin = ~np.isnan(cause_t)
@@ -288,7 +305,7 @@ class Plan:
             w = np.flatnonzero(fin & (cause_t <= U))
             if len(w):
                 c = cause_t[w]
-                self.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
+                self.ev.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
                              took=took_at[w], ntook=took_n[w])
                 wake_ids, wake_t = w.tolist(), c.tolist()
                 nxt_t, ats = [], []
@@ -302,12 +319,12 @@ class Plan:
                 times.append(nxt)
                 alive[w] = (nxt < U) | ((nxt == U) & (c < U))
             k += 1
-        for t in (self.act, self.done, self.link, self.arr, self.timer, self.sent, self.bar):
+        for t in (self.ev.act, self.ev.done, self.ev.link, self.ev.arr, self.ev.timer, self.ev.sent, self.ev.bar):
             t.done()
         self.rounds = k
         self.times = np.sort(np.concatenate([np.asarray(x, np.float64).ravel() for x in times]))
         self._order()
-        self._pack(words, ctx.net.next_id, ctx.tag_code)
+        self._pack(words, ctx.net.take_ids(0), ctx.tag_code)
 
     def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times):
         """Agent j's barrier of round k, gathered at ``g``, played message by message with simpy's order at equal
@@ -338,7 +355,7 @@ class Plan:
             elif m[1] < k:
                 discards.append(m)
         if discards:
-            self.discards[(ge_type, ge_row)] = discards
+            self.ev.discards[(ge_type, ge_row)] = discards
         if not expect:
             cause = (g, (ge_type, ge_row))
         cause_h = ge if cause is not None else None
@@ -354,9 +371,9 @@ class Plan:
             for m in live:
                 r = m[0]
                 if not (r < tmo or (r == tmo and before((ARR, m[1], m[2], m[3]), timer))) or not timer_processed \
-                        and not (r < U or (r == U and self.D[k][m[2]] < U)):
+                        and not (r < U or (r == U and self.per.D[k][m[2]] < U)):
                     break
-                if not (r < U or (r == U and self.D[k][m[2]] < U)):
+                if not (r < U or (r == U and self.per.D[k][m[2]] < U)):
                     break
                 got[m[2]] = m
                 if len(got) == expect:
@@ -364,7 +381,7 @@ class Plan:
                     cause_h = (ARR, m[1], m[2], m[3])
                     break
             if cause is None and timer_processed:
-                row = self.timer.add(t=[tmo], agent=[j], k=[k], missing=[float(expect - len(got))])
+                row = self.ev.timer.add(t=[tmo], agent=[j], k=[k], missing=[float(expect - len(got))])
                 cause = (tmo, (E_TIMER, row))
                 cause_h = timer
         inq = set(queued)
@@ -373,7 +390,7 @@ class Plan:
             if m in inq:
                 continue
             if cause_h is not None and arrived_before(m, cause_h) and m[5] >= 0:
-                self.stale_at.add(m[5])
+                self.ev.stale_at.add(m[5])
             else:
                 still.append(m)
         taken = set(got.values())
@@ -393,20 +410,20 @@ class Plan:
     def time(self, e) -> float:
         kind = e[0]
         if kind == ACT:
-            return float(self.A[e[1]][e[2]])
+            return float(self.per.A[e[1]][e[2]])
         if kind == DONE:
-            return float(self.D[e[1]][e[2]])
+            return float(self.per.D[e[1]][e[2]])
         if kind == ARR:
-            r = self.R[e[1]]
+            r = self.per.R[e[1]]
             if type(r) is tuple:  # (made on first use: equal times are rare)
-                r = self.R[e[1]] = dict(zip(zip(r[0].tolist(), r[1].tolist()), r[2].tolist()))
+                r = self.per.R[e[1]] = dict(zip(zip(r[0].tolist(), r[1].tolist()), r[2].tolist()))
             return r[(e[2], e[3])]
         if kind == SENT:
-            return float(self.G[e[1]][e[2]])
+            return float(self.per.G[e[1]][e[2]])
         if kind == TIMER:
-            return float(self.G[e[1]][e[2]]) + self.T
+            return float(self.per.G[e[1]][e[2]]) + self.T
         if kind == BARRIER:
-            return float(self.C[e[1]][0][e[2]])
+            return float(self.per.C[e[1]][0][e[2]])
         if kind == UNTIL or kind == STOP:
             return self.U
         if kind == EVAL:
@@ -427,14 +444,14 @@ class Plan:
         if kind == ARR:
             return (DONE, e[1], e[2]), e[3]
         if kind == SENT:
-            return (DONE, e[1], e[2]), int(self.narr[e[1]][e[2]])
+            return (DONE, e[1], e[2]), int(self.per.narr[e[1]][e[2]])
         if kind == TIMER:
             k, i = e[1], e[2]
-            return ((SENT, k, i), 0) if self.tx[k][i] else ((DONE, k, i), int(self.narr[k][i]))
+            return ((SENT, k, i), 0) if self.per.tx[k][i] else ((DONE, k, i), int(self.per.narr[k][i]))
         if kind == BARRIER:
             k, i = e[1], e[2]
-            cause = self.handle(int(self.C[k][1][i]), int(self.C[k][2][i]))
-            return (cause, int(self.narr[k][i])) if cause[0] == DONE else (cause, 0)
+            cause = self.handle(int(self.per.C[k][1][i]), int(self.per.C[k][2][i]))
+            return (cause, int(self.per.narr[k][i])) if cause[0] == DONE else (cause, 0)
         if kind == UNTIL:
             return (ROOT,), 0
         if kind == STOP:
@@ -446,9 +463,9 @@ class Plan:
     def handle(self, etype: int, row: int) -> tuple:
         """Event (type, row) as (kind, round, agent[, rank])."""
         if etype == E_ARR:
-            a = self.arr
+            a = self.ev.arr
             return (ARR, int(_col(a, "k", row)), int(_col(a, "src", row)), int(_col(a, "sub", row)))
-        tab = (self.act, self.done, None, self.timer, self.sent)[etype]
+        tab = (self.ev.act, self.ev.done, None, self.ev.timer, self.ev.sent)[etype]
         return (_KIND[etype], int(_col(tab, "k", row)), int(_col(tab, "agent", row)))
 
     def before(self, a, b) -> bool:
@@ -468,7 +485,7 @@ class Plan:
     def _order(self) -> None:
         """``etype``, ``eidx``: every event in simpy's order; a barrier's completion right after its cause, unless
         another event has its time (then those of the instant by ``before``)."""
-        tabs = (self.act, self.done, self.arr, self.timer, self.sent)
+        tabs = (self.ev.act, self.ev.done, self.ev.arr, self.ev.timer, self.ev.sent)
         t = np.concatenate([tab.t for tab in tabs])
         ty = np.concatenate([np.full(tab.n, e, np.int64) for e, tab in enumerate(tabs)])
         ix = np.concatenate([np.arange(tab.n) for tab in tabs])
@@ -476,7 +493,7 @@ class Plan:
         o = np.argsort(t, kind="stable")
         pos = np.empty(len(o), np.int64)
         pos[o] = np.arange(len(o))
-        bar = self.bar
+        bar = self.ev.bar
         bpos = pos[base[bar.ctype] + bar.cidx] if bar.n else np.zeros(0, np.int64)
         # keys: an event's position times 2, a barrier's its cause's plus 1
         key = np.concatenate((pos * 2, bpos * 2 + 1))
@@ -500,7 +517,7 @@ class Plan:
             while hi < n and tt[hi] == tt[lo]:
                 hi += 1
             if hi - lo > 1:
-                group = sorted(((et[q], ei[q], self._h(et[q], ei[q])) for q in range(lo, hi)), key=cmp)
+                group = sorted(((et[q], ei[q], self.event_handle(et[q], ei[q])) for q in range(lo, hi)), key=cmp)
                 out_t += [g[0] for g in group]
                 out_i += [g[1] for g in group]
             else:
@@ -510,11 +527,11 @@ class Plan:
         return np.array(out_t, np.int64), np.array(out_i, np.int64)
 
     def _t(self, etype: int, row: int) -> float:
-        return float((self.act, self.done, self.arr, self.timer, self.sent, self.bar)[etype].t[row])
+        return float((self.ev.act, self.ev.done, self.ev.arr, self.ev.timer, self.ev.sent, self.ev.bar)[etype].t[row])
 
-    def _h(self, etype: int, row: int) -> tuple:
+    def event_handle(self, etype: int, row: int) -> tuple:
         if etype == E_BAR:
-            return (BARRIER, int(self.bar.k[row]), int(self.bar.agent[row]))
+            return (BARRIER, int(self.ev.bar.k[row]), int(self.ev.bar.agent[row]))
         return self.handle(etype, row)
 
     def _pack(self, words, mid0: int, tag: int) -> None:
@@ -522,7 +539,7 @@ class Plan:
         message ids (``mid``: each link's, taken in the order of the completions)."""
         C = CODES
         et, ei = self.etype, self.eidx
-        act, done, link, arr, timer, sent = self.act, self.done, self.link, self.arr, self.timer, self.sent
+        act, done, link, arr, timer, sent = self.ev.act, self.ev.done, self.ev.link, self.ev.arr, self.ev.timer, self.ev.sent
         nlinks = link.n
         drops = (link.reason != 0).astype(np.int64)
         # message ids: each completion's links, in completion order
@@ -541,14 +558,14 @@ class Plan:
         if done.n and nlinks:
             drops_of[done.deg == 0] = 0
         stale_arr = np.zeros(arr.n, np.int64)
-        if self.stale_at:
-            stale_arr[np.fromiter(self.stale_at, np.int64)] = 1
+        if self.ev.stale_at:
+            stale_arr[np.fromiter(self.ev.stale_at, np.int64)] = 1
         self.stale_arr = stale_arr.astype(bool)
         disc = np.zeros(len(et), np.int64)
         pos_of = {}  # (type, row) of a gather with discards -> its place in the order
-        if self.discards:
+        if self.ev.discards:
             for ty in (E_DONE, E_SENT):
-                rows_ = [r for (t_, r) in self.discards if t_ == ty]
+                rows_ = [r for (t_, r) in self.ev.discards if t_ == ty]
                 if rows_:
                     inv = np.full((done if ty == E_DONE else sent).n, -1, np.int64)
                     mk = np.flatnonzero(et == ty)
@@ -560,30 +577,29 @@ class Plan:
         cnt[m_done] = 1 + done.deg[ei[m_done]] + drops_of[ei[m_done]]
         cnt[m_arr] = 1 + stale_arr[ei[m_arr]]
         cnt[m_timer] = 1
-        for key, ms in self.discards.items():
+        for key, ms in self.ev.discards.items():
             disc[pos_of[key]] += len(ms)
         cnt += disc
         first_row = np.concatenate(([0], np.cumsum(cnt)))
         self.first_row = first_row
         out = np.zeros(int(first_row[-1]), _RECORD_DTYPE)
-        out["msg"] = -1
-        out["peer"] = -1
-        out["round"] = -1
-        out["tag"] = C.none
+        cols = [out[name] for name in out.dtype.names]  # (COLUMNS' order: the shapes' fields)
 
-        def put(at, **cols):
-            for name, v in cols.items():
-                out[name][at] = v
+        def put(at, row: tuple) -> None:  # a shape of sim/rows.py over arrays, its strings as the trace's codes
+            shapes.fill(cols, at, tuple(words(v) if isinstance(v, str) else v for v in row))
+
+        def stale(at, t, agent, peer, msg, rnd) -> None:  # a message discarded as stale (``Stale``'s row)
+            put(at, event_row(Stale(t, agent, peer, msg, rnd)))
 
         # activations: ``activate`` and ``compute_start``
         q = first_row[:-1][m_act]
         r = ei[m_act]
-        put(q, t=act.t[r], kind=C.activate, agent=act.agent[r], value=act.at[r], round=act.rnd[r])
-        put(q + 1, t=act.t[r], kind=C.compute_start, agent=act.agent[r], value=act.ct[r])
+        put(q, shapes.activate(act.t[r], act.agent[r], act.at[r], act.rnd[r], C))
+        put(q + 1, shapes.compute_start(act.t[r], act.agent[r], act.ct[r], C))
         # completions: ``compute_end``, then each link's ``send`` (and ``drop``)
         q = first_row[:-1][m_done]
         r = ei[m_done]
-        put(q, t=done.t[r], kind=C.compute_end, agent=done.agent[r], value=0.0)
+        put(q, shapes.compute_end(done.t[r], done.agent[r], C))
         if nlinks:
             lens = done.deg[r]
             lid = np.repeat(done.l0[r] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
@@ -595,34 +611,31 @@ class Plan:
             first_l = np.cumsum(lens) - lens
             within = cum - np.repeat(cum[np.minimum(first_l, len(cum) - 1)], lens)
             at = q[owner] + 1 + within
-            src, t = done.agent[r][owner], done.t[r][owner]
-            k = done.k[r][owner]
-            put(at, t=t, kind=C.send, agent=src, peer=link.dst[lid], msg=mid[lid], size=self.size,
-                value=link.delay[lid], round=k, tag=tag)
+            src, t, k = done.agent[r][owner], done.t[r][owner], done.k[r][owner]
+            dst, m_, dl = link.dst[lid], mid[lid], link.delay[lid]
+            put(at, shapes.send(t, src, dst, m_, self.size, dl, k, tag, C))
             dq = np.flatnonzero(dr)
-            put(at[dq] + 1, t=t[dq], kind=C.drop, agent=src[dq], peer=link.dst[lid][dq], msg=mid[lid][dq],
-                size=self.size, value=link.delay[lid][dq], round=k[dq], tag=link.reason[lid][dq])
+            put(at[dq] + 1, shapes.drop(t[dq], src[dq], dst[dq], m_[dq], self.size, dl[dq], k[dq],
+                                        link.reason[lid][dq], C))
         # deliveries (and a discard at arrival)
         q = first_row[:-1][m_arr]
         r = ei[m_arr]
-        put(q, t=arr.t[r], kind=C.deliver, agent=arr.agent[r], peer=arr.src[r], msg=mid[arr.lid[r]], size=self.size,
-            value=arr.t[r] - arr.sent[r], round=arr.k[r], tag=tag)
+        put(q, shapes.deliver(arr.t[r], arr.agent[r], arr.src[r], mid[arr.lid[r]], self.size, arr.sent[r], arr.k[r],
+                              tag, C))
         sq = np.flatnonzero(stale_arr[r])
-        c_stale = words(Stale.kind)
-        put(q[sq] + 1, t=arr.t[r][sq], kind=c_stale, agent=arr.agent[r][sq], peer=arr.src[r][sq],
-            msg=mid[arr.lid[r][sq]], size=0, value=0.0, round=arr.k[r][sq], tag=C.none)
+        rs = r[sq]
+        stale(q[sq] + 1, arr.t[rs], arr.agent[rs], arr.src[rs], mid[arr.lid[rs]], arr.k[rs])
         # timeouts
         q = first_row[:-1][m_timer]
         r = ei[m_timer]
-        put(q, t=timer.t[r], kind=C.timeout, agent=timer.agent[r], value=timer.missing[r], round=timer.k[r])
+        put(q, shapes.timeout(timer.t[r], timer.agent[r], timer.k[r], timer.missing[r], C))
         # discards at a gather, after the gather's other rows
-        for (etype, row), ms in self.discards.items():
+        for (etype, row), ms in self.ev.discards.items():
             e = pos_of[(etype, row)]
             tab = done if etype == E_DONE else sent
-            tg, j = float(tab.t[row]), int(tab.agent[row])
-            at = int(first_row[e + 1]) - len(ms)
-            for n_, m in enumerate(ms):
-                out[at + n_] = (tg, c_stale, j, m[2], int(mid[m[4]]), 0, 0.0, m[1], C.none)
+            at = int(first_row[e + 1]) - len(ms) + np.arange(len(ms))
+            stale(at, float(tab.t[row]), int(tab.agent[row]), np.array([m[2] for m in ms]),
+                  mid[np.array([m[4] for m in ms])], np.array([m[1] for m in ms]))
         self.rows = out.view(np.uint8).reshape(-1)  # (the packed records: RECORD's layout)
 
 
@@ -648,26 +661,26 @@ class Replay:
         self.at = 0  # the next planned event
         self.evals = 0  # the evaluator's events processed
         self.done_t = -np.inf  # every event before this time was played
-        self.next_mid = ctx.net.next_id
+        self.next_mid = ctx.net.take_ids(0)
         self.tk_of: dict[int, int] = {}  # agent -> its current request's ticket
         self.ahead = ctx.kernel.batch_local  # the engine's ``LocalAhead`` (no local steps: ``admits``)
         self.pend: dict[float, dict] = {}  # completion time -> {agent: (k, ticket, rid)}
         self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
         et, ei = plan.etype, plan.eidx
-        tabs = (plan.act, plan.done, plan.arr, plan.timer, plan.sent, plan.bar)
+        tabs = (plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.timer, plan.ev.sent, plan.ev.bar)
         self.t = np.empty(len(et))  # each event's time, in order
         for e, tab in enumerate(tabs):
             m = et == e
             self.t[m] = tab.t[ei[m]]
         n = len(self.agents)
-        act, done, arr, bar = plan.act, plan.done, plan.arr, plan.bar
+        act, done, arr, bar = plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.bar
         rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
         rid[ei[et == E_ACT]] = np.arange(act.n)
         rid_of = np.full((plan.rounds, n), -1, np.int64)
         rid_of[act.k, act.agent] = rid
         self.rid_at = rid_at = rid_of.tolist()  # (lists: read an item at a time)
         # what the control does at each event, in order: (its place, type, agent, round, ...)
-        disc, first_row = plan.discards, plan.first_row
+        disc, first_row = plan.ev.discards, plan.first_row
         ops: list[tuple] = []
         for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
             m = np.flatnonzero(et == ty)
@@ -679,7 +692,7 @@ class Replay:
                 cols += [done.t[r].tolist(), done.held[r].tolist(), done.deg[r].tolist(), (first_row[m] + 1).tolist(),
                          [disc.get((E_DONE, x), ()) for x in r.tolist()]]
             else:
-                took = plan.took
+                took = plan.ev.took
                 cols += [bar.t[r].tolist(), [took[a:a + b] for a, b in zip(bar.took[r].tolist(),
                                                                              bar.ntook[r].tolist())]]
             ops += zip(*cols)
@@ -725,7 +738,7 @@ class Replay:
                 j = int(np.searchsorted(ts, bound, "left"))
                 if h is not None:  # the planned events of its instant that come before it
                     while j < n_ev and ts[j] == bound and plan.before(
-                            plan._h(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
+                            plan.event_handle(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
                         j += 1
                 if j > self.at:
                     self._play(self.at, j)
@@ -828,6 +841,8 @@ class Replay:
                 for m in o[4]:
                     unref(rid_at[m[1]][m[2]])
         grad.pending_lo, self.flushed = pending_lo, flushed
-        self.net.next_id = self.next_mid = next_mid  # (the ids the completions took: ``Network.take_ids``)
+        if next_mid > self.next_mid:  # the ids the completions took (planned in their order)
+            self.net.take_ids(next_mid - self.next_mid)
+            self.next_mid = next_mid
         if woken:  # the next wakes, counted (``Simulation.count_wakes``)
             self.sim.count_wakes([self.agents[i] for i in woken], np.array(woken, np.int64))
