@@ -765,7 +765,7 @@ class Replay:
         d, plan, st = self.d, self.plan, self.d.store
         rows = d.rows
         base = len(rows.buf) // _R - int(plan.first_row[lo])
-        rows.put(plan.rows[plan.first_row[lo] * _R:plan.first_row[hi] * _R].tobytes())
+        rows.put(memoryview(plan.rows)[plan.first_row[lo] * _R:plan.first_row[hi] * _R])  # (no copy but the rows')
         ops_of, recs, refs, slots, unref = d.ops, st.recs, st.refs, self.slots, st.unref
         grad = d.grad
         ticket_of, flushes, free = grad.ticket_of, grad.flushes, grad.free
