@@ -32,13 +32,13 @@ from bisect import bisect_left
 import numpy as np
 
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
+from netsim.sim import rows as shapes
 from netsim.sim.agent import ComputeTimes
 from netsim.sim.network import outcomes
-from netsim.sim import rows as shapes
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
-from netsim.trace.io import _RECORD_DTYPE, RECORD
+from netsim.trace.io import RECORD, RECORD_DTYPE
 
 TIMER, BARRIER, SENT = 7, 8, 9  # (barrier_windows' event kinds)
 ROOT = -1
@@ -150,7 +150,6 @@ class Plan:
         alive &= A <= U  # (at U: processed, its parent being the start)
         left: list[list] = [[] for _ in range(n)]  # messages of earlier rounds neither taken nor discarded
         has_left = np.zeros(n, bool)
-        arr_of: dict = {}  # (round, sender, sub) -> its arrival's row (the slow barriers')
         k = 0
         link_base = 0
         while alive.any():
@@ -539,7 +538,8 @@ class Plan:
         message ids (``mid``: each link's, taken in the order of the completions)."""
         C = CODES
         et, ei = self.etype, self.eidx
-        act, done, link, arr, timer, sent = self.ev.act, self.ev.done, self.ev.link, self.ev.arr, self.ev.timer, self.ev.sent
+        ev = self.ev
+        act, done, link, arr, timer, sent = ev.act, ev.done, ev.link, ev.arr, ev.timer, ev.sent
         nlinks = link.n
         drops = (link.reason != 0).astype(np.int64)
         # message ids: each completion's links, in completion order
@@ -582,7 +582,7 @@ class Plan:
         cnt += disc
         first_row = np.concatenate(([0], np.cumsum(cnt)))
         self.first_row = first_row
-        out = np.zeros(int(first_row[-1]), _RECORD_DTYPE)
+        out = np.zeros(int(first_row[-1]), RECORD_DTYPE)
         cols = [out[name] for name in out.dtype.names]  # (COLUMNS' order: the shapes' fields)
 
         def put(at, row: tuple) -> None:  # a shape of sim/rows.py over arrays, its strings as the trace's codes

@@ -173,7 +173,7 @@ def row_columns(rows: list[tuple], words: Words) -> tuple:
 
 
 RECORD = struct.Struct("<d3i2qd2i")  # a row as packed bytes (COLUMNS order, the strings as ``Words`` codes)
-_RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMPY[f.type]().dtype.newbyteorder("<"))
+RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMPY[f.type]().dtype.newbyteorder("<"))
                           for f in SCHEMA])  # (no padding: RECORD's layout)
 
 
@@ -231,7 +231,7 @@ class PackedRows:
 
 def packed_columns(data) -> tuple:
     """Packed records (``PackedRows``) as columns of their own arrays."""
-    recs = np.frombuffer(data, _RECORD_DTYPE)
+    recs = np.frombuffer(data, RECORD_DTYPE)
     cols = tuple(np.ascontiguousarray(recs[f.name]).astype(np.int32 if f.name in ("kind", "tag") else
                                                             _NUMPY[f.type], copy=False) for f in SCHEMA)
     del recs  # (a view holds the buffer: a bytearray under a view cannot be emptied)
