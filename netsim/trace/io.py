@@ -174,7 +174,7 @@ def row_columns(rows: list[tuple], words: Words) -> tuple:
 
 RECORD = struct.Struct("<d3i2qd2i")  # a row as packed bytes (COLUMNS order, the strings as ``Words`` codes)
 RECORD_DTYPE = np.dtype([(f.name, "<i4" if f.name in ("kind", "tag") else _NUMPY[f.type]().dtype.newbyteorder("<"))
-                          for f in SCHEMA])  # (no padding: RECORD's layout)
+                         for f in SCHEMA])  # (no padding: RECORD's layout)
 
 
 class PackedRows:
