@@ -285,15 +285,19 @@ class Plan:
                 for q in np.flatnonzero(~fast[md]).tolist():
                     mine.setdefault(int(md[q]), []).append(
                         (float(mR[q]), k, int(ms[q]), int(msub[q]), int(mlid[q]), int(arr_row[q])))
+                timers: list[tuple] = []
                 for j in slow:
                     ge_type = E_SENT if txk[j] else E_DONE
                     ge_row = sent_row[j] if txk[j] else done_row[j]
                     cause, got = self._barrier(j, k, float(Gk[j]), int(expect[j]), mine.get(j, []), left, has_left,
-                                               ge_type, int(ge_row), times)
+                                               ge_type, int(ge_row), times, timers)
                     if cause is not None:
                         cause_t[j], (cause_type[j], cause_idx[j]) = cause
                         took_at[j], took_n[j] = len(self.ev.took), len(got)
                         self.ev.took += got
+                if timers:
+                    tt, tj, tm = zip(*timers)
+                    self.ev.timer.add(t=tt, agent=tj, k=np.full(len(tt), k), missing=tm)
             self.per.C.append((cause_t, cause_type, cause_idx))
             # the completions processed before the stop (one at run.until: if its cause came before), then the wakes
             alive[:] = False
@@ -325,20 +329,20 @@ class Plan:
         self._order()
         self._pack(words, ctx.net.take_ids(0), ctx.tag_code)
 
-    def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times):
+    def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times, timers):
         """Agent j's barrier of round k, gathered at ``g``, played message by message with simpy's order at equal
         times: ((its completion's time, (cause type, row)) or None, the senders it took in arrival order). Adds the
-        timer's row, the discards at the gather and at arrivals while it is open; keeps the rest in ``left``."""
+        timer's row (``timers``: added after the round's), the discards at the gather and at arrivals while it is open;
+        keeps the rest in ``left``."""
         U, T = self.U, self.T
         ge = (SENT if ge_type == E_SENT else DONE, k, j)
         before = self.before
         old = left[j]
 
-        def arrived_before(m, e) -> bool:  # message m processed before event e (at time te)
-            te = self.time(e)
+        def arrived_before(m, e, te) -> bool:  # message m processed before event e (at time te)
             return m[0] < te or (m[0] == te and before((ARR, m[1], m[2], m[3]), e))
 
-        queued = [m for m in old + mine if arrived_before(m, ge)]
+        queued = [m for m in old + mine if arrived_before(m, ge, g)]
         if len(queued) > 1:
             queued = self._arrival_order(queued)
         got: dict = {}
@@ -380,15 +384,17 @@ class Plan:
                     cause_h = (ARR, m[1], m[2], m[3])
                     break
             if cause is None and timer_processed:
-                row = self.ev.timer.add(t=[tmo], agent=[j], k=[k], missing=[float(expect - len(got))])
+                row = self.ev.timer.n + len(timers)
+                timers.append((tmo, j, float(expect - len(got))))
                 cause = (tmo, (E_TIMER, row))
                 cause_h = timer
         inq = set(queued)
         still = rest
+        tc = None if cause_h is None else cause[0]
         for m in old:  # older messages arriving while it is open: discarded at their arrival (after its row)
             if m in inq:
                 continue
-            if cause_h is not None and arrived_before(m, cause_h) and m[5] >= 0:
+            if cause_h is not None and arrived_before(m, cause_h, tc) and m[5] >= 0:
                 self.ev.stale_at.add(m[5])
             else:
                 still.append(m)
@@ -482,51 +488,68 @@ class Plan:
 
     # the events in simpy's order, and their rows --------------------------------------------------------------
     def _order(self) -> None:
-        """``etype``, ``eidx``: every event in simpy's order; a barrier's completion right after its cause, unless
-        another event has its time (then those of the instant by ``before``)."""
-        tabs = (self.ev.act, self.ev.done, self.ev.arr, self.ev.timer, self.ev.sent)
-        t = np.concatenate([tab.t for tab in tabs])
-        ty = np.concatenate([np.full(tab.n, e, np.int64) for e, tab in enumerate(tabs)])
-        ix = np.concatenate([np.arange(tab.n) for tab in tabs])
+        """``etype``, ``eidx``: every event in simpy's order, which is the order of (time, its parent's place in this
+        order, its rank among what its parent scheduled): each event's parent and rank found as arrays, then sorted by
+        those keys again until no parent moves (as many times as events of one instant descend from each other)."""
+        ev, n = self.ev, self.n
+        tabs = (ev.act, ev.done, ev.arr, ev.timer, ev.sent, ev.bar)
         base = np.cumsum([0] + [tab.n for tab in tabs])
+        t = np.concatenate([tab.t for tab in tabs])
+        parent = np.full(len(t), -1, np.int64)
+        rank = np.zeros(len(t), np.int64)
+
+        def rows(tab):  # (round, agent) -> the table's row
+            key = tab.k.astype(np.int64) * n + tab.agent
+            o = np.argsort(key, kind="stable")
+            return lambda k, i: o[np.searchsorted(key[o], k * n + i)]
+
+        act_of, done_of = rows(ev.act), rows(ev.done)
+        sent_of, bar_of = rows(ev.sent), rows(ev.bar)
+        held = ev.done.held
+        # activations: the first by the start (in agent order), the others by the barrier before
+        a = ev.act
+        first = a.k == 0
+        rank[base[E_ACT]:base[E_ACT + 1]] = np.where(first, 1 + a.agent, 0)
+        later = np.flatnonzero(~first)
+        parent[base[E_ACT] + later] = base[E_BAR] + bar_of(a.k[later] - 1, a.agent[later])
+        # completions by their activations; arrivals, then the transmission's end, by their completions
+        d = ev.done
+        parent[base[E_DONE]:base[E_DONE + 1]] = base[E_ACT] + act_of(d.k, d.agent)
+        r = ev.arr
+        parent[base[E_ARR]:base[E_ARR + 1]] = base[E_DONE] + done_of(r.k, r.src)
+        rank[base[E_ARR]:base[E_ARR + 1]] = r.sub
+        s_ = ev.sent
+        dr = done_of(s_.k, s_.agent)
+        parent[base[E_SENT]:base[E_SENT + 1]] = base[E_DONE] + dr
+        rank[base[E_SENT]:base[E_SENT + 1]] = held[dr]
+        # timers by their gathers (the transmission's end, else the completion after its arrivals)
+        m = ev.timer
+        if m.n:
+            dr = done_of(m.k, m.agent)
+            par, rk = base[E_DONE] + dr, held[dr].copy()
+            w = np.flatnonzero(np.stack(self.per.tx)[m.k, m.agent])
+            if len(w):
+                par[w], rk[w] = base[E_SENT] + sent_of(m.k[w], m.agent[w]), 0
+            parent[base[E_TIMER]:base[E_TIMER + 1]], rank[base[E_TIMER]:base[E_TIMER + 1]] = par, rk
+        # barriers' completions by their causes (a completion's: after its arrivals)
+        b = ev.bar
+        parent[base[E_BAR]:base[E_BAR + 1]] = base[b.ctype] + b.cidx
+        at_done = b.ctype == E_DONE
+        rank[base[E_BAR]:base[E_BAR + 1]][at_done] = held[b.cidx[at_done]]
+        # sorted by (time, parent's place, rank) until the places settle
         o = np.argsort(t, kind="stable")
-        pos = np.empty(len(o), np.int64)
-        pos[o] = np.arange(len(o))
-        bar = self.ev.bar
-        bpos = pos[base[bar.ctype] + bar.cidx] if bar.n else np.zeros(0, np.int64)
-        # keys: an event's position times 2, a barrier's its cause's plus 1
-        key = np.concatenate((pos * 2, bpos * 2 + 1))
-        allty = np.concatenate((ty, np.full(bar.n, E_BAR)))
-        allix = np.concatenate((ix, np.arange(bar.n)))
-        order = np.argsort(key, kind="stable")
-        etype, eidx = allty[order], allix[order]
-        ts = t[o]
-        if len(ts) > 1 and (ts[1:] == ts[:-1]).any():  # equal times: each instant's events by ``before``
-            etype, eidx = self._ties(etype, eidx)
-        self.etype, self.eidx = etype, eidx
-
-    def _ties(self, etype, eidx):
-        et, ei = etype.tolist(), eidx.tolist()
-        tt = [self._t(a, b) for a, b in zip(et, ei)]
-        out_t, out_i = [], []
-        lo, n = 0, len(et)
-        cmp = functools.cmp_to_key(lambda a, b: -1 if self.before(a[2], b[2]) else (1 if a[2] != b[2] else 0))
-        while lo < n:
-            hi = lo + 1
-            while hi < n and tt[hi] == tt[lo]:
-                hi += 1
-            if hi - lo > 1:
-                group = sorted(((et[q], ei[q], self.event_handle(et[q], ei[q])) for q in range(lo, hi)), key=cmp)
-                out_t += [g[0] for g in group]
-                out_i += [g[1] for g in group]
-            else:
-                out_t.append(et[lo])
-                out_i.append(ei[lo])
-            lo = hi
-        return np.array(out_t, np.int64), np.array(out_i, np.int64)
-
-    def _t(self, etype: int, row: int) -> float:
-        return float((self.ev.act, self.ev.done, self.ev.arr, self.ev.timer, self.ev.sent, self.ev.bar)[etype].t[row])
+        for _ in range(256):
+            pos = np.empty(len(o), np.int64)
+            pos[o] = np.arange(len(o))
+            ppos = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
+            o2 = np.lexsort((rank, ppos, t))
+            if np.array_equal(o, o2):
+                break
+            o = o2
+        else:
+            raise RuntimeError("barrier plan: the order of simultaneous events did not settle")
+        ty = np.searchsorted(base, o, "right") - 1
+        self.etype, self.eidx = ty, o - base[ty]
 
     def event_handle(self, etype: int, row: int) -> tuple:
         if etype == E_BAR:
@@ -630,12 +653,18 @@ class Plan:
         r = ei[m_timer]
         put(q, shapes.timeout(timer.t[r], timer.agent[r], timer.k[r], timer.missing[r], C))
         # discards at a gather, after the gather's other rows
-        for (etype, row), ms in self.ev.discards.items():
-            e = pos_of[(etype, row)]
-            tab = done if etype == E_DONE else sent
-            at = int(first_row[e + 1]) - len(ms) + np.arange(len(ms))
-            stale(at, float(tab.t[row]), int(tab.agent[row]), np.array([m[2] for m in ms]),
-                  mid[np.array([m[4] for m in ms])], np.array([m[1] for m in ms]))
+        if self.ev.discards:
+            at, tg, j, src, lid, rnd = [], [], [], [], [], []
+            for (etype, row), ms in self.ev.discards.items():
+                tab = done if etype == E_DONE else sent
+                end = int(first_row[pos_of[(etype, row)] + 1])
+                at += range(end - len(ms), end)
+                tg += [tab.t[row]] * len(ms)
+                j += [tab.agent[row]] * len(ms)
+                src += [m[2] for m in ms]
+                lid += [m[4] for m in ms]
+                rnd += [m[1] for m in ms]
+            stale(np.array(at), np.array(tg), np.array(j), np.array(src), mid[np.array(lid)], np.array(rnd))
         self.rows = out.view(np.uint8).reshape(-1)  # (the packed records: RECORD's layout)
 
 
