@@ -8,19 +8,20 @@ completions, the sends (each broadcast's links in one call), the gathers, the de
 timeout and the next wakes, each by the engine's own rule (``Agent.plan_wake``, ``ComputeTimes``,
 ``network.outcomes``); every agent's and every link's streams are drawn in their own order, which is all the engine's
 order is to them. The events are then put in simpy's order: by time, and at equal times by insertion, which is the
-order in which their parents were processed, then their rank among what one parent scheduled (``Plan.before``). The
-same rule decides each comparison of equal times the rounds meet (a message at its barrier's gather or timeout, two
-messages at one instant, an event at run.until): those barriers are played one by one (``Plan._barrier``), the others
-as arrays. A barrier's completion comes right after the event that completes it, as ``_Control.close`` processes it,
-unless another event has its time.
+order in which their parents were processed, then their rank among what one parent scheduled: sorted by (time, the
+parent's place, rank) until no parent moves (``Plan._order``; a barrier's completion is its cause's child, so it comes
+right after it, as ``_Control.close`` processes it, unless another event has its time). The same rule decides each
+comparison of equal times a barrier meets (``Plan.before``: a message at its gather or timer, two messages at one
+instant, an event at run.until); those barriers, and those with older messages still to discard, are played message
+by message (``Plan._barrier``), the others as arrays.
 
-``Replay`` plays the plan window by window as the event-by-event control would: each window's rows (packed here at
-once, in order), its tensor operations, round records, gradient requests and payload references, the wakes counted
-and the message ids taken, among the run's own events (the evaluator's, run.until's) in the driver's queue. Admitted
-(``admits``) where a message's fate is the lean links' (no link model, churn or time-varying topology), a round has one
-exchange of declared size, ``local`` is not batched ahead (``SyncKernel.batch_local``), and the run ends at run.until
-with no round limit, no checkpoint and no privacy record; elsewhere the event-by-event control plays the run
-(rounds/barrier_windows.py).
+``Replay`` plays the plan window by window as the event-by-event control would: each window's rows (made at once from
+sim/rows.py's shapes over arrays, in order), its tensor operations, round records, gradient requests and payload
+references, the wakes counted and the message ids taken, among the run's own events (the evaluator's, run.until's) in
+the driver's queue. Admitted (``admits``) where a message's fate is the lean links' (no link model, churn or
+time-varying topology), a round has one exchange of declared size and no local steps, and the run ends at run.until
+with no round limit, no checkpoint, no privacy record and no stop on divergence; elsewhere the event-by-event control
+plays the run (rounds/barrier_windows.py).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def admits(d) -> bool:
     sc = ctx.sim.world.scenario
     kernel = ctx.kernel
     return (ctx.sim.loop.programs.between is None and not ctx.checkpoints and ctx.until is not None
-            and sc.run.rounds is None and not getattr(sc.run, "stop_on_divergence", False)
+            and sc.run.rounds is None and not sc.run.stop_on_divergence
             and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
             and d.store.fixed is not None and d.records.views is None and not d.records.mixing
             and not _local_steps(kernel))

@@ -44,6 +44,10 @@ engine's order: its batches hold them (``Batch.held``) and ``_Records.write`` wr
 order (deliveries as the control met them, release values and mixing steps as it met each ``local`` and each barrier's
 completion).
 
+Where the run allows it (``barrier_plan.admits``), the control is not played event by event: the whole run's control is
+planned round by round as arrays and replayed window by window (rounds/barrier_plan.py), with the same rows, operations
+and records in the same order; the tensor work is the same.
+
 Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
 state is then data (``hold``), restored by ``netsim resume`` into a fresh driver (``take_hold``).
 
