@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import heapq
 from bisect import bisect_left
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,6 +49,34 @@ _R = RECORD.size
 # the plan's event types (their order in its tables)
 E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT, E_BAR = range(6)
 _KIND = (ACT, DONE, ARR, TIMER, SENT, BARRIER)
+
+
+def local_ahead(pend: dict, localed: set, ops_of: dict, recs: dict, t: float, k: int, rid: int, flushed: int,
+                order: Callable[[], int]) -> None:
+    """The engine's ``LocalAhead`` at a gradient's completion at ``t`` (round index ``k``, round record ``rid``): the
+    first of its instant runs ``local`` for every agent of round index k done at t whose request is evaluated (its
+    operation ``(LOCAL, ticket, record, order())``, the completion time on its record); the others ran with it.
+    ``pend``: completion time -> {agent: (k, ticket, record)}; ``localed``: the records whose ``local`` ran early."""
+    if rid in localed:
+        localed.discard(rid)
+        return
+    group = pend[t]
+    for j, (kj, tj, rj) in list(group.items()):
+        if kj == k and tj < flushed:
+            del group[j]
+            recs[rj][2] = t
+            ops = ops_of.get(j)
+            if ops is None:
+                ops = ops_of[j] = []
+            ops.append((LOCAL, tj, rj, order()))
+            if rj != rid:
+                localed.add(rj)
+    if not group:
+        del pend[t]
+
+
+def _no_order() -> int:  # (the operations' order numbers are read only by the privacy records: none here)
+    return 0
 
 
 def admits(d) -> bool:
@@ -836,22 +865,8 @@ class Replay:
                     if ops is None:
                         ops = ops_of[i] = []
                     ops.append((LOCAL, tk, pid, 0))
-                elif pid in localed:
-                    localed.discard(pid)
-                else:  # the first of its instant: every agent of this round index done now runs ``local``
-                    group = pend[t]
-                    for j, (kj, tj, rj) in list(group.items()):
-                        if kj == k and tj < flushed:
-                            del group[j]
-                            recs[rj][2] = t
-                            ops = ops_of.get(j)
-                            if ops is None:
-                                ops = ops_of[j] = []
-                            ops.append((LOCAL, tj, rj, 0))
-                            if rj != pid:
-                                localed.add(rj)
-                    if not group:
-                        del pend[t]
+                else:
+                    local_ahead(pend, localed, ops_of, recs, t, k, pid, flushed, _no_order)
                 slots.append((base + row, pid))  # (its releases: made by its ``local``, in this work or before)
                 refs[pid] = held
                 next_mid += deg

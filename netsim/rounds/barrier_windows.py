@@ -71,6 +71,7 @@ import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds import barrier_plan, lookahead
+from netsim.rounds.barrier_plan import local_ahead
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
@@ -580,6 +581,7 @@ class _Control:
         ahead = kernel.batch_local and not _local_steps(kernel)  # the engine's ``LocalAhead``
         ks, ss, rid_of, waiter, queue = self.k, self.s, self.rid, self.waiter, self.queue
         order, views, viewed = self.order, d.records.views, d.records.viewed
+        next_order = order.__next__
         recs, pend, localed, slots, patches = st.recs, self.pend, self.localed, self.slots, self.patches
         sizes, released, refs, payload = st.sizes, st.released, st.refs, st.payload
         ticket_of, flushes, fixed, guess = d.grad.ticket_of, d.grad.flushes, st.fixed, st.guess
@@ -728,22 +730,8 @@ class _Control:
                             if ops is None:
                                 ops = ops_of[i] = []
                             ops.append((LOCAL, v, rid, next(order)))
-                        elif rid in localed:
-                            localed.discard(rid)
-                        else:  # the first of its instant: every agent of this round index done now runs ``local``
-                            group = pend[t]
-                            for j, (kj, tj, rj) in list(group.items()):
-                                if kj == k and tj < flushed:
-                                    del group[j]
-                                    recs[rj][2] = t
-                                    ops = ops_of.get(j)
-                                    if ops is None:
-                                        ops = ops_of[j] = []
-                                    ops.append((LOCAL, tj, rj, next(order)))
-                                    if rj != rid:
-                                        localed.add(rj)
-                            if not group:
-                                del pend[t]
+                        else:  # ``LocalAhead``: the first of its instant runs every ``local`` done now
+                            local_ahead(pend, localed, ops_of, recs, t, k, rid, flushed, next_order)
                         made = released.pop(rid, None)
                         if made is None:
                             slots.append((len(buf) // R, rid))
