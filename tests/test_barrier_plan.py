@@ -85,3 +85,12 @@ def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):
     sc = tied(bandwidth=1920.0)
     sc["run"] = {"seed": 3, "rounds": 4}
     assert planned(tmp_path, sc) == (0, 1)
+
+
+def test_a_plan_past_its_size_is_played_event_by_event(tmp_path, monkeypatch):
+    """A run whose plan would hold more rows than ``ROWS_MAX`` (estimated from its clocks, agents and links) is the
+    event-by-event control's: the plan is held whole."""
+    monkeypatch.setattr(barrier_plan, "ROWS_MAX", (4.0 / 0.5 + 1) * (4 * 6 + 2 * 30) - 1)  # (6 agents, 30 links)
+    assert planned(tmp_path, tied(bandwidth=1920.0)) == (0, 1)
+    monkeypatch.setattr(barrier_plan, "ROWS_MAX", (4.0 / 0.5 + 1) * (4 * 6 + 2 * 30))
+    assert planned(tmp_path / "fits", tied(bandwidth=1920.0)) == (1, 0)

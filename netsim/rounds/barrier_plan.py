@@ -20,8 +20,8 @@ sim/rows.py's shapes over arrays, in order), its tensor operations, round record
 references, the wakes counted and the message ids taken, among the run's own events (the evaluator's, run.until's) in
 the driver's queue. Admitted (``admits``) where a message's fate is the lean links' (no link model, churn or
 time-varying topology), a round has one exchange of declared size and no local steps, and the run ends at run.until
-with no round limit, no checkpoint, no privacy record and no stop on divergence; elsewhere the event-by-event control
-plays the run (rounds/barrier_windows.py).
+with no round limit, no checkpoint, no privacy record and no stop on divergence, and the plan, held whole, fits
+(``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py).
 """
 
 from __future__ import annotations
@@ -79,18 +79,27 @@ def _no_order() -> int:  # (the operations' order numbers are read only by the p
     return 0
 
 
+ROWS_MAX = 4_000_000  # the trace rows a plan may hold (~150 bytes each with its tables): a longer run, event by event
+
+
 def admits(d) -> bool:
-    """Whether barrier driver ``d``'s run can be planned (the module docstring)."""
+    """Whether barrier driver ``d``'s run can be planned (the module docstring), and its plan, held whole, fits:
+    about ``ROWS_MAX`` rows at most (a round's activation, completion and gather rows, a send and a delivery per
+    link, for each tick of the agents' clocks to run.until)."""
     from netsim.rounds.sync import _local_steps
 
     ctx = d.ctx
     sc = ctx.sim.world.scenario
-    kernel = ctx.kernel
-    return (ctx.sim.loop.programs.between is None and not ctx.checkpoints and ctx.until is not None
+    if not (ctx.sim.loop.programs.between is None and not ctx.checkpoints and ctx.until is not None
             and sc.run.rounds is None and not sc.run.stop_on_divergence
             and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
             and d.store.fixed is not None and d.records.views is None and not d.records.mixing
-            and not _local_steps(kernel))
+            and not _local_steps(ctx.kernel)):
+        return False
+    act = sc.agents.activation
+    ticks = (ctx.until - float(d.events.now)) * (act.rate if act.kind == "poisson" else 1.0 / act.period)
+    links = sum(len(a.neighbors) for a in ctx.agents)
+    return (ticks + 1) * (4 * len(ctx.agents) + 2 * links) <= ROWS_MAX
 
 
 class _Table:
