@@ -94,3 +94,20 @@ def test_a_plan_past_its_size_is_played_event_by_event(tmp_path, monkeypatch):
     assert planned(tmp_path, tied(bandwidth=1920.0)) == (0, 1)
     monkeypatch.setattr(barrier_plan, "ROWS_MAX", (4.0 / 0.5 + 1) * (4 * 6 + 2 * 30))
     assert planned(tmp_path / "fits", tied(bandwidth=1920.0)) == (1, 0)
+
+
+def test_a_barrier_open_to_the_stop_discards_older_messages_at_their_arrival(tmp_path):
+    """A straggler's round-2 messages reach agents whose round-4 barriers stay open to run.until (their timers would
+    fire after it): each is delivered, then discarded as stale there and then (a search found this one)."""
+    sc = {"name": "barrier", "run": {"seed": 2, "until": 3.0, "trace_flush_every": 7},
+          "agents": {"count": 6, "activation": {"kind": "bernoulli", "period": 0.5, "p": 0.6},
+                     "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.3},
+                     "compute_time": {"kind": "constant", "value": 0.05}, "stragglers": [0], "straggler_factor": 4.0},
+          "topology": {"kind": "random_regular", "degree": 3},
+          "network": {"latency": {"kind": "exponential", "mean": 0.02}},
+          "data": {"kind": "synthetic", "samples": 240, "features": 5, "partition": "iid"},
+          "model": {"kind": "logistic", "batch_invariant": False},
+          "algorithm": {"name": "dp_dpsgd", "lr": 0.3, "batch": 6, "round_timeout": 0.3, "clip": 1.0,
+                        "noise_multiplier": 1.0},
+          "privacy": {"delta": 1e-5}}
+    assert planned(tmp_path, sc) == (1, 0)

@@ -433,7 +433,8 @@ class Plan:
         for m in old:  # older messages arriving while it is open: discarded at their arrival (after its row)
             if m in inq:
                 continue
-            if cause_h is not None and arrived_before(m, cause_h, tc) and m[5] >= 0:
+            # (open to the stop: every arrival it processes; m[5] < 0: not processed)
+            if m[5] >= 0 and (cause_h is None or arrived_before(m, cause_h, tc)):
                 self.ev.stale_at.add(m[5])
             else:
                 still.append(m)
