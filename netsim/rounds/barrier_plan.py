@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-from bisect import bisect_left
 from collections.abc import Callable
 
 import numpy as np
@@ -507,6 +506,8 @@ class Plan:
 
     def handle(self, etype: int, row: int) -> tuple:
         """Event (type, row) as (kind, round, agent[, rank])."""
+        if etype == E_BAR:
+            return (BARRIER, int(_col(self.ev.bar, "k", row)), int(_col(self.ev.bar, "agent", row)))
         if etype == E_ARR:
             a = self.ev.arr
             return (ARR, int(_col(a, "k", row)), int(_col(a, "src", row)), int(_col(a, "sub", row)))
@@ -591,14 +592,9 @@ class Plan:
         ty = np.searchsorted(base, o, "right") - 1
         self.etype, self.eidx = ty, o - base[ty]
 
-    def event_handle(self, etype: int, row: int) -> tuple:
-        if etype == E_BAR:
-            return (BARRIER, int(self.ev.bar.k[row]), int(self.ev.bar.agent[row]))
-        return self.handle(etype, row)
-
     def _pack(self, words, mid0: int, tag: int) -> None:
         """Every event's trace rows, packed in order (``rows``), and each event's first row (``first_row``); the
-        message ids (``mid``: each link's, taken in the order of the completions)."""
+        message ids (each link's, taken from ``mid0`` on in the order of the completions) are in the rows."""
         C = CODES
         et, ei = self.etype, self.eidx
         ev = self.ev
@@ -607,14 +603,11 @@ class Plan:
         drops = (link.reason != 0).astype(np.int64)
         # message ids: each completion's links, in completion order
         d_order = ei[et == E_DONE]
-        mid = np.empty(nlinks, np.int64)
+        mid = np.empty(nlinks, np.int64)  # (consecutive along the completions' links, in their order)
         if nlinks:
             lens = done.deg[d_order]
-            first = mid0 + np.cumsum(lens) - lens
             lid = np.repeat(done.l0[d_order] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-            mid[lid] = np.repeat(first, lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
-        self.mid = mid
-        self.mid_end = mid0 + nlinks
+            mid[lid] = mid0 + np.arange(len(lid))
         # rows an event makes
         cnt = np.zeros(len(et), np.int64)
         drops_of = np.add.reduceat(drops, done.l0) if done.n and nlinks else np.zeros(done.n, np.int64)
@@ -777,7 +770,7 @@ class Replay:
     def first_due(self) -> float | None:
         """The time of the first event not played yet (None: none)."""
         times = self.plan.times
-        k = bisect_left(times, self.done_t)
+        k = int(np.searchsorted(times, self.done_t))
         return None if k >= len(times) else float(times[k])
 
     def _hk(self, h) -> tuple:
@@ -807,7 +800,7 @@ class Replay:
                 j = int(np.searchsorted(ts, bound, "left"))
                 if h is not None:  # the planned events of its instant that come before it
                     while j < n_ev and ts[j] == bound and plan.before(
-                            plan.event_handle(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
+                            plan.handle(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
                         j += 1
                 if j > self.at:
                     self._play(self.at, j)
