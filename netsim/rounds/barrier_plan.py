@@ -35,7 +35,7 @@ import numpy as np
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
 from netsim.sim.agent import ComputeTimes
-from netsim.sim.network import outcomes
+from netsim.sim.network import Broadcasts
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -166,16 +166,16 @@ class Plan:
         self.t0 = now0 = float(d.events.now)
         size = self.size = d.store.fixed
         words = d.rows.words
-        links = outcomes(ctx.net.lean())
         compute = ComputeTimes(agents)
         nb = [a.neighbors for a in agents]
+        links = Broadcasts(ctx.net, nb)
+        loss = words(shapes.TEXT.loss)
         deg = np.array([len(x) for x in nb], np.int64)
         ptr = np.concatenate(([0], np.cumsum(deg)))
         nb_flat = np.array([j for x in nb for j in x], np.int64)
         expect = np.array([len(a.in_neighbors) for a in agents], np.int64)
         self.ev, self.per = _Events(), _Rounds()
         times = []
-        codes = {"": 0}
         rnd = np.frombuffer(ctx.sim.loop.counts.rounds, np.int64).copy()
         A = np.empty(n)
         AT = np.empty(n)
@@ -202,20 +202,13 @@ class Plan:
             ids, Dd = act[pd], Dt[pd]
             Dk = np.full(n, np.nan)
             Dk[ids] = Dd
-            dl, rl, holds = [], [], []
-            for i, t in zip(ids.tolist(), Dd.tolist()):  # each broadcast's links in one call (``Agent.broadcast``)
-                delays, reasons, hold = links(i, nb[i], t, size)
-                dl += delays
-                rl += reasons
-                holds.append(hold)
+            delay, lost, hold = links(ids, Dd, size)  # the broadcasts (``Agent.broadcast``), as arrays
             g = deg[ids]
             m = int(g.sum())
             starts = np.cumsum(g) - g
             lidx = np.repeat(ptr[ids] - starts, g) + np.arange(m)
             dst = nb_flat[lidx]
-            delay = np.array(dl, np.float64)
-            reason = np.array([codes[r] if r in codes else codes.setdefault(r, words(r)) for r in rl], np.int64) \
-                if any(rl) else np.zeros(m, np.int64)
+            reason = np.where(lost, loss, 0)
             self.ev.link.add(dst=dst, delay=delay, reason=reason)
             ok = reason == 0
             src = np.repeat(ids, g)
@@ -225,7 +218,6 @@ class Plan:
             held = np.add.reduceat(ok, starts) if m else np.zeros(len(ids), np.int64)
             held[g == 0] = 0
             self.ev.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held)
-            hold = np.array(holds, np.float64)
             tx = hold > 0
             Gd = np.where(tx, Dd + hold, Dd)
             times.append(Gd[tx])
@@ -360,6 +352,7 @@ class Plan:
                 times.append(nxt)
                 alive[w] = (nxt < U) | ((nxt == U) & (c < U))
             k += 1
+        links.close()
         for t in (self.ev.act, self.ev.done, self.ev.link, self.ev.arr, self.ev.timer, self.ev.sent, self.ev.bar):
             t.done()
         self.rounds = k

@@ -126,6 +126,62 @@ def lean_outcomes(net: Network, src: int, dsts: Sequence[int], now: float, size:
     return delays, reasons, longest
 
 
+class Broadcasts:
+    """``LeanLinks.outcome`` of many senders' broadcasts at once, each sender to all its out-links (``dsts[i]``, in send
+    order), for a driver that plans a run's broadcasts round by round. A link draws from its own streams, in its own
+    order, whatever the order across links: so each link's next ``cols`` latency and loss draws are taken at once
+    (``Draws.take``), and a round's outcomes are array work. The same statements as ``outcome``'s, over arrays (the
+    same draws, the same bits); ``close`` leaves each link's ``busy_until`` where the last send put it."""
+
+    def __init__(self, net: Network, dsts: Sequence[Sequence[int]], cols: int = 32):
+        import numpy as np
+
+        self.net, self.cols = net, cols
+        self.deg = np.array([len(d) for d in dsts], np.int64)
+        self.ptr = np.concatenate(([0], np.cumsum(self.deg)))
+        self.links = [net.link(i, j) for i, d in enumerate(dsts) for j in d]
+        self.lat = np.empty((len(self.links), cols))
+        self.u = np.full((len(self.links), cols), np.inf)  # (no loss stream: never lost)
+        self.busy = np.array([lk.busy_until for lk in self.links], np.float64)
+        self.col = np.full(len(dsts), cols)  # each sender's next column (``cols``: its links' draws to take)
+
+    def _take(self, i: int) -> None:
+        for r in range(int(self.ptr[i]), int(self.ptr[i + 1])):
+            link = self.links[r]
+            for out, f in ((self.lat, link.latency), (self.u, link.lost)):
+                if f is not None:
+                    take = getattr(f, "take", None)  # (a constant's callable has none)
+                    out[r] = take(self.cols) if take is not None else [f() for _ in range(self.cols)]
+        self.col[i] = 0
+
+    def __call__(self, ids, nows, size: int):
+        """The broadcasts of senders ``ids`` (distinct) at times ``nows``: each message's delay and whether it is
+        lost, the senders' links in order, and each sender's longest ``hold_time``."""
+        import numpy as np
+
+        for i in ids[self.col[ids] == self.cols].tolist():
+            self._take(i)
+        g = self.deg[ids]
+        starts = np.cumsum(g) - g
+        m = int(g.sum())
+        at = np.repeat(self.ptr[ids] - starts, g) + np.arange(m)
+        col = np.repeat(self.col[ids], g)
+        self.col[ids] += 1
+        now = np.repeat(np.asarray(nows, np.float64), g)
+        tx_end, hold, bandwidth = now, np.zeros(len(ids)), self.net.bandwidth
+        if bandwidth is not None:
+            tx_end = np.maximum(now, self.busy[at]) + size / bandwidth
+            self.busy[at] = tx_end
+            has = g > 0
+            if has.any():
+                hold[has] = np.maximum(np.maximum.reduceat(hold_time(tx_end, now), starts[has]), 0.0)
+        return delay(tx_end, now, self.lat[at, col]), self.u[at, col] < self.net.p_loss, hold
+
+    def close(self) -> None:
+        for link, t in zip(self.links, self.busy.tolist()):
+            link.busy_until = t
+
+
 def outcomes(model: LinkModel) -> Callable[[int, Sequence[int], float, int], tuple[list, list, float]]:
     """``model``'s outcomes of a broadcast in one call: its own ``outcomes`` where it has one (``LeanLinks``), else
     its ``outcome`` link by link in send order, as ``Network.send_all`` takes them (their delays, their drop reasons,

@@ -295,6 +295,14 @@ class Draws:
             self._refill()
             return next(self._it)
 
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` values as an array: the values of ``n`` calls (a block's end changes no value)."""
+        got = list(islice(self._it, n))
+        while len(got) < n:
+            got.append(self())  # (the next block: ``__call__``'s refill)
+            got += islice(self._it, n - len(got))
+        return np.array(got, np.float64)
+
     def _made(self) -> None:
         self._fill, self._rng = self._make()
         self._make = None
