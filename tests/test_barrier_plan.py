@@ -16,14 +16,17 @@ from tests.test_broadcast_windows import both
 from tests.test_windowed import buildable
 
 
-def planned(tmp, sc: dict) -> tuple[int, int]:
-    """Both engines on ``sc``, the same bytes (``both``); (runs the plan played, runs the control played)."""
-    made = {"plan": 0, "control": 0}
+def planned(tmp, sc: dict, made: dict | None = None) -> tuple[int, int]:
+    """Both engines on ``sc``, the same bytes (``both``); (runs the plan played, runs the control played). ``made``
+    counts them by name, and the runs whose tensor work went round by round (``rounds``: ``RoundWork``)."""
+    made = {} if made is None else made
+    made |= {"plan": 0, "control": 0, "rounds": 0}
     with pytest.MonkeyPatch.context() as m:
-        for name, cls in (("plan", barrier_plan.Replay), ("control", barrier_windows._Control)):
-            def init(self, d, cls=cls, name=name, orig=cls.__init__):
+        for name, cls in (("plan", barrier_plan.Replay), ("control", barrier_windows._Control),
+                          ("rounds", barrier_plan.RoundWork)):
+            def init(self, *a, cls=cls, name=name, orig=cls.__init__):
                 made[name] += 1
-                orig(self, d)
+                orig(self, *a)
 
             m.setattr(cls, "__init__", init)
         both(tmp, sc)
@@ -65,19 +68,24 @@ def tied(timeout: float = 0.25, latency: float = 0.0625, **net) -> dict:
             "evaluation": {"every": 0.5, "metrics": ["loss", "accuracy"]}}
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "dp_dpsgd"])
+@pytest.mark.parametrize("name", ["dpsgd", "dp_dpsgd", "dpsgd invariant"])
 @pytest.mark.parametrize("net", [{"bandwidth": 1920.0}, {"bandwidth": 960.0, "loss": 0.3},
                                  {"bandwidth": 1920.0, "timeout": 0.0625}, {"bandwidth": 1920.0, "latency": 0.0},
                                  {"bandwidth": 960.0, "loss": 0.3, "timeout": 0.0625}])
 def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net, name):
     """Activations, completions, transmissions' ends, deliveries, timers and evaluations at shared instants (exact
     binary fractions), messages that arrive as their barrier's timer fires or as it gathers, run.until on a tick:
-    the order is the engine's, decided by who scheduled each event when."""
+    the order is the engine's, decided by who scheduled each event when. With batch-invariant gradients the tensor
+    work goes round by round (``RoundWork``), else in the engine's gradient batches."""
     sc = tied(**net)
     if name == "dp_dpsgd":  # (``local`` of the agents done at one instant together, each with its releases)
         sc["algorithm"] |= {"name": name, "clip": 1.0, "noise_multiplier": 1.0}
         sc["privacy"] = {"delta": 1e-5}
-    assert planned(tmp_path, sc) == (1, 0)
+    if name == "dpsgd invariant":
+        sc["model"]["batch_invariant"] = True
+    made: dict = {}
+    assert planned(tmp_path, sc, made) == (1, 0)
+    assert made["rounds"] == (name == "dpsgd invariant")
 
 
 def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):

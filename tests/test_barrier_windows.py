@@ -429,7 +429,7 @@ def test_lock_steps_of_every_agent_take_their_rows_without_a_copy(tmp_path):
     gradients of a whole batch), ``local`` and the gradient batches take that tensor itself, not a copy; the bytes
     stay the events engine's (D-PSGD: ``local`` sends its rows, ``combine`` reads them)."""
     shared: list = []
-    join = barrier_windows._join
+    join = barrier_windows.join_rows
 
     def counted(rows, share=False):
         out = join(rows, share)
@@ -439,6 +439,6 @@ def test_lock_steps_of_every_agent_take_their_rows_without_a_copy(tmp_path):
     sc = jittery(name="dpsgd")
     sc["agents"] = {"count": 8, "compute_time": {"kind": "constant", "value": 0.05}}
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(barrier_windows, "_join", counted)
+        m.setattr(barrier_windows, "join_rows", counted)
         both(tmp_path, sc)
     assert any(shared)  # (8 agents on one clock: each lock step is every agent)

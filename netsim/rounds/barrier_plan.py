@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
+from netsim.rounds.kernel import Arrivals, Batch, RowViews
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
 from netsim.sim.agent import ComputeTimes
-from netsim.sim.network import Broadcasts
+from netsim.sim.network import Broadcasts, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
 from netsim.trace.events import row as event_row
@@ -709,7 +712,6 @@ class Replay:
         self.d = d
         self.plan = plan = Plan(d)
         ctx = d.ctx
-        self.sim, self.agents, self.net = ctx.sim, ctx.agents, ctx.net
         self.slots: list[tuple[int, int]] = []
         self.patches: list[tuple[int, int]] = []
         self.flushed = 0
@@ -727,13 +729,17 @@ class Replay:
         for e, tab in enumerate(tabs):
             m = et == e
             self.t[m] = tab.t[ei[m]]
-        n = len(self.agents)
+        n = len(ctx.agents)
         act, done, arr, bar = plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.bar
         rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
         rid[ei[et == E_ACT]] = np.arange(act.n)
         rid_of = np.full((plan.rounds, n), -1, np.int64)
         rid_of[act.k, act.agent] = rid
         self.rid_at = rid_at = rid_of.tolist()  # (lists: read an item at a time)
+        self.rounds = RoundWork(d, plan, rid, rid_of) if d.grad.free else None  # (else ``_Work``'s lock steps)
+        if self.rounds is not None:
+            ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
+            return
         # what the control does at each event, in order: (its place, type, agent, round, ...)
         disc, first_row = plan.ev.discards, plan.first_row
         ops: list[tuple] = []
@@ -758,7 +764,7 @@ class Replay:
         ops.sort(key=lambda o: o[0])
         self.ops = ops
         self.ops_at = np.array([o[0] for o in ops], np.int64)
-        self.sim.count_wakes(self.agents, np.arange(n, dtype=np.int64))  # each program's first wake
+        ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
 
     def first_due(self) -> float | None:
         """The time of the first event not played yet (None: none)."""
@@ -821,6 +827,20 @@ class Replay:
         rows = d.rows
         base = len(rows.buf) // _R - int(plan.first_row[lo])
         rows.put(memoryview(plan.rows)[plan.first_row[lo] * _R:plan.first_row[hi] * _R])  # (no copy but the rows')
+        if self.rounds is not None:  # (the tensor work reads the plan's arrays: ``RoundWork``)
+            et = plan.etype[lo:hi]
+            d.grad.ticket_of.extend(itertools.repeat(None, int(np.count_nonzero(et == E_ACT))))
+            m = np.flatnonzero(et == E_DONE) + lo
+            self.slots.extend(zip((base + plan.first_row[m] + 1).tolist(), self.rounds.erid[m].tolist()))
+            got = int(self.rounds.deg[lo:hi].sum())
+            if got:
+                d.ctx.net.take_ids(got)
+                self.next_mid += got
+            w = self.rounds.woken[lo:hi]
+            w = w[w >= 0]
+            if len(w):
+                d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
+            return
         ops_of, recs, refs, slots, unref = d.ops, st.recs, st.refs, self.slots, st.unref
         grad = d.grad
         ticket_of, flushes, free = grad.ticket_of, grad.flushes, grad.free
@@ -883,7 +903,135 @@ class Replay:
                     unref(rid_at[m[1]][m[2]])
         grad.pending_lo, self.flushed = pending_lo, flushed
         if next_mid > self.next_mid:  # the ids the completions took (planned in their order)
-            self.net.take_ids(next_mid - self.next_mid)
+            d.ctx.net.take_ids(next_mid - self.next_mid)
             self.next_mid = next_mid
         if woken:  # the next wakes, counted (``Simulation.count_wakes``)
-            self.sim.count_wakes([self.agents[i] for i in woken], np.array(woken, np.int64))
+            d.ctx.sim.count_wakes([d.ctx.agents[i] for i in woken], np.array(woken, np.int64))
+
+
+class RoundWork:
+    """The tensor work of a planned run whose gradients are batch-invariant (``Gradients.free``), round by round: a
+    window's operations of round index k are its activations' points and gradients (``asks``), then its completions'
+    ``local`` (``locals``), then its barriers' ``combine`` (``combines``), each one kernel call over all their agents,
+    k in increasing order.
+
+    Why it is exact: an agent's operations keep their order (round k's before round k + 1's, and in a round the
+    point, ``local``, ``combine``); a ``combine`` of round k reads payloads of round k only (a barrier takes its own
+    round's messages), made by ``local``s of round k that come before it in the window or in an earlier one; the
+    hooks are row-wise (``netsim check``) and the gradients have the same bits in any batch. So no lock steps are
+    planned, and what the operations read is the plan's arrays: each round record's agent and clocks, each barrier's
+    senders in arrival order. A payload is kept as a row of the batch that sent it while a barrier will take it."""
+
+    def __init__(self, d, plan: Plan, rid: np.ndarray, rid_of: np.ndarray):
+        from netsim.rounds import barrier_windows
+
+        self.d, self.plan = d, plan
+        self.join = lambda rows, share=False: barrier_windows.join_rows(rows, share)  # (the module's, as patched)
+        act, done, bar = plan.ev.act, plan.ev.done, plan.ev.bar
+        et, ei, n = plan.etype, plan.eidx, len(d.ctx.agents)
+        self.t0 = len(d.grad.ticket_of)  # round record r's gradient request: ticket t0 + r (one an activation)
+        self.rec = np.empty((3, act.n), np.int64)  # each round record's agent, activations and tick
+        self.rec[:, rid] = act.agent, act.rnd, act.tick
+        self.t_done = np.full(act.n, np.nan)  # ... and its completion's time
+        self.t_done[rid_of[done.k, done.agent]] = done.t
+        # each event's round record and round index (-1: none), the message ids its sends take and the agent it wakes
+        self.erid, self.ek = np.full(len(et), -1, np.int64), np.full(len(et), -1, np.int64)
+        self.deg, self.woken = np.zeros(len(et), np.int64), np.full(len(et), -1, np.int64)
+        for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
+            m = np.flatnonzero(et == ty)
+            r = ei[m]
+            self.ek[m] = tab.k[r]
+            self.erid[m] = rid[r] if ty == E_ACT else rid_of[tab.k[r], tab.agent[r]]
+        m = et == E_DONE
+        self.deg[m] = done.deg[ei[m]]
+        m = np.flatnonzero(et == E_BAR)
+        self.woken[m] = bar.agent[ei[m]]
+        # what each barrier's event took: where its senders' round records start in ``took``, and how many
+        self.took = np.zeros((2, len(et)), np.int64)
+        self.took[:, m] = bar.took[ei[m]], bar.ntook[ei[m]]
+        senders = np.asarray(plan.ev.took, np.int64)
+        at = np.repeat(bar.took - (np.cumsum(bar.ntook) - bar.ntook), bar.ntook) + np.arange(int(bar.ntook.sum()))
+        self.took_rid = np.full(len(senders), -1, np.int64)
+        self.took_rid[at] = rid_of[np.repeat(bar.k, bar.ntook), senders[at]]
+        self.uses = np.bincount(self.took_rid[self.took_rid >= 0], minlength=act.n)  # barriers that take each payload
+        # each agent's weight of each in-neighbour, sorted by (agent, sender): looked up as arrays
+        pairs = sorted((a.id * n + src, w) for a in d.ctx.agents for src, w in a.weights.items())
+        self.weights = (np.array([q for q, _ in pairs], np.int64), np.array([w for _, w in pairs], np.float64))
+        self.x_at: dict[int, tuple] = {}  # round record -> its point: (tensor, row)
+        self.parts: dict[int, tuple] = {}  # round record -> (batch, row, ``cuts``) for its ``combine``
+        self.sent: dict[int, tuple] = {}  # round record -> its payload, (tensor, row), while a barrier will take it
+        self.lo = 0  # the events whose operations are done
+
+    def run(self, hi: int) -> None:
+        """The operations of events ``lo:hi`` (played since the last work)."""
+        lo, self.lo = self.lo, hi
+        et, r, k = self.plan.etype[lo:hi], self.erid[lo:hi], self.ek[lo:hi]
+        ops = np.flatnonzero(r >= 0)
+        for kk in np.unique(k[ops]).tolist():
+            at = ops[k[ops] == kk]
+            ty = et[at]
+            for kind, step in ((E_ACT, self.asks), (E_DONE, self.locals), (E_BAR, self.combines)):
+                m = at[ty == kind]
+                if len(m):
+                    step(kk, r[m], m + lo)
+
+    def asks(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
+        """The points (each agent's parameters at its activation), their mini-batches (``RowsAhead``: each agent's own
+        stream, in its own order) and their gradients, in one call."""
+        d = self.d
+        who, W = self.rec[0, rids], d.ctx.bank.W
+        x = W.index_select(0, torch.from_numpy(who).to(W.device))
+        rows = d.work.sampler.take([d.ctx.agents[i] for i in who.tolist()], who, d.grad.first.batch)
+        d.grad.evaluate_step(who.tolist(), (self.t0 + rids).tolist(), x, rows)
+        self.x_at.update(zip(rids.tolist(), zip(itertools.repeat(x), range(len(rids)))))
+
+    def locals(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
+        """``local`` of round k's completions: the payloads kept while a barrier will take them, each agent's part for
+        its ``combine``, the releases for their rows (``_Driver.decide``)."""
+        d, rl, ctx = self.d, rids.tolist(), self.d.ctx
+        x = self.join(list(map(self.x_at.pop, rl)), share=True)
+        g = d.grad.evaluated.take((self.t0 + rids).tolist())
+        made: list[list] = [[] for _ in rl]
+        t_done, (who, rnd, tick) = self.t_done[rids].tolist(), self.rec[:, rids].tolist()
+        b = Batch([ctx.agents[i] for i in who], k, x, g, ctx.state, lambda n: (t_done[n], made[n], rnd[n], tick[n]))
+        if ctx.kernel.local(b, ctx.p) is not None:
+            raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
+        if b.k != k or b.more:
+            raise RuntimeError("barrier windows: local changed the round index b.k or sent several messages")
+        fixed = d.store.fixed
+        for size in b.sizes if b.sizes is not None else map(payload_size, b.out):
+            if size != fixed:  # (its sends were timed with the declared bytes)
+                raise RuntimeError(f"barrier windows: {type(ctx.kernel).__name__}.payload_bytes says {fixed} bytes, "
+                                   f"and a payload of {size} was sent")
+        d.store.released.update(zip(rl, made))
+        self.parts.update(zip(rl, zip(itertools.repeat(b), range(len(rl)), itertools.repeat(d.work.cuts(b)))))
+        sent = b.sent if b.sent is not None else torch.stack(list(b.out))
+        self.sent.update((rl[n], (sent, n)) for n in np.flatnonzero(self.uses[rids]).tolist())
+
+    def combines(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
+        """``combine`` of round k's barriers with what each took, in arrival order (``Arrivals``: no dict per
+        agent)."""
+        ctx, rl = self.d.ctx, rids.tolist()
+        b = self.d.work.rows_of(list(map(self.parts.pop, rl)))
+        b.s, b.k = 0, k
+        first, cnt = self.took[:, ev]
+        taken = self.took_rid[np.repeat(first - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        recv = np.repeat(np.arange(len(rl)), cnt)  # (each delivery's payload and receiver, in arrival order)
+        if len(taken):
+            made, send = np.unique(taken, return_inverse=True)
+            send = send.reshape(-1)
+            sent = self.join(list(map(self.sent.__getitem__, made.tolist())))
+            src = self.rec[0, made]
+            keys, vals = self.weights
+            q = self.rec[0, rids][recv] * len(ctx.agents) + src[send]
+            at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+            w = np.where(keys[at] == q, vals[at], np.nan)  # (NaN: the receiver has no weight for that sender)
+            got = Arrivals(src.tolist(), RowViews(sent), sent, recv, send, w, receivers=len(rl))
+            self.uses[made] -= np.bincount(send, minlength=len(made))
+            for pid in made[self.uses[made] == 0].tolist():
+                del self.sent[pid]
+        else:
+            got = Arrivals([], [], None, recv, taken, np.zeros(0), receivers=len(rl))
+        if ctx.kernel.combine(b, ctx.p, got) is not None:
+            raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
+                               "refused)")

@@ -268,8 +268,8 @@ class _Driver(WindowDriver):
             groups.append({"rids": rids, "agents": [b.agents[n].id for n in ns], "s": b.s,
                            "out": [pool.add(b.out[n]) for n in ns],
                            "sizes": None if b.sizes is None else [b.sizes[n] for n in ns],
-                           "x": pool.add(_join([(b.x, n) for n in ns])),
-                           "g": pool.add(None if b.g is None else _join([(b.g, n) for n in ns])),
+                           "x": pool.add(join_rows([(b.x, n) for n in ns])),
+                           "g": pool.add(None if b.g is None else join_rows([(b.g, n) for n in ns])),
                            "kept": [[name, True, pool.add([b.cut(name, v, n, per_row) for n in ns])]
                                     if name in per_row and v is not None else [name, False, pool.add(v)]
                                     for name, v in kept.items()]})
@@ -281,7 +281,7 @@ class _Driver(WindowDriver):
                "sizes": list(st.sizes.items()), "refs": list(st.refs.items()),
                "released": list(st.released.items()),
                "payload": [[pid, pool.add(v)] for pid, v in st.payload.items()],
-               "x_at": [x_keys, pool.add(_join([work.x_at[r] for r in x_keys]) if x_keys else None)],
+               "x_at": [x_keys, pool.add(join_rows([work.x_at[r] for r in x_keys]) if x_keys else None)],
                "parts": groups}
         return {**own, "pool": pool.shapes()}, pool.tensors()
 
@@ -459,7 +459,7 @@ class _Driver(WindowDriver):
         return None
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
-        return _join([self.grad.at_of[k] for k in tickets])
+        return join_rows([self.grad.at_of[k] for k in tickets])
 
     # the tensor work --------------------------------------------------------------------------------------
     def tensor_work(self, first_ticket: int) -> None:
@@ -469,6 +469,11 @@ class _Driver(WindowDriver):
         makes a payload it reads, a ``local`` its gradient batch (the engine's: evaluated at the end of its last
         request's step; a batch-invariant model's, in its ask's step). Then each step's operations of a kind in one
         call per round index (``by_round``), the gradient batches due at its end evaluated in the engine's order."""
+        rounds = getattr(self.control, "rounds", None)
+        if rounds is not None:  # a planned run's, round by round from the plan's arrays (``barrier_plan.RoundWork``)
+            rounds.run(self.control.at)
+            self.work_done([], {})
+            return
         flush_of, left, waiting = self.grad.batches(first_ticket)
         waiting = self.grad.evaluate_ready(left, waiting, {}, [])  # (those whose requests were all made before)
         ops = self.ops
@@ -545,7 +550,7 @@ class _Driver(WindowDriver):
 
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
-        return _join(list(map(self.grad.at_of.pop, tickets)), share=True)
+        return join_rows(list(map(self.grad.at_of.pop, tickets)), share=True)
 
 
 class _Control:
@@ -896,7 +901,7 @@ class _Work:
         else:
             x = W.index_select(0, at)
             self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
-        self.x_at.update((o[2], (x, n)) for n, (_, o) in enumerate(step))  # (x, row): ``_join`` joins them
+        self.x_at.update((o[2], (x, n)) for n, (_, o) in enumerate(step))  # (x, row): ``join_rows`` joins them
         tickets = [o[1] for _, o in step]
         rows = self.sampler.take(list(map(d.ctx.agents.__getitem__, who)), np.array(who, np.int64), d.grad.first.batch)
         if d.grad.free:
@@ -913,7 +918,7 @@ class _Work:
         kernel, p, recs, x_at = d.ctx.kernel, d.ctx.p, st.recs, self.x_at
         for k, ops in self.by_round(step, 2):
             rids = [o[2] for _, o in ops]
-            x = _join([x_at.pop(r) for r in rids], share=True)
+            x = join_rows([x_at.pop(r) for r in rids], share=True)
             g = d.grad.evaluated.take([o[1] for _, o in ops])
             made: list[list] = [[] for _ in ops]
 
@@ -1032,8 +1037,8 @@ class _Work:
         per_row = self.d.ctx.kernel.per_row
         if len(parts) == 1:
             return first.row(n0, per_row)
-        b = Batch([q.agents[n] for q, n, _ in parts], first.k, _join([(q.x, n) for q, n, _ in parts], share=True),
-                  None if first.g is None else _join([(q.g, n) for q, n, _ in parts], share=True), self.d.ctx.state)
+        b = Batch([q.agents[n] for q, n, _ in parts], first.k, join_rows([(q.x, n) for q, n, _ in parts], share=True),
+                  None if first.g is None else join_rows([(q.g, n) for q, n, _ in parts], share=True), self.d.ctx.state)
         b.s = first.s
         b.out = [q.out[n] for q, n, _ in parts]
         if any(q.sizes is not None for q, _, _ in parts):
@@ -1042,7 +1047,7 @@ class _Work:
             if name in per_row:  # (a None value stays None: ``Batch.cut``)
                 cut = [c[1].get(name) for _, _, c in parts]
                 if all(u is not None and u[0] for u in cut):
-                    v = _join([(u[1], n) for u, (_, n, _) in zip(cut, parts)])
+                    v = join_rows([(u[1], n) for u, (_, n, _) in zip(cut, parts)])
                 else:
                     v = [None if u is None else u[1][n] for u, (_, n, _) in zip(cut, parts)]
             setattr(b, name, v)
@@ -1053,7 +1058,7 @@ class _Evaluated:
     """The gradients evaluated and not yet taken by a ``local``, by ticket (``RowStore``'s ``put``, ``take``,
     ``row_of``, ``save`` and ``load``): each kept as (its batch's result tensor, its row), the result itself kept, not
     copied into a store (a batch's gradients are its own: no one writes them). A ``local`` of a whole batch in order
-    takes that tensor (``_join``); others a copy of their rows."""
+    takes that tensor (``join_rows``); others a copy of their rows."""
 
     __slots__ = ("row_of", "none")
 
@@ -1064,7 +1069,7 @@ class _Evaluated:
     def save(self) -> tuple[list[int], torch.Tensor]:
         """The keys kept and their rows (a checkpoint's)."""
         keys = list(self.row_of)
-        return keys, _join([self.row_of[k] for k in keys]) if keys else self.none
+        return keys, join_rows([self.row_of[k] for k in keys]) if keys else self.none
 
     def load(self, keys: list[int], rows: torch.Tensor) -> None:
         if keys:
@@ -1075,7 +1080,7 @@ class _Evaluated:
 
     def take(self, keys: list[int]) -> torch.Tensor:
         """The rows of ``keys``, which are then forgotten."""
-        return _join(list(map(self.row_of.pop, keys)), share=True)
+        return join_rows(list(map(self.row_of.pop, keys)), share=True)
 
 
 class _Pool:
@@ -1159,7 +1164,7 @@ class _Pool:
         raise ValueError(f"held: a {v.get('type', 'value')!r} kept by the driver cannot be restored")
 
 
-def _join(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:
+def join_rows(rows: list[tuple[torch.Tensor, int]], share: bool = False) -> torch.Tensor:
     """Rows (tensor, row n) as one tensor, a copy (``torch.stack`` of the rows' values): one ``index_select`` per
     tensor they come from (a lock step's parts come from a few batches), no view per row. ``share``: where the rows
     are all of one tensor's, in order, that tensor itself (no copy of a (B, P) block: the parameters and gradients
