@@ -377,21 +377,26 @@ def test_one_call_per_lock_step_where_the_kernel_reads_no_round_index(tmp_path):
         calls.append((len(ks), len(self.by_round(step, 2))))
         return local(self, step)
 
+    sc = bernoulli_dp()
+    sc["model"]["batch_invariant"] = False  # (the engine's gradient batches: lock steps, not ``RoundWork``)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(barrier_windows._Work, "locals", counted)
-        both(tmp_path, bernoulli_dp())
+        both(tmp_path, sc)
     assert calls and all(n == 1 for _, n in calls) and max(k for k, _ in calls) > 1
 
 
 def test_a_kernel_that_reads_the_round_index_it_declared_unread_fails_in_one_line(tmp_path):
-    """A step size that decays with k reads ``b.k``: declared unread anyway, the joined batch's ``b.k`` raises."""
+    """A step size that decays with k reads ``b.k``: declared unread anyway, the joined batch's ``b.k`` raises (the
+    lock steps join rounds; batch-invariant gradients go round by round, one ``b.k`` a call)."""
     from netsim.algorithms.dp_dpsgd import DPDPSGD
     from netsim.errors import RunCrashed
 
+    sc = bernoulli_dp(lr_decay=0.5)
+    sc["model"]["batch_invariant"] = False
     with pytest.MonkeyPatch.context() as m:
         m.setattr(DPDPSGD, "any_round", lambda self, p: True)
         with pytest.raises(RunCrashed, match=r"DPDPSGD.any_round says no hook reads b.k, and one read it"):
-            netsim.run(scenario_from_dict(bernoulli_dp(lr_decay=0.5)), out=tmp_path / "w", engine="windowed")
+            netsim.run(scenario_from_dict(sc), out=tmp_path / "w", engine="windowed")
 
 
 def test_netsim_check_names_a_kernel_that_reads_the_round_index_it_declared_unread():

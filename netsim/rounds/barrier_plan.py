@@ -18,10 +18,12 @@ by message (``Plan._barrier``), the others as arrays.
 ``Replay`` plays the plan window by window as the event-by-event control would: each window's rows (made at once from
 sim/rows.py's shapes over arrays, in order), its tensor operations, round records, gradient requests and payload
 references, the wakes counted and the message ids taken, among the run's own events (the evaluator's, run.until's) in
-the driver's queue. Admitted (``admits``) where a message's fate is the lean links' (no link model, churn or
-time-varying topology), a round has one exchange of declared size and no local steps, and the run ends at run.until
-with no round limit, no checkpoint, no privacy record and no stop on divergence, and the plan, held whole, fits
-(``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py).
+the driver's queue; where the gradients are batch-invariant, its tensor work goes round by round from the plan's
+arrays (``RoundWork``), and the replay's control is array work too. Admitted (``admits``) where a message's fate is
+the lean links' (no link model, churn or time-varying topology), a round has one exchange of declared size and no
+local steps, and the run ends at run.until with no round limit, no checkpoint, no privacy record and no stop on
+divergence, and the plan, held whole, fits (``ROWS_MAX``); elsewhere the event-by-event control plays the run
+(rounds/barrier_windows.py).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ completion).
 
 Where the run allows it (``barrier_plan.admits``), the control is not played event by event: the whole run's control is
 planned round by round as arrays and replayed window by window (rounds/barrier_plan.py), with the same rows, operations
-and records in the same order; the tensor work is the same.
+and records in the same order; its tensor work is the same, or, where the gradients are batch-invariant, round by round
+from the plan's arrays (``barrier_plan.RoundWork``).
 
 Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
 state is then data (``hold``), restored by ``netsim resume`` into a fresh driver (``take_hold``).
@@ -192,8 +193,6 @@ class _Driver(WindowDriver):
         super().__init__(pattern, sim, kernel)
         p, W = self.ctx.p, self.ctx.bank.W
         self.grad.first = kernel.gradient(p, self.ctx.state, self.ctx.agents[0].id)
-        # (clipped per example: the engine's batches, any model)
-        self.grad.free = self.grad.free and self.grad.first.clip is None
         self.grad.evaluated = _Evaluated(W)  # (the gradient batches' results as they are: no (B, P) copy in and out)
         self.store = _Store(kernel.payload_bytes(p, self.ctx.state, W[0]), W[0])
         self.records = _Records(sim.recorder.mixing_log)
