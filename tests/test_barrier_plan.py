@@ -18,17 +18,18 @@ from tests.test_windowed import buildable
 
 def planned(tmp, sc: dict, made: dict | None = None) -> tuple[int, int]:
     """Both engines on ``sc``, the same bytes (``both``); (runs the plan played, runs the control played). ``made``
-    counts them by name, and the runs whose tensor work went round by round (``rounds``: ``RoundWork``)."""
+    counts them by name, and the planned tensor works in lock steps (``steps``: gradients not batch-invariant)."""
     made = {} if made is None else made
-    made |= {"plan": 0, "control": 0, "rounds": 0}
+    made |= {"plan": 0, "control": 0, "steps": 0}
     with pytest.MonkeyPatch.context() as m:
-        for name, cls in (("plan", barrier_plan.Replay), ("control", barrier_windows._Control),
-                          ("rounds", barrier_plan.RoundWork)):
-            def init(self, *a, cls=cls, name=name, orig=cls.__init__):
+        for name, cls, method in (("plan", barrier_plan.Replay, "__init__"),
+                                  ("control", barrier_windows._Control, "__init__"),
+                                  ("steps", barrier_plan.RoundWork, "_steps")):
+            def counted(self, *a, name=name, orig=getattr(cls, method)):
                 made[name] += 1
-                orig(self, *a)
+                return orig(self, *a)
 
-            m.setattr(cls, "__init__", init)
+            m.setattr(cls, method, counted)
         both(tmp, sc)
     return made["plan"], made["control"]
 
@@ -76,7 +77,7 @@ def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net, name):
     """Activations, completions, transmissions' ends, deliveries, timers and evaluations at shared instants (exact
     binary fractions), messages that arrive as their barrier's timer fires or as it gathers, run.until on a tick:
     the order is the engine's, decided by who scheduled each event when. With batch-invariant gradients the tensor
-    work goes round by round (``RoundWork``), else in the engine's gradient batches."""
+    work goes round by round, else in lock steps that keep the engine's gradient batches (``RoundWork._steps``)."""
     sc = tied(**net)
     if name == "dp_dpsgd":  # (``local`` of the agents done at one instant together, each with its releases)
         sc["algorithm"] |= {"name": name, "clip": 1.0, "noise_multiplier": 1.0}
@@ -85,7 +86,7 @@ def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net, name):
         sc["model"]["batch_invariant"] = True
     made: dict = {}
     assert planned(tmp_path, sc, made) == (1, 0)
-    assert made["rounds"] == (name == "dpsgd invariant")
+    assert bool(made["steps"]) == (name != "dpsgd invariant")
 
 
 def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):

@@ -366,21 +366,35 @@ def bernoulli_dp(**alg) -> dict:
     return sc
 
 
-def test_one_call_per_lock_step_where_the_kernel_reads_no_round_index(tmp_path):
+@pytest.mark.parametrize("planned", [False, True])
+def test_one_call_per_lock_step_where_the_kernel_reads_no_round_index(tmp_path, planned):
     """DP-D-PSGD with a constant step size reads no ``b.k`` (``any_round``): each lock step's locals and combines are
-    one call, batches joining agents at different rounds, and the bytes are the events engine's."""
+    one call, batches joining agents at different rounds, and the bytes are the events engine's: the event-by-event
+    control's lock steps (a round limit) and the planned run's (``RoundWork._steps``: gradients that are not
+    batch-invariant keep the engine's batches)."""
+    from netsim.rounds import barrier_plan
+    from netsim.rounds.kernel import AnyRound
+
     calls: list = []
-    local = barrier_windows._Work.locals
+    local, planned_local = barrier_windows._Work.locals, barrier_plan.RoundWork.locals
 
     def counted(self, step):
         ks = {self.store.recs[o[2]][1] for _, o in step}
         calls.append((len(ks), len(self.by_round(step, 2))))
         return local(self, step)
 
+    def planned_counted(self, k, rids, ev):
+        calls.append((len(set(self.ek[ev].tolist())), 1 if isinstance(k, AnyRound) or len(set(self.ek[ev])) == 1
+                      else 0))
+        return planned_local(self, k, rids, ev)
+
     sc = bernoulli_dp()
-    sc["model"]["batch_invariant"] = False  # (the engine's gradient batches: lock steps, not ``RoundWork``)
+    sc["model"]["batch_invariant"] = False  # (the engine's gradient batches: lock steps)
+    if not planned:
+        sc["run"]["rounds"] = 100  # (a round limit: the event-by-event control)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(barrier_windows._Work, "locals", counted)
+        m.setattr(barrier_plan.RoundWork, "locals", planned_counted)
         both(tmp_path, sc)
     assert calls and all(n == 1 for _, n in calls) and max(k for k, _ in calls) > 1
 

@@ -15,15 +15,14 @@ comparison of equal times a barrier meets (``Plan.before``: a message at its gat
 instant, an event at run.until); those barriers, and those with older messages still to discard, are played message
 by message (``Plan._barrier``), the others as arrays.
 
-``Replay`` plays the plan window by window as the event-by-event control would: each window's rows (made at once from
-sim/rows.py's shapes over arrays, in order), its tensor operations, round records, gradient requests and payload
-references, the wakes counted and the message ids taken, among the run's own events (the evaluator's, run.until's) in
-the driver's queue; where the gradients are batch-invariant, its tensor work goes round by round from the plan's
-arrays (``RoundWork``), and the replay's control is array work too. Admitted (``admits``) where a message's fate is
-the lean links' (no link model, churn or time-varying topology), a round has one exchange of declared size and no
-local steps, and the run ends at run.until with no round limit, no checkpoint, no privacy record and no stop on
-divergence, and the plan, held whole, fits (``ROWS_MAX``); elsewhere the event-by-event control plays the run
-(rounds/barrier_windows.py).
+``Replay`` plays the plan window by window as the event-by-event control would, as arrays: each window's rows (made
+at once from sim/rows.py's shapes over arrays, in order), its gradient requests and release slots, the wakes counted
+and the message ids taken, among the run's own events (the evaluator's, run.until's) in the driver's queue. Its tensor
+work reads the plan's arrays too (``RoundWork``: round by round where the gradients are batch-invariant, else in lock
+steps that keep the engine's gradient batches). Admitted (``admits``) where a message's fate is the lean links' (no
+link model, churn or time-varying topology), a round has one exchange of declared size and no local steps, and the run
+ends at run.until with no round limit, no checkpoint, no privacy record and no stop on divergence, and the plan, held
+whole, fits (``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py).
 """
 
 from __future__ import annotations
@@ -31,15 +30,14 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import Arrivals, Batch, RowViews
+from netsim.rounds.kernel import AnyRound, Arrivals, Batch, RowViews
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
-from netsim.sim.agent import ComputeTimes
+from netsim.sim.agent import ComputeTimes, plan_wakes
 from netsim.sim.network import Broadcasts, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
@@ -52,35 +50,8 @@ COMBINE, ASK, LOCAL = 0, 1, 2  # (barrier_windows' operation kinds)
 _R = RECORD.size
 # the plan's event types (their order in its tables)
 E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT, E_BAR = range(6)
+_OP = np.array([ASK, LOCAL, -1, -1, -1, COMBINE], np.int64)  # each event type's tensor operation
 _KIND = (ACT, DONE, ARR, TIMER, SENT, BARRIER)
-
-
-def local_ahead(pend: dict, localed: set, ops_of: dict, recs: dict, t: float, k: int, rid: int, flushed: int,
-                order: Callable[[], int]) -> None:
-    """The engine's ``LocalAhead`` at a gradient's completion at ``t`` (round index ``k``, round record ``rid``): the
-    first of its instant runs ``local`` for every agent of round index k done at t whose request is evaluated (its
-    operation ``(LOCAL, ticket, record, order())``, the completion time on its record); the others ran with it.
-    ``pend``: completion time -> {agent: (k, ticket, record)}; ``localed``: the records whose ``local`` ran early."""
-    if rid in localed:
-        localed.discard(rid)
-        return
-    group = pend[t]
-    for j, (kj, tj, rj) in list(group.items()):
-        if kj == k and tj < flushed:
-            del group[j]
-            recs[rj][2] = t
-            ops = ops_of.get(j)
-            if ops is None:
-                ops = ops_of[j] = []
-            ops.append((LOCAL, tj, rj, order()))
-            if rj != rid:
-                localed.add(rj)
-    if not group:
-        del pend[t]
-
-
-def _no_order() -> int:  # (the operations' order numbers are read only by the privacy records: none here)
-    return 0
 
 
 ROWS_MAX = 4_000_000  # the trace rows a plan may hold (~150 bytes each with its tables): a longer run, event by event
@@ -171,7 +142,7 @@ class Plan:
         self.t0 = now0 = float(d.events.now)
         size = self.size = d.store.fixed
         words = d.rows.words
-        compute = ComputeTimes(agents)
+        compute = ComputeTimes(agents, ahead=32)
         nb = [a.neighbors for a in agents]
         links = Broadcasts(ctx.net, nb)
         loss = words(shapes.TEXT.loss)
@@ -184,9 +155,8 @@ class Plan:
         rnd = np.frombuffer(ctx.sim.loop.counts.rounds, np.int64).copy()
         A = np.empty(n)
         AT = np.empty(n)
-        for a in agents:  # each program's first wake, in agent order (``WindowDriver._windows``)
-            at, delay = a.plan_wake(now0)
-            A[a.id], AT[a.id] = now0 + delay, at
+        AT[:], delay = plan_wakes(agents, np.arange(n), np.full(n, now0))  # each program's first wake, in agent order
+        A[:] = now0 + delay  # (``WindowDriver._windows``)
         rnd += 1
         times.append(A.copy())
         alive = np.ones(n, bool)  # its next activation is processed
@@ -345,13 +315,8 @@ class Plan:
                 c = cause_t[w]
                 self.ev.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
                              took=took_at[w], ntook=took_n[w])
-                wake_ids, wake_t = w.tolist(), c.tolist()
-                nxt_t, ats = [], []
-                for j, c in zip(wake_ids, wake_t):  # each program's next wake (``Agent.wake``)
-                    at, delay = agents[j].plan_wake(c)
-                    nxt_t.append(c + delay)
-                    ats.append(at)
-                nxt = np.array(nxt_t, np.float64)
+                ats, delay = plan_wakes(agents, w, c)  # each program's next wake (``Agent.wake``)
+                nxt = c + delay
                 A[w], AT[w] = nxt, ats
                 rnd[w] += 1
                 times.append(nxt)
@@ -706,25 +671,20 @@ def _col(tab, name, row):
 
 
 class Replay:
-    """The plan played window by window into barrier driver ``d`` as its control (``until``): the rows, operations,
-    records, requests, references, wake counts and message ids of the events due, among the run's own events in the
-    driver's queue. It holds what the driver's ``decide`` reads of a control (``slots``, ``patches``)."""
+    """The plan played window by window into barrier driver ``d`` as its control (``until``): the rows, gradient
+    requests, release slots, wake counts and message ids of the events due, among the run's own events in the driver's
+    queue; their tensor work is ``rounds``' (``RoundWork``). It holds what the driver's ``decide`` reads of a control
+    (``slots``, ``patches``)."""
 
     def __init__(self, d):
         self.d = d
         self.plan = plan = Plan(d)
         ctx = d.ctx
-        self.slots: list[tuple[int, int]] = []
-        self.patches: list[tuple[int, int]] = []
-        self.flushed = 0
+        self.slots: list[tuple[int, int]] = []  # (row of the window, round record): its releases go there
+        self.patches: list[tuple[int, int]] = []  # (none: the payloads' bytes are declared)
         self.at = 0  # the next planned event
         self.evals = 0  # the evaluator's events processed
         self.done_t = -np.inf  # every event before this time was played
-        self.next_mid = ctx.net.take_ids(0)
-        self.tk_of: dict[int, int] = {}  # agent -> its current request's ticket
-        self.ahead = ctx.kernel.batch_local  # the engine's ``LocalAhead`` (no local steps: ``admits``)
-        self.pend: dict[float, dict] = {}  # completion time -> {agent: (k, ticket, rid)}
-        self.localed: set[int] = set()  # rounds whose ``local`` ran with an earlier agent's at their instant
         et, ei = plan.etype, plan.eidx
         tabs = (plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.timer, plan.ev.sent, plan.ev.bar)
         self.t = np.empty(len(et))  # each event's time, in order
@@ -732,40 +692,12 @@ class Replay:
             m = et == e
             self.t[m] = tab.t[ei[m]]
         n = len(ctx.agents)
-        act, done, arr, bar = plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.bar
+        act = plan.ev.act
         rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
         rid[ei[et == E_ACT]] = np.arange(act.n)
         rid_of = np.full((plan.rounds, n), -1, np.int64)
         rid_of[act.k, act.agent] = rid
-        self.rid_at = rid_at = rid_of.tolist()  # (lists: read an item at a time)
-        self.rounds = RoundWork(d, plan, rid, rid_of) if d.grad.free else None  # (else ``_Work``'s lock steps)
-        if self.rounds is not None:
-            ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
-            return
-        # what the control does at each event, in order: (its place, type, agent, round, ...)
-        disc, first_row = plan.ev.discards, plan.first_row
-        ops: list[tuple] = []
-        for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
-            m = np.flatnonzero(et == ty)
-            r = ei[m]
-            cols = [m.tolist(), [ty] * len(m), tab.agent[r].tolist(), tab.k[r].tolist()]
-            if ty == E_ACT:
-                cols += [act.rnd[r].tolist(), act.tick[r].tolist(), rid[r].tolist(), (act.t[r] + act.ct[r]).tolist()]
-            elif ty == E_DONE:
-                cols += [done.t[r].tolist(), done.held[r].tolist(), done.deg[r].tolist(), (first_row[m] + 1).tolist(),
-                         [disc.get((E_DONE, x), ()) for x in r.tolist()]]
-            else:
-                took = plan.ev.took
-                cols += [bar.t[r].tolist(), [took[a:a + b] for a, b in zip(bar.took[r].tolist(),
-                                                                             bar.ntook[r].tolist())]]
-            ops += zip(*cols)
-        m = np.flatnonzero((et == E_ARR) & plan.stale_arr[np.where(et == E_ARR, ei, 0)])
-        ops += [(e, E_ARR, 0, 0, rid_at[k][s]) for e, k, s in zip(m.tolist(), arr.k[ei[m]].tolist(),
-                                                                     arr.src[ei[m]].tolist())]
-        ops += [(plan.pos_of[key], E_SENT, 0, 0, ms) for key, ms in disc.items() if key[0] == E_SENT]
-        ops.sort(key=lambda o: o[0])
-        self.ops = ops
-        self.ops_at = np.array([o[0] for o in ops], np.int64)
+        self.rounds = RoundWork(d, plan, rid, rid_of)
         ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
 
     def first_due(self) -> float | None:
@@ -824,105 +756,38 @@ class Replay:
             q.now = t
 
     def _play(self, lo: int, hi: int) -> None:
-        """Planned events ``lo:hi``: their rows, and what the control does at each."""
-        d, plan, st = self.d, self.plan, self.d.store
+        """Planned events ``lo:hi``: their rows, and what the control does at them, as arrays: the gradient requests
+        (one ticket an activation), the releases' slots (after each completion's ``compute_end``), the message ids its
+        sends take, the wakes counted (the tensor work reads the plan's arrays: ``RoundWork``)."""
+        d, plan, work = self.d, self.plan, self.rounds
         rows = d.rows
         base = len(rows.buf) // _R - int(plan.first_row[lo])
         rows.put(memoryview(plan.rows)[plan.first_row[lo] * _R:plan.first_row[hi] * _R])  # (no copy but the rows')
-        if self.rounds is not None:  # (the tensor work reads the plan's arrays: ``RoundWork``)
-            et = plan.etype[lo:hi]
-            d.grad.ticket_of.extend(itertools.repeat(None, int(np.count_nonzero(et == E_ACT))))
-            m = np.flatnonzero(et == E_DONE) + lo
-            self.slots.extend(zip((base + plan.first_row[m] + 1).tolist(), self.rounds.erid[m].tolist()))
-            got = int(self.rounds.deg[lo:hi].sum())
-            if got:
-                d.ctx.net.take_ids(got)
-                self.next_mid += got
-            w = self.rounds.woken[lo:hi]
-            w = w[w >= 0]
-            if len(w):
-                d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
-            return
-        ops_of, recs, refs, slots, unref = d.ops, st.recs, st.refs, self.slots, st.unref
-        grad = d.grad
-        ticket_of, flushes, free = grad.ticket_of, grad.flushes, grad.free
-        pending_lo, flushed = grad.pending_lo, self.flushed
-        rid_at, tk_of, next_mid = self.rid_at, self.tk_of, self.next_mid
-        ahead, pend, localed = self.ahead, self.pend, self.localed
-        woken = []
-        a, b = np.searchsorted(self.ops_at, [lo, hi])
-        for o in self.ops[a:b]:
-            ty = o[1]
-            if ty == E_ACT:  # the round's record, its gradient request (``_Control``'s ACT)
-                _, _, i, k, rnd, tick, rid, done_t = o
-                tk = len(ticket_of)
-                ticket_of.append(None)
-                tk_of[i] = tk
-                recs[rid] = [i, k, 0.0, rnd, tick]
-                ops = ops_of.get(i)
-                if ops is None:
-                    ops = ops_of[i] = []
-                ops.append((ASK, tk, rid))
-                if ahead:  # ``LocalAhead``: the agents done at one instant
-                    group = pend.get(done_t)
-                    if group is None:
-                        group = pend[done_t] = {}
-                    group[i] = (k, tk, rid)
-            elif ty == E_DONE:  # the gradient back: ``local``, the releases' slot, the payload's references
-                _, _, i, k, t, held, deg, row, discards = o
-                tk = tk_of[i]
-                if tk >= flushed:
-                    flushed = len(ticket_of)
-                if tk >= pending_lo and not free:
-                    flushes.append(range(pending_lo, len(ticket_of)))
-                    pending_lo = len(ticket_of)
-                pid = rid_at[k][i]
-                if not ahead:
-                    recs[pid][2] = t
-                    ops = ops_of.get(i)
-                    if ops is None:
-                        ops = ops_of[i] = []
-                    ops.append((LOCAL, tk, pid, 0))
-                else:
-                    local_ahead(pend, localed, ops_of, recs, t, k, pid, flushed, _no_order)
-                slots.append((base + row, pid))  # (its releases: made by its ``local``, in this work or before)
-                refs[pid] = held
-                next_mid += deg
-                for m in discards:
-                    unref(rid_at[m[1]][m[2]])
-            elif ty == E_BAR:  # the barrier's completion: ``combine`` with what it took
-                _, _, i, k, t, got = o
-                ops = ops_of.get(i)
-                if ops is None:
-                    ops = ops_of[i] = []
-                rk = rid_at[k]
-                ops.append((COMBINE, rk[i], {src: rk[src] for src in got}, 0, None, 0, t))
-                woken.append(i)
-            elif ty == E_ARR:  # a stale message discarded at its arrival
-                unref(o[4])
-            else:  # a gather at its transmission's end: the stale messages discarded there
-                for m in o[4]:
-                    unref(rid_at[m[1]][m[2]])
-        grad.pending_lo, self.flushed = pending_lo, flushed
-        if next_mid > self.next_mid:  # the ids the completions took (planned in their order)
-            d.ctx.net.take_ids(next_mid - self.next_mid)
-            self.next_mid = next_mid
-        if woken:  # the next wakes, counted (``Simulation.count_wakes``)
-            d.ctx.sim.count_wakes([d.ctx.agents[i] for i in woken], np.array(woken, np.int64))
+        et = plan.etype[lo:hi]
+        d.grad.ticket_of.extend(itertools.repeat(None, int(np.count_nonzero(et == E_ACT))))
+        m = np.flatnonzero(et == E_DONE) + lo
+        self.slots.extend(zip((base + plan.first_row[m] + 1).tolist(), work.erid[m].tolist()))
+        ids = int(work.deg[lo:hi].sum())
+        if ids:
+            d.ctx.net.take_ids(ids)
+        w = work.woken[lo:hi]
+        w = w[w >= 0]
+        if len(w):
+            d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
 
 
 class RoundWork:
-    """The tensor work of a planned run whose gradients are batch-invariant (``Gradients.free``), round by round: a
-    window's operations of round index k are its activations' points and gradients (``asks``), then its completions'
-    ``local`` (``locals``), then its barriers' ``combine`` (``combines``), each one kernel call over all their agents,
-    k in increasing order.
+    """A planned run's tensor work, read from the plan's arrays: each round record's agent and clocks, each barrier's
+    senders in arrival order; a payload kept as a row of the batch that sent it while a barrier will take it.
 
-    Why it is exact: an agent's operations keep their order (round k's before round k + 1's, and in a round the
-    point, ``local``, ``combine``); a ``combine`` of round k reads payloads of round k only (a barrier takes its own
-    round's messages), made by ``local``s of round k that come before it in the window or in an earlier one; the
-    hooks are row-wise (``netsim check``) and the gradients have the same bits in any batch. So no lock steps are
-    planned, and what the operations read is the plan's arrays: each round record's agent and clocks, each barrier's
-    senders in arrival order. A payload is kept as a row of the batch that sent it while a barrier will take it."""
+    Where the gradients are batch-invariant (``Gradients.free``) it goes round by round: a window's operations of round
+    index k are its activations' points and gradients (``asks``), then its completions' ``local`` (``locals``), then
+    its barriers' ``combine`` (``combines``), each one kernel call over all their agents, k in increasing order. This
+    is exact because an agent's operations keep their order (round k's before round k + 1's; in a round the point,
+    ``local``, ``combine``), a ``combine`` of round k reads payloads of round k only (a barrier takes its own round's
+    messages), made by ``local``s of round k before it, the hooks are row-wise (``netsim check``) and the gradients
+    have the same bits in any batch. Other gradients keep the engine's batches: the operations go in lock steps
+    (``_steps``)."""
 
     def __init__(self, d, plan: Plan, rid: np.ndarray, rid_of: np.ndarray):
         from netsim.rounds import barrier_windows
@@ -963,19 +828,93 @@ class RoundWork:
         self.parts: dict[int, tuple] = {}  # round record -> (batch, row, ``cuts``) for its ``combine``
         self.sent: dict[int, tuple] = {}  # round record -> its payload, (tensor, row), while a barrier will take it
         self.lo = 0  # the events whose operations are done
+        self.asked = np.cumsum(et == E_ACT) - (et == E_ACT)  # requests made before each event (``_steps``' batches)
+        self.op_of = np.full(act.n, -1, np.int64)  # (``_steps``' scratch: a round record's local in the work)
 
     def run(self, hi: int) -> None:
-        """The operations of events ``lo:hi`` (played since the last work)."""
+        """The operations of events ``lo:hi`` (played since the last work): round by round where the gradients are
+        batch-invariant, else in lock steps that keep the engine's gradient batches (``_steps``)."""
         lo, self.lo = self.lo, hi
-        et, r, k = self.plan.etype[lo:hi], self.erid[lo:hi], self.ek[lo:hi]
-        ops = np.flatnonzero(r >= 0)
-        for kk in np.unique(k[ops]).tolist():
-            at = ops[k[ops] == kk]
-            ty = et[at]
+        ev = lo + np.flatnonzero(self.erid[lo:hi] >= 0)  # the operations' events, in order
+        if not len(ev):
+            return
+        if not self.d.grad.free:
+            self._steps(ev)
+            return
+        et, k = self.plan.etype[ev], self.ek[ev]
+        for kk in np.unique(k).tolist():
             for kind, step in ((E_ACT, self.asks), (E_DONE, self.locals), (E_BAR, self.combines)):
-                m = at[ty == kind]
+                m = ev[(k == kk) & (et == kind)]
                 if len(m):
-                    step(kk, r[m], m + lo)
+                    step(kk, self.erid[m], m)
+
+    def _steps(self, ev: np.ndarray) -> None:
+        """The operations of events ``ev`` in the earliest lock steps that keep each agent's order and come after what
+        they wait for (``lock_steps``): a ``combine`` after the ``local``s of this work that made its payloads, an
+        engine gradient batch (``flushes``: made at this work's completions, as the engine makes them) at the end of
+        its last request's step, a ``local`` a step after its batch. Each step's operations of a kind in one call per
+        round index (all in one, ``AnyRound``, where the kernel reads none), its batches evaluated at its end in the
+        engine's order."""
+        from netsim.rounds.lookahead import lock_steps
+
+        d, grad, t0 = self.d, self.d.grad, self.t0
+        et = self.plan.etype[ev]
+        # the engine's gradient batches: a completion whose request is pending evaluates every request made so far
+        pending = grad.pending_lo
+        for e, tk in zip(*(ev[et == E_DONE], t0 + self.erid[ev[et == E_DONE]])):
+            if tk >= pending:
+                made = t0 + int(self.asked[e])
+                grad.flushes.append(range(pending, made))
+                pending = made
+        grad.pending_lo = pending
+        o = np.argsort(self.rec[0, self.erid[ev]], kind="stable")  # each agent's operations together, in order
+        ev, et = ev[o], et[o]
+        rids, who = self.erid[ev], self.rec[0, self.erid[ev]]
+        kind = _OP[et]
+        m, nb = len(ev), len(grad.flushes)
+        first = np.ones(m + nb, bool)
+        first[1:m] = who[1:] != who[:-1]
+        waits = []  # (waiter, waited, gap)
+        loc, cmb = np.flatnonzero(kind == LOCAL), np.flatnonzero(kind == COMBINE)
+        self.op_of[rids[loc]] = loc
+        at, cnt = self.took[:, ev[cmb]]
+        by = self.op_of[self.took_rid[np.repeat(at - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]]
+        self.op_of[rids[loc]] = -1
+        waits.append((np.repeat(cmb, cnt)[by >= 0], by[by >= 0], 1))  # a combine after the locals it reads
+        if nb:
+            ends = np.array([r.stop for r in grad.flushes], np.int64)
+            lows = np.array([r.start for r in grad.flushes], np.int64)
+            for ops, gap in ((np.flatnonzero(kind == ASK), 0), (loc, 1)):
+                tk = t0 + rids[ops]
+                f = np.searchsorted(ends, tk, "right")
+                ok = f < nb
+                ok[ok] &= tk[ok] >= lows[f[ok]]
+                pair = (m + f[ok], ops[ok]) if gap == 0 else (ops[ok], m + f[ok])
+                waits.append((*pair, gap))  # a batch after its requests of this work; a local after its batch
+        waiter, waited, gap = (np.concatenate([np.asarray(w[q], np.int64) if q < 2 else
+                                               np.full(len(w[0]), w[2], np.int64) for w in waits]) for q in range(3))
+        step = lock_steps(np.concatenate((kind, np.zeros(nb, np.int64))), first, waiter, waited, gap)
+        due: dict[int, list[int]] = {}
+        for f, s in enumerate(step[m:].tolist()):
+            due.setdefault(s, []).append(f)
+        step = step[:m]
+        joined, mixed = d.work.any_round, d.work.mixed
+        handlers = {COMBINE: self.combines, ASK: self.asks, LOCAL: self.locals}
+        for s in sorted({*step.tolist(), *due}):
+            here = np.flatnonzero(step == s)
+            for kd in (COMBINE, ASK, LOCAL):
+                q = here[kind[here] == kd]
+                if not len(q):
+                    continue
+                ks = self.ek[ev[q]]
+                if joined:
+                    groups = [(int(ks[0]) if (ks == ks[0]).all() else mixed, q)]
+                else:
+                    groups = [(kk, q[ks == kk]) for kk in np.unique(ks).tolist()]
+                for kk, g in groups:
+                    handlers[kd](kk, rids[g], ev[g])
+            for f in due.pop(s, ()):
+                grad.evaluate_batch(f)
 
     def asks(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
         """The points (each agent's parameters at its activation), their mini-batches (``RowsAhead``: each agent's own
@@ -984,8 +923,16 @@ class RoundWork:
         who, W = self.rec[0, rids], d.ctx.bank.W
         x = W.index_select(0, torch.from_numpy(who).to(W.device))
         rows = d.work.sampler.take([d.ctx.agents[i] for i in who.tolist()], who, d.grad.first.batch)
-        d.grad.evaluate_step(who.tolist(), (self.t0 + rids).tolist(), x, rows)
-        self.x_at.update(zip(rids.tolist(), zip(itertools.repeat(x), range(len(rids)))))
+        tickets = (self.t0 + rids).tolist()
+        points = list(zip(itertools.repeat(x), range(len(rids))))
+        if d.grad.free:
+            d.grad.evaluate_step(who.tolist(), tickets, x, rows)
+        else:  # (evaluated with their engine batch: ``GradientService.evaluate_batch``)
+            ticket_of = d.grad.ticket_of
+            for tk, e in zip(tickets, zip(who.tolist(), rows)):
+                ticket_of[tk] = e
+            d.grad.at_of.update(zip(tickets, points))
+        self.x_at.update(zip(rids.tolist(), points))
 
     def locals(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
         """``local`` of round k's completions: the payloads kept while a barrier will take them, each agent's part for
@@ -998,7 +945,7 @@ class RoundWork:
         b = Batch([ctx.agents[i] for i in who], k, x, g, ctx.state, lambda n: (t_done[n], made[n], rnd[n], tick[n]))
         if ctx.kernel.local(b, ctx.p) is not None:
             raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
-        if b.k != k or b.more:
+        if (b.k is not k and (isinstance(k, AnyRound) or b.k != k)) or b.more:
             raise RuntimeError("barrier windows: local changed the round index b.k or sent several messages")
         fixed = d.store.fixed
         for size in b.sizes if b.sizes is not None else map(payload_size, b.out):
@@ -1022,13 +969,17 @@ class RoundWork:
         if len(taken):
             made, send = np.unique(taken, return_inverse=True)
             send = send.reshape(-1)
-            sent = self.join(list(map(self.sent.__getitem__, made.tolist())))
+            rows = list(map(self.sent.__getitem__, made.tolist()))
             src = self.rec[0, made]
             keys, vals = self.weights
             q = self.rec[0, rids][recv] * len(ctx.agents) + src[send]
             at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
             w = np.where(keys[at] == q, vals[at], np.nan)  # (NaN: the receiver has no weight for that sender)
-            got = Arrivals(src.tolist(), RowViews(sent), sent, recv, send, w, receivers=len(rl))
+            if self.d.work.small:  # the payloads as one tensor's rows
+                sent = self.join(rows)
+                got = Arrivals(src.tolist(), RowViews(sent), sent, recv, send, w, receivers=len(rl))
+            else:  # a large model's: each a view of its row (no copy), as dicts
+                got = Arrivals(src.tolist(), [t[n] for t, n in rows], None, recv, send, w, receivers=len(rl))
             self.uses[made] -= np.bincount(send, minlength=len(made))
             for pid in made[self.uses[made] == 0].tolist():
                 del self.sent[pid]

@@ -46,8 +46,8 @@ completion).
 
 Where the run allows it (``barrier_plan.admits``), the control is not played event by event: the whole run's control is
 planned round by round as arrays and replayed window by window (rounds/barrier_plan.py), with the same rows, operations
-and records in the same order; its tensor work is the same, or, where the gradients are batch-invariant, round by round
-from the plan's arrays (``barrier_plan.RoundWork``).
+and records in the same order, and its tensor work read from the plan's arrays (``barrier_plan.RoundWork``: round by
+round where the gradients are batch-invariant, else in lock steps over the same waits as here).
 
 Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
 state is then data (``hold``), restored by ``netsim resume`` into a fresh driver (``take_hold``).
@@ -72,7 +72,6 @@ import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds import barrier_plan, lookahead
-from netsim.rounds.barrier_plan import local_ahead
 from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
@@ -550,6 +549,30 @@ class _Driver(WindowDriver):
     def points(self, tickets) -> torch.Tensor:
         """The points of ``tickets`` (kept as (tensor, row) by ``asks``), joined: no tensor per row."""
         return join_rows(list(map(self.grad.at_of.pop, tickets)), share=True)
+
+
+def local_ahead(pend: dict, localed: set, ops_of: dict, recs: dict, t: float, k: int, rid: int, flushed: int,
+                order: Callable[[], int]) -> None:
+    """The engine's ``LocalAhead`` at a gradient's completion at ``t`` (round index ``k``, round record ``rid``): the
+    first of its instant runs ``local`` for every agent of round index k done at t whose request is evaluated (its
+    operation ``(LOCAL, ticket, record, order())``, the completion time on its record); the others ran with it.
+    ``pend``: completion time -> {agent: (k, ticket, record)}; ``localed``: the records whose ``local`` ran early."""
+    if rid in localed:
+        localed.discard(rid)
+        return
+    group = pend[t]
+    for j, (kj, tj, rj) in list(group.items()):
+        if kj == k and tj < flushed:
+            del group[j]
+            recs[rj][2] = t
+            ops = ops_of.get(j)
+            if ops is None:
+                ops = ops_of[j] = []
+            ops.append((LOCAL, tj, rj, order()))
+            if rj != rid:
+                localed.add(rj)
+    if not group:
+        del pend[t]
 
 
 class _Control:

@@ -797,21 +797,59 @@ class Agent:
 class ComputeTimes:
     """``Agent.compute_time`` of many agents at once (a fast driver's round of requests): where every agent's compute
     time is one constant shared by all and no agent can be offline, one call of it times each agent's scale (the
-    same product, so the same bits); else each agent's own ``compute_time``."""
+    same product, so the same bits); else each agent's own ``compute_time``. ``ahead`` (a run no checkpoint cuts, so
+    no stream's position is kept): with no churn, each agent's next ``ahead`` draws are taken at once from its own
+    stream (``Draws.take``: the same values in the same order), and a round's compute times are array work."""
 
-    def __init__(self, agents: list[Agent]):
+    def __init__(self, agents: list[Agent], ahead: int = 0):
         from netsim.sim.streams import Draws
 
         self.scales = np.array([a.compute_scale for a in agents], np.float64)
         draws = list({a.compute_sampler for a in agents})  # a constant compute time: one callable, no stream
         churn = agents[0].sim.world.churn if agents else None
         self.constant = draws[0] if len(draws) == 1 and not isinstance(draws[0], Draws) and churn is None else None
+        self.block: np.ndarray | None = None  # each agent's draws taken ahead, row i agent i's (``ahead``)
+        if ahead and self.constant is None and churn is None \
+                and all(isinstance(a.compute_sampler, Draws) for a in agents):
+            self.agents, self.block, self.col = agents, np.empty((len(agents), ahead)), np.full(len(agents), ahead)
 
     def __call__(self, agents: list[Agent], ids: np.ndarray, now: np.ndarray) -> np.ndarray:
         """The compute times of ``agents`` (ids ``ids``) asking at ``now`` (one time each), in that order."""
         if self.constant is not None:
             return self.constant() * self.scales[ids]
+        block = self.block
+        if block is not None:
+            cols = block.shape[1]
+            for i in ids[self.col[ids] == cols].tolist():  # (used up, or none taken yet)
+                block[i] = self.agents[i].compute_sampler.take(cols)
+                self.col[i] = 0
+            col = self.col[ids]
+            self.col[ids] = col + 1
+            return block[ids, col] * self.scales[ids]  # (``compute_time``'s draw times the scale)
         return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
+
+
+def plan_wakes(agents: list[Agent], ids: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``Agent.plan_wake`` of agents ``ids`` (distinct, ``agents`` indexed by id) at ``now`` (one time each): (their
+    local tick times, their delays). Over arrays where each schedule is a plain periodic one whose tick the run keeps
+    in its array (``Counts.ticks``) and nothing moves or settles an activation: ``Periodic.next`` on the clocks'
+    readings, the same operations on the same values, so the same bits. Else each agent's own."""
+    from netsim.sim.activation import Periodic
+
+    first = agents[0] if agents else None
+    if first is None or not first.sim.loop.counts.ticks_shared or first.sim.world.activation_moves is not None \
+            or any(type(agents[i].schedule) is not Periodic for i in ids.tolist()):
+        got = [agents[i].plan_wake(t) for i, t in zip(ids.tolist(), now.tolist(), strict=True)]
+        return np.array([a for a, _ in got], np.float64), np.array([d for _, d in got], np.float64)
+    ticks = np.frombuffer(first.sim.loop.counts.ticks, np.int64)  # (every agent's, at its id)
+    offset = np.array([agents[i].offset for i in ids.tolist()], np.float64)
+    rate = np.array([agents[i].rate for i in ids.tolist()], np.float64)
+    period = np.array([agents[i].schedule.period for i in ids.tolist()], np.float64)
+    local = offset + rate * now  # (``local_time``)
+    tick = np.maximum(ticks[ids], np.floor(local / period).astype(np.int64)) + 1  # (``Periodic.next``)
+    ticks[ids] = tick
+    at = tick * period
+    return at, np.maximum(0.0, (at - offset) / rate - now)  # (``global_time``; ``max(0.0, ...)``)
 
 
 class RowsAhead:
