@@ -829,7 +829,7 @@ class RoundWork:
         self.sent: dict[int, tuple] = {}  # round record -> its payload, (tensor, row), while a barrier will take it
         self.lo = 0  # the events whose operations are done
         self.asked = np.cumsum(et == E_ACT) - (et == E_ACT)  # requests made before each event (``_steps``' batches)
-        self.op_of = np.full(act.n, -1, np.int64)  # (``_steps``' scratch: a round record's local in the work)
+        self.op_of = np.full(max(act.n, n), -1, np.int64)  # (``_steps``' scratch, by round record or agent)
 
     def run(self, hi: int) -> None:
         """The operations of events ``lo:hi`` (played since the last work): round by round where the gradients are
@@ -867,7 +867,11 @@ class RoundWork:
                 grad.flushes.append(range(pending, made))
                 pending = made
         grad.pending_lo = pending
-        o = np.argsort(self.rec[0, self.erid[ev]], kind="stable")  # each agent's operations together, in order
+        who = self.rec[0, self.erid[ev]]
+        agents, at = np.unique(who, return_index=True)  # each agent's operations together, in order, the agents in
+        self.op_of[agents] = at  # the order of their first (the gradient batches' order: their rows taken unmoved)
+        o = np.argsort(self.op_of[who], kind="stable")
+        self.op_of[agents] = -1
         ev, et = ev[o], et[o]
         rids, who = self.erid[ev], self.rec[0, self.erid[ev]]
         kind = _OP[et]
@@ -920,8 +924,8 @@ class RoundWork:
         """The points (each agent's parameters at its activation), their mini-batches (``RowsAhead``: each agent's own
         stream, in its own order) and their gradients, in one call."""
         d = self.d
-        who, W = self.rec[0, rids], d.ctx.bank.W
-        x = W.index_select(0, torch.from_numpy(who).to(W.device))
+        who = self.rec[0, rids]
+        x = d.work.gather(who.tolist())
         rows = d.work.sampler.take([d.ctx.agents[i] for i in who.tolist()], who, d.grad.first.batch)
         tickets = (self.t0 + rids).tolist()
         points = list(zip(itertools.repeat(x), range(len(rids))))

@@ -916,13 +916,8 @@ class _Work:
         drawn here for every agent of the step at once (``RowsAhead``: each agent's draws from its own stream, in its
         own order, as ``Agent.gradient`` draws them at the activation)."""
         d = self.d
-        who, W, spare = [i for i, _ in step], d.ctx.bank.W, self.spare
-        at = as_index(who, W.device)
-        if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
-            x = torch.index_select(W, 0, at, out=spare)  # (written over: no fresh pages to fault in)
-        else:
-            x = W.index_select(0, at)
-            self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
+        who = [i for i, _ in step]
+        x = self.gather(who)
         self.x_at.update((o[2], (x, n)) for n, (_, o) in enumerate(step))  # (x, row): ``join_rows`` joins them
         tickets = [o[1] for _, o in step]
         rows = self.sampler.take(list(map(d.ctx.agents.__getitem__, who)), np.array(who, np.int64), d.grad.first.batch)
@@ -933,6 +928,17 @@ class _Work:
         for n, (tk, i, r) in enumerate(zip(tickets, who, rows, strict=True)):
             ticket_of[tk] = (i, r)
             at_of[tk] = (x, n)
+
+    def gather(self, who: list[int]) -> torch.Tensor:
+        """The parameters of agents ``who`` now, as one tensor's rows: a large one written over the last one's tensor
+        where nothing reads it any more (no fresh pages to fault in)."""
+        W, spare = self.d.ctx.bank.W, self.spare
+        at = as_index(who, W.device)
+        if spare is not None and len(spare) == len(who) and unused(spare):  # (no payload, part or point reads it)
+            return torch.index_select(W, 0, at, out=spare)
+        x = W.index_select(0, at)
+        self.spare = x if x.numel() * x.element_size() >= POOLED_BYTES else None
+        return x
 
     def locals(self, step: list) -> None:
         """``local`` of the agents whose gradients are evaluated, one call per round index."""
