@@ -977,8 +977,9 @@ class RoundWork:
             src = self.rec[0, made]
             keys, vals = self.weights
             q = self.rec[0, rids][recv] * len(ctx.agents) + src[send]
-            at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-            w = np.where(keys[at] == q, vals[at], np.nan)  # (NaN: the receiver has no weight for that sender)
+            at = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
+            w = np.where(keys[at] == q, vals[at], np.nan) if len(keys) else np.full(len(q), np.nan)  # (NaN: the
+            # receiver has no weight for that sender)
             if self.d.work.small:  # the payloads as one tensor's rows
                 sent = self.join(rows)
                 got = Arrivals(src.tolist(), RowViews(sent), sent, recv, send, w, receivers=len(rl))
