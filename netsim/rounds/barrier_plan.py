@@ -34,7 +34,7 @@ import itertools
 import numpy as np
 import torch
 
-from netsim.rounds.kernel import AnyRound, Arrivals, Batch, RowViews
+from netsim.rounds.kernel import AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
 from netsim.sim.agent import ComputeTimes, plan_wakes
@@ -51,6 +51,7 @@ _R = RECORD.size
 # the plan's event types (their order in its tables)
 E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT, E_BAR = range(6)
 _OP = np.array([ASK, LOCAL, -1, -1, -1, COMBINE], np.int64)  # each event type's tensor operation
+_PHASE = np.array([0, 1, 3, 3, 3, 2], np.int64)  # ... and its place in a round (point, local, combine)
 _KIND = (ACT, DONE, ARR, TIMER, SENT, BARRIER)
 
 
@@ -790,10 +791,7 @@ class RoundWork:
     (``_steps``)."""
 
     def __init__(self, d, plan: Plan, rid: np.ndarray, rid_of: np.ndarray):
-        from netsim.rounds import barrier_windows
-
         self.d, self.plan = d, plan
-        self.join = lambda rows, share=False: barrier_windows.join_rows(rows, share)  # (the module's, as patched)
         act, done, bar = plan.ev.act, plan.ev.done, plan.ev.bar
         et, ei, n = plan.etype, plan.eidx, len(d.ctx.agents)
         self.t0 = len(d.grad.ticket_of)  # round record r's gradient request: ticket t0 + r (one an activation)
@@ -824,9 +822,12 @@ class RoundWork:
         # each agent's weight of each in-neighbour, sorted by (agent, sender): looked up as arrays
         pairs = sorted((a.id * n + src, w) for a in d.ctx.agents for src, w in a.weights.items())
         self.weights = (np.array([q for q, _ in pairs], np.int64), np.array([w for _, w in pairs], np.float64))
-        self.x_at: dict[int, tuple] = {}  # round record -> its point: (tensor, row)
         self.parts: dict[int, tuple] = {}  # round record -> (batch, row, ``cuts``) for its ``combine``
-        self.sent: dict[int, tuple] = {}  # round record -> its payload, (tensor, row), while a barrier will take it
+        # each round record's point and payload (while a barrier will take it) as rows of the tensors kept here:
+        # (tensor, row) of each, -1 where none; each tensor's rows still read
+        self.at = np.full((4, act.n), -1, np.int64)
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.live: dict[int, int] = {}
         self.lo = 0  # the events whose operations are done
         self.asked = np.cumsum(et == E_ACT) - (et == E_ACT)  # requests made before each event (``_steps``' batches)
         self.op_of = np.full(max(act.n, n), -1, np.int64)  # (``_steps``' scratch, by round record or agent)
@@ -841,12 +842,14 @@ class RoundWork:
         if not self.d.grad.free:
             self._steps(ev)
             return
-        et, k = self.plan.etype[ev], self.ek[ev]
-        for kk in np.unique(k).tolist():
-            for kind, step in ((E_ACT, self.asks), (E_DONE, self.locals), (E_BAR, self.combines)):
-                m = ev[(k == kk) & (et == kind)]
-                if len(m):
-                    step(kk, self.erid[m], m)
+        phase = _PHASE[self.plan.etype[ev]]
+        o = np.lexsort((phase, self.ek[ev]))  # by round index, then points, locals, combines; in order within
+        ev, key = ev[o], self.ek[ev[o]] * 3 + phase[o]
+        cut = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(ev)]
+        steps = (self.asks, self.locals, self.combines)
+        for a, b in zip(cut[:-1], cut[1:]):
+            kk, ph = divmod(int(key[a]), 3)
+            steps[ph](kk, self.erid[ev[a:b]], ev[a:b])
 
     def _steps(self, ev: np.ndarray) -> None:
         """The operations of events ``ev`` in the earliest lock steps that keep each agent's order and come after what
@@ -928,21 +931,20 @@ class RoundWork:
         x = d.work.gather(who.tolist())
         rows = d.work.sampler.take([d.ctx.agents[i] for i in who.tolist()], who, d.grad.first.batch)
         tickets = (self.t0 + rids).tolist()
-        points = list(zip(itertools.repeat(x), range(len(rids))))
         if d.grad.free:
             d.grad.evaluate_step(who.tolist(), tickets, x, rows)
         else:  # (evaluated with their engine batch: ``GradientService.evaluate_batch``)
             ticket_of = d.grad.ticket_of
             for tk, e in zip(tickets, zip(who.tolist(), rows)):
                 ticket_of[tk] = e
-            d.grad.at_of.update(zip(tickets, points))
-        self.x_at.update(zip(rids.tolist(), points))
+            d.grad.at_of.update(zip(tickets, zip(itertools.repeat(x), range(len(rids)))))
+        self._keep(0, rids, x)
 
     def locals(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
         """``local`` of round k's completions: the payloads kept while a barrier will take them, each agent's part for
         its ``combine``, the releases for their rows (``_Driver.decide``)."""
         d, rl, ctx = self.d, rids.tolist(), self.d.ctx
-        x = self.join(list(map(self.x_at.pop, rl)), share=True)
+        x = self._take(0, rids, share=True)
         g = d.grad.evaluated.take((self.t0 + rids).tolist())
         made: list[list] = [[] for _ in rl]
         t_done, (who, rnd, tick) = self.t_done[rids].tolist(), self.rec[:, rids].tolist()
@@ -958,8 +960,9 @@ class RoundWork:
                                    f"and a payload of {size} was sent")
         d.store.released.update(zip(rl, made))
         self.parts.update(zip(rl, zip(itertools.repeat(b), range(len(rl)), itertools.repeat(d.work.cuts(b)))))
-        sent = b.sent if b.sent is not None else torch.stack(list(b.out))
-        self.sent.update((rl[n], (sent, n)) for n in np.flatnonzero(self.uses[rids]).tolist())
+        kept = np.flatnonzero(self.uses[rids])
+        if len(kept):
+            self._keep(2, rids, b.sent if b.sent is not None else torch.stack(list(b.out)), kept)
 
     def combines(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
         """``combine`` of round k's barriers with what each took, in arrival order (``Arrivals``: no dict per
@@ -973,7 +976,6 @@ class RoundWork:
         if len(taken):
             made, send = np.unique(taken, return_inverse=True)
             send = send.reshape(-1)
-            rows = list(map(self.sent.__getitem__, made.tolist()))
             src = self.rec[0, made]
             keys, vals = self.weights
             q = self.rec[0, rids][recv] * len(ctx.agents) + src[send]
@@ -981,15 +983,57 @@ class RoundWork:
             w = np.where(keys[at] == q, vals[at], np.nan) if len(keys) else np.full(len(q), np.nan)  # (NaN: the
             # receiver has no weight for that sender)
             if self.d.work.small:  # the payloads as one tensor's rows
-                sent = self.join(rows)
+                sent = self._rows(2, made)
                 got = Arrivals(src.tolist(), RowViews(sent), sent, recv, send, w, receivers=len(rl))
             else:  # a large model's: each a view of its row (no copy), as dicts
-                got = Arrivals(src.tolist(), [t[n] for t, n in rows], None, recv, send, w, receivers=len(rl))
+                tensors = self.tensors
+                got = Arrivals(src.tolist(), [tensors[t][n] for t, n in self.at[2:, made].T.tolist()], None, recv,
+                               send, w, receivers=len(rl))
             self.uses[made] -= np.bincount(send, minlength=len(made))
-            for pid in made[self.uses[made] == 0].tolist():
-                del self.sent[pid]
+            self._drop(2, made[self.uses[made] == 0])
         else:
             got = Arrivals([], [], None, recv, taken, np.zeros(0), receivers=len(rl))
         if ctx.kernel.combine(b, ctx.p, got) is not None:
             raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
                                "refused)")
+
+    # the points and payloads, kept as rows of their batches' tensors -----------------------------------------------
+    def _keep(self, c: int, rids: np.ndarray, t: torch.Tensor, rows: np.ndarray | None = None) -> None:
+        """Rows ``rows`` (default: all) of tensor ``t`` as the points (``c`` 0) or payloads (``c`` 2) of ``rids``."""
+        rows = np.arange(len(rids)) if rows is None else rows
+        key = len(self.tensors) and max(self.tensors) + 1
+        self.tensors[key], self.live[key] = t, len(rows)
+        self.at[c, rids[rows]], self.at[c + 1, rids[rows]] = key, rows
+
+    def _rows(self, c: int, rids: np.ndarray, share: bool = False) -> torch.Tensor:
+        """The rows of ``rids`` as one tensor, a copy (``join_rows``'), or with ``share`` the tensor itself where they
+        are all its rows in order."""
+        src, row = self.at[c, rids], self.at[c + 1, rids]
+        keys = np.unique(src)
+        if len(keys) == 1:
+            t = self.tensors[int(keys[0])]
+            if share and len(row) == len(t) and (row == np.arange(len(t))).all():
+                return t
+            return t.index_select(0, as_index(row, t.device))
+        ats = [np.flatnonzero(src == k) for k in keys.tolist()]
+        out = torch.cat([self.tensors[k].index_select(0, as_index(row[m], self.tensors[k].device))
+                         for k, m in zip(keys.tolist(), ats)])
+        back = np.empty(len(rids), np.int64)
+        back[np.concatenate(ats)] = np.arange(len(rids))
+        return out.index_select(0, as_index(back, out.device))
+
+    def _take(self, c: int, rids: np.ndarray, share: bool = False) -> torch.Tensor:
+        """``_rows``, which are then forgotten."""
+        out = self._rows(c, rids, share)
+        self._drop(c, rids)
+        return out
+
+    def _drop(self, c: int, rids: np.ndarray) -> None:
+        if not len(rids):
+            return
+        keys, n = np.unique(self.at[c, rids], return_counts=True)
+        self.at[c, rids] = -1
+        for k, m in zip(keys.tolist(), n.tolist()):
+            self.live[k] -= m
+            if not self.live[k]:
+                del self.live[k], self.tensors[k]

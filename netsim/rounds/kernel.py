@@ -269,14 +269,15 @@ class Batch:
         return as_index(self.ids if self.order is None else self.order, self.x.device)
 
     def _rowlist(self, t: torch.Tensor) -> Sequence[torch.Tensor]:
-        """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views."""
+        """The rows of one of the batch's tensors: those it was made from when ``t`` is its x or g, else views, made
+        when first read (``RowViews``: a windowed driver often hands the payloads on as the tensor itself)."""
         made = self._rows
         if made is not None:
             if t is made[0] and made[1] is not None:
                 return made[1]
             if t is made[2] and made[3] is not None:
                 return made[3]
-        return t.unbind(0)
+        return RowViews(t)
 
     def _row(self, t: torch.Tensor) -> torch.Tensor:
         """Row 0 of a batch of one's tensor."""
