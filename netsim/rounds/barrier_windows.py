@@ -72,7 +72,7 @@ import torch
 
 from netsim.compute.mixing import POOLED_BYTES, unused
 from netsim.rounds import barrier_plan, lookahead
-from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, RowViews, as_index
+from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, Picked, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
 from netsim.sim.agent import RowsAhead
@@ -1068,7 +1068,7 @@ class _Work:
         b = Batch([q.agents[n] for q, n, _ in parts], first.k, join_rows([(q.x, n) for q, n, _ in parts], share=True),
                   None if first.g is None else join_rows([(q.g, n) for q, n, _ in parts], share=True), self.d.ctx.state)
         b.s = first.s
-        b.out = [q.out[n] for q, n, _ in parts]
+        b.out = Picked([(q.out, n) for q, n, _ in parts])  # (read only where a hook or a checkpoint reads them)
         if any(q.sizes is not None for q, _, _ in parts):
             b.sizes = [payload_size(q.out[n]) if q.sizes is None else q.sizes[n] for q, n, _ in parts]
         for name, v in kept.items():

@@ -576,6 +576,25 @@ class RowViews(Sequence):
         return iter(self._made())
 
 
+class Picked(Sequence):
+    """Items of other sequences, ``(sequence, index)`` each, read when asked for: a joined batch's payloads, the rows of
+    its parts' ``RowViews`` made only where a hook reads them."""
+
+    __slots__ = ("picks",)
+
+    def __init__(self, picks: list[tuple[Sequence, int]]):
+        self.picks = picks
+
+    def __getitem__(self, n):
+        if isinstance(n, slice):
+            return [seq[i] for seq, i in self.picks[n]]
+        seq, i = self.picks[n]
+        return seq[i]
+
+    def __len__(self) -> int:
+        return len(self.picks)
+
+
 # Python's float ``sum`` adds one term after the other before 3.12, and compensates the rounding from 3.12 on
 _PLAIN_SUM = sum([1e16, 1.0, -1e16]) == 0.0
 
