@@ -1,6 +1,6 @@
 """The engine's rules over a batch (netsim/sim/), as a planned run takes them: a round of broadcasts
-(``network.Broadcasts``), compute times taken ahead (``ComputeTimes(ahead=...)``) and periodic wakes
-(``agent.plan_wakes``) give the bits of the rules they batch (``lean_outcomes``, ``Agent.compute_time``,
+(``network.Broadcasts``), compute times taken ahead (``ComputeTimes(ahead=...)``) and periodic or Bernoulli wakes
+(``agent.Wakes``) give the bits of the rules they batch (``lean_outcomes``, ``Agent.compute_time``,
 ``Agent.plan_wake``) on a twin simulation, round after round, past the blocks taken ahead."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from netsim.api import prepare
-from netsim.sim.agent import ComputeTimes, plan_wakes
+from netsim.sim.agent import ComputeTimes, Wakes
 from netsim.sim.network import Broadcasts, lean_outcomes
 
 
-def twins(scenario, **net):
+def twins(scenario, activation=None, **net):
     sc = scenario(run={"until": 10.0},
                   agents={"count": 9, "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.3},
                           "clock_drift": {"kind": "normal", "mean": 0.0, "sigma": 0.01},
                           "compute_time": {"kind": "lognormal", "mean": 0.05, "sigma": 0.5},
-                          "activation": {"kind": "periodic", "period": 0.25}},
+                          "activation": activation or {"kind": "periodic", "period": 0.25}},
                   topology={"kind": "ring"},
                   network={"latency": {"kind": "lognormal", "mean": 0.02, "sigma": 0.5}, **net})
     return prepare(sc), prepare(sc)
@@ -58,16 +58,19 @@ def test_compute_times_taken_ahead_are_each_agents_own(scenario):
         assert got.tolist() == [b.agents[i].compute_time(t) for i, t in zip(ids.tolist(), now.tolist())]
 
 
-def test_periodic_wakes_over_arrays_are_plan_wakes(scenario):
-    """Drifting, offset clocks, ticks skipped while busy: the ticks and delays of ``Agent.plan_wake``, and the ticks
-    left in the run's array."""
-    a, b = twins(scenario)
+@pytest.mark.parametrize("activation", [None, {"kind": "bernoulli", "period": 0.25, "p": 0.4}])
+def test_wakes_over_arrays_are_plan_wakes(scenario, activation):
+    """Drifting, offset clocks, ticks skipped while busy, Bernoulli gaps drawn ahead (past a block's end): the ticks
+    and delays of ``Agent.plan_wake``, and the ticks left in the run's array."""
+    a, b = twins(scenario, activation)
+    wakes = Wakes(a.agents, ahead=3)
+    assert wakes.arrays
     rng = np.random.default_rng(2)
     now = np.zeros(len(a.agents))
     for _ in range(12):
         ids = np.flatnonzero(rng.random(len(a.agents)) < 0.8)
         now[ids] += rng.uniform(0.0, 0.7, len(ids))
-        at, delay = plan_wakes(a.agents, ids, now[ids])
+        at, delay = wakes(ids, now[ids])
         want = [b.agents[i].plan_wake(t) for i, t in zip(ids.tolist(), now[ids].tolist())]
         assert at.tolist() == [w[0] for w in want] and delay.tolist() == [w[1] for w in want]
         assert [x.schedule.tick for x in a.agents] == [x.schedule.tick for x in b.agents]

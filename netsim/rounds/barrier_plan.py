@@ -37,7 +37,7 @@ import torch
 from netsim.rounds.kernel import AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
-from netsim.sim.agent import ComputeTimes, plan_wakes
+from netsim.sim.agent import ComputeTimes, Wakes
 from netsim.sim.network import Broadcasts, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
@@ -156,7 +156,8 @@ class Plan:
         rnd = np.frombuffer(ctx.sim.loop.counts.rounds, np.int64).copy()
         A = np.empty(n)
         AT = np.empty(n)
-        AT[:], delay = plan_wakes(agents, np.arange(n), np.full(n, now0))  # each program's first wake, in agent order
+        wakes = Wakes(agents, ahead=32)
+        AT[:], delay = wakes(np.arange(n), np.full(n, now0))  # each program's first wake, in agent order
         A[:] = now0 + delay  # (``WindowDriver._windows``)
         rnd += 1
         times.append(A.copy())
@@ -316,7 +317,7 @@ class Plan:
                 c = cause_t[w]
                 self.ev.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
                              took=took_at[w], ntook=took_n[w])
-                ats, delay = plan_wakes(agents, w, c)  # each program's next wake (``Agent.wake``)
+                ats, delay = wakes(w, c)  # each program's next wake (``Agent.wake``)
                 nxt = c + delay
                 A[w], AT[w] = nxt, ats
                 rnd[w] += 1

@@ -829,27 +829,49 @@ class ComputeTimes:
         return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
 
 
-def plan_wakes(agents: list[Agent], ids: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``Agent.plan_wake`` of agents ``ids`` (distinct, ``agents`` indexed by id) at ``now`` (one time each): (their
-    local tick times, their delays). Over arrays where each schedule is a plain periodic one whose tick the run keeps
-    in its array (``Counts.ticks``) and nothing moves or settles an activation: ``Periodic.next`` on the clocks'
-    readings, the same operations on the same values, so the same bits. Else each agent's own."""
-    from netsim.sim.activation import Periodic
+class Wakes:
+    """``Agent.plan_wake`` of many agents at once (``wakes(ids, now)``: their local tick times and delays). Over arrays
+    where each schedule is a plain periodic or Bernoulli one whose tick the run keeps in its array (``Counts.ticks``)
+    and nothing moves or settles an activation: ``Periodic.next`` on the clocks' readings, the same operations on the
+    same values, so the same bits; a Bernoulli schedule's geometric gaps drawn ``ahead`` at a time from its own stream
+    (the values of one draw at a time, in the same order: a run no checkpoint cuts, so no position is kept; with
+    ``ahead`` 0, agent by agent). Else each agent's own ``plan_wake``."""
 
-    first = agents[0] if agents else None
-    if first is None or not first.sim.loop.counts.ticks_shared or first.sim.world.activation_moves is not None \
-            or any(type(agents[i].schedule) is not Periodic for i in ids.tolist()):
-        got = [agents[i].plan_wake(t) for i, t in zip(ids.tolist(), now.tolist(), strict=True)]
-        return np.array([a for a, _ in got], np.float64), np.array([d for _, d in got], np.float64)
-    ticks = np.frombuffer(first.sim.loop.counts.ticks, np.int64)  # (every agent's, at its id)
-    offset = np.array([agents[i].offset for i in ids.tolist()], np.float64)
-    rate = np.array([agents[i].rate for i in ids.tolist()], np.float64)
-    period = np.array([agents[i].schedule.period for i in ids.tolist()], np.float64)
-    local = offset + rate * now  # (``local_time``)
-    tick = np.maximum(ticks[ids], np.floor(local / period).astype(np.int64)) + 1  # (``Periodic.next``)
-    ticks[ids] = tick
-    at = tick * period
-    return at, np.maximum(0.0, (at - offset) / rate - now)  # (``global_time``; ``max(0.0, ...)``)
+    def __init__(self, agents: list[Agent], ahead: int = 0):
+        from netsim.sim.activation import Bernoulli, Periodic
+
+        self.agents = agents
+        kinds = {type(a.schedule) for a in agents}
+        first = agents[0] if agents else None
+        self.arrays = first is not None and first.sim.loop.counts.ticks_shared \
+            and first.sim.world.activation_moves is None and kinds <= ({Periodic, Bernoulli} if ahead else {Periodic})
+        if self.arrays:
+            self.clock = np.array([[a.offset, a.rate, a.schedule.period] for a in agents], np.float64).T
+            self.p = np.array([getattr(a.schedule, "p", 1.0) for a in agents], np.float64)
+            self.gaps, self.col = np.zeros((len(agents), ahead), np.int64), np.full(len(agents), ahead)
+
+    def __call__(self, ids: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        agents = self.agents
+        if not self.arrays or not agents[0].sim.loop.counts.ticks_shared:  # (a schedule replaced since: its own)
+            got = [agents[i].plan_wake(t) for i, t in zip(ids.tolist(), now.tolist(), strict=True)]
+            return np.array([a for a, _ in got], np.float64), np.array([d for _, d in got], np.float64)
+        ticks = np.frombuffer(agents[0].sim.loop.counts.ticks, np.int64)  # (every agent's, at its id)
+        offset, rate, period = self.clock[:, ids]
+        local = offset + rate * now  # (``local_time``)
+        tick = np.maximum(ticks[ids], np.floor(local / period).astype(np.int64)) + 1  # (``Periodic.next``)
+        skip = ids[self.p[ids] < 1.0]  # (``Bernoulli.next``: the ticks skipped, a geometric gap)
+        if len(skip):
+            cols = self.gaps.shape[1]
+            for i in skip[self.col[skip] == cols].tolist():  # (used up, or none drawn yet)
+                sched = agents[i].schedule
+                self.gaps[i] = sched.rng.geometric(sched.p, size=cols)
+                self.col[i] = 0
+            col = self.col[skip]
+            self.col[skip] = col + 1
+            tick[self.p[ids] < 1.0] += self.gaps[skip, col] - 1
+        ticks[ids] = tick
+        at = tick * period
+        return at, np.maximum(0.0, (at - offset) / rate - now)  # (``global_time``; ``max(0.0, ...)``)
 
 
 class RowsAhead:
