@@ -581,7 +581,6 @@ class Plan:
         stale_arr = np.zeros(arr.n, np.int64)
         if self.ev.stale_at:
             stale_arr[np.fromiter(self.ev.stale_at, np.int64)] = 1
-        self.stale_arr = stale_arr.astype(bool)
         disc = np.zeros(len(et), np.int64)
         pos_of = {}  # (type, row) of a gather with discards -> its place in the order
         if self.ev.discards:
@@ -592,7 +591,6 @@ class Plan:
                     mk = np.flatnonzero(et == ty)
                     inv[ei[mk]] = mk
                     pos_of.update(((ty, r), int(inv[r])) for r in rows_)
-        self.pos_of = pos_of
         m_act, m_done, m_arr, m_timer, m_sent = (et == e for e in (E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT))
         cnt[m_act] = 2
         cnt[m_done] = 1 + done.deg[ei[m_done]] + drops_of[ei[m_done]]
