@@ -38,6 +38,7 @@ from netsim.rounds.kernel import AnyRound, Arrivals, Batch, RowViews, as_index
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, STOP, UNTIL
 from netsim.sim import rows as shapes
 from netsim.sim.agent import ComputeTimes, Wakes
+from netsim.sim.graph_arrays import spans
 from netsim.sim.network import Broadcasts, payload_size
 from netsim.sim.rows import CODES
 from netsim.trace.events import Stale
@@ -135,7 +136,7 @@ class Plan:
 
     def __init__(self, d):
         ctx = d.ctx
-        agents = self.agents = ctx.agents
+        agents = ctx.agents
         n = self.n = len(agents)
         U = self.U = ctx.until
         T = self.T = ctx.p.round_timeout
@@ -183,8 +184,7 @@ class Plan:
             g = deg[ids]
             m = int(g.sum())
             starts = np.cumsum(g) - g
-            lidx = np.repeat(ptr[ids] - starts, g) + np.arange(m)
-            dst = nb_flat[lidx]
+            dst = nb_flat[spans(ptr[ids], g)]
             reason = np.where(lost, loss, 0)
             self.ev.link.add(dst=dst, delay=delay, reason=reason)
             ok = reason == 0
@@ -258,11 +258,12 @@ class Plan:
             first_timer = self.ev.timer.add(t=tmo[lg], agent=lg, k=np.full(len(lg), k),
                                          missing=(expect[lg] - before_t[lg]).astype(np.float64))
             times.append(tmo[np.flatnonzero(fast & ~(full & (rmax < Gk)))])
+            cols = (mR, ms, msub, mlid, arr_row)  # (the round's messages, for ``_msg``)
             if len(lg):
                 after = np.flatnonzero(late[md] & ~inb)
                 for q in after.tolist():
                     j = int(md[q])
-                    left[j].append((float(mR[q]), k, int(ms[q]), int(msub[q]), int(mlid[q]), int(arr_row[q])))
+                    left[j].append(_msg(cols, k, q))
                     has_left[j] = True
             # the barriers' completions, their causes and what each took
             cause_type = np.full(n, -1)
@@ -290,8 +291,7 @@ class Plan:
             if slow:
                 mine: dict[int, list] = {}
                 for q in np.flatnonzero(~fast[md]).tolist():
-                    mine.setdefault(int(md[q]), []).append(
-                        (float(mR[q]), k, int(ms[q]), int(msub[q]), int(mlid[q]), int(arr_row[q])))
+                    mine.setdefault(int(md[q]), []).append(_msg(cols, k, q))
                 timers: list[tuple] = []
                 for j in slow:
                     ge_type = E_SENT if txk[j] else E_DONE
@@ -348,6 +348,7 @@ class Plan:
         queued = [m for m in old + mine if arrived_before(m, ge, g)]
         if len(queued) > 1:
             queued = self._arrival_order(queued)
+        inq = set(queued)
         got: dict = {}
         cause = None
         discards, rest = [], []
@@ -369,17 +370,14 @@ class Plan:
             tmo = g + T
             times.append([tmo])
             timer = (TIMER, k, j)
-            inq = set(queued)
             live = [m for m in mine if m not in inq]
             if len(live) > 1:
                 live = self._arrival_order(live)
             timer_processed = tmo < U or (tmo == U and g < U)
-            for m in live:
+            for m in live:  # (taken while processed: before its timer and before the stop)
                 r = m[0]
-                if not (r < tmo or (r == tmo and before((ARR, m[1], m[2], m[3]), timer))) or not timer_processed \
-                        and not (r < U or (r == U and self.per.D[k][m[2]] < U)):
-                    break
-                if not (r < U or (r == U and self.per.D[k][m[2]] < U)):
+                if not (r < U or (r == U and self.per.D[k][m[2]] < U)) \
+                        or not (r < tmo or (r == tmo and before((ARR, m[1], m[2], m[3]), timer))):
                     break
                 got[m[2]] = m
                 if len(got) == expect:
@@ -391,7 +389,6 @@ class Plan:
                 timers.append((tmo, j, float(expect - len(got))))
                 cause = (tmo, (E_TIMER, row))
                 cause_h = timer
-        inq = set(queued)
         still = rest
         tc = None if cause_h is None else cause[0]
         for m in old:  # older messages arriving while it is open: discarded at their arrival (after its row)
@@ -555,7 +552,7 @@ class Plan:
         else:
             raise RuntimeError("barrier plan: the order of simultaneous events did not settle")
         ty = np.searchsorted(base, o, "right") - 1
-        self.etype, self.eidx = ty, o - base[ty]
+        self.etype, self.eidx, self.etime = ty, o - base[ty], t[o]
 
     def _pack(self, words, mid0: int, tag: int) -> None:
         """Every event's trace rows, packed in order (``rows``), and each event's first row (``first_row``); the
@@ -571,7 +568,7 @@ class Plan:
         mid = np.empty(nlinks, np.int64)  # (consecutive along the completions' links, in their order)
         if nlinks:
             lens = done.deg[d_order]
-            lid = np.repeat(done.l0[d_order] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            lid = spans(done.l0[d_order], lens)
             mid[lid] = mid0 + np.arange(len(lid))
         # rows an event makes
         cnt = np.zeros(len(et), np.int64)
@@ -621,7 +618,7 @@ class Plan:
         put(q, shapes.compute_end(done.t[r], done.agent[r], C))
         if nlinks:
             lens = done.deg[r]
-            lid = np.repeat(done.l0[r] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            lid = spans(done.l0[r], lens)
             owner = np.repeat(np.arange(len(r)), lens)
             dr = drops[lid]
             # a link's row: after the completion's row and the links before it in the broadcast (a dropped one: two)
@@ -664,6 +661,13 @@ class Plan:
         self.rows = out.view(np.uint8).reshape(-1)  # (the packed records: RECORD's layout)
 
 
+def _msg(cols: tuple, k: int, q: int) -> tuple:
+    """Message ``q`` of round k's (times, senders, ranks, links, rows) as ``_barrier`` reads it: (time, round, sender,
+    rank, link, row)."""
+    t, src, sub, lid, row = cols
+    return float(t[q]), k, int(src[q]), int(sub[q]), int(lid[q]), int(row[q])
+
+
 def _col(tab, name, row):
     if hasattr(tab, "parts"):  # (during planning: the rounds' parts so far)
         return np.concatenate(tab.parts[name])[row]
@@ -686,18 +690,19 @@ class Replay:
         self.evals = 0  # the evaluator's events processed
         self.done_t = -np.inf  # every event before this time was played
         et, ei = plan.etype, plan.eidx
-        tabs = (plan.ev.act, plan.ev.done, plan.ev.arr, plan.ev.timer, plan.ev.sent, plan.ev.bar)
-        self.t = np.empty(len(et))  # each event's time, in order
-        for e, tab in enumerate(tabs):
-            m = et == e
-            self.t[m] = tab.t[ei[m]]
         n = len(ctx.agents)
-        act = plan.ev.act
+        act, done, bar = plan.ev.act, plan.ev.done, plan.ev.bar
         rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
         rid[ei[et == E_ACT]] = np.arange(act.n)
         rid_of = np.full((plan.rounds, n), -1, np.int64)
         rid_of[act.k, act.agent] = rid
         self.rounds = RoundWork(d, plan, rid, rid_of)
+        # what the control does at each event: the message ids its sends take, the agent it wakes
+        self.ids, self.woken = np.zeros(len(et), np.int64), np.full(len(et), -1, np.int64)
+        m = et == E_DONE
+        self.ids[m] = done.deg[ei[m]]
+        m = et == E_BAR
+        self.woken[m] = bar.agent[ei[m]]
         ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
 
     def first_due(self) -> float | None:
@@ -717,7 +722,7 @@ class Replay:
         d, plan = self.d, self.plan
         q = d.events
         cur, soon = q.cur, q.soon
-        ts = self.t
+        ts = plan.etime
         n_ev = len(ts)
         t = q.now
         try:
@@ -767,10 +772,10 @@ class Replay:
         d.grad.ticket_of.extend(itertools.repeat(None, int(np.count_nonzero(et == E_ACT))))
         m = np.flatnonzero(et == E_DONE) + lo
         self.slots.extend(zip((base + plan.first_row[m] + 1).tolist(), work.erid[m].tolist()))
-        ids = int(work.deg[lo:hi].sum())
+        ids = int(self.ids[lo:hi].sum())
         if ids:
             d.ctx.net.take_ids(ids)
-        w = work.woken[lo:hi]
+        w = self.woken[lo:hi]
         w = w[w >= 0]
         if len(w):
             d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
@@ -798,23 +803,19 @@ class RoundWork:
         self.rec[:, rid] = act.agent, act.rnd, act.tick
         self.t_done = np.full(act.n, np.nan)  # ... and its completion's time
         self.t_done[rid_of[done.k, done.agent]] = done.t
-        # each event's round record and round index (-1: none), the message ids its sends take and the agent it wakes
+        # each event's round record and round index (-1: none)
         self.erid, self.ek = np.full(len(et), -1, np.int64), np.full(len(et), -1, np.int64)
-        self.deg, self.woken = np.zeros(len(et), np.int64), np.full(len(et), -1, np.int64)
         for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
             m = np.flatnonzero(et == ty)
             r = ei[m]
             self.ek[m] = tab.k[r]
             self.erid[m] = rid[r] if ty == E_ACT else rid_of[tab.k[r], tab.agent[r]]
-        m = et == E_DONE
-        self.deg[m] = done.deg[ei[m]]
         m = np.flatnonzero(et == E_BAR)
-        self.woken[m] = bar.agent[ei[m]]
         # what each barrier's event took: where its senders' round records start in ``took``, and how many
         self.took = np.zeros((2, len(et)), np.int64)
         self.took[:, m] = bar.took[ei[m]], bar.ntook[ei[m]]
         senders = np.asarray(plan.ev.took, np.int64)
-        at = np.repeat(bar.took - (np.cumsum(bar.ntook) - bar.ntook), bar.ntook) + np.arange(int(bar.ntook.sum()))
+        at = spans(bar.took, bar.ntook)
         self.took_rid = np.full(len(senders), -1, np.int64)
         self.took_rid[at] = rid_of[np.repeat(bar.k, bar.ntook), senders[at]]
         self.uses = np.bincount(self.took_rid[self.took_rid >= 0], minlength=act.n)  # barriers that take each payload
@@ -880,26 +881,32 @@ class RoundWork:
         m, nb = len(ev), len(grad.flushes)
         first = np.ones(m + nb, bool)
         first[1:m] = who[1:] != who[:-1]
-        waits = []  # (waiter, waited, gap)
+        waiter, waited, gap = [], [], []
+
+        def wait(a: np.ndarray, b: np.ndarray, g: int) -> None:  # ``a[n]`` waits for ``b[n]``, ``g`` steps after it
+            waiter.append(a), waited.append(b), gap.append(np.full(len(a), g, np.int64))
+
         loc, cmb = np.flatnonzero(kind == LOCAL), np.flatnonzero(kind == COMBINE)
         self.op_of[rids[loc]] = loc
         at, cnt = self.took[:, ev[cmb]]
-        by = self.op_of[self.took_rid[np.repeat(at - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]]
+        by = self.op_of[self.took_rid[spans(at, cnt)]]
         self.op_of[rids[loc]] = -1
-        waits.append((np.repeat(cmb, cnt)[by >= 0], by[by >= 0], 1))  # a combine after the locals it reads
+        wait(np.repeat(cmb, cnt)[by >= 0], by[by >= 0], 1)  # a combine after the locals it reads
         if nb:
             ends = np.array([r.stop for r in grad.flushes], np.int64)
             lows = np.array([r.start for r in grad.flushes], np.int64)
-            for ops, gap in ((np.flatnonzero(kind == ASK), 0), (loc, 1)):
+            for ops, g in ((np.flatnonzero(kind == ASK), 0), (loc, 1)):
                 tk = t0 + rids[ops]
                 f = np.searchsorted(ends, tk, "right")
                 ok = f < nb
                 ok[ok] &= tk[ok] >= lows[f[ok]]
-                pair = (m + f[ok], ops[ok]) if gap == 0 else (ops[ok], m + f[ok])
-                waits.append((*pair, gap))  # a batch after its requests of this work; a local after its batch
-        waiter, waited, gap = (np.concatenate([np.asarray(w[q], np.int64) if q < 2 else
-                                               np.full(len(w[0]), w[2], np.int64) for w in waits]) for q in range(3))
-        step = lock_steps(np.concatenate((kind, np.zeros(nb, np.int64))), first, waiter, waited, gap)
+                if g == 0:  # a batch after its requests of this work
+                    wait(m + f[ok], ops[ok], 0)
+                else:  # a local after its batch
+                    wait(ops[ok], m + f[ok], 1)
+        step = lock_steps(np.concatenate((kind, np.zeros(nb, np.int64))), first,
+                          np.concatenate(waiter).astype(np.int64), np.concatenate(waited).astype(np.int64),
+                          np.concatenate(gap))
         due: dict[int, list[int]] = {}
         for f, s in enumerate(step[m:].tolist()):
             due.setdefault(s, []).append(f)
@@ -970,7 +977,7 @@ class RoundWork:
         b = self.d.work.rows_of(list(map(self.parts.pop, rl)))
         b.s, b.k = 0, k
         first, cnt = self.took[:, ev]
-        taken = self.took_rid[np.repeat(first - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        taken = self.took_rid[spans(first, cnt)]
         recv = np.repeat(np.arange(len(rl)), cnt)  # (each delivery's payload and receiver, in arrival order)
         if len(taken):
             made, send = np.unique(taken, return_inverse=True)

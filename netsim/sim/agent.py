@@ -28,7 +28,7 @@ from netsim.sim.activation import Schedule, schedule_for
 from netsim.sim.env import Timeout
 from netsim.sim.network import Message, payload_size
 from netsim.sim.services import CommStats, Lookahead
-from netsim.sim.streams import Draws, DrawsAhead, block_rows
+from netsim.sim.streams import Ahead, Draws, DrawsAhead, block_rows
 from netsim.trace.events import Stale
 
 if TYPE_CHECKING:
@@ -216,6 +216,16 @@ class _Resumed(_Draws):
         self.compute = value
 
 
+def clock_reading(offset, rate, t):
+    """A clock's reading at global time ``t`` (floats or arrays: the same expression, so the same bits)."""
+    return offset + rate * t
+
+
+def clock_time(offset, rate, local):
+    """The global time at which a clock reads ``local`` (floats or arrays)."""
+    return (local - offset) / rate
+
+
 class Agent:
     """One node: its clock and activation, its data rows and parameters, its links, streams and state.
 
@@ -274,11 +284,11 @@ class Agent:
     # clocks -------------------------------------------------------------------------------------
     def local_time(self, t: float | None = None) -> float:
         """This agent's clock reading at global time t (default: now): offset + (1 + drift) t."""
-        return self.offset + self.rate * (self.env.now if t is None else t)
+        return clock_reading(self.offset, self.rate, self.env.now if t is None else t)
 
     def global_time(self, local: float) -> float:
         """The global time at which this agent's clock reads ``local``."""
-        return (local - self.offset) / self.rate
+        return clock_time(self.offset, self.rate, local)
 
     # activation ---------------------------------------------------------------------------------
     @property
@@ -811,7 +821,7 @@ class ComputeTimes:
         self.block: np.ndarray | None = None  # each agent's draws taken ahead, row i agent i's (``ahead``)
         if ahead and self.constant is None and churn is None \
                 and all(isinstance(a.compute_sampler, Draws) for a in agents):
-            self.agents, self.block, self.col = agents, np.empty((len(agents), ahead)), np.full(len(agents), ahead)
+            self.agents, self.block, self.ahead = agents, np.empty((len(agents), ahead)), Ahead(len(agents), ahead)
 
     def __call__(self, agents: list[Agent], ids: np.ndarray, now: np.ndarray) -> np.ndarray:
         """The compute times of ``agents`` (ids ``ids``) asking at ``now`` (one time each), in that order."""
@@ -819,14 +829,12 @@ class ComputeTimes:
             return self.constant() * self.scales[ids]
         block = self.block
         if block is not None:
-            cols = block.shape[1]
-            for i in ids[self.col[ids] == cols].tolist():  # (used up, or none taken yet)
-                block[i] = self.agents[i].compute_sampler.take(cols)
-                self.col[i] = 0
-            col = self.col[ids]
-            self.col[ids] = col + 1
+            col = self.ahead.next(ids, self._take)
             return block[ids, col] * self.scales[ids]  # (``compute_time``'s draw times the scale)
         return np.array([a.compute_time(t) for a, t in zip(agents, now.tolist(), strict=True)], np.float64)
+
+    def _take(self, i: int) -> None:
+        self.block[i] = self.agents[i].compute_sampler.take(self.ahead.cols)
 
 
 class Wakes:
@@ -848,7 +856,7 @@ class Wakes:
         if self.arrays:
             self.clock = np.array([[a.offset, a.rate, a.schedule.period] for a in agents], np.float64).T
             self.p = np.array([getattr(a.schedule, "p", 1.0) for a in agents], np.float64)
-            self.gaps, self.col = np.zeros((len(agents), ahead), np.int64), np.full(len(agents), ahead)
+            self.gaps, self.ahead = np.zeros((len(agents), ahead), np.int64), Ahead(len(agents), ahead)
 
     def __call__(self, ids: np.ndarray, now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         agents = self.agents
@@ -857,21 +865,18 @@ class Wakes:
             return np.array([a for a, _ in got], np.float64), np.array([d for _, d in got], np.float64)
         ticks = np.frombuffer(agents[0].sim.loop.counts.ticks, np.int64)  # (every agent's, at its id)
         offset, rate, period = self.clock[:, ids]
-        local = offset + rate * now  # (``local_time``)
+        local = clock_reading(offset, rate, now)
         tick = np.maximum(ticks[ids], np.floor(local / period).astype(np.int64)) + 1  # (``Periodic.next``)
         skip = ids[self.p[ids] < 1.0]  # (``Bernoulli.next``: the ticks skipped, a geometric gap)
         if len(skip):
-            cols = self.gaps.shape[1]
-            for i in skip[self.col[skip] == cols].tolist():  # (used up, or none drawn yet)
-                sched = agents[i].schedule
-                self.gaps[i] = sched.rng.geometric(sched.p, size=cols)
-                self.col[i] = 0
-            col = self.col[skip]
-            self.col[skip] = col + 1
-            tick[self.p[ids] < 1.0] += self.gaps[skip, col] - 1
+            tick[self.p[ids] < 1.0] += self.gaps[skip, self.ahead.next(skip, self._gaps)] - 1
         ticks[ids] = tick
         at = tick * period
-        return at, np.maximum(0.0, (at - offset) / rate - now)  # (``global_time``; ``max(0.0, ...)``)
+        return at, np.maximum(0.0, clock_time(offset, rate, at) - now)  # (``plan_wake``'s ``max(0.0, ...)``)
+
+    def _gaps(self, i: int) -> None:
+        sched = self.agents[i].schedule
+        self.gaps[i] = sched.rng.geometric(sched.p, size=self.ahead.cols)  # (one call at a time's values)
 
 
 class RowsAhead:

@@ -115,3 +115,9 @@ def dense_gap(W: np.ndarray) -> float:
     lam = np.linalg.eigvalsh(W) if abs(W - W.T).max() <= 1e-12 else np.linalg.eigvals(W)
     lam = np.sort(np.abs(lam))[::-1]
     return float(1.0 - lam[1])
+
+
+def spans(first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The indices ``first[i]``, ..., ``first[i] + count[i] - 1``, i after i: the entries of CSR slices (each sender's
+    out-links, each barrier's senders) as one index array."""
+    return np.repeat(first - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))

@@ -25,7 +25,7 @@ from netsim.scenario.schema import NetworkSpec
 from netsim.sim import rows as shapes
 from netsim.sim.dists import draws
 from netsim.sim.env import Timeout
-from netsim.sim.streams import FIRST_BLOCK, Draws, Streams
+from netsim.sim.streams import FIRST_BLOCK, Ahead, Draws, Streams
 
 
 class Message(NamedTuple):
@@ -136,37 +136,35 @@ class Broadcasts:
     def __init__(self, net: Network, dsts: Sequence[Sequence[int]], cols: int = 32):
         import numpy as np
 
-        self.net, self.cols = net, cols
+        self.net = net
         self.deg = np.array([len(d) for d in dsts], np.int64)
         self.ptr = np.concatenate(([0], np.cumsum(self.deg)))
         self.links = [net.link(i, j) for i, d in enumerate(dsts) for j in d]
         self.lat = np.empty((len(self.links), cols))
         self.u = np.full((len(self.links), cols), np.inf)  # (no loss stream: never lost)
         self.busy = np.array([lk.busy_until for lk in self.links], np.float64)
-        self.col = np.full(len(dsts), cols)  # each sender's next column (``cols``: its links' draws to take)
+        self.ahead = Ahead(len(dsts), cols)  # each sender's column: one a broadcast, for all its links
 
     def _take(self, i: int) -> None:
+        cols = self.ahead.cols
         for r in range(int(self.ptr[i]), int(self.ptr[i + 1])):
             link = self.links[r]
             for out, f in ((self.lat, link.latency), (self.u, link.lost)):
                 if f is not None:
                     take = getattr(f, "take", None)  # (a constant's callable has none)
-                    out[r] = take(self.cols) if take is not None else [f() for _ in range(self.cols)]
-        self.col[i] = 0
+                    out[r] = take(cols) if take is not None else [f() for _ in range(cols)]
 
     def __call__(self, ids, nows, size: int):
         """The broadcasts of senders ``ids`` (distinct) at times ``nows``: each message's delay and whether it is
         lost, the senders' links in order, and each sender's longest ``hold_time``."""
         import numpy as np
 
-        for i in ids[self.col[ids] == self.cols].tolist():
-            self._take(i)
+        from netsim.sim.graph_arrays import spans
+
         g = self.deg[ids]
+        col = np.repeat(self.ahead.next(ids, self._take), g)
         starts = np.cumsum(g) - g
-        m = int(g.sum())
-        at = np.repeat(self.ptr[ids] - starts, g) + np.arange(m)
-        col = np.repeat(self.col[ids], g)
-        self.col[ids] += 1
+        at = spans(self.ptr[ids], g)
         now = np.repeat(np.asarray(nows, np.float64), g)
         tx_end, hold, bandwidth = now, np.zeros(len(ids)), self.net.bandwidth
         if bandwidth is not None:

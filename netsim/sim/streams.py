@@ -362,6 +362,26 @@ class Draws:
         set_state(rng, now)
 
 
+class Ahead:
+    """Where each of ``n`` keys stands in its block of values drawn ahead ``cols`` at a time (a planned run's draws:
+    each key's next values taken at once from its own streams, the values of one draw at a time in the same order;
+    no position is kept for a checkpoint). ``next(ids, refill)``: each key's column, ``refill(i)`` called first for
+    the keys whose block is used up or not drawn yet."""
+
+    __slots__ = ("cols", "col")
+
+    def __init__(self, n: int, cols: int):
+        self.cols, self.col = cols, np.full(n, cols)
+
+    def next(self, ids: np.ndarray, refill: Callable[[int], None]) -> np.ndarray:
+        for i in ids[self.col[ids] == self.cols].tolist():
+            refill(i)
+            self.col[i] = 0
+        col = self.col[ids]
+        self.col[ids] = col + 1
+        return col
+
+
 class FirstDrawn(Draws):
     """``Draws`` whose first block was drawn already (``first_doubles``: the first values of many streams at once)
     and whose stream is made only if more are drawn (``more()``: the sampler of the stream moved past that block).
