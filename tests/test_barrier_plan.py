@@ -34,20 +34,24 @@ def planned(tmp, sc: dict, made: dict | None = None) -> tuple[int, int]:
     return made["plan"], made["control"]
 
 
-def lean(sc: dict) -> dict:
-    """``sc`` in the plan's region: run.until, the lean links (no uplinks, no per-link settings)."""
-    sc["run"] = {k: v for k, v in sc["run"].items() if k != "rounds"} | {"until": 3.0}
+def lean(sc: dict, limit: int | None = None) -> dict:
+    """``sc`` in the plan's region: run.until (or a round limit alone), the lean links (no uplinks, no per-link
+    settings)."""
+    sc["run"] = {k: v for k, v in sc["run"].items() if k not in ("rounds", "until")} | (
+        {"until": 3.0} if limit is None else {"rounds": limit})
     sc["network"] = {k: v for k, v in sc["network"].items() if k not in ("uplink", "links")}
     return sc
 
 
 @search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sc=barriers(names=("dpsgd", "dp_dpsgd"), records=(None,)), gathers=st.sampled_from([1, 8, 64]))
-def test_planned_barrier_rounds_write_the_engines_bytes(tmp_path_factory, sc, gathers):
+@given(sc=barriers(names=("dpsgd", "dp_dpsgd"), records=(None,)), gathers=st.sampled_from([1, 8, 64]),
+       limit=st.sampled_from([None, None, 1, 4]))
+def test_planned_barrier_rounds_write_the_engines_bytes(tmp_path_factory, sc, gathers, limit):
     """Own clocks, drift, jitter, Bernoulli and Poisson activation, stragglers, any latency (lognormal and exponential
-    too), loss, timeouts shorter than a round trip (stale rounds discarded at a gather and at an arrival), bandwidth:
-    the plan's trace, metrics and models are the engine's, whatever windows the tensor work takes together."""
-    sc = lean(sc)
+    too), loss, timeouts shorter than a round trip (stale rounds discarded at a gather and at an arrival), bandwidth,
+    run.until or a round limit: the plan's trace, metrics and models are the engine's, whatever windows the tensor
+    work takes together."""
+    sc = lean(sc, limit)
     buildable(sc)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(barrier_windows._Driver, "gathers", gathers)
@@ -89,10 +93,24 @@ def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net, name):
     assert bool(made["steps"]) == (name != "dpsgd invariant")
 
 
-def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):
-    """A round limit (the finish rows) is the event-by-event control's."""
-    sc = tied(bandwidth=1920.0)
+@pytest.mark.parametrize("net", [{"bandwidth": 1920.0}, {"bandwidth": 960.0, "loss": 0.3, "timeout": 0.0625},
+                                 {"bandwidth": 1920.0, "latency": 0.0}, {"bandwidth": 1920.0, "straggler": 4.0}])
+def test_a_round_limit_stops_the_plan_where_the_engine_stops(tmp_path, net):
+    """Programs finishing at one instant after their last barriers (each its ``finish`` row there, no wake), and the
+    run's stop after the last one: a straggler finishes last, with its last messages still in flight (never
+    delivered)."""
+    factor = net.pop("straggler", None)
+    sc = tied(**net)
     sc["run"] = {"seed": 3, "rounds": 4}
+    if factor:
+        sc["agents"] |= {"stragglers": [0], "straggler_factor": factor}
+    assert planned(tmp_path, sc) == (1, 0)
+
+
+def test_runs_outside_the_plan_are_played_event_by_event(tmp_path):
+    """A round limit with run.until (whichever stops first) is the event-by-event control's."""
+    sc = tied(bandwidth=1920.0)
+    sc["run"] = {"seed": 3, "rounds": 4, "until": 3.0}
     assert planned(tmp_path, sc) == (0, 1)
 
 

@@ -21,7 +21,8 @@ and the message ids taken, among the run's own events (the evaluator's, run.unti
 work reads the plan's arrays too (``RoundWork``: round by round where the gradients are batch-invariant, else in lock
 steps that keep the engine's gradient batches). Admitted (``admits``) where a message's fate is the lean links' (no
 link model, churn or time-varying topology), a round has one exchange of declared size and no local steps, and the run
-ends at run.until with no round limit, no checkpoint, no privacy record and no stop on divergence, and the plan, held
+ends at run.until or at a round limit (not both: then the last program's finish stops it, and what it scheduled after
+that is cut, ``Plan._order``), with no checkpoint, no privacy record and no stop on divergence, and the plan, held
 whole, fits (``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py).
 """
 
@@ -62,19 +63,21 @@ ROWS_MAX = 4_000_000  # the trace rows a plan may hold (~150 bytes each with its
 def admits(d) -> bool:
     """Whether barrier driver ``d``'s run can be planned (the module docstring), and its plan, held whole, fits:
     about ``ROWS_MAX`` rows at most (a round's activation, completion and gather rows, a send and a delivery per
-    link, for each tick of the agents' clocks to run.until)."""
+    link, for each tick of the agents' clocks to run.until, or each round to the limit)."""
     from netsim.rounds.sync import _local_steps
 
     ctx = d.ctx
     sc = ctx.sim.world.scenario
-    if not (ctx.sim.loop.programs.between is None and not ctx.checkpoints and ctx.until is not None
-            and sc.run.rounds is None and not sc.run.stop_on_divergence
+    limit = sc.run.rounds
+    if not (ctx.sim.loop.programs.between is None and not ctx.checkpoints and (ctx.until is None) != (limit is None)
+            and not sc.run.stop_on_divergence
             and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
             and d.store.fixed is not None and d.records.views is None and not d.records.mixing
             and not _local_steps(ctx.kernel)):
         return False
     act = sc.agents.activation
-    ticks = (ctx.until - float(d.events.now)) * (act.rate if act.kind == "poisson" else 1.0 / act.period)
+    ticks = limit if ctx.until is None else \
+        (ctx.until - float(d.events.now)) * (act.rate if act.kind == "poisson" else 1.0 / act.period)
     links = sum(len(a.neighbors) for a in ctx.agents)
     return (ticks + 1) * (4 * len(ctx.agents) + 2 * links) <= ROWS_MAX
 
@@ -113,7 +116,7 @@ class _Events:
         self.arr = _Table("t", "agent", "src", "k", "sub", "sent", "lid")
         self.timer = _Table("t", "agent", "k", "missing")
         self.sent = _Table("t", "agent", "k")
-        self.bar = _Table("t", "agent", "k", "ctype", "cidx", "took", "ntook")
+        self.bar = _Table("t", "agent", "k", "ctype", "cidx", "took", "ntook", "fin")
         self.took: list[int] = []
         self.discards: dict[tuple[int, int], list] = {}  # (type, row) of a gather -> messages discarded there
         self.stale_at: set[int] = set()
@@ -138,7 +141,8 @@ class Plan:
         ctx = d.ctx
         agents = ctx.agents
         n = self.n = len(agents)
-        U = self.U = ctx.until
+        U = self.U = np.inf if ctx.until is None else ctx.until  # (to a round limit: cut at its stop, ``_order``)
+        limit = self.limit = ctx.sim.world.scenario.run.rounds
         T = self.T = ctx.p.round_timeout
         self.every = ctx.sim.world.scenario.evaluation.every
         self.t0 = now0 = float(d.events.now)
@@ -314,9 +318,11 @@ class Plan:
                 fin[j] = self.time(self.parent((BARRIER, k, j))[0]) < U
             w = np.flatnonzero(fin & (cause_t <= U))
             if len(w):
+                ends = np.zeros(len(w), bool) if limit is None else rnd[w] >= limit  # its finish (``Agent.wake``)
+                self.ev.bar.add(t=cause_t[w], agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
+                                took=took_at[w], ntook=took_n[w], fin=np.where(ends, rnd[w], 0))
+                w = w[~ends]
                 c = cause_t[w]
-                self.ev.bar.add(t=c, agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
-                             took=took_at[w], ntook=took_n[w])
                 ats, delay = wakes(w, c)  # each program's next wake (``Agent.wake``)
                 nxt = c + delay
                 A[w], AT[w] = nxt, ats
@@ -330,6 +336,8 @@ class Plan:
         self.rounds = k
         self.times = np.sort(np.concatenate([np.asarray(x, np.float64).ravel() for x in times]))
         self._order()
+        if self.stop is not None:
+            self.times = self.times[:np.searchsorted(self.times, self.stop, "right")]
         self._pack(words, ctx.net.take_ids(0), ctx.tag_code)
 
     def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times, timers):
@@ -551,6 +559,16 @@ class Plan:
             o = o2
         else:
             raise RuntimeError("barrier plan: the order of simultaneous events did not settle")
+        self.stop = None
+        if self.limit is not None:  # the run stops after its last finish: what it had scheduled by then is processed
+            fin = base[E_BAR] + np.flatnonzero(b.fin > 0)
+            last = fin[np.argmax(pos[fin])]
+            self.stop = float(t[last])
+            kept = (t[o] < self.stop) | ((t[o] == self.stop) & (ppos[o] < pos[last]))  # (sorted: a prefix)
+            cut = int(kept.sum())
+            if not ((o[cut:] >= base[E_ARR]) & (o[cut:] < base[E_ARR + 1])).all():
+                raise RuntimeError("barrier plan: an event other than an arrival comes after the run's stop")
+            o = o[:cut]
         ty = np.searchsorted(base, o, "right") - 1
         self.etype, self.eidx, self.etime = ty, o - base[ty], t[o]
 
@@ -589,7 +607,10 @@ class Plan:
                     inv[ei[mk]] = mk
                     pos_of.update(((ty, r), int(inv[r])) for r in rows_)
         m_act, m_done, m_arr, m_timer, m_sent = (et == e for e in (E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT))
+        m_fin = np.flatnonzero(et == E_BAR)
+        m_fin = m_fin[ev.bar.fin[ei[m_fin]] > 0]  # the barriers after which a program finishes
         cnt[m_act] = 2
+        cnt[m_fin] = 1
         cnt[m_done] = 1 + done.deg[ei[m_done]] + drops_of[ei[m_done]]
         cnt[m_arr] = 1 + stale_arr[ei[m_arr]]
         cnt[m_timer] = 1
@@ -645,6 +666,9 @@ class Plan:
         q = first_row[:-1][m_timer]
         r = ei[m_timer]
         put(q, shapes.timeout(timer.t[r], timer.agent[r], timer.k[r], timer.missing[r], C))
+        # finishes
+        r = ei[m_fin]
+        put(first_row[m_fin], shapes.finish(ev.bar.t[r], ev.bar.agent[r], ev.bar.fin[r], C))
         # discards at a gather, after the gather's other rows
         if self.ev.discards:
             at, tg, j, src, lid, rnd = [], [], [], [], [], []
@@ -701,8 +725,11 @@ class Replay:
         self.ids, self.woken = np.zeros(len(et), np.int64), np.full(len(et), -1, np.int64)
         m = et == E_DONE
         self.ids[m] = done.deg[ei[m]]
-        m = et == E_BAR
-        self.woken[m] = bar.agent[ei[m]]
+        m = np.flatnonzero(et == E_BAR)
+        fin = bar.fin[ei[m]] > 0
+        self.woken[m[~fin]] = bar.agent[ei[m[~fin]]]
+        self.ends = np.full(len(et), -1, np.int64)  # the agent whose program finishes there (``WindowDriver.finish``)
+        self.ends[m[fin]] = bar.agent[ei[m[fin]]]
         ctx.sim.count_wakes(ctx.agents, np.arange(n, dtype=np.int64))  # each program's first wake
 
     def first_due(self) -> float | None:
@@ -744,6 +771,9 @@ class Replay:
                     self._play(self.at, j)
                     t = float(ts[j - 1])
                     self.at = j
+                    if j == n_ev and plan.stop is not None:  # the last finish's stop event, after what it follows
+                        q.push(plan.stop, STOP, -1, False)
+                        continue
                 if h is None:
                     self.done_t = end
                     break
@@ -779,6 +809,9 @@ class Replay:
         w = w[w >= 0]
         if len(w):
             d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
+        for i in self.ends[lo:hi][self.ends[lo:hi] >= 0].tolist():
+            d.ctx.agents[i].mark_finished()
+            d.unfinished -= 1
 
 
 class RoundWork:
