@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 
 from netsim.rounds import barrier_plan, barrier_windows
 from tests.search import search
-from tests.test_barrier_windows import barriers
+from tests.test_barrier_windows import barriers, same_records
 from tests.test_broadcast_windows import both
 from tests.test_windowed import buildable
 
 
 def planned(tmp, sc: dict, made: dict | None = None) -> tuple[int, int]:
-    """Both engines on ``sc``, the same bytes (``both``); (runs the plan played, runs the control played). ``made``
-    counts them by name, and the planned tensor works in lock steps (``steps``: gradients not batch-invariant)."""
+    """Both engines on ``sc``, the same bytes (``both``, and the privacy records); (runs the plan played, runs the
+    control played). ``made`` counts them by name, and the planned tensor works in lock steps (``steps``: gradients
+    not batch-invariant)."""
     made = {} if made is None else made
     made |= {"plan": 0, "control": 0, "steps": 0}
     with pytest.MonkeyPatch.context() as m:
@@ -31,6 +32,7 @@ def planned(tmp, sc: dict, made: dict | None = None) -> tuple[int, int]:
 
             m.setattr(cls, method, counted)
         both(tmp, sc)
+    same_records(tmp, sc)
     return made["plan"], made["control"]
 
 
@@ -44,13 +46,13 @@ def lean(sc: dict, limit: int | None = None) -> dict:
 
 
 @search(10, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sc=barriers(names=("dpsgd", "dp_dpsgd"), records=(None,)), gathers=st.sampled_from([1, 8, 64]),
-       limit=st.sampled_from([None, None, 1, 4]))
+@given(sc=barriers(names=("dpsgd", "dp_dpsgd", "muffliato"), records=(None, "mixing")),
+       gathers=st.sampled_from([1, 8, 64]), limit=st.sampled_from([None, None, 1, 4]))
 def test_planned_barrier_rounds_write_the_engines_bytes(tmp_path_factory, sc, gathers, limit):
     """Own clocks, drift, jitter, Bernoulli and Poisson activation, stragglers, any latency (lognormal and exponential
     too), loss, timeouts shorter than a round trip (stale rounds discarded at a gather and at an arrival), bandwidth,
-    run.until or a round limit: the plan's trace, metrics and models are the engine's, whatever windows the tensor
-    work takes together."""
+    run.until or a round limit, several exchanges a round (Muffliato's gossip steps), the mixing record: the plan's
+    trace, metrics, models and records are the engine's, whatever windows the tensor work takes together."""
     sc = lean(sc, limit)
     buildable(sc)
     with pytest.MonkeyPatch.context() as m:
@@ -73,7 +75,7 @@ def tied(timeout: float = 0.25, latency: float = 0.0625, **net) -> dict:
             "evaluation": {"every": 0.5, "metrics": ["loss", "accuracy"]}}
 
 
-@pytest.mark.parametrize("name", ["dpsgd", "dp_dpsgd", "dpsgd invariant"])
+@pytest.mark.parametrize("name", ["dpsgd", "dp_dpsgd", "dpsgd invariant", "muffliato"])
 @pytest.mark.parametrize("net", [{"bandwidth": 1920.0}, {"bandwidth": 960.0, "loss": 0.3},
                                  {"bandwidth": 1920.0, "timeout": 0.0625}, {"bandwidth": 1920.0, "latency": 0.0},
                                  {"bandwidth": 960.0, "loss": 0.3, "timeout": 0.0625}])
@@ -81,8 +83,13 @@ def test_simultaneous_events_follow_simpys_insertion_order(tmp_path, net, name):
     """Activations, completions, transmissions' ends, deliveries, timers and evaluations at shared instants (exact
     binary fractions), messages that arrive as their barrier's timer fires or as it gathers, run.until on a tick:
     the order is the engine's, decided by who scheduled each event when. With batch-invariant gradients the tensor
-    work goes round by round, else in lock steps that keep the engine's gradient batches (``RoundWork._steps``)."""
+    work goes round by round, else in lock steps that keep the engine's gradient batches (``RoundWork._steps``).
+    Muffliato: three exchanges a round, each barrier's completion sending the next one's messages, and the mixing
+    record."""
     sc = tied(**net)
+    if name == "muffliato":
+        sc["algorithm"] |= {"name": name, "clip": 1.0, "sigma": 1.0, "gossip_steps": 3}
+        sc["privacy"] = {"delta": 1e-5, "record": "mixing"}
     if name == "dp_dpsgd":  # (``local`` of the agents done at one instant together, each with its releases)
         sc["algorithm"] |= {"name": name, "clip": 1.0, "noise_multiplier": 1.0}
         sc["privacy"] = {"delta": 1e-5}

@@ -22,6 +22,7 @@ from netsim.algorithms.pdsl import DPGradientParams, check_setting, resolve_sigm
 from netsim.algorithms.registry import register
 from netsim.rounds import GradientRequest, SyncKernel, SyncRounds
 from netsim.scenario.structure import field, positive
+from netsim.sim.network import payload_size
 
 
 @attrs.frozen
@@ -58,6 +59,9 @@ class Muffliato(SyncKernel):
 
     def any_round(self, p):
         return True                                               # gamma is constant: b.k is not read
+
+    def payload_bytes(self, p, state, params):
+        return payload_size(params)                               # x: a row of x, at every exchange
 
     def gradient(self, p, state, i):
         return GradientRequest.of(p.batch, p.clip) if p.clip_mode == "per_example" else GradientRequest.of(p.batch)

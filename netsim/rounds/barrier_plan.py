@@ -71,15 +71,14 @@ def admits(d) -> bool:
     limit = sc.run.rounds
     if not (ctx.sim.loop.programs.between is None and not ctx.checkpoints and (ctx.until is None) != (limit is None)
             and not sc.run.stop_on_divergence
-            and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None and d.work.steps == 1
-            and d.store.fixed is not None and d.records.views is None and not d.records.mixing
-            and not _local_steps(ctx.kernel)):
+            and ctx.net.model is None and ctx.churn is None and ctx.dynamic is None
+            and d.store.fixed is not None and d.records.views is None and not _local_steps(ctx.kernel)):
         return False
     act = sc.agents.activation
     ticks = limit if ctx.until is None else \
         (ctx.until - float(d.events.now)) * (act.rate if act.kind == "poisson" else 1.0 / act.period)
     links = sum(len(a.neighbors) for a in ctx.agents)
-    return (ticks + 1) * (4 * len(ctx.agents) + 2 * links) <= ROWS_MAX
+    return (ticks + 1) * d.work.steps * (4 * len(ctx.agents) + 2 * links) <= ROWS_MAX
 
 
 class _Table:
@@ -111,7 +110,7 @@ class _Events:
 
     def __init__(self):
         self.act = _Table("t", "agent", "k", "at", "rnd", "ct", "tick")
-        self.done = _Table("t", "agent", "k", "l0", "deg", "held")
+        self.done = _Table("t", "agent", "k", "l0", "deg", "held", "bar")
         self.link = _Table("dst", "delay", "reason")
         self.arr = _Table("t", "agent", "src", "k", "sub", "sent", "lid")
         self.timer = _Table("t", "agent", "k", "missing")
@@ -144,6 +143,7 @@ class Plan:
         U = self.U = np.inf if ctx.until is None else ctx.until  # (to a round limit: cut at its stop, ``_order``)
         limit = self.limit = ctx.sim.world.scenario.run.rounds
         T = self.T = ctx.p.round_timeout
+        K = self.K = d.work.steps  # exchanges a round: message round k * K + s is the plan's round (``_Control``'s)
         self.every = ctx.sim.world.scenario.evaluation.every
         self.t0 = now0 = float(d.events.now)
         size = self.size = d.store.fixed
@@ -172,16 +172,21 @@ class Plan:
         has_left = np.zeros(n, bool)
         k = 0
         link_base = 0
-        while alive.any():
-            act = np.flatnonzero(alive)
-            At = A[act]
-            ct = compute([agents[i] for i in act.tolist()], act, At)
-            self.ev.act.add(t=At, agent=act, k=np.full(len(act), k), at=AT[act], rnd=rnd[act].copy(), ct=ct,
-                         tick=[agents[i].schedule.tick for i in act.tolist()])
-            Dt = At + ct
-            times.append(Dt)
-            pd = (Dt < U) | ((Dt == U) & (At < U))
-            ids, Dd = act[pd], Dt[pd]
+        # an exchange after a round's first: who sends (at its last barrier's completion), when, and that barrier's row
+        nxt, nxt_t, nxt_bar = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+        while alive.any() or len(nxt):
+            if k % K == 0:  # the activations, their compute times, the completions that send
+                act = np.flatnonzero(alive)
+                At = A[act]
+                ct = compute([agents[i] for i in act.tolist()], act, At)
+                self.ev.act.add(t=At, agent=act, k=np.full(len(act), k), at=AT[act], rnd=rnd[act].copy(), ct=ct,
+                                tick=[agents[i].schedule.tick for i in act.tolist()])
+                Dt = At + ct
+                times.append(Dt)
+                pd = (Dt < U) | ((Dt == U) & (At < U))
+                ids, Dd, by_bar = act[pd], Dt[pd], np.full(int(pd.sum()), -1, np.int64)
+            else:  # ``combine`` sends the next exchange's payload in its barrier's completion
+                ids, Dd, by_bar = nxt, nxt_t, nxt_bar
             Dk = np.full(n, np.nan)
             Dk[ids] = Dd
             delay, lost, hold = links(ids, Dd, size)  # the broadcasts (``Agent.broadcast``), as arrays
@@ -198,7 +203,8 @@ class Plan:
             sub = cs - np.repeat(cs[starts] if m else starts, g)
             held = np.add.reduceat(ok, starts) if m else np.zeros(len(ids), np.int64)
             held[g == 0] = 0
-            self.ev.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held)
+            self.ev.done.add(t=Dd, agent=ids, k=np.full(len(ids), k), l0=link_base + starts, deg=g, held=held,
+                             bar=by_bar)  # (``bar`` >= 0: not an event, its sends are that barrier completion's)
             tx = hold > 0
             Gd = np.where(tx, Dd + hold, Dd)
             times.append(Gd[tx])
@@ -317,18 +323,24 @@ class Plan:
             for j in at_u.tolist():
                 fin[j] = self.time(self.parent((BARRIER, k, j))[0]) < U
             w = np.flatnonzero(fin & (cause_t <= U))
+            nxt = nxt_t = nxt_bar = np.zeros(0, np.int64)
+            last = k % K == K - 1  # the round's last exchange: the next wake or the finish
             if len(w):
-                ends = np.zeros(len(w), bool) if limit is None else rnd[w] >= limit  # its finish (``Agent.wake``)
-                self.ev.bar.add(t=cause_t[w], agent=w, k=np.full(len(w), k), ctype=cause_type[w], cidx=cause_idx[w],
-                                took=took_at[w], ntook=took_n[w], fin=np.where(ends, rnd[w], 0))
-                w = w[~ends]
-                c = cause_t[w]
-                ats, delay = wakes(w, c)  # each program's next wake (``Agent.wake``)
-                nxt = c + delay
-                A[w], AT[w] = nxt, ats
-                rnd[w] += 1
-                times.append(nxt)
-                alive[w] = (nxt < U) | ((nxt == U) & (c < U))
+                ends = rnd[w] >= limit if last and limit is not None else np.zeros(len(w), bool)  # (``Agent.wake``)
+                first_bar = self.ev.bar.add(t=cause_t[w], agent=w, k=np.full(len(w), k), ctype=cause_type[w],
+                                            cidx=cause_idx[w], took=took_at[w], ntook=took_n[w],
+                                            fin=np.where(ends, rnd[w], 0))
+                if not last:
+                    nxt, nxt_t, nxt_bar = w, cause_t[w], first_bar + np.arange(len(w))
+                else:
+                    w = w[~ends]
+                    c = cause_t[w]
+                    ats, delay = wakes(w, c)  # each program's next wake (``Agent.wake``)
+                    wt = c + delay
+                    A[w], AT[w] = wt, ats
+                    rnd[w] += 1
+                    times.append(wt)
+                    alive[w] = (wt < U) | ((wt == U) & (c < U))
             k += 1
         links.close()
         for t in (self.ev.act, self.ev.done, self.ev.link, self.ev.arr, self.ev.timer, self.ev.sent, self.ev.bar):
@@ -346,7 +358,7 @@ class Plan:
         timer's row (``timers``: added after the round's), the discards at the gather and at arrivals while it is open;
         keeps the rest in ``left``."""
         U, T = self.U, self.T
-        ge = (SENT if ge_type == E_SENT else DONE, k, j)
+        ge = (SENT, k, j) if ge_type == E_SENT else self._sender(k, j)
         before = self.before
         old = left[j]
 
@@ -456,16 +468,17 @@ class Plan:
         if kind == DONE:
             return (ACT, e[1], e[2]), 0
         if kind == ARR:
-            return (DONE, e[1], e[2]), e[3]
+            return self._sender(e[1], e[2]), e[3]
         if kind == SENT:
-            return (DONE, e[1], e[2]), int(self.per.narr[e[1]][e[2]])
+            return self._sender(e[1], e[2]), int(self.per.narr[e[1]][e[2]])
         if kind == TIMER:
             k, i = e[1], e[2]
-            return ((SENT, k, i), 0) if self.per.tx[k][i] else ((DONE, k, i), int(self.per.narr[k][i]))
+            return ((SENT, k, i), 0) if self.per.tx[k][i] else (self._sender(k, i), int(self.per.narr[k][i]))
         if kind == BARRIER:
             k, i = e[1], e[2]
-            cause = self.handle(int(self.per.C[k][1][i]), int(self.per.C[k][2][i]))
-            return (cause, int(self.per.narr[k][i])) if cause[0] == DONE else (cause, 0)
+            ct = int(self.per.C[k][1][i])
+            cause = self.handle(ct, int(self.per.C[k][2][i]))
+            return (cause, int(self.per.narr[k][i])) if ct == E_DONE else (cause, 0)
         if kind == UNTIL:
             return (ROOT,), 0
         if kind == STOP:
@@ -474,8 +487,15 @@ class Plan:
             return ((ROOT,), 1 + self.n) if e[1] == 1 else ((EVAL, e[1] - 1), 0)
         raise ValueError(f"barrier plan: no parent for {e}")
 
+    def _sender(self, k: int, i: int) -> tuple:
+        """The event in which agent i sends its round-k messages: its completion, or in a round's later exchanges the
+        completion of its barrier before."""
+        return (DONE, k, i) if k % self.K == 0 else (BARRIER, k - 1, i)
+
     def handle(self, etype: int, row: int) -> tuple:
         """Event (type, row) as (kind, round, agent[, rank])."""
+        if etype == E_DONE:
+            return self._sender(int(_col(self.ev.done, "k", row)), int(_col(self.ev.done, "agent", row)))
         if etype == E_BAR:
             return (BARRIER, int(_col(self.ev.bar, "k", row)), int(_col(self.ev.bar, "agent", row)))
         if etype == E_ARR:
@@ -517,6 +537,13 @@ class Plan:
         act_of, done_of = rows(ev.act), rows(ev.done)
         sent_of, bar_of = rows(ev.sent), rows(ev.bar)
         held = ev.done.held
+        # each send's event: a completion, or (a later exchange's) the completion of the barrier before, which is
+        # then the parent of what it schedules; those sends are not events of their own
+        by_bar = ev.done.bar >= 0
+        sender = base[E_DONE] + np.arange(ev.done.n)
+        sender[by_bar] = base[E_BAR] + ev.done.bar[by_bar]
+        events = np.ones(len(t), bool)
+        events[base[E_DONE] + np.flatnonzero(by_bar)] = False
         # activations: the first by the start (in agent order), the others by the barrier before
         a = ev.act
         first = a.k == 0
@@ -525,40 +552,57 @@ class Plan:
         parent[base[E_ACT] + later] = base[E_BAR] + bar_of(a.k[later] - 1, a.agent[later])
         # completions by their activations; arrivals, then the transmission's end, by their completions
         d = ev.done
-        parent[base[E_DONE]:base[E_DONE + 1]] = base[E_ACT] + act_of(d.k, d.agent)
+        real = np.flatnonzero(~by_bar)
+        parent[base[E_DONE] + real] = base[E_ACT] + act_of(d.k[real], d.agent[real])
         r = ev.arr
-        parent[base[E_ARR]:base[E_ARR + 1]] = base[E_DONE] + done_of(r.k, r.src)
+        parent[base[E_ARR]:base[E_ARR + 1]] = sender[done_of(r.k, r.src)]
         rank[base[E_ARR]:base[E_ARR + 1]] = r.sub
         s_ = ev.sent
         dr = done_of(s_.k, s_.agent)
-        parent[base[E_SENT]:base[E_SENT + 1]] = base[E_DONE] + dr
+        parent[base[E_SENT]:base[E_SENT + 1]] = sender[dr]
         rank[base[E_SENT]:base[E_SENT + 1]] = held[dr]
-        # timers by their gathers (the transmission's end, else the completion after its arrivals)
+        # timers by their gathers (the transmission's end, else the send's event after its arrivals)
         m = ev.timer
         if m.n:
             dr = done_of(m.k, m.agent)
-            par, rk = base[E_DONE] + dr, held[dr].copy()
+            par, rk = sender[dr], held[dr].copy()
             w = np.flatnonzero(np.stack(self.per.tx)[m.k, m.agent])
             if len(w):
                 par[w], rk[w] = base[E_SENT] + sent_of(m.k[w], m.agent[w]), 0
             parent[base[E_TIMER]:base[E_TIMER + 1]], rank[base[E_TIMER]:base[E_TIMER + 1]] = par, rk
         # barriers' completions by their causes (a completion's: after its arrivals)
         b = ev.bar
-        parent[base[E_BAR]:base[E_BAR + 1]] = base[b.ctype] + b.cidx
         at_done = b.ctype == E_DONE
+        parent[base[E_BAR]:base[E_BAR + 1]] = np.where(at_done, sender[np.where(at_done, b.cidx, 0)],
+                                                       base[b.ctype] + b.cidx)
         rank[base[E_BAR]:base[E_BAR + 1]][at_done] = held[b.cidx[at_done]]
-        # sorted by (time, parent's place, rank) until the places settle
-        o = np.argsort(t, kind="stable")
+        # sorted by (time, parent's place, rank) until the places settle: only events that share their time move, each
+        # within its instant's places; once a prefix of them stands, it stands for good (a parent comes before)
+        cand = np.flatnonzero(events)
+        o = cand[np.argsort(t[cand], kind="stable")]
+        pos = np.full(len(t), -1, np.int64)
+        pos[o] = np.arange(len(o))
+        ts = t[o]
+        eq = ts[1:] == ts[:-1]
+        slots = np.flatnonzero(np.concatenate(([False], eq)) | np.concatenate((eq, [False])))  # (in time order)
+        group = np.cumsum(np.concatenate(([True], ~eq)))[slots]  # each one's instant
+        lo = 0
         for _ in range(256):
-            pos = np.empty(len(o), np.int64)
-            pos[o] = np.arange(len(o))
-            ppos = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
-            o2 = np.lexsort((rank, ppos, t))
-            if np.array_equal(o, o2):
+            if lo == len(slots):
                 break
-            o = o2
+            e = o[slots[lo:]]
+            pp = pos[np.maximum(parent[e], 0)]
+            pp[parent[e] < 0] = -1
+            e2 = e[np.lexsort((rank[e], pp, group[lo:]))]
+            moved = np.flatnonzero(e2 != e)
+            if not len(moved):
+                break
+            o[slots[lo:]] = e2
+            pos[e2] = slots[lo:]
+            lo += int(np.searchsorted(group[lo:], group[lo + moved[0]]))  # (its instant's first place)
         else:
             raise RuntimeError("barrier plan: the order of simultaneous events did not settle")
+        ppos = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
         self.stop = None
         if self.limit is not None:  # the run stops after its last finish: what it had scheduled by then is processed
             fin = base[E_BAR] + np.flatnonzero(b.fin > 0)
@@ -581,9 +625,21 @@ class Plan:
         act, done, link, arr, timer, sent = ev.act, ev.done, ev.link, ev.arr, ev.timer, ev.sent
         nlinks = link.n
         drops = (link.reason != 0).astype(np.int64)
-        # message ids: each completion's links, in completion order
-        d_order = ei[et == E_DONE]
-        mid = np.empty(nlinks, np.int64)  # (consecutive along the completions' links, in their order)
+        # the events that send: each completion, and each barrier's completion that sends the next exchange's
+        # messages (its row of ``done``: ``srow``)
+        srow = np.full(len(et), -1, np.int64)
+        m_done = et == E_DONE
+        srow[m_done] = ei[m_done]
+        by_bar = np.flatnonzero(done.bar >= 0)
+        if len(by_bar):
+            bar_sends = np.full(ev.bar.n, -1, np.int64)
+            bar_sends[done.bar[by_bar]] = by_bar
+            mb = np.flatnonzero(et == E_BAR)
+            srow[mb] = bar_sends[ei[mb]]
+        sp = np.flatnonzero(srow >= 0)
+        d_order = srow[sp]
+        # message ids: each send event's links, in order
+        mid = np.empty(nlinks, np.int64)  # (consecutive along the send events' links, in their order)
         if nlinks:
             lens = done.deg[d_order]
             lid = spans(done.l0[d_order], lens)
@@ -603,15 +659,19 @@ class Plan:
                 rows_ = [r for (t_, r) in self.ev.discards if t_ == ty]
                 if rows_:
                     inv = np.full((done if ty == E_DONE else sent).n, -1, np.int64)
-                    mk = np.flatnonzero(et == ty)
-                    inv[ei[mk]] = mk
+                    if ty == E_DONE:
+                        inv[d_order] = sp
+                    else:
+                        mk = np.flatnonzero(et == ty)
+                        inv[ei[mk]] = mk
                     pos_of.update(((ty, r), int(inv[r])) for r in rows_)
-        m_act, m_done, m_arr, m_timer, m_sent = (et == e for e in (E_ACT, E_DONE, E_ARR, E_TIMER, E_SENT))
+        m_act, m_arr, m_timer = (et == e for e in (E_ACT, E_ARR, E_TIMER))
         m_fin = np.flatnonzero(et == E_BAR)
         m_fin = m_fin[ev.bar.fin[ei[m_fin]] > 0]  # the barriers after which a program finishes
         cnt[m_act] = 2
         cnt[m_fin] = 1
-        cnt[m_done] = 1 + done.deg[ei[m_done]] + drops_of[ei[m_done]]
+        cnt[m_done] = 1
+        cnt[sp] += done.deg[d_order] + drops_of[d_order]
         cnt[m_arr] = 1 + stale_arr[ei[m_arr]]
         cnt[m_timer] = 1
         for key, ms in self.ev.discards.items():
@@ -633,10 +693,11 @@ class Plan:
         r = ei[m_act]
         put(q, shapes.activate(act.t[r], act.agent[r], act.at[r], act.rnd[r], C))
         put(q + 1, shapes.compute_start(act.t[r], act.agent[r], act.ct[r], C))
-        # completions: ``compute_end``, then each link's ``send`` (and ``drop``)
-        q = first_row[:-1][m_done]
+        # completions: ``compute_end``; then at each send event each link's ``send`` (and ``drop``)
         r = ei[m_done]
-        put(q, shapes.compute_end(done.t[r], done.agent[r], C))
+        put(first_row[:-1][m_done], shapes.compute_end(done.t[r], done.agent[r], C))
+        q = first_row[sp] + (et[sp] == E_DONE)
+        r = d_order
         if nlinks:
             lens = done.deg[r]
             lid = spans(done.l0[r], lens)
@@ -647,7 +708,7 @@ class Plan:
             cum = np.cumsum(w) - w
             first_l = np.cumsum(lens) - lens
             within = cum - np.repeat(cum[np.minimum(first_l, len(cum) - 1)], lens)
-            at = q[owner] + 1 + within
+            at = q[owner] + within
             src, t, k = done.agent[r][owner], done.t[r][owner], done.k[r][owner]
             dst, m_, dl = link.dst[lid], mid[lid], link.delay[lid]
             put(at, shapes.send(t, src, dst, m_, self.size, dl, k, tag, C))
@@ -718,14 +779,21 @@ class Replay:
         act, done, bar = plan.ev.act, plan.ev.done, plan.ev.bar
         rid = np.empty(act.n, np.int64)  # each round record's number: its activation's place among them
         rid[ei[et == E_ACT]] = np.arange(act.n)
-        rid_of = np.full((plan.rounds, n), -1, np.int64)
-        rid_of[act.k, act.agent] = rid
+        rid_of = np.full((-(-plan.rounds // plan.K), n), -1, np.int64)  # (by round index and agent)
+        rid_of[act.k // plan.K, act.agent] = rid
         self.rounds = RoundWork(d, plan, rid, rid_of)
         # what the control does at each event: the message ids its sends take, the agent it wakes
         self.ids, self.woken = np.zeros(len(et), np.int64), np.full(len(et), -1, np.int64)
         m = et == E_DONE
         self.ids[m] = done.deg[ei[m]]
+        by_bar = np.flatnonzero(done.bar >= 0)  # (a barrier's completion that sends the next exchange's messages)
+        if len(by_bar):
+            sends = np.zeros(bar.n, np.int64)
+            sends[done.bar[by_bar]] = done.deg[by_bar]
+            m = et == E_BAR
+            self.ids[m] = sends[ei[m]]
         m = np.flatnonzero(et == E_BAR)
+        m = m[bar.k[ei[m]] % plan.K == plan.K - 1]  # (a round's last exchange)
         fin = bar.fin[ei[m]] > 0
         self.woken[m[~fin]] = bar.agent[ei[m[~fin]]]
         self.ends = np.full(len(et), -1, np.int64)  # the agent whose program finishes there (``WindowDriver.finish``)
@@ -834,36 +902,40 @@ class RoundWork:
         self.t0 = len(d.grad.ticket_of)  # round record r's gradient request: ticket t0 + r (one an activation)
         self.rec = np.empty((3, act.n), np.int64)  # each round record's agent, activations and tick
         self.rec[:, rid] = act.agent, act.rnd, act.tick
+        K = plan.K
         self.t_done = np.full(act.n, np.nan)  # ... and its completion's time
-        self.t_done[rid_of[done.k, done.agent]] = done.t
-        # each event's round record and round index (-1: none)
+        real = done.bar < 0
+        self.t_done[rid_of[done.k[real] // K, done.agent[real]]] = done.t[real]
+        # each event's round record and message round (-1: none): round index ``ek // K``, exchange ``ek % K``
         self.erid, self.ek = np.full(len(et), -1, np.int64), np.full(len(et), -1, np.int64)
         for ty, tab in ((E_ACT, act), (E_DONE, done), (E_BAR, bar)):
             m = np.flatnonzero(et == ty)
             r = ei[m]
             self.ek[m] = tab.k[r]
-            self.erid[m] = rid[r] if ty == E_ACT else rid_of[tab.k[r], tab.agent[r]]
+            self.erid[m] = rid[r] if ty == E_ACT else rid_of[tab.k[r] // K, tab.agent[r]]
         m = np.flatnonzero(et == E_BAR)
-        # what each barrier's event took: where its senders' round records start in ``took``, and how many
+        # what each barrier's event took: where its senders' payloads start in ``took``, and how many; a payload is
+        # its round record's exchange: ``rid * K + s``
         self.took = np.zeros((2, len(et)), np.int64)
         self.took[:, m] = bar.took[ei[m]], bar.ntook[ei[m]]
         senders = np.asarray(plan.ev.took, np.int64)
         at = spans(bar.took, bar.ntook)
         self.took_rid = np.full(len(senders), -1, np.int64)
-        self.took_rid[at] = rid_of[np.repeat(bar.k, bar.ntook), senders[at]]
-        self.uses = np.bincount(self.took_rid[self.took_rid >= 0], minlength=act.n)  # barriers that take each payload
+        mk = np.repeat(bar.k, bar.ntook)
+        self.took_rid[at] = rid_of[mk // K, senders[at]] * K + mk % K
+        self.uses = np.bincount(self.took_rid[self.took_rid >= 0], minlength=act.n * K)  # barriers that take each
         # each agent's weight of each in-neighbour, sorted by (agent, sender): looked up as arrays
         pairs = sorted((a.id * n + src, w) for a in d.ctx.agents for src, w in a.weights.items())
         self.weights = (np.array([q for q, _ in pairs], np.int64), np.array([w for _, w in pairs], np.float64))
         self.parts: dict[int, tuple] = {}  # round record -> (batch, row, ``cuts``) for its ``combine``
         # each round record's point and payload (while a barrier will take it) as rows of the tensors kept here:
         # (tensor, row) of each, -1 where none; each tensor's rows still read
-        self.at = np.full((4, act.n), -1, np.int64)
+        self.at = np.full((4, act.n * K), -1, np.int64)
         self.tensors: dict[int, torch.Tensor] = {}
         self.live: dict[int, int] = {}
         self.lo = 0  # the events whose operations are done
         self.asked = np.cumsum(et == E_ACT) - (et == E_ACT)  # requests made before each event (``_steps``' batches)
-        self.op_of = np.full(max(act.n, n), -1, np.int64)  # (``_steps``' scratch, by round record or agent)
+        self.op_of = np.full(max(act.n * K, n), -1, np.int64)  # (``_steps``' scratch, by payload or agent)
 
     def run(self, hi: int) -> None:
         """The operations of events ``lo:hi`` (played since the last work): round by round where the gradients are
@@ -875,14 +947,17 @@ class RoundWork:
         if not self.d.grad.free:
             self._steps(ev)
             return
-        phase = _PHASE[self.plan.etype[ev]]
-        o = np.lexsort((phase, self.ek[ev]))  # by round index, then points, locals, combines; in order within
-        ev, key = ev[o], self.ek[ev[o]] * 3 + phase[o]
+        K = self.plan.K
+        m = self.ek[ev]
+        # by round index, then points, locals, each exchange's combines; in order within
+        key = (m // K) * (K + 2) + _PHASE[self.plan.etype[ev]] + m % K
+        o = np.argsort(key, kind="stable")
+        ev, key = ev[o], key[o]
         cut = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(ev)]
         steps = (self.asks, self.locals, self.combines)
         for a, b in zip(cut[:-1], cut[1:]):
-            kk, ph = divmod(int(key[a]), 3)
-            steps[ph](kk, self.erid[ev[a:b]], ev[a:b])
+            kk, ph = divmod(int(key[a]), K + 2)
+            steps[min(ph, 2)](kk, self.erid[ev[a:b]], ev[a:b])
 
     def _steps(self, ev: np.ndarray) -> None:
         """The operations of events ``ev`` in the earliest lock steps that keep each agent's order and come after what
@@ -919,12 +994,15 @@ class RoundWork:
         def wait(a: np.ndarray, b: np.ndarray, g: int) -> None:  # ``a[n]`` waits for ``b[n]``, ``g`` steps after it
             waiter.append(a), waited.append(b), gap.append(np.full(len(a), g, np.int64))
 
+        K = self.plan.K
         loc, cmb = np.flatnonzero(kind == LOCAL), np.flatnonzero(kind == COMBINE)
-        self.op_of[rids[loc]] = loc
+        sends = cmb[self.ek[ev[cmb]] % K < K - 1]  # (combines that send the next exchange's payloads)
+        made = np.concatenate((rids[loc] * K, rids[sends] * K + self.ek[ev[sends]] % K + 1))
+        self.op_of[made] = np.concatenate((loc, sends))
         at, cnt = self.took[:, ev[cmb]]
         by = self.op_of[self.took_rid[spans(at, cnt)]]
-        self.op_of[rids[loc]] = -1
-        wait(np.repeat(cmb, cnt)[by >= 0], by[by >= 0], 1)  # a combine after the locals it reads
+        self.op_of[made] = -1
+        wait(np.repeat(cmb, cnt)[by >= 0], by[by >= 0], 1)  # a combine after the operations that made what it reads
         if nb:
             ends = np.array([r.stop for r in grad.flushes], np.int64)
             lows = np.array([r.start for r in grad.flushes], np.int64)
@@ -950,15 +1028,16 @@ class RoundWork:
             here = np.flatnonzero(step == s)
             for kd in (COMBINE, ASK, LOCAL):
                 q = here[kind[here] == kd]
-                if not len(q):
-                    continue
-                ks = self.ek[ev[q]]
-                if joined:
-                    groups = [(int(ks[0]) if (ks == ks[0]).all() else mixed, q)]
-                else:
-                    groups = [(kk, q[ks == kk]) for kk in np.unique(ks).tolist()]
-                for kk, g in groups:
-                    handlers[kd](kk, rids[g], ev[g])
+                mk = self.ek[ev[q]]
+                for x in np.unique(mk % K).tolist():  # (one call per exchange)
+                    qx = q[mk % K == x]
+                    ks = mk[mk % K == x] // K
+                    if joined:
+                        groups = [(int(ks[0]) if (ks == ks[0]).all() else mixed, qx)]
+                    else:
+                        groups = [(kk, qx[ks == kk]) for kk in np.unique(ks).tolist()]
+                    for kk, g in groups:
+                        handlers[kd](kk, rids[g], ev[g])
             for f in due.pop(s, ()):
                 grad.evaluate_batch(f)
 
@@ -992,30 +1071,43 @@ class RoundWork:
             raise RuntimeError("barrier windows: local returned a generator (local steps are refused)")
         if (b.k is not k and (isinstance(k, AnyRound) or b.k != k)) or b.more:
             raise RuntimeError("barrier windows: local changed the round index b.k or sent several messages")
+        d.store.released.update(zip(rl, made))
+        self._sent(b, rids, 0)
+
+    def _sent(self, b: Batch, rids: np.ndarray, s: int) -> None:
+        """The payloads batch ``b`` sent for exchange ``s`` (``local``'s, or ``combine``'s for the next exchange): kept
+        while a barrier will take them, and each agent's part of ``b`` for its next ``combine``."""
+        d = self.d
         fixed = d.store.fixed
         for size in b.sizes if b.sizes is not None else map(payload_size, b.out):
             if size != fixed:  # (its sends were timed with the declared bytes)
-                raise RuntimeError(f"barrier windows: {type(ctx.kernel).__name__}.payload_bytes says {fixed} bytes, "
-                                   f"and a payload of {size} was sent")
-        d.store.released.update(zip(rl, made))
-        self.parts.update(zip(rl, zip(itertools.repeat(b), range(len(rl)), itertools.repeat(d.work.cuts(b)))))
-        kept = np.flatnonzero(self.uses[rids])
+                raise RuntimeError(f"barrier windows: {type(d.ctx.kernel).__name__}.payload_bytes says {fixed} "
+                                   f"bytes, and a payload of {size} was sent")
+        self.parts.update(zip(rids.tolist(), zip(itertools.repeat(b), range(len(rids)),
+                                                 itertools.repeat(d.work.cuts(b)))))
+        keys = rids * self.plan.K + s
+        kept = np.flatnonzero(self.uses[keys])
         if len(kept):
-            self._keep(2, rids, b.sent if b.sent is not None else torch.stack(list(b.out)), kept)
+            self._keep(2, keys, b.sent if b.sent is not None else torch.stack(list(b.out)), kept)
 
     def combines(self, k: int, rids: np.ndarray, ev: np.ndarray) -> None:
-        """``combine`` of round k's barriers with what each took, in arrival order (``Arrivals``: no dict per
-        agent)."""
-        ctx, rl = self.d.ctx, rids.tolist()
+        """``combine`` of round k's barriers of one exchange with what each took, in arrival order (``Arrivals``: no
+        dict per agent); before the round's last exchange it sends the next payloads. With the mixing record, each
+        agent's mixing steps (``_Records``: written in the engine's order, at the barrier's time, with the releases
+        made by then)."""
+        ctx, rl, K, rec = self.d.ctx, rids.tolist(), self.plan.K, self.d.records
         b = self.d.work.rows_of(list(map(self.parts.pop, rl)))
-        b.s, b.k = 0, k
+        s = int(self.ek[ev[0]] % K)
+        b.s, b.k = s, k
+        if rec.mixing:
+            b.held = []
         first, cnt = self.took[:, ev]
         taken = self.took_rid[spans(first, cnt)]
         recv = np.repeat(np.arange(len(rl)), cnt)  # (each delivery's payload and receiver, in arrival order)
         if len(taken):
             made, send = np.unique(taken, return_inverse=True)
             send = send.reshape(-1)
-            src = self.rec[0, made]
+            src = self.rec[0, made // K]
             keys, vals = self.weights
             q = self.rec[0, rids][recv] * len(ctx.agents) + src[send]
             at = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
@@ -1035,6 +1127,14 @@ class RoundWork:
         if ctx.kernel.combine(b, ctx.p, got) is not None:
             raise RuntimeError("barrier windows: combine returned a generator (gradients after the exchange are "
                                "refused)")
+        if rec.mixing:
+            if b.held:
+                raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
+            t = self.plan.etime[ev].tolist()
+            for e, n, a, steps in zip(ev.tolist(), range(len(rl)), b.agents, b.take_mixes() or [()] * len(rl)):
+                rec.mixes.append((e, a, t[n], a.releases_made, steps))
+        if s + 1 < K:
+            self._sent(b, rids, s + 1)
 
     # the points and payloads, kept as rows of their batches' tensors -----------------------------------------------
     def _keep(self, c: int, rids: np.ndarray, t: torch.Tensor, rows: np.ndarray | None = None) -> None:
