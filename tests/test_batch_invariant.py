@@ -241,3 +241,19 @@ def test_a_long_requests_bits_do_not_depend_on_where_its_rows_lie(d):
         for i in range(R):
             alone = model.grad(W[i:i + 1].clone(), X[i:i + 1].clone(), y[i:i + 1].clone())[0]
             assert _bits(alone) == _bits(G[i]), (seed, i)
+
+
+@search(30)
+@given(rows=st.integers(2, 40), n=st.sampled_from([1, 3, 11, 64, 1000]), bound=st.sampled_from([0.1, 1.0, 2.5]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16))
+def test_a_batchs_clip_is_each_rows_clip_bit_for_bit(rows, n, bound, dtype, seed):
+    """``Batch.clip`` of many rows (their norms in one call) gives each row the bits of ``clip_l2`` on that row alone:
+    the events engine's batch of one. Norms of many magnitudes, below and above the bound."""
+    from netsim.privacy.mechanisms import clip_l2
+    from netsim.rounds.kernel import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    X = (torch.randn(rows, n, generator=g, dtype=torch.float64)
+         * 10 ** torch.randint(-4, 3, (rows, 1), generator=g)).to(dtype)
+    b = Batch([None] * rows, 0, X, None, None)
+    assert _bits(b.clip(X, bound)) == _bits(torch.stack([clip_l2(r, bound) for r in X.unbind(0)]))

@@ -53,6 +53,36 @@ class MixingLog:
             self.weight.append(float(w))
             self.lr.append(float(lr))
 
+    def mix_rows(self, agent: np.ndarray, t: np.ndarray, released: np.ndarray, self_weight: np.ndarray,
+                 counts: np.ndarray, srcs: np.ndarray, weights: np.ndarray, lr: np.ndarray) -> None:
+        """``mix`` of M steps at once, in order: step m of ``agent[m]`` with ``counts[m]`` senders, whose ids and
+        weights are the next ``counts[m]`` of ``srcs`` and ``weights`` (a windowed batch's, as arrays)."""
+        m = len(agent)
+        if not m:
+            return
+        o = np.argsort(agent, kind="stable")  # each agent's steps so far, then its rank among these
+        a = agent[o]
+        first = np.concatenate(([True], a[1:] != a[:-1]))
+        at = np.flatnonzero(first)
+        rank = np.empty(m, np.int64)
+        rank[o] = np.arange(m) - np.repeat(at, np.diff(np.append(at, m)))
+        uniq = a[at].tolist()
+        base = np.array([self.steps.get(i, 0) for i in uniq], np.int64)
+        self.steps.update(zip(uniq, (base + np.diff(np.append(at, m))).tolist()))
+        step = base[np.searchsorted(a[at], agent)] + rank
+        n = 1 + counts  # a row for the agent's own weight, then one per sender
+        own = np.cumsum(n) - n
+        src = np.repeat(agent, n)
+        w = np.repeat(self_weight, n)
+        rest = np.ones(len(src), bool)
+        rest[own] = False
+        src[rest], w[rest] = srcs, weights
+        for col, v, dt in ((self.agent, np.repeat(agent, n), np.intc), (self.step, np.repeat(step, n), np.intc),
+                           (self.t, np.repeat(t, n), np.float64), (self.released, np.repeat(released, n), np.longlong),
+                           (self.src, src, np.intc), (self.weight, w, np.float64),
+                           (self.lr, np.repeat(lr, n), np.float64)):
+            col.frombytes(np.ascontiguousarray(v, dt).tobytes())
+
     def write(self, path: Path) -> Path:
         """Write the record as CSV (atomically: a temporary file renamed)."""
         tmp = path.with_suffix(".csv.tmp")

@@ -20,10 +20,13 @@ at once from sim/rows.py's shapes over arrays, in order), its gradient requests 
 and the message ids taken, among the run's own events (the evaluator's, run.until's) in the driver's queue. Its tensor
 work reads the plan's arrays too (``RoundWork``: round by round where the gradients are batch-invariant, else in lock
 steps that keep the engine's gradient batches). Admitted (``admits``) where a message's fate is the lean links' (no
-link model, churn or time-varying topology), a round has one exchange of declared size and no local steps, and the run
-ends at run.until or at a round limit (not both: then the last program's finish stops it, and what it scheduled after
-that is cut, ``Plan._order``), with no checkpoint, no privacy record and no stop on divergence, and the plan, held
-whole, fits (``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py).
+link model, churn or time-varying topology), payloads of declared size and no local steps, the run ends at run.until
+or at a round limit (not both: then the last program's finish stops it, and what was scheduled after that is cut,
+``Plan._order``), with no checkpoint, no payloads record and no stop on divergence, and the plan, held whole, fits
+(``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py). A round of K exchanges
+(Muffliato's gossip steps) is K rounds of the recurrence, in the message round k * K + s: a later exchange's sends are
+made in the completion of the barrier before (``Plan._sender``), and the mixing record is written from the planned
+``combine``s (``RoundWork._record``).
 """
 
 from __future__ import annotations
@@ -577,7 +580,7 @@ class Plan:
                                                        base[b.ctype] + b.cidx)
         rank[base[E_BAR]:base[E_BAR + 1]][at_done] = held[b.cidx[at_done]]
         # sorted by (time, parent's place, rank) until the places settle: only events that share their time move, each
-        # within its instant's places; once a prefix of them stands, it stands for good (a parent comes before)
+        # within its instant's places, and only at instants where a parent moved in the pass before
         cand = np.flatnonzero(events)
         o = cand[np.argsort(t[cand], kind="stable")]
         pos = np.full(len(t), -1, np.int64)
@@ -586,20 +589,24 @@ class Plan:
         eq = ts[1:] == ts[:-1]
         slots = np.flatnonzero(np.concatenate(([False], eq)) | np.concatenate((eq, [False])))  # (in time order)
         group = np.cumsum(np.concatenate(([True], ~eq)))[slots]  # each one's instant
-        lo = 0
-        for _ in range(256):
-            if lo == len(slots):
+        moved = np.zeros(len(t), bool)
+        for n in range(256):
+            e = o[slots]
+            p = parent[e]
+            stir = group if n == 0 else group[(p >= 0) & moved[np.maximum(p, 0)]]  # (at first: every instant)
+            moved[:] = False
+            if not len(stir):
                 break
-            e = o[slots[lo:]]
-            pp = pos[np.maximum(parent[e], 0)]
-            pp[parent[e] < 0] = -1
-            e2 = e[np.lexsort((rank[e], pp, group[lo:]))]
-            moved = np.flatnonzero(e2 != e)
-            if not len(moved):
+            at = np.isin(group, stir)
+            e = e[at]
+            pp = np.where(parent[e] >= 0, pos[np.maximum(parent[e], 0)], -1)
+            e2 = e[np.lexsort((rank[e], pp, group[at]))]
+            changed = e2 != e
+            if not changed.any():
                 break
-            o[slots[lo:]] = e2
-            pos[e2] = slots[lo:]
-            lo += int(np.searchsorted(group[lo:], group[lo + moved[0]]))  # (its instant's first place)
+            moved[e2[changed]] = True
+            o[slots[at]] = e2
+            pos[e2] = slots[at]
         else:
             raise RuntimeError("barrier plan: the order of simultaneous events did not settle")
         ppos = np.where(parent >= 0, pos[np.maximum(parent, 0)], -1)
@@ -1130,11 +1137,33 @@ class RoundWork:
         if rec.mixing:
             if b.held:
                 raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
-            t = self.plan.etime[ev].tolist()
-            for e, n, a, steps in zip(ev.tolist(), range(len(rl)), b.agents, b.take_mixes() or [()] * len(rl)):
-                rec.mixes.append((e, a, t[n], a.releases_made, steps))
+            self._record(b, got, ev)
         if s + 1 < K:
             self._sent(b, rids, s + 1)
+
+    def _record(self, b: Batch, got: Arrivals, ev: np.ndarray) -> None:
+        """The mixing steps of a ``combine`` (``Agent.record_mix``'s), for ``_Records`` to write in the engine's order
+        (each barrier's event, then the batch's calls) at the barrier's time with the releases made by then: where a
+        step mixed ``got``, each agent's senders and weights in arrival order read from its arrays."""
+        agents, t = np.array([a.id for a in b.agents], np.int64), self.plan.etime[ev]
+        released = np.array([a.releases_made for a in b.agents], np.int64)
+        for c, (mixed, lrs) in enumerate(b.take_mix_calls()):
+            if mixed is got:
+                by = np.argsort(got.recv, kind="stable")  # (each receiver's deliveries, in arrival order)
+                counts = np.bincount(got.recv, minlength=len(agents))
+                src = np.asarray(got.ids, np.int64)[got.send[by]]
+                w = got.w[by]
+            else:
+                keys = [list(m) for m in mixed]
+                counts = np.array([len(k) for k in keys], np.int64)
+                src = np.array([j for k in keys for j in k], np.int64)
+                w = np.array([a.weights[j] for a, k in zip(b.agents, keys) for j in k], np.float64)
+            ends = np.cumsum(counts).tolist()
+            ws = w.tolist()
+            keep = np.array([1.0 - sum(ws[e - c_:e]) for e, c_ in zip(ends, counts.tolist())], np.float64)  # (as
+            # ``record_mix`` sums them)
+            self.d.records.rows.append((ev * 64 + c, agents, t, released, keep, counts, src, w,
+                                        np.asarray(lrs, np.float64)))
 
     # the points and payloads, kept as rows of their batches' tensors -----------------------------------------------
     def _keep(self, c: int, rids: np.ndarray, t: torch.Tensor, rows: np.ndarray | None = None) -> None:

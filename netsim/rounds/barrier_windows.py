@@ -76,6 +76,7 @@ from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, Picked, R
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
 from netsim.sim.agent import RowsAhead
+from netsim.sim.graph_arrays import spans
 from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -853,8 +854,10 @@ class _Records:
     (``write``); the deliveries' payloads are kept until then."""
 
     def __init__(self, log):
-        self.mixing, self.views = log is not None, None if log is None else log.views
+        self.log, self.mixing, self.views = log, log is not None, None if log is None else log.views
         self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
+        self.rows: list[tuple] = []  # the same as arrays, a batch's steps (``RoundWork``): ``MixingLog.mix_rows``'s
+        # columns after the order of each
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
 
@@ -879,6 +882,13 @@ class _Records:
             for got, lr in steps:
                 a.record_mix(got, lr, t=t, released=released)
         self.mixes.clear()
+        if self.rows:  # (in their order; each step's senders and weights moved with it)
+            order, *cols, counts, srcs, ws, lr = (np.concatenate(c) for c in zip(*self.rows))
+            self.rows.clear()
+            o = np.argsort(order, kind="stable")
+            at = spans((np.cumsum(counts) - counts)[o], counts[o])
+            agent, t, released, keep = (c[o] for c in cols)
+            self.log.mix_rows(agent, t, released, keep, counts[o], srcs[at], ws[at], lr[o])
 
 
 class _Work:

@@ -410,10 +410,16 @@ class Batch:
     def take_mixes(self) -> list[list[tuple[dict, float]]]:
         """The mixing steps this batch made since the last call, agent by agent: each one's (what it mixed, {sender:
         payload} in arrival order; the step size) in the order it made them ([]: none, or no mixing record)."""
-        mixes, self._mixes = self._mixes, []
+        mixes = self.take_mix_calls()
         if not mixes:
             return []
         return [[(got[n], lrs[n]) for got, lrs in mixes] for n in range(len(self.agents))]
+
+    def take_mix_calls(self) -> list[tuple[Sequence[dict], list[float]]]:
+        """``take_mixes`` call by call: (what every agent mixed, each one's step size) of each ``mix`` and
+        ``mix_into_params``."""
+        mixes, self._mixes = self._mixes, []
+        return mixes
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
@@ -447,11 +453,17 @@ class Batch:
             bank.defer(u)
 
     def clip(self, g: torch.Tensor, bound: float, kind: str = "l2") -> torch.Tensor:
-        """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), row by row."""
+        """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), row by row: on the CPU
+        an L2 clip's norms in one call (``_foreach_norm``, which there takes each row's ``linalg.vector_norm``), the
+        rest element by element, as ``clip_l2`` does it."""
         import torch
 
-        from netsim.privacy.mechanisms import clip
+        from netsim.privacy.mechanisms import clip, clip_l2
 
+        if kind == "l2" and g.device.type == "cpu" and len(g) > 1:
+            clip_l2(g[0], bound)  # (its check of the bound)
+            norms = torch.stack(torch._foreach_norm(list(g.unbind(0))))
+            return g * (bound / norms.clamp_min(bound)).unsqueeze(1)
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
 
     def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
