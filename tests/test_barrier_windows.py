@@ -30,7 +30,7 @@ def barriers(draw, names=("dpsgd", "dp_dpsgd", "choco", "muffliato"), records=(N
     timeout from shorter than a round trip to longer than a period (stale rounds, full
     barriers), D-PSGD, DP-D-PSGD (per-example or batch clipping: releases through each agent's ledger), CHOCO-SGD or
     Muffliato (one to three barrier exchanges a round, each with its own timeout and stale rounds; plain or Chebyshev
-    gossip); for D-PSGD and DP-D-PSGD transmission times of about a tenth of a period to more than one (link
+    gossip); for D-PSGD, DP-D-PSGD and Muffliato transmission times of about a tenth of a period to more than one (link
     bandwidth, node uplinks whose FIFO queue serializes a broadcast's sends, a per-link bandwidth): the sender waits
     for them. Half of them keep a privacy record: the mixing steps, or the delivered payloads and release values
     (with an audit's gradient or input canaries)."""
@@ -69,7 +69,7 @@ def barriers(draw, names=("dpsgd", "dp_dpsgd", "choco", "muffliato"), records=(N
                 "gossip_steps": draw(st.integers(1, 3)), "acceleration": draw(st.sampled_from(["none", "chebyshev"]))}
     net = {"latency": lat, "loss": draw(st.sampled_from([0.0, 0.2]))}
     # a payload of 24 or 48 bytes: 0.01 s to 0.7 s on the wire (for the kernels that declare their payloads' bytes)
-    if name not in ("choco", "muffliato") and draw(st.booleans()):
+    if name != "choco" and draw(st.booleans()):
         net["bandwidth"] = draw(st.sampled_from([None, 300.0, 3000.0]))
         net["uplink"] = draw(st.sampled_from([None, 150.0, 2000.0]))
         if draw(st.booleans()):

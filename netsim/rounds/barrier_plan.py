@@ -26,7 +26,7 @@ or at a round limit (not both: then the last program's finish stops it, and what
 (``ROWS_MAX``); elsewhere the event-by-event control plays the run (rounds/barrier_windows.py). A round of K exchanges
 (Muffliato's gossip steps) is K rounds of the recurrence, in the message round k * K + s: a later exchange's sends are
 made in the completion of the barrier before (``Plan._sender``), and the mixing record is written from the planned
-``combine``s (``RoundWork._record``).
+``combine``s (``Batch.take_mix_rows``).
 """
 
 from __future__ import annotations
@@ -1137,33 +1137,9 @@ class RoundWork:
         if rec.mixing:
             if b.held:
                 raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
-            self._record(b, got, ev)
+            rec.mixes += b.take_mix_rows(got, ev, self.plan.etime[ev])
         if s + 1 < K:
             self._sent(b, rids, s + 1)
-
-    def _record(self, b: Batch, got: Arrivals, ev: np.ndarray) -> None:
-        """The mixing steps of a ``combine`` (``Agent.record_mix``'s), for ``_Records`` to write in the engine's order
-        (each barrier's event, then the batch's calls) at the barrier's time with the releases made by then: where a
-        step mixed ``got``, each agent's senders and weights in arrival order read from its arrays."""
-        agents, t = np.array([a.id for a in b.agents], np.int64), self.plan.etime[ev]
-        released = np.array([a.releases_made for a in b.agents], np.int64)
-        for c, (mixed, lrs) in enumerate(b.take_mix_calls()):
-            if mixed is got:
-                by = np.argsort(got.recv, kind="stable")  # (each receiver's deliveries, in arrival order)
-                counts = np.bincount(got.recv, minlength=len(agents))
-                src = np.asarray(got.ids, np.int64)[got.send[by]]
-                w = got.w[by]
-            else:
-                keys = [list(m) for m in mixed]
-                counts = np.array([len(k) for k in keys], np.int64)
-                src = np.array([j for k in keys for j in k], np.int64)
-                w = np.array([a.weights[j] for a, k in zip(b.agents, keys) for j in k], np.float64)
-            ends = np.cumsum(counts).tolist()
-            ws = w.tolist()
-            keep = np.array([1.0 - sum(ws[e - c_:e]) for e, c_ in zip(ends, counts.tolist())], np.float64)  # (as
-            # ``record_mix`` sums them)
-            self.d.records.rows.append((ev * 64 + c, agents, t, released, keep, counts, src, w,
-                                        np.asarray(lrs, np.float64)))
 
     # the points and payloads, kept as rows of their batches' tensors -----------------------------------------------
     def _keep(self, c: int, rids: np.ndarray, t: torch.Tensor, rows: np.ndarray | None = None) -> None:

@@ -855,8 +855,7 @@ class _Records:
 
     def __init__(self, log):
         self.log, self.mixing, self.views = log, log is not None, None if log is None else log.views
-        self.mixes: list[tuple] = []  # (order, agent, time, releases made, its steps)
-        self.rows: list[tuple] = []  # the same as arrays, a batch's steps (``RoundWork``): ``MixingLog.mix_rows``'s
+        self.mixes: list[tuple] = []  # a batch's mixing steps (``Batch.take_mix_rows``): ``MixingLog.mix_rows``'s
         # columns after the order of each
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
@@ -877,14 +876,9 @@ class _Records:
         for _, i, rnd, clean, value in self.values:
             views.released(i, rnd, clean, value)
         self.values.clear()
-        self.mixes.sort(key=lambda e: e[0])
-        for _, a, t, released, steps in self.mixes:
-            for got, lr in steps:
-                a.record_mix(got, lr, t=t, released=released)
-        self.mixes.clear()
-        if self.rows:  # (in their order; each step's senders and weights moved with it)
-            order, *cols, counts, srcs, ws, lr = (np.concatenate(c) for c in zip(*self.rows))
-            self.rows.clear()
+        if self.mixes:  # (in their order; each step's senders and weights moved with it)
+            order, *cols, counts, srcs, ws, lr = (np.concatenate(c) for c in zip(*self.mixes))
+            self.mixes.clear()
             o = np.argsort(order, kind="stable")
             at = spans((np.cumsum(counts) - counts)[o], counts[o])
             agent, t, released, keep = (c[o] for c in cols)
@@ -1022,8 +1016,8 @@ class _Work:
             if b.held:
                 raise RuntimeError("barrier windows: combine made releases (the patterns release in local)")
             if rec.mixing:  # each agent's mixing steps, written in the engine's order with its releases so far
-                for (_, o), a, steps in zip(ops, b.agents, b.take_mixes() or [()] * len(ops), strict=True):
-                    rec.mixes.append((o[5], a, o[6], a.releases_made, steps))
+                rec.mixes += b.take_mix_rows(got, np.array([o[5] for _, o in ops], np.int64),
+                                             np.array([o[6] for _, o in ops], np.float64))
             if s + 1 < self.steps:
                 self.made(b, ops, [o[4] for _, o in ops])
             unref, last = st.unref, s + 1 == self.steps

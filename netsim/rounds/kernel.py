@@ -410,16 +410,35 @@ class Batch:
     def take_mixes(self) -> list[list[tuple[dict, float]]]:
         """The mixing steps this batch made since the last call, agent by agent: each one's (what it mixed, {sender:
         payload} in arrival order; the step size) in the order it made them ([]: none, or no mixing record)."""
-        mixes = self.take_mix_calls()
+        mixes, self._mixes = self._mixes, []
         if not mixes:
             return []
         return [[(got[n], lrs[n]) for got, lrs in mixes] for n in range(len(self.agents))]
 
-    def take_mix_calls(self) -> list[tuple[Sequence[dict], list[float]]]:
-        """``take_mixes`` call by call: (what every agent mixed, each one's step size) of each ``mix`` and
-        ``mix_into_params``."""
+    def take_mix_rows(self, got, order: np.ndarray, t: np.ndarray) -> list[tuple]:
+        """``take_mixes`` as ``MixingLog.mix_rows``' columns, one tuple a call (``mix``, ``mix_into_params``), each
+        after the order of its steps (agent n's place ``order[n]`` in the engine's order, then the call): agent n's
+        steps at time ``t[n]`` with the releases it has made now; where a call mixed ``got`` (``Arrivals``), each
+        agent's senders and weights in arrival order read from its arrays, else from the dicts."""
         mixes, self._mixes = self._mixes, []
-        return mixes
+        agents = np.array([a.id for a in self.agents], np.int64)
+        released = np.array([a.releases_made for a in self.agents], np.int64)
+        out = []
+        for c, (mixed, lrs) in enumerate(mixes):
+            if mixed is got and isinstance(got, Arrivals):
+                by = np.argsort(got.recv, kind="stable")  # (each receiver's deliveries, in arrival order)
+                counts = np.bincount(got.recv, minlength=len(agents))
+                src, w = np.asarray(got.ids, np.int64)[got.send[by]], got.w[by]
+            else:
+                keys = [list(m) for m in mixed]
+                counts = np.array([len(k) for k in keys], np.int64)
+                src = np.array([j for k in keys for j in k], np.int64)
+                w = np.array([a.weights[j] for a, k in zip(self.agents, keys) for j in k], np.float64)
+            ws, ends = w.tolist(), np.cumsum(counts).tolist()
+            keep = np.array([1.0 - sum(ws[e - m:e]) for e, m in zip(ends, counts.tolist())], np.float64)  # (as
+            # ``Agent.record_mix`` sums them)
+            out.append((order * 64 + c, agents, t, released, keep, counts, src, w, np.asarray(lrs, np.float64)))
+        return out
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
         """x_n -= lrs[n] * g_n for each row, in place (``sub_`` with each distinct step size over its rows)."""
