@@ -62,6 +62,15 @@ def row_mean(t: torch.Tensor, dim: int) -> torch.Tensor:
     return row_sum(t, dim) / t.shape[dim]
 
 
+def row_norms(t: torch.Tensor) -> torch.Tensor:
+    """Each row's ``linalg.vector_norm``, with the bits of that call on the row alone: on the CPU in one call
+    (``_foreach_norm``, which there makes that call for each tensor it is given), elsewhere row by row."""
+    rows = list(t.unbind(0))
+    if t.device.type == "cpu":
+        return torch.stack(torch._foreach_norm(rows))
+    return torch.stack([torch.linalg.vector_norm(r) for r in rows])
+
+
 def _drop(shape: torch.Size, dim: int) -> torch.Size:
     dims = list(shape)
     del dims[dim]

@@ -112,6 +112,17 @@ def clip_l2(x: torch.Tensor, bound: float) -> torch.Tensor:
     return x * (bound / norm.clamp_min(bound))
 
 
+def clip_l2_rows(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """``clip_l2`` of each row of ``x``, each row's bits those of ``clip_l2`` on that row alone (a windowed batch's, the
+    events engine's one agent): the norms as each row's own (``compute.exact.row_norms``), the rest element by
+    element as ``clip_l2`` does it."""
+    from netsim.compute.exact import row_norms
+
+    if bound <= 0:
+        raise PrivacyError(f"clip bound must be > 0, got {bound!r}")
+    return x * (bound / row_norms(x).clamp_min(bound)).unsqueeze(1)
+
+
 def clip_coordinate(x: torch.Tensor, bound: float) -> torch.Tensor:
     """Each coordinate clamped to [-bound, bound] (Huo et al., DO-ADP, Assumption 2: |g_j| <= G / sqrt(d))."""
     if bound <= 0:

@@ -472,17 +472,14 @@ class Batch:
             bank.defer(u)
 
     def clip(self, g: torch.Tensor, bound: float, kind: str = "l2") -> torch.Tensor:
-        """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), row by row: on the CPU
-        an L2 clip's norms in one call (``_foreach_norm``, which there takes each row's ``linalg.vector_norm``), the
-        rest element by element, as ``clip_l2`` does it."""
+        """Each row clipped as one vector (``privacy.mechanisms.clip``: L2 norm or coordinates), each with the bits of
+        its own clip (``clip_l2_rows``)."""
         import torch
 
-        from netsim.privacy.mechanisms import clip, clip_l2
+        from netsim.privacy.mechanisms import clip, clip_l2_rows
 
-        if kind == "l2" and g.device.type == "cpu" and len(g) > 1:
-            clip_l2(g[0], bound)  # (its check of the bound)
-            norms = torch.stack(torch._foreach_norm(list(g.unbind(0))))
-            return g * (bound / norms.clamp_min(bound)).unsqueeze(1)
+        if kind == "l2":
+            return clip_l2_rows(g, bound)
         return torch.stack([clip(r, bound, kind) for r in g.unbind(0)])
 
     def privatize(self, g: torch.Tensor, sigma: Sequence[float], sensitivity: Sequence[float],
