@@ -843,11 +843,10 @@ class Replay:
                             plan.handle(int(plan.etype[j]), int(plan.eidx[j])), self._hk(h)):
                         j += 1
                 if j > self.at:
-                    self._play(self.at, j)
+                    stop = self._play(self.at, j)
                     t = float(ts[j - 1])
                     self.at = j
-                    if j == n_ev and plan.stop is not None:  # the last finish's stop event, after what it follows
-                        q.push(plan.stop, STOP, -1, False)
+                    if stop:  # the last finish's stop event: due before the run's own events it found
                         continue
                 if h is None:
                     self.done_t = end
@@ -865,10 +864,11 @@ class Replay:
         finally:
             q.now = t
 
-    def _play(self, lo: int, hi: int) -> None:
+    def _play(self, lo: int, hi: int) -> bool:
         """Planned events ``lo:hi``: their rows, and what the control does at them, as arrays: the gradient requests
         (one ticket an activation), the releases' slots (after each completion's ``compute_end``), the message ids its
-        sends take, the wakes counted (the tensor work reads the plan's arrays: ``RoundWork``)."""
+        sends take, the wakes counted, the programs finished (the tensor work reads the plan's arrays: ``RoundWork``);
+        whether the last finish pushed the run's stop."""
         d, plan, work = self.d, self.plan, self.rounds
         rows = d.rows
         base = len(rows.buf) // _R - int(plan.first_row[lo])
@@ -884,9 +884,10 @@ class Replay:
         w = w[w >= 0]
         if len(w):
             d.ctx.sim.count_wakes([d.ctx.agents[i] for i in w.tolist()], w)
-        for i in self.ends[lo:hi][self.ends[lo:hi] >= 0].tolist():
-            d.ctx.agents[i].mark_finished()
-            d.unfinished -= 1
+        ends = np.flatnonzero(self.ends[lo:hi] >= 0) + lo
+        for i, e in zip(self.ends[ends].tolist(), plan.etime[ends].tolist()):  # (their rows are the plan's)
+            d.finish(d.ctx.agents[i], e, row=False)
+        return len(ends) > 0 and not d.unfinished
 
 
 class RoundWork:

@@ -845,11 +845,13 @@ class WindowDriver:
             push(now + tx, SENT, i)
         return pid, held
 
-    def finish(self, a, now: float) -> None:
-        """An agent past the run's round limit finishes (once); the last one's finish stops the run."""
+    def finish(self, a, now: float, row: bool = True) -> None:
+        """An agent past the run's round limit finishes (once); the last one's finish stops the run. ``row``: its
+        ``finish`` row put here (a planned run's rows hold it)."""
         if not a.mark_finished():
             return
-        self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
+        if row:
+            self.rows.put(pack(*shapes.finish(now, a.id, a.round, CODES)))
         self.unfinished -= 1
         if not self.unfinished:  # the stop event: processed after what is already due now
             self.events.push(now, STOP, -1, self.ctx.until is not None)
