@@ -145,3 +145,22 @@ def test_a_barrier_open_to_the_stop_discards_older_messages_at_their_arrival(tmp
                         "noise_multiplier": 1.0},
           "privacy": {"delta": 1e-5}}
     assert planned(tmp_path, sc) == (1, 0)
+
+
+def test_older_messages_at_barriers_complete_at_their_gathers(tmp_path):
+    """Muffliato's exchanges on exponential links with a straggler: older rounds' messages overtaken by newer ones
+    reach barriers whose own round was complete before they gathered; those queued before the last of its round are
+    discarded at the gather, the later ones stay queued (``Plan._older``, as arrays; a search found this one)."""
+    sc = {"name": "barrier", "run": {"seed": 2, "rounds": 4},
+          "agents": {"count": 6, "activation": {"kind": "periodic", "period": 0.5},
+                     "clock_offset": {"kind": "uniform", "low": 0.0, "high": 0.3},
+                     "compute_time": {"kind": "uniform", "low": 0.01, "high": 0.2}, "stragglers": [0],
+                     "straggler_factor": 4.0},
+          "topology": {"kind": "random_regular", "degree": 3},
+          "network": {"latency": {"kind": "exponential", "mean": 0.1}, "loss": 0.2},
+          "data": {"kind": "synthetic", "samples": 240, "features": 5, "partition": "iid"},
+          "model": {"kind": "logistic"},
+          "algorithm": {"name": "muffliato", "lr": 0.3, "batch": 4, "round_timeout": 0.05, "clip": 1.0, "sigma": 1.0,
+                        "gossip_steps": 3},
+          "evaluation": {"every": 0.5}}
+    assert planned(tmp_path, sc) == (1, 0)

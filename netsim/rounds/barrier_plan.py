@@ -31,6 +31,7 @@ made in the completion of the barrier before (``Plan._sender``), and the mixing 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import itertools
@@ -250,11 +251,17 @@ class Plan:
             dup[md_o[1:][same]] = True
             at_g = np.zeros(n, bool)
             np.logical_or.at(at_g, md, (mR == Gk[md]) | (mR == Gk[md] + T) | (mR >= U))
-            # barriers played as arrays: no older message left, no two times equal, all before run.until
+            # barriers played as arrays: no two times equal, all before run.until; with older messages left, where none
+            # of theirs is equal to another time the barrier meets (``_older``)
             tmo = Gk + T
             fast = np.zeros(n, bool)
             fast[gathers] = True
-            fast &= ~has_left & ~dup & ~at_g & (tmo < U)
+            fast &= ~dup & ~at_g & (tmo < U)
+            for j in np.flatnonzero(fast & has_left).tolist():
+                full_j = cnt[j] == expect[j] and rmax[j] < tmo[j]
+                fast[j] = self._older(j, float(Gk[j]), float(rmax[j]) if full_j else float(tmo[j]),
+                                      set(mR_o[rstart[j]:rstart[j] + cnt[j]].tolist()) | {float(tmo[j])}, left,
+                                      has_left, (E_SENT, int(sent_row[j])) if txk[j] else (E_DONE, int(done_row[j])))
             full = fast & (cnt == expect) & (rmax < tmo)
             late = fast & ~full
             fg = np.flatnonzero(full)
@@ -354,6 +361,29 @@ class Plan:
         if self.stop is not None:
             self.times = self.times[:np.searchsorted(self.times, self.stop, "right")]
         self._pack(words, ctx.net.take_ids(0), ctx.tag_code)
+
+    def _older(self, j: int, g: float, c: float, met: set, left: list, has_left: np.ndarray, gather: tuple) -> bool:
+        """The older messages left for agent j's barrier, gathered at ``g`` and complete at ``c`` (its last message's
+        arrival, at or before the gather; or its timer), as ``_barrier`` plays them, where none arrives at a time
+        in ``met`` (its round's arrivals, its timer), at ``g`` or ``c``, or with another: those queued before it
+        completes are discarded at the gather (after its rows, in arrival order), those arriving while it is open at
+        their arrival, the rest stay. False (nothing done): it is played message by message."""
+        old = sorted(left[j])
+        ts = [m[0] for m in old]
+        if len(set(ts) | met | {g, c}) != len(ts) + len(met | {g, c}):
+            return False
+        if c <= g:  # complete at the gather: the queue offered in arrival order up to its last message
+            cut = bisect.bisect_left(ts, c)
+            gone, still = old[:cut], old[cut:]
+        else:
+            cut, end = bisect.bisect_left(ts, g), bisect.bisect_left(ts, c)
+            gone, still = old[:cut], old[end:]
+            self.ev.stale_at.update(m[5] for m in old[cut:end])
+        if gone:
+            self.ev.discards[gather] = gone
+        left[j] = still
+        has_left[j] = bool(still)
+        return True
 
     def _barrier(self, j, k, g, expect, mine, left, has_left, ge_type, ge_row, times, timers):
         """Agent j's barrier of round k, gathered at ``g``, played message by message with simpy's order at equal
