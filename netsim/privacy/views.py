@@ -4,8 +4,9 @@ for it (``privacy.record = "mixing"``) as ``RUN/mixing.csv``.
 Pairwise accounting (``netsim privacy RUN --pairwise``, netsim/privacy/pairwise.py) needs what the trace
 does not hold: the weights of the mixing steps as applied (a missing or late neighbour's weight stays on
 the receiver's own value; a time-varying graph changes them). ``Agent.mix`` and ``Agent.mix_into_params``
-report each step here (a synchronous window's batch after its ``combine``, each agent at its own time and in the
-engine's order: ``Batch.record_mixes``); nothing is recorded, and no file written, unless the scenario asks.
+report each step here (a windowed batch after its ``combine``, each agent at its own time and in the engine's order:
+``Batch.record_mixes``, ``MixingLog.mix_batches``); nothing is recorded, and no file written, unless the scenario
+asks.
 
 One row per (mixing step, weight): ``agent, step, t, released, src, weight, lr``. ``step`` counts the
 agent's mixing steps from 0; ``released`` is how many releases (``Agent.privatize``) the agent had made
@@ -25,6 +26,7 @@ import attrs
 import numpy as np
 
 from netsim.errors import InputError
+from netsim.sim.graph_arrays import spans
 
 MIXING_FILE = "mixing.csv"
 HEADER = ("agent", "step", "t", "released", "src", "weight", "lr")
@@ -82,6 +84,18 @@ class MixingLog:
                            (self.src, src, np.intc), (self.weight, w, np.float64),
                            (self.lr, np.repeat(lr, n), np.float64)):
             col.frombytes(np.ascontiguousarray(v, dt).tobytes())
+
+    def mix_batches(self, batches: list[tuple]) -> None:
+        """Batches' mixing steps (``Batch.take_mix_rows``' tuples: each step's order and call, agent, time, releases,
+        own weight and senders' count, then the senders and their weights, and the step size) through ``mix_rows``, in
+        the order of (order, call); a step whose order is negative is not written."""
+        if not batches:
+            return
+        order, call, agent, t, released, keep, counts, srcs, ws, lr = (np.concatenate(c) for c in zip(*batches))
+        o = np.lexsort((call, order))
+        o = o[order[o] >= 0]
+        at = spans((np.cumsum(counts) - counts)[o], counts[o])  # (each step's senders and weights moved with it)
+        self.mix_rows(agent[o], t[o], released[o], keep[o], counts[o], srcs[at], ws[at], lr[o])
 
     def write(self, path: Path) -> Path:
         """Write the record as CSV (atomically: a temporary file renamed)."""

@@ -76,7 +76,6 @@ from netsim.rounds.kernel import LOOKAHEAD, AnyRound, Arrivals, Batch, Picked, R
 from netsim.rounds.lookahead import ACT, ARR, DONE, EVAL, OFF, STOP, UNTIL, WindowDriver, lock_steps, pack
 from netsim.rounds.sync import SyncKernel, _combine_steps, _local_steps
 from netsim.sim.agent import RowsAhead
-from netsim.sim.graph_arrays import spans
 from netsim.sim.network import outcomes, payload_size
 from netsim.sim.rows import CODES, TEXT
 from netsim.trace.events import Stale
@@ -855,8 +854,7 @@ class _Records:
 
     def __init__(self, log):
         self.log, self.mixing, self.views = log, log is not None, None if log is None else log.views
-        self.mixes: list[tuple] = []  # a batch's mixing steps (``Batch.take_mix_rows``): ``MixingLog.mix_rows``'s
-        # columns after the order of each
+        self.mixes: list[tuple] = []  # batches' mixing steps (``Batch.take_mix_rows``), for ``MixingLog.mix_batches``
         self.values: list[tuple] = []  # (order, agent, round, value before the noise, value)
         self.viewed: list[tuple] = []  # (receiver, sender, message round, time, pid)
 
@@ -876,13 +874,9 @@ class _Records:
         for _, i, rnd, clean, value in self.values:
             views.released(i, rnd, clean, value)
         self.values.clear()
-        if self.mixes:  # (in their order; each step's senders and weights moved with it)
-            order, *cols, counts, srcs, ws, lr = (np.concatenate(c) for c in zip(*self.mixes))
+        if self.mixes:
+            self.log.mix_batches(self.mixes)
             self.mixes.clear()
-            o = np.argsort(order, kind="stable")
-            at = spans((np.cumsum(counts) - counts)[o], counts[o])
-            agent, t, released, keep = (c[o] for c in cols)
-            self.log.mix_rows(agent, t, released, keep, counts[o], srcs[at], ws[at], lr[o])
 
 
 class _Work:

@@ -156,7 +156,7 @@ class Batch:
         self.sizes: list[int] | None = None
         self.more: list[tuple[list, list[int] | None]] | None = None  # ``send``'s further messages (``message`` >= 1)
         self._at = at  # the drivers' hook: agent n's clock and the list its trace rows go to (its releases)
-        self._mixes: list[tuple[Sequence[dict], list[float]]] = []  # mixing steps to record (``record_mixes``)
+        self._mixes: list[tuple[Sequence[dict], list[float]]] = []  # mixing steps to record (``take_mix_rows``)
 
     # the batch's own attributes and those a pattern sets (a broadcast batch's extra rows and scalars): not the kernel's
     _OWN = frozenset({"agents", "k", "x", "g", "state", "out", "sizes", "more", "s", "_at", "_rows", "_sent", "_mixes",
@@ -167,7 +167,8 @@ class Batch:
     counts: Sequence[int] | None = None  # ... and each agent's activation count there (``rounds``)
     # a lookahead-window driver's batch with privacy records (``privacy.record``): its agents have moved on by its
     # tensor work, so the driver writes the records in the engine's order: the mixing steps as a batch's, even of one
-    # agent (``take_mixes``), and each release's value before and after its noise, (batch position, clean, value) here
+    # agent (``take_mix_rows``), and each release's value before and after its noise, (batch position, clean, value)
+    # here
     held: list | None = None
     order: np.ndarray | None = None  # a windowed driver's batch: its agents' ids as an array (``index`` lists none)
 
@@ -397,29 +398,18 @@ class Batch:
         batch) into the mixing record (``privacy.record``), as the events engine's agents make them: agent ``ids[m]``
         at its time ``t[m]`` (a windowed driver's: when its barrier completed, in that order), each agent's steps in
         the order it made them. Every agent's releases come before its steps (the patterns release in ``local``)."""
-        mixes = self.take_mixes()
-        if not mixes:
+        if not self._mixes:
             return
-        at = {a.id: n for n, a in enumerate(self.agents)}
-        for i, when in zip(ids.tolist(), t.tolist(), strict=True):
-            n = at[i]
-            a = self.agents[n]
-            for got, lr in mixes[n]:
-                a.record_mix(got, lr, t=when)
-
-    def take_mixes(self) -> list[list[tuple[dict, float]]]:
-        """The mixing steps this batch made since the last call, agent by agent: each one's (what it mixed, {sender:
-        payload} in arrival order; the step size) in the order it made them ([]: none, or no mixing record)."""
-        mixes, self._mixes = self._mixes, []
-        if not mixes:
-            return []
-        return [[(got[n], lrs[n]) for got, lrs in mixes] for n in range(len(self.agents))]
+        place = {i: m for m, i in enumerate(ids.tolist())}
+        order = np.array([place.get(a.id, -1) for a in self.agents], np.int64)  # (-1: not written)
+        self.agents[0].mixing_record.mix_batches(self.take_mix_rows(None, order, np.asarray(t, np.float64)[order]))
 
     def take_mix_rows(self, got, order: np.ndarray, t: np.ndarray) -> list[tuple]:
-        """``take_mixes`` as ``MixingLog.mix_rows``' columns, one tuple a call (``mix``, ``mix_into_params``), each
-        after the order of its steps (agent n's place ``order[n]`` in the engine's order, then the call): agent n's
-        steps at time ``t[n]`` with the releases it has made now; where a call mixed ``got`` (``Arrivals``), each
-        agent's senders and weights in arrival order read from its arrays, else from the dicts."""
+        """The mixing steps this batch made since the last call (``mix``, ``mix_into_params``) as
+        ``MixingLog.mix_batches``' tuples, one a call: agent n's steps after its place ``order[n]`` in the engine's
+        order, then the call, at time ``t[n]`` with the releases it has made now; where a call mixed ``got``
+        (``Arrivals``), each agent's senders and weights in arrival order read from its arrays, else from the dicts
+        (``Agent.record_mix``'s)."""
         mixes, self._mixes = self._mixes, []
         agents = np.array([a.id for a in self.agents], np.int64)
         released = np.array([a.releases_made for a in self.agents], np.int64)
@@ -437,7 +427,8 @@ class Batch:
             ws, ends = w.tolist(), np.cumsum(counts).tolist()
             keep = np.array([1.0 - sum(ws[e - m:e]) for e, m in zip(ends, counts.tolist())], np.float64)  # (as
             # ``Agent.record_mix`` sums them)
-            out.append((order * 64 + c, agents, t, released, keep, counts, src, w, np.asarray(lrs, np.float64)))
+            out.append((order, np.full(len(agents), c), agents, t, released, keep, counts, src, w,
+                        np.asarray(lrs, np.float64)))
         return out
 
     def step(self, g: torch.Tensor, lrs: Sequence[float]) -> None:
