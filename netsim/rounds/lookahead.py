@@ -920,17 +920,23 @@ class WindowDriver:
         """After a window's tensor work (in this process): what the control takes from it (a driver whose sends
         depend on values plays them here)."""
 
+    reads: dict[int, int] = {}  # (``in_order``) an operation's kind -> the place in it of a payload's handle it reads
+
     def in_order(self, first_ticket: int, handlers: tuple, ask: int, update: int) -> None:
         """Every agent's operations of the window (``ops``: tuples, the kind first) in its order, one per agent and lock
         step; the kind k of a step in one call ``handlers[k](step)`` (step: its (agent, operation) pairs). The second
         value of an ``ask`` and an ``update`` is a ticket: an update waits for its gradient batch, evaluated once all
-        its requests are made (those of earlier windows were)."""
+        its requests are made (those of earlier windows were). An operation that reads a payload (``reads``) waits
+        for the step after the one that makes it, where that is in this window (a message sent and delivered inside
+        it: a latency with no positive minimum). Every wait is on an operation the control made earlier, so the
+        earliest operation left can always go."""
         grad = self.grad
         flush_of, left, waiting = grad.batches(first_ticket)
         ops, ptr = self.ops, dict.fromkeys(self.ops, 0)
         active = list(ops)
         blocked: dict[int, int] = {}
         evaluated, free = grad.evaluated.row_of, grad.free
+        reads, made = self.reads, self.payloads.row_of
         waiting = grad.evaluate_ready(left, waiting, blocked, active)
         while active:
             steps: list[list] = [[] for _ in handlers]
@@ -940,6 +946,11 @@ class WindowDriver:
                 if o[0] == update and o[1] not in evaluated:  # its batch waits for a request still to come
                     blocked[o[1]] = i
                     continue
+                if reads:
+                    at = reads.get(o[0])
+                    if at is not None and o[at] is not None and o[at] not in made:  # its payload is still to come
+                        nxt.append(i)
+                        continue
                 if o[0] == ask and not free:
                     f = flush_of.get(o[1])
                     if f is not None:
@@ -1181,6 +1192,11 @@ class _Driver(WindowDriver):
 
     gathers = 128
     gathers_checkpointed = 32  # checkpoints are cut between two tensor works: with them, 32 windows a work
+
+    def window(self, sim) -> float:
+        from netsim.rounds.barrier_windows import window
+
+        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

@@ -105,7 +105,7 @@ class Pairwise(Pattern):
 
         if path != LOOKAHEAD:
             return "exchanges wait on replies and agents on their own clocks: played as lookahead windows only"
-        return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
+        return lookahead.refusal(sim, sim.program, bound=False) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import pairwise_windows

@@ -109,6 +109,13 @@ class _Programs:
 class _Driver(WindowDriver):
     """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
 
+    reads = {SERVE: 1, REPLY: 1}  # a request's model, a reply's: made by another agent's SEND, SERVE
+
+    def window(self, sim) -> float:
+        from netsim.rounds.barrier_windows import window
+
+        return window(sim)
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p = self.ctx.p

@@ -116,8 +116,8 @@ class PushGossip(Pattern):
         from netsim.rounds import lookahead
 
         kernel = sim.program
-        if path == LOOKAHEAD:
-            return lookahead.refusal(sim, kernel) or kernel.refusal(sim, path)
+        if path == LOOKAHEAD:  # (any latency: the tensor work is in dependency order)
+            return lookahead.refusal(sim, kernel, bound=False) or kernel.refusal(sim, path)
         sc, p = sim.world.scenario, sim.params
         ag, lat = sc.agents, sc.network.latency
         low, top = {"constant": (lat.value, lat.value),
