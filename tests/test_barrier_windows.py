@@ -305,8 +305,9 @@ def test_latencies_with_no_positive_minimum_on_barrier_windows(tmp_path, latency
     summary = both(tmp_path, sc)
     assert summary["messages_delivered"] > 0
     from netsim.api import prepare
+    from netsim.rounds.lookahead import window
 
-    assert barrier_windows.window(prepare(scenario_from_dict(sc))) == 0.02
+    assert window(prepare(scenario_from_dict(sc))) == 0.02
 
 
 def test_auto_runs_the_quickstart_clocks_on_the_windows(tmp_path):

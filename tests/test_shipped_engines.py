@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import ROOT
 
 FAST = {
-    "attack_audit", "attack_er", "compare_sync_async", "dfedsam_cheapest", "do_adp_cheapest", "do_adp_cpgt",
-    "do_adp_dp_dda",
+    "attack_audit", "attack_er", "compare_sync_async", "compare_sync_async_gossip", "dfedsam_cheapest",
+    "do_adp_cheapest", "do_adp_cpgt", "do_adp_dp_dda",
     "do_adp_dpdo", "do_adp_full", "dpsgd_bursty", "dpsgd_scale", "ldp_online_cheapest", "ldp_online_cheapest_dola",
     "ldp_online_cheapest_dola_eq", "ldp_online_cheapest_dsgd", "ldp_online_cheapest_dsgd_eq",
     "ldp_online_cheapest_pdop", "ldp_online_full", "mnist_mlp", "pdsl_cheapest", "pdsl_cheapest_dp_cga",

@@ -57,10 +57,10 @@ def test_every_tutorial_command_runs(tmp_path, monkeypatch):
         assert "Traceback" not in res.output
     scratch = tmp_path / "scratch"
     assert (scratch / "quick" / "agent_metrics.csv").is_file()
-    gossip, fast = (json.loads((scratch / f / "summary.json").read_text()) for f in ("gossip", "gossip_fast"))
-    assert gossip["engine"] == "events" and " — a uniform latency with low > 0" in gossip["windowed_refused"]
-    assert f"```text\n{gossip['windowed_refused']}\n```" in TUTORIAL.read_text()  # the page shows the run's line
-    assert fast["engine"] == "windowed" and "windowed_refused" not in fast
+    gossip, triggered = (json.loads((scratch / f / "summary.json").read_text()) for f in ("gossip", "triggered"))
+    assert gossip["engine"] == "windowed" and "windowed_refused" not in gossip  # an exponential latency: fast
+    assert triggered["engine"] == "events" and " — remove network.bandwidth" in triggered["windowed_refused"]
+    assert f"```text\n{triggered['windowed_refused']}\n```" in TUTORIAL.read_text()  # the page shows the run's line
     assert (scratch / "compare.png").is_file() and (scratch / "dp" / "privacy.json").is_file()
     assert len(list((scratch / "sweep").rglob("summary.json"))) == 4
     stations = (scratch / "stations" / "scenario.toml").read_text()

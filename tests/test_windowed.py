@@ -146,7 +146,7 @@ def gossip(**changes) -> dict:
           "algorithm": {"name": "push_gossip", "lr": 0.5, "batch": 0},
           "evaluation": {"every": 1.0e6, "metrics": ["accuracy", "agent_accuracy"]}}
     for key, value in changes.items():
-        sc[key] = {**sc[key], **value}
+        sc[key] = {**sc.get(key, {}), **value}
     return sc
 
 
@@ -163,16 +163,25 @@ def test_windowed_push_gossip_writes_the_engines_trace_byte_for_byte(tmp_path, c
     assert summary["messages_delivered"] > 0 and summary["stop_reason"] == "rounds"
 
 
+@pytest.mark.parametrize("changes", [
+    {"network": {"latency": {"kind": "exponential", "mean": 0.1}}},
+    {"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.5}}},
+    {"agents": {"activation": {"kind": "poisson", "rate": 1.0}},
+     "network": {"latency": {"kind": "lognormal", "mean": 0.1, "sigma": 0.5}}},
+])
+def test_push_gossip_with_no_lookahead_merges_each_model_a_lock_step_after_its_push(tmp_path, changes):
+    """Latencies with no positive minimum (not synchronous ticks either: no upper bound, or sooner than the
+    gradients): a model may be pushed and merged inside one window, played in dependency order."""
+    sc = gossip(**changes)
+    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
+    assert lookahead_run(tmp_path, sc)["messages_delivered"] > 0
+
+
 @pytest.mark.parametrize(("changes", "why"), [
-    ({"network": {"latency": {"kind": "exponential", "mean": 0.1}}},
-     "no upper bound.*nor as lookahead windows: latency 'exponential' has no positive lower bound"),
-    ({"network": {"latency": {"kind": "uniform", "low": 0.0, "high": 0.5}}},
-     "before the round's gradients.*nor as lookahead windows: the minimum latency is 0"),
-    ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}}, "network": {"latency": {"kind": "lognormal",
-                                                                              "mean": 0.1, "sigma": 0.5}}},
-     "only periodic.*lookahead windows: latency 'lognormal' has no positive lower bound: no lookahead"),
     ({"agents": {"activation": {"kind": "poisson", "rate": 1.0}, "churn": {"mean_online": 2.0, "mean_offline": 0.5}},
       "run": {"checkpoint_every_rounds": 2}}, "lookahead windows: checkpoints with link models"),
+    ({"privacy": {"delta": 1e-5, "record": "mixing"}},
+     "lookahead windows: privacy.record = 'mixing'"),
 ])
 def test_windowed_push_gossip_refuses_what_it_cannot_run_exactly(tmp_path, changes, why):
     from netsim.errors import InputError
@@ -319,8 +328,10 @@ def test_windowed_topk_keeps_each_rows_own_set_ties_included(ratio):
 
 
 @st.composite
-def async_gossip(draw) -> dict:
-    """A scenario of the lookahead windows' admitted region: own clocks, random times, lossy links."""
+def async_gossip(draw, unbounded: bool = True) -> dict:
+    """A scenario of the lookahead windows' admitted region: own clocks, random times, lossy links; ``unbounded``:
+    latencies with no positive minimum too (exponential, lognormal, uniform from 0: messages sent and delivered inside
+    one window), for the patterns whose tensor work waits for the payloads it reads."""
     n = draw(st.integers(4, 12))
     act = draw(st.sampled_from([{"kind": "poisson", "rate": 1.0}, {"kind": "poisson", "rate": 4.0},
                                 {"kind": "periodic", "period": 0.5}, {"kind": "periodic", "period": 1.0},
@@ -340,7 +351,10 @@ def async_gossip(draw) -> dict:
         agents.update(stragglers=[0, n - 1], straggler_factor=3.0)
     low = draw(st.sampled_from([0.02, 0.1, 0.2]))
     lat = draw(st.sampled_from([{"kind": "constant", "value": low},
-                                {**u, "low": low, "high": low + draw(st.sampled_from([0.05, 0.5]))}]))
+                                {**u, "low": low, "high": low + draw(st.sampled_from([0.05, 0.5]))}]
+                               + [{"kind": "exponential", "mean": low},
+                                  {"kind": "lognormal", "mean": low, "sigma": 1.0},
+                                  {**u, "low": 0.0, "high": 2 * low}] * unbounded))
     run = dict(draw(st.sampled_from([{"until": 4.0}, {"until": 7.5},
                                      {"rounds": draw(st.integers(2, 6)), "until": 1.0e6},
                                      {"rounds": draw(st.integers(2, 6))}])))  # the run ends at the last finish
@@ -390,10 +404,10 @@ def test_engine_auto_takes_the_windows_where_they_are_exact_and_says_why_not_els
     events = netsim.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events")
     assert fast.summary["engine"] == "windowed" and fast.summary["windows"]["windows"] > 0
     assert (tmp_path / "auto" / "trace.arrows").read_bytes() == (tmp_path / "events" / "trace.arrows").read_bytes()
-    sc["network"] = {**sc["network"], "latency": {"kind": "exponential", "mean": 0.1}}
+    sc["privacy"] = {"delta": 1e-5, "record": "mixing"}
     slow = netsim.run(scenario_from_dict(sc), out=tmp_path / "slow", engine="auto")
     assert slow.summary["engine"] == "events" and "windows" not in slow.summary
-    assert "latency 'exponential' has no positive lower bound" in slow.summary["windowed_refused"]
+    assert "push_gossip's lookahead windows do not write the mixing record" in slow.summary["windowed_refused"]
     assert "windowed_refused" not in events.summary and events.summary["engine"] == "events"
 
 
@@ -458,9 +472,11 @@ def _async(**changes) -> dict:
     (exact(algorithm={"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "random_neighbors": 2,
                       "lr_decay": None}), "random in-neighbours", "set algorithm.random_neighbors = 0"),
     # asynchronous algorithms: the lookahead windows' reason (they play any clock), not the rounds'
-    (_async(network={"latency": {"kind": "exponential", "mean": 0.1}}),
+    (_async(algorithm={"name": "event_triggered", "lr": 0.3, "batch": 8},
+            network={"latency": {"kind": "exponential", "mean": 0.1}}),
      "latency 'exponential' has no positive lower bound", "a uniform latency with low > 0 (or a constant) runs fast"),
-    (_async(network={"latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}), "the minimum latency is 0",
+    (_async(algorithm={"name": "sparq", "lr": 0.3, "batch": 8},
+            network={"latency": {"kind": "uniform", "low": 0.0, "high": 0.1}}), "the minimum latency is 0",
      "give latency a minimum > 0"),
     (_async(privacy={"delta": 1e-5, "record": "mixing"}),
      "privacy.record = 'mixing': push_gossip's lookahead windows do not write the mixing record",

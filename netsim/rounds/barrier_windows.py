@@ -134,27 +134,7 @@ def refusal(sim) -> str | None:
     return None
 
 
-def window(sim) -> float:
-    """A window's length: the smallest latency where there is a positive one (the lookahead), else the smallest
-    typical one (a distribution's mean, a uniform's midpoint) of the scenario's and the per-link overrides', else
-    ``FALLBACK``. Any length is exact (the tensor work is in dependency order); it only sizes the control's buckets
-    and, with ``gathers``, the tensor work's lock steps."""
-    L = lookahead.lookahead(sim)[0]
-    if L is not None:
-        return L
-    net = sim.world.scenario.network
-    lats = [net.latency, *(o.latency for o in net.links or () if o.latency is not None)]
-    typical = [t for lat in lats if (t := _typical(lat)) > 0]
-    return min(typical) if typical else FALLBACK
-
-
 SMALL = 4096  # parameters: a model up to this size has its payloads handed to ``combine`` as one tensor (``Arrivals``)
-FALLBACK = 0.01  # seconds: a window where no latency is positive on average
-
-
-def _typical(lat) -> float:
-    return {"constant": lat.value, "uniform": None if lat.low is None else (lat.low + lat.high) / 2}.get(
-        lat.kind, lat.mean) or 0.0
 
 
 def play(pattern, sim, kernel) -> bool:
@@ -183,10 +163,6 @@ class _Driver(WindowDriver):
 
     gathers = 64  # (a window is one latency, often a small part of a round: 64 of them fill the lock steps)
     holds_rows = True  # (``decide`` patches the sizes of the gather's sends and deliveries)
-
-    def window(self, sim) -> float:
-        """The lookahead where the latencies have a positive minimum, else a typical latency (``window``)."""
-        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

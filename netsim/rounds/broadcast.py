@@ -206,7 +206,8 @@ class Broadcast(Pattern):
 
         if path != LOOKAHEAD:
             return "every agent broadcasts on its own clock: played as lookahead windows only"
-        return lookahead.refusal(sim, sim.program) or sim.program.refusal(sim, path)
+        # (any latency: a merge waits in lock step for the push of its payloads)
+        return lookahead.refusal(sim, sim.program, bound=False) or sim.program.refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import broadcast_windows

@@ -3,7 +3,9 @@ push gossip SGD and push-sum, byte for byte the events engine's trace, metrics a
 
 The lookahead is push gossip's (rounds/lookahead.py, whose admitted region, refusals and window statistics this driver
 shares): a message sent at t lands no earlier than t + L, so whatever an activation of [T, T + L) merges, at its start
-(push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier window's tensor work.
+(push-sum) or when its gradient is back (asynchronous push), was pushed before T, by an earlier window's tensor work;
+without a lookahead (a latency with no positive minimum) a merge may read a push of its own window, and waits for the
+lock step after it.
 The driver plays the window's events in simpy's order, each agent's and each link's streams drawn by the engine's calls
 in the engine's order, the kernel's control (``choose``, ``scalars``, ``pushed``) called at the event's time as the
 program calls it; every agent's tensor operations of the window are then done in lock step: in each step an agent goes
@@ -33,6 +35,7 @@ from netsim.rounds.lookahead import (
     UNTIL,
     WindowDriver,
     holds_of,
+    lookahead,
     per_agent,
     queued_holds,
 )
@@ -64,6 +67,7 @@ class _Driver(WindowDriver):
         self.X = self.ctx.bank.W.clone()  # each program's x between activations
         self.extra = {name: torch.zeros_like(self.X) for name in kernel.extra_rows}
         self.size = payload_size(kernel.payload(self.X[0], 0.0))  # every push's bytes
+        self.bounded = lookahead(sim)[0] is not None  # a positive lookahead: every payload a window merges is made
 
     def op(self, i: int, kind: int, *v) -> None:
         """``WindowDriver.op``, ranked first by the operation's place in an activation's order."""
@@ -212,6 +216,7 @@ class _Driver(WindowDriver):
         active = list(ops)
         blocked: dict[int, int] = {}
         evaluated, free = grad.evaluated.row_of, grad.free
+        made = None if self.bounded else self.payloads.row_of  # (no lookahead: a merge may wait for a push)
         waiting = grad.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
         while active:
             steps: list[list] = [[], [], [], []]  # by kind: (agent, op)
@@ -224,6 +229,8 @@ class _Driver(WindowDriver):
                     o = mine[k]
                     if o[0] <= last:
                         break
+                    if o[1] == MERGE and made is not None and any(h not in made for h in o[3]):
+                        break  # a payload pushed in this window, in a later step
                     if o[1] == UPDATE and o[2] not in evaluated:  # asked for in this step, or its batch waits
                         if not free:  # for a request still to come: woken when it is evaluated
                             blocked[o[2]] = i

@@ -12,8 +12,10 @@ Transmission times and offline time keep that true: a link's or an uplink's queu
 does not wait for its transmission), and an activation moved out of an interval, a gradient that waits for the
 agent to be back and a drop decided when the message is sent (sender offline then, receiver offline when it
 would land, an outage, a burst's loss) change when things happen and what arrives, never how soon a message can
-land. What breaks it: a latency with no positive lower bound, or a link model of its own (a plugin's or a
-replay's: no known bound, outcomes not from the engine's streams). A time-varying topology is played: each
+land. A latency with no positive lower bound leaves no lookahead: a message may then be sent and merged inside one
+window, and the tensor work, done in dependency order (a merge a lock step after its payload's push, ``lock_steps``),
+is exact on windows of any length (``window``: a typical latency). What breaks it: a link model of its own (a
+plugin's or a replay's: outcomes not from the engine's streams). A time-varying topology is played: each
 activation adopts its epoch's links, as the engine's activation listener does.
 
 Checkpoints are cut between two windows, once their tensor work is done (``Simulation.between_windows``): the
@@ -153,6 +155,29 @@ def lookahead(sim) -> tuple[float | None, str]:
         return None, ("network.trace measures a latency of 0: no lookahead (a message can arrive at once) — a link "
                       "trace whose latencies are all > 0 runs fast")
     return (min(bound, *measured) if measured else bound), ""
+
+
+def window(sim) -> float:
+    """A window's length: the lookahead where the latencies have a positive minimum, else the smallest typical one (a
+    distribution's mean, a uniform's midpoint) of the scenario's and the per-link overrides', else ``FALLBACK``. Without
+    a lookahead a message may be sent and delivered inside one window, which a driver whose tensor work waits for the
+    payloads it reads plays exactly (``refusal(bound=False)``); then the length only sizes the control's buckets and
+    the lock steps."""
+    L = lookahead(sim)[0]
+    if L is not None:
+        return L
+    net = sim.world.scenario.network
+    lats = [net.latency, *(o.latency for o in net.links or () if o.latency is not None)]
+    typical = [t for lat in lats if (t := _typical(lat)) > 0]
+    return min(typical) if typical else FALLBACK
+
+
+FALLBACK = 0.01  # seconds: a window where no latency is positive on average
+
+
+def _typical(lat) -> float:
+    return {"constant": lat.value, "uniform": None if lat.low is None else (lat.low + lat.high) / 2}.get(
+        lat.kind, lat.mean) or 0.0
 
 
 def transmits(sim) -> bool:
@@ -765,8 +790,8 @@ class WindowDriver:
         return self.events.first_due()
 
     def window(self, sim) -> float:
-        """A window's length: the lookahead (a driver that orders its tensor work by dependency may choose another)."""
-        return lookahead(sim)[0]
+        """A window's length (``window``)."""
+        return window(sim)
 
     def _waker(self) -> Callable[[int, float], None]:
         """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what
@@ -1192,11 +1217,6 @@ class _Driver(WindowDriver):
 
     gathers = 128
     gathers_checkpointed = 32  # checkpoints are cut between two tensor works: with them, 32 windows a work
-
-    def window(self, sim) -> float:
-        from netsim.rounds.barrier_windows import window
-
-        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

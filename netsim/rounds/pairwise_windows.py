@@ -3,8 +3,10 @@ windowed``, byte for byte the events engine's trace, metrics and models.
 
 The lookahead is push gossip's (rounds/lookahead.py): a request sent at t lands at t + L at the earliest, and the
 reply the server sends then lands L later still; so whatever an operation of the window [T, T + L) reads of
-another agent (a request's model, a reply's) was sent before T, by an earlier window's tensor work. The lock
-protocol never reads a tensor: who is locked, served, refused or timed out follows from times alone.
+another agent (a request's model, a reply's) was sent before T, by an earlier window's tensor work. Without a
+lookahead (a latency with no positive minimum) a serve or a reply may read a payload made in its own window: it
+waits for the lock step after the one that makes it (``reads``). The lock protocol never reads a tensor: who is
+locked, served, refused or timed out follows from times alone.
 
 The control plays the engine's two programs per agent in simpy's order: the main program (activated,
 the gradient asked for, on its completion the staleness observed and, for an initiating agent, the exchange: lock,
@@ -110,11 +112,6 @@ class _Driver(WindowDriver):
     """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
 
     reads = {SERVE: 1, REPLY: 1}  # a request's model, a reply's: made by another agent's SEND, SERVE
-
-    def window(self, sim) -> float:
-        from netsim.rounds.barrier_windows import window
-
-        return window(sim)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

@@ -89,7 +89,10 @@ class Triggered(Broadcast):
             return ("bandwidth or uplinks: a triggered send waits for its transmission, so when the agent goes on "
                     "depends on whether the model fires the trigger (the windows decide it after the control) — "
                     "remove network.bandwidth, network.uplink and the links' bandwidth")
-        return (path == LOOKAHEAD and sim.program.refusal(sim, path)) or super().refusal(sim, path)
+        # a positive lookahead: whether a send goes out is decided after the window's control, so it must land in a
+        # later window
+        return (path == LOOKAHEAD and (sim.program.refusal(sim, path) or lookahead.refusal(sim, sim.program))) \
+            or super().refusal(sim, path)
 
     def play_lookahead(self, sim, kernel) -> bool:
         from netsim.rounds import triggered_windows
