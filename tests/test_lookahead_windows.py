@@ -131,6 +131,12 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
                                                                                      "batch_invariant": True}},
     # the pairwise pattern: locks, exchanges waiting on replies and their timers, requests queued at a server
     "adpsgd": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3}},
+    # no lookahead (requests and replies sent and delivered inside a window; pushes for push-sum): windows of the
+    # mean latency, restored with the same length
+    "adpsgd_lognormal": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3},
+                         "network": {"latency": {"kind": "lognormal", "mean": 0.05, "sigma": 1.0}}},
+    "pushsum_exponential": {"algorithm": {"name": "pushsum", "lr": 0.3, "batch": 3},
+                            "network": {"latency": {"kind": "exponential", "mean": 0.05}}},
     # event-triggered DP-SGD: the neighbour copies, what each agent last sent each out-neighbour (about half the
     # sends skipped), the releases and the agents whose budget cap has stopped them
     "event_triggered": {"algorithm": {"name": "event_triggered", "lr": 0.3, "batch": 4, "trigger": "absolute",
