@@ -1,6 +1,6 @@
 """Asynchronous push gossip as conservative lookahead windows (``--engine windowed`` when activations are not
-simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, latencies
-with a positive lower bound, per-link settings, link traces, bandwidth and uplinks, Bernoulli or Gilbert-Elliott
+simultaneous: Poisson, Bernoulli or periodic clocks with offsets, drift and jitter, any compute time, any
+latency, per-link settings, link traces, bandwidth and uplinks, Bernoulli or Gilbert-Elliott
 loss, outages, agents going offline).
 
 The lookahead. A message sent at t arrives no earlier than t + L, L = the smallest latency any link can give (the
