@@ -101,9 +101,17 @@ def broadcasting(draw, name: str) -> dict:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_broadcast_windows_agree_with_the_engine_on_drawn_asynchronous_scenarios(tmp_path_factory, name, data):
+    """With the tensor work of 1 to 32 windows done together for the broadcast and pairwise patterns (a merge, serve or
+    reply then waits in lock step for a payload made in the same work; event-triggered sends: one window a work)."""
+    from netsim.rounds import broadcast_windows, pairwise_windows
+
     sc = data.draw(broadcasting(name))
     buildable(sc)
-    both(tmp_path_factory.mktemp("drawn"), sc)
+    gathers = data.draw(st.sampled_from([1, 3, 32]))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(broadcast_windows._Driver, "gathers", gathers)
+        m.setattr(pairwise_windows._Driver, "gathers", gathers)
+        both(tmp_path_factory.mktemp("drawn"), sc)
 
 
 TRIGGERED = {"name": "event_triggered", "lr": 0.5, "batch": 4, "trigger": "relative", "threshold": 0.1}

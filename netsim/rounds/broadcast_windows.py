@@ -53,6 +53,9 @@ def play(pattern, sim, kernel) -> bool:
 class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
+    gathers = 32  # windows whose tensor work is done together (a merge waits for the push of its payloads)
+    gathers_checkpointed = 1
+
     # the rank of each operation in an activation's order (by ``kernel.merge_first``): push-sum merges before it asks,
     # asynchronous push after
     RANKS = ({ASK: 0, MERGE: 1, UPDATE: 2, PUSH: 3}, {MERGE: 0, ASK: 1, UPDATE: 2, PUSH: 3})
@@ -216,7 +219,7 @@ class _Driver(WindowDriver):
         active = list(ops)
         blocked: dict[int, int] = {}
         evaluated, free = grad.evaluated.row_of, grad.free
-        made = None if self.bounded else self.payloads.row_of  # (no lookahead: a merge may wait for a push)
+        made = None if self.bounded and self.gathers == 1 else self.payloads.row_of  # (a merge may wait for a push)
         waiting = grad.evaluate_ready(left, waiting, blocked, active)  # batches asked for in earlier windows
         while active:
             steps: list[list] = [[], [], [], []]  # by kind: (agent, op)

@@ -112,6 +112,8 @@ class _Driver(WindowDriver):
     """The pairwise pattern's control and tensor work; the rest is ``WindowDriver``'s."""
 
     reads = {SERVE: 1, REPLY: 1}  # a request's model, a reply's: made by another agent's SEND, SERVE
+    gathers = 32  # windows whose tensor work is done together (a serve or reply waits for its payload: ``reads``)
+    gathers_checkpointed = 1
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)

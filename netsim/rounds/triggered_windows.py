@@ -56,6 +56,8 @@ class _Sends(BroadcastDriver):
     """What both event-triggered drivers share: sends left undecided by the control (``send``), decided by the
     tensor work (``fires``) and played after it (``decide``)."""
 
+    gathers = 1  # (each window's sends decided before the next window's control)
+
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
         p, n = self.ctx.p, len(self.ctx.agents)
