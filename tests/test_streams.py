@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from netsim.sim.streams import Streams, purpose_code, seed_states
 
@@ -93,6 +95,36 @@ def test_draws_give_the_streams_values_in_order_whatever_their_blocks_and_resume
         later.resume(pos, later=True)
         assert made == [] and later.position() == pos  # (nothing drawn yet: where it was restored)
         assert [later() for _ in range(n - k)] == whole[k:] and made == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=hs.lists(hs.one_of(hs.just(0), hs.integers(1, 300)), min_size=1, max_size=12),
+       resumed=hs.booleans())
+def test_take_gives_the_values_and_positions_of_as_many_calls(ops, resumed):
+    """``take(n)`` (runs of a block's buffer) against n calls, mixed with single calls (0) across a short first block
+    and full ones, from the start or from a resumed position: the same values and, after each, the same
+    ``position`` (what a checkpoint keeps)."""
+    from netsim.sim.streams import FIRST_BLOCK, Draws
+
+    def draws():
+        rng = np.random.default_rng(11)
+        d = Draws(lambda m: rng.lognormal(-4.6, 0.5, m), rng)
+        if resumed:
+            ref = np.random.default_rng(11)
+            r = Draws(lambda m: ref.lognormal(-4.6, 0.5, m), ref)
+            for _ in range(FIRST_BLOCK + 7):
+                r()
+            d.resume(r.position())
+        return d
+
+    took, called = draws(), draws()
+    for n in ops:
+        if n == 0:
+            assert took() == called()
+        else:
+            got = took.take(n)
+            assert got.dtype == np.float64 and got.tolist() == [called() for _ in range(n)]
+        assert took.position() == called.position()
 
 
 @pytest.mark.parametrize("seed", [0, 5, 2**32 + 1, 2**63 - 1])

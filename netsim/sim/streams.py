@@ -296,12 +296,22 @@ class Draws:
             return next(self._it)
 
     def take(self, n: int) -> np.ndarray:
-        """The next ``n`` values as an array: the values of ``n`` calls (a block's end changes no value)."""
-        got = list(islice(self._it, n))
-        while len(got) < n:
-            got.append(self())  # (the next block: ``__call__``'s refill)
-            got += islice(self._it, n - len(got))
-        return np.array(got, np.float64)
+        """The next ``n`` values as an array: the values of ``n`` calls (a block's end changes no value), copied out of
+        the block's buffer a run at a time, the block's iterator moved past them (where ``position`` reads it)."""
+        out, k = np.empty(n, np.float64), 0
+        while k < n:
+            it = self._it
+            red = it.__reduce__()  # (iter, (block,), index), or (iter, ((),)) once the block is used up
+            if len(red) == 3 and red[2] < len(red[1][0]):
+                block, i = red[1][0], red[2]
+                m = min(n - k, len(block) - i)
+                out[k:k + m] = np.frombuffer(block, np.float64, m, 8 * i)
+                it.__setstate__(i + m)
+                k += m
+            else:
+                out[k] = self()  # (the next block: ``__call__``'s refill)
+                k += 1
+        return out
 
     def _made(self) -> None:
         self._fill, self._rng = self._make()
