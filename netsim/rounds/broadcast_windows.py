@@ -54,7 +54,7 @@ class _Driver(WindowDriver):
     """The broadcast pattern's control and tensor work (the module docstring); the rest is ``WindowDriver``'s."""
 
     gathers = 32  # windows whose tensor work is done together (a merge waits for the push of its payloads)
-    gathers_checkpointed = 1
+    gathers_checkpointed = 1  # (where checkpoints are kept: each cut at the window it falls in)
 
     # the rank of each operation in an activation's order (by ``kernel.merge_first``): push-sum merges before it asks,
     # asynchronous push after

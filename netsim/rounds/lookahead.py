@@ -447,7 +447,7 @@ class Context:
     __slots__ = ("pattern", "sim", "kernel", "p", "agents", "writer", "net", "bank", "state", "until", "tag",
                  "tag_code", "churn", "outcome", "checkpoints", "dynamic", "stats")
 
-    def __init__(self, pattern, sim, kernel, tag_code: int, window: Callable):
+    def __init__(self, pattern, sim, kernel, tag_code: int):
         world = sim.world
         self.pattern, self.sim, self.kernel, self.tag, self.tag_code = pattern, sim, kernel, pattern.tag, tag_code
         self.p, self.agents, self.writer = sim.params, sim.loop.agents, sim.recorder.writer
@@ -775,7 +775,7 @@ class WindowDriver:
     def __init__(self, pattern, sim, kernel):
         words = shapes.words()
         self.rows = PackedRows(words)  # the window's trace rows, packed as they are made (strings: ``rows.words``)
-        self.ctx = Context(pattern, sim, kernel, words(pattern.tag), self.window)
+        self.ctx = Context(pattern, sim, kernel, words(pattern.tag))
         restored = sim.loop.programs.between  # (a checkpoint's state: the counter goes on where it stood)
         self.events = EventQueue(self.ctx.stats.lookahead, restored.plain["seq"] if restored is not None
                                  and restored.plain else 0, float(sim.loop.env.now))
@@ -788,10 +788,6 @@ class WindowDriver:
     def first_due(self) -> float | None:
         """The time of the next event (None: none): the queue's."""
         return self.events.first_due()
-
-    def window(self, sim) -> float:
-        """A window's length (``window``)."""
-        return window(sim)
 
     def _waker(self) -> Callable[[int, float], None]:
         """``wake`` as a closure over the driver's state: it runs for every activation, and reading locals is what

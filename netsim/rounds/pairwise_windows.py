@@ -113,7 +113,7 @@ class _Driver(WindowDriver):
 
     reads = {SERVE: 1, REPLY: 1}  # a request's model, a reply's: made by another agent's SEND, SERVE
     gathers = 32  # windows whose tensor work is done together (a serve or reply waits for its payload: ``reads``)
-    gathers_checkpointed = 1
+    gathers_checkpointed = 1  # (where checkpoints are kept: each cut at the window it falls in)
 
     def __init__(self, pattern, sim, kernel):
         super().__init__(pattern, sim, kernel)
