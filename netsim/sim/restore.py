@@ -110,12 +110,6 @@ def _number(v: Any) -> bool:
     return type(v) in (int, float) and math.isfinite(v)
 
 
-def _position(p: Any, used: int = BLOCK) -> bool:
-    """A draws position (``Draws.position``, or an agent's mini-batches with ``used`` their block's length)."""
-    return p is None or (isinstance(p, list) and len(p) == 4 and _int(p[0], 0, 2**128) and p[1] in (0, 1)
-                         and _int(p[2], 0, 2**32) and _int(p[3], 0, used + 1))
-
-
 def _ints(col: Any, low: int = 0, high: float = math.inf) -> bool:
     """``_int`` of every value of ``col`` (a sequence), at C speed."""
     return not col or (set(map(type, col)) == {int} and low <= min(col) and max(col) < high)
@@ -133,7 +127,8 @@ def _cols(rows: list, width: int) -> list[list]:
 
 
 def _positions(col: list, used: int | list[int] = BLOCK) -> bool:
-    """``_position`` of every value of ``col`` (``used``: one bound for all, or each one's), column by column."""
+    """Whether every value of ``col`` is a draws position (``Draws.position``, or an agent's mini-batches with ``used``
+    their block's length) or None (``used``: one bound for all, or each one's), checked column by column."""
     given = [p for p in col if p is not None]
     if not given:
         return True
