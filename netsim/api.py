@@ -121,11 +121,11 @@ def source_of(scenario: Scenario | str | Path) -> str | None:
 
 
 def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=None,
-            restored_metrics: list[dict[str, float]] | None = None):
+            restored_metrics: list[dict[str, float]] | None = None, restored_tracking: dict | None = None):
     """Build (but do not run) the simulation: every check that needs more than the file happens here
     (algorithm and its parameters, topology, data files). Errors name ``source``, the scenario file.
     ``counts``: the event counter the trace writer feeds; ``restored_metrics``: a checkpoint's metrics rows,
-    reused while a resumed run is rebuilt up to it."""
+    reused while a resumed run is rebuilt up to it; ``restored_tracking``: its tracking oracle's warm start."""
     from netsim.algorithms import resolve
     from netsim.algorithms.registry import check_topology
     from netsim.sim import footprint
@@ -140,7 +140,7 @@ def prepare(scenario: Scenario, writer=None, source: str | None = None, counts=N
         from netsim.privacy.views import mixing_log_for
 
         return Simulation(scenario, program, params, writer=writer, ledger=new_ledger, mixing=mixing_log_for,
-                          counts=counts, restored_metrics=restored_metrics)
+                          counts=counts, restored_metrics=restored_metrics, restored_tracking=restored_tracking)
     except InputError as e:
         raise e.at(source) if source else e from None
 
@@ -282,7 +282,12 @@ def _rebuild(sc: Scenario, sc_path: Path, run_folder: RunFolder, writer, ck, pro
     from netsim.sim import checkpoint
 
     head, trace = ck.meta, ck.meta["trace"]
-    sim = prepare(sc, writer, str(sc_path), counts=run_folder.counts, restored_metrics=head["metrics"])
+    tracking = head.get("tracking")  # the ``tracking`` metric's warm start (its kinds checked when read)
+    sim = prepare(sc, writer, str(sc_path), counts=run_folder.counts, restored_metrics=head["metrics"],
+                  restored_tracking=tracking)
+    if tracking is not None and len(tracking["theta"]) != sim.world.bank.W.shape[1]:
+        raise InputError("", f"cannot be restored (its tracking oracle's warm start has {len(tracking['theta'])} "
+                             f"values, the model {sim.world.bank.W.shape[1]} parameters)", str(ck.path))
     if head.get("engine", "events") == "windowed":  # explicit state between rounds: restored, nothing recomputed
         from netsim.rounds import lookahead
         from netsim.sim import restore

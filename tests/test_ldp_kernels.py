@@ -182,7 +182,6 @@ def test_async_exchange_runs_on_the_events_engine_and_says_why(tmp_path, name):
 
 @pytest.mark.parametrize(("change", "why"), [
     ({"privacy": {"epsilon_cap": 50.0}}, "privacy.epsilon_cap"),
-    ({"run": {"checkpoint_every_rounds": 2}}, "checkpoints: "),  # (the lookahead windows' line: they refuse them too)
     ({"evaluation": {"every": 0.125, "metrics": ["loss", "tracking"]}}, "the 'tracking' metric with evaluations"),
 ])
 def test_what_keeps_a_synchronous_run_on_the_events_engine(tmp_path, change, why):
@@ -196,3 +195,57 @@ def test_what_keeps_a_synchronous_run_on_the_events_engine(tmp_path, change, why
     assert windowed.reason(sim).startswith(why) and " — " in windowed.reason(sim)
     sc["run"]["until"] = 1.0e6
     assert windowed.reason(prepare(scenario_from_dict(online(rounds=3)))) is None
+
+
+@pytest.mark.parametrize(("name", "engine", "every"), [
+    ("ldp_online", "windowed", 0.25), ("ldp_dsgd", "windowed", 0.25), ("ldp_online", "events", 0.25),
+    ("dola", "windowed", 1.0e6),  # (its gradient after the exchange: no evaluation inside its rounds on the windows)
+])
+def test_a_run_killed_after_a_checkpoint_resumes_with_the_same_histories_and_tracking(tmp_path, name, engine, every):
+    """Killed after its second checkpoint (round 6 of 12) and resumed, a run writes the uninterrupted run's trace,
+    metrics.csv (the ``tracking`` metric each round), per-agent metrics and summary: the windows restore each learner's
+    data history and sensitivity (the kernel's state), and both engines put the tracking oracle's warm start back,
+    which moves the last bits of every later theta*_t."""
+    from netsim import api
+    from netsim.sim import checkpoint
+    from tests.test_checkpoint_windowed import killed_at, same_outputs
+
+    sc = online(rounds=12, name=name)
+    sc["run"]["checkpoint_every_rounds"] = 3
+    sc["evaluation"] = {"every": every, "metrics": ["loss", "accuracy", "agent_accuracy", "tracking"]}
+    ref = netsim.run(scenario_from_dict(sc), out=tmp_path / "ref", engine=engine, interruptible=False)
+    assert ref.summary["engine"] == engine
+    out = killed_at(tmp_path, sc, 2, engine=engine)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    if every < 1:
+        assert ck.meta["tracking"]["newton_steps"] > 0 and len(ck.meta["metrics"]) < len(ref.metrics)
+    if engine == "windowed":
+        held = ck.meta["state"]["windowed"]["kernel"]["histories"]
+        assert [len(h) for h in held] == [6] * 5  # one row a round (Algorithm 1's stream)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == ("restore" if engine == "windowed" else "re-execution")
+    same_outputs(out, ref.out, skip={"resumed_at_step"})
+
+
+def test_a_checkpoint_whose_tracking_warm_start_is_not_the_models_is_refused(tmp_path):
+    """A warm start of another length than the model's parameters: the resume says so in one line, exit 2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from netsim.cli import app
+    from netsim.sim import checkpoint
+    from tests.test_checkpoint_windowed import killed_at
+
+    sc = online(rounds=8, name="ldp_online")
+    sc["run"]["checkpoint_every_rounds"] = 3
+    sc["evaluation"] = {"every": 0.25, "metrics": ["loss", "tracking"]}
+    out = killed_at(tmp_path, sc, 2)
+    for ck in checkpoint.checkpoints(out):  # (the checksums made again: a consistent checkpoint, not a torn one)
+        meta = json.loads((ck / "state.json").read_text())
+        meta["tracking"]["theta"].append(0.5)
+        (ck / "state.json").write_text(json.dumps(meta))
+        sums = {n: checkpoint._sha(ck / n) for n in ("arrays.npz", "state.json")}
+        (ck / "SHA256SUMS").write_text(json.dumps(sums))
+    r = CliRunner().invoke(app, ["resume", str(out), "-q"])
+    assert r.exit_code == 2 and "warm start has 6 values, the model 5 parameters" in r.output

@@ -307,17 +307,29 @@ class OnlineLearner(SyncKernel):
     def routes(self, b, p):
         return ([], None) if b.out[0] is None else None
 
+    def save_state(self, state):
+        """A windowed checkpoint's part (``RoundKernel.save_state``): each learner's history D_t^i as row indices and
+        its sensitivity. Each stream's generator is one of the run's streams, which the checkpoint keeps."""
+        return {"histories": [s.history.tolist() for s in state["streams"]], "sens": list(state["sens"])}
+
+    def load_state(self, state, saved):
+        streams, sens = state["streams"], state["sens"]
+        if not (isinstance(saved, dict) and set(saved) == {"histories", "sens"}
+                and isinstance(saved["histories"], list) and len(saved["histories"]) == len(streams)
+                and isinstance(saved["sens"], list) and len(saved["sens"]) == len(sens)
+                and all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in saved["sens"])):
+            raise ValueError("kernel: not each learner's history and sensitivity")
+        for stream, rows in zip(streams, saved["histories"], strict=True):
+            stream.restore(rows)
+        sens[:] = [float(v) for v in saved["sens"]]
+
     def refusal(self, sim, path):
-        from netsim.rounds.lookahead import checkpoints
         from netsim.rounds.windowed import budget_cap_refusal
 
         p, sc = sim.params, sim.world.scenario
         if p.exchange == "async":
             return ("exchange 'async' mixes the latest copies with no barrier: only barrier rounds (exchange 'sync') "
                     "have a fast path — set algorithm.exchange = \"sync\"")
-        if checkpoints(sim):
-            return ("checkpoints: the learners' data histories are not kept in a windowed checkpoint — remove "
-                    "run.checkpoint_every and run.checkpoint_every_rounds (or run --engine events)")
         if "tracking" in sc.evaluation.metrics and sc.evaluation.every < sc.agents.activation.period:
             return ("the 'tracking' metric with evaluations closer than a round: a round's data streams advance "
                     "together in the windows — set evaluation.every >= agents.activation.period")

@@ -60,6 +60,20 @@ class HistoryStream:
         """D_t^i as row indices (a view; never modified afterwards)."""
         return self._buf[:self.n]
 
+    def restore(self, rows: list) -> None:
+        """A fresh stream's history set to ``rows`` (a checkpoint's ``history``; its generator stands where it stood
+        there, put back with the run's streams); ValueError unless they are rows of its pool."""
+        if self.n:
+            raise ValueError("a stream's history is restored before it acquires anything")
+        if not (isinstance(rows, list) and all(type(r) is int for r in rows)):
+            raise ValueError("a stream's history is a list of row indices")
+        got = np.asarray(rows, dtype=np.int64)
+        if len(got) and not np.isin(got, self.pool).all():
+            raise ValueError("a stream's history names rows outside its part")
+        self._buf = np.zeros(max(len(self._buf), 2 * len(got)), dtype=np.int64)
+        self._buf[:len(got)] = got
+        self.n = len(got)
+
 
 class DataStreams:
     """The run's data streams by owner id (a per-run service: online learners open theirs, the
@@ -100,6 +114,21 @@ class TrackingOracle:
             self.reg[-1] = 0.0  # the model does not penalise the bias
         self.theta = np.zeros(self.Xt.shape[1])
         self.newton_steps = 0
+
+    def held(self) -> dict:
+        """The solver's warm start (what the next ``solve`` starts from: it moves the last bits of every later
+        theta*_t) and its step count, as JSON data: what a checkpoint keeps so a resumed run tracks the same way."""
+        return {"theta": self.theta.tolist(), "newton_steps": self.newton_steps}
+
+    def take(self, held: dict) -> None:
+        """``held``'s warm start back in place; ValueError where it is not this oracle's."""
+        theta = held.get("theta") if isinstance(held, dict) else None
+        steps = held.get("newton_steps") if isinstance(held, dict) else None
+        if not (isinstance(theta, list) and len(theta) == len(self.theta) and all(type(v) is float for v in theta)
+                and np.isfinite(theta).all() and type(steps) is int and steps >= 0):
+            raise ValueError(f"tracking: not a warm start of {len(self.theta)} finite numbers and a step count")
+        self.theta = np.array(theta, dtype=np.float64)
+        self.newton_steps = steps
 
     def weights(self, histories: list[np.ndarray]) -> np.ndarray:
         """Row weights of F_t: each non-empty history contributes (1/m') count / |D_i|."""

@@ -367,6 +367,9 @@ def write(sim, folder: Path, keep: int, kind: str, header: dict[str, Any]) -> Pa
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "trace": trace,
         "metrics": sim.recorder.metrics, "state": state,
     }
+    tracking = sim.recorder.tracking_held(sim.services)  # the ``tracking`` metric's warm start: not in ``state``, which
+    if tracking is not None:  # a re-executed run compares at the checkpoint, before it is put back
+        meta["tracking"] = tracking
     refused = sim.services.find("windowed_refused")  # --engine auto on the events engine: the resumed run says so too
     if refused is not None:
         meta["windowed_refused"] = refused
@@ -488,6 +491,13 @@ def _check_meta(meta: dict[str, Any]) -> None:
     if not all(isinstance(r, dict) and type(r.get("time")) in (int, float)
                and all(v is None or type(v) in (int, float) for v in r.values()) for r in meta["metrics"]):
         raise CorruptCheckpoint("state.json: 'metrics' is not a list of rows of numbers, each with its 'time'")
+    tracking = meta.get("tracking")  # (absent: no ``tracking`` metric, or none evaluated before the checkpoint)
+    if tracking is not None and not (
+            isinstance(tracking, dict) and set(tracking) == {"theta", "newton_steps"}
+            and isinstance(theta := tracking["theta"], list)
+            and all(type(v) is float and math.isfinite(v) for v in theta)
+            and type(tracking["newton_steps"]) is int and tracking["newton_steps"] >= 0):
+        raise CorruptCheckpoint("state.json: 'tracking' is not a warm start (finite numbers) and a step count")
 
 
 def latest(folder: Path, warn: Callable[[str], None]) -> Checkpoint:

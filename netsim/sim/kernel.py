@@ -68,7 +68,8 @@ class Simulation:
 
     def __init__(self, scenario: Scenario, program: Program, params: Any, *,
                  writer: TraceWriter | None = None, device: str | None = None, ledger: Any = None,
-                 mixing: Any = None, counts: Any = None, restored_metrics: list[dict[str, float]] | None = None):
+                 mixing: Any = None, counts: Any = None, restored_metrics: list[dict[str, float]] | None = None,
+                 restored_tracking: dict | None = None):
         sc = scenario
         check_scenario(sc)  # distributions in range (a file's were checked when read; this is for code)
         self.program, self.params = program, params
@@ -76,7 +77,7 @@ class Simulation:
         self.services = Services()  # per-run shared services (algorithm statistics, lookahead batches, ...)
         n = sc.agents.count
         env = Environment()
-        self.recorder = rec = Recorder(writer, counts, restored_metrics)
+        self.recorder = rec = Recorder(writer, counts, restored_metrics, restored_tracking)
         self.loop = loop = RunLoop(env, Marks(sc.run.checkpoint_every, sc.run.checkpoint_every_rounds, n), n)
         self.world = world = World(sc, device, env, rec.emit, rec.emit_row, self._deliver)
         # the privacy layer's record of the mixing weights applied (``mixing(sim)``: None unless the scenario asks)

@@ -20,10 +20,12 @@ from netsim.trace.io import TraceWriter
 class Recorder:
     """Trace and metrics of one run. ``counts``: the trace's event counter (metrics.summary.EventCounts, fed by
     the writer); ``restored_metrics``: a checkpoint's metrics rows, reused while a resumed run is rebuilt up to
-    it; ``mixing_log``: the privacy layer's record of the mixing weights applied (None unless asked)."""
+    it; ``restored_tracking``: its tracking oracle's warm start (``TrackingOracle.held``), put in place when the
+    resumed run makes its oracle; ``mixing_log``: the privacy layer's record of the mixing weights applied (None
+    unless asked)."""
 
     def __init__(self, writer: TraceWriter | None, counts: Any = None,
-                 restored_metrics: list[dict[str, float]] | None = None):
+                 restored_metrics: list[dict[str, float]] | None = None, restored_tracking: dict | None = None):
         self.writer = writer = writer or TraceWriter(None, {})
         self.emit = writer.emit
         self.emit_row = writer.emit_row
@@ -36,6 +38,7 @@ class Recorder:
         self.progress: Callable[[float], None] | None = None  # the windowed drivers report each round through it
         self.resumed: tuple[str, float] | None = None  # a resumed run: ("restore" or "re-execution", seconds it took)
         self.diverged: dict[str, Any] | None = None  # the first evaluation that found the models diverged (watch)
+        self.tracking: dict[str, Any] | None = restored_tracking
 
     @property
     def events_emitted(self) -> int:
@@ -79,13 +82,26 @@ class Recorder:
             from netsim.compute.streaming import DataStreams, TrackingOracle, tracking_metrics
 
             m, data = world.scenario.model, world.data
-            oracle = lambda: services.get(TrackingOracle, lambda: TrackingOracle(  # noqa: E731
-                data.X, data.y, m.l2, len(agents), m.bias))
-            row.update(tracking_metrics(services.find(DataStreams), oracle, all_W))
+
+            def made() -> TrackingOracle:
+                o = TrackingOracle(data.X, data.y, m.l2, len(agents), m.bias)
+                if self.tracking is not None:  # a resumed run's: the warm start the checkpoint kept
+                    o.take(self.tracking)
+                return o
+
+            row.update(tracking_metrics(services.find(DataStreams), lambda: services.get(TrackingOracle, made), all_W))
         self.metrics.append(row)
         self.watch(world, row, now, all_W)
         self.emit(Evaluation(now, row.get("accuracy", float("nan"))))
         return row
+
+    def tracking_held(self, services) -> dict[str, Any] | None:
+        """The tracking oracle's warm start for a checkpoint (``TrackingOracle.held``): the run's oracle, or the one a
+        resumed run has not made yet; None without the ``tracking`` metric or before its first evaluation."""
+        from netsim.compute.streaming import TrackingOracle
+
+        oracle = services.find(TrackingOracle)
+        return oracle.held() if oracle is not None else self.tracking
 
     def watch(self, world, row: dict[str, float], now: float, params: Any = None) -> None:
         """At each evaluation (batched already: one reduction over the bank, nothing per agent), whether the
