@@ -18,7 +18,7 @@ from netsim.rounds import barrier_windows
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_broadcast_windows import both
-from tests.test_checkpoint_windowed import killed_at
+from tests.test_checkpoint_windowed import finals, killed_at  # noqa: F401  (a fixture)
 from tests.test_windowed import buildable
 
 
@@ -125,21 +125,22 @@ RECORDS = ("mixing.csv", "payloads.npz")
 
 @search(6, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=barriers(records=(None,)), gathers=st.sampled_from([1, 3, 8, 64]), every=st.sampled_from([0.3, 0.77]),
-       nth=st.integers(1, 3))
+       nth=st.integers(1, 3), composed=st.booleans())
 def test_barrier_windows_killed_after_a_checkpoint_resume_by_restore_on_drawn_scenarios(tmp_path_factory, sc,
-                                                                                         gathers, every, nth):
+                                                                                         gathers, every, nth, composed):
     """A drawn scenario with checkpoints (cut between two tensor works of 1 to 64 windows), killed right after one of
     them and resumed by restoring the driver's state (open barriers, queues, payloads, parts, points and gradients
-    waiting, the event queue): the uninterrupted run's trace, metrics and models; the events engine's rows, metrics
-    and models."""
+    waiting, the event queue) and the links' (the composed models' too: node uplinks, a per-link setting, bursts and
+    an outage): the uninterrupted run's trace, metrics and models; the events engine's rows, metrics and models."""
     from netsim import api
     from netsim.sim import checkpoint
     from netsim.sim.kernel import Simulation
     from netsim.trace.io import read_trace
 
     buildable(sc)
-    for key in ("links", "uplink"):  # (per-link settings, node uplinks: link models, whose state checkpoints do not
-        sc["network"].pop(key, None)  # keep)
+    if composed:  # each link's Gilbert-Elliott chain and draws, and agent 0's sends dropped for a while
+        sc["network"] |= {"burst": {"p_enter": 0.2, "p_exit": 0.4, "loss_good": 0.05, "loss_bad": 0.7},
+                          "outages": [{"start": 0.4, "end": 0.9, "src": 0}]}
     sc["run"]["checkpoint_every"] = every
     tmp = tmp_path_factory.mktemp("killed")
     models, written = [], []
@@ -168,6 +169,54 @@ def test_barrier_windows_killed_after_a_checkpoint_resume_by_restore_on_drawn_sc
     assert torch.equal(models[-1], models[0]) and torch.equal(models[1], models[0])
     assert read_trace(events.out).table.equals(read_trace(ref.out).table)  # (checkpoints there flush batches)
     assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
+
+
+def test_the_composed_links_state_is_kept_by_a_checkpoint_and_restored(tmp_path, finals):  # noqa: F811
+    """Bursty, per-link and uplink-limited links with an outage (the composed models): the checkpoint keeps each link's
+    draws, its Gilbert-Elliott state and its queue, and each node's uplink queue; a run killed after its second
+    checkpoint and restored writes the uninterrupted run's trace, metrics and models, which are the events engine's.
+    A checkpoint whose chain state is not a bool is refused in one line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from netsim import api
+    from netsim.cli import app
+    from netsim.sim import checkpoint
+    from netsim.trace.io import read_trace
+    from tests.test_checkpoint_windowed import same_outputs
+
+    sc = jittery()
+    sc["evaluation"]["metrics"].append("agent_accuracy")
+    sc["network"] |= {"burst": {"p_enter": 0.2, "p_exit": 0.4, "loss_good": 0.05, "loss_bad": 0.7},
+                      "outages": [{"start": 1.0, "end": 2.0, "src": 0}], "uplink": 2000.0,
+                      "links": [{"src": 1, "dst": 2, "bandwidth": 500.0, "latency": {"kind": "constant",
+                                                                                     "value": 0.02}}]}
+    sc["run"]["checkpoint_every"] = 1.5
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    events = api.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events", interruptible=False)
+    assert "windows" in ref.summary and ref.summary["messages_dropped"] > 0
+    assert read_trace(events.out).table.equals(read_trace(ref.out).table)  # (checkpoints there flush batches)
+    assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    w = ck.meta["state"]["windowed"]
+    rows = w["full_links"]
+    assert len(rows) == 16 and all(isinstance(r[4][0], bool) for r in rows)  # the ring's 16 directed links
+    assert any(r[4][0] for r in rows) and w["uplinks"] and all(b > 0 for _, b in w["uplinks"])
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    same_outputs(out, ref.out, skip={"resumed_at_step", "windows"})  # (the windows' own timing)
+    assert len(finals) == 3 and all(torch.equal(f, finals[0]) for f in finals)  # uninterrupted, events, resumed
+
+    again = killed_at(tmp_path / "again", sc, 2)
+    for c in checkpoint.checkpoints(again):
+        meta = json.loads((c / "state.json").read_text())
+        meta["state"]["windowed"]["full_links"][0][4][0] = 1
+        (c / "state.json").write_text(json.dumps(meta))
+        (c / "SHA256SUMS").write_text(json.dumps({n: checkpoint._sha(c / n) for n in ("arrays.npz", "state.json")}))
+    r = CliRunner().invoke(app, ["resume", str(again), "-q"])
+    assert r.exit_code == 2 and "full_links" in r.output and "Traceback" not in r.output
 
 
 def same_records(tmp: Path, sc: dict) -> None:
@@ -278,8 +327,8 @@ def test_transmission_times_on_barrier_windows(tmp_path, network, wait):
     ({"algorithm": {"name": "dfedsam", "lr": 0.1, "batch": 8, "local_steps": 2, "gossip_steps": 2,
                     "round_timeout": 0.15}},
      "dfedsam chooses its own routes each exchange"),
-    ({"run": {"until": 6.0, "checkpoint_every": 2.0}, "network": {"burst": {"p_enter": 0.02, "p_exit": 0.25}}},
-     "checkpoints with link models \\(bursts, outages, per-link settings, link traces\\), churn or a time-varying"),
+    ({"run": {"until": 6.0, "checkpoint_every": 2.0}, "agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}},
+     "checkpoints with a link model of a plugin, churn or a time-varying topology: their state is not restored"),
     ({"algorithm": {"name": "muffliato", "lr": 0.3, "batch": 8, "clip": 1.0, "sigma": 1.0, "gossip_steps": 2,
                     "round_timeout": 0.15}, "privacy": {"delta": 1e-5, "epsilon_cap": 8.0}},
      "privacy.epsilon_cap: a release's budget check is traced when the windows' tensor work makes it"),

@@ -137,6 +137,13 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
                          "network": {"latency": {"kind": "lognormal", "mean": 0.05, "sigma": 1.0}}},
     "pushsum_exponential": {"algorithm": {"name": "pushsum", "lr": 0.3, "batch": 3},
                             "network": {"latency": {"kind": "exponential", "mean": 0.05}}},
+    # the composed models' links: each link's Gilbert-Elliott chain and draws, an outage, a per-link setting, uplinks
+    "push_gossip_bursty": {"algorithm": {"batch": 3},
+                           "network": {"burst": {"p_enter": 0.2, "p_exit": 0.4, "loss_bad": 0.8},
+                                       "outages": [{"start": 1.0, "end": 2.0, "src": 0}],
+                                       "links": [{"src": 0, "dst": 1, "loss": 0.3, "both": True}]}},
+    "adpsgd_bursty": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3},
+                      "network": {"burst": {"p_enter": 0.2, "p_exit": 0.4, "loss_bad": 0.8}, "uplink": 2.0e5}},
     # event-triggered DP-SGD: the neighbour copies, what each agent last sent each out-neighbour (about half the
     # sends skipped), the releases and the agents whose budget cap has stopped them
     "event_triggered": {"algorithm": {"name": "event_triggered", "lr": 0.3, "batch": 4, "trigger": "absolute",
@@ -262,8 +269,6 @@ def test_ctrl_c_stops_lookahead_windows_between_two_windows_and_resume_restores(
 @pytest.mark.parametrize(("changes", "said"), [
     ({"algorithm": {"name": "dpsgd", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
     ({"agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}}, "churn or a time-varying topology"),
-    ({"algorithm": {"name": "dpsgd", "batch": 2, "round_timeout": 0.3},  # barrier rounds over bursty links
-      "network": {"burst": {"p_enter": 0.02, "p_exit": 0.25}}}, "checkpoints with link models"),
 ])
 def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, monkeypatch, changes, said):
     """--engine auto runs them on the events engine and says why; --engine windowed refuses them (a pattern whose

@@ -52,11 +52,11 @@ round where the gradients are batch-invariant, else in lock steps over the same 
 Checkpoints are cut between two tensor works, as push gossip's windows cut them (``WindowDriver.held``): the driver's
 state is then data (``hold``), restored by ``netsim resume`` into a fresh driver (``take_hold``).
 
-Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints with link models or
-churn; not a latency with no positive minimum), transmission times of payloads whose size the kernel does not declare
-(the send's wait depends on the bytes: compression), a time-varying topology, a kernel's own routes or local steps with
-their own gradients, gradients after the exchange, a budget cap, agents that take no gradient or ask for different ones,
-and the kernel's own reason (several messages an exchange: ``SyncRounds.refusal``).
+Refused (``refusal``): what push gossip's windows refuse (a link model of its own, checkpoints with a plugin's link
+model or churn; not a latency with no positive minimum), transmission times of payloads whose size the kernel does not
+declare (the send's wait depends on the bytes: compression), a time-varying topology, a kernel's own routes or local
+steps with their own gradients, gradients after the exchange, a budget cap, agents that take no gradient or ask for
+different ones, and the kernel's own reason (several messages an exchange: ``SyncRounds.refusal``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ driver's state is then data (``held``: its event queue, the payloads in flight, 
 update and the requests waiting for their batch, each agent's place in its activation, the trace rows not yet
 written), and ``netsim resume`` restores it into a freshly built simulation (sim/restore.py) instead of
 recomputing. The built-in patterns' lookahead windows restore; refused (``checkpoint_refusal``): link models, churn and
-time-varying topologies, whose state is not restored.
+time-varying topologies, whose state is not restored (the composed models' links are: bursts, outages, per-link
+settings, link traces and uplinks).
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -226,9 +227,11 @@ def checkpoint_refusal(sim, kernel) -> str | None:
     if not getattr(kernel.pattern, "restores", False):
         return f"checkpoints: this pattern's lookahead windows cannot be restored from one — {fix}"
     world = sim.world
-    if world.network.model is not None or world.churn is not None or world.network.dynamic is not None:
-        return ("checkpoints with link models (bursts, outages, per-link settings, link traces), churn or a "
-                f"time-varying topology: their state is not restored by the lookahead windows — {fix}")
+    model = world.network.model  # (the composed models' links are restored: ``Network.full_rows``)
+    if (model is not None and type(model) is not ComposedLinks) or world.churn is not None \
+            or world.network.dynamic is not None:
+        return ("checkpoints with a link model of a plugin, churn or a time-varying topology: their state is not "
+                f"restored by the lookahead windows — {fix}")
     return None
 
 

@@ -79,6 +79,9 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "agents": [s if (s := a.draws_saved) is not None else [_ahead(a.batches_ahead), _pos(a.compute_sampler)]
                    for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
+        # the composed models' links (bursts, outages, per-link settings, link traces) and the uplinks' queues
+        "full_links": world.network.full_rows(),
+        "uplinks": sorted([s, b] for s, b in world.network.uplink_busy.items()),
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
     if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
@@ -141,6 +144,23 @@ def _position_columns(state: Any, has: Any, u: Any, k: Any, used: int | list[int
     """``_positions`` of positions given as their four columns."""
     return (_ints(state, 0, 2**128) and all(map((0, 1).__contains__, has)) and _ints(u, 0, 2**32)
             and (_ints(k, 0, used + 1) if isinstance(used, int) else _ints(k) and all(map(operator.le, k, used))))
+
+
+def _full_links(rows: Any, nbrs: list, n: int, changing: bool, burst: bool) -> bool:
+    """``Network.full_rows``' rows: distinct links of the graph, where their draws stand, each burst chain's state
+    (present exactly where the scenario has bursts) and the end of each link's transmissions."""
+    if not (isinstance(rows, list) and _lists(rows, 6)):
+        return False
+    if not rows:
+        return True
+    src, dst, lat, lost, chain, busy = _cols(rows, 6)
+    if not (_ints(src, 0, n) and _ints(dst, 0, n) and len(set(zip(src, dst))) == len(rows) and _positions(lat)
+            and _positions(lost) and _numbers(busy) and (changing or all(map(operator.contains,
+                                                                         map(nbrs.__getitem__, src), dst)))):
+        return False
+    if not burst:
+        return all(c is None for c in chain)
+    return _lists(chain, 2) and all(type(c[0]) is bool for c in chain) and _positions([c[1] for c in chain])
 
 
 def _numbers(col: Any) -> bool:
@@ -214,6 +234,10 @@ def _check(sim, st: dict, w: dict) -> None:
         plain_ok = set(map(type, schedules)) == {dict}
     checks = {
         "links": links_ok,
+        "full_links": _full_links(w.get("full_links", []), [a.neighbors for a in agents], n, changing,
+                                  sim.world.scenario.network.burst is not None),
+        "uplinks": isinstance(up := w.get("uplinks", []), list) and _lists(up, 2)
+        and _ints((c := _cols(up, 2))[0], 0, n) and len(set(c[0])) == len(up) and _numbers(c[1]),
         "agents": each_ok,
         "pending": trace_rows(w.get("pending")),
         "agent_metrics": isinstance(w.get("agent_metrics"), list) and all(map(_number, w["agent_metrics"])),
@@ -356,6 +380,8 @@ def _restore(sim, ckpt) -> dict:
     # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
     net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
+    net.restored_full = {(r[0], r[1]): r for r in w.get("full_links", [])}  # (made when next used, as lean links)
+    net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
     schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
                             "state.agents[{}].schedule")
