@@ -144,6 +144,12 @@ RESTORED = {  # each pattern whose windows restore, with what its state holds be
                                        "links": [{"src": 0, "dst": 1, "loss": 0.3, "both": True}]}},
     "adpsgd_bursty": {"algorithm": {"name": "adpsgd", "batch": 2, "reply_timeout": 0.3},
                       "network": {"burst": {"p_enter": 0.2, "p_exit": 0.4, "loss_bad": 0.8}, "uplink": 2.0e5}},
+    # churn: each agent's random on/off intervals drawn so far (activations moved, gradients waiting, messages dropped)
+    "push_gossip_churn": {"algorithm": {"batch": 3}, "agents": {"churn": {"mean_online": 1.5, "mean_offline": 0.4}}},
+    "dpsgd_churn": {"algorithm": {"name": "dpsgd", "batch": 2, "round_timeout": 0.3},  # (barrier rounds)
+                    "agents": {"activation": {"kind": "periodic", "period": 0.5},
+                               "clock_jitter": {"kind": "uniform", "low": 0.0, "high": 0.05},
+                               "churn": {"mean_online": 1.5, "mean_offline": 0.4}}},
     # event-triggered DP-SGD: the neighbour copies, what each agent last sent each out-neighbour (about half the
     # sends skipped), the releases and the agents whose budget cap has stopped them
     "event_triggered": {"algorithm": {"name": "event_triggered", "lr": 0.3, "batch": 4, "trigger": "absolute",
@@ -268,7 +274,8 @@ def test_ctrl_c_stops_lookahead_windows_between_two_windows_and_resume_restores(
 
 @pytest.mark.parametrize(("changes", "said"), [
     ({"algorithm": {"name": "dpsgd", "batch": 2}}, "this pattern's lookahead windows cannot be restored"),
-    ({"agents": {"churn": {"mean_online": 2.0, "mean_offline": 0.5}}}, "churn or a time-varying topology"),
+    ({"topology": {"kind": "ring", "dynamic": {"kind": "one_peer_exponential"}}},
+     "a link model of a plugin or a time-varying topology"),
 ])
 def test_checkpoints_the_windows_cannot_restore_are_refused_in_one_line(tmp_path, monkeypatch, changes, said):
     """--engine auto runs them on the events engine and says why; --engine windowed refuses them (a pattern whose

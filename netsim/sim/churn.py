@@ -102,6 +102,32 @@ class Churn:
     def __init__(self, sources: dict[int, list[Intervals]]):
         self.sources = sources
 
+    def held(self) -> list[list]:
+        """The random churn drawn so far, as a checkpoint keeps it: [agent, its intervals' starts, their ends, the
+        horizon] for each agent's ``RandomChurn`` (its stream is one of the run's, kept with them); the scheduled and
+        traced intervals are the scenario's."""
+        return [[i, list(s.starts), list(s.ends), s.horizon] for i, srcs in sorted(self.sources.items())
+                for s in srcs if isinstance(s, RandomChurn)]
+
+    def take(self, held: list) -> None:
+        """``held``'s intervals back into a fresh run's random churn; ValueError where they are not its agents'
+        drawn intervals (sorted, each ending after it starts, the horizon the last end)."""
+        mine = {i: s for i, srcs in self.sources.items() for s in srcs if isinstance(s, RandomChurn)}
+        if not (isinstance(held, list) and len(held) == len(mine)):
+            raise ValueError("churn: not each agent's random churn")
+        for row in held:
+            ok = isinstance(row, list) and len(row) == 4 and type(row[0]) is int and row[0] in mine
+            starts, ends, horizon = row[1:] if ok else ([], [], None)
+            ok = ok and isinstance(starts, list) and isinstance(ends, list) and len(starts) == len(ends) and all(
+                type(v) is float and math.isfinite(v) for v in (*starts, *ends)) and type(horizon) is float \
+                and all(a < b for a, b in zip(starts, ends, strict=True)) \
+                and all(b <= a for b, a in zip(ends, starts[1:], strict=False)) \
+                and horizon == (ends[-1] if ends else 0.0)
+            if not ok:
+                raise ValueError("churn: not an agent's drawn intervals")
+            c = mine[row[0]]
+            c.starts, c.ends, c.horizon = list(starts), list(ends), horizon
+
     def back_online(self, i: int, t: float) -> float | None:
         """When agent i is online again if it is offline at t, else None."""
         srcs = self.sources.get(i)

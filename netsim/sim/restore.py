@@ -82,6 +82,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         # the composed models' links (bursts, outages, per-link settings, link traces) and the uplinks' queues
         "full_links": world.network.full_rows(),
         "uplinks": sorted([s, b] for s, b in world.network.uplink_busy.items()),
+        "churn": None if world.churn is None else world.churn.held(),  # (the random churn drawn so far)
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
     if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
@@ -382,6 +383,8 @@ def _restore(sim, ckpt) -> dict:
     net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
     net.restored_full = {(r[0], r[1]): r for r in w.get("full_links", [])}  # (made when next used, as lean links)
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
+    if world.churn is not None:
+        world.churn.take(w.get("churn"))
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
     schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
                             "state.agents[{}].schedule")
