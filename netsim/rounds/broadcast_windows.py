@@ -132,16 +132,16 @@ class _Driver(WindowDriver):
         payloads kept), the kernel's own values (of the kinds a fresh ``start`` makes; push-sum's last running sums
         kept), each program's rows; the arrivals in flight (their payloads kept), the completions (their gradients
         asked for or kept); each payload held once by each message, inbox entry and running sum that names it."""
-        from netsim.sim.restore import int_in, number
+        from netsim.sim.restore import int_in, number, peers
 
         bad = super().check_own(sim, plain, tensors)
         if bad is not None:
             return bad
-        own, agents, kernel = plain["own"], sim.loop.agents, sim.program
+        own, agents, kernel, heard = plain["own"], sim.loop.agents, sim.program, peers(sim)
         n, kept = len(agents), set(plain["payloads"])
         if set(own) != set(cls.OWN):
             return "own"
-        got = lambda i, m: isinstance(m, list) and len(m) == 4 and int_in(m[0]) and m[0] in agents[i].in_neighbors \
+        got = lambda i, m: isinstance(m, list) and len(m) == 4 and int_in(m[0]) and m[0] in heard(i) \
             and int_in(m[1], 0, 2**31) and number(m[2]) and m[3] in kept  # noqa: E731  (``Incoming``)
         inbox = own["inbox"]
         if not (isinstance(inbox, list) and len(inbox) == n and all(

@@ -23,8 +23,8 @@ driver's state is then data (``held``: its event queue, the payloads in flight, 
 update and the requests waiting for their batch, each agent's place in its activation, the trace rows not yet
 written), and ``netsim resume`` restores it into a freshly built simulation (sim/restore.py) instead of
 recomputing. The built-in patterns' lookahead windows restore; refused (``checkpoint_refusal``): a plugin's link
-model and time-varying topologies, whose state is not restored (the composed models' links are: bursts, outages,
-per-link settings, link traces and uplinks; and the random churn drawn so far).
+model, whose state is not restored (the composed models' links are: bursts, outages, per-link settings, link traces
+and uplinks; the random churn drawn so far; the epoch of a time-varying topology each agent holds).
 
 What happens when does not depend on any tensor: times, peers, latencies, losses, gradient counts and the engine's
 gradient batches follow from the streams and from how many models arrived. So the driver first plays the
@@ -226,11 +226,9 @@ def checkpoint_refusal(sim, kernel) -> str | None:
     fix = "remove run.checkpoint_every and run.checkpoint_every_rounds (or run --engine events)"
     if not getattr(kernel.pattern, "restores", False):
         return f"checkpoints: this pattern's lookahead windows cannot be restored from one — {fix}"
-    world = sim.world
-    model = world.network.model  # (the composed models' links and the churn are restored: ``Network.full_rows``,
-    if (model is not None and type(model) is not ComposedLinks) or world.network.dynamic is not None:  # ``Churn.held``)
-        return ("checkpoints with a link model of a plugin or a time-varying topology: their state is not restored by "
-                f"the lookahead windows — {fix}")
+    model = sim.world.network.model  # (the composed models' links, the churn and the epochs are restored)
+    if model is not None and type(model) is not ComposedLinks:
+        return f"checkpoints with a link model of a plugin: its state is not restored by the lookahead windows — {fix}"
     return None
 
 

@@ -289,12 +289,12 @@ class _Driver(WindowDriver):
         and requests queued; the messages in flight, resolving a wait or served next (each from a neighbour, of the
         pattern's tags), the timers and transmissions of exchanges made, the completions; every payload kept and held
         once by each message and locked exchange that names it."""
-        from netsim.sim.restore import int_in, number
+        from netsim.sim.restore import int_in, number, peers
 
         bad = super().check_own(sim, plain, tensors)
         if bad is not None:
             return bad
-        own, agents, pattern = plain["own"], sim.loop.agents, sim.program.pattern
+        own, agents, pattern, sent_by = plain["own"], sim.loop.agents, sim.program.pattern, peers(sim, out=True)
         n, kept, grads = len(agents), set(plain["payloads"]), set(plain["grads"])
         if set(own) != {*_Programs.PLAIN, "replies", "requests"} or tensors:
             return "own"
@@ -315,7 +315,7 @@ class _Driver(WindowDriver):
 
         def message(i: int, m) -> bool:  # (``Arrived``: to agent i, from a neighbour, its payload kept and held)
             ok = isinstance(m, list) and len(m) == 7 and int_in(m[0], 0, 2**62) and int_in(m[1]) \
-                and m[1] in agents[i].neighbors and int_in(m[2], 0, 2**62) and number(m[3]) \
+                and m[1] in sent_by(i) and int_in(m[2], 0, 2**62) and number(m[3]) \
                 and int_in(m[4], 0, 2**31) and m[5] in pattern.names \
                 and (m[6] is None or m[6] in kept)
             if ok and m[6] is not None:

@@ -105,7 +105,7 @@ class _Driver(WindowDriver):
         before it applied, the differences pending by later round, no budget spent), its inbox and the round it
         plays; the arrivals in flight, the completions (their gradients asked for or kept); every difference from an
         in-neighbour, its payload kept and held once by each message, inbox entry and pending entry that names it."""
-        from netsim.sim.restore import int_in, ints_in, number
+        from netsim.sim.restore import int_in, ints_in, number, peers
 
         bad = super().check_own(sim, plain, tensors)
         if bad is not None:
@@ -114,7 +114,8 @@ class _Driver(WindowDriver):
         n, kept = len(agents), set(plain["payloads"])
         if set(own) != {"ctl", "inbox", "round"} or tensors:
             return "own"
-        diff = lambda i, src, h: int_in(src) and src in agents[i].in_neighbors and h in kept  # noqa: E731
+        heard = peers(sim)
+        diff = lambda i, src, h: int_in(src) and src in heard(i) and h in kept  # noqa: E731
         ctl, inbox = own["ctl"], own["inbox"]
         if not (isinstance(ctl, list) and len(ctl) == n and all(
                 isinstance(c, list) and len(c) == 4 and int_in(c[0], -1, 2**31) and c[1] == max(c[0] - 1, -1)

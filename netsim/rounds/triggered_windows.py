@@ -185,7 +185,7 @@ class _Driver(_Sends):
         """(``BroadcastDriver.check_own``) the copies (of in-neighbours, by handle) and their rounds, the last-sent
         references (to out-neighbours), the releases of tickets and the agents a cap refused; the copies and the
         references hold their payloads."""
-        from netsim.sim.restore import int_in, ints_in
+        from netsim.sim.restore import int_in, ints_in, peers
 
         more = super().held_by(sim, plain)
         if isinstance(more, str):
@@ -197,12 +197,13 @@ class _Driver(_Sends):
                                         and ok(e[1]) for e in d) and len({e[0] for e in d}) == len(d)
             for i, d in enumerate(v))
         held = lambda h: int_in(h) and h in kept  # noqa: E731  (a message's payload: an initial model is not held)
-        if not pairs(own["copy"], lambda i: agents[i].in_neighbors, held):
+        heard, told = peers(sim), peers(sim, out=True)
+        if not pairs(own["copy"], heard, held):
             return "own.copy"
-        if not (pairs(own["copy_round"], lambda i: agents[i].in_neighbors, lambda r: int_in(r, 0, 2**31)) and all(
+        if not (pairs(own["copy_round"], heard, lambda r: int_in(r, 0, 2**31)) and all(
                 {j for j, _ in c} == {j for j, _ in r} for c, r in zip(own["copy"], own["copy_round"]))):
             return "own.copy_round"
-        if not pairs(own["last"], lambda i: agents[i].neighbors, held):
+        if not pairs(own["last"], told, held):
             return "own.last"
         tickets = lambda v, ok: isinstance(v, list) and all(  # noqa: E731
             isinstance(e, list) and len(e) == 2 and int_in(e[0], 0, top) and ok(e[1]) for e in v) \

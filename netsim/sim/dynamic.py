@@ -56,6 +56,7 @@ class DynamicTopology:
         self.base = sc.topology
         self.n = sc.agents.count
         self.cache: dict[int, list[Lists]] = {}
+        self.adopted = [0] * self.n  # the epoch whose links each agent holds (a checkpoint's)
         if self.spec.kind == "schedule":
             for k, g in enumerate(self.spec.graphs):
                 try:
@@ -97,8 +98,18 @@ class DynamicTopology:
     def adopt(self, agent, now: float | None = None) -> None:
         """The agent takes the graph of its current epoch (at ``now``: a windowed driver's time; default the
         environment's)."""
-        lists = self.at(self.epoch(agent, now))[agent.id]
-        agent.adopt_links(*lists)
+        k = self.adopted[agent.id] = self.epoch(agent, now)
+        agent.adopt_links(*self.at(k)[agent.id])
+
+    def readopt(self, epochs: list) -> None:
+        """A restored run's agents take the links of the epochs they held at the checkpoint (``adopted``); ValueError
+        unless ``epochs`` is an epoch for each agent."""
+        if not (isinstance(epochs, list) and len(epochs) == self.n
+                and all(type(k) is int and 0 <= k < 2**62 for k in epochs)):
+            raise ValueError("dynamic: not an epoch for each agent")
+        for a, k in zip(self.sim.agents, epochs, strict=True):
+            self.adopted[a.id] = k
+            a.adopt_links(*self.at(k)[a.id])
 
     def install(self) -> None:
         """Each agent adopts the current graph when an activation fires (before its program resumes)."""

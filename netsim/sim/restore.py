@@ -83,6 +83,8 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "full_links": world.network.full_rows(),
         "uplinks": sorted([s, b] for s, b in world.network.uplink_busy.items()),
         "churn": None if world.churn is None else world.churn.held(),  # (the random churn drawn so far)
+        # a time-varying topology: the epoch whose links each agent holds (taken at its last activation)
+        "dynamic": None if world.network.dynamic is None else list(world.network.dynamic.adopted),
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
     if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
@@ -171,6 +173,17 @@ def _numbers(col: Any) -> bool:
 
 # the checks of a value's kind and range that a lookahead driver's own ``check_own`` makes too
 int_in, ints_in, number, numbers = _int, _ints, _number, _numbers
+
+
+def peers(sim, out: bool = False):
+    """``i -> the agents i may have heard from`` (``out``: sent to), for a lookahead driver's ``check_own``: its
+    in-neighbours (out-neighbours), or every agent under a time-varying topology (a message or a copy may come from
+    an epoch other than the one the agent holds)."""
+    agents = sim.loop.agents
+    if sim.world.network.dynamic is not None:
+        every = range(len(agents))
+        return lambda i: every
+    return (lambda i: agents[i].neighbors) if out else (lambda i: agents[i].in_neighbors)
 
 
 def _keys(col: Any) -> bool:
@@ -385,6 +398,8 @@ def _restore(sim, ckpt) -> dict:
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
     if world.churn is not None:
         world.churn.take(w.get("churn"))
+    if net.dynamic is not None:
+        net.dynamic.readopt(w.get("dynamic"))
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
     schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
                             "state.agents[{}].schedule")
