@@ -396,10 +396,10 @@ def _restore(sim, ckpt) -> dict:
     net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
     net.restored_full = {(r[0], r[1]): r for r in w.get("full_links", [])}  # (made when next used, as lean links)
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
-    if world.churn is not None:
-        world.churn.take(w.get("churn"))
-    if net.dynamic is not None:
-        net.dynamic.readopt(w.get("dynamic"))
+    if world.churn is not None and "churn" in w:  # (the same)
+        world.churn.take(w["churn"])
+    if net.dynamic is not None and "dynamic" in w:  # (a checkpoint of an earlier netsim: the epochs as built)
+        net.dynamic.readopt(w["dynamic"])
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
     schedules = _assign_all([a.schedule for a in loop.agents], [p["schedule"] for p in st["agents"]],
                             "state.agents[{}].schedule")
