@@ -396,6 +396,8 @@ class Network:
         self.bandwidth = spec.bandwidth
         self.p_loss = spec.loss
         self.churn = None  # the run's sim.churn.Churn once attached, when any agent can go offline (drops)
+        # the composed models' links (sim/links.py's ``FullLink``), made when first used; a restored checkpoint's are
+        # its rows until then (``full_rows``)
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
         self.model: LinkModel | None = None  # None: the lean default path, inline in send
@@ -406,10 +408,6 @@ class Network:
         # links a restored checkpoint holds, made when next used (sim/restore.py): (src, dst) -> (its row there:
         # [src, dst, latency draws' position, loss draws' position], busy_until)
         self.restored: dict[tuple[int, int], tuple] = {}
-        # the same for the links of the composed models (bursts, outages, per-link settings, link traces): (src, dst) ->
-        # its row there: [src, dst, latency draws' position, loss draws' position, burst: None or [in its bad state,
-        # its draws' position], busy_until]
-        self.restored_full: dict[tuple[int, int], list] = {}
         # the topology's links (``seed_ahead``), then their first draws drawn together (``without_checkpoints``: a
         # ``LinksAhead``, or None where they cannot be); read by ``link`` only once positions are off
         self.ahead: LinksAhead | Any = None
@@ -558,12 +556,12 @@ class Network:
         from netsim.sim.links import FullLink
 
         link = self.full_links.get((src, dst))
-        if link is None:
+        if link is None or type(link) is list:
+            row = link  # (a restored checkpoint's row: where the link stood, its streams are)
             outs = self.outages.get((src, dst), []) + self.all_outages
             link = self.full_links[(src, dst)] = FullLink(self.spec, self.streams, src, dst,
                                                           self.series.get((src, dst)), outs, self.positions)
-            row = self.restored_full.pop((src, dst), None) if self.restored_full else None
-            if row is not None:  # where a restored run's link stood (its streams are)
+            if row is not None:
                 _, _, lat_pos, loss_pos, burst, link.busy_until = row
                 if burst is not None:
                     link.burst.bad = burst[0]
@@ -574,15 +572,17 @@ class Network:
         return link
 
     def full_rows(self) -> list[list]:
-        """Every composed-model link as a checkpoint keeps it (``restored_full``'s rows), the restored ones not made
-        yet as the checkpoint gave them; sorted by (src, dst)."""
+        """Every composed-model link as a checkpoint keeps it: [src, dst, latency draws' position, loss draws' position,
+        burst: None or [in its bad state, its draws' position], busy_until], the restored ones not made yet as the
+        checkpoint gave them; sorted by (src, dst)."""
         from netsim.sim.streams import Draws
 
         pos = lambda d: d.position() if isinstance(d, Draws) else None  # noqa: E731  (a constant latency: none)
-        rows = [[s, d, pos(lk.latency), pos(lk.u_loss),
-                 None if lk.burst is None else [lk.burst.bad, pos(lk.burst.u)], lk.busy_until]
+        rows = [lk if type(lk) is list else [s, d, pos(lk.latency), pos(lk.u_loss),
+                                             None if lk.burst is None else [lk.burst.bad, pos(lk.burst.u)],
+                                             lk.busy_until]
                 for (s, d), lk in self.full_links.items()]
-        return sorted(rows + list(self.restored_full.values()), key=lambda r: (r[0], r[1]))
+        return sorted(rows, key=lambda r: (r[0], r[1]))
 
     def transfer(self, link, src: int, now: float, size: int) -> float:
         """End of this message's transmission: FIFO on its link and (if set) on the node's uplink."""

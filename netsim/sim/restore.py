@@ -394,7 +394,7 @@ def _restore(sim, ckpt) -> dict:
     # each link is made when the run next uses it (``Network.link``), standing where its draws stood, in the order
     # the run made them (a stream per link: made now they would cost more than the rest of the restore)
     net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
-    net.restored_full = {(r[0], r[1]): r for r in w.get("full_links", [])}  # (made when next used, as lean links)
+    net.full_links.update({(r[0], r[1]): r for r in w.get("full_links", [])})  # (made when next used, as lean links)
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
     if world.churn is not None and "churn" in w:  # (the same)
         world.churn.take(w["churn"])
