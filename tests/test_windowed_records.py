@@ -119,17 +119,45 @@ def test_netsim_privacy_reads_the_same_from_both_engines_folders(tmp_path):
 
 
 
-@pytest.mark.parametrize(("changes", "line"), [
-    ({"run": {"checkpoint_every_rounds": 1}},
-     "privacy.record = 'payloads' with checkpoints: a windowed checkpoint keeps no privacy record (a resumed run's "
-     "would miss the steps before it) — remove run.checkpoint_every and run.checkpoint_every_rounds, or "
-     "privacy.record"),
-    ({"run": {"checkpoint_every_rounds": None}}, None),
+@pytest.mark.parametrize(("record", "changes", "line"), [
+    ("payloads", {"run": {"checkpoint_every_rounds": 1}},
+     "privacy.record = 'payloads' with checkpoints: a windowed checkpoint keeps no payloads record (a resumed run's "
+     "would miss the payloads before it) — remove run.checkpoint_every and run.checkpoint_every_rounds, or set "
+     "privacy.record = \"mixing\""),
+    ("payloads", {"run": {"checkpoint_every_rounds": None}}, None),
+    ("mixing", {"run": {"checkpoint_every_rounds": 1}}, None),  # (kept: the next test)
 ])
-def test_records_with_windowed_checkpoints_are_refused_with_what_to_change(changes, line):
+def test_records_with_windowed_checkpoints_are_refused_with_what_to_change(record, changes, line):
     from netsim.api import prepare
     from netsim.rounds import windowed
 
-    sc = private(**changes)
+    sc = private(record=record, **changes)
     sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
     assert windowed.reason(prepare(scenario_from_dict(sc))) == line
+
+
+@pytest.mark.parametrize("barriers", [False, True])
+def test_a_mixing_record_is_kept_by_a_windowed_checkpoint_and_restored(tmp_path, barriers):
+    """Muffliato's gossip steps with privacy.record = "mixing" and a checkpoint every round (synchronous windows, or
+    barrier windows on jittery clocks), killed after the second and restored: the uninterrupted run's mixing.csv,
+    trace and metrics, which are the events engine's."""
+    from netsim import api
+    from netsim.sim import checkpoint
+    from tests.test_checkpoint_windowed import killed_at
+
+    sc = private(n=8, rounds=6, record="mixing", algorithm=MUFF, run={"checkpoint_every_rounds": 2})
+    if barriers:  # (their checkpoints at a time mark, cut at the window it falls in)
+        sc["agents"]["clock_jitter"] = {"kind": "uniform", "low": 0.0, "high": 0.01}
+        sc["algorithm"] = {**MUFF, "round_timeout": 0.2}
+        sc["run"] = {"seed": 5, "until": 3.0, "checkpoint_every": 0.5}  # (a work is 64 windows of 5 ms)
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
+    assert ("windows" in ref.summary) == barriers
+    events = api.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events", interruptible=False)
+    assert (events.out / "mixing.csv").read_bytes() == (ref.out / "mixing.csv").read_bytes()
+    out = killed_at(tmp_path, sc, 2)
+    ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
+    assert 0 < len(ck.arrays["mixing.agent"]) and ck.meta["state"]["windowed"]["mixing"]
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    for name in ("mixing.csv", "trace.arrows", "metrics.csv"):
+        assert (out / name).read_bytes() == (ref.out / name).read_bytes(), name

@@ -97,6 +97,30 @@ class MixingLog:
         at = spans((np.cumsum(counts) - counts)[o], counts[o])  # (each step's senders and weights moved with it)
         self.mix_rows(agent[o], t[o], released[o], keep[o], counts[o], srcs[at], ws[at], lr[o])
 
+    COLUMNS = ("agent", "step", "t", "released", "src", "weight", "lr")  # (the arrays' order in ``held``)
+
+    def held(self) -> tuple[list, dict[str, np.ndarray]]:
+        """The record so far as a windowed checkpoint keeps it: each agent's count of steps (plain) and the columns
+        (arrays)."""
+        return [[a, k] for a, k in sorted(self.steps.items())], \
+            {c: np.frombuffer(getattr(self, c), dtype=getattr(self, c).typecode).copy() for c in self.COLUMNS}
+
+    def take(self, steps: list, columns: dict[str, np.ndarray]) -> None:
+        """``held``'s record back into a fresh run's log; ValueError where it is not one."""
+        n = len(columns.get("agent", ()))
+        if not (isinstance(steps, list) and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                                                and type(e[1]) is int and e[1] > 0 for e in steps)
+                and set(columns) == set(self.COLUMNS) and all(len(v) == n for v in columns.values())):
+            raise ValueError("mixing: not a mixing record")
+        for c in self.COLUMNS:
+            col = getattr(self, c)
+            want = np.dtype(col.typecode)
+            got = np.asarray(columns[c])
+            if got.dtype != want:
+                raise ValueError(f"mixing.{c}: not {want}")
+            setattr(self, c, array(col.typecode, np.ascontiguousarray(got).tobytes()))
+        self.steps = {a: k for a, k in steps}
+
     def write(self, path: Path) -> Path:
         """Write the record as CSV (atomically: a temporary file renamed)."""
         tmp = path.with_suffix(".csv.tmp")

@@ -129,10 +129,10 @@ def record_refusal(sim, kernel, path: str) -> str | None:
     record = getattr(getattr(sim.world.scenario, "privacy", None), "record", None)
     if record is None:
         return None
-    if checkpoints(sim):
-        return (f"privacy.record = {record!r} with checkpoints: a windowed checkpoint keeps no privacy record (a "
-                "resumed run's would miss the steps before it) — remove run.checkpoint_every and "
-                "run.checkpoint_every_rounds, or privacy.record")
+    if checkpoints(sim) and record != "mixing":  # (the mixing record is kept: ``MixingLog.held``)
+        return (f"privacy.record = {record!r} with checkpoints: a windowed checkpoint keeps no payloads record (a "
+                "resumed run's would miss the payloads before it) — remove run.checkpoint_every and "
+                "run.checkpoint_every_rounds, or set privacy.record = \"mixing\"")
     if path in kernel.pattern.records:
         return None
     name = sim.world.scenario.algorithm.name

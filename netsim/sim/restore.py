@@ -87,6 +87,11 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "dynamic": None if world.network.dynamic is None else list(world.network.dynamic.adopted),
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
+    log = rec.mixing_log  # privacy.record = "mixing": the steps recorded so far (a windowed run's records are written
+    if log is not None:  # at each work's end, so none is pending between two)
+        steps, cols = log.held()
+        out["mixing"] = steps
+        arrays.update({f"mixing.{c}": v for c, v in cols.items()})
     if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
         moves = world.activation_moves
         jitter = None if moves is None else moves.jitter
@@ -398,6 +403,9 @@ def _restore(sim, ckpt) -> dict:
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
     if world.churn is not None and "churn" in w:  # (the same)
         world.churn.take(w["churn"])
+    log = rec.mixing_log
+    if log is not None:
+        log.take(w.get("mixing"), {k[len("mixing."):]: v for k, v in arrays.items() if k.startswith("mixing.")})
     if net.dynamic is not None and "dynamic" in w:  # (a checkpoint of an earlier netsim: the epochs as built)
         net.dynamic.readopt(w["dynamic"])
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
