@@ -119,33 +119,20 @@ def test_netsim_privacy_reads_the_same_from_both_engines_folders(tmp_path):
 
 
 
-@pytest.mark.parametrize(("record", "changes", "line"), [
-    ("payloads", {"run": {"checkpoint_every_rounds": 1}},
-     "privacy.record = 'payloads' with checkpoints: a windowed checkpoint keeps no payloads record (a resumed run's "
-     "would miss the payloads before it) — remove run.checkpoint_every and run.checkpoint_every_rounds, or set "
-     "privacy.record = \"mixing\""),
-    ("payloads", {"run": {"checkpoint_every_rounds": None}}, None),
-    ("mixing", {"run": {"checkpoint_every_rounds": 1}}, None),  # (kept: the next test)
-])
-def test_records_with_windowed_checkpoints_are_refused_with_what_to_change(record, changes, line):
-    from netsim.api import prepare
-    from netsim.rounds import windowed
-
-    sc = private(record=record, **changes)
-    sc["run"] = {k: v for k, v in sc["run"].items() if v is not None}
-    assert windowed.reason(prepare(scenario_from_dict(sc))) == line
-
-
-@pytest.mark.parametrize("barriers", [False, True])
-def test_a_mixing_record_is_kept_by_a_windowed_checkpoint_and_restored(tmp_path, barriers):
-    """Muffliato's gossip steps with privacy.record = "mixing" and a checkpoint every round (synchronous windows, or
-    barrier windows on jittery clocks), killed after the second and restored: the uninterrupted run's mixing.csv,
-    trace and metrics, which are the events engine's."""
+@pytest.mark.parametrize(("record", "barriers"), [("mixing", False), ("mixing", True), ("payloads", False),
+                                                 ("payloads", True)])
+def test_a_privacy_record_is_kept_by_a_windowed_checkpoint_and_restored(tmp_path, record, barriers):
+    """Muffliato's gossip steps with a privacy record (the mixing steps; or the delivered payloads and release values
+    too, with an audit's gradient canaries) and checkpoints (synchronous windows, or barrier windows on jittery
+    clocks), killed after the second and restored: the uninterrupted run's records, trace and metrics, which are the
+    events engine's."""
     from netsim import api
     from netsim.sim import checkpoint
     from tests.test_checkpoint_windowed import killed_at
 
-    sc = private(n=8, rounds=6, record="mixing", algorithm=MUFF, run={"checkpoint_every_rounds": 2})
+    sc = private(n=8, rounds=6, record=record, algorithm=MUFF, run={"checkpoint_every_rounds": 2})
+    if record == "payloads":
+        sc["privacy"]["audit"] = {"victims": [0], "canaries": 8, "kind": "gradient"}
     if barriers:  # (their checkpoints at a time mark, cut at the window it falls in)
         sc["agents"]["clock_jitter"] = {"kind": "uniform", "low": 0.0, "high": 0.01}
         sc["algorithm"] = {**MUFF, "round_timeout": 0.2}
@@ -153,11 +140,15 @@ def test_a_mixing_record_is_kept_by_a_windowed_checkpoint_and_restored(tmp_path,
     ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", engine="windowed", interruptible=False)
     assert ("windows" in ref.summary) == barriers
     events = api.run(scenario_from_dict(sc), out=tmp_path / "events", engine="events", interruptible=False)
-    assert (events.out / "mixing.csv").read_bytes() == (ref.out / "mixing.csv").read_bytes()
+    files = ("mixing.csv", "payloads.npz")[:1 + (record == "payloads")]
+    for name in files:
+        assert (events.out / name).read_bytes() == (ref.out / name).read_bytes(), name
     out = killed_at(tmp_path, sc, 2)
     ck = checkpoint.load(checkpoint.checkpoints(out)[-1])
     assert 0 < len(ck.arrays["mixing.agent"]) and ck.meta["state"]["windowed"]["mixing"]
+    if record == "payloads":
+        assert len(ck.arrays["payloads.d_value"]) and len(ck.arrays["payloads.r_value"])
     res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
-    for name in ("mixing.csv", "trace.arrows", "metrics.csv"):
+    for name in (*files, "trace.arrows", "metrics.csv"):
         assert (out / name).read_bytes() == (ref.out / name).read_bytes(), name

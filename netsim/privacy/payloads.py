@@ -165,6 +165,36 @@ class ViewLog:
             return np.full(self.P, np.nan)
         return x.detach().reshape(-1).cpu().double().numpy().copy()
 
+    # checkpoints ------------------------------------------------------------------------------------------------
+    PLAIN = ("d_dst", "d_src", "d_round", "d_t", "d_tag", "r_agent", "r_round")
+    ROWS = ("d_value", "r_clean", "r_value")
+
+    def held(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """The deliveries and releases so far as a windowed checkpoint keeps them: their plain columns, and their
+        model rows as (n, P) arrays (the initial rows and the canaries are the fresh run's own)."""
+        return {k: list(getattr(self, k)) for k in self.PLAIN}, \
+            {k: np.array(getattr(self, k), dtype=np.float64).reshape(-1, self.P) for k in self.ROWS}
+
+    def take(self, plain: dict, rows: dict[str, np.ndarray]) -> None:
+        """``held``'s record back into a fresh run's log; ValueError where it is not one."""
+        if not (isinstance(plain, dict) and set(plain) == set(self.PLAIN) and set(rows) == set(self.ROWS)
+                and all(isinstance(v, list) for v in plain.values())):
+            raise ValueError("payloads: not a payloads record")
+        nd, nr = len(plain["d_dst"]), len(plain["r_agent"])
+        ints = lambda v: all(type(x) is int for x in v)  # noqa: E731
+        ok = all(len(plain[k]) == nd for k in ("d_src", "d_round", "d_t", "d_tag")) and len(plain["r_round"]) == nr \
+            and ints(plain["d_dst"]) and ints(plain["d_src"]) and ints(plain["d_round"]) and ints(plain["r_agent"]) \
+            and ints(plain["r_round"]) and all(type(x) is float for x in plain["d_t"]) \
+            and all(type(x) is str for x in plain["d_tag"]) \
+            and all(np.asarray(rows[k]).shape == (n, self.P) and np.asarray(rows[k]).dtype == np.float64
+                    for k, n in (("d_value", nd), ("r_clean", nr), ("r_value", nr)))
+        if not ok:
+            raise ValueError("payloads: not a payloads record of this run's model size")
+        for k in self.PLAIN:
+            setattr(self, k, list(plain[k]))
+        for k in self.ROWS:
+            setattr(self, k, [r.copy() for r in np.asarray(rows[k])])
+
     # file ------------------------------------------------------------------------------------------------------
     def write(self, path: Path) -> Path:
         """Write the record as one .npz (numeric arrays only: read back without pickle), atomically."""

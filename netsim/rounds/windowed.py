@@ -124,15 +124,9 @@ def reasons(sim) -> tuple[str | None, str | None]:
 def record_refusal(sim, kernel, path: str) -> str | None:
     """Why the privacy records the scenario asks for (``privacy.record``) are not written on ``path`` exactly as the
     events engine's agents write them (None: none asked for, or this pattern's driver writes them)."""
-    from netsim.rounds.lookahead import checkpoints
-
     record = getattr(getattr(sim.world.scenario, "privacy", None), "record", None)
     if record is None:
         return None
-    if checkpoints(sim) and record != "mixing":  # (the mixing record is kept: ``MixingLog.held``)
-        return (f"privacy.record = {record!r} with checkpoints: a windowed checkpoint keeps no payloads record (a "
-                "resumed run's would miss the payloads before it) — remove run.checkpoint_every and "
-                "run.checkpoint_every_rounds, or set privacy.record = \"mixing\"")
     if path in kernel.pattern.records:
         return None
     name = sim.world.scenario.algorithm.name

@@ -87,11 +87,15 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
         "dynamic": None if world.network.dynamic is None else list(world.network.dynamic.adopted),
         "agent_metrics": [t for t, *_ in rec.agent_metrics],
     }
-    log = rec.mixing_log  # privacy.record = "mixing": the steps recorded so far (a windowed run's records are written
-    if log is not None:  # at each work's end, so none is pending between two)
+    log = rec.mixing_log  # privacy.record: the mixing steps recorded so far (a windowed run's records are written at
+    if log is not None:  # each work's end, so none is pending between two)
         steps, cols = log.held()
         out["mixing"] = steps
         arrays.update({f"mixing.{c}": v for c, v in cols.items()})
+        if log.views is not None:  # privacy.record = "payloads": the deliveries and releases kept so far
+            plain, rows = log.views.held()
+            out["payloads"] = plain
+            arrays.update({f"payloads.{k}": v for k, v in rows.items()})
     if b.windows:  # lookahead windows: agents on their own clocks (Poisson gaps drawn ahead, jitter)
         moves = world.activation_moves
         jitter = None if moves is None else moves.jitter
@@ -406,6 +410,9 @@ def _restore(sim, ckpt) -> dict:
     log = rec.mixing_log
     if log is not None:
         log.take(w.get("mixing"), {k[len("mixing."):]: v for k, v in arrays.items() if k.startswith("mixing.")})
+        if log.views is not None:
+            log.views.take(w.get("payloads"), {k[len("payloads."):]: v for k, v in arrays.items()
+                                               if k.startswith("payloads.")})
     if net.dynamic is not None and "dynamic" in w:  # (a checkpoint of an earlier netsim: the epochs as built)
         net.dynamic.readopt(w["dynamic"])
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
