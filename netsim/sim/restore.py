@@ -405,7 +405,7 @@ def _restore(sim, ckpt) -> dict:
     net.restored = {k: (r, busy[k]) for r, k in zip(w["links"], map(itemgetter(0, 1), w["links"]))}
     net.full_links.update({(r[0], r[1]): r for r in w.get("full_links", [])})  # (made when next used, as lean links)
     net.uplink_busy = {s: b for s, b in w.get("uplinks", [])}
-    if world.churn is not None and "churn" in w:  # (the same)
+    if world.churn is not None and "churn" in w:  # (absent from an earlier netsim's checkpoint: the churn as built)
         world.churn.take(w["churn"])
     log = rec.mixing_log
     if log is not None:
