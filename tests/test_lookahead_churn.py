@@ -75,6 +75,72 @@ def test_lookahead_windows_agree_with_the_engine_when_agents_go_offline_and_link
     agree(tmp_path_factory.mktemp("churned"), sc)
 
 
+@search(8, phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+@given(sc=churned_gossip(), every=st.sampled_from([0.6, 1.3]), nth=st.integers(1, 3))
+def test_lookahead_windows_killed_after_a_checkpoint_restore_offline_agents_and_failing_links(tmp_path_factory, sc,
+                                                                                               every, nth):
+    """The same drawn scenarios with checkpoints, killed right after one of them and resumed by restoring it: the random
+    churn drawn so far, each composed link's draws and Gilbert-Elliott state, the driver's queue (offline timers
+    among its events): the uninterrupted run's trace, metrics and models."""
+    import torch
+
+    from netsim import api
+    from netsim.sim import checkpoint
+    from netsim.sim.kernel import Simulation
+    from tests.test_checkpoint_windowed import killed_at
+
+    folder = tmp_path_factory.mktemp("restored")
+    if "availability" in sc["agents"]:
+        sc["agents"]["availability"] = availability(folder, sc["agents"]["availability"] == "repeating")
+    buildable(sc)
+    sc["run"]["checkpoint_every"] = every
+    models, written = [], []
+    finish, write = Simulation.finish, checkpoint.write
+
+    def keep(self, interrupted=False):
+        if not interrupted:
+            models.append(self.world.bank.W.clone())
+        finish(self, interrupted)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Simulation, "finish", keep)
+        m.setattr(checkpoint, "write", lambda *a, **k: written.append(1) or write(*a, **k))
+        ref = api.run(scenario_from_dict(sc), out=folder / "ref", interruptible=False)
+        m.setattr(checkpoint, "write", write)
+        if ref.summary["engine"] != "windowed" or not written:  # (refused for another reason, or ended before one)
+            return
+        out = killed_at(folder, sc, min(nth, len(written)))
+        res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    for name in ("trace.arrows", "metrics.csv"):
+        assert (out / name).read_bytes() == (ref.out / name).read_bytes(), name
+    assert torch.equal(models[-1], models[0])
+
+
+def test_an_agent_offline_for_good_is_restored(tmp_path):
+    """An availability trace whose clients go offline and never come back: the driver's queue holds their offline
+    timers with an infinite duration and end, which a restore takes as they are (a finite check refused them)."""
+    import json as js
+
+    from netsim import api
+    from netsim.sim import checkpoint
+    from tests.test_checkpoint_windowed import killed_at
+
+    sc = gossip(agents={"activation": {"kind": "poisson", "rate": 3.0}, "count": 12,
+                        "availability": availability(tmp_path, repeating=False)},
+                algorithm={"batch": 3}, run={"rounds": None, "until": 4.0, "checkpoint_every": 1.0},
+                evaluation={"every": 1.0})
+    ref = api.run(scenario_from_dict(sc), out=tmp_path / "ref", interruptible=False)
+    assert ref.summary["engine"] == "windowed"
+    out = killed_at(tmp_path, sc, 2)
+    held = js.loads(checkpoint.load(checkpoint.checkpoints(out)[-1]).meta["state"]["windowed"]["held"]["dict"][0][1])
+    assert any(e[2] == 6 and e[4][1] == float("inf") for e in held["events"])  # (OFF: an interval with no end)
+    res = api.resume(out, interruptible=False)
+    assert res.summary["resumed_by"] == "restore"
+    for name in ("trace.arrows", "metrics.csv"):
+        assert (out / name).read_bytes() == (ref.out / name).read_bytes(), name
+
+
 def kinds_of(folder) -> dict:
     from netsim.trace.io import read_trace
 

@@ -1159,7 +1159,7 @@ class WindowDriver:
         this driver could not play on from (None: none): each value of its kind and range, every reference to
         something the state holds. Checked before the resumed run writes anything (``check_restored``). Here: the
         run's own events (``housekeeping``'s) and, where the driver names them (``KINDS``), every event's kind."""
-        from netsim.sim.restore import int_in, number
+        from netsim.sim.restore import int_in
 
         n = len(sim.loop.agents)
         if cls.KINDS is not None:  # (the words a fresh driver takes before ``take`` reads the state's: the same)
@@ -1173,8 +1173,8 @@ class WindowDriver:
                 return "events"
             if kind in (EVAL, UNTIL) and not (v is None and i == -1) or kind == STOP and type(v) is not bool \
                     or kind == OFF and not (int_in(i, 0, n) and isinstance(v, list) and len(v) == 2
-                                            and all(map(number, v))):
-                return "events"
+                                            and all(type(x) in (int, float) and x >= 0 for x in v)):
+                return "events"  # (an OFF's duration and end: +inf for an agent that never comes back)
         return None
 
     def take_hold(self, own, tensors: dict[str, torch.Tensor]) -> None:
