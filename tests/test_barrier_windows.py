@@ -18,7 +18,7 @@ from netsim.rounds import barrier_windows
 from netsim.scenario import scenario_from_dict
 from tests.search import search
 from tests.test_broadcast_windows import both
-from tests.test_checkpoint_windowed import finals, killed_at  # noqa: F401  (a fixture)
+from tests.test_checkpoint_windowed import finals, killed_at, watched  # noqa: F401  (a fixture)
 from tests.test_windowed import buildable
 
 
@@ -134,8 +134,6 @@ def test_barrier_windows_killed_after_a_checkpoint_resume_by_restore_on_drawn_sc
     an outage; random churn): the uninterrupted run's trace, metrics and models; the events engine's rows, metrics and
     models."""
     from netsim import api
-    from netsim.sim import checkpoint
-    from netsim.sim.kernel import Simulation
     from netsim.trace.io import read_trace
 
     buildable(sc)
@@ -145,25 +143,16 @@ def test_barrier_windows_killed_after_a_checkpoint_resume_by_restore_on_drawn_sc
         sc["agents"]["churn"] = {"mean_online": 1.5, "mean_offline": 0.3}
     sc["run"]["checkpoint_every"] = every
     tmp = tmp_path_factory.mktemp("killed")
-    models, written = [], []
-    finish, write = Simulation.finish, checkpoint.write
-
-    def keep(self, interrupted=False):
-        if not interrupted:
-            models.append(self.world.bank.W.clone())
-        finish(self, interrupted)
-
     with pytest.MonkeyPatch.context() as m:
         m.setattr(barrier_windows._Driver, "gathers", gathers)
-        m.setattr(Simulation, "finish", keep)
-        m.setattr(checkpoint, "write", lambda *a, **k: written.append(1) or write(*a, **k))
+        models, written = watched(m)
         ref = api.run(scenario_from_dict(sc), out=tmp / "ref", engine="windowed", interruptible=False)
-        m.setattr(checkpoint, "write", write)
+        made = len(written)  # (the uninterrupted run's checkpoints, not the events engine's below)
         assert ref.summary["engine"] == "windowed" and "windows" in ref.summary
         events = api.run(scenario_from_dict(sc), out=tmp / "events", engine="events", interruptible=False)
-        if not written:  # (a run of a few rounds may end before its first checkpoint)
+        if not made:  # (a run of a few rounds may end before its first checkpoint)
             return
-        out = killed_at(tmp, sc, min(nth, len(written)))
+        out = killed_at(tmp, sc, min(nth, made))
         res = api.resume(out, interruptible=False)
     assert res.summary["resumed_by"] == "restore"
     for name in ("trace.arrows", "metrics.csv", "agent_metrics.csv"):

@@ -145,6 +145,23 @@ def test_sigkill_at_random_point_then_restore_is_identical(tmp_path, finals, alg
         assert (events.out / "metrics.csv").read_bytes() == (ref.out / "metrics.csv").read_bytes()
 
 
+def watched(m: pytest.MonkeyPatch) -> tuple[list[torch.Tensor], list[int]]:
+    """Patched through ``m`` (a drawn test's context: no fixture): the final models of every run that ends, and a mark
+    for every checkpoint written, until ``m`` undoes it."""
+    models: list[torch.Tensor] = []
+    written: list[int] = []
+    finish, write = Simulation.finish, checkpoint.write
+
+    def keep(self, interrupted: bool = False) -> None:
+        if not interrupted:
+            models.append(self.world.bank.W.clone())
+        finish(self, interrupted)
+
+    m.setattr(Simulation, "finish", keep)
+    m.setattr(checkpoint, "write", lambda *a, **k: written.append(1) or write(*a, **k))
+    return models, written
+
+
 def killed_at(tmp_path: Path, sc: dict, nth: int, engine: str = "windowed") -> Path:
     """``sc`` run here and stopped dead (no outputs, no flush) right after its nth checkpoint."""
     real = checkpoint.write

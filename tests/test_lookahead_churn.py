@@ -85,28 +85,16 @@ def test_lookahead_windows_killed_after_a_checkpoint_restore_offline_agents_and_
     import torch
 
     from netsim import api
-    from netsim.sim import checkpoint
-    from netsim.sim.kernel import Simulation
-    from tests.test_checkpoint_windowed import killed_at
+    from tests.test_checkpoint_windowed import killed_at, watched
 
     folder = tmp_path_factory.mktemp("restored")
     if "availability" in sc["agents"]:
         sc["agents"]["availability"] = availability(folder, sc["agents"]["availability"] == "repeating")
     buildable(sc)
     sc["run"]["checkpoint_every"] = every
-    models, written = [], []
-    finish, write = Simulation.finish, checkpoint.write
-
-    def keep(self, interrupted=False):
-        if not interrupted:
-            models.append(self.world.bank.W.clone())
-        finish(self, interrupted)
-
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(Simulation, "finish", keep)
-        m.setattr(checkpoint, "write", lambda *a, **k: written.append(1) or write(*a, **k))
+        models, written = watched(m)
         ref = api.run(scenario_from_dict(sc), out=folder / "ref", interruptible=False)
-        m.setattr(checkpoint, "write", write)
         if ref.summary["engine"] != "windowed" or not written:  # (refused for another reason, or ended before one)
             return
         out = killed_at(folder, sc, min(nth, len(written)))
