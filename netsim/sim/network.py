@@ -397,7 +397,7 @@ class Network:
         self.p_loss = spec.loss
         self.churn = None  # the run's sim.churn.Churn once attached, when any agent can go offline (drops)
         # the composed models' links (sim/links.py's ``FullLink``), made when first used; a restored checkpoint's are
-        # its rows until then (``full_rows``)
+        # its rows until then (sim/restore.py's ``_full_rows``)
         self.full_links: dict = {}
         self.uplink_busy: dict[int, float] = {}
         self.model: LinkModel | None = None  # None: the lean default path, inline in send
@@ -570,19 +570,6 @@ class Network:
                     if pos is not None:
                         d.resume(pos, keep_stream=True)
         return link
-
-    def full_rows(self) -> list[list]:
-        """Every composed-model link as a checkpoint keeps it: [src, dst, latency draws' position, loss draws' position,
-        burst: None or [in its bad state, its draws' position], busy_until], the restored ones not made yet as the
-        checkpoint gave them; sorted by (src, dst)."""
-        from netsim.sim.streams import Draws
-
-        pos = lambda d: d.position() if isinstance(d, Draws) else None  # noqa: E731  (a constant latency: none)
-        rows = [lk if type(lk) is list else [s, d, pos(lk.latency), pos(lk.u_loss),
-                                             None if lk.burst is None else [lk.burst.bad, pos(lk.burst.u)],
-                                             lk.busy_until]
-                for (s, d), lk in self.full_links.items()]
-        return sorted(rows, key=lambda r: (r[0], r[1]))
 
     def transfer(self, link, src: int, now: float, size: int) -> float:
         """End of this message's transmission: FIFO on its link and (if set) on the node's uplink."""

@@ -56,6 +56,16 @@ def _ahead(ahead: DrawsAhead | None) -> list[int] | None:
     return [*ahead.state, ahead.pos, ahead.batch, ahead.rows]
 
 
+def _full_rows(net) -> list[list]:
+    """Every composed-model link as a checkpoint keeps it: [src, dst, latency draws' position, loss draws' position,
+    burst: None or [in its bad state, its draws' position], busy_until], the restored ones not made yet as the
+    checkpoint gave them (``Network.full_link`` makes them); sorted by (src, dst)."""
+    rows = [lk if type(lk) is list else [s, d, _pos(lk.latency), _pos(lk.u_loss),
+                                         None if lk.burst is None else [lk.burst.bad, _pos(lk.burst.u)], lk.busy_until]
+            for (s, d), lk in net.full_links.items()]
+    return sorted(rows, key=itemgetter(0, 1))
+
+
 def capture(sim, arrays: dict) -> dict[str, Any]:
     """The windowed part of a checkpoint's state (tensors go to ``arrays``)."""
     from netsim.sim.checkpoint import _flat
@@ -80,7 +90,7 @@ def capture(sim, arrays: dict) -> dict[str, Any]:
                    for a in loop.agents],
         "pending": [[v.item() if isinstance(v, np.generic) else v for v in r] for r in rec.writer.buffer],
         # the composed models' links (bursts, outages, per-link settings, link traces) and the uplinks' queues
-        "full_links": world.network.full_rows(),
+        "full_links": _full_rows(world.network),
         "uplinks": sorted([s, b] for s, b in world.network.uplink_busy.items()),
         "churn": None if world.churn is None else world.churn.held(),  # (the random churn drawn so far)
         # a time-varying topology: the epoch whose links each agent holds (taken at its last activation)
@@ -159,7 +169,7 @@ def _position_columns(state: Any, has: Any, u: Any, k: Any, used: int | list[int
 
 
 def _full_links(rows: Any, nbrs: list, n: int, changing: bool, burst: bool) -> bool:
-    """``Network.full_rows``' rows: distinct links of the graph, where their draws stand, each burst chain's state
+    """``_full_rows``' rows: distinct links of the graph, where their draws stand, each burst chain's state
     (present exactly where the scenario has bursts) and the end of each link's transmissions."""
     if not (isinstance(rows, list) and _lists(rows, 6)):
         return False
