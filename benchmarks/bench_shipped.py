@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("scenario")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--floor", action="store_true", help="also time the model's arithmetic: the bound on the ratio")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time the arithmetic both engines share (model, DP noise): the bound on the ratio")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
