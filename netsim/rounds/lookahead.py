@@ -1134,7 +1134,9 @@ class WindowDriver:
         shipped.clear()
         shipped.put(base64.b64decode(plain["shipped"]))
         self.unfinished = sum(not a.finished for a in self.ctx.agents)
-        self.take_hold(plain["own"], {k[4:]: v for k, v in held.items() if k.startswith("own.")})
+        from netsim.sim.restore import under
+
+        self.take_hold(plain["own"], under(held, "own"))
 
     def points_kept(self, tickets: list[int]) -> torch.Tensor:
         """The points ``grad.at_of`` keeps for ``tickets``, as one tensor's rows (``held``), still kept."""
@@ -1192,6 +1194,8 @@ def check_restored(sim) -> None:
     by its driver (``WindowDriver.check_own``): ValueError naming the first key it could not play on from."""
     import importlib
 
+    from netsim.sim.restore import under
+
     b = sim.loop.programs.between
     if b is None or b.plain is None:
         return
@@ -1201,7 +1205,7 @@ def check_restored(sim) -> None:
     if not (isinstance(cls, type) and issubclass(cls, WindowDriver)):
         raise ValueError(f"state.windowed.held.driver: {name!r} is not a lookahead driver")
     try:
-        bad = cls.check_own(sim, b.plain, {k[4:]: v for k, v in b.held.items() if k.startswith("own.")})
+        bad = cls.check_own(sim, b.plain, under(b.held, "own"))
     except (TypeError, KeyError, IndexError, AttributeError, ValueError):  # (a value of another kind than checked)
         bad = "own"
     if bad is not None:

@@ -42,6 +42,13 @@ from netsim.sim.streams import BLOCK, Draws, DrawsAhead, block_rows
 _LOG = {"t": "d", "round": "i", "to": "i", "skipped": "i", "run_start": "q", "run_spec": "i"}
 
 
+def under(arrays: dict, prefix: str) -> dict:
+    """The arrays a checkpoint keeps under ``prefix``'s name ("bank", "mixing", a driver's "own"), the prefix taken
+    off."""
+    at = len(prefix) + 1
+    return {k[at:]: v for k, v in arrays.items() if k.startswith(prefix + ".")}
+
+
 def _pos(draws: Any) -> list[int] | None:
     return draws.position() if isinstance(draws, Draws) else None
 
@@ -404,7 +411,7 @@ def _restore(sim, ckpt) -> dict:
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.array(a)).to(device=device, dtype=dtype)
 
-    bank.load_state_dict({k[len("bank."):]: tensor(v) for k, v in arrays.items() if k.startswith("bank.")})
+    bank.load_state_dict({k: tensor(v) for k, v in under(arrays, "bank").items()})
     net = world.network
     _assign(net, {k: v for k, v in st["network"].items() if k != "links"}, "state.network")
     busy = {(s, d): b for s, d, b in st["network"]["links"]}  # each link's transmission queue (bandwidth)
@@ -419,10 +426,9 @@ def _restore(sim, ckpt) -> dict:
         world.churn.take(w["churn"])
     log = rec.mixing_log
     if log is not None:
-        log.take(w.get("mixing"), {k[len("mixing."):]: v for k, v in arrays.items() if k.startswith("mixing.")})
+        log.take(w.get("mixing"), under(arrays, "mixing"))
         if log.views is not None:
-            log.views.take(w.get("payloads"), {k[len("payloads."):]: v for k, v in arrays.items()
-                                               if k.startswith("payloads.")})
+            log.views.take(w.get("payloads"), under(arrays, "payloads"))
     if net.dynamic is not None and "dynamic" in w:  # (a checkpoint of an earlier netsim: the epochs as built)
         net.dynamic.readopt(w["dynamic"])
     agents = _assign_all(loop.agents, st["agents"], "state.agents[{}]", skip="schedule")
